@@ -1,0 +1,180 @@
+"""Everything that differs between PostgreSQL and SQLite lives here.
+
+One :class:`Dialect` subclass per database, chosen from the URL. The store calls
+these hooks and never asks which database it talks to.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from typing import Any
+
+from sqlalchemy import Float, bindparam, event, func, literal_column, text
+from sqlalchemy.engine import Engine, make_url
+from sqlalchemy.engine.url import URL
+from sqlalchemy.sql.elements import ColumnElement
+
+from .errors import ConfigurationError
+
+# SQLSTATE classes/codes a retry can fix: connection (08), serialization (40001),
+# deadlock (40P01), insufficient resources (53), operator intervention (57).
+_PG_TRANSIENT_CLASSES = ("08", "53", "57")
+_PG_TRANSIENT_CODES = ("40001", "40P01")
+_SQLITE_BUSY_CODES = (5, 6, 261, 262, 517)  # SQLITE_BUSY, SQLITE_LOCKED and extended codes
+
+
+class Dialect:
+    """Hooks the store needs from a database."""
+
+    name = "base"
+    migrations_folder = ""
+
+    def __init__(self, url: URL) -> None:
+        self.url = url
+
+    def engine_options(self) -> dict[str, Any]:
+        return {}
+
+    def configure(self, engine: Engine) -> None:
+        """Install connect/begin hooks on a fresh engine."""
+
+    def now(self) -> ColumnElement:
+        """The database clock."""
+        raise NotImplementedError
+
+    def now_plus(self, seconds: Any) -> ColumnElement:
+        """The database clock plus ``seconds`` (a number or a bound expression)."""
+        raise NotImplementedError
+
+    def seconds_between(self, start: Any, end: Any) -> ColumnElement:
+        """``end - start`` in seconds, as a number."""
+        raise NotImplementedError
+
+    def is_transient(self, exc: BaseException) -> bool:
+        """Whether a driver error can succeed if retried."""
+        raise NotImplementedError
+
+    def migration_lock(self, conn) -> None:
+        """Serialize concurrent migrators for the rest of the transaction."""
+
+    @staticmethod
+    def for_url(url: str | URL) -> "Dialect":
+        try:
+            parsed = make_url(url) if isinstance(url, str) else url
+        except Exception as exc:  # sqlalchemy.exc.ArgumentError
+            raise ConfigurationError(f"not a database URL: {url!r} ({exc})") from exc
+        backend = parsed.get_backend_name()
+        if backend == "postgresql":
+            if parsed.drivername == "postgresql":
+                parsed = parsed.set(drivername="postgresql+psycopg")
+            return PostgresDialect(parsed)
+        if backend == "sqlite":
+            return SqliteDialect(parsed)
+        raise ConfigurationError(
+            f"unsupported database {backend!r} in {parsed.render_as_string(hide_password=True)}: "
+            "use postgresql:// or sqlite:///"
+        )
+
+
+class PostgresDialect(Dialect):
+    name = "postgresql"
+    migrations_folder = "postgres"
+
+    def engine_options(self) -> dict[str, Any]:
+        return {"pool_pre_ping": True, "pool_size": 5, "max_overflow": 10}
+
+    def now(self) -> ColumnElement:
+        return func.now()
+
+    def now_plus(self, seconds: Any) -> ColumnElement:
+        if not isinstance(seconds, ColumnElement):
+            seconds = bindparam(None, float(seconds), type_=Float)
+        return func.now() + func.make_interval(0, 0, 0, 0, 0, 0, seconds)
+
+    def seconds_between(self, start: Any, end: Any) -> ColumnElement:
+        return func.extract("epoch", end - start)
+
+    def is_transient(self, exc: BaseException) -> bool:
+        code = sqlstate(exc)
+        if code is None:
+            return False
+        return code in _PG_TRANSIENT_CODES or code[:2] in _PG_TRANSIENT_CLASSES
+
+    def migration_lock(self, conn) -> None:
+        conn.execute(text("SELECT pg_advisory_xact_lock(7238461001)"))
+
+
+class SqliteDialect(Dialect):
+    """SQLite: WAL, a busy timeout and foreign keys, set in one connect hook.
+
+    Write transactions begin IMMEDIATE, so a claim's read and its update are one atomic
+    step: SQLite's single writer lock plays the part of ``FOR UPDATE SKIP LOCKED``.
+    """
+
+    name = "sqlite"
+    migrations_folder = "sqlite"
+    busy_timeout_ms = 30_000
+
+    def engine_options(self) -> dict[str, Any]:
+        return {"connect_args": {"timeout": self.busy_timeout_ms / 1000, "check_same_thread": False}}
+
+    def configure(self, engine: Engine) -> None:
+        @event.listens_for(engine, "connect")
+        def _on_connect(dbapi_conn, _record):
+            # Let SQLAlchemy's begin hook, not pysqlite, decide when transactions start.
+            dbapi_conn.isolation_level = None
+            cur = dbapi_conn.cursor()
+            cur.execute(f"PRAGMA busy_timeout={self.busy_timeout_ms}")
+            _enable_wal(cur)
+            cur.execute("PRAGMA foreign_keys=ON")
+            cur.execute("PRAGMA synchronous=NORMAL")
+            cur.close()
+
+        @event.listens_for(engine, "begin")
+        def _on_begin(conn):
+            mode = "IMMEDIATE" if conn.get_execution_options().get("rx_write") else "DEFERRED"
+            conn.exec_driver_sql(f"BEGIN {mode}")
+
+    def now(self) -> ColumnElement:
+        return literal_column("((julianday('now') - 2440587.5) * 86400.0)", type_=Float)
+
+    def now_plus(self, seconds: Any) -> ColumnElement:
+        if not isinstance(seconds, ColumnElement):
+            seconds = bindparam(None, float(seconds), type_=Float)
+        return self.now() + seconds
+
+    def seconds_between(self, start: Any, end: Any) -> ColumnElement:
+        return end - start
+
+    def is_transient(self, exc: BaseException) -> bool:
+        orig = getattr(exc, "orig", exc)
+        if not isinstance(orig, sqlite3.OperationalError):
+            return False
+        code = getattr(orig, "sqlite_errorcode", None)
+        if code is not None:
+            return code in _SQLITE_BUSY_CODES
+        message = str(orig).lower()
+        return "database is locked" in message or "database is busy" in message
+
+
+def _enable_wal(cur, attempts: int = 200) -> None:
+    """Switch to WAL once per database file; the switch itself ignores the busy timeout."""
+    for _ in range(attempts):
+        if cur.execute("PRAGMA journal_mode").fetchone()[0].lower() == "wal":
+            return
+        try:
+            cur.execute("PRAGMA journal_mode=WAL")
+        except sqlite3.OperationalError:
+            time.sleep(0.01)
+    cur.execute("PRAGMA journal_mode=WAL")
+
+
+def sqlstate(exc: BaseException) -> str | None:
+    """The SQLSTATE of a psycopg/psycopg2 error, or of the one a SQLAlchemy error wraps."""
+    orig = getattr(exc, "orig", None) or exc
+    code = getattr(orig, "sqlstate", None) or getattr(orig, "pgcode", None)
+    if code is None:
+        diag = getattr(orig, "diag", None)
+        code = getattr(diag, "sqlstate", None)
+    return code if isinstance(code, str) else None

@@ -1,0 +1,69 @@
+"""The exceptions of recovery-ext.
+
+Every exception derives from :class:`RecoveryError`; its docstring is its default
+message, so ``raise OwnershipLost()`` already says something useful.
+"""
+
+from __future__ import annotations
+
+
+class RecoveryError(Exception):
+    """A recovery-ext operation failed."""
+
+    def __init__(self, message: str | None = None, **context: object) -> None:
+        self.message = message or (self.__doc__ or "").strip()
+        self.context = context
+        super().__init__(self.message)
+
+
+class ConfigurationError(RecoveryError, ValueError):
+    """Invalid recovery-ext settings."""
+
+
+class StoreError(RecoveryError):
+    """The recovery store could not complete the operation."""
+
+
+class StoreUnavailable(StoreError):
+    """The recovery store's database cannot be reached."""
+
+    retryable = True
+    category = "database_transient"
+
+
+class MigrationError(StoreError):
+    """Applying the schema migrations failed."""
+
+
+class NotFound(StoreError, LookupError):
+    """No such row in the recovery store."""
+
+
+class IllegalTransition(StoreError):
+    """That status change is not allowed; nothing was written."""
+
+    retryable = False
+
+
+class CorruptRow(StoreError):
+    """A row in the recovery store cannot be interpreted."""
+
+    retryable = False
+
+
+class OwnershipLost(StoreError):
+    """This worker no longer owns the pipeline; its write was refused."""
+
+    retryable = False
+
+    def __init__(self, message: str | None = None, *, owner: str | None = None, **context: object) -> None:
+        self.owner = owner
+        if message is None and owner:
+            message = f"ownership lost: superseded by run {owner}"
+        super().__init__(message, owner=owner, **context)
+
+
+class StopRequested(RecoveryError):
+    """The work was asked to stop before it finished."""
+
+    retryable = False

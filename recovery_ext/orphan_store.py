@@ -1,0 +1,304 @@
+"""Orphans: finding them, giving up on hopeless ones, and reclaiming the rest atomically.
+
+A reclaim is one conditional UPDATE over candidates locked ``FOR UPDATE SKIP LOCKED``
+(SQLite: inside a ``BEGIN IMMEDIATE`` transaction), so when several scanners race,
+each orphan is won by exactly one of them. In the same transaction the winner bumps
+the epoch, resets the running nodes to pending, and records transitions and events.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from sqlalchemy import Connection, Text, and_, case, cast, exists, literal, literal_column, or_, select, update
+from sqlalchemy.sql.elements import ColumnElement
+
+from .models import GivenUp, Orphan, Reclaimed
+from .pipeline_store import PipelineOps
+from .schema import NODE_STATUSES, PIPELINE_STATUSES, CorruptJson, nodes, pipelines
+
+p = pipelines.c
+
+# Inline constants, not bound parameters, so PostgreSQL can match the partial indexes
+# (rx_pipelines_live, rx_nodes_running) even under a generic plan.
+RUNNING = literal_column("'running'")
+LIVE = p.status.not_in([literal_column("'completed'"), literal_column("'failed'")])
+
+
+class OrphanOps(PipelineOps):
+    # -- conditions ---------------------------------------------------------------------------
+
+    def _stalled(self, now: ColumnElement) -> ColumnElement:
+        return exists().where(
+            nodes.c.pipeline_id == p.id, nodes.c.status == RUNNING,
+            nodes.c.stall_deadline.isnot(None), nodes.c.stall_deadline < now,
+        )
+
+    def _orphan_condition(self, dead_owner_runs: Sequence[str] = ()) -> ColumnElement:
+        """Running, and its heartbeat or hard deadline passed (NULL heartbeat: deadline alone),
+        or a node stalled, or its owning run is known to be dead."""
+        now = self.dialect.now()
+        cond = or_(
+            and_(p.heartbeat_deadline.isnot(None), p.heartbeat_deadline < now),
+            and_(p.deadline.isnot(None), p.deadline < now),
+            self._stalled(now),
+        )
+        if dead_owner_runs:
+            cond = or_(cond, p.owner.in_(list(dead_owner_runs)))
+        return and_(LIVE, p.status == RUNNING, cond)
+
+    def _hopeless_condition(self, max_age_seconds: float | None) -> ColumnElement:
+        now = self.dialect.now()
+        cond = or_(p.resume_count >= p.max_resumes, and_(p.deadline.isnot(None), p.deadline < now))
+        if max_age_seconds:
+            cond = or_(cond, p.created_at < self.dialect.now_plus(-float(max_age_seconds)))
+        return cond
+
+    def _reason(self, dead_owner_runs: Sequence[str]) -> ColumnElement:
+        now = self.dialect.now()
+        whens = []
+        if dead_owner_runs:
+            whens.append((p.owner.in_(list(dead_owner_runs)), "owner_run_dead"))
+        whens += [
+            (and_(p.deadline.isnot(None), p.deadline < now), "deadline"),
+            (and_(p.heartbeat_deadline.isnot(None), p.heartbeat_deadline < now), "heartbeat"),
+        ]
+        return case(*whens, else_=literal("stalled"))
+
+    # -- queries -------------------------------------------------------------------------------
+
+    def find_orphans(self, *, dead_owner_runs: Sequence[str] = (), limit: int | None = None) -> list[Orphan]:
+        query = (
+            select(p.id, p.job_name, p.owner, p.epoch, p.resume_count, p.max_resumes,
+                   self._reason(dead_owner_runs).label("reason"), p.heartbeat_deadline, p.deadline)
+            .where(self._orphan_condition(dead_owner_runs))
+            .order_by(p.heartbeat_deadline.asc().nulls_first(), p.id)
+        )
+        if limit:
+            query = query.limit(limit)
+        with self.read() as conn:
+            return [Orphan(**r._mapping) for r in conn.execute(query)]
+
+    def running_owners(self, limit: int = 5000) -> list[str]:
+        """Owners of running pipelines, to ask Dagster which of their runs are already dead."""
+        with self.read() as conn:
+            rows = conn.execute(
+                select(p.owner).where(LIVE, p.status == RUNNING, p.owner.isnot(None)).distinct().limit(limit)
+            )
+            return [r.owner for r in rows]
+
+    # -- give up -------------------------------------------------------------------------------
+
+    def give_up_hopeless(
+        self, *, dead_owner_runs: Sequence[str] = (), max_age_seconds: float | None = None, limit: int = 10_000
+    ) -> list[GivenUp]:
+        """Orphans past their maximum resumes, hard deadline or maximum age become failed."""
+        now = self.dialect.now()
+        reason = case(
+            (and_(p.deadline.isnot(None), p.deadline < now), literal("hard deadline passed")),
+            (p.resume_count >= p.max_resumes,
+             literal("gave up after ") + cast(p.resume_count, Text) + literal(" resumes (maximum ")
+             + cast(p.max_resumes, Text) + literal(")")),
+            else_=literal(f"older than the maximum age of {max_age_seconds} s"),
+        )
+        with self.write() as conn:
+            candidates = (
+                select(p.id)
+                .where(self._orphan_condition(dead_owner_runs), self._hopeless_condition(max_age_seconds))
+                .order_by(p.id)
+                .limit(limit)
+                .with_for_update(skip_locked=True)
+            )
+            ids = [r.id for r in conn.execute(candidates)]
+            if not ids:
+                return []
+            rows = conn.execute(
+                update(pipelines)
+                .where(p.id.in_(ids), p.status == "running")
+                .values(status="failed", gave_up_reason=reason, error=reason, completed_at=now, updated_at=now,
+                        heartbeat_deadline=None, current_node=None)
+                .returning(p.id, p.job_name, p.owner, p.gave_up_reason)
+            ).all()
+            given_up = [GivenUp(r.id, r.job_name, r.owner, r.gave_up_reason) for r in rows]
+            self._fail_running_nodes(conn, [g.pipeline_id for g in given_up], "given_up")
+            self.record_transitions(conn, [
+                {"entity_type": "pipeline", "entity_id": g.pipeline_id, "pipeline_id": g.pipeline_id,
+                 "from_status": "running", "to_status": "failed", "event": "given_up", "data": {"reason": g.reason}}
+                for g in given_up
+            ])
+            self.record_events(conn, [
+                {"kind": "pipeline_stuck", "pipeline_id": g.pipeline_id,
+                 "payload": {"reason": g.reason, "owner": g.previous_owner, "job": g.job_name}}
+                for g in given_up
+            ])
+        return given_up
+
+    def _fail_running_nodes(self, conn: Connection, pipeline_ids: list[int], event: str) -> None:
+        if not pipeline_ids:
+            return
+        rows = conn.execute(
+            update(nodes)
+            .where(nodes.c.pipeline_id.in_(pipeline_ids), nodes.c.status == "running")
+            .values(status="failed", error=f"pipeline {event.replace('_', ' ')}", updated_at=self.dialect.now())
+            .returning(nodes.c.id, nodes.c.pipeline_id)
+        ).all()
+        self.record_transitions(conn, [
+            {"entity_type": "node", "entity_id": r.id, "pipeline_id": r.pipeline_id, "from_status": "running",
+             "to_status": "failed", "event": event} for r in rows
+        ])
+
+    # -- reclaim -------------------------------------------------------------------------------
+
+    def reclaim(
+        self,
+        *,
+        limit: int,
+        dead_owner_runs: Sequence[str] = (),
+        launching: bool = True,
+        grace_seconds: float = 300.0,
+        max_age_seconds: float | None = None,
+        reason: str = "orphaned",
+    ) -> tuple[list[Reclaimed], list[GivenUp]]:
+        """Take over up to ``limit`` orphans, oldest first; exactly one caller wins each.
+
+        ``launching=True`` (a sensor that launches the resume runs at once) reserves each
+        pipeline for ``resume-<id>-<n>``; ``False`` (the CLI) leaves it awaiting a launcher.
+        Either way the pipeline re-orphans after ``grace_seconds`` if no resume run attaches.
+        Returns the reclaimed pipelines and the corrupt ones that were failed instead.
+        """
+        if limit <= 0:
+            return [], []
+        candidates = (
+            select(p.id, p.owner.label("previous_owner"))
+            .where(self._orphan_condition(dead_owner_runs), ~self._hopeless_condition(max_age_seconds))
+            .order_by(p.heartbeat_deadline.asc().nulls_first(), p.id)
+            .limit(limit)
+            .with_for_update(skip_locked=True)
+        )
+        with self.write() as conn:
+            found = conn.execute(candidates).all()
+            if not found:
+                return [], []
+            previous = {r.id: r.previous_owner for r in found}
+            new_owner = (
+                literal("resume-") + cast(p.id, Text) + literal("-") + cast(p.resume_count + 1, Text)
+                if launching else None
+            )
+            rows = conn.execute(
+                update(pipelines)
+                .where(p.id.in_(list(previous)), p.status == "running")
+                .values(owner=new_owner, resumed_from=p.owner, epoch=p.epoch + 1, resume_count=p.resume_count + 1,
+                        heartbeat_at=self.dialect.now(), heartbeat_deadline=self.dialect.now_plus(grace_seconds),
+                        updated_at=self.dialect.now())
+                .returning(p.id, p.job_name, p.params, p.owner, p.epoch, p.resume_count)
+            ).all()
+            ids = [r.id for r in rows]
+            reset = self._reset_running_nodes(conn, ids)
+            corrupt = self._corrupt_among(conn, rows)
+            reclaimed = [
+                Reclaimed(r.id, r.job_name, r.params, previous[r.id], r.owner, r.epoch, r.resume_count,
+                          tuple(reset.get(r.id, ())))
+                for r in rows if r.id not in corrupt
+            ]
+            self.record_transitions(conn, [
+                {"entity_type": "pipeline", "entity_id": r.pipeline_id, "pipeline_id": r.pipeline_id,
+                 "from_status": "running", "to_status": "running", "event": "reclaimed",
+                 "data": {"previous_owner": r.previous_owner, "owner": r.owner, "epoch": r.epoch,
+                          "resume_number": r.resume_number, "reason": reason}}
+                for r in reclaimed
+            ])
+            self.record_events(conn, [
+                {"kind": "pipeline_recovered", "pipeline_id": r.pipeline_id,
+                 "payload": {"previous_owner": r.previous_owner, "resume_number": r.resume_number,
+                             "reset_nodes": list(r.reset_nodes), "job": r.job_name, "reason": reason}}
+                for r in reclaimed
+            ])
+            given_up = self._fail_corrupt(conn, corrupt, previous)
+        return reclaimed, given_up
+
+    def claim_awaiting(self, *, limit: int, grace_seconds: float = 300.0) -> list[Reclaimed]:
+        """Reserve pipelines that a launcher-less reclaim (the CLI) left awaiting a resume run."""
+        if limit <= 0:
+            return []
+        with self.write() as conn:
+            ids = [r.id for r in conn.execute(
+                select(p.id)
+                .where(LIVE, p.status == RUNNING, p.owner.is_(None), p.resume_count > 0)
+                .order_by(p.id).limit(limit).with_for_update(skip_locked=True)
+            )]
+            if not ids:
+                return []
+            rows = conn.execute(
+                update(pipelines)
+                .where(p.id.in_(ids), p.owner.is_(None), p.status == "running")
+                .values(owner=literal("resume-") + cast(p.id, Text) + literal("-") + cast(p.resume_count, Text),
+                        heartbeat_deadline=self.dialect.now_plus(grace_seconds), updated_at=self.dialect.now())
+                .returning(p.id, p.job_name, p.params, p.owner, p.epoch, p.resume_count, p.resumed_from)
+            ).all()
+            corrupt = self._corrupt_among(conn, rows)
+            self._fail_corrupt(conn, corrupt, {r.id: r.resumed_from for r in rows})
+            return [Reclaimed(r.id, r.job_name, r.params, r.resumed_from, r.owner, r.epoch, r.resume_count)
+                    for r in rows if r.id not in corrupt]
+
+    def _reset_running_nodes(self, conn: Connection, pipeline_ids: list[int]) -> dict[int, list[str]]:
+        reset: dict[int, list[str]] = {}
+        if not pipeline_ids:
+            return reset
+        rows = conn.execute(
+            update(nodes)
+            .where(nodes.c.pipeline_id.in_(pipeline_ids), nodes.c.status == "running")
+            .values(status="pending", updated_at=self.dialect.now(), heartbeat_deadline=None, stall_deadline=None)
+            .returning(nodes.c.id, nodes.c.pipeline_id, nodes.c.name)
+        ).all()
+        for r in rows:
+            reset.setdefault(r.pipeline_id, []).append(r.name)
+        self.record_transitions(conn, [
+            {"entity_type": "node", "entity_id": r.id, "pipeline_id": r.pipeline_id, "from_status": "running",
+             "to_status": "pending", "event": "reset_by_recovery"} for r in rows
+        ])
+        return reset
+
+    def _corrupt_among(self, conn: Connection, rows: Sequence[Any]) -> dict[int, str]:
+        corrupt = {r.id: f"corrupt row: params is not valid JSON ({r.params.error})"
+                   for r in rows if isinstance(r.params, CorruptJson)}
+        ids = [r.id for r in rows]
+        if ids:
+            for bad in conn.execute(
+                select(nodes.c.pipeline_id, nodes.c.name, nodes.c.status)
+                .where(nodes.c.pipeline_id.in_(ids), nodes.c.status.not_in(NODE_STATUSES))
+            ):
+                corrupt.setdefault(bad.pipeline_id, f"corrupt row: node {bad.name!r} has unknown status {bad.status!r}")
+        return corrupt
+
+    def _fail_corrupt(self, conn: Connection, corrupt: dict[int, str], previous: dict[int, Any]) -> list[GivenUp]:
+        given_up = []
+        for pipeline_id, why in corrupt.items():
+            row = conn.execute(
+                update(pipelines).where(p.id == pipeline_id)
+                .values(status="failed", gave_up_reason=why, error=why, completed_at=self.dialect.now(),
+                        updated_at=self.dialect.now(), heartbeat_deadline=None)
+                .returning(p.job_name)
+            ).one()
+            given_up.append(GivenUp(pipeline_id, row.job_name, previous.get(pipeline_id), why))
+        self.record_transitions(conn, [
+            {"entity_type": "pipeline", "entity_id": g.pipeline_id, "pipeline_id": g.pipeline_id,
+             "from_status": "running", "to_status": "failed", "event": "corrupt", "data": {"reason": g.reason}}
+            for g in given_up
+        ])
+        self.record_events(conn, [
+            {"kind": "pipeline_stuck", "pipeline_id": g.pipeline_id, "payload": {"reason": g.reason}}
+            for g in given_up
+        ])
+        return given_up
+
+    def fail_unknown_statuses(self) -> list[GivenUp]:
+        """Live pipelines whose status this version does not know become failed with a reason."""
+        with self.write() as conn:
+            rows = conn.execute(
+                select(p.id, p.job_name, p.owner, p.status)
+                .where(LIVE, p.status.not_in(PIPELINE_STATUSES))
+                .with_for_update(skip_locked=True)
+            ).all()
+            corrupt = {r.id: f"corrupt row: unknown pipeline status {r.status!r}" for r in rows}
+            return self._fail_corrupt(conn, corrupt, {r.id: r.owner for r in rows})

@@ -1,0 +1,445 @@
+"""Pipelines, nodes and item checkpoints: creation, fenced writes and heartbeats.
+
+Every write a worker makes goes through :meth:`PipelineOps._fence`, which locks the
+pipeline row (``FOR SHARE`` on PostgreSQL, the single writer lock on SQLite) and checks
+the worker's epoch. A reclaim bumps the epoch under ``FOR UPDATE``, so the two are
+serialized: a superseded worker's write changes nothing and raises
+:class:`~recovery_ext.errors.OwnershipLost`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+from sqlalchemy import Connection, func, insert, select, tuple_, update
+from sqlalchemy.exc import IntegrityError
+
+from .database import Database, chunks
+from .errors import IllegalTransition, NotFound, OwnershipLost, StoreError
+from .models import ErrorInfo, Node, NodeSpec, Ownership, Pipeline
+from .redaction import redact
+from .schema import node_items, nodes, pipelines
+
+# Legal node transitions: target -> allowed sources.
+NODE_TRANSITIONS: dict[str, tuple[str, ...]] = {
+    "running": ("pending", "failed"),
+    "completed": ("running",),
+    "failed": ("running",),
+    "degraded": ("running", "failed", "pending"),
+    "pending": ("running", "failed"),
+}
+
+PIPELINE_TRANSITIONS: dict[str, tuple[str, ...]] = {
+    "running": ("pending", "running"),
+    "completed": ("running",),
+    "failed": ("pending", "running"),
+}
+
+
+class PipelineOps(Database):
+    # -- creation and attachment ------------------------------------------------------------
+
+    def create_pipeline(
+        self,
+        job_name: str,
+        node_specs: Sequence[NodeSpec | str],
+        *,
+        owner: str,
+        params: Any = None,
+        origin_run_id: str | None = None,
+        heartbeat_timeout: float = 90.0,
+        deadline_seconds: float | None = None,
+        max_resumes: int = 3,
+    ) -> Ownership:
+        """Create a running pipeline owned by ``owner`` (epoch 1) with all its nodes pending.
+
+        With ``origin_run_id`` this is idempotent: every op of the same Dagster run gets
+        the same pipeline, whichever process gets there first.
+        """
+        specs = [NodeSpec(s) if isinstance(s, str) else s for s in node_specs]
+        if not specs:
+            raise StoreError("a pipeline needs at least one node")
+        if len({s.name for s in specs}) != len(specs):
+            raise StoreError(f"duplicate node names in {[s.name for s in specs]}")
+        now = self.dialect.now()
+        values = dict(
+            job_name=job_name,
+            origin_run_id=origin_run_id,
+            params=params if params is not None else {},
+            status="running",
+            owner=owner,
+            epoch=1,
+            heartbeat_at=now,
+            heartbeat_deadline=self.dialect.now_plus(heartbeat_timeout),
+            deadline=self.dialect.now_plus(deadline_seconds) if deadline_seconds else None,
+            resume_count=0,
+            max_resumes=max_resumes,
+            created_at=now,
+            started_at=now,
+            updated_at=now,
+        )
+        with self.write() as conn:
+            if origin_run_id is not None:
+                existing = conn.execute(
+                    select(pipelines.c.id, pipelines.c.epoch, pipelines.c.owner).where(
+                        pipelines.c.origin_run_id == origin_run_id
+                    )
+                ).first()
+                if existing is not None:
+                    return self._ownership_or_raise(existing, owner)
+            try:
+                with conn.begin_nested():
+                    pipeline_id = conn.execute(insert(pipelines).values(**values).returning(pipelines.c.id)).scalar_one()
+            except IntegrityError:
+                existing = conn.execute(
+                    select(pipelines.c.id, pipelines.c.epoch, pipelines.c.owner).where(
+                        pipelines.c.origin_run_id == origin_run_id
+                    )
+                ).one()
+                return self._ownership_or_raise(existing, owner)
+            conn.execute(
+                insert(nodes).values(updated_at=now),
+                [
+                    {"pipeline_id": pipeline_id, "name": s.name, "position": i, "status": "pending",
+                     "optional": s.optional, "attempts": 0}
+                    for i, s in enumerate(specs)
+                ],
+            )
+            self.record_transitions(
+                conn,
+                [{"entity_type": "pipeline", "entity_id": pipeline_id, "pipeline_id": pipeline_id,
+                  "from_status": None, "to_status": "running", "event": "created", "data": {"owner": owner}}],
+            )
+        return Ownership(pipeline_id, 1, owner)
+
+    @staticmethod
+    def _ownership_or_raise(row, owner: str) -> Ownership:
+        if row.owner != owner:
+            raise OwnershipLost(owner=row.owner, pipeline_id=row.id)
+        return Ownership(row.id, row.epoch, owner)
+
+    def attach(self, pipeline_id: int, run_id: str, *, resume_number: int, heartbeat_timeout: float = 90.0) -> Ownership:
+        """A resume run takes the ownership its reclaim reserved for resume ``resume_number``."""
+        placeholder = resume_owner(pipeline_id, resume_number)
+        with self.write() as conn:
+            row = conn.execute(
+                update(pipelines)
+                .where(
+                    pipelines.c.id == pipeline_id,
+                    pipelines.c.status == "running",
+                    pipelines.c.resume_count == resume_number,
+                    (pipelines.c.owner.in_([placeholder, run_id])) | pipelines.c.owner.is_(None),
+                )
+                .values(
+                    owner=run_id,
+                    heartbeat_at=self.dialect.now(),
+                    heartbeat_deadline=self.dialect.now_plus(heartbeat_timeout),
+                    updated_at=self.dialect.now(),
+                )
+                .returning(pipelines.c.epoch)
+            ).first()
+            if row is not None:
+                return Ownership(pipeline_id, row.epoch, run_id)
+        current = self.get_pipeline(pipeline_id)
+        raise OwnershipLost(owner=current.owner or "(none)", pipeline_id=pipeline_id, status=current.status)
+
+    # -- reads -------------------------------------------------------------------------------
+
+    def get_pipeline(self, pipeline_id: int) -> Pipeline:
+        with self.read() as conn:
+            row = conn.execute(select(pipelines).where(pipelines.c.id == pipeline_id)).first()
+        if row is None:
+            raise NotFound(f"no pipeline {pipeline_id}")
+        return Pipeline.from_row(row._mapping)
+
+    def find_pipeline(self, origin_run_id: str) -> Pipeline | None:
+        with self.read() as conn:
+            row = conn.execute(select(pipelines).where(pipelines.c.origin_run_id == origin_run_id)).first()
+        return None if row is None else Pipeline.from_row(row._mapping)
+
+    def list_nodes(self, pipeline_id: int) -> list[Node]:
+        with self.read() as conn:
+            rows = conn.execute(select(nodes).where(nodes.c.pipeline_id == pipeline_id).order_by(nodes.c.position))
+            return [Node.from_row(r._mapping) for r in rows]
+
+    def get_node(self, pipeline_id: int, name: str) -> Node:
+        with self.read() as conn:
+            row = conn.execute(select(nodes).where(nodes.c.pipeline_id == pipeline_id, nodes.c.name == name)).first()
+        if row is None:
+            raise NotFound(f"pipeline {pipeline_id} has no node {name!r}")
+        return Node.from_row(row._mapping)
+
+    # -- fencing -----------------------------------------------------------------------------
+
+    def _fence(self, conn: Connection, own: Ownership) -> None:
+        """Lock the pipeline row against reclaim and check that ``own`` still holds it."""
+        row = conn.execute(
+            select(pipelines.c.epoch, pipelines.c.owner, pipelines.c.status)
+            .where(pipelines.c.id == own.pipeline_id)
+            .with_for_update(read=True)
+        ).first()
+        if row is None:
+            raise NotFound(f"no pipeline {own.pipeline_id}")
+        if row.epoch != own.epoch or row.status != "running":
+            owner = row.owner if row.epoch != own.epoch else f"{row.owner} (pipeline {row.status})"
+            raise OwnershipLost(owner=owner or "(awaiting resume)", pipeline_id=own.pipeline_id)
+
+    def _refresh_pipeline(self, conn: Connection, own: Ownership, heartbeat_timeout: float | None, **values) -> None:
+        if heartbeat_timeout is not None:
+            values["heartbeat_at"] = self.dialect.now()
+            values["heartbeat_deadline"] = self.dialect.now_plus(heartbeat_timeout)
+        conn.execute(
+            update(pipelines)
+            .where(pipelines.c.id == own.pipeline_id, pipelines.c.epoch == own.epoch)
+            .values(updated_at=self.dialect.now(), **values)
+        )
+
+    def check_ownership(self, own: Ownership) -> None:
+        with self.write() as conn:
+            self._fence(conn, own)
+
+    # -- node transitions --------------------------------------------------------------------
+
+    def _move_node(self, conn: Connection, own: Ownership, name: str, target: str, event: str, **values) -> Node:
+        sources = NODE_TRANSITIONS[target]
+        before = conn.execute(
+            select(nodes.c.id, nodes.c.status).where(nodes.c.pipeline_id == own.pipeline_id, nodes.c.name == name)
+        ).first()
+        if before is None:
+            raise NotFound(f"pipeline {own.pipeline_id} has no node {name!r}")
+        if before.status not in sources:
+            raise IllegalTransition(
+                f"node {name!r} of pipeline {own.pipeline_id}: {before.status} -> {target} is not allowed "
+                f"(allowed from: {', '.join(sources)})"
+            )
+        row = conn.execute(
+            update(nodes)
+            .where(nodes.c.id == before.id, nodes.c.status == before.status)
+            .values(status=target, updated_at=self.dialect.now(), **values)
+            .returning(*nodes.c)
+        ).one()
+        data = {"epoch": own.epoch, "owner": own.owner}
+        if "error" in values and values["error"]:
+            data["error"] = values["error"]
+        self.record_transitions(
+            conn,
+            [{"entity_type": "node", "entity_id": before.id, "pipeline_id": own.pipeline_id,
+              "from_status": before.status, "to_status": target, "event": event, "data": data}],
+        )
+        return Node.from_row(row._mapping)
+
+    def start_node(
+        self, own: Ownership, name: str, *, heartbeat_timeout: float = 90.0, stall_timeout: float | None = None
+    ) -> Node:
+        """pending/failed -> running under ``own``; counts an attempt and starts the node's heartbeat."""
+        with self.write() as conn:
+            self._fence(conn, own)
+            node = self._move_node(
+                conn, own, name, "running", "started",
+                attempts=nodes.c.attempts + 1,
+                run_id=own.owner,
+                started_at=self.dialect.now(),
+                completed_at=None,
+                heartbeat_at=self.dialect.now(),
+                heartbeat_deadline=self.dialect.now_plus(heartbeat_timeout),
+                stall_deadline=self.dialect.now_plus(stall_timeout) if stall_timeout else None,
+            )
+            self._refresh_pipeline(conn, own, heartbeat_timeout, current_node=name)
+        return node
+
+    def complete_node(self, own: Ownership, name: str, output: Any = None, *, heartbeat_timeout: float | None = None) -> bool:
+        """running -> completed with its output. Returns whether that completed the pipeline."""
+        with self.write() as conn:
+            self._fence(conn, own)
+            self._move_node(
+                conn, own, name, "completed", "completed",
+                output=output, completed_at=self.dialect.now(), error=None, error_category=None,
+                error_status_code=None, stall_deadline=None, run_id=own.owner,
+            )
+            self._refresh_pipeline(conn, own, heartbeat_timeout)
+            return self._complete_pipeline_if_done(conn, own)
+
+    def degrade_node(self, own: Ownership, name: str, error: ErrorInfo, *, heartbeat_timeout: float | None = None) -> bool:
+        """An optional node gave up: the pipeline goes on without it. Returns whether the pipeline completed."""
+        with self.write() as conn:
+            self._fence(conn, own)
+            optional = conn.scalar(
+                select(nodes.c.optional).where(nodes.c.pipeline_id == own.pipeline_id, nodes.c.name == name)
+            )
+            if not optional:
+                raise IllegalTransition(f"node {name!r} of pipeline {own.pipeline_id} is not optional; it cannot degrade")
+            self._move_node(
+                conn, own, name, "degraded", "degraded", completed_at=self.dialect.now(), stall_deadline=None,
+                **_error_values(error),
+            )
+            self._refresh_pipeline(conn, own, heartbeat_timeout)
+            return self._complete_pipeline_if_done(conn, own)
+
+    def fail_node(self, own: Ownership, name: str, error: ErrorInfo, *, permanent: bool) -> None:
+        """running -> failed. A permanent failure also fails the pipeline."""
+        with self.write() as conn:
+            self._fence(conn, own)
+            self._move_node(conn, own, name, "failed", "failed", stall_deadline=None, **_error_values(error))
+            if permanent:
+                self._finish_pipeline(conn, own, "failed", error=redact(error.message))
+            else:
+                self._refresh_pipeline(conn, own, None)
+
+    def _complete_pipeline_if_done(self, conn: Connection, own: Ownership) -> bool:
+        unfinished = conn.scalar(
+            select(func.count()).where(
+                nodes.c.pipeline_id == own.pipeline_id, nodes.c.status.not_in(("completed", "degraded"))
+            )
+        )
+        if unfinished:
+            return False
+        self._finish_pipeline(conn, own, "completed")
+        return True
+
+    def _finish_pipeline(self, conn: Connection, own: Ownership, status: str, *, error: str | None = None,
+                         reason: str | None = None) -> None:
+        conn.execute(
+            update(pipelines)
+            .where(pipelines.c.id == own.pipeline_id, pipelines.c.epoch == own.epoch, pipelines.c.status == "running")
+            .values(status=status, completed_at=self.dialect.now(), updated_at=self.dialect.now(),
+                    current_node=None, heartbeat_deadline=None, error=error, gave_up_reason=reason)
+        )
+        self.record_transitions(
+            conn,
+            [{"entity_type": "pipeline", "entity_id": own.pipeline_id, "pipeline_id": own.pipeline_id,
+              "from_status": "running", "to_status": status, "event": status,
+              "data": {"epoch": own.epoch, "owner": own.owner, **({"error": error} if error else {})}}],
+        )
+        if status == "failed":
+            self.record_events(conn, [{"kind": "pipeline_failed", "pipeline_id": own.pipeline_id,
+                                       "payload": {"error": error, "owner": own.owner}}])
+
+    def fail_pipeline(self, pipeline_id: int, reason: str) -> bool:
+        """Operator or scan decision: a live pipeline becomes failed with a reason."""
+        with self.write() as conn:
+            row = conn.execute(
+                update(pipelines)
+                .where(pipelines.c.id == pipeline_id, pipelines.c.status.not_in(("completed", "failed")))
+                .values(status="failed", gave_up_reason=redact(reason), completed_at=self.dialect.now(),
+                        updated_at=self.dialect.now(), heartbeat_deadline=None)
+                .returning(pipelines.c.id)
+            ).first()
+            if row is None:
+                return False
+            self.record_transitions(conn, [{"entity_type": "pipeline", "entity_id": pipeline_id,
+                                            "pipeline_id": pipeline_id, "from_status": None, "to_status": "failed",
+                                            "event": "failed_by_operator", "data": {"reason": redact(reason)}}])
+            self.record_events(conn, [{"kind": "pipeline_stuck", "pipeline_id": pipeline_id,
+                                       "payload": {"reason": redact(reason)}}])
+        return True
+
+    # -- liveness ----------------------------------------------------------------------------
+
+    def heartbeat(self, beats: Sequence[tuple[Ownership, str | None]], timeout: float) -> set[int]:
+        """Extend ``heartbeat_deadline = now + timeout`` for many pipelines and their nodes at once.
+
+        Returns the pipeline ids whose ownership was lost; their rows are not touched.
+        """
+        if not beats:
+            return set()
+        wanted = {(own.pipeline_id, own.epoch) for own, _ in beats}
+        alive: set[int] = set()
+        with self.write() as conn:
+            for part in chunks(sorted(wanted)):
+                rows = conn.execute(
+                    update(pipelines)
+                    .where(pipelines.c.status == "running", tuple_(pipelines.c.id, pipelines.c.epoch).in_(list(part)))
+                    .values(heartbeat_at=self.dialect.now(), heartbeat_deadline=self.dialect.now_plus(timeout))
+                    .returning(pipelines.c.id)
+                )
+                alive.update(r.id for r in rows)
+            node_keys = sorted({(own.pipeline_id, name) for own, name in beats if name and own.pipeline_id in alive})
+            for part in chunks(node_keys):
+                conn.execute(
+                    update(nodes)
+                    .where(nodes.c.status == "running", tuple_(nodes.c.pipeline_id, nodes.c.name).in_(list(part)))
+                    .values(heartbeat_at=self.dialect.now(), heartbeat_deadline=self.dialect.now_plus(timeout))
+                )
+        return {pid for pid, _ in wanted} - alive
+
+    def report_progress(self, own: Ownership, name: str, *, stall_timeout: float) -> None:
+        """The node moved forward: push its stall deadline out by ``stall_timeout``."""
+        with self.write() as conn:
+            self._fence(conn, own)
+            conn.execute(
+                update(nodes)
+                .where(nodes.c.pipeline_id == own.pipeline_id, nodes.c.name == name, nodes.c.status == "running")
+                .values(stall_deadline=self.dialect.now_plus(stall_timeout))
+            )
+
+    # -- item checkpoints --------------------------------------------------------------------
+
+    def checkpoint_item(
+        self,
+        own: Ownership,
+        node_name: str,
+        item_key: str,
+        result: Any = None,
+        *,
+        status: str = "completed",
+        also: Callable[[Connection], None] | None = None,
+        stall_timeout: float | None = None,
+    ) -> None:
+        """Record one item as done, its result and ``also``'s writes in the same transaction."""
+        with self.write() as conn:
+            self._fence(conn, own)
+            if also is not None:
+                also(conn)
+            try:
+                with conn.begin_nested():
+                    conn.execute(
+                        insert(node_items).values(
+                            pipeline_id=own.pipeline_id, node_name=node_name, item_key=item_key, status=status,
+                            result=result, run_id=own.owner, epoch=own.epoch, completed_at=self.dialect.now(),
+                        )
+                    )
+            except IntegrityError as exc:
+                raise IllegalTransition(
+                    f"item {item_key!r} of node {node_name!r} in pipeline {own.pipeline_id} is already checkpointed"
+                ) from exc
+            if stall_timeout:
+                conn.execute(
+                    update(nodes)
+                    .where(nodes.c.pipeline_id == own.pipeline_id, nodes.c.name == node_name,
+                           nodes.c.status == "running")
+                    .values(stall_deadline=self.dialect.now_plus(stall_timeout))
+                )
+
+    def completed_items(self, pipeline_id: int, node_name: str) -> dict[str, Any]:
+        with self.read() as conn:
+            rows = conn.execute(
+                select(node_items.c.item_key, node_items.c.result).where(
+                    node_items.c.pipeline_id == pipeline_id, node_items.c.node_name == node_name
+                )
+            )
+            return {r.item_key: r.result for r in rows}
+
+    def pending_items(self, pipeline_id: int, node_name: str, keys: Iterable[str]) -> list[str]:
+        done = self.completed_items(pipeline_id, node_name)
+        return [k for k in keys if k not in done]
+
+    def item_counts(self, pipeline_id: int) -> dict[str, int]:
+        with self.read() as conn:
+            rows = conn.execute(
+                select(node_items.c.node_name, func.count())
+                .where(node_items.c.pipeline_id == pipeline_id)
+                .group_by(node_items.c.node_name)
+            )
+            return {name: count for name, count in rows}
+
+
+def resume_owner(pipeline_id: int, resume_number: int) -> str:
+    """The owner a reclaim writes while the resume run is being launched."""
+    return f"resume-{pipeline_id}-{resume_number}"
+
+
+def _error_values(error: ErrorInfo) -> dict[str, Any]:
+    return {"error": redact(error.message)[:4000], "error_category": error.category,
+            "error_status_code": error.status_code}
+

@@ -1,0 +1,156 @@
+"""The recovery scan: find orphans, give up on hopeless ones, reclaim the rest, report.
+
+It knows nothing of Dagster: the sensor passes in the runs Dagster already knows are
+dead, and decides what to launch. A database outage is retried with backoff and then
+reported in the stats; the scan never raises into its caller.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from .errors import ConfigurationError
+from .models import ScanStats
+from .redaction import redact
+from .retry import RetryPolicy
+
+log = logging.getLogger("recovery_ext.recovery")
+
+
+def _env_bool(name: str, default: bool) -> bool:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    value = raw.strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off"):
+        return False
+    raise ConfigurationError(f"{name} must be true or false, got {raw!r}")
+
+
+def _env_seconds(name: str, default: float | None) -> float | None:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        return parse_duration(raw)
+    except ValueError as exc:
+        raise ConfigurationError(f"{name}: {exc}") from exc
+
+
+def parse_duration(text: str) -> float:
+    """``90``, ``90s``, ``10m``, ``1h`` or ``1d`` as seconds."""
+    raw = str(text).strip().lower()
+    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+    factor = 1
+    if raw and raw[-1] in units:
+        factor = units[raw[-1]]
+        raw = raw[:-1]
+    try:
+        value = float(raw) * factor
+    except ValueError:
+        raise ValueError(f"not a duration: {text!r} (use e.g. 90, 90s, 10m, 1h)") from None
+    if value <= 0:
+        raise ValueError(f"a duration must be positive, got {text!r}")
+    return value
+
+
+@dataclass(frozen=True)
+class RecoverySettings:
+    """Seed 000's configuration table, plus seed 001's age limit."""
+
+    enabled: bool = True
+    max_per_scan: int = 1000
+    launch_grace_seconds: float = 300.0
+    max_age_seconds: float | None = 24 * 3600.0
+
+    def __post_init__(self) -> None:
+        if self.max_per_scan < 1:
+            raise ConfigurationError(f"max_per_scan must be at least 1, got {self.max_per_scan}")
+        if self.launch_grace_seconds <= 0:
+            raise ConfigurationError(f"launch_grace_seconds must be positive, got {self.launch_grace_seconds}")
+        if self.max_age_seconds is not None and self.max_age_seconds <= 0:
+            raise ConfigurationError(f"max_age_seconds must be positive, got {self.max_age_seconds}")
+
+    @classmethod
+    def from_env(cls) -> "RecoverySettings":
+        return cls(
+            enabled=_env_bool("RECOVERY_ENABLE_ORPHAN_RECOVERY", True),
+            launch_grace_seconds=_env_seconds("RECOVERY_LAUNCH_GRACE", 300.0),
+            max_age_seconds=_env_seconds("RECOVERY_MAX_AGE", 24 * 3600.0),
+        )
+
+
+def default_outage_policy(sleep: Callable[[float], None] | None = None) -> RetryPolicy:
+    """Seed 001: retry a database outage with exponential backoff, 3 attempts."""
+    return RetryPolicy(max_attempts=3, initial_delay=0.5, max_delay=5.0, same_error_limit=3, sleep=sleep)
+
+
+def scan(
+    store,
+    *,
+    settings: RecoverySettings | None = None,
+    dead_owner_runs: Sequence[str] = (),
+    launching: bool = False,
+    limit: int | None = None,
+    trigger: str = "on_demand",
+    policy: RetryPolicy | None = None,
+) -> ScanStats:
+    """One recovery pass. ``launching=True`` reserves reclaimed pipelines for a launcher at once."""
+    settings = settings or RecoverySettings()
+    policy = policy or default_outage_policy()
+    stats = ScanStats()
+    started = time.perf_counter()
+    if not settings.enabled:
+        stats.error = "orphan recovery is disabled (RECOVERY_ENABLE_ORPHAN_RECOVERY=false)"
+        return stats
+    try:
+        policy.call(store.record_event, "recovery_started", {"trigger": trigger})
+        corrupt = policy.call(store.fail_unknown_statuses)
+        given_up = policy.call(store.give_up_hopeless, dead_owner_runs=dead_owner_runs,
+                               max_age_seconds=settings.max_age_seconds)
+        reclaimed, corrupt_rows = policy.call(
+            store.reclaim, limit=limit or settings.max_per_scan, dead_owner_runs=dead_owner_runs,
+            launching=launching, grace_seconds=settings.launch_grace_seconds,
+            max_age_seconds=settings.max_age_seconds, reason=trigger,
+        )
+        stats.given_up_pipelines = [*corrupt, *given_up, *corrupt_rows]
+        stats.reclaimed_pipelines = reclaimed
+        stats.corrupt = len(corrupt) + len(corrupt_rows)
+        stats.given_up = len(given_up) + stats.corrupt
+        stats.reclaimed = len(reclaimed)
+        stats.found = stats.reclaimed + stats.given_up
+    except Exception as exc:  # noqa: BLE001 - the scan reports; it never crashes its caller
+        stats.failed += 1
+        stats.error = redact(f"{type(exc).__name__}: {exc}")
+        log.error("recovery scan failed: %s", stats.error)
+    stats.duration_ms = (time.perf_counter() - started) * 1000
+    if stats.error is None:
+        try:
+            policy.call(store.record_event, "recovery_completed", {"trigger": trigger, **stats.as_dict()})
+        except Exception as exc:  # noqa: BLE001
+            stats.error = redact(f"could not record recovery_completed: {exc}")
+    log.info("recovery scan (%s): %s", trigger, summary_line(stats))
+    return stats
+
+
+def summary_line(stats: ScanStats, launched: int | None = None) -> str:
+    resumed = stats.reclaimed if launched is None else launched
+    parts = [f"{stats.found} orphan{'s' if stats.found != 1 else ''}: {resumed} resumed, {stats.given_up} given up"]
+    if stats.corrupt:
+        parts.append(f"{stats.corrupt} corrupt")
+    if stats.error:
+        parts.append(f"error: {stats.error}")
+    return "; ".join(parts)
+
+
+def describe(stats: ScanStats) -> dict[str, Any]:
+    return {**stats.as_dict(),
+            "reclaimed_pipelines": [r.pipeline_id for r in stats.reclaimed_pipelines],
+            "given_up_pipelines": [{"id": g.pipeline_id, "reason": g.reason} for g in stats.given_up_pipelines]}

@@ -1,0 +1,64 @@
+"""Functions run in child processes by the concurrency and crash tests (spawned, not forked)."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+
+def reclaim_all(url: str, owner_tag: str, start_at: float, out_queue) -> None:
+    from recovery_ext.store import RecoveryStore
+
+    store = RecoveryStore(url)
+    won: list[int] = []
+    while time.time() < start_at:
+        time.sleep(0.001)
+    while True:
+        reclaimed, _ = store.reclaim(limit=7, launching=True, grace_seconds=600)
+        if not reclaimed:
+            break
+        won.extend(r.pipeline_id for r in reclaimed)
+    out_queue.put((owner_tag, won))
+    store.close()
+
+
+def claim_all(url: str, worker: str, start_at: float, out_queue) -> None:
+    from recovery_ext.store import RecoveryStore
+
+    store = RecoveryStore(url)
+    got: list[int] = []
+    while time.time() < start_at:
+        time.sleep(0.001)
+    while True:
+        items = store.claim("q", worker, limit=3, heartbeat_timeout=600)
+        if not items:
+            break
+        for item in items:
+            store.complete_item(item, {"by": worker})
+            got.append(item.id)
+    out_queue.put((worker, got))
+    store.close()
+
+
+def run_watchdog_forever(url: str, pipeline_id: int, epoch: int, owner: str, interval: float, timeout: float) -> None:
+    """Own a node with a live watchdog until killed."""
+    from recovery_ext.heartbeat import HeartbeatSettings, Watchdog, store_pulse
+    from recovery_ext.models import Ownership
+    from recovery_ext.store import RecoveryStore
+
+    store = RecoveryStore(url)
+    own = Ownership(pipeline_id, epoch, owner)
+    store.start_node(own, "work", heartbeat_timeout=timeout)
+    dog = Watchdog(store_pulse(store, own, "work", timeout), HeartbeatSettings(interval=interval, timeout=timeout))
+    dog.start()
+    sys.stdout.write("ready\n")
+    sys.stdout.flush()
+    while True:
+        time.sleep(1)
+
+
+if __name__ == "__main__":
+    url, pid, epoch, owner, interval, timeout = sys.argv[1:]
+    run_watchdog_forever(url, int(pid), int(epoch), owner, float(interval), float(timeout))
+    os._exit(0)
