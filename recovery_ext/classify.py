@@ -340,7 +340,8 @@ class ClassifiedError(RecoveryError):
             parts.append(f"model={self.model}")
         if self.endpoint:
             parts.append(f"endpoint={self.endpoint}")
-        return redact(" ".join(parts) + f": {self.detail}")
+        # Redact the header on its own so a masked value cannot swallow the separator.
+        return f"{redact(' '.join(parts))}: {self.detail}"
 
     def __str__(self) -> str:
         return self._render()
