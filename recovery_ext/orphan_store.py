@@ -35,7 +35,8 @@ class OrphanOps(PipelineOps):
             nodes.c.stall_deadline.isnot(None), nodes.c.stall_deadline < now,
         )
 
-    def _orphan_condition(self, dead_owner_runs: Sequence[str] = ()) -> ColumnElement:
+    def _orphan_condition(self, dead_owner_runs: Sequence[str] = (),
+                          job_names: Sequence[str] | None = None) -> ColumnElement:
         """Running, and its heartbeat or hard deadline passed (NULL heartbeat: deadline alone),
         or a node stalled, or its owning run is known to be dead."""
         now = self.dialect.now()
@@ -46,7 +47,7 @@ class OrphanOps(PipelineOps):
         )
         if dead_owner_runs:
             cond = or_(cond, p.owner.in_(list(dead_owner_runs)))
-        return and_(LIVE, p.status == RUNNING, cond)
+        return and_(LIVE, p.status == RUNNING, cond, *_jobs(job_names))
 
     def _hopeless_condition(self, max_age_seconds: float | None) -> ColumnElement:
         now = self.dialect.now()
@@ -68,11 +69,12 @@ class OrphanOps(PipelineOps):
 
     # -- queries -------------------------------------------------------------------------------
 
-    def find_orphans(self, *, dead_owner_runs: Sequence[str] = (), limit: int | None = None) -> list[Orphan]:
+    def find_orphans(self, *, dead_owner_runs: Sequence[str] = (), limit: int | None = None,
+                     job_names: Sequence[str] | None = None) -> list[Orphan]:
         query = (
             select(p.id, p.job_name, p.owner, p.epoch, p.resume_count, p.max_resumes,
                    self._reason(dead_owner_runs).label("reason"), p.heartbeat_deadline, p.deadline)
-            .where(self._orphan_condition(dead_owner_runs))
+            .where(self._orphan_condition(dead_owner_runs, job_names))
             .order_by(p.heartbeat_deadline.asc().nulls_first(), p.id)
         )
         if limit:
@@ -80,18 +82,20 @@ class OrphanOps(PipelineOps):
         with self.read() as conn:
             return [Orphan(**r._mapping) for r in conn.execute(query)]
 
-    def running_owners(self, limit: int = 5000) -> list[str]:
+    def running_owners(self, limit: int = 5000, job_names: Sequence[str] | None = None) -> list[str]:
         """Owners of running pipelines, to ask Dagster which of their runs are already dead."""
         with self.read() as conn:
             rows = conn.execute(
-                select(p.owner).where(LIVE, p.status == RUNNING, p.owner.isnot(None)).distinct().limit(limit)
+                select(p.owner).where(LIVE, p.status == RUNNING, p.owner.isnot(None), *_jobs(job_names))
+                .distinct().limit(limit)
             )
             return [r.owner for r in rows]
 
     # -- give up -------------------------------------------------------------------------------
 
     def give_up_hopeless(
-        self, *, dead_owner_runs: Sequence[str] = (), max_age_seconds: float | None = None, limit: int = 10_000
+        self, *, dead_owner_runs: Sequence[str] = (), max_age_seconds: float | None = None, limit: int = 10_000,
+        job_names: Sequence[str] | None = None,
     ) -> list[GivenUp]:
         """Orphans past their maximum resumes, hard deadline or maximum age become failed."""
         now = self.dialect.now()
@@ -105,7 +109,7 @@ class OrphanOps(PipelineOps):
         with self.write() as conn:
             candidates = (
                 select(p.id)
-                .where(self._orphan_condition(dead_owner_runs), self._hopeless_condition(max_age_seconds))
+                .where(self._orphan_condition(dead_owner_runs, job_names), self._hopeless_condition(max_age_seconds))
                 .order_by(p.id)
                 .limit(limit)
                 .with_for_update(skip_locked=True)
@@ -159,6 +163,7 @@ class OrphanOps(PipelineOps):
         grace_seconds: float = 300.0,
         max_age_seconds: float | None = None,
         reason: str = "orphaned",
+        job_names: Sequence[str] | None = None,
     ) -> tuple[list[Reclaimed], list[GivenUp]]:
         """Take over up to ``limit`` orphans, oldest first; exactly one caller wins each.
 
@@ -171,7 +176,7 @@ class OrphanOps(PipelineOps):
             return [], []
         candidates = (
             select(p.id, p.owner.label("previous_owner"))
-            .where(self._orphan_condition(dead_owner_runs), ~self._hopeless_condition(max_age_seconds))
+            .where(self._orphan_condition(dead_owner_runs, job_names), ~self._hopeless_condition(max_age_seconds))
             .order_by(p.heartbeat_deadline.asc().nulls_first(), p.id)
             .limit(limit)
             .with_for_update(skip_locked=True)
@@ -217,14 +222,15 @@ class OrphanOps(PipelineOps):
             given_up = self._fail_corrupt(conn, corrupt, previous)
         return reclaimed, given_up
 
-    def claim_awaiting(self, *, limit: int, grace_seconds: float = 300.0) -> list[Reclaimed]:
+    def claim_awaiting(self, *, limit: int, grace_seconds: float = 300.0,
+                       job_names: Sequence[str] | None = None) -> list[Reclaimed]:
         """Reserve pipelines that a launcher-less reclaim (the CLI) left awaiting a resume run."""
         if limit <= 0:
             return []
         with self.write() as conn:
             ids = [r.id for r in conn.execute(
                 select(p.id)
-                .where(LIVE, p.status == RUNNING, p.owner.is_(None), p.resume_count > 0)
+                .where(LIVE, p.status == RUNNING, p.owner.is_(None), p.resume_count > 0, *_jobs(job_names))
                 .order_by(p.id).limit(limit).with_for_update(skip_locked=True)
             )]
             if not ids:
@@ -302,3 +308,7 @@ class OrphanOps(PipelineOps):
             ).all()
             corrupt = {r.id: f"corrupt row: unknown pipeline status {r.status!r}" for r in rows}
             return self._fail_corrupt(conn, corrupt, {r.id: r.owner for r in rows})
+
+
+def _jobs(job_names: Sequence[str] | None) -> list[ColumnElement]:
+    return [] if job_names is None else [p.job_name.in_(list(job_names))]

@@ -201,7 +201,8 @@ class PipelineOps(Database):
 
     # -- node transitions --------------------------------------------------------------------
 
-    def _move_node(self, conn: Connection, own: Ownership, name: str, target: str, event: str, **values) -> Node:
+    def _move_node(self, conn: Connection, own: Ownership, name: str, target: str, event: str,
+                   extra: dict[str, Any] | None = None, **values) -> Node:
         sources = NODE_TRANSITIONS[target]
         before = conn.execute(
             select(nodes.c.id, nodes.c.status).where(nodes.c.pipeline_id == own.pipeline_id, nodes.c.name == name)
@@ -219,7 +220,7 @@ class PipelineOps(Database):
             .values(status=target, updated_at=self.dialect.now(), **values)
             .returning(*nodes.c)
         ).one()
-        data = {"epoch": own.epoch, "owner": own.owner}
+        data = {"epoch": own.epoch, "owner": own.owner, **(extra or {})}
         if "error" in values and values["error"]:
             data["error"] = values["error"]
         self.record_transitions(
@@ -276,11 +277,14 @@ class PipelineOps(Database):
             self._refresh_pipeline(conn, own, heartbeat_timeout)
             return self._complete_pipeline_if_done(conn, own)
 
-    def fail_node(self, own: Ownership, name: str, error: ErrorInfo, *, permanent: bool) -> None:
+    def fail_node(self, own: Ownership, name: str, error: ErrorInfo, *, permanent: bool,
+                  data: dict[str, Any] | None = None) -> None:
         """running -> failed. A permanent failure also fails the pipeline."""
         with self.write() as conn:
             self._fence(conn, own)
-            self._move_node(conn, own, name, "failed", "failed", stall_deadline=None, **_error_values(error))
+            extra = {"node": name, "category": error.category, **(data or {})}
+            self._move_node(conn, own, name, "failed", "failed", extra=extra, stall_deadline=None,
+                            **_error_values(error))
             if permanent:
                 self._finish_pipeline(conn, own, "failed", error=redact(error.message))
             else:

@@ -101,6 +101,7 @@ def scan(
     limit: int | None = None,
     trigger: str = "on_demand",
     policy: RetryPolicy | None = None,
+    job_names: Sequence[str] | None = None,
 ) -> ScanStats:
     """One recovery pass. ``launching=True`` reserves reclaimed pipelines for a launcher at once."""
     settings = settings or RecoverySettings()
@@ -114,11 +115,11 @@ def scan(
         policy.call(store.record_event, "recovery_started", {"trigger": trigger})
         corrupt = policy.call(store.fail_unknown_statuses)
         given_up = policy.call(store.give_up_hopeless, dead_owner_runs=dead_owner_runs,
-                               max_age_seconds=settings.max_age_seconds)
+                               max_age_seconds=settings.max_age_seconds, job_names=job_names)
         reclaimed, corrupt_rows = policy.call(
             store.reclaim, limit=limit or settings.max_per_scan, dead_owner_runs=dead_owner_runs,
             launching=launching, grace_seconds=settings.launch_grace_seconds,
-            max_age_seconds=settings.max_age_seconds, reason=trigger,
+            max_age_seconds=settings.max_age_seconds, reason=trigger, job_names=job_names,
         )
         stats.given_up_pipelines = [*corrupt, *given_up, *corrupt_rows]
         stats.reclaimed_pipelines = reclaimed

@@ -1,0 +1,293 @@
+"""``@recoverable_op``: a Dagster op that is a node of a crash-recoverable pipeline.
+
+Each call attaches to its pipeline row (a fresh run creates it, a resume run finds it
+by its tags), skips the node if it already completed (returning the recorded output),
+claims the node under the pipeline's ownership epoch, runs the heartbeat watchdog
+while the body runs, maps errors through the shared classifier, and completes the
+node with its output. Every write is fenced: a superseded worker stops with
+"superseded by run <id>" and writes nothing.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from dagster import Failure, In, OpExecutionContext, Out, RetryRequested, op
+
+from ..classify import ClassifiedError, classify, with_context
+from ..errors import IllegalTransition, OwnershipLost, StopRequested
+from ..heartbeat import HeartbeatSettings, Watchdog, store_pulse
+from ..models import NodeSpec, Ownership
+from ..store import RecoveryStore
+from .errors import error_info, failure_metadata, to_dagster, to_failure
+from .resources import RecoveryResource
+
+TAG_PIPELINE = "recovery/pipeline_id"
+TAG_RESUMED_FROM = "recovery/resumed_from"
+TAG_RESUME_NUMBER = "recovery/resume_number"
+TAG_NODE = "recovery/node"
+TAG_OPTIONAL = "recovery/optional"
+
+
+def _jsonable(value: Any) -> Any:
+    """Round-trip through JSON so the first run's downstream ops see exactly what a resume run replays."""
+    try:
+        return json.loads(json.dumps(value))
+    except (TypeError, ValueError) as exc:
+        raise Failure(
+            description=f"a recoverable op's output must be JSON-serializable so resumes can replay it: {exc}",
+            allow_retries=False,
+        ) from exc
+
+
+@dataclass
+class Item:
+    """One unfinished sub-item; ``complete`` commits its result together with its checkpoint."""
+
+    node: "NodeContext"
+    key: str
+
+    def complete(self, result: Any = None, *, also: Callable[[Any], None] | None = None) -> None:
+        self.node.checkpoint(self.key, result, also=also)
+
+
+class NodeContext:
+    """What a recoverable op's body gets: Dagster's context plus items, progress and ownership checks."""
+
+    def __init__(self, context: OpExecutionContext, store: RecoveryStore, own: Ownership, node: str,
+                 settings: HeartbeatSettings, watchdog: Watchdog | None, resource: RecoveryResource) -> None:
+        self.context = context
+        self.store = store
+        self.ownership = own
+        self.node_name = node
+        self.settings = settings
+        self.watchdog = watchdog
+        self.resource = resource
+        self.items_resumed = 0
+        self.items_done = 0
+        self.metadata: dict[str, Any] = {}
+
+    @property
+    def log(self):
+        return self.context.log
+
+    @property
+    def op_config(self) -> Any:
+        return self.context.op_config
+
+    @property
+    def pipeline_id(self) -> int:
+        return self.ownership.pipeline_id
+
+    def check(self) -> None:
+        """Stop here if this worker was superseded."""
+        if self.watchdog is not None:
+            self.watchdog.check()
+
+    def progress(self) -> None:
+        """The body moved forward: resets the stall timer (and checks ownership)."""
+        self.check()
+        if self.settings.stall_timeout:
+            self.store.report_progress(self.ownership, self.node_name, stall_timeout=self.settings.stall_timeout)
+
+    def completed_items(self) -> dict[str, Any]:
+        return self.store.completed_items(self.pipeline_id, self.node_name)
+
+    def items(self, keys: Iterable[str]) -> Iterator[Item]:
+        """Yield only the items a previous run did not finish, in the given order."""
+        keys = [str(k) for k in keys]
+        done = self.completed_items()
+        self.items_resumed = sum(1 for k in keys if k in done)
+        if self.items_resumed:
+            self.log.info(f"resuming node {self.node_name}: {self.items_resumed}/{len(keys)} items already done")
+        for key in keys:
+            if key in done:
+                continue
+            self.check()
+            yield Item(self, key)
+
+    def checkpoint(self, key: str, result: Any = None, *, also: Callable[[Any], None] | None = None) -> None:
+        self.check()
+        self.store.checkpoint_item(self.ownership, self.node_name, str(key), _jsonable(result), also=also,
+                                   stall_timeout=self.settings.stall_timeout)
+        self.items_done += 1
+
+
+def _pipeline_nodes(context: OpExecutionContext) -> list[NodeSpec]:
+    specs = []
+    for node in context.job_def.nodes_in_topological_order:
+        tags = node.definition.tags or {}
+        if tags.get(TAG_NODE) == "true":
+            specs.append(NodeSpec(node.name, optional=tags.get(TAG_OPTIONAL) == "true"))
+    return specs
+
+
+def _attach(context: OpExecutionContext, store: RecoveryStore, resource: RecoveryResource,
+            settings: HeartbeatSettings) -> tuple[int, Ownership | None, str | None]:
+    """Returns (pipeline id, ownership or None if lost, who owns it now)."""
+    tags = context.run.tags
+    run_id = context.run_id
+    if TAG_PIPELINE in tags:
+        pipeline_id = int(tags[TAG_PIPELINE])
+        try:
+            own = store.attach(pipeline_id, run_id, resume_number=int(tags.get(TAG_RESUME_NUMBER, "0")),
+                               heartbeat_timeout=settings.timeout)
+            return pipeline_id, own, None
+        except OwnershipLost as exc:
+            return pipeline_id, None, exc.owner
+    try:
+        own = store.create_pipeline(
+            context.job_name, _pipeline_nodes(context), owner=run_id, origin_run_id=run_id,
+            params=_jsonable(context.run.run_config or {}), heartbeat_timeout=settings.timeout,
+            deadline_seconds=resource.hard_deadline_seconds, max_resumes=resource.max_resumes,
+        )
+        return own.pipeline_id, own, None
+    except OwnershipLost as exc:
+        existing = store.find_pipeline(run_id)
+        return (existing.id if existing else -1), None, exc.owner
+
+
+def _consecutive_same(store: RecoveryStore, pipeline_id: int, node: str, category: str) -> int:
+    failures = [t for t in store.transitions_for(pipeline_id=pipeline_id)
+                if t["entity_type"] == "node" and t["to_status"] == "failed"
+                and (t.get("data") or {}).get("node") == node]
+    count = 0
+    for t in reversed(failures):
+        if (t.get("data") or {}).get("category") != category:
+            break
+        count += 1
+    return count
+
+
+def recoverable_op(
+    fn: Callable[..., Any] | None = None,
+    *,
+    name: str | None = None,
+    optional: bool = False,
+    ins: Mapping[str, In] | None = None,
+    out: Out | None = None,
+    config_schema: Any = None,
+    heartbeat: HeartbeatSettings | None = None,
+    description: str | None = None,
+    required_resource_keys: set[str] | None = None,
+    resource_key: str = "recovery",
+    tags: Mapping[str, str] | None = None,
+):
+    """Turn ``fn(ctx: NodeContext, *inputs)`` into a Dagster op that is a recoverable pipeline node.
+
+    ``optional=True`` nodes degrade instead of failing the pipeline (seed 002's glossary
+    steps). Outputs must be JSON-serializable: a resume run replays the recorded value.
+    """
+
+    def decorate(body: Callable[..., Any]) -> Any:
+        op_name = name or body.__name__
+        params = list(inspect.signature(body).parameters.values())[1:]
+        op_ins = dict(ins) if ins is not None else {p.name: In() for p in params}
+        op_tags = {**(tags or {}), TAG_NODE: "true", TAG_OPTIONAL: "true" if optional else "false"}
+
+        def compute(context: OpExecutionContext, **inputs: Any) -> Any:
+            resource: RecoveryResource = getattr(context.resources, resource_key)
+            store = resource.get_store()
+            settings = heartbeat or resource.heartbeat_settings()
+            pipeline_id, own, owner = _attach(context, store, resource, settings)
+            node = store.get_node(pipeline_id, op_name) if pipeline_id > 0 else None
+            if node is not None and node.finished:
+                message = f"skipped: {node.status} in run {node.run_id}"
+                context.log.info(f"{op_name} {message}")
+                context.add_output_metadata({"recovery": message, "skipped": True, "pipeline_id": pipeline_id,
+                                             "attempts": node.attempts})
+                return node.output
+            if own is None:
+                raise Failure(description=f"superseded by run {owner}: pipeline {pipeline_id} belongs to another run",
+                              metadata={"pipeline_id": pipeline_id, "owner": str(owner)}, allow_retries=False)
+            return _run_node(context, store, resource, settings, own, op_name, body, inputs, optional)
+
+        compute.__name__ = op_name
+        compute.__doc__ = body.__doc__
+        compute.__signature__ = inspect.Signature(
+            [inspect.Parameter("context", inspect.Parameter.POSITIONAL_OR_KEYWORD)]
+            + [inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD) for n in op_ins]
+        )
+        return op(
+            name=op_name, ins=op_ins, out=out or Out(), config_schema=config_schema,
+            description=description or body.__doc__, tags=op_tags,
+            required_resource_keys={resource_key, *(required_resource_keys or set())},
+        )(compute)
+
+    return decorate(fn) if fn is not None else decorate
+
+
+def _run_node(context, store, resource, settings, own, op_name, body, inputs, optional) -> Any:
+    try:
+        node = store.start_node(own, op_name, heartbeat_timeout=settings.timeout, stall_timeout=settings.stall_timeout)
+    except OwnershipLost as exc:
+        raise Failure(description=f"superseded by run {exc.owner}", allow_retries=False) from exc
+    except IllegalTransition as exc:
+        raise Failure(description=str(exc), allow_retries=False) from exc
+    watchdog = Watchdog(store_pulse(store, own, op_name, settings.timeout), settings,
+                        verify=lambda: store.check_ownership(own), name=f"{op_name}@{own.pipeline_id}")
+    ctx = NodeContext(context, store, own, op_name, settings, watchdog, resource)
+    watchdog.start()
+    try:
+        output = _jsonable(body(ctx, **inputs))
+        ctx.check()
+    except (OwnershipLost, StopRequested) as exc:
+        lost = watchdog.lost or exc
+        raise Failure(description=f"superseded by run {getattr(lost, 'owner', None) or 'another run'}; "
+                                  "stopped without writing", allow_retries=False) from exc
+    except (Failure, RetryRequested):
+        raise
+    except Exception as exc:  # noqa: BLE001 - every error goes through the shared classifier
+        return _handle_error(context, store, resource, own, op_name, optional, exc, ctx, node.attempts)
+    finally:
+        watchdog.stop()
+    try:
+        store.complete_node(own, op_name, output, heartbeat_timeout=settings.timeout)
+    except OwnershipLost as exc:
+        raise Failure(description=f"superseded by run {exc.owner}; result discarded", allow_retries=False) from exc
+    context.add_output_metadata({
+        "recovery": f"completed in run {own.owner}", "skipped": False, "pipeline_id": own.pipeline_id,
+        "epoch": own.epoch, "attempts": node.attempts, "items_done": ctx.items_done,
+        "items_resumed": ctx.items_resumed, **ctx.metadata,
+    })
+    return output
+
+
+def _handle_error(context, store, resource, own, op_name, optional, exc, ctx, attempts) -> Any:
+    model = getattr(exc, "model", None) if isinstance(exc, ClassifiedError) else None
+    endpoint = getattr(exc, "endpoint", None) if isinstance(exc, ClassifiedError) else None
+    err = with_context(exc, model=model, endpoint=endpoint)
+    category = classify(err).category
+    decision = to_dagster(err, retry_number=context.retry_number, max_retries=resource.max_retries,
+                          wait=resource.retry_wait())
+    repeated = _consecutive_same(store, own.pipeline_id, op_name, category) + 1
+    if isinstance(decision, RetryRequested) and repeated >= resource.same_error_limit:
+        err = ClassifiedError(exc, category=category, status_code=err.status_code, retryable=False,
+                              model=err.model, endpoint=err.endpoint,
+                              message=f"repeated {category} error ({repeated} times): {err.detail}")
+        decision = to_failure(err)
+    info = error_info(err)
+    try:
+        if isinstance(decision, RetryRequested):
+            store.fail_node(own, op_name, info, permanent=False, data={"node": op_name, "category": category})
+            context.log.warning(f"{op_name}: retryable {err}; retry {context.retry_number + 1} of "
+                                f"{resource.max_retries} in {decision.seconds_to_wait:.1f} s")
+            # from None: Dagster serializes the cause chain into its event log, unredacted.
+            raise decision from None
+        if optional:
+            store.fail_node(own, op_name, info, permanent=False, data={"node": op_name, "category": category})
+            store.degrade_node(own, op_name, info)
+            context.log.warning(f"optional node {op_name} degraded, the pipeline continues without it: {err}")
+            context.add_output_metadata({"recovery": "degraded", "attempts": attempts, **failure_metadata(err)})
+            return None
+        store.fail_node(own, op_name, info, permanent=True, data={"node": op_name, "category": category})
+    except OwnershipLost as lost:
+        raise Failure(description=f"superseded by run {lost.owner}; stopped without writing",
+                      allow_retries=False) from exc
+    context.log.error(f"{op_name} failed: {err}")
+    raise decision from None
+

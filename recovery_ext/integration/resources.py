@@ -1,0 +1,87 @@
+"""The ``recovery`` resource: where the application tables live and how liveness is judged."""
+
+from __future__ import annotations
+
+import threading
+from typing import Optional
+
+from dagster import ConfigurableResource
+from pydantic import Field
+
+from ..heartbeat import HeartbeatSettings
+from ..recovery import RecoverySettings
+from ..retry import RetryPolicy, wait_jittered_exponential
+from ..store import RecoveryStore, default_database_url
+
+_stores: dict[str, RecoveryStore] = {}
+_stores_lock = threading.Lock()
+
+
+def shared_store(url: str) -> RecoveryStore:
+    """One migrated store per URL per process: ops, watchdogs and sensors share its pool."""
+    with _stores_lock:
+        store = _stores.get(url)
+        if store is None:
+            store = RecoveryStore(url)
+            store.migrate()
+            _stores[url] = store
+        return store
+
+
+class RecoveryResource(ConfigurableResource):
+    """Application tables and recovery settings shared by recoverable ops and the sensors."""
+
+    database_url: Optional[str] = Field(
+        default=None,
+        description="SQLAlchemy URL of the application tables (postgresql://... or sqlite:///...). "
+        "Defaults to $RECOVERY_DATABASE_URL, else SQLite under $DAGSTER_HOME. Pass secrets with EnvVar.",
+    )
+    heartbeat_interval: float = Field(default=30.0, description="Seconds between watchdog pulses (seed 000: 30 s).")
+    heartbeat_timeout: float = Field(
+        default=90.0, description="Seconds without a pulse before a pipeline is an orphan (ORPHAN_HEARTBEAT_THRESHOLD)."
+    )
+    stall_timeout: Optional[float] = Field(
+        default=None, description="Seconds a node may go without progress before it counts as stuck; None disables."
+    )
+    hard_deadline_seconds: Optional[float] = Field(
+        default=None, description="Maximum duration of a pipeline (seed 004's hard deadline); None for no limit."
+    )
+    max_resumes: int = Field(default=3, description="Resumes before a crashing pipeline is given up.")
+    max_age_seconds: Optional[float] = Field(
+        default=24 * 3600.0, description="Pipelines older than this are given up instead of resumed (seed 001)."
+    )
+    launch_grace_seconds: float = Field(
+        default=300.0, description="Seconds a reclaimed pipeline waits for its resume run before it re-orphans."
+    )
+    enable_orphan_recovery: bool = Field(default=True, description="ENABLE_ORPHAN_RECOVERY of seed 000.")
+    max_retries: int = Field(default=5, description="In-run retries (RetryRequested) of a node on transient errors.")
+    retry_initial_delay: float = Field(default=2.0, description="First retry delay in seconds; doubles each time.")
+    retry_max_delay: float = Field(default=120.0, description="Upper bound of one retry delay in seconds.")
+    retry_jitter: float = Field(default=0.1, description="Relative jitter of retry delays, 0 to 1 (0 disables).")
+    same_error_limit: int = Field(default=5, description="Consecutive errors of one category before escalation.")
+
+    def url(self) -> str:
+        return self.database_url or default_database_url()
+
+    def get_store(self) -> RecoveryStore:
+        return shared_store(self.url())
+
+    def heartbeat_settings(self) -> HeartbeatSettings:
+        return HeartbeatSettings(interval=self.heartbeat_interval, timeout=self.heartbeat_timeout,
+                                 stall_timeout=self.stall_timeout)
+
+    def recovery_settings(self) -> RecoverySettings:
+        return RecoverySettings(enabled=self.enable_orphan_recovery, launch_grace_seconds=self.launch_grace_seconds,
+                                max_age_seconds=self.max_age_seconds)
+
+    def retry_wait(self) -> wait_jittered_exponential:
+        return wait_jittered_exponential(self.retry_initial_delay, max_delay=self.retry_max_delay,
+                                         jitter=self.retry_jitter)
+
+    def retry_policy(self, **overrides) -> RetryPolicy:
+        """The same backoff for calls inside a node (e.g. one LLM request)."""
+        settings = dict(max_attempts=self.max_retries + 1, initial_delay=self.retry_initial_delay,
+                        max_delay=self.retry_max_delay, jitter=self.retry_jitter,
+                        same_error_limit=self.same_error_limit)
+        settings.update(overrides)
+        return RetryPolicy(**settings)

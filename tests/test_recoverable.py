@@ -1,0 +1,161 @@
+"""@recoverable_op under a real Dagster instance: skip, items, fencing, classifier mapping, executors."""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+import pytest
+from dagster import DagsterInstance, build_reconstructable_job, execute_job
+from sqlalchemy import delete, func, select, update
+
+import e2e_defs
+from e2e_defs import calls, items_job_inprocess, optional_job
+from helpers import expire
+from recovery_ext.integration import RecoveryResource
+from recovery_ext.integration.recoverable import TAG_PIPELINE, TAG_RESUME_NUMBER
+from recovery_ext.schema import events, node_items, nodes, pipelines
+from recovery_ext.store import RecoveryStore
+
+NODES = ("n1", "n2", "n3", "n4")
+
+
+def config(items=3, **node_overrides):
+    cfg = {"ops": {n: {"config": {"items": items, "item_seconds": 0.0}} for n in NODES}}
+    for node, values in node_overrides.items():
+        cfg["ops"][node]["config"].update(values)
+    return cfg
+
+
+def resource(url, **kw):
+    settings = dict(database_url=url, heartbeat_interval=0.5, heartbeat_timeout=3, max_retries=3,
+                    retry_initial_delay=0.01, retry_max_delay=0.02)
+    settings.update(kw)
+    return RecoveryResource(**settings)
+
+
+def call_counts(store):
+    with store.engine.connect() as conn:
+        return dict(conn.execute(select(calls.c.node, func.count()).group_by(calls.c.node)).all())
+
+
+def run(job, url, run_config, tags=None, **kw):
+    return job.execute_in_process(run_config=run_config, resources={"recovery": resource(url, **kw)}, tags=tags,
+                                  raise_on_error=False)
+
+
+def test_fresh_run_completes_the_pipeline_in_process(store, db_url):
+    result = run(items_job_inprocess, db_url, config())
+    assert result.success
+    (p,) = store.list_pipelines()
+    assert (p.status, p.owner, p.job_name) == ("completed", result.run_id, "items_job_inprocess")
+    assert [n.status for n in store.list_nodes(p.id)] == ["completed"] * 4
+    assert call_counts(store) == {n: 3 for n in NODES}
+    assert result.output_for_node("n4") == {"node": "n4", "items": ["n4-0", "n4-1", "n4-2"]}
+
+
+def test_fresh_run_completes_under_the_multiprocess_executor(store, db_url, monkeypatch):
+    monkeypatch.setenv("RECOVERY_DATABASE_URL", db_url)
+    with tempfile.TemporaryDirectory() as home, DagsterInstance.local_temp(home) as instance:
+        result = execute_job(build_reconstructable_job(
+            "e2e_defs", "bound_items_job", reconstructor_working_directory=str(Path(e2e_defs.__file__).parent)),
+            instance=instance, run_config=config(2))
+        assert result.success
+    (p,) = store.list_pipelines()
+    assert p.status == "completed" and call_counts(store) == {n: 2 for n in NODES}
+
+
+def crash_state(store, pipeline_id, *, running="n3", keep_items=1):
+    """What a kill -9 mid-node leaves behind: one node running with some items done, the rest pending."""
+    with store.write() as conn:
+        conn.execute(update(nodes).where(nodes.c.pipeline_id == pipeline_id, nodes.c.name == running)
+                     .values(status="running", completed_at=None, output=None))
+        conn.execute(update(nodes).where(nodes.c.pipeline_id == pipeline_id, nodes.c.name == "n4")
+                     .values(status="pending", completed_at=None, output=None))
+        conn.execute(update(pipelines).where(pipelines.c.id == pipeline_id)
+                     .values(status="running", completed_at=None))
+        conn.execute(delete(node_items).where(node_items.c.pipeline_id == pipeline_id,
+                                              node_items.c.node_name.in_([running, "n4"]),
+                                              node_items.c.item_key >= f"{running}-{keep_items}"))
+        conn.execute(delete(calls))
+    expire(store, pipeline_id)
+
+
+def test_resume_skips_completed_nodes_and_redoes_only_unfinished_items(store, db_url):
+    first = run(items_job_inprocess, db_url, config())
+    (p,) = store.list_pipelines()
+    before = {n.name: n.output for n in store.list_nodes(p.id)}
+    crash_state(store, p.id)
+    (reclaimed,), _ = store.reclaim(limit=5)
+    assert reclaimed.reset_nodes == ("n3",)
+    tags = {TAG_PIPELINE: str(p.id), TAG_RESUME_NUMBER: str(reclaimed.resume_number)}
+    second = run(items_job_inprocess, db_url, config(), tags=tags)
+    assert second.success
+    assert call_counts(store) == {"n3": 2, "n4": 3}  # n1, n2 skipped; n3 redid items 1 and 2 only
+    after = store.get_pipeline(p.id)
+    assert (after.status, after.owner, after.epoch) == ("completed", second.run_id, 2)
+    assert {n.name: n.output for n in store.list_nodes(p.id)} == before
+    assert second.output_for_node("n2") == first.output_for_node("n2")  # downstream sees the recorded output
+    n1_meta = second.events_for_node("n1")
+    assert any("skipped: completed in run" in str(e.event_specific_data) for e in n1_meta)
+    n3 = store.get_node(p.id, "n3")
+    assert n3.attempts == 2 and n3.run_id == second.run_id
+
+
+def test_a_superseded_run_stops_without_writing(store, db_url):
+    run(items_job_inprocess, db_url, config())
+    (p,) = store.list_pipelines()
+    crash_state(store, p.id)
+    (reclaimed,), _ = store.reclaim(limit=5)
+    store.attach(p.id, "the-real-resume", resume_number=reclaimed.resume_number)
+    tags = {TAG_PIPELINE: str(p.id), TAG_RESUME_NUMBER: str(reclaimed.resume_number)}
+    late = run(items_job_inprocess, db_url, config(), tags=tags)
+    assert not late.success
+    failure = next(e for e in late.all_events if e.event_type_value == "STEP_FAILURE")
+    assert "superseded by run the-real-resume" in str(failure.event_specific_data.error)
+    assert call_counts(store) == {}
+    assert store.get_node(p.id, "n3").status == "pending"
+
+
+def test_transient_errors_are_retried_in_run_and_the_node_completes(store, db_url, httpserver):
+    for status in (503, 429):
+        httpserver.expect_ordered_request("/fault").respond_with_data("busy", status=status)
+    httpserver.expect_ordered_request("/fault").respond_with_data("ok", status=200)
+    result = run(items_job_inprocess, db_url, config(1, n2={"fault_url": httpserver.url_for("/fault")}))
+    assert result.success
+    (p,) = store.list_pipelines()
+    n2 = store.get_node(p.id, "n2")
+    assert n2.status == "completed" and n2.attempts == 3
+    retries = [e for e in result.all_events if e.event_type_value == "STEP_UP_FOR_RETRY"]
+    assert len(retries) == 2
+
+
+def test_permanent_error_fails_with_context_and_no_secret_anywhere(store, db_url, httpserver):
+    httpserver.expect_request("/fault").respond_with_data("rejected api_key=sk-secret-123456789", status=401)
+    url = httpserver.url_for("/fault")
+    result = run(items_job_inprocess, db_url, config(1, n2={"fault_url": url}))
+    assert not result.success
+    failure = next(e for e in result.all_events if e.event_type_value == "STEP_FAILURE")
+    text = str(failure.event_specific_data.error)
+    assert "auth HTTP 401 model=test-model endpoint=" in text and "sk-secret" not in text
+    assert failure.event_specific_data.user_failure_data.metadata["category"].value == "auth"
+    (p,) = store.list_pipelines()
+    assert store.get_pipeline(p.id).status == "failed"
+    n2 = store.get_node(p.id, "n2")
+    assert (n2.status, n2.error_category, n2.error_status_code) == ("failed", "auth", 401)
+    with store.read() as conn:
+        dumped = " ".join(str(r) for t in (pipelines, nodes, events) for r in conn.execute(select(t)))
+    assert "sk-secret" not in dumped and "401" in dumped
+
+
+def test_optional_node_failure_degrades_and_the_pipeline_completes(store, db_url, httpserver):
+    httpserver.expect_request("/fault").respond_with_data("down", status=503)
+    cfg = {"ops": {"n1": {"config": {"items": 1, "item_seconds": 0.0}},
+                   "optional_node": {"config": {"items": 1, "item_seconds": 0.0,
+                                                "fault_url": httpserver.url_for("/fault")}}}}
+    result = run(optional_job, db_url, cfg, max_retries=1)
+    assert result.success
+    (p,) = store.list_pipelines()
+    assert store.get_pipeline(p.id).status == "completed"
+    opt = store.get_node(p.id, "optional_node")
+    assert (opt.status, opt.error_category, opt.error_status_code) == ("degraded", "server_error", 503)
