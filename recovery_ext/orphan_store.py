@@ -175,7 +175,7 @@ class OrphanOps(PipelineOps):
         if limit <= 0:
             return [], []
         candidates = (
-            select(p.id, p.owner.label("previous_owner"))
+            select(p.id, p.owner.label("previous_owner"), self._reason(dead_owner_runs).label("cause"))
             .where(self._orphan_condition(dead_owner_runs, job_names), ~self._hopeless_condition(max_age_seconds))
             .order_by(p.heartbeat_deadline.asc().nulls_first(), p.id)
             .limit(limit)
@@ -186,6 +186,7 @@ class OrphanOps(PipelineOps):
             if not found:
                 return [], []
             previous = {r.id: r.previous_owner for r in found}
+            causes = {r.id: r.cause for r in found}
             new_owner = (
                 literal("resume-") + cast(p.id, Text) + literal("-") + cast(p.resume_count + 1, Text)
                 if launching else None
@@ -210,13 +211,14 @@ class OrphanOps(PipelineOps):
                 {"entity_type": "pipeline", "entity_id": r.pipeline_id, "pipeline_id": r.pipeline_id,
                  "from_status": "running", "to_status": "running", "event": "reclaimed",
                  "data": {"previous_owner": r.previous_owner, "owner": r.owner, "epoch": r.epoch,
-                          "resume_number": r.resume_number, "reason": reason}}
+                          "resume_number": r.resume_number, "reason": reason, "cause": causes[r.pipeline_id]}}
                 for r in reclaimed
             ])
             self.record_events(conn, [
                 {"kind": "pipeline_recovered", "pipeline_id": r.pipeline_id,
                  "payload": {"previous_owner": r.previous_owner, "resume_number": r.resume_number,
-                             "reset_nodes": list(r.reset_nodes), "job": r.job_name, "reason": reason}}
+                             "reset_nodes": list(r.reset_nodes), "job": r.job_name, "reason": reason,
+                             "cause": causes[r.pipeline_id]}}
                 for r in reclaimed
             ])
             given_up = self._fail_corrupt(conn, corrupt, previous)
