@@ -125,6 +125,14 @@ class Database:
         for part in chunks(batch):
             conn.execute(insert(events).values(created_at=self.dialect.now()), list(part))
 
+    def upsert(self, conn: Connection, table, rows: Sequence[dict[str, Any]], *, keys: Sequence[str]) -> None:
+        """Insert or update by primary key, so re-running a node writes the same rows again."""
+        for row in rows:
+            stmt = self.dialect.insert(table).values(**row, updated_at=self.dialect.now())
+            update_cols = {c: stmt.excluded[c] for c in row if c not in keys}
+            update_cols["updated_at"] = self.dialect.now()
+            conn.execute(stmt.on_conflict_do_update(index_elements=list(keys), set_=update_cols))
+
     def record_event(self, kind: str, payload: dict[str, Any] | None = None, *, pipeline_id: int | None = None) -> None:
         with self.write() as conn:
             self.record_events(conn, [{"kind": kind, "payload": payload, "pipeline_id": pipeline_id}])

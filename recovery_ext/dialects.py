@@ -58,6 +58,10 @@ class Dialect:
     def migration_lock(self, conn) -> None:
         """Serialize concurrent migrators for the rest of the transaction."""
 
+    def insert(self, table):
+        """An INSERT with ``on_conflict_do_nothing``/``on_conflict_do_update``."""
+        raise NotImplementedError
+
     @staticmethod
     def for_url(url: str | URL) -> "Dialect":
         try:
@@ -104,6 +108,11 @@ class PostgresDialect(Dialect):
     def migration_lock(self, conn) -> None:
         conn.execute(text("SELECT pg_advisory_xact_lock(7238461001)"))
 
+    def insert(self, table):
+        from sqlalchemy.dialects.postgresql import insert
+
+        return insert(table)
+
 
 class SqliteDialect(Dialect):
     """SQLite: WAL, a busy timeout and foreign keys, set in one connect hook.
@@ -146,6 +155,11 @@ class SqliteDialect(Dialect):
 
     def seconds_between(self, start: Any, end: Any) -> ColumnElement:
         return end - start
+
+    def insert(self, table):
+        from sqlalchemy.dialects.sqlite import insert
+
+        return insert(table)
 
     def is_transient(self, exc: BaseException) -> bool:
         orig = getattr(exc, "orig", exc)

@@ -54,7 +54,7 @@ class QueueOps(Database):
         ids: list[int] = []
         with self.write() as conn:
             for payload, key in zip(payloads, keys):
-                stmt = self.dialect_insert(queue_items).values(
+                stmt = self.dialect.insert(queue_items).values(
                     queue=queue, dedupe_key=key, payload=payload, status="ready", attempts=0,
                     max_attempts=max_attempts, created_at=self.dialect.now(), updated_at=self.dialect.now(),
                 )
@@ -63,15 +63,6 @@ class QueueOps(Database):
                 if row is not None:
                     ids.append(row.id)
         return ids
-
-    def dialect_insert(self, table):
-        if self.dialect.name == "postgresql":
-            from sqlalchemy.dialects.postgresql import insert as pg_insert
-
-            return pg_insert(table)
-        from sqlalchemy.dialects.sqlite import insert as sqlite_insert
-
-        return sqlite_insert(table)
 
     def claim(self, queue: str, worker: str, *, limit: int = 1, heartbeat_timeout: float = 600.0) -> list[QueueItem]:
         """Take the next ``limit`` ready items; concurrent claimers never get the same item."""
@@ -149,11 +140,14 @@ class QueueOps(Database):
                                                        "attempts": item.attempts}}])
         return target
 
-    def _stale_condition(self, queue: str | None, older_than_seconds: float | None):
+    def _stale_condition(self, queue: str | None, older_than_seconds: float | None,
+                         held_by: Sequence[str] = ()):
         now = self.dialect.now()
         conds = [and_(q.heartbeat_deadline.isnot(None), q.heartbeat_deadline < now)]
         if older_than_seconds is not None:
             conds.append(q.started_at < self.dialect.now_plus(-float(older_than_seconds)))
+        for owner in held_by:
+            conds.append(q.worker.like(f"{owner}:%"))
         where = [q.status == PROCESSING, or_(*conds)]
         if queue is not None:
             where.append(q.queue == queue)
@@ -169,13 +163,14 @@ class QueueOps(Database):
 
     def reset_stale(
         self, *, queue: str | None = None, older_than_seconds: float | None = None, item_id: int | None = None,
-        reason: str = "stale", limit: int = 10_000,
+        reason: str = "stale", limit: int = 10_000, held_by: Sequence[str] = (),
     ) -> list[ResetItem]:
-        """Processing items whose heartbeat expired (or that started before the threshold) go
-        back to ``ready`` with the worker cleared; those at their maximum attempts become ``dead``."""
+        """Processing items whose heartbeat expired (or that started before the threshold, or whose
+        worker belongs to a superseded run in ``held_by``) go back to ``ready`` with the worker
+        cleared; those at their maximum attempts become ``dead``."""
         note = f"{RESET_NOTE}: {reason}"
         with self.write() as conn:
-            query = (select(q.id, q.worker).where(self._stale_condition(queue, older_than_seconds))
+            query = (select(q.id, q.worker).where(self._stale_condition(queue, older_than_seconds, held_by))
                      .order_by(q.started_at).limit(limit).with_for_update(skip_locked=True))
             if item_id is not None:
                 query = query.where(q.id == item_id)

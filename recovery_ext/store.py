@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from . import ontology_schema  # noqa: F401 - registers the ontology tables of migration 0002
 from .orphan_store import OrphanOps
 from .queue_store import QueueOps
 from .reports import ReportOps

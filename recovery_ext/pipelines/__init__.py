@@ -1,0 +1,1 @@
+"""The two real pipelines: ontology extraction (seeds 000/002) and OCR (seed 003)."""

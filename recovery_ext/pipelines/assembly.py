@@ -1,0 +1,38 @@
+"""Everything ``definitions.py`` assembles: both jobs, their sensors and resources."""
+
+from __future__ import annotations
+
+import os
+
+from dagster import Definitions, EnvVar
+
+from ..integration import RecoveryResource, make_orphan_sensor, make_stuck_item_sensor
+from .llm import LLMResource
+from .ocr import DEFAULT_QUEUE, make_ocr_job
+from .ontology import make_ontology_job
+from .sample_data import prepare_demo, sample_db_url, scans_dir
+
+
+def _env_or_none(name: str):
+    """An ``EnvVar`` when the variable is set, so secrets are read at run time and never stored in config."""
+    return EnvVar(name) if os.environ.get(name) else None
+
+
+def build_definitions(*, prepare_inputs: bool = True) -> Definitions:
+    if prepare_inputs:
+        prepare_demo()
+    ontology = make_ontology_job(os.environ.get("RECOVERY_SOURCE_URL") or sample_db_url())
+    ocr = make_ocr_job(os.environ.get("RECOVERY_OCR_FOLDER") or str(scans_dir()))
+    recovery = RecoveryResource(
+        database_url=_env_or_none("RECOVERY_DATABASE_URL"),
+        heartbeat_interval=float(os.environ.get("RECOVERY_HEARTBEAT_INTERVAL", "30")),
+        heartbeat_timeout=float(os.environ.get("RECOVERY_ORPHAN_HEARTBEAT_THRESHOLD", "90")),
+        enable_orphan_recovery=os.environ.get("RECOVERY_ENABLE_ORPHAN_RECOVERY", "true").lower() != "false",
+    )
+    llm = LLMResource(base_url=_env_or_none("RECOVERY_LLM_BASE_URL"), api_key=_env_or_none("OPENAI_API_KEY"),
+                      model=os.environ.get("RECOVERY_LLM_MODEL", "gpt-4o-mini"))
+    sensors = [
+        make_orphan_sensor([ontology, ocr], minimum_interval_seconds=int(os.environ.get("RECOVERY_SENSOR_INTERVAL", "15"))),
+        make_stuck_item_sensor(ocr, DEFAULT_QUEUE, minimum_interval_seconds=60, stale_after_seconds=600),
+    ]
+    return Definitions(jobs=[ontology, ocr], sensors=sensors, resources={"recovery": recovery, "llm": llm})

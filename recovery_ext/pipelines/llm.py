@@ -1,0 +1,174 @@
+"""An OpenAI-compatible chat-completions client as a Dagster resource, and its offline stand-in.
+
+Errors carry model, endpoint and status into the shared classifier. With no endpoint
+configured, a deterministic heuristic enricher answers, so the demo runs offline.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any, Optional, Protocol
+
+from dagster import ConfigurableResource
+from pydantic import Field
+
+from ..classify import ClassifiedError, with_context
+from ..redaction import redact_secret
+from ..retry import RetryPolicy
+
+SYSTEM_PROMPT = (
+    "You document relational databases for analysts. Answer with one JSON object only, "
+    "following the task's instructions."
+)
+
+TASKS = {
+    "describe_columns": 'Describe each column in one sentence. Return {"columns": {"<column>": "<description>"}}.',
+    "describe_entity": 'Name the business entity this table holds. Return {"name": "...", "description": "..."}.',
+    "glossary": 'List business terms analysts use with these entities. Return {"terms": [{"term": "...", '
+                '"definition": "...", "tables": ["..."]}]}.',
+    "enrich_term": 'Define the term precisely and give one SQL query that computes it. Return {"definition": "...", '
+                   '"sql": "..."}.',
+}
+
+
+class Enricher(Protocol):
+    name: str
+
+    def complete_json(self, task: str, payload: dict[str, Any]) -> dict[str, Any]: ...
+
+
+def _words(identifier: str) -> str:
+    return re.sub(r"[_\s]+", " ", identifier).strip()
+
+
+def singular(word: str) -> str:
+    if word.endswith("ies"):
+        return word[:-3] + "y"
+    if word.endswith(("sses", "shes", "ches", "xes")):
+        return word[:-2]
+    if word.endswith("s") and not word.endswith("ss"):
+        return word[:-1]
+    return word
+
+
+def entity_name(table: str) -> str:
+    """``order_items`` -> ``OrderItem``: the name derived from a table when no LLM answers."""
+    parts = table.split("_")
+    parts[-1] = singular(parts[-1])
+    return "".join(p.capitalize() for p in parts if p)
+
+
+def heuristic_answer(task: str, payload: dict[str, Any]) -> dict[str, Any]:
+    """Deterministic answers derived from names and profiles."""
+    if task == "describe_columns":
+        table = payload["table"]
+        out = {}
+        for col in payload["columns"]:
+            name = col["name"]
+            if col.get("primary_key"):
+                text = f"Identifier of the {_words(singular(table))}."
+            elif name.endswith("_id"):
+                text = f"Reference to the {_words(name[:-3])} this {_words(singular(table))} belongs to."
+            elif name.endswith(("_at", "_date")):
+                text = f"When the {_words(singular(table))} was {_words(re.sub(r'_(at|date)$', '', name))}."
+            else:
+                text = f"The {_words(name)} of the {_words(singular(table))}."
+            samples = col.get("samples") or []
+            if samples:
+                text += " Examples: " + ", ".join(str(s) for s in samples[:3]) + "."
+            out[name] = text
+        return {"columns": out}
+    if task == "describe_entity":
+        table = payload["table"]
+        return {"name": entity_name(table),
+                "description": f"A {_words(singular(table))} as recorded in the {table} table "
+                               f"({len(payload.get('columns', []))} attributes)."}
+    if task == "glossary":
+        terms = []
+        for entity in payload["entities"]:
+            terms.append({"term": f"{_words(entity['name'])} count",
+                          "definition": f"The number of distinct {_words(entity['table'])}.",
+                          "tables": [entity["table"]]})
+        return {"terms": terms}
+    if task == "enrich_term":
+        table = payload["tables"][0] if payload.get("tables") else None
+        sql = f"SELECT COUNT(*) FROM {table}" if table else ""
+        return {"definition": f"{payload['term']}: {payload.get('definition', '')}".strip(), "sql": sql}
+    raise ValueError(f"unknown task {task!r}")
+
+
+class HeuristicEnricher:
+    name = "heuristic (offline, no LLM configured)"
+
+    def complete_json(self, task: str, payload: dict[str, Any]) -> dict[str, Any]:
+        return heuristic_answer(task, payload)
+
+
+class OpenAICompatibleEnricher:
+    """Chat completions through the openai SDK; its own retries are off, ours (the shared policy) apply."""
+
+    def __init__(self, base_url: str, model: str, api_key: str | None, timeout: float, policy: RetryPolicy) -> None:
+        import openai
+
+        self.base_url = base_url.rstrip("/")
+        self.model = model
+        self.api_key = api_key or "not-needed"
+        self.name = f"openai-compatible model={model} endpoint={self.base_url}"
+        self.policy = policy
+        self.policy.context = {"model": model, "endpoint": self.base_url}
+        self._client = openai.OpenAI(base_url=self.base_url, api_key=self.api_key, timeout=timeout, max_retries=0)
+
+    def _redact(self, text: str) -> str:
+        return redact_secret(text, (self.api_key,))
+
+    def _call(self, task: str, payload: dict[str, Any]) -> dict[str, Any]:
+        try:
+            response = self._client.chat.completions.create(
+                model=self.model,
+                messages=[{"role": "system", "content": SYSTEM_PROMPT},
+                          {"role": "user", "content": json.dumps({"task": task, "instructions": TASKS[task],
+                                                                  "input": payload}, default=str)}],
+                response_format={"type": "json_object"},
+                temperature=0,
+            )
+        except Exception as exc:  # noqa: BLE001 - every SDK error is classified with its context
+            err = with_context(exc, model=self.model, endpoint=self.base_url)
+            raise ClassifiedError(category=err.category, status_code=err.status_code, retryable=err.retryable,
+                                  model=self.model, endpoint=self.base_url,
+                                  message=self._redact(str(exc))) from None
+        content = response.choices[0].message.content or ""
+        try:
+            answer = json.loads(content)
+        except ValueError:
+            raise ClassifiedError(category="validation", retryable=False, model=self.model, endpoint=self.base_url,
+                                  message=f"the model did not answer JSON: {self._redact(content[:200])}") from None
+        if not isinstance(answer, dict):
+            raise ClassifiedError(category="validation", retryable=False, model=self.model, endpoint=self.base_url,
+                                  message="the model answered JSON that is not an object")
+        return answer
+
+    def complete_json(self, task: str, payload: dict[str, Any]) -> dict[str, Any]:
+        return self.policy.call(self._call, task, payload)
+
+
+class LLMResource(ConfigurableResource):
+    """The LLM the ontology job asks; leave ``base_url`` empty to run offline with the heuristic enricher."""
+
+    base_url: Optional[str] = Field(
+        default=None, description="OpenAI-compatible base URL (e.g. https://api.openai.com/v1). Empty: heuristic."
+    )
+    model: str = Field(default="gpt-4o-mini", description="Model name sent with every request.")
+    api_key: Optional[str] = Field(default=None, description="API key; pass EnvVar('OPENAI_API_KEY'). Never logged.")
+    timeout: float = Field(default=60.0, description="Seconds before one request times out.")
+    max_attempts: int = Field(default=6, description="Attempts per request on transient errors (503, 429, ...).")
+    initial_delay: float = Field(default=1.0, description="First backoff delay in seconds; doubles, with jitter.")
+    max_delay: float = Field(default=30.0, description="Upper bound of one backoff delay in seconds.")
+    same_error_limit: int = Field(default=5, description="Consecutive errors of one category before escalation.")
+
+    def enricher(self) -> Enricher:
+        if not self.base_url:
+            return HeuristicEnricher()
+        policy = RetryPolicy(max_attempts=self.max_attempts, initial_delay=self.initial_delay,
+                             max_delay=self.max_delay, same_error_limit=self.same_error_limit)
+        return OpenAICompatibleEnricher(self.base_url, self.model, self.api_key, self.timeout, policy)
