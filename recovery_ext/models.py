@@ -64,6 +64,7 @@ class Node:
     status: str
     optional: bool
     attempts: int
+    items_total: int | None = None
     error: str | None = None
     error_category: str | None = None
     error_status_code: int | None = None

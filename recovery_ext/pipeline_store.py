@@ -379,6 +379,12 @@ class PipelineOps(Database):
 
     # -- item checkpoints --------------------------------------------------------------------
 
+    def set_items_total(self, own: Ownership, node_name: str, total: int) -> None:
+        with self.write() as conn:
+            self._fence(conn, own)
+            conn.execute(update(nodes).where(nodes.c.pipeline_id == own.pipeline_id, nodes.c.name == node_name)
+                         .values(items_total=total))
+
     def checkpoint_item(
         self,
         own: Ownership,

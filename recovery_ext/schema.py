@@ -145,6 +145,7 @@ nodes = Table(
     Column("status", Text, nullable=False),
     Column("optional", Boolean, nullable=False),
     Column("attempts", Integer, nullable=False),
+    Column("items_total", Integer),
     Column("error", Text),
     Column("error_category", Text),
     Column("error_status_code", Integer),

@@ -100,6 +100,7 @@ class NodeContext:
     def items(self, keys: Iterable[str]) -> Iterator[Item]:
         """Yield only the items a previous run did not finish, in the given order."""
         keys = [str(k) for k in keys]
+        self.store.set_items_total(self.ownership, self.node_name, len(keys))
         done = self.completed_items()
         self.items_resumed = sum(1 for k in keys if k in done)
         if self.items_resumed:

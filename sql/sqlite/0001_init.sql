@@ -40,6 +40,7 @@ CREATE TABLE rx_nodes (
     status              TEXT NOT NULL DEFAULT 'pending',
     optional            INTEGER NOT NULL DEFAULT 0,
     attempts            INTEGER NOT NULL DEFAULT 0,
+    items_total         INTEGER,
     error               TEXT,
     error_category      TEXT,
     error_status_code   INTEGER,

@@ -1,0 +1,372 @@
+"""``recovery-ext``: the operator CLI over the store and the recovery scan (seed 003's manual tools)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import functools
+import json
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+import click
+from tabulate import tabulate
+
+from .errors import ConfigurationError, NotFound, RecoveryError, StoreUnavailable
+from .recovery import RecoverySettings, parse_duration, scan
+from .redaction import redact
+from .store import URL_ENV, RecoveryStore, default_database_url
+
+RULE = "=" * 60
+
+
+class Duration(click.ParamType):
+    name = "duration"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, (int, float)):
+            return float(value)
+        try:
+            return parse_duration(value)
+        except ValueError as exc:
+            self.fail(str(exc), param, ctx)
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, dt.datetime):
+        return value.isoformat()
+    if isinstance(value, dict):
+        return {k: _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if hasattr(value, "__dataclass_fields__"):
+        return _jsonable(dict(value.__dict__))
+    return value
+
+
+def _when(value: dt.datetime | None) -> str:
+    return value.astimezone(dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S") if value else "-"
+
+
+class Output:
+    def __init__(self, as_json: bool) -> None:
+        self.json = as_json
+
+    def emit(self, data: Any, human: Callable[[], None]) -> None:
+        if self.json:
+            click.echo(json.dumps(_jsonable(data), indent=2, sort_keys=True))
+        else:
+            human()
+
+    def progress(self, message: str) -> None:
+        if not self.json:
+            click.echo(message, err=True)
+
+
+def command(fn):
+    """Open the store, map our errors to a clear message and exit status 1."""
+
+    @click.option("--json", "as_json", is_flag=True, help="Machine-readable JSON output.")
+    @click.pass_obj
+    @functools.wraps(fn)
+    def wrapper(obj, as_json, **kwargs):
+        out = Output(as_json or obj["json"])
+        url = obj["url"]
+        try:
+            store = RecoveryStore(url)
+        except ConfigurationError as exc:
+            raise click.ClickException(str(exc)) from None
+        try:
+            return fn(store, out, **kwargs)
+        except StoreUnavailable as exc:
+            raise click.ClickException(
+                f"cannot reach the database at {store.url.render_as_string(hide_password=True)}: {exc}") from None
+        except NotFound as exc:
+            raise click.ClickException(str(exc)) from None
+        except RecoveryError as exc:
+            hint = ""
+            try:
+                if store.pending_migrations():
+                    hint = " (the schema is not up to date: run `recovery-ext migrate`)"
+            except RecoveryError:
+                pass
+            raise click.ClickException(redact(str(exc)) + hint) from None
+        finally:
+            store.close()
+
+    return wrapper
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--database-url", envvar=URL_ENV, show_envvar=True, metavar="URL",
+              help="Application tables (postgresql://... or sqlite:///...). Default: SQLite under $DAGSTER_HOME.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable JSON output for every command.")
+@click.pass_context
+def main(ctx: click.Context, database_url: str | None, as_json: bool) -> None:
+    """Operate recovery-ext: migrations, status, recovery, stuck items and events."""
+    ctx.obj = {"url": database_url or default_database_url(), "json": as_json}
+
+
+@main.command()
+@click.option("--print", "print_only", is_flag=True, help="Show the SQL of pending migrations without running it.")
+@command
+def migrate(store: RecoveryStore, out: Output, print_only: bool) -> None:
+    """Apply the schema migrations in order (recorded in rx_schema_migrations)."""
+    pending = store.pending_migrations()
+    if print_only:
+        for m in pending:
+            click.echo(f"-- {m.version:04d}_{m.name} ({store.dialect.name})\n{m.sql.strip()}\n")
+        if not pending:
+            click.echo("-- the schema is up to date", err=True)
+        return
+    for m in pending:
+        out.progress(f"applying {m.version:04d}_{m.name} ...")
+    applied = store.migrate()
+    out.emit({"applied": [f"{m.version:04d}_{m.name}" for m in applied]},
+             lambda: click.echo(f"applied {len(applied)} migration(s)" if applied else "the schema is up to date"))
+
+
+@main.command()
+@click.option("--threshold", type=Duration(), default="10m", show_default=True,
+              help="Processing items older than this count as stuck.")
+@command
+def status(store: RecoveryStore, out: Output, threshold: float) -> None:
+    """Pipelines by status, orphans and stuck items now, auto-recovered in 24 h, dead items, durations."""
+    data = {
+        "pipelines": store.pipeline_summary(),
+        "orphans": [o.__dict__ for o in store.find_orphans()],
+        "stuck_items": [{"id": i.id, "queue": i.queue, "worker": i.worker, "started_at": i.started_at,
+                         "attempts": i.attempts} for i in store.stale_items(older_than_seconds=threshold)],
+        "auto_recovered_24h": {"pipelines": store.count_events("pipeline_recovered", within_seconds=86400),
+                               "items": store.count_events("item_reset", within_seconds=86400)},
+        "dead_items": [{"id": i.id, "queue": i.queue, "attempts": i.attempts, "last_error": i.last_error}
+                       for i in store.dead_items()],
+        "queues": store.queue_summary(),
+    }
+
+    def human() -> None:
+        click.echo("Pipelines by status")
+        click.echo(tabulate([(r["status"], r["count"], _seconds(r["avg_seconds"])) for r in data["pipelines"]],
+                            headers=["status", "count", "avg duration"]) or "  (none)")
+        click.echo(f"\nOrphans now: {len(data['orphans'])}")
+        for o in data["orphans"]:
+            click.echo(f"  - pipeline {o['id']} ({o['job_name']}) owner {o['owner']}: {o['reason']}")
+        click.echo(f"Stuck items now (> {_seconds(threshold)} or heartbeat expired): {len(data['stuck_items'])}")
+        for i in data["stuck_items"]:
+            click.echo(f"  - item {i['id']} ({i['queue']}) worker {i['worker']} since {_when(i['started_at'])}")
+        rec = data["auto_recovered_24h"]
+        click.echo(f"Auto-recovered in the last 24 h: {rec['pipelines']} pipelines, {rec['items']} items")
+        click.echo(f"Dead items: {len(data['dead_items'])}")
+        for i in data["dead_items"]:
+            click.echo(f"  - item {i['id']} ({i['queue']}) after {i['attempts']} attempts: {i['last_error']}")
+        if data["queues"]:
+            click.echo("\nQueues")
+            click.echo(tabulate([(r["queue"], r["status"], r["count"], _seconds(r["avg_seconds"]))
+                                 for r in data["queues"]], headers=["queue", "status", "count", "avg duration"]))
+
+    out.emit(data, human)
+
+
+def _seconds(value: float | None) -> str:
+    if value is None:
+        return "-"
+    return f"{value:.1f} s" if value < 120 else f"{value / 60:.1f} min"
+
+
+@main.group()
+def pipelines() -> None:
+    """Inspect pipelines."""
+
+
+@pipelines.command("list")
+@click.option("--status", "status_", type=click.Choice(["pending", "running", "completed", "failed"]))
+@click.option("--limit", type=click.IntRange(1, 10_000), default=20, show_default=True)
+@command
+def list_pipelines(store: RecoveryStore, out: Output, status_: str | None, limit: int) -> None:
+    """The most recent pipelines."""
+    rows = store.list_pipelines(status=status_, limit=limit)
+    out.emit([r.__dict__ for r in rows], lambda: click.echo(tabulate(
+        [(p.id, p.job_name, p.status, p.owner, p.resume_count, _when(p.created_at), p.gave_up_reason or "")
+         for p in rows], headers=["id", "job", "status", "owner", "resumes", "created", "gave up"])))
+
+
+@pipelines.command("show")
+@click.argument("pipeline_id", type=click.IntRange(min=1))
+@command
+def show_pipeline(store: RecoveryStore, out: Output, pipeline_id: int) -> None:
+    """Nodes, items done/total, attempts, errors and transitions of one pipeline."""
+    p = store.get_pipeline(pipeline_id)
+    node_rows = store.list_nodes(pipeline_id)
+    done = store.node_item_totals(pipeline_id)
+    history = store.transitions_for(pipeline_id=pipeline_id)
+    data = {"pipeline": p.__dict__, "nodes": [{**n.__dict__, "items_done": done.get(n.name, 0)} for n in node_rows],
+            "transitions": history}
+
+    def human() -> None:
+        click.echo(f"Pipeline {p.id}  {p.job_name}  {p.status}  owner={p.owner}  epoch={p.epoch}  "
+                   f"resumes={p.resume_count}/{p.max_resumes}")
+        click.echo(f"  created {_when(p.created_at)}  heartbeat until {_when(p.heartbeat_deadline)}  "
+                   f"deadline {_when(p.deadline)}")
+        if p.error or p.gave_up_reason:
+            click.echo(f"  error: {p.error or ''}  gave up: {p.gave_up_reason or ''}")
+        click.echo()
+        click.echo(tabulate([(n.position, n.name, n.status, n.attempts,
+                              f"{done.get(n.name, 0)}/{n.items_total}" if n.items_total is not None else "-",
+                              n.error_category or "", (n.error or "")[:60], n.run_id or "") for n in node_rows],
+                            headers=["#", "node", "status", "attempts", "items", "category", "error", "run"]))
+        click.echo("\nTransitions")
+        click.echo(tabulate([(_when(t["at"]), t["entity_type"], t["entity_id"], t["from_status"] or "",
+                              t["to_status"], t["event"]) for t in history],
+                            headers=["at", "entity", "id", "from", "to", "event"]))
+
+    out.emit(data, human)
+
+
+@main.command()
+@click.option("--limit", type=click.IntRange(1, 100_000), default=1000, show_default=True,
+              help="Reclaim at most this many orphans.")
+@command
+def recover(store: RecoveryStore, out: Output, limit: int) -> None:
+    """Run the startup recovery scan now: reclaim orphans (the orphan sensor launches their resume runs)."""
+    out.progress("scanning for orphaned pipelines ...")
+    try:
+        settings = RecoverySettings.from_env()
+    except ConfigurationError as exc:
+        raise click.ClickException(str(exc)) from None
+    stats = scan(store, settings=settings, limit=limit, trigger="cli")
+    if stats.error and stats.failed:
+        raise click.ClickException(f"recovery scan failed: {stats.error}")
+    data = {**stats.as_dict(), "reclaimed_pipelines": [r.pipeline_id for r in stats.reclaimed_pipelines],
+            "given_up_pipelines": [{"id": g.pipeline_id, "reason": g.reason} for g in stats.given_up_pipelines]}
+
+    def human() -> None:
+        click.echo(f"found {stats.found} orphan(s): {stats.reclaimed} reclaimed (awaiting their resume run), "
+                   f"{stats.given_up} given up, in {stats.duration_ms:.0f} ms")
+        for r in stats.reclaimed_pipelines:
+            click.echo(f"  - pipeline {r.pipeline_id} ({r.job_name}) resume #{r.resume_number}, "
+                       f"reset nodes: {', '.join(r.reset_nodes) or '-'}")
+        for g in stats.given_up_pipelines:
+            click.echo(f"  - pipeline {g.pipeline_id} given up: {g.reason}")
+
+    out.emit(data, human)
+
+
+@main.command("reset-stuck")
+@click.option("--threshold", type=Duration(), default="10m", show_default=True,
+              help="Processing items started longer ago than this are stuck.")
+@click.option("--queue", help="Only this queue.")
+@click.option("--job-id", "item_id", type=click.IntRange(min=1), help="Show one item's status, then reset it if stuck.")
+@click.option("--dry-run", is_flag=True, help="List what would be reset, change nothing.")
+@command
+def reset_stuck(store: RecoveryStore, out: Output, threshold: float, queue: str | None, item_id: int | None,
+                dry_run: bool) -> None:
+    """Reset stuck queue items back to ready (seed 003's manual recovery)."""
+    if item_id is not None:
+        item = store.get_item(item_id)
+        out.progress(f"Item {item.id} ({item.queue}): {item.status}, worker {item.worker or '-'}, "
+                     f"started {_when(item.started_at)}, attempts {item.attempts}/{item.max_attempts}")
+    out.progress(f"Checking for stuck items (threshold {_seconds(threshold)}) ...")
+    stuck = store.stale_items(queue=queue, older_than_seconds=threshold, item_id=item_id)
+    reset = [] if dry_run else store.reset_stale(queue=queue, older_than_seconds=threshold, item_id=item_id,
+                                                 reason="reset-stuck command")
+    data = {"dry_run": dry_run, "stuck": [{"id": i.id, "queue": i.queue, "worker": i.worker,
+                                           "started_at": i.started_at, "attempts": i.attempts} for i in stuck],
+            "reset": [{"id": r.id, "new_status": r.new_status} for r in reset]}
+
+    def human() -> None:
+        if not stuck:
+            click.echo("No stuck items found.")
+        else:
+            click.echo(f"Found {len(stuck)} stuck item(s):")
+            for i in stuck:
+                name = i.payload.get("name") if isinstance(i.payload, dict) else None
+                click.echo(f"   - Item ID: {i.id}\n     Queue: {i.queue}\n     Worker: {i.worker}\n"
+                           f"     Started: {_when(i.started_at)}\n     Attempts: {i.attempts}"
+                           + (f"\n     Document: {name}" if name else ""))
+            if dry_run:
+                click.echo("Dry run: nothing was changed.")
+            else:
+                ready = sum(r.new_status == "ready" for r in reset)
+                click.echo(f"Reset {len(reset)} stuck item(s): processing -> ready ({ready}), "
+                           f"-> dead at max attempts ({len(reset) - ready})")
+        click.echo(f"{RULE}\nSummary\n{RULE}\nTotal stuck items {'found' if dry_run else 'reset'}: "
+                   f"{len(stuck) if dry_run else len(reset)}")
+
+    out.emit(data, human)
+
+
+@main.command("retry-dead")
+@click.argument("item_ids", nargs=-1, type=click.IntRange(min=1))
+@click.option("--all", "retry_all", is_flag=True, help="Retry every dead item.")
+@click.option("--queue", help="With --all: only this queue.")
+@command
+def retry_dead(store: RecoveryStore, out: Output, item_ids: tuple[int, ...], retry_all: bool,
+               queue: str | None) -> None:
+    """Put dead items back to ready with their attempts cleared (recorded as a transition)."""
+    if bool(item_ids) == retry_all:
+        raise click.UsageError("give item IDs or --all (not both)")
+    retried = store.retry_dead(None if retry_all else list(item_ids), queue=queue)
+    out.emit({"retried": retried}, lambda: click.echo(f"retried {len(retried)} dead item(s): "
+                                                       f"{', '.join(map(str, retried)) or '-'}"))
+
+
+@main.command()
+@click.option("--follow", "-f", is_flag=True, help="Keep printing new events until interrupted.")
+@click.option("--kind", multiple=True, help="Only these kinds (repeatable).")
+@click.option("--limit", type=click.IntRange(1, 10_000), default=50, show_default=True)
+@click.option("--interval", type=click.FloatRange(0.1, 60), default=1.0, show_default=True,
+              help="Seconds between polls with --follow.")
+@command
+def events(store: RecoveryStore, out: Output, follow: bool, kind: tuple[str, ...], limit: int,
+           interval: float) -> None:
+    """Recovery events (the outbox): recovered, stuck, item reset, item dead ..."""
+    recent = store.recent_events(kinds=kind or None, after_id=0, limit=100_000)[-limit:]
+    last = recent[-1]["id"] if recent else 0
+
+    def show(rows: list[dict]) -> None:
+        for e in rows:
+            if out.json:
+                click.echo(json.dumps(_jsonable(e), sort_keys=True))
+            else:
+                target = f"pipeline {e['pipeline_id']}" if e["pipeline_id"] else (
+                    f"item {e['queue_item_id']}" if e["queue_item_id"] else "")
+                click.echo(f"{_when(e['created_at'])}  #{e['id']:<6} {e['kind']:<20} {target:<14} "
+                           f"{json.dumps(_jsonable(e['payload']), sort_keys=True)}")
+            sys.stdout.flush()
+
+    show(recent)
+    while follow:
+        try:
+            time.sleep(interval)
+            new = store.recent_events(kinds=kind or None, after_id=last, limit=1000)
+        except KeyboardInterrupt:
+            return
+        if new:
+            show(new)
+            last = new[-1]["id"]
+
+
+@main.group()
+def demo() -> None:
+    """Demo inputs."""
+
+
+@demo.command("setup")
+@click.option("--folder", type=click.Path(file_okay=False), help="Where to put the sample inputs.")
+@command
+def demo_setup(store: RecoveryStore, out: Output, folder: str | None) -> None:
+    """Create the sample shop database and scanned PDFs, and migrate the application tables."""
+    from pathlib import Path
+
+    from .pipelines.sample_data import prepare_demo
+
+    made = prepare_demo(Path(folder) if folder else None)
+    applied = store.migrate()
+    out.emit({**made, "migrations_applied": len(applied)},
+             lambda: click.echo(f"sample database: {made['sample_database']}\nscanned PDFs: {made['scans']}\n"
+                                f"application tables: {store.url.render_as_string(hide_password=True)}"))
+
+
+if __name__ == "__main__":
+    main()

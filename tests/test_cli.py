@@ -1,0 +1,141 @@
+"""The operator CLI against both databases, including bad input."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+from click.testing import CliRunner
+
+from helpers import expire
+from recovery_ext.cli import main
+
+
+@pytest.fixture
+def cli(store, db_url):
+    runner = CliRunner()
+
+    def invoke(*args, code=0):
+        result = runner.invoke(main, ["--database-url", db_url, *args], catch_exceptions=False)
+        assert result.exit_code == code, result.output
+        return result
+
+    return invoke
+
+
+def as_json(result):
+    return json.loads(result.stdout)
+
+
+def test_migrate_print_and_apply(tmp_path):
+    url = f"sqlite:///{tmp_path / 'fresh.sqlite3'}"
+    runner = CliRunner()
+    printed = runner.invoke(main, ["--database-url", url, "migrate", "--print"])
+    assert printed.exit_code == 0 and "CREATE TABLE rx_pipelines" in printed.stdout
+    status = runner.invoke(main, ["--database-url", url, "status"])
+    assert status.exit_code == 1 and "recovery-ext migrate" in status.output
+    applied = runner.invoke(main, ["--database-url", url, "--json", "migrate"])
+    assert json.loads(applied.stdout) == {"applied": ["0001_init", "0002_ontology"]}
+    again = runner.invoke(main, ["--database-url", url, "migrate"])
+    assert "up to date" in again.stdout
+
+
+def test_status_reports_orphans_stuck_dead_and_recovered(cli, store):
+    own = store.create_pipeline("job", ["a"], owner="r1", origin_run_id="r1")
+    expire(store, own.pipeline_id)
+    store.enqueue("ocr", [{"name": "a.pdf"}, {"name": "b.pdf"}], max_attempts=1)
+    stuck, dead = store.claim("ocr", "w", limit=2, heartbeat_timeout=600)
+    store.fail_item(dead, "boom")
+    from sqlalchemy import update
+
+    from recovery_ext.schema import queue_items
+
+    with store.write() as conn:
+        conn.execute(update(queue_items).where(queue_items.c.id == stuck.id)
+                     .values(started_at=store.dialect.now_plus(-3600)))
+    data = as_json(cli("status", "--json"))
+    assert [o["id"] for o in data["orphans"]] == [own.pipeline_id]
+    assert [i["id"] for i in data["stuck_items"]] == [stuck.id]
+    assert [i["id"] for i in data["dead_items"]] == [dead.id]
+    human = cli("status").stdout
+    assert "Orphans now: 1" in human and "Dead items: 1" in human
+    recovered = as_json(cli("recover", "--json"))
+    assert recovered["reclaimed_pipelines"] == [own.pipeline_id]
+    assert as_json(cli("status", "--json"))["auto_recovered_24h"]["pipelines"] == 1
+
+
+def test_pipelines_show_and_list(cli, store):
+    own = store.create_pipeline("job", ["a", "b"], owner="r1", origin_run_id="r1")
+    store.start_node(own, "a")
+    store.set_items_total(own, "a", 3)
+    store.checkpoint_item(own, "a", "k1", 1)
+    data = as_json(cli("pipelines", "show", str(own.pipeline_id), "--json"))
+    assert [(n["name"], n["status"], n["items_done"], n["items_total"]) for n in data["nodes"]] == [
+        ("a", "running", 1, 3), ("b", "pending", 0, None)]
+    assert data["transitions"][0]["event"] == "created"
+    human = cli("pipelines", "show", str(own.pipeline_id)).stdout
+    assert "1/3" in human and "Transitions" in human
+    assert str(own.pipeline_id) in cli("pipelines", "list").stdout
+    assert "no pipeline 999" in cli("pipelines", "show", "999", code=1).output
+
+
+def test_reset_stuck_dry_run_job_id_and_summary(cli, store):
+    store.enqueue("ocr", [{"name": "a.pdf"}, {"name": "b.pdf"}])
+    a, b = store.claim("ocr", "worker-1", limit=2, heartbeat_timeout=600)
+    from sqlalchemy import update
+
+    from recovery_ext.schema import queue_items
+
+    with store.write() as conn:
+        conn.execute(update(queue_items).values(started_at=store.dialect.now_plus(-1200)))
+    dry = cli("reset-stuck", "--dry-run")
+    assert "Found 2 stuck item(s)" in dry.stdout and "Dry run" in dry.stdout
+    assert store.get_item(a.id).status == "processing"
+    one = cli("reset-stuck", "--job-id", str(a.id))
+    assert f"Item {a.id} (ocr): processing" in one.output and "Total stuck items reset: 1" in one.stdout
+    assert store.get_item(a.id).status == "ready" and store.get_item(b.id).status == "processing"
+    rest = as_json(cli("reset-stuck", "--threshold", "15m", "--json"))
+    assert rest["reset"] == [{"id": b.id, "new_status": "ready"}]
+
+
+def test_retry_dead(cli, store):
+    store.enqueue("ocr", [{"n": 1}, {"n": 2}], max_attempts=1)
+    for item in store.claim("ocr", "w", limit=2):
+        store.fail_item(item, "boom")
+    first, second = [i.id for i in store.list_items("ocr")]
+    assert as_json(cli("retry-dead", str(first), "--json")) == {"retried": [first]}
+    assert "not dead" in cli("retry-dead", str(first), code=1).output
+    assert as_json(cli("retry-dead", "--all", "--json")) == {"retried": [second]}
+    assert "item IDs or --all" in cli("retry-dead", code=2).output
+
+
+def test_events_and_follow(cli, store, db_url):
+    store.record_event("recovery_started", {"trigger": "test"})
+    assert "recovery_started" in cli("events").stdout
+    follower = subprocess.Popen([sys.executable, "-m", "recovery_ext.cli", "--database-url", db_url, "events",
+                                 "--follow", "--json", "--interval", "0.2", "--kind", "item_dead"],
+                                stdout=subprocess.PIPE, text=True)
+    try:
+        store.record_event("item_dead", {"queue": "ocr"})
+        line = follower.stdout.readline()
+        assert json.loads(line)["kind"] == "item_dead"
+    finally:
+        follower.terminate()
+        follower.wait(10)
+
+
+@pytest.mark.parametrize("args,code,text", [
+    (["--database-url", "mysql://x@localhost/db", "status"], 1, "unsupported database"),
+    (["--database-url", "not a url", "status"], 1, "not a database URL"),
+    (["--database-url", "postgresql://postgres@127.0.0.1:1/nope", "status"], 1, "cannot reach the database"),
+    (["reset-stuck", "--threshold", "soon"], 2, "not a duration"),
+    (["pipelines", "show", "0"], 2, "Invalid value"),
+    (["retry-dead", "abc"], 2, "Invalid value"),
+    (["nonsense"], 2, "No such command"),
+])
+def test_bad_input_is_rejected_clearly(args, code, text, tmp_path):
+    result = CliRunner().invoke(main, ["--database-url", f"sqlite:///{tmp_path}/x.sqlite3", *args])
+    assert result.exit_code == code and text in result.output
+    assert "Traceback" not in result.output
