@@ -35,10 +35,6 @@ ACTIVE_STATUSES = [DagsterRunStatus.QUEUED, DagsterRunStatus.NOT_STARTED, Dagste
                    DagsterRunStatus.STARTED]
 
 
-def _job_name(job: JobDefinition | str) -> str:
-    return job if isinstance(job, str) else job.name
-
-
 def _dead_runs(instance, run_ids: Sequence[str]) -> list[str]:
     """Owners whose Dagster run is already FAILURE or CANCELED: orphans at once."""
     dead: list[str] = []
@@ -66,7 +62,7 @@ def resume_request(r: Reclaimed) -> RunRequest:
 
 
 def make_orphan_sensor(
-    jobs: Sequence[JobDefinition | str],
+    jobs: Sequence[JobDefinition],
     *,
     name: str = "recovery_orphan_sensor",
     minimum_interval_seconds: int = 30,
@@ -82,11 +78,10 @@ def make_orphan_sensor(
     """
     if max_resumes_per_tick < 1:
         raise ValueError("max_resumes_per_tick must be at least 1")
-    job_names = [_job_name(j) for j in jobs]
-    job_defs = [j for j in jobs if isinstance(j, JobDefinition)]
+    job_names = [j.name for j in jobs]
 
     @sensor(name=name, minimum_interval_seconds=minimum_interval_seconds, default_status=default_status,
-            jobs=job_defs or None, required_resource_keys={resource_key},
+            jobs=list(jobs), required_resource_keys={resource_key},
             description=f"Finds orphaned pipelines of {', '.join(job_names)} and launches resume runs.")
     def orphan_sensor(context: SensorEvaluationContext):
         resource: RecoveryResource = getattr(context.resources, resource_key)
@@ -131,7 +126,7 @@ def make_orphan_sensor(
 
 
 def make_stuck_item_sensor(
-    job: JobDefinition | str,
+    job: JobDefinition,
     queue: str,
     *,
     name: str | None = None,
@@ -145,10 +140,10 @@ def make_stuck_item_sensor(
     and launch a queue run when ready items wait and no run for the queue is active."""
     if stale_after_seconds <= 0:
         raise ValueError("stale_after_seconds must be positive")
-    job_name = _job_name(job)
+    job_name = job.name
 
     @sensor(name=name or f"recovery_stuck_items_{queue}", minimum_interval_seconds=minimum_interval_seconds,
-            default_status=default_status, jobs=[job] if isinstance(job, JobDefinition) else None,
+            default_status=default_status, jobs=[job],
             required_resource_keys={resource_key},
             description=f"Resets stuck items of queue {queue!r} and launches {job_name} when items wait.")
     def stuck_item_sensor(context: SensorEvaluationContext):

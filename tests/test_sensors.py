@@ -1,0 +1,144 @@
+"""Sensor factories evaluated against a real Dagster instance, and definitions.py resolving."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+from dagster import DagsterInstance, DagsterRunStatus, RunRequest, SkipReason, build_sensor_context
+from dagster._core.test_utils import create_run_for_test
+
+from e2e_defs import items_job
+from helpers import expire
+from recovery_ext.pipelines.ocr import make_ocr_job
+from recovery_ext.integration import RecoveryResource, make_orphan_sensor, make_stuck_item_sensor
+from recovery_ext.integration.recoverable import TAG_PIPELINE, TAG_RESUME_NUMBER, TAG_RESUMED_FROM
+from recovery_ext.integration.sensors import TAG_QUEUE
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def instance():
+    with DagsterInstance.ephemeral() as inst:
+        yield inst
+
+
+def evaluate(sensor, instance, db_url):
+    ctx = build_sensor_context(instance=instance, resources={"recovery": RecoveryResource(database_url=db_url)})
+    result = sensor.evaluate_tick(ctx)
+    return result, ctx
+
+
+def orphan(store, owner, job="items_job", **kw):
+    own = store.create_pipeline(job, ["a", "b"], owner=owner, origin_run_id=owner,
+                                params={"ops": {"a": {"config": {"x": 1}}}}, **kw)
+    store.start_node(own, "a")
+    expire(store, own.pipeline_id)
+    return own
+
+
+def test_orphan_sensor_yields_one_resume_per_orphan_with_tags_and_config(store, db_url, instance):
+    run = create_run_for_test(instance, job_name="items_job", status=DagsterRunStatus.STARTED)
+    own = orphan(store, run.run_id)
+    sensor = make_orphan_sensor([items_job], minimum_interval_seconds=1)
+    result, _ = evaluate(sensor, instance, db_url)
+    (request,) = result.run_requests
+    assert request.run_key == f"recovery-{own.pipeline_id}-1" and request.job_name == "items_job"
+    assert request.run_config == {"ops": {"a": {"config": {"x": 1}}}}
+    assert {k: v for k, v in request.tags.items() if k.startswith("recovery/")} == {
+        TAG_PIPELINE: str(own.pipeline_id), TAG_RESUME_NUMBER: "1", TAG_RESUMED_FROM: run.run_id}
+    old = instance.get_run_by_id(run.run_id)
+    assert old.status == DagsterRunStatus.FAILURE  # the UI no longer shows the dead run as running
+    again, _ = evaluate(sensor, instance, db_url)
+    assert again.run_requests == [] and "0 orphans" in again.skip_message
+
+
+def test_a_failed_owner_run_is_an_orphan_at_once(store, db_url, instance):
+    run = create_run_for_test(instance, job_name="items_job", status=DagsterRunStatus.FAILURE)
+    own = store.create_pipeline("items_job", ["a"], owner=run.run_id, origin_run_id=run.run_id)
+    live = create_run_for_test(instance, job_name="items_job", status=DagsterRunStatus.STARTED)
+    store.create_pipeline("items_job", ["a"], owner=live.run_id, origin_run_id=live.run_id)
+    result, _ = evaluate(make_orphan_sensor([items_job]), instance, db_url)
+    assert [r.tags[TAG_PIPELINE] for r in result.run_requests] == [str(own.pipeline_id)]
+
+
+def test_launches_at_most_k_per_tick_oldest_first_and_reclaims_only_those(store, db_url, instance):
+    owns = [orphan(store, f"dead-{i}") for i in range(5)]
+    sensor = make_orphan_sensor([items_job], max_resumes_per_tick=2)
+    result, _ = evaluate(sensor, instance, db_url)
+    assert [int(r.tags[TAG_PIPELINE]) for r in result.run_requests] == [o.pipeline_id for o in owns[:2]]
+    assert [store.get_pipeline(o.pipeline_id).epoch for o in owns] == [2, 2, 1, 1, 1]
+
+
+def test_gives_up_and_ignores_other_jobs(store, db_url, instance):
+    hopeless = orphan(store, "dead-h", max_resumes=0)
+    other = orphan(store, "dead-o", job="another_job")
+    result, _ = evaluate(make_orphan_sensor([items_job]), instance, db_url)
+    assert isinstance(result.skip_message, str) and "1 given up" in result.skip_message
+    assert store.get_pipeline(hopeless.pipeline_id).status == "failed"
+    assert store.get_pipeline(other.pipeline_id).epoch == 1
+
+
+def test_cli_reclaimed_pipelines_are_launched_by_the_sensor(store, db_url, instance):
+    from recovery_ext.recovery import scan
+
+    own = orphan(store, "dead-cli")
+    assert scan(store, trigger="cli").reclaimed == 1
+    assert store.get_pipeline(own.pipeline_id).owner is None
+    result, _ = evaluate(make_orphan_sensor([items_job]), instance, db_url)
+    (request,) = result.run_requests
+    assert request.tags[TAG_RESUMED_FROM] == "dead-cli" and request.tags[TAG_RESUME_NUMBER] == "1"
+    assert store.get_pipeline(own.pipeline_id).owner == f"resume-{own.pipeline_id}-1"
+
+
+def test_stuck_item_sensor_resets_marks_dead_and_launches_a_queue_run(store, db_url, instance):
+    store.enqueue("ocr", [{"n": 1}, {"n": 2}], max_attempts=1)
+    store.enqueue("ocr", [{"n": 3}], max_attempts=3)
+    items = store.claim("ocr", "gone", limit=3, heartbeat_timeout=600)
+    from sqlalchemy import update
+
+    from recovery_ext.schema import queue_items
+
+    with store.write() as conn:
+        conn.execute(update(queue_items).values(started_at=store.dialect.now_plus(-1200)))
+    sensor = make_stuck_item_sensor(make_ocr_job(), "ocr", stale_after_seconds=600, run_config={"ops": {}})
+    result, _ = evaluate(sensor, instance, db_url)
+    statuses = sorted(store.get_item(i.id).status for i in items)
+    assert statuses == ["dead", "dead", "ready"]
+    (request,) = result.run_requests
+    assert request.job_name == "ocr_documents" and request.tags[TAG_QUEUE] == "ocr"
+    create_run_for_test(instance, job_name="ocr_documents", status=DagsterRunStatus.STARTED, tags={TAG_QUEUE: "ocr"})
+    again, _ = evaluate(sensor, instance, db_url)
+    assert again.run_requests == [] and "draining it" in again.skip_message
+
+
+def test_sensor_reports_a_database_outage_without_crashing(instance):
+    sensor = make_orphan_sensor([items_job])
+    ctx = build_sensor_context(instance=instance, resources={
+        "recovery": RecoveryResource(database_url="postgresql://postgres@127.0.0.1:1/none")})
+    with pytest.raises(Exception) as info:  # the resource cannot even migrate: a clear store error
+        sensor.evaluate_tick(ctx)
+    assert "unavailable" in str(info.value) or "connect" in str(info.value)
+
+
+def test_definitions_load_and_every_job_and_sensor_resolves(tmp_path, monkeypatch):
+    monkeypatch.setenv("RECOVERY_DEMO_DIR", str(tmp_path / "demo"))
+    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("RECOVERY_DATABASE_URL", raising=False)
+    spec = importlib.util.spec_from_file_location("definitions_under_test", ROOT / "definitions.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    defs = module.defs
+    jobs = {j.name for j in defs.resolve_all_job_defs()}
+    assert {"ontology_extraction", "ocr_documents"} <= jobs
+    sensors = {s.name for s in defs.sensors}
+    assert {"recovery_orphan_sensor", "recovery_stuck_items_ocr"} <= sensors
+    for name in sensors:
+        assert defs.resolve_sensor_def(name).targets
+    for name in ("ontology_extraction", "ocr_documents"):
+        job = defs.resolve_job_def(name)
+        assert all(n.definition.tags.get("recovery/node") == "true" for n in job.nodes_in_topological_order)
+    assert (tmp_path / "demo" / "shop.sqlite3").exists() and list((tmp_path / "demo" / "scans").glob("*.pdf"))
+    assert (ROOT / "workspace.yaml").read_text().count("definitions.py") == 1
