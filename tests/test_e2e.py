@@ -16,7 +16,7 @@ import pytest
 from dagster import DagsterRunStatus
 from sqlalchemy import func, select, text
 
-from dagster_harness import DagsterDev, cmdline, parent_of, process_alive, wait_for
+from recovery_ext.devserver import DagsterDev, cmdline, parent_of, process_alive, wait_for
 from recovery_ext.integration.recoverable import TAG_PIPELINE, TAG_RESUME_NUMBER, TAG_RESUMED_FROM
 from recovery_ext.recovery import scan
 from recovery_ext.schema import events, node_items, transitions

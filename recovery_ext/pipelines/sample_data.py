@@ -31,6 +31,11 @@ SCAN_TEXTS = {
     "delivery_note_77.pdf": ["DELIVERY NOTE 77", "Carrier: Northwind Freight", "Parcels: 3", "Signed on arrival"],
     "contract_summary.pdf": ["SERVICE CONTRACT", "Start date: 2026-01-15", "Monthly fee: 480 EUR",
                              "Notice period: three months"],
+    "purchase_order_5521.pdf": ["PURCHASE ORDER 5521", "Supplier: Contoso Tools", "Quantity: 40 hammers",
+                                "Deliver to: Berlin warehouse"],
+    "credit_note_204.pdf": ["CREDIT NOTE 204", "Refund for order 318", "Amount: 74.90 EUR", "Reason: damaged parcel"],
+    "customs_form_9.pdf": ["CUSTOMS DECLARATION 9", "Origin: Netherlands", "Declared value: 2300 EUR",
+                           "Contents: garden tools"],
 }
 
 

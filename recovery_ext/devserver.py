@@ -1,8 +1,10 @@
-"""Runs a real `dagster dev` (webserver, daemon, code server) on 127.0.0.1 for end-to-end tests."""
+"""A real `dagster dev` (webserver, daemon, code server) on 127.0.0.1, for the crash demo, the
+end-to-end tests and the benchmarks. It runs in its own session and stops with everything it started."""
 
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -64,8 +66,9 @@ def cmdline(pid: int) -> str:
 
 
 class DagsterDev:
-    def __init__(self, defs_file: Path, home: Path, env: dict[str, str]) -> None:
+    def __init__(self, defs_file: Path, home: Path, env: dict[str, str], *, workspace: bool = False) -> None:
         self.defs_file = defs_file
+        self.workspace = workspace
         self.home = home
         self.port = free_port()
         self.env = {**os.environ, **env, "DAGSTER_HOME": str(home)}
@@ -74,10 +77,12 @@ class DagsterDev:
 
     def start(self, timeout: float = 120) -> "DagsterDev":
         self.home.mkdir(parents=True, exist_ok=True)
-        (self.home / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
+        if not (self.home / "dagster.yaml").exists():
+            (self.home / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
         log = open(self.log_path, "w")
         self.proc = subprocess.Popen(
-            [str(BIN / "dagster"), "dev", "-h", "127.0.0.1", "-p", str(self.port), "-f", str(self.defs_file)],
+            [str(BIN / "dagster"), "dev", "-h", "127.0.0.1", "-p", str(self.port),
+             "-w" if self.workspace else "-f", str(self.defs_file)],
             cwd=str(self.defs_file.parent), env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
         )
         self.client = DagsterGraphQLClient("127.0.0.1", port_number=self.port)
@@ -107,6 +112,14 @@ class DagsterDev:
 
     def launch(self, job: str, run_config: dict, tags: dict | None = None) -> str:
         return self.client.submit_job_execution(job, run_config=run_config, tags=tags or {})
+
+    def run_worker_pid(self, run_id: str) -> int | None:
+        """The run worker's pid, from the engine event Dagster logs when execution starts."""
+        for record in self.instance.all_logs(run_id):
+            match = re.search(r"process \(pid: (\d+)\)", record.message or "")
+            if match:
+                return int(match.group(1))
+        return None
 
     def run(self, run_id: str):
         return self.instance.get_run_by_id(run_id)
