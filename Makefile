@@ -15,6 +15,8 @@ install: $(BIN)/.installed
 
 ## Run both jobs and all sensors under `dagster dev` on 127.0.0.1:3000 (embedded SQLite).
 dev: install
+	mkdir -p "$(DAGSTER_HOME)"
+	test -f "$(DAGSTER_HOME)/dagster.yaml" || cp deploy/dagster.sqlite.yaml "$(DAGSTER_HOME)/dagster.yaml"
 	$(BIN)/recovery-ext demo setup
 	$(BIN)/dagster dev -h 127.0.0.1 -p 3000 -w workspace.yaml
 
@@ -26,9 +28,11 @@ test: install
 demo-crash: install
 	$(BIN)/python -m recovery_ext.demo_crash
 
+## Benchmarks (PostgreSQL at 127.0.0.1:5432); results print as tables.
 bench: install
-	$(BIN)/python -m bench.store_bench
 	$(BIN)/python -m bench.classify_bench
+	$(BIN)/python -m bench.store_bench
+	$(BIN)/python -m bench.recovery_bench
 
 clean:
 	rm -rf $(VENV) .dagster_home var

@@ -116,9 +116,69 @@ if os.environ.get("E2E_TWO_SENSORS"):
     sensors.append(make_orphan_sensor(jobs, name="recovery_orphan_sensor_twin",
                                       minimum_interval_seconds=sensor_interval, max_resumes_per_tick=20))
 
-defs = Definitions(jobs=jobs, sensors=sensors, resources={"recovery": test_resource()})
+defs = None  # assembled at the end of the module
+
+
 
 
 def bound_items_job():
     """The multiprocess job with its resources, for ``reconstructable``."""
     return defs.get_job_def("items_job")
+
+
+# -- stock Dagster baseline and a plain burst sensor, for bench/recovery_bench.py ------------------
+
+def make_stock_node(name: str):
+    from dagster import OpExecutionContext, op
+
+    def process(context: OpExecutionContext) -> dict:
+        cfg = context.op_config
+        store = context.resources.recovery.get_store()
+        for i in range(cfg["items"]):
+            record_call(store, context.run_id, name, f"{name}-{i}")
+            time.sleep(cfg["item_seconds"])
+        return {"node": name}
+
+    if name == "n1":
+        @op(name=name, config_schema=NODE_CONFIG, required_resource_keys={"recovery"})
+        def first(context):
+            return process(context)
+
+        return first
+
+    @op(name=name, config_schema=NODE_CONFIG, required_resource_keys={"recovery"})
+    def later(context, upstream):
+        return process(context)
+
+    return later
+
+
+stock_nodes = {n: make_stock_node(n) for n in ("n1", "n2", "n3", "n4")}
+
+
+@job(name="stock_items_job", executor_def=multiprocess_executor,
+     tags={"dagster/max_retries": "1", "dagster/retry_strategy": "FROM_FAILURE"})
+def stock_items_job():
+    stock_nodes["n4"](stock_nodes["n3"](stock_nodes["n2"](stock_nodes["n1"]())))
+
+
+def make_burst_sensor(flag_file: str, count: int):
+    """A plain sensor that yields ``count`` RunRequests once, when ``flag_file`` appears."""
+    from dagster import RunRequest, SkipReason, sensor
+
+    @sensor(job=items_job, minimum_interval_seconds=1, name="plain_burst_sensor")
+    def burst(context):
+        if not os.path.exists(flag_file) or context.cursor == "done":
+            return SkipReason("waiting for the flag file")
+        context.update_cursor("done")
+        return [RunRequest(run_key=f"burst-{i}", tags={"bench": "plain"}) for i in range(count)]
+
+    return burst
+
+
+if os.environ.get("E2E_BURST_FLAG"):
+    defs = Definitions(jobs=jobs + [stock_items_job],
+                       sensors=sensors + [make_burst_sensor(os.environ["E2E_BURST_FLAG"], 100)],
+                       resources={"recovery": test_resource()})
+else:
+    defs = Definitions(jobs=jobs + [stock_items_job], sensors=sensors, resources={"recovery": test_resource()})
