@@ -103,8 +103,12 @@ def one_crash(dev, store, kind: str) -> dict:
             "repeated_calls": len(all_calls) - len(unique), "complete": len(unique) == len(NODES) * ITEMS}
 
 
+def stock_config():
+    return {"ops": {f"stock_{op}": cfg for op, cfg in config()["ops"].items()}}
+
+
 def stock_crash(dev, store) -> dict:
-    run_id = dev.launch("stock_items_job", config())
+    run_id = dev.launch("stock_items_job", stock_config())
     rows = wait_for(lambda: len(calls(store, [run_id])) > ITEMS + 1 and calls(store, [run_id]), timeout=120,
                     what="stock n2 to be mid-way")
     step = next(r for r in rows if r.node == "n2")
@@ -132,7 +136,7 @@ def summary(label, values):
 def creation_rate(home_root: Path, app_url: str) -> list[str]:
     flag = home_root / "burst.flag"
     env = {"RECOVERY_DATABASE_URL": app_url, "E2E_SENSOR_INTERVAL": "1", "E2E_BURST_FLAG": str(flag),
-           "E2E_HEARTBEAT_TIMEOUT": "3"}
+           "E2E_HEARTBEAT_TIMEOUT": "3", "E2E_MAX_PER_TICK": "100"}
     dev = start(env, home_root / "rate_home", "run_queue:\n  max_concurrent_runs: 0\n")
     store = RecoveryStore(app_url)
     lines = []
@@ -176,7 +180,7 @@ def main() -> int:
                 results[kind].append(one_crash(dev, store, kind))
                 print(f"kind {kind} #{i + 1}: {results[kind][-1]}", file=sys.stderr, flush=True)
         stock = []
-        for i in range(3):
+        for i in range(max(3, KILLS // 2)):
             stock.append(stock_crash(dev, store))
             print(f"stock #{i + 1}: {stock[-1]}", file=sys.stderr, flush=True)
     finally:

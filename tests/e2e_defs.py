@@ -111,10 +111,11 @@ def test_resource() -> RecoveryResource:
 
 sensor_interval = int(os.environ.get("E2E_SENSOR_INTERVAL", "1"))
 jobs = [items_job, items_job_inprocess, optional_job]
-sensors = [make_orphan_sensor(jobs, minimum_interval_seconds=sensor_interval, max_resumes_per_tick=20)]
+per_tick = int(os.environ.get("E2E_MAX_PER_TICK", "20"))
+sensors = [make_orphan_sensor(jobs, minimum_interval_seconds=sensor_interval, max_resumes_per_tick=per_tick)]
 if os.environ.get("E2E_TWO_SENSORS"):
     sensors.append(make_orphan_sensor(jobs, name="recovery_orphan_sensor_twin",
-                                      minimum_interval_seconds=sensor_interval, max_resumes_per_tick=20))
+                                      minimum_interval_seconds=sensor_interval, max_resumes_per_tick=per_tick))
 
 defs = None  # assembled at the end of the module
 
@@ -140,13 +141,13 @@ def make_stock_node(name: str):
         return {"node": name}
 
     if name == "n1":
-        @op(name=name, config_schema=NODE_CONFIG, required_resource_keys={"recovery"})
+        @op(name=f"stock_{name}", config_schema=NODE_CONFIG, required_resource_keys={"recovery"})
         def first(context):
             return process(context)
 
         return first
 
-    @op(name=name, config_schema=NODE_CONFIG, required_resource_keys={"recovery"})
+    @op(name=f"stock_{name}", config_schema=NODE_CONFIG, required_resource_keys={"recovery"})
     def later(context, upstream):
         return process(context)
 
@@ -164,9 +165,10 @@ def stock_items_job():
 
 def make_burst_sensor(flag_file: str, count: int):
     """A plain sensor that yields ``count`` RunRequests once, when ``flag_file`` appears."""
-    from dagster import RunRequest, SkipReason, sensor
+    from dagster import DefaultSensorStatus, RunRequest, SkipReason, sensor
 
-    @sensor(job=items_job, minimum_interval_seconds=1, name="plain_burst_sensor")
+    @sensor(job=items_job, minimum_interval_seconds=1, name="plain_burst_sensor",
+            default_status=DefaultSensorStatus.RUNNING)
     def burst(context):
         if not os.path.exists(flag_file) or context.cursor == "done":
             return SkipReason("waiting for the flag file")
