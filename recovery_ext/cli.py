@@ -14,7 +14,8 @@ import click
 from tabulate import tabulate
 
 from .errors import ConfigurationError, NotFound, RecoveryError, StoreUnavailable
-from .recovery import RecoverySettings, parse_duration, scan
+from .env import parse_duration
+from .recovery import RecoverySettings, scan
 from .redaction import redact
 from .store import URL_ENV, RecoveryStore, default_database_url
 

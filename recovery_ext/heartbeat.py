@@ -11,13 +11,13 @@ stops the node.
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from .classify import classify
+from .env import env_seconds
 from .errors import ConfigurationError, OwnershipLost, StopRequested
 from .models import Ownership
 from .redaction import redact
@@ -53,17 +53,9 @@ class HeartbeatSettings:
 
     @classmethod
     def from_env(cls, prefix: str = "RECOVERY_HEARTBEAT_") -> "HeartbeatSettings":
-        def number(key: str, default: float | None) -> float | None:
-            raw = os.environ.get(prefix + key)
-            if raw is None or raw == "":
-                return default
-            try:
-                return float(raw)
-            except ValueError as exc:
-                raise ConfigurationError(f"{prefix + key} must be a number of seconds, got {raw!r}") from exc
-
-        return cls(interval=number("INTERVAL", DEFAULT_INTERVAL), timeout=number("TIMEOUT", DEFAULT_TIMEOUT),
-                   stall_timeout=number("STALL_TIMEOUT", None))
+        return cls(interval=env_seconds(prefix + "INTERVAL", DEFAULT_INTERVAL),
+                   timeout=env_seconds(prefix + "TIMEOUT", DEFAULT_TIMEOUT),
+                   stall_timeout=env_seconds(prefix + "STALL_TIMEOUT", None))
 
 
 class Watchdog:

@@ -8,57 +8,18 @@ reported in the stats; the scan never raises into its caller.
 from __future__ import annotations
 
 import logging
-import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from .env import env_bool, env_seconds
 from .errors import ConfigurationError
 from .models import ScanStats
 from .redaction import redact
 from .retry import RetryPolicy
 
 log = logging.getLogger("recovery_ext.recovery")
-
-
-def _env_bool(name: str, default: bool) -> bool:
-    raw = os.environ.get(name)
-    if raw is None or raw == "":
-        return default
-    value = raw.strip().lower()
-    if value in ("1", "true", "yes", "on"):
-        return True
-    if value in ("0", "false", "no", "off"):
-        return False
-    raise ConfigurationError(f"{name} must be true or false, got {raw!r}")
-
-
-def _env_seconds(name: str, default: float | None) -> float | None:
-    raw = os.environ.get(name)
-    if raw is None or raw == "":
-        return default
-    try:
-        return parse_duration(raw)
-    except ValueError as exc:
-        raise ConfigurationError(f"{name}: {exc}") from exc
-
-
-def parse_duration(text: str) -> float:
-    """``90``, ``90s``, ``10m``, ``1h`` or ``1d`` as seconds."""
-    raw = str(text).strip().lower()
-    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
-    factor = 1
-    if raw and raw[-1] in units:
-        factor = units[raw[-1]]
-        raw = raw[:-1]
-    try:
-        value = float(raw) * factor
-    except ValueError:
-        raise ValueError(f"not a duration: {text!r} (use e.g. 90, 90s, 10m, 1h)") from None
-    if value <= 0:
-        raise ValueError(f"a duration must be positive, got {text!r}")
-    return value
 
 
 @dataclass(frozen=True)
@@ -81,9 +42,9 @@ class RecoverySettings:
     @classmethod
     def from_env(cls) -> "RecoverySettings":
         return cls(
-            enabled=_env_bool("RECOVERY_ENABLE_ORPHAN_RECOVERY", True),
-            launch_grace_seconds=_env_seconds("RECOVERY_LAUNCH_GRACE", 300.0),
-            max_age_seconds=_env_seconds("RECOVERY_MAX_AGE", 24 * 3600.0),
+            enabled=env_bool("RECOVERY_ENABLE_ORPHAN_RECOVERY", True),
+            launch_grace_seconds=env_seconds("RECOVERY_LAUNCH_GRACE", 300.0),
+            max_age_seconds=env_seconds("RECOVERY_MAX_AGE", 24 * 3600.0),
         )
 
 

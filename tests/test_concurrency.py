@@ -63,36 +63,33 @@ def test_eight_reclaimer_threads_race_and_each_orphan_is_reclaimed_once(store):
     assert sum(1 for r in results if r) >= 2, "the race should be shared by several reclaimers"
 
 
-def test_eight_reclaimer_processes_race_and_each_orphan_is_reclaimed_once(store, db_url):
-    ids = seed_orphans(store)
+def race_in_processes(target, db_url, count):
+    """Start ``count`` spawned processes together and collect what each reports."""
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
     start_at = time.time() + 3.0
-    from workers import reclaim_all
-
-    procs = [ctx.Process(target=reclaim_all, args=(db_url, f"p{i}", start_at, out)) for i in range(8)]
+    procs = [ctx.Process(target=target, args=(db_url, f"p{i}", start_at, out)) for i in range(count)]
     for p in procs:
         p.start()
     results = [out.get(timeout=120)[1] for _ in procs]
     for p in procs:
         p.join(30)
         assert p.exitcode == 0
-    assert_each_once(ids, results, store)
+    return results
+
+
+def test_eight_reclaimer_processes_race_and_each_orphan_is_reclaimed_once(store, db_url):
+    from workers import reclaim_all
+
+    ids = seed_orphans(store)
+    assert_each_once(ids, race_in_processes(reclaim_all, db_url, 8), store)
 
 
 def test_four_processes_claiming_one_queue_never_share_an_item(store, db_url):
-    ids = set(store.enqueue("q", [{"n": i} for i in range(120)]))
-    ctx = mp.get_context("spawn")
-    out = ctx.Queue()
-    start_at = time.time() + 3.0
     from workers import claim_all
 
-    procs = [ctx.Process(target=claim_all, args=(db_url, f"w{i}", start_at, out)) for i in range(4)]
-    for p in procs:
-        p.start()
-    results = [out.get(timeout=120)[1] for _ in procs]
-    for p in procs:
-        p.join(30)
+    ids = set(store.enqueue("q", [{"n": i} for i in range(120)]))
+    results = race_in_processes(claim_all, db_url, 4)
     claimed = Counter(i for r in results for i in r)
     assert set(claimed) == ids and max(claimed.values()) == 1
     items = store.list_items("q")

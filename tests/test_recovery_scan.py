@@ -7,7 +7,8 @@ from sqlalchemy import update
 
 from recovery_ext.errors import ConfigurationError
 from recovery_ext.heartbeat import HeartbeatSettings
-from recovery_ext.recovery import RecoverySettings, default_outage_policy, parse_duration, scan, summary_line
+from recovery_ext.env import parse_duration
+from recovery_ext.recovery import RecoverySettings, default_outage_policy, scan, summary_line
 from recovery_ext.schema import nodes, pipelines
 from recovery_ext.store import RecoveryStore
 
