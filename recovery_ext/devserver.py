@@ -86,7 +86,12 @@ class DagsterDev:
             cwd=str(self.defs_file.parent), env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
         )
         self.client = DagsterGraphQLClient("127.0.0.1", port_number=self.port)
-        wait_for(self._location_loaded, timeout=timeout, interval=0.5, what="dagster dev to load the code location")
+        try:
+            wait_for(self._location_loaded, timeout=timeout, interval=0.5,
+                     what=f"dagster dev to load the code location (log: {self.log_path})")
+        except BaseException:
+            self.stop()
+            raise
         self.instance = DagsterInstance.from_ref(InstanceRef.from_dir(str(self.home)))
         return self
 
