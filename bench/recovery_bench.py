@@ -89,7 +89,7 @@ def one_crash(dev, store, kind: str) -> dict:
     resume = wait_for(lambda: dev.runs(tags={TAG_PIPELINE: str(pipeline.id)}), timeout=180, what="a resume run")[0]
     record = dev.instance.get_run_records(filters=RunsFilter(run_ids=[resume.run_id]))[0]
     created = record.create_timestamp.timestamp()
-    started = wait_for(lambda: (r := dev.run(resume.run_id)).status in (DagsterRunStatus.STARTED,
+    started = wait_for(lambda: (_r := dev.run(resume.run_id)).status in (DagsterRunStatus.STARTED,
                                                                          DagsterRunStatus.SUCCESS)
                        and dev.instance.get_run_records(filters=RunsFilter(run_ids=[resume.run_id]))[0],
                        timeout=120, what="the resume run to start")

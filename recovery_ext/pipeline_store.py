@@ -30,12 +30,6 @@ NODE_TRANSITIONS: dict[str, tuple[str, ...]] = {
     "pending": ("running", "failed"),
 }
 
-PIPELINE_TRANSITIONS: dict[str, tuple[str, ...]] = {
-    "running": ("pending", "running"),
-    "completed": ("running",),
-    "failed": ("pending", "running"),
-}
-
 
 class PipelineOps(Database):
     # -- creation and attachment ------------------------------------------------------------
@@ -433,15 +427,6 @@ class PipelineOps(Database):
     def pending_items(self, pipeline_id: int, node_name: str, keys: Iterable[str]) -> list[str]:
         done = self.completed_items(pipeline_id, node_name)
         return [k for k in keys if k not in done]
-
-    def item_counts(self, pipeline_id: int) -> dict[str, int]:
-        with self.read() as conn:
-            rows = conn.execute(
-                select(node_items.c.node_name, func.count())
-                .where(node_items.c.pipeline_id == pipeline_id)
-                .group_by(node_items.c.node_name)
-            )
-            return {name: count for name, count in rows}
 
 
 def resume_owner(pipeline_id: int, resume_number: int) -> str:

@@ -11,7 +11,6 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from .env import env_bool, env_seconds
 from .errors import ConfigurationError
@@ -111,8 +110,3 @@ def summary_line(stats: ScanStats, launched: int | None = None) -> str:
         parts.append(f"error: {stats.error}")
     return "; ".join(parts)
 
-
-def describe(stats: ScanStats) -> dict[str, Any]:
-    return {**stats.as_dict(),
-            "reclaimed_pipelines": [r.pipeline_id for r in stats.reclaimed_pipelines],
-            "given_up_pipelines": [{"id": g.pipeline_id, "reason": g.reason} for g in stats.given_up_pipelines]}

@@ -8,7 +8,7 @@ from sqlalchemy import Float, cast, func, select
 
 from .database import Database
 from .models import Pipeline, QueueItem
-from .schema import events, node_items, nodes, pipelines, queue_items, transitions
+from .schema import events, node_items, pipelines, queue_items, transitions
 
 
 class ReportOps(Database):
@@ -79,6 +79,3 @@ class ReportOps(Database):
         with self.read() as conn:
             return {name: n for name, n in conn.execute(query)}
 
-    def running_node_count(self) -> int:
-        with self.read() as conn:
-            return conn.scalar(select(func.count()).where(nodes.c.status == "running")) or 0

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from recovery_ext.store import RecoveryStore
+
 
 def expire(store: RecoveryStore, pipeline_id: int, *, column: str = "heartbeat_deadline", ago: float = 5.0) -> None:
     """Move a deadline into the past on the database clock (no sleeping)."""

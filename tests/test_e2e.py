@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 from dagster import DagsterRunStatus
-from sqlalchemy import func, select, text
+from sqlalchemy import select, text
 
 from recovery_ext.devserver import DagsterDev, cmdline, parent_of, process_alive, wait_for
 from recovery_ext.integration.recoverable import TAG_PIPELINE, TAG_RESUME_NUMBER, TAG_RESUMED_FROM

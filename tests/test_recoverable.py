@@ -5,7 +5,6 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
-import pytest
 from dagster import DagsterInstance, build_reconstructable_job, execute_job
 from sqlalchemy import delete, func, select, update
 
@@ -15,7 +14,6 @@ from helpers import expire
 from recovery_ext.integration import RecoveryResource
 from recovery_ext.integration.recoverable import TAG_PIPELINE, TAG_RESUME_NUMBER
 from recovery_ext.schema import events, node_items, nodes, pipelines
-from recovery_ext.store import RecoveryStore
 
 NODES = ("n1", "n2", "n3", "n4")
 

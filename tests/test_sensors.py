@@ -6,7 +6,7 @@ import importlib.util
 from pathlib import Path
 
 import pytest
-from dagster import DagsterInstance, DagsterRunStatus, RunRequest, SkipReason, build_sensor_context
+from dagster import DagsterInstance, DagsterRunStatus, build_sensor_context
 from dagster._core.test_utils import create_run_for_test
 
 from e2e_defs import items_job

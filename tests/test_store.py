@@ -140,7 +140,7 @@ def test_orphans_by_heartbeat_by_hard_deadline_and_null_heartbeat_rows(store):
 
 
 def test_dead_owner_run_makes_an_orphan_at_once(store):
-    own = make(store, owner="dead-run")
+    make(store, owner="dead-run")
     assert store.find_orphans() == []
     assert [o.reason for o in store.find_orphans(dead_owner_runs=["dead-run"])] == ["owner_run_dead"]
 
