@@ -142,3 +142,15 @@ def test_definitions_load_and_every_job_and_sensor_resolves(tmp_path, monkeypatc
         assert all(n.definition.tags.get("recovery/node") == "true" for n in job.nodes_in_topological_order)
     assert (tmp_path / "demo" / "shop.sqlite3").exists() and list((tmp_path / "demo" / "scans").glob("*.pdf"))
     assert (ROOT / "workspace.yaml").read_text().count("definitions.py") == 1
+
+
+@pytest.mark.parametrize("bad,words", [
+    (dict(heartbeat_interval=60, heartbeat_timeout=90), "at most half the timeout"),
+    (dict(retry_jitter=2.0), "jitter must be between 0 and 1"),
+    (dict(max_resumes=-1), "must not be negative"),
+    (dict(launch_grace_seconds=0), "launch_grace_seconds must be positive"),
+])
+def test_invalid_resource_settings_fail_when_definitions_load(bad, words):
+    with pytest.raises(Exception) as info:
+        RecoveryResource(**bad)
+    assert words in str(info.value)

@@ -6,8 +6,9 @@ import threading
 from typing import Optional
 
 from dagster import ConfigurableResource
-from pydantic import Field
+from pydantic import Field, model_validator
 
+from ..errors import ConfigurationError
 from ..heartbeat import HeartbeatSettings
 from ..recovery import RecoverySettings
 from ..retry import RetryPolicy, wait_jittered_exponential
@@ -59,6 +60,18 @@ class RecoveryResource(ConfigurableResource):
     retry_max_delay: float = Field(default=120.0, description="Upper bound of one retry delay in seconds.")
     retry_jitter: float = Field(default=0.1, description="Relative jitter of retry delays, 0 to 1 (0 disables).")
     same_error_limit: int = Field(default=5, description="Consecutive errors of one category before escalation.")
+
+    @model_validator(mode="after")
+    def _validate(self) -> "RecoveryResource":
+        """Refuse contradictory settings when the definitions load, not when a run first uses them."""
+        self.heartbeat_settings()
+        self.recovery_settings()
+        self.retry_policy()
+        if self.max_resumes < 0 or self.max_retries < 0:
+            raise ConfigurationError("max_resumes and max_retries must not be negative")
+        if self.hard_deadline_seconds is not None and self.hard_deadline_seconds <= 0:
+            raise ConfigurationError(f"hard_deadline_seconds must be positive, got {self.hard_deadline_seconds}")
+        return self
 
     def url(self) -> str:
         return self.database_url or default_database_url()
