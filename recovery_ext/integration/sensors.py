@@ -74,7 +74,8 @@ def make_orphan_sensor(
     """Each tick runs the recovery scan for ``jobs`` and launches one resume run per reclaimed orphan.
 
     The first tick after the daemon (or this sensor) starts, or after a gap of
-    ``startup_gap_factor`` intervals, is recorded as startup recovery (seed 000 steps 5-6).
+    ``startup_gap_factor`` intervals (at least a minute), is recorded as startup recovery
+    (seed 000 steps 5-6).
     """
     if max_resumes_per_tick < 1:
         raise ValueError("max_resumes_per_tick must be at least 1")
@@ -89,7 +90,7 @@ def make_orphan_sensor(
         instance = context.instance
         last = context.last_tick_completion_time
         startup = context.is_first_tick_since_sensor_start or (
-            last is not None and time.time() - last > startup_gap_factor * minimum_interval_seconds)
+            last is not None and time.time() - last > max(startup_gap_factor * minimum_interval_seconds, 60.0))
         trigger = "startup" if startup else "sensor"
         try:
             dead = _dead_runs(instance, store.running_owners(job_names=job_names))
