@@ -55,9 +55,9 @@ def make_item_node(name: str, *, first: bool = False, optional: bool = False):
                                    endpoint=cfg["fault_url"])
         for index, item in enumerate(ctx.items(f"{name}-{i}" for i in range(cfg["items"]))):
             if index == cfg["stall_at"] and not resumed:
-                while True:  # alive (the watchdog pulses) but making no progress
+                while True:  # alive (the watchdog pulses) but making no progress, until superseded
                     ctx.check()
-                    time.sleep(0.1)
+                    ctx.watchdog.superseded.wait(0.1)
             record_call(ctx.store, run_id, name, item.key)
             time.sleep(cfg["item_seconds"])
             item.complete({"item": item.key, "run": run_id})

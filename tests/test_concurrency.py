@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import update
 
+from recovery_ext.devserver import wait_for
 from recovery_ext.heartbeat import HeartbeatSettings, Watchdog, store_pulse
 from recovery_ext.schema import pipelines
 from recovery_ext.store import RecoveryStore
@@ -67,8 +68,8 @@ def race_in_processes(target, db_url, count):
     """Start ``count`` spawned processes together and collect what each reports."""
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
-    start_at = time.time() + 3.0
-    procs = [ctx.Process(target=target, args=(db_url, f"p{i}", start_at, out)) for i in range(count)]
+    barrier = ctx.Barrier(count)  # all start racing at the same moment
+    procs = [ctx.Process(target=target, args=(db_url, f"p{i}", barrier, out)) for i in range(count)]
     for p in procs:
         p.start()
     results = [out.get(timeout=120)[1] for _ in procs]
@@ -170,8 +171,6 @@ def test_watchdog_survives_database_errors_and_rechecks_ownership_after_a_long_g
 
     settings = HeartbeatSettings(interval=0.1, timeout=0.2)
     with Watchdog(flaky_pulse, settings, verify=verify) as dog:
-        deadline = time.monotonic() + 5
-        while dog.pulses < 2 and time.monotonic() < deadline:
-            time.sleep(0.02)
+        wait_for(lambda: dog.pulses >= 2, timeout=10, interval=0.02, what="two good pulses")
     assert dog.failures == 6 and dog.pulses >= 2 and dog.lost is None
     assert calls["verify"] >= 1

@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 import signal
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -207,9 +206,8 @@ def test_e_racing_sensors_and_the_cli_scan_launch_exactly_one_resume_per_orphan(
     stop = threading.Event()
 
     def cli_scans():
-        while not stop.is_set():
+        while not stop.wait(0.05):
             scan(store, trigger="cli")
-            time.sleep(0.05)
 
     racer = threading.Thread(target=cli_scans)
     racer.start()

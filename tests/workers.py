@@ -4,16 +4,15 @@ from __future__ import annotations
 
 import os
 import sys
-import time
+import threading
 
 
-def reclaim_all(url: str, owner_tag: str, start_at: float, out_queue) -> None:
+def reclaim_all(url: str, owner_tag: str, barrier, out_queue) -> None:
     from recovery_ext.store import RecoveryStore
 
     store = RecoveryStore(url)
     won: list[int] = []
-    while time.time() < start_at:
-        time.sleep(0.001)
+    barrier.wait()
     while True:
         reclaimed, _ = store.reclaim(limit=7, launching=True, grace_seconds=600)
         if not reclaimed:
@@ -23,13 +22,12 @@ def reclaim_all(url: str, owner_tag: str, start_at: float, out_queue) -> None:
     store.close()
 
 
-def claim_all(url: str, worker: str, start_at: float, out_queue) -> None:
+def claim_all(url: str, worker: str, barrier, out_queue) -> None:
     from recovery_ext.store import RecoveryStore
 
     store = RecoveryStore(url)
     got: list[int] = []
-    while time.time() < start_at:
-        time.sleep(0.001)
+    barrier.wait()
     while True:
         items = store.claim("q", worker, limit=3, heartbeat_timeout=600)
         if not items:
@@ -54,8 +52,7 @@ def run_watchdog_forever(url: str, pipeline_id: int, epoch: int, owner: str, int
     dog.start()
     sys.stdout.write("ready\n")
     sys.stdout.flush()
-    while True:
-        time.sleep(1)
+    threading.Event().wait()  # work "forever", until kill -9
 
 
 if __name__ == "__main__":
