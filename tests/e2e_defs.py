@@ -63,15 +63,8 @@ def make_item_node(name: str, *, first: bool = False, optional: bool = False):
             item.complete({"item": item.key, "run": run_id})
         return {"node": name, "items": sorted(ctx.completed_items())}
 
-    if first:
-        def first_body(ctx):
-            return body(ctx)
-
-        first_body.__name__ = name
-        return recoverable_op(name=name, config_schema=NODE_CONFIG, optional=optional)(first_body)
     body.__name__ = name
-    return recoverable_op(name=name, config_schema=NODE_CONFIG, optional=optional,
-                          ins=None)(lambda ctx, upstream: body(ctx, upstream))
+    return recoverable_op(name=name, config_schema=NODE_CONFIG, optional=optional, ins={} if first else None)(body)
 
 
 n1 = make_item_node("n1", first=True)
@@ -116,8 +109,6 @@ sensors = [make_orphan_sensor(jobs, minimum_interval_seconds=sensor_interval, ma
 if os.environ.get("E2E_TWO_SENSORS"):
     sensors.append(make_orphan_sensor(jobs, name="recovery_orphan_sensor_twin",
                                       minimum_interval_seconds=sensor_interval, max_resumes_per_tick=per_tick))
-
-defs = None  # assembled at the end of the module
 
 
 
