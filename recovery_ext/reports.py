@@ -8,7 +8,7 @@ from sqlalchemy import Float, cast, func, select
 
 from .database import Database
 from .models import Pipeline, QueueItem
-from .schema import events, node_items, pipelines, queue_items, transitions
+from .schema import events, node_items, nodes, pipelines, queue_items, transitions
 
 
 class ReportOps(Database):
@@ -57,6 +57,16 @@ class ReportOps(Database):
             query = query.where(transitions.c.entity_id == entity_id)
         with self.read() as conn:
             return [dict(r._mapping) for r in conn.execute(query)]
+
+    def recent_failure_categories(self, pipeline_id: int, node_name: str, *, limit: int = 20) -> list[str | None]:
+        """Error categories of a node's latest failures, newest first."""
+        node_id = select(nodes.c.id).where(nodes.c.pipeline_id == pipeline_id, nodes.c.name == node_name)
+        query = (select(transitions.c.data).where(transitions.c.entity_type == "node",
+                                                  transitions.c.entity_id == node_id.scalar_subquery(),
+                                                  transitions.c.to_status == "failed")
+                 .order_by(transitions.c.id.desc()).limit(limit))
+        with self.read() as conn:
+            return [(d or {}).get("category") if isinstance(d, dict) else None for d in conn.scalars(query)]
 
     def list_pipelines(self, *, status: str | None = None, job_name: str | None = None,
                        limit: int = 50) -> list[Pipeline]:

@@ -157,3 +157,15 @@ def test_optional_node_failure_degrades_and_the_pipeline_completes(store, db_url
     assert store.get_pipeline(p.id).status == "completed"
     opt = store.get_node(p.id, "optional_node")
     assert (opt.status, opt.error_category, opt.error_status_code) == ("degraded", "server_error", 503)
+
+
+def test_the_same_error_category_again_and_again_escalates_across_in_run_retries(store, db_url, httpserver):
+    httpserver.expect_request("/fault").respond_with_data("busy", status=503)
+    result = run(items_job_inprocess, db_url, config(1, n2={"fault_url": httpserver.url_for("/fault")}),
+                 max_retries=10, same_error_limit=3)
+    assert not result.success
+    failure = next(e for e in result.all_events if e.event_type_value == "STEP_FAILURE")
+    assert "repeated server_error error (3 times)" in str(failure.event_specific_data.error)
+    assert len([e for e in result.all_events if e.event_type_value == "STEP_UP_FOR_RETRY"]) == 2
+    (p,) = store.list_pipelines()
+    assert store.get_pipeline(p.id).status == "failed" and store.get_node(p.id, "n2").attempts == 3

@@ -152,13 +152,10 @@ def _attach(context: OpExecutionContext, store: RecoveryStore, resource: Recover
         return (existing.id if existing else -1), None, exc.owner
 
 
-def _consecutive_same(store: RecoveryStore, pipeline_id: int, node: str, category: str) -> int:
-    failures = [t for t in store.transitions_for(pipeline_id=pipeline_id)
-                if t["entity_type"] == "node" and t["to_status"] == "failed"
-                and (t.get("data") or {}).get("node") == node]
+def _consecutive_same(store: RecoveryStore, pipeline_id: int, node: str, category: str, limit: int) -> int:
     count = 0
-    for t in reversed(failures):
-        if (t.get("data") or {}).get("category") != category:
+    for previous in store.recent_failure_categories(pipeline_id, node, limit=limit):
+        if previous != category:
             break
         count += 1
     return count
@@ -265,7 +262,7 @@ def _handle_error(context, store, resource, own, op_name, optional, exc, ctx, at
     category = classify(err).category
     decision = to_dagster(err, retry_number=context.retry_number, max_retries=resource.max_retries,
                           wait=resource.retry_wait())
-    repeated = _consecutive_same(store, own.pipeline_id, op_name, category) + 1
+    repeated = _consecutive_same(store, own.pipeline_id, op_name, category, resource.same_error_limit) + 1
     if isinstance(decision, RetryRequested) and repeated >= resource.same_error_limit:
         err = ClassifiedError(exc, category=category, status_code=err.status_code, retryable=False,
                               model=err.model, endpoint=err.endpoint,
