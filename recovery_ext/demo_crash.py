@@ -56,6 +56,9 @@ def main() -> int:
            "RECOVERY_HEARTBEAT_INTERVAL": "1", "RECOVERY_ORPHAN_HEARTBEAT_THRESHOLD": "3",
            "RECOVERY_SENSOR_INTERVAL": "1", "RECOVERY_LLM_BASE_URL": llm_url, "RECOVERY_LLM_MODEL": "demo-llm"}
     os.environ.update(env)
+    from .pipelines.sample_data import prepare_demo
+
+    prepare_demo(var / "inputs")
     t = Timeline()
     t.say("starting dagster dev on 127.0.0.1 (webserver, daemon, code server) ...")
     dev = DagsterDev(root / "workspace.yaml", home, env, workspace=True).start()

@@ -127,6 +127,9 @@ def test_definitions_load_and_every_job_and_sensor_resolves(tmp_path, monkeypatc
     monkeypatch.setenv("RECOVERY_DEMO_DIR", str(tmp_path / "demo"))
     monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "home"))
     monkeypatch.delenv("RECOVERY_DATABASE_URL", raising=False)
+    from recovery_ext.pipelines.sample_data import prepare_demo
+
+    prepare_demo()  # what `make dev` does through `recovery-ext demo setup`
     spec = importlib.util.spec_from_file_location("definitions_under_test", ROOT / "definitions.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -140,7 +143,10 @@ def test_definitions_load_and_every_job_and_sensor_resolves(tmp_path, monkeypatc
     for name in ("ontology_extraction", "ocr_documents"):
         job = defs.resolve_job_def(name)
         assert all(n.definition.tags.get("recovery/node") == "true" for n in job.nodes_in_topological_order)
-    assert (tmp_path / "demo" / "shop.sqlite3").exists() and list((tmp_path / "demo" / "scans").glob("*.pdf"))
+    source = defs.resolve_job_def("ontology_extraction").run_config["ops"]["discover_schema"]["config"]["source_url"]
+    assert source == f"sqlite:///{tmp_path / 'demo' / 'shop.sqlite3'}"
+    folder = defs.resolve_job_def("ocr_documents").run_config["ops"]["enqueue_documents"]["config"]["folder"]
+    assert list(Path(folder).glob("*.pdf"))
     assert (ROOT / "workspace.yaml").read_text().count("definitions.py") == 1
 
 

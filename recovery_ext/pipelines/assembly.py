@@ -6,6 +6,7 @@ import os
 
 from dagster import Definitions, EnvVar
 
+from ..env import env_bool, env_seconds
 from ..integration import RecoveryResource, make_orphan_sensor, make_stuck_item_sensor
 from .llm import LLMResource
 from .ocr import DEFAULT_QUEUE, make_ocr_job
@@ -18,21 +19,22 @@ def _env_or_none(name: str):
     return EnvVar(name) if os.environ.get(name) else None
 
 
-def build_definitions(*, prepare_inputs: bool = True) -> Definitions:
+def build_definitions(*, prepare_inputs: bool = False) -> Definitions:
+    """Both jobs on the demo inputs by default (``recovery-ext demo setup`` creates them; `make dev` runs it)."""
     if prepare_inputs:
         prepare_demo()
     ontology = make_ontology_job(os.environ.get("RECOVERY_SOURCE_URL") or sample_db_url())
     ocr = make_ocr_job(os.environ.get("RECOVERY_OCR_FOLDER") or str(scans_dir()))
     recovery = RecoveryResource(
         database_url=_env_or_none("RECOVERY_DATABASE_URL"),
-        heartbeat_interval=float(os.environ.get("RECOVERY_HEARTBEAT_INTERVAL", "30")),
-        heartbeat_timeout=float(os.environ.get("RECOVERY_ORPHAN_HEARTBEAT_THRESHOLD", "90")),
-        enable_orphan_recovery=os.environ.get("RECOVERY_ENABLE_ORPHAN_RECOVERY", "true").lower() != "false",
+        heartbeat_interval=env_seconds("RECOVERY_HEARTBEAT_INTERVAL", 30.0),
+        heartbeat_timeout=env_seconds("RECOVERY_ORPHAN_HEARTBEAT_THRESHOLD", 90.0),
+        enable_orphan_recovery=env_bool("RECOVERY_ENABLE_ORPHAN_RECOVERY", True),
     )
     llm = LLMResource(base_url=_env_or_none("RECOVERY_LLM_BASE_URL"), api_key=_env_or_none("OPENAI_API_KEY"),
                       model=os.environ.get("RECOVERY_LLM_MODEL", "gpt-4o-mini"))
     sensors = [
-        make_orphan_sensor([ontology, ocr], minimum_interval_seconds=int(os.environ.get("RECOVERY_SENSOR_INTERVAL", "15"))),
+        make_orphan_sensor([ontology, ocr], minimum_interval_seconds=int(env_seconds("RECOVERY_SENSOR_INTERVAL", 15))),
         make_stuck_item_sensor(ocr, DEFAULT_QUEUE, minimum_interval_seconds=60, stale_after_seconds=600),
     ]
     return Definitions(jobs=[ontology, ocr], sensors=sensors, resources={"recovery": recovery, "llm": llm})
