@@ -8,6 +8,7 @@ from collections.abc import Iterator
 
 import psycopg
 import pytest
+from hog import cpu_hog as _cpu_hog
 
 from recovery_ext.store import RecoveryStore
 
@@ -78,3 +79,17 @@ def store(db_url) -> Iterator[RecoveryStore]:
         yield s
     finally:
         s.close()
+
+
+@pytest.fixture
+def cpu_hog():
+    """One busy process per core for the duration of the test (see tests/hog.py)."""
+    with _cpu_hog() as procs:
+        yield procs
+
+
+@pytest.fixture(scope="module")
+def cpu_hog_module():
+    """The same hog, kept running for a whole module (e.g. around a shared `dagster dev`)."""
+    with _cpu_hog() as procs:
+        yield procs

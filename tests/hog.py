@@ -1,0 +1,35 @@
+"""A CPU hog: one busy process per core, so liveness and e2e tests run on a loaded machine.
+
+A test that passes only on an idle machine is not done: step start-up, heartbeat threads and
+sensor ticks all slow down under load, and the hog makes that the normal case in the suite.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+BUSY_LOOP = "import signal, sys\nsignal.signal(signal.SIGTERM, lambda *_: sys.exit(0))\nwhile True:\n    pass\n"
+
+
+@contextmanager
+def cpu_hog(processes: int | None = None) -> Iterator[list[subprocess.Popen]]:
+    """Run ``processes`` (default: one per core) busy loops at normal priority until the block exits.
+
+    On exit it checks that every hog was still running, so a hog that died early fails the test
+    instead of silently turning it into an idle-machine test.
+    """
+    count = processes or os.cpu_count() or 2
+    procs = [subprocess.Popen([sys.executable, "-c", BUSY_LOOP]) for _ in range(count)]
+    try:
+        yield procs
+        died = [p.pid for p in procs if p.poll() is not None]
+        assert not died, f"CPU hog processes {died} stopped before the test ended"
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+            p.wait()
