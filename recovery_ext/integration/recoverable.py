@@ -161,6 +161,7 @@ def recoverable_op(
     required_resource_keys: set[str] | None = None,
     resource_key: str = "recovery",
     tags: Mapping[str, str] | None = None,
+    pool: str | None = None,
 ):
     """Turn ``fn(ctx: NodeContext, *inputs)`` into a Dagster op that is a recoverable pipeline node.
 
@@ -200,7 +201,7 @@ def recoverable_op(
         return op(
             name=op_name, ins=op_ins, out=out or Out(), config_schema=config_schema,
             description=description or body.__doc__, tags=op_tags,
-            required_resource_keys={resource_key, *(required_resource_keys or set())},
+            required_resource_keys={resource_key, *(required_resource_keys or set())}, pool=pool,
         )(compute)
 
     return decorate(fn) if fn is not None else decorate
