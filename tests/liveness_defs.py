@@ -27,14 +27,15 @@ trace = Table(
     "liveness_trace", trace_metadata,
     Column("id", Integer, primary_key=True),
     Column("run_id", Text), Column("node", Text), Column("item", Text),
-    Column("started", Float), Column("ended", Float),
+    Column("started", Float), Column("ended", Float), Column("pid", Integer),
 )
 
 
 def record(store, run_id: str, node: str, item: str, started: float) -> None:
     trace_metadata.create_all(store.engine, checkfirst=True)
     with store.engine.begin() as conn:
-        conn.execute(insert(trace).values(run_id=run_id, node=node, item=item, started=started, ended=time.time()))
+        conn.execute(insert(trace).values(run_id=run_id, node=node, item=item, started=started, ended=time.time(),
+                                          pid=os.getpid()))
 
 
 def _items(ctx, name: str, count: int, seconds: float) -> dict:
@@ -65,6 +66,7 @@ def _pooled_op(name: str):
     """A recoverable op in the concurrency pool; it holds the slot longer than the heartbeat timeout."""
     def body(ctx, upstream):
         started = time.time()
+        record(ctx.store, ctx.context.run_id, name, "start", started)  # its pid, for the step-kill test
         time.sleep(TIMEOUT * 1.2)
         record(ctx.store, ctx.context.run_id, name, "slot", started)
         return {"node": name}

@@ -6,6 +6,8 @@ for one timeout is reclaimed within seconds, and the test sees it.
 
 from __future__ import annotations
 
+import os
+import signal
 from pathlib import Path
 
 import pytest
@@ -70,7 +72,7 @@ def store(app_url):
 
 
 def trace_rows(store, run_id=None, node=None):
-    query = "SELECT run_id, node, item, started, ended FROM liveness_trace WHERE 1=1"
+    query = "SELECT run_id, node, item, started, ended, pid FROM liveness_trace WHERE 1=1"
     params = {}
     if run_id:
         query, params["run_id"] = query + " AND run_id = :run_id", run_id
@@ -113,13 +115,13 @@ def test_a_healthy_runs_with_plain_ops_retry_delays_and_pool_waits_are_never_rec
         assert attempts[1].started - attempts[0].started >= TIMEOUT  # the retry waited longer than the timeout
         assert dev.run(run_id).tags[TAG_PIPELINE] == str(pipeline.id)
     # the pool (limit 1) was enforced across all runs, and ops waited for it longer than the timeout
-    slots = sorted((r.started, r.ended) for r in trace_rows(store) if r.node in ("pooled_a", "pooled_b"))
+    slots = sorted((r.started, r.ended) for r in trace_rows(store) if r.item == "slot")
     assert len(slots) == 2 * HEALTHY_RUNS
     assert all(later[0] >= earlier[1] - 0.05 for earlier, later in zip(slots, slots[1:]))
     waits = []
     for run_id in run_ids:
         ready = max(r.ended for r in trace_rows(store, run_id, "prepare"))
-        waits += [r.started - ready for r in trace_rows(store, run_id) if r.node in ("pooled_a", "pooled_b")]
+        waits += [r.started - ready for r in trace_rows(store, run_id) if r.item == "slot"]
     assert max(waits) > TIMEOUT
 
 
@@ -194,3 +196,21 @@ def test_d_a_ui_reexecution_from_failure_takes_the_same_pipeline_over_and_redoes
             transitions.c.pipeline_id == pipeline.id, transitions.c.event == "taken_over")).all()
     assert len(taken) == 1 and taken[0].from_status == "failed" and taken[0].data["previous_owner"] == first
     assert resume_runs(dev) == [] and reclaims(store) == 0
+
+
+def test_e_a_step_process_killed_while_its_run_worker_lives_is_found_by_its_node_heartbeat(dev, store):
+    run_id = dev.launch("healthy_job", {})
+    (victim,) = wait_for(lambda: [r for r in trace_rows(store, run_id) if r.item == "start"][:1], timeout=300,
+                         what="a pooled step to start")
+    os.kill(victim.pid, signal.SIGKILL)
+    pipeline = store.find_pipeline(run_id)
+    wait_for(lambda: store.get_pipeline(pipeline.id).status == "completed", timeout=400,
+             what="the resumed pipeline to complete")
+    with store.read() as conn:
+        (payload,) = conn.execute(select(events.c.payload).where(events.c.pipeline_id == pipeline.id,
+                                                                 events.c.kind == "pipeline_recovered")).scalars()
+    # found by the dead node's heartbeat while the run worker was still running the plain op
+    assert payload["cause"] == "node_heartbeat" and payload["reset_nodes"] == [victim.node]
+    resumes = [r for r in resume_runs(dev) if r.tags.get(TAG_PIPELINE) == str(pipeline.id)]
+    assert len(resumes) == 1
+    assert [r.item for r in trace_rows(store, resumes[0].run_id, "prepare")] == []  # completed work not redone

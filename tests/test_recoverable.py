@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 from dagster import DagsterInstance, build_reconstructable_job, execute_job
-from sqlalchemy import delete, func, select, update
+from sqlalchemy import delete, func, inspect, select, update
 
 import e2e_defs
 from e2e_defs import calls, items_job_inprocess, optional_job
@@ -169,3 +169,17 @@ def test_the_same_error_category_again_and_again_escalates_across_in_run_retries
     assert len([e for e in result.all_events if e.event_type_value == "STEP_UP_FOR_RETRY"]) == 2
     (p,) = store.list_pipelines()
     assert store.get_pipeline(p.id).status == "failed" and store.get_node(p.id, "n2").attempts == 3
+
+
+def test_a_recoverable_op_without_run_level_liveness_fails_loudly_and_writes_nothing(store, db_url):
+    from dagster import in_process_executor, job
+
+    unwrapped = job(name="unwrapped", executor_def=in_process_executor)(e2e_defs._graph)
+    for attempt in (unwrapped, items_job_inprocess):  # Dagster's own execute_in_process swaps the executor too
+        result = attempt.execute_in_process(run_config=config(), resources={"recovery": resource(db_url)},
+                                            raise_on_error=False)
+        assert not result.success
+        failure = next(e for e in result.all_events if e.event_type_value == "STEP_FAILURE")
+        assert "does not keep its pipeline alive for the whole run" in str(failure.event_specific_data.error)
+    assert store.list_pipelines() == []
+    assert not inspect(store.engine).has_table("e2e_calls")  # no business logic ran
