@@ -88,10 +88,14 @@ def finish(ctx, waited, a, b):
     return {"done": True}
 
 
-@job(executor_def=with_recovery(multiprocess_executor))
-def healthy_job():
+def _healthy():
     first = prepare()
     finish(plain_wait(first), pooled_a(first), pooled_b(first))
+
+
+# the same graph under both executors; runs share the pool, so they also wait for each other
+healthy_job = job(name="healthy_job", executor_def=with_recovery(multiprocess_executor))(_healthy)
+healthy_job_inprocess = job(name="healthy_job_inprocess", executor_def=with_recovery(in_process_executor))(_healthy)
 
 
 # -- a conditional branch: one optional output is never produced -------------------------------------
@@ -150,7 +154,7 @@ def resource() -> RecoveryResource:
     )
 
 
-jobs = [healthy_job, branch_job, items_job]
+jobs = [healthy_job, healthy_job_inprocess, branch_job, items_job]
 defs = Definitions(
     jobs=jobs,
     sensors=[make_orphan_sensor(jobs, minimum_interval_seconds=int(os.environ.get("LIVENESS_SENSOR_INTERVAL", "1")),

@@ -15,7 +15,7 @@ from dagster import DagsterRunStatus
 from sqlalchemy import func, select, text
 
 import liveness_defs
-from recovery_ext.devserver import DagsterDev, wait_for
+from recovery_ext.devserver import DagsterDev, parent_of, wait_for
 from recovery_ext.integration.tags import TAG_PIPELINE, TAG_RESUME_NUMBER
 from recovery_ext.schema import events, transitions
 from recovery_ext.store import RecoveryStore
@@ -32,7 +32,9 @@ concurrency:
     granularity: op
     default_limit: 1
   runs:
-    max_concurrent_runs: 5
+    max_concurrent_runs: 6
+run_retries:
+  enabled: true
 """
 
 
@@ -85,9 +87,12 @@ def trace_rows(store, run_id=None, node=None):
             return []
 
 
-def reclaims(store) -> int:
+def reclaims(store, pipeline_ids=None) -> int:
+    query = select(func.count()).select_from(transitions).where(transitions.c.event == "reclaimed")
+    if pipeline_ids is not None:
+        query = query.where(transitions.c.pipeline_id.in_(pipeline_ids))
     with store.read() as conn:
-        return conn.scalar(select(func.count()).select_from(transitions).where(transitions.c.event == "reclaimed"))
+        return conn.scalar(query)
 
 
 def resume_runs(dev):
@@ -97,32 +102,6 @@ def resume_runs(dev):
 def sensor_ticks(store) -> int:
     with store.read() as conn:
         return conn.scalar(select(func.count()).select_from(events).where(events.c.kind == "recovery_started"))
-
-
-def test_a_healthy_runs_with_plain_ops_retry_delays_and_pool_waits_are_never_reclaimed(dev, store):
-    run_ids = [dev.launch("healthy_job", {}) for _ in range(HEALTHY_RUNS)]
-    done = (DagsterRunStatus.SUCCESS, DagsterRunStatus.FAILURE, DagsterRunStatus.CANCELED)
-    for run_id in run_ids:
-        dev.wait_run(run_id, statuses=done, timeout=600)
-    assert [dev.run(r).status for r in run_ids] == [DagsterRunStatus.SUCCESS] * HEALTHY_RUNS
-    assert reclaims(store) == 0
-    assert resume_runs(dev) == []
-    for run_id in run_ids:
-        pipeline = store.find_pipeline(run_id)
-        assert (pipeline.status, pipeline.resume_count, pipeline.epoch) == ("completed", 0, 1)
-        attempts = trace_rows(store, run_id, "finish")
-        assert [r.item for r in attempts] == ["attempt-0", "attempt-1"]
-        assert attempts[1].started - attempts[0].started >= TIMEOUT  # the retry waited longer than the timeout
-        assert dev.run(run_id).tags[TAG_PIPELINE] == str(pipeline.id)
-    # the pool (limit 1) was enforced across all runs, and ops waited for it longer than the timeout
-    slots = sorted((r.started, r.ended) for r in trace_rows(store) if r.item == "slot")
-    assert len(slots) == 2 * HEALTHY_RUNS
-    assert all(later[0] >= earlier[1] - 0.05 for earlier, later in zip(slots, slots[1:]))
-    waits = []
-    for run_id in run_ids:
-        ready = max(r.ended for r in trace_rows(store, run_id, "prepare"))
-        waits += [r.started - ready for r in trace_rows(store, run_id) if r.item == "slot"]
-    assert max(waits) > TIMEOUT
 
 
 def test_b_a_conditional_branch_not_taken_is_skipped_and_the_pipeline_completes(dev, store):
@@ -214,3 +193,57 @@ def test_e_a_step_process_killed_while_its_run_worker_lives_is_found_by_its_node
     resumes = [r for r in resume_runs(dev) if r.tags.get(TAG_PIPELINE) == str(pipeline.id)]
     assert len(resumes) == 1
     assert [r.item for r in trace_rows(store, resumes[0].run_id, "prepare")] == []  # completed work not redone
+
+
+def test_f_a_dagster_run_retry_after_a_crash_takes_the_pipeline_over_and_the_sensor_stands_aside(dev, store):
+    run_id = dev.launch("items_job", {"ops": {"work": {"config": {"item_seconds": 1.0}}}},
+                        tags={"dagster/max_retries": "1"})
+    rows = wait_for(lambda: len(trace_rows(store, run_id, "work")) >= 2 and trace_rows(store, run_id, "work"),
+                    timeout=300, what="work to be mid-way")
+    os.kill(parent_of(rows[0].pid), signal.SIGKILL)  # the run worker; Dagster retries the run
+    pipeline = store.find_pipeline(run_id)
+    retry = wait_for(lambda: [r for r in dev.runs(tags={"dagster/parent_run_id": run_id})][:1], timeout=180,
+                     what="Dagster's retry run")[0]
+    dev.wait_run(retry.run_id, timeout=300)
+    after = wait_for(lambda: (p := store.get_pipeline(pipeline.id)).status == "completed" and p, timeout=60,
+                     what="the pipeline to complete")
+    assert after.owner == retry.run_id and after.resume_count == 0
+    assert [r for r in resume_runs(dev) if r.tags.get(TAG_PIPELINE) == str(pipeline.id)] == []
+    with store.read() as conn:
+        taken = conn.execute(select(transitions.c.data).where(
+            transitions.c.pipeline_id == pipeline.id, transitions.c.event == "taken_over")).scalars().all()
+        reclaimed = conn.execute(select(func.count()).select_from(transitions).where(
+            transitions.c.pipeline_id == pipeline.id, transitions.c.event == "reclaimed")).scalar()
+    assert len(taken) == 1 and taken[0]["previous_owner"] == run_id and reclaimed == 0
+    assert sorted(store.completed_items(pipeline.id, "work")) == [f"work-{i}" for i in range(8)]
+    redone = {r.item for r in trace_rows(store, retry.run_id, "work")}
+    assert redone and not (redone & {r.item for r in rows})  # items done before the kill were not redone
+
+
+@pytest.mark.timeout(3600)
+def test_g_healthy_runs_with_plain_ops_retry_delays_and_pool_waits_are_never_reclaimed(dev, store):
+    jobs = ["healthy_job"] * 6 + ["healthy_job_inprocess"] * (HEALTHY_RUNS - 6)
+    run_ids = [dev.launch(job, {}) for job in jobs]
+    done = (DagsterRunStatus.SUCCESS, DagsterRunStatus.FAILURE, DagsterRunStatus.CANCELED)
+    for run_id in run_ids:
+        dev.wait_run(run_id, statuses=done, timeout=2400)  # generous: the shared machine may be very busy
+    assert [dev.run(r).status for r in run_ids] == [DagsterRunStatus.SUCCESS] * HEALTHY_RUNS
+    pipelines = [store.find_pipeline(run_id) for run_id in run_ids]
+    assert reclaims(store, [p.id for p in pipelines]) == 0
+    assert [r for r in resume_runs(dev) if r.tags.get(TAG_PIPELINE) in {str(p.id) for p in pipelines}] == []
+    for run_id in run_ids:
+        pipeline = store.find_pipeline(run_id)
+        assert (pipeline.status, pipeline.resume_count, pipeline.epoch) == ("completed", 0, 1)
+        attempts = trace_rows(store, run_id, "finish")
+        assert [r.item for r in attempts] == ["attempt-0", "attempt-1"]
+        assert attempts[1].started - attempts[0].started >= TIMEOUT  # the retry waited longer than the timeout
+        assert dev.run(run_id).tags[TAG_PIPELINE] == str(pipeline.id)
+    # the pool (limit 1) was enforced across all runs, and ops waited for it longer than the timeout
+    slots = sorted((r.started, r.ended) for run_id in run_ids for r in trace_rows(store, run_id) if r.item == "slot")
+    assert len(slots) == 2 * HEALTHY_RUNS
+    assert all(later[0] >= earlier[1] - 0.05 for earlier, later in zip(slots, slots[1:]))
+    waits = []
+    for run_id in [r for r, job in zip(run_ids, jobs) if job == "healthy_job"]:  # parallel steps: a real wait
+        ready = max(r.ended for r in trace_rows(store, run_id, "prepare"))
+        waits += [r.started - ready for r in trace_rows(store, run_id) if r.item == "slot"]
+    assert max(waits) > TIMEOUT

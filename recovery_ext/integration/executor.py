@@ -177,10 +177,12 @@ class RunScope:
         try:
             outcome = self._finish(failures, error, interrupted)
         except OwnershipLost as exc:
-            outcome = (f"pipeline {self.own.pipeline_id} is no longer this run's (owner now {exc.owner}); "
-                       "nothing written")
+            outcome = self._already_ended(exc)
         except (StoreError, IllegalTransition) as exc:
             outcome = f"could not record the end of the run: {redact(exc)}; recovery will take it from here"
+        except Exception as exc:  # noqa: BLE001 - never mask how the run itself ended
+            outcome = (f"could not apply the end of the run ({type(exc).__name__}: {redact(exc)}); "
+                       "recovery will take it from here")
         finally:
             if self.lease is not None:
                 self.lease.release()
@@ -213,6 +215,15 @@ class RunScope:
         skipped = self.store.complete_run(own)
         return (f"pipeline {own.pipeline_id} completed" +
                 (f"; not executed by this run, recorded as skipped: {', '.join(skipped)}" if skipped else ""))
+
+    def _already_ended(self, exc: OwnershipLost) -> str:
+        try:
+            current = self.store.get_pipeline(self.own.pipeline_id)
+        except StoreError:
+            return f"pipeline {self.own.pipeline_id}: ownership lost ({exc.owner}); nothing written"
+        if current.owner == self.own.owner and current.epoch == self.own.epoch:
+            return f"pipeline {current.id} already {current.status}"
+        return f"pipeline {current.id} is no longer this run's (owner now {current.owner}); nothing written"
 
     def _info(self, message: str) -> None:
         if self.log is not None:

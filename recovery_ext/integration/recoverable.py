@@ -115,7 +115,7 @@ class NodeContext:
 
 
 def _owned(context: OpExecutionContext, store: RecoveryStore, op_name: str) -> tuple[int, Ownership | None, str]:
-    """The pipeline this op's run owns: (pipeline id, ownership or None if lost, who owns it now).
+    """The pipeline this op's run owns: (pipeline id, ownership or None, why not).
 
     The run worker created, attached or took over the pipeline at run start (``with_recovery``);
     a node only finds it. A run without that scope is refused loudly, never run without liveness.
@@ -130,13 +130,15 @@ def _owned(context: OpExecutionContext, store: RecoveryStore, op_name: str) -> t
         )
     own = store.owned_by(run_id)
     if own is not None:
-        return own.pipeline_id, own, run_id
+        return own.pipeline_id, own, ""
     pipeline_id = store.formerly_owned_by(run_id)
     if pipeline_id is None:
         raise Failure(description=f"run {run_id} owns no pipeline: its run scope did not start",
                       allow_retries=False)
     current = store.get_pipeline(pipeline_id)
-    return pipeline_id, None, current.owner or f"(pipeline {current.status})"
+    if current.owner == run_id:  # still this run's, but it ended (e.g. another node failed it for good)
+        return pipeline_id, None, f"pipeline {pipeline_id} is already {current.status}"
+    return pipeline_id, None, f"superseded by run {current.owner or f'(none; pipeline {current.status})'}"
 
 
 def _consecutive_same(store: RecoveryStore, pipeline_id: int, node: str, category: str, limit: int) -> int:
@@ -188,8 +190,8 @@ def recoverable_op(
                                              "attempts": node.attempts})
                 return node.output
             if own is None:
-                raise Failure(description=f"superseded by run {owner}: pipeline {pipeline_id} belongs to another run",
-                              metadata={"pipeline_id": pipeline_id, "owner": str(owner)}, allow_retries=False)
+                raise Failure(description=f"{op_name} not run: {owner}",
+                              metadata={"pipeline_id": pipeline_id}, allow_retries=False)
             return _run_node(context, store, resource, settings, own, op_name, body, inputs, optional)
 
         compute.__name__ = op_name
