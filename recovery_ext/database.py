@@ -52,9 +52,10 @@ def retried(method: Callable[..., T]) -> Callable[..., T]:
     def wrapper(self: "Database", *args: Any, **kwargs: Any) -> T:
         if getattr(_retry_state, "active", False) or self.retry_budget <= 0:
             return method(self, *args, **kwargs)
+        retrying = self._retrying(method.__name__)
         _retry_state.active = True
         try:
-            for attempt in self._retrying(method.__name__):
+            for attempt in retrying:
                 with attempt:
                     _retry_state.attempt = attempt.retry_state.attempt_number
                     return method(self, *args, **kwargs)
