@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from dagster import ConfigurableResource, EnvVar, Failure, Field, In, graph, multiprocess_executor
+from dagster import ConfigurableResource, Failure, Field, In, graph, multiprocess_executor
 from pydantic import Field as PydanticField
 from sqlalchemy import MetaData, Table, create_engine, func, inspect, select
 from sqlalchemy.engine import Engine, make_url
@@ -293,13 +293,10 @@ def ontology_graph():
 __all__ = ["SOURCE_URL_ENV", "SourceDatabase", "conventional_target", "make_ontology_job", "ontology_graph"]
 
 
-def make_ontology_job(source_url: str | EnvVar | None = None, *, source_name: str = "sample",
-                      name: str = "ontology_extraction", executor_def=multiprocess_executor):
-    """The ontology job; ``source_url`` (a URL without a secret, or an ``EnvVar``) binds its ``source`` resource.
-
-    Without it the job needs a ``source`` resource from its ``Definitions``.
-    """
-    resource_defs = {"source": SourceDatabase(url=source_url)} if source_url is not None else None
+def make_ontology_job(*, source_name: str = "sample", name: str = "ontology_extraction",
+                      executor_def=multiprocess_executor):
+    """The ontology job. It reads the source through a ``source`` resource: give it
+    ``SourceDatabase(url=EnvVar("RECOVERY_SOURCE_URL"))`` in your ``Definitions``."""
     config = {"ops": {"discover_schema": {"config": {"source_name": source_name}}}}
-    return ontology_graph.to_job(name=name, executor_def=executor_def, config=config, resource_defs=resource_defs,
+    return ontology_graph.to_job(name=name, executor_def=executor_def, config=config,
                                  tags={"recovery/pipeline": "ontology"})
