@@ -18,7 +18,7 @@ from recovery_ext.pipelines import ocr as ocr_module
 from recovery_ext.pipelines.llm import LLMResource, heuristic_answer
 from recovery_ext.pipelines.ocr import make_ocr_job
 from recovery_ext.pipelines.ocr_engine import model_files
-from recovery_ext.pipelines.ontology import make_ontology_job
+from recovery_ext.pipelines.ontology import SourceDatabase, make_ontology_job
 from recovery_ext.pipelines.sample_data import (
     CONVENTIONAL_RELATIONSHIPS,
     DECLARED_RELATIONSHIPS,
@@ -49,9 +49,9 @@ def recovery(url, **kw):
 
 
 def run_ontology(store, db_url, shop_url, llm=None):
-    job = make_ontology_job(shop_url, executor_def=in_process_executor)
-    return execute_in_process(job, resources={"recovery": recovery(db_url), "llm": llm or LLMResource()},
-                              raise_on_error=False)
+    job = make_ontology_job(executor_def=in_process_executor)
+    return execute_in_process(job, resources={"recovery": recovery(db_url), "llm": llm or LLMResource(),
+                                              "source": SourceDatabase(url=shop_url)}, raise_on_error=False)
 
 
 class FakeLLM:
