@@ -45,7 +45,7 @@ def _items(ctx, name: str, count: int, seconds: float) -> dict:
             os.remove(FAIL_FLAG)  # fail once, permanently, mid-items
             raise ValueError("bad input at work-3 (permanent)")
         time.sleep(seconds)
-        record(ctx.store, ctx.context.run_id, name, item.key, started)
+        record(ctx._store, ctx.context.run_id, name, item.key, started)
         item.complete(item.key)
     return {"node": name, "items": sorted(ctx.completed_items())}
 
@@ -66,9 +66,9 @@ def _pooled_op(name: str):
     """A recoverable op in the concurrency pool; it holds the slot longer than the heartbeat timeout."""
     def body(ctx, upstream):
         started = time.time()
-        record(ctx.store, ctx.context.run_id, name, "start", started)  # its pid, for the step-kill test
+        record(ctx._store, ctx.context.run_id, name, "start", started)  # its pid, for the step-kill test
         time.sleep(TIMEOUT * 1.2)
-        record(ctx.store, ctx.context.run_id, name, "slot", started)
+        record(ctx._store, ctx.context.run_id, name, "slot", started)
         return {"node": name}
 
     body.__name__ = name
@@ -82,7 +82,7 @@ pooled_b = _pooled_op("pooled_b")
 @recoverable_op
 def finish(ctx, waited, a, b):
     """Fails its first attempt with a transient error; the retry delay is longer than the timeout."""
-    record(ctx.store, ctx.context.run_id, "finish", f"attempt-{ctx.context.retry_number}", time.time())
+    record(ctx._store, ctx.context.run_id, "finish", f"attempt-{ctx.context.retry_number}", time.time())
     if ctx.context.retry_number == 0:
         raise TimeoutError("the provider timed out (first attempt only)")
     return {"done": True}

@@ -22,7 +22,7 @@ from sqlalchemy import Column, Integer, MetaData, Table, Text, func, insert, ins
 
 from helpers import expire
 from recovery_ext.errors import OwnershipLost, StoreError
-from recovery_ext.integration import RecoveryResource, recoverable_op
+from recovery_ext.integration import RecoveryResource, execute_in_process, recoverable_op, with_recovery
 from recovery_ext.models import Ownership
 from recovery_ext.schema import pipelines
 from recovery_ext.store import RecoveryStore
@@ -49,7 +49,7 @@ def two_writes(ctx):
     return "wrote twice"
 
 
-@job(executor_def=in_process_executor)
+@job(executor_def=with_recovery(in_process_executor))
 def two_writes_job():
     two_writes()
 
@@ -65,8 +65,8 @@ def test_a_superseded_workers_write_through_the_op_api_is_refused(store, db_url)
     STEPS.update(wrote=threading.Event(), reclaimed=threading.Event())
     resource = RecoveryResource(database_url=db_url, heartbeat_interval=5, heartbeat_timeout=30)
     box = {}
-    thread = threading.Thread(target=lambda: box.update(result=two_writes_job.execute_in_process(
-        resources={"recovery": resource}, raise_on_error=False)), daemon=True)
+    thread = threading.Thread(target=lambda: box.update(result=execute_in_process(
+        two_writes_job, resources={"recovery": resource}, raise_on_error=False)), daemon=True)
     thread.start()
     assert STEPS["wrote"].wait(120)
     (p,) = store.list_pipelines()

@@ -16,7 +16,7 @@ import pytest
 from dagster import Field, in_process_executor, job
 
 from pg_cluster import PrivateCluster
-from recovery_ext.integration import RecoveryResource, recoverable_op
+from recovery_ext.integration import RecoveryResource, execute_in_process, recoverable_op, with_recovery
 from recovery_ext.store import RecoveryStore
 
 ITEMS = 24
@@ -39,7 +39,7 @@ def after(ctx, done):
     return len(done)
 
 
-@job(executor_def=in_process_executor)
+@job(executor_def=with_recovery(in_process_executor))
 def outage_job():
     after(slow_items())
 
@@ -60,8 +60,8 @@ def run_in_thread(url: str, item_seconds: float):
     box = {}
 
     def go():
-        box["result"] = outage_job.execute_in_process(
-            run_config={"ops": {"slow_items": {"config": {"items": ITEMS, "item_seconds": item_seconds}}}},
+        box["result"] = execute_in_process(
+            outage_job, run_config={"ops": {"slow_items": {"config": {"items": ITEMS, "item_seconds": item_seconds}}}},
             resources={"recovery": resource}, raise_on_error=False)
 
     thread = threading.Thread(target=go, daemon=True)
