@@ -48,8 +48,8 @@ class OrphanOps(PipelineOps):
                           retrying_owner_runs: Sequence[str] = ()) -> ColumnElement:
         """Running, and one of: the run's heartbeat expired (NULL heartbeat: never by heartbeat),
         a running node's heartbeat expired, a node stalled, the hard deadline passed, or Dagster
-        reports the owning run dead. Never while Dagster is retrying the owning run: the retry
-        takes the pipeline over itself."""
+        reports the owning run dead. Never for an owner in ``retrying_owner_runs`` (Dagster is
+        retrying it, so the retry takes the pipeline over; or its user is canceling it)."""
         now = self.dialect.now()
         cond = or_(
             and_(p.heartbeat_deadline.isnot(None), p.heartbeat_deadline < now),

@@ -36,23 +36,27 @@ ACTIVE_STATUSES = [DagsterRunStatus.QUEUED, DagsterRunStatus.NOT_STARTED, Dagste
 
 
 def _owner_runs(instance, run_ids: Sequence[str]) -> tuple[list[str], list[str], list[str]]:
-    """Split owners Dagster already ended: (dead, being retried by Dagster, canceled by their user).
+    """Split owners Dagster already ended: (dead, not to be reclaimed, canceled by their user).
 
-    A FAILURE run tagged ``dagster/will_retry=true`` is not dead for recovery: Dagster's own
-    retry takes the pipeline over through the root run, unless that retry already ended.
+    Not to be reclaimed: a FAILURE run tagged ``dagster/will_retry=true`` (Dagster's own retry
+    takes the pipeline over through the root run, unless that retry already ended) and a run
+    its user is canceling (CANCELING: its steps are being stopped; it ends ``canceled``).
     """
     dead: list[str] = []
-    retrying: list[str] = []
+    protected: list[str] = []
     canceled: list[str] = []
+    statuses = [*DEAD_STATUSES, DagsterRunStatus.CANCELING]
     for part in chunks(list(run_ids), 500):
-        for r in instance.get_runs(filters=RunsFilter(run_ids=list(part), statuses=DEAD_STATUSES)):
+        for r in instance.get_runs(filters=RunsFilter(run_ids=list(part), statuses=statuses)):
             if r.status == DagsterRunStatus.CANCELED:
                 canceled.append(r.run_id)
+            elif r.status == DagsterRunStatus.CANCELING:
+                protected.append(r.run_id)
             elif r.tags.get(TAG_WILL_RETRY) == "true" and not _retry_ended(instance, r.run_id):
-                retrying.append(r.run_id)
+                protected.append(r.run_id)
             else:
                 dead.append(r.run_id)
-    return dead, retrying, canceled
+    return dead, protected, canceled
 
 
 def _retry_ended(instance, run_id: str) -> bool:
