@@ -388,12 +388,13 @@ class QueueOps(PipelineOps):
     # -- waiting for a pipeline's documents ---------------------------------------------------
 
     def unfinished_items(self, ids: Sequence[int]) -> list[QueueItem]:
-        """Those of ``ids`` that still need work (``ready`` or ``processing``)."""
+        """Those of ``ids`` that still need work: ``processing``, or ``ready`` with attempts left."""
         found: list[QueueItem] = []
+        needs_work = or_(q.status == PROCESSING, and_(q.status == READY, q.attempts < q.max_attempts))
         with self.read() as conn:
             for part in chunks(sorted(set(ids))):
                 found.extend(QueueItem.from_row(r._mapping) for r in conn.execute(
-                    select(queue_items).where(q.id.in_(list(part)), q.status.in_(UNFINISHED_ITEM_STATUSES))))
+                    select(queue_items).where(q.id.in_(list(part)), needs_work)))
         return sorted(found, key=lambda i: i.id)
 
     def seconds_until_claimable(self, queue: str) -> float | None:
