@@ -139,6 +139,8 @@ def status(store: RecoveryStore, out: Output, threshold: float) -> None:
         "pipelines": store.pipeline_summary(),
         "orphans": [o.__dict__ for o in store.find_orphans()],
         "stuck_items": [_stuck(i) for i in store.stale_items(older_than_seconds=threshold)],
+        "waiting_items": [{"id": i.id, "queue": i.queue, "attempts": i.attempts, "available_at": i.available_at,
+                           "last_error": i.last_error} for i in store.waiting_items()],
         "auto_recovered_24h": {"pipelines": store.count_events("pipeline_recovered", within_seconds=86400),
                                "items": store.count_events("item_reset", within_seconds=86400)},
         "dead_items": [{"id": i.id, "queue": i.queue, "attempts": i.attempts, "last_error": i.last_error}
@@ -157,6 +159,10 @@ def status(store: RecoveryStore, out: Output, threshold: float) -> None:
         for i in data["stuck_items"]:
             click.echo(f"  - item {i['id']} ({i['queue']}) worker {i['worker']} since {_when(i['started_at'])}: "
                        f"{i['reason']}")
+        click.echo(f"Items waiting for their retry delay: {len(data['waiting_items'])}")
+        for i in data["waiting_items"]:
+            click.echo(f"  - item {i['id']} ({i['queue']}) attempt {i['attempts']} failed; retry at "
+                       f"{_when(i['available_at'])}: {i['last_error']}")
         rec = data["auto_recovered_24h"]
         click.echo(f"Auto-recovered in the last 24 h: {rec['pipelines']} pipelines, {rec['items']} items")
         click.echo(f"Dead items: {len(data['dead_items'])}")

@@ -454,6 +454,13 @@ class QueueOps(PipelineOps):
         with self.read() as conn:
             return [QueueItem.from_row(r._mapping) for r in conn.execute(query)]
 
+    def waiting_items(self, *, limit: int = 100) -> list[QueueItem]:
+        """Failed items waiting for their retry delay, the next one first (for ``status``)."""
+        query = (select(queue_items).where(q.status == READY, q.available_at > self.dialect.now())
+                 .order_by(q.available_at, q.id).limit(limit))
+        with self.read() as conn:
+            return [QueueItem.from_row(r._mapping) for r in conn.execute(query)]
+
     def count_ready(self, queue: str, *, waiting: bool = False) -> int:
         """Ready items claimable now; with ``waiting=True`` those still waiting for their retry delay."""
         now = self.dialect.now()

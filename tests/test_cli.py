@@ -152,5 +152,11 @@ def test_status_reset_stuck_and_the_sensor_never_call_a_heartbeating_item_stuck(
     with store.write() as conn:  # started an hour ago, still heartbeating
         conn.execute(update(queue_items).values(started_at=store.dialect.now_plus(-3600)))
     assert as_json(cli("status", "--json", "--threshold", "1m"))["stuck_items"] == []
+    store.enqueue("ocr", [{"name": "flaky.pdf"}])
+    (flaky,) = store.claim("ocr", "worker-2")
+    store.fail_item(flaky, "timeout: OCR engine timed out")
+    (waiting,) = as_json(cli("status", "--json"))["waiting_items"]
+    assert (waiting["id"], waiting["attempts"]) == (flaky.id, 1) and waiting["available_at"]
+    assert "Items waiting for their retry delay: 1" in cli("status").stdout
     assert as_json(cli("reset-stuck", "--threshold", "1m", "--json"))["reset"] == []
     assert store.get_item(slow.id).status == "processing"
