@@ -14,27 +14,10 @@ from dagster import DagsterRunStatus
 from recovery_ext.devserver import DagsterDev, process_alive, wait_for
 from recovery_ext.integration.recoverable import TAG_PIPELINE, TAG_RESUME_NUMBER
 from recovery_ext.pipelines.sample_data import create_scanned_pdfs
-from recovery_ext.store import RecoveryStore
+from test_e2e import app_url, store  # noqa: F401 - the same module-scoped application database and store
 from test_ocr_recovery import DOCS, assert_every_document_completed_once_before_the_pipeline
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
-
-
-@pytest.fixture(scope="module")
-def app_url(pg_admin):
-    from conftest import create_pg_database, drop_pg_database
-
-    url = create_pg_database(pg_admin)
-    yield url
-    drop_pg_database(pg_admin, url)
-
-
-@pytest.fixture(scope="module")
-def store(app_url):
-    s = RecoveryStore(app_url)
-    s.migrate()
-    yield s
-    s.close()
 
 
 @pytest.fixture(scope="module")
@@ -82,3 +65,10 @@ def test_kill_9_mid_document_then_kill_9_of_the_resume_as_it_attaches(dev, store
     assert winners <= {run_id, runs[-1].run_id}
     wait_for(lambda: not process_alive(worker) and not process_alive(resume_worker), timeout=60,
              what="the killed workers to be gone")
+    # What this run exercised (printed for the record; the outcome above holds either way).
+    starts = [t["data"]["owner"] for t in store.transitions_for(pipeline_id=pipeline.id)
+              if t["entity_type"] == "node" and t["event"] == "started"]
+    released = [(t["entity_id"], t["data"]["worker"]) for t in store.transitions_for(entity_type="queue_item")
+                if t["event"] == "reset_stale"]
+    print(f"node starts by owner: {starts}; released documents (id, holder): {released}; "
+          f"first resume reached OCR: {starts.count(first_resume.run_id) > 1}")
