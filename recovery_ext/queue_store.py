@@ -33,7 +33,7 @@ from typing import Any
 
 from sqlalchemy import Connection, Float, and_, case, exists, func, literal, literal_column, or_, select, type_coerce, update
 
-from .database import chunks
+from .database import chunks, is_retry
 from .errors import ConfigurationError, IllegalTransition, ItemTakenOver, NotFound
 from .models import Ownership, QueueItem
 from .pipeline_store import PipelineOps
@@ -163,6 +163,13 @@ class QueueOps(PipelineOps):
         with self.write() as conn:
             if own is not None:
                 self._fence(conn, own)
+            if is_retry():  # the store re-runs this call: a first attempt whose commit landed already claimed
+                held_for = (and_(q.holder_pipeline_id == own.pipeline_id, q.holder_epoch == own.epoch) if own
+                            else q.holder_pipeline_id.is_(None))
+                mine = conn.execute(select(queue_items).where(
+                    q.queue == queue, q.status == PROCESSING, q.worker == worker, held_for)).all()
+                if mine:
+                    return sorted((QueueItem.from_row(r._mapping) for r in mine), key=lambda i: i.id)
             stale = conn.execute(
                 select(q.id, q.status, q.worker, q.attempts, q.max_attempts, q.queue, q.started_at, q.payload,
                        self._stale_reason(legacy_stale_seconds).label("reason"))
@@ -221,6 +228,11 @@ class QueueOps(PipelineOps):
         return current.status == "processing" and current.worker == item.worker and current.attempts == item.attempts
 
     @staticmethod
+    def _finished_by(item: QueueItem, current, statuses: tuple[str, ...]) -> bool:
+        """This very attempt already finished the item (a retried call whose first commit landed)."""
+        return current.status in statuses and current.worker == item.worker and current.attempts == item.attempts
+
+    @staticmethod
     def _unheld(item: QueueItem, current) -> bool:
         """Reset by a stale monitor and not claimed since (a claim would have counted an attempt)."""
         return current.status in ("ready", "dead") and current.worker is None and current.attempts == item.attempts
@@ -262,6 +274,8 @@ class QueueOps(PipelineOps):
         """
         with self.write() as conn:
             current = self._fence_item(conn, item)
+            if self._finished_by(item, current, ("completed",)):
+                return "processing"
             if not (self._holds(item, current) or self._unheld(item, current)):
                 raise self._taken_over(item, current)
             conn.execute(update(queue_items).where(q.id == item.id).values(
@@ -290,7 +304,7 @@ class QueueOps(PipelineOps):
         with self.write() as conn:
             current = self._fence_item(conn, item)
             if not self._holds(item, current):
-                if self._unheld(item, current):
+                if self._unheld(item, current) or self._finished_by(item, current, ("dead", "failed")):
                     return current.status
                 raise self._taken_over(item, current)
             conn.execute(update(queue_items).where(q.id == item.id).values(

@@ -37,7 +37,7 @@ def test_migrate_print_and_apply(tmp_path):
     status = runner.invoke(main, ["--database-url", url, "status"])
     assert status.exit_code == 1 and "recovery-ext migrate" in status.output
     applied = runner.invoke(main, ["--database-url", url, "--json", "migrate"])
-    assert json.loads(applied.stdout) == {"applied": ["0001_init", "0002_ontology", "0003_queue_fencing"]}
+    assert json.loads(applied.stdout) == {"applied": ["0001_init", "0002_ontology", "0003_run_liveness", "0004_queue_fencing"]}
     again = runner.invoke(main, ["--database-url", url, "migrate"])
     assert "up to date" in again.stdout
 
