@@ -120,30 +120,25 @@ def _serve_raw(handle: Callable[[socket.socket], None]) -> tuple[socket.socket, 
     return listener, listener.getsockname()[1]
 
 
-def _not_http(conn: socket.socket) -> None:
-    """A peer that is not an HTTP server: it reads the request and answers an SSH banner."""
-    try:
-        conn.settimeout(2)
-        conn.recv(65536)
-        conn.sendall(b"SSH-2.0-OpenSSH_9.6\r\nProtocol mismatch.\r\n")
-        time.sleep(0.5)
-    except OSError:
-        pass
-    finally:
-        conn.close()
+def _answers(banner: bytes) -> Callable[[socket.socket], None]:
+    """A peer that reads the request, answers ``banner`` and hangs up."""
+
+    def handle(conn: socket.socket) -> None:
+        try:
+            conn.settimeout(2)
+            conn.recv(65536)
+            conn.sendall(banner)
+            time.sleep(0.5)
+        except OSError:
+            pass
+        finally:
+            conn.close()
+
+    return handle
 
 
-def _rtsp(conn: socket.socket) -> None:
-    """A streaming server that speaks RTSP, not HTTP: a complete answer with a foreign status line."""
-    try:
-        conn.settimeout(2)
-        conn.recv(65536)
-        conn.sendall(b"RTSP/1.0 200 OK\r\nCSeq: 1\r\nServer: camera\r\n\r\n")
-        time.sleep(0.5)
-    except OSError:
-        pass
-    finally:
-        conn.close()
+NOT_HTTP = b"SSH-2.0-OpenSSH_9.6\r\nProtocol mismatch.\r\n"          # an SSH server
+RTSP = b"RTSP/1.0 200 OK\r\nCSeq: 1\r\nServer: camera\r\n\r\n"        # a streaming server: a foreign status line
 
 
 def _closes_at_once(conn: socket.socket) -> None:
@@ -185,7 +180,8 @@ def servers() -> Iterator[dict[str, object]]:
     http = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     http.daemon_threads = True
     threading.Thread(target=http.serve_forever, daemon=True).start()
-    raw = [_serve_raw(_not_http), _serve_raw(_closes_at_once), _serve_raw(_pg_wrong_password), _serve_raw(_rtsp)]
+    raw = [_serve_raw(_answers(NOT_HTTP)), _serve_raw(_closes_at_once), _serve_raw(_pg_wrong_password),
+           _serve_raw(_answers(RTSP))]
     try:
         yield {"http": f"http://127.0.0.1:{http.server_address[1]}", "port": http.server_address[1],
                "not_http": raw[0][1], "closer": raw[1][1], "fake_pg": raw[2][1], "rtsp": raw[3][1], "refused": _free_port()}
