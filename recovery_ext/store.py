@@ -7,14 +7,15 @@ from pathlib import Path
 
 from . import ontology_schema  # noqa: F401 - registers the ontology tables of migration 0002
 from .orphan_store import OrphanOps
+from .provider_store import ProviderOps
 from .queue_store import QueueOps
 from .reports import ReportOps
 
 URL_ENV = "RECOVERY_DATABASE_URL"
 
 
-class RecoveryStore(OrphanOps, QueueOps, ReportOps):
-    """Pipelines, nodes, item checkpoints, the work queue, transitions and events.
+class RecoveryStore(OrphanOps, ProviderOps, QueueOps, ReportOps):
+    """Pipelines, nodes, item checkpoints, the work queue, transitions, events and circuit breakers.
 
     >>> store = RecoveryStore("sqlite:///recovery.sqlite3")
     >>> store.migrate()

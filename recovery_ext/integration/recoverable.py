@@ -54,6 +54,11 @@ class Item:
     def complete(self, result: Any = None, *, also: Callable[[Any], None] | None = None) -> None:
         self.node.checkpoint(self.key, result, also=also)
 
+    def degrade(self, result: Any = None, *, also: Callable[[Any], None] | None = None) -> None:
+        """Record a fallback answer: kept as the item's result, but ``degraded``, so the next run of this
+        node (a crash resume or ``recovery-ext redo-degraded``) asks the provider again."""
+        self.node.checkpoint(self.key, result, also=also, status="degraded")
+
 
 class NodeContext:
     """What a recoverable op's body gets: Dagster's context plus items, progress and ownership checks."""
@@ -69,6 +74,7 @@ class NodeContext:
         self.resource = resource
         self.items_resumed = 0
         self.items_done = 0
+        self.items_degraded = 0
         self.metadata: dict[str, Any] = {}
 
     @property
@@ -98,10 +104,12 @@ class NodeContext:
         return self.store.completed_items(self.pipeline_id, self.node_name)
 
     def items(self, keys: Iterable[str]) -> Iterator[Item]:
-        """Yield only the items a previous run did not finish, in the given order."""
+        """Yield only the items a previous run did not finish, in the given order; degraded items
+        (fallback answers) count as unfinished and are asked again."""
         keys = [str(k) for k in keys]
         self.store.set_items_total(self.ownership, self.node_name, len(keys))
-        done = self.completed_items()
+        statuses = self.store.item_statuses(self.pipeline_id, self.node_name)
+        done = {k for k, status in statuses.items() if status != "degraded"}
         self.items_resumed = sum(1 for k in keys if k in done)
         if self.items_resumed:
             self.log.info(f"resuming node {self.node_name}: {self.items_resumed}/{len(keys)} items already done")
@@ -111,11 +119,15 @@ class NodeContext:
             self.check()
             yield Item(self, key)
 
-    def checkpoint(self, key: str, result: Any = None, *, also: Callable[[Any], None] | None = None) -> None:
+    def checkpoint(self, key: str, result: Any = None, *, also: Callable[[Any], None] | None = None,
+                   status: str = "completed") -> None:
         self.check()
         self.store.checkpoint_item(self.ownership, self.node_name, str(key), _jsonable(result), also=also,
-                                   stall_timeout=self.settings.stall_timeout)
-        self.items_done += 1
+                                   stall_timeout=self.settings.stall_timeout, status=status)
+        if status == "degraded":
+            self.items_degraded += 1
+        else:
+            self.items_done += 1
 
 
 def _pipeline_nodes(context: OpExecutionContext) -> list[NodeSpec]:
@@ -250,7 +262,7 @@ def _run_node(context, store, resource, settings, own, op_name, body, inputs, op
     context.add_output_metadata({
         "recovery": f"completed in run {own.owner}", "skipped": False, "pipeline_id": own.pipeline_id,
         "epoch": own.epoch, "attempts": node.attempts, "items_done": ctx.items_done,
-        "items_resumed": ctx.items_resumed, **ctx.metadata,
+        "items_resumed": ctx.items_resumed, "items_degraded": ctx.items_degraded, **ctx.metadata,
     })
     return output
 

@@ -10,6 +10,7 @@ from pydantic import Field, model_validator
 
 from ..errors import ConfigurationError
 from ..heartbeat import HeartbeatSettings
+from ..outage import OutageSettings
 from ..recovery import RecoverySettings
 from ..retry import RetryPolicy, wait_jittered_exponential
 from ..store import RecoveryStore, default_database_url
@@ -59,7 +60,24 @@ class RecoveryResource(ConfigurableResource):
     retry_initial_delay: float = Field(default=2.0, description="First retry delay in seconds; doubles each time.")
     retry_max_delay: float = Field(default=120.0, description="Upper bound of one retry delay in seconds.")
     retry_jitter: float = Field(default=0.1, description="Relative jitter of retry delays, 0 to 1 (0 disables).")
-    same_error_limit: int = Field(default=5, description="Consecutive errors of one category before escalation.")
+    same_error_limit: int = Field(
+        default=5, description="Consecutive errors of one category before escalation: a transient category pauses "
+        "the pipeline (shown as waiting), a permanent one fails it.")
+    outage_pause_initial: float = Field(
+        default=30.0, description="First pause of a pipeline after same_error_limit transient errors in a row, in "
+        "seconds; doubles with each pause, with jitter.")
+    outage_pause_max: float = Field(default=600.0, description="Longest single outage pause in seconds.")
+    outage_budget_seconds: float = Field(
+        default=7200.0, description="A provider outage longer than this gives up with a clear reason (default 2 h).")
+    breaker_failure_threshold: int = Field(
+        default=5, description="Consecutive transient failures of one endpoint, across all pipelines, that open its "
+        "circuit breaker.")
+    breaker_cooldown: float = Field(
+        default=30.0, description="Seconds an endpoint's breaker stays open before one half-open probe; doubles "
+        "each time the probe fails.")
+    breaker_max_cooldown: float = Field(default=600.0, description="Longest breaker cool-down in seconds.")
+    breaker_probe_timeout: float = Field(
+        default=120.0, description="Seconds after which an unanswered half-open probe is handed to another caller.")
 
     @model_validator(mode="after")
     def _validate(self) -> "RecoveryResource":
@@ -67,6 +85,7 @@ class RecoveryResource(ConfigurableResource):
         self.heartbeat_settings()
         self.recovery_settings()
         self.retry_policy()
+        self.outage_settings()
         if self.max_resumes < 0 or self.max_retries < 0:
             raise ConfigurationError("max_resumes and max_retries must not be negative")
         if self.hard_deadline_seconds is not None and self.hard_deadline_seconds <= 0:
@@ -86,6 +105,13 @@ class RecoveryResource(ConfigurableResource):
     def recovery_settings(self) -> RecoverySettings:
         return RecoverySettings(enabled=self.enable_orphan_recovery, launch_grace_seconds=self.launch_grace_seconds,
                                 max_age_seconds=self.max_age_seconds)
+
+    def outage_settings(self) -> OutageSettings:
+        return OutageSettings(
+            pause_after=self.same_error_limit, pause_initial=self.outage_pause_initial, pause_max=self.outage_pause_max,
+            budget_seconds=self.outage_budget_seconds, jitter=self.retry_jitter,
+            breaker_threshold=self.breaker_failure_threshold, breaker_cooldown=self.breaker_cooldown,
+            breaker_max_cooldown=self.breaker_max_cooldown, probe_timeout=self.breaker_probe_timeout)
 
     def retry_wait(self) -> wait_jittered_exponential:
         return wait_jittered_exponential(self.retry_initial_delay, max_delay=self.retry_max_delay,
