@@ -428,12 +428,12 @@ def parse_retry_after(value: object, *, now: float | None = None) -> float | Non
     return max(0.0, when.timestamp() - current)
 
 
-def retry_after_of(exc: BaseException, *, now: float | None = None) -> float | None:
-    """The ``Retry-After`` a 429 or 503 in the chain asked for, in seconds; None when there is none."""
+def retry_after_header(exc: BaseException) -> float | str | None:
+    """What a 429 or 503 in the chain said in ``Retry-After``, as sent (seconds or an HTTP date)."""
     for link in _chain(exc):
         explicit = getattr(link, "retry_after", None)
-        if isinstance(explicit, (int, float)) and not isinstance(explicit, bool):
-            return float(explicit)
+        if isinstance(explicit, (int, float, str)) and not isinstance(explicit, bool):
+            return explicit
         if _status_of(link) not in RETRY_AFTER_STATUSES:
             continue
         response = getattr(link, "response", None)
@@ -444,8 +444,17 @@ def retry_after_of(exc: BaseException, *, now: float | None = None) -> float | N
             value = headers.get("Retry-After")
         except Exception:
             continue
-        return parse_retry_after(value, now=now)
+        if value is not None:
+            return str(value)
     return None
+
+
+def retry_after_of(exc: BaseException, *, now: float | None = None) -> float | None:
+    """The ``Retry-After`` a 429 or 503 in the chain asked for, in seconds from ``now``; None when none."""
+    value = retry_after_header(exc)
+    if isinstance(value, (int, float)):
+        return max(0.0, float(value))
+    return parse_retry_after(value, now=now)
 
 
 class ClassifiedError(RecoveryError):
@@ -461,7 +470,7 @@ class ClassifiedError(RecoveryError):
         model: str | None = None,
         endpoint: str | None = None,
         message: str | None = None,
-        retry_after: float | None = None,
+        retry_after: float | str | None = None,
     ) -> None:
         found = classify(cause) if isinstance(cause, BaseException) else None
         self.category = category or (found.category if found else "unknown")
@@ -503,4 +512,4 @@ def with_context(exc: BaseException, *, model: str | None = None, endpoint: str 
         if endpoint and not exc.endpoint:
             exc.endpoint = endpoint
         return exc
-    return ClassifiedError(exc, model=model, endpoint=endpoint, retry_after=retry_after_of(exc))
+    return ClassifiedError(exc, model=model, endpoint=endpoint, retry_after=retry_after_header(exc))

@@ -87,6 +87,8 @@ class PauseTarget(Protocol):
 
     def begin(self, seconds: float, reason: str) -> None: ...
 
+    def retrying(self) -> None: ...
+
     def end(self, *, outage_over: bool) -> None: ...
 
     def elapsed(self) -> float | None: ...
@@ -97,16 +99,25 @@ class StorePause:
 
     def __init__(self, store: Any, own: Ownership, node: str | None = None) -> None:
         self.store, self.own, self.node = store, own, node
-        self.waiting = False
+        self.waiting = False  # this node started an outage on the pipeline that is not over
+        self.paused = False   # ... and is sleeping through a pause right now
 
     def begin(self, seconds: float, reason: str) -> None:
         self.store.set_waiting(self.own, seconds, reason, node=self.node)
         self.waiting = True
+        self.paused = True
+
+    def retrying(self) -> None:
+        """The pause is over and the provider is asked again: running, but the outage clock keeps going."""
+        if self.paused:
+            self.store.clear_waiting(self.own, node=self.node, keep_outage_clock=True, event="outage_retry")
+            self.paused = False
 
     def end(self, *, outage_over: bool) -> None:
         if self.waiting:
-            self.store.clear_waiting(self.own, node=self.node, keep_outage_clock=not outage_over)
-            self.waiting = False
+            self.store.clear_waiting(self.own, node=self.node, keep_outage_clock=not outage_over,
+                                     event=None if outage_over else "outage_budget_spent")
+            self.waiting = self.paused = False
 
     def elapsed(self) -> float | None:
         return self.store.waiting_seconds(self.own.pipeline_id)
@@ -148,6 +159,8 @@ class ProviderGuard:
     # -- one attempt ---------------------------------------------------------------------------
 
     def _attempt(self, call: _Call, fn: Callable[..., T], args: tuple, kwargs: dict) -> T:
+        if self.pause is not None:
+            self.pause.retrying()
         store = self.store
         decision = store.breaker_before_call(self.endpoint, self.who, probe_timeout=self.settings.probe_timeout) \
             if store is not None else None

@@ -16,7 +16,7 @@ import datetime as dt
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import func, or_, select, update
+from sqlalchemy import Float, func, or_, select, type_coerce, update
 
 from .errors import IllegalTransition, NotFound
 from .models import Ownership
@@ -48,6 +48,10 @@ class Reopened:
 
 
 class ProviderOps(PipelineOps):
+    def _seconds(self, start: Any, end: Any) -> Any:
+        """``end - start`` in seconds as a plain number (on SQLite the difference of two times is not a time)."""
+        return type_coerce(self.dialect.seconds_between(start, end), Float)
+
     # -- circuit breakers ----------------------------------------------------------------------
 
     def breaker_before_call(self, endpoint: str, who: str, *, probe_timeout: float,
@@ -57,8 +61,8 @@ class ProviderOps(PipelineOps):
         with self.read() as conn:
             row = conn.execute(
                 select(cb.state, cb.consecutive_failures,
-                       self.dialect.seconds_between(now, cb.open_until).label("open_left"),
-                       self.dialect.seconds_between(now, cb.probe_deadline).label("probe_left"))
+                       self._seconds(now, cb.open_until).label("open_left"),
+                       self._seconds(now, cb.probe_deadline).label("probe_left"))
                 .where(cb.endpoint == endpoint)
             ).first()
         if row is None or row.state == "closed":
@@ -170,9 +174,10 @@ class ProviderOps(PipelineOps):
                 "next_try_at": row.waiting_until.isoformat() if row.waiting_until else None}}])
         return row.waiting_until
 
-    def clear_waiting(self, own: Ownership, *, node: str | None = None, keep_outage_clock: bool = False) -> bool:
-        """The pipeline runs again. ``keep_outage_clock``: the outage budget was spent, not the outage, so
-        ``waiting_since`` stays and the next call of the pipeline gives up at once instead of waiting again."""
+    def clear_waiting(self, own: Ownership, *, node: str | None = None, keep_outage_clock: bool = False,
+                      event: str | None = None) -> bool:
+        """The pipeline runs again. ``keep_outage_clock``: the outage is not over (the pause ended and the
+        call is tried again, or the budget was spent), so ``waiting_since`` stays for the outage budget."""
         values: dict[str, Any] = dict(waiting_until=None, waiting_reason=None, updated_at=self.dialect.now())
         if not keep_outage_clock:
             values["waiting_since"] = None
@@ -188,7 +193,7 @@ class ProviderOps(PipelineOps):
             ).first()
             if row is None:
                 return False
-            event = "outage_budget_spent" if keep_outage_clock else "outage_over"
+            event = event or ("outage_continues" if keep_outage_clock else "outage_over")
             self.record_transitions(conn, [{"entity_type": "pipeline", "entity_id": own.pipeline_id,
                                             "pipeline_id": own.pipeline_id, "from_status": "waiting",
                                             "to_status": "running", "event": event, "data": {"node": node}}])
@@ -199,7 +204,7 @@ class ProviderOps(PipelineOps):
     def waiting_seconds(self, pipeline_id: int) -> float | None:
         """How long the pipeline has been waiting on an outage (database clock), or None."""
         with self.read() as conn:
-            value = conn.scalar(select(self.dialect.seconds_between(pipelines.c.waiting_since, self.dialect.now()))
+            value = conn.scalar(select(self._seconds(pipelines.c.waiting_since, self.dialect.now()))
                                 .where(pipelines.c.id == pipeline_id, pipelines.c.waiting_since.isnot(None)))
         return None if value is None else float(value)
 
