@@ -249,7 +249,7 @@ class ProviderGuard:
                 exc, category=found.category, status_code=found.status_code, retryable=False,
                 endpoint=self.endpoint, **{k: v for k, v in self.policy.context.items() if k != "endpoint"},
                 message=f"gave up: {redact(self.endpoint)} stayed unavailable for {self._outage_seconds(call):.0f} s, "
-                        f"longer than the outage budget of {budget:.0f} s; last error: {redact(exc)}",
+                        f"longer than the outage budget of {budget:g} s; last error: {redact(exc)}",
             ) from exc
 
         return give_up

@@ -4,8 +4,16 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import math
+
+from dagster import Failure, RetryRequested
+
+from ..classify import ClassifiedError, retry_after_of
+from ..errors import OwnershipLost
 from ..outage import ProviderGuard, StorePause
-from ..retry import RetryPolicy
+from ..redaction import redact
+from ..retry import RetryPolicy, wait_jittered_exponential
+from .errors import to_failure
 from .recoverable import NodeContext
 
 
@@ -23,3 +31,37 @@ def provider_guard(ctx: NodeContext, endpoint: str, policy: RetryPolicy, *,
         shutdown=watchdog.superseded if watchdog is not None else None, sleep=sleep,
         log=ctx.log.warning,
     )
+
+
+def node_outage_pause(context, store, resource, own, op_name: str, err: ClassifiedError,
+                      repeated: int) -> tuple[RetryRequested | Failure, ClassifiedError]:
+    """A node kept failing transiently: pause the pipeline (shown as waiting) and retry the node after a
+    jittered exponential cool-down, or give up once the outage outlasts the budget.
+
+    The pause is Dagster's own retry wait; the run keeps the pipeline alive meanwhile. The outage clock
+    is ``waiting_since`` on the database clock, so it counts across retries and resumes alike.
+    """
+    settings = resource.outage_settings()
+    elapsed = store.waiting_seconds(own.pipeline_id) or 0.0
+    if elapsed >= settings.budget_seconds:
+        err = ClassifiedError(err, category=err.category, status_code=err.status_code, retryable=False,
+                              model=err.model, endpoint=err.endpoint,
+                              message=f"gave up: {op_name} kept failing ({err.category}) for {elapsed:.1f} s, longer "
+                                      f"than the outage budget of {settings.budget_seconds:g} s; last error: "
+                                      f"{err.detail}")
+        return to_failure(err), err
+    # Pause k waits pause_initial * 2**(k-1): after pauses of 30, 60, 120 s the outage clock reads 210 s.
+    number = 1 + int(math.log2(1 + elapsed / settings.pause_initial))
+    delay = wait_jittered_exponential(settings.pause_initial, max_delay=settings.pause_max,
+                                      jitter=settings.jitter).delay(number)
+    asked = retry_after_of(err)
+    if asked is not None:
+        delay = max(delay, min(asked, settings.pause_max))
+    reason = redact(f"{repeated} {err.category} errors in a row in {op_name}: {err.detail}")[:400]
+    try:
+        store.set_waiting(own, delay, reason, node=op_name)
+    except OwnershipLost as lost:
+        raise Failure(description=f"superseded by run {lost.owner}; stopped without writing",
+                      allow_retries=False) from None
+    context.log.warning(f"{op_name}: pipeline {own.pipeline_id} waits {delay:.1f} s (pause {number}): {reason}")
+    return RetryRequested(max_retries=context.retry_number + 1, seconds_to_wait=delay), err

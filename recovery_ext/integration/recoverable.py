@@ -242,6 +242,8 @@ def _run_node(context, store, resource, settings, own, op_name, body, inputs, op
                         verify=lambda: store.check_ownership(own), name=f"{op_name}@{own.pipeline_id}")
     ctx = NodeContext(context, store, own, op_name, settings, watchdog, resource)
     watchdog.start()
+    if context.retry_number:  # a retry after an outage pause: running again, the outage clock keeps going
+        store.clear_waiting(own, node=op_name, keep_outage_clock=True, event="outage_retry")
     try:
         output = _jsonable(body(ctx, **inputs))
         ctx.check()
@@ -256,6 +258,8 @@ def _run_node(context, store, resource, settings, own, op_name, body, inputs, op
     finally:
         watchdog.stop()
     try:
+        if context.retry_number:
+            store.clear_waiting(own, node=op_name)
         store.complete_node(own, op_name, output, heartbeat_timeout=settings.timeout)
     except OwnershipLost as exc:
         raise Failure(description=f"superseded by run {exc.owner}; result discarded", allow_retries=False) from exc
@@ -272,14 +276,15 @@ def _handle_error(context, store, resource, own, op_name, optional, exc, ctx, at
     endpoint = getattr(exc, "endpoint", None) if isinstance(exc, ClassifiedError) else None
     err = with_context(exc, model=model, endpoint=endpoint)
     category = classify(err).category
+    transient = err.retryable
     decision = to_dagster(err, retry_number=context.retry_number, max_retries=resource.max_retries,
                           wait=resource.retry_wait())
     repeated = _consecutive_same(store, own.pipeline_id, op_name, category, resource.same_error_limit) + 1
-    if isinstance(decision, RetryRequested) and repeated >= resource.same_error_limit:
-        err = ClassifiedError(exc, category=category, status_code=err.status_code, retryable=False,
-                              model=err.model, endpoint=err.endpoint,
-                              message=f"repeated {category} error ({repeated} times): {err.detail}")
-        decision = to_failure(err)
+    if transient and (repeated >= resource.same_error_limit or not isinstance(decision, RetryRequested)):
+        # Seed 002's escalation: a transient outage pauses the pipeline; only the outage budget gives up.
+        from .providers import node_outage_pause
+
+        decision, err = node_outage_pause(context, store, resource, own, op_name, err, repeated)
     info = error_info(err)
     try:
         if isinstance(decision, RetryRequested):
