@@ -65,3 +65,17 @@ def node_outage_pause(context, store, resource, own, op_name: str, err: Classifi
                       allow_retries=False) from None
     context.log.warning(f"{op_name}: pipeline {own.pipeline_id} waits {delay:.1f} s (pause {number}): {reason}")
     return RetryRequested(max_retries=context.retry_number + 1, seconds_to_wait=delay), err
+
+
+def waiting_summary(store, *, limit: int = 3) -> str:
+    """For the orphan sensor's tick: which pipelines wait on an outage, why, and when they try next."""
+    try:
+        waiting = store.waiting_pipelines(limit=limit + 1)
+    except Exception as exc:  # noqa: BLE001 - the tick reports the store's trouble elsewhere
+        return f"; waiting pipelines unknown ({type(exc).__name__})"
+    if not waiting:
+        return ""
+    shown = [f"pipeline {w['id']} next try {w['waiting_until']:%H:%M:%S} UTC ({(w['waiting_reason'] or '')[:80]})"
+             for w in waiting[:limit]]
+    more = ", and more" if len(waiting) > limit else ""
+    return f"; waiting on provider outages: {'; '.join(shown)}{more}"
