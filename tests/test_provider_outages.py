@@ -70,7 +70,7 @@ def recovery(url, **kw) -> RecoveryResource:
 def cli(url, *args):
     result = CliRunner().invoke(main, ["--database-url", url, *args])
     assert result.exit_code == 0, result.output
-    return result.output
+    return result.stdout
 
 
 def test_a_compressed_outage_shows_the_pipeline_waiting_then_it_completes(store, db_url, httpserver, tmp_path,

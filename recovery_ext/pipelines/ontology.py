@@ -16,7 +16,7 @@ from typing import Any
 from dagster import Field, In, graph, multiprocess_executor
 from sqlalchemy import MetaData, Table, create_engine, func, inspect, select
 
-from ..classify import classify
+from ..classify import ClassifiedError, classify
 from ..ontology_schema import ont_columns, ont_entities, ont_glossary_terms, ont_relationships
 from ..redaction import redact
 from ..integration import NodeContext, recoverable_op
@@ -147,7 +147,7 @@ def enrich_entities(ctx: NodeContext, entities: dict[str, Any]) -> dict[str, Any
         try:
             answer = llm.complete_json("describe_entity", {"table": item.key, "columns": entity["columns"]})
             name, description, by = str(answer.get("name") or entity["name"]), answer.get("description"), llm.name
-        except Exception as exc:  # noqa: BLE001 - the ontology is still useful with derived names
+        except ClassifiedError as exc:  # the provider failed for good: the ontology is still useful with derived names
             found = classify(exc)
             ctx.log.warning(f"entity enrichment failed for {item.key} ({found.category}); using the table name as "
                             f"fallback, recorded as degraded: {redact(exc)}")
