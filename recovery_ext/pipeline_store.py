@@ -1,25 +1,34 @@
 """Pipelines, nodes and item checkpoints: creation, fenced writes and heartbeats.
 
 Every write a worker makes goes through :meth:`PipelineOps._fence`, which locks the
-pipeline row (``FOR SHARE`` on PostgreSQL, the single writer lock on SQLite) and checks
-the worker's epoch. A reclaim bumps the epoch under ``FOR UPDATE``, so the two are
+pipeline row (the single writer lock on SQLite) and checks the worker's epoch in the
+same transaction. A reclaim bumps the epoch under ``FOR UPDATE``, so the two are
 serialized: a superseded worker's write changes nothing and raises
 :class:`~recovery_ext.errors.OwnershipLost`.
+
+Lock strength on PostgreSQL: a transaction that will UPDATE the pipeline row (node
+transitions) takes ``FOR NO KEY UPDATE`` first, the lock its UPDATE needs anyway; one
+that only writes other tables (checkpoints, user writes) takes ``FOR SHARE``. No
+transaction ever upgrades its lock, so sibling nodes cannot deadlock on the pipeline
+row; they queue. Every transaction locks the pipeline row before any node or item row,
+so they always lock in the same order. Deadlocks elsewhere are retried by the store.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import ExitStack, contextmanager
 from typing import Any
 
 from sqlalchemy import Connection, func, insert, select, tuple_, update
 from sqlalchemy.exc import IntegrityError
 
-from .database import Database, chunks
+from .database import Database, chunks, is_retry
 from .errors import IllegalTransition, NotFound, OwnershipLost, StoreError
+from .fenced import FencedTransaction
 from .models import ErrorInfo, Node, NodeSpec, Ownership, Pipeline
 from .redaction import redact
-from .schema import node_items, nodes, pipelines
+from .schema import FINISHED_PIPELINE_STATUSES, node_items, nodes, pipelines
 
 # Legal node transitions: target -> allowed sources.
 NODE_TRANSITIONS: dict[str, tuple[str, ...]] = {
@@ -28,6 +37,7 @@ NODE_TRANSITIONS: dict[str, tuple[str, ...]] = {
     "failed": ("running",),
     "degraded": ("running", "failed", "pending"),
     "pending": ("running", "failed"),
+    "skipped": ("pending", "failed"),  # the run succeeded without executing it (e.g. a branch not taken)
 }
 
 
@@ -166,18 +176,58 @@ class PipelineOps(Database):
 
     # -- fencing -----------------------------------------------------------------------------
 
-    def _fence(self, conn: Connection, own: Ownership) -> None:
-        """Lock the pipeline row against reclaim and check that ``own`` still holds it."""
-        row = conn.execute(
-            select(pipelines.c.epoch, pipelines.c.owner, pipelines.c.status)
-            .where(pipelines.c.id == own.pipeline_id)
-            .with_for_update(read=True)
-        ).first()
+    def _fence(self, conn: Connection, own: Ownership, *, for_update: bool = False,
+               finished_ok: bool = False) -> str:
+        """Lock the pipeline row against reclaim and check that ``own`` still holds it.
+
+        ``for_update=True`` when this transaction will UPDATE the pipeline row: it takes
+        that UPDATE's lock (``FOR NO KEY UPDATE``) now instead of upgrading a share lock
+        later, which is what deadlocked sibling nodes. ``finished_ok``: on a retried call,
+        a pipeline this owner already finished (the first attempt's commit landed) is
+        returned as its status instead of raising.
+        """
+        query = select(pipelines.c.epoch, pipelines.c.owner, pipelines.c.status).where(
+            pipelines.c.id == own.pipeline_id)
+        query = query.with_for_update(key_share=True) if for_update else query.with_for_update(read=True)
+        row = conn.execute(query).first()
         if row is None:
             raise NotFound(f"no pipeline {own.pipeline_id}")
+        if (finished_ok and is_retry() and row.epoch == own.epoch and row.owner == own.owner
+                and row.status in ("completed", "failed")):
+            return row.status
         if row.epoch != own.epoch or row.status != "running":
             owner = row.owner if row.epoch != own.epoch else f"{row.owner} (pipeline {row.status})"
             raise OwnershipLost(owner=owner or "(awaiting resume)", pipeline_id=own.pipeline_id)
+        return row.status
+
+    @contextmanager
+    def fenced(self, own: Ownership) -> Iterator[FencedTransaction]:
+        """A write transaction that belongs to ``own``: fenced by its epoch before the caller's first statement.
+
+        Opening it (connect, lock, epoch check) is retried on transient errors within the
+        retry budget; the caller's statements are not (a context manager cannot re-run its
+        body), so their transient errors propagate and fail the node retryably.
+        """
+        for attempt in self._retrying("fenced transaction"):
+            with attempt:
+                stack = ExitStack()
+                try:
+                    conn = stack.enter_context(self.write())
+                    self._fence(conn, own)
+                except BaseException as exc:
+                    stack.__exit__(type(exc), exc, exc.__traceback__)
+                    raise
+        with stack:
+            tx = FencedTransaction(self, conn, own)
+            try:
+                yield tx
+            finally:
+                tx.close()
+
+    def write_fenced(self, own: Ownership, work: Callable[[FencedTransaction], Any]) -> Any:
+        """Run ``work(tx)`` in a fenced transaction; the whole transaction is retried on transient errors."""
+        with self.fenced(own) as tx:
+            return work(tx)
 
     def _refresh_pipeline(self, conn: Connection, own: Ownership, heartbeat_timeout: float | None, **values) -> None:
         if heartbeat_timeout is not None:
@@ -199,10 +249,15 @@ class PipelineOps(Database):
                    extra: dict[str, Any] | None = None, **values) -> Node:
         sources = NODE_TRANSITIONS[target]
         before = conn.execute(
-            select(nodes.c.id, nodes.c.status).where(nodes.c.pipeline_id == own.pipeline_id, nodes.c.name == name)
+            select(nodes.c.id, nodes.c.status, nodes.c.run_id)
+            .where(nodes.c.pipeline_id == own.pipeline_id, nodes.c.name == name)
         ).first()
         if before is None:
             raise NotFound(f"pipeline {own.pipeline_id} has no node {name!r}")
+        if is_retry() and before.status == target and before.run_id == own.owner:
+            # The first attempt committed before its connection dropped: the move is done.
+            row = conn.execute(select(nodes).where(nodes.c.id == before.id)).one()
+            return Node.from_row(row._mapping)
         if before.status not in sources:
             raise IllegalTransition(
                 f"node {name!r} of pipeline {own.pipeline_id}: {before.status} -> {target} is not allowed "
@@ -229,7 +284,7 @@ class PipelineOps(Database):
     ) -> Node:
         """pending/failed -> running under ``own``; counts an attempt and starts the node's heartbeat."""
         with self.write() as conn:
-            self._fence(conn, own)
+            self._fence(conn, own, for_update=True)
             node = self._move_node(
                 conn, own, name, "running", "started",
                 attempts=nodes.c.attempts + 1,
@@ -246,7 +301,8 @@ class PipelineOps(Database):
     def complete_node(self, own: Ownership, name: str, output: Any = None, *, heartbeat_timeout: float | None = None) -> bool:
         """running -> completed with its output. Returns whether that completed the pipeline."""
         with self.write() as conn:
-            self._fence(conn, own)
+            if self._fence(conn, own, for_update=True, finished_ok=True) != "running":
+                return True
             self._move_node(
                 conn, own, name, "completed", "completed",
                 output=output, completed_at=self.dialect.now(), error=None, error_category=None,
@@ -258,7 +314,8 @@ class PipelineOps(Database):
     def degrade_node(self, own: Ownership, name: str, error: ErrorInfo, *, heartbeat_timeout: float | None = None) -> bool:
         """An optional node gave up: the pipeline goes on without it. Returns whether the pipeline completed."""
         with self.write() as conn:
-            self._fence(conn, own)
+            if self._fence(conn, own, for_update=True, finished_ok=True) != "running":
+                return True
             optional = conn.scalar(
                 select(nodes.c.optional).where(nodes.c.pipeline_id == own.pipeline_id, nodes.c.name == name)
             )
@@ -275,7 +332,8 @@ class PipelineOps(Database):
                   data: dict[str, Any] | None = None) -> None:
         """running -> failed. A permanent failure also fails the pipeline."""
         with self.write() as conn:
-            self._fence(conn, own)
+            if self._fence(conn, own, for_update=True, finished_ok=True) != "running":
+                return
             extra = {"node": name, "category": error.category, **(data or {})}
             self._move_node(conn, own, name, "failed", "failed", extra=extra, stall_deadline=None,
                             **_error_values(error))
@@ -287,7 +345,7 @@ class PipelineOps(Database):
     def _complete_pipeline_if_done(self, conn: Connection, own: Ownership) -> bool:
         unfinished = conn.scalar(
             select(func.count()).where(
-                nodes.c.pipeline_id == own.pipeline_id, nodes.c.status.not_in(("completed", "degraded"))
+                nodes.c.pipeline_id == own.pipeline_id, nodes.c.status.not_in(("completed", "degraded", "skipped"))
             )
         )
         if unfinished:
@@ -319,7 +377,7 @@ class PipelineOps(Database):
         with self.write() as conn:
             row = conn.execute(
                 update(pipelines)
-                .where(pipelines.c.id == pipeline_id, pipelines.c.status.not_in(("completed", "failed")))
+                .where(pipelines.c.id == pipeline_id, pipelines.c.status.not_in(FINISHED_PIPELINE_STATUSES))
                 .values(status="failed", gave_up_reason=redact(reason), completed_at=self.dialect.now(),
                         updated_at=self.dialect.now(), heartbeat_deadline=None)
                 .returning(pipelines.c.id)
@@ -334,33 +392,6 @@ class PipelineOps(Database):
         return True
 
     # -- liveness ----------------------------------------------------------------------------
-
-    def heartbeat(self, beats: Sequence[tuple[Ownership, str | None]], timeout: float) -> set[int]:
-        """Extend ``heartbeat_deadline = now + timeout`` for many pipelines and their nodes at once.
-
-        Returns the pipeline ids whose ownership was lost; their rows are not touched.
-        """
-        if not beats:
-            return set()
-        wanted = {(own.pipeline_id, own.epoch) for own, _ in beats}
-        alive: set[int] = set()
-        with self.write() as conn:
-            for part in chunks(sorted(wanted)):
-                rows = conn.execute(
-                    update(pipelines)
-                    .where(pipelines.c.status == "running", tuple_(pipelines.c.id, pipelines.c.epoch).in_(list(part)))
-                    .values(heartbeat_at=self.dialect.now(), heartbeat_deadline=self.dialect.now_plus(timeout))
-                    .returning(pipelines.c.id)
-                )
-                alive.update(r.id for r in rows)
-            node_keys = sorted({(own.pipeline_id, name) for own, name in beats if name and own.pipeline_id in alive})
-            for part in chunks(node_keys):
-                conn.execute(
-                    update(nodes)
-                    .where(nodes.c.status == "running", tuple_(nodes.c.pipeline_id, nodes.c.name).in_(list(part)))
-                    .values(heartbeat_at=self.dialect.now(), heartbeat_deadline=self.dialect.now_plus(timeout))
-                )
-        return {pid for pid, _ in wanted} - alive
 
     def report_progress(self, own: Ownership, name: str, *, stall_timeout: float) -> None:
         """The node moved forward: push its stall deadline out by ``stall_timeout``."""
@@ -394,8 +425,10 @@ class PipelineOps(Database):
         """Record one item as done, its result and ``also``'s writes in the same transaction."""
         with self.write() as conn:
             self._fence(conn, own)
+            if is_retry() and self._checkpointed_by(conn, own, node_name, item_key):
+                return  # the first attempt committed before its connection dropped
             if also is not None:
-                also(conn)
+                also(FencedTransaction(self, conn, own))
             values = dict(status=status, result=result, run_id=own.owner, epoch=own.epoch,
                           completed_at=self.dialect.now())
             try:
@@ -421,6 +454,13 @@ class PipelineOps(Database):
                            nodes.c.status == "running")
                     .values(stall_deadline=self.dialect.now_plus(stall_timeout))
                 )
+
+    @staticmethod
+    def _checkpointed_by(conn: Connection, own: Ownership, node_name: str, item_key: str) -> bool:
+        row = conn.execute(select(node_items.c.run_id, node_items.c.epoch).where(
+            node_items.c.pipeline_id == own.pipeline_id, node_items.c.node_name == node_name,
+            node_items.c.item_key == item_key)).first()
+        return row is not None and row.run_id == own.owner and row.epoch == own.epoch
 
     def completed_items(self, pipeline_id: int, node_name: str) -> dict[str, Any]:
         with self.read() as conn:

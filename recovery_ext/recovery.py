@@ -12,8 +12,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from .env import env_bool, env_seconds
-from .errors import ConfigurationError
+from .env import check_count, check_seconds, env_bool, env_seconds
 from .models import ScanStats
 from .redaction import redact
 from .retry import RetryPolicy
@@ -31,19 +30,16 @@ class RecoverySettings:
     max_age_seconds: float | None = 24 * 3600.0
 
     def __post_init__(self) -> None:
-        if self.max_per_scan < 1:
-            raise ConfigurationError(f"max_per_scan must be at least 1, got {self.max_per_scan}")
-        if self.launch_grace_seconds <= 0:
-            raise ConfigurationError(f"launch_grace_seconds must be positive, got {self.launch_grace_seconds}")
-        if self.max_age_seconds is not None and self.max_age_seconds <= 0:
-            raise ConfigurationError(f"max_age_seconds must be positive, got {self.max_age_seconds}")
+        check_count("max_per_scan", self.max_per_scan, minimum=1)
+        check_seconds("launch_grace_seconds", self.launch_grace_seconds, minimum=1.0)
+        check_seconds("max_age_seconds", self.max_age_seconds, minimum=1.0, maximum=366 * 86400.0, allow_none=True)
 
     @classmethod
     def from_env(cls) -> "RecoverySettings":
         return cls(
             enabled=env_bool("RECOVERY_ENABLE_ORPHAN_RECOVERY", True),
             launch_grace_seconds=env_seconds("RECOVERY_LAUNCH_GRACE", 300.0),
-            max_age_seconds=env_seconds("RECOVERY_MAX_AGE", 24 * 3600.0),
+            max_age_seconds=env_seconds("RECOVERY_MAX_AGE", 24 * 3600.0, maximum=366 * 86400.0),
         )
 
 
@@ -62,6 +58,7 @@ def scan(
     trigger: str = "on_demand",
     policy: RetryPolicy | None = None,
     job_names: Sequence[str] | None = None,
+    retrying_owner_runs: Sequence[str] = (),
 ) -> ScanStats:
     """One recovery pass. ``launching=True`` reserves reclaimed pipelines for a launcher at once."""
     settings = settings or RecoverySettings()
@@ -75,11 +72,13 @@ def scan(
         policy.call(store.record_event, "recovery_started", {"trigger": trigger})
         corrupt = policy.call(store.fail_unknown_statuses)
         given_up = policy.call(store.give_up_hopeless, dead_owner_runs=dead_owner_runs,
-                               max_age_seconds=settings.max_age_seconds, job_names=job_names)
+                               max_age_seconds=settings.max_age_seconds, job_names=job_names,
+                               retrying_owner_runs=retrying_owner_runs)
         reclaimed, corrupt_rows = policy.call(
             store.reclaim, limit=limit or settings.max_per_scan, dead_owner_runs=dead_owner_runs,
             launching=launching, grace_seconds=settings.launch_grace_seconds,
             max_age_seconds=settings.max_age_seconds, reason=trigger, job_names=job_names,
+            retrying_owner_runs=retrying_owner_runs,
         )
         stats.given_up_pipelines = [*corrupt, *given_up, *corrupt_rows]
         stats.reclaimed_pipelines = reclaimed

@@ -29,15 +29,15 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.types import TypeDecorator
 
-PIPELINE_STATUSES = ("pending", "running", "completed", "failed")
-NODE_STATUSES = ("pending", "running", "completed", "failed", "degraded")
+PIPELINE_STATUSES = ("pending", "running", "completed", "failed", "canceled")
+NODE_STATUSES = ("pending", "running", "completed", "failed", "degraded", "skipped")
 # A running pipeline paused by a provider outage (waiting_until set) is shown as this; its
 # status stays "running" so liveness, fencing and orphan detection treat it like any live pipeline.
 WAITING = "waiting"
 ITEM_STATUSES = ("completed", "degraded")
 BREAKER_STATES = ("closed", "open", "half_open")
 QUEUE_STATUSES = ("ready", "processing", "completed", "failed", "dead")
-FINISHED_PIPELINE_STATUSES = ("completed", "failed")
+FINISHED_PIPELINE_STATUSES = ("completed", "failed", "canceled")
 
 
 @dataclass(frozen=True)

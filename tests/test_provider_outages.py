@@ -14,15 +14,22 @@ import threading
 import time
 
 from click.testing import CliRunner
-from dagster import DagsterInstance, build_sensor_context, in_process_executor, job
+from dagster import DagsterInstance, build_sensor_context, in_process_executor
 from sqlalchemy import select
 from werkzeug import Response
 
 from recovery_ext.cli import main
-from recovery_ext.integration import NodeContext, RecoveryResource, make_orphan_sensor, recoverable_op
+from recovery_ext.integration import (
+    NodeContext,
+    RecoveryResource,
+    execute_in_process,
+    make_orphan_sensor,
+    recoverable_job,
+    recoverable_op,
+)
 from recovery_ext.ontology_schema import ont_entities
 from recovery_ext.pipelines.llm import LLMResource, heuristic_answer
-from recovery_ext.pipelines.ontology import make_ontology_job
+from recovery_ext.pipelines.ontology import SourceDatabase, make_ontology_job
 from recovery_ext.pipelines.sample_data import create_sample_database
 
 
@@ -79,10 +86,11 @@ def test_a_compressed_outage_shows_the_pipeline_waiting_then_it_completes(store,
     create_sample_database(shop)
     provider = Provider(down=True)
     llm = serve(httpserver, provider)
-    ontology = make_ontology_job(shop, executor_def=in_process_executor)
+    ontology = make_ontology_job(executor_def=in_process_executor)
     results = []
-    runner = threading.Thread(target=lambda: results.append(ontology.execute_in_process(
-        resources={"recovery": recovery(db_url), "llm": llm}, raise_on_error=False)))
+    runner = threading.Thread(target=lambda: results.append(execute_in_process(
+        ontology, resources={"recovery": recovery(db_url), "llm": llm, "source": SourceDatabase(url=shop)},
+        raise_on_error=False)))
     runner.start()
     seen_waiting = None
     deadline = time.monotonic() + 120
@@ -119,7 +127,7 @@ def ask(ctx: NodeContext) -> dict:
     return ctx.completed_items()
 
 
-@job(executor_def=in_process_executor)
+@recoverable_job(executor_def=in_process_executor)
 def asking():
     ask()
 
@@ -130,8 +138,8 @@ def test_five_pipelines_share_one_breaker_that_keeps_calls_away_while_open(store
     results = []
 
     def run_one():
-        results.append(asking.execute_in_process(resources={"recovery": recovery(db_url), "llm": llm},
-                                                 raise_on_error=False))
+        results.append(execute_in_process(asking, resources={"recovery": recovery(db_url), "llm": llm},
+                                          raise_on_error=False))
 
     threads = [threading.Thread(target=run_one) for _ in range(5)]
     for t in threads:
@@ -179,8 +187,9 @@ def test_degraded_items_are_redone_by_redo_degraded_through_a_resume_run(store, 
     refused = frozenset({"customers", "orders"})
     provider = Provider(refuse_tables=refused)
     llm = serve(httpserver, provider)
-    ontology = make_ontology_job(shop, executor_def=in_process_executor)
-    first = ontology.execute_in_process(resources={"recovery": recovery(db_url), "llm": llm}, raise_on_error=False)
+    ontology = make_ontology_job(executor_def=in_process_executor)
+    resources = {"recovery": recovery(db_url), "llm": llm, "source": SourceDatabase(url=shop)}
+    first = execute_in_process(ontology, resources=resources, raise_on_error=False)
     assert first.success
     (p,) = store.list_pipelines()
     assert p.status == "completed" and store.degraded_counts(p.id) == {"enrich_entities": 2}
@@ -201,8 +210,8 @@ def test_degraded_items_are_redone_by_redo_degraded_through_a_resume_run(store, 
                                                          resources={"recovery": recovery(db_url)}))
     (request,) = tick.run_requests
     before = len(provider.calls)
-    resumed = ontology.execute_in_process(run_config=request.run_config, tags=request.tags,
-                                          resources={"recovery": recovery(db_url), "llm": llm}, raise_on_error=False)
+    resumed = execute_in_process(ontology, run_config=request.run_config, tags=request.tags, resources=resources,
+                                 raise_on_error=False)
     assert resumed.success
     redone = provider.calls[before:]
     assert sorted((task, table) for _, task, table in redone) == [("describe_entity", "customers"),

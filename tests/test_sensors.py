@@ -143,8 +143,7 @@ def test_definitions_load_and_every_job_and_sensor_resolves(tmp_path, monkeypatc
     for name in ("ontology_extraction", "ocr_documents"):
         job = defs.resolve_job_def(name)
         assert all(n.definition.tags.get("recovery/node") == "true" for n in job.nodes_in_topological_order)
-    source = defs.resolve_job_def("ontology_extraction").run_config["ops"]["discover_schema"]["config"]["source_url"]
-    assert source == f"sqlite:///{tmp_path / 'demo' / 'shop.sqlite3'}"
+    assert defs.resources["source"].url == f"sqlite:///{tmp_path / 'demo' / 'shop.sqlite3'}"
     folder = defs.resolve_job_def("ocr_documents").run_config["ops"]["enqueue_documents"]["config"]["folder"]
     assert list(Path(folder).glob("*.pdf"))
     assert (ROOT / "workspace.yaml").read_text().count("definitions.py") == 1

@@ -25,8 +25,8 @@ def provider_guard(ctx: NodeContext, endpoint: str, policy: RetryPolicy, *,
     """
     watchdog = ctx.watchdog
     return ProviderGuard(
-        endpoint, policy=policy, settings=ctx.resource.outage_settings(), store=ctx.store,
-        pause=StorePause(ctx.store, ctx.ownership, ctx.node_name),
+        endpoint, policy=policy, settings=ctx.resource.outage_settings(), store=ctx._store,
+        pause=StorePause(ctx._store, ctx.ownership, ctx.node_name),
         who=f"{ctx.ownership.owner}/{ctx.pipeline_id}/{ctx.node_name}",
         shutdown=watchdog.superseded if watchdog is not None else None, sleep=sleep,
         log=ctx.log.warning,

@@ -1,9 +1,9 @@
 """``@recoverable_op``: a Dagster op that is a node of a crash-recoverable pipeline.
 
-Each call attaches to its pipeline row (a fresh run creates it, a resume run finds it
-by its tags), skips the node if it already completed (returning the recorded output),
-claims the node under the pipeline's ownership epoch, runs the heartbeat watchdog
-while the body runs, maps errors through the shared classifier, and completes the
+Each call finds the pipeline its run owns (the run worker created, attached or took it
+over at run start: ``with_recovery``), skips the node if it already completed (returning
+the recorded output), claims the node under the pipeline's ownership epoch, heartbeats the
+node while the body runs (batched with everything else this process keeps alive), maps errors through the shared classifier, and completes the
 node with its output. Every write is fenced: a superseded worker stops with
 "superseded by run <id>" and writes nothing.
 """
@@ -13,24 +13,22 @@ from __future__ import annotations
 import inspect
 import json
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
 from dagster import Failure, In, OpExecutionContext, Out, RetryRequested, op
 
 from ..classify import ClassifiedError, classify, with_context
-from ..errors import IllegalTransition, OwnershipLost, StopRequested
-from ..heartbeat import HeartbeatSettings, Watchdog, store_pulse
-from ..models import NodeSpec, Ownership
+from ..errors import IllegalTransition, OwnershipLost, StopRequested, StoreUnavailable
+from ..fenced import FencedTransaction
+from ..heartbeat import HeartbeatSettings, Lease, registry_for
+from ..models import Ownership
 from ..store import RecoveryStore
+from .executor import has_run_liveness
 from .errors import error_info, failure_metadata, to_dagster, to_failure
 from .resources import RecoveryResource
-
-TAG_PIPELINE = "recovery/pipeline_id"
-TAG_RESUMED_FROM = "recovery/resumed_from"
-TAG_RESUME_NUMBER = "recovery/resume_number"
-TAG_NODE = "recovery/node"
-TAG_OPTIONAL = "recovery/optional"
+from .tags import TAG_NODE, TAG_OPTIONAL, TAG_PIPELINE, TAG_RESUME_NUMBER, TAG_RESUMED_FROM  # noqa: F401
 
 
 def _jsonable(value: Any) -> Any:
@@ -51,7 +49,8 @@ class Item:
     node: "NodeContext"
     key: str
 
-    def complete(self, result: Any = None, *, also: Callable[[Any], None] | None = None) -> None:
+    def complete(self, result: Any = None, *, also: Callable[[FencedTransaction], None] | None = None) -> None:
+        """Checkpoint this item; ``also(tx)`` writes in the same fenced transaction."""
         self.node.checkpoint(self.key, result, also=also)
 
     def degrade(self, result: Any = None, *, also: Callable[[Any], None] | None = None) -> None:
@@ -61,12 +60,18 @@ class Item:
 
 
 class NodeContext:
-    """What a recoverable op's body gets: Dagster's context plus items, progress and ownership checks."""
+    """What a recoverable op's body gets: Dagster's context plus items, progress and ownership checks.
+
+    Writes go through :meth:`transaction` (or :meth:`write`, or ``item.complete(also=...)``):
+    each is a transaction fenced by this worker's epoch, so a superseded worker's write is
+    refused before it runs. Reads go through :meth:`read`, a transaction the database
+    refuses to write in. The raw store is deliberately not part of this API.
+    """
 
     def __init__(self, context: OpExecutionContext, store: RecoveryStore, own: Ownership, node: str,
-                 settings: HeartbeatSettings, watchdog: Watchdog | None, resource: RecoveryResource) -> None:
+                 settings: HeartbeatSettings, watchdog: Lease | None, resource: RecoveryResource) -> None:
         self.context = context
-        self.store = store
+        self._store = store
         self.ownership = own
         self.node_name = node
         self.settings = settings
@@ -89,26 +94,57 @@ class NodeContext:
     def pipeline_id(self) -> int:
         return self.ownership.pipeline_id
 
+    @property
+    def store(self) -> Any:
+        raise AttributeError("ctx.store is not part of the op API: write through `with ctx.transaction() as tx:` "
+                             "(fenced by this run's ownership) and read through `with ctx.read() as conn:`")
+
     def check(self) -> None:
         """Stop here if this worker was superseded."""
         if self.watchdog is not None:
             self.watchdog.check()
 
+    @contextmanager
+    def transaction(self) -> Iterator[FencedTransaction]:
+        """A write transaction fenced by this worker's epoch: ``with ctx.transaction() as tx: tx.upsert(...)``.
+
+        The pipeline row is locked and the epoch checked inside the transaction before the
+        first statement, so after a reclaim it raises ``OwnershipLost`` and writes nothing.
+        """
+        self.check()
+        with self._store.fenced(self.ownership) as tx:
+            yield tx
+
+    def write(self, work: Callable[[FencedTransaction], Any]) -> Any:
+        """``work(tx)`` in a fenced transaction, re-run as a whole on transient database errors."""
+        self.check()
+        return self._store.write_fenced(self.ownership, work)
+
+    @contextmanager
+    def read(self) -> Iterator[Any]:
+        """A read-only transaction (the database refuses writes in it)."""
+        with self._store.read_only() as conn:
+            yield conn
+
+    def node_statuses(self) -> dict[str, str]:
+        """Status of every node of this pipeline, by name."""
+        return {n.name: n.status for n in self._store.list_nodes(self.pipeline_id)}
+
     def progress(self) -> None:
         """The body moved forward: resets the stall timer (and checks ownership)."""
         self.check()
         if self.settings.stall_timeout:
-            self.store.report_progress(self.ownership, self.node_name, stall_timeout=self.settings.stall_timeout)
+            self._store.report_progress(self.ownership, self.node_name, stall_timeout=self.settings.stall_timeout)
 
     def completed_items(self) -> dict[str, Any]:
-        return self.store.completed_items(self.pipeline_id, self.node_name)
+        return self._store.completed_items(self.pipeline_id, self.node_name)
 
     def items(self, keys: Iterable[str]) -> Iterator[Item]:
         """Yield only the items a previous run did not finish, in the given order; degraded items
         (fallback answers) count as unfinished and are asked again."""
         keys = [str(k) for k in keys]
-        self.store.set_items_total(self.ownership, self.node_name, len(keys))
-        statuses = self.store.item_statuses(self.pipeline_id, self.node_name)
+        self._store.set_items_total(self.ownership, self.node_name, len(keys))
+        statuses = self._store.item_statuses(self.pipeline_id, self.node_name)
         done = {k for k, status in statuses.items() if status != "degraded"}
         self.items_resumed = sum(1 for k in keys if k in done)
         if self.items_resumed:
@@ -122,46 +158,37 @@ class NodeContext:
     def checkpoint(self, key: str, result: Any = None, *, also: Callable[[Any], None] | None = None,
                    status: str = "completed") -> None:
         self.check()
-        self.store.checkpoint_item(self.ownership, self.node_name, str(key), _jsonable(result), also=also,
-                                   stall_timeout=self.settings.stall_timeout, status=status)
+        self._store.checkpoint_item(self.ownership, self.node_name, str(key), _jsonable(result), also=also,
+                                    stall_timeout=self.settings.stall_timeout, status=status)
         if status == "degraded":
             self.items_degraded += 1
         else:
             self.items_done += 1
 
 
-def _pipeline_nodes(context: OpExecutionContext) -> list[NodeSpec]:
-    specs = []
-    for node in context.job_def.nodes_in_topological_order:
-        tags = node.definition.tags or {}
-        if tags.get(TAG_NODE) == "true":
-            specs.append(NodeSpec(node.name, optional=tags.get(TAG_OPTIONAL) == "true"))
-    return specs
+def _owned(context: OpExecutionContext, store: RecoveryStore, op_name: str) -> tuple[int, Ownership | None, str]:
+    """The pipeline this op's run owns: (pipeline id, ownership or None if lost, who owns it now).
 
-
-def _attach(context: OpExecutionContext, store: RecoveryStore, resource: RecoveryResource,
-            settings: HeartbeatSettings) -> tuple[int, Ownership | None, str | None]:
-    """Returns (pipeline id, ownership or None if lost, who owns it now)."""
-    tags = context.run.tags
+    The run worker created, attached or took over the pipeline at run start (``with_recovery``);
+    a node only finds it. A run without that scope is refused loudly, never run without liveness.
+    """
     run_id = context.run_id
-    if TAG_PIPELINE in tags:
-        pipeline_id = int(tags[TAG_PIPELINE])
-        try:
-            own = store.attach(pipeline_id, run_id, resume_number=int(tags.get(TAG_RESUME_NUMBER, "0")),
-                               heartbeat_timeout=settings.timeout)
-            return pipeline_id, own, None
-        except OwnershipLost as exc:
-            return pipeline_id, None, exc.owner
-    try:
-        own = store.create_pipeline(
-            context.job_name, _pipeline_nodes(context), owner=run_id, origin_run_id=run_id,
-            params=_jsonable(context.run.run_config or {}), heartbeat_timeout=settings.timeout,
-            deadline_seconds=resource.hard_deadline_seconds, max_resumes=resource.max_resumes,
+    if not has_run_liveness(context.job_def.executor_def, run_id):
+        raise Failure(
+            description=f"{op_name} is a @recoverable_op, but job {context.job_def.name!r} does not keep its "
+            "pipeline alive for the whole run: define it with @recoverable_job or "
+            "executor_def=with_recovery(<executor>) (tests: recovery_ext.integration.execute_in_process)",
+            allow_retries=False,
         )
-        return own.pipeline_id, own, None
-    except OwnershipLost as exc:
-        existing = store.find_pipeline(run_id)
-        return (existing.id if existing else -1), None, exc.owner
+    own = store.owned_by(run_id)
+    if own is not None:
+        return own.pipeline_id, own, run_id
+    pipeline_id = store.formerly_owned_by(run_id)
+    if pipeline_id is None:
+        raise Failure(description=f"run {run_id} owns no pipeline: its run scope did not start",
+                      allow_retries=False)
+    current = store.get_pipeline(pipeline_id)
+    return pipeline_id, None, current.owner or f"(pipeline {current.status})"
 
 
 def _consecutive_same(store: RecoveryStore, pipeline_id: int, node: str, category: str, limit: int) -> int:
@@ -186,6 +213,7 @@ def recoverable_op(
     required_resource_keys: set[str] | None = None,
     resource_key: str = "recovery",
     tags: Mapping[str, str] | None = None,
+    pool: str | None = None,
 ):
     """Turn ``fn(ctx: NodeContext, *inputs)`` into a Dagster op that is a recoverable pipeline node.
 
@@ -201,10 +229,16 @@ def recoverable_op(
 
         def compute(context: OpExecutionContext, **inputs: Any) -> Any:
             resource: RecoveryResource = getattr(context.resources, resource_key)
+            try:
+                return _compute(context, resource, inputs)
+            except StoreUnavailable as exc:  # past the store's retry budget: never a raw database error
+                return _outage(context, resource, op_name, optional, exc)
+
+        def _compute(context: OpExecutionContext, resource: RecoveryResource, inputs: dict[str, Any]) -> Any:
             store = resource.get_store()
             settings = heartbeat or resource.heartbeat_settings()
-            pipeline_id, own, owner = _attach(context, store, resource, settings)
-            node = store.get_node(pipeline_id, op_name) if pipeline_id > 0 else None
+            pipeline_id, own, owner = _owned(context, store, op_name)
+            node = store.get_node(pipeline_id, op_name)
             if node is not None and node.finished:
                 message = f"skipped: {node.status} in run {node.run_id}"
                 context.log.info(f"{op_name} {message}")
@@ -225,7 +259,7 @@ def recoverable_op(
         return op(
             name=op_name, ins=op_ins, out=out or Out(), config_schema=config_schema,
             description=description or body.__doc__, tags=op_tags,
-            required_resource_keys={resource_key, *(required_resource_keys or set())},
+            required_resource_keys={resource_key, *(required_resource_keys or set())}, pool=pool,
         )(compute)
 
     return decorate(fn) if fn is not None else decorate
@@ -238,10 +272,9 @@ def _run_node(context, store, resource, settings, own, op_name, body, inputs, op
         raise Failure(description=f"superseded by run {exc.owner}", allow_retries=False) from exc
     except IllegalTransition as exc:
         raise Failure(description=str(exc), allow_retries=False) from exc
-    watchdog = Watchdog(store_pulse(store, own, op_name, settings.timeout), settings,
-                        verify=lambda: store.check_ownership(own), name=f"{op_name}@{own.pipeline_id}")
+    # the node's own heartbeat: what the run worker cannot see (this step's process, its host, a stall)
+    watchdog = registry_for(store).register(own, settings, node=op_name)
     ctx = NodeContext(context, store, own, op_name, settings, watchdog, resource)
-    watchdog.start()
     if context.retry_number:  # a retry after an outage pause: running again, the outage clock keeps going
         store.clear_waiting(own, node=op_name, keep_outage_clock=True, event="outage_retry")
     try:
@@ -256,7 +289,7 @@ def _run_node(context, store, resource, settings, own, op_name, body, inputs, op
     except Exception as exc:  # noqa: BLE001 - every error goes through the shared classifier
         return _handle_error(context, store, resource, own, op_name, optional, exc, ctx, node.attempts)
     finally:
-        watchdog.stop()
+        watchdog.release()
     try:
         if context.retry_number:
             store.clear_waiting(own, node=op_name)
@@ -271,7 +304,36 @@ def _run_node(context, store, resource, settings, own, op_name, body, inputs, op
     return output
 
 
+def _store_outage(exc: BaseException) -> StoreUnavailable | None:
+    seen = 0
+    current: BaseException | None = exc
+    while current is not None and seen < 32:
+        if isinstance(current, StoreUnavailable):
+            return current
+        current, seen = current.__cause__ or current.__context__, seen + 1
+    return None
+
+
+def _outage(context, resource, op_name, optional, exc: StoreUnavailable) -> Any:
+    """The application database stayed unreachable past the store's retry budget.
+
+    Reports it without touching the database: an optional node degrades (its output is
+    None); a required node fails the run without marking anything permanent: its node row
+    stays ``running``, so once the database is back the orphan sensor sees the dead run and
+    resumes the pipeline (an in-run retry could not restart a node it could not mark failed).
+    """
+    message = f"the recovery database is unavailable (past the {resource.store_retry_budget():.0f} s retry budget)"
+    if optional:
+        context.log.warning(f"optional node {op_name} degraded: {message}: {exc}")
+        context.add_output_metadata({"recovery": "degraded (database unavailable)", "category": "database_transient"})
+        return None
+    raise Failure(description=f"{op_name}: {message}: {exc}; the pipeline resumes once the database is back",
+                  metadata={"category": "database_transient", "retryable": True}, allow_retries=False) from None
+
+
 def _handle_error(context, store, resource, own, op_name, optional, exc, ctx, attempts) -> Any:
+    if _store_outage(exc) is not None:  # reporting a database error must not need the database
+        return _outage(context, resource, op_name, optional, _store_outage(exc))
     model = getattr(exc, "model", None) if isinstance(exc, ClassifiedError) else None
     endpoint = getattr(exc, "endpoint", None) if isinstance(exc, ClassifiedError) else None
     err = with_context(exc, model=model, endpoint=endpoint)

@@ -8,6 +8,7 @@ from typing import Optional
 from dagster import ConfigurableResource
 from pydantic import Field, model_validator
 
+from ..env import DAY, check_count, check_seconds
 from ..errors import ConfigurationError
 from ..heartbeat import HeartbeatSettings
 from ..outage import OutageSettings
@@ -19,14 +20,16 @@ _stores: dict[str, RecoveryStore] = {}
 _stores_lock = threading.Lock()
 
 
-def shared_store(url: str) -> RecoveryStore:
+def shared_store(url: str, *, retry_budget: float | None = None) -> RecoveryStore:
     """One migrated store per URL per process: ops, watchdogs and sensors share its pool."""
     with _stores_lock:
         store = _stores.get(url)
         if store is None:
-            store = RecoveryStore(url)
+            store = RecoveryStore(url) if retry_budget is None else RecoveryStore(url, retry_budget=retry_budget)
             store.migrate()
             _stores[url] = store
+        elif retry_budget is not None:
+            store.retry_budget = retry_budget
         return store
 
 
@@ -63,6 +66,12 @@ class RecoveryResource(ConfigurableResource):
     same_error_limit: int = Field(
         default=5, description="Consecutive errors of one category before escalation: a transient category pauses "
         "the pipeline (shown as waiting), a permanent one fails it.")
+    database_retry_budget: Optional[float] = Field(
+        default=None, description="Seconds a store call keeps retrying a transient database error (a restart, a lost "
+        "connection, a deadlock) before the node degrades (optional) or fails retryably. None: the heartbeat timeout.",
+    )
+    allow_long_durations: bool = Field(
+        default=False, description="Allow timeouts and deadlines above one day (refused by default as a likely typo).")
     outage_pause_initial: float = Field(
         default=30.0, description="First pause of a pipeline after same_error_limit transient errors in a row, in "
         "seconds; doubles with each pause, with jitter.")
@@ -81,26 +90,42 @@ class RecoveryResource(ConfigurableResource):
 
     @model_validator(mode="after")
     def _validate(self) -> "RecoveryResource":
-        """Refuse contradictory settings when the definitions load, not when a run first uses them."""
+        """Refuse NaN, infinities, out-of-bounds and contradictory settings when the definitions load."""
+        long = self.allow_long_durations
         self.heartbeat_settings()
         self.recovery_settings()
+        check_seconds("hard_deadline_seconds", self.hard_deadline_seconds, minimum=1.0, allow_none=True,
+                      allow_long=long)
+        check_seconds("launch_grace_seconds", self.launch_grace_seconds, minimum=1.0, allow_long=long)
+        check_seconds("retry_initial_delay", self.retry_initial_delay, minimum=0.0, maximum=3600.0)
+        check_seconds("retry_max_delay", self.retry_max_delay, minimum=0.0, maximum=DAY)
+        check_seconds("database_retry_budget", self.database_retry_budget, minimum=0.0, allow_none=True,
+                      allow_long=long)
+        if not isinstance(self.retry_jitter, (int, float)) or not 0.0 <= self.retry_jitter <= 1.0:
+            raise ConfigurationError(f"retry_jitter must be between 0 and 1, got {self.retry_jitter!r}")
+        check_count("max_resumes", self.max_resumes, maximum=1000)
+        check_count("max_retries", self.max_retries, maximum=1000)
+        check_count("same_error_limit", self.same_error_limit, minimum=1, maximum=1000)
         self.retry_policy()
+        for name in ("outage_pause_initial", "outage_pause_max", "outage_budget_seconds", "breaker_cooldown",
+                     "breaker_max_cooldown", "breaker_probe_timeout"):
+            check_seconds(name, getattr(self, name), minimum=0.01, allow_long=long)
+        check_count("breaker_failure_threshold", self.breaker_failure_threshold, minimum=1, maximum=1000)
         self.outage_settings()
-        if self.max_resumes < 0 or self.max_retries < 0:
-            raise ConfigurationError("max_resumes and max_retries must not be negative")
-        if self.hard_deadline_seconds is not None and self.hard_deadline_seconds <= 0:
-            raise ConfigurationError(f"hard_deadline_seconds must be positive, got {self.hard_deadline_seconds}")
         return self
+
+    def store_retry_budget(self) -> float:
+        return self.heartbeat_timeout if self.database_retry_budget is None else self.database_retry_budget
 
     def url(self) -> str:
         return self.database_url or default_database_url()
 
     def get_store(self) -> RecoveryStore:
-        return shared_store(self.url())
+        return shared_store(self.url(), retry_budget=self.store_retry_budget())
 
     def heartbeat_settings(self) -> HeartbeatSettings:
         return HeartbeatSettings(interval=self.heartbeat_interval, timeout=self.heartbeat_timeout,
-                                 stall_timeout=self.stall_timeout)
+                                 stall_timeout=self.stall_timeout, allow_long=self.allow_long_durations)
 
     def recovery_settings(self) -> RecoverySettings:
         return RecoverySettings(enabled=self.enable_orphan_recovery, launch_grace_seconds=self.launch_grace_seconds,

@@ -24,7 +24,7 @@ from ..models import Reclaimed, ScanStats
 from ..recovery import scan, summary_line
 from ..redaction import redact
 from .providers import waiting_summary
-from .recoverable import TAG_PIPELINE, TAG_RESUME_NUMBER, TAG_RESUMED_FROM
+from .tags import TAG_PARENT_RUN, TAG_PIPELINE, TAG_RESUME_NUMBER, TAG_RESUMED_FROM, TAG_WILL_RETRY
 from .resources import RecoveryResource
 
 log = logging.getLogger("recovery_ext.sensors")
@@ -36,12 +36,30 @@ ACTIVE_STATUSES = [DagsterRunStatus.QUEUED, DagsterRunStatus.NOT_STARTED, Dagste
                    DagsterRunStatus.STARTED]
 
 
-def _dead_runs(instance, run_ids: Sequence[str]) -> list[str]:
-    """Owners whose Dagster run is already FAILURE or CANCELED: orphans at once."""
+def _owner_runs(instance, run_ids: Sequence[str]) -> tuple[list[str], list[str], list[str]]:
+    """Split owners Dagster already ended: (dead, being retried by Dagster, canceled by their user).
+
+    A FAILURE run tagged ``dagster/will_retry=true`` is not dead for recovery: Dagster's own
+    retry takes the pipeline over through the root run, unless that retry already ended.
+    """
     dead: list[str] = []
+    retrying: list[str] = []
+    canceled: list[str] = []
     for part in chunks(list(run_ids), 500):
-        dead.extend(r.run_id for r in instance.get_runs(filters=RunsFilter(run_ids=list(part), statuses=DEAD_STATUSES)))
-    return dead
+        for r in instance.get_runs(filters=RunsFilter(run_ids=list(part), statuses=DEAD_STATUSES)):
+            if r.status == DagsterRunStatus.CANCELED:
+                canceled.append(r.run_id)
+            elif r.tags.get(TAG_WILL_RETRY) == "true" and not _retry_ended(instance, r.run_id):
+                retrying.append(r.run_id)
+            else:
+                dead.append(r.run_id)
+    return dead, retrying, canceled
+
+
+def _retry_ended(instance, run_id: str) -> bool:
+    """Dagster's retry of ``run_id`` exists and finished without taking the pipeline over."""
+    children = instance.get_runs(filters=RunsFilter(tags={TAG_PARENT_RUN: run_id}), limit=5)
+    return any(c.status in DEAD_STATUSES or c.status == DagsterRunStatus.SUCCESS for c in children)
 
 
 def _fail_stale_run(instance, run_id: str | None, message: str) -> bool:
@@ -94,12 +112,16 @@ def make_orphan_sensor(
             last is not None and time.time() - last > max(startup_gap_factor * minimum_interval_seconds, 60.0))
         trigger = "startup" if startup else "sensor"
         try:
-            dead = _dead_runs(instance, store.running_owners(job_names=job_names))
+            dead, retrying, canceled = _owner_runs(instance, store.running_owners(job_names=job_names))
+            if canceled:  # backstop: the run worker normally records its user's cancel itself
+                for pipeline_id in store.cancel_owned_by(canceled):
+                    context.log.info(f"pipeline {pipeline_id} canceled: its run was canceled by its user")
         except Exception as exc:  # noqa: BLE001 - the store being down is reported by the scan below
             context.log.warning(f"could not list running pipelines: {redact(exc)}")
-            dead = []
+            dead, retrying = [], []
         stats: ScanStats = scan(store, settings=resource.recovery_settings(), dead_owner_runs=dead, launching=True,
-                                limit=max_resumes_per_tick, trigger=trigger, job_names=job_names)
+                                limit=max_resumes_per_tick, trigger=trigger, job_names=job_names,
+                                retrying_owner_runs=retrying)
         reclaimed = list(stats.reclaimed_pipelines)
         if stats.error is None and len(reclaimed) < max_resumes_per_tick:
             try:

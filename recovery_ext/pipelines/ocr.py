@@ -19,7 +19,7 @@ from dagster import Field, graph, multiprocess_executor
 from ..classify import classify
 from ..errors import OwnershipLost
 from ..heartbeat import HeartbeatSettings, Watchdog
-from ..integration import NodeContext, recoverable_op
+from ..integration import NodeContext, recoverable_op, with_recovery
 from ..integration.recoverable import TAG_RESUMED_FROM
 from ..redaction import redact
 from .ocr_engine import DOCUMENT_SUFFIXES, recognise
@@ -50,7 +50,7 @@ def enqueue_documents(ctx: NodeContext) -> dict[str, Any]:
             raise NotADirectoryError(f"OCR input folder does not exist: {folder}")
         documents = sorted(p for p in folder.iterdir() if p.suffix.lower() in DOCUMENT_SUFFIXES)
     payloads = [{"path": str(p.resolve()), "name": p.name, "sha256": _digest(p)} for p in documents]
-    added = ctx.store.enqueue(cfg["queue"], payloads, dedupe_keys=[f"{p['path']}#{p['sha256']}" for p in payloads],
+    added = ctx._store.enqueue(cfg["queue"], payloads, dedupe_keys=[f"{p['path']}#{p['sha256']}" for p in payloads],
                               max_attempts=cfg["max_attempts"])
     ctx.metadata.update({"documents": len(documents), "enqueued": len(added)})
     return {"queue": cfg["queue"], "documents": len(documents), "enqueued": len(added)}
@@ -69,7 +69,7 @@ def ocr_documents(ctx: NodeContext, enqueued: dict[str, Any]) -> dict[str, Any]:
     previous = ctx.context.run.tags.get(TAG_RESUMED_FROM)
     if previous:
         # Items the superseded run held can be retried now; its completions are fenced anyway.
-        reset = ctx.store.reset_stale(queue=queue, held_by=[previous], reason=f"run {previous} was superseded")
+        reset = ctx._store.reset_stale(queue=queue, held_by=[previous], reason=f"run {previous} was superseded")
         if reset:
             ctx.log.info(f"reset {len(reset)} documents held by superseded run {previous}")
     counts = {"processed": 0, "failed": 0, "dead": 0}
@@ -79,11 +79,11 @@ def ocr_documents(ctx: NodeContext, enqueued: dict[str, Any]) -> dict[str, Any]:
         worker = f"{ctx.context.run_id}:{os.getpid()}:{slot}"
         while True:
             ctx.check()
-            claimed = ctx.store.claim(queue, worker, limit=1, heartbeat_timeout=item_settings.timeout)
+            claimed = ctx._store.claim(queue, worker, limit=1, heartbeat_timeout=item_settings.timeout)
             if not claimed:
                 return
             item = claimed[0]
-            beat = Watchdog(lambda: ctx.store.heartbeat_item(item, timeout=item_settings.timeout), item_settings,
+            beat = Watchdog(lambda: ctx._store.heartbeat_item(item, timeout=item_settings.timeout), item_settings,
                             name=f"ocr-item-{item.id}")
             outcome = "processed"
             with beat:
@@ -91,7 +91,7 @@ def ocr_documents(ctx: NodeContext, enqueued: dict[str, Any]) -> dict[str, Any]:
                     result = recognise(Path(item.payload["path"]), on_page=lambda n, total: ctx.progress())
                     if beat.lost is not None:
                         raise beat.lost
-                    ctx.store.complete_item(item, {"raw_text": result.raw_text, "boosted_text": result.boosted_text,
+                    ctx._store.complete_item(item, {"raw_text": result.raw_text, "boosted_text": result.boosted_text,
                                                    "pages": result.pages, "confidence": round(result.confidence, 4)})
                 except OwnershipLost as exc:
                     ctx.log.warning(f"document {item.id} was taken over; result discarded: {exc}")
@@ -99,7 +99,7 @@ def ocr_documents(ctx: NodeContext, enqueued: dict[str, Any]) -> dict[str, Any]:
                 except Exception as exc:  # noqa: BLE001 - each failure goes through the shared classifier
                     found = classify(exc)
                     try:
-                        state = ctx.store.fail_item(item, f"{found.category}: {redact(exc)}", retryable=found.retryable)
+                        state = ctx._store.fail_item(item, f"{found.category}: {redact(exc)}", retryable=found.retryable)
                     except OwnershipLost:
                         state = None
                     outcome = "dead" if state == "dead" else "failed"
@@ -126,4 +126,4 @@ def make_ocr_job(folder: str | None = None, *, queue: str = DEFAULT_QUEUE, worke
     """The OCR job; ``folder`` becomes the default of its run config."""
     config = {"ops": {"enqueue_documents": {"config": {"folder": folder or "", "queue": queue}},
                       "ocr_documents": {"config": {"workers": workers}}}}
-    return ocr_graph.to_job(name=name, executor_def=executor_def, config=config, tags={"recovery/pipeline": "ocr"})
+    return ocr_graph.to_job(name=name, executor_def=with_recovery(executor_def), config=config, tags={"recovery/pipeline": "ocr"})
