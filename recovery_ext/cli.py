@@ -130,15 +130,17 @@ def migrate(store: RecoveryStore, out: Output, print_only: bool) -> None:
 
 @main.command()
 @click.option("--threshold", type=Duration(), default="10m", show_default=True,
-              help="Processing items older than this count as stuck.")
+              help="Processing items without a heartbeat deadline (legacy rows) started longer ago than this are "
+                   "stuck; the others are stuck when their heartbeat deadline passed or their pipeline was reclaimed.")
 @command
 def status(store: RecoveryStore, out: Output, threshold: float) -> None:
     """Pipelines by status, orphans and stuck items now, auto-recovered in 24 h, dead items, durations."""
     data = {
         "pipelines": store.pipeline_summary(),
         "orphans": [o.__dict__ for o in store.find_orphans()],
-        "stuck_items": [{"id": i.id, "queue": i.queue, "worker": i.worker, "started_at": i.started_at,
-                         "attempts": i.attempts} for i in store.stale_items(older_than_seconds=threshold)],
+        "stuck_items": [_stuck(i) for i in store.stale_items(older_than_seconds=threshold)],
+        "waiting_items": [{"id": i.id, "queue": i.queue, "attempts": i.attempts, "available_at": i.available_at,
+                           "last_error": i.last_error} for i in store.waiting_items()],
         "auto_recovered_24h": {"pipelines": store.count_events("pipeline_recovered", within_seconds=86400),
                                "items": store.count_events("item_reset", within_seconds=86400)},
         "dead_items": [{"id": i.id, "queue": i.queue, "attempts": i.attempts, "last_error": i.last_error}
@@ -155,9 +157,14 @@ def status(store: RecoveryStore, out: Output, threshold: float) -> None:
         click.echo(f"\nOrphans now: {len(data['orphans'])}")
         for o in data["orphans"]:
             click.echo(f"  - pipeline {o['id']} ({o['job_name']}) owner {o['owner']}: {o['reason']}")
-        click.echo(f"Stuck items now (> {_seconds(threshold)} or heartbeat expired): {len(data['stuck_items'])}")
+        click.echo(f"Stuck items now: {len(data['stuck_items'])}")
         for i in data["stuck_items"]:
-            click.echo(f"  - item {i['id']} ({i['queue']}) worker {i['worker']} since {_when(i['started_at'])}")
+            click.echo(f"  - item {i['id']} ({i['queue']}) worker {i['worker']} since {_when(i['started_at'])}: "
+                       f"{i['reason']}")
+        click.echo(f"Items waiting for their retry delay: {len(data['waiting_items'])}")
+        for i in data["waiting_items"]:
+            click.echo(f"  - item {i['id']} ({i['queue']}) attempt {i['attempts']} failed; retry at "
+                       f"{_when(i['available_at'])}: {i['last_error']}")
         rec = data["auto_recovered_24h"]
         click.echo(f"Auto-recovered in the last 24 h: {rec['pipelines']} pipelines, {rec['items']} items")
         click.echo(f"Dead items: {len(data['dead_items'])}")
@@ -178,6 +185,12 @@ def status(store: RecoveryStore, out: Output, threshold: float) -> None:
                                  for r in data["queues"]], headers=["queue", "status", "count", "avg duration"]))
 
     out.emit(data, human)
+
+
+def _stuck(item) -> dict:
+    """A stuck queue item as ``status`` and ``reset-stuck`` report it (the store's one stale rule)."""
+    return {"id": item.id, "queue": item.queue, "worker": item.worker, "started_at": item.started_at,
+            "attempts": item.attempts, "heartbeat_deadline": item.heartbeat_deadline, "reason": item.stale_reason}
 
 
 def _seconds(value: float | None) -> str:
@@ -280,7 +293,8 @@ def recover(store: RecoveryStore, out: Output, limit: int) -> None:
 
 @main.command("reset-stuck")
 @click.option("--threshold", type=Duration(), default="10m", show_default=True,
-              help="Processing items started longer ago than this are stuck.")
+              help="Processing items without a heartbeat deadline (legacy rows) started longer ago than this are "
+                   "stuck; the others are stuck when their heartbeat deadline passed or their pipeline was reclaimed.")
 @click.option("--queue", help="Only this queue.")
 @click.option("--job-id", "item_id", type=click.IntRange(min=1), help="Show one item's status, then reset it if stuck.")
 @click.option("--dry-run", is_flag=True, help="List what would be reset, change nothing.")
@@ -296,8 +310,7 @@ def reset_stuck(store: RecoveryStore, out: Output, threshold: float, queue: str 
     stuck = store.stale_items(queue=queue, older_than_seconds=threshold, item_id=item_id)
     reset = [] if dry_run else store.reset_stale(queue=queue, older_than_seconds=threshold, item_id=item_id,
                                                  reason="reset-stuck command")
-    data = {"dry_run": dry_run, "stuck": [{"id": i.id, "queue": i.queue, "worker": i.worker,
-                                           "started_at": i.started_at, "attempts": i.attempts} for i in stuck],
+    data = {"dry_run": dry_run, "stuck": [_stuck(i) for i in stuck],
             "reset": [{"id": r.id, "new_status": r.new_status} for r in reset]}
 
     def human() -> None:
@@ -308,7 +321,8 @@ def reset_stuck(store: RecoveryStore, out: Output, threshold: float, queue: str 
             for i in stuck:
                 name = i.payload.get("name") if isinstance(i.payload, dict) else None
                 click.echo(f"   - Item ID: {i.id}\n     Queue: {i.queue}\n     Worker: {i.worker}\n"
-                           f"     Started: {_when(i.started_at)}\n     Attempts: {i.attempts}"
+                           f"     Started: {_when(i.started_at)}\n     Attempts: {i.attempts}\n"
+                           f"     Stuck: {i.stale_reason}"
                            + (f"\n     Document: {name}" if name else ""))
             if dry_run:
                 click.echo("Dry run: nothing was changed.")

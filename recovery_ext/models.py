@@ -107,6 +107,9 @@ class QueueItem:
     result: Any = None
     last_error: str | None = None
     last_error_at: dt.datetime | None = None
+    available_at: dt.datetime | None = None
+    holder_pipeline_id: int | None = None
+    holder_epoch: int | None = None
 
     from_row = classmethod(_from_mapping)
 

@@ -200,6 +200,9 @@ queue_items = Table(
     Column("result", DbJson),
     Column("last_error", Text),
     Column("last_error_at", DbTime),
+    Column("available_at", DbTime),
+    Column("holder_pipeline_id", BigInteger),
+    Column("holder_epoch", Integer),
     UniqueConstraint("queue", "dedupe_key", name="rx_queue_items_dedupe"),
 )
 

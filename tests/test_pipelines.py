@@ -188,9 +188,12 @@ def no_network(monkeypatch):
     return attempts
 
 
-def ocr_job_for(folder, workers=1):
-    job = make_ocr_job(str(folder), workers=workers, executor_def=in_process_executor)
-    return job
+FAST_RETRIES = {"retry_initial_delay": 0.2, "retry_max_delay": 0.5, "retry_jitter": 0.0, "wait_poll_interval": 0.2}
+
+
+def ocr_job_for(folder, workers=1, **ocr_config):
+    return make_ocr_job(str(folder), workers=workers, executor_def=in_process_executor,
+                        ocr_config={**FAST_RETRIES, **ocr_config})
 
 
 def test_ocr_job_recognises_the_scans_offline(store, db_url, scans, no_network):

@@ -161,8 +161,15 @@ def make_stuck_item_sensor(
     resource_key: str = "recovery",
 ):
     """Seed 003's stale monitor: reset stuck ``processing`` items, mark exhausted ones ``dead``,
-    and launch a queue run when ready items wait and no run for the queue is active."""
-    if stale_after_seconds <= 0:
+    and launch a queue run when items are claimable and no run for the queue is active.
+
+    Stuck means the store's one rule (:meth:`QueueOps.stale_condition`, shared with
+    ``reset-stuck`` and ``status``): the item's heartbeat deadline passed, or the pipeline
+    holding it was reclaimed; ``stale_after_seconds`` applies only to rows that have no
+    heartbeat deadline (legacy rows). A document that keeps heartbeating is never reset,
+    however long it takes.
+    """
+    if not stale_after_seconds > 0:
         raise ValueError("stale_after_seconds must be positive")
     job_name = job.name
 
@@ -175,11 +182,13 @@ def make_stuck_item_sensor(
         reset = store.reset_stale(queue=queue, older_than_seconds=stale_after_seconds, reason="stale item sensor")
         dead = [r.id for r in reset if r.new_status == "dead"]
         ready = store.count_ready(queue)
-        parts = [f"queue {queue}: {len(reset) - len(dead)} reset, {len(dead)} dead, {ready} ready"]
+        waiting = store.count_ready(queue, waiting=True)
+        parts = [f"queue {queue}: {len(reset) - len(dead)} reset, {len(dead)} dead, {ready} ready"
+                 + (f", {waiting} waiting for their retry delay" if waiting else "")]
         active = context.instance.get_runs(
             filters=RunsFilter(job_name=job_name, statuses=ACTIVE_STATUSES, tags={TAG_QUEUE: queue}), limit=1)
         if reset:
-            context.log.info(parts[0])
+            context.log.info(parts[0] + "; " + "; ".join(f"item {r.id}: {r.reason}" for r in reset[:20]))
         if not ready or active:
             if active:
                 parts.append(f"run {active[0].run_id} is draining it")
