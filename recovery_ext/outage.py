@@ -127,7 +127,6 @@ class StorePause:
 class _Call:
     """The state of one guarded call across its attempts."""
 
-    decision: Any = None
     first_failure: float | None = None
     streak: tuple[str | None, int] = (None, 0)
     pauses: int = 0
@@ -166,7 +165,6 @@ class ProviderGuard:
             if store is not None else None
         if decision is not None and not decision.allowed:
             raise CircuitOpen(self.endpoint, decision.wait_seconds, decision.state)
-        call.decision = decision
         try:
             result = fn(*args, **kwargs)
         except Exception as exc:

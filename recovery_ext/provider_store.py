@@ -262,7 +262,8 @@ class ProviderOps(PipelineOps):
                                         "has completed")
             reopened = conn.execute(
                 update(nodes)
-                .where(nodes.c.pipeline_id == pipeline_id, nodes.c.name.in_(list(counts)), nodes.c.status == "completed")
+                .where(nodes.c.pipeline_id == pipeline_id, nodes.c.name.in_(list(counts)),
+                       nodes.c.status == "completed")
                 .values(status="pending", updated_at=self.dialect.now(), completed_at=None)
                 .returning(nodes.c.id, nodes.c.name)
             ).all()

@@ -184,7 +184,8 @@ def servers() -> Iterator[dict[str, object]]:
            _serve_raw(_answers(RTSP))]
     try:
         yield {"http": f"http://127.0.0.1:{http.server_address[1]}", "port": http.server_address[1],
-               "not_http": raw[0][1], "closer": raw[1][1], "fake_pg": raw[2][1], "rtsp": raw[3][1], "refused": _free_port()}
+               "not_http": raw[0][1], "closer": raw[1][1], "fake_pg": raw[2][1], "rtsp": raw[3][1],
+               "refused": _free_port()}
     finally:
         http.shutdown()
         http.server_close()
@@ -251,7 +252,8 @@ def network_cases(s: dict) -> list[Case]:
         Case("urllib read timeout", TRANSIENT, raised(lambda: urllib.request.urlopen(f"{base}/slow", timeout=0.2))),
         Case("openai timeout", TRANSIENT, raised(lambda: _chat(_openai(f"{base}/slow/v1", timeout=0.2)))),
         Case("socket recv timeout", TRANSIENT, raised(lambda: _socket_recv_timeout(s["port"]))),
-        Case("asyncio wait_for timeout", TRANSIENT, raised(lambda: asyncio.run(asyncio.wait_for(asyncio.sleep(5), 0.05)))),
+        Case("asyncio wait_for timeout", TRANSIENT,
+             raised(lambda: asyncio.run(asyncio.wait_for(asyncio.sleep(5), 0.05)))),
         Case("httpx pool timeout", TRANSIENT, raised(lambda: _httpx_pool_timeout(base))),
         # refused
         Case("httpx refused", TRANSIENT, raised(lambda: httpx.get(f"http://127.0.0.1:{refused}/"))),
@@ -278,7 +280,8 @@ def network_cases(s: dict) -> list[Case]:
         Case("openai dns", TRANSIENT, raised(lambda: _chat(_openai("http://llm.invalid/v1")))),
         Case("socket getaddrinfo", TRANSIENT, raised(lambda: socket.getaddrinfo("llm.invalid", 80))),
         Case("asyncio dns", TRANSIENT, raised(lambda: asyncio.run(asyncio.open_connection("llm.invalid", 80)))),
-        Case("psycopg dns", TRANSIENT, raised(lambda: psycopg.connect("postgresql://u@db.invalid/x", connect_timeout=3))),
+        Case("psycopg dns", TRANSIENT,
+             raised(lambda: psycopg.connect("postgresql://u@db.invalid/x", connect_timeout=3))),
         # TLS against a plain-HTTP port
         Case("httpx tls to plain port", PERMANENT, raised(lambda: httpx.get(plain_tls))),
         Case("requests tls to plain port", PERMANENT, raised(lambda: requests.get(plain_tls))),
@@ -289,7 +292,8 @@ def network_cases(s: dict) -> list[Case]:
         Case("httpx non-http peer", PERMANENT, raised(lambda: httpx.get(f"http://127.0.0.1:{s['rtsp']}/"))),
         Case("requests rtsp peer", PERMANENT, raised(lambda: requests.get(f"http://127.0.0.1:{s['rtsp']}/"))),
         Case("requests non-http peer", PERMANENT, raised(lambda: requests.get(f"http://127.0.0.1:{not_http}/"))),
-        Case("urllib non-http peer", PERMANENT, raised(lambda: urllib.request.urlopen(f"http://127.0.0.1:{not_http}/"))),
+        Case("urllib non-http peer", PERMANENT,
+             raised(lambda: urllib.request.urlopen(f"http://127.0.0.1:{not_http}/"))),
         Case("openai non-http peer", PERMANENT, raised(lambda: _chat(_openai(f"http://127.0.0.1:{s['rtsp']}/v1")))),
         # bad URLs, schemes, headers, redirect loops
         Case("httpx no scheme", PERMANENT, raised(lambda: httpx.get(f"127.0.0.1:{s['port']}/v1"))),
@@ -299,7 +303,8 @@ def network_cases(s: dict) -> list[Case]:
         Case("openai no scheme", PERMANENT, raised(lambda: _chat(_openai(f"127.0.0.1:{s['port']}/v1")))),
         Case("httpx ftp scheme", PERMANENT, raised(lambda: httpx.get(f"ftp://127.0.0.1:{s['port']}/"))),
         Case("requests ftp scheme", PERMANENT, raised(lambda: requests.get(f"ftp://127.0.0.1:{s['port']}/"))),
-        Case("urllib gopher scheme", PERMANENT, raised(lambda: urllib.request.urlopen(f"gopher://127.0.0.1:{s['port']}/"))),
+        Case("urllib gopher scheme", PERMANENT,
+             raised(lambda: urllib.request.urlopen(f"gopher://127.0.0.1:{s['port']}/"))),
         Case("httpx invalid url", PERMANENT, raised(lambda: httpx.get("http://[::1"))),
         Case("requests invalid url", PERMANENT, raised(lambda: requests.get("http://"))),
         Case("urllib no host", PERMANENT, raised(lambda: urllib.request.urlopen("http:///v1"))),
@@ -389,23 +394,28 @@ def postgres_cases(url: str, s: dict) -> list[Case]:
                 base.replace("postgres@", f"{role}@") + "/postgres"))),
             Case("psycopg lock timeout", TRANSIENT, raised(lambda: _pg_lock_timeout(conninfo))),
             Case("psycopg idle in transaction timeout", TRANSIENT, raised(lambda: _pg_idle_timeout(conninfo))),
-            Case("psycopg statement timeout", TRANSIENT, raised(run("SELECT pg_sleep(2)", "SET statement_timeout = '50ms'"))),
+            Case("psycopg statement timeout", TRANSIENT,
+                 raised(run("SELECT pg_sleep(2)", "SET statement_timeout = '50ms'"))),
             Case("psycopg deadlock", TRANSIENT, raised(lambda: _pg_deadlock(conninfo))),
             Case("psycopg serialization failure", TRANSIENT, raised(lambda: _pg_serialization(conninfo))),
             Case("psycopg admin shutdown", TRANSIENT, raised(lambda: _pg_terminated(conninfo))),
             Case("psycopg query canceled", TRANSIENT, raised(lambda: _pg_canceled(conninfo))),
             Case("psycopg unique violation", PERMANENT, raised(run("INSERT INTO accounts VALUES (1, 0, 5)"))),
             Case("psycopg foreign key violation", PERMANENT, raised(run("INSERT INTO orders VALUES (1, 503)"))),
-            Case("psycopg check constraint named timeout", PERMANENT, raised(run("INSERT INTO accounts VALUES (9, 0, -1)"))),
+            Case("psycopg check constraint named timeout", PERMANENT,
+                 raised(run("INSERT INTO accounts VALUES (9, 0, -1)"))),
             Case("psycopg not null", PERMANENT, raised(run("INSERT INTO accounts VALUES (10, NULL, 1)"))),
             Case("psycopg undefined table", PERMANENT, raised(run("SELECT * FROM rate_limits_503"))),
-            Case("psycopg undefined column named timeout", PERMANENT, raised(run("SELECT read_timeout_504 FROM accounts"))),
+            Case("psycopg undefined column named timeout", PERMANENT,
+                 raised(run("SELECT read_timeout_504 FROM accounts"))),
             Case("psycopg syntax error", PERMANENT, raised(run("SELEC 1"))),
             Case("psycopg division by zero", PERMANENT, raised(run("SELECT 1/0"))),
             Case("psycopg invalid input", PERMANENT, raised(run("SELECT 'timeout'::int"))),
-            Case("psycopg unknown parameter named timeout", PERMANENT, raised(run("SET no_such.lock_timeout_x TO 1; SHOW lock_timeout_x"))),
+            Case("psycopg unknown parameter named timeout", PERMANENT,
+                 raised(run("SET no_such.lock_timeout_x TO 1; SHOW lock_timeout_x"))),
         ]
-        engine = create_engine(url.replace("postgresql://", "postgresql+psycopg://"), poolclass=sqlalchemy.pool.NullPool)
+        engine = create_engine(url.replace("postgresql://", "postgresql+psycopg://"),
+                               poolclass=sqlalchemy.pool.NullPool)
         try:
             def sa(sql: str, *setup: str) -> Callable[[], None]:
                 def fn() -> None:
@@ -419,7 +429,8 @@ def postgres_cases(url: str, s: dict) -> list[Case]:
                 Case("sqlalchemy pg unique violation", PERMANENT, raised(sa("INSERT INTO accounts VALUES (2, 0, 5)"))),
                 Case("sqlalchemy pg check constraint", PERMANENT, raised(sa("UPDATE accounts SET retry_timeout = 0"))),
                 Case("sqlalchemy pg undefined table", PERMANENT, raised(sa("SELECT * FROM timeouts"))),
-                Case("sqlalchemy pg statement timeout", TRANSIENT, raised(sa("SELECT pg_sleep(2)", "SET LOCAL statement_timeout = '50ms'"))),
+                Case("sqlalchemy pg statement timeout", TRANSIENT,
+                     raised(sa("SELECT pg_sleep(2)", "SET LOCAL statement_timeout = '50ms'"))),
                 Case("sqlalchemy pg lock timeout", TRANSIENT, raised(lambda: _sa_lock_timeout(engine))),
                 Case("sqlalchemy pg missing database", PERMANENT, raised(lambda: create_engine(
                     base.replace("postgresql://", "postgresql+psycopg://") + "/rx_missing_db").connect())),
@@ -565,7 +576,8 @@ def sqlite_cases(folder) -> list[Case]:
             Case("sqlite syntax error", PERMANENT, raised(run("SELEC 503"))),
             Case("sqlite unable to open", PERMANENT, raised(lambda: sqlite3.connect(folder / "missing" / "x.db"))),
             Case("sqlalchemy sqlite locked", TRANSIENT, raised(sa_locked)),
-            Case("sqlalchemy sqlite integrity", PERMANENT, raised(lambda: _sa_exec(engine, "INSERT INTO jobs VALUES (1, 1)"))),
+            Case("sqlalchemy sqlite integrity", PERMANENT,
+                 raised(lambda: _sa_exec(engine, "INSERT INTO jobs VALUES (1, 1)"))),
             Case("sqlalchemy pool timeout", TRANSIENT, raised(sa_pool_timeout)),
         ]
     finally:
@@ -610,15 +622,18 @@ def python_cases(s: dict, folder) -> list[Case]:
         Case("file not found", PERMANENT, raised(lambda: open(folder / "no-such-503.pdf"))),
         Case("int() of a status-like text", PERMANENT, raised(lambda: int("503 Service Unavailable"))),
         Case("runtime: number is an order id", PERMANENT, raised(lambda: _fail("order 503 could not be reconciled"))),
-        Case("runtime: token counts", PERMANENT, raised(lambda: _fail("used 429 prompt tokens and 503 completion tokens"))),
+        Case("runtime: token counts", PERMANENT,
+             raised(lambda: _fail("used 429 prompt tokens and 503 completion tokens"))),
         Case("runtime: status in a path", PERMANENT, raised(lambda: _fail("no body at /v1/files/file-503/content"))),
         Case("runtime: header name", PERMANENT, raised(lambda: _fail("missing header x-ratelimit-remaining"))),
         Case("runtime: setting name", PERMANENT, raised(lambda: _fail("unknown setting lock_timeout_ms=5"))),
         Case("runtime: request id", PERMANENT, raised(lambda: _fail("request req_timeout_504_abc failed validation"))),
-        Case("runtime: rate limit message", TRANSIENT, raised(lambda: _fail("Rate limit reached for gpt-4o on tokens per min"))),
+        Case("runtime: rate limit message", TRANSIENT,
+             raised(lambda: _fail("Rate limit reached for gpt-4o on tokens per min"))),
         Case("runtime: 503 phrase", TRANSIENT, raised(lambda: _fail("upstream said: 503 Service Unavailable"))),
         Case("runtime: overloaded", TRANSIENT, raised(lambda: _fail("Overloaded: the model is overloaded, retry"))),
-        Case("gpu: cuda error", TRANSIENT, raised(lambda: _fail("CUDA error: an illegal memory access was encountered"))),
+        Case("gpu: cuda error", TRANSIENT,
+             raised(lambda: _fail("CUDA error: an illegal memory access was encountered"))),
         Case("gpu: torch oom", TRANSIENT, raised(lambda: _raise(OutOfMemoryError(
             "CUDA out of memory. Tried to allocate 20.00 MiB (GPU 0; 15.78 GiB total capacity)")))),
         Case("gpu: gpu error", TRANSIENT, raised(lambda: _fail("GPU error: Xid 79, GPU has fallen off the bus"))),

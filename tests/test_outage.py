@@ -218,3 +218,25 @@ def test_a_failed_probe_reopens_with_a_longer_cooldown(store):
     decision = store.breaker_before_call(endpoint, "c", probe_timeout=5)
     assert not decision.allowed and decision.wait_seconds > 20
     assert store.breakers()[0]["open_count"] == 2
+
+
+def test_a_waiting_pipeline_is_named_in_the_sensor_tick_and_status_and_stays_an_orphan_candidate(store, db_url):
+    from click.testing import CliRunner
+    from dagster import DagsterInstance, build_sensor_context
+    from e2e_defs import items_job
+
+    from recovery_ext.cli import main
+    from recovery_ext.integration import RecoveryResource, make_orphan_sensor
+
+    own = store.create_pipeline("items_job", [NodeSpec("n")], owner="run-w")
+    store.set_waiting(own, 60, "5 server_error errors in a row from http://llm.local/v1")
+    with DagsterInstance.ephemeral() as instance:
+        tick = make_orphan_sensor([items_job]).evaluate_tick(
+            build_sensor_context(instance=instance, resources={"recovery": RecoveryResource(database_url=db_url)}))
+    assert f"waiting on provider outages: pipeline {own.pipeline_id} next try" in tick.skip_message
+    assert "5 server_error errors in a row" in tick.skip_message
+    status = CliRunner().invoke(main, ["--database-url", db_url, "status"]).stdout
+    assert f"pipeline {own.pipeline_id} (items_job) waiting, next try" in status
+    # its process dies: the heartbeat expires and it is an orphan like any live pipeline
+    expire(store, own.pipeline_id)
+    assert [o.id for o in store.find_orphans()] == [own.pipeline_id]
