@@ -8,7 +8,7 @@ import sys
 
 from dagster import DagsterInstance, in_process_executor
 
-from recovery_ext.integration import RecoveryResource
+from recovery_ext.integration import RecoveryResource, execute_in_process
 from recovery_ext.pipelines.ocr import make_ocr_job
 
 
@@ -21,7 +21,7 @@ def main() -> None:
     db_url, folder, tags, ocr_config = sys.argv[1], sys.argv[2], json.loads(sys.argv[3]), json.loads(sys.argv[4])
     job = make_ocr_job(folder, executor_def=in_process_executor, ocr_config=ocr_config)
     with DagsterInstance.get() as instance:
-        result = job.execute_in_process(instance=instance, tags=tags, resources={"recovery": resource(db_url)},
+        result = execute_in_process(job, instance=instance, tags=tags, resources={"recovery": resource(db_url)},
                                         raise_on_error=False)
     print(json.dumps({"run_id": result.run_id, "success": result.success}), flush=True)
 

@@ -18,7 +18,7 @@ from dagster import DagsterInstance, build_sensor_context, in_process_executor
 from helpers import expire
 from ocr_run import resource
 from recovery_ext.devserver import wait_for
-from recovery_ext.integration import make_stuck_item_sensor
+from recovery_ext.integration import execute_in_process, make_stuck_item_sensor
 from recovery_ext.integration.recoverable import TAG_PIPELINE, TAG_RESUME_NUMBER, TAG_RESUMED_FROM
 from recovery_ext.pipelines import ocr as ocr_module
 from recovery_ext.pipelines.ocr import make_ocr_job
@@ -109,7 +109,7 @@ def test_a_crash_then_a_second_reclaim_before_the_resumes_ocr_step_loses_no_docu
             TAG_RESUMED_FROM: second_reclaim.previous_owner}
     job = make_ocr_job(str(folder), executor_def=in_process_executor, ocr_config=slow)
     with DagsterInstance.get() as instance:
-        result = job.execute_in_process(instance=instance, tags=tags, resources={"recovery": resource(db_url)})
+        result = execute_in_process(job, instance=instance, tags=tags, resources={"recovery": resource(db_url)})
     assert result.success
     assert_every_document_completed_once_before_the_pipeline(store, pipeline.id)
     again = store.get_item(held.id)
@@ -146,7 +146,7 @@ def test_a_document_slower_than_the_stale_threshold_keeps_heartbeating_and_compl
     watcher = threading.Thread(target=monitor)
     watcher.start()
     try:
-        result = job.execute_in_process(resources={"recovery": resource(db_url)})
+        result = execute_in_process(job, resources={"recovery": resource(db_url)})
     finally:
         stop.set()
         watcher.join(60)
@@ -173,7 +173,7 @@ def test_a_failing_document_waits_before_its_retry_and_the_node_waits_for_it(
     monkeypatch.setattr(ocr_module, "recognise", flaky)
     job = make_ocr_job(str(folder), executor_def=in_process_executor,
                        ocr_config={**FAST, "retry_initial_delay": 4.0, "retry_max_delay": 60.0})
-    result = job.execute_in_process(resources={"recovery": resource(db_url)})
+    result = execute_in_process(job, resources={"recovery": resource(db_url)})
     assert result.success
     (doc,) = [i for i in store.list_items("ocr") if i.payload["name"] == "doc2.pdf"]
     history = store.transitions_for(entity_type="queue_item", entity_id=doc.id)
