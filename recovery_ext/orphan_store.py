@@ -212,6 +212,7 @@ class OrphanOps(PipelineOps):
                 update(pipelines)
                 .where(p.id.in_(list(previous)), p.status == "running")
                 .values(owner=new_owner, resumed_from=p.owner, epoch=p.epoch + 1, resume_count=p.resume_count + 1,
+                        waiting_until=None, waiting_since=None, waiting_reason=None,
                         heartbeat_at=self.dialect.now(), heartbeat_deadline=self.dialect.now_plus(grace_seconds),
                         updated_at=self.dialect.now())
                 .returning(p.id, p.job_name, p.params, p.owner, p.epoch, p.resume_count)

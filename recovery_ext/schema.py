@@ -31,6 +31,11 @@ from sqlalchemy.types import TypeDecorator
 
 PIPELINE_STATUSES = ("pending", "running", "completed", "failed", "canceled")
 NODE_STATUSES = ("pending", "running", "completed", "failed", "degraded", "skipped")
+# A running pipeline paused by a provider outage (waiting_until set) is shown as this; its
+# status stays "running" so liveness, fencing and orphan detection treat it like any live pipeline.
+WAITING = "waiting"
+ITEM_STATUSES = ("completed", "degraded")
+BREAKER_STATES = ("closed", "open", "half_open")
 QUEUE_STATUSES = ("ready", "processing", "completed", "failed", "dead")
 FINISHED_PIPELINE_STATUSES = ("completed", "failed", "canceled")
 
@@ -133,6 +138,9 @@ pipelines = Table(
     Column("completed_at", DbTime),
     Column("error", Text),
     Column("gave_up_reason", Text),
+    Column("waiting_until", DbTime),
+    Column("waiting_since", DbTime),
+    Column("waiting_reason", Text),
 )
 
 nodes = Table(
@@ -223,4 +231,19 @@ events = Table(
     Column("created_at", DbTime, nullable=False),
 )
 
-APPLICATION_TABLES = (pipelines, nodes, node_items, queue_items, transitions, events)
+circuit_breakers = Table(
+    "rx_circuit_breakers",
+    metadata,
+    Column("endpoint", Text, primary_key=True),
+    Column("state", Text, nullable=False),
+    Column("consecutive_failures", Integer, nullable=False),
+    Column("open_count", Integer, nullable=False),
+    Column("opened_at", DbTime),
+    Column("open_until", DbTime),
+    Column("probe_owner", Text),
+    Column("probe_deadline", DbTime),
+    Column("last_error", Text),
+    Column("updated_at", DbTime, nullable=False),
+)
+
+APPLICATION_TABLES = (pipelines, nodes, node_items, queue_items, transitions, events, circuit_breakers)

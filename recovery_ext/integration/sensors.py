@@ -23,6 +23,7 @@ from ..database import chunks
 from ..models import Reclaimed, ScanStats
 from ..recovery import scan, summary_line
 from ..redaction import redact
+from .providers import waiting_summary
 from .tags import TAG_PARENT_RUN, TAG_PIPELINE, TAG_RESUME_NUMBER, TAG_RESUMED_FROM, TAG_WILL_RETRY
 from .resources import RecoveryResource
 
@@ -136,7 +137,7 @@ def make_orphan_sensor(
             requests.append(resume_request(r))
         for g in stats.given_up_pipelines:
             _fail_stale_run(instance, g.previous_owner, f"recovery-ext: pipeline {g.pipeline_id} given up: {g.reason}")
-        message = summary_line(stats, launched=len(requests))
+        message = summary_line(stats, launched=len(requests)) + waiting_summary(store)
         if startup:
             message = f"startup recovery: {message}"
         if stats.found or requests or stats.error:
