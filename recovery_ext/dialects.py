@@ -47,6 +47,10 @@ class Dialect:
     def engine_options(self) -> dict[str, Any]:
         return {}
 
+    def snapshot_bounds(self, conn) -> tuple[int | None, int | None]:
+        """``(xmin, xmax)`` of the current snapshot where transactions can commit out of id order."""
+        return None, None
+
     @contextmanager
     def read_only(self, conn) -> Iterator[None]:
         """A transaction in which the database refuses writes."""
@@ -128,6 +132,12 @@ class PostgresDialect(Dialect):
         with conn.begin():
             conn.exec_driver_sql("SET TRANSACTION READ ONLY")
             yield
+
+    def snapshot_bounds(self, conn) -> tuple[int | None, int | None]:
+        row = conn.exec_driver_sql(
+            "SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint, "
+            "pg_snapshot_xmax(pg_current_snapshot())::text::bigint").one()
+        return int(row[0]), int(row[1])
 
     def now(self) -> ColumnElement:
         return func.now()
