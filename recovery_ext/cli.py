@@ -181,6 +181,8 @@ def status(store: RecoveryStore, out: Output, threshold: float) -> None:
         "dead_items": [{"id": i.id, "queue": i.queue, "attempts": i.attempts, "last_error": i.last_error}
                        for i in store.dead_items()],
         "queues": store.queue_summary(),
+        "unwatched_pipelines": store.unwatched_pipelines(),
+        "unknown_status_items": store.items_with_unknown_status(),
     }
 
     def human() -> None:
@@ -198,6 +200,10 @@ def status(store: RecoveryStore, out: Output, threshold: float) -> None:
         click.echo(f"Dead items: {len(data['dead_items'])}")
         for i in data["dead_items"]:
             click.echo(f"  - item {i['id']} ({i['queue']}) after {i['attempts']} attempts: {i['last_error']}")
+        for u in data["unwatched_pipelines"]:
+            click.echo(f"  ! pipeline {u['id']} ({u['job_name']}) owner {u['owner']}: {u['reason']}")
+        for i in data["unknown_status_items"]:
+            click.echo(f"  ! item {i['id']} ({i['queue']}) has unknown status {i['status']!r}")
         if data["queues"]:
             click.echo("\nQueues")
             click.echo(tabulate([(r["queue"], r["status"], r["count"], _seconds(r["avg_seconds"]))

@@ -10,7 +10,7 @@ from sqlalchemy import Float, cast, delete, func, select
 
 from .database import Database
 from .models import Pipeline, QueueItem
-from .schema import events, node_items, nodes, pipelines, queue_items, transitions
+from .schema import QUEUE_STATUSES, events, node_items, nodes, pipelines, queue_items, transitions
 
 
 # Ids below the highest one seen that are still tracked as possibly in flight.
@@ -131,6 +131,22 @@ class ReportOps(Database):
             query = query.where(pipelines.c.job_name == job_name)
         with self.read() as conn:
             return [Pipeline.from_row(r._mapping) for r in conn.execute(query)]
+
+    def unwatched_pipelines(self, *, limit: int = 100) -> list[dict[str, Any]]:
+        """Running pipelines nothing can ever find dead: no heartbeat deadline and no hard deadline."""
+        query = (select(pipelines.c.id, pipelines.c.job_name, pipelines.c.owner)
+                 .where(pipelines.c.status == "running", pipelines.c.heartbeat_deadline.is_(None),
+                        pipelines.c.deadline.is_(None)).order_by(pipelines.c.id).limit(limit))
+        with self.read() as conn:
+            return [{**r._mapping, "reason": "running with no heartbeat deadline and no hard deadline"}
+                    for r in conn.execute(query)]
+
+    def items_with_unknown_status(self, *, limit: int = 100) -> list[dict[str, Any]]:
+        """Queue items whose status this version does not know: no claim or reset ever touches them."""
+        query = (select(queue_items.c.id, queue_items.c.queue, queue_items.c.status)
+                 .where(queue_items.c.status.not_in(QUEUE_STATUSES)).order_by(queue_items.c.id).limit(limit))
+        with self.read() as conn:
+            return [dict(r._mapping) for r in conn.execute(query)]
 
     def dead_items(self, *, limit: int = 100) -> list[QueueItem]:
         query = select(queue_items).where(queue_items.c.status == "dead").order_by(queue_items.c.id).limit(limit)
