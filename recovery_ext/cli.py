@@ -167,20 +167,24 @@ def migrate(store: RecoveryStore, out: Output, print_only: bool) -> None:
 
 @main.command()
 @click.option("--threshold", type=Duration(), default="10m", show_default=True,
-              help="Processing items older than this count as stuck.")
+              help="Processing items without a heartbeat deadline (legacy rows) started longer ago than this are "
+                   "stuck; the others are stuck when their heartbeat deadline passed or their pipeline was reclaimed.")
 @command
 def status(store: RecoveryStore, out: Output, threshold: float) -> None:
     """Pipelines by status, orphans and stuck items now, auto-recovered in 24 h, dead items, durations."""
     data = {
         "pipelines": store.pipeline_summary(),
         "orphans": [o.__dict__ for o in store.find_orphans()],
-        "stuck_items": [{"id": i.id, "queue": i.queue, "worker": i.worker, "started_at": i.started_at,
-                         "attempts": i.attempts} for i in store.stale_items(older_than_seconds=threshold)],
+        "stuck_items": [_stuck(i) for i in store.stale_items(older_than_seconds=threshold)],
+        "waiting_items": [{"id": i.id, "queue": i.queue, "attempts": i.attempts, "available_at": i.available_at,
+                           "last_error": i.last_error} for i in store.waiting_items()],
         "auto_recovered_24h": {"pipelines": store.count_events("pipeline_recovered", within_seconds=86400),
                                "items": store.count_events("item_reset", within_seconds=86400)},
         "dead_items": [{"id": i.id, "queue": i.queue, "attempts": i.attempts, "last_error": i.last_error}
                        for i in store.dead_items()],
         "queues": store.queue_summary(),
+        "waiting": store.waiting_pipelines(),
+        "circuit_breakers": [b for b in store.breakers() if b["state"] != "closed" or b["consecutive_failures"]],
         "unwatched_pipelines": store.unwatched_pipelines(),
         "unknown_status_items": store.items_with_unknown_status(),
     }
@@ -192,14 +196,28 @@ def status(store: RecoveryStore, out: Output, threshold: float) -> None:
         click.echo(f"\nOrphans now: {len(data['orphans'])}")
         for o in data["orphans"]:
             click.echo(f"  - pipeline {o['id']} ({o['job_name']}) owner {o['owner']}: {o['reason']}")
-        click.echo(f"Stuck items now (> {_seconds(threshold)} or heartbeat expired): {len(data['stuck_items'])}")
+        click.echo(f"Stuck items now: {len(data['stuck_items'])}")
         for i in data["stuck_items"]:
-            click.echo(f"  - item {i['id']} ({i['queue']}) worker {i['worker']} since {_when(i['started_at'])}")
+            click.echo(f"  - item {i['id']} ({i['queue']}) worker {i['worker']} since {_when(i['started_at'])}: "
+                       f"{i['reason']}")
+        click.echo(f"Items waiting for their retry delay: {len(data['waiting_items'])}")
+        for i in data["waiting_items"]:
+            click.echo(f"  - item {i['id']} ({i['queue']}) attempt {i['attempts']} failed; retry at "
+                       f"{_when(i['available_at'])}: {i['last_error']}")
         rec = data["auto_recovered_24h"]
         click.echo(f"Auto-recovered in the last 24 h: {rec['pipelines']} pipelines, {rec['items']} items")
         click.echo(f"Dead items: {len(data['dead_items'])}")
         for i in data["dead_items"]:
             click.echo(f"  - item {i['id']} ({i['queue']}) after {i['attempts']} attempts: {i['last_error']}")
+        click.echo(f"Waiting on a provider outage: {len(data['waiting'])}")
+        for w in data["waiting"]:
+            click.echo(f"  - pipeline {w['id']} ({w['job_name']}) waiting, next try {_when(w['waiting_until'])}: "
+                       f"{w['waiting_reason']}")
+        click.echo(f"Circuit breakers not closed: {sum(b['state'] != 'closed' for b in data['circuit_breakers'])}")
+        for b in data["circuit_breakers"]:
+            until = f" until {_when(b['open_until'])}" if b["state"] == "open" else ""
+            click.echo(f"  - {b['endpoint']}: {b['state']}{until}, {b['consecutive_failures']} failures in a row, "
+                       f"opened {b['open_count']}x; last error: {(b['last_error'] or '')[:80]}")
         for u in data["unwatched_pipelines"]:
             click.echo(f"  ! pipeline {u['id']} ({u['job_name']}) owner {u['owner']}: {u['reason']}")
         for i in data["unknown_status_items"]:
@@ -210,6 +228,12 @@ def status(store: RecoveryStore, out: Output, threshold: float) -> None:
                                  for r in data["queues"]], headers=["queue", "status", "count", "avg duration"]))
 
     out.emit(data, human)
+
+
+def _stuck(item) -> dict:
+    """A stuck queue item as ``status`` and ``reset-stuck`` report it (the store's one stale rule)."""
+    return {"id": item.id, "queue": item.queue, "worker": item.worker, "started_at": item.started_at,
+            "attempts": item.attempts, "heartbeat_deadline": item.heartbeat_deadline, "reason": item.stale_reason}
 
 
 def _seconds(value: float | None) -> str:
@@ -231,7 +255,7 @@ def list_pipelines(store: RecoveryStore, out: Output, status_: str | None, limit
     """The most recent pipelines."""
     rows = store.list_pipelines(status=status_, limit=limit)
     out.emit([r.__dict__ for r in rows], lambda: click.echo(tabulate(
-        [(p.id, p.job_name, p.status, p.owner, p.resume_count, _when(p.created_at), p.gave_up_reason or "")
+        [(p.id, p.job_name, p.shown_status, p.owner, p.resume_count, _when(p.created_at), p.gave_up_reason or "")
          for p in rows], headers=["id", "job", "status", "owner", "resumes", "created", "gave up"])))
 
 
@@ -244,19 +268,33 @@ def show_pipeline(store: RecoveryStore, out: Output, pipeline_id: int) -> None:
     node_rows = store.list_nodes(pipeline_id)
     done = store.node_item_totals(pipeline_id)
     history = store.transitions_for(pipeline_id=pipeline_id)
-    data = {"pipeline": p.__dict__, "nodes": [{**n.__dict__, "items_done": done.get(n.name, 0)} for n in node_rows],
+    degraded = store.degraded_counts(pipeline_id)
+    data = {"pipeline": {**p.__dict__, "shown_status": p.shown_status},
+            "nodes": [{**n.__dict__, "items_done": done.get(n.name, 0), "items_degraded": degraded.get(n.name, 0)}
+                      for n in node_rows],
             "transitions": history}
 
+    def items(n) -> str:
+        if n.items_total is None:
+            return "-"
+        extra = f" ({degraded[n.name]} degraded)" if degraded.get(n.name) else ""
+        return f"{done.get(n.name, 0)}/{n.items_total}{extra}"
+
     def human() -> None:
-        click.echo(f"Pipeline {p.id}  {p.job_name}  {p.status}  owner={p.owner}  epoch={p.epoch}  "
+        click.echo(f"Pipeline {p.id}  {p.job_name}  {p.shown_status}  owner={p.owner}  epoch={p.epoch}  "
                    f"resumes={p.resume_count}/{p.max_resumes}")
         click.echo(f"  created {_when(p.created_at)}  heartbeat until {_when(p.heartbeat_deadline)}  "
                    f"deadline {_when(p.deadline)}")
+        if p.shown_status == "waiting":
+            click.echo(f"  waiting since {_when(p.waiting_since)}, next try {_when(p.waiting_until)}: "
+                       f"{p.waiting_reason}")
+        if degraded:
+            click.echo(f"  degraded items (fallback answers): {sum(degraded.values())}; "
+                       f"`recovery-ext redo-degraded {p.id}` asks the provider again")
         if p.error or p.gave_up_reason:
             click.echo(f"  error: {p.error or ''}  gave up: {p.gave_up_reason or ''}")
         click.echo()
-        click.echo(tabulate([(n.position, n.name, n.status, n.attempts,
-                              f"{done.get(n.name, 0)}/{n.items_total}" if n.items_total is not None else "-",
+        click.echo(tabulate([(n.position, n.name, n.status, n.attempts, items(n),
                               n.error_category or "", (n.error or "")[:60], n.run_id or "") for n in node_rows],
                             headers=["#", "node", "status", "attempts", "items", "category", "error", "run"]))
         click.echo("\nTransitions")
@@ -298,7 +336,8 @@ def recover(store: RecoveryStore, out: Output, limit: int) -> None:
 
 @main.command("reset-stuck")
 @click.option("--threshold", type=Duration(), default="10m", show_default=True,
-              help="Processing items started longer ago than this are stuck.")
+              help="Processing items without a heartbeat deadline (legacy rows) started longer ago than this are "
+                   "stuck; the others are stuck when their heartbeat deadline passed or their pipeline was reclaimed.")
 @click.option("--queue", help="Only this queue.")
 @click.option("--job-id", "item_id", type=ROW_ID, help="Show one item's status, then reset it if stuck.")
 @click.option("--dry-run", is_flag=True, help="List what would be reset, change nothing.")
@@ -314,8 +353,7 @@ def reset_stuck(store: RecoveryStore, out: Output, threshold: float, queue: str 
     stuck = store.stale_items(queue=queue, older_than_seconds=threshold, item_id=item_id)
     reset = [] if dry_run else store.reset_stale(queue=queue, older_than_seconds=threshold, item_id=item_id,
                                                  reason="reset-stuck command")
-    data = {"dry_run": dry_run, "stuck": [{"id": i.id, "queue": i.queue, "worker": i.worker,
-                                           "started_at": i.started_at, "attempts": i.attempts} for i in stuck],
+    data = {"dry_run": dry_run, "stuck": [_stuck(i) for i in stuck],
             "reset": [{"id": r.id, "new_status": r.new_status} for r in reset]}
 
     def human() -> None:
@@ -326,7 +364,8 @@ def reset_stuck(store: RecoveryStore, out: Output, threshold: float, queue: str 
             for i in stuck:
                 name = i.payload.get("name") if isinstance(i.payload, dict) else None
                 click.echo(f"   - Item ID: {i.id}\n     Queue: {i.queue}\n     Worker: {i.worker}\n"
-                           f"     Started: {_when(i.started_at)}\n     Attempts: {i.attempts}"
+                           f"     Started: {_when(i.started_at)}\n     Attempts: {i.attempts}\n"
+                           f"     Stuck: {i.stale_reason}"
                            + (f"\n     Document: {name}" if name else ""))
             if dry_run:
                 click.echo("Dry run: nothing was changed.")
@@ -353,6 +392,35 @@ def retry_dead(store: RecoveryStore, out: Output, item_ids: tuple[int, ...], ret
     retried = store.retry_dead(None if retry_all else list(item_ids), queue=queue)
     out.emit({"retried": retried}, lambda: click.echo(f"retried {len(retried)} dead item(s): "
                                                        f"{', '.join(map(str, retried)) or '-'}"))
+
+
+@main.command("redo-degraded")
+@click.argument("pipeline_id", type=click.IntRange(min=1))
+@click.option("--node", help="Only this node's degraded items.")
+@command
+def redo_degraded(store: RecoveryStore, out: Output, pipeline_id: int, node: str | None) -> None:
+    """Ask the provider again for the degraded items (fallback answers) of a completed pipeline.
+
+    The pipeline is reopened awaiting a resume run, which the orphan sensor launches on its next
+    tick; the resume run skips every other node and item.
+    """
+    try:
+        grace = RecoverySettings.from_env().launch_grace_seconds
+    except ConfigurationError as exc:
+        raise click.ClickException(str(exc)) from None
+    reopened = store.reopen_degraded(pipeline_id, node, grace_seconds=grace)
+    data = {"pipeline_id": pipeline_id, "nodes": list(reopened.nodes), "items": reopened.items,
+            "resume_number": reopened.resume_number}
+
+    def human() -> None:
+        if not reopened.items:
+            click.echo(f"pipeline {pipeline_id} has no degraded items; nothing to redo")
+            return
+        click.echo(f"pipeline {pipeline_id} ({reopened.job_name}) reopened as resume #{reopened.resume_number}: "
+                   f"{reopened.items} degraded item(s) in {', '.join(reopened.nodes)}; the orphan sensor "
+                   "launches the resume run on its next tick")
+
+    out.emit(data, human)
 
 
 @main.command()

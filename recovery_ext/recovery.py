@@ -58,6 +58,7 @@ def scan(
     trigger: str = "on_demand",
     policy: RetryPolicy | None = None,
     job_names: Sequence[str] | None = None,
+    retrying_owner_runs: Sequence[str] = (),
 ) -> ScanStats:
     """One recovery pass. ``launching=True`` reserves reclaimed pipelines for a launcher at once."""
     settings = settings or RecoverySettings()
@@ -70,11 +71,13 @@ def scan(
     try:
         corrupt = policy.call(store.fail_unknown_statuses)
         given_up = policy.call(store.give_up_hopeless, dead_owner_runs=dead_owner_runs,
-                               max_age_seconds=settings.max_age_seconds, job_names=job_names)
+                               max_age_seconds=settings.max_age_seconds, job_names=job_names,
+                               retrying_owner_runs=retrying_owner_runs)
         reclaimed, corrupt_rows = policy.call(
             store.reclaim, limit=limit or settings.max_per_scan, dead_owner_runs=dead_owner_runs,
             launching=launching, grace_seconds=settings.launch_grace_seconds,
             max_age_seconds=settings.max_age_seconds, reason=trigger, job_names=job_names,
+            retrying_owner_runs=retrying_owner_runs,
         )
         stats.given_up_pipelines = [*corrupt, *given_up, *corrupt_rows]
         stats.reclaimed_pipelines = reclaimed

@@ -12,7 +12,7 @@ from dagster import in_process_executor
 from sqlalchemy import select
 from werkzeug import Response
 
-from recovery_ext.integration import RecoveryResource
+from recovery_ext.integration import RecoveryResource, execute_in_process
 from recovery_ext.ontology_schema import ont_columns, ont_entities, ont_glossary_terms, ont_relationships
 from recovery_ext.pipelines import ocr as ocr_module
 from recovery_ext.pipelines.llm import LLMResource, heuristic_answer
@@ -44,14 +44,16 @@ def scans(tmp_path_factory):
 
 
 def recovery(url, **kw):
+    settings = dict(outage_pause_initial=0.05, outage_pause_max=0.1, outage_budget_seconds=3.0,
+                    breaker_cooldown=0.05, breaker_max_cooldown=0.1)
     return RecoveryResource(database_url=url, heartbeat_interval=0.5, heartbeat_timeout=5, max_retries=2,
-                            retry_initial_delay=0.01, retry_max_delay=0.02, **kw)
+                            retry_initial_delay=0.01, retry_max_delay=0.02, **{**settings, **kw})
 
 
 def run_ontology(store, db_url, shop_url, llm=None):
     job = make_ontology_job(executor_def=in_process_executor)
-    return job.execute_in_process(resources={"recovery": recovery(db_url), "llm": llm or LLMResource(),
-                                             "source": SourceDatabase(url=shop_url)}, raise_on_error=False)
+    return execute_in_process(job, resources={"recovery": recovery(db_url), "llm": llm or LLMResource(),
+                                              "source": SourceDatabase(url=shop_url)}, raise_on_error=False)
 
 
 class FakeLLM:
@@ -159,7 +161,6 @@ def test_failing_optional_glossary_nodes_degrade_and_the_pipeline_completes(stor
             return super().__call__(request)
 
     llm = llm_for(httpserver, GlossaryDown())
-    llm = llm.model_copy(update={"max_attempts": 2})
     result = run_ontology(store, db_url, shop_url, llm)
     assert result.success
     (p,) = store.list_pipelines()
@@ -187,15 +188,18 @@ def no_network(monkeypatch):
     return attempts
 
 
-def ocr_job_for(folder, workers=1):
-    job = make_ocr_job(str(folder), workers=workers, executor_def=in_process_executor)
-    return job
+FAST_RETRIES = {"retry_initial_delay": 0.2, "retry_max_delay": 0.5, "retry_jitter": 0.0, "wait_poll_interval": 0.2}
+
+
+def ocr_job_for(folder, workers=1, **ocr_config):
+    return make_ocr_job(str(folder), workers=workers, executor_def=in_process_executor,
+                        ocr_config={**FAST_RETRIES, **ocr_config})
 
 
 def test_ocr_job_recognises_the_scans_offline(store, db_url, scans, no_network):
     folder, expected = scans
     assert {p.name for p in model_files()} >= {"ch_PP-OCRv4_det_infer.onnx", "ch_PP-OCRv4_rec_infer.onnx"}
-    result = ocr_job_for(folder, workers=2).execute_in_process(resources={"recovery": recovery(db_url)})
+    result = execute_in_process(ocr_job_for(folder, workers=2), resources={"recovery": recovery(db_url)})
     assert result.success and no_network == []
     items = store.list_items("ocr")
     assert len(items) == len(expected) and {i.status for i in items} == {"completed"}
@@ -220,7 +224,7 @@ def test_several_runs_drain_one_queue_and_no_document_completes_twice(store, db_
     job = ocr_job_for(folder, workers=2)
     results = []
     threads = [threading.Thread(target=lambda: results.append(
-        job.execute_in_process(resources={"recovery": recovery(db_url)}))) for _ in range(2)]
+        execute_in_process(job, resources={"recovery": recovery(db_url)}))) for _ in range(2)]
     for t in threads:
         t.start()
     for t in threads:
@@ -242,7 +246,7 @@ def test_ocr_failures_are_classified_retried_and_dead_at_max_attempts(store, db_
         raise ValueError("unsupported PDF structure")
 
     monkeypatch.setattr(ocr_module, "recognise", failing)
-    result = ocr_job_for(folder).execute_in_process(resources={"recovery": recovery(db_url)})
+    result = execute_in_process(ocr_job_for(folder), resources={"recovery": recovery(db_url)})
     assert result.success
     items = {i.payload["name"]: i for i in store.list_items("ocr")}
     assert (items["flaky.pdf"].status, items["flaky.pdf"].attempts) == ("dead", 3)

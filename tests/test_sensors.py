@@ -101,8 +101,8 @@ def test_stuck_item_sensor_resets_marks_dead_and_launches_a_queue_run(store, db_
 
     from recovery_ext.schema import queue_items
 
-    with store.write() as conn:
-        conn.execute(update(queue_items).values(started_at=store.dialect.now_plus(-1200)))
+    with store.write() as conn:  # legacy rows (no heartbeat deadline) started 20 min ago
+        conn.execute(update(queue_items).values(started_at=store.dialect.now_plus(-1200), heartbeat_deadline=None))
     sensor = make_stuck_item_sensor(make_ocr_job(), "ocr", stale_after_seconds=600, run_config={"ops": {}})
     result, _ = evaluate(sensor, instance, db_url)
     statuses = sorted(store.get_item(i.id).status for i in items)

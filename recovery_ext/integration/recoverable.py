@@ -1,9 +1,9 @@
 """``@recoverable_op``: a Dagster op that is a node of a crash-recoverable pipeline.
 
-Each call attaches to its pipeline row (a fresh run creates it, a resume run finds it
-by its tags), skips the node if it already completed (returning the recorded output),
-claims the node under the pipeline's ownership epoch, runs the heartbeat watchdog
-while the body runs, maps errors through the shared classifier, and completes the
+Each call finds the pipeline its run owns (the run worker created, attached or took it
+over at run start: ``with_recovery``), skips the node if it already completed (returning
+the recorded output), claims the node under the pipeline's ownership epoch, heartbeats the
+node while the body runs (batched with everything else this process keeps alive), maps errors through the shared classifier, and completes the
 node with its output. Every write is fenced: a superseded worker stops with
 "superseded by run <id>" and writes nothing.
 """
@@ -22,17 +22,13 @@ from dagster import Failure, In, OpExecutionContext, Out, RetryRequested, op
 from ..classify import ClassifiedError, classify, with_context
 from ..errors import IllegalTransition, OwnershipLost, StopRequested, StoreUnavailable
 from ..fenced import FencedTransaction
-from ..heartbeat import HeartbeatSettings, Watchdog, store_pulse
-from ..models import NodeSpec, Ownership
+from ..heartbeat import HeartbeatSettings, Lease, registry_for
+from ..models import Ownership
 from ..store import RecoveryStore
+from .executor import has_run_liveness
 from .errors import error_info, failure_metadata, to_dagster, to_failure
 from .resources import RecoveryResource
-
-TAG_PIPELINE = "recovery/pipeline_id"
-TAG_RESUMED_FROM = "recovery/resumed_from"
-TAG_RESUME_NUMBER = "recovery/resume_number"
-TAG_NODE = "recovery/node"
-TAG_OPTIONAL = "recovery/optional"
+from .tags import TAG_NODE, TAG_OPTIONAL, TAG_PIPELINE, TAG_RESUME_NUMBER, TAG_RESUMED_FROM  # noqa: F401
 
 
 def _jsonable(value: Any) -> Any:
@@ -57,6 +53,11 @@ class Item:
         """Checkpoint this item; ``also(tx)`` writes in the same fenced transaction."""
         self.node.checkpoint(self.key, result, also=also)
 
+    def degrade(self, result: Any = None, *, also: Callable[[Any], None] | None = None) -> None:
+        """Record a fallback answer: kept as the item's result, but ``degraded``, so the next run of this
+        node (a crash resume or ``recovery-ext redo-degraded``) asks the provider again."""
+        self.node.checkpoint(self.key, result, also=also, status="degraded")
+
 
 class NodeContext:
     """What a recoverable op's body gets: Dagster's context plus items, progress and ownership checks.
@@ -68,7 +69,7 @@ class NodeContext:
     """
 
     def __init__(self, context: OpExecutionContext, store: RecoveryStore, own: Ownership, node: str,
-                 settings: HeartbeatSettings, watchdog: Watchdog | None, resource: RecoveryResource) -> None:
+                 settings: HeartbeatSettings, watchdog: Lease | None, resource: RecoveryResource) -> None:
         self.context = context
         self._store = store
         self.ownership = own
@@ -78,6 +79,7 @@ class NodeContext:
         self.resource = resource
         self.items_resumed = 0
         self.items_done = 0
+        self.items_degraded = 0
         self.metadata: dict[str, Any] = {}
 
     @property
@@ -138,10 +140,12 @@ class NodeContext:
         return self._store.completed_items(self.pipeline_id, self.node_name)
 
     def items(self, keys: Iterable[str]) -> Iterator[Item]:
-        """Yield only the items a previous run did not finish, in the given order."""
+        """Yield only the items a previous run did not finish, in the given order; degraded items
+        (fallback answers) count as unfinished and are asked again."""
         keys = [str(k) for k in keys]
         self._store.set_items_total(self.ownership, self.node_name, len(keys))
-        done = self.completed_items()
+        statuses = self._store.item_statuses(self.pipeline_id, self.node_name)
+        done = {k for k, status in statuses.items() if status != "degraded"}
         self.items_resumed = sum(1 for k in keys if k in done)
         if self.items_resumed:
             self.log.info(f"resuming node {self.node_name}: {self.items_resumed}/{len(keys)} items already done")
@@ -151,45 +155,40 @@ class NodeContext:
             self.check()
             yield Item(self, key)
 
-    def checkpoint(self, key: str, result: Any = None, *, also: Callable[[Any], None] | None = None) -> None:
+    def checkpoint(self, key: str, result: Any = None, *, also: Callable[[Any], None] | None = None,
+                   status: str = "completed") -> None:
         self.check()
         self._store.checkpoint_item(self.ownership, self.node_name, str(key), _jsonable(result), also=also,
-                                   stall_timeout=self.settings.stall_timeout)
-        self.items_done += 1
+                                    stall_timeout=self.settings.stall_timeout, status=status)
+        if status == "degraded":
+            self.items_degraded += 1
+        else:
+            self.items_done += 1
 
 
-def _pipeline_nodes(context: OpExecutionContext) -> list[NodeSpec]:
-    specs = []
-    for node in context.job_def.nodes_in_topological_order:
-        tags = node.definition.tags or {}
-        if tags.get(TAG_NODE) == "true":
-            specs.append(NodeSpec(node.name, optional=tags.get(TAG_OPTIONAL) == "true"))
-    return specs
+def _owned(context: OpExecutionContext, store: RecoveryStore, op_name: str) -> tuple[int, Ownership | None, str]:
+    """The pipeline this op's run owns: (pipeline id, ownership or None if lost, who owns it now).
 
-
-def _attach(context: OpExecutionContext, store: RecoveryStore, resource: RecoveryResource,
-            settings: HeartbeatSettings) -> tuple[int, Ownership | None, str | None]:
-    """Returns (pipeline id, ownership or None if lost, who owns it now)."""
-    tags = context.run.tags
+    The run worker created, attached or took over the pipeline at run start (``with_recovery``);
+    a node only finds it. A run without that scope is refused loudly, never run without liveness.
+    """
     run_id = context.run_id
-    if TAG_PIPELINE in tags:
-        pipeline_id = int(tags[TAG_PIPELINE])
-        try:
-            own = store.attach(pipeline_id, run_id, resume_number=int(tags.get(TAG_RESUME_NUMBER, "0")),
-                               heartbeat_timeout=settings.timeout)
-            return pipeline_id, own, None
-        except OwnershipLost as exc:
-            return pipeline_id, None, exc.owner
-    try:
-        own = store.create_pipeline(
-            context.job_name, _pipeline_nodes(context), owner=run_id, origin_run_id=run_id,
-            params=_jsonable(context.run.run_config or {}), heartbeat_timeout=settings.timeout,
-            deadline_seconds=resource.hard_deadline_seconds, max_resumes=resource.max_resumes,
+    if not has_run_liveness(context.job_def.executor_def, run_id):
+        raise Failure(
+            description=f"{op_name} is a @recoverable_op, but job {context.job_def.name!r} does not keep its "
+            "pipeline alive for the whole run: define it with @recoverable_job or "
+            "executor_def=with_recovery(<executor>) (tests: recovery_ext.integration.execute_in_process)",
+            allow_retries=False,
         )
-        return own.pipeline_id, own, None
-    except OwnershipLost as exc:
-        existing = store.find_pipeline(run_id)
-        return (existing.id if existing else -1), None, exc.owner
+    own = store.owned_by(run_id)
+    if own is not None:
+        return own.pipeline_id, own, run_id
+    pipeline_id = store.formerly_owned_by(run_id)
+    if pipeline_id is None:
+        raise Failure(description=f"run {run_id} owns no pipeline: its run scope did not start",
+                      allow_retries=False)
+    current = store.get_pipeline(pipeline_id)
+    return pipeline_id, None, current.owner or f"(pipeline {current.status})"
 
 
 def _consecutive_same(store: RecoveryStore, pipeline_id: int, node: str, category: str, limit: int) -> int:
@@ -214,6 +213,7 @@ def recoverable_op(
     required_resource_keys: set[str] | None = None,
     resource_key: str = "recovery",
     tags: Mapping[str, str] | None = None,
+    pool: str | None = None,
 ):
     """Turn ``fn(ctx: NodeContext, *inputs)`` into a Dagster op that is a recoverable pipeline node.
 
@@ -237,8 +237,8 @@ def recoverable_op(
         def _compute(context: OpExecutionContext, resource: RecoveryResource, inputs: dict[str, Any]) -> Any:
             store = resource.get_store()
             settings = heartbeat or resource.heartbeat_settings()
-            pipeline_id, own, owner = _attach(context, store, resource, settings)
-            node = store.get_node(pipeline_id, op_name) if pipeline_id > 0 else None
+            pipeline_id, own, owner = _owned(context, store, op_name)
+            node = store.get_node(pipeline_id, op_name)
             if node is not None and node.finished:
                 message = f"skipped: {node.status} in run {node.run_id}"
                 context.log.info(f"{op_name} {message}")
@@ -259,7 +259,7 @@ def recoverable_op(
         return op(
             name=op_name, ins=op_ins, out=out or Out(), config_schema=config_schema,
             description=description or body.__doc__, tags=op_tags,
-            required_resource_keys={resource_key, *(required_resource_keys or set())},
+            required_resource_keys={resource_key, *(required_resource_keys or set())}, pool=pool,
         )(compute)
 
     return decorate(fn) if fn is not None else decorate
@@ -272,10 +272,11 @@ def _run_node(context, store, resource, settings, own, op_name, body, inputs, op
         raise Failure(description=f"superseded by run {exc.owner}", allow_retries=False) from exc
     except IllegalTransition as exc:
         raise Failure(description=str(exc), allow_retries=False) from exc
-    watchdog = Watchdog(store_pulse(store, own, op_name, settings.timeout), settings,
-                        verify=lambda: store.check_ownership(own), name=f"{op_name}@{own.pipeline_id}")
+    # the node's own heartbeat: what the run worker cannot see (this step's process, its host, a stall)
+    watchdog = registry_for(store).register(own, settings, node=op_name)
     ctx = NodeContext(context, store, own, op_name, settings, watchdog, resource)
-    watchdog.start()
+    if context.retry_number:  # a retry after an outage pause: running again, the outage clock keeps going
+        store.clear_waiting(own, node=op_name, keep_outage_clock=True, event="outage_retry")
     try:
         output = _jsonable(body(ctx, **inputs))
         ctx.check()
@@ -288,15 +289,17 @@ def _run_node(context, store, resource, settings, own, op_name, body, inputs, op
     except Exception as exc:  # noqa: BLE001 - every error goes through the shared classifier
         return _handle_error(context, store, resource, own, op_name, optional, exc, ctx, node.attempts)
     finally:
-        watchdog.stop()
+        watchdog.release()
     try:
+        if context.retry_number:
+            store.clear_waiting(own, node=op_name)
         store.complete_node(own, op_name, output, heartbeat_timeout=settings.timeout)
     except OwnershipLost as exc:
         raise Failure(description=f"superseded by run {exc.owner}; result discarded", allow_retries=False) from exc
     context.add_output_metadata({
         "recovery": f"completed in run {own.owner}", "skipped": False, "pipeline_id": own.pipeline_id,
         "epoch": own.epoch, "attempts": node.attempts, "items_done": ctx.items_done,
-        "items_resumed": ctx.items_resumed, **ctx.metadata,
+        "items_resumed": ctx.items_resumed, "items_degraded": ctx.items_degraded, **ctx.metadata,
     })
     return output
 
@@ -335,14 +338,15 @@ def _handle_error(context, store, resource, own, op_name, optional, exc, ctx, at
     endpoint = getattr(exc, "endpoint", None) if isinstance(exc, ClassifiedError) else None
     err = with_context(exc, model=model, endpoint=endpoint)
     category = classify(err).category
+    transient = err.retryable
     decision = to_dagster(err, retry_number=context.retry_number, max_retries=resource.max_retries,
                           wait=resource.retry_wait())
     repeated = _consecutive_same(store, own.pipeline_id, op_name, category, resource.same_error_limit) + 1
-    if isinstance(decision, RetryRequested) and repeated >= resource.same_error_limit:
-        err = ClassifiedError(exc, category=category, status_code=err.status_code, retryable=False,
-                              model=err.model, endpoint=err.endpoint,
-                              message=f"repeated {category} error ({repeated} times): {err.detail}")
-        decision = to_failure(err)
+    if transient and (repeated >= resource.same_error_limit or not isinstance(decision, RetryRequested)):
+        # Seed 002's escalation: a transient outage pauses the pipeline; only the outage budget gives up.
+        from .providers import node_outage_pause
+
+        decision, err = node_outage_pause(context, store, resource, own, op_name, err, repeated)
     info = error_info(err)
     try:
         if isinstance(decision, RetryRequested):

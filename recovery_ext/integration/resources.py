@@ -12,6 +12,7 @@ from pydantic import Field, model_validator
 from ..env import DAY, check_count, check_seconds
 from ..errors import ConfigurationError
 from ..heartbeat import HeartbeatSettings
+from ..outage import OutageSettings
 from ..recovery import RecoverySettings
 from ..redaction import redact
 from ..retry import RetryPolicy, wait_jittered_exponential
@@ -66,7 +67,9 @@ class RecoveryResource(ConfigurableResource):
     retry_initial_delay: float = Field(default=2.0, description="First retry delay in seconds; doubles each time.")
     retry_max_delay: float = Field(default=120.0, description="Upper bound of one retry delay in seconds.")
     retry_jitter: float = Field(default=0.1, description="Relative jitter of retry delays, 0 to 1 (0 disables).")
-    same_error_limit: int = Field(default=5, description="Consecutive errors of one category before escalation.")
+    same_error_limit: int = Field(
+        default=5, description="Consecutive errors of one category before escalation: a transient category pauses "
+        "the pipeline (shown as waiting), a permanent one fails it.")
     database_retry_budget: Optional[float] = Field(
         default=None, description="Seconds a store call keeps retrying a transient database error (a restart, a lost "
         "connection, a deadlock) before the node degrades (optional) or fails retryably. None: the heartbeat timeout.",
@@ -76,6 +79,21 @@ class RecoveryResource(ConfigurableResource):
         "(30 days by default; at least one hour).")
     allow_long_durations: bool = Field(
         default=False, description="Allow timeouts and deadlines above one day (refused by default as a likely typo).")
+    outage_pause_initial: float = Field(
+        default=30.0, description="First pause of a pipeline after same_error_limit transient errors in a row, in "
+        "seconds; doubles with each pause, with jitter.")
+    outage_pause_max: float = Field(default=600.0, description="Longest single outage pause in seconds.")
+    outage_budget_seconds: float = Field(
+        default=7200.0, description="A provider outage longer than this gives up with a clear reason (default 2 h).")
+    breaker_failure_threshold: int = Field(
+        default=5, description="Consecutive transient failures of one endpoint, across all pipelines, that open its "
+        "circuit breaker.")
+    breaker_cooldown: float = Field(
+        default=30.0, description="Seconds an endpoint's breaker stays open before one half-open probe; doubles "
+        "each time the probe fails.")
+    breaker_max_cooldown: float = Field(default=600.0, description="Longest breaker cool-down in seconds.")
+    breaker_probe_timeout: float = Field(
+        default=120.0, description="Seconds after which an unanswered half-open probe is handed to another caller.")
 
     @model_validator(mode="after")
     def _validate(self) -> "RecoveryResource":
@@ -98,6 +116,11 @@ class RecoveryResource(ConfigurableResource):
         check_count("max_retries", self.max_retries, maximum=1000)
         check_count("same_error_limit", self.same_error_limit, minimum=1, maximum=1000)
         self.retry_policy()
+        for name in ("outage_pause_initial", "outage_pause_max", "outage_budget_seconds", "breaker_cooldown",
+                     "breaker_max_cooldown", "breaker_probe_timeout"):
+            check_seconds(name, getattr(self, name), minimum=0.01, allow_long=long)
+        check_count("breaker_failure_threshold", self.breaker_failure_threshold, minimum=1, maximum=1000)
+        self.outage_settings()
         return self
 
     def enforce_event_retention(self, store: RecoveryStore) -> int:
@@ -124,6 +147,13 @@ class RecoveryResource(ConfigurableResource):
     def recovery_settings(self) -> RecoverySettings:
         return RecoverySettings(enabled=self.enable_orphan_recovery, launch_grace_seconds=self.launch_grace_seconds,
                                 max_age_seconds=self.max_age_seconds)
+
+    def outage_settings(self) -> OutageSettings:
+        return OutageSettings(
+            pause_after=self.same_error_limit, pause_initial=self.outage_pause_initial, pause_max=self.outage_pause_max,
+            budget_seconds=self.outage_budget_seconds, jitter=self.retry_jitter,
+            breaker_threshold=self.breaker_failure_threshold, breaker_cooldown=self.breaker_cooldown,
+            breaker_max_cooldown=self.breaker_max_cooldown, probe_timeout=self.breaker_probe_timeout)
 
     def retry_wait(self) -> wait_jittered_exponential:
         return wait_jittered_exponential(self.retry_initial_delay, max_delay=self.retry_max_delay,

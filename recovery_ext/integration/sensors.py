@@ -23,7 +23,8 @@ from ..database import chunks
 from ..models import Reclaimed, ScanStats
 from ..recovery import scan, summary_line
 from ..redaction import redact
-from .recoverable import TAG_PIPELINE, TAG_RESUME_NUMBER, TAG_RESUMED_FROM
+from .providers import waiting_summary
+from .tags import TAG_PARENT_RUN, TAG_PIPELINE, TAG_RESUME_NUMBER, TAG_RESUMED_FROM, TAG_WILL_RETRY
 from .resources import RecoveryResource
 
 log = logging.getLogger("recovery_ext.sensors")
@@ -35,12 +36,30 @@ ACTIVE_STATUSES = [DagsterRunStatus.QUEUED, DagsterRunStatus.NOT_STARTED, Dagste
                    DagsterRunStatus.STARTED]
 
 
-def _dead_runs(instance, run_ids: Sequence[str]) -> list[str]:
-    """Owners whose Dagster run is already FAILURE or CANCELED: orphans at once."""
+def _owner_runs(instance, run_ids: Sequence[str]) -> tuple[list[str], list[str], list[str]]:
+    """Split owners Dagster already ended: (dead, being retried by Dagster, canceled by their user).
+
+    A FAILURE run tagged ``dagster/will_retry=true`` is not dead for recovery: Dagster's own
+    retry takes the pipeline over through the root run, unless that retry already ended.
+    """
     dead: list[str] = []
+    retrying: list[str] = []
+    canceled: list[str] = []
     for part in chunks(list(run_ids), 500):
-        dead.extend(r.run_id for r in instance.get_runs(filters=RunsFilter(run_ids=list(part), statuses=DEAD_STATUSES)))
-    return dead
+        for r in instance.get_runs(filters=RunsFilter(run_ids=list(part), statuses=DEAD_STATUSES)):
+            if r.status == DagsterRunStatus.CANCELED:
+                canceled.append(r.run_id)
+            elif r.tags.get(TAG_WILL_RETRY) == "true" and not _retry_ended(instance, r.run_id):
+                retrying.append(r.run_id)
+            else:
+                dead.append(r.run_id)
+    return dead, retrying, canceled
+
+
+def _retry_ended(instance, run_id: str) -> bool:
+    """Dagster's retry of ``run_id`` exists and finished without taking the pipeline over."""
+    children = instance.get_runs(filters=RunsFilter(tags={TAG_PARENT_RUN: run_id}), limit=5)
+    return any(c.status in DEAD_STATUSES or c.status == DagsterRunStatus.SUCCESS for c in children)
 
 
 def _fail_stale_run(instance, run_id: str | None, message: str) -> bool:
@@ -93,12 +112,16 @@ def make_orphan_sensor(
             last is not None and time.time() - last > max(startup_gap_factor * minimum_interval_seconds, 60.0))
         trigger = "startup" if startup else "sensor"
         try:
-            dead = _dead_runs(instance, store.running_owners(job_names=job_names))
+            dead, retrying, canceled = _owner_runs(instance, store.running_owners(job_names=job_names))
+            if canceled:  # backstop: the run worker normally records its user's cancel itself
+                for pipeline_id in store.cancel_owned_by(canceled):
+                    context.log.info(f"pipeline {pipeline_id} canceled: its run was canceled by its user")
         except Exception as exc:  # noqa: BLE001 - the store being down is reported by the scan below
             context.log.warning(f"could not list running pipelines: {redact(exc)}")
-            dead = []
+            dead, retrying = [], []
         stats: ScanStats = scan(store, settings=resource.recovery_settings(), dead_owner_runs=dead, launching=True,
-                                limit=max_resumes_per_tick, trigger=trigger, job_names=job_names)
+                                limit=max_resumes_per_tick, trigger=trigger, job_names=job_names,
+                                retrying_owner_runs=retrying)
         resource.enforce_event_retention(store)
         reclaimed = list(stats.reclaimed_pipelines)
         if stats.error is None and len(reclaimed) < max_resumes_per_tick:
@@ -115,7 +138,7 @@ def make_orphan_sensor(
             requests.append(resume_request(r))
         for g in stats.given_up_pipelines:
             _fail_stale_run(instance, g.previous_owner, f"recovery-ext: pipeline {g.pipeline_id} given up: {g.reason}")
-        message = summary_line(stats, launched=len(requests))
+        message = summary_line(stats, launched=len(requests)) + waiting_summary(store)
         if startup:
             message = f"startup recovery: {message}"
         if stats.found or requests or stats.error:
@@ -139,8 +162,15 @@ def make_stuck_item_sensor(
     resource_key: str = "recovery",
 ):
     """Seed 003's stale monitor: reset stuck ``processing`` items, mark exhausted ones ``dead``,
-    and launch a queue run when ready items wait and no run for the queue is active."""
-    if stale_after_seconds <= 0:
+    and launch a queue run when items are claimable and no run for the queue is active.
+
+    Stuck means the store's one rule (:meth:`QueueOps.stale_condition`, shared with
+    ``reset-stuck`` and ``status``): the item's heartbeat deadline passed, or the pipeline
+    holding it was reclaimed; ``stale_after_seconds`` applies only to rows that have no
+    heartbeat deadline (legacy rows). A document that keeps heartbeating is never reset,
+    however long it takes.
+    """
+    if not stale_after_seconds > 0:
         raise ValueError("stale_after_seconds must be positive")
     job_name = job.name
 
@@ -153,11 +183,13 @@ def make_stuck_item_sensor(
         reset = store.reset_stale(queue=queue, older_than_seconds=stale_after_seconds, reason="stale item sensor")
         dead = [r.id for r in reset if r.new_status == "dead"]
         ready = store.count_ready(queue)
-        parts = [f"queue {queue}: {len(reset) - len(dead)} reset, {len(dead)} dead, {ready} ready"]
+        waiting = store.count_ready(queue, waiting=True)
+        parts = [f"queue {queue}: {len(reset) - len(dead)} reset, {len(dead)} dead, {ready} ready"
+                 + (f", {waiting} waiting for their retry delay" if waiting else "")]
         active = context.instance.get_runs(
             filters=RunsFilter(job_name=job_name, statuses=ACTIVE_STATUSES, tags={TAG_QUEUE: queue}), limit=1)
         if reset:
-            context.log.info(parts[0])
+            context.log.info(parts[0] + "; " + "; ".join(f"item {r.id}: {r.reason}" for r in reset[:20]))
         if not ready or active:
             if active:
                 parts.append(f"run {active[0].run_id} is draining it")
