@@ -20,18 +20,30 @@ from .redaction import redact
 from .store import URL_ENV, RecoveryStore, default_database_url
 
 RULE = "=" * 60
+CLI_RETRY_BUDGET = 3.0
+# Row ids are BIGINT: a larger number is a usage error (exit 2), never a driver overflow.
+ROW_ID = click.IntRange(min=1, max=2**63 - 1)
 
 
 class Duration(click.ParamType):
+    """``90``, ``90s``, ``10m``, ``1h``, ``1d``: finite and within bounds (else exit 2)."""
+
     name = "duration"
+    minimum, maximum = 1.0, 366 * 86400.0
 
     def convert(self, value, param, ctx):
-        if isinstance(value, (int, float)):
-            return float(value)
         try:
-            return parse_duration(value)
+            seconds = parse_duration(value)
         except ValueError as exc:
             self.fail(str(exc), param, ctx)
+        if not self.minimum <= seconds <= self.maximum:
+            self.fail(f"must be between {self.minimum:g} and {self.maximum:g} seconds, got {value!r}", param, ctx)
+        return seconds
+
+
+class PollInterval(Duration):
+    name = "seconds"
+    minimum, maximum = 0.1, 60.0
 
 
 def _jsonable(value: Any) -> Any:
@@ -75,7 +87,8 @@ def command(fn):
         out = Output(as_json or obj["json"])
         url = obj["url"]
         try:
-            store = RecoveryStore(url)
+            # An operator waits a few seconds at most for an unreachable database, not a heartbeat timeout.
+            store = RecoveryStore(url, retry_budget=CLI_RETRY_BUDGET, connect_timeout=5)
         except ConfigurationError as exc:
             raise click.ClickException(str(exc)) from None
         try:
@@ -93,13 +106,37 @@ def command(fn):
             except RecoveryError:
                 pass
             raise click.ClickException(redact(str(exc)) + hint) from None
+        except (click.ClickException, click.exceptions.Exit, click.exceptions.Abort, KeyboardInterrupt):
+            raise
+        except OSError as exc:  # e.g. demo setup --folder /proc/x
+            raise click.ClickException(redact(f"{exc.strerror or exc}: {exc.filename or ''}".rstrip(": "))) from None
+        except Exception as exc:  # noqa: BLE001 - no traceback reaches a user, whatever the input
+            raise click.ClickException(f"unexpected error ({type(exc).__name__}): {redact(exc)}") from None
         finally:
             store.close()
 
     return wrapper
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class RedactingGroup(click.Group):
+    """Usage errors quote the arguments; an argument may be a URL with a password."""
+
+    def make_context(self, *args, **kwargs):
+        try:
+            return super().make_context(*args, **kwargs)
+        except click.ClickException as exc:
+            exc.message = redact(exc.message)
+            raise
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except click.ClickException as exc:
+            exc.message = redact(exc.message)
+            raise
+
+
+@click.group(cls=RedactingGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--database-url", envvar=URL_ENV, show_envvar=True, metavar="URL",
               help="Application tables (postgresql://... or sqlite:///...). Default: SQLite under $DAGSTER_HOME.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable JSON output for every command.")
@@ -148,6 +185,8 @@ def status(store: RecoveryStore, out: Output, threshold: float) -> None:
         "queues": store.queue_summary(),
         "waiting": store.waiting_pipelines(),
         "circuit_breakers": [b for b in store.breakers() if b["state"] != "closed" or b["consecutive_failures"]],
+        "unwatched_pipelines": store.unwatched_pipelines(),
+        "unknown_status_items": store.items_with_unknown_status(),
     }
 
     def human() -> None:
@@ -179,6 +218,10 @@ def status(store: RecoveryStore, out: Output, threshold: float) -> None:
             until = f" until {_when(b['open_until'])}" if b["state"] == "open" else ""
             click.echo(f"  - {b['endpoint']}: {b['state']}{until}, {b['consecutive_failures']} failures in a row, "
                        f"opened {b['open_count']}x; last error: {(b['last_error'] or '')[:80]}")
+        for u in data["unwatched_pipelines"]:
+            click.echo(f"  ! pipeline {u['id']} ({u['job_name']}) owner {u['owner']}: {u['reason']}")
+        for i in data["unknown_status_items"]:
+            click.echo(f"  ! item {i['id']} ({i['queue']}) has unknown status {i['status']!r}")
         if data["queues"]:
             click.echo("\nQueues")
             click.echo(tabulate([(r["queue"], r["status"], r["count"], _seconds(r["avg_seconds"]))
@@ -217,7 +260,7 @@ def list_pipelines(store: RecoveryStore, out: Output, status_: str | None, limit
 
 
 @pipelines.command("show")
-@click.argument("pipeline_id", type=click.IntRange(min=1))
+@click.argument("pipeline_id", type=ROW_ID)
 @command
 def show_pipeline(store: RecoveryStore, out: Output, pipeline_id: int) -> None:
     """Nodes, items done/total, attempts, errors and transitions of one pipeline."""
@@ -296,7 +339,7 @@ def recover(store: RecoveryStore, out: Output, limit: int) -> None:
               help="Processing items without a heartbeat deadline (legacy rows) started longer ago than this are "
                    "stuck; the others are stuck when their heartbeat deadline passed or their pipeline was reclaimed.")
 @click.option("--queue", help="Only this queue.")
-@click.option("--job-id", "item_id", type=click.IntRange(min=1), help="Show one item's status, then reset it if stuck.")
+@click.option("--job-id", "item_id", type=ROW_ID, help="Show one item's status, then reset it if stuck.")
 @click.option("--dry-run", is_flag=True, help="List what would be reset, change nothing.")
 @command
 def reset_stuck(store: RecoveryStore, out: Output, threshold: float, queue: str | None, item_id: int | None,
@@ -337,7 +380,7 @@ def reset_stuck(store: RecoveryStore, out: Output, threshold: float, queue: str 
 
 
 @main.command("retry-dead")
-@click.argument("item_ids", nargs=-1, type=click.IntRange(min=1))
+@click.argument("item_ids", nargs=-1, type=ROW_ID)
 @click.option("--all", "retry_all", is_flag=True, help="Retry every dead item.")
 @click.option("--queue", help="With --all: only this queue.")
 @command
@@ -384,14 +427,17 @@ def redo_degraded(store: RecoveryStore, out: Output, pipeline_id: int, node: str
 @click.option("--follow", "-f", is_flag=True, help="Keep printing new events until interrupted.")
 @click.option("--kind", multiple=True, help="Only these kinds (repeatable).")
 @click.option("--limit", type=click.IntRange(1, 10_000), default=50, show_default=True)
-@click.option("--interval", type=click.FloatRange(0.1, 60), default=1.0, show_default=True,
+@click.option("--interval", type=PollInterval(), default="1", show_default=True,
               help="Seconds between polls with --follow.")
 @command
 def events(store: RecoveryStore, out: Output, follow: bool, kind: tuple[str, ...], limit: int,
            interval: float) -> None:
-    """Recovery events (the outbox): recovered, stuck, item reset, item dead ..."""
-    recent = store.recent_events(kinds=kind or None, after_id=0, limit=100_000)[-limit:]
-    last = recent[-1]["id"] if recent else 0
+    """Recovery events (the outbox), the newest --limit of them: recovered, stuck, item reset, item dead ..."""
+    kinds = kind or None
+    if follow:
+        recent, cursor = store.start_following(kinds=kinds, limit=limit)
+    else:
+        recent = store.recent_events(kinds=kinds, limit=limit, newest=True)
 
     def show(rows: list[dict]) -> None:
         for e in rows:
@@ -408,12 +454,9 @@ def events(store: RecoveryStore, out: Output, follow: bool, kind: tuple[str, ...
     while follow:
         try:
             time.sleep(interval)
-            new = store.recent_events(kinds=kind or None, after_id=last, limit=1000)
+            show(store.follow_events(cursor, kinds=kinds))
         except KeyboardInterrupt:
             return
-        if new:
-            show(new)
-            last = new[-1]["id"]
 
 
 @main.group()

@@ -443,15 +443,14 @@ class QueueOps(PipelineOps):
                 .returning(q.id)
             ).all()
             retried = sorted(r.id for r in rows)
+            missing = set(ids) - set(retried) if ids is not None else set()
+            if missing:  # raised inside the transaction: it rolls back, a rejected command changes nothing
+                raise IllegalTransition(f"queue items {sorted(missing)} are not dead; only dead items can be retried "
+                                        "(nothing was changed)")
             self.record_transitions(conn, [
                 {"entity_type": "queue_item", "entity_id": i, "from_status": "dead", "to_status": "ready",
                  "event": "manual_retry", "data": {"attempts_cleared": True}} for i in retried
             ])
-        if ids is not None:
-            missing = set(ids) - set(retried)
-            if missing:
-                raise IllegalTransition(f"queue items {sorted(missing)} are not dead; only dead items can be retried"
-                                        + (f" (retried {retried})" if retried else ""))
         return retried
 
     def get_item(self, item_id: int) -> QueueItem:

@@ -72,7 +72,11 @@ class DbTime(TypeDecorator):
         if value is None:
             return None
         if dialect.name == "sqlite":
-            return dt.datetime.fromtimestamp(float(value), tz=dt.timezone.utc)
+            try:
+                return dt.datetime.fromtimestamp(float(value), tz=dt.timezone.utc)
+            except (TypeError, ValueError, OverflowError, OSError):
+                # Text or an absurd number in a time column: readable, never a traceback; the scan fails the row.
+                return dt.datetime.min.replace(tzinfo=dt.timezone.utc)
         if value.tzinfo is None:
             return value.replace(tzinfo=dt.timezone.utc)
         return value

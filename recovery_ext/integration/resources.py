@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 from typing import Optional
 
@@ -13,8 +14,11 @@ from ..errors import ConfigurationError
 from ..heartbeat import HeartbeatSettings
 from ..outage import OutageSettings
 from ..recovery import RecoverySettings
+from ..redaction import redact
 from ..retry import RetryPolicy, wait_jittered_exponential
 from ..store import RecoveryStore, default_database_url
+
+log = logging.getLogger("recovery_ext.resources")
 
 _stores: dict[str, RecoveryStore] = {}
 _stores_lock = threading.Lock()
@@ -70,6 +74,9 @@ class RecoveryResource(ConfigurableResource):
         default=None, description="Seconds a store call keeps retrying a transient database error (a restart, a lost "
         "connection, a deadlock) before the node degrades (optional) or fails retryably. None: the heartbeat timeout.",
     )
+    event_retention_seconds: float = Field(
+        default=30 * 86400.0, description="Events (rx_events) older than this are deleted by the orphan sensor "
+        "(30 days by default; at least one hour).")
     allow_long_durations: bool = Field(
         default=False, description="Allow timeouts and deadlines above one day (refused by default as a likely typo).")
     outage_pause_initial: float = Field(
@@ -103,6 +110,8 @@ class RecoveryResource(ConfigurableResource):
                       allow_long=long)
         if not isinstance(self.retry_jitter, (int, float)) or not 0.0 <= self.retry_jitter <= 1.0:
             raise ConfigurationError(f"retry_jitter must be between 0 and 1, got {self.retry_jitter!r}")
+        check_seconds("event_retention_seconds", self.event_retention_seconds, minimum=3600.0,
+                      maximum=10 * 366 * DAY)
         check_count("max_resumes", self.max_resumes, maximum=1000)
         check_count("max_retries", self.max_retries, maximum=1000)
         check_count("same_error_limit", self.same_error_limit, minimum=1, maximum=1000)
@@ -113,6 +122,14 @@ class RecoveryResource(ConfigurableResource):
         check_count("breaker_failure_threshold", self.breaker_failure_threshold, minimum=1, maximum=1000)
         self.outage_settings()
         return self
+
+    def enforce_event_retention(self, store: RecoveryStore) -> int:
+        """Delete a batch of events past the retention; never raises (the sensor's tick goes on)."""
+        try:
+            return store.prune_events(self.event_retention_seconds)
+        except Exception as exc:  # noqa: BLE001 - retention is housekeeping; it is retried next tick
+            log.warning("could not delete old events: %s", redact(exc))
+            return 0
 
     def store_retry_budget(self) -> float:
         return self.heartbeat_timeout if self.database_retry_budget is None else self.database_retry_budget

@@ -122,6 +122,7 @@ def make_orphan_sensor(
         stats: ScanStats = scan(store, settings=resource.recovery_settings(), dead_owner_runs=dead, launching=True,
                                 limit=max_resumes_per_tick, trigger=trigger, job_names=job_names,
                                 retrying_owner_runs=retrying)
+        resource.enforce_event_retention(store)
         reclaimed = list(stats.reclaimed_pipelines)
         if stats.error is None and len(reclaimed) < max_resumes_per_tick:
             try:
