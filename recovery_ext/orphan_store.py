@@ -337,10 +337,8 @@ class OrphanOps(PipelineOps):
                 .where(LIVE, or_(*[cond for cond, _ in checks]))
                 .with_for_update(skip_locked=True)
             ).all()
-            corrupt = {r.id: "corrupt row: " + "; ".join(w for w in r[4:] if w) for r in rows}
-            for r in rows:
-                if r.status not in PIPELINE_STATUSES:
-                    corrupt[r.id] += f" ({r.status!r})"
+            corrupt = {r.id: "corrupt row: " + "; ".join(
+                f"{w} {r.status!r}" if w == "unknown pipeline status" else w for w in r[4:] if w) for r in rows}
             return self._fail_corrupt(conn, corrupt, {r.id: r.owner for r in rows})
 
 
