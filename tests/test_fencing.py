@@ -22,7 +22,7 @@ from sqlalchemy import Column, Integer, MetaData, Table, Text, func, insert, ins
 
 from helpers import expire
 from recovery_ext.errors import OwnershipLost, StoreError
-from recovery_ext.integration import RecoveryResource, recoverable_op
+from recovery_ext.integration import RecoveryResource, execute_in_process, recoverable_op
 from recovery_ext.models import Ownership
 from recovery_ext.schema import pipelines
 from recovery_ext.store import RecoveryStore
@@ -65,8 +65,8 @@ def test_a_superseded_workers_write_through_the_op_api_is_refused(store, db_url)
     STEPS.update(wrote=threading.Event(), reclaimed=threading.Event())
     resource = RecoveryResource(database_url=db_url, heartbeat_interval=5, heartbeat_timeout=30)
     box = {}
-    thread = threading.Thread(target=lambda: box.update(result=two_writes_job.execute_in_process(
-        resources={"recovery": resource}, raise_on_error=False)), daemon=True)
+    thread = threading.Thread(target=lambda: box.update(result=execute_in_process(
+        two_writes_job, resources={"recovery": resource}, raise_on_error=False)), daemon=True)
     thread.start()
     assert STEPS["wrote"].wait(120)
     (p,) = store.list_pipelines()
@@ -201,6 +201,7 @@ def test_the_real_ontology_job_with_the_multiprocess_executor_never_deadlocks(pg
             result = execute_job(build_reconstructable_job(
                 "ontology_defs", "bound_ontology_job", reconstructor_working_directory=str(TESTS)),
                 instance=instance, raise_on_error=False)
+            print(f"ontology run {len(failed) + 1}: success={result.success}", flush=True)  # progress under -s
             if not result.success:
                 failed.append([str(e.event_specific_data) for e in result.all_events
                                if e.event_type_value == "STEP_FAILURE"])

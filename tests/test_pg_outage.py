@@ -16,7 +16,7 @@ import pytest
 from dagster import Field, in_process_executor, job
 
 from pg_cluster import PrivateCluster
-from recovery_ext.integration import RecoveryResource, recoverable_op
+from recovery_ext.integration import RecoveryResource, execute_in_process, recoverable_op
 from recovery_ext.store import RecoveryStore
 
 ITEMS = 24
@@ -60,8 +60,8 @@ def run_in_thread(url: str, item_seconds: float):
     box = {}
 
     def go():
-        box["result"] = outage_job.execute_in_process(
-            run_config={"ops": {"slow_items": {"config": {"items": ITEMS, "item_seconds": item_seconds}}}},
+        box["result"] = execute_in_process(
+            outage_job, run_config={"ops": {"slow_items": {"config": {"items": ITEMS, "item_seconds": item_seconds}}}},
             resources={"recovery": resource}, raise_on_error=False)
 
     thread = threading.Thread(target=go, daemon=True)
@@ -145,8 +145,8 @@ def test_past_the_budget_an_optional_node_degrades_and_a_required_node_fails_unt
     resource = RecoveryResource(database_url=url, heartbeat_interval=1.0, heartbeat_timeout=30.0,
                                 database_retry_budget=3.0)
     box = {}
-    thread = threading.Thread(target=lambda: box.update(result=budget_job.execute_in_process(
-        resources={"recovery": resource}, raise_on_error=False)), daemon=True)
+    thread = threading.Thread(target=lambda: box.update(result=execute_in_process(
+        budget_job, resources={"recovery": resource}, raise_on_error=False)), daemon=True)
     thread.start()
     deadline = time.monotonic() + 120
     while not (store.list_pipelines() and store.get_node(store.list_pipelines()[0].id, "optional_writer").status

@@ -13,6 +13,7 @@ from sqlalchemy import MetaData, select
 
 from conftest import create_pg_database, drop_pg_database
 from recovery_ext.cli import main
+from recovery_ext.integration import execute_in_process
 from recovery_ext.pipelines.sample_data import create_sample_database
 from recovery_ext.store import RecoveryStore
 
@@ -65,7 +66,7 @@ def test_planted_passwords_and_api_key_appear_nowhere(source_port, source_db, pg
 
     defs = build_definitions()
     with DagsterInstance.local_temp(str(home)) as instance:
-        result = defs.get_job_def("ontology_extraction").execute_in_process(instance=instance, raise_on_error=False)
+        result = execute_in_process(defs.get_job_def("ontology_extraction"), instance=instance, raise_on_error=False)
     assert result.success == (source_port == "5432")
     store = RecoveryStore(app_url)
     (p,) = store.list_pipelines()

@@ -68,7 +68,7 @@ def run_fenced_writer(url: str, items: int) -> None:
     from dagster import in_process_executor, job
     from sqlalchemy import Column, Integer, MetaData, Table, Text, insert
 
-    from recovery_ext.integration import RecoveryResource, recoverable_op
+    from recovery_ext.integration import RecoveryResource, execute_in_process, recoverable_op
 
     meta = MetaData()
     writes = Table("zombie_writes", meta, Column("id", Integer, primary_key=True), Column("what", Text))
@@ -89,7 +89,7 @@ def run_fenced_writer(url: str, items: int) -> None:
 
     resource = RecoveryResource(database_url=url, heartbeat_interval=0.5, heartbeat_timeout=3)
     meta.create_all(resource.get_store().engine)
-    result = zombie_job.execute_in_process(resources={"recovery": resource}, raise_on_error=False)
+    result = execute_in_process(zombie_job, resources={"recovery": resource}, raise_on_error=False)
     failure = next((str(e.event_specific_data.error.message) for e in result.all_events
                     if e.event_type_value == "STEP_FAILURE"), "")
     sys.stdout.write(f"success={result.success} failure={failure}\n")
