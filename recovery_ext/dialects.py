@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from sqlalchemy import Float, bindparam, event, func, literal_column, text
+from sqlalchemy import Float, and_, bindparam, event, func, literal_column, or_, text
 from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.engine.url import URL
 from sqlalchemy.sql.elements import ColumnElement
@@ -46,6 +46,14 @@ class Dialect:
 
     def engine_options(self) -> dict[str, Any]:
         return {}
+
+    def bad_time(self, column) -> ColumnElement:
+        """The column holds something that is not a finite time (NULL is fine)."""
+        raise NotImplementedError
+
+    def snapshot_bounds(self, conn) -> tuple[int | None, int | None]:
+        """``(xmin, xmax)`` of the current snapshot where transactions can commit out of id order."""
+        return None, None
 
     @contextmanager
     def read_only(self, conn) -> Iterator[None]:
@@ -129,6 +137,22 @@ class PostgresDialect(Dialect):
             conn.exec_driver_sql("SET TRANSACTION READ ONLY")
             yield
 
+    def bad_time(self, column) -> ColumnElement:
+        return and_(column.isnot(None), ~func.isfinite(column))
+
+    def configure(self, engine: Engine) -> None:
+        @event.listens_for(engine, "connect")
+        def _on_connect(dbapi_conn, _record):
+            # 'infinity'/'-infinity' (or any value beyond Python's range) must not break every
+            # query that touches the row: they load as datetime.max/min, and the scan fails them.
+            dbapi_conn.adapters.register_loader("timestamptz", _clamped_timestamptz_loader())
+
+    def snapshot_bounds(self, conn) -> tuple[int | None, int | None]:
+        row = conn.exec_driver_sql(
+            "SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint, "
+            "pg_snapshot_xmax(pg_current_snapshot())::text::bigint").one()
+        return int(row[0]), int(row[1])
+
     def now(self) -> ColumnElement:
         return func.now()
 
@@ -203,6 +227,11 @@ class SqliteDialect(Dialect):
     def now(self) -> ColumnElement:
         return literal_column("((julianday('now') - 2440587.5) * 86400.0)", type_=Float)
 
+    def bad_time(self, column) -> ColumnElement:
+        # epoch seconds: text, blobs and values beyond year 9999 are not times
+        kind = func.typeof(column)
+        return and_(column.isnot(None), or_(kind.not_in(("real", "integer")), column < 0, column > 253402300799))
+
     def now_plus(self, seconds: Any) -> ColumnElement:
         if not isinstance(seconds, ColumnElement):
             seconds = bindparam(None, float(seconds), type_=Float)
@@ -225,6 +254,27 @@ class SqliteDialect(Dialect):
             return code in _SQLITE_BUSY_CODES
         message = str(orig).lower()
         return "database is locked" in message or "database is busy" in message
+
+
+def _clamped_timestamptz_loader():
+    import datetime as dt
+
+    from psycopg.types.datetime import TimestamptzLoader
+
+    class ClampedTimestamptzLoader(TimestamptzLoader):
+        def load(self, data):
+            raw = bytes(data)
+            if raw == b"infinity":
+                return dt.datetime.max.replace(tzinfo=dt.timezone.utc)
+            if raw == b"-infinity":
+                return dt.datetime.min.replace(tzinfo=dt.timezone.utc)
+            try:
+                return super().load(data)
+            except Exception:  # noqa: BLE001 - out of Python's range (e.g. year 10000 or BC)
+                early = raw.endswith(b"BC") or raw.startswith(b"-")
+                return (dt.datetime.min if early else dt.datetime.max).replace(tzinfo=dt.timezone.utc)
+
+    return ClampedTimestamptzLoader
 
 
 def _timeout(name: str, value: float | None, default: float) -> float:

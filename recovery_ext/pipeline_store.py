@@ -359,7 +359,8 @@ class PipelineOps(Database):
             update(pipelines)
             .where(pipelines.c.id == own.pipeline_id, pipelines.c.epoch == own.epoch, pipelines.c.status == "running")
             .values(status=status, completed_at=self.dialect.now(), updated_at=self.dialect.now(),
-                    current_node=None, heartbeat_deadline=None, error=error, gave_up_reason=reason)
+                    current_node=None, heartbeat_deadline=None, error=error, gave_up_reason=reason,
+                    waiting_until=None, waiting_since=None, waiting_reason=None)
         )
         self.record_transitions(
             conn,
@@ -428,18 +429,24 @@ class PipelineOps(Database):
                 return  # the first attempt committed before its connection dropped
             if also is not None:
                 also(FencedTransaction(self, conn, own))
+            values = dict(status=status, result=result, run_id=own.owner, epoch=own.epoch,
+                          completed_at=self.dialect.now())
             try:
                 with conn.begin_nested():
-                    conn.execute(
-                        insert(node_items).values(
-                            pipeline_id=own.pipeline_id, node_name=node_name, item_key=item_key, status=status,
-                            result=result, run_id=own.owner, epoch=own.epoch, completed_at=self.dialect.now(),
-                        )
-                    )
+                    conn.execute(insert(node_items).values(pipeline_id=own.pipeline_id, node_name=node_name,
+                                                           item_key=item_key, **values))
             except IntegrityError as exc:
-                raise IllegalTransition(
-                    f"item {item_key!r} of node {node_name!r} in pipeline {own.pipeline_id} is already checkpointed"
-                ) from exc
+                # A degraded item (a fallback answer) may be redone once; a completed one never.
+                redone = conn.execute(
+                    update(node_items)
+                    .where(node_items.c.pipeline_id == own.pipeline_id, node_items.c.node_name == node_name,
+                           node_items.c.item_key == item_key, node_items.c.status == "degraded")
+                    .values(**values)
+                ).rowcount
+                if not redone:
+                    raise IllegalTransition(
+                        f"item {item_key!r} of node {node_name!r} in pipeline {own.pipeline_id} is already checkpointed"
+                    ) from exc
             if stall_timeout:
                 conn.execute(
                     update(nodes)

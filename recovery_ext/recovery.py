@@ -69,7 +69,6 @@ def scan(
         stats.error = "orphan recovery is disabled (RECOVERY_ENABLE_ORPHAN_RECOVERY=false)"
         return stats
     try:
-        policy.call(store.record_event, "recovery_started", {"trigger": trigger})
         corrupt = policy.call(store.fail_unknown_statuses)
         given_up = policy.call(store.give_up_hopeless, dead_owner_runs=dead_owner_runs,
                                max_age_seconds=settings.max_age_seconds, job_names=job_names,
@@ -91,7 +90,7 @@ def scan(
         stats.error = redact(f"{type(exc).__name__}: {exc}")
         log.error("recovery scan failed: %s", stats.error)
     stats.duration_ms = (time.perf_counter() - started) * 1000
-    if stats.error is None:
+    if stats.error is None and stats.found:  # an idle tick records nothing: its tick message is enough
         try:
             policy.call(store.record_event, "recovery_completed", {"trigger": trigger, **stats.as_dict()})
         except Exception as exc:  # noqa: BLE001

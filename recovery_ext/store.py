@@ -9,6 +9,7 @@ from pathlib import Path
 from . import ontology_schema  # noqa: F401 - registers the ontology tables of migration 0002
 from .database import retried
 from .orphan_store import OrphanOps
+from .provider_store import ProviderOps
 from .run_store import RunOps
 from .queue_store import QueueOps
 from .reports import ReportOps
@@ -21,8 +22,8 @@ _NOT_RETRIED = frozenset({"read", "read_only", "write", "fenced", "close", "wrap
                           "pending_migrations"})
 
 
-class RecoveryStore(OrphanOps, RunOps, QueueOps, ReportOps):
-    """Pipelines, nodes, item checkpoints, the work queue, transitions and events.
+class RecoveryStore(OrphanOps, RunOps, ProviderOps, QueueOps, ReportOps):
+    """Pipelines, nodes, item checkpoints, the work queue, transitions, events and circuit breakers.
 
     Every public call is one transaction, re-run on transient database errors (a restart,
     a lost connection, a deadlock) for up to ``retry_budget`` seconds, by the shared

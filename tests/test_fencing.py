@@ -22,7 +22,7 @@ from sqlalchemy import Column, Integer, MetaData, Table, Text, func, insert, ins
 
 from helpers import expire
 from recovery_ext.errors import OwnershipLost, StoreError
-from recovery_ext.integration import RecoveryResource, execute_in_process, recoverable_op, with_recovery
+from recovery_ext.integration import RecoveryResource, execute_in_process, recoverable_op
 from recovery_ext.models import Ownership
 from recovery_ext.schema import pipelines
 from recovery_ext.store import RecoveryStore
@@ -49,7 +49,7 @@ def two_writes(ctx):
     return "wrote twice"
 
 
-@job(executor_def=with_recovery(in_process_executor))
+@job(executor_def=in_process_executor)
 def two_writes_job():
     two_writes()
 
@@ -201,6 +201,7 @@ def test_the_real_ontology_job_with_the_multiprocess_executor_never_deadlocks(pg
             result = execute_job(build_reconstructable_job(
                 "ontology_defs", "bound_ontology_job", reconstructor_working_directory=str(TESTS)),
                 instance=instance, raise_on_error=False)
+            print(f"ontology run {len(failed) + 1}: success={result.success}", flush=True)  # progress under -s
             if not result.success:
                 failed.append([str(e.event_specific_data) for e in result.all_events
                                if e.event_type_value == "STEP_FAILURE"])

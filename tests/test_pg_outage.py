@@ -16,7 +16,7 @@ import pytest
 from dagster import Field, in_process_executor, job
 
 from pg_cluster import PrivateCluster
-from recovery_ext.integration import RecoveryResource, execute_in_process, recoverable_op, with_recovery
+from recovery_ext.integration import RecoveryResource, execute_in_process, recoverable_op
 from recovery_ext.store import RecoveryStore
 
 ITEMS = 24
@@ -39,7 +39,7 @@ def after(ctx, done):
     return len(done)
 
 
-@job(executor_def=with_recovery(in_process_executor))
+@job(executor_def=in_process_executor)
 def outage_job():
     after(slow_items())
 
@@ -90,31 +90,83 @@ def assert_nothing_lost_or_doubled(store: RecoveryStore, box) -> None:
     assert result.output_for_node("after") == ITEMS
 
 
-def test_pg_ctl_restart_mid_node_loses_nothing_and_the_node_finishes(cluster, cpu_hog):
+def outage_mid_node(cluster, make_outage) -> None:
     url = cluster.create_database(f"rx_{uuid.uuid4().hex[:8]}")
     store = RecoveryStore(url, retry_budget=60)
     store.migrate()
     thread, box = run_in_thread(url, item_seconds=0.25)
     wait_for_items(store, 5)
-    cluster.restart("fast")
+    make_outage()
     thread.join(300)
     assert not thread.is_alive()
     assert_nothing_lost_or_doubled(store, box)
     store.close()
 
 
+def test_pg_ctl_restart_mid_node_loses_nothing_and_the_node_finishes(cluster, cpu_hog):
+    outage_mid_node(cluster, lambda: cluster.restart("fast"))
+
+
 def test_a_20_second_stop_mid_node_loses_nothing_and_the_node_finishes(cluster, cpu_hog):
+    def stop_for_20_seconds():
+        cluster.stop("fast")
+        time.sleep(20)  # the outage itself is what is under test, not a wait for a condition
+        cluster.start()
+
+    outage_mid_node(cluster, stop_for_20_seconds)
+
+
+RELEASE = threading.Event()
+
+
+@recoverable_op(optional=True)
+def optional_writer(ctx):
+    RELEASE.wait(120)
+    with ctx.transaction() as tx:
+        tx.execute(__import__("sqlalchemy").text("SELECT 1"))
+    return "wrote"
+
+
+@recoverable_op
+def required_writer(ctx, upstream):
+    return upstream
+
+
+@job(executor_def=in_process_executor)
+def budget_job():
+    required_writer(optional_writer())
+
+
+def test_past_the_budget_an_optional_node_degrades_and_a_required_node_fails_until_the_database_is_back(cluster):
     url = cluster.create_database(f"rx_{uuid.uuid4().hex[:8]}")
-    store = RecoveryStore(url, retry_budget=60)
+    store = RecoveryStore(url, retry_budget=30)
     store.migrate()
-    thread, box = run_in_thread(url, item_seconds=0.25)
-    wait_for_items(store, 5)
+    RELEASE.clear()
+    resource = RecoveryResource(database_url=url, heartbeat_interval=1.0, heartbeat_timeout=30.0,
+                                database_retry_budget=3.0)
+    box = {}
+    thread = threading.Thread(target=lambda: box.update(result=execute_in_process(
+        budget_job, resources={"recovery": resource}, raise_on_error=False)), daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 120
+    while not (store.list_pipelines() and store.get_node(store.list_pipelines()[0].id, "optional_writer").status
+               == "running"):
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
     cluster.stop("fast")
-    stopped_at = time.monotonic()
-    time.sleep(20)  # the outage itself is the thing under test, not a wait for a condition
+    RELEASE.set()
+    thread.join(180)
+    result = box["result"]
     cluster.start()
-    thread.join(300)
-    assert not thread.is_alive()
-    assert time.monotonic() - stopped_at >= 20
-    assert_nothing_lost_or_doubled(store, box)
+    assert not result.success
+    optional_output = next(e for e in result.all_events
+                           if e.step_key == "optional_writer" and e.event_type_value == "STEP_OUTPUT")
+    assert "degraded (database unavailable)" in str(optional_output.event_specific_data.metadata["recovery"])
+    failure = next(e for e in result.all_events if e.event_type_value == "STEP_FAILURE")
+    assert failure.step_key == "required_writer"
+    assert "resumes once the database is back" in str(failure.event_specific_data.error)
+    (p,) = store.list_pipelines()
+    assert p.status == "running"  # nothing was marked permanent
+    (reclaimed,), _ = store.reclaim(limit=1, dead_owner_runs=[result.run_id])
+    assert reclaimed.pipeline_id == p.id and reclaimed.reset_nodes == ("optional_writer",)
     store.close()

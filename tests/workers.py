@@ -68,7 +68,7 @@ def run_fenced_writer(url: str, items: int) -> None:
     from dagster import in_process_executor, job
     from sqlalchemy import Column, Integer, MetaData, Table, Text, insert
 
-    from recovery_ext.integration import RecoveryResource, execute_in_process, recoverable_op, with_recovery
+    from recovery_ext.integration import RecoveryResource, execute_in_process, recoverable_op
 
     meta = MetaData()
     writes = Table("zombie_writes", meta, Column("id", Integer, primary_key=True), Column("what", Text))
@@ -83,7 +83,7 @@ def run_fenced_writer(url: str, items: int) -> None:
                 insert(writes).values(what=f"checkpoint {key}")))
         return items
 
-    @job(executor_def=with_recovery(in_process_executor))
+    @job(executor_def=in_process_executor)
     def zombie_job():
         writer()
 

@@ -53,6 +53,11 @@ class Item:
         """Checkpoint this item; ``also(tx)`` writes in the same fenced transaction."""
         self.node.checkpoint(self.key, result, also=also)
 
+    def degrade(self, result: Any = None, *, also: Callable[[Any], None] | None = None) -> None:
+        """Record a fallback answer: kept as the item's result, but ``degraded``, so the next run of this
+        node (a crash resume or ``recovery-ext redo-degraded``) asks the provider again."""
+        self.node.checkpoint(self.key, result, also=also, status="degraded")
+
 
 class NodeContext:
     """What a recoverable op's body gets: Dagster's context plus items, progress and ownership checks.
@@ -74,6 +79,7 @@ class NodeContext:
         self.resource = resource
         self.items_resumed = 0
         self.items_done = 0
+        self.items_degraded = 0
         self.metadata: dict[str, Any] = {}
 
     @property
@@ -134,10 +140,12 @@ class NodeContext:
         return self._store.completed_items(self.pipeline_id, self.node_name)
 
     def items(self, keys: Iterable[str]) -> Iterator[Item]:
-        """Yield only the items a previous run did not finish, in the given order."""
+        """Yield only the items a previous run did not finish, in the given order; degraded items
+        (fallback answers) count as unfinished and are asked again."""
         keys = [str(k) for k in keys]
         self._store.set_items_total(self.ownership, self.node_name, len(keys))
-        done = self.completed_items()
+        statuses = self._store.item_statuses(self.pipeline_id, self.node_name)
+        done = {k for k, status in statuses.items() if status != "degraded"}
         self.items_resumed = sum(1 for k in keys if k in done)
         if self.items_resumed:
             self.log.info(f"resuming node {self.node_name}: {self.items_resumed}/{len(keys)} items already done")
@@ -147,11 +155,15 @@ class NodeContext:
             self.check()
             yield Item(self, key)
 
-    def checkpoint(self, key: str, result: Any = None, *, also: Callable[[Any], None] | None = None) -> None:
+    def checkpoint(self, key: str, result: Any = None, *, also: Callable[[Any], None] | None = None,
+                   status: str = "completed") -> None:
         self.check()
         self._store.checkpoint_item(self.ownership, self.node_name, str(key), _jsonable(result), also=also,
-                                   stall_timeout=self.settings.stall_timeout)
-        self.items_done += 1
+                                    stall_timeout=self.settings.stall_timeout, status=status)
+        if status == "degraded":
+            self.items_degraded += 1
+        else:
+            self.items_done += 1
 
 
 def _owned(context: OpExecutionContext, store: RecoveryStore, op_name: str) -> tuple[int, Ownership | None, str]:
@@ -265,6 +277,8 @@ def _run_node(context, store, resource, settings, own, op_name, body, inputs, op
     # the node's own heartbeat: what the run worker cannot see (this step's process, its host, a stall)
     watchdog = registry_for(store).register(own, settings, node=op_name)
     ctx = NodeContext(context, store, own, op_name, settings, watchdog, resource)
+    if context.retry_number:  # a retry after an outage pause: running again, the outage clock keeps going
+        store.clear_waiting(own, node=op_name, keep_outage_clock=True, event="outage_retry")
     try:
         output = _jsonable(body(ctx, **inputs))
         ctx.check()
@@ -279,13 +293,15 @@ def _run_node(context, store, resource, settings, own, op_name, body, inputs, op
     finally:
         watchdog.release()
     try:
+        if context.retry_number:
+            store.clear_waiting(own, node=op_name)
         store.complete_node(own, op_name, output, heartbeat_timeout=settings.timeout)
     except OwnershipLost as exc:
         raise Failure(description=f"superseded by run {exc.owner}; result discarded", allow_retries=False) from exc
     context.add_output_metadata({
         "recovery": f"completed in run {own.owner}", "skipped": False, "pipeline_id": own.pipeline_id,
         "epoch": own.epoch, "attempts": node.attempts, "items_done": ctx.items_done,
-        "items_resumed": ctx.items_resumed, **ctx.metadata,
+        "items_resumed": ctx.items_resumed, "items_degraded": ctx.items_degraded, **ctx.metadata,
     })
     return output
 
@@ -324,14 +340,15 @@ def _handle_error(context, store, resource, own, op_name, optional, exc, ctx, at
     endpoint = getattr(exc, "endpoint", None) if isinstance(exc, ClassifiedError) else None
     err = with_context(exc, model=model, endpoint=endpoint)
     category = classify(err).category
+    transient = err.retryable
     decision = to_dagster(err, retry_number=context.retry_number, max_retries=resource.max_retries,
                           wait=resource.retry_wait())
     repeated = _consecutive_same(store, own.pipeline_id, op_name, category, resource.same_error_limit) + 1
-    if isinstance(decision, RetryRequested) and repeated >= resource.same_error_limit:
-        err = ClassifiedError(exc, category=category, status_code=err.status_code, retryable=False,
-                              model=err.model, endpoint=err.endpoint,
-                              message=f"repeated {category} error ({repeated} times): {err.detail}")
-        decision = to_failure(err)
+    if transient and (repeated >= resource.same_error_limit or not isinstance(decision, RetryRequested)):
+        # Seed 002's escalation: a transient outage pauses the pipeline; only the outage budget gives up.
+        from .providers import node_outage_pause
+
+        decision, err = node_outage_pause(context, store, resource, own, op_name, err, repeated)
     info = error_info(err)
     try:
         if isinstance(decision, RetryRequested):

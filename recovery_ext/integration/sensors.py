@@ -23,6 +23,7 @@ from ..database import chunks
 from ..models import Reclaimed, ScanStats
 from ..recovery import scan, summary_line
 from ..redaction import redact
+from .providers import waiting_summary
 from .tags import TAG_PARENT_RUN, TAG_PIPELINE, TAG_RESUME_NUMBER, TAG_RESUMED_FROM, TAG_WILL_RETRY
 from .resources import RecoveryResource
 
@@ -125,6 +126,7 @@ def make_orphan_sensor(
         stats: ScanStats = scan(store, settings=resource.recovery_settings(), dead_owner_runs=dead, launching=True,
                                 limit=max_resumes_per_tick, trigger=trigger, job_names=job_names,
                                 retrying_owner_runs=retrying)
+        resource.enforce_event_retention(store)
         reclaimed = list(stats.reclaimed_pipelines)
         if stats.error is None and len(reclaimed) < max_resumes_per_tick:
             try:
@@ -140,7 +142,7 @@ def make_orphan_sensor(
             requests.append(resume_request(r))
         for g in stats.given_up_pipelines:
             _fail_stale_run(instance, g.previous_owner, f"recovery-ext: pipeline {g.pipeline_id} given up: {g.reason}")
-        message = summary_line(stats, launched=len(requests))
+        message = summary_line(stats, launched=len(requests)) + waiting_summary(store)
         if startup:
             message = f"startup recovery: {message}"
         if stats.found or requests or stats.error:
@@ -164,8 +166,15 @@ def make_stuck_item_sensor(
     resource_key: str = "recovery",
 ):
     """Seed 003's stale monitor: reset stuck ``processing`` items, mark exhausted ones ``dead``,
-    and launch a queue run when ready items wait and no run for the queue is active."""
-    if stale_after_seconds <= 0:
+    and launch a queue run when items are claimable and no run for the queue is active.
+
+    Stuck means the store's one rule (:meth:`QueueOps.stale_condition`, shared with
+    ``reset-stuck`` and ``status``): the item's heartbeat deadline passed, or the pipeline
+    holding it was reclaimed; ``stale_after_seconds`` applies only to rows that have no
+    heartbeat deadline (legacy rows). A document that keeps heartbeating is never reset,
+    however long it takes.
+    """
+    if not stale_after_seconds > 0:
         raise ValueError("stale_after_seconds must be positive")
     job_name = job.name
 
@@ -178,11 +187,13 @@ def make_stuck_item_sensor(
         reset = store.reset_stale(queue=queue, older_than_seconds=stale_after_seconds, reason="stale item sensor")
         dead = [r.id for r in reset if r.new_status == "dead"]
         ready = store.count_ready(queue)
-        parts = [f"queue {queue}: {len(reset) - len(dead)} reset, {len(dead)} dead, {ready} ready"]
+        waiting = store.count_ready(queue, waiting=True)
+        parts = [f"queue {queue}: {len(reset) - len(dead)} reset, {len(dead)} dead, {ready} ready"
+                 + (f", {waiting} waiting for their retry delay" if waiting else "")]
         active = context.instance.get_runs(
             filters=RunsFilter(job_name=job_name, statuses=ACTIVE_STATUSES, tags={TAG_QUEUE: queue}), limit=1)
         if reset:
-            context.log.info(parts[0])
+            context.log.info(parts[0] + "; " + "; ".join(f"item {r.id}: {r.reason}" for r in reset[:20]))
         if not ready or active:
             if active:
                 parts.append(f"run {active[0].run_id} is draining it")

@@ -26,7 +26,7 @@ from pydantic import Field as PydanticField
 from sqlalchemy import MetaData, Table, create_engine, func, inspect, select
 from sqlalchemy.engine import Engine, make_url
 
-from ..classify import classify
+from ..classify import ClassifiedError, classify
 from ..ontology_schema import ont_columns, ont_entities, ont_glossary_terms, ont_relationships
 from ..redaction import redact
 from ..integration import NodeContext, recoverable_op, with_recovery
@@ -129,7 +129,7 @@ def profile_columns(ctx: NodeContext, schema: dict[str, Any]) -> dict[str, Any]:
 @recoverable_op(required_resource_keys={"llm"})
 def enrich_columns(ctx: NodeContext, schema: dict[str, Any], profiles: dict[str, Any]) -> dict[str, Any]:
     """LLM descriptions of every column; one item per table."""
-    llm = ctx.context.resources.llm.enricher()
+    llm = ctx.context.resources.llm.enricher(ctx)
     ctx.metadata["llm"] = llm.name
     source = _source(ctx, schema)
     by_table = {t["name"]: t for t in schema["tables"]}
@@ -167,7 +167,7 @@ def discover_entities(ctx: NodeContext, schema: dict[str, Any]) -> dict[str, Any
 @recoverable_op(required_resource_keys={"llm"})
 def enrich_entities(ctx: NodeContext, entities: dict[str, Any]) -> dict[str, Any]:
     """LLM names and descriptions; on failure it keeps the names derived from tables, with a warning (seed 002)."""
-    llm = ctx.context.resources.llm.enricher()
+    llm = ctx.context.resources.llm.enricher(ctx)
     ctx.metadata["llm"] = llm.name
     source = entities["source"]
     fallbacks = 0
@@ -176,15 +176,16 @@ def enrich_entities(ctx: NodeContext, entities: dict[str, Any]) -> dict[str, Any
         try:
             answer = llm.complete_json("describe_entity", {"table": item.key, "columns": entity["columns"]})
             name, description, by = str(answer.get("name") or entity["name"]), answer.get("description"), llm.name
-        except Exception as exc:  # noqa: BLE001 - the ontology is still useful with derived names
+        except ClassifiedError as exc:  # the provider failed for good: the ontology is still useful with derived names
             found = classify(exc)
             ctx.log.warning(f"entity enrichment failed for {item.key} ({found.category}); using the table name as "
-                            f"fallback: {redact(exc)}")
+                            f"fallback, recorded as degraded: {redact(exc)}")
             name, description, by = entity["name"], f"Rows of the {item.key} table.", "table name (fallback)"
             fallbacks += 1
         row = {"source": source, "table_name": item.key, "name": name, "description": description, "described_by": by}
-        item.complete({"name": name, "description": description},
-                      also=lambda tx, row=row: tx.upsert(ont_entities, [row], keys=("source", "table_name")))
+        record = item.degrade if by == "table name (fallback)" else item.complete
+        record({"name": name, "description": description},
+               also=lambda tx, row=row: tx.upsert(ont_entities, [row], keys=("source", "table_name")))
     ctx.metadata["fallbacks"] = fallbacks
     done = ctx.completed_items()
     return {"source": source, "entities": [{"table": e["table"], "name": done[e["table"]]["name"]}
@@ -232,7 +233,7 @@ def discover_relationships(ctx: NodeContext, schema: dict[str, Any]) -> dict[str
 @recoverable_op(optional=True, required_resource_keys={"llm"})
 def discover_glossary(ctx: NodeContext, entities: dict[str, Any]) -> dict[str, Any]:
     """Business terms from the LLM (optional: a failure degrades this node, the ontology stays useful)."""
-    llm = ctx.context.resources.llm.enricher()
+    llm = ctx.context.resources.llm.enricher(ctx)
     ctx.metadata["llm"] = llm.name
     answer = llm.complete_json("glossary", {"entities": entities["entities"]})
     terms = [t for t in answer.get("terms", []) if isinstance(t, dict) and t.get("term")]
@@ -250,7 +251,7 @@ def enrich_glossary(ctx: NodeContext, glossary: dict[str, Any] | None) -> dict[s
     if not glossary:
         ctx.log.warning("glossary discovery degraded; nothing to enrich")
         return {"source": None, "enriched": 0}
-    llm = ctx.context.resources.llm.enricher()
+    llm = ctx.context.resources.llm.enricher(ctx)
     ctx.metadata["llm"] = llm.name
     terms = {t["term"]: t for t in glossary["terms"]}
     for item in ctx.items(terms):
