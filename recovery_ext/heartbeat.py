@@ -287,14 +287,21 @@ class HeartbeatRegistry:
             try:
                 current = self.store.get_pipeline(pipeline_id)
                 owner = current.owner or f"(pipeline {current.status})"
+                ended = f"pipeline {current.status}" if current.owner else None
             except Exception:  # noqa: BLE001 - the message is best effort; the loss is not
-                owner = "(unknown)"
+                owner, ended, current = "(unknown)", None, None
             for lease in live:
-                if lease.own.pipeline_id == pipeline_id:
+                if lease.own.pipeline_id != pipeline_id:
+                    continue
+                if current is not None and current.owner == lease.own.owner and current.epoch == lease.own.epoch:
+                    # still ours, but finished (its last node completed it): nothing left to keep alive
+                    log.debug("pipeline %s is %s; its heartbeat stops", pipeline_id, current.status)
+                    owner = f"{owner} ({ended})"
+                else:
                     log.warning("pipeline %s: ownership lost to %s; stopping %s", pipeline_id, owner,
                                 lease.node or "the run's heartbeat")
-                    lease._lose(OwnershipLost(owner=owner, pipeline_id=pipeline_id))
-                    self.release(lease)
+                lease._lose(OwnershipLost(owner=owner, pipeline_id=pipeline_id))
+                self.release(lease)
         return interval
 
 
