@@ -8,7 +8,9 @@ serialized: a superseded worker's write changes nothing and raises
 
 Lock strength on PostgreSQL: a transaction that will UPDATE the pipeline row (node
 transitions) takes ``FOR NO KEY UPDATE`` first, the lock its UPDATE needs anyway; one
-that only writes other tables (checkpoints, user writes) takes ``FOR SHARE``. No
+that only writes other tables (checkpoints, user writes) takes ``FOR KEY SHARE``, which
+blocks a reclaim's ``FOR UPDATE`` but not the run heartbeat's UPDATE, so a long user
+transaction or a slow checkpoint never delays the heartbeat of its own pipeline. No
 transaction ever upgrades its lock, so sibling nodes cannot deadlock on the pipeline
 row; they queue. Every transaction locks the pipeline row before any node or item row,
 so they always lock in the same order. Deadlocks elsewhere are retried by the store.
@@ -188,7 +190,7 @@ class PipelineOps(Database):
         """
         query = select(pipelines.c.epoch, pipelines.c.owner, pipelines.c.status).where(
             pipelines.c.id == own.pipeline_id)
-        query = query.with_for_update(key_share=True) if for_update else query.with_for_update(read=True)
+        query = query.with_for_update(key_share=True) if for_update else query.with_for_update(read=True, key_share=True)
         row = conn.execute(query).first()
         if row is None:
             raise NotFound(f"no pipeline {own.pipeline_id}")

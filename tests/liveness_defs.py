@@ -63,11 +63,12 @@ def plain_wait(context, upstream):
 
 
 def _pooled_op(name: str):
-    """A recoverable op in the concurrency pool; it holds the slot longer than the heartbeat timeout."""
+    """A recoverable op in the concurrency pool (limit 1): with 20 runs queued on it, the ops behind it
+    wait for the slot longer than the heartbeat timeout."""
     def body(ctx, upstream):
         started = time.time()
         record(ctx._store, ctx.context.run_id, name, "start", started)  # its pid, for the step-kill test
-        time.sleep(TIMEOUT * 1.2)
+        time.sleep(TIMEOUT * 0.6)
         record(ctx._store, ctx.context.run_id, name, "slot", started)
         return {"node": name}
 

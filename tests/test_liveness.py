@@ -1,6 +1,6 @@
 """Run-level liveness under a real `dagster dev` (daemon, sensors, code server) with a CPU hog per core.
 
-Heartbeat 1 s / timeout 3 s and a sensor every second, so a healthy run that ever looks dead
+Heartbeat 2 s / timeout 8 s and a sensor every second, so a healthy run that ever looks dead
 for one timeout is reclaimed within seconds, and the test sees it.
 """
 
@@ -23,9 +23,10 @@ from recovery_ext.store import RecoveryStore
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 
-# 1 s / 3 s by default; on a machine loaded far beyond its cores (load average 20+ on 2 cores),
-# scheduling gaps of 4-5 s were measured, so there set RX_LIVENESS_TIMEOUT (e.g. 8).
-TIMEOUT = float(os.environ.get("RX_LIVENESS_TIMEOUT", "3"))
+# Heartbeat 2 s / timeout 8 s (issue 8's tight setting; the default is 30 s / 90 s). With 1 s / 3 s,
+# scheduling gaps of 4-5 s were measured on a machine loaded far beyond its cores (load average 20+
+# on 2 cores), which is a setting problem, not a liveness one. RX_LIVENESS_TIMEOUT overrides it.
+TIMEOUT = float(os.environ.get("RX_LIVENESS_TIMEOUT", "8"))
 HEALTHY_RUNS = 20
 INSTANCE_YAML = """\
 telemetry:
@@ -59,7 +60,7 @@ def fail_flag(tmp_path_factory) -> Path:
 def dev(app_url, fail_flag, tmp_path_factory, cpu_hog_module):
     home = tmp_path_factory.mktemp("dagster_home")
     (home / "dagster.yaml").write_text(INSTANCE_YAML)
-    env = {"RECOVERY_DATABASE_URL": app_url, "LIVENESS_HEARTBEAT_INTERVAL": str(max(1.0, TIMEOUT / 3)),
+    env = {"RECOVERY_DATABASE_URL": app_url, "LIVENESS_HEARTBEAT_INTERVAL": str(max(1.0, TIMEOUT / 4)),
            "LIVENESS_HEARTBEAT_TIMEOUT": str(TIMEOUT), "LIVENESS_SENSOR_INTERVAL": "1",
            "LIVENESS_FAIL_FLAG": str(fail_flag)}
     server = DagsterDev(Path(__file__).with_name("liveness_defs.py"), home, env)
