@@ -51,6 +51,7 @@ class Pipeline:
     completed_at: dt.datetime | None = None
     error: str | None = None
     gave_up_reason: str | None = None
+    launcher: str | None = None
 
     from_row = classmethod(_from_mapping)
 
@@ -128,6 +129,8 @@ class Reclaimed:
     epoch: int
     resume_number: int
     reset_nodes: tuple[str, ...] = ()
+    origin_run_id: str | None = None
+    launcher: str | None = None
 
 
 @dataclass(frozen=True)

@@ -23,15 +23,15 @@ log = logging.getLogger("recovery_ext.recovery")
 
 @dataclass(frozen=True)
 class RecoverySettings:
-    """Seed 000's configuration table, plus seed 001's age limit."""
+    """Seed 000's configuration table, plus seed 001's age limit. ``max_per_scan=None``: no cap."""
 
     enabled: bool = True
-    max_per_scan: int = 1000
+    max_per_scan: int | None = 1000
     launch_grace_seconds: float = 300.0
     max_age_seconds: float | None = 24 * 3600.0
 
     def __post_init__(self) -> None:
-        if self.max_per_scan < 1:
+        if self.max_per_scan is not None and self.max_per_scan < 1:
             raise ConfigurationError(f"max_per_scan must be at least 1, got {self.max_per_scan}")
         if self.launch_grace_seconds <= 0:
             raise ConfigurationError(f"launch_grace_seconds must be positive, got {self.launch_grace_seconds}")
@@ -62,8 +62,12 @@ def scan(
     trigger: str = "on_demand",
     policy: RetryPolicy | None = None,
     job_names: Sequence[str] | None = None,
+    launcher: str | None = None,
 ) -> ScanStats:
-    """One recovery pass. ``launching=True`` reserves reclaimed pipelines for a launcher at once."""
+    """One recovery pass. ``launching=True`` reserves reclaimed pipelines for ``launcher`` at once.
+
+    ``limit`` caps the reclaims of this pass; ``None`` uses ``settings.max_per_scan``.
+    """
     settings = settings or RecoverySettings()
     policy = policy or default_outage_policy()
     stats = ScanStats()
@@ -77,9 +81,9 @@ def scan(
         given_up = policy.call(store.give_up_hopeless, dead_owner_runs=dead_owner_runs,
                                max_age_seconds=settings.max_age_seconds, job_names=job_names)
         reclaimed, corrupt_rows = policy.call(
-            store.reclaim, limit=limit or settings.max_per_scan, dead_owner_runs=dead_owner_runs,
-            launching=launching, grace_seconds=settings.launch_grace_seconds,
-            max_age_seconds=settings.max_age_seconds, reason=trigger, job_names=job_names,
+            store.reclaim, limit=limit if limit is not None else settings.max_per_scan,
+            dead_owner_runs=dead_owner_runs, launching=launching, grace_seconds=settings.launch_grace_seconds,
+            max_age_seconds=settings.max_age_seconds, reason=trigger, job_names=job_names, launcher=launcher,
         )
         stats.given_up_pipelines = [*corrupt, *given_up, *corrupt_rows]
         stats.reclaimed_pipelines = reclaimed

@@ -133,6 +133,7 @@ pipelines = Table(
     Column("completed_at", DbTime),
     Column("error", Text),
     Column("gave_up_reason", Text),
+    Column("launcher", Text),
 )
 
 nodes = Table(
