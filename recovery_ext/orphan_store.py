@@ -107,7 +107,10 @@ class OrphanOps(PipelineOps):
                           origin_run_id=r.origin_run_id, launcher=r.launcher) for r in rows]
 
     def extend_launch_grace(self, placeholders: Sequence[str], grace_seconds: float) -> int:
-        """The resume runs of these reservations are queued or starting: push their re-orphan deadline out."""
+        """The resume runs of these reservations are queued or starting: push their re-orphan deadline out.
+
+        Only rows past half their grace are written, so a long queue costs few writes per tick.
+        """
         changed = 0
         if not placeholders:
             return changed
@@ -115,7 +118,8 @@ class OrphanOps(PipelineOps):
             for part in chunks(sorted(placeholders)):
                 changed += conn.execute(
                     update(pipelines)
-                    .where(p.owner.in_(list(part)), p.status == "running", p.owner == _placeholder(p.resume_count))
+                    .where(p.owner.in_(list(part)), p.status == "running", p.owner == _placeholder(p.resume_count),
+                           p.heartbeat_deadline < self.dialect.now_plus(grace_seconds / 2))
                     .values(heartbeat_deadline=self.dialect.now_plus(grace_seconds))
                 ).rowcount
         return changed

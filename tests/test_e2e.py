@@ -37,7 +37,8 @@ def app_url(pg_admin):
 
 
 @pytest.fixture(scope="module")
-def dev(app_url, tmp_path_factory):
+def dev(app_url, tmp_path_factory, cpu_hog_module):
+    """One `dagster dev` for the module, on a machine kept busy by one CPU hog per core."""
     env = {"RECOVERY_DATABASE_URL": app_url, "E2E_TWO_SENSORS": "1", "E2E_MAX_RESUMES": str(MAX_RESUMES),
            "E2E_HEARTBEAT_INTERVAL": "1", "E2E_HEARTBEAT_TIMEOUT": "3", "E2E_STALL_TIMEOUT": "4",
            "E2E_SENSOR_INTERVAL": "1"}
