@@ -199,11 +199,8 @@ def test_d_a_stalled_node_with_a_live_watchdog_is_detected_and_resumed(dev, stor
 
 
 def test_e_racing_sensors_and_the_cli_scan_launch_exactly_one_resume_per_orphan(dev, store):
-    run_ids = [dev.launch("items_job_inprocess", config(item_seconds=0.3)) for _ in range(3)]
-    workers = []
-    for run_id in run_ids:
-        rows = wait_for(lambda: calls(store, run_id, "n2"), timeout=120, what="n2 to start")
-        workers.append(rows[0].pid)
+    # slow items: under load a run must still be mid-n2 when its worker is killed
+    run_ids = [dev.launch("items_job_inprocess", config(item_seconds=1.0)) for _ in range(3)]
     stop = threading.Event()
 
     def cli_scans():
@@ -213,11 +210,12 @@ def test_e_racing_sensors_and_the_cli_scan_launch_exactly_one_resume_per_orphan(
     racer = threading.Thread(target=cli_scans)
     racer.start()
     try:
-        for pid in workers:
-            os.kill(pid, signal.SIGKILL)
+        for run_id in run_ids:  # each worker is killed as soon as its n2 works, while the CLI scans race
+            rows = wait_for(lambda r=run_id: calls(store, r, "n2"), timeout=180, what="n2 to start")
+            os.kill(rows[0].pid, signal.SIGKILL)
         pipelines = [pipeline_of(store, r) for r in run_ids]
         for p in pipelines:
-            wait_completed(store, p.id, timeout=180)
+            wait_completed(store, p.id, timeout=300)
     finally:
         stop.set()
         racer.join(30)
