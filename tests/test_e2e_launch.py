@@ -131,7 +131,8 @@ def test_a_resume_run_held_in_the_queue_past_the_grace_is_still_the_only_resume(
     os.kill(rows[0].pid, signal.SIGKILL)
     pipeline = pipeline_of(store, run_id)
     (resume,) = wait_for(lambda: resume_runs(dev, pipeline.id), timeout=120, what="the resume run")
-    assert dev.run(resume.run_id).status == DagsterRunStatus.QUEUED
+    wait_for(lambda: dev.run(resume.run_id).status == DagsterRunStatus.QUEUED, timeout=60,
+             what="the resume run to be queued")
     held_since = time.monotonic()
     # several graces and many ticks go by while the resume run waits in the queue
     wait_for(lambda: time.monotonic() - held_since > 3 * GRACE and dev.run(resume.run_id).status

@@ -95,7 +95,12 @@ def make_orphan_sensor(
             existing = watch.existing
             dead += watch.died
             if watch.waiting:
-                store.extend_launch_grace(watch.waiting, grace)
+                extended = store.extend_launch_grace(watch.waiting, grace)
+                notes.append(f"{len(watch.waiting)} resume run{'s' if len(watch.waiting) != 1 else ''} queued or "
+                             f"starting in Dagster ({extended} reservation{'s' if extended != 1 else ''} extended)")
+            if watch.died:
+                notes.append(f"{len(watch.died)} resume run{'s' if len(watch.died) != 1 else ''} ended before "
+                             "attaching")
         except Exception as exc:  # noqa: BLE001 - the store being down is reported by the scan below
             context.log.warning(f"could not check running pipelines against Dagster: {redact(exc)}")
         settings = replace(resource.recovery_settings(), max_per_scan=max_resumes_per_tick)
