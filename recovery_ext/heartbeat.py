@@ -1,4 +1,9 @@
-"""The heartbeat watchdog of seed 004: crash detection separate from the hard deadline.
+"""Heartbeats (seed 004): crash detection separate from the hard deadline.
+
+:class:`HeartbeatRegistry` is the process-wide pulse: one daemon thread per store that
+extends, in ONE transaction per interval, everything the process keeps alive (the run
+worker registers its pipeline, step processes register the nodes they run; in-process
+both share it). :class:`Watchdog` is the single-pulse thread used for queue items.
 
 A daemon thread pulses every ``interval`` while a node runs. It dies with its process, so
 ``kill -9`` stops the heartbeats and the pipeline becomes an orphan once
@@ -13,6 +18,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -152,3 +158,156 @@ def store_pulse(store, own: Ownership, node_name: str | None, timeout: float) ->
             raise OwnershipLost(owner=current.owner or f"(pipeline {current.status})", pipeline_id=own.pipeline_id)
 
     return pulse
+
+
+class Lease:
+    """One thing a process keeps alive: a pipeline (``node`` None) or a running node of it.
+
+    ``check()`` raises in the worker once the pulse found the ownership lost (or the lease
+    was released), so a superseded worker stops at its next check.
+    """
+
+    def __init__(self, registry: "HeartbeatRegistry", own: Ownership, node: str | None,
+                 settings: HeartbeatSettings) -> None:
+        self.registry = registry
+        self.own = own
+        self.node = node
+        self.settings = settings
+        self.lost: OwnershipLost | None = None
+        self.superseded = threading.Event()
+        self.stopping = threading.Event()
+
+    def check(self) -> None:
+        if self.lost is not None:
+            raise self.lost
+        if self.stopping.is_set():
+            raise StopRequested()
+
+    def release(self) -> None:
+        self.stopping.set()
+        self.registry.release(self)
+
+    def __enter__(self) -> "Lease":
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.release()
+
+    def _lose(self, exc: OwnershipLost) -> None:
+        self.lost = exc
+        self.superseded.set()
+
+
+class HeartbeatRegistry:
+    """A process's single heartbeat thread for one store: one transaction per tick for every lease.
+
+    The tick is the smallest interval among the leases. A failing pulse is logged and retried
+    sooner; it never stops the work. A lost ownership marks that pipeline's leases lost.
+    """
+
+    def __init__(self, store, *, clock: Callable[[], float] = time.monotonic) -> None:
+        self.store = store
+        self.clock = clock
+        self._leases: list[Lease] = []
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._last_ok = clock()
+        self.pulses = 0
+        self.failures = 0
+
+    def register(self, own: Ownership, settings: HeartbeatSettings, node: str | None = None) -> Lease:
+        lease = Lease(self, own, node, settings)
+        with self._lock:
+            self._leases.append(lease)
+            if self._thread is None or not self._thread.is_alive():
+                self._last_ok = self.clock()
+                self._thread = threading.Thread(target=self._run, name="rx-heartbeat", daemon=True)
+                self._thread.start()
+        self._wake.set()
+        return lease
+
+    def release(self, lease: Lease) -> None:
+        with self._lock:
+            if lease in self._leases:
+                self._leases.remove(lease)
+        self._wake.set()
+
+    @property
+    def leases(self) -> list[Lease]:
+        with self._lock:
+            return list(self._leases)
+
+    def _interval(self, leases: list[Lease]) -> float:
+        return min(lease.settings.interval for lease in leases)
+
+    def _run(self) -> None:
+        retry_at: float | None = None
+        while True:
+            with self._lock:
+                leases = list(self._leases)
+                if not leases:
+                    self._thread = None
+                    return
+                self._wake.clear()
+            due = retry_at if retry_at is not None else self._last_ok + self._interval(leases)
+            delay = due - self.clock()
+            if delay > 0:
+                self._wake.wait(delay)  # woken early when leases change: the tick is recomputed
+                continue
+            wait = self.pulse_once(leases)
+            retry_at = None if wait >= self._interval(leases) else self.clock() + wait
+
+    def pulse_once(self, leases: list[Lease] | None = None) -> float:
+        """Pulse every lease in one transaction; returns how long to wait before the next pulse."""
+        from .run_store import NodeBeat, PipelineBeat
+
+        leases = self.leases if leases is None else leases
+        live = [lease for lease in leases if lease.lost is None]
+        if not live:
+            return self._interval(leases) if leases else 0.0
+        interval = self._interval(live)
+        timeout = min(lease.settings.timeout for lease in live)
+        gap = self.clock() - self._last_ok
+        try:
+            lost = self.store.pulse(
+                [PipelineBeat(lease.own, lease.settings.timeout) for lease in live if lease.node is None],
+                [NodeBeat(lease.own, lease.node, lease.settings.timeout) for lease in live if lease.node is not None],
+            )
+        except Exception as exc:  # noqa: BLE001 - a pulse failure must never kill the work
+            self.failures += 1
+            found = classify(exc)
+            level = logging.ERROR if gap > timeout or not found.retryable else logging.WARNING
+            log.log(level, "heartbeat failed (%s, %s) %.1f s after the last pulse: %s", found.category,
+                    "retrying" if found.retryable else "will keep trying", gap, redact(exc))
+            return min(interval, max(0.05, interval / 4))
+        if gap > timeout:
+            log.warning("heartbeat resumed after %.1f s without one; every beat was fenced by its epoch", gap)
+        self._last_ok = self.clock()
+        self.pulses += 1
+        for pipeline_id in lost:
+            try:
+                current = self.store.get_pipeline(pipeline_id)
+                owner = current.owner or f"(pipeline {current.status})"
+            except Exception:  # noqa: BLE001 - the message is best effort; the loss is not
+                owner = "(unknown)"
+            for lease in live:
+                if lease.own.pipeline_id == pipeline_id:
+                    log.warning("pipeline %s: ownership lost to %s; stopping %s", pipeline_id, owner,
+                                lease.node or "the run's heartbeat")
+                    lease._lose(OwnershipLost(owner=owner, pipeline_id=pipeline_id))
+                    self.release(lease)
+        return interval
+
+
+_registries: "weakref.WeakKeyDictionary[object, HeartbeatRegistry]" = weakref.WeakKeyDictionary()
+_registries_lock = threading.Lock()
+
+
+def registry_for(store) -> HeartbeatRegistry:
+    """The process-wide heartbeat registry of ``store`` (one per store object, one store per URL)."""
+    with _registries_lock:
+        registry = _registries.get(store)
+        if registry is None:
+            registry = _registries[store] = HeartbeatRegistry(store)
+        return registry

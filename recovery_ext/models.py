@@ -80,7 +80,7 @@ class Node:
 
     @property
     def finished(self) -> bool:
-        return self.status in ("completed", "degraded")
+        return self.status in ("completed", "degraded", "skipped")
 
 
 @dataclass(frozen=True)

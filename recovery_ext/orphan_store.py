@@ -36,19 +36,32 @@ class OrphanOps(PipelineOps):
             nodes.c.stall_deadline.isnot(None), nodes.c.stall_deadline < now,
         )
 
+    def _node_heartbeat_expired(self, now: ColumnElement) -> ColumnElement:
+        """A running node whose own heartbeat expired: its step process died (or its host did)
+        while the run worker may still be alive."""
+        return exists().where(
+            nodes.c.pipeline_id == p.id, nodes.c.status == RUNNING,
+            nodes.c.heartbeat_deadline.isnot(None), nodes.c.heartbeat_deadline < now,
+        )
+
     def _orphan_condition(self, dead_owner_runs: Sequence[str] = (),
-                          job_names: Sequence[str] | None = None) -> ColumnElement:
-        """Running, and its heartbeat or hard deadline passed (NULL heartbeat: deadline alone),
-        or a node stalled, or its owning run is known to be dead."""
+                          job_names: Sequence[str] | None = None,
+                          retrying_owner_runs: Sequence[str] = ()) -> ColumnElement:
+        """Running, and one of: the run's heartbeat expired (NULL heartbeat: never by heartbeat),
+        a running node's heartbeat expired, a node stalled, the hard deadline passed, or Dagster
+        reports the owning run dead. Never while Dagster is retrying the owning run: the retry
+        takes the pipeline over itself."""
         now = self.dialect.now()
         cond = or_(
             and_(p.heartbeat_deadline.isnot(None), p.heartbeat_deadline < now),
             and_(p.deadline.isnot(None), p.deadline < now),
+            self._node_heartbeat_expired(now),
             self._stalled(now),
         )
         if dead_owner_runs:
             cond = or_(cond, p.owner.in_(list(dead_owner_runs)))
-        return and_(LIVE, p.status == RUNNING, cond, *_jobs(job_names))
+        excluded = [or_(p.owner.is_(None), p.owner.not_in(list(retrying_owner_runs)))] if retrying_owner_runs else []
+        return and_(LIVE, p.status == RUNNING, cond, *excluded, *_jobs(job_names))
 
     def _hopeless_condition(self, max_age_seconds: float | None) -> ColumnElement:
         now = self.dialect.now()
@@ -65,17 +78,18 @@ class OrphanOps(PipelineOps):
         whens += [
             (and_(p.deadline.isnot(None), p.deadline < now), "deadline"),
             (and_(p.heartbeat_deadline.isnot(None), p.heartbeat_deadline < now), "heartbeat"),
+            (self._node_heartbeat_expired(now), "node_heartbeat"),
         ]
         return case(*whens, else_=literal("stalled"))
 
     # -- queries -------------------------------------------------------------------------------
 
     def find_orphans(self, *, dead_owner_runs: Sequence[str] = (), limit: int | None = None,
-                     job_names: Sequence[str] | None = None) -> list[Orphan]:
+                     job_names: Sequence[str] | None = None, retrying_owner_runs: Sequence[str] = ()) -> list[Orphan]:
         query = (
             select(p.id, p.job_name, p.owner, p.epoch, p.resume_count, p.max_resumes,
                    self._reason(dead_owner_runs).label("reason"), p.heartbeat_deadline, p.deadline)
-            .where(self._orphan_condition(dead_owner_runs, job_names))
+            .where(self._orphan_condition(dead_owner_runs, job_names, retrying_owner_runs))
             .order_by(p.heartbeat_deadline.asc().nulls_first(), p.id)
         )
         if limit:
@@ -134,7 +148,7 @@ class OrphanOps(PipelineOps):
 
     def give_up_hopeless(
         self, *, dead_owner_runs: Sequence[str] = (), max_age_seconds: float | None = None, limit: int = 10_000,
-        job_names: Sequence[str] | None = None,
+        job_names: Sequence[str] | None = None, retrying_owner_runs: Sequence[str] = (),
     ) -> list[GivenUp]:
         """Orphans past their maximum resumes, hard deadline or maximum age become failed."""
         now = self.dialect.now()
@@ -148,7 +162,8 @@ class OrphanOps(PipelineOps):
         with self.write() as conn:
             candidates = (
                 select(p.id)
-                .where(self._orphan_condition(dead_owner_runs, job_names), self._hopeless_condition(max_age_seconds))
+                .where(self._orphan_condition(dead_owner_runs, job_names, retrying_owner_runs),
+                       self._hopeless_condition(max_age_seconds))
                 .order_by(p.id)
                 .limit(limit)
                 .with_for_update(skip_locked=True)
@@ -204,6 +219,7 @@ class OrphanOps(PipelineOps):
         reason: str = "orphaned",
         job_names: Sequence[str] | None = None,
         launcher: str | None = None,
+        retrying_owner_runs: Sequence[str] = (),
     ) -> tuple[list[Reclaimed], list[GivenUp]]:
         """Take over up to ``limit`` orphans (``None``: all of them), oldest first; exactly one caller wins each.
 
@@ -217,7 +233,8 @@ class OrphanOps(PipelineOps):
             return [], []
         candidates = (
             select(p.id, p.owner.label("previous_owner"), self._reason(dead_owner_runs).label("cause"))
-            .where(self._orphan_condition(dead_owner_runs, job_names), ~self._hopeless_condition(max_age_seconds))
+            .where(self._orphan_condition(dead_owner_runs, job_names, retrying_owner_runs),
+                   ~self._hopeless_condition(max_age_seconds))
             .order_by(p.heartbeat_deadline.asc().nulls_first(), p.id)
             .limit(limit)
             .with_for_update(skip_locked=True)

@@ -19,7 +19,7 @@ from .database import Database, chunks
 from .errors import IllegalTransition, NotFound, OwnershipLost, StoreError
 from .models import ErrorInfo, Node, NodeSpec, Ownership, Pipeline
 from .redaction import redact
-from .schema import node_items, nodes, pipelines
+from .schema import FINISHED_PIPELINE_STATUSES, node_items, nodes, pipelines
 
 # Legal node transitions: target -> allowed sources.
 NODE_TRANSITIONS: dict[str, tuple[str, ...]] = {
@@ -28,6 +28,7 @@ NODE_TRANSITIONS: dict[str, tuple[str, ...]] = {
     "failed": ("running",),
     "degraded": ("running", "failed", "pending"),
     "pending": ("running", "failed"),
+    "skipped": ("pending", "failed"),  # the run succeeded without executing it (e.g. a branch not taken)
 }
 
 
@@ -287,7 +288,7 @@ class PipelineOps(Database):
     def _complete_pipeline_if_done(self, conn: Connection, own: Ownership) -> bool:
         unfinished = conn.scalar(
             select(func.count()).where(
-                nodes.c.pipeline_id == own.pipeline_id, nodes.c.status.not_in(("completed", "degraded"))
+                nodes.c.pipeline_id == own.pipeline_id, nodes.c.status.not_in(("completed", "degraded", "skipped"))
             )
         )
         if unfinished:
@@ -318,7 +319,7 @@ class PipelineOps(Database):
         with self.write() as conn:
             row = conn.execute(
                 update(pipelines)
-                .where(pipelines.c.id == pipeline_id, pipelines.c.status.not_in(("completed", "failed")))
+                .where(pipelines.c.id == pipeline_id, pipelines.c.status.not_in(FINISHED_PIPELINE_STATUSES))
                 .values(status="failed", gave_up_reason=redact(reason), completed_at=self.dialect.now(),
                         updated_at=self.dialect.now(), heartbeat_deadline=None)
                 .returning(pipelines.c.id)
@@ -333,33 +334,6 @@ class PipelineOps(Database):
         return True
 
     # -- liveness ----------------------------------------------------------------------------
-
-    def heartbeat(self, beats: Sequence[tuple[Ownership, str | None]], timeout: float) -> set[int]:
-        """Extend ``heartbeat_deadline = now + timeout`` for many pipelines and their nodes at once.
-
-        Returns the pipeline ids whose ownership was lost; their rows are not touched.
-        """
-        if not beats:
-            return set()
-        wanted = {(own.pipeline_id, own.epoch) for own, _ in beats}
-        alive: set[int] = set()
-        with self.write() as conn:
-            for part in chunks(sorted(wanted)):
-                rows = conn.execute(
-                    update(pipelines)
-                    .where(pipelines.c.status == "running", tuple_(pipelines.c.id, pipelines.c.epoch).in_(list(part)))
-                    .values(heartbeat_at=self.dialect.now(), heartbeat_deadline=self.dialect.now_plus(timeout))
-                    .returning(pipelines.c.id)
-                )
-                alive.update(r.id for r in rows)
-            node_keys = sorted({(own.pipeline_id, name) for own, name in beats if name and own.pipeline_id in alive})
-            for part in chunks(node_keys):
-                conn.execute(
-                    update(nodes)
-                    .where(nodes.c.status == "running", tuple_(nodes.c.pipeline_id, nodes.c.name).in_(list(part)))
-                    .values(heartbeat_at=self.dialect.now(), heartbeat_deadline=self.dialect.now_plus(timeout))
-                )
-        return {pid for pid, _ in wanted} - alive
 
     def report_progress(self, own: Ownership, name: str, *, stall_timeout: float) -> None:
         """The node moved forward: push its stall deadline out by ``stall_timeout``."""

@@ -63,6 +63,7 @@ def scan(
     policy: RetryPolicy | None = None,
     job_names: Sequence[str] | None = None,
     launcher: str | None = None,
+    retrying_owner_runs: Sequence[str] = (),
 ) -> ScanStats:
     """One recovery pass. ``launching=True`` reserves reclaimed pipelines for ``launcher`` at once.
 
@@ -79,11 +80,13 @@ def scan(
         policy.call(store.record_event, "recovery_started", {"trigger": trigger})
         corrupt = policy.call(store.fail_unknown_statuses)
         given_up = policy.call(store.give_up_hopeless, dead_owner_runs=dead_owner_runs,
-                               max_age_seconds=settings.max_age_seconds, job_names=job_names)
+                               max_age_seconds=settings.max_age_seconds, job_names=job_names,
+                               retrying_owner_runs=retrying_owner_runs)
         reclaimed, corrupt_rows = policy.call(
             store.reclaim, limit=limit if limit is not None else settings.max_per_scan,
             dead_owner_runs=dead_owner_runs, launching=launching, grace_seconds=settings.launch_grace_seconds,
             max_age_seconds=settings.max_age_seconds, reason=trigger, job_names=job_names, launcher=launcher,
+            retrying_owner_runs=retrying_owner_runs,
         )
         stats.given_up_pipelines = [*corrupt, *given_up, *corrupt_rows]
         stats.reclaimed_pipelines = reclaimed

@@ -29,10 +29,10 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.types import TypeDecorator
 
-PIPELINE_STATUSES = ("pending", "running", "completed", "failed")
-NODE_STATUSES = ("pending", "running", "completed", "failed", "degraded")
+PIPELINE_STATUSES = ("pending", "running", "completed", "failed", "canceled")
+NODE_STATUSES = ("pending", "running", "completed", "failed", "degraded", "skipped")
 QUEUE_STATUSES = ("ready", "processing", "completed", "failed", "dead")
-FINISHED_PIPELINE_STATUSES = ("completed", "failed")
+FINISHED_PIPELINE_STATUSES = ("completed", "failed", "canceled")
 
 
 @dataclass(frozen=True)

@@ -7,13 +7,14 @@ from pathlib import Path
 
 from . import ontology_schema  # noqa: F401 - registers the ontology tables of migration 0002
 from .orphan_store import OrphanOps
+from .run_store import RunOps
 from .queue_store import QueueOps
 from .reports import ReportOps
 
 URL_ENV = "RECOVERY_DATABASE_URL"
 
 
-class RecoveryStore(OrphanOps, QueueOps, ReportOps):
+class RecoveryStore(OrphanOps, RunOps, QueueOps, ReportOps):
     """Pipelines, nodes, item checkpoints, the work queue, transitions and events.
 
     >>> store = RecoveryStore("sqlite:///recovery.sqlite3")

@@ -14,7 +14,7 @@ from dagster import Definitions, Field, in_process_executor, job, multiprocess_e
 from sqlalchemy import Column, Float, Integer, MetaData, Table, Text, insert
 
 from recovery_ext.classify import with_context
-from recovery_ext.integration import RecoveryResource, make_orphan_sensor, recoverable_op
+from recovery_ext.integration import RecoveryResource, make_orphan_sensor, recoverable_op, with_recovery
 from recovery_ext.integration.recoverable import TAG_RESUME_NUMBER
 
 calls_metadata = MetaData()
@@ -78,11 +78,11 @@ def _graph():
     n4(n3(n2(n1())))
 
 
-items_job = job(name="items_job", executor_def=multiprocess_executor)(_graph)
-items_job_inprocess = job(name="items_job_inprocess", executor_def=in_process_executor)(_graph)
+items_job = job(name="items_job", executor_def=with_recovery(multiprocess_executor))(_graph)
+items_job_inprocess = job(name="items_job_inprocess", executor_def=with_recovery(in_process_executor))(_graph)
 
 
-@job(name="optional_job", executor_def=in_process_executor)
+@job(name="optional_job", executor_def=with_recovery(in_process_executor))
 def optional_job():
     opt(n1())
 

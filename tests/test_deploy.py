@@ -10,7 +10,7 @@ from dagster import DagsterInstance, DagsterRunStatus
 
 from conftest import create_pg_database, drop_pg_database
 from e2e_defs import items_job_inprocess
-from recovery_ext.integration import RecoveryResource
+from recovery_ext.integration import RecoveryResource, execute_in_process
 
 DEPLOY = Path(__file__).resolve().parent.parent / "deploy"
 
@@ -18,8 +18,8 @@ DEPLOY = Path(__file__).resolve().parent.parent / "deploy"
 def run_with_instance(home: Path, app_url: str):
     with DagsterInstance.from_config(str(home)) as instance:
         cfg = {"ops": {n: {"config": {"items": 1, "item_seconds": 0.0}} for n in ("n1", "n2", "n3", "n4")}}
-        result = items_job_inprocess.execute_in_process(
-            run_config=cfg, instance=instance, resources={"recovery": RecoveryResource(database_url=app_url)})
+        result = execute_in_process(items_job_inprocess, run_config=cfg, instance=instance,
+                                    resources={"recovery": RecoveryResource(database_url=app_url)})
         assert result.success
         run = instance.get_run_by_id(result.run_id)
         assert run.status == DagsterRunStatus.SUCCESS

@@ -12,7 +12,7 @@ from dagster import in_process_executor
 from sqlalchemy import select
 from werkzeug import Response
 
-from recovery_ext.integration import RecoveryResource
+from recovery_ext.integration import RecoveryResource, execute_in_process
 from recovery_ext.ontology_schema import ont_columns, ont_entities, ont_glossary_terms, ont_relationships
 from recovery_ext.pipelines import ocr as ocr_module
 from recovery_ext.pipelines.llm import LLMResource, heuristic_answer
@@ -50,8 +50,8 @@ def recovery(url, **kw):
 
 def run_ontology(store, db_url, shop_url, llm=None):
     job = make_ontology_job(shop_url, executor_def=in_process_executor)
-    return job.execute_in_process(resources={"recovery": recovery(db_url), "llm": llm or LLMResource()},
-                                  raise_on_error=False)
+    return execute_in_process(job, resources={"recovery": recovery(db_url), "llm": llm or LLMResource()},
+                              raise_on_error=False)
 
 
 class FakeLLM:
@@ -195,7 +195,7 @@ def ocr_job_for(folder, workers=1):
 def test_ocr_job_recognises_the_scans_offline(store, db_url, scans, no_network):
     folder, expected = scans
     assert {p.name for p in model_files()} >= {"ch_PP-OCRv4_det_infer.onnx", "ch_PP-OCRv4_rec_infer.onnx"}
-    result = ocr_job_for(folder, workers=2).execute_in_process(resources={"recovery": recovery(db_url)})
+    result = execute_in_process(ocr_job_for(folder, workers=2), resources={"recovery": recovery(db_url)})
     assert result.success and no_network == []
     items = store.list_items("ocr")
     assert len(items) == len(expected) and {i.status for i in items} == {"completed"}
@@ -220,7 +220,7 @@ def test_several_runs_drain_one_queue_and_no_document_completes_twice(store, db_
     job = ocr_job_for(folder, workers=2)
     results = []
     threads = [threading.Thread(target=lambda: results.append(
-        job.execute_in_process(resources={"recovery": recovery(db_url)}))) for _ in range(2)]
+        execute_in_process(job, resources={"recovery": recovery(db_url)}))) for _ in range(2)]
     for t in threads:
         t.start()
     for t in threads:
@@ -242,7 +242,7 @@ def test_ocr_failures_are_classified_retried_and_dead_at_max_attempts(store, db_
         raise ValueError("unsupported PDF structure")
 
     monkeypatch.setattr(ocr_module, "recognise", failing)
-    result = ocr_job_for(folder).execute_in_process(resources={"recovery": recovery(db_url)})
+    result = execute_in_process(ocr_job_for(folder), resources={"recovery": recovery(db_url)})
     assert result.success
     items = {i.payload["name"]: i for i in store.list_items("ocr")}
     assert (items["flaky.pdf"].status, items["flaky.pdf"].attempts) == ("dead", 3)

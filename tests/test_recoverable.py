@@ -5,13 +5,15 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
+import pytest
 from dagster import DagsterInstance, build_reconstructable_job, execute_job
-from sqlalchemy import delete, func, select, update
+from sqlalchemy import delete, func, inspect, select, update
 
 import e2e_defs
 from e2e_defs import calls, items_job_inprocess, optional_job
 from helpers import expire
-from recovery_ext.integration import RecoveryResource
+from recovery_ext.errors import RecoveryError
+from recovery_ext.integration import RecoveryResource, execute_in_process
 from recovery_ext.integration.recoverable import TAG_PIPELINE, TAG_RESUME_NUMBER
 from recovery_ext.schema import events, node_items, nodes, pipelines
 
@@ -38,8 +40,8 @@ def call_counts(store):
 
 
 def run(job, url, run_config, tags=None, **kw):
-    return job.execute_in_process(run_config=run_config, resources={"recovery": resource(url, **kw)}, tags=tags,
-                                  raise_on_error=False)
+    return execute_in_process(job, run_config=run_config, resources={"recovery": resource(url, **kw)}, tags=tags,
+                              raise_on_error=False)
 
 
 def test_fresh_run_completes_the_pipeline_in_process(store, db_url):
@@ -107,10 +109,8 @@ def test_a_superseded_run_stops_without_writing(store, db_url):
     (reclaimed,), _ = store.reclaim(limit=5)
     store.attach(p.id, "the-real-resume", resume_number=reclaimed.resume_number)
     tags = {TAG_PIPELINE: str(p.id), TAG_RESUME_NUMBER: str(reclaimed.resume_number)}
-    late = run(items_job_inprocess, db_url, config(), tags=tags)
-    assert not late.success
-    failure = next(e for e in late.all_events if e.event_type_value == "STEP_FAILURE")
-    assert "superseded by run the-real-resume" in str(failure.event_specific_data.error)
+    with pytest.raises(RecoveryError, match="owned by the-real-resume"):
+        run(items_job_inprocess, db_url, config(), tags=tags)  # refused at run start, before any step
     assert call_counts(store) == {}
     assert store.get_node(p.id, "n3").status == "pending"
 
@@ -169,3 +169,17 @@ def test_the_same_error_category_again_and_again_escalates_across_in_run_retries
     assert len([e for e in result.all_events if e.event_type_value == "STEP_UP_FOR_RETRY"]) == 2
     (p,) = store.list_pipelines()
     assert store.get_pipeline(p.id).status == "failed" and store.get_node(p.id, "n2").attempts == 3
+
+
+def test_a_recoverable_op_without_run_level_liveness_fails_loudly_and_writes_nothing(store, db_url):
+    from dagster import in_process_executor, job
+
+    unwrapped = job(name="unwrapped", executor_def=in_process_executor)(e2e_defs._graph)
+    for attempt in (unwrapped, items_job_inprocess):  # Dagster's own execute_in_process swaps the executor too
+        result = attempt.execute_in_process(run_config=config(), resources={"recovery": resource(db_url)},
+                                            raise_on_error=False)
+        assert not result.success
+        failure = next(e for e in result.all_events if e.event_type_value == "STEP_FAILURE")
+        assert "does not keep its pipeline alive for the whole run" in str(failure.event_specific_data.error)
+    assert store.list_pipelines() == []
+    assert not inspect(store.engine).has_table("e2e_calls")  # no business logic ran

@@ -1,10 +1,12 @@
-"""The Dagster integration: resources, recoverable ops and sensor factories.
+"""The Dagster integration: resources, the run-level executor wrapper, recoverable ops, sensors.
 
 Only this package (and the pipelines built on it) imports ``dagster``.
 """
 
+from .executor import execute_in_process, recoverable_job, with_recovery
 from .recoverable import NodeContext, recoverable_op
 from .resources import RecoveryResource
 from .sensors import make_orphan_sensor, make_stuck_item_sensor
 
-__all__ = ["NodeContext", "RecoveryResource", "make_orphan_sensor", "make_stuck_item_sensor", "recoverable_op"]
+__all__ = ["NodeContext", "RecoveryResource", "execute_in_process", "make_orphan_sensor", "make_stuck_item_sensor",
+           "recoverable_job", "recoverable_op", "with_recovery"]

@@ -1,9 +1,9 @@
 """``@recoverable_op``: a Dagster op that is a node of a crash-recoverable pipeline.
 
-Each call attaches to its pipeline row (a fresh run creates it, a resume run finds it
-by its tags), skips the node if it already completed (returning the recorded output),
-claims the node under the pipeline's ownership epoch, runs the heartbeat watchdog
-while the body runs, maps errors through the shared classifier, and completes the
+Each call finds the pipeline its run owns (the run worker created, attached or took it
+over at run start: ``with_recovery``), skips the node if it already completed (returning
+the recorded output), claims the node under the pipeline's ownership epoch, heartbeats the
+node while the body runs (batched with everything else this process keeps alive), maps errors through the shared classifier, and completes the
 node with its output. Every write is fenced: a superseded worker stops with
 "superseded by run <id>" and writes nothing.
 """
@@ -20,17 +20,13 @@ from dagster import Failure, In, OpExecutionContext, Out, RetryRequested, op
 
 from ..classify import ClassifiedError, classify, with_context
 from ..errors import IllegalTransition, OwnershipLost, StopRequested
-from ..heartbeat import HeartbeatSettings, Watchdog, store_pulse
-from ..models import NodeSpec, Ownership
+from ..heartbeat import HeartbeatSettings, Lease, registry_for
+from ..models import Ownership
 from ..store import RecoveryStore
+from .executor import has_run_liveness
 from .errors import error_info, failure_metadata, to_dagster, to_failure
 from .resources import RecoveryResource
-
-TAG_PIPELINE = "recovery/pipeline_id"
-TAG_RESUMED_FROM = "recovery/resumed_from"
-TAG_RESUME_NUMBER = "recovery/resume_number"
-TAG_NODE = "recovery/node"
-TAG_OPTIONAL = "recovery/optional"
+from .tags import TAG_NODE, TAG_OPTIONAL, TAG_PIPELINE, TAG_RESUME_NUMBER, TAG_RESUMED_FROM  # noqa: F401
 
 
 def _jsonable(value: Any) -> Any:
@@ -59,7 +55,7 @@ class NodeContext:
     """What a recoverable op's body gets: Dagster's context plus items, progress and ownership checks."""
 
     def __init__(self, context: OpExecutionContext, store: RecoveryStore, own: Ownership, node: str,
-                 settings: HeartbeatSettings, watchdog: Watchdog | None, resource: RecoveryResource) -> None:
+                 settings: HeartbeatSettings, watchdog: Lease | None, resource: RecoveryResource) -> None:
         self.context = context
         self.store = store
         self.ownership = own
@@ -118,38 +114,29 @@ class NodeContext:
         self.items_done += 1
 
 
-def _pipeline_nodes(context: OpExecutionContext) -> list[NodeSpec]:
-    specs = []
-    for node in context.job_def.nodes_in_topological_order:
-        tags = node.definition.tags or {}
-        if tags.get(TAG_NODE) == "true":
-            specs.append(NodeSpec(node.name, optional=tags.get(TAG_OPTIONAL) == "true"))
-    return specs
+def _owned(context: OpExecutionContext, store: RecoveryStore, op_name: str) -> tuple[int, Ownership | None, str]:
+    """The pipeline this op's run owns: (pipeline id, ownership or None if lost, who owns it now).
 
-
-def _attach(context: OpExecutionContext, store: RecoveryStore, resource: RecoveryResource,
-            settings: HeartbeatSettings) -> tuple[int, Ownership | None, str | None]:
-    """Returns (pipeline id, ownership or None if lost, who owns it now)."""
-    tags = context.run.tags
+    The run worker created, attached or took over the pipeline at run start (``with_recovery``);
+    a node only finds it. A run without that scope is refused loudly, never run without liveness.
+    """
     run_id = context.run_id
-    if TAG_PIPELINE in tags:
-        pipeline_id = int(tags[TAG_PIPELINE])
-        try:
-            own = store.attach(pipeline_id, run_id, resume_number=int(tags.get(TAG_RESUME_NUMBER, "0")),
-                               heartbeat_timeout=settings.timeout)
-            return pipeline_id, own, None
-        except OwnershipLost as exc:
-            return pipeline_id, None, exc.owner
-    try:
-        own = store.create_pipeline(
-            context.job_name, _pipeline_nodes(context), owner=run_id, origin_run_id=run_id,
-            params=_jsonable(context.run.run_config or {}), heartbeat_timeout=settings.timeout,
-            deadline_seconds=resource.hard_deadline_seconds, max_resumes=resource.max_resumes,
+    if not has_run_liveness(context.job_def.executor_def, run_id):
+        raise Failure(
+            description=f"{op_name} is a @recoverable_op, but job {context.job_def.name!r} does not keep its "
+            "pipeline alive for the whole run: define it with @recoverable_job or "
+            "executor_def=with_recovery(<executor>) (tests: recovery_ext.integration.execute_in_process)",
+            allow_retries=False,
         )
-        return own.pipeline_id, own, None
-    except OwnershipLost as exc:
-        existing = store.find_pipeline(run_id)
-        return (existing.id if existing else -1), None, exc.owner
+    own = store.owned_by(run_id)
+    if own is not None:
+        return own.pipeline_id, own, run_id
+    pipeline_id = store.formerly_owned_by(run_id)
+    if pipeline_id is None:
+        raise Failure(description=f"run {run_id} owns no pipeline: its run scope did not start",
+                      allow_retries=False)
+    current = store.get_pipeline(pipeline_id)
+    return pipeline_id, None, current.owner or f"(pipeline {current.status})"
 
 
 def _consecutive_same(store: RecoveryStore, pipeline_id: int, node: str, category: str, limit: int) -> int:
@@ -174,6 +161,7 @@ def recoverable_op(
     required_resource_keys: set[str] | None = None,
     resource_key: str = "recovery",
     tags: Mapping[str, str] | None = None,
+    pool: str | None = None,
 ):
     """Turn ``fn(ctx: NodeContext, *inputs)`` into a Dagster op that is a recoverable pipeline node.
 
@@ -191,8 +179,8 @@ def recoverable_op(
             resource: RecoveryResource = getattr(context.resources, resource_key)
             store = resource.get_store()
             settings = heartbeat or resource.heartbeat_settings()
-            pipeline_id, own, owner = _attach(context, store, resource, settings)
-            node = store.get_node(pipeline_id, op_name) if pipeline_id > 0 else None
+            pipeline_id, own, owner = _owned(context, store, op_name)
+            node = store.get_node(pipeline_id, op_name)
             if node is not None and node.finished:
                 message = f"skipped: {node.status} in run {node.run_id}"
                 context.log.info(f"{op_name} {message}")
@@ -213,7 +201,7 @@ def recoverable_op(
         return op(
             name=op_name, ins=op_ins, out=out or Out(), config_schema=config_schema,
             description=description or body.__doc__, tags=op_tags,
-            required_resource_keys={resource_key, *(required_resource_keys or set())},
+            required_resource_keys={resource_key, *(required_resource_keys or set())}, pool=pool,
         )(compute)
 
     return decorate(fn) if fn is not None else decorate
@@ -226,10 +214,9 @@ def _run_node(context, store, resource, settings, own, op_name, body, inputs, op
         raise Failure(description=f"superseded by run {exc.owner}", allow_retries=False) from exc
     except IllegalTransition as exc:
         raise Failure(description=str(exc), allow_retries=False) from exc
-    watchdog = Watchdog(store_pulse(store, own, op_name, settings.timeout), settings,
-                        verify=lambda: store.check_ownership(own), name=f"{op_name}@{own.pipeline_id}")
+    # the node's own heartbeat: what the run worker cannot see (this step's process, its host, a stall)
+    watchdog = registry_for(store).register(own, settings, node=op_name)
     ctx = NodeContext(context, store, own, op_name, settings, watchdog, resource)
-    watchdog.start()
     try:
         output = _jsonable(body(ctx, **inputs))
         ctx.check()
@@ -242,7 +229,7 @@ def _run_node(context, store, resource, settings, own, op_name, body, inputs, op
     except Exception as exc:  # noqa: BLE001 - every error goes through the shared classifier
         return _handle_error(context, store, resource, own, op_name, optional, exc, ctx, node.attempts)
     finally:
-        watchdog.stop()
+        watchdog.release()
     try:
         store.complete_node(own, op_name, output, heartbeat_timeout=settings.timeout)
     except OwnershipLost as exc:

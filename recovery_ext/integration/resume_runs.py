@@ -19,7 +19,9 @@ from dagster import DagsterRun, DagsterRunStatus, JobDefinition, RunRequest, Run
 from ..database import chunks
 from ..models import Reclaimed
 from ..redaction import redact
-from .recoverable import TAG_PIPELINE, TAG_RESUME_NUMBER, TAG_RESUMED_FROM
+from .tags import TAG_PARENT_RUN as PARENT_RUN_TAG
+from .tags import TAG_PIPELINE, TAG_RESUME_NUMBER, TAG_RESUMED_FROM
+from .tags import TAG_WILL_RETRY as WILL_RETRY_TAG
 
 log = logging.getLogger("recovery_ext.sensors")
 
@@ -53,12 +55,36 @@ def placeholder_run_key(placeholder: str) -> str:
     return resume_run_key(int(pipeline_id), int(number))
 
 
-def dead_run_ids(instance, run_ids: Sequence[str]) -> list[str]:
-    """Runs Dagster already shows FAILURE or CANCELED: their pipelines are orphans at once."""
-    dead: list[str] = []
+@dataclass(frozen=True)
+class OwnerRuns:
+    """What Dagster says about the owner runs of running pipelines."""
+
+    dead: list[str]       # FAILURE (and not being retried by Dagster): orphans at once
+    retrying: list[str]   # FAILURE with dagster/will_retry=true whose retry has not ended: Dagster's retry takes over
+    canceled: list[str]   # CANCELED by their user: the pipeline is canceled, never resumed
+
+
+def classify_owner_runs(instance, run_ids: Sequence[str]) -> OwnerRuns:
+    """One batched query per ``BATCH`` owners (plus one for the retries of the retried ones)."""
+    ended: list[DagsterRun] = []
     for part in chunks(list(run_ids), BATCH):
-        dead.extend(instance.get_run_ids(filters=RunsFilter(run_ids=list(part), statuses=DEAD_STATUSES)))
-    return dead
+        ended.extend(instance.get_runs(filters=RunsFilter(run_ids=list(part), statuses=DEAD_STATUSES)))
+    canceled = [r.run_id for r in ended if r.status == DagsterRunStatus.CANCELED]
+    will_retry = [r.run_id for r in ended if r.status == DagsterRunStatus.FAILURE and r.tags.get(WILL_RETRY_TAG) == "true"]
+    retry_ended = _retries_ended(instance, will_retry)
+    retrying = [run_id for run_id in will_retry if run_id not in retry_ended]
+    dead = [r.run_id for r in ended if r.status == DagsterRunStatus.FAILURE and r.run_id not in retrying]
+    return OwnerRuns(dead, retrying, canceled)
+
+
+def _retries_ended(instance, run_ids: Sequence[str]) -> set[str]:
+    """Runs whose Dagster retry exists and finished without taking the pipeline over."""
+    ended: set[str] = set()
+    for part in chunks(list(run_ids), BATCH):
+        for child in instance.get_runs(filters=RunsFilter(tags={PARENT_RUN_TAG: list(part)})):
+            if child.status in FINISHED_STATUSES:
+                ended.add(child.tags[PARENT_RUN_TAG])
+    return ended
 
 
 def runs_by_id(instance, run_ids: Iterable[str], statuses: Sequence[DagsterRunStatus] = ()) -> dict[str, DagsterRun]:
@@ -87,14 +113,16 @@ class ResumeWatch:
     existing: dict[str, DagsterRun]     # run key -> its run
     waiting: list[str]                  # placeholders whose run is queued or starting
     died: list[str]                     # placeholders whose run ended without attaching
+    canceled: list[str]                 # placeholders whose run its user canceled before it attached
 
 
 def watch_resume_runs(instance, placeholders: Sequence[str]) -> ResumeWatch:
     keys = {placeholder_run_key(ph): ph for ph in placeholders}
     existing = runs_by_run_key(instance, keys)
-    waiting = [keys[k] for k, r in existing.items() if r.status in WAITING_STATUSES]
-    died = [keys[k] for k, r in existing.items() if r.status in FINISHED_STATUSES]
-    return ResumeWatch(existing, waiting, died)
+    by_status = lambda statuses: [keys[k] for k, r in existing.items() if r.status in statuses]  # noqa: E731
+    return ResumeWatch(existing, by_status(WAITING_STATUSES),
+                       by_status((DagsterRunStatus.FAILURE, DagsterRunStatus.SUCCESS)),
+                       by_status((DagsterRunStatus.CANCELED,)))
 
 
 def carried_tags(origin: DagsterRun | None) -> dict[str, str]:

@@ -25,7 +25,7 @@ from ..recovery import scan, summary_line
 from ..redaction import redact
 from .resources import RecoveryResource
 from .resume_runs import (
-    dead_run_ids,
+    classify_owner_runs,
     is_placeholder,
     resume_request,
     resume_run_key,
@@ -86,14 +86,19 @@ def make_orphan_sensor(
         trigger = "startup" if startup else "sensor"
         notes: list[str] = []
         dead: list[str] = []
+        retrying: list[str] = []
         existing: dict[str, Any] = {}
         try:
             owners = store.running_owners(job_names=job_names)
             placeholders = [o for o in owners if is_placeholder(o)]
-            dead = dead_run_ids(instance, [o for o in owners if not is_placeholder(o)])
+            owner_runs = classify_owner_runs(instance, [o for o in owners if not is_placeholder(o)])
             watch = watch_resume_runs(instance, placeholders)
             existing = watch.existing
-            dead += watch.died
+            dead, retrying = owner_runs.dead + watch.died, owner_runs.retrying
+            canceled = owner_runs.canceled + watch.canceled
+            if canceled:  # backstop: the run worker normally records its user's cancel itself
+                for pipeline_id in store.cancel_owned_by(canceled):
+                    context.log.info(f"pipeline {pipeline_id} canceled: its run was canceled by its user")
             if watch.waiting:
                 extended = store.extend_launch_grace(watch.waiting, grace)
                 notes.append(f"{len(watch.waiting)} resume run{'s' if len(watch.waiting) != 1 else ''} queued or "
@@ -105,7 +110,7 @@ def make_orphan_sensor(
             context.log.warning(f"could not check running pipelines against Dagster: {redact(exc)}")
         settings = replace(resource.recovery_settings(), max_per_scan=max_resumes_per_tick)
         stats: ScanStats = scan(store, settings=settings, dead_owner_runs=dead, launching=True, trigger=trigger,
-                                job_names=job_names, launcher=name)
+                                job_names=job_names, launcher=name, retrying_owner_runs=retrying)
         if stats.error is None:
             try:
                 left = None if max_resumes_per_tick is None else max_resumes_per_tick - stats.reclaimed

@@ -19,7 +19,7 @@ from dagster import Field, graph, multiprocess_executor
 from ..classify import classify
 from ..errors import OwnershipLost
 from ..heartbeat import HeartbeatSettings, Watchdog
-from ..integration import NodeContext, recoverable_op
+from ..integration import NodeContext, recoverable_op, with_recovery
 from ..integration.recoverable import TAG_RESUMED_FROM
 from ..redaction import redact
 from .ocr_engine import DOCUMENT_SUFFIXES, recognise
@@ -126,4 +126,4 @@ def make_ocr_job(folder: str | None = None, *, queue: str = DEFAULT_QUEUE, worke
     """The OCR job; ``folder`` becomes the default of its run config."""
     config = {"ops": {"enqueue_documents": {"config": {"folder": folder or "", "queue": queue}},
                       "ocr_documents": {"config": {"workers": workers}}}}
-    return ocr_graph.to_job(name=name, executor_def=executor_def, config=config, tags={"recovery/pipeline": "ocr"})
+    return ocr_graph.to_job(name=name, executor_def=with_recovery(executor_def), config=config, tags={"recovery/pipeline": "ocr"})

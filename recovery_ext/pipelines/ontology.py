@@ -19,7 +19,7 @@ from sqlalchemy import MetaData, Table, create_engine, func, inspect, select
 from ..classify import classify
 from ..ontology_schema import ont_columns, ont_entities, ont_glossary_terms, ont_relationships
 from ..redaction import redact
-from ..integration import NodeContext, recoverable_op
+from ..integration import NodeContext, recoverable_op, with_recovery
 from .llm import entity_name
 
 SOURCE_CONFIG = {
@@ -273,5 +273,5 @@ def make_ontology_job(source_url: str | None = None, *, source_name: str = "samp
     config = None
     if source_url:
         config = {"ops": {"discover_schema": {"config": {"source_url": source_url, "source_name": source_name}}}}
-    return ontology_graph.to_job(name=name, executor_def=executor_def, config=config,
+    return ontology_graph.to_job(name=name, executor_def=with_recovery(executor_def), config=config,
                                  tags={"recovery/pipeline": "ontology"})
