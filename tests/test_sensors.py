@@ -243,3 +243,20 @@ def test_invalid_resource_settings_fail_when_definitions_load(bad, words):
     with pytest.raises(Exception) as info:
         RecoveryResource(**bad)
     assert words in str(info.value)
+
+
+def test_owners_dagster_is_retrying_are_left_to_the_retry_and_canceled_owners_cancel(store, db_url, instance):
+    retried = create_run_for_test(instance, job_name="items_job", status=DagsterRunStatus.FAILURE,
+                                  tags={"dagster/will_retry": "true"})
+    retried_own = store.create_pipeline("items_job", ["a"], owner=retried.run_id, origin_run_id=retried.run_id)
+    retry_over = create_run_for_test(instance, job_name="items_job", status=DagsterRunStatus.FAILURE,
+                                     tags={"dagster/will_retry": "true"})
+    create_run_for_test(instance, job_name="items_job", status=DagsterRunStatus.FAILURE,
+                        tags={"dagster/parent_run_id": retry_over.run_id})
+    over_own = store.create_pipeline("items_job", ["a"], owner=retry_over.run_id, origin_run_id=retry_over.run_id)
+    canceled = create_run_for_test(instance, job_name="items_job", status=DagsterRunStatus.CANCELED)
+    canceled_own = store.create_pipeline("items_job", ["a"], owner=canceled.run_id, origin_run_id=canceled.run_id)
+    result, _ = evaluate(make_orphan_sensor([items_job]), instance, db_url)
+    assert [r.tags[TAG_PIPELINE] for r in result.run_requests] == [str(over_own.pipeline_id)]
+    assert store.get_pipeline(retried_own.pipeline_id).epoch == 1
+    assert store.get_pipeline(canceled_own.pipeline_id).status == "canceled"

@@ -33,7 +33,6 @@ PARTITION_TAG = "dagster/partition"
 SYSTEM_PREFIXES = ("dagster/", ".dagster/", "recovery/", "dagster-")
 TAG_OP_SELECTION = "recovery/op_selection"
 
-DEAD_STATUSES = [DagsterRunStatus.FAILURE, DagsterRunStatus.CANCELED]
 LIVE_STATUSES = [DagsterRunStatus.STARTING, DagsterRunStatus.STARTED, DagsterRunStatus.CANCELING]
 # A resume run in these states has not had its chance to attach yet: its reservation is extended.
 WAITING_STATUSES = (DagsterRunStatus.QUEUED, DagsterRunStatus.NOT_STARTED, DagsterRunStatus.STARTING)
@@ -65,16 +64,23 @@ class OwnerRuns:
 
 
 def classify_owner_runs(instance, run_ids: Sequence[str]) -> OwnerRuns:
-    """One batched query per ``BATCH`` owners (plus one for the retries of the retried ones)."""
-    ended: list[DagsterRun] = []
+    """Three id-only queries per ``BATCH`` owners (no run is deserialized), plus one for the
+    retries of runs Dagster is retrying."""
+    dead: list[str] = []
+    will_retry: list[str] = []
+    canceled: list[str] = []
     for part in chunks(list(run_ids), BATCH):
-        ended.extend(instance.get_runs(filters=RunsFilter(run_ids=list(part), statuses=DEAD_STATUSES)))
-    canceled = [r.run_id for r in ended if r.status == DagsterRunStatus.CANCELED]
-    will_retry = [r.run_id for r in ended if r.status == DagsterRunStatus.FAILURE and r.tags.get(WILL_RETRY_TAG) == "true"]
+        ids = list(part)
+        canceled += instance.get_run_ids(filters=RunsFilter(run_ids=ids, statuses=[DagsterRunStatus.CANCELED]))
+        failed = instance.get_run_ids(filters=RunsFilter(run_ids=ids, statuses=[DagsterRunStatus.FAILURE]))
+        if failed:
+            retried = set(instance.get_run_ids(filters=RunsFilter(run_ids=failed, statuses=[DagsterRunStatus.FAILURE],
+                                                                  tags={WILL_RETRY_TAG: "true"})))
+            will_retry += [r for r in failed if r in retried]
+            dead += [r for r in failed if r not in retried]
     retry_ended = _retries_ended(instance, will_retry)
-    retrying = [run_id for run_id in will_retry if run_id not in retry_ended]
-    dead = [r.run_id for r in ended if r.status == DagsterRunStatus.FAILURE and r.run_id not in retrying]
-    return OwnerRuns(dead, retrying, canceled)
+    dead += [r for r in will_retry if r in retry_ended]
+    return OwnerRuns(dead, [r for r in will_retry if r not in retry_ended], canceled)
 
 
 def _retries_ended(instance, run_ids: Sequence[str]) -> set[str]:
@@ -123,6 +129,24 @@ def watch_resume_runs(instance, placeholders: Sequence[str]) -> ResumeWatch:
     return ResumeWatch(existing, by_status(WAITING_STATUSES),
                        by_status((DagsterRunStatus.FAILURE, DagsterRunStatus.SUCCESS)),
                        by_status((DagsterRunStatus.CANCELED,)))
+
+
+class OriginRuns:
+    """The first runs of pipelines, looked up in batches and kept (what a run was launched with never changes)."""
+
+    def __init__(self, max_size: int = 50_000) -> None:
+        self.max_size = max_size
+        self._runs: dict[str, DagsterRun | None] = {}
+
+    def get(self, instance, run_ids: Iterable[str]) -> dict[str, DagsterRun | None]:
+        wanted = {r for r in run_ids if r}
+        missing = wanted - self._runs.keys()
+        if missing:
+            found = runs_by_id(instance, missing)
+            if len(self._runs) + len(missing) > self.max_size:
+                self._runs.clear()
+            self._runs.update({r: found.get(r) for r in missing})
+        return {r: self._runs.get(r) for r in wanted}
 
 
 def carried_tags(origin: DagsterRun | None) -> dict[str, str]:

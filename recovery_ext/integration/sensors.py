@@ -25,11 +25,11 @@ from ..recovery import scan, summary_line
 from ..redaction import redact
 from .resources import RecoveryResource
 from .resume_runs import (
+    OriginRuns,
     classify_owner_runs,
     is_placeholder,
     resume_request,
     resume_run_key,
-    runs_by_id,
     stop_superseded,
     watch_resume_runs,
 )
@@ -70,6 +70,7 @@ def make_orphan_sensor(
     if max_resumes_per_tick is not None and max_resumes_per_tick < 1:
         raise ValueError("max_resumes_per_tick must be at least 1 (or None for no cap)")
     jobs_by_name = {j.name: j for j in jobs}
+    origin_runs = OriginRuns()
     job_names = list(jobs_by_name)
 
     @sensor(name=name, minimum_interval_seconds=minimum_interval_seconds, default_status=default_status,
@@ -125,7 +126,7 @@ def make_orphan_sensor(
         except Exception as exc:  # noqa: BLE001
             context.log.warning(f"could not list pipelines awaiting their resume run: {redact(exc)}")
             waiting = [r for r in stats.reclaimed_pipelines]
-        origins = runs_by_id(instance, [a.origin_run_id for a in waiting if a.origin_run_id])
+        origins = origin_runs.get(instance, [a.origin_run_id for a in waiting if a.origin_run_id])
         requests = [resume_request(a, origins.get(a.origin_run_id or ""), jobs_by_name.get(a.job_name))
                     for a in waiting]
         again = sum(1 for a in waiting if a.pipeline_id not in fresh)
