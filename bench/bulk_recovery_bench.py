@@ -30,7 +30,7 @@ from sqlalchemy import insert, update
 from bench.recovery_bench import NODES, config, drop_db, scratch_db, start
 from recovery_ext.devserver import wait_for
 from recovery_ext.integration import RecoveryResource, make_orphan_sensor
-from recovery_ext.integration.recoverable import TAG_PIPELINE
+from recovery_ext.integration.recoverable import TAG_RESUME_NUMBER
 from recovery_ext.schema import nodes, pipelines
 from recovery_ext.store import RecoveryStore
 
@@ -103,10 +103,10 @@ def creation_ratio(runs: int) -> list[str]:
         with store.write() as conn:  # every heartbeat expired at once: all orphans in the next tick
             conn.execute(update(pipelines).values(heartbeat_deadline=store.dialect.now_plus(-1)))
         made = time.time()
-        wait_for(lambda: len(dev.instance.get_run_ids(filters=RunsFilter(tags={TAG_PIPELINE: [
-            str(i) for i in range(1, runs + 1)]}))) >= runs, timeout=1800, interval=1.0, what=f"{runs} resume runs")
+        wait_for(lambda: len(dev.instance.get_run_ids(filters=RunsFilter(tags={TAG_RESUME_NUMBER: "1"}))) >= runs,
+                 timeout=1800, interval=1.0, what=f"{runs} resume runs")
         ours = sorted(r.create_timestamp.timestamp() for r in dev.instance.get_run_records()
-                      if TAG_PIPELINE in r.dagster_run.tags)
+                      if TAG_RESUME_NUMBER in r.dagster_run.tags)
         flag.write_text("go")
         wait_for(lambda: len(dev.instance.get_run_ids(filters=RunsFilter(tags={"bench": "plain"}))) >= runs,
                  timeout=1800, interval=1.0, what=f"{runs} plain runs")

@@ -87,7 +87,7 @@ class Watcher:
             if self.run_status.get(run.run_id) != status:
                 self.run_status[run.run_id] = status
                 role = (f"resume #{run.tags[TAG_RESUME_NUMBER]} of pipeline {run.tags[TAG_PIPELINE]}"
-                        if TAG_PIPELINE in run.tags else "run")
+                        if TAG_RESUME_NUMBER in run.tags else "run")
                 self.t.say(f"{run.job_name} {role} {run.run_id[:8]}: {status}")
         for pipeline_id, job in pipelines.items():
             status = self.store.get_pipeline(pipeline_id).status
@@ -174,7 +174,7 @@ def run_demo(root: Path, var: Path, t: Timeline, *, keep_ui: bool, timeout: floa
         watcher.poll(pipelines)
         for job, p in found.items():
             outcome.final_status[job] = store.get_pipeline(p.id).status
-            resumes = dev.runs(tags={TAG_PIPELINE: str(p.id)})
+            resumes = [r for r in dev.runs(tags={TAG_PIPELINE: str(p.id)}) if TAG_RESUME_NUMBER in r.tags]
             outcome.resumes[job] = len(resumes)
             for run in resumes:
                 dev.wait_run(run.run_id, statuses=TERMINAL, timeout=120)

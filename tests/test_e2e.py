@@ -84,7 +84,8 @@ def pipeline_of(store, run_id):
 
 
 def resume_runs(dev, pipeline_id):
-    return sorted(dev.runs(tags={TAG_PIPELINE: str(pipeline_id)}), key=lambda r: int(r.tags[TAG_RESUME_NUMBER]))
+    runs = [r for r in dev.runs(tags={TAG_PIPELINE: str(pipeline_id)}) if TAG_RESUME_NUMBER in r.tags]
+    return sorted(runs, key=lambda r: int(r.tags[TAG_RESUME_NUMBER]))  # the first run carries the pipeline tag too
 
 
 def wait_completed(store, pipeline_id, timeout=150):
