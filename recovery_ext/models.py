@@ -131,6 +131,7 @@ class Reclaimed:
     reset_nodes: tuple[str, ...] = ()
     origin_run_id: str | None = None
     launcher: str | None = None
+    owner_heartbeating: bool = False   # the previous owner's run heartbeat was still live at the reclaim
 
 
 @dataclass(frozen=True)

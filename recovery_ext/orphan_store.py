@@ -232,7 +232,9 @@ class OrphanOps(PipelineOps):
         if limit is not None and limit <= 0:
             return [], []
         candidates = (
-            select(p.id, p.owner.label("previous_owner"), self._reason(dead_owner_runs).label("cause"))
+            select(p.id, p.owner.label("previous_owner"), self._reason(dead_owner_runs).label("cause"),
+                   and_(p.heartbeat_deadline.isnot(None), p.heartbeat_deadline >= self.dialect.now())
+                   .label("owner_heartbeating"))
             .where(self._orphan_condition(dead_owner_runs, job_names, retrying_owner_runs),
                    ~self._hopeless_condition(max_age_seconds))
             .order_by(p.heartbeat_deadline.asc().nulls_first(), p.id)
@@ -245,6 +247,7 @@ class OrphanOps(PipelineOps):
                 return [], []
             previous = {r.id: r.previous_owner for r in found}
             causes = {r.id: r.cause for r in found}
+            heartbeating = {r.id: bool(r.owner_heartbeating) for r in found}
             new_owner = _placeholder(p.resume_count + 1) if launching else None
             rows = []
             for part in chunks(sorted(previous)):
@@ -263,6 +266,7 @@ class OrphanOps(PipelineOps):
             reclaimed = [
                 Reclaimed(r.id, r.job_name, r.params, previous[r.id], r.owner, r.epoch, r.resume_count,
                           tuple(reset.get(r.id, ())), origin_run_id=r.origin_run_id,
+                          owner_heartbeating=heartbeating[r.id],
                           launcher=launcher if launching else None)
                 for r in rows if r.id not in corrupt
             ]

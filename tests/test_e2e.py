@@ -43,9 +43,18 @@ def dev(app_url, tmp_path_factory, cpu_hog_module):
            "E2E_HEARTBEAT_INTERVAL": "1", "E2E_HEARTBEAT_TIMEOUT": "3", "E2E_STALL_TIMEOUT": "4",
            "E2E_SENSOR_INTERVAL": "1"}
     server = DagsterDev(Path(__file__).with_name("e2e_defs.py"), tmp_path_factory.mktemp("dagster_home"), env)
-    server.start()
+    server.start(timeout=240)
     yield server
     server.stop()
+    keep_dev_log(server)
+
+
+def keep_dev_log(server: DagsterDev) -> None:
+    """RX_KEEP_DEV_LOG=path keeps the `dagster dev` log of a module for a post-mortem."""
+    if os.environ.get("RX_KEEP_DEV_LOG"):
+        import shutil
+
+        shutil.copy(server.log_path, os.environ["RX_KEEP_DEV_LOG"])
 
 
 @pytest.fixture(scope="module")

@@ -20,7 +20,7 @@ from dagster._core.definitions.run_request import InstigatorType
 from dagster._core.scheduler.instigation import TickStatus
 
 from recovery_ext.devserver import DagsterDev, wait_for
-from test_e2e import assert_exactly_one_resume, calls, config, pipeline_of, resume_runs, wait_completed
+from test_e2e import assert_exactly_one_resume, keep_dev_log, calls, config, pipeline_of, resume_runs, wait_completed
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 
@@ -62,17 +62,14 @@ run_launcher:
     hang_seconds: {HANG}
 """)
     env = {"RECOVERY_DATABASE_URL": app_url, "E2E_HEARTBEAT_INTERVAL": "1", "E2E_HEARTBEAT_TIMEOUT": "4",
-           "E2E_STALL_TIMEOUT": "60", "E2E_SENSOR_INTERVAL": "1", "E2E_LAUNCH_GRACE": str(GRACE),
+           "E2E_STALL_TIMEOUT": "4", "E2E_SENSOR_INTERVAL": "1", "E2E_LAUNCH_GRACE": str(GRACE),
            "E2E_MAX_RESUMES": "3", "DAGSTER_SENSOR_GRPC_TIMEOUT_SECONDS": str(TICK_TIMEOUT),
            "PYTHONPATH": os.pathsep.join(filter(None, [str(TESTS), os.environ.get("PYTHONPATH")]))}
     server = DagsterDev(TESTS / "e2e_defs.py", home, env)
     server.start(timeout=240)
     yield server
     server.stop()
-    if os.environ.get("RX_KEEP_DEV_LOG"):
-        import shutil
-
-        shutil.copy(server.log_path, os.environ["RX_KEEP_DEV_LOG"])
+    keep_dev_log(server)
 
 
 @pytest.fixture(scope="module")
@@ -95,25 +92,20 @@ def failed_ticks(dev) -> list:
 
 
 def test_a_tick_that_fails_after_its_reclaim_still_launches_exactly_one_resume_run(dev, store, flag):
-    run_id = dev.launch("items_job_inprocess", config(item_seconds=0.5))
-    rows = wait_for(lambda: len(calls(store, run_id, "n2")) >= 1 and calls(store, run_id, "n2"), timeout=180,
-                    what="n2 to start")
-    worker = rows[0].pid
     failures_before = len(failed_ticks(dev))
     flag.write_text("hang")
-    os.kill(worker, signal.SIGSTOP)  # Dagster still shows it STARTED, so the sensor asks to terminate it
-    try:
-        pipeline = pipeline_of(store, run_id)
-        wait_for(lambda: not flag.exists(), timeout=120, what="the sensor to reclaim and call terminate")
-        wait_for(lambda: len(failed_ticks(dev)) > failures_before, timeout=120,
-                 what="the daemon to fail the tick that reclaimed (sensor gRPC timeout)")
-        assert store.get_pipeline(pipeline.id).resume_count == 1
-        wait_completed(store, pipeline.id, timeout=300)
-        (resume,) = assert_exactly_one_resume(dev, store, pipeline.id)
-        dev.wait_run(resume.run_id, timeout=180)
-        assert store.get_pipeline(pipeline.id).owner == resume.run_id
-    finally:
-        os.kill(worker, signal.SIGCONT)
+    # n2 stalls while its run worker heartbeats: the sensor reclaims it and asks the launcher to
+    # terminate the live run, which hangs past the sensor's gRPC timeout
+    run_id = dev.launch("items_job_inprocess", config(item_seconds=0.5, n2={"stall_at": 2}))
+    pipeline = pipeline_of(store, run_id)
+    wait_for(lambda: not flag.exists(), timeout=120, what="the sensor to reclaim and call terminate")
+    wait_for(lambda: len(failed_ticks(dev)) > failures_before, timeout=120,
+             what="the daemon to fail the tick that reclaimed (sensor gRPC timeout)")
+    assert store.get_pipeline(pipeline.id).resume_count == 1
+    wait_completed(store, pipeline.id, timeout=300)
+    (resume,) = assert_exactly_one_resume(dev, store, pipeline.id)
+    dev.wait_run(resume.run_id, timeout=180)
+    assert store.get_pipeline(pipeline.id).owner == resume.run_id
     # the hung terminate gets through in the end; the superseded run does not stay "running"
     wait_for(lambda: dev.run(run_id).status in (DagsterRunStatus.FAILURE, DagsterRunStatus.CANCELED),
              timeout=HANG + 120, what="the superseded run to be stopped")

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from dagster import DagsterRunStatus, build_sensor_context
 from dagster._core.test_utils import create_run_for_test, instance_for_test
-from sqlalchemy import select
+from sqlalchemy import select, update
 
 from e2e_defs import items_job
 from helpers import expire
@@ -67,7 +67,8 @@ def test_orphan_sensor_yields_one_resume_per_orphan_with_tags_and_config(store, 
         (payload,) = conn.execute(select(events.c.payload).where(events.c.kind == "superseded_run_stopped",
                                                                  events.c.pipeline_id == own.pipeline_id)).scalars()
     assert payload["run_id"] == run.run_id and payload["marked_failed"] is True
-    assert payload["terminate"] == "launcher could not reach it"  # no gRPC server behind this test run
+    # its heartbeat had stopped: a frozen worker is not terminated through the code server, only failed
+    assert payload["terminate"].startswith("not terminated: its run worker stopped heartbeating")
     launch(instance, request)
     again, _ = evaluate(sensor, instance, db_url)
     assert again.run_requests == [] and "0 orphans" in again.skip_message
@@ -260,3 +261,22 @@ def test_owners_dagster_is_retrying_are_left_to_the_retry_and_canceled_owners_ca
     assert [r.tags[TAG_PIPELINE] for r in result.run_requests] == [str(over_own.pipeline_id)]
     assert store.get_pipeline(retried_own.pipeline_id).epoch == 1
     assert store.get_pipeline(canceled_own.pipeline_id).status == "canceled"
+
+
+def test_a_stalled_run_whose_worker_still_heartbeats_is_terminated_through_the_run_launcher(store, db_url, instance):
+    from recovery_ext.schema import nodes
+
+    run = create_run_for_test(instance, job_name="items_job", status=DagsterRunStatus.STARTED)
+    own = store.create_pipeline("items_job", ["a", "b"], owner=run.run_id, origin_run_id=run.run_id,
+                                heartbeat_timeout=600)
+    store.start_node(own, "a", heartbeat_timeout=600, stall_timeout=600)
+    with store.write() as conn:
+        conn.execute(update(nodes).where(nodes.c.pipeline_id == own.pipeline_id)
+                     .values(stall_deadline=store.dialect.now_plus(-5)))
+    (request,) = evaluate(make_orphan_sensor([items_job]), instance, db_url)[0].run_requests
+    with store.read() as conn:
+        (payload,) = conn.execute(select(events.c.payload).where(events.c.kind == "superseded_run_stopped",
+                                                                 events.c.pipeline_id == own.pipeline_id)).scalars()
+    assert payload["terminate"] == "launcher could not reach it"  # asked: no gRPC server behind this test run
+    assert payload["marked_failed"] is True
+    assert instance.get_run_by_id(run.run_id).status == DagsterRunStatus.FAILURE

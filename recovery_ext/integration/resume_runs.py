@@ -204,10 +204,16 @@ def stop_superseded(instance, reclaimed: Sequence[Reclaimed], message, *, budget
 
     def stop(run: DagsterRun) -> StopOutcome:
         r = previous[run.run_id]
-        try:
-            answer = "terminated" if instance.run_launcher.terminate(run.run_id) else "launcher could not reach it"
-        except Exception as exc:  # noqa: BLE001 - best effort: recorded, never raised
-            answer = f"terminate failed: {redact(exc)}"[:300]
+        if not getattr(r, "owner_heartbeating", False):
+            # Its run worker stopped heartbeating: frozen (SIGSTOP, swapped out) or gone. Terminating
+            # it through the code server would block that server: the cancel sets a multiprocessing
+            # Event the frozen worker must acknowledge, under the lock every run launch takes.
+            answer = "not terminated: its run worker stopped heartbeating (frozen or gone); its writes are fenced"
+        else:
+            try:
+                answer = "terminated" if instance.run_launcher.terminate(run.run_id) else "launcher could not reach it"
+            except Exception as exc:  # noqa: BLE001 - best effort: recorded, never raised
+                answer = f"terminate failed: {redact(exc)}"[:300]
         marked = False
         try:
             current = instance.get_run_by_id(run.run_id)
