@@ -1,24 +1,36 @@
-"""The one retry classifier every op, sensor, watchdog and CLI uses (seed 002).
+"""The one retry classifier every op, sensor, watchdog and CLI uses (seed 002, issue 10's policy).
 
-Decision order:
+How it decides, in this order:
 
-1. **An explicit flag wins**: a bool ``retryable`` attribute or an ``is_retryable()``
-   method on the exception or anything in its ``__cause__``/``__context__`` chain; the
-   outermost one counts.
-2. **Structure**: HTTP status attributes, SQLSTATE codes, SQLAlchemy wrappers, sqlite
-   busy errors, ``OSError.errno``, timeout types, CUDA/out-of-memory types. Libraries are
-   looked up in ``sys.modules`` only: an exception cannot come from a library nobody imported.
-3. **Message patterns** last, with word boundaries and context: a number is an HTTP
-   status only where the text says so ("HTTP 503", "status 503", "503 Service Unavailable").
+1. **An explicit flag wins**: a bool ``retryable`` attribute or an ``is_retryable()`` method on the
+   exception or anything in its ``__cause__``/``__context__`` chain; the outermost one counts.
+2. **An HTTP status decides** when an exception of the chain carries one (the outermost); the words
+   of its body do not.
+3. **Otherwise the chain is transient if any exception in it is transient.** Each exception is judged
+   on its own, in three tiers, and a higher tier of the whole chain beats a lower one:
+
+   * *structure*: SQLSTATE codes, sqlite error types, ``ssl``/DNS/``errno``, timeout types, URL and
+     protocol errors of the HTTP libraries, logic errors (``ValueError``, ``KeyError`` ...);
+   * *message*: word-bounded phrases; words inside identifiers (``lock_timeout``,
+     ``x-ratelimit-remaining``) are not messages, and a number is a status only where the text says so;
+   * *wrapper*: generic transport wrappers (``httpx.TransportError``, ``requests.ConnectionError``,
+     ``openai.APIConnectionError``, a driver's ``OperationalError``) that mean "it did not get through"
+     only when nothing they wrap says why.
+
+   Libraries are looked up in ``sys.modules`` only: an exception cannot come from a library nobody imported.
 """
 
 from __future__ import annotations
 
+import datetime as dt
+import email.utils
 import errno
 import re
 import socket
 import sqlite3
+import ssl
 import sys
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -27,10 +39,11 @@ from .redaction import redact
 
 CATEGORIES = (
     "connection", "timeout", "rate_limit", "server_error", "gpu", "resource_exhausted", "database_transient",
-    "client_error", "auth", "not_found", "validation", "unknown",
+    "circuit_open", "client_error", "auth", "not_found", "validation", "tls", "protocol", "configuration",
+    "unknown",
 )
 
-RETRYABLE_HTTP = frozenset({408, 429, 500, 502, 503, 504, 520, 521, 522, 523, 524, 525, 526, 527, 529, 530, 598, 599})
+RETRYABLE_HTTP = frozenset({408, 429, 500, 502, 503, 504, 529})
 
 
 @dataclass(frozen=True)
@@ -52,7 +65,7 @@ def http_classification(status: int, reason: str | None = None) -> Classificatio
         return Classification(False, "not_found", status, why)
     if status in (400, 409, 412, 413, 415, 422):
         return Classification(False, "validation", status, why)
-    if 400 <= status < 500:
+    if 300 <= status < 500:
         return Classification(False, "client_error", status, why)
     return Classification(False, "server_error", status, why)
 
@@ -64,10 +77,11 @@ def _chain(exc: BaseException) -> Iterator[BaseException]:
     while current is not None and id(current) not in seen and len(seen) < 32:
         seen.add(id(current))
         yield current
-        orig = getattr(current, "orig", None)  # SQLAlchemy's DBAPIError wraps the driver error here
-        if isinstance(orig, BaseException) and id(orig) not in seen and orig is not current.__cause__:
-            seen.add(id(orig))
-            yield orig
+        for attr in ("orig", "reason"):  # SQLAlchemy's DBAPIError.orig, urllib's URLError.reason
+            inner = getattr(current, attr, None)
+            if isinstance(inner, BaseException) and id(inner) not in seen and inner is not current.__cause__:
+                seen.add(id(inner))
+                yield inner
         current = current.__cause__ or (None if current.__suppress_context__ else current.__context__)
 
 
@@ -104,45 +118,79 @@ def _status_of(exc: BaseException) -> int | None:
 
 
 def _loaded_types(module: str, *names: str) -> tuple[type, ...]:
-    mod = sys.modules.get(module)
-    if mod is None:
-        return ()
-    found = []
-    for name in names:
-        obj = mod
-        for part in name.split("."):
-            obj = getattr(obj, part, None)
-        if isinstance(obj, type):
-            found.append(obj)
+    found: list[type] = []
+    # The openai SDK may bring its own fork of httpx/httpcore ("httpx2"); its errors mean the same.
+    fork = module.replace("httpx", "httpx2").replace("httpcore", "httpcore2")
+    for alias in dict.fromkeys((module, fork)):
+        mod = sys.modules.get(alias)
+        for name in names if mod is not None else ():
+            obj = mod
+            for part in name.split("."):
+                obj = getattr(obj, part, None)
+            if isinstance(obj, type) and obj not in found:
+                found.append(obj)
     return tuple(found)
 
 
-def _library_types() -> tuple[tuple[type, ...], tuple[type, ...]]:
-    timeouts = (
-        _loaded_types("httpx", "TimeoutException")
-        + _loaded_types("httpcore", "TimeoutException")
-        + _loaded_types("requests", "exceptions.Timeout")
-        + _loaded_types("urllib3.exceptions", "TimeoutError")
-        + _loaded_types("aiohttp", "ServerTimeoutError")
-        + _loaded_types("openai", "APITimeoutError")
+def _timeout_types() -> tuple[type, ...]:
+    return (
+        _loaded_types("httpx", "TimeoutException") + _loaded_types("httpcore", "TimeoutException")
+        + _loaded_types("requests", "exceptions.Timeout") + _loaded_types("urllib3.exceptions", "TimeoutError")
+        + _loaded_types("aiohttp", "ServerTimeoutError") + _loaded_types("openai", "APITimeoutError")
+        + _loaded_types("sqlalchemy.exc", "TimeoutError") + _loaded_types("psycopg_pool", "PoolTimeout")
+        + _loaded_types("psycopg", "errors.ConnectionTimeout")
     )
-    connections = (
-        _loaded_types("httpx", "TransportError")
-        + _loaded_types("httpcore", "NetworkError", "RemoteProtocolError")
+
+
+def _misconfiguration_types() -> tuple[type, ...]:
+    """Bad URLs, schemes, headers, redirect loops: retrying the same request cannot help."""
+    return (
+        _loaded_types("httpx", "UnsupportedProtocol", "InvalidURL", "TooManyRedirects", "LocalProtocolError")
+        + _loaded_types("httpcore", "UnsupportedProtocol", "LocalProtocolError")
+        + _loaded_types("requests", "exceptions.InvalidURL", "exceptions.InvalidSchema", "exceptions.MissingSchema",
+                        "exceptions.InvalidHeader", "exceptions.TooManyRedirects", "exceptions.URLRequired")
+        + _loaded_types("urllib3.exceptions", "LocationValueError", "LocationParseError", "URLSchemeUnknown")
+        + _loaded_types("http.client", "InvalidURL", "LineTooLong")
+        + _loaded_types("sqlalchemy.exc", "ArgumentError", "NoSuchModuleError")
+    )
+
+
+def _wrapper_types() -> tuple[type, ...]:
+    return (
+        _loaded_types("httpx", "TransportError") + _loaded_types("httpcore", "NetworkError", "RemoteProtocolError")
         + _loaded_types("requests", "exceptions.ConnectionError")
         + _loaded_types("urllib3.exceptions", "ProtocolError", "NewConnectionError", "MaxRetryError")
-        + _loaded_types("aiohttp", "ClientConnectionError")
+        + _loaded_types("urllib.error", "URLError") + _loaded_types("aiohttp", "ClientConnectionError")
         + _loaded_types("openai", "APIConnectionError")
+        + _loaded_types("psycopg", "OperationalError") + _loaded_types("psycopg2", "OperationalError")
     )
-    return timeouts, connections
 
 
 _RETRYABLE_ERRNOS = {
     errno.ECONNREFUSED: "connection", errno.ECONNRESET: "connection", errno.ECONNABORTED: "connection",
     errno.EPIPE: "connection", errno.ETIMEDOUT: "timeout", errno.EHOSTUNREACH: "connection",
-    errno.ENETUNREACH: "connection", errno.ENETDOWN: "connection",
+    errno.ENETUNREACH: "connection", errno.ENETDOWN: "connection", errno.ENETRESET: "connection",
 }
-_EAI_AGAIN = getattr(socket, "EAI_AGAIN", -3)
+_PERMANENT_ERRNOS = {
+    errno.ENOENT: "not_found", errno.ENOTDIR: "not_found", errno.EISDIR: "validation", errno.EACCES: "auth",
+    errno.EPERM: "auth", errno.EINVAL: "validation", errno.EADDRNOTAVAIL: "configuration",
+}
+_LOGIC_ERRORS = (ValueError, TypeError, LookupError, AttributeError, AssertionError, NotImplementedError,
+                 ArithmeticError, UnicodeError, NameError, ImportError)
+
+# SQLSTATE classes and codes (PostgreSQL appendix A).
+_TRANSIENT_SQLSTATES = {
+    "40001": "serialization failure", "40P01": "deadlock detected", "55P03": "lock timeout (lock not available)",
+    "25P03": "idle-in-transaction session timeout", "57014": "statement timeout (query canceled)",
+    "57P01": "admin shutdown", "57P02": "crash shutdown", "57P03": "cannot connect now",
+    "57P05": "idle session timeout", "53300": "too many connections", "53200": "out of memory",
+    "53100": "disk full", "58000": "system error", "58030": "I/O error",
+}
+_PERMANENT_SQLSTATE_CLASSES = {
+    "23": ("validation", "integrity constraint violation"), "42": ("client_error", "syntax error or undefined object"),
+    "22": ("validation", "data exception"), "28": ("auth", "invalid authorization"),
+    "3D": ("not_found", "database does not exist"), "3F": ("not_found", "schema does not exist"),
+}
 
 
 def _sqlstate(exc: BaseException) -> str | None:
@@ -150,116 +198,169 @@ def _sqlstate(exc: BaseException) -> str | None:
     return code if isinstance(code, str) and len(code) == 5 else None
 
 
-def _structural(exc: BaseException) -> Classification | None:
-    name = type(exc).__name__
-    status = _status_of(exc)
-    if status is not None:
-        return http_classification(status)
+def _from_sqlstate(state: str) -> Classification:
+    if state in _TRANSIENT_SQLSTATES:
+        return Classification(True, "database_transient", None, f"SQLSTATE {state}: {_TRANSIENT_SQLSTATES[state]}")
+    if state[:2] == "08":
+        return Classification(True, "database_transient", None, f"SQLSTATE {state}: connection exception")
+    category, what = _PERMANENT_SQLSTATE_CLASSES.get(state[:2], ("unknown", "database error"))
+    return Classification(False, category, None, f"SQLSTATE {state}: {what}")
 
+
+def _structural(exc: BaseException) -> Classification | None:
+    """Tier 1: what the exception's type and codes say, without reading its message."""
+    name = type(exc).__name__
     state = _sqlstate(exc)
     if state is not None:
-        if state[:2] == "08":
-            return Classification(True, "database_transient", None, f"SQLSTATE {state}: connection exception")
-        if state in ("40001", "40P01"):
-            what = "serialization failure" if state == "40001" else "deadlock detected"
-            return Classification(True, "database_transient", None, f"SQLSTATE {state}: {what}")
-        if state[:2] in ("53", "57"):
-            return Classification(True, "database_transient", None, f"SQLSTATE {state}: resources/operator intervention")
-        if state[:2] == "23":
-            return Classification(False, "validation", None, f"SQLSTATE {state}: integrity constraint violation")
-        if state in ("42P01", "42703", "42883", "42704", "3F000", "3D000"):
-            return Classification(False, "not_found", None, f"SQLSTATE {state}: undefined object")
-        if state[:2] in ("42", "22"):
-            return Classification(False, "client_error", None, f"SQLSTATE {state}: syntax or data error")
-        if state[:2] == "28":
-            return Classification(False, "auth", None, f"SQLSTATE {state}: invalid authorization")
-        return Classification(False, "unknown", None, f"SQLSTATE {state}")
-
+        return _from_sqlstate(state)
     if getattr(exc, "connection_invalidated", False) is True:
         return Classification(True, "database_transient", None, "database connection invalidated")
 
-    module = type(exc).__module__ or ""
-    if module.startswith(("psycopg", "psycopg2")) and name == "OperationalError":
-        return Classification(True, "database_transient", None, "database unreachable")
-
-    if isinstance(exc, sqlite3.OperationalError):
+    if isinstance(exc, sqlite3.Error):
         code = getattr(exc, "sqlite_errorcode", None)
         text = str(exc).lower()
-        if code in (5, 6, 261, 262, 517) or "database is locked" in text or "database is busy" in text:
+        if code in (5, 6, 261, 262, 517) or "database is locked" in text or "database table is locked" in text:
             return Classification(True, "database_transient", None, "sqlite database is locked")
-        return Classification(False, "unknown", None, "sqlite operational error")
+        if isinstance(exc, sqlite3.IntegrityError):
+            return Classification(False, "validation", None, "sqlite integrity constraint violation")
+        return Classification(False, "client_error", None, f"sqlite {name}")
 
-    if isinstance(exc, socket.gaierror):
-        if exc.errno == _EAI_AGAIN:
-            return Classification(True, "connection", None, "temporary failure in name resolution")
-        return Classification(False, "not_found", None, "host name does not resolve")
+    if isinstance(exc, (ssl.SSLEOFError, ssl.SSLZeroReturnError)):
+        return Classification(True, "connection", None, "TLS connection closed by the peer")
+    if isinstance(exc, ssl.SSLError) or name == "SSLError":  # requests/urllib3 wrap ssl.SSLError in their own
+        return Classification(False, "tls", None, "TLS handshake failed")
+    if isinstance(exc, socket.gaierror) or name == "NameResolutionError":
+        return Classification(True, "connection", None, "DNS resolution failed")
 
-    timeouts, connections = _library_types()
+    timeouts = _timeout_types()
     if isinstance(exc, TimeoutError) or (timeouts and isinstance(exc, timeouts)):
         return Classification(True, "timeout", None, f"{name}: timed out")
-    if connections and isinstance(exc, connections):
-        return Classification(True, "connection", None, f"{name}: connection failed")
-
+    if isinstance(exc, ConnectionError):  # refused, reset, aborted, broken pipe, http.client.RemoteDisconnected
+        return Classification(True, "connection", None, name)
     if isinstance(exc, OSError) and exc.errno in _RETRYABLE_ERRNOS:
-        return Classification(True, _RETRYABLE_ERRNOS[exc.errno], None, f"{errno.errorcode.get(exc.errno, exc.errno)}")
-    if isinstance(exc, ConnectionError):
-        return Classification(True, "connection", None, f"{name}")
+        return Classification(True, _RETRYABLE_ERRNOS[exc.errno], None, errno.errorcode.get(exc.errno, "OSError"))
+    if isinstance(exc, EOFError):  # asyncio.IncompleteReadError: the connection dropped mid-read
+        return Classification(True, "connection", None, f"{name}: connection lost")
+
+    if name == "BadStatusLine" or name == "UnknownProtocol":  # http.client: the peer does not speak HTTP
+        return Classification(False, "protocol", None, "the peer does not speak HTTP")
+    misconfigured = _misconfiguration_types()
+    if misconfigured and isinstance(exc, misconfigured):
+        return Classification(False, "configuration", None, f"{name}: bad URL, scheme, header or redirect loop")
 
     if "OutOfMemory" in name or name in ("CudaError", "CUDAError"):
         return Classification(True, "gpu", None, f"{name}: GPU out of memory")
-    if isinstance(exc, MemoryError):
-        return Classification(True, "resource_exhausted", None, "out of memory")
+    if isinstance(exc, OSError) and exc.errno in _PERMANENT_ERRNOS:
+        return Classification(False, _PERMANENT_ERRNOS[exc.errno], None, errno.errorcode.get(exc.errno, "OSError"))
+    if isinstance(exc, _LOGIC_ERRORS):
+        return Classification(False, "validation", None, f"{name}: a logic or validation error")
     return None
+
+
+# Words count only on their own: not glued to identifier characters (``lock_timeout``,
+# ``x-ratelimit-remaining``, ``/v1/busy``, ``retry.timeout``).
+_L, _R = r"(?<![\w./\\-])", r"(?![\w/\\-])"
+
+
+def _words(pattern: str) -> str:
+    return f"{_L}(?:{pattern}){_R}"
 
 
 _STATUS_IN_TEXT = re.compile(
     r"(?i)(?:\bHTTP(?:/\d(?:\.\d)?)?\s*(?:status\s*)?(?:code\s*)?[:=]?\s*|\bstatus(?:[ _]code)?\s*[:=]?\s*"
-    r"|\berror\s+code\s*[:=]?\s*|\bresponse\s+code\s*[:=]?\s*)(?P<code>[1-5]\d\d)\b"
+    r"|\berror\s+code\s*[:=]?\s*|\bresponse\s+code\s*[:=]?\s*)(?P<code>[1-5]\d\d)(?![\w.-])"
 )
 _STATUS_WITH_PHRASE = re.compile(
-    r"(?i)\b(?P<code>[1-5]\d\d)\s+(?:service unavailable|bad gateway|gateway time-?out|internal server error"
-    r"|too many requests|request time-?out|unauthorized|forbidden|not found|bad request)\b"
+    r"(?i)(?<![\w./-])(?P<code>[1-5]\d\d)\s+(?:service unavailable|bad gateway|gateway time-?out"
+    r"|internal server error|too many requests|request time-?out|unauthorized|forbidden|not found|bad request)\b"
 )
-_PATTERNS: tuple[tuple[re.Pattern[str], Classification], ...] = tuple(
-    (re.compile(pattern, re.IGNORECASE), cls)
+_PERMANENT_PATTERNS: tuple[tuple[re.Pattern[str], Classification], ...] = tuple(
+    (re.compile(_words(pattern), re.IGNORECASE), cls)
     for pattern, cls in (
-        (r"\brate[ -]?limit(?:ed|s|ing)?\b|\btoo many requests\b|\bquota exceeded\b",
-         Classification(True, "rate_limit", None, "rate limited")),
-        (r"\bservice (?:is )?(?:busy|unavailable)\b|\bserver (?:is )?(?:busy|overloaded)\b|\boverloaded_error\b",
-         Classification(True, "server_error", None, "service unavailable")),
-        (r"\bcuda (?:error|out of memory)\b|\bgpu (?:error|out of memory)\b|\bcudnn_status_\w+|\bcublas_status_\w+",
-         Classification(True, "gpu", None, "GPU error")),
-        (r"\bout of memory\b|\bcannot allocate memory\b",
-         Classification(True, "resource_exhausted", None, "out of memory")),
-        (r"\bdeadlock detected\b|\bcould not serialize access\b|\bdatabase is locked\b|\btoo many connections\b",
-         Classification(True, "database_transient", None, "transient database error")),
-        (r"\bconnection (?:refused|reset|aborted|closed unexpectedly|timed out)\b|\bbroken pipe\b"
-         r"|\bnetwork is unreachable\b|\bno route to host\b|\bno such host\b|\btemporary failure in name resolution\b",
-         Classification(True, "connection", None, "connection failed")),
-        (r"\b(?:operation|request|read|connect|connection|i/o|socket) timed? ?out\b|\btimed out\b"
-         r"|\bdeadline exceeded\b|\btimeout (?:error|exceeded|expired|occurred)\b",
-         Classification(True, "timeout", None, "timed out")),
-        (r"\binvalid api key\b|\bincorrect api key\b|\bunauthori[sz]ed\b|\bauthentication failed\b",
+        (r'database "[^"]*" does not exist|role "[^"]*" does not exist|no such table|no such column',
+         Classification(False, "not_found", None, "the database or object does not exist")),
+        (r"password authentication failed|authentication failed|invalid api key|incorrect api key"
+         r"|unauthori[sz]ed|permission denied",
          Classification(False, "auth", None, "not authorized")),
+        (r"wrong version number|certificate verify failed|ssl handshake|tls handshake|record layer failure",
+         Classification(False, "tls", None, "TLS handshake failed")),
+        (r"illegal status line|invalid http|bad status line|unknown url type|no scheme supplied"
+         r"|missing an 'http://' or 'https://' protocol|invalid url|no connection adapters|no host given",
+         Classification(False, "configuration", None, "bad URL or a peer that does not speak HTTP")),
+        (r"maximum context length|context length exceeded|context_length_exceeded",
+         Classification(False, "validation", None, "context length exceeded")),
+    )
+)
+_TRANSIENT_PATTERNS: tuple[tuple[re.Pattern[str], Classification], ...] = tuple(
+    (re.compile(_words(pattern), re.IGNORECASE), cls)
+    for pattern, cls in (
+        (r"rate[ -]?limit(?:ed|s|ing)?(?: (?:reached|exceeded))?|too many requests|quota exceeded",
+         Classification(True, "rate_limit", None, "rate limited")),
+        (r"service (?:is )?(?:temporarily )?(?:busy|unavailable)|server (?:is )?(?:busy|overloaded)"
+         r"|overloaded(?:_error)?|model is overloaded",
+         Classification(True, "server_error", None, "service busy or unavailable")),
+        (r"cuda (?:error|out of memory)|gpu (?:error|out of memory)|cudnn(?: error|_status_\w+)|cublas_status_\w+",
+         Classification(True, "gpu", None, "GPU error")),
+        (r"out of memory|cannot allocate memory",
+         Classification(True, "resource_exhausted", None, "out of memory")),
+        (r"deadlock detected|could not serialize access|database is locked|too many connections"
+         r"|terminating connection due to administrator command|server closed the connection unexpectedly"
+         r"|connection (?:is|was|has been) (?:closed|lost)|lost connection",
+         Classification(True, "database_transient", None, "transient database error")),
+        (r"connection (?:refused|reset|aborted|closed unexpectedly|timed out)|broken pipe|network is unreachable"
+         r"|no route to host|no such host|name or service not known|temporary failure in name resolution"
+         r"|server disconnected|remote end closed connection",
+         Classification(True, "connection", None, "connection failed")),
+        (r"(?:operation|request|read|write|connect|connection|pool|i/o|socket) timed? ?out|timed out"
+         r"|deadline exceeded|timeout (?:error|exceeded|expired|occurred)|due to (?:statement|lock) timeout",
+         Classification(True, "timeout", None, "timed out")),
     )
 )
 
 
-def _from_message(exc: BaseException) -> Classification | None:
+def _text(exc: BaseException) -> str:
     try:
-        text = str(exc)
+        return str(exc)
     except Exception:
-        return None
+        return ""
+
+
+def _from_message(exc: BaseException) -> Classification | None:
+    """Tier 2: the words of the message. A misconfiguration named in it beats a network word."""
+    text = _text(exc)
     if not text:
         return None
+    for regex, result in _PERMANENT_PATTERNS:
+        if regex.search(text):
+            return result
     for regex in (_STATUS_IN_TEXT, _STATUS_WITH_PHRASE):
         match = regex.search(text)
         if match:
             return http_classification(int(match.group("code")), f"HTTP {match.group('code')} (from message)")
-    for regex, result in _PATTERNS:
+    for regex, result in _TRANSIENT_PATTERNS:
         if regex.search(text):
             return result
     return None
+
+
+def _from_wrapper(exc: BaseException) -> Classification | None:
+    """Tier 3: a transport wrapper whose chain said nothing more specific."""
+    wrappers = _wrapper_types()
+    if wrappers and isinstance(exc, wrappers):
+        module = type(exc).__module__ or ""
+        if module.startswith(("psycopg", "psycopg2")):
+            return Classification(True, "database_transient", None, "database unreachable")
+        return Classification(True, "connection", None, f"{type(exc).__name__}: the request did not get through")
+    return None
+
+
+def _decide(chain: list[BaseException], judge) -> Classification | None:
+    """Any transient verdict of the tier wins; else the outermost permanent one."""
+    verdicts = [v for v in (judge(link) for link in chain) if v is not None]
+    for verdict in verdicts:
+        if verdict.retryable:
+            return verdict
+    return verdicts[0] if verdicts else None
 
 
 def _classify(exc: BaseException) -> Classification:
@@ -272,19 +373,16 @@ def _classify(exc: BaseException) -> Classification:
     found: Classification | None = None
     for link in chain:
         category = getattr(link, "category", None)
-        if isinstance(category, str) and category in CATEGORIES:
-            status = getattr(link, "status_code", None)
-            found = Classification(
-                bool(getattr(link, "retryable", False)), category, status if isinstance(status, int) else None,
-                f"{type(link).__name__}",
-            )
+        if isinstance(category, str) and category in CATEGORIES and isinstance(link, ClassifiedError):
+            found = Classification(link.retryable, category, link.status_code, type(link).__name__)
             break
-        found = _structural(link)
-        if found is not None:
+        status = _status_of(link)
+        if status is not None:
+            found = http_classification(status)
             break
     if found is None:
-        for link in chain:
-            found = _from_message(link)
+        for judge in (_structural, _from_message, _from_wrapper):
+            found = _decide(chain, judge)
             if found is not None:
                 break
     if found is None:
@@ -306,8 +404,61 @@ def is_retryable(exc: BaseException) -> bool:
     return classify(exc).retryable
 
 
+RETRY_AFTER_STATUSES = frozenset({429, 503})
+
+
+def parse_retry_after(value: object, *, now: float | None = None) -> float | None:
+    """``Retry-After`` as seconds from ``now`` (epoch seconds): delta-seconds or an HTTP date; None if invalid."""
+    if value is None:
+        return None
+    text = str(value).strip()
+    if not text:
+        return None
+    if text.isdigit():
+        return float(text)
+    try:
+        when = email.utils.parsedate_to_datetime(text)
+    except (TypeError, ValueError, IndexError):
+        return None
+    if when is None:
+        return None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=dt.timezone.utc)
+    current = time.time() if now is None else now
+    return max(0.0, when.timestamp() - current)
+
+
+def retry_after_header(exc: BaseException) -> float | str | None:
+    """What a 429 or 503 in the chain said in ``Retry-After``, as sent (seconds or an HTTP date)."""
+    for link in _chain(exc):
+        explicit = getattr(link, "retry_after", None)
+        if isinstance(explicit, (int, float, str)) and not isinstance(explicit, bool):
+            return explicit
+        if _status_of(link) not in RETRY_AFTER_STATUSES:
+            continue
+        response = getattr(link, "response", None)
+        headers = getattr(response, "headers", None) or getattr(link, "headers", None)
+        if headers is None:
+            continue
+        try:
+            value = headers.get("Retry-After")
+        except Exception:
+            continue
+        if value is not None:
+            return str(value)
+    return None
+
+
+def retry_after_of(exc: BaseException, *, now: float | None = None) -> float | None:
+    """The ``Retry-After`` a 429 or 503 in the chain asked for, in seconds from ``now``; None when none."""
+    value = retry_after_header(exc)
+    if isinstance(value, (int, float)):
+        return max(0.0, float(value))
+    return parse_retry_after(value, now=now)
+
+
 class ClassifiedError(RecoveryError):
-    """An operation failed; the error carries its category, status, model and endpoint."""
+    """An operation failed; the error carries its category, status, model, endpoint and Retry-After."""
 
     def __init__(
         self,
@@ -319,6 +470,7 @@ class ClassifiedError(RecoveryError):
         model: str | None = None,
         endpoint: str | None = None,
         message: str | None = None,
+        retry_after: float | str | None = None,
     ) -> None:
         found = classify(cause) if isinstance(cause, BaseException) else None
         self.category = category or (found.category if found else "unknown")
@@ -326,6 +478,7 @@ class ClassifiedError(RecoveryError):
         self.retryable = retryable if retryable is not None else (found.retryable if found else False)
         self.model = model
         self.endpoint = endpoint
+        self.retry_after = retry_after
         detail = message if message is not None else (str(cause) if cause is not None else self.category)
         self.detail = redact(detail)
         super().__init__(self._render())
@@ -359,4 +512,4 @@ def with_context(exc: BaseException, *, model: str | None = None, endpoint: str 
         if endpoint and not exc.endpoint:
             exc.endpoint = endpoint
         return exc
-    return ClassifiedError(exc, model=model, endpoint=endpoint)
+    return ClassifiedError(exc, model=model, endpoint=endpoint, retry_after=retry_after_header(exc))

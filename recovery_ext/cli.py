@@ -20,18 +20,30 @@ from .redaction import redact
 from .store import URL_ENV, RecoveryStore, default_database_url
 
 RULE = "=" * 60
+CLI_RETRY_BUDGET = 3.0
+# Row ids are BIGINT: a larger number is a usage error (exit 2), never a driver overflow.
+ROW_ID = click.IntRange(min=1, max=2**63 - 1)
 
 
 class Duration(click.ParamType):
+    """``90``, ``90s``, ``10m``, ``1h``, ``1d``: finite and within bounds (else exit 2)."""
+
     name = "duration"
+    minimum, maximum = 1.0, 366 * 86400.0
 
     def convert(self, value, param, ctx):
-        if isinstance(value, (int, float)):
-            return float(value)
         try:
-            return parse_duration(value)
+            seconds = parse_duration(value)
         except ValueError as exc:
             self.fail(str(exc), param, ctx)
+        if not self.minimum <= seconds <= self.maximum:
+            self.fail(f"must be between {self.minimum:g} and {self.maximum:g} seconds, got {value!r}", param, ctx)
+        return seconds
+
+
+class PollInterval(Duration):
+    name = "seconds"
+    minimum, maximum = 0.1, 60.0
 
 
 def _jsonable(value: Any) -> Any:
@@ -75,7 +87,8 @@ def command(fn):
         out = Output(as_json or obj["json"])
         url = obj["url"]
         try:
-            store = RecoveryStore(url)
+            # An operator waits a few seconds at most for an unreachable database, not a heartbeat timeout.
+            store = RecoveryStore(url, retry_budget=CLI_RETRY_BUDGET, connect_timeout=5)
         except ConfigurationError as exc:
             raise click.ClickException(str(exc)) from None
         try:
@@ -93,13 +106,37 @@ def command(fn):
             except RecoveryError:
                 pass
             raise click.ClickException(redact(str(exc)) + hint) from None
+        except (click.ClickException, click.exceptions.Exit, click.exceptions.Abort, KeyboardInterrupt):
+            raise
+        except OSError as exc:  # e.g. demo setup --folder /proc/x
+            raise click.ClickException(redact(f"{exc.strerror or exc}: {exc.filename or ''}".rstrip(": "))) from None
+        except Exception as exc:  # noqa: BLE001 - no traceback reaches a user, whatever the input
+            raise click.ClickException(f"unexpected error ({type(exc).__name__}): {redact(exc)}") from None
         finally:
             store.close()
 
     return wrapper
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class RedactingGroup(click.Group):
+    """Usage errors quote the arguments; an argument may be a URL with a password."""
+
+    def make_context(self, *args, **kwargs):
+        try:
+            return super().make_context(*args, **kwargs)
+        except click.ClickException as exc:
+            exc.message = redact(exc.message)
+            raise
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except click.ClickException as exc:
+            exc.message = redact(exc.message)
+            raise
+
+
+@click.group(cls=RedactingGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--database-url", envvar=URL_ENV, show_envvar=True, metavar="URL",
               help="Application tables (postgresql://... or sqlite:///...). Default: SQLite under $DAGSTER_HOME.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable JSON output for every command.")
@@ -130,20 +167,26 @@ def migrate(store: RecoveryStore, out: Output, print_only: bool) -> None:
 
 @main.command()
 @click.option("--threshold", type=Duration(), default="10m", show_default=True,
-              help="Processing items older than this count as stuck.")
+              help="Processing items without a heartbeat deadline (legacy rows) started longer ago than this are "
+                   "stuck; the others are stuck when their heartbeat deadline passed or their pipeline was reclaimed.")
 @command
 def status(store: RecoveryStore, out: Output, threshold: float) -> None:
     """Pipelines by status, orphans and stuck items now, auto-recovered in 24 h, dead items, durations."""
     data = {
         "pipelines": store.pipeline_summary(),
         "orphans": [o.__dict__ for o in store.find_orphans()],
-        "stuck_items": [{"id": i.id, "queue": i.queue, "worker": i.worker, "started_at": i.started_at,
-                         "attempts": i.attempts} for i in store.stale_items(older_than_seconds=threshold)],
+        "stuck_items": [_stuck(i) for i in store.stale_items(older_than_seconds=threshold)],
+        "waiting_items": [{"id": i.id, "queue": i.queue, "attempts": i.attempts, "available_at": i.available_at,
+                           "last_error": i.last_error} for i in store.waiting_items()],
         "auto_recovered_24h": {"pipelines": store.count_events("pipeline_recovered", within_seconds=86400),
                                "items": store.count_events("item_reset", within_seconds=86400)},
         "dead_items": [{"id": i.id, "queue": i.queue, "attempts": i.attempts, "last_error": i.last_error}
                        for i in store.dead_items()],
         "queues": store.queue_summary(),
+        "waiting": store.waiting_pipelines(),
+        "circuit_breakers": [b for b in store.breakers() if b["state"] != "closed" or b["consecutive_failures"]],
+        "unwatched_pipelines": store.unwatched_pipelines(),
+        "unknown_status_items": store.items_with_unknown_status(),
     }
 
     def human() -> None:
@@ -153,20 +196,44 @@ def status(store: RecoveryStore, out: Output, threshold: float) -> None:
         click.echo(f"\nOrphans now: {len(data['orphans'])}")
         for o in data["orphans"]:
             click.echo(f"  - pipeline {o['id']} ({o['job_name']}) owner {o['owner']}: {o['reason']}")
-        click.echo(f"Stuck items now (> {_seconds(threshold)} or heartbeat expired): {len(data['stuck_items'])}")
+        click.echo(f"Stuck items now: {len(data['stuck_items'])}")
         for i in data["stuck_items"]:
-            click.echo(f"  - item {i['id']} ({i['queue']}) worker {i['worker']} since {_when(i['started_at'])}")
+            click.echo(f"  - item {i['id']} ({i['queue']}) worker {i['worker']} since {_when(i['started_at'])}: "
+                       f"{i['reason']}")
+        click.echo(f"Items waiting for their retry delay: {len(data['waiting_items'])}")
+        for i in data["waiting_items"]:
+            click.echo(f"  - item {i['id']} ({i['queue']}) attempt {i['attempts']} failed; retry at "
+                       f"{_when(i['available_at'])}: {i['last_error']}")
         rec = data["auto_recovered_24h"]
         click.echo(f"Auto-recovered in the last 24 h: {rec['pipelines']} pipelines, {rec['items']} items")
         click.echo(f"Dead items: {len(data['dead_items'])}")
         for i in data["dead_items"]:
             click.echo(f"  - item {i['id']} ({i['queue']}) after {i['attempts']} attempts: {i['last_error']}")
+        click.echo(f"Waiting on a provider outage: {len(data['waiting'])}")
+        for w in data["waiting"]:
+            click.echo(f"  - pipeline {w['id']} ({w['job_name']}) waiting, next try {_when(w['waiting_until'])}: "
+                       f"{w['waiting_reason']}")
+        click.echo(f"Circuit breakers not closed: {sum(b['state'] != 'closed' for b in data['circuit_breakers'])}")
+        for b in data["circuit_breakers"]:
+            until = f" until {_when(b['open_until'])}" if b["state"] == "open" else ""
+            click.echo(f"  - {b['endpoint']}: {b['state']}{until}, {b['consecutive_failures']} failures in a row, "
+                       f"opened {b['open_count']}x; last error: {(b['last_error'] or '')[:80]}")
+        for u in data["unwatched_pipelines"]:
+            click.echo(f"  ! pipeline {u['id']} ({u['job_name']}) owner {u['owner']}: {u['reason']}")
+        for i in data["unknown_status_items"]:
+            click.echo(f"  ! item {i['id']} ({i['queue']}) has unknown status {i['status']!r}")
         if data["queues"]:
             click.echo("\nQueues")
             click.echo(tabulate([(r["queue"], r["status"], r["count"], _seconds(r["avg_seconds"]))
                                  for r in data["queues"]], headers=["queue", "status", "count", "avg duration"]))
 
     out.emit(data, human)
+
+
+def _stuck(item) -> dict:
+    """A stuck queue item as ``status`` and ``reset-stuck`` report it (the store's one stale rule)."""
+    return {"id": item.id, "queue": item.queue, "worker": item.worker, "started_at": item.started_at,
+            "attempts": item.attempts, "heartbeat_deadline": item.heartbeat_deadline, "reason": item.stale_reason}
 
 
 def _seconds(value: float | None) -> str:
@@ -188,12 +255,12 @@ def list_pipelines(store: RecoveryStore, out: Output, status_: str | None, limit
     """The most recent pipelines."""
     rows = store.list_pipelines(status=status_, limit=limit)
     out.emit([r.__dict__ for r in rows], lambda: click.echo(tabulate(
-        [(p.id, p.job_name, p.status, p.owner, p.resume_count, _when(p.created_at), p.gave_up_reason or "")
+        [(p.id, p.job_name, p.shown_status, p.owner, p.resume_count, _when(p.created_at), p.gave_up_reason or "")
          for p in rows], headers=["id", "job", "status", "owner", "resumes", "created", "gave up"])))
 
 
 @pipelines.command("show")
-@click.argument("pipeline_id", type=click.IntRange(min=1))
+@click.argument("pipeline_id", type=ROW_ID)
 @command
 def show_pipeline(store: RecoveryStore, out: Output, pipeline_id: int) -> None:
     """Nodes, items done/total, attempts, errors and transitions of one pipeline."""
@@ -201,19 +268,33 @@ def show_pipeline(store: RecoveryStore, out: Output, pipeline_id: int) -> None:
     node_rows = store.list_nodes(pipeline_id)
     done = store.node_item_totals(pipeline_id)
     history = store.transitions_for(pipeline_id=pipeline_id)
-    data = {"pipeline": p.__dict__, "nodes": [{**n.__dict__, "items_done": done.get(n.name, 0)} for n in node_rows],
+    degraded = store.degraded_counts(pipeline_id)
+    data = {"pipeline": {**p.__dict__, "shown_status": p.shown_status},
+            "nodes": [{**n.__dict__, "items_done": done.get(n.name, 0), "items_degraded": degraded.get(n.name, 0)}
+                      for n in node_rows],
             "transitions": history}
 
+    def items(n) -> str:
+        if n.items_total is None:
+            return "-"
+        extra = f" ({degraded[n.name]} degraded)" if degraded.get(n.name) else ""
+        return f"{done.get(n.name, 0)}/{n.items_total}{extra}"
+
     def human() -> None:
-        click.echo(f"Pipeline {p.id}  {p.job_name}  {p.status}  owner={p.owner}  epoch={p.epoch}  "
+        click.echo(f"Pipeline {p.id}  {p.job_name}  {p.shown_status}  owner={p.owner}  epoch={p.epoch}  "
                    f"resumes={p.resume_count}/{p.max_resumes}")
         click.echo(f"  created {_when(p.created_at)}  heartbeat until {_when(p.heartbeat_deadline)}  "
                    f"deadline {_when(p.deadline)}")
+        if p.shown_status == "waiting":
+            click.echo(f"  waiting since {_when(p.waiting_since)}, next try {_when(p.waiting_until)}: "
+                       f"{p.waiting_reason}")
+        if degraded:
+            click.echo(f"  degraded items (fallback answers): {sum(degraded.values())}; "
+                       f"`recovery-ext redo-degraded {p.id}` asks the provider again")
         if p.error or p.gave_up_reason:
             click.echo(f"  error: {p.error or ''}  gave up: {p.gave_up_reason or ''}")
         click.echo()
-        click.echo(tabulate([(n.position, n.name, n.status, n.attempts,
-                              f"{done.get(n.name, 0)}/{n.items_total}" if n.items_total is not None else "-",
+        click.echo(tabulate([(n.position, n.name, n.status, n.attempts, items(n),
                               n.error_category or "", (n.error or "")[:60], n.run_id or "") for n in node_rows],
                             headers=["#", "node", "status", "attempts", "items", "category", "error", "run"]))
         click.echo("\nTransitions")
@@ -255,9 +336,10 @@ def recover(store: RecoveryStore, out: Output, limit: int) -> None:
 
 @main.command("reset-stuck")
 @click.option("--threshold", type=Duration(), default="10m", show_default=True,
-              help="Processing items started longer ago than this are stuck.")
+              help="Processing items without a heartbeat deadline (legacy rows) started longer ago than this are "
+                   "stuck; the others are stuck when their heartbeat deadline passed or their pipeline was reclaimed.")
 @click.option("--queue", help="Only this queue.")
-@click.option("--job-id", "item_id", type=click.IntRange(min=1), help="Show one item's status, then reset it if stuck.")
+@click.option("--job-id", "item_id", type=ROW_ID, help="Show one item's status, then reset it if stuck.")
 @click.option("--dry-run", is_flag=True, help="List what would be reset, change nothing.")
 @command
 def reset_stuck(store: RecoveryStore, out: Output, threshold: float, queue: str | None, item_id: int | None,
@@ -271,8 +353,7 @@ def reset_stuck(store: RecoveryStore, out: Output, threshold: float, queue: str 
     stuck = store.stale_items(queue=queue, older_than_seconds=threshold, item_id=item_id)
     reset = [] if dry_run else store.reset_stale(queue=queue, older_than_seconds=threshold, item_id=item_id,
                                                  reason="reset-stuck command")
-    data = {"dry_run": dry_run, "stuck": [{"id": i.id, "queue": i.queue, "worker": i.worker,
-                                           "started_at": i.started_at, "attempts": i.attempts} for i in stuck],
+    data = {"dry_run": dry_run, "stuck": [_stuck(i) for i in stuck],
             "reset": [{"id": r.id, "new_status": r.new_status} for r in reset]}
 
     def human() -> None:
@@ -283,7 +364,8 @@ def reset_stuck(store: RecoveryStore, out: Output, threshold: float, queue: str 
             for i in stuck:
                 name = i.payload.get("name") if isinstance(i.payload, dict) else None
                 click.echo(f"   - Item ID: {i.id}\n     Queue: {i.queue}\n     Worker: {i.worker}\n"
-                           f"     Started: {_when(i.started_at)}\n     Attempts: {i.attempts}"
+                           f"     Started: {_when(i.started_at)}\n     Attempts: {i.attempts}\n"
+                           f"     Stuck: {i.stale_reason}"
                            + (f"\n     Document: {name}" if name else ""))
             if dry_run:
                 click.echo("Dry run: nothing was changed.")
@@ -298,7 +380,7 @@ def reset_stuck(store: RecoveryStore, out: Output, threshold: float, queue: str 
 
 
 @main.command("retry-dead")
-@click.argument("item_ids", nargs=-1, type=click.IntRange(min=1))
+@click.argument("item_ids", nargs=-1, type=ROW_ID)
 @click.option("--all", "retry_all", is_flag=True, help="Retry every dead item.")
 @click.option("--queue", help="With --all: only this queue.")
 @command
@@ -312,18 +394,50 @@ def retry_dead(store: RecoveryStore, out: Output, item_ids: tuple[int, ...], ret
                                                        f"{', '.join(map(str, retried)) or '-'}"))
 
 
+@main.command("redo-degraded")
+@click.argument("pipeline_id", type=click.IntRange(min=1))
+@click.option("--node", help="Only this node's degraded items.")
+@command
+def redo_degraded(store: RecoveryStore, out: Output, pipeline_id: int, node: str | None) -> None:
+    """Ask the provider again for the degraded items (fallback answers) of a completed pipeline.
+
+    The pipeline is reopened awaiting a resume run, which the orphan sensor launches on its next
+    tick; the resume run skips every other node and item.
+    """
+    try:
+        grace = RecoverySettings.from_env().launch_grace_seconds
+    except ConfigurationError as exc:
+        raise click.ClickException(str(exc)) from None
+    reopened = store.reopen_degraded(pipeline_id, node, grace_seconds=grace)
+    data = {"pipeline_id": pipeline_id, "nodes": list(reopened.nodes), "items": reopened.items,
+            "resume_number": reopened.resume_number}
+
+    def human() -> None:
+        if not reopened.items:
+            click.echo(f"pipeline {pipeline_id} has no degraded items; nothing to redo")
+            return
+        click.echo(f"pipeline {pipeline_id} ({reopened.job_name}) reopened as resume #{reopened.resume_number}: "
+                   f"{reopened.items} degraded item(s) in {', '.join(reopened.nodes)}; the orphan sensor "
+                   "launches the resume run on its next tick")
+
+    out.emit(data, human)
+
+
 @main.command()
 @click.option("--follow", "-f", is_flag=True, help="Keep printing new events until interrupted.")
 @click.option("--kind", multiple=True, help="Only these kinds (repeatable).")
 @click.option("--limit", type=click.IntRange(1, 10_000), default=50, show_default=True)
-@click.option("--interval", type=click.FloatRange(0.1, 60), default=1.0, show_default=True,
+@click.option("--interval", type=PollInterval(), default="1", show_default=True,
               help="Seconds between polls with --follow.")
 @command
 def events(store: RecoveryStore, out: Output, follow: bool, kind: tuple[str, ...], limit: int,
            interval: float) -> None:
-    """Recovery events (the outbox): recovered, stuck, item reset, item dead ..."""
-    recent = store.recent_events(kinds=kind or None, after_id=0, limit=100_000)[-limit:]
-    last = recent[-1]["id"] if recent else 0
+    """Recovery events (the outbox), the newest --limit of them: recovered, stuck, item reset, item dead ..."""
+    kinds = kind or None
+    if follow:
+        recent, cursor = store.start_following(kinds=kinds, limit=limit)
+    else:
+        recent = store.recent_events(kinds=kinds, limit=limit, newest=True)
 
     def show(rows: list[dict]) -> None:
         for e in rows:
@@ -340,12 +454,9 @@ def events(store: RecoveryStore, out: Output, follow: bool, kind: tuple[str, ...
     while follow:
         try:
             time.sleep(interval)
-            new = store.recent_events(kinds=kind or None, after_id=last, limit=1000)
+            show(store.follow_events(cursor, kinds=kinds))
         except KeyboardInterrupt:
             return
-        if new:
-            show(new)
-            last = new[-1]["id"]
 
 
 @main.group()

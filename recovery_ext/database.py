@@ -2,22 +2,77 @@
 
 from __future__ import annotations
 
+import functools
 import logging
-from collections.abc import Iterable, Iterator, Sequence
+import math
+import threading
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, TypeVar
 
+import tenacity
 from sqlalchemy import Connection, create_engine, insert
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 
 from . import migrations
 from .dialects import Dialect
-from .errors import StoreError, StoreUnavailable
+from .errors import ConfigurationError, StoreError, StoreUnavailable
 from .redaction import redact
+from .retry import retry_if_retryable, wait_jittered_exponential
 from .schema import events, transitions
 
 log = logging.getLogger("recovery_ext.store")
+
+T = TypeVar("T")
+
+# The default heartbeat timeout: a store call keeps retrying a transient error for as long
+# as its pipeline could go without a heartbeat anyway (HeartbeatSettings.timeout).
+DEFAULT_RETRY_BUDGET = 90.0
+MAX_RETRY_BUDGET = 86400.0
+
+# One retrying store call per thread at a time: a store method that calls another store
+# method retries as a whole, so budgets never multiply.
+_retry_state = threading.local()
+
+
+def is_retry() -> bool:
+    """Inside a retried store call, whether this is not the first attempt (its commit may have landed)."""
+    return getattr(_retry_state, "attempt", 1) > 1
+
+
+def retried(method: Callable[..., T]) -> Callable[..., T]:
+    """Re-run a whole store call (one transaction) on transient errors, within ``self.retry_budget``.
+
+    Transient is what the shared classifier says: lost connections, a restarting server,
+    deadlocks and serialization failures (SQLSTATE 08/40001/40P01/53/57), SQLite busy.
+    """
+
+    @functools.wraps(method)
+    def wrapper(self: "Database", *args: Any, **kwargs: Any) -> T:
+        if getattr(_retry_state, "active", False) or self.retry_budget <= 0:
+            return method(self, *args, **kwargs)
+        retrying = self._retrying(method.__name__)
+        _retry_state.active = True
+        try:
+            for attempt in retrying:
+                with attempt:
+                    _retry_state.attempt = attempt.retry_state.attempt_number
+                    return method(self, *args, **kwargs)
+            raise AssertionError("unreachable: tenacity re-raises the last error")  # pragma: no cover
+        finally:
+            _retry_state.active = False
+            _retry_state.attempt = 1
+
+    wrapper.__rx_retried__ = True  # type: ignore[attr-defined]
+    return wrapper
+
+
+def validate_retry_budget(value: float) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+            or not 0 <= value <= MAX_RETRY_BUDGET:
+        raise ConfigurationError(f"retry_budget must be between 0 and {MAX_RETRY_BUDGET:.0f} seconds, got {value!r}")
+    return float(value)
 
 # SQLite allows 32766 bound variables; PostgreSQL 65535. Chunks stay well below both.
 CHUNK = 2000
@@ -31,13 +86,34 @@ def chunks(values: Sequence[Any], size: int = CHUNK) -> Iterator[Sequence[Any]]:
 class Database:
     """Owns the engine; every store operation runs in one of its transactions."""
 
-    def __init__(self, url: str, *, echo: bool = False, engine: Engine | None = None) -> None:
-        self.dialect = Dialect.for_url(url)
+    def __init__(self, url: str, *, echo: bool = False, engine: Engine | None = None,
+                 retry_budget: float = DEFAULT_RETRY_BUDGET, connect_timeout: float | None = None,
+                 statement_timeout: float | None = None) -> None:
+        self.dialect = Dialect.for_url(url, connect_timeout=connect_timeout, statement_timeout=statement_timeout)
         self.url = self.dialect.url
+        self.retry_budget = validate_retry_budget(retry_budget)
         if engine is None:
-            engine = create_engine(self.url, echo=echo, **self.dialect.engine_options())
+            try:
+                engine = create_engine(self.url, echo=echo, **self.dialect.engine_options())
+            except (ImportError, SQLAlchemyError, ValueError, TypeError) as exc:
+                # e.g. postgresql+nodriver://: never echo the URL, it may carry a password.
+                raise ConfigurationError(
+                    f"cannot use database URL {self.dialect.safe_url()}: {redact(exc)}") from None
             self.dialect.configure(engine)
         self.engine = engine
+
+    def _retrying(self, what: str) -> tenacity.Retrying:
+        def before_sleep(state: tenacity.RetryCallState) -> None:
+            exc = state.outcome.exception() if state.outcome else None
+            log.warning("store call %s failed (attempt %d), retrying in %.1f s: %s", what, state.attempt_number,
+                        state.upcoming_sleep, redact(exc))
+
+        nested = getattr(_retry_state, "active", False)  # the enclosing retried call retries as a whole
+        stop = tenacity.stop_after_attempt(1) if nested else tenacity.stop_after_delay(self.retry_budget)
+        return tenacity.Retrying(
+            stop=stop, retry=retry_if_retryable(),
+            wait=wait_jittered_exponential(0.2, max_delay=3.0, jitter=0.5), before_sleep=before_sleep, reraise=True,
+        )
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.url.render_as_string(hide_password=True)!r})"
@@ -66,6 +142,14 @@ class Database:
         with self._wrap_errors():
             with self.engine.connect() as conn:
                 with conn.begin():
+                    yield conn
+
+    @contextmanager
+    def read_only(self) -> Iterator[Connection]:
+        """A transaction the database itself refuses to write in (what op code gets for reads)."""
+        with self._wrap_errors():
+            with self.engine.connect() as conn:
+                with self.dialect.read_only(conn):
                     yield conn
 
     @contextmanager

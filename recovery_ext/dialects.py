@@ -6,16 +6,20 @@ these hooks and never asks which database it talks to.
 
 from __future__ import annotations
 
+import math
 import sqlite3
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
-from sqlalchemy import Float, bindparam, event, func, literal_column, text
+from sqlalchemy import Float, and_, bindparam, event, func, literal_column, or_, text
 from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.engine.url import URL
 from sqlalchemy.sql.elements import ColumnElement
 
 from .errors import ConfigurationError
+from .redaction import redact
 
 # SQLSTATE classes/codes a retry can fix: connection (08), serialization (40001),
 # deadlock (40P01), insufficient resources (53), operator intervention (57).
@@ -29,12 +33,33 @@ class Dialect:
 
     name = "base"
     migrations_folder = ""
+    default_connect_timeout = 10.0
+    default_statement_timeout = 30.0
 
-    def __init__(self, url: URL) -> None:
+    def __init__(self, url: URL, *, connect_timeout: float | None = None, statement_timeout: float | None = None) -> None:
         self.url = url
+        self.connect_timeout = _timeout("connect_timeout", connect_timeout, self.default_connect_timeout)
+        self.statement_timeout = _timeout("statement_timeout", statement_timeout, self.default_statement_timeout)
+
+    def safe_url(self) -> str:
+        return self.url.render_as_string(hide_password=True)
 
     def engine_options(self) -> dict[str, Any]:
         return {}
+
+    def bad_time(self, column) -> ColumnElement:
+        """The column holds something that is not a finite time (NULL is fine)."""
+        raise NotImplementedError
+
+    def snapshot_bounds(self, conn) -> tuple[int | None, int | None]:
+        """``(xmin, xmax)`` of the current snapshot where transactions can commit out of id order."""
+        return None, None
+
+    @contextmanager
+    def read_only(self, conn) -> Iterator[None]:
+        """A transaction in which the database refuses writes."""
+        raise NotImplementedError
+        yield  # pragma: no cover
 
     def configure(self, engine: Engine) -> None:
         """Install connect/begin hooks on a fresh engine."""
@@ -63,18 +88,20 @@ class Dialect:
         raise NotImplementedError
 
     @staticmethod
-    def for_url(url: str | URL) -> "Dialect":
+    def for_url(url: str | URL, **timeouts: float | None) -> "Dialect":
         try:
             parsed = make_url(url) if isinstance(url, str) else url
-        except Exception as exc:  # sqlalchemy.exc.ArgumentError
-            raise ConfigurationError(f"not a database URL: {url!r} ({exc})") from exc
+            parsed.port  # noqa: B018 - a port that is not a number fails here, not at connect time
+        except Exception as exc:  # noqa: BLE001 - ArgumentError, ValueError (bad port), TypeError
+            # The URL may hold a password even when it does not parse: show only its redacted form.
+            raise ConfigurationError(f"not a database URL: {redact(url)} ({redact(exc)})") from None
         backend = parsed.get_backend_name()
         if backend == "postgresql":
             if parsed.drivername == "postgresql":
                 parsed = parsed.set(drivername="postgresql+psycopg")
-            return PostgresDialect(parsed)
+            return PostgresDialect(parsed, **timeouts)
         if backend == "sqlite":
-            return SqliteDialect(parsed)
+            return SqliteDialect(parsed, **timeouts)
         raise ConfigurationError(
             f"unsupported database {backend!r} in {parsed.render_as_string(hide_password=True)}: "
             "use postgresql:// or sqlite:///"
@@ -86,7 +113,45 @@ class PostgresDialect(Dialect):
     migrations_folder = "postgres"
 
     def engine_options(self) -> dict[str, Any]:
-        return {"pool_pre_ping": True, "pool_size": 5, "max_overflow": 10}
+        """Connect and statement timeouts, unless the URL sets its own.
+
+        ``statement_timeout`` also bounds lock waits (SQLSTATE 57014, retried by the store);
+        ``idle_in_transaction_session_timeout`` ends the session of a worker frozen (SIGSTOP)
+        inside a transaction, so its row locks never block a reclaim for longer than that.
+        """
+        query = self.url.query
+        connect_args: dict[str, Any] = {}
+        if "connect_timeout" not in query:
+            connect_args["connect_timeout"] = max(1, math.ceil(self.connect_timeout))
+        if "options" not in query:
+            ms = int(self.statement_timeout * 1000)
+            idle_ms = int(max(60.0, 2 * self.statement_timeout) * 1000)
+            connect_args["options"] = f"-c statement_timeout={ms} -c idle_in_transaction_session_timeout={idle_ms}"
+        if "keepalives" not in query:
+            connect_args.update(keepalives=1, keepalives_idle=10, keepalives_interval=5, keepalives_count=3)
+        return {"pool_pre_ping": True, "pool_size": 5, "max_overflow": 10, "connect_args": connect_args}
+
+    @contextmanager
+    def read_only(self, conn) -> Iterator[None]:
+        with conn.begin():
+            conn.exec_driver_sql("SET TRANSACTION READ ONLY")
+            yield
+
+    def bad_time(self, column) -> ColumnElement:
+        return and_(column.isnot(None), ~func.isfinite(column))
+
+    def configure(self, engine: Engine) -> None:
+        @event.listens_for(engine, "connect")
+        def _on_connect(dbapi_conn, _record):
+            # 'infinity'/'-infinity' (or any value beyond Python's range) must not break every
+            # query that touches the row: they load as datetime.max/min, and the scan fails them.
+            dbapi_conn.adapters.register_loader("timestamptz", _clamped_timestamptz_loader())
+
+    def snapshot_bounds(self, conn) -> tuple[int | None, int | None]:
+        row = conn.exec_driver_sql(
+            "SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint, "
+            "pg_snapshot_xmax(pg_current_snapshot())::text::bigint").one()
+        return int(row[0]), int(row[1])
 
     def now(self) -> ColumnElement:
         return func.now()
@@ -123,10 +188,24 @@ class SqliteDialect(Dialect):
 
     name = "sqlite"
     migrations_folder = "sqlite"
-    busy_timeout_ms = 30_000
+
+    @property
+    def busy_timeout_ms(self) -> int:
+        """SQLite's lock wait: the statement timeout (what a writer waits for the single writer lock)."""
+        return int(self.statement_timeout * 1000)
 
     def engine_options(self) -> dict[str, Any]:
         return {"connect_args": {"timeout": self.busy_timeout_ms / 1000, "check_same_thread": False}}
+
+    @contextmanager
+    def read_only(self, conn) -> Iterator[None]:
+        raw = conn.connection.driver_connection  # outside any transaction: pysqlite runs PRAGMAs as is
+        raw.execute("PRAGMA query_only = ON")
+        try:
+            with conn.begin():
+                yield
+        finally:
+            raw.execute("PRAGMA query_only = OFF")
 
     def configure(self, engine: Engine) -> None:
         @event.listens_for(engine, "connect")
@@ -147,6 +226,11 @@ class SqliteDialect(Dialect):
 
     def now(self) -> ColumnElement:
         return literal_column("((julianday('now') - 2440587.5) * 86400.0)", type_=Float)
+
+    def bad_time(self, column) -> ColumnElement:
+        # epoch seconds: text, blobs and values beyond year 9999 are not times
+        kind = func.typeof(column)
+        return and_(column.isnot(None), or_(kind.not_in(("real", "integer")), column < 0, column > 253402300799))
 
     def now_plus(self, seconds: Any) -> ColumnElement:
         if not isinstance(seconds, ColumnElement):
@@ -170,6 +254,36 @@ class SqliteDialect(Dialect):
             return code in _SQLITE_BUSY_CODES
         message = str(orig).lower()
         return "database is locked" in message or "database is busy" in message
+
+
+def _clamped_timestamptz_loader():
+    import datetime as dt
+
+    from psycopg.types.datetime import TimestamptzLoader
+
+    class ClampedTimestamptzLoader(TimestamptzLoader):
+        def load(self, data):
+            raw = bytes(data)
+            if raw == b"infinity":
+                return dt.datetime.max.replace(tzinfo=dt.timezone.utc)
+            if raw == b"-infinity":
+                return dt.datetime.min.replace(tzinfo=dt.timezone.utc)
+            try:
+                return super().load(data)
+            except Exception:  # noqa: BLE001 - out of Python's range (e.g. year 10000 or BC)
+                early = raw.endswith(b"BC") or raw.startswith(b"-")
+                return (dt.datetime.min if early else dt.datetime.max).replace(tzinfo=dt.timezone.utc)
+
+    return ClampedTimestamptzLoader
+
+
+def _timeout(name: str, value: float | None, default: float) -> float:
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+            or not 0.1 <= value <= 3600:
+        raise ConfigurationError(f"{name} must be between 0.1 and 3600 seconds, got {value!r}")
+    return float(value)
 
 
 def _enable_wal(cur, attempts: int = 200) -> None:

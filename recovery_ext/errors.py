@@ -63,6 +63,10 @@ class OwnershipLost(StoreError):
         super().__init__(message, owner=owner, **context)
 
 
+class ItemTakenOver(OwnershipLost):
+    """Another worker holds (or already finished) this queue item; this worker's write was refused."""
+
+
 class StopRequested(RecoveryError):
     """The work was asked to stop before it finished."""
 

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from .classify import classify
-from .env import env_seconds
+from .env import check_seconds, env_seconds
 from .errors import ConfigurationError, OwnershipLost, StopRequested
 from .models import Ownership
 from .redaction import redact
@@ -42,20 +42,18 @@ class HeartbeatSettings:
     timeout: float = DEFAULT_TIMEOUT
     stall_timeout: float | None = None
 
+    allow_long: bool = False
+
     def __post_init__(self) -> None:
-        for name in ("interval", "timeout"):
-            value = getattr(self, name)
-            if not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0:
-                raise ConfigurationError(f"heartbeat {name} must be a positive number of seconds, got {value!r}")
+        # NaN, infinities and absurd values: an interval of 1e-9 s writes thousands of times a second.
+        check_seconds("heartbeat interval", self.interval, allow_long=self.allow_long)
+        check_seconds("heartbeat timeout", self.timeout, minimum=0.2, allow_long=self.allow_long)
+        check_seconds("stall_timeout", self.stall_timeout, minimum=1.0, allow_none=True, allow_long=self.allow_long)
         if self.interval > self.timeout / 2:
             raise ConfigurationError(
                 f"heartbeat interval ({self.interval} s) must be at most half the timeout ({self.timeout} s), "
                 "so one lost pulse never makes a live worker look dead"
             )
-        if self.stall_timeout is not None and (
-            not isinstance(self.stall_timeout, (int, float)) or self.stall_timeout <= 0
-        ):
-            raise ConfigurationError(f"stall_timeout must be a positive number of seconds, got {self.stall_timeout!r}")
 
     @classmethod
     def from_env(cls, prefix: str = "RECOVERY_HEARTBEAT_") -> "HeartbeatSettings":

@@ -51,9 +51,17 @@ class Pipeline:
     completed_at: dt.datetime | None = None
     error: str | None = None
     gave_up_reason: str | None = None
+    waiting_until: dt.datetime | None = None
+    waiting_since: dt.datetime | None = None
+    waiting_reason: str | None = None
     launcher: str | None = None
 
     from_row = classmethod(_from_mapping)
+
+    @property
+    def shown_status(self) -> str:
+        """``waiting`` while a provider outage pauses the (still live) pipeline, else its status."""
+        return "waiting" if self.status == "running" and self.waiting_until is not None else self.status
 
 
 @dataclass(frozen=True)
@@ -100,6 +108,9 @@ class QueueItem:
     result: Any = None
     last_error: str | None = None
     last_error_at: dt.datetime | None = None
+    available_at: dt.datetime | None = None
+    holder_pipeline_id: int | None = None
+    holder_epoch: int | None = None
 
     from_row = classmethod(_from_mapping)
 

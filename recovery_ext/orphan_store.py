@@ -24,6 +24,8 @@ p = pipelines.c
 # Inline constants, not bound parameters, so PostgreSQL can match the partial indexes
 # (rx_pipelines_live, rx_nodes_running) even under a generic plan.
 RUNNING = literal_column("'running'")
+# INTEGER columns: one below PostgreSQL's maximum, so ``+ 1`` always fits.
+MAX_COUNTER = 2**31 - 1
 LIVE = p.status.not_in([literal_column("'completed'"), literal_column("'failed'")])
 
 
@@ -236,7 +238,8 @@ class OrphanOps(PipelineOps):
                    and_(p.heartbeat_deadline.isnot(None), p.heartbeat_deadline >= self.dialect.now())
                    .label("owner_heartbeating"))
             .where(self._orphan_condition(dead_owner_runs, job_names, retrying_owner_runs),
-                   ~self._hopeless_condition(max_age_seconds))
+                   ~self._hopeless_condition(max_age_seconds),
+                   p.epoch < MAX_COUNTER, p.resume_count < MAX_COUNTER)  # those are failed as corrupt instead
             .order_by(p.heartbeat_deadline.asc().nulls_first(), p.id)
             .limit(limit)
             .with_for_update(skip_locked=True)
@@ -256,6 +259,7 @@ class OrphanOps(PipelineOps):
                     .where(p.id.in_(list(part)), p.status == "running")
                     .values(owner=new_owner, resumed_from=p.owner, epoch=p.epoch + 1,
                             resume_count=p.resume_count + 1, launcher=launcher if launching else None,
+                            waiting_until=None, waiting_since=None, waiting_reason=None,
                             heartbeat_at=self.dialect.now(), heartbeat_deadline=self.dialect.now_plus(grace_seconds),
                             updated_at=self.dialect.now())
                     .returning(p.id, p.job_name, p.params, p.owner, p.epoch, p.resume_count, p.origin_run_id)
@@ -368,14 +372,23 @@ class OrphanOps(PipelineOps):
         return given_up
 
     def fail_unknown_statuses(self) -> list[GivenUp]:
-        """Live pipelines whose status this version does not know become failed with a reason."""
+        """Live pipelines this version cannot work with become failed with a reason (one transition and
+        event each): an unknown status, a counter at the end of its range (the reclaim's ``epoch + 1``
+        would overflow), a time column that is not a finite time. Every other row is untouched."""
+        checks = [(p.status.not_in(PIPELINE_STATUSES), "unknown pipeline status"),
+                  *[(or_(col < 0, col >= MAX_COUNTER), f"{col.name} out of range")
+                    for col in (p.epoch, p.resume_count, p.max_resumes)],
+                  *[(self.dialect.bad_time(col), f"{col.name} is not a finite time")
+                    for col in (p.heartbeat_deadline, p.deadline, p.created_at, p.heartbeat_at)]]
         with self.write() as conn:
             rows = conn.execute(
-                select(p.id, p.job_name, p.owner, p.status)
-                .where(LIVE, p.status.not_in(PIPELINE_STATUSES))
+                select(p.id, p.owner, p.status, p.epoch, *[case((cond, literal(why)), else_=None).label(f"c{i}")
+                                                           for i, (cond, why) in enumerate(checks)])
+                .where(LIVE, or_(*[cond for cond, _ in checks]))
                 .with_for_update(skip_locked=True)
             ).all()
-            corrupt = {r.id: f"corrupt row: unknown pipeline status {r.status!r}" for r in rows}
+            corrupt = {r.id: "corrupt row: " + "; ".join(
+                f"{w} {r.status!r}" if w == "unknown pipeline status" else w for w in r[4:] if w) for r in rows}
             return self._fail_corrupt(conn, corrupt, {r.id: r.owner for r in rows})
 
 

@@ -1,22 +1,31 @@
 """Pipelines, nodes and item checkpoints: creation, fenced writes and heartbeats.
 
 Every write a worker makes goes through :meth:`PipelineOps._fence`, which locks the
-pipeline row (``FOR SHARE`` on PostgreSQL, the single writer lock on SQLite) and checks
-the worker's epoch. A reclaim bumps the epoch under ``FOR UPDATE``, so the two are
+pipeline row (the single writer lock on SQLite) and checks the worker's epoch in the
+same transaction. A reclaim bumps the epoch under ``FOR UPDATE``, so the two are
 serialized: a superseded worker's write changes nothing and raises
 :class:`~recovery_ext.errors.OwnershipLost`.
+
+Lock strength on PostgreSQL: a transaction that will UPDATE the pipeline row (node
+transitions) takes ``FOR NO KEY UPDATE`` first, the lock its UPDATE needs anyway; one
+that only writes other tables (checkpoints, user writes) takes ``FOR SHARE``. No
+transaction ever upgrades its lock, so sibling nodes cannot deadlock on the pipeline
+row; they queue. Every transaction locks the pipeline row before any node or item row,
+so they always lock in the same order. Deadlocks elsewhere are retried by the store.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import ExitStack, contextmanager
 from typing import Any
 
 from sqlalchemy import Connection, func, insert, select, tuple_, update
 from sqlalchemy.exc import IntegrityError
 
-from .database import Database, chunks
+from .database import Database, chunks, is_retry
 from .errors import IllegalTransition, NotFound, OwnershipLost, StoreError
+from .fenced import FencedTransaction
 from .models import ErrorInfo, Node, NodeSpec, Ownership, Pipeline
 from .redaction import redact
 from .schema import FINISHED_PIPELINE_STATUSES, node_items, nodes, pipelines
@@ -167,18 +176,58 @@ class PipelineOps(Database):
 
     # -- fencing -----------------------------------------------------------------------------
 
-    def _fence(self, conn: Connection, own: Ownership) -> None:
-        """Lock the pipeline row against reclaim and check that ``own`` still holds it."""
-        row = conn.execute(
-            select(pipelines.c.epoch, pipelines.c.owner, pipelines.c.status)
-            .where(pipelines.c.id == own.pipeline_id)
-            .with_for_update(read=True)
-        ).first()
+    def _fence(self, conn: Connection, own: Ownership, *, for_update: bool = False,
+               finished_ok: bool = False) -> str:
+        """Lock the pipeline row against reclaim and check that ``own`` still holds it.
+
+        ``for_update=True`` when this transaction will UPDATE the pipeline row: it takes
+        that UPDATE's lock (``FOR NO KEY UPDATE``) now instead of upgrading a share lock
+        later, which is what deadlocked sibling nodes. ``finished_ok``: on a retried call,
+        a pipeline this owner already finished (the first attempt's commit landed) is
+        returned as its status instead of raising.
+        """
+        query = select(pipelines.c.epoch, pipelines.c.owner, pipelines.c.status).where(
+            pipelines.c.id == own.pipeline_id)
+        query = query.with_for_update(key_share=True) if for_update else query.with_for_update(read=True)
+        row = conn.execute(query).first()
         if row is None:
             raise NotFound(f"no pipeline {own.pipeline_id}")
+        if (finished_ok and is_retry() and row.epoch == own.epoch and row.owner == own.owner
+                and row.status in ("completed", "failed")):
+            return row.status
         if row.epoch != own.epoch or row.status != "running":
             owner = row.owner if row.epoch != own.epoch else f"{row.owner} (pipeline {row.status})"
             raise OwnershipLost(owner=owner or "(awaiting resume)", pipeline_id=own.pipeline_id)
+        return row.status
+
+    @contextmanager
+    def fenced(self, own: Ownership) -> Iterator[FencedTransaction]:
+        """A write transaction that belongs to ``own``: fenced by its epoch before the caller's first statement.
+
+        Opening it (connect, lock, epoch check) is retried on transient errors within the
+        retry budget; the caller's statements are not (a context manager cannot re-run its
+        body), so their transient errors propagate and fail the node retryably.
+        """
+        for attempt in self._retrying("fenced transaction"):
+            with attempt:
+                stack = ExitStack()
+                try:
+                    conn = stack.enter_context(self.write())
+                    self._fence(conn, own)
+                except BaseException as exc:
+                    stack.__exit__(type(exc), exc, exc.__traceback__)
+                    raise
+        with stack:
+            tx = FencedTransaction(self, conn, own)
+            try:
+                yield tx
+            finally:
+                tx.close()
+
+    def write_fenced(self, own: Ownership, work: Callable[[FencedTransaction], Any]) -> Any:
+        """Run ``work(tx)`` in a fenced transaction; the whole transaction is retried on transient errors."""
+        with self.fenced(own) as tx:
+            return work(tx)
 
     def _refresh_pipeline(self, conn: Connection, own: Ownership, heartbeat_timeout: float | None, **values) -> None:
         if heartbeat_timeout is not None:
@@ -200,10 +249,15 @@ class PipelineOps(Database):
                    extra: dict[str, Any] | None = None, **values) -> Node:
         sources = NODE_TRANSITIONS[target]
         before = conn.execute(
-            select(nodes.c.id, nodes.c.status).where(nodes.c.pipeline_id == own.pipeline_id, nodes.c.name == name)
+            select(nodes.c.id, nodes.c.status, nodes.c.run_id)
+            .where(nodes.c.pipeline_id == own.pipeline_id, nodes.c.name == name)
         ).first()
         if before is None:
             raise NotFound(f"pipeline {own.pipeline_id} has no node {name!r}")
+        if is_retry() and before.status == target and before.run_id == own.owner:
+            # The first attempt committed before its connection dropped: the move is done.
+            row = conn.execute(select(nodes).where(nodes.c.id == before.id)).one()
+            return Node.from_row(row._mapping)
         if before.status not in sources:
             raise IllegalTransition(
                 f"node {name!r} of pipeline {own.pipeline_id}: {before.status} -> {target} is not allowed "
@@ -230,7 +284,7 @@ class PipelineOps(Database):
     ) -> Node:
         """pending/failed -> running under ``own``; counts an attempt and starts the node's heartbeat."""
         with self.write() as conn:
-            self._fence(conn, own)
+            self._fence(conn, own, for_update=True)
             node = self._move_node(
                 conn, own, name, "running", "started",
                 attempts=nodes.c.attempts + 1,
@@ -247,7 +301,8 @@ class PipelineOps(Database):
     def complete_node(self, own: Ownership, name: str, output: Any = None, *, heartbeat_timeout: float | None = None) -> bool:
         """running -> completed with its output. Returns whether that completed the pipeline."""
         with self.write() as conn:
-            self._fence(conn, own)
+            if self._fence(conn, own, for_update=True, finished_ok=True) != "running":
+                return True
             self._move_node(
                 conn, own, name, "completed", "completed",
                 output=output, completed_at=self.dialect.now(), error=None, error_category=None,
@@ -259,7 +314,8 @@ class PipelineOps(Database):
     def degrade_node(self, own: Ownership, name: str, error: ErrorInfo, *, heartbeat_timeout: float | None = None) -> bool:
         """An optional node gave up: the pipeline goes on without it. Returns whether the pipeline completed."""
         with self.write() as conn:
-            self._fence(conn, own)
+            if self._fence(conn, own, for_update=True, finished_ok=True) != "running":
+                return True
             optional = conn.scalar(
                 select(nodes.c.optional).where(nodes.c.pipeline_id == own.pipeline_id, nodes.c.name == name)
             )
@@ -276,7 +332,8 @@ class PipelineOps(Database):
                   data: dict[str, Any] | None = None) -> None:
         """running -> failed. A permanent failure also fails the pipeline."""
         with self.write() as conn:
-            self._fence(conn, own)
+            if self._fence(conn, own, for_update=True, finished_ok=True) != "running":
+                return
             extra = {"node": name, "category": error.category, **(data or {})}
             self._move_node(conn, own, name, "failed", "failed", extra=extra, stall_deadline=None,
                             **_error_values(error))
@@ -302,7 +359,8 @@ class PipelineOps(Database):
             update(pipelines)
             .where(pipelines.c.id == own.pipeline_id, pipelines.c.epoch == own.epoch, pipelines.c.status == "running")
             .values(status=status, completed_at=self.dialect.now(), updated_at=self.dialect.now(),
-                    current_node=None, heartbeat_deadline=None, error=error, gave_up_reason=reason)
+                    current_node=None, heartbeat_deadline=None, error=error, gave_up_reason=reason,
+                    waiting_until=None, waiting_since=None, waiting_reason=None)
         )
         self.record_transitions(
             conn,
@@ -367,20 +425,28 @@ class PipelineOps(Database):
         """Record one item as done, its result and ``also``'s writes in the same transaction."""
         with self.write() as conn:
             self._fence(conn, own)
+            if is_retry() and self._checkpointed_by(conn, own, node_name, item_key):
+                return  # the first attempt committed before its connection dropped
             if also is not None:
-                also(conn)
+                also(FencedTransaction(self, conn, own))
+            values = dict(status=status, result=result, run_id=own.owner, epoch=own.epoch,
+                          completed_at=self.dialect.now())
             try:
                 with conn.begin_nested():
-                    conn.execute(
-                        insert(node_items).values(
-                            pipeline_id=own.pipeline_id, node_name=node_name, item_key=item_key, status=status,
-                            result=result, run_id=own.owner, epoch=own.epoch, completed_at=self.dialect.now(),
-                        )
-                    )
+                    conn.execute(insert(node_items).values(pipeline_id=own.pipeline_id, node_name=node_name,
+                                                           item_key=item_key, **values))
             except IntegrityError as exc:
-                raise IllegalTransition(
-                    f"item {item_key!r} of node {node_name!r} in pipeline {own.pipeline_id} is already checkpointed"
-                ) from exc
+                # A degraded item (a fallback answer) may be redone once; a completed one never.
+                redone = conn.execute(
+                    update(node_items)
+                    .where(node_items.c.pipeline_id == own.pipeline_id, node_items.c.node_name == node_name,
+                           node_items.c.item_key == item_key, node_items.c.status == "degraded")
+                    .values(**values)
+                ).rowcount
+                if not redone:
+                    raise IllegalTransition(
+                        f"item {item_key!r} of node {node_name!r} in pipeline {own.pipeline_id} is already checkpointed"
+                    ) from exc
             if stall_timeout:
                 conn.execute(
                     update(nodes)
@@ -388,6 +454,13 @@ class PipelineOps(Database):
                            nodes.c.status == "running")
                     .values(stall_deadline=self.dialect.now_plus(stall_timeout))
                 )
+
+    @staticmethod
+    def _checkpointed_by(conn: Connection, own: Ownership, node_name: str, item_key: str) -> bool:
+        row = conn.execute(select(node_items.c.run_id, node_items.c.epoch).where(
+            node_items.c.pipeline_id == own.pipeline_id, node_items.c.node_name == node_name,
+            node_items.c.item_key == item_key)).first()
+        return row is not None and row.run_id == own.owner and row.epoch == own.epoch
 
     def completed_items(self, pipeline_id: int, node_name: str) -> dict[str, Any]:
         with self.read() as conn:

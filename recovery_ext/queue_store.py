@@ -2,9 +2,27 @@
 
 ``attempts`` counts started attempts: a claim increments it (seed 003: "ocr_attempts
 incremented" when processing starts), so an item whose worker died has used one.
-Every write a worker makes is fenced by ``(worker, attempts)``: once an item was reset
-and claimed again, the first worker's completion changes nothing and raises
-:class:`~recovery_ext.errors.OwnershipLost`.
+
+Two fences guard every write a worker makes, both checked in the write's own transaction:
+
+* the pipeline fence: a claim made for a pipeline records its id and epoch on the item
+  (``holder_pipeline_id``/``holder_epoch``); heartbeats, completions and failures then
+  lock that pipeline row through :meth:`PipelineOps._fence` and are refused once a reclaim
+  bumped its epoch, so a superseded run can neither claim nor finish documents;
+* the item fence ``(worker, attempts)``: once an item was claimed again, the first
+  worker's write raises :class:`~recovery_ext.errors.ItemTakenOver`. An item that was
+  reset but that nobody took over is still accepted from its last worker, so a slow
+  worker's result is never thrown away for nothing.
+
+One rule decides staleness (:meth:`QueueOps.stale_condition`), used by claims, the
+stuck-item sensor, ``reset-stuck`` and ``status``: a ``processing`` item is stale when its
+heartbeat deadline passed, when the pipeline holding it was superseded or finished, or,
+for rows with no heartbeat deadline at all (legacy rows, seed 004), when it started
+longer ago than seed 003's threshold. A failed item waits ``available_at`` (jittered
+exponential backoff) before it can be claimed again.
+
+Lock order is always pipeline row, then item rows, and every item row a transaction
+writes is locked ``FOR UPDATE`` (the strongest lock it needs) before it is written.
 """
 
 from __future__ import annotations
@@ -13,18 +31,31 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import and_, case, func, literal, literal_column, or_, select, update
+from sqlalchemy import Connection, Float, and_, case, exists, func, literal, literal_column, or_, select, type_coerce, update
 
-from .database import Database
-from .errors import IllegalTransition, NotFound, OwnershipLost
-from .models import QueueItem
+from .database import chunks, is_retry
+from .errors import ConfigurationError, IllegalTransition, ItemTakenOver, NotFound
+from .models import Ownership, QueueItem
+from .pipeline_store import PipelineOps
 from .redaction import redact
-from .schema import queue_items
+from .retry import wait_jittered_exponential
+from .schema import pipelines, queue_items
 
 q = queue_items.c
+# Inline constants, not bound parameters, so PostgreSQL matches the partial indexes.
 PROCESSING = literal_column("'processing'")
 READY = literal_column("'ready'")
 RESET_NOTE = "Reset by stale monitor"
+#: Seed 003's stale threshold; it now applies only to rows without a heartbeat deadline.
+LEGACY_STALE_SECONDS = 600.0
+#: Statuses after which an item needs nothing more (H10 adds ``degraded``).
+FINISHED_ITEM_STATUSES = ("completed", "dead", "failed", "degraded")
+UNFINISHED_ITEM_STATUSES = ("ready", "processing")
+
+
+def default_retry_backoff() -> wait_jittered_exponential:
+    """30 s, doubling, at most 30 min, +-10 % jitter between failed attempts of one item."""
+    return wait_jittered_exponential(30.0, max_delay=1800.0, jitter=0.1)
 
 
 @dataclass(frozen=True)
@@ -37,14 +68,54 @@ class ResetItem:
     max_attempts: int
     new_status: str
     payload: Any = None
+    reason: str | None = None
 
 
-class QueueOps(Database):
+@dataclass(frozen=True)
+class StaleItem(QueueItem):
+    """A stuck item with the reason the stale rule gives for it."""
+
+    stale_reason: str = ""
+
+
+class QueueOps(PipelineOps):
+    # -- the one staleness rule -------------------------------------------------------------
+
+    def _holder_superseded(self):
+        """Held for a pipeline whose epoch moved on (reclaimed), or which is no longer running."""
+        p = pipelines.c
+        live = exists().where(p.id == q.holder_pipeline_id, p.epoch == q.holder_epoch,
+                              p.status == literal_column("'running'"))
+        return and_(q.holder_pipeline_id.isnot(None), ~live)
+
+    def stale_condition(self, legacy_seconds: float | None = None):
+        """``processing`` and: heartbeat expired, holder superseded, or (no heartbeat deadline
+        at all) started more than ``legacy_seconds`` (default seed 003's 10 min) ago."""
+        legacy = LEGACY_STALE_SECONDS if legacy_seconds is None else float(legacy_seconds)
+        now = self.dialect.now()
+        return and_(q.status == PROCESSING, or_(
+            and_(q.heartbeat_deadline.isnot(None), q.heartbeat_deadline < now),
+            and_(q.heartbeat_deadline.is_(None),
+                 func.coalesce(q.started_at, q.updated_at) < self.dialect.now_plus(-legacy)),
+            self._holder_superseded(),
+        ))
+
+    def _stale_reason(self, legacy_seconds: float | None):
+        legacy = LEGACY_STALE_SECONDS if legacy_seconds is None else float(legacy_seconds)
+        return case(
+            (self._holder_superseded(), literal("its pipeline was reclaimed or finished")),
+            (q.heartbeat_deadline.isnot(None), literal("heartbeat expired")),
+            else_=literal(f"no heartbeat deadline; started more than {legacy:g} s ago"),
+        )
+
+    # -- enqueue and claim ------------------------------------------------------------------
+
     def enqueue(
         self, queue: str, payloads: Iterable[Any], *, dedupe_keys: Sequence[str | None] | None = None,
-        max_attempts: int = 3,
+        max_attempts: int = 3, own: Ownership | None = None,
     ) -> list[int]:
-        """Add items; with ``dedupe_keys`` an item already in the queue is not added again."""
+        """Add items; with ``dedupe_keys`` an item already in the queue is not added again.
+        With ``own`` the insert is fenced by that pipeline's epoch."""
         payloads = list(payloads)
         keys = list(dedupe_keys) if dedupe_keys is not None else [None] * len(payloads)
         if len(keys) != len(payloads):
@@ -53,6 +124,8 @@ class QueueOps(Database):
             raise ValueError("max_attempts must be at least 1")
         ids: list[int] = []
         with self.write() as conn:
+            if own is not None:
+                self._fence(conn, own)
             for payload, key in zip(payloads, keys):
                 stmt = self.dialect.insert(queue_items).values(
                     queue=queue, dedupe_key=key, payload=payload, status="ready", attempts=0,
@@ -64,63 +137,162 @@ class QueueOps(Database):
                     ids.append(row.id)
         return ids
 
-    def claim(self, queue: str, worker: str, *, limit: int = 1, heartbeat_timeout: float = 600.0) -> list[QueueItem]:
-        """Take the next ``limit`` ready items; concurrent claimers never get the same item."""
+    def item_ids(self, queue: str, dedupe_keys: Sequence[str]) -> list[int]:
+        """The ids of the items with these dedupe keys, in the keys' order (missing keys are skipped)."""
+        found: dict[str, int] = {}
+        with self.read() as conn:
+            for part in chunks(list(dedupe_keys)):
+                found.update((r.dedupe_key, r.id) for r in conn.execute(
+                    select(q.dedupe_key, q.id).where(q.queue == queue, q.dedupe_key.in_(list(part)))))
+        return [found[k] for k in dedupe_keys if k in found]
+
+    def claim(
+        self, queue: str, worker: str, *, limit: int = 1, heartbeat_timeout: float = 600.0,
+        own: Ownership | None = None, legacy_stale_seconds: float | None = None,
+    ) -> list[QueueItem]:
+        """Take up to ``limit`` items: stale ``processing`` items first, then ready ones whose
+        ``available_at`` has come. Concurrent claimers never get the same item.
+
+        Taking over a stale item is one transition (processing -> processing, a new worker)
+        and counts an attempt; a stale item that has used its attempts becomes ``dead``.
+        With ``own`` the claim is fenced by that pipeline's epoch and the items carry it.
+        """
+        if limit < 1:
+            return []
+        now = self.dialect.now()
         with self.write() as conn:
-            ids = [r.id for r in conn.execute(
-                select(q.id)
-                .where(q.queue == queue, q.status == READY, q.attempts < q.max_attempts)
-                .order_by(q.id).limit(limit).with_for_update(skip_locked=True)
-            )]
-            if not ids:
+            if own is not None:
+                self._fence(conn, own)
+            if is_retry():  # the store re-runs this call: a first attempt whose commit landed already claimed
+                held_for = (and_(q.holder_pipeline_id == own.pipeline_id, q.holder_epoch == own.epoch) if own
+                            else q.holder_pipeline_id.is_(None))
+                mine = conn.execute(select(queue_items).where(
+                    q.queue == queue, q.status == PROCESSING, q.worker == worker, held_for)).all()
+                if mine:
+                    return sorted((QueueItem.from_row(r._mapping) for r in mine), key=lambda i: i.id)
+            stale = conn.execute(
+                select(q.id, q.status, q.worker, q.attempts, q.max_attempts, q.queue, q.started_at, q.payload,
+                       self._stale_reason(legacy_stale_seconds).label("reason"))
+                .where(q.queue == queue, self.stale_condition(legacy_stale_seconds))
+                .order_by(q.id).limit(limit).with_for_update(skip_locked=True, of=queue_items)
+            ).all()
+            exhausted = [r for r in stale if r.attempts >= r.max_attempts]
+            taken = {r.id: r for r in stale if r.attempts < r.max_attempts}
+            if len(taken) < limit:
+                for r in conn.execute(
+                    select(q.id, q.status, q.worker)
+                    .where(q.queue == queue, q.status == READY, q.attempts < q.max_attempts,
+                           or_(q.available_at.is_(None), q.available_at <= now))
+                    .order_by(q.id).limit(limit - len(taken)).with_for_update(skip_locked=True, of=queue_items)
+                ):
+                    taken[r.id] = r
+            if exhausted:
+                self._reset_rows(conn, exhausted, reason="claim found it stale")
+            if not taken:
                 return []
             rows = conn.execute(
                 update(queue_items)
-                .where(q.id.in_(ids), q.status == "ready")
-                .values(status="processing", worker=worker, attempts=q.attempts + 1,
-                        started_at=self.dialect.now(), updated_at=self.dialect.now(), completed_at=None,
-                        heartbeat_deadline=self.dialect.now_plus(heartbeat_timeout))
+                .where(q.id.in_(list(taken)), q.status.in_(UNFINISHED_ITEM_STATUSES))
+                .values(status="processing", worker=worker, attempts=q.attempts + 1, started_at=now, updated_at=now,
+                        completed_at=None, available_at=None, heartbeat_deadline=self.dialect.now_plus(heartbeat_timeout),
+                        holder_pipeline_id=own.pipeline_id if own else None, holder_epoch=own.epoch if own else None)
                 .returning(*queue_items.c)
             ).all()
             items = sorted((QueueItem.from_row(r._mapping) for r in rows), key=lambda i: i.id)
             self.record_transitions(conn, [
-                {"entity_type": "queue_item", "entity_id": i.id, "from_status": "ready", "to_status": "processing",
-                 "event": "claimed", "data": {"worker": worker, "attempt": i.attempts}} for i in items
+                {"entity_type": "queue_item", "entity_id": i.id, "pipeline_id": i.holder_pipeline_id,
+                 "from_status": taken[i.id].status, "to_status": "processing",
+                 "event": "claimed" if taken[i.id].status == "ready" else "claimed_stale",
+                 "data": {"worker": worker, "attempt": i.attempts, "epoch": i.holder_epoch,
+                          **({"previous_worker": taken[i.id].worker, "reason": taken[i.id].reason}
+                             if taken[i.id].status != "ready" else {})}}
+                for i in items
             ])
         return items
 
-    def _fenced_update(self, conn, item: QueueItem, **values):
-        row = conn.execute(
-            update(queue_items)
-            .where(q.id == item.id, q.status == "processing", q.worker == item.worker, q.attempts == item.attempts)
-            .values(updated_at=self.dialect.now(), **values)
-            .returning(q.id)
+    # -- a worker's writes (both fences) ----------------------------------------------------
+
+    def _fence_item(self, conn: Connection, item: QueueItem):
+        """Check the holding pipeline's epoch, then lock the item row and return its current state."""
+        if item.holder_pipeline_id is not None:
+            self._fence(conn, Ownership(item.holder_pipeline_id, item.holder_epoch or 0, item.worker or ""))
+        current = conn.execute(
+            select(q.status, q.worker, q.attempts).where(q.id == item.id).with_for_update()
         ).first()
-        if row is None:
-            current = conn.execute(select(q.status, q.worker, q.attempts).where(q.id == item.id)).first()
-            if current is None:
-                raise NotFound(f"no queue item {item.id}")
-            raise OwnershipLost(
-                f"queue item {item.id} is no longer held by {item.worker} (attempt {item.attempts}); "
-                f"it is {current.status} under {current.worker or 'nobody'} (attempt {current.attempts})",
-                owner=current.worker,
-            )
+        if current is None:
+            raise NotFound(f"no queue item {item.id}")
+        return current
+
+    @staticmethod
+    def _holds(item: QueueItem, current) -> bool:
+        return current.status == "processing" and current.worker == item.worker and current.attempts == item.attempts
+
+    @staticmethod
+    def _finished_by(item: QueueItem, current, statuses: tuple[str, ...]) -> bool:
+        """This very attempt already finished the item (a retried call whose first commit landed)."""
+        return current.status in statuses and current.worker == item.worker and current.attempts == item.attempts
+
+    @staticmethod
+    def _unheld(item: QueueItem, current) -> bool:
+        """Reset by a stale monitor and not claimed since (a claim would have counted an attempt)."""
+        return current.status in ("ready", "dead") and current.worker is None and current.attempts == item.attempts
+
+    @staticmethod
+    def _taken_over(item: QueueItem, current) -> ItemTakenOver:
+        return ItemTakenOver(
+            f"queue item {item.id} is no longer held by {item.worker} (attempt {item.attempts}); "
+            f"it is {current.status} under {current.worker or 'nobody'} (attempt {current.attempts})",
+            owner=current.worker, item_id=item.id,
+        )
 
     def heartbeat_item(self, item: QueueItem, *, timeout: float) -> None:
+        """Extend the item's heartbeat. An item a stale monitor reset but nobody claimed since is
+        taken back (a recorded transition, no new attempt): its worker is evidently alive."""
         with self.write() as conn:
-            self._fenced_update(conn, item, heartbeat_deadline=self.dialect.now_plus(timeout))
-
-    def complete_item(self, item: QueueItem, result: Any = None) -> None:
-        """processing -> completed with its result; clears the error (seed 003 completion tracking)."""
-        with self.write() as conn:
-            self._fenced_update(conn, item, status="completed", result=result, completed_at=self.dialect.now(),
-                                heartbeat_deadline=None, last_error=None)
+            current = self._fence_item(conn, item)
+            deadline = self.dialect.now_plus(timeout)
+            if self._holds(item, current):
+                conn.execute(update(queue_items).where(q.id == item.id)
+                             .values(heartbeat_deadline=deadline, updated_at=self.dialect.now()))
+                return
+            if not (self._unheld(item, current) and current.status == "ready"):
+                raise self._taken_over(item, current)
+            conn.execute(update(queue_items).where(q.id == item.id).values(
+                status="processing", worker=item.worker, heartbeat_deadline=deadline, available_at=None,
+                holder_pipeline_id=item.holder_pipeline_id, holder_epoch=item.holder_epoch,
+                updated_at=self.dialect.now()))
             self.record_transitions(conn, [{"entity_type": "queue_item", "entity_id": item.id,
-                                            "from_status": "processing", "to_status": "completed",
-                                            "event": "completed", "data": {"worker": item.worker}}])
+                                            "pipeline_id": item.holder_pipeline_id, "from_status": "ready",
+                                            "to_status": "processing", "event": "reacquired",
+                                            "data": {"worker": item.worker, "attempt": item.attempts}}])
 
-    def fail_item(self, item: QueueItem, error: str, *, retryable: bool = True) -> str:
-        """A failed attempt: back to ready, ``dead`` at max attempts, ``failed`` if permanent."""
+    def complete_item(self, item: QueueItem, result: Any = None) -> str:
+        """processing -> completed with its result; clears the error (seed 003 completion tracking).
+
+        Returns the status the item came from: ``processing``, or ``ready``/``dead`` when a stale
+        monitor had reset it and nobody took it over (the late result is kept, not discarded).
+        """
+        with self.write() as conn:
+            current = self._fence_item(conn, item)
+            if self._finished_by(item, current, ("completed",)):
+                return "processing"
+            if not (self._holds(item, current) or self._unheld(item, current)):
+                raise self._taken_over(item, current)
+            conn.execute(update(queue_items).where(q.id == item.id).values(
+                status="completed", result=result, completed_at=self.dialect.now(), updated_at=self.dialect.now(),
+                worker=item.worker, heartbeat_deadline=None, available_at=None, last_error=None))
+            self.record_transitions(conn, [{"entity_type": "queue_item", "entity_id": item.id,
+                                            "pipeline_id": item.holder_pipeline_id,
+                                            "from_status": current.status, "to_status": "completed",
+                                            "event": "completed" if current.status == "processing" else "completed_late",
+                                            "data": {"worker": item.worker, "attempt": item.attempts}}])
+        return current.status
+
+    def fail_item(self, item: QueueItem, error: str, *, retryable: bool = True,
+                  backoff: wait_jittered_exponential | None = None) -> str:
+        """A failed attempt: ``ready`` again after a jittered exponential delay (``available_at``),
+        ``dead`` at max attempts, ``failed`` if permanent. An item already reset and not claimed
+        since keeps its status; that status is returned."""
         message = redact(error)[:4000]
         if not retryable:
             target = "failed"
@@ -128,75 +300,134 @@ class QueueOps(Database):
             target = "dead"
         else:
             target = "ready"
+        delay = (backoff or default_retry_backoff()).delay(item.attempts) if target == "ready" else None
         with self.write() as conn:
-            self._fenced_update(conn, item, status=target, worker=None if target == "ready" else item.worker,
-                                last_error=message, last_error_at=self.dialect.now(), heartbeat_deadline=None)
+            current = self._fence_item(conn, item)
+            if not self._holds(item, current):
+                if self._unheld(item, current) or self._finished_by(item, current, ("dead", "failed")):
+                    return current.status
+                raise self._taken_over(item, current)
+            conn.execute(update(queue_items).where(q.id == item.id).values(
+                status=target, worker=None if target == "ready" else item.worker, last_error=message,
+                last_error_at=self.dialect.now(), heartbeat_deadline=None, updated_at=self.dialect.now(),
+                available_at=self.dialect.now_plus(delay) if delay is not None else None))
             self.record_transitions(conn, [{"entity_type": "queue_item", "entity_id": item.id,
+                                            "pipeline_id": item.holder_pipeline_id,
                                             "from_status": "processing", "to_status": target, "event": "failed",
-                                            "data": {"error": message, "attempt": item.attempts}}])
+                                            "data": {"error": message, "attempt": item.attempts,
+                                                     **({"retry_in_seconds": round(delay, 3)} if delay else {})}}])
             if target == "dead":
                 self.record_events(conn, [{"kind": "item_dead", "queue_item_id": item.id,
                                            "payload": {"queue": item.queue, "error": message,
                                                        "attempts": item.attempts}}])
         return target
 
-    def _stale_condition(self, queue: str | None, older_than_seconds: float | None,
-                         held_by: Sequence[str] = ()):
-        now = self.dialect.now()
-        conds = [and_(q.heartbeat_deadline.isnot(None), q.heartbeat_deadline < now)]
-        if older_than_seconds is not None:
-            conds.append(q.started_at < self.dialect.now_plus(-float(older_than_seconds)))
-        for owner in held_by:
-            conds.append(q.worker.like(f"{owner}:%"))
-        where = [q.status == PROCESSING, or_(*conds)]
-        if queue is not None:
-            where.append(q.queue == queue)
-        return and_(*where)
+    # -- stale items --------------------------------------------------------------------------
 
-    def stale_items(self, *, queue: str | None = None, older_than_seconds: float | None = None,
-                    item_id: int | None = None) -> list[QueueItem]:
-        query = select(queue_items).where(self._stale_condition(queue, older_than_seconds)).order_by(q.started_at)
+    def _stale_query(self, columns, *, queue: str | None, older_than_seconds: float | None,
+                     item_id: int | None, holder: int | None):
+        query = select(*columns).where(self.stale_condition(older_than_seconds))
+        if queue is not None:
+            query = query.where(q.queue == queue)
         if item_id is not None:
             query = query.where(q.id == item_id)
+        if holder is not None:
+            query = query.where(q.holder_pipeline_id == holder)
+        return query.order_by(q.started_at, q.id)
+
+    def stale_items(self, *, queue: str | None = None, older_than_seconds: float | None = None,
+                    item_id: int | None = None) -> list[StaleItem]:
+        """Stuck items by the one rule; ``older_than_seconds`` is the threshold for rows without a
+        heartbeat deadline (default 10 min)."""
+        query = self._stale_query([*queue_items.c, self._stale_reason(older_than_seconds).label("stale_reason")],
+                                  queue=queue, older_than_seconds=older_than_seconds, item_id=item_id, holder=None)
         with self.read() as conn:
-            return [QueueItem.from_row(r._mapping) for r in conn.execute(query)]
+            return [StaleItem.from_row(r._mapping) for r in conn.execute(query)]
 
     def reset_stale(
         self, *, queue: str | None = None, older_than_seconds: float | None = None, item_id: int | None = None,
-        reason: str = "stale", limit: int = 10_000, held_by: Sequence[str] = (),
+        reason: str = "stale", limit: int = 10_000,
     ) -> list[ResetItem]:
-        """Processing items whose heartbeat expired (or that started before the threshold, or whose
-        worker belongs to a superseded run in ``held_by``) go back to ``ready`` with the worker
-        cleared; those at their maximum attempts become ``dead``."""
-        note = f"{RESET_NOTE}: {reason}"
+        """Stale items go back to ``ready`` (claimable at once, worker cleared); those at their
+        maximum attempts become ``dead``."""
+        return self._reset_stale(queue=queue, older_than_seconds=older_than_seconds, item_id=item_id,
+                                 reason=reason, limit=limit, holder=None)
+
+    def release_superseded(self, own: Ownership, *, queue: str | None = None) -> list[ResetItem]:
+        """A resume's first act: items held by any earlier epoch of its pipeline (or stale for any
+        other reason while held by it) go back to ``ready``. Fenced by ``own``."""
+        return self._reset_stale(queue=queue, older_than_seconds=None, item_id=None, limit=10_000, own=own,
+                                 reason=f"pipeline {own.pipeline_id} was reclaimed (now epoch {own.epoch})",
+                                 holder=own.pipeline_id)
+
+    def _reset_stale(self, *, queue, older_than_seconds, item_id, reason, limit, holder,
+                     own: Ownership | None = None) -> list[ResetItem]:
+        columns = [q.id, q.queue, q.worker, q.started_at, q.attempts, q.max_attempts, q.payload,
+                   self._stale_reason(older_than_seconds).label("reason")]
         with self.write() as conn:
-            query = (select(q.id, q.worker).where(self._stale_condition(queue, older_than_seconds, held_by))
-                     .order_by(q.started_at).limit(limit).with_for_update(skip_locked=True))
-            if item_id is not None:
-                query = query.where(q.id == item_id)
-            previous_workers = {r.id: r.worker for r in conn.execute(query)}
-            ids = list(previous_workers)
-            if not ids:
-                return []
-            target = case((q.attempts >= q.max_attempts, literal("dead")), else_=literal("ready"))
-            rows = conn.execute(
-                update(queue_items)
-                .where(q.id.in_(ids), q.status == "processing")
-                .values(status=target, worker=None, heartbeat_deadline=None, last_error=note,
-                        last_error_at=self.dialect.now(), updated_at=self.dialect.now())
-                .returning(q.id, q.queue, q.status, q.attempts, q.max_attempts, q.started_at, q.payload)
-            ).all()
-            reset = [ResetItem(r.id, r.queue, previous_workers.get(r.id), r.started_at, r.attempts, r.max_attempts,
-                               r.status, r.payload) for r in rows]
-            self.record_transitions(conn, [
-                {"entity_type": "queue_item", "entity_id": r.id, "from_status": "processing",
-                 "to_status": r.new_status, "event": "reset_stale", "data": {"reason": note}} for r in reset
-            ])
-            self.record_events(conn, [
-                {"kind": "item_dead" if r.new_status == "dead" else "item_reset", "queue_item_id": r.id,
-                 "payload": {"queue": r.queue, "reason": note, "attempts": r.attempts}} for r in reset
-            ])
+            if own is not None:
+                self._fence(conn, own)
+            found = conn.execute(self._stale_query(columns, queue=queue, older_than_seconds=older_than_seconds,
+                                                   item_id=item_id, holder=holder)
+                                 .limit(limit).with_for_update(skip_locked=True, of=queue_items)).all()
+            return self._reset_rows(conn, found, reason=reason)
+
+    def _reset_rows(self, conn: Connection, found: Sequence[Any], *, reason: str) -> list[ResetItem]:
+        """processing -> ready (or dead at max attempts) for rows this transaction has locked."""
+        if not found:
+            return []
+        target = case((q.attempts >= q.max_attempts, literal("dead")), else_=literal("ready"))
+        note = f"{RESET_NOTE}: {reason}"
+        rows = conn.execute(
+            update(queue_items)
+            .where(q.id.in_([r.id for r in found]), q.status == "processing")
+            .values(status=target, worker=None, heartbeat_deadline=None, available_at=None, holder_pipeline_id=None,
+                    holder_epoch=None, last_error=note, last_error_at=self.dialect.now(), updated_at=self.dialect.now())
+            .returning(q.id, q.status)
+        ).all()
+        by_id = {r.id: r for r in found}
+        reset = [ResetItem(r.id, by_id[r.id].queue, by_id[r.id].worker, by_id[r.id].started_at, by_id[r.id].attempts,
+                           by_id[r.id].max_attempts, r.status, by_id[r.id].payload, by_id[r.id].reason)
+                 for r in sorted(rows, key=lambda r: r.id)]
+        self.record_transitions(conn, [
+            {"entity_type": "queue_item", "entity_id": r.id, "from_status": "processing", "to_status": r.new_status,
+             "event": "reset_stale", "data": {"reason": note, "stale": r.reason, "worker": r.worker}} for r in reset
+        ])
+        self.record_events(conn, [
+            {"kind": "item_dead" if r.new_status == "dead" else "item_reset", "queue_item_id": r.id,
+             "payload": {"queue": r.queue, "reason": note, "stale": r.reason, "attempts": r.attempts}} for r in reset
+        ])
         return reset
+
+    # -- waiting for a pipeline's documents ---------------------------------------------------
+
+    def unfinished_items(self, ids: Sequence[int]) -> list[QueueItem]:
+        """Those of ``ids`` that still need work: ``processing``, or ``ready`` with attempts left."""
+        found: list[QueueItem] = []
+        needs_work = or_(q.status == PROCESSING, and_(q.status == READY, q.attempts < q.max_attempts))
+        with self.read() as conn:
+            for part in chunks(sorted(set(ids))):
+                found.extend(QueueItem.from_row(r._mapping) for r in conn.execute(
+                    select(queue_items).where(q.id.in_(list(part)), needs_work)))
+        return sorted(found, key=lambda i: i.id)
+
+    def seconds_until_claimable(self, queue: str) -> float | None:
+        """Until the next waiting retry or the next heartbeat deadline of a held item, on the
+        database clock; ``None`` when nothing in the queue is waiting or held."""
+        now = self.dialect.now()
+
+        def until(column):
+            return func.min(type_coerce(self.dialect.seconds_between(now, column), Float))
+
+        with self.read() as conn:
+            retry = conn.scalar(select(until(q.available_at))
+                                .where(q.queue == queue, q.status == READY, q.available_at.isnot(None)))
+            held = conn.scalar(select(until(q.heartbeat_deadline))
+                               .where(q.queue == queue, q.status == PROCESSING, q.heartbeat_deadline.isnot(None)))
+        waits = [max(0.0, float(v)) for v in (retry, held) if v is not None]
+        return min(waits) if waits else None
+
+    # -- operator actions and reads -----------------------------------------------------------
 
     def retry_dead(self, ids: Sequence[int] | None = None, *, queue: str | None = None) -> list[int]:
         """dead -> ready with attempts cleared; ``ids=None`` retries every dead item."""
@@ -208,19 +439,18 @@ class QueueOps(Database):
                 where.append(q.queue == queue)
             rows = conn.execute(
                 update(queue_items).where(*where)
-                .values(status="ready", attempts=0, worker=None, updated_at=self.dialect.now())
+                .values(status="ready", attempts=0, worker=None, available_at=None, updated_at=self.dialect.now())
                 .returning(q.id)
             ).all()
             retried = sorted(r.id for r in rows)
+            missing = set(ids) - set(retried) if ids is not None else set()
+            if missing:  # raised inside the transaction: it rolls back, a rejected command changes nothing
+                raise IllegalTransition(f"queue items {sorted(missing)} are not dead; only dead items can be retried "
+                                        "(nothing was changed)")
             self.record_transitions(conn, [
                 {"entity_type": "queue_item", "entity_id": i, "from_status": "dead", "to_status": "ready",
                  "event": "manual_retry", "data": {"attempts_cleared": True}} for i in retried
             ])
-        if ids is not None:
-            missing = set(ids) - set(retried)
-            if missing:
-                raise IllegalTransition(f"queue items {sorted(missing)} are not dead; only dead items can be retried"
-                                        + (f" (retried {retried})" if retried else ""))
         return retried
 
     def get_item(self, item_id: int) -> QueueItem:
@@ -237,6 +467,25 @@ class QueueOps(Database):
         with self.read() as conn:
             return [QueueItem.from_row(r._mapping) for r in conn.execute(query)]
 
-    def count_ready(self, queue: str) -> int:
+    def waiting_items(self, *, limit: int = 100) -> list[QueueItem]:
+        """Failed items waiting for their retry delay, the next one first (for ``status``)."""
+        query = (select(queue_items).where(q.status == READY, q.available_at > self.dialect.now())
+                 .order_by(q.available_at, q.id).limit(limit))
         with self.read() as conn:
-            return conn.scalar(select(func.count()).where(q.queue == queue, q.status == READY)) or 0
+            return [QueueItem.from_row(r._mapping) for r in conn.execute(query)]
+
+    def count_ready(self, queue: str, *, waiting: bool = False) -> int:
+        """Ready items claimable now; with ``waiting=True`` those still waiting for their retry delay."""
+        now = self.dialect.now()
+        due = or_(q.available_at.is_(None), q.available_at <= now)
+        with self.read() as conn:
+            return conn.scalar(select(func.count()).where(q.queue == queue, q.status == READY,
+                                                          ~due if waiting else due)) or 0
+
+
+def validate_backoff(initial: float, maximum: float, jitter: float) -> wait_jittered_exponential:
+    """The retry backoff of a queue, from op config; a clear error names the bad value."""
+    for name, value in (("retry_initial_delay", initial), ("retry_max_delay", maximum)):
+        if not (value == value) or value < 0 or value > 7 * 86400:  # NaN, negative, over a week
+            raise ConfigurationError(f"{name} must be between 0 and 604800 seconds, got {value!r}")
+    return wait_jittered_exponential(initial, max_delay=maximum, jitter=jitter)

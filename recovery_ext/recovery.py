@@ -12,8 +12,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from .env import env_bool, env_seconds
-from .errors import ConfigurationError
+from .env import check_count, check_seconds, env_bool, env_seconds
 from .models import ScanStats
 from .redaction import redact
 from .retry import RetryPolicy
@@ -31,19 +30,17 @@ class RecoverySettings:
     max_age_seconds: float | None = 24 * 3600.0
 
     def __post_init__(self) -> None:
-        if self.max_per_scan is not None and self.max_per_scan < 1:
-            raise ConfigurationError(f"max_per_scan must be at least 1, got {self.max_per_scan}")
-        if self.launch_grace_seconds <= 0:
-            raise ConfigurationError(f"launch_grace_seconds must be positive, got {self.launch_grace_seconds}")
-        if self.max_age_seconds is not None and self.max_age_seconds <= 0:
-            raise ConfigurationError(f"max_age_seconds must be positive, got {self.max_age_seconds}")
+        if self.max_per_scan is not None:  # None: no cap
+            check_count("max_per_scan", self.max_per_scan, minimum=1)
+        check_seconds("launch_grace_seconds", self.launch_grace_seconds, minimum=1.0)
+        check_seconds("max_age_seconds", self.max_age_seconds, minimum=1.0, maximum=366 * 86400.0, allow_none=True)
 
     @classmethod
     def from_env(cls) -> "RecoverySettings":
         return cls(
             enabled=env_bool("RECOVERY_ENABLE_ORPHAN_RECOVERY", True),
             launch_grace_seconds=env_seconds("RECOVERY_LAUNCH_GRACE", 300.0),
-            max_age_seconds=env_seconds("RECOVERY_MAX_AGE", 24 * 3600.0),
+            max_age_seconds=env_seconds("RECOVERY_MAX_AGE", 24 * 3600.0, maximum=366 * 86400.0),
         )
 
 
@@ -77,7 +74,6 @@ def scan(
         stats.error = "orphan recovery is disabled (RECOVERY_ENABLE_ORPHAN_RECOVERY=false)"
         return stats
     try:
-        policy.call(store.record_event, "recovery_started", {"trigger": trigger})
         corrupt = policy.call(store.fail_unknown_statuses)
         given_up = policy.call(store.give_up_hopeless, dead_owner_runs=dead_owner_runs,
                                max_age_seconds=settings.max_age_seconds, job_names=job_names,
@@ -99,7 +95,7 @@ def scan(
         stats.error = redact(f"{type(exc).__name__}: {exc}")
         log.error("recovery scan failed: %s", stats.error)
     stats.duration_ms = (time.perf_counter() - started) * 1000
-    if stats.error is None:
+    if stats.error is None and stats.found:  # an idle tick records nothing: its tick message is enough
         try:
             policy.call(store.record_event, "recovery_completed", {"trigger": trigger, **stats.as_dict()})
         except Exception as exc:  # noqa: BLE001

@@ -1,14 +1,20 @@
-"""Status and summary queries (seed 003's observability queries, seed 001's metrics)."""
+"""Status and summary queries (seed 003's observability queries, seed 001's metrics) and the event outbox."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import Float, cast, func, select
+from sqlalchemy import Float, cast, delete, func, select
 
 from .database import Database
 from .models import Pipeline, QueueItem
-from .schema import events, node_items, nodes, pipelines, queue_items, transitions
+from .schema import QUEUE_STATUSES, events, node_items, nodes, pipelines, queue_items, transitions
+
+
+# Ids below the highest one seen that are still tracked as possibly in flight.
+GAP_WINDOW = 10_000
 
 
 class ReportOps(Database):
@@ -30,14 +36,62 @@ class ReportOps(Database):
             return [dict(r._mapping) for r in conn.execute(query)]
 
     def recent_events(self, *, kinds: tuple[str, ...] | None = None, within_seconds: float | None = None,
-                      after_id: int = 0, limit: int = 100) -> list[dict[str, Any]]:
-        query = select(events).where(events.c.id > after_id).order_by(events.c.id).limit(limit)
+                      after_id: int = 0, limit: int = 100, newest: bool = False) -> list[dict[str, Any]]:
+        """Events in id order: the first ``limit`` after ``after_id``, or with ``newest`` the last ``limit``."""
+        order = events.c.id.desc() if newest else events.c.id
+        query = select(events).where(events.c.id > after_id).order_by(order).limit(limit)
         if kinds:
             query = query.where(events.c.kind.in_(kinds))
         if within_seconds is not None:
             query = query.where(events.c.created_at >= self.dialect.now_plus(-float(within_seconds)))
         with self.read() as conn:
-            return [dict(r._mapping) for r in conn.execute(query)]
+            rows = [dict(r._mapping) for r in conn.execute(query)]
+        return rows[::-1] if newest else rows
+
+    def follow_events(self, cursor: "EventCursor", *, kinds: tuple[str, ...] | None = None,
+                      limit: int = 1000) -> list[dict[str, Any]]:
+        """Events committed since the last call, none skipped even when ids commit out of order.
+
+        On PostgreSQL an id is taken at insert but visible only at commit, so id 7 can appear
+        after id 8 was shown. Each id skipped over (a gap) is kept open and re-checked until
+        every transaction that was running when the gap was seen has ended (the snapshot's
+        ``xmin`` passed the ``xmax`` noted then, one poll later): by then the gap's row has
+        committed (and is shown) or will never exist. SQLite commits in id order, so its
+        gaps (rollbacks) close at once.
+        """
+        with self.read() as conn:
+            xmin, xmax = self.dialect.snapshot_bounds(conn)
+            found = [dict(r._mapping) for r in conn.execute(
+                select(events).where(events.c.id > cursor.last_id).order_by(events.c.id).limit(limit))]
+            if cursor.gaps:
+                found += [dict(r._mapping) for r in conn.execute(
+                    select(events).where(events.c.id.in_(sorted(cursor.gaps))))]
+        found.sort(key=lambda e: e["id"])
+        shown = cursor.advance([e["id"] for e in found], xmin=xmin, xmax=xmax)
+        return [e for e in found if e["id"] in shown and (not kinds or e["kind"] in kinds)]
+
+    def start_following(self, *, kinds: tuple[str, ...] | None = None,
+                        limit: int = 50) -> tuple[list[dict[str, Any]], "EventCursor"]:
+        """The newest ``limit`` events and a cursor after them that still waits for ids in flight below."""
+        with self.read() as conn:
+            xmin, xmax = self.dialect.snapshot_bounds(conn)
+            top = conn.scalar(select(func.max(events.c.id))) or 0
+            visible = list(conn.scalars(select(events.c.id).where(events.c.id > top - GAP_WINDOW)))
+            cursor = EventCursor(last_id=max(0, top - GAP_WINDOW))
+            cursor.advance(visible, xmin=xmin, xmax=xmax)
+            query = select(events).where(events.c.id <= top).order_by(events.c.id.desc()).limit(limit)
+            if kinds:
+                query = query.where(events.c.kind.in_(kinds))
+            # A gap shows up later through follow_events, never twice.
+            shown = [dict(r._mapping) for r in conn.execute(query) if r.id not in cursor.gaps]
+        return shown[::-1], cursor
+
+    def prune_events(self, older_than_seconds: float, *, limit: int = 10_000) -> int:
+        """Delete up to ``limit`` events older than the retention, oldest first. Returns how many."""
+        cutoff = self.dialect.now_plus(-float(older_than_seconds))
+        oldest = select(events.c.id).where(events.c.created_at < cutoff).order_by(events.c.id).limit(limit)
+        with self.write() as conn:
+            return conn.execute(delete(events).where(events.c.id.in_(oldest.scalar_subquery()))).rowcount or 0
 
     def count_events(self, kind: str, *, within_seconds: float | None = None) -> int:
         query = select(func.count()).where(events.c.kind == kind)
@@ -78,6 +132,22 @@ class ReportOps(Database):
         with self.read() as conn:
             return [Pipeline.from_row(r._mapping) for r in conn.execute(query)]
 
+    def unwatched_pipelines(self, *, limit: int = 100) -> list[dict[str, Any]]:
+        """Running pipelines nothing can ever find dead: no heartbeat deadline and no hard deadline."""
+        query = (select(pipelines.c.id, pipelines.c.job_name, pipelines.c.owner)
+                 .where(pipelines.c.status == "running", pipelines.c.heartbeat_deadline.is_(None),
+                        pipelines.c.deadline.is_(None)).order_by(pipelines.c.id).limit(limit))
+        with self.read() as conn:
+            return [{**r._mapping, "reason": "running with no heartbeat deadline and no hard deadline"}
+                    for r in conn.execute(query)]
+
+    def items_with_unknown_status(self, *, limit: int = 100) -> list[dict[str, Any]]:
+        """Queue items whose status this version does not know: no claim or reset ever touches them."""
+        query = (select(queue_items.c.id, queue_items.c.queue, queue_items.c.status)
+                 .where(queue_items.c.status.not_in(QUEUE_STATUSES)).order_by(queue_items.c.id).limit(limit))
+        with self.read() as conn:
+            return [dict(r._mapping) for r in conn.execute(query)]
+
     def dead_items(self, *, limit: int = 100) -> list[QueueItem]:
         query = select(queue_items).where(queue_items.c.status == "dead").order_by(queue_items.c.id).limit(limit)
         with self.read() as conn:
@@ -89,3 +159,31 @@ class ReportOps(Database):
         with self.read() as conn:
             return {name: n for name, n in conn.execute(query)}
 
+
+
+@dataclass
+class EventCursor:
+    """Where ``follow_events`` is: the highest id shown, and the lower ids not seen yet (gaps)."""
+
+    last_id: int = 0
+    gaps: dict[int, int | None] = field(default_factory=dict)  # id -> xmax to wait for (None: note it next poll)
+
+    def advance(self, ids: Sequence[int], *, xmin: int | None, xmax: int | None) -> set[int]:
+        """Record the ``ids`` found by one poll; returns those not shown before."""
+        new = {i for i in ids if i > self.last_id or i in self.gaps}
+        for i in new:
+            self.gaps.pop(i, None)
+        for gap, wait_for in list(self.gaps.items()):
+            if xmin is None:  # one writer at a time, commits in id order: a gap is a rollback
+                del self.gaps[gap]
+            elif wait_for is None:
+                self.gaps[gap] = xmax
+            elif xmin >= wait_for:
+                del self.gaps[gap]
+        top = max(ids, default=self.last_id)
+        if xmin is not None:  # new gaps wait one poll before their xmax is noted (see follow_events)
+            for missing in range(max(self.last_id + 1, top - GAP_WINDOW), top):
+                if missing not in new:
+                    self.gaps.setdefault(missing, None)
+        self.last_id = max(self.last_id, top)
+        return new

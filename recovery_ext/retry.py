@@ -24,7 +24,7 @@ from tenacity.retry import retry_base
 from tenacity.stop import stop_base
 from tenacity.wait import wait_base
 
-from .classify import ClassifiedError, classify
+from .classify import ClassifiedError, classify, retry_after_of
 from .errors import ConfigurationError, StopRequested
 
 T = TypeVar("T")
@@ -62,6 +62,26 @@ class wait_jittered_exponential(wait_base):
 
     def __call__(self, retry_state: RetryCallState) -> float:
         return self.delay(retry_state.attempt_number)
+
+
+class wait_retry_after(wait_base):
+    """A 429 or 503 that says ``Retry-After`` (seconds or an HTTP date) is waited exactly that long,
+    up to ``max_delay``; any other failure waits what ``fallback`` says."""
+
+    def __init__(self, fallback: wait_base, *, max_delay: float, clock: Callable[[], float] | None = None) -> None:
+        self.fallback, self.max_delay, self.clock = fallback, max_delay, clock or time.time
+
+    def asked(self, exc: BaseException | None) -> float | None:
+        """The delay the server asked for, within ``max_delay``; None when it asked nothing."""
+        if exc is None:
+            return None
+        seconds = retry_after_of(exc, now=self.clock())
+        return None if seconds is None else min(seconds, self.max_delay)
+
+    def __call__(self, retry_state: RetryCallState) -> float:
+        outcome = retry_state.outcome
+        asked = self.asked(outcome.exception() if outcome is not None and outcome.failed else None)
+        return self.fallback(retry_state) if asked is None else asked
 
 
 class retry_if_retryable(retry_base):
@@ -133,6 +153,7 @@ class RetryPolicy:
     rng: random.Random | None = None
     before_sleep: Callable[[RetryCallState], None] | None = None
     context: dict[str, Any] = field(default_factory=dict)
+    clock: Callable[[], float] | None = None  # wall clock for Retry-After HTTP dates (tests inject one)
 
     def __post_init__(self) -> None:
         if self.max_attempts < 1:
@@ -140,6 +161,7 @@ class RetryPolicy:
         self.wait = wait_jittered_exponential(self.initial_delay, multiplier=self.multiplier,
                                               max_delay=self.max_delay, jitter=self.jitter, rng=self.rng)
         self.same_error = stop_after_same_error(self.same_error_limit)
+        self.retry_after = wait_retry_after(self.wait, max_delay=self.max_delay, clock=self.clock)
 
     def build(self) -> tenacity.Retrying:
         stop: stop_base = tenacity.stop_after_attempt(self.max_attempts) | self.same_error
@@ -148,7 +170,7 @@ class RetryPolicy:
             stop = stop | stop_on_event(self.shutdown)
             sleep = event_sleep(self.shutdown) if self.sleep is None else self.sleep
         return tenacity.Retrying(
-            stop=stop, wait=self.wait, retry=retry_if_retryable(), sleep=sleep,
+            stop=stop, wait=self.retry_after, retry=retry_if_retryable(), sleep=sleep,
             before_sleep=self.before_sleep, retry_error_callback=self._give_up,
         )
 

@@ -31,6 +31,11 @@ from sqlalchemy.types import TypeDecorator
 
 PIPELINE_STATUSES = ("pending", "running", "completed", "failed", "canceled")
 NODE_STATUSES = ("pending", "running", "completed", "failed", "degraded", "skipped")
+# A running pipeline paused by a provider outage (waiting_until set) is shown as this; its
+# status stays "running" so liveness, fencing and orphan detection treat it like any live pipeline.
+WAITING = "waiting"
+ITEM_STATUSES = ("completed", "degraded")
+BREAKER_STATES = ("closed", "open", "half_open")
 QUEUE_STATUSES = ("ready", "processing", "completed", "failed", "dead")
 FINISHED_PIPELINE_STATUSES = ("completed", "failed", "canceled")
 
@@ -67,7 +72,11 @@ class DbTime(TypeDecorator):
         if value is None:
             return None
         if dialect.name == "sqlite":
-            return dt.datetime.fromtimestamp(float(value), tz=dt.timezone.utc)
+            try:
+                return dt.datetime.fromtimestamp(float(value), tz=dt.timezone.utc)
+            except (TypeError, ValueError, OverflowError, OSError):
+                # Text or an absurd number in a time column: readable, never a traceback; the scan fails the row.
+                return dt.datetime.min.replace(tzinfo=dt.timezone.utc)
         if value.tzinfo is None:
             return value.replace(tzinfo=dt.timezone.utc)
         return value
@@ -133,6 +142,9 @@ pipelines = Table(
     Column("completed_at", DbTime),
     Column("error", Text),
     Column("gave_up_reason", Text),
+    Column("waiting_until", DbTime),
+    Column("waiting_since", DbTime),
+    Column("waiting_reason", Text),
     Column("launcher", Text),
 )
 
@@ -193,6 +205,9 @@ queue_items = Table(
     Column("result", DbJson),
     Column("last_error", Text),
     Column("last_error_at", DbTime),
+    Column("available_at", DbTime),
+    Column("holder_pipeline_id", BigInteger),
+    Column("holder_epoch", Integer),
     UniqueConstraint("queue", "dedupe_key", name="rx_queue_items_dedupe"),
 )
 
@@ -221,4 +236,19 @@ events = Table(
     Column("created_at", DbTime, nullable=False),
 )
 
-APPLICATION_TABLES = (pipelines, nodes, node_items, queue_items, transitions, events)
+circuit_breakers = Table(
+    "rx_circuit_breakers",
+    metadata,
+    Column("endpoint", Text, primary_key=True),
+    Column("state", Text, nullable=False),
+    Column("consecutive_failures", Integer, nullable=False),
+    Column("open_count", Integer, nullable=False),
+    Column("opened_at", DbTime),
+    Column("open_until", DbTime),
+    Column("probe_owner", Text),
+    Column("probe_deadline", DbTime),
+    Column("last_error", Text),
+    Column("updated_at", DbTime, nullable=False),
+)
+
+APPLICATION_TABLES = (pipelines, nodes, node_items, queue_items, transitions, events, circuit_breakers)

@@ -58,7 +58,7 @@ def make_item_node(name: str, *, first: bool = False, optional: bool = False):
                 while True:  # alive (the watchdog pulses) but making no progress, until superseded
                     ctx.check()
                     ctx.watchdog.superseded.wait(0.1)
-            record_call(ctx.store, run_id, name, item.key)
+            record_call(ctx._store, run_id, name, item.key)
             time.sleep(cfg["item_seconds"])
             item.complete({"item": item.key, "run": run_id})
         return {"node": name, "items": sorted(ctx.completed_items())}

@@ -57,8 +57,8 @@ def test_outermost_explicit_flag_counts():
 
 @pytest.mark.parametrize("status,retryable,category", [
     (408, True, "timeout"), (429, True, "rate_limit"), (500, True, "server_error"), (502, True, "server_error"),
-    (503, True, "server_error"), (504, True, "server_error"), (520, True, "server_error"),
-    (524, True, "server_error"), (400, False, "validation"), (401, False, "auth"), (403, False, "auth"),
+    (503, True, "server_error"), (504, True, "server_error"), (529, True, "server_error"),
+    (520, False, "server_error"), (524, False, "server_error"), (400, False, "validation"), (401, False, "auth"), (403, False, "auth"),
     (404, False, "not_found"), (418, False, "client_error"), (501, False, "server_error"),
 ])
 def test_http_status_from_httpx(status, retryable, category):
@@ -128,7 +128,7 @@ def test_os_errnos(code):
 def test_permanent_os_errors_and_dns():
     assert classify(FileNotFoundError(errno.ENOENT, "nope")).retryable is False
     assert classify(socket.gaierror(socket.EAI_AGAIN, "try again")).retryable is True
-    assert classify(socket.gaierror(socket.EAI_NONAME, "unknown host")).retryable is False
+    assert classify(socket.gaierror(socket.EAI_NONAME, "unknown host")).retryable is True  # DNS: transient
 
 
 def test_timeouts():
@@ -142,7 +142,8 @@ def test_gpu_and_memory():
 
     assert classify(OutOfMemoryError("CUDA out of memory. Tried to allocate 2 GiB")).category == "gpu"
     assert classify(RuntimeError("CUDA error: device-side assert")).category == "gpu"
-    assert classify(MemoryError()).category == "resource_exhausted"
+    assert classify(RuntimeError("remote worker: out of memory")).category == "resource_exhausted"
+    assert classify(MemoryError()).retryable is False  # a local MemoryError is not a remote service's
 
 
 # -- message patterns, and traps for naive matchers -----------------------------------------------

@@ -12,6 +12,8 @@ from click.testing import CliRunner
 
 from helpers import expire
 from recovery_ext.cli import main
+from recovery_ext.dialects import Dialect
+from recovery_ext.migrations import load_migrations
 
 
 @pytest.fixture
@@ -41,9 +43,8 @@ def test_migrate_print_and_apply(tmp_path):
     status = runner.invoke(main, ["--database-url", url, "status"])
     assert status.exit_code == 1 and "recovery-ext migrate" in status.output
     applied = runner.invoke(main, ["--database-url", url, "--json", "migrate"])
-    applied_names = json.loads(applied.stdout)["applied"]
-    assert applied_names[:2] == ["0001_init", "0002_ontology"]
-    assert applied_names == sorted(p.stem for p in (ROOT_SQL / "sqlite").glob("*.sql"))
+    expected = [f"{m.version:04d}_{m.name}" for m in load_migrations(Dialect.for_url(url))]
+    assert json.loads(applied.stdout) == {"applied": expected} and expected[:2] == ["0001_init", "0002_ontology"]
     again = runner.invoke(main, ["--database-url", url, "migrate"])
     assert "up to date" in again.stdout
 
@@ -58,12 +59,12 @@ def test_status_reports_orphans_stuck_dead_and_recovered(cli, store):
 
     from recovery_ext.schema import queue_items
 
-    with store.write() as conn:
+    with store.write() as conn:  # its worker stopped heartbeating
         conn.execute(update(queue_items).where(queue_items.c.id == stuck.id)
-                     .values(started_at=store.dialect.now_plus(-3600)))
+                     .values(started_at=store.dialect.now_plus(-3600), heartbeat_deadline=store.dialect.now_plus(-1)))
     data = as_json(cli("status", "--json"))
     assert [o["id"] for o in data["orphans"]] == [own.pipeline_id]
-    assert [i["id"] for i in data["stuck_items"]] == [stuck.id]
+    assert [(i["id"], i["reason"]) for i in data["stuck_items"]] == [(stuck.id, "heartbeat expired")]
     assert [i["id"] for i in data["dead_items"]] == [dead.id]
     human = cli("status").stdout
     assert "Orphans now: 1" in human and "Dead items: 1" in human
@@ -94,14 +95,15 @@ def test_reset_stuck_dry_run_job_id_and_summary(cli, store):
 
     from recovery_ext.schema import queue_items
 
-    with store.write() as conn:
-        conn.execute(update(queue_items).values(started_at=store.dialect.now_plus(-1200)))
+    with store.write() as conn:  # legacy rows: no heartbeat deadline, started 20 min ago
+        conn.execute(update(queue_items).values(started_at=store.dialect.now_plus(-1200), heartbeat_deadline=None))
     dry = cli("reset-stuck", "--dry-run")
     assert "Found 2 stuck item(s)" in dry.stdout and "Dry run" in dry.stdout
     assert store.get_item(a.id).status == "processing"
     one = cli("reset-stuck", "--job-id", str(a.id))
     assert f"Item {a.id} (ocr): processing" in one.output and "Total stuck items reset: 1" in one.stdout
     assert store.get_item(a.id).status == "ready" and store.get_item(b.id).status == "processing"
+    assert as_json(cli("reset-stuck", "--threshold", "25m", "--json"))["reset"] == []
     rest = as_json(cli("reset-stuck", "--threshold", "15m", "--json"))
     assert rest["reset"] == [{"id": b.id, "new_status": "ready"}]
 
@@ -145,3 +147,23 @@ def test_bad_input_is_rejected_clearly(args, code, text, tmp_path):
     result = CliRunner().invoke(main, ["--database-url", f"sqlite:///{tmp_path}/x.sqlite3", *args])
     assert result.exit_code == code and text in result.output
     assert "Traceback" not in result.output
+
+
+def test_status_reset_stuck_and_the_sensor_never_call_a_heartbeating_item_stuck(cli, store):
+    from sqlalchemy import update
+
+    from recovery_ext.schema import queue_items
+
+    store.enqueue("ocr", [{"name": "slow.pdf"}])
+    (slow,) = store.claim("ocr", "worker-1", heartbeat_timeout=600)
+    with store.write() as conn:  # started an hour ago, still heartbeating
+        conn.execute(update(queue_items).values(started_at=store.dialect.now_plus(-3600)))
+    assert as_json(cli("status", "--json", "--threshold", "1m"))["stuck_items"] == []
+    store.enqueue("ocr", [{"name": "flaky.pdf"}])
+    (flaky,) = store.claim("ocr", "worker-2")
+    store.fail_item(flaky, "timeout: OCR engine timed out")
+    (waiting,) = as_json(cli("status", "--json"))["waiting_items"]
+    assert (waiting["id"], waiting["attempts"]) == (flaky.id, 1) and waiting["available_at"]
+    assert "Items waiting for their retry delay: 1" in cli("status").stdout
+    assert as_json(cli("reset-stuck", "--threshold", "1m", "--json"))["reset"] == []
+    assert store.get_item(slow.id).status == "processing"

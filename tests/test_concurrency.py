@@ -140,7 +140,7 @@ def test_kill_9_of_a_watchdog_process_makes_an_orphan_within_timeout_plus_one_sc
 def test_watchdog_stops_the_node_when_ownership_is_lost(store):
     own = store.create_pipeline("job", ["a"], owner="old", origin_run_id="old")
     store.start_node(own, "a")
-    settings = HeartbeatSettings(interval=0.05, timeout=0.5)
+    settings = HeartbeatSettings(interval=0.1, timeout=0.5)
     lost = threading.Event()
     dog = Watchdog(store_pulse(store, own, "a", settings.timeout), settings, on_lost=lambda exc: lost.set())
     with dog:

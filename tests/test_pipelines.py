@@ -18,7 +18,7 @@ from recovery_ext.pipelines import ocr as ocr_module
 from recovery_ext.pipelines.llm import LLMResource, heuristic_answer
 from recovery_ext.pipelines.ocr import make_ocr_job
 from recovery_ext.pipelines.ocr_engine import model_files
-from recovery_ext.pipelines.ontology import make_ontology_job
+from recovery_ext.pipelines.ontology import SourceDatabase, make_ontology_job
 from recovery_ext.pipelines.sample_data import (
     CONVENTIONAL_RELATIONSHIPS,
     DECLARED_RELATIONSHIPS,
@@ -44,14 +44,16 @@ def scans(tmp_path_factory):
 
 
 def recovery(url, **kw):
+    settings = dict(outage_pause_initial=0.05, outage_pause_max=0.1, outage_budget_seconds=3.0,
+                    breaker_cooldown=0.05, breaker_max_cooldown=0.1)
     return RecoveryResource(database_url=url, heartbeat_interval=0.5, heartbeat_timeout=5, max_retries=2,
-                            retry_initial_delay=0.01, retry_max_delay=0.02, **kw)
+                            retry_initial_delay=0.01, retry_max_delay=0.02, **{**settings, **kw})
 
 
 def run_ontology(store, db_url, shop_url, llm=None):
-    job = make_ontology_job(shop_url, executor_def=in_process_executor)
-    return execute_in_process(job, resources={"recovery": recovery(db_url), "llm": llm or LLMResource()},
-                              raise_on_error=False)
+    job = make_ontology_job(executor_def=in_process_executor)
+    return execute_in_process(job, resources={"recovery": recovery(db_url), "llm": llm or LLMResource(),
+                                              "source": SourceDatabase(url=shop_url)}, raise_on_error=False)
 
 
 class FakeLLM:
@@ -159,7 +161,6 @@ def test_failing_optional_glossary_nodes_degrade_and_the_pipeline_completes(stor
             return super().__call__(request)
 
     llm = llm_for(httpserver, GlossaryDown())
-    llm = llm.model_copy(update={"max_attempts": 2})
     result = run_ontology(store, db_url, shop_url, llm)
     assert result.success
     (p,) = store.list_pipelines()
@@ -187,9 +188,12 @@ def no_network(monkeypatch):
     return attempts
 
 
-def ocr_job_for(folder, workers=1):
-    job = make_ocr_job(str(folder), workers=workers, executor_def=in_process_executor)
-    return job
+FAST_RETRIES = {"retry_initial_delay": 0.2, "retry_max_delay": 0.5, "retry_jitter": 0.0, "wait_poll_interval": 0.2}
+
+
+def ocr_job_for(folder, workers=1, **ocr_config):
+    return make_ocr_job(str(folder), workers=workers, executor_def=in_process_executor,
+                        ocr_config={**FAST_RETRIES, **ocr_config})
 
 
 def test_ocr_job_recognises_the_scans_offline(store, db_url, scans, no_network):

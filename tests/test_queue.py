@@ -6,12 +6,18 @@ import pytest
 from sqlalchemy import update
 
 from recovery_ext.errors import IllegalTransition, OwnershipLost
+from recovery_ext.retry import wait_jittered_exponential
 from recovery_ext.schema import queue_items
+
+NO_DELAY = wait_jittered_exponential(0.0, max_delay=0.0, jitter=0.0)
 
 
 def backdate(store, item_id, *, heartbeat=True, started_ago=None):
+    """Expire the heartbeat (``heartbeat=None``: a legacy row without one) and/or move the start back."""
     values = {}
-    if heartbeat:
+    if heartbeat is None:
+        values["heartbeat_deadline"] = None
+    elif heartbeat:
         values["heartbeat_deadline"] = store.dialect.now_plus(-1)
     if started_ago is not None:
         values["started_at"] = store.dialect.now_plus(-started_ago)
@@ -30,7 +36,7 @@ def test_enqueue_dedupes_and_claim_takes_oldest_first(store):
 def test_complete_stores_the_result_and_clears_the_error(store):
     store.enqueue("ocr", [{"doc": "a"}])
     (item,) = store.claim("ocr", "w1")
-    store.fail_item(item, "HTTP 503", retryable=True)
+    store.fail_item(item, "HTTP 503", retryable=True, backoff=NO_DELAY)
     (item,) = store.claim("ocr", "w1")
     store.complete_item(item, {"raw": "x", "boosted": "X"})
     done = store.get_item(item.id)
@@ -42,7 +48,7 @@ def test_complete_stores_the_result_and_clears_the_error(store):
 def test_failures_go_back_to_ready_then_dead_at_max_attempts(store):
     store.enqueue("ocr", [{"doc": "a"}], max_attempts=2)
     (item,) = store.claim("ocr", "w1")
-    assert store.fail_item(item, "timeout") == "ready"
+    assert store.fail_item(item, "timeout", backoff=NO_DELAY) == "ready"
     (item,) = store.claim("ocr", "w2")
     assert store.fail_item(item, "timeout token=abc123") == "dead"
     dead = store.get_item(item.id)
@@ -61,7 +67,7 @@ def test_stale_items_are_reset_with_a_reason_and_max_attempts_become_dead(store)
     ids = store.enqueue("ocr", [{"doc": d} for d in "abc"], max_attempts=2)
     a, b, c = store.claim("ocr", "crashed", limit=3, heartbeat_timeout=600)
     backdate(store, a.id)  # heartbeat expired
-    backdate(store, b.id, heartbeat=False, started_ago=900)  # started 15 min ago
+    backdate(store, b.id, heartbeat=None, started_ago=900)  # legacy row without a heartbeat, started 15 min ago
     assert [i.id for i in store.stale_items(queue="ocr", older_than_seconds=600)] in ([b.id, a.id], [a.id, b.id])
     reset = {r.id: r for r in store.reset_stale(queue="ocr", older_than_seconds=600)}
     assert set(reset) == {a.id, b.id}
@@ -126,3 +132,154 @@ def test_queue_summary_counts_and_average_duration(store):
     assert summary[("ocr", "completed")]["count"] == 1
     assert summary[("ocr", "completed")]["avg_seconds"] >= 0
     assert summary[("ocr", "processing")]["count"] == 1 and summary[("ocr", "ready")]["count"] == 1
+
+
+# -- staleness: the heartbeat decides; seed 003's started-at threshold only for rows without one ------------
+
+def test_a_document_slower_than_the_stale_threshold_that_keeps_heartbeating_is_never_reset(store):
+    store.enqueue("ocr", [{"doc": "slow"}])
+    (item,) = store.claim("ocr", "w1", heartbeat_timeout=60)
+    backdate(store, item.id, heartbeat=False, started_ago=3600)  # started an hour ago, heartbeat still live
+    store.heartbeat_item(item, timeout=60)
+    assert store.stale_items(queue="ocr") == [] and store.stale_items(queue="ocr", older_than_seconds=1) == []
+    assert store.reset_stale(queue="ocr") == [] and store.claim("ocr", "w2") == []
+    assert store.complete_item(item, {"raw": "done"}) == "processing"
+    done = store.get_item(item.id)
+    assert (done.status, done.attempts, done.result) == ("completed", 1, {"raw": "done"})
+    assert [t["event"] for t in store.transitions_for(entity_type="queue_item", entity_id=item.id)] == [
+        "claimed", "completed"]
+
+
+def test_the_started_at_threshold_applies_only_to_rows_without_a_heartbeat_deadline(store):
+    store.enqueue("ocr", [{"doc": d} for d in "abc"])
+    old, young, live = store.claim("ocr", "legacy", limit=3)
+    backdate(store, old.id, heartbeat=None, started_ago=900)
+    backdate(store, young.id, heartbeat=None, started_ago=300)
+    backdate(store, live.id, heartbeat=False, started_ago=900)
+    (stale,) = store.stale_items(queue="ocr")
+    assert stale.id == old.id and "no heartbeat deadline" in stale.stale_reason
+    assert [i.id for i in store.stale_items(queue="ocr", older_than_seconds=120)] == [old.id, young.id]
+    (taken,) = store.claim("ocr", "new")  # the claim uses the same rule
+    assert (taken.id, taken.attempts, taken.worker) == (old.id, 2, "new")
+
+
+def test_a_failing_document_waits_a_jittered_exponential_delay_before_its_retry(store):
+    import random
+
+    (item_id,) = store.enqueue("ocr", [{"doc": "flaky"}], max_attempts=4)
+    backoff = wait_jittered_exponential(100.0, max_delay=1000.0, jitter=0.1, rng=random.Random(7))
+    same_draws = wait_jittered_exponential(100.0, max_delay=1000.0, jitter=0.1, rng=random.Random(7))
+    expected = [same_draws.delay(n) for n in (1, 2, 3)]
+    waits = []
+    for attempt in (1, 2, 3):
+        (item,) = store.claim("ocr", f"w{attempt}")
+        assert item.attempts == attempt and item.available_at is None
+        assert store.fail_item(item, "TimeoutError: OCR engine timed out", backoff=backoff) == "ready"
+        waiting = store.get_item(item_id)
+        waits.append((waiting.available_at - waiting.last_error_at).total_seconds())
+        assert store.claim("ocr", "eager") == []  # not before available_at
+        assert store.count_ready("ocr") == 0 and store.count_ready("ocr", waiting=True) == 1
+        assert 0 < store.seconds_until_claimable("ocr") <= waits[-1]
+        with store.write() as conn:  # time passes (on the database clock)
+            conn.execute(update(queue_items).where(queue_items.c.id == item_id)
+                         .values(available_at=store.dialect.now_plus(-0.001)))
+    assert waits == pytest.approx(expected, abs=0.01)
+    assert 90 <= waits[0] <= 110 and 180 <= waits[1] <= 220 and 360 <= waits[2] <= 440
+    (last,) = store.claim("ocr", "w4")
+    assert store.fail_item(last, "timeout", backoff=backoff) == "dead"  # attempts and dead as before
+    dead = store.get_item(item_id)
+    assert (dead.status, dead.attempts, dead.available_at) == ("dead", 4, None)
+
+
+def test_an_expired_processing_item_is_claimed_again_in_one_transition_counting_an_attempt(store):
+    store.enqueue("ocr", [{"doc": "a"}], max_attempts=2)
+    (first,) = store.claim("ocr", "crashed")
+    backdate(store, first.id)
+    (again,) = store.claim("ocr", "rescuer")
+    assert (again.id, again.worker, again.attempts, again.status) == (first.id, "rescuer", 2, "processing")
+    claims = [t for t in store.transitions_for(entity_type="queue_item", entity_id=first.id)]
+    assert [(t["from_status"], t["to_status"], t["event"]) for t in claims] == [
+        ("ready", "processing", "claimed"), ("processing", "processing", "claimed_stale")]
+    assert claims[1]["data"]["previous_worker"] == "crashed"
+    backdate(store, again.id)  # crashed again, now at max attempts: dead, not claimed a third time
+    assert store.claim("ocr", "third") == []
+    assert store.get_item(first.id).status == "dead" and store.count_events("item_dead") == 1
+
+
+def test_a_late_result_of_a_reset_item_nobody_took_over_is_kept(store):
+    store.enqueue("ocr", [{"doc": "a"}, {"doc": "b"}])
+    a, b = store.claim("ocr", "slow", limit=2)
+    backdate(store, a.id)
+    backdate(store, b.id)
+    store.reset_stale(queue="ocr")
+    assert store.complete_item(a, {"raw": "late"}) == "ready"
+    assert (store.get_item(a.id).status, store.get_item(a.id).result) == ("completed", {"raw": "late"})
+    store.heartbeat_item(b, timeout=60)  # alive after all: takes its item back, no new attempt
+    back = store.get_item(b.id)
+    assert (back.status, back.worker, back.attempts) == ("processing", "slow", 1)
+    assert store.claim("ocr", "other") == []
+
+
+# -- the pipeline fence --------------------------------------------------------------------------------------
+
+def reclaim_and_attach(store, pipeline_id, run_id):
+    from helpers import expire
+
+    expire(store, pipeline_id)
+    (reclaimed,), _ = store.reclaim(limit=5)
+    return store.attach(pipeline_id, run_id, resume_number=reclaimed.resume_number)
+
+
+def test_a_superseded_runs_claim_heartbeat_completion_and_failure_are_refused(store):
+    own = store.create_pipeline("ocr_documents", ["ocr_documents"], owner="run-1")
+    store.enqueue("ocr", [{"doc": d} for d in "abc"], own=own)
+    a, b = store.claim("ocr", "run-1:1", limit=2, own=own)
+    assert (a.holder_pipeline_id, a.holder_epoch) == (own.pipeline_id, 1)
+    new = reclaim_and_attach(store, own.pipeline_id, "run-2")
+    for write in (lambda: store.claim("ocr", "run-1:1", own=own), lambda: store.heartbeat_item(a, timeout=60),
+                  lambda: store.complete_item(a, {"raw": "zombie"}), lambda: store.fail_item(b, "boom"),
+                  lambda: store.enqueue("ocr", [{"doc": "z"}], own=own)):
+        with pytest.raises(OwnershipLost) as refused:
+            write()
+        assert type(refused.value) is OwnershipLost  # the pipeline's fence, not another worker
+    assert {i.status for i in store.list_items("ocr")} == {"processing", "ready"} and len(store.list_items("ocr")) == 3
+    assert {i.id for i in store.stale_items(queue="ocr")} == {a.id, b.id}  # held by a superseded epoch
+    assert "reclaimed" in store.stale_items(queue="ocr")[0].stale_reason
+    taken = store.claim("ocr", "run-2:1", limit=3, own=new)
+    assert {(i.holder_epoch, i.attempts) for i in taken} == {(2, 2), (2, 1)}
+
+
+def test_documents_held_by_any_superseded_run_are_released_not_only_the_direct_predecessor(store):
+    own = store.create_pipeline("ocr_documents", ["ocr_documents"], owner="run-1")
+    store.enqueue("ocr", [{"doc": d} for d in "ab"], own=own)
+    held = store.claim("ocr", "run-1:1", limit=2, own=own, heartbeat_timeout=600)
+    first_resume = reclaim_and_attach(store, own.pipeline_id, "run-2")  # crashed before its OCR step started
+    second_resume = reclaim_and_attach(store, own.pipeline_id, "run-3")
+    assert second_resume.epoch == 3 and first_resume.epoch == 2
+    released = store.release_superseded(second_resume, queue="ocr")
+    assert sorted(r.id for r in released) == sorted(i.id for i in held)
+    assert {r.new_status for r in released} == {"ready"} and {r.worker for r in released} == {"run-1:1"}
+    with pytest.raises(OwnershipLost):
+        store.release_superseded(first_resume, queue="ocr")
+    for item in store.claim("ocr", "run-3:1", limit=2, own=second_resume):
+        store.complete_item(item, {"raw": "ok"})
+    for item in held:
+        with pytest.raises(OwnershipLost):
+            store.complete_item(item, {"raw": "zombie"})
+    assert {i.status for i in store.list_items("ocr")} == {"completed"}
+    completions = [t for t in store.transitions_for(entity_type="queue_item") if t["to_status"] == "completed"]
+    assert sorted(t["entity_id"] for t in completions) == sorted(i.id for i in held)
+
+
+def test_another_worker_taking_over_is_reported_as_such(store):
+    from recovery_ext.errors import ItemTakenOver
+
+    store.enqueue("ocr", [{"doc": "a"}])
+    (old,) = store.claim("ocr", "old")
+    backdate(store, old.id)
+    (new,) = store.claim("ocr", "new")
+    with pytest.raises(ItemTakenOver, match="processing under new"):
+        store.complete_item(old, {"raw": "stale"})
+    store.complete_item(new, {"raw": "fresh"})
+    with pytest.raises(ItemTakenOver, match="completed under new"):
+        store.fail_item(old, "boom")

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 from dagster import DagsterInstance, build_reconstructable_job, execute_job
 from sqlalchemy import delete, func, inspect, select, update
+from werkzeug import Response
 
 import e2e_defs
 from e2e_defs import calls, items_job_inprocess, optional_job
@@ -151,7 +152,8 @@ def test_optional_node_failure_degrades_and_the_pipeline_completes(store, db_url
     cfg = {"ops": {"n1": {"config": {"items": 1, "item_seconds": 0.0}},
                    "optional_node": {"config": {"items": 1, "item_seconds": 0.0,
                                                 "fault_url": httpserver.url_for("/fault")}}}}
-    result = run(optional_job, db_url, cfg, max_retries=1)
+    result = run(optional_job, db_url, cfg, max_retries=1, outage_pause_initial=0.05, outage_pause_max=0.1,
+                 outage_budget_seconds=0.5)
     assert result.success
     (p,) = store.list_pipelines()
     assert store.get_pipeline(p.id).status == "completed"
@@ -159,16 +161,40 @@ def test_optional_node_failure_degrades_and_the_pipeline_completes(store, db_url
     assert (opt.status, opt.error_category, opt.error_status_code) == ("degraded", "server_error", 503)
 
 
-def test_the_same_error_category_again_and_again_escalates_across_in_run_retries(store, db_url, httpserver):
+def test_the_same_transient_error_again_and_again_pauses_the_pipeline_until_the_outage_budget(store, db_url,
+                                                                                              httpserver):
     httpserver.expect_request("/fault").respond_with_data("busy", status=503)
     result = run(items_job_inprocess, db_url, config(1, n2={"fault_url": httpserver.url_for("/fault")}),
-                 max_retries=10, same_error_limit=3)
+                 max_retries=2, same_error_limit=3, outage_pause_initial=0.05, outage_pause_max=0.2,
+                 outage_budget_seconds=1.5)
     assert not result.success
     failure = next(e for e in result.all_events if e.event_type_value == "STEP_FAILURE")
-    assert "repeated server_error error (3 times)" in str(failure.event_specific_data.error)
-    assert len([e for e in result.all_events if e.event_type_value == "STEP_UP_FOR_RETRY"]) == 2
+    assert "longer than the outage budget of 1.5 s" in str(failure.event_specific_data.error)
+    retries = len([e for e in result.all_events if e.event_type_value == "STEP_UP_FOR_RETRY"])
+    assert retries > 3  # seed 002's escalation after 3 no longer fails: the node keeps pausing
     (p,) = store.list_pipelines()
-    assert store.get_pipeline(p.id).status == "failed" and store.get_node(p.id, "n2").attempts == 3
+    assert store.get_pipeline(p.id).status == "failed" and store.get_node(p.id, "n2").attempts == retries + 1
+    kinds = [e["kind"] for e in store.recent_events(limit=1000)]
+    assert kinds.count("pipeline_waiting") == retries - 2  # two plain retries, then one pause per retry
+
+
+def test_a_node_outage_that_ends_completes_and_the_pipeline_was_visibly_waiting(store, db_url, httpserver):
+    seen = []
+
+    def fault(request):
+        seen.append(request)
+        return Response("busy", status=503) if len(seen) <= 6 else Response("ok")
+
+    httpserver.expect_request("/fault").respond_with_handler(fault)
+    result = run(items_job_inprocess, db_url, config(1, n2={"fault_url": httpserver.url_for("/fault")}),
+                 max_retries=2, same_error_limit=3, outage_pause_initial=0.05, outage_pause_max=0.2)
+    assert result.success
+    (p,) = store.list_pipelines()
+    p = store.get_pipeline(p.id)
+    assert p.status == "completed" and p.waiting_since is None and store.get_node(p.id, "n2").attempts == 7
+    waits = [t for t in store.transitions_for(pipeline_id=p.id) if t["to_status"] == "waiting"]
+    assert len(waits) == 4 and all("server_error errors in a row in n2" in t["data"]["reason"] for t in waits)
+
 
 
 def test_a_recoverable_op_without_run_level_liveness_fails_loudly_and_writes_nothing(store, db_url):

@@ -87,7 +87,7 @@ def test_a_step_process_beats_only_its_node_and_the_registry_marks_leases_lost(s
     own = make(store)
     store.start_node(own, "a", heartbeat_timeout=60)
     registry = HeartbeatRegistry(store)
-    settings = HeartbeatSettings(interval=0.05, timeout=60)
+    settings = HeartbeatSettings(interval=0.1, timeout=60)
     node_lease = registry.register(own, settings, node="a")
     expire(store, own.pipeline_id)
     registry.pulse_once()

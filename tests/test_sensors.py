@@ -185,8 +185,8 @@ def test_stuck_item_sensor_resets_marks_dead_and_launches_a_queue_run(store, db_
 
     from recovery_ext.schema import queue_items
 
-    with store.write() as conn:
-        conn.execute(update(queue_items).values(started_at=store.dialect.now_plus(-1200)))
+    with store.write() as conn:  # legacy rows (no heartbeat deadline) started 20 min ago
+        conn.execute(update(queue_items).values(started_at=store.dialect.now_plus(-1200), heartbeat_deadline=None))
     sensor = make_stuck_item_sensor(make_ocr_job(), "ocr", stale_after_seconds=600, run_config={"ops": {}})
     result, _ = evaluate(sensor, instance, db_url)
     statuses = sorted(store.get_item(i.id).status for i in items)
@@ -227,8 +227,7 @@ def test_definitions_load_and_every_job_and_sensor_resolves(tmp_path, monkeypatc
     for name in ("ontology_extraction", "ocr_documents"):
         job = defs.resolve_job_def(name)
         assert all(n.definition.tags.get("recovery/node") == "true" for n in job.nodes_in_topological_order)
-    source = defs.resolve_job_def("ontology_extraction").run_config["ops"]["discover_schema"]["config"]["source_url"]
-    assert source == f"sqlite:///{tmp_path / 'demo' / 'shop.sqlite3'}"
+    assert defs.resources["source"].url == f"sqlite:///{tmp_path / 'demo' / 'shop.sqlite3'}"
     folder = defs.resolve_job_def("ocr_documents").run_config["ops"]["enqueue_documents"]["config"]["folder"]
     assert list(Path(folder).glob("*.pdf"))
     assert (ROOT / "workspace.yaml").read_text().count("definitions.py") == 1
@@ -237,8 +236,8 @@ def test_definitions_load_and_every_job_and_sensor_resolves(tmp_path, monkeypatc
 @pytest.mark.parametrize("bad,words", [
     (dict(heartbeat_interval=60, heartbeat_timeout=90), "at most half the timeout"),
     (dict(retry_jitter=2.0), "jitter must be between 0 and 1"),
-    (dict(max_resumes=-1), "must not be negative"),
-    (dict(launch_grace_seconds=0), "launch_grace_seconds must be positive"),
+    (dict(max_resumes=-1), "max_resumes must be a whole number from 0"),
+    (dict(launch_grace_seconds=0), "launch_grace_seconds must be at least"),
 ])
 def test_invalid_resource_settings_fail_when_definitions_load(bad, words):
     with pytest.raises(Exception) as info:

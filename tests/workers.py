@@ -59,3 +59,38 @@ if __name__ == "__main__":
     url, pid, epoch, owner, interval, timeout = sys.argv[1:]
     run_watchdog_forever(url, int(pid), int(epoch), owner, float(interval), float(timeout))
     os._exit(0)
+
+
+def run_fenced_writer(url: str, items: int) -> None:
+    """A recoverable op that writes through the op API (ctx.transaction and item.complete(also=...)) slowly."""
+    import time
+
+    from dagster import in_process_executor, job
+    from sqlalchemy import Column, Integer, MetaData, Table, Text, insert
+
+    from recovery_ext.integration import RecoveryResource, execute_in_process, recoverable_op
+
+    meta = MetaData()
+    writes = Table("zombie_writes", meta, Column("id", Integer, primary_key=True), Column("what", Text))
+
+    @recoverable_op
+    def writer(ctx):
+        for item in ctx.items(str(i) for i in range(items)):
+            with ctx.transaction() as tx:
+                tx.execute(insert(writes).values(what=f"transaction {item.key}"))
+            time.sleep(0.1)
+            item.complete({"k": item.key}, also=lambda tx, key=item.key: tx.execute(
+                insert(writes).values(what=f"checkpoint {key}")))
+        return items
+
+    @job(executor_def=in_process_executor)
+    def zombie_job():
+        writer()
+
+    resource = RecoveryResource(database_url=url, heartbeat_interval=0.5, heartbeat_timeout=3)
+    meta.create_all(resource.get_store().engine)
+    result = execute_in_process(zombie_job, resources={"recovery": resource}, raise_on_error=False)
+    failure = next((str(e.event_specific_data.error.message) for e in result.all_events
+                    if e.event_type_value == "STEP_FAILURE"), "")
+    sys.stdout.write(f"success={result.success} failure={failure}\n")
+    sys.stdout.flush()

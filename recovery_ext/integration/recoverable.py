@@ -13,13 +13,15 @@ from __future__ import annotations
 import inspect
 import json
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
 from dagster import Failure, In, OpExecutionContext, Out, RetryRequested, op
 
 from ..classify import ClassifiedError, classify, with_context
-from ..errors import IllegalTransition, OwnershipLost, StopRequested
+from ..errors import IllegalTransition, OwnershipLost, StopRequested, StoreUnavailable
+from ..fenced import FencedTransaction
 from ..heartbeat import HeartbeatSettings, Lease, registry_for
 from ..models import Ownership
 from ..store import RecoveryStore
@@ -47,17 +49,29 @@ class Item:
     node: "NodeContext"
     key: str
 
-    def complete(self, result: Any = None, *, also: Callable[[Any], None] | None = None) -> None:
+    def complete(self, result: Any = None, *, also: Callable[[FencedTransaction], None] | None = None) -> None:
+        """Checkpoint this item; ``also(tx)`` writes in the same fenced transaction."""
         self.node.checkpoint(self.key, result, also=also)
+
+    def degrade(self, result: Any = None, *, also: Callable[[Any], None] | None = None) -> None:
+        """Record a fallback answer: kept as the item's result, but ``degraded``, so the next run of this
+        node (a crash resume or ``recovery-ext redo-degraded``) asks the provider again."""
+        self.node.checkpoint(self.key, result, also=also, status="degraded")
 
 
 class NodeContext:
-    """What a recoverable op's body gets: Dagster's context plus items, progress and ownership checks."""
+    """What a recoverable op's body gets: Dagster's context plus items, progress and ownership checks.
+
+    Writes go through :meth:`transaction` (or :meth:`write`, or ``item.complete(also=...)``):
+    each is a transaction fenced by this worker's epoch, so a superseded worker's write is
+    refused before it runs. Reads go through :meth:`read`, a transaction the database
+    refuses to write in. The raw store is deliberately not part of this API.
+    """
 
     def __init__(self, context: OpExecutionContext, store: RecoveryStore, own: Ownership, node: str,
                  settings: HeartbeatSettings, watchdog: Lease | None, resource: RecoveryResource) -> None:
         self.context = context
-        self.store = store
+        self._store = store
         self.ownership = own
         self.node_name = node
         self.settings = settings
@@ -65,6 +79,7 @@ class NodeContext:
         self.resource = resource
         self.items_resumed = 0
         self.items_done = 0
+        self.items_degraded = 0
         self.metadata: dict[str, Any] = {}
 
     @property
@@ -79,25 +94,58 @@ class NodeContext:
     def pipeline_id(self) -> int:
         return self.ownership.pipeline_id
 
+    @property
+    def store(self) -> Any:
+        raise AttributeError("ctx.store is not part of the op API: write through `with ctx.transaction() as tx:` "
+                             "(fenced by this run's ownership) and read through `with ctx.read() as conn:`")
+
     def check(self) -> None:
         """Stop here if this worker was superseded."""
         if self.watchdog is not None:
             self.watchdog.check()
 
+    @contextmanager
+    def transaction(self) -> Iterator[FencedTransaction]:
+        """A write transaction fenced by this worker's epoch: ``with ctx.transaction() as tx: tx.upsert(...)``.
+
+        The pipeline row is locked and the epoch checked inside the transaction before the
+        first statement, so after a reclaim it raises ``OwnershipLost`` and writes nothing.
+        """
+        self.check()
+        with self._store.fenced(self.ownership) as tx:
+            yield tx
+
+    def write(self, work: Callable[[FencedTransaction], Any]) -> Any:
+        """``work(tx)`` in a fenced transaction, re-run as a whole on transient database errors."""
+        self.check()
+        return self._store.write_fenced(self.ownership, work)
+
+    @contextmanager
+    def read(self) -> Iterator[Any]:
+        """A read-only transaction (the database refuses writes in it)."""
+        with self._store.read_only() as conn:
+            yield conn
+
+    def node_statuses(self) -> dict[str, str]:
+        """Status of every node of this pipeline, by name."""
+        return {n.name: n.status for n in self._store.list_nodes(self.pipeline_id)}
+
     def progress(self) -> None:
         """The body moved forward: resets the stall timer (and checks ownership)."""
         self.check()
         if self.settings.stall_timeout:
-            self.store.report_progress(self.ownership, self.node_name, stall_timeout=self.settings.stall_timeout)
+            self._store.report_progress(self.ownership, self.node_name, stall_timeout=self.settings.stall_timeout)
 
     def completed_items(self) -> dict[str, Any]:
-        return self.store.completed_items(self.pipeline_id, self.node_name)
+        return self._store.completed_items(self.pipeline_id, self.node_name)
 
     def items(self, keys: Iterable[str]) -> Iterator[Item]:
-        """Yield only the items a previous run did not finish, in the given order."""
+        """Yield only the items a previous run did not finish, in the given order; degraded items
+        (fallback answers) count as unfinished and are asked again."""
         keys = [str(k) for k in keys]
-        self.store.set_items_total(self.ownership, self.node_name, len(keys))
-        done = self.completed_items()
+        self._store.set_items_total(self.ownership, self.node_name, len(keys))
+        statuses = self._store.item_statuses(self.pipeline_id, self.node_name)
+        done = {k for k, status in statuses.items() if status != "degraded"}
         self.items_resumed = sum(1 for k in keys if k in done)
         if self.items_resumed:
             self.log.info(f"resuming node {self.node_name}: {self.items_resumed}/{len(keys)} items already done")
@@ -107,11 +155,15 @@ class NodeContext:
             self.check()
             yield Item(self, key)
 
-    def checkpoint(self, key: str, result: Any = None, *, also: Callable[[Any], None] | None = None) -> None:
+    def checkpoint(self, key: str, result: Any = None, *, also: Callable[[Any], None] | None = None,
+                   status: str = "completed") -> None:
         self.check()
-        self.store.checkpoint_item(self.ownership, self.node_name, str(key), _jsonable(result), also=also,
-                                   stall_timeout=self.settings.stall_timeout)
-        self.items_done += 1
+        self._store.checkpoint_item(self.ownership, self.node_name, str(key), _jsonable(result), also=also,
+                                    stall_timeout=self.settings.stall_timeout, status=status)
+        if status == "degraded":
+            self.items_degraded += 1
+        else:
+            self.items_done += 1
 
 
 def _owned(context: OpExecutionContext, store: RecoveryStore, op_name: str) -> tuple[int, Ownership | None, str]:
@@ -177,6 +229,12 @@ def recoverable_op(
 
         def compute(context: OpExecutionContext, **inputs: Any) -> Any:
             resource: RecoveryResource = getattr(context.resources, resource_key)
+            try:
+                return _compute(context, resource, inputs)
+            except StoreUnavailable as exc:  # past the store's retry budget: never a raw database error
+                return _outage(context, resource, op_name, optional, exc)
+
+        def _compute(context: OpExecutionContext, resource: RecoveryResource, inputs: dict[str, Any]) -> Any:
             store = resource.get_store()
             settings = heartbeat or resource.heartbeat_settings()
             pipeline_id, own, owner = _owned(context, store, op_name)
@@ -217,6 +275,8 @@ def _run_node(context, store, resource, settings, own, op_name, body, inputs, op
     # the node's own heartbeat: what the run worker cannot see (this step's process, its host, a stall)
     watchdog = registry_for(store).register(own, settings, node=op_name)
     ctx = NodeContext(context, store, own, op_name, settings, watchdog, resource)
+    if context.retry_number:  # a retry after an outage pause: running again, the outage clock keeps going
+        store.clear_waiting(own, node=op_name, keep_outage_clock=True, event="outage_retry")
     try:
         output = _jsonable(body(ctx, **inputs))
         ctx.check()
@@ -231,30 +291,62 @@ def _run_node(context, store, resource, settings, own, op_name, body, inputs, op
     finally:
         watchdog.release()
     try:
+        if context.retry_number:
+            store.clear_waiting(own, node=op_name)
         store.complete_node(own, op_name, output, heartbeat_timeout=settings.timeout)
     except OwnershipLost as exc:
         raise Failure(description=f"superseded by run {exc.owner}; result discarded", allow_retries=False) from exc
     context.add_output_metadata({
         "recovery": f"completed in run {own.owner}", "skipped": False, "pipeline_id": own.pipeline_id,
         "epoch": own.epoch, "attempts": node.attempts, "items_done": ctx.items_done,
-        "items_resumed": ctx.items_resumed, **ctx.metadata,
+        "items_resumed": ctx.items_resumed, "items_degraded": ctx.items_degraded, **ctx.metadata,
     })
     return output
 
 
+def _store_outage(exc: BaseException) -> StoreUnavailable | None:
+    seen = 0
+    current: BaseException | None = exc
+    while current is not None and seen < 32:
+        if isinstance(current, StoreUnavailable):
+            return current
+        current, seen = current.__cause__ or current.__context__, seen + 1
+    return None
+
+
+def _outage(context, resource, op_name, optional, exc: StoreUnavailable) -> Any:
+    """The application database stayed unreachable past the store's retry budget.
+
+    Reports it without touching the database: an optional node degrades (its output is
+    None); a required node fails the run without marking anything permanent: its node row
+    stays ``running``, so once the database is back the orphan sensor sees the dead run and
+    resumes the pipeline (an in-run retry could not restart a node it could not mark failed).
+    """
+    message = f"the recovery database is unavailable (past the {resource.store_retry_budget():.0f} s retry budget)"
+    if optional:
+        context.log.warning(f"optional node {op_name} degraded: {message}: {exc}")
+        context.add_output_metadata({"recovery": "degraded (database unavailable)", "category": "database_transient"})
+        return None
+    raise Failure(description=f"{op_name}: {message}: {exc}; the pipeline resumes once the database is back",
+                  metadata={"category": "database_transient", "retryable": True}, allow_retries=False) from None
+
+
 def _handle_error(context, store, resource, own, op_name, optional, exc, ctx, attempts) -> Any:
+    if _store_outage(exc) is not None:  # reporting a database error must not need the database
+        return _outage(context, resource, op_name, optional, _store_outage(exc))
     model = getattr(exc, "model", None) if isinstance(exc, ClassifiedError) else None
     endpoint = getattr(exc, "endpoint", None) if isinstance(exc, ClassifiedError) else None
     err = with_context(exc, model=model, endpoint=endpoint)
     category = classify(err).category
+    transient = err.retryable
     decision = to_dagster(err, retry_number=context.retry_number, max_retries=resource.max_retries,
                           wait=resource.retry_wait())
     repeated = _consecutive_same(store, own.pipeline_id, op_name, category, resource.same_error_limit) + 1
-    if isinstance(decision, RetryRequested) and repeated >= resource.same_error_limit:
-        err = ClassifiedError(exc, category=category, status_code=err.status_code, retryable=False,
-                              model=err.model, endpoint=err.endpoint,
-                              message=f"repeated {category} error ({repeated} times): {err.detail}")
-        decision = to_failure(err)
+    if transient and (repeated >= resource.same_error_limit or not isinstance(decision, RetryRequested)):
+        # Seed 002's escalation: a transient outage pauses the pipeline; only the outage budget gives up.
+        from .providers import node_outage_pause
+
+        decision, err = node_outage_pause(context, store, resource, own, op_name, err, repeated)
     info = error_info(err)
     try:
         if isinstance(decision, RetryRequested):

@@ -2,30 +2,38 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 from typing import Optional
 
 from dagster import ConfigurableResource
 from pydantic import Field, model_validator
 
+from ..env import DAY, check_count, check_seconds
 from ..errors import ConfigurationError
 from ..heartbeat import HeartbeatSettings
+from ..outage import OutageSettings
 from ..recovery import RecoverySettings
+from ..redaction import redact
 from ..retry import RetryPolicy, wait_jittered_exponential
 from ..store import RecoveryStore, default_database_url
+
+log = logging.getLogger("recovery_ext.resources")
 
 _stores: dict[str, RecoveryStore] = {}
 _stores_lock = threading.Lock()
 
 
-def shared_store(url: str) -> RecoveryStore:
+def shared_store(url: str, *, retry_budget: float | None = None) -> RecoveryStore:
     """One migrated store per URL per process: ops, watchdogs and sensors share its pool."""
     with _stores_lock:
         store = _stores.get(url)
         if store is None:
-            store = RecoveryStore(url)
+            store = RecoveryStore(url) if retry_budget is None else RecoveryStore(url, retry_budget=retry_budget)
             store.migrate()
             _stores[url] = store
+        elif retry_budget is not None:
+            store.retry_budget = retry_budget
         return store
 
 
@@ -59,33 +67,95 @@ class RecoveryResource(ConfigurableResource):
     retry_initial_delay: float = Field(default=2.0, description="First retry delay in seconds; doubles each time.")
     retry_max_delay: float = Field(default=120.0, description="Upper bound of one retry delay in seconds.")
     retry_jitter: float = Field(default=0.1, description="Relative jitter of retry delays, 0 to 1 (0 disables).")
-    same_error_limit: int = Field(default=5, description="Consecutive errors of one category before escalation.")
+    same_error_limit: int = Field(
+        default=5, description="Consecutive errors of one category before escalation: a transient category pauses "
+        "the pipeline (shown as waiting), a permanent one fails it.")
+    database_retry_budget: Optional[float] = Field(
+        default=None, description="Seconds a store call keeps retrying a transient database error (a restart, a lost "
+        "connection, a deadlock) before the node degrades (optional) or fails retryably. None: the heartbeat timeout.",
+    )
+    event_retention_seconds: float = Field(
+        default=30 * 86400.0, description="Events (rx_events) older than this are deleted by the orphan sensor "
+        "(30 days by default; at least one hour).")
+    allow_long_durations: bool = Field(
+        default=False, description="Allow timeouts and deadlines above one day (refused by default as a likely typo).")
+    outage_pause_initial: float = Field(
+        default=30.0, description="First pause of a pipeline after same_error_limit transient errors in a row, in "
+        "seconds; doubles with each pause, with jitter.")
+    outage_pause_max: float = Field(default=300.0, description="Longest single outage pause in seconds.")
+    outage_budget_seconds: float = Field(
+        default=7200.0, description="A provider outage longer than this gives up with a clear reason (default 2 h).")
+    breaker_failure_threshold: int = Field(
+        default=5, description="Consecutive transient failures of one endpoint, across all pipelines, that open its "
+        "circuit breaker.")
+    breaker_cooldown: float = Field(
+        default=30.0, description="Seconds an endpoint's breaker stays open before one half-open probe; doubles "
+        "each time the probe fails.")
+    breaker_max_cooldown: float = Field(
+        default=120.0, description="Longest breaker cool-down in seconds; after the provider is back, the next "
+        "probe may still be this far away.")
+    breaker_probe_timeout: float = Field(
+        default=120.0, description="Seconds after which an unanswered half-open probe is handed to another caller.")
 
     @model_validator(mode="after")
     def _validate(self) -> "RecoveryResource":
-        """Refuse contradictory settings when the definitions load, not when a run first uses them."""
+        """Refuse NaN, infinities, out-of-bounds and contradictory settings when the definitions load."""
+        long = self.allow_long_durations
         self.heartbeat_settings()
         self.recovery_settings()
+        check_seconds("hard_deadline_seconds", self.hard_deadline_seconds, minimum=1.0, allow_none=True,
+                      allow_long=long)
+        check_seconds("launch_grace_seconds", self.launch_grace_seconds, minimum=1.0, allow_long=long)
+        check_seconds("retry_initial_delay", self.retry_initial_delay, minimum=0.0, maximum=3600.0)
+        check_seconds("retry_max_delay", self.retry_max_delay, minimum=0.0, maximum=DAY)
+        check_seconds("database_retry_budget", self.database_retry_budget, minimum=0.0, allow_none=True,
+                      allow_long=long)
+        if not isinstance(self.retry_jitter, (int, float)) or not 0.0 <= self.retry_jitter <= 1.0:
+            raise ConfigurationError(f"retry_jitter must be between 0 and 1, got {self.retry_jitter!r}")
+        check_seconds("event_retention_seconds", self.event_retention_seconds, minimum=3600.0,
+                      maximum=10 * 366 * DAY)
+        check_count("max_resumes", self.max_resumes, maximum=1000)
+        check_count("max_retries", self.max_retries, maximum=1000)
+        check_count("same_error_limit", self.same_error_limit, minimum=1, maximum=1000)
         self.retry_policy()
-        if self.max_resumes < 0 or self.max_retries < 0:
-            raise ConfigurationError("max_resumes and max_retries must not be negative")
-        if self.hard_deadline_seconds is not None and self.hard_deadline_seconds <= 0:
-            raise ConfigurationError(f"hard_deadline_seconds must be positive, got {self.hard_deadline_seconds}")
+        for name in ("outage_pause_initial", "outage_pause_max", "outage_budget_seconds", "breaker_cooldown",
+                     "breaker_max_cooldown", "breaker_probe_timeout"):
+            check_seconds(name, getattr(self, name), minimum=0.01, allow_long=long)
+        check_count("breaker_failure_threshold", self.breaker_failure_threshold, minimum=1, maximum=1000)
+        self.outage_settings()
         return self
+
+    def enforce_event_retention(self, store: RecoveryStore) -> int:
+        """Delete a batch of events past the retention; never raises (the sensor's tick goes on)."""
+        try:
+            return store.prune_events(self.event_retention_seconds)
+        except Exception as exc:  # noqa: BLE001 - retention is housekeeping; it is retried next tick
+            log.warning("could not delete old events: %s", redact(exc))
+            return 0
+
+    def store_retry_budget(self) -> float:
+        return self.heartbeat_timeout if self.database_retry_budget is None else self.database_retry_budget
 
     def url(self) -> str:
         return self.database_url or default_database_url()
 
     def get_store(self) -> RecoveryStore:
-        return shared_store(self.url())
+        return shared_store(self.url(), retry_budget=self.store_retry_budget())
 
     def heartbeat_settings(self) -> HeartbeatSettings:
         return HeartbeatSettings(interval=self.heartbeat_interval, timeout=self.heartbeat_timeout,
-                                 stall_timeout=self.stall_timeout)
+                                 stall_timeout=self.stall_timeout, allow_long=self.allow_long_durations)
 
     def recovery_settings(self) -> RecoverySettings:
         return RecoverySettings(enabled=self.enable_orphan_recovery, launch_grace_seconds=self.launch_grace_seconds,
                                 max_age_seconds=self.max_age_seconds)
+
+    def outage_settings(self) -> OutageSettings:
+        return OutageSettings(
+            pause_after=self.same_error_limit, pause_initial=self.outage_pause_initial, pause_max=self.outage_pause_max,
+            budget_seconds=self.outage_budget_seconds, jitter=self.retry_jitter,
+            breaker_threshold=self.breaker_failure_threshold, breaker_cooldown=self.breaker_cooldown,
+            breaker_max_cooldown=self.breaker_max_cooldown, probe_timeout=self.breaker_probe_timeout)
 
     def retry_wait(self) -> wait_jittered_exponential:
         return wait_jittered_exponential(self.retry_initial_delay, max_delay=self.retry_max_delay,

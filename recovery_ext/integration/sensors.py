@@ -23,6 +23,7 @@ from dagster import (
 from ..models import GivenUp, ScanStats
 from ..recovery import scan, summary_line
 from ..redaction import redact
+from .providers import waiting_summary
 from .resources import RecoveryResource
 from .resume_runs import (
     OriginRuns,
@@ -112,6 +113,7 @@ def make_orphan_sensor(
         settings = replace(resource.recovery_settings(), max_per_scan=max_resumes_per_tick)
         stats: ScanStats = scan(store, settings=settings, dead_owner_runs=dead, launching=True, trigger=trigger,
                                 job_names=job_names, launcher=name, retrying_owner_runs=retrying)
+        resource.enforce_event_retention(store)
         if stats.error is None:
             try:
                 left = None if max_resumes_per_tick is None else max_resumes_per_tick - stats.reclaimed
@@ -146,7 +148,7 @@ def make_orphan_sensor(
                 store.record_superseded_runs([(s.pipeline_id, s.as_payload()) for s in stopped])
             except Exception as exc:  # noqa: BLE001
                 context.log.warning(f"could not record stopped runs: {redact(exc)}")
-        message = "; ".join([summary_line(stats, launched=len(fresh)), *notes])
+        message = "; ".join([summary_line(stats, launched=len(fresh)), *notes]) + waiting_summary(store)
         if startup:
             message = f"startup recovery: {message}"
         if stats.found or requests or stats.error or notes:
@@ -170,8 +172,15 @@ def make_stuck_item_sensor(
     resource_key: str = "recovery",
 ):
     """Seed 003's stale monitor: reset stuck ``processing`` items, mark exhausted ones ``dead``,
-    and launch a queue run when ready items wait and no run for the queue is active."""
-    if stale_after_seconds <= 0:
+    and launch a queue run when items are claimable and no run for the queue is active.
+
+    Stuck means the store's one rule (:meth:`QueueOps.stale_condition`, shared with
+    ``reset-stuck`` and ``status``): the item's heartbeat deadline passed, or the pipeline
+    holding it was reclaimed; ``stale_after_seconds`` applies only to rows that have no
+    heartbeat deadline (legacy rows). A document that keeps heartbeating is never reset,
+    however long it takes.
+    """
+    if not stale_after_seconds > 0:
         raise ValueError("stale_after_seconds must be positive")
     job_name = job.name
 
@@ -184,11 +193,13 @@ def make_stuck_item_sensor(
         reset = store.reset_stale(queue=queue, older_than_seconds=stale_after_seconds, reason="stale item sensor")
         dead = [r.id for r in reset if r.new_status == "dead"]
         ready = store.count_ready(queue)
-        parts = [f"queue {queue}: {len(reset) - len(dead)} reset, {len(dead)} dead, {ready} ready"]
+        waiting = store.count_ready(queue, waiting=True)
+        parts = [f"queue {queue}: {len(reset) - len(dead)} reset, {len(dead)} dead, {ready} ready"
+                 + (f", {waiting} waiting for their retry delay" if waiting else "")]
         active = context.instance.get_runs(
             filters=RunsFilter(job_name=job_name, statuses=ACTIVE_STATUSES, tags={TAG_QUEUE: queue}), limit=1)
         if reset:
-            context.log.info(parts[0])
+            context.log.info(parts[0] + "; " + "; ".join(f"item {r.id}: {r.reason}" for r in reset[:20]))
         if not ready or active:
             if active:
                 parts.append(f"run {active[0].run_id} is draining it")

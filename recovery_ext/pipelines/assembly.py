@@ -10,7 +10,7 @@ from ..env import env_bool, env_seconds
 from ..integration import RecoveryResource, make_orphan_sensor, make_stuck_item_sensor
 from .llm import LLMResource
 from .ocr import DEFAULT_QUEUE, make_ocr_job
-from .ontology import make_ontology_job
+from .ontology import SOURCE_URL_ENV, SourceDatabase, make_ontology_job
 from .sample_data import prepare_demo, sample_db_url, scans_dir
 
 
@@ -23,7 +23,9 @@ def build_definitions(*, prepare_inputs: bool = False) -> Definitions:
     """Both jobs on the demo inputs by default (``recovery-ext demo setup`` creates them; `make dev` runs it)."""
     if prepare_inputs:
         prepare_demo()
-    ontology = make_ontology_job(os.environ.get("RECOVERY_SOURCE_URL") or sample_db_url())
+    ontology = make_ontology_job()
+    # The source URL may hold a password: an EnvVar is resolved at run time and stored as its name only.
+    source = SourceDatabase(url=EnvVar(SOURCE_URL_ENV) if os.environ.get(SOURCE_URL_ENV) else sample_db_url())
     ocr = make_ocr_job(os.environ.get("RECOVERY_OCR_FOLDER") or str(scans_dir()))
     recovery = RecoveryResource(
         database_url=_env_or_none("RECOVERY_DATABASE_URL"),
@@ -37,4 +39,4 @@ def build_definitions(*, prepare_inputs: bool = False) -> Definitions:
         make_orphan_sensor([ontology, ocr], minimum_interval_seconds=int(env_seconds("RECOVERY_SENSOR_INTERVAL", 15))),
         make_stuck_item_sensor(ocr, DEFAULT_QUEUE, minimum_interval_seconds=60, stale_after_seconds=600),
     ]
-    return Definitions(jobs=[ontology, ocr], sensors=sensors, resources={"recovery": recovery, "llm": llm})
+    return Definitions(jobs=[ontology, ocr], sensors=sensors, resources={"recovery": recovery, "llm": llm, "source": source})

@@ -14,6 +14,9 @@ from dagster import ConfigurableResource
 from pydantic import Field
 
 from ..classify import ClassifiedError, with_context
+from ..integration import NodeContext
+from ..integration.providers import provider_guard
+from ..outage import ProviderGuard
 from ..redaction import redact_secret
 from ..retry import RetryPolicy
 
@@ -108,7 +111,8 @@ class HeuristicEnricher:
 class OpenAICompatibleEnricher:
     """Chat completions through the openai SDK; its own retries are off, ours (the shared policy) apply."""
 
-    def __init__(self, base_url: str, model: str, api_key: str | None, timeout: float, policy: RetryPolicy) -> None:
+    def __init__(self, base_url: str, model: str, api_key: str | None, timeout: float, policy: RetryPolicy,
+                 guard: ProviderGuard | None = None) -> None:
         import openai
 
         self.base_url = base_url.rstrip("/")
@@ -117,6 +121,8 @@ class OpenAICompatibleEnricher:
         self.name = f"openai-compatible model={model} endpoint={self.base_url}"
         self.policy = policy
         self.policy.context = {"model": model, "endpoint": self.base_url}
+        # Outside a recoverable node there is no pipeline to pause and no shared breaker: retries only.
+        self.guard = guard or ProviderGuard(self.base_url, policy=policy)
         self._client = openai.OpenAI(base_url=self.base_url, api_key=self.api_key, timeout=timeout, max_retries=0)
 
     def _redact(self, text: str) -> str:
@@ -135,7 +141,7 @@ class OpenAICompatibleEnricher:
         except Exception as exc:  # noqa: BLE001 - every SDK error is classified with its context
             err = with_context(exc, model=self.model, endpoint=self.base_url)
             raise ClassifiedError(category=err.category, status_code=err.status_code, retryable=err.retryable,
-                                  model=self.model, endpoint=self.base_url,
+                                  model=self.model, endpoint=self.base_url, retry_after=err.retry_after,
                                   message=self._redact(str(exc))) from None
         content = response.choices[0].message.content or ""
         try:
@@ -149,7 +155,7 @@ class OpenAICompatibleEnricher:
         return answer
 
     def complete_json(self, task: str, payload: dict[str, Any]) -> dict[str, Any]:
-        return self.policy.call(self._call, task, payload)
+        return self.guard.call(self._call, task, payload)
 
 
 class LLMResource(ConfigurableResource):
@@ -161,14 +167,16 @@ class LLMResource(ConfigurableResource):
     model: str = Field(default="gpt-4o-mini", description="Model name sent with every request.")
     api_key: Optional[str] = Field(default=None, description="API key; pass EnvVar('OPENAI_API_KEY'). Never logged.")
     timeout: float = Field(default=60.0, description="Seconds before one request times out.")
-    max_attempts: int = Field(default=6, description="Attempts per request on transient errors (503, 429, ...).")
     initial_delay: float = Field(default=1.0, description="First backoff delay in seconds; doubles, with jitter.")
-    max_delay: float = Field(default=30.0, description="Upper bound of one backoff delay in seconds.")
-    same_error_limit: int = Field(default=5, description="Consecutive errors of one category before escalation.")
+    max_delay: float = Field(
+        default=30.0, description="Upper bound of one backoff delay in seconds, and of an honoured Retry-After.")
 
-    def enricher(self) -> Enricher:
+    def enricher(self, node: Optional[NodeContext] = None) -> Enricher:
+        """The enricher for ``node``: its calls share the endpoint's breaker and pause the node's pipeline
+        during outages (settings on the ``recovery`` resource). Without a node: in-call retries only."""
         if not self.base_url:
             return HeuristicEnricher()
-        policy = RetryPolicy(max_attempts=self.max_attempts, initial_delay=self.initial_delay,
-                             max_delay=self.max_delay, same_error_limit=self.same_error_limit)
-        return OpenAICompatibleEnricher(self.base_url, self.model, self.api_key, self.timeout, policy)
+        policy = RetryPolicy(initial_delay=self.initial_delay, max_delay=self.max_delay)
+        base = self.base_url.rstrip("/")
+        guard = provider_guard(node, base, policy) if node is not None else None
+        return OpenAICompatibleEnricher(base, self.model, self.api_key, self.timeout, policy, guard)

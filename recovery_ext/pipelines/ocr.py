@@ -1,8 +1,10 @@
 """The OCR job (seed 003): enqueue scanned documents, then drain the queue with heartbeated workers.
 
 Several runs, or one run with N worker threads, may drain the same queue: claims use
-``FOR UPDATE SKIP LOCKED`` and every completion is fenced by (worker, attempt), so no
-document is processed twice to completion.
+``FOR UPDATE SKIP LOCKED`` and every claim, item heartbeat and completion is fenced by the
+pipeline's epoch and by (worker, attempt), so no document is completed twice and a
+superseded run can neither claim nor complete one. Nothing is lost: the OCR node completes
+only when every document of its pipeline is finished.
 """
 
 from __future__ import annotations
@@ -17,10 +19,10 @@ from typing import Any
 from dagster import Field, graph, multiprocess_executor
 
 from ..classify import classify
-from ..errors import OwnershipLost
+from ..errors import ItemTakenOver, OwnershipLost, StopRequested
 from ..heartbeat import HeartbeatSettings, Watchdog
 from ..integration import NodeContext, recoverable_op, with_recovery
-from ..integration.recoverable import TAG_RESUMED_FROM
+from ..queue_store import LEGACY_STALE_SECONDS, validate_backoff
 from ..redaction import redact
 from .ocr_engine import DOCUMENT_SUFFIXES, recognise
 
@@ -41,7 +43,11 @@ def _digest(path: Path) -> str:
     "max_attempts": Field(int, default_value=3, description="Attempts per document before it is dead."),
 })
 def enqueue_documents(ctx: NodeContext) -> dict[str, Any]:
-    """Put every document of the folder in the queue once (keyed by path and content hash)."""
+    """Put every document of the folder in the queue once (keyed by path and content hash).
+
+    The output lists the ids of all the folder's documents, new or already queued: the OCR
+    node completes only once each of them is finished.
+    """
     cfg = ctx.op_config
     documents: list[Path] = []
     if cfg["folder"]:
@@ -50,70 +56,150 @@ def enqueue_documents(ctx: NodeContext) -> dict[str, Any]:
             raise NotADirectoryError(f"OCR input folder does not exist: {folder}")
         documents = sorted(p for p in folder.iterdir() if p.suffix.lower() in DOCUMENT_SUFFIXES)
     payloads = [{"path": str(p.resolve()), "name": p.name, "sha256": _digest(p)} for p in documents]
-    added = ctx.store.enqueue(cfg["queue"], payloads, dedupe_keys=[f"{p['path']}#{p['sha256']}" for p in payloads],
-                              max_attempts=cfg["max_attempts"])
+    keys = [f"{p['path']}#{p['sha256']}" for p in payloads]
+    added = ctx._store.enqueue(cfg["queue"], payloads, dedupe_keys=keys, max_attempts=cfg["max_attempts"],
+                              own=ctx.ownership)
+    item_ids = ctx._store.item_ids(cfg["queue"], keys)
     ctx.metadata.update({"documents": len(documents), "enqueued": len(added)})
-    return {"queue": cfg["queue"], "documents": len(documents), "enqueued": len(added)}
+    return {"queue": cfg["queue"], "documents": len(documents), "enqueued": len(added), "item_ids": item_ids}
 
 
 @recoverable_op(config_schema={
     "workers": Field(int, default_value=1, description="Worker threads in this run."),
     "item_heartbeat_interval": Field(float, default_value=10.0, description="Seconds between item heartbeats."),
-    "item_heartbeat_timeout": Field(float, default_value=60.0, description="Item is stale after this many seconds."),
+    "item_heartbeat_timeout": Field(float, default_value=60.0,
+                                    description="A processing document whose heartbeat is this old is stale."),
+    "legacy_stale_seconds": Field(float, default_value=LEGACY_STALE_SECONDS,
+                                  description="Stale threshold for rows without a heartbeat deadline (seed 003)."),
+    "retry_initial_delay": Field(float, default_value=30.0,
+                                 description="Seconds a failed document waits before its first retry; doubles."),
+    "retry_max_delay": Field(float, default_value=1800.0, description="Upper bound of the retry delay."),
+    "retry_jitter": Field(float, default_value=0.1, description="Relative jitter of the retry delay (0 to 1)."),
+    "wait_poll_interval": Field(float, default_value=5.0,
+                                description="While its documents wait for a retry or another worker: check this often."),
 })
 def ocr_documents(ctx: NodeContext, enqueued: dict[str, Any]) -> dict[str, Any]:
-    """Claim documents (SKIP LOCKED), render pages (PDFium), recognise them (RapidOCR), store raw and boosted text."""
+    """Claim documents (SKIP LOCKED), render pages (PDFium), recognise them (RapidOCR), store raw and boosted text.
+
+    Completes only when every document of this pipeline is finished (completed, dead or
+    failed): documents waiting for a retry, or held by another worker, are waited for, and
+    taken over once their holder's heartbeat expires.
+    """
     cfg = ctx.op_config
     queue = enqueued["queue"]
+    own_ids = list(enqueued.get("item_ids") or [])
     item_settings = HeartbeatSettings(interval=cfg["item_heartbeat_interval"], timeout=cfg["item_heartbeat_timeout"])
-    previous = ctx.context.run.tags.get(TAG_RESUMED_FROM)
-    if previous:
-        # Items the superseded run held can be retried now; its completions are fenced anyway.
-        reset = ctx.store.reset_stale(queue=queue, held_by=[previous], reason=f"run {previous} was superseded")
-        if reset:
-            ctx.log.info(f"reset {len(reset)} documents held by superseded run {previous}")
-    counts = {"processed": 0, "failed": 0, "dead": 0}
-    lock = threading.Lock()
+    backoff = validate_backoff(cfg["retry_initial_delay"], cfg["retry_max_delay"], cfg["retry_jitter"])
+    released = ctx._store.release_superseded(ctx.ownership, queue=queue)
+    if released:
+        ctx.log.info(f"released {len(released)} documents held by superseded runs of pipeline {ctx.pipeline_id}: "
+                     f"{sorted(r.id for r in released)}")
+    drain = QueueDrain(ctx, queue, own_ids, item_settings, backoff, cfg)
+    drain.run()
+    counts = drain.counts
+    ctx.metadata.update({**counts, "released": len(released), "documents": len(own_ids)})
+    return {"queue": queue, **{k: counts[k] for k in ("processed", "failed", "dead")}}
 
-    def work(slot: int) -> None:
+
+class QueueDrain:
+    """The worker threads of one OCR node: claim, recognise with an item heartbeat, complete or fail."""
+
+    def __init__(self, ctx: NodeContext, queue: str, own_ids: list[int], item_settings: HeartbeatSettings,
+                 backoff, cfg: dict[str, Any]) -> None:
+        self.ctx = ctx
+        self.queue = queue
+        self.own_ids = own_ids
+        self.item_settings = item_settings
+        self.backoff = backoff
+        self.cfg = cfg
+        self.counts = {"processed": 0, "failed": 0, "dead": 0, "taken_over": 0, "completed_late": 0}
+        self.lock = threading.Lock()
+        self.idle = threading.Event()  # never set: its wait() is an interruptible sleep
+
+    def run(self) -> None:
+        workers = max(1, self.cfg["workers"])
+        while True:
+            with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="ocr") as pool:
+                for future in [pool.submit(self.work, slot) for slot in range(workers)]:
+                    future.result()
+            # A worker stops only when none of the pipeline's documents is left; checked once more
+            # after all of them stopped, so the node never completes with one unfinished.
+            if not self.ctx._store.unfinished_items(self.own_ids):
+                return
+
+    def count(self, outcome: str) -> None:
+        with self.lock:
+            self.counts[outcome] += 1
+
+    def work(self, slot: int) -> None:
+        ctx = self.ctx
         worker = f"{ctx.context.run_id}:{os.getpid()}:{slot}"
         while True:
             ctx.check()
-            claimed = ctx.store.claim(queue, worker, limit=1, heartbeat_timeout=item_settings.timeout)
-            if not claimed:
+            claimed = ctx._store.claim(self.queue, worker, limit=1, heartbeat_timeout=self.item_settings.timeout,
+                                      own=ctx.ownership, legacy_stale_seconds=self.cfg["legacy_stale_seconds"])
+            if claimed:
+                self.process(claimed[0])
+                ctx.progress()
+                continue
+            if not self.wait_for_documents():
                 return
-            item = claimed[0]
-            beat = Watchdog(lambda: ctx.store.heartbeat_item(item, timeout=item_settings.timeout), item_settings,
-                            name=f"ocr-item-{item.id}")
-            outcome = "processed"
-            with beat:
-                try:
-                    result = recognise(Path(item.payload["path"]), on_page=lambda n, total: ctx.progress())
-                    if beat.lost is not None:
-                        raise beat.lost
-                    ctx.store.complete_item(item, {"raw_text": result.raw_text, "boosted_text": result.boosted_text,
-                                                   "pages": result.pages, "confidence": round(result.confidence, 4)})
-                except OwnershipLost as exc:
-                    ctx.log.warning(f"document {item.id} was taken over; result discarded: {exc}")
-                    outcome = None
-                except Exception as exc:  # noqa: BLE001 - each failure goes through the shared classifier
-                    found = classify(exc)
-                    try:
-                        state = ctx.store.fail_item(item, f"{found.category}: {redact(exc)}", retryable=found.retryable)
-                    except OwnershipLost:
-                        state = None
-                    outcome = "dead" if state == "dead" else "failed"
-                    ctx.log.warning(f"document {item.payload.get('name')} failed ({found.category}); now {state}")
-            ctx.progress()
-            if outcome:
-                with lock:
-                    counts[outcome] += 1
 
-    with ThreadPoolExecutor(max_workers=max(1, cfg["workers"]), thread_name_prefix="ocr") as pool:
-        for future in [pool.submit(work, i) for i in range(max(1, cfg["workers"]))]:
-            future.result()
-    ctx.metadata.update(counts)
-    return {"queue": queue, **counts}
+    def wait_for_documents(self) -> bool:
+        """Nothing claimable now. False when all of the pipeline's documents are finished; else
+        wait for the next retry or heartbeat deadline (at most the poll interval) and say True."""
+        unfinished = self.ctx._store.unfinished_items(self.own_ids)
+        if not unfinished:
+            return False
+        until = self.ctx._store.seconds_until_claimable(self.queue)
+        pause = self.cfg["wait_poll_interval"] if until is None else min(self.cfg["wait_poll_interval"], until + 0.05)
+        # Waiting for a scheduled retry or a live holder is not a stall: report progress.
+        self.ctx.progress()
+        watchdog = self.ctx.watchdog
+        (watchdog.superseded if watchdog is not None else self.idle).wait(max(0.05, pause))
+        return True
+
+    def process(self, item) -> None:
+        ctx = self.ctx
+        name = item.payload.get("name") if isinstance(item.payload, dict) else None
+        beat = Watchdog(lambda: ctx._store.heartbeat_item(item, timeout=self.item_settings.timeout),
+                        self.item_settings, name=f"ocr-item-{item.id}")
+        with beat:
+            try:
+                result = recognise(Path(item.payload["path"]), on_page=lambda n, total: ctx.progress())
+            except (OwnershipLost, StopRequested):
+                raise  # this run was superseded: the new owner releases and redoes the document
+            except Exception as exc:  # noqa: BLE001 - each failure goes through the shared classifier
+                self.fail(item, name, exc)
+                return
+        # The item heartbeat may have been refused meanwhile; the store still takes the result
+        # unless another worker holds the document or this pipeline was superseded.
+        try:
+            came_from = ctx._store.complete_item(item, {"raw_text": result.raw_text,
+                                                       "boosted_text": result.boosted_text,
+                                                       "pages": result.pages,
+                                                       "confidence": round(result.confidence, 4)})
+        except ItemTakenOver as exc:
+            ctx.log.warning(f"document {name} ({item.id}) was taken over; result discarded: {exc}")
+            self.count("taken_over")
+            return
+        self.count("processed")
+        if came_from != "processing":
+            self.count("completed_late")
+            ctx.log.info(f"document {name} ({item.id}) was reset as stale while still being recognised; "
+                         "nobody took it over, its result is kept")
+
+    def fail(self, item, name: str | None, exc: Exception) -> None:
+        found = classify(exc)
+        try:
+            state = self.ctx._store.fail_item(item, f"{found.category}: {redact(exc)}", retryable=found.retryable,
+                                             backoff=self.backoff)
+        except ItemTakenOver as lost:
+            self.ctx.log.warning(f"document {name} ({item.id}) failed ({found.category}) but was taken over: {lost}")
+            self.count("taken_over")
+            return
+        self.count("dead" if state == "dead" else "failed")
+        self.ctx.log.warning(f"document {name} ({item.id}) failed ({found.category}); now {state}")
 
 
 @graph(description="OCR scanned PDFs and images through a crash-safe work queue.")
@@ -122,8 +208,10 @@ def ocr_graph():
 
 
 def make_ocr_job(folder: str | None = None, *, queue: str = DEFAULT_QUEUE, workers: int = 1,
-                 name: str = "ocr_documents", executor_def=multiprocess_executor):
-    """The OCR job; ``folder`` becomes the default of its run config."""
+                 name: str = "ocr_documents", executor_def=multiprocess_executor,
+                 ocr_config: dict[str, Any] | None = None):
+    """The OCR job; ``folder`` and ``ocr_config`` (ocr_documents' settings) become its default run config."""
     config = {"ops": {"enqueue_documents": {"config": {"folder": folder or "", "queue": queue}},
-                      "ocr_documents": {"config": {"workers": workers}}}}
-    return ocr_graph.to_job(name=name, executor_def=with_recovery(executor_def), config=config, tags={"recovery/pipeline": "ocr"})
+                      "ocr_documents": {"config": {"workers": workers, **(ocr_config or {})}}}}
+    return ocr_graph.to_job(name=name, executor_def=with_recovery(executor_def), config=config,
+                            tags={"recovery/pipeline": "ocr"})

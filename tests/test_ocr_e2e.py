@@ -1,0 +1,76 @@
+"""The OCR job under a real `dagster dev`: kill -9 the run worker mid-document, then kill -9 the
+first resume's run worker as soon as it attaches. Every document ends completed exactly once,
+and the pipeline completes only after the last one."""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+
+import pytest
+from dagster import DagsterRunStatus
+
+from recovery_ext.devserver import DagsterDev, process_alive, wait_for
+from recovery_ext.integration.recoverable import TAG_PIPELINE, TAG_RESUME_NUMBER
+from recovery_ext.pipelines.sample_data import create_scanned_pdfs
+from test_e2e import app_url, store  # noqa: F401 - the same module-scoped application database and store
+from test_ocr_recovery import DOCS, assert_every_document_completed_once_before_the_pipeline
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
+
+
+@pytest.fixture(scope="module")
+def dev(app_url, store, tmp_path_factory, cpu_hog_module):
+    folder = tmp_path_factory.mktemp("scans")
+    create_scanned_pdfs(folder, DOCS)
+    env = {"RECOVERY_DATABASE_URL": app_url, "OCR_E2E_FOLDER": str(folder)}
+    server = DagsterDev(Path(__file__).with_name("ocr_e2e_defs.py"), tmp_path_factory.mktemp("dagster_home"), env)
+    server.start(timeout=240)
+    yield server
+    server.stop()
+
+
+def resume_runs(dev, pipeline_id):
+    """The pipeline's resume runs, in order (the first run is tagged with the pipeline too)."""
+    runs = [r for r in dev.runs(tags={TAG_PIPELINE: str(pipeline_id)}) if TAG_RESUME_NUMBER in r.tags]
+    return sorted(runs, key=lambda r: int(r.tags[TAG_RESUME_NUMBER]))
+
+
+def test_kill_9_mid_document_then_kill_9_of_the_resume_as_it_attaches(dev, store):
+    run_id = dev.launch("ocr_documents", {})
+
+    def mid_document():
+        items = store.list_items("ocr")
+        return any(i.status == "completed" for i in items) and [i for i in items if i.status == "processing"]
+
+    wait_for(mid_document, timeout=300, interval=0.05, what="the first run to be mid-document")
+    worker = dev.run_worker_pid(run_id)
+    os.kill(worker, signal.SIGKILL)
+    pipeline = store.find_pipeline(run_id)
+    (first_resume,) = wait_for(lambda: resume_runs(dev, pipeline.id), timeout=120, interval=0.05,
+                               what="the first resume run")
+    wait_for(lambda: store.get_pipeline(pipeline.id).owner == first_resume.run_id, timeout=180, interval=0.02,
+             what="the first resume to attach")
+    resume_worker = wait_for(lambda: dev.run_worker_pid(first_resume.run_id), timeout=60, interval=0.02,
+                             what="the first resume's run worker")
+    os.kill(resume_worker, signal.SIGKILL)
+    wait_for(lambda: store.get_pipeline(pipeline.id).status == "completed", timeout=600, interval=0.5,
+             what="the pipeline to complete")
+    runs = resume_runs(dev, pipeline.id)
+    assert len(runs) == 2 and store.get_pipeline(pipeline.id).resume_count == 2
+    dev.wait_run(runs[-1].run_id, timeout=120)
+    assert_every_document_completed_once_before_the_pipeline(store, pipeline.id)
+    assert dev.run(run_id).status == DagsterRunStatus.FAILURE
+    # every document that a superseded run still held was completed by the last resume, none by a zombie
+    winners = {i.worker.split(":")[0] for i in store.list_items("ocr")}
+    assert winners <= {run_id, runs[-1].run_id}
+    wait_for(lambda: not process_alive(worker) and not process_alive(resume_worker), timeout=60,
+             what="the killed workers to be gone")
+    # What this run exercised (printed for the record; the outcome above holds either way).
+    starts = [t["data"]["owner"] for t in store.transitions_for(pipeline_id=pipeline.id)
+              if t["entity_type"] == "node" and t["event"] == "started"]
+    released = [(t["entity_id"], t["data"]["worker"]) for t in store.transitions_for(entity_type="queue_item")
+                if t["event"] == "reset_stale"]
+    print(f"node starts by owner: {starts}; released documents (id, holder): {released}; "
+          f"first resume reached OCR: {starts.count(first_resume.run_id) > 1}")

@@ -1,0 +1,242 @@
+"""Provider outages against a real HTTP server on 127.0.0.1: Retry-After, pauses, the budget, the breaker.
+
+Waits are asserted exactly: the guard's sleep is injected, and it advances an injected clock.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import threading
+
+import openai
+import pytest
+from werkzeug import Response
+
+from helpers import expire
+
+from recovery_ext.classify import classify
+from recovery_ext.models import NodeSpec
+from recovery_ext.outage import OutageBudgetExceeded, OutageSettings, ProviderGuard, StorePause
+from recovery_ext.pipelines.llm import OpenAICompatibleEnricher
+from recovery_ext.retry import RetryPolicy
+
+NOW = 1_900_000_000.0  # the injected wall clock for HTTP dates
+
+
+class FakeTime:
+    """An injected clock whose sleep advances it: exact waits, no real sleeping."""
+
+    def __init__(self, on_sleep=None):
+        self.now = 0.0
+        self.slept: list[float] = []
+        self.on_sleep = on_sleep
+
+    def clock(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.slept.append(round(seconds, 6))
+        self.now += seconds
+        if self.on_sleep is not None:
+            self.on_sleep(seconds)
+
+
+def answer(status=200, retry_after=None):
+    headers = {"Retry-After": retry_after} if retry_after is not None else {}
+    if status == 200:
+        return Response('{"id":"1","object":"chat.completion","created":0,"model":"m","choices":[{"index":0,'
+                        '"finish_reason":"stop","message":{"role":"assistant","content":"{\\"ok\\": true}"}}]}',
+                        content_type="application/json")
+    return Response('{"error":{"message":"busy"}}', status=status, headers=headers, content_type="application/json")
+
+
+def serve(httpserver, responses):
+    """Answer POSTs in order; the last answer repeats."""
+    seen = []
+
+    def handler(request):
+        seen.append(request.path)
+        return responses[min(len(seen), len(responses)) - 1]
+
+    httpserver.expect_request("/v1/chat/completions", method="POST").respond_with_handler(handler)
+    return seen
+
+
+def enricher(httpserver, *, guard_for=None, max_delay=30.0):
+    policy = RetryPolicy(initial_delay=1.0, max_delay=max_delay, jitter=0.0, clock=lambda: NOW)
+    base = httpserver.url_for("/v1").rstrip("/")
+    guard = guard_for(base, policy) if guard_for else None
+    return OpenAICompatibleEnricher(base, "m", "sk-test", 5.0, policy, guard)
+
+
+def plain_guard(fake, **settings):
+    def build(base, policy):
+        return ProviderGuard(base, policy=policy, settings=OutageSettings(**{"jitter": 0.0, **settings}),
+                             sleep=fake.sleep, clock=fake.clock)
+    return build
+
+
+# -- Retry-After ----------------------------------------------------------------------------------------
+
+def test_retry_after_seconds_and_http_date_are_waited_exactly_on_429_and_503(httpserver):
+    date = email.utils.formatdate(NOW + 12, usegmt=True)
+    seen = serve(httpserver, [answer(429, "7"), answer(503, date), answer(503), answer(200)])
+    fake = FakeTime()
+    assert enricher(httpserver, guard_for=plain_guard(fake)).complete_json("glossary", {}) == {"ok": True}
+    # 7 s and 12 s as asked; the 503 without Retry-After backs off 2 s (third error of the streak... second 503)
+    assert fake.slept == [7.0, 12.0, 2.0] and len(seen) == 4
+
+
+def test_retry_after_is_capped_by_the_policys_maximum_delay(httpserver):
+    serve(httpserver, [answer(429, "500"), answer(503, "86400"), answer(200)])
+    fake = FakeTime()
+    assert enricher(httpserver, guard_for=plain_guard(fake), max_delay=30.0).complete_json("glossary", {})
+    assert fake.slept == [30.0, 30.0]
+
+
+def test_retry_after_on_other_statuses_is_ignored_and_permanent_errors_fail_at_once(httpserver):
+    seen = serve(httpserver, [answer(400, "5")])
+    fake = FakeTime()
+    with pytest.raises(Exception) as info:
+        enricher(httpserver, guard_for=plain_guard(fake)).complete_json("glossary", {})
+    assert classify(info.value).retryable is False and fake.slept == [] and len(seen) == 1
+
+
+def test_the_plain_retry_policy_honours_retry_after_too(httpserver):
+    serve(httpserver, [answer(429, "3"), answer(200)])
+    slept: list[float] = []
+    client = openai.OpenAI(base_url=httpserver.url_for("/v1"), api_key="k", max_retries=0)
+    policy = RetryPolicy(sleep=slept.append, jitter=0.0, clock=lambda: NOW)
+    policy.call(lambda: client.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}]))
+    assert slept == [3.0]
+
+
+# -- pauses and the outage budget -------------------------------------------------------------------------
+
+def _pipeline(store):
+    own = store.create_pipeline("job", [NodeSpec("n")], owner="run-1")
+    store.start_node(own, "n")
+    return own
+
+
+def test_n_errors_of_one_category_pause_the_pipeline_which_shows_waiting_then_runs_again(store, httpserver):
+    own = _pipeline(store)
+    seen = serve(httpserver, [answer(503)] * 7 + [answer(200)])
+    shown = []
+    fake = FakeTime(on_sleep=lambda s: shown.append(store.get_pipeline(own.pipeline_id).shown_status))
+
+    def build(base, policy):
+        return ProviderGuard(base, policy=policy, store=store, pause=StorePause(store, own, "n"), sleep=fake.sleep,
+                             clock=fake.clock, settings=OutageSettings(pause_after=3, pause_initial=10, pause_max=60,
+                                                                       jitter=0.0, breaker_threshold=100))
+
+    assert enricher(httpserver, guard_for=build).complete_json("glossary", {}) == {"ok": True}
+    assert fake.slept == [1.0, 2.0, 10.0, 1.0, 2.0, 20.0, 1.0] and len(seen) == 8
+    assert shown == ["running", "running", "waiting", "running", "running", "waiting", "running"]
+    p = store.get_pipeline(own.pipeline_id)
+    assert p.status == "running" and p.waiting_until is None and p.waiting_since is None
+    kinds = [e["kind"] for e in store.recent_events()]
+    assert kinds.count("pipeline_waiting") == 2 and "pipeline_waiting_over" in kinds
+    waiting = next(e for e in store.recent_events() if e["kind"] == "pipeline_waiting")
+    assert "3 server_error errors in a row" in waiting["payload"]["reason"] and waiting["payload"]["next_try_at"]
+
+
+def test_the_outage_budget_gives_up_with_a_clear_reason(store, httpserver):
+    own = _pipeline(store)
+    seen = serve(httpserver, [answer(503)])
+    fake = FakeTime()
+
+    def build(base, policy):
+        return ProviderGuard(base, policy=policy, store=store, pause=StorePause(store, own, "n"), sleep=fake.sleep,
+                             clock=fake.clock, settings=OutageSettings(pause_after=2, pause_initial=30, pause_max=60,
+                                                                       budget_seconds=120, jitter=0.0,
+                                                                       breaker_threshold=100))
+
+    llm = enricher(httpserver, guard_for=build)
+    with pytest.raises(OutageBudgetExceeded) as info:
+        llm.complete_json("glossary", {})
+    assert "longer than the outage budget of 120 s" in str(info.value) and info.value.retryable is False
+    assert sum(fake.slept) >= 120 and classify(info.value).retryable is False
+    p = store.get_pipeline(own.pipeline_id)
+    assert p.shown_status == "running" and p.waiting_since is not None  # the budget is spent for this pipeline
+    calls = len(seen)
+    expire(store, own.pipeline_id, column="waiting_since", ago=200)  # the outage clock is the database's
+    with pytest.raises(OutageBudgetExceeded):  # the next item of the same pipeline gives up after one failure
+        llm.complete_json("glossary", {})
+    assert len(seen) == calls + 1
+
+
+# -- the circuit breaker in the store ------------------------------------------------------------------
+
+def test_breaker_opens_once_under_concurrent_failures_and_one_probe_closes_it(store):
+    endpoint = "http://llm.local/v1"
+    opened = []
+    barrier = threading.Barrier(8)
+
+    def fail(i):
+        barrier.wait()
+        opened.append(store.breaker_record_failure(endpoint, f"w{i}", threshold=5, cooldown=lambda n: 0.3,
+                                                   error="HTTP 503"))
+
+    threads = [threading.Thread(target=fail, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert opened.count("opened") == 1
+    (row,) = store.breakers()
+    assert row["state"] == "open" and row["consecutive_failures"] == 5
+    decision = store.breaker_before_call(endpoint, "x", probe_timeout=5)
+    assert not decision.allowed and 0 < decision.wait_seconds <= 0.3
+    import time
+
+    time.sleep(0.35)  # the cool-down is on the database clock
+    decisions = [store.breaker_before_call(endpoint, f"p{i}", probe_timeout=5) for i in range(4)]
+    probes = [d for d in decisions if d.probe]
+    assert len(probes) == 1 and not any(d.allowed for d in decisions if not d.probe)
+    prober = f"p{decisions.index(probes[0])}"
+    assert store.breaker_record_success(endpoint, "p-other", decisions[-1] if not decisions[-1].probe else
+                                        decisions[0]) is False
+    assert store.breaker_record_success(endpoint, prober, probes[0]) is True
+    assert store.breakers()[0]["state"] == "closed"
+    assert store.breaker_before_call(endpoint, "y", probe_timeout=5).allowed
+    kinds = [e["kind"] for e in store.recent_events()]
+    assert kinds.count("breaker_opened") == 1 and kinds.count("breaker_half_open") == 1 and "breaker_closed" in kinds
+
+
+def test_a_failed_probe_reopens_with_a_longer_cooldown(store):
+    endpoint = "http://llm.local/v1"
+    cooldowns = {1: 0.05, 2: 30.0}
+    assert store.breaker_record_failure(endpoint, "a", threshold=1, cooldown=cooldowns.get, error="503") == "opened"
+    import time
+
+    time.sleep(0.1)
+    probe = store.breaker_before_call(endpoint, "a", probe_timeout=5)
+    assert probe.probe
+    assert store.breaker_record_failure(endpoint, "b", threshold=1, cooldown=cooldowns.get, error="503") is None
+    assert store.breaker_record_failure(endpoint, "a", threshold=1, cooldown=cooldowns.get, error="503") == "opened"
+    decision = store.breaker_before_call(endpoint, "c", probe_timeout=5)
+    assert not decision.allowed and decision.wait_seconds > 20
+    assert store.breakers()[0]["open_count"] == 2
+
+
+def test_a_waiting_pipeline_is_named_in_the_sensor_tick_and_status_and_stays_an_orphan_candidate(store, db_url):
+    from click.testing import CliRunner
+    from dagster import DagsterInstance, build_sensor_context
+    from e2e_defs import items_job
+
+    from recovery_ext.cli import main
+    from recovery_ext.integration import RecoveryResource, make_orphan_sensor
+
+    own = store.create_pipeline("items_job", [NodeSpec("n")], owner="run-w")
+    store.set_waiting(own, 60, "5 server_error errors in a row from http://llm.local/v1")
+    with DagsterInstance.ephemeral() as instance:
+        tick = make_orphan_sensor([items_job]).evaluate_tick(
+            build_sensor_context(instance=instance, resources={"recovery": RecoveryResource(database_url=db_url)}))
+    assert f"waiting on provider outages: pipeline {own.pipeline_id} next try" in tick.skip_message
+    assert "5 server_error errors in a row" in tick.skip_message
+    status = CliRunner().invoke(main, ["--database-url", db_url, "status"]).stdout
+    assert f"pipeline {own.pipeline_id} (items_job) waiting, next try" in status
+    # its process dies: the heartbeat expires and it is an orphan like any live pipeline
+    expire(store, own.pipeline_id)
+    assert [o.id for o in store.find_orphans()] == [own.pipeline_id]
