@@ -33,6 +33,8 @@ bench: install
 	$(BIN)/python -m bench.classify_bench
 	$(BIN)/python -m bench.store_bench
 	$(BIN)/python -m bench.recovery_bench
+	$(BIN)/python -m bench.bulk_recovery_bench
+	$(BIN)/python -m bench.liveness_bench --quick
 
 clean:
 	rm -rf $(VENV) .dagster_home var

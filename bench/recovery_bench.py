@@ -26,7 +26,7 @@ from dagster import DagsterRunStatus, RunsFilter
 from sqlalchemy import text
 
 from recovery_ext.devserver import DagsterDev, cmdline, parent_of, wait_for
-from recovery_ext.integration.recoverable import TAG_PIPELINE
+from recovery_ext.integration.recoverable import TAG_PIPELINE, TAG_RESUME_NUMBER
 from recovery_ext.store import RecoveryStore
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -86,7 +86,8 @@ def one_crash(dev, store, kind: str) -> dict:
         os.kill(pid, signal.SIGKILL)
     if kind == "b":
         dev.reload()
-    resume = wait_for(lambda: dev.runs(tags={TAG_PIPELINE: str(pipeline.id)}), timeout=180, what="a resume run")[0]
+    resume = wait_for(lambda: [r for r in dev.runs(tags={TAG_PIPELINE: str(pipeline.id)}) if TAG_RESUME_NUMBER in r.tags],
+                      timeout=180, what="a resume run")[0]
     record = dev.instance.get_run_records(filters=RunsFilter(run_ids=[resume.run_id]))[0]
     created = record.create_timestamp.timestamp()
     started = wait_for(lambda: (_r := dev.run(resume.run_id)).status in (DagsterRunStatus.STARTED,
@@ -146,10 +147,10 @@ def creation_rate(home_root: Path, app_url: str) -> list[str]:
             store.create_pipeline("items_job", list(NODES), owner=owner, origin_run_id=owner, heartbeat_timeout=0.001,
                                   params=config())
         made = time.time()
-        wait_for(lambda: len([r for r in dev.instance.get_runs() if TAG_PIPELINE in r.tags]) >= 100, timeout=300,
+        wait_for(lambda: len([r for r in dev.instance.get_runs() if TAG_RESUME_NUMBER in r.tags]) >= 100, timeout=300,
                  interval=0.5, what="100 resume runs")
         ours = sorted(r.create_timestamp.timestamp() for r in dev.instance.get_run_records()
-                      if TAG_PIPELINE in r.dagster_run.tags)
+                      if TAG_RESUME_NUMBER in r.dagster_run.tags)
         flag.write_text("go")
         wait_for(lambda: len(dev.instance.get_runs(filters=RunsFilter(tags={"bench": "plain"}))) >= 100, timeout=300,
                  interval=0.5, what="100 plain runs")

@@ -1,30 +1,38 @@
-"""``make demo-crash``: kill -9 the run workers of both jobs mid-way and watch them recover.
+"""``make demo-crash``: kill -9 the run workers of both jobs mid-way, watch them recover, check the outcome.
 
 It starts `dagster dev` on 127.0.0.1 with a throw-away DAGSTER_HOME and SQLite tables under
-var/demo-crash, short heartbeats (1 s / 3 s) and a 1 s sensor, launches the ontology and OCR
-jobs, kills each run worker while it works, and prints the timeline as recovery happens.
+var/demo-crash, short heartbeats and a 1 s sensor, launches the ontology and OCR jobs, kills each
+run worker while it works, and prints every recovery event and run status change as it happens.
+
+It exits non-zero when it could not kill a worker, when a pipeline did not complete, or when a
+kill led to more than one resume run. In a terminal it then keeps the UI up until Ctrl-C; otherwise
+(CI, a pipe) it prints the command that serves the same runs in the UI afterwards.
 """
 
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 import signal
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from sqlalchemy import func, select
 
 from dagster import DagsterRunStatus
 
-from .devserver import DagsterDev, wait_for
-from .integration.recoverable import TAG_PIPELINE
+from .devserver import BIN, DagsterDev, wait_for
+from .integration.recoverable import TAG_PIPELINE, TAG_RESUME_NUMBER
 from .schema import node_items, queue_items, transitions
 from .store import RecoveryStore
 
-
 TERMINAL = (DagsterRunStatus.SUCCESS, DagsterRunStatus.FAILURE, DagsterRunStatus.CANCELED)
+EVENT_KINDS = ("pipeline_recovered", "pipeline_stuck", "pipeline_failed", "superseded_run_stopped",
+               "item_reset", "item_dead")
+JOBS = ("ontology_extraction", "ocr_documents")
 
 
 class Timeline:
@@ -35,15 +43,85 @@ class Timeline:
         print(f"[+{time.monotonic() - self.t0:6.1f}s] {message}", flush=True)
 
 
+@dataclass
+class Outcome:
+    """What the demo checks at the end; ``problems`` empty means it showed what it promises."""
+
+    killed: dict[str, int] = field(default_factory=dict)          # job -> killed run worker pid
+    final_status: dict[str, str] = field(default_factory=dict)    # job -> pipeline status
+    resumes: dict[str, int] = field(default_factory=dict)         # job -> resume runs created
+
+    def problems(self) -> list[str]:
+        found = []
+        for job in JOBS:
+            if job not in self.killed:
+                found.append(f"{job}: no run worker was killed (the run never reached the kill point)")
+            if self.final_status.get(job) != "completed":
+                found.append(f"{job}: pipeline ended {self.final_status.get(job, 'unknown')}, not completed")
+            if job in self.killed and self.resumes.get(job, 0) != 1:
+                found.append(f"{job}: one kill led to {self.resumes.get(job, 0)} resume runs, expected exactly 1")
+        return found
+
+
 def items_done(store: RecoveryStore, pipeline_id: int, node: str) -> int:
     with store.read() as conn:
         return conn.scalar(select(func.count()).where(node_items.c.pipeline_id == pipeline_id,
                                                       node_items.c.node_name == node)) or 0
 
 
-def main() -> int:
-    root = Path.cwd()
-    var = root / "var" / "demo-crash"
+class Watcher:
+    """Prints recovery events and run status changes once each, whenever it is polled."""
+
+    def __init__(self, t: Timeline, store: RecoveryStore, dev: DagsterDev) -> None:
+        self.t, self.store, self.dev = t, store, dev
+        self.last_event = 0
+        self.run_status: dict[str, str] = {}
+        self.pipeline_status: dict[int, str] = {}
+
+    def poll(self, pipelines: dict[int, str]) -> None:
+        for e in self.store.recent_events(kinds=EVENT_KINDS, after_id=self.last_event):
+            self.last_event = e["id"]
+            self.t.say(describe_event(e, pipelines))
+        for run in self.dev.runs():
+            status = run.status.value
+            if self.run_status.get(run.run_id) != status:
+                self.run_status[run.run_id] = status
+                role = (f"resume #{run.tags[TAG_RESUME_NUMBER]} of pipeline {run.tags[TAG_PIPELINE]}"
+                        if TAG_RESUME_NUMBER in run.tags else "run")
+                self.t.say(f"{run.job_name} {role} {run.run_id[:8]}: {status}")
+        for pipeline_id, job in pipelines.items():
+            status = self.store.get_pipeline(pipeline_id).status
+            if self.pipeline_status.get(pipeline_id) != status:
+                self.pipeline_status[pipeline_id] = status
+                self.t.say(f"pipeline {pipeline_id} ({job}): {status}")
+
+
+def describe_event(e: dict, pipelines: dict[int, str]) -> str:
+    p = e["payload"] or {}
+    job = pipelines.get(e["pipeline_id"], p.get("job", ""))
+    if e["kind"] == "pipeline_recovered":
+        return (f"orphan detected ({p.get('cause')}) -> reclaimed pipeline {e['pipeline_id']} ({job}) as resume "
+                f"#{p.get('resume_number')}; reset nodes: {', '.join(p.get('reset_nodes') or []) or '-'}")
+    if e["kind"] == "superseded_run_stopped":
+        return (f"superseded run {str(p.get('run_id'))[:8]} of pipeline {e['pipeline_id']}: {p.get('terminate')}"
+                f"{', marked FAILURE' if p.get('marked_failed') else ''}")
+    return f"{e['kind']} (pipeline {e['pipeline_id']}): {p}"
+
+
+def kill_run_worker(t: Timeline, dev: DagsterDev, run_id: str, job: str, progress: str) -> int:
+    pid = wait_for(lambda: dev.run_worker_pid(run_id), timeout=60, what=f"the run worker pid of {job}")
+    os.kill(pid, signal.SIGKILL)
+    t.say(f"kill -9 run worker pid {pid} of {job}: {progress}")
+    return pid
+
+
+def browse_command(home: Path, app_url: str, root: Path) -> str:
+    env = f"DAGSTER_HOME={shlex.quote(str(home))} RECOVERY_DATABASE_URL={shlex.quote(app_url)}"
+    return (f"{env} {shlex.quote(str(BIN / 'dagster-webserver'))} -h 127.0.0.1 -p 3000 "
+            f"-w {shlex.quote(str(root / 'workspace.yaml'))}")
+
+
+def run_demo(root: Path, var: Path, t: Timeline, *, keep_ui: bool, timeout: float = 420) -> Outcome:
     shutil.rmtree(var, ignore_errors=True)
     home = var / "dagster_home"
     home.mkdir(parents=True)
@@ -53,87 +131,99 @@ def main() -> int:
     llm_server, llm_url = serve(latency=0.7)
     app_url = f"sqlite:///{var / 'recovery.sqlite3'}"
     env = {"RECOVERY_DATABASE_URL": app_url, "RECOVERY_DEMO_DIR": str(var / "inputs"),
-           "RECOVERY_HEARTBEAT_INTERVAL": "1", "RECOVERY_ORPHAN_HEARTBEAT_THRESHOLD": "3",
+           "RECOVERY_HEARTBEAT_INTERVAL": "1", "RECOVERY_ORPHAN_HEARTBEAT_THRESHOLD": "4",
            "RECOVERY_SENSOR_INTERVAL": "1", "RECOVERY_LLM_BASE_URL": llm_url, "RECOVERY_LLM_MODEL": "demo-llm"}
     os.environ.update(env)
     from .pipelines.sample_data import prepare_demo
 
     prepare_demo(var / "inputs")
-    t = Timeline()
+    outcome = Outcome()
     t.say("starting dagster dev on 127.0.0.1 (webserver, daemon, code server) ...")
-    dev = DagsterDev(root / "workspace.yaml", home, env, workspace=True).start()
+    dev = DagsterDev(root / "workspace.yaml", home, env, workspace=True).start(timeout=240)
     store = RecoveryStore(app_url)
     try:
         store.migrate()
         t.say(f"Dagster UI: http://127.0.0.1:{dev.port}  (application tables: {app_url})")
-        ontology_run = dev.launch("ontology_extraction", {})
-        ocr_run = dev.launch("ocr_documents", {})
-        t.say(f"launched ontology_extraction run {ontology_run[:8]} and ocr_documents run {ocr_run[:8]}")
-
-        ontology = wait_for(lambda: store.find_pipeline(ontology_run), timeout=120, what="the ontology pipeline")
-        ocr = wait_for(lambda: store.find_pipeline(ocr_run), timeout=120, what="the OCR pipeline")
-        before, done_before = None, None
-        deadline = time.monotonic() + 240
-        while (before is None or done_before is None) and time.monotonic() < deadline:
-            if before is None and items_done(store, ontology.id, "enrich_columns") >= 3:
-                before = items_done(store, ontology.id, "enrich_columns")
-                pid = dev.run_worker_pid(ontology_run)
-                os.kill(pid, signal.SIGKILL)
-                t.say(f"kill -9 run worker pid {pid} of ontology_extraction: enrich_columns had {before}/10 "
-                      "tables done")
-            items = store.list_items("ocr")
-            if done_before is None and any(i.status == "completed" for i in items):
-                done_before = sum(i.status == "completed" for i in items)
-                pid = dev.run_worker_pid(ocr_run)
-                os.kill(pid, signal.SIGKILL)
-                t.say(f"kill -9 run worker pid {pid} of ocr_documents: {done_before}/{len(items)} documents done")
-            time.sleep(0.1)
-
-        seen_events: set[int] = set()
-        seen_runs: dict[str, str] = {}
-        pending = {ontology.id: "ontology_extraction", ocr.id: "ocr_documents"}
-        deadline = time.monotonic() + 240
-        while pending and time.monotonic() < deadline:
-            for e in store.recent_events(kinds=("pipeline_recovered", "pipeline_stuck", "item_reset", "item_dead"),
-                                         after_id=max(seen_events, default=0)):
-                seen_events.add(e["id"])
-                p = e["payload"] or {}
-                if e["kind"] == "pipeline_recovered":
-                    t.say(f"orphan detected ({p.get('cause')}) -> reclaimed pipeline {e['pipeline_id']} "
-                          f"({p.get('job')}) as resume #{p.get('resume_number')}; "
-                          f"reset nodes: {', '.join(p.get('reset_nodes') or []) or '-'}")
-                else:
-                    t.say(f"{e['kind']}: {p}")
-            for pipeline_id in list(pending):
-                for run in dev.runs(tags={TAG_PIPELINE: str(pipeline_id)}):
-                    if seen_runs.get(run.run_id) != run.status.value:
-                        seen_runs[run.run_id] = run.status.value
-                        t.say(f"resume run {run.run_id[:8]} of pipeline {pipeline_id}: {run.status.value}")
-                if store.get_pipeline(pipeline_id).status in ("completed", "failed"):
-                    p = store.get_pipeline(pipeline_id)
-                    t.say(f"pipeline {pipeline_id} ({pending.pop(pipeline_id)}) {p.status}")
+        runs = {job: dev.launch(job, {}) for job in JOBS}
+        t.say(f"launched {', '.join(f'{job} run {run[:8]}' for job, run in runs.items())}")
+        found = {job: wait_for(lambda r=run: store.find_pipeline(r), timeout=180, what=f"the {job} pipeline")
+                 for job, run in runs.items()}
+        pipelines = {p.id: job for job, p in found.items()}
+        ontology, ocr = found["ontology_extraction"], found["ocr_documents"]
+        watcher = Watcher(t, store, dev)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            watcher.poll(pipelines)
+            live = {job: store.get_pipeline(p.id) for job, p in found.items()}
+            first_run_owns = {job: p.status == "running" and p.owner == runs[job] for job, p in live.items()}
+            if "ontology_extraction" not in outcome.killed and first_run_owns["ontology_extraction"]:
+                done = items_done(store, ontology.id, "enrich_columns")
+                if done >= 3:
+                    outcome.killed["ontology_extraction"] = kill_run_worker(
+                        t, dev, runs["ontology_extraction"], "ontology_extraction",
+                        f"enrich_columns had {done}/10 tables done")
+            if "ocr_documents" not in outcome.killed and first_run_owns["ocr_documents"]:
+                items = store.list_items("ocr")
+                done = sum(i.status == "completed" for i in items)
+                if done:
+                    outcome.killed["ocr_documents"] = kill_run_worker(
+                        t, dev, runs["ocr_documents"], "ocr_documents", f"{done}/{len(items)} documents done")
+            if all(p.status not in ("running",) for p in live.values()):
+                break
             time.sleep(0.3)
-        after = items_done(store, ontology.id, "enrich_columns")
-        with store.read() as conn:
-            redone = conn.scalar(select(func.count()).where(node_items.c.pipeline_id == ontology.id,
-                                                            node_items.c.node_name == "enrich_columns",
-                                                            node_items.c.epoch > 1)) or 0
-            claims = conn.scalar(select(func.count()).where(transitions.c.entity_type == "queue_item",
-                                                            transitions.c.event == "claimed")) or 0
-            docs = conn.scalar(select(func.count()).select_from(queue_items)) or 0
-        for pipeline_id in (ontology.id, ocr.id):
-            for run in dev.runs(tags={TAG_PIPELINE: str(pipeline_id)}):
-                final = dev.wait_run(run.run_id, statuses=TERMINAL, timeout=60)
-                t.say(f"resume run {run.run_id[:8]} of pipeline {pipeline_id}: {final.status.value}")
-        t.say(f"ontology: enrich_columns {after}/10 tables: {after - redone} kept from the killed run, "
-              f"{redone} re-done by the resume; completed nodes were skipped, not called again")
-        t.say(f"ocr: {docs} documents, {claims} claims in all ({claims - docs} re-done after the crash)")
-        print(f"\nInspect: recovery-ext --database-url {app_url} status | pipelines show {ontology.id}")
-        return 0 if not pending else 1
+        watcher.poll(pipelines)
+        for job, p in found.items():
+            outcome.final_status[job] = store.get_pipeline(p.id).status
+            resumes = [r for r in dev.runs(tags={TAG_PIPELINE: str(p.id)}) if TAG_RESUME_NUMBER in r.tags]
+            outcome.resumes[job] = len(resumes)
+            for run in resumes:
+                dev.wait_run(run.run_id, statuses=TERMINAL, timeout=120)
+        watcher.poll(pipelines)
+        summarize(t, store, ontology.id)
+        problems = outcome.problems()
+        for problem in problems:
+            t.say(f"CHECK FAILED: {problem}")
+        if not problems:
+            t.say("CHECK PASSED: each kill -9 led to exactly one resume run and both pipelines completed")
+        print(f"\nInspect: {BIN / 'recovery-ext'} --database-url {app_url} status | pipelines show {ontology.id}")
+        if keep_ui:
+            print(f"The Dagster UI stays up at http://127.0.0.1:{dev.port} with these runs; Ctrl-C to stop.",
+                  flush=True)
+            try:
+                while dev.proc is not None and dev.proc.poll() is None:
+                    time.sleep(1)
+            except KeyboardInterrupt:
+                pass
+        else:
+            print(f"Browse these runs in the Dagster UI afterwards (http://127.0.0.1:3000):\n  "
+                  f"{browse_command(home, app_url, root)}", flush=True)
+        return outcome
     finally:
         dev.stop()
         llm_server.shutdown()
         store.close()
+
+
+def summarize(t: Timeline, store: RecoveryStore, ontology_id: int) -> None:
+    after = items_done(store, ontology_id, "enrich_columns")
+    with store.read() as conn:
+        redone = conn.scalar(select(func.count()).where(node_items.c.pipeline_id == ontology_id,
+                                                        node_items.c.node_name == "enrich_columns",
+                                                        node_items.c.epoch > 1)) or 0
+        claims = conn.scalar(select(func.count()).where(transitions.c.entity_type == "queue_item",
+                                                        transitions.c.event == "claimed")) or 0
+        docs = conn.scalar(select(func.count()).select_from(queue_items)) or 0
+    t.say(f"ontology: enrich_columns {after}/10 tables: {after - redone} kept from the killed run, "
+          f"{redone} re-done by the resume; completed nodes were skipped, not called again")
+    t.say(f"ocr: {docs} documents, {claims} claims in all ({claims - docs} re-done after the crash)")
+
+
+def main() -> int:
+    root = Path.cwd()
+    keep_ui = sys.stdin.isatty() and sys.stdout.isatty() and os.environ.get("RECOVERY_DEMO_KEEP_UI", "1") != "0"
+    var = Path(os.environ.get("RECOVERY_DEMO_CRASH_DIR", root / "var" / "demo-crash"))
+    outcome = run_demo(root, var, Timeline(), keep_ui=keep_ui)
+    return 1 if outcome.problems() else 0
 
 
 if __name__ == "__main__":

@@ -54,6 +54,7 @@ class Pipeline:
     waiting_until: dt.datetime | None = None
     waiting_since: dt.datetime | None = None
     waiting_reason: str | None = None
+    launcher: str | None = None
 
     from_row = classmethod(_from_mapping)
 
@@ -139,6 +140,9 @@ class Reclaimed:
     epoch: int
     resume_number: int
     reset_nodes: tuple[str, ...] = ()
+    origin_run_id: str | None = None
+    launcher: str | None = None
+    owner_heartbeating: bool = False   # the previous owner's run heartbeat was still live at the reclaim
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,7 @@ from typing import Any
 from sqlalchemy import Connection, Text, and_, case, cast, exists, literal, literal_column, or_, select, update
 from sqlalchemy.sql.elements import ColumnElement
 
+from .database import chunks
 from .models import GivenUp, Orphan, Reclaimed
 from .pipeline_store import PipelineOps
 from .schema import NODE_STATUSES, PIPELINE_STATUSES, CorruptJson, nodes, pipelines
@@ -98,14 +99,52 @@ class OrphanOps(PipelineOps):
         with self.read() as conn:
             return [Orphan(**r._mapping) for r in conn.execute(query)]
 
-    def running_owners(self, limit: int = 5000, job_names: Sequence[str] | None = None) -> list[str]:
-        """Owners of running pipelines, to ask Dagster which of their runs are already dead."""
+    def running_owners(self, job_names: Sequence[str] | None = None) -> list[str]:
+        """Owners of running pipelines (run ids and resume placeholders), to ask Dagster which are dead.
+
+        No row limit: the sensor asks Dagster about them in batches (one ``get_runs`` per batch).
+        """
         with self.read() as conn:
             rows = conn.execute(
-                select(p.owner).where(LIVE, p.status == RUNNING, p.owner.isnot(None), *_jobs(job_names))
-                .distinct().limit(limit)
+                select(p.owner).where(LIVE, p.status == RUNNING, p.owner.isnot(None), *_jobs(job_names)).distinct()
             )
             return [r.owner for r in rows]
+
+    def awaiting_resume(self, job_names: Sequence[str] | None = None) -> list[Reclaimed]:
+        """Pipelines reserved for a resume run that has not attached yet (owner ``resume-<id>-<n>``)."""
+        with self.read() as conn:
+            rows = conn.execute(
+                select(p.id, p.job_name, p.params, p.resumed_from, p.owner, p.epoch, p.resume_count,
+                       p.origin_run_id, p.launcher)
+                .where(LIVE, p.status == RUNNING, p.owner == _placeholder(p.resume_count), *_jobs(job_names))
+                .order_by(p.id)
+            ).all()
+        return [Reclaimed(r.id, r.job_name, r.params, r.resumed_from, r.owner, r.epoch, r.resume_count,
+                          origin_run_id=r.origin_run_id, launcher=r.launcher) for r in rows]
+
+    def extend_launch_grace(self, placeholders: Sequence[str], grace_seconds: float) -> int:
+        """The resume runs of these reservations are queued or starting: push their re-orphan deadline out.
+
+        Only rows past half their grace are written, so a long queue costs few writes per tick.
+        """
+        changed = 0
+        if not placeholders:
+            return changed
+        with self.write() as conn:
+            for part in chunks(sorted(placeholders)):
+                changed += conn.execute(
+                    update(pipelines)
+                    .where(p.owner.in_(list(part)), p.status == "running", p.owner == _placeholder(p.resume_count),
+                           p.heartbeat_deadline < self.dialect.now_plus(grace_seconds / 2))
+                    .values(heartbeat_deadline=self.dialect.now_plus(grace_seconds))
+                ).rowcount
+        return changed
+
+    def record_superseded_runs(self, outcomes: Sequence[tuple[int, dict[str, Any]]]) -> None:
+        """What stopping each superseded run achieved (``superseded_run_stopped`` events)."""
+        with self.write() as conn:
+            self.record_events(conn, [{"kind": "superseded_run_stopped", "pipeline_id": pipeline_id, "payload": payload}
+                                      for pipeline_id, payload in outcomes])
 
     # -- give up -------------------------------------------------------------------------------
 
@@ -174,26 +213,30 @@ class OrphanOps(PipelineOps):
     def reclaim(
         self,
         *,
-        limit: int,
+        limit: int | None,
         dead_owner_runs: Sequence[str] = (),
         launching: bool = True,
         grace_seconds: float = 300.0,
         max_age_seconds: float | None = None,
         reason: str = "orphaned",
         job_names: Sequence[str] | None = None,
+        launcher: str | None = None,
         retrying_owner_runs: Sequence[str] = (),
     ) -> tuple[list[Reclaimed], list[GivenUp]]:
-        """Take over up to ``limit`` orphans, oldest first; exactly one caller wins each.
+        """Take over up to ``limit`` orphans (``None``: all of them), oldest first; exactly one caller wins each.
 
         ``launching=True`` (a sensor that launches the resume runs at once) reserves each
-        pipeline for ``resume-<id>-<n>``; ``False`` (the CLI) leaves it awaiting a launcher.
+        pipeline for ``resume-<id>-<n>`` and records ``launcher`` (the sensor that re-requests
+        the run until it attaches); ``False`` (the CLI) leaves it awaiting a launcher.
         Either way the pipeline re-orphans after ``grace_seconds`` if no resume run attaches.
         Returns the reclaimed pipelines and the corrupt ones that were failed instead.
         """
-        if limit <= 0:
+        if limit is not None and limit <= 0:
             return [], []
         candidates = (
-            select(p.id, p.owner.label("previous_owner"), self._reason(dead_owner_runs).label("cause"))
+            select(p.id, p.owner.label("previous_owner"), self._reason(dead_owner_runs).label("cause"),
+                   and_(p.heartbeat_deadline.isnot(None), p.heartbeat_deadline >= self.dialect.now())
+                   .label("owner_heartbeating"))
             .where(self._orphan_condition(dead_owner_runs, job_names, retrying_owner_runs),
                    ~self._hopeless_condition(max_age_seconds),
                    p.epoch < MAX_COUNTER, p.resume_count < MAX_COUNTER)  # those are failed as corrupt instead
@@ -202,30 +245,33 @@ class OrphanOps(PipelineOps):
             .with_for_update(skip_locked=True)
         )
         with self.write() as conn:
-            found = conn.execute(candidates).all()
+            found = conn.execute(candidates).all()  # LIMIT NULL is no limit
             if not found:
                 return [], []
             previous = {r.id: r.previous_owner for r in found}
             causes = {r.id: r.cause for r in found}
-            new_owner = (
-                literal("resume-") + cast(p.id, Text) + literal("-") + cast(p.resume_count + 1, Text)
-                if launching else None
-            )
-            rows = conn.execute(
-                update(pipelines)
-                .where(p.id.in_(list(previous)), p.status == "running")
-                .values(owner=new_owner, resumed_from=p.owner, epoch=p.epoch + 1, resume_count=p.resume_count + 1,
-                        waiting_until=None, waiting_since=None, waiting_reason=None,
-                        heartbeat_at=self.dialect.now(), heartbeat_deadline=self.dialect.now_plus(grace_seconds),
-                        updated_at=self.dialect.now())
-                .returning(p.id, p.job_name, p.params, p.owner, p.epoch, p.resume_count)
-            ).all()
+            heartbeating = {r.id: bool(r.owner_heartbeating) for r in found}
+            new_owner = _placeholder(p.resume_count + 1) if launching else None
+            rows = []
+            for part in chunks(sorted(previous)):
+                rows += conn.execute(
+                    update(pipelines)
+                    .where(p.id.in_(list(part)), p.status == "running")
+                    .values(owner=new_owner, resumed_from=p.owner, epoch=p.epoch + 1,
+                            resume_count=p.resume_count + 1, launcher=launcher if launching else None,
+                            waiting_until=None, waiting_since=None, waiting_reason=None,
+                            heartbeat_at=self.dialect.now(), heartbeat_deadline=self.dialect.now_plus(grace_seconds),
+                            updated_at=self.dialect.now())
+                    .returning(p.id, p.job_name, p.params, p.owner, p.epoch, p.resume_count, p.origin_run_id)
+                ).all()
             ids = [r.id for r in rows]
             reset = self._reset_running_nodes(conn, ids)
             corrupt = self._corrupt_among(conn, rows)
             reclaimed = [
                 Reclaimed(r.id, r.job_name, r.params, previous[r.id], r.owner, r.epoch, r.resume_count,
-                          tuple(reset.get(r.id, ())))
+                          tuple(reset.get(r.id, ())), origin_run_id=r.origin_run_id,
+                          owner_heartbeating=heartbeating[r.id],
+                          launcher=launcher if launching else None)
                 for r in rows if r.id not in corrupt
             ]
             self.record_transitions(conn, [
@@ -245,10 +291,10 @@ class OrphanOps(PipelineOps):
             given_up = self._fail_corrupt(conn, corrupt, previous)
         return reclaimed, given_up
 
-    def claim_awaiting(self, *, limit: int, grace_seconds: float = 300.0,
-                       job_names: Sequence[str] | None = None) -> list[Reclaimed]:
+    def claim_awaiting(self, *, limit: int | None, grace_seconds: float = 300.0,
+                       job_names: Sequence[str] | None = None, launcher: str | None = None) -> list[Reclaimed]:
         """Reserve pipelines that a launcher-less reclaim (the CLI) left awaiting a resume run."""
-        if limit <= 0:
+        if limit is not None and limit <= 0:
             return []
         with self.write() as conn:
             ids = [r.id for r in conn.execute(
@@ -258,16 +304,20 @@ class OrphanOps(PipelineOps):
             )]
             if not ids:
                 return []
-            rows = conn.execute(
-                update(pipelines)
-                .where(p.id.in_(ids), p.owner.is_(None), p.status == "running")
-                .values(owner=literal("resume-") + cast(p.id, Text) + literal("-") + cast(p.resume_count, Text),
-                        heartbeat_deadline=self.dialect.now_plus(grace_seconds), updated_at=self.dialect.now())
-                .returning(p.id, p.job_name, p.params, p.owner, p.epoch, p.resume_count, p.resumed_from)
-            ).all()
+            rows = []
+            for part in chunks(ids):
+                rows += conn.execute(
+                    update(pipelines)
+                    .where(p.id.in_(list(part)), p.owner.is_(None), p.status == "running")
+                    .values(owner=_placeholder(p.resume_count), launcher=launcher,
+                            heartbeat_deadline=self.dialect.now_plus(grace_seconds), updated_at=self.dialect.now())
+                    .returning(p.id, p.job_name, p.params, p.owner, p.epoch, p.resume_count, p.resumed_from,
+                               p.origin_run_id)
+                ).all()
             corrupt = self._corrupt_among(conn, rows)
             self._fail_corrupt(conn, corrupt, {r.id: r.resumed_from for r in rows})
-            return [Reclaimed(r.id, r.job_name, r.params, r.resumed_from, r.owner, r.epoch, r.resume_count)
+            return [Reclaimed(r.id, r.job_name, r.params, r.resumed_from, r.owner, r.epoch, r.resume_count,
+                              origin_run_id=r.origin_run_id, launcher=launcher)
                     for r in rows if r.id not in corrupt]
 
     def _reset_running_nodes(self, conn: Connection, pipeline_ids: list[int]) -> dict[int, list[str]]:
@@ -340,6 +390,11 @@ class OrphanOps(PipelineOps):
             corrupt = {r.id: "corrupt row: " + "; ".join(
                 f"{w} {r.status!r}" if w == "unknown pipeline status" else w for w in r[4:] if w) for r in rows}
             return self._fail_corrupt(conn, corrupt, {r.id: r.owner for r in rows})
+
+
+def _placeholder(resume_number: ColumnElement) -> ColumnElement:
+    """``resume-<id>-<n>`` in SQL: the owner a launching reclaim writes (``pipeline_store.resume_owner``)."""
+    return literal("resume-") + cast(p.id, Text) + literal("-") + cast(resume_number, Text)
 
 
 def _jobs(job_names: Sequence[str] | None) -> list[ColumnElement]:

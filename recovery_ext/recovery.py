@@ -22,15 +22,16 @@ log = logging.getLogger("recovery_ext.recovery")
 
 @dataclass(frozen=True)
 class RecoverySettings:
-    """Seed 000's configuration table, plus seed 001's age limit."""
+    """Seed 000's configuration table, plus seed 001's age limit. ``max_per_scan=None``: no cap."""
 
     enabled: bool = True
-    max_per_scan: int = 1000
+    max_per_scan: int | None = 1000
     launch_grace_seconds: float = 300.0
     max_age_seconds: float | None = 24 * 3600.0
 
     def __post_init__(self) -> None:
-        check_count("max_per_scan", self.max_per_scan, minimum=1)
+        if self.max_per_scan is not None:  # None: no cap
+            check_count("max_per_scan", self.max_per_scan, minimum=1)
         check_seconds("launch_grace_seconds", self.launch_grace_seconds, minimum=1.0)
         check_seconds("max_age_seconds", self.max_age_seconds, minimum=1.0, maximum=366 * 86400.0, allow_none=True)
 
@@ -58,9 +59,13 @@ def scan(
     trigger: str = "on_demand",
     policy: RetryPolicy | None = None,
     job_names: Sequence[str] | None = None,
+    launcher: str | None = None,
     retrying_owner_runs: Sequence[str] = (),
 ) -> ScanStats:
-    """One recovery pass. ``launching=True`` reserves reclaimed pipelines for a launcher at once."""
+    """One recovery pass. ``launching=True`` reserves reclaimed pipelines for ``launcher`` at once.
+
+    ``limit`` caps the reclaims of this pass; ``None`` uses ``settings.max_per_scan``.
+    """
     settings = settings or RecoverySettings()
     policy = policy or default_outage_policy()
     stats = ScanStats()
@@ -74,9 +79,9 @@ def scan(
                                max_age_seconds=settings.max_age_seconds, job_names=job_names,
                                retrying_owner_runs=retrying_owner_runs)
         reclaimed, corrupt_rows = policy.call(
-            store.reclaim, limit=limit or settings.max_per_scan, dead_owner_runs=dead_owner_runs,
-            launching=launching, grace_seconds=settings.launch_grace_seconds,
-            max_age_seconds=settings.max_age_seconds, reason=trigger, job_names=job_names,
+            store.reclaim, limit=limit if limit is not None else settings.max_per_scan,
+            dead_owner_runs=dead_owner_runs, launching=launching, grace_seconds=settings.launch_grace_seconds,
+            max_age_seconds=settings.max_age_seconds, reason=trigger, job_names=job_names, launcher=launcher,
             retrying_owner_runs=retrying_owner_runs,
         )
         stats.given_up_pipelines = [*corrupt, *given_up, *corrupt_rows]

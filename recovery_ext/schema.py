@@ -145,6 +145,7 @@ pipelines = Table(
     Column("waiting_until", DbTime),
     Column("waiting_since", DbTime),
     Column("waiting_reason", Text),
+    Column("launcher", Text),
 )
 
 nodes = Table(

@@ -94,7 +94,7 @@ def test_resource() -> RecoveryResource:
         heartbeat_timeout=float(os.environ.get("E2E_HEARTBEAT_TIMEOUT", "3")),
         stall_timeout=float(os.environ.get("E2E_STALL_TIMEOUT", "4")),
         max_resumes=int(os.environ.get("E2E_MAX_RESUMES", "3")),
-        launch_grace_seconds=30,
+        launch_grace_seconds=float(os.environ.get("E2E_LAUNCH_GRACE", "30")),
         max_retries=3,
         retry_initial_delay=0.01,
         retry_max_delay=0.05,
@@ -104,7 +104,7 @@ def test_resource() -> RecoveryResource:
 
 sensor_interval = int(os.environ.get("E2E_SENSOR_INTERVAL", "1"))
 jobs = [items_job, items_job_inprocess, optional_job]
-per_tick = int(os.environ.get("E2E_MAX_PER_TICK", "20"))
+per_tick = int(os.environ["E2E_MAX_PER_TICK"]) if os.environ.get("E2E_MAX_PER_TICK") else None
 sensors = [make_orphan_sensor(jobs, minimum_interval_seconds=sensor_interval, max_resumes_per_tick=per_tick)]
 if os.environ.get("E2E_TWO_SENSORS"):
     sensors.append(make_orphan_sensor(jobs, name="recovery_orphan_sensor_twin",
@@ -171,7 +171,8 @@ def make_burst_sensor(flag_file: str, count: int):
 
 if os.environ.get("E2E_BURST_FLAG"):
     defs = Definitions(jobs=jobs + [stock_items_job],
-                       sensors=sensors + [make_burst_sensor(os.environ["E2E_BURST_FLAG"], 100)],
+                       sensors=sensors + [make_burst_sensor(os.environ["E2E_BURST_FLAG"],
+                                                            int(os.environ.get("E2E_BURST_COUNT", "100")))],
                        resources={"recovery": test_resource()})
 else:
     defs = Definitions(jobs=jobs + [stock_items_job], sensors=sensors, resources={"recovery": test_resource()})

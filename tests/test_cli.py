@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 import subprocess
 import sys
 
@@ -29,6 +30,9 @@ def cli(store, db_url):
 
 def as_json(result):
     return json.loads(result.stdout)
+
+
+ROOT_SQL = Path(__file__).resolve().parent.parent / "sql"
 
 
 def test_migrate_print_and_apply(tmp_path):

@@ -37,14 +37,24 @@ def app_url(pg_admin):
 
 
 @pytest.fixture(scope="module")
-def dev(app_url, tmp_path_factory):
+def dev(app_url, tmp_path_factory, cpu_hog_module):
+    """One `dagster dev` for the module, on a machine kept busy by one CPU hog per core."""
     env = {"RECOVERY_DATABASE_URL": app_url, "E2E_TWO_SENSORS": "1", "E2E_MAX_RESUMES": str(MAX_RESUMES),
            "E2E_HEARTBEAT_INTERVAL": "1", "E2E_HEARTBEAT_TIMEOUT": "3", "E2E_STALL_TIMEOUT": "4",
            "E2E_SENSOR_INTERVAL": "1"}
     server = DagsterDev(Path(__file__).with_name("e2e_defs.py"), tmp_path_factory.mktemp("dagster_home"), env)
-    server.start()
+    server.start(timeout=240)
     yield server
     server.stop()
+    keep_dev_log(server)
+
+
+def keep_dev_log(server: DagsterDev) -> None:
+    """RX_KEEP_DEV_LOG=path keeps the `dagster dev` log of a module for a post-mortem."""
+    if os.environ.get("RX_KEEP_DEV_LOG"):
+        import shutil
+
+        shutil.copy(server.log_path, os.environ["RX_KEEP_DEV_LOG"])
 
 
 @pytest.fixture(scope="module")
@@ -83,7 +93,8 @@ def pipeline_of(store, run_id):
 
 
 def resume_runs(dev, pipeline_id):
-    return sorted(dev.runs(tags={TAG_PIPELINE: str(pipeline_id)}), key=lambda r: int(r.tags[TAG_RESUME_NUMBER]))
+    runs = [r for r in dev.runs(tags={TAG_PIPELINE: str(pipeline_id)}) if TAG_RESUME_NUMBER in r.tags]
+    return sorted(runs, key=lambda r: int(r.tags[TAG_RESUME_NUMBER]))  # the first run carries the pipeline tag too
 
 
 def wait_completed(store, pipeline_id, timeout=150):
@@ -198,11 +209,8 @@ def test_d_a_stalled_node_with_a_live_watchdog_is_detected_and_resumed(dev, stor
 
 
 def test_e_racing_sensors_and_the_cli_scan_launch_exactly_one_resume_per_orphan(dev, store):
-    run_ids = [dev.launch("items_job_inprocess", config(item_seconds=0.3)) for _ in range(3)]
-    workers = []
-    for run_id in run_ids:
-        rows = wait_for(lambda: calls(store, run_id, "n2"), timeout=120, what="n2 to start")
-        workers.append(rows[0].pid)
+    # slow items: under load a run must still be mid-n2 when its worker is killed
+    run_ids = [dev.launch("items_job_inprocess", config(item_seconds=1.0)) for _ in range(3)]
     stop = threading.Event()
 
     def cli_scans():
@@ -212,11 +220,12 @@ def test_e_racing_sensors_and_the_cli_scan_launch_exactly_one_resume_per_orphan(
     racer = threading.Thread(target=cli_scans)
     racer.start()
     try:
-        for pid in workers:
-            os.kill(pid, signal.SIGKILL)
+        for run_id in run_ids:  # each worker is killed as soon as its n2 works, while the CLI scans race
+            rows = wait_for(lambda r=run_id: calls(store, r, "n2"), timeout=180, what="n2 to start")
+            os.kill(rows[0].pid, signal.SIGKILL)
         pipelines = [pipeline_of(store, r) for r in run_ids]
         for p in pipelines:
-            wait_completed(store, p.id, timeout=180)
+            wait_completed(store, p.id, timeout=300)
     finally:
         stop.set()
         racer.join(30)

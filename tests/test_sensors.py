@@ -6,29 +6,40 @@ import importlib.util
 from pathlib import Path
 
 import pytest
-from dagster import DagsterInstance, DagsterRunStatus, build_sensor_context
-from dagster._core.test_utils import create_run_for_test
+from dagster import DagsterRunStatus, build_sensor_context
+from dagster._core.test_utils import create_run_for_test, instance_for_test
+from sqlalchemy import select, update
 
 from e2e_defs import items_job
 from helpers import expire
 from recovery_ext.pipelines.ocr import make_ocr_job
 from recovery_ext.integration import RecoveryResource, make_orphan_sensor, make_stuck_item_sensor
 from recovery_ext.integration.recoverable import TAG_PIPELINE, TAG_RESUME_NUMBER, TAG_RESUMED_FROM
+from recovery_ext.integration.resume_runs import RUN_KEY_TAG, TAG_OP_SELECTION
 from recovery_ext.integration.sensors import TAG_QUEUE
+from recovery_ext.schema import events
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture
 def instance():
-    with DagsterInstance.ephemeral() as inst:
+    """A real local instance: SQLite run storage and the DefaultRunLauncher."""
+    with instance_for_test() as inst:
         yield inst
 
 
-def evaluate(sensor, instance, db_url):
-    ctx = build_sensor_context(instance=instance, resources={"recovery": RecoveryResource(database_url=db_url)})
+def evaluate(sensor, instance, db_url, **resource):
+    ctx = build_sensor_context(instance=instance,
+                               resources={"recovery": RecoveryResource(database_url=db_url, **resource)})
     result = sensor.evaluate_tick(ctx)
     return result, ctx
+
+
+def launch(instance, request, status=DagsterRunStatus.NOT_STARTED):
+    """What the daemon does with a RunRequest: a run tagged with its run key."""
+    return create_run_for_test(instance, job_name=request.job_name, status=status,
+                               tags={**request.tags, RUN_KEY_TAG: request.run_key})
 
 
 def orphan(store, owner, job="items_job", **kw):
@@ -51,8 +62,75 @@ def test_orphan_sensor_yields_one_resume_per_orphan_with_tags_and_config(store, 
         TAG_PIPELINE: str(own.pipeline_id), TAG_RESUME_NUMBER: "1", TAG_RESUMED_FROM: run.run_id}
     old = instance.get_run_by_id(run.run_id)
     assert old.status == DagsterRunStatus.FAILURE  # the UI no longer shows the dead run as running
+    # the superseded run was asked to stop first; the outcome is recorded in an event
+    with store.read() as conn:
+        (payload,) = conn.execute(select(events.c.payload).where(events.c.kind == "superseded_run_stopped",
+                                                                 events.c.pipeline_id == own.pipeline_id)).scalars()
+    assert payload["run_id"] == run.run_id and payload["marked_failed"] is True
+    # its heartbeat had stopped: a frozen worker is not terminated through the code server, only failed
+    assert payload["terminate"].startswith("not terminated: its run worker stopped heartbeating")
+    launch(instance, request)
     again, _ = evaluate(sensor, instance, db_url)
     assert again.run_requests == [] and "0 orphans" in again.skip_message
+
+
+def test_a_tick_that_failed_after_its_reclaim_is_made_good_by_the_next_tick(store, db_url, instance):
+    own = orphan(store, "dead-lost-tick")
+    sensor = make_orphan_sensor([items_job], minimum_interval_seconds=1)
+    first, _ = evaluate(sensor, instance, db_url)  # as if the daemon never got these requests
+    (lost,) = first.run_requests
+    second, _ = evaluate(sensor, instance, db_url)
+    (again,) = second.run_requests
+    assert again.run_key == lost.run_key and again.tags == lost.tags
+    assert store.get_pipeline(own.pipeline_id).epoch == 2  # re-requested, not reclaimed again
+    launch(instance, again)
+    third, _ = evaluate(sensor, instance, db_url)
+    assert third.run_requests == []
+
+
+def test_only_the_sensor_that_reclaimed_re_requests(store, db_url, instance):
+    orphan(store, "dead-twin")
+    mine = make_orphan_sensor([items_job], minimum_interval_seconds=1)
+    twin = make_orphan_sensor([items_job], name="twin_orphan_sensor", minimum_interval_seconds=1)
+    assert len(evaluate(mine, instance, db_url)[0].run_requests) == 1
+    assert evaluate(twin, instance, db_url)[0].run_requests == []
+    assert len(evaluate(mine, instance, db_url)[0].run_requests) == 1
+
+
+def test_a_queued_resume_run_keeps_its_reservation_past_the_grace(store, db_url, instance):
+    own = orphan(store, "dead-queued")
+    sensor = make_orphan_sensor([items_job], minimum_interval_seconds=1)
+    (request,) = evaluate(sensor, instance, db_url, launch_grace_seconds=60)[0].run_requests
+    launch(instance, request, status=DagsterRunStatus.STARTING)
+    expire(store, own.pipeline_id)  # the grace ran out while the run waited in the queue
+    result, _ = evaluate(sensor, instance, db_url, launch_grace_seconds=60)
+    assert result.run_requests == []
+    pipeline = store.get_pipeline(own.pipeline_id)
+    assert pipeline.epoch == 2 and pipeline.owner == f"resume-{own.pipeline_id}-1" and pipeline.status == "running"
+
+
+def test_a_resume_run_that_ends_before_attaching_is_dead_at_once(store, db_url, instance):
+    own = orphan(store, "dead-early")
+    sensor = make_orphan_sensor([items_job], minimum_interval_seconds=1)
+    (request,) = evaluate(sensor, instance, db_url, launch_grace_seconds=600)[0].run_requests
+    launch(instance, request, status=DagsterRunStatus.FAILURE)  # e.g. its run worker could not start
+    (second,) = evaluate(sensor, instance, db_url, launch_grace_seconds=600)[0].run_requests
+    assert second.tags[TAG_RESUME_NUMBER] == "2" and second.tags[TAG_RESUMED_FROM] == f"resume-{own.pipeline_id}-1"
+    assert store.get_pipeline(own.pipeline_id).epoch == 3
+
+
+def test_a_resume_run_keeps_what_the_user_launched(store, db_url, instance):
+    run = create_run_for_test(instance, job_name="items_job", status=DagsterRunStatus.FAILURE, op_selection=["n2"],
+                              tags={"team": "ocr", "dagster/priority": "7", "dagster/partition": "2026-01-01",
+                                    "dagster/sensor_name": "someone", ".dagster/repository": "x"})
+    own = store.create_pipeline("items_job", ["n2"], owner=run.run_id, origin_run_id=run.run_id,
+                                params={"ops": {"n2": {"config": {"items": 2}}}})
+    (request,) = evaluate(make_orphan_sensor([items_job]), instance, db_url)[0].run_requests
+    assert request.run_config == {"ops": {"n2": {"config": {"items": 2}}}}
+    assert {k: v for k, v in request.tags.items() if k != "dagster/sensor_name"} == {"team": "ocr", "dagster/priority": "7", "dagster/partition": "2026-01-01",
+                            TAG_OP_SELECTION: '["n2"]', TAG_PIPELINE: str(own.pipeline_id), TAG_RESUME_NUMBER: "1",
+                            TAG_RESUMED_FROM: run.run_id}
+    assert request.tags["dagster/sensor_name"] == "recovery_orphan_sensor"  # Dagster's own, not the first run's
 
 
 def test_a_failed_owner_run_is_an_orphan_at_once(store, db_url, instance):
@@ -62,6 +140,12 @@ def test_a_failed_owner_run_is_an_orphan_at_once(store, db_url, instance):
     store.create_pipeline("items_job", ["a"], owner=live.run_id, origin_run_id=live.run_id)
     result, _ = evaluate(make_orphan_sensor([items_job]), instance, db_url)
     assert [r.tags[TAG_PIPELINE] for r in result.run_requests] == [str(own.pipeline_id)]
+
+
+def test_no_cap_by_default_one_tick_takes_every_orphan(store, db_url, instance):
+    owns = [orphan(store, f"dead-all-{i}") for i in range(25)]
+    result, _ = evaluate(make_orphan_sensor([items_job]), instance, db_url)
+    assert sorted(int(r.tags[TAG_PIPELINE]) for r in result.run_requests) == [o.pipeline_id for o in owns]
 
 
 def test_launches_at_most_k_per_tick_oldest_first_and_reclaims_only_those(store, db_url, instance):
@@ -159,3 +243,39 @@ def test_invalid_resource_settings_fail_when_definitions_load(bad, words):
     with pytest.raises(Exception) as info:
         RecoveryResource(**bad)
     assert words in str(info.value)
+
+
+def test_owners_dagster_is_retrying_are_left_to_the_retry_and_canceled_owners_cancel(store, db_url, instance):
+    retried = create_run_for_test(instance, job_name="items_job", status=DagsterRunStatus.FAILURE,
+                                  tags={"dagster/will_retry": "true"})
+    retried_own = store.create_pipeline("items_job", ["a"], owner=retried.run_id, origin_run_id=retried.run_id)
+    retry_over = create_run_for_test(instance, job_name="items_job", status=DagsterRunStatus.FAILURE,
+                                     tags={"dagster/will_retry": "true"})
+    create_run_for_test(instance, job_name="items_job", status=DagsterRunStatus.FAILURE,
+                        tags={"dagster/parent_run_id": retry_over.run_id})
+    over_own = store.create_pipeline("items_job", ["a"], owner=retry_over.run_id, origin_run_id=retry_over.run_id)
+    canceled = create_run_for_test(instance, job_name="items_job", status=DagsterRunStatus.CANCELED)
+    canceled_own = store.create_pipeline("items_job", ["a"], owner=canceled.run_id, origin_run_id=canceled.run_id)
+    result, _ = evaluate(make_orphan_sensor([items_job]), instance, db_url)
+    assert [r.tags[TAG_PIPELINE] for r in result.run_requests] == [str(over_own.pipeline_id)]
+    assert store.get_pipeline(retried_own.pipeline_id).epoch == 1
+    assert store.get_pipeline(canceled_own.pipeline_id).status == "canceled"
+
+
+def test_a_stalled_run_whose_worker_still_heartbeats_is_terminated_through_the_run_launcher(store, db_url, instance):
+    from recovery_ext.schema import nodes
+
+    run = create_run_for_test(instance, job_name="items_job", status=DagsterRunStatus.STARTED)
+    own = store.create_pipeline("items_job", ["a", "b"], owner=run.run_id, origin_run_id=run.run_id,
+                                heartbeat_timeout=600)
+    store.start_node(own, "a", heartbeat_timeout=600, stall_timeout=600)
+    with store.write() as conn:
+        conn.execute(update(nodes).where(nodes.c.pipeline_id == own.pipeline_id)
+                     .values(stall_deadline=store.dialect.now_plus(-5)))
+    (request,) = evaluate(make_orphan_sensor([items_job]), instance, db_url)[0].run_requests
+    with store.read() as conn:
+        (payload,) = conn.execute(select(events.c.payload).where(events.c.kind == "superseded_run_stopped",
+                                                                 events.c.pipeline_id == own.pipeline_id)).scalars()
+    assert payload["terminate"] == "launcher could not reach it"  # asked: no gRPC server behind this test run
+    assert payload["marked_failed"] is True
+    assert instance.get_run_by_id(run.run_id).status == DagsterRunStatus.FAILURE

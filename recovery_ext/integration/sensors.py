@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 from dagster import (
@@ -19,69 +20,26 @@ from dagster import (
     sensor,
 )
 
-from ..database import chunks
-from ..models import Reclaimed, ScanStats
+from ..models import GivenUp, ScanStats
 from ..recovery import scan, summary_line
 from ..redaction import redact
 from .providers import waiting_summary
-from .tags import TAG_PARENT_RUN, TAG_PIPELINE, TAG_RESUME_NUMBER, TAG_RESUMED_FROM, TAG_WILL_RETRY
 from .resources import RecoveryResource
+from .resume_runs import (
+    OriginRuns,
+    classify_owner_runs,
+    is_placeholder,
+    resume_request,
+    resume_run_key,
+    stop_superseded,
+    watch_resume_runs,
+)
 
 log = logging.getLogger("recovery_ext.sensors")
 
 TAG_QUEUE = "recovery/queue"
-DEAD_STATUSES = [DagsterRunStatus.FAILURE, DagsterRunStatus.CANCELED]
-LIVE_STATUSES = [DagsterRunStatus.STARTING, DagsterRunStatus.STARTED]
 ACTIVE_STATUSES = [DagsterRunStatus.QUEUED, DagsterRunStatus.NOT_STARTED, DagsterRunStatus.STARTING,
                    DagsterRunStatus.STARTED]
-
-
-def _owner_runs(instance, run_ids: Sequence[str]) -> tuple[list[str], list[str], list[str]]:
-    """Split owners Dagster already ended: (dead, not to be reclaimed, canceled by their user).
-
-    Not to be reclaimed: a FAILURE run tagged ``dagster/will_retry=true`` (Dagster's own retry
-    takes the pipeline over through the root run, unless that retry already ended) and a run
-    its user is canceling (CANCELING: its steps are being stopped; it ends ``canceled``).
-    """
-    dead: list[str] = []
-    protected: list[str] = []
-    canceled: list[str] = []
-    statuses = [*DEAD_STATUSES, DagsterRunStatus.CANCELING]
-    for part in chunks(list(run_ids), 500):
-        for r in instance.get_runs(filters=RunsFilter(run_ids=list(part), statuses=statuses)):
-            if r.status == DagsterRunStatus.CANCELED:
-                canceled.append(r.run_id)
-            elif r.status == DagsterRunStatus.CANCELING:
-                protected.append(r.run_id)
-            elif r.tags.get(TAG_WILL_RETRY) == "true" and not _retry_ended(instance, r.run_id):
-                protected.append(r.run_id)
-            else:
-                dead.append(r.run_id)
-    return dead, protected, canceled
-
-
-def _retry_ended(instance, run_id: str) -> bool:
-    """Dagster's retry of ``run_id`` exists and finished without taking the pipeline over."""
-    children = instance.get_runs(filters=RunsFilter(tags={TAG_PARENT_RUN: run_id}), limit=5)
-    return any(c.status in DEAD_STATUSES or c.status == DagsterRunStatus.SUCCESS for c in children)
-
-
-def _fail_stale_run(instance, run_id: str | None, message: str) -> bool:
-    """Mark a run Dagster still shows as running FAILURE, so the UI never shows a dead run as running."""
-    if not run_id:
-        return False
-    run = instance.get_run_by_id(run_id)
-    if run is None or run.status not in LIVE_STATUSES:
-        return False
-    instance.report_run_failed(run, message=message)
-    return True
-
-
-def resume_request(r: Reclaimed) -> RunRequest:
-    tags = {TAG_PIPELINE: str(r.pipeline_id), TAG_RESUME_NUMBER: str(r.resume_number),
-            TAG_RESUMED_FROM: r.previous_owner or ""}
-    return RunRequest(run_key=f"recovery-{r.pipeline_id}-{r.resume_number}", job_name=r.job_name,
-                      run_config=r.params if isinstance(r.params, Mapping) else {}, tags=tags)
 
 
 def make_orphan_sensor(
@@ -90,19 +48,31 @@ def make_orphan_sensor(
     name: str = "recovery_orphan_sensor",
     minimum_interval_seconds: int = 30,
     default_status: DefaultSensorStatus = DefaultSensorStatus.RUNNING,
-    max_resumes_per_tick: int = 10,
+    max_resumes_per_tick: int | None = None,
     resource_key: str = "recovery",
     startup_gap_factor: float = 3.0,
+    stop_budget_seconds: float = 20.0,
 ):
-    """Each tick runs the recovery scan for ``jobs`` and launches one resume run per reclaimed orphan.
+    """Each tick runs the recovery scan for ``jobs`` and requests one resume run per reclaimed orphan.
 
+    Every tick also re-requests the resume run of each pipeline this sensor reserved that has
+    no run yet (the run key makes that idempotent), so a tick that fails after its reclaim
+    committed still ends in exactly one resume run. A reservation waits ``launch_grace_seconds``
+    for its run to attach, extended while Dagster shows that run queued or starting; a resume run
+    that ends before attaching makes the pipeline an orphan again at once.
+
+    ``max_resumes_per_tick`` caps the reclaims of one tick (``None``: no cap; Dagster's run queue
+    paces the launches). Superseded runs Dagster still shows running are terminated through the
+    instance's run launcher and marked FAILURE (best effort, at most ``stop_budget_seconds`` per tick).
     The first tick after the daemon (or this sensor) starts, or after a gap of
     ``startup_gap_factor`` intervals (at least a minute), is recorded as startup recovery
     (seed 000 steps 5-6).
     """
-    if max_resumes_per_tick < 1:
-        raise ValueError("max_resumes_per_tick must be at least 1")
-    job_names = [j.name for j in jobs]
+    if max_resumes_per_tick is not None and max_resumes_per_tick < 1:
+        raise ValueError("max_resumes_per_tick must be at least 1 (or None for no cap)")
+    jobs_by_name = {j.name: j for j in jobs}
+    origin_runs = OriginRuns()
+    job_names = list(jobs_by_name)
 
     @sensor(name=name, minimum_interval_seconds=minimum_interval_seconds, default_status=default_status,
             jobs=list(jobs), required_resource_keys={resource_key},
@@ -111,41 +81,77 @@ def make_orphan_sensor(
         resource: RecoveryResource = getattr(context.resources, resource_key)
         store = resource.get_store()
         instance = context.instance
+        grace = resource.launch_grace_seconds
         last = context.last_tick_completion_time
         startup = context.is_first_tick_since_sensor_start or (
             last is not None and time.time() - last > max(startup_gap_factor * minimum_interval_seconds, 60.0))
         trigger = "startup" if startup else "sensor"
+        notes: list[str] = []
+        dead: list[str] = []
+        retrying: list[str] = []
+        existing: dict[str, Any] = {}
         try:
-            dead, retrying, canceled = _owner_runs(instance, store.running_owners(job_names=job_names))
+            owners = store.running_owners(job_names=job_names)
+            placeholders = [o for o in owners if is_placeholder(o)]
+            owner_runs = classify_owner_runs(instance, [o for o in owners if not is_placeholder(o)])
+            watch = watch_resume_runs(instance, placeholders)
+            existing = watch.existing
+            dead, retrying = owner_runs.dead + watch.died, owner_runs.retrying
+            canceled = owner_runs.canceled + watch.canceled
             if canceled:  # backstop: the run worker normally records its user's cancel itself
                 for pipeline_id in store.cancel_owned_by(canceled):
                     context.log.info(f"pipeline {pipeline_id} canceled: its run was canceled by its user")
+            if watch.waiting:
+                extended = store.extend_launch_grace(watch.waiting, grace)
+                notes.append(f"{len(watch.waiting)} resume run{'s' if len(watch.waiting) != 1 else ''} queued or "
+                             f"starting in Dagster ({extended} reservation{'s' if extended != 1 else ''} extended)")
+            if watch.died:
+                notes.append(f"{len(watch.died)} resume run{'s' if len(watch.died) != 1 else ''} ended before "
+                             "attaching")
         except Exception as exc:  # noqa: BLE001 - the store being down is reported by the scan below
-            context.log.warning(f"could not list running pipelines: {redact(exc)}")
-            dead, retrying = [], []
-        stats: ScanStats = scan(store, settings=resource.recovery_settings(), dead_owner_runs=dead, launching=True,
-                                limit=max_resumes_per_tick, trigger=trigger, job_names=job_names,
-                                retrying_owner_runs=retrying)
+            context.log.warning(f"could not check running pipelines against Dagster: {redact(exc)}")
+        settings = replace(resource.recovery_settings(), max_per_scan=max_resumes_per_tick)
+        stats: ScanStats = scan(store, settings=settings, dead_owner_runs=dead, launching=True, trigger=trigger,
+                                job_names=job_names, launcher=name, retrying_owner_runs=retrying)
         resource.enforce_event_retention(store)
-        reclaimed = list(stats.reclaimed_pipelines)
-        if stats.error is None and len(reclaimed) < max_resumes_per_tick:
+        if stats.error is None:
             try:
-                reclaimed += store.claim_awaiting(limit=max_resumes_per_tick - len(reclaimed),
-                                                  grace_seconds=resource.launch_grace_seconds, job_names=job_names)
+                left = None if max_resumes_per_tick is None else max_resumes_per_tick - stats.reclaimed
+                stats.reclaimed_pipelines += store.claim_awaiting(limit=left, grace_seconds=grace,
+                                                                  job_names=job_names, launcher=name)
             except Exception as exc:  # noqa: BLE001
                 context.log.warning(f"could not claim pipelines awaiting a resume: {redact(exc)}")
-        requests = []
-        for r in reclaimed:
-            _fail_stale_run(instance, r.previous_owner,
-                            f"recovery-ext: the run worker of pipeline {r.pipeline_id} stopped heartbeating; "
-                            f"pipeline resumed as resume #{r.resume_number}")
-            requests.append(resume_request(r))
-        for g in stats.given_up_pipelines:
-            _fail_stale_run(instance, g.previous_owner, f"recovery-ext: pipeline {g.pipeline_id} given up: {g.reason}")
-        message = summary_line(stats, launched=len(requests)) + waiting_summary(store)
+        fresh = {r.pipeline_id for r in stats.reclaimed_pipelines}
+        try:
+            waiting = [a for a in store.awaiting_resume(job_names=job_names)
+                       if a.launcher in (name, None) and resume_run_key(a.pipeline_id, a.resume_number) not in existing]
+        except Exception as exc:  # noqa: BLE001
+            context.log.warning(f"could not list pipelines awaiting their resume run: {redact(exc)}")
+            waiting = [r for r in stats.reclaimed_pipelines]
+        origins = origin_runs.get(instance, [a.origin_run_id for a in waiting if a.origin_run_id])
+        requests = [resume_request(a, origins.get(a.origin_run_id or ""), jobs_by_name.get(a.job_name))
+                    for a in waiting]
+        again = sum(1 for a in waiting if a.pipeline_id not in fresh)
+        if again:
+            notes.append(f"{again} resume run{'s' if again != 1 else ''} re-requested (no run yet)")
+        stopped = stop_superseded(
+            instance, [*stats.reclaimed_pipelines, *stats.given_up_pipelines],
+            lambda r: (f"recovery-ext: pipeline {r.pipeline_id} given up: {r.reason}" if isinstance(r, GivenUp) else
+                       f"recovery-ext: the run worker of pipeline {r.pipeline_id} stopped heartbeating; "
+                       f"pipeline resumed as resume #{r.resume_number}"),
+            budget_seconds=stop_budget_seconds)
+        if stopped:
+            terminated = sum(1 for s in stopped if s.terminate == "terminated")
+            notes.append(f"{len(stopped)} superseded run{'s' if len(stopped) != 1 else ''} still live in Dagster: "
+                         f"{terminated} terminated, {sum(s.marked_failed for s in stopped)} marked failed")
+            try:
+                store.record_superseded_runs([(s.pipeline_id, s.as_payload()) for s in stopped])
+            except Exception as exc:  # noqa: BLE001
+                context.log.warning(f"could not record stopped runs: {redact(exc)}")
+        message = "; ".join([summary_line(stats, launched=len(fresh)), *notes]) + waiting_summary(store)
         if startup:
             message = f"startup recovery: {message}"
-        if stats.found or requests or stats.error:
+        if stats.found or requests or stats.error or notes:
             context.log.info(message)
         if not requests:
             return SkipReason(message)
