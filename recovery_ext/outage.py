@@ -48,12 +48,12 @@ class OutageSettings:
 
     pause_after: int = 5               # same-category transient errors in a row before the pipeline pauses
     pause_initial: float = 30.0        # first pause; doubles per pause
-    pause_max: float = 600.0           # longest single pause
+    pause_max: float = 300.0           # longest single pause
     budget_seconds: float = 7200.0     # an outage longer than this gives up (default 2 h)
     jitter: float = 0.1
     breaker_threshold: int = 5         # consecutive transient failures, across pipelines, that open the breaker
     breaker_cooldown: float = 30.0     # first open period; doubles each time the probe fails
-    breaker_max_cooldown: float = 600.0
+    breaker_max_cooldown: float = 120.0  # short: the next probe may be this far away when the provider is back
     probe_timeout: float = 120.0       # a probe that neither succeeds nor fails by then is replaced
 
     def __post_init__(self) -> None:

@@ -32,7 +32,9 @@ def dev(app_url, store, tmp_path_factory, cpu_hog_module):
 
 
 def resume_runs(dev, pipeline_id):
-    return sorted(dev.runs(tags={TAG_PIPELINE: str(pipeline_id)}), key=lambda r: int(r.tags[TAG_RESUME_NUMBER]))
+    """The pipeline's resume runs, in order (the first run is tagged with the pipeline too)."""
+    runs = [r for r in dev.runs(tags={TAG_PIPELINE: str(pipeline_id)}) if TAG_RESUME_NUMBER in r.tags]
+    return sorted(runs, key=lambda r: int(r.tags[TAG_RESUME_NUMBER]))
 
 
 def test_kill_9_mid_document_then_kill_9_of_the_resume_as_it_attaches(dev, store):

@@ -122,23 +122,24 @@ def test_a_crash_then_a_second_reclaim_before_the_resumes_ocr_step_loses_no_docu
 def test_a_document_slower_than_the_stale_threshold_keeps_heartbeating_and_completes(
         store, db_url, folder, monkeypatch, cpu_hog):
     """Seed 003's monitor (the real stuck-item sensor, threshold 1 s) ticks all the while a document
-    takes 6 s: its heartbeat keeps it alive, so it is never reset and its completion is not refused."""
+    takes 20 s, more than twice its heartbeat timeout: its heartbeat keeps it alive, so it is never
+    reset and its completion is not refused."""
     def slow_first(path, **kw):
         result = quick_recognise(path, **kw)
         if path.name == "doc1.pdf":
-            time.sleep(6)
+            time.sleep(20)
         return result
 
     monkeypatch.setattr(ocr_module, "recognise", slow_first)
     job = make_ocr_job(str(folder), executor_def=in_process_executor,
-                       ocr_config={**FAST, "item_heartbeat_interval": 0.3, "item_heartbeat_timeout": 3.0,
+                       ocr_config={**FAST, "item_heartbeat_interval": 0.5, "item_heartbeat_timeout": 8.0,
                                    "legacy_stale_seconds": 1.0})
     sensor = make_stuck_item_sensor(job, "ocr", stale_after_seconds=1, minimum_interval_seconds=1)
     stop, ticks = threading.Event(), []
 
     def monitor():
         with DagsterInstance.ephemeral() as instance:
-            while not stop.wait(0.2):
+            while not stop.wait(0.5):
                 ctx = build_sensor_context(instance=instance, resources={"recovery": resource(db_url)})
                 ticks.append(sensor.evaluate_tick(ctx))
                 store.reset_stale(queue="ocr", older_than_seconds=1, reason="reset-stuck command")
@@ -154,7 +155,7 @@ def test_a_document_slower_than_the_stale_threshold_keeps_heartbeating_and_compl
     (slow,) = [i for i in store.list_items("ocr") if i.payload["name"] == "doc1.pdf"]
     events = [t["event"] for t in store.transitions_for(entity_type="queue_item", entity_id=slow.id)]
     assert events == ["claimed", "completed"] and slow.attempts == 1
-    assert (slow.completed_at - slow.started_at).total_seconds() >= 6
+    assert (slow.completed_at - slow.started_at).total_seconds() >= 20
     assert store.count_events("item_reset") == 0
     assert_every_document_completed_once_before_the_pipeline(store, store.list_pipelines()[0].id)
     assert result.output_for_node("ocr_documents") == {"queue": "ocr", "processed": len(DOCS), "failed": 0, "dead": 0}

@@ -152,8 +152,8 @@ def test_definitions_load_and_every_job_and_sensor_resolves(tmp_path, monkeypatc
 @pytest.mark.parametrize("bad,words", [
     (dict(heartbeat_interval=60, heartbeat_timeout=90), "at most half the timeout"),
     (dict(retry_jitter=2.0), "jitter must be between 0 and 1"),
-    (dict(max_resumes=-1), "must not be negative"),
-    (dict(launch_grace_seconds=0), "launch_grace_seconds must be positive"),
+    (dict(max_resumes=-1), "max_resumes must be a whole number from 0"),
+    (dict(launch_grace_seconds=0), "launch_grace_seconds must be at least"),
 ])
 def test_invalid_resource_settings_fail_when_definitions_load(bad, words):
     with pytest.raises(Exception) as info:

@@ -82,7 +82,7 @@ class RecoveryResource(ConfigurableResource):
     outage_pause_initial: float = Field(
         default=30.0, description="First pause of a pipeline after same_error_limit transient errors in a row, in "
         "seconds; doubles with each pause, with jitter.")
-    outage_pause_max: float = Field(default=600.0, description="Longest single outage pause in seconds.")
+    outage_pause_max: float = Field(default=300.0, description="Longest single outage pause in seconds.")
     outage_budget_seconds: float = Field(
         default=7200.0, description="A provider outage longer than this gives up with a clear reason (default 2 h).")
     breaker_failure_threshold: int = Field(
@@ -91,7 +91,9 @@ class RecoveryResource(ConfigurableResource):
     breaker_cooldown: float = Field(
         default=30.0, description="Seconds an endpoint's breaker stays open before one half-open probe; doubles "
         "each time the probe fails.")
-    breaker_max_cooldown: float = Field(default=600.0, description="Longest breaker cool-down in seconds.")
+    breaker_max_cooldown: float = Field(
+        default=120.0, description="Longest breaker cool-down in seconds; after the provider is back, the next "
+        "probe may still be this far away.")
     breaker_probe_timeout: float = Field(
         default=120.0, description="Seconds after which an unanswered half-open probe is handed to another caller.")
 
