@@ -181,6 +181,7 @@ def test_sibling_nodes_started_and_completed_in_parallel_never_deadlock(pg_url, 
     store.close()
 
 
+@pytest.mark.timeout(0)  # RECOVERY_DEADLOCK_RUNS=20 takes far longer than the suite's per-test timeout
 def test_the_real_ontology_job_with_the_multiprocess_executor_never_deadlocks(pg_url, tmp_path, monkeypatch):
     """RECOVERY_DEADLOCK_RUNS=20 for the issue's measurement; the suite runs 2 (each run takes ~30 s under load)."""
     from dagster import DagsterInstance, build_reconstructable_job, execute_job
@@ -201,7 +202,7 @@ def test_the_real_ontology_job_with_the_multiprocess_executor_never_deadlocks(pg
             result = execute_job(build_reconstructable_job(
                 "ontology_defs", "bound_ontology_job", reconstructor_working_directory=str(TESTS)),
                 instance=instance, raise_on_error=False)
-            print(f"ontology run {len(failed) + 1}: success={result.success}", flush=True)  # progress under -s
+            print(f"ontology run: success={result.success}", flush=True)  # progress under -s
             if not result.success:
                 failed.append([str(e.event_specific_data) for e in result.all_events
                                if e.event_type_value == "STEP_FAILURE"])
