@@ -93,3 +93,24 @@ def cpu_hog_module():
     """The same hog, kept running for a whole module (e.g. around a shared `dagster dev`)."""
     with _cpu_hog() as procs:
         yield procs
+
+
+@pytest.fixture(scope="module")
+def app_url(pg_admin) -> Iterator[str]:
+    """One PostgreSQL database for a whole module, e.g. around a module-scoped `dagster dev`."""
+    url = create_pg_database(pg_admin)
+    try:
+        yield url
+    finally:
+        drop_pg_database(pg_admin, url)
+
+
+@pytest.fixture(scope="module")
+def app_store(app_url) -> Iterator[RecoveryStore]:
+    """The migrated store over ``app_url``, shared by the module's tests."""
+    s = RecoveryStore(app_url)
+    s.migrate()
+    try:
+        yield s
+    finally:
+        s.close()

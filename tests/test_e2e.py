@@ -19,21 +19,11 @@ from recovery_ext.devserver import DagsterDev, cmdline, parent_of, process_alive
 from recovery_ext.integration.recoverable import TAG_PIPELINE, TAG_RESUME_NUMBER, TAG_RESUMED_FROM
 from recovery_ext.recovery import scan
 from recovery_ext.schema import events, node_items, transitions
-from recovery_ext.store import RecoveryStore
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 
 NODES = ("n1", "n2", "n3", "n4")
 MAX_RESUMES = 2
-
-
-@pytest.fixture(scope="module")
-def app_url(pg_admin):
-    from conftest import create_pg_database, drop_pg_database
-
-    url = create_pg_database(pg_admin)
-    yield url
-    drop_pg_database(pg_admin, url)
 
 
 @pytest.fixture(scope="module")
@@ -58,11 +48,8 @@ def keep_dev_log(server: DagsterDev) -> None:
 
 
 @pytest.fixture(scope="module")
-def store(app_url):
-    s = RecoveryStore(app_url)
-    s.migrate()
-    yield s
-    s.close()
+def store(app_store):
+    return app_store
 
 
 def config(items=6, item_seconds=0.4, **node_overrides):

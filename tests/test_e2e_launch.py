@@ -31,15 +31,6 @@ HANG = 40.0
 
 
 @pytest.fixture(scope="module")
-def app_url(pg_admin):
-    from conftest import create_pg_database, drop_pg_database
-
-    url = create_pg_database(pg_admin)
-    yield url
-    drop_pg_database(pg_admin, url)
-
-
-@pytest.fixture(scope="module")
 def flag(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("faults") / "hang-terminate.flag"
 
@@ -73,13 +64,8 @@ run_launcher:
 
 
 @pytest.fixture(scope="module")
-def store(app_url):
-    from recovery_ext.store import RecoveryStore
-
-    s = RecoveryStore(app_url)
-    s.migrate()
-    yield s
-    s.close()
+def store(app_store):
+    return app_store
 
 
 def failed_ticks(dev) -> list:

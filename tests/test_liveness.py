@@ -19,7 +19,6 @@ import liveness_defs
 from recovery_ext.devserver import DagsterDev, parent_of, wait_for
 from recovery_ext.integration.tags import TAG_PIPELINE, TAG_RESUME_NUMBER
 from recovery_ext.schema import events, node_items, transitions
-from recovery_ext.store import RecoveryStore
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 
@@ -43,15 +42,6 @@ run_retries:
 
 
 @pytest.fixture(scope="module")
-def app_url(pg_admin):
-    from conftest import create_pg_database, drop_pg_database
-
-    url = create_pg_database(pg_admin)
-    yield url
-    drop_pg_database(pg_admin, url)
-
-
-@pytest.fixture(scope="module")
 def fail_flag(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("flags") / "fail-once"
 
@@ -70,11 +60,8 @@ def dev(app_url, fail_flag, tmp_path_factory, cpu_hog_module):
 
 
 @pytest.fixture(scope="module")
-def store(app_url):
-    s = RecoveryStore(app_url)
-    s.migrate()
-    yield s
-    s.close()
+def store(app_store):
+    return app_store
 
 
 def trace_rows(store, run_id=None, node=None):

@@ -14,10 +14,14 @@ from dagster import DagsterRunStatus
 from recovery_ext.devserver import DagsterDev, process_alive, wait_for
 from recovery_ext.integration.recoverable import TAG_PIPELINE, TAG_RESUME_NUMBER
 from recovery_ext.pipelines.sample_data import create_scanned_pdfs
-from test_e2e import app_url, store  # noqa: F401 - the same module-scoped application database and store
 from test_ocr_recovery import DOCS, assert_every_document_completed_once_before_the_pipeline
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
+
+
+@pytest.fixture(scope="module")
+def store(app_store):
+    return app_store
 
 
 @pytest.fixture(scope="module")
