@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 
 import psycopg
 import pytest
@@ -44,13 +45,20 @@ def drop_pg_database(admin_url: str, url: str) -> None:
         conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
-@pytest.fixture
-def pg_url(pg_admin) -> Iterator[str]:
-    url = create_pg_database(pg_admin)
+@contextmanager
+def pg_database(admin_url: str) -> Iterator[str]:
+    """A fresh, uniquely named database, dropped afterwards whatever happened."""
+    url = create_pg_database(admin_url)
     try:
         yield url
     finally:
-        drop_pg_database(pg_admin, url)
+        drop_pg_database(admin_url, url)
+
+
+@pytest.fixture
+def pg_url(pg_admin) -> Iterator[str]:
+    with pg_database(pg_admin) as url:
+        yield url
 
 
 @pytest.fixture
@@ -63,12 +71,8 @@ def db_url(request, tmp_path) -> Iterator[str]:
     if request.param == "sqlite":
         yield f"sqlite:///{tmp_path / 'recovery.sqlite3'}"
     else:
-        admin = request.getfixturevalue("pg_admin")
-        url = create_pg_database(admin)
-        try:
+        with pg_database(request.getfixturevalue("pg_admin")) as url:
             yield url
-        finally:
-            drop_pg_database(admin, url)
 
 
 @pytest.fixture
@@ -98,11 +102,8 @@ def cpu_hog_module():
 @pytest.fixture(scope="module")
 def app_url(pg_admin) -> Iterator[str]:
     """One PostgreSQL database for a whole module, e.g. around a module-scoped `dagster dev`."""
-    url = create_pg_database(pg_admin)
-    try:
+    with pg_database(pg_admin) as url:
         yield url
-    finally:
-        drop_pg_database(pg_admin, url)
 
 
 @pytest.fixture(scope="module")
