@@ -15,6 +15,7 @@ from werkzeug import Response
 from helpers import expire
 
 from recovery_ext.classify import classify
+from recovery_ext.devserver import wait_for
 from recovery_ext.models import NodeSpec
 from recovery_ext.outage import OutageBudgetExceeded, OutageSettings, ProviderGuard, StorePause
 from recovery_ext.pipelines.llm import OpenAICompatibleEnricher
@@ -208,10 +209,8 @@ def test_a_failed_probe_reopens_with_a_longer_cooldown(store):
     endpoint = "http://llm.local/v1"
     cooldowns = {1: 0.05, 2: 30.0}
     assert store.breaker_record_failure(endpoint, "a", threshold=1, cooldown=cooldowns.get, error="503") == "opened"
-    import time
-
-    time.sleep(0.1)
-    probe = store.breaker_before_call(endpoint, "a", probe_timeout=5)
+    probe = wait_for(lambda: (d := store.breaker_before_call(endpoint, "a", probe_timeout=5)).probe and d,
+                     timeout=10, interval=0.02, what="the 0.05 s cooldown to end")
     assert probe.probe
     assert store.breaker_record_failure(endpoint, "b", threshold=1, cooldown=cooldowns.get, error="503") is None
     assert store.breaker_record_failure(endpoint, "a", threshold=1, cooldown=cooldowns.get, error="503") == "opened"

@@ -9,6 +9,7 @@ import pytest
 from sqlalchemy import select, update
 
 from helpers import expire
+from recovery_ext.devserver import wait_for
 from recovery_ext.errors import IllegalTransition, OwnershipLost
 from recovery_ext.heartbeat import HeartbeatRegistry, HeartbeatSettings
 from recovery_ext.models import ErrorInfo
@@ -110,7 +111,9 @@ def test_the_registry_thread_keeps_a_pipeline_alive_and_stops_when_released(stor
         time.sleep(0.1)
     assert registry.pulses >= 5
     lease.release()
-    time.sleep(1.5)
+    released = time.monotonic()
+    wait_for(lambda: store.find_orphans(), timeout=10, interval=0.1, what="the released pipeline to expire")
+    assert time.monotonic() - released >= 0.9  # not before its 1 s timeout: the lease really stopped pulsing
     assert [o.id for o in store.find_orphans()] == [own.pipeline_id]
 
 
