@@ -1,0 +1,155 @@
+"""Recoverable assets and Dagster-native signatures, in-process against a real instance and store:
+Config classes and typed resources reach the body, RetryPolicy composes with the classifier,
+materializations carry the user's and the recovery metadata, partitions are separate pipelines."""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+import pytest
+from dagster import (
+    AssetKey,
+    DagsterEventType,
+    DagsterInstance,
+    execute_job,
+)
+
+from dagster._core.definitions.reconstruct import ReconstructableRepository
+
+import asset_defs
+from recovery_ext.integration import RecoveryResource, execute_in_process
+
+
+@pytest.fixture
+def defs(db_url, monkeypatch):
+    monkeypatch.setenv("RECOVERY_DATABASE_URL", db_url)
+    asset_defs.SEEN.clear()
+    return asset_defs.definitions()
+
+
+@pytest.fixture
+def instance():
+    with tempfile.TemporaryDirectory() as home, DagsterInstance.local_temp(home) as inst:
+        yield inst
+
+
+def materializations(instance, key: str):
+    return [r.asset_materialization for r in instance.fetch_materializations(AssetKey(key), limit=100).records]
+
+
+def step_events(result, event_type):
+    return [e for e in result.all_events if e.event_type == event_type]
+
+
+def test_config_class_and_typed_resource_reach_an_asset_body_and_metadata_lands_on_materializations(
+        defs, instance, store):
+    result = execute_in_process(defs.resolve_job_def("words_job"), instance=instance,
+                                run_config={"ops": {"words": {"config": {"word": "hi", "items": 2}}}})
+    assert result.success
+    (seen,) = [s for s in asset_defs.SEEN if s.get("asset") == "words"]
+    assert isinstance(seen["config"], asset_defs.Greeting) and seen["config"].word == "hi"
+    assert isinstance(seen["counter"], asset_defs.Counter) and seen["counter"].start == 7
+    (words,) = materializations(instance, "words")
+    assert words.metadata["items_done"].value == 2 and words.metadata["items_resumed"].value == 0
+    assert words.metadata["recovery"].value == f"completed in run {result.run_id}"
+    assert words.metadata["attempts"].value == 1
+    (report,) = materializations(instance, "word_report")  # the user's MaterializeResult metadata and ours
+    assert report.metadata["words_seen"].value == 2 and report.metadata["first"].value == "hi-0"
+    assert report.metadata["recovery"].value == f"completed in run {result.run_id}"
+    (left,), (right,) = materializations(instance, "left"), materializations(instance, "right")
+    assert left.metadata["side"].value == "left" and "side" not in right.metadata
+    assert left.metadata["items_done"].value == right.metadata["items_done"].value == 2
+    assert result.asset_value("left") == ["hi-0"] and result.asset_value("right") == ["hi-1"]
+    (pipeline,) = store.list_pipelines()
+    assert pipeline.status == "completed"
+    assert {n.name: n.status for n in store.list_nodes(pipeline.id)} == {
+        "words": "completed", "word_report": "completed", "pair": "completed"}
+
+
+def test_config_class_typed_resource_and_output_metadata_of_an_op(defs, instance):
+    result = execute_in_process(defs.resolve_job_def("typed_job"), instance=instance,
+                                run_config={"ops": {"typed_op": {"config": {"word": "yo"}}}})
+    assert result.success
+    (seen,) = [s for s in asset_defs.SEEN if s.get("op") == "typed_op"]
+    assert seen["config"].word == "yo" and seen["counter"].start == 7
+    assert result.output_for_node("doubled") == 14
+    (output,) = [e for e in step_events(result, DagsterEventType.STEP_OUTPUT) if e.step_key == "typed_op"]
+    metadata = output.event_specific_data.metadata
+    assert metadata["custom"].value == "yes" and metadata["recovery"].value == f"completed in run {result.run_id}"
+
+
+def test_retry_policy_and_a_permanent_error_mean_no_retry(defs, instance, store):
+    result = execute_in_process(defs.resolve_job_def("flaky_job"), instance=instance, raise_on_error=False)
+    assert not result.success
+    assert [s["retry"] for s in asset_defs.SEEN if s.get("asset") == "flaky"] == [0]
+    assert not step_events(result, DagsterEventType.STEP_UP_FOR_RETRY)
+    (failure,) = step_events(result, DagsterEventType.STEP_FAILURE)
+    assert failure.step_failure_data.user_failure_data.metadata["category"].value == "client_error" or \
+        "400" in failure.step_failure_data.user_failure_data.description
+    (pipeline,) = store.list_pipelines()
+    assert store.get_pipeline(pipeline.id).status == "failed"
+
+
+@pytest.mark.timeout(120)
+def test_retry_policy_sets_the_retries_of_a_transient_error(db_url, monkeypatch, instance):
+    """3 quick retries as the policy says (the resource alone: 1 retry after 30 s), then the outage
+    handling of every recoverable node (pauses, here a tiny budget that gives up)."""
+    monkeypatch.setenv("RECOVERY_DATABASE_URL", db_url)
+    asset_defs.SEEN.clear()
+    recovery = RecoveryResource(database_url=db_url, heartbeat_interval=0.5, heartbeat_timeout=5.0, max_retries=1,
+                                retry_initial_delay=30.0, retry_max_delay=60.0, same_error_limit=20,
+                                outage_pause_initial=0.05, outage_pause_max=0.1, outage_budget_seconds=0.3)
+    defs = asset_defs.definitions(failing=asset_defs.Failing(status=503), recovery=recovery)
+    result = execute_in_process(defs.resolve_job_def("flaky_job"), instance=instance, raise_on_error=False)
+    assert not result.success
+    retries = step_events(result, DagsterEventType.STEP_UP_FOR_RETRY)
+    assert [s["retry"] for s in asset_defs.SEEN if s.get("asset") == "flaky"][:4] == [0, 1, 2, 3]
+    assert all(e.event_specific_data.seconds_to_wait < 1.0 for e in retries[:3])
+    (failure,) = step_events(result, DagsterEventType.STEP_FAILURE)
+    assert "outage budget" in failure.step_failure_data.user_failure_data.description
+
+
+def test_the_implicit_asset_job_runs_under_the_definitions_executor(db_url, monkeypatch, instance, store):
+    """What the daemon's asset backfills run: the implicit job, executor from Definitions(executor=...)."""
+    monkeypatch.setenv("RECOVERY_DATABASE_URL", db_url)
+    repository = ReconstructableRepository.for_module("asset_defs", "defs",
+                                                      working_directory=str(Path(asset_defs.__file__).parent))
+    job = repository.get_reconstructable_job("__ASSET_JOB")
+    with execute_job(job.get_subset(asset_selection={AssetKey("words"), AssetKey("word_report")}),
+                     instance=instance) as result:
+        assert result.success
+    (pipeline,) = store.list_pipelines()
+    assert pipeline.status == "completed" and pipeline.job_name == "__ASSET_JOB"
+    assert sorted(n.name for n in store.list_nodes(pipeline.id)) == ["word_report", "words"]
+    (words,) = materializations(instance, "words")
+    assert words.metadata["items_done"].value == 3
+
+
+def test_each_partition_is_its_own_pipeline_with_its_own_checkpoints(
+        db_url, instance, store, tmp_path):
+    from dagster import Definitions
+
+    from recovery_ext.integration import with_recovery
+    from recovery_ext.pipelines import ocr_assets
+    from recovery_ext.pipelines.sample_data import create_scanned_pdfs
+
+    create_scanned_pdfs(tmp_path, {f"scan-{i}.pdf": [f"Invoice {i}", "Total 12 EUR"] for i in range(3)})
+    partitions = ocr_assets.batch_partitions(tmp_path, batch_size=2)
+    assert partitions.get_partition_keys() == ["batch-000", "batch-001"]
+    assets, job = ocr_assets.make_ocr_assets(partitions)
+    recovery = RecoveryResource(database_url=db_url, heartbeat_interval=0.5, heartbeat_timeout=5.0)
+    defs = Definitions(assets=assets, jobs=[job], resources={
+        "recovery": recovery, "scans": ocr_assets.ScanFolder(folder=str(tmp_path), batch_size=2)})
+    job_def = defs.resolve_job_def("ocr_batches_job")
+    results = {key: execute_in_process(job_def, instance=instance, partition_key=key)
+               for key in ("batch-001", "batch-000")}
+    assert all(r.success for r in results.values())
+    by_run = {p.origin_run_id: p for p in store.list_pipelines()}
+    assert len(by_run) == 2
+    for key, result in results.items():
+        items = store.completed_items(by_run[result.run_id].id, "ocr_batches")
+        assert sorted(items) == (["scan-0.pdf", "scan-1.pdf"] if key == "batch-000" else ["scan-2.pdf"])
+        assert "Invoice" in result.asset_value("ocr_batches")[sorted(items)[0]]
+    stats = {m.partition: m.metadata for m in materializations(instance, "ocr_batch_stats")}
+    assert stats["batch-000"]["documents"].value == 2 and stats["batch-001"]["documents"].value == 1
