@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dagster import (
     AssetOut,
+    BackfillPolicy,
     Config,
     ConfigurableResource,
     Definitions,
@@ -12,6 +13,7 @@ from dagster import (
     MaterializeResult,
     Output,
     RetryPolicy,
+    StaticPartitionsDefinition,
     define_asset_job,
     in_process_executor,
 )
@@ -99,12 +101,23 @@ def recovery_resource() -> RecoveryResource:
                             heartbeat_timeout=5.0, max_retries=1, retry_initial_delay=0.01, retry_max_delay=0.02)
 
 
+@recoverable_asset(partitions_def=StaticPartitionsDefinition(["a", "b", "c"]),
+                   backfill_policy=BackfillPolicy.single_run())
+def ranged(ctx: NodeContext) -> MaterializeResult:
+    keys = ctx.context.partition_keys
+    for item in ctx.items(keys):
+        item.complete()
+    return MaterializeResult(metadata={"keys": ",".join(keys)})
+
+
 words_job = define_asset_job("words_job", selection=[words, word_report, pair])
 flaky_job = define_asset_job("flaky_job", selection=[flaky])
+ranged_job = define_asset_job("ranged_job", selection=[ranged])
 
 
 def definitions(**resources) -> Definitions:
-    return Definitions(assets=[words, word_report, pair, flaky], jobs=[words_job, flaky_job, typed_job],
+    return Definitions(assets=[words, word_report, pair, flaky, ranged],
+                       jobs=[words_job, flaky_job, ranged_job, typed_job],
                        executor=with_recovery(in_process_executor),
                        resources={"recovery": recovery_resource(), "counter": Counter(start=7),
                                   "failing": Failing(), **resources})

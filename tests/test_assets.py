@@ -153,3 +153,25 @@ def test_each_partition_is_its_own_pipeline_with_its_own_checkpoints(
         assert "Invoice" in result.asset_value("ocr_batches")[sorted(items)[0]]
     stats = {m.partition: m.metadata for m in materializations(instance, "ocr_batch_stats")}
     assert stats["batch-000"]["documents"].value == 2 and stats["batch-001"]["documents"].value == 1
+
+
+def test_a_resume_of_a_single_run_backfill_keeps_its_partition_range(defs, instance, store):
+    from dagster import DagsterRun
+
+    from recovery_ext.integration.resume_runs import PARTITION_RANGE_TAGS, resume_request
+    from recovery_ext.models import Reclaimed
+
+    start, end = PARTITION_RANGE_TAGS
+    job = defs.resolve_job_def("ranged_job")
+    origin = DagsterRun(job_name="ranged_job", run_id="origin-run", tags={start: "b", end: "c", "dagster/backfill": "bf"})
+    reclaimed = Reclaimed(pipeline_id=1, job_name="ranged_job", params={}, previous_owner="origin-run", owner=None,
+                          epoch=2, resume_number=1, origin_run_id="origin-run")
+    request = resume_request(reclaimed, origin, job)
+    assert (request.tags[start], request.tags[end]) == ("b", "c") and "dagster/backfill" not in request.tags
+    # what the resume run executes (without the tags that attach it to the reclaimed pipeline)
+    tags = {k: v for k, v in request.tags.items() if not k.startswith("recovery/")}
+    result = execute_in_process(job, instance=instance, tags=tags)
+    assert result.success
+    (materialized,) = {m.metadata["keys"].value for m in materializations(instance, "ranged")}
+    assert materialized == "b,c"
+    assert sorted(m.partition for m in materializations(instance, "ranged")) == ["b", "c"]

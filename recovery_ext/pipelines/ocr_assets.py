@@ -47,8 +47,10 @@ class ScanFolder(ConfigurableResource):
 
 
 def batch_partitions(folder: str | Path, batch_size: int) -> StaticPartitionsDefinition:
-    """``batch-000``, ``batch-001``, ...: one partition per batch of the folder's documents."""
-    count = len(ScanFolder(folder=str(folder), batch_size=batch_size).documents())
+    """``batch-000``, ``batch-001``, ...: one partition per batch of the folder's documents (read when the
+    definitions load; a folder that does not exist yet gives one empty batch, so the code location loads)."""
+    scans = ScanFolder(folder=str(folder), batch_size=batch_size)
+    count = len(scans.documents()) if Path(folder).is_dir() else 0
     return StaticPartitionsDefinition([f"batch-{i:03d}" for i in range(max(1, math.ceil(count / batch_size)))])
 
 
@@ -82,6 +84,7 @@ def make_ocr_assets(partitions: StaticPartitionsDefinition):
         return MaterializeResult(metadata={"documents": len(words), "words": sum(words.values()),
                                            "per_document": MetadataValue.json(words)})
 
+    # partitions_def is redundant for Dagster, but the orphan sensor reads it to resume a partition
     job = define_asset_job("ocr_batches_job", selection=[ocr_batches, ocr_batch_stats], partitions_def=partitions,
                            executor_def=with_recovery(multiprocess_executor))
     return [ocr_batches, ocr_batch_stats], job
