@@ -57,12 +57,19 @@ class Failing(ConfigurableResource):
 def words(ctx: NodeContext, config: Greeting, counter: Counter) -> list:
     SEEN.append({"asset": "words", "config": config, "counter": counter})
     for item in ctx.items(f"{config.word}-{i}" for i in range(config.items)):
+        SEEN.append({"item": item.key})
         item.complete(counter.start)
     return sorted(ctx.completed_items())
 
 
+class ReportConfig(Config):
+    fail: bool = False
+
+
 @recoverable_asset
-def word_report(ctx: NodeContext, words: list) -> MaterializeResult:
+def word_report(ctx: NodeContext, words: list, config: ReportConfig) -> MaterializeResult:
+    if config.fail:
+        raise ValueError("report refused: a permanent error")
     return MaterializeResult(metadata={"words_seen": len(words), "first": words[0]})
 
 

@@ -79,6 +79,36 @@ def test_config_class_typed_resource_and_output_metadata_of_an_op(defs, instance
     assert metadata["custom"].value == "yes" and metadata["recovery"].value == f"completed in run {result.run_id}"
 
 
+def test_a_finished_asset_that_runs_again_in_its_pipeline_re_emits_its_stored_value(defs, instance, store):
+    """A full re-execution of a failed run takes its pipeline over: the finished asset does not
+    recompute (no item redone) and downstream gets the value its IO manager stored."""
+    from dagster import ReexecutionOptions
+
+    repository = ReconstructableRepository.for_module("asset_defs", "defs",
+                                                      working_directory=str(Path(asset_defs.__file__).parent))
+    job = repository.get_reconstructable_job("words_job")
+    config = {"ops": {"words": {"config": {"word": "re", "items": 2}}}}
+    with execute_job(job, instance=instance, run_config={**config, "ops": {
+            **config["ops"], "word_report": {"config": {"fail": True}}}}, raise_on_error=False) as first:
+        assert not first.success
+        first_id = first.run_id
+    (pipeline,) = store.list_pipelines()
+    assert store.get_pipeline(pipeline.id).status == "failed"
+    asset_defs.SEEN.clear()
+    # in-process re-execution leaves out the tags the UI's re-execution carries: set them as it does
+    parent = {"dagster/parent_run_id": first_id, "dagster/root_run_id": first_id}
+    with execute_job(job, instance=instance, run_config=config, tags=parent, reexecution_options=ReexecutionOptions(
+            parent_run_id=first_id, step_selection=["words", "word_report", "pair"])) as second:
+        assert second.success
+        second_id = second.run_id
+    assert not [s for s in asset_defs.SEEN if "item" in s]  # nothing recomputed
+    assert store.get_pipeline(pipeline.id).status == "completed" and len(store.list_pipelines()) == 1
+    again = materializations(instance, "words")[0]  # newest first
+    assert again.metadata["recovery"].value == f"skipped: completed in run {first_id}"
+    (report,) = materializations(instance, "word_report")
+    assert report.metadata["words_seen"].value == 2 and report.metadata["recovery"].value.endswith(second_id)
+
+
 def test_retry_policy_and_a_permanent_error_mean_no_retry(defs, instance, store):
     result = execute_in_process(defs.resolve_job_def("flaky_job"), instance=instance, raise_on_error=False)
     assert not result.success
