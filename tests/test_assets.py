@@ -205,3 +205,25 @@ def test_a_resume_of_a_single_run_backfill_keeps_its_partition_range(defs, insta
     (materialized,) = {m.metadata["keys"].value for m in materializations(instance, "ranged")}
     assert materialized == "b,c"
     assert sorted(m.partition for m in materializations(instance, "ranged")) == ["b", "c"]
+
+
+def test_the_readme_asset_example_runs_as_written(db_url, monkeypatch, instance, store, tmp_path):
+    import importlib.util
+    import re
+
+    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    section = readme[readme.index("### Software-defined assets"):]
+    (tmp_path / "my_assets.py").write_text(re.search(r"```python\n(.*?)```", section, re.S).group(1))
+    spec = importlib.util.spec_from_file_location("my_assets", tmp_path / "my_assets.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    monkeypatch.setenv("RECOVERY_DATABASE_URL", db_url)  # RecoveryResource() reads it
+    result = execute_in_process(module.defs.resolve_job_def("summaries_job"), instance=instance,
+                                partition_key="batch-1")
+    assert result.success
+    assert result.asset_value("summaries") == {
+        f"batch-1/doc-{i}": f"summary of batch-1/doc-{i}" for i in range(4)}
+    (stats,) = materializations(instance, "summary_stats")
+    assert stats.partition == "batch-1" and stats.metadata["documents"].value == 4
+    (pipeline,) = store.list_pipelines()
+    assert pipeline.status == "completed"
