@@ -26,12 +26,7 @@ PARTITION_TAG = "dagster/partition"
 
 
 @pytest.fixture(scope="module")
-def store(app_store):
-    return app_store
-
-
-@pytest.fixture(scope="module")
-def dev(app_url, store, tmp_path_factory, cpu_hog_module):
+def dev(app_url, app_store, tmp_path_factory, cpu_hog_module):
     home = tmp_path_factory.mktemp("dagster_home")
     # two runs at a time: the backfill stays mid-way long enough to kill one partition's run
     (home / "dagster.yaml").write_text("telemetry:\n  enabled: false\nrun_queue:\n  max_concurrent_runs: 2\n")
@@ -66,7 +61,8 @@ def calls_by_run(store) -> dict[str, list[str]]:
     return found
 
 
-def test_backfill_killed_mid_way_resumes_only_the_interrupted_partition(dev, store):
+def test_backfill_killed_mid_way_resumes_only_the_interrupted_partition(dev, app_store):
+    store = app_store
     backfill_id = launch_backfill(dev)
 
     def victim():
