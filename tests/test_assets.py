@@ -168,6 +168,7 @@ def test_each_partition_is_its_own_pipeline_with_its_own_checkpoints(
     partitions = ocr_assets.batch_partitions(tmp_path, batch_size=2)
     assert partitions.get_partition_keys() == ["batch-000", "batch-001"]
     assets, job = ocr_assets.make_ocr_assets(partitions)
+    assert assets[0].op.pool == "ocr" and assets[0].op.retry_policy.max_retries == 3  # passed through to Dagster
     recovery = RecoveryResource(database_url=db_url, heartbeat_interval=0.5, heartbeat_timeout=5.0)
     defs = Definitions(assets=assets, jobs=[job], resources={
         "recovery": recovery, "scans": ocr_assets.ScanFolder(folder=str(tmp_path), batch_size=2)})
@@ -193,7 +194,8 @@ def test_a_resume_of_a_single_run_backfill_keeps_its_partition_range(defs, insta
 
     start, end = PARTITION_RANGE_TAGS
     job = defs.resolve_job_def("ranged_job")
-    origin = DagsterRun(job_name="ranged_job", run_id="origin-run", tags={start: "b", end: "c", "dagster/backfill": "bf"})
+    origin = DagsterRun(job_name="ranged_job", run_id="origin-run",
+                        tags={start: "b", end: "c", "dagster/backfill": "bf"})
     reclaimed = Reclaimed(pipeline_id=1, job_name="ranged_job", params={}, previous_owner="origin-run", owner=None,
                           epoch=2, resume_number=1, origin_run_id="origin-run")
     request = resume_request(reclaimed, origin, job)

@@ -42,7 +42,8 @@ class BodySignature:
         try:
             hints = typing.get_type_hints(body)
         except NameError as exc:
-            raise TypeError(f"{body.__name__}: cannot resolve an annotation ({exc}); import it at module level") from exc
+            raise TypeError(f"{body.__name__}: cannot resolve an annotation ({exc}); "
+                            "import it at module level") from exc
         resolved = tuple(
             p.replace(kind=Parameter.POSITIONAL_OR_KEYWORD if p.kind == Parameter.POSITIONAL_ONLY else p.kind,
                       annotation=hints.get(p.name, Parameter.empty))

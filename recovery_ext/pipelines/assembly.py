@@ -21,7 +21,8 @@ def _env_or_none(name: str):
 
 
 def build_definitions(*, prepare_inputs: bool = False) -> Definitions:
-    """Both jobs and the OCR batch assets on the demo inputs by default (``recovery-ext demo setup`` creates them; `make dev` runs it)."""
+    """Both jobs and the OCR batch assets on the demo inputs by default (``recovery-ext demo setup``
+    creates them; `make dev` runs it)."""
     if prepare_inputs:
         prepare_demo()
     ontology = make_ontology_job()
