@@ -219,17 +219,19 @@ def test_definitions_load_and_every_job_and_sensor_resolves(tmp_path, monkeypatc
     spec.loader.exec_module(module)
     defs = module.defs
     jobs = {j.name for j in defs.resolve_all_job_defs()}
-    assert {"ontology_extraction", "ocr_documents"} <= jobs
+    assert {"ontology_extraction", "ocr_documents", "ocr_batches_job"} <= jobs
     sensors = {s.name for s in defs.sensors}
     assert {"recovery_orphan_sensor", "recovery_stuck_items_ocr"} <= sensors
     for name in sensors:
         assert defs.resolve_sensor_def(name).targets
-    for name in ("ontology_extraction", "ocr_documents"):
+    for name in ("ontology_extraction", "ocr_documents", "ocr_batches_job"):
         job = defs.resolve_job_def(name)
         assert all(n.definition.tags.get("recovery/node") == "true" for n in job.nodes_in_topological_order)
     assert defs.resources["source"].url == f"sqlite:///{tmp_path / 'demo' / 'shop.sqlite3'}"
     folder = defs.resolve_job_def("ocr_documents").run_config["ops"]["enqueue_documents"]["config"]["folder"]
     assert list(Path(folder).glob("*.pdf"))
+    batches = defs.resolve_job_def("ocr_batches_job").partitions_def.get_partition_keys()
+    assert len(batches) == -(-len(list(Path(folder).glob("*.pdf"))) // 2) and batches[0] == "batch-000"
     assert (ROOT / "workspace.yaml").read_text().count("definitions.py") == 1
 
 

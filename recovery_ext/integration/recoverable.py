@@ -10,11 +10,10 @@ node with its output. Every write is fenced: a superseded worker stops with
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from dagster import Failure, In, OpExecutionContext, Out, RetryRequested, op
+from dagster import Failure, In, OpExecutionContext, Out, Output, RetryPolicy, RetryRequested, op
 
 from ..classify import ClassifiedError, classify, with_context
 from ..errors import IllegalTransition, OwnershipLost, StopRequested, StoreUnavailable
@@ -25,6 +24,7 @@ from .executor import has_run_liveness
 from .context import Item, NodeContext, _jsonable  # noqa: F401 - Item is re-exported
 from .errors import error_info, failure_metadata, to_dagster
 from .resources import RecoveryResource
+from .signature import BodySignature, recordable, resource_for_policy
 from .tags import TAG_NODE, TAG_OPTIONAL, TAG_PIPELINE, TAG_RESUME_NUMBER, TAG_RESUMED_FROM  # noqa: F401
 
 
@@ -78,55 +78,82 @@ def recoverable_op(
     resource_key: str = "recovery",
     tags: Mapping[str, str] | None = None,
     pool: str | None = None,
+    retry_policy: RetryPolicy | None = None,
 ):
     """Turn ``fn(ctx: NodeContext, *inputs)`` into a Dagster op that is a recoverable pipeline node.
 
+    Beside the recovery context the body takes what a plain ``@op`` body takes: inputs (typed by
+    their annotations), ``config: MyConfig`` and typed resources; it may return ``Output`` with
+    metadata. ``retry_policy`` sets how transient errors retry (permanent ones never do).
     ``optional=True`` nodes degrade instead of failing the pipeline (seed 002's glossary
-    steps). Outputs must be JSON-serializable: a resume run replays the recorded value.
+    steps); their output is untyped since a degraded node outputs None. Outputs must be
+    JSON-serializable: a resume run replays the recorded value.
     """
 
     def decorate(body: Callable[..., Any]) -> Any:
         op_name = name or body.__name__
-        params = list(inspect.signature(body).parameters.values())[1:]
-        op_ins = dict(ins) if ins is not None else {p.name: In() for p in params}
+        signature = BodySignature.of(body).restricted_to(ins)
+        op_ins = dict(ins) if ins is not None else signature.plain_inputs()
         op_tags = {**(tags or {}), TAG_NODE: "true", TAG_OPTIONAL: "true" if optional else "false"}
 
-        def compute(context: OpExecutionContext, **inputs: Any) -> Any:
-            resource: RecoveryResource = getattr(context.resources, resource_key)
-            try:
-                return _compute(context, resource, inputs)
-            except StoreUnavailable as exc:  # past the store's retry budget: never a raw database error
-                return _outage(context, resource, op_name, optional, exc)
+        def compute(context: OpExecutionContext, **kwargs: Any) -> Any:
+            resource = resource_for_policy(getattr(context.resources, resource_key), retry_policy)
+            if resource_key not in signature.names:
+                kwargs.pop(resource_key, None)
+            returned: list[Any] = []
 
-        def _compute(context: OpExecutionContext, resource: RecoveryResource, inputs: dict[str, Any]) -> Any:
-            store = resource.get_store()
-            settings = heartbeat or resource.heartbeat_settings()
-            pipeline_id, own, owner = _owned(context, store, op_name)
-            node = store.get_node(pipeline_id, op_name)
-            if node is not None and node.finished:
-                message = f"skipped: {node.status} in run {node.run_id}"
-                context.log.info(f"{op_name} {message}")
-                context.add_output_metadata({"recovery": message, "skipped": True, "pipeline_id": pipeline_id,
-                                             "attempts": node.attempts})
-                return node.output
-            if own is None:
-                raise Failure(description=f"{op_name} not run: {owner}",
-                              metadata={"pipeline_id": pipeline_id}, allow_retries=False)
-            return _run_node(context, store, resource, settings, own, op_name, body, inputs, optional)
+            def recorded_body(ctx: NodeContext, **inputs: Any) -> Any:
+                returned.append(body(ctx, **inputs))
+                return recordable(returned[0])
 
-        compute.__name__ = op_name
-        compute.__doc__ = body.__doc__
-        compute.__signature__ = inspect.Signature(
-            [inspect.Parameter("context", inspect.Parameter.POSITIONAL_OR_KEYWORD)]
-            + [inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD) for n in op_ins]
-        )
+            output = run_node(context, resource, kwargs, op_name=op_name, body=recorded_body,
+                              heartbeat=heartbeat, optional=optional)
+            if returned and isinstance(returned[0], Output):  # keep the user's Output (metadata, name)
+                first = returned[0]
+                return Output(output, output_name=first.output_name, metadata=first.metadata,
+                              data_version=first.data_version, tags=first.tags)
+            return output
+
+        legacy_keys = required_resource_keys is not None
+        signature.attach(compute, body, op_name, resource_key=None if legacy_keys else resource_key,
+                         typed_output=not optional)
         return op(
-            name=op_name, ins=op_ins, out=out or Out(), config_schema=config_schema,
-            description=description or body.__doc__, tags=op_tags,
-            required_resource_keys={resource_key, *(required_resource_keys or set())}, pool=pool,
+            name=op_name, ins=op_ins, out=out, config_schema=config_schema,
+            description=description or body.__doc__, tags=op_tags, retry_policy=retry_policy,
+            required_resource_keys={resource_key, *required_resource_keys} if legacy_keys else None, pool=pool,
         )(compute)
 
     return decorate(fn) if fn is not None else decorate
+
+
+def run_node(context: Any, resource: RecoveryResource, inputs: dict[str, Any], *, op_name: str,
+             body: Callable[..., Any], heartbeat: HeartbeatSettings | None, optional: bool,
+             on_skip: Callable[[Any], Any] | None = None) -> Any:
+    """One execution of a recoverable node (op or asset): skip it if it finished, else run ``body``.
+
+    ``on_skip(node)`` is what a finished node returns (default: its recorded output).
+    """
+    try:
+        return _compute(context, resource, inputs, op_name, body, heartbeat, optional, on_skip)
+    except StoreUnavailable as exc:  # past the store's retry budget: never a raw database error
+        return _outage(context, resource, op_name, optional, exc)
+
+
+def _compute(context, resource, inputs, op_name, body, heartbeat, optional, on_skip) -> Any:
+    store = resource.get_store()
+    settings = heartbeat or resource.heartbeat_settings()
+    pipeline_id, own, owner = _owned(context, store, op_name)
+    node = store.get_node(pipeline_id, op_name)
+    if node is not None and node.finished:
+        message = f"skipped: {node.status} in run {node.run_id}"
+        context.log.info(f"{op_name} {message}")
+        context.add_output_metadata({"recovery": message, "skipped": True, "pipeline_id": pipeline_id,
+                                     "attempts": node.attempts})
+        return node.output if on_skip is None else on_skip(node)
+    if own is None:
+        raise Failure(description=f"{op_name} not run: {owner}",
+                      metadata={"pipeline_id": pipeline_id}, allow_retries=False)
+    return _run_node(context, store, resource, settings, own, op_name, body, inputs, optional)
 
 
 def _run_node(context, store, resource, settings, own, op_name, body, inputs, optional) -> Any:

@@ -30,6 +30,8 @@ BATCH = 500
 RUN_KEY_TAG = "dagster/run_key"
 PRIORITY_TAG = "dagster/priority"
 PARTITION_TAG = "dagster/partition"
+# a single-run backfill of a partition range (BackfillPolicy.single_run) tags its one run with the range
+PARTITION_RANGE_TAGS = ("dagster/asset_partition_range_start", "dagster/asset_partition_range_end")
 SYSTEM_PREFIXES = ("dagster/", ".dagster/", "recovery/", "dagster-")
 TAG_OP_SELECTION = "recovery/op_selection"
 
@@ -157,7 +159,7 @@ def carried_tags(origin: DagsterRun | None) -> dict[str, str]:
     if origin is None:
         return {}
     tags = {k: v for k, v in origin.tags.items() if not k.startswith(SYSTEM_PREFIXES)}
-    for kept in (PRIORITY_TAG, PARTITION_TAG):
+    for kept in (PRIORITY_TAG, PARTITION_TAG, *PARTITION_RANGE_TAGS):
         if kept in origin.tags:
             tags[kept] = origin.tags[kept]
     if origin.op_selection:
