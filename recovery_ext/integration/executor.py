@@ -42,6 +42,7 @@ from ..heartbeat import HeartbeatSettings, Lease, registry_for
 from ..models import NodeSpec, Ownership
 from ..redaction import redact
 from ..store import RecoveryStore
+from .replay import carried_op_selection, replay_events, split_plan, subset_context
 from .resources import RecoveryResource
 from .tags import TAG_NODE, TAG_OPTIONAL, TAG_PARENT_RUN, TAG_PIPELINE, TAG_RESUME_NUMBER, TAG_ROOT_RUN
 
@@ -288,7 +289,7 @@ class RecoveringExecutor(Executor):
         error: BaseException | None = None
         interrupted = False
         try:
-            for event in self.inner.execute(plan_context, execution_plan):
+            for event in self._events(scope, plan_context, execution_plan):
                 if event.is_step_failure:
                     failures.append(event)
                 yield event
@@ -300,6 +301,29 @@ class RecoveringExecutor(Executor):
             raise
         finally:
             scope.finish(failures=failures, error=error, interrupted=interrupted)
+
+
+    def _events(self, scope: RunScope, plan_context, execution_plan) -> Iterator[Any]:
+        """Replay the finished nodes here, then hand what is left to the inner executor."""
+        split = split_plan(scope.job_def, execution_plan, scope.store, scope.own.pipeline_id,
+                           carried_op_selection(plan_context.dagster_run))
+        if split is None or not split.changes_plan:
+            yield from self.inner.execute(plan_context, execution_plan)
+            return
+        if split.unselected:
+            scope._info(f"recovery-ext: resuming the op selection of the first run; not run: {', '.join(split.unselected)}")
+        if split.replay:
+            scope._info(f"recovery-ext: replaying {len(split.replay)} finished node(s) in the run worker: "
+                        f"{', '.join(split.replay)}")
+            failed = False
+            for event in replay_events(plan_context, execution_plan, split.replay, scope.own.pipeline_id):
+                failed = failed or event.is_step_failure
+                yield event
+            if failed:
+                return
+        if split.rest:
+            context, subset = subset_context(plan_context, execution_plan, split.rest, split.replay)
+            yield from self.inner.execute(context, subset)
 
 
 class RecoveryExecutorDefinition(ExecutorDefinition):
