@@ -12,8 +12,9 @@ Side by side in one run, on both executors (multiprocess, in-process), for the n
 Rounds alternate a, b, c so load drifts hit all three alike. Printed: median wall time of
 ``execute_job`` per case and the ratios b/a (goal <= 1.2) and c/a.
 
-Run: .venv/bin/python -m bench.resume_bench [--rounds N]   (PostgreSQL at 127.0.0.1:5432 for the
-application tables; Dagster storage is SQLite in a scratch DAGSTER_HOME).
+Run: .venv/bin/python -m bench.resume_bench [--rounds N] [--dagster-storage sqlite,postgres]
+(PostgreSQL at 127.0.0.1:5432 for the application tables; Dagster's own storage is SQLite in a
+scratch DAGSTER_HOME and/or a scratch PostgreSQL database: every replayed step writes its events there).
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from dagster import DagsterInstance, build_reconstructable_job, execute_job
@@ -78,13 +81,12 @@ def bench_executor(job_name: str, store: RecoveryStore, instance, rounds: int) -
     only_last = {"ops": {last: {"inputs": {"upstream": {"value": upstream}}}}}
     replay_events = RecoveringExecutor._events
     previous_path = lambda self, scope, ctx, plan: self.inner.execute(ctx, plan)  # noqa: E731
-    run_ok(job, instance)  # warm-up: imports, code paths, the first pipeline
+    run_ok(job, instance)  # warm-up, and the pipeline whose last node every resume below redoes
+    pipeline_id = max(p.id for p in store.list_pipelines())
     times: dict[str, list[float]] = {"a": [], "b": [], "c": []}
     for _ in range(rounds):
         times["a"].append(timed(lambda: run_ok(job, instance, op_selection=[last], run_config=only_last)))
         for case, events in (("b", replay_events), ("c", previous_path)):
-            run_ok(job, instance)
-            pipeline_id = max(p.id for p in store.list_pipelines())
             tags = last_left(store, pipeline_id, last)
             RecoveringExecutor._events = events
             try:
@@ -95,9 +97,30 @@ def bench_executor(job_name: str, store: RecoveryStore, instance, rounds: int) -
     return {case: statistics.median(values) for case, values in times.items()}
 
 
+@contextmanager
+def dagster_instance(storage: str) -> Iterator[DagsterInstance]:
+    """A scratch Dagster instance: SQLite storage in a temporary home, or a scratch PostgreSQL database."""
+    with tempfile.TemporaryDirectory() as home:
+        if storage == "sqlite":
+            with DagsterInstance.local_temp(home) as instance:
+                yield instance
+            return
+        url = scratch_db()
+        try:
+            driver_url = url.replace("postgresql://", "postgresql+psycopg2://", 1)
+            Path(home, "dagster.yaml").write_text(
+                f"telemetry:\n  enabled: false\nstorage:\n  postgres:\n    postgres_url: {driver_url}\n")
+            with DagsterInstance.from_config(home) as instance:
+                yield instance
+        finally:
+            drop_db(url)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--dagster-storage", default="sqlite,postgres",
+                        help="Dagster's own storage, comma-separated: sqlite (a scratch home), postgres")
     args = parser.parse_args()
     url = scratch_db()
     os.environ["RECOVERY_DATABASE_URL"] = url
@@ -105,12 +128,13 @@ def main() -> int:
     store.migrate()
     print(f"resume bench: 9-op chain, 2 items per op, {args.rounds} rounds, medians of execute_job wall time")
     try:
-        with tempfile.TemporaryDirectory() as home, DagsterInstance.local_temp(home) as instance:
-            for label, job_name in (("multiprocess", "chain9_mp"), ("in-process", "chain9_inproc")):
-                m = bench_executor(job_name, store, instance, args.rounds)
-                print(f"{label:>12}: (a) fresh run of r9 only {m['a']:.2f} s | (b) resume, 8 of 9 done {m['b']:.2f} s "
-                      f"| b/a = {m['b'] / m['a']:.2f}x (goal <= 1.2x) | (c) previous path {m['c']:.2f} s, "
-                      f"c/a = {m['c'] / m['a']:.2f}x")
+        for storage in args.dagster_storage.split(","):
+            with dagster_instance(storage) as instance:
+                for label, job_name in (("multiprocess", "chain9_mp"), ("in-process", "chain9_inproc")):
+                    m = bench_executor(job_name, store, instance, args.rounds)
+                    print(f"{storage:>8} {label:>12}: (a) fresh run of r9 only {m['a']:.2f} s | (b) resume, 8 of 9 "
+                          f"done {m['b']:.2f} s | b/a = {m['b'] / m['a']:.2f}x (goal <= 1.2x) | (c) previous path "
+                          f"{m['c']:.2f} s, c/a = {m['c'] / m['a']:.2f}x", flush=True)
     finally:
         store.close()
         drop_db(url)

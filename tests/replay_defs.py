@@ -90,7 +90,8 @@ RAW_KEY = AssetKey("raw_rows")
 
 def resource() -> RecoveryResource:
     return RecoveryResource(database_url=os.environ.get("RECOVERY_DATABASE_URL"), heartbeat_interval=0.5,
-                            heartbeat_timeout=5, max_retries=1, retry_initial_delay=0.01, retry_max_delay=0.02)
+                            heartbeat_timeout=5, max_resumes=1000, max_retries=1, retry_initial_delay=0.01,
+                            retry_max_delay=0.02)
 
 
 defs = Definitions(jobs=[mixed_mp, mixed_inproc, chain9_mp, chain9_inproc, summary_assets],

@@ -181,10 +181,8 @@ def _replay_step(step_context, node: Node, pipeline_id: int) -> Iterator[Dagster
     yield DagsterEvent.step_start_event(step_context)
     try:
         with time_execution_scope() as timer:
-            metadata = skipped_metadata(node, pipeline_id)
-            step_context.log.info(f"{node.name} {metadata['recovery']}: replayed by the run worker, no step process")
             (output_def,) = step_context.op_def.output_defs
-            produced = Output(node.output, output_def.name, metadata=metadata)
+            produced = Output(node.output, output_def.name, metadata=skipped_metadata(node, pipeline_id))
             for output in _step_output_error_checked_user_event_sequence(step_context, iter([produced])):
                 yield from _type_check_and_store_output(step_context, output)
     except Exception:  # noqa: BLE001 - reported as this step's failure, like any step error
