@@ -27,12 +27,16 @@ from dagster import (
 from e2e_defs import record_call
 from recovery_ext.integration import RecoveryResource, recoverable_op, with_recovery
 
-NODE_CONFIG = {"items": Field(int, default_value=2), "item_seconds": Field(float, default_value=0.0)}
+NODE_CONFIG = {"items": Field(int, default_value=2), "item_seconds": Field(float, default_value=0.0),
+               "fail_first_run": Field(bool, default_value=False,
+                                       description="fail for good unless the run is a re-execution")}
 
 
 def make_node(name: str, *, first: bool = False):
     def body(ctx, upstream=None):
         cfg = ctx.op_config
+        if cfg["fail_first_run"] and not ctx.context.run.parent_run_id:
+            raise ValueError(f"{name} fails in the first run")
         for item in ctx.items(f"{name}-{i}" for i in range(cfg["items"])):
             record_call(ctx._store, ctx.context.run_id, name, item.key)
             time.sleep(cfg["item_seconds"])

@@ -13,7 +13,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from dagster import DagsterEventType, DagsterInstance, build_reconstructable_job, execute_job
+from dagster import DagsterEventType, DagsterInstance, ReexecutionOptions, build_reconstructable_job, execute_job
 from dagster._core.test_utils import create_run_for_test
 from sqlalchemy import delete, func, select, update
 
@@ -121,6 +121,28 @@ def test_a_resume_replays_finished_nodes_and_ends_with_the_outputs_of_an_uninter
     if job_name.endswith("_mp"):
         workers = {e.step_key for e in step_events(instance, second.run_id, DagsterEventType.STEP_WORKER_STARTING)}
         assert workers == {"plain", "b", "c"}  # no step process for the finished node
+
+
+def test_a_ui_reexecution_that_takes_the_pipeline_over_replays_its_finished_nodes(instance, monkeypatch, pg_url):
+    store = use_store(pg_url, monkeypatch)
+    run_config = {"ops": {"c": {"config": {"fail_first_run": True}}}}
+    with execute_job(recon("mixed_mp"), instance=instance, run_config=run_config, raise_on_error=False) as first:
+        assert not first.success
+    (p,) = store.list_pipelines()
+    assert p.status == "failed"
+    with store.write() as conn:
+        conn.execute(delete(calls))
+    # the UI's "Re-execute all": the same logical run, so the same pipeline, taken over
+    options = ReexecutionOptions(parent_run_id=first.run_id)
+    with execute_job(recon("mixed_mp"), instance=instance, run_config=run_config,
+                     reexecution_options=options) as second:
+        assert second.success
+        assert final_output(second) == {"chain": ["a", "plain", "b", "c"], "items": ["c-0", "c-1"]}
+    assert call_counts(store) == {"plain": 1, "c": 2}
+    after = store.get_pipeline(p.id)
+    assert (after.status, after.owner) == ("completed", second.run_id) and len(store.list_pipelines()) == 1
+    workers = {e.step_key for e in step_events(instance, second.run_id, DagsterEventType.STEP_WORKER_STARTING)}
+    assert workers == {"plain", "c"}
 
 
 def test_an_op_selected_run_resumes_only_its_selected_ops(instance, monkeypatch, pg_url):

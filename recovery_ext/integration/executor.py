@@ -104,8 +104,9 @@ class RunScope:
         tags = self.run.tags
         run_id = self.run.run_id
         try:
-            if TAG_PARENT_RUN in tags:
-                self.own = self._reexecution(tags)
+            parent = tags.get(TAG_PARENT_RUN) or self.run.parent_run_id  # UI tags; execute_job sets only the field
+            if parent:
+                self.own = self._reexecution(tags, parent)
             elif TAG_PIPELINE in tags and TAG_RESUME_NUMBER in tags:
                 self.own = self.store.attach(int(tags[TAG_PIPELINE]), run_id,
                                              resume_number=int(tags[TAG_RESUME_NUMBER]),
@@ -138,13 +139,13 @@ class RunScope:
         self.how = f"created pipeline {own.pipeline_id}"
         return own
 
-    def _reexecution(self, tags: Mapping[str, str]) -> Ownership:
+    def _reexecution(self, tags: Mapping[str, str], parent: str) -> Ownership:
         """A UI re-execution or a Dagster run retry: the same logical run, so the same pipeline."""
-        root = tags.get(TAG_ROOT_RUN) or tags[TAG_PARENT_RUN]
+        root = tags.get(TAG_ROOT_RUN) or self.run.root_run_id or parent
         pipeline_id: int | None = int(tags[TAG_PIPELINE]) if TAG_PIPELINE in tags else None
         if pipeline_id is None:
             found = self.store.find_pipeline(root)
-            pipeline_id = found.id if found else (self.store.formerly_owned_by(tags[TAG_PARENT_RUN])
+            pipeline_id = found.id if found else (self.store.formerly_owned_by(parent)
                                                   or self.store.formerly_owned_by(root))
         if pipeline_id is None:
             return self._create()
@@ -161,7 +162,7 @@ class RunScope:
         own = self.store.take_over(pipeline_id, self.run.run_id, owner_dead=dead,
                                    heartbeat_timeout=self.settings.timeout)
         self.how = (f"took over pipeline {pipeline_id} from {pipeline.owner} ({pipeline.status}) as a "
-                    f"re-execution of {tags[TAG_PARENT_RUN]}; completed nodes and item checkpoints are reused")
+                    f"re-execution of {parent}; completed nodes and item checkpoints are reused")
         return own
 
     def _tag_run(self) -> None:
