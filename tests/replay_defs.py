@@ -15,6 +15,8 @@ from dagster import (
     AssetKey,
     DailyPartitionsDefinition,
     Definitions,
+    DynamicOut,
+    DynamicOutput,
     Field,
     asset,
     define_asset_job,
@@ -105,3 +107,17 @@ defs = Definitions(jobs=[mixed_mp, mixed_inproc, chain9_mp, chain9_inproc, summa
 def bound(name: str):
     """A job with its resources, for ``build_reconstructable_job``."""
     return defs.resolve_job_def(name)
+
+
+@op(out=DynamicOut())
+def fan_out():
+    for index in range(2):
+        yield DynamicOutput(index, mapping_key=str(index))
+
+
+mapped = make_node("mapped")
+
+
+@job(executor_def=with_recovery(in_process_executor))
+def fan_out_job():
+    fan_out().map(mapped)

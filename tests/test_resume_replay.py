@@ -14,12 +14,14 @@ from pathlib import Path
 
 import pytest
 from dagster import DagsterEventType, DagsterInstance, ReexecutionOptions, build_reconstructable_job, execute_job
+from dagster._core.execution.api import create_execution_plan
 from dagster._core.test_utils import create_run_for_test
 from sqlalchemy import delete, func, select, update
 
 import replay_defs
 from e2e_defs import calls
 from helpers import expire
+from recovery_ext.integration.replay import UnresumableSelection, split_plan
 from recovery_ext.integration.resume_runs import resume_request
 from recovery_ext.integration.tags import TAG_OP_SELECTION, TAG_PIPELINE, TAG_RESUME_NUMBER
 from recovery_ext.models import Reclaimed
@@ -208,3 +210,12 @@ def test_a_resume_request_of_an_asset_run_keeps_its_asset_selection_and_partitio
     assert request.tags["dagster/asset_partition_range_start"] == "2026-01-01"
     assert request.tags["dagster/asset_partition_range_end"] == "2026-01-03"
     assert request.asset_selection == [replay_defs.RAW_KEY]
+
+
+def test_a_plan_with_dynamic_outputs_is_not_split_and_cannot_carry_an_op_selection(sqlite_url, monkeypatch):
+    store = use_store(sqlite_url, monkeypatch)
+    job_def = replay_defs.fan_out_job
+    plan = create_execution_plan(job_def)
+    assert split_plan(job_def, plan, store, pipeline_id=1, selection=None) is None  # every step to the executor
+    with pytest.raises(UnresumableSelection, match="dynamic outputs"):
+        split_plan(job_def, plan, store, pipeline_id=1, selection=["fan_out"])
