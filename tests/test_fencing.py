@@ -198,11 +198,13 @@ def test_the_real_ontology_job_with_the_multiprocess_executor_never_deadlocks(pg
     failed = []
     (tmp_path / "home").mkdir()
     with DagsterInstance.local_temp(str(tmp_path / "home")) as instance:
-        for _ in range(runs):
+        for number in range(1, runs + 1):
+            started = time.perf_counter()
             result = execute_job(build_reconstructable_job(
                 "ontology_defs", "bound_ontology_job", reconstructor_working_directory=str(TESTS)),
                 instance=instance, raise_on_error=False)
-            print(f"ontology run: success={result.success}", flush=True)  # progress under -s
+            print(f"ontology run {number}/{runs}: success={result.success} "  # progress under -s
+                  f"in {time.perf_counter() - started:.1f} s", flush=True)
             if not result.success:
                 failed.append([str(e.event_specific_data) for e in result.all_events
                                if e.event_type_value == "STEP_FAILURE"])
