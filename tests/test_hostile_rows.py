@@ -198,6 +198,7 @@ def test_the_stuck_item_sensor_and_status_serve_every_other_item_beside_bad_ones
                      .values(heartbeat_deadline=store.dialect.now_plus(-5)))
         conn.execute(text(f"UPDATE rx_queue_items SET attempts = {2**31 - 1} WHERE id = 5"))
     not_a_time(store, "rx_queue_items", "available_at", mistyped_retry)
+    not_a_time(store, "rx_queue_items", "created_at", 6, past=True)  # '-infinity' (PostgreSQL), text (SQLite)
 
     from recovery_ext.pipelines.ocr import make_ocr_job
 
@@ -210,7 +211,8 @@ def test_the_stuck_item_sensor_and_status_serve_every_other_item_beside_bad_ones
     status = json.loads(CliRunner().invoke(main, ["--database-url", db_url, "status", "--json"]).output)
     assert status["unknown_status_items"] == [{"id": unknown, "queue": "ocr", "status": "sideways"}]
     bad = {i["id"]: i["reason"] for i in status["bad_items"]}
-    assert set(bad) == {never, mistyped_retry, 5}
+    assert set(bad) == {never, mistyped_retry, 5, 6}
+    assert "created_at is not a finite time" in bad[6]
     assert "heartbeat_deadline is not a finite time" in bad[never]
     assert "available_at is not a finite time" in bad[mistyped_retry]
     assert "attempts out of range" in bad[5]
