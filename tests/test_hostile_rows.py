@@ -109,14 +109,19 @@ def test_infinite_or_mistyped_pipeline_and_node_times_and_counters_are_failed_an
         bad_nodes[column] = orphan(store, f"node-{column}")
         not_a_time(store, "rx_nodes", column, node_id(store, bad_nodes[column]))
     attempts = orphan(store, "node-attempts")
+    counter = orphan(store, "mistyped-counter")
+    # PostgreSQL refuses text in an integer column; SQLite stores it (and compares it above every number)
+    value = "'many'" if store.dialect.name == "sqlite" else str(2**31 - 1)
     with store.write() as conn:
         conn.execute(text(f"UPDATE rx_nodes SET attempts = {2**31 - 1} WHERE id = {node_id(store, attempts)}"))
+        conn.execute(text(f"UPDATE rx_pipelines SET resume_count = {value} WHERE id = {counter}"))
 
     stats = scan(store, trigger="sensor")
     assert stats.error is None, stats.error
     assert sorted(r.pipeline_id for r in stats.reclaimed_pipelines) == healthy
     reasons = {g.pipeline_id: g.reason for g in stats.given_up_pipelines}
-    assert set(reasons) == {forever, attempts, *bad_nodes.values()}
+    assert set(reasons) == {forever, attempts, counter, *bad_nodes.values()}
+    assert "resume_count out of range" in reasons[counter]
     assert "heartbeat_deadline is not a finite time" in reasons[forever]
     for column, pipeline_id in bad_nodes.items():
         assert f"a running node's {column} is not a finite time" in reasons[pipeline_id]
