@@ -223,7 +223,7 @@ def test_the_stuck_item_sensor_and_status_serve_every_other_item_beside_bad_ones
     assert "attempts out of range" in bad[5]
     claimed = store.claim("ocr", "next", limit=10, heartbeat_timeout=60)
     assert {i.id for i in claimed} == {stale, 6}  # every claimable item, none of the bad ones
-    for args in (["status"], ["reset-stuck", "--dry-run"], ["reset-stuck"], ["events"]):
+    for args in (["status"], ["reset-stuck", "--dry-run"], ["reset-stuck"], ["events"], ["retry-dead", "--all"]):
         result = CliRunner().invoke(main, ["--database-url", db_url, *args])
         assert result.exit_code == 0, (args, result.output)
 
