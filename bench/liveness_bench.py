@@ -111,13 +111,26 @@ def one_fault(dev, store: RecoveryStore, kind: str, item_seconds: float, timeout
     try:
         if kind == "host":
             dev.reload()
-        detected = wait_for(lambda: reclaim_times(store, pipeline.id), timeout=timeout, what="the reclaim")[0]
+        seen = wait_for(lambda: reclaim_times(store, pipeline.id) or ended_unreclaimed(store, pipeline.id),
+                        timeout=timeout, what="the reclaim")
+        if isinstance(seen, str):
+            raise AssertionError(seen)
+        detected = seen[0]
     finally:
         if kind == "sigstop" and process_alive(step.pid):
             os.kill(step.pid, signal.SIGCONT)
     wait_for(lambda: store.get_pipeline(pipeline.id).status in ("completed", "failed"), timeout=timeout,
              interval=1.0, what="the resumed pipeline to finish")
     return detected - faulted
+
+
+def ended_unreclaimed(store: RecoveryStore, pipeline_id: int) -> str | None:
+    """Why the fault failed, when the pipeline ended without ever being reclaimed: the fault then
+    fails at once with the pipeline's error (waiting out the whole timeout would only hide why)."""
+    pipeline = store.get_pipeline(pipeline_id)
+    if pipeline.status in ("completed", "failed", "canceled") and not reclaim_times(store, pipeline_id):
+        return f"pipeline {pipeline_id} ended {pipeline.status} without a reclaim: {pipeline.error}"
+    return None
 
 
 def measure(setting: str, loaded: bool, args) -> Result:

@@ -187,6 +187,8 @@ def status(store: RecoveryStore, out: Output, threshold: float) -> None:
         "circuit_breakers": [b for b in store.breakers() if b["state"] != "closed" or b["consecutive_failures"]],
         "unwatched_pipelines": store.unwatched_pipelines(),
         "unknown_status_items": store.items_with_unknown_status(),
+        "bad_items": store.items_with_bad_values(),
+        "dangling_rows": store.dangling_rows(),
     }
 
     def human() -> None:
@@ -222,6 +224,10 @@ def status(store: RecoveryStore, out: Output, threshold: float) -> None:
             click.echo(f"  ! pipeline {u['id']} ({u['job_name']}) owner {u['owner']}: {u['reason']}")
         for i in data["unknown_status_items"]:
             click.echo(f"  ! item {i['id']} ({i['queue']}) has unknown status {i['status']!r}")
+        for i in data["bad_items"]:
+            click.echo(f"  ! item {i['id']} ({i['queue']}, {i['status']}): {i['reason']}")
+        for d in data["dangling_rows"]:
+            click.echo(f"  ! {d['rows']} {d['kind']} row(s): {d['reason']}")
         if data["queues"]:
             click.echo("\nQueues")
             click.echo(tabulate([(r["queue"], r["status"], r["count"], _seconds(r["avg_seconds"]))

@@ -45,6 +45,10 @@ class IllegalTransition(StoreError):
     retryable = False
 
 
+class UnfinishedItems(IllegalTransition):
+    """A node cannot complete while items it asked for (``ctx.items``) are unfinished; nothing was written."""
+
+
 class CorruptRow(StoreError):
     """A row in the recovery store cannot be interpreted."""
 

@@ -379,7 +379,14 @@ class OrphanOps(PipelineOps):
                   *[(or_(col < 0, col >= MAX_COUNTER), f"{col.name} out of range")
                     for col in (p.epoch, p.resume_count, p.max_resumes)],
                   *[(self.dialect.bad_time(col), f"{col.name} is not a finite time")
-                    for col in (p.heartbeat_deadline, p.deadline, p.created_at, p.heartbeat_at)]]
+                    for col in (p.heartbeat_deadline, p.deadline, p.created_at, p.heartbeat_at)],
+                  # a running node's times decide whether the pipeline is an orphan: one that never
+                  # expires (or cannot be compared) would keep it running unwatched
+                  *[(self._running_node_where(self.dialect.bad_time(col)),
+                     f"a running node's {col.name} is not a finite time")
+                    for col in (nodes.c.heartbeat_deadline, nodes.c.stall_deadline, nodes.c.started_at)],
+                  (self._running_node_where(or_(nodes.c.attempts < 0, nodes.c.attempts >= MAX_COUNTER)),
+                   "a running node's attempts out of range")]
         with self.write() as conn:
             rows = conn.execute(
                 select(p.id, p.owner, p.status, p.epoch, *[case((cond, literal(why)), else_=None).label(f"c{i}")
@@ -390,6 +397,11 @@ class OrphanOps(PipelineOps):
             corrupt = {r.id: "corrupt row: " + "; ".join(
                 f"{w} {r.status!r}" if w == "unknown pipeline status" else w for w in r[4:] if w) for r in rows}
             return self._fail_corrupt(conn, corrupt, {r.id: r.owner for r in rows})
+
+
+    @staticmethod
+    def _running_node_where(condition: ColumnElement) -> ColumnElement:
+        return exists().where(nodes.c.pipeline_id == p.id, nodes.c.status == RUNNING, condition)
 
 
 def _placeholder(resume_number: ColumnElement) -> ColumnElement:

@@ -26,11 +26,11 @@ from sqlalchemy import Connection, func, insert, select, tuple_, update
 from sqlalchemy.exc import IntegrityError
 
 from .database import Database, chunks, is_retry
-from .errors import IllegalTransition, NotFound, OwnershipLost, StoreError
+from .errors import IllegalTransition, NotFound, OwnershipLost, StoreError, UnfinishedItems
 from .fenced import FencedTransaction
 from .models import ErrorInfo, Node, NodeSpec, Ownership, Pipeline
 from .redaction import redact
-from .schema import FINISHED_PIPELINE_STATUSES, node_items, nodes, pipelines
+from .schema import FINISHED_PIPELINE_STATUSES, ITEM_STATUSES, node_items, nodes, pipelines
 
 # Legal node transitions: target -> allowed sources.
 NODE_TRANSITIONS: dict[str, tuple[str, ...]] = {
@@ -301,10 +301,15 @@ class PipelineOps(Database):
         return node
 
     def complete_node(self, own: Ownership, name: str, output: Any = None, *, heartbeat_timeout: float | None = None) -> bool:
-        """running -> completed with its output. Returns whether that completed the pipeline."""
+        """running -> completed with its output. Returns whether that completed the pipeline.
+
+        Refused (:class:`UnfinishedItems`) while fewer of the node's items are finished (completed
+        or degraded) than it asked for through ``ctx.items``: nothing is lost by completing early.
+        """
         with self.write() as conn:
             if self._fence(conn, own, for_update=True, finished_ok=True) != "running":
                 return True
+            self._refuse_unfinished_items(conn, own, name)
             self._move_node(
                 conn, own, name, "completed", "completed",
                 output=output, completed_at=self.dialect.now(), error=None, error_category=None,
@@ -312,6 +317,21 @@ class PipelineOps(Database):
             )
             self._refresh_pipeline(conn, own, heartbeat_timeout)
             return self._complete_pipeline_if_done(conn, own)
+
+    @staticmethod
+    def _refuse_unfinished_items(conn: Connection, own: Ownership, name: str) -> None:
+        total = conn.scalar(select(nodes.c.items_total).where(nodes.c.pipeline_id == own.pipeline_id,
+                                                              nodes.c.name == name))
+        if not total:
+            return
+        finished = conn.scalar(select(func.count()).select_from(node_items).where(
+            node_items.c.pipeline_id == own.pipeline_id, node_items.c.node_name == name,
+            node_items.c.status.in_(ITEM_STATUSES)))
+        if finished < total:
+            raise UnfinishedItems(
+                f"node {name!r} of pipeline {own.pipeline_id} cannot complete: {total - finished} of its {total} "
+                "items are unfinished (each must be completed or degraded); nothing was written",
+                pipeline_id=own.pipeline_id, node=name, unfinished=total - finished)
 
     def degrade_node(self, own: Ownership, name: str, error: ErrorInfo, *, heartbeat_timeout: float | None = None) -> bool:
         """An optional node gave up: the pipeline goes on without it. Returns whether the pipeline completed."""

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import Float, cast, delete, func, select
+from sqlalchemy import Float, case, cast, delete, exists, func, literal, or_, select, union_all
 
 from .database import Database
 from .models import Pipeline, QueueItem
@@ -147,6 +147,43 @@ class ReportOps(Database):
                  .where(queue_items.c.status.not_in(QUEUE_STATUSES)).order_by(queue_items.c.id).limit(limit))
         with self.read() as conn:
             return [dict(r._mapping) for r in conn.execute(query)]
+
+    def items_with_bad_values(self, *, limit: int = 100) -> list[dict[str, Any]]:
+        """Unfinished queue items whose times or counters no rule can use: a heartbeat deadline or retry
+        time that is not a finite time never expires (or cannot be compared), so no claim, stale
+        monitor or retry would ever move the item. Reported, not guessed at."""
+        q = queue_items.c
+        checks = [*[(self.dialect.bad_time(col), f"{col.name} is not a finite time")
+                    for col in (q.heartbeat_deadline, q.available_at, q.started_at, q.created_at)],
+                  *[(or_(col < 0, col >= 2**31 - 1), f"{col.name} out of range") for col in (q.attempts, q.max_attempts)]]
+        query = (select(q.id, q.queue, q.status, *[case((cond, literal(why)), else_=None).label(f"c{i}")
+                                                      for i, (cond, why) in enumerate(checks)])
+                 .where(q.status.in_(("ready", "processing")), or_(*[cond for cond, _ in checks]))
+                 .order_by(q.id).limit(limit))
+        with self.read() as conn:
+            return [{"id": r.id, "queue": r.queue, "status": r.status,
+                     "reason": "; ".join(w for w in r[3:] if w)} for r in conn.execute(query)]
+
+    def dangling_rows(self, *, limit: int = 100) -> list[dict[str, Any]]:
+        """Rows that point at a pipeline that is gone (written with foreign keys off, or by hand): nodes
+        and item checkpoints nobody will read, and queue items held for a missing pipeline (the
+        stale rule already frees those; listed so the operator sees where they came from)."""
+        def gone(column):
+            return ~exists().where(pipelines.c.id == column)
+
+        parts = [
+            select(literal("node").label("kind"), nodes.c.pipeline_id, func.count().label("rows"))
+            .where(gone(nodes.c.pipeline_id)).group_by(nodes.c.pipeline_id),
+            select(literal("item_checkpoint").label("kind"), node_items.c.pipeline_id, func.count().label("rows"))
+            .where(gone(node_items.c.pipeline_id)).group_by(node_items.c.pipeline_id),
+            select(literal("queue_item_holder").label("kind"), queue_items.c.holder_pipeline_id, func.count())
+            .where(queue_items.c.holder_pipeline_id.isnot(None), gone(queue_items.c.holder_pipeline_id))
+            .group_by(queue_items.c.holder_pipeline_id),
+        ]
+        query = union_all(*parts).limit(limit)
+        with self.read() as conn:
+            return [{"kind": r[0], "pipeline_id": r[1], "rows": r[2],
+                     "reason": f"pipeline {r[1]} does not exist"} for r in conn.execute(query)]
 
     def dead_items(self, *, limit: int = 100) -> list[QueueItem]:
         query = select(queue_items).where(queue_items.c.status == "dead").order_by(queue_items.c.id).limit(limit)

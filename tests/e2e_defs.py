@@ -7,6 +7,7 @@ tests. Settings are short (heartbeat 1 s, timeout 3 s) so crashes are found quic
 from __future__ import annotations
 
 import os
+import signal
 import time
 
 import httpx
@@ -29,6 +30,7 @@ NODE_CONFIG = {
     "items": Field(int, default_value=6),
     "item_seconds": Field(float, default_value=0.3),
     "stall_at": Field(int, default_value=-1, description="first run only: stop making progress at this item"),
+    "kill_at": Field(int, default_value=-1, description="first run only: kill -9 this step's process at this item"),
     "fail_with_status": Field(int, default_value=0, description="call the fault server; raise on this status"),
     "fault_url": Field(str, default_value=""),
 }
@@ -58,6 +60,8 @@ def make_item_node(name: str, *, first: bool = False, optional: bool = False):
                 while True:  # alive (the watchdog pulses) but making no progress, until superseded
                     ctx.check()
                     ctx.watchdog.superseded.wait(0.1)
+            if index == cfg["kill_at"] and not resumed:
+                os.kill(os.getpid(), signal.SIGKILL)  # the step process dies; its run worker lives on
             record_call(ctx._store, run_id, name, item.key)
             time.sleep(cfg["item_seconds"])
             item.complete({"item": item.key, "run": run_id})

@@ -5,13 +5,24 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from click.testing import CliRunner
-from sqlalchemy import text, update
+from dagster import build_sensor_context
+from dagster._core.test_utils import instance_for_test
+from sqlalchemy import select, text, update
 
 from helpers import expire
 from recovery_ext.cli import main
+from recovery_ext.integration import RecoveryResource, make_orphan_sensor, make_stuck_item_sensor
 from recovery_ext.recovery import scan
 from recovery_ext.schema import pipelines, queue_items
+
+
+@pytest.fixture
+def instance():
+    """A real local Dagster instance for the sensors."""
+    with instance_for_test() as inst:
+        yield inst
 
 
 def orphan(store, name):
@@ -67,3 +78,178 @@ def test_one_corrupt_row_of_each_kind_and_the_healthy_orphans_are_still_reclaime
     status = json.loads(runner.invoke(main, ["--database-url", db_url, "status", "--json"]).output)
     assert [u["id"] for u in status["unwatched_pipelines"]] == [unwatched.pipeline_id]
     assert status["unknown_status_items"] == [{"id": 1, "queue": "ocr", "status": "sideways"}]
+
+
+# -- one test per remaining kind of issue 9's "one bad row stops everything" -----------------------------------
+
+def not_a_time(store, table: str, column: str, row_id: int, *, past: bool = False) -> None:
+    """PostgreSQL: an infinity; SQLite: text where epoch seconds belong (compares above every number)."""
+    if store.dialect.name == "postgresql":
+        value = "'-infinity'" if past else "'infinity'"
+    else:
+        value = "'whenever'"
+    with store.write() as conn:
+        conn.execute(text(f"UPDATE {table} SET {column} = {value} WHERE id = {row_id}"))
+
+
+def node_id(store, pipeline_id, name="a"):
+    from recovery_ext.schema import nodes
+
+    with store.read() as conn:
+        return conn.scalar(select(nodes.c.id).where(nodes.c.pipeline_id == pipeline_id, nodes.c.name == name))
+
+
+def test_infinite_or_mistyped_pipeline_and_node_times_and_counters_are_failed_and_the_rest_reclaimed(store, db_url):
+    healthy = [orphan(store, f"healthy-{i}") for i in range(2)]
+    # running, heartbeat deadline that never expires: nothing would ever find it dead
+    forever = store.create_pipeline("job", ["a"], owner="forever", origin_run_id="forever").pipeline_id
+    not_a_time(store, "rx_pipelines", "heartbeat_deadline", forever)
+    bad_nodes = {}
+    for column in ("heartbeat_deadline", "stall_deadline", "started_at"):
+        bad_nodes[column] = orphan(store, f"node-{column}")
+        not_a_time(store, "rx_nodes", column, node_id(store, bad_nodes[column]))
+    attempts = orphan(store, "node-attempts")
+    counter = orphan(store, "mistyped-counter")
+    # PostgreSQL refuses text in an integer column; SQLite stores it (and compares it above every number)
+    value = "'many'" if store.dialect.name == "sqlite" else str(2**31 - 1)
+    with store.write() as conn:
+        conn.execute(text(f"UPDATE rx_nodes SET attempts = {2**31 - 1} WHERE id = {node_id(store, attempts)}"))
+        conn.execute(text(f"UPDATE rx_pipelines SET resume_count = {value} WHERE id = {counter}"))
+
+    stats = scan(store, trigger="sensor")
+    assert stats.error is None, stats.error
+    assert sorted(r.pipeline_id for r in stats.reclaimed_pipelines) == healthy
+    reasons = {g.pipeline_id: g.reason for g in stats.given_up_pipelines}
+    assert set(reasons) == {forever, attempts, counter, *bad_nodes.values()}
+    assert "resume_count out of range" in reasons[counter]
+    assert "heartbeat_deadline is not a finite time" in reasons[forever]
+    for column, pipeline_id in bad_nodes.items():
+        assert f"a running node's {column} is not a finite time" in reasons[pipeline_id]
+    assert "a running node's attempts out of range" in reasons[attempts]
+    for pipeline_id in reasons:
+        assert store.get_pipeline(pipeline_id).status == "failed"
+        assert [t["event"] for t in store.transitions_for(pipeline_id=pipeline_id)].count("corrupt") == 1
+    assert scan(store, trigger="sensor").found == 0  # failed once; the next tick is idle
+
+    runner = CliRunner()
+    for args in (["status"], ["pipelines", "list"], ["events"], ["recover"],
+                 *[["pipelines", "show", str(i)] for i in [*healthy, *reasons]]):
+        result = runner.invoke(main, ["--database-url", db_url, *args])
+        assert result.exit_code == 0, (args, result.output)
+
+
+def drop_pipeline_behind_the_foreign_keys(store, db_url, pipeline_id: int) -> None:
+    """What a hand-made delete (or an import with foreign keys off) leaves: rows pointing at nothing."""
+    if store.dialect.name == "postgresql":
+        with store.engine.begin() as conn:
+            conn.execute(text("SET LOCAL session_replication_role = replica"))  # foreign-key triggers off
+            conn.execute(text(f"DELETE FROM rx_pipelines WHERE id = {pipeline_id}"))
+    else:
+        import sqlite3
+
+        raw = sqlite3.connect(db_url.removeprefix("sqlite:///"))  # foreign keys are off by default
+        raw.execute(f"DELETE FROM rx_pipelines WHERE id = {pipeline_id}")
+        raw.commit()
+        raw.close()
+
+
+def test_dangling_references_are_reported_and_never_stop_the_scan_the_stuck_item_sensor_or_the_cli(
+        store, db_url, instance):
+    healthy = [orphan(store, f"healthy-{i}") for i in range(2)]
+    gone = store.create_pipeline("job", ["a", "b"], owner="gone", origin_run_id="gone")
+    store.start_node(gone, "a")
+    store.checkpoint_item(gone, "a", "k1", {"r": 1})
+    store.enqueue("ocr", [{"n": 1}, {"n": 2}])
+    held_by_gone = store.claim("ocr", "gone:0", own=gone, heartbeat_timeout=600)[0]
+    stale_healthy = store.claim("ocr", "crashed:0", heartbeat_timeout=600)[0]
+    with store.write() as conn:
+        conn.execute(update(queue_items).where(queue_items.c.id == stale_healthy.id)
+                     .values(heartbeat_deadline=store.dialect.now_plus(-5)))
+    drop_pipeline_behind_the_foreign_keys(store, db_url, gone.pipeline_id)
+
+    stats = scan(store, trigger="sensor")
+    assert stats.error is None and sorted(r.pipeline_id for r in stats.reclaimed_pipelines) == healthy
+
+    status = json.loads(CliRunner().invoke(main, ["--database-url", db_url, "status", "--json"]).output)
+    assert sorted((d["kind"], d["pipeline_id"], d["rows"]) for d in status["dangling_rows"]) == [
+        ("item_checkpoint", gone.pipeline_id, 1), ("node", gone.pipeline_id, 2),
+        ("queue_item_holder", gone.pipeline_id, 1)]
+    assert {i["id"] for i in status["stuck_items"]} == {held_by_gone.id, stale_healthy.id}
+
+    from recovery_ext.pipelines.ocr import make_ocr_job
+
+    sensor = make_stuck_item_sensor(make_ocr_job(), "ocr", run_config={"ops": {}})
+    result = sensor.evaluate_tick(build_sensor_context(
+        instance=instance, resources={"recovery": RecoveryResource(database_url=db_url)}))
+    assert len(result.run_requests) == 1  # both reset and claimable again: a queue run is launched
+    assert {store.get_item(i).status for i in (held_by_gone.id, stale_healthy.id)} == {"ready"}
+    for args in (["pipelines", "list"], ["pipelines", "show", str(gone.pipeline_id)], ["events"],
+                 ["reset-stuck", "--dry-run"], ["recover"]):
+        result = CliRunner().invoke(main, ["--database-url", db_url, *args])
+        assert result.exit_code in (0, 1) and "Traceback" not in result.output, (args, result.output)
+        assert (result.exit_code == 1) == (args[:2] == ["pipelines", "show"])  # the missing pipeline: a clear miss
+
+
+def test_the_stuck_item_sensor_and_status_serve_every_other_item_beside_bad_ones(store, db_url, instance):
+    store.enqueue("ocr", [{"n": n} for n in range(6)], max_attempts=3)
+    items = store.claim("ocr", "w", limit=4, heartbeat_timeout=600)
+    never, mistyped_retry, unknown, stale = (i.id for i in items)
+    not_a_time(store, "rx_queue_items", "heartbeat_deadline", never)  # held, and never expires
+    with store.write() as conn:
+        conn.execute(update(queue_items).where(queue_items.c.id == mistyped_retry)
+                     .values(status="ready", worker=None, heartbeat_deadline=None))
+        conn.execute(update(queue_items).where(queue_items.c.id == unknown).values(status="sideways"))
+        conn.execute(update(queue_items).where(queue_items.c.id == stale)
+                     .values(heartbeat_deadline=store.dialect.now_plus(-5)))
+        conn.execute(text(f"UPDATE rx_queue_items SET attempts = {2**31 - 1} WHERE id = 5"))
+    not_a_time(store, "rx_queue_items", "available_at", mistyped_retry)
+    not_a_time(store, "rx_queue_items", "created_at", 6, past=True)  # '-infinity' (PostgreSQL), text (SQLite)
+
+    from recovery_ext.pipelines.ocr import make_ocr_job
+
+    sensor = make_stuck_item_sensor(make_ocr_job(), "ocr", run_config={"ops": {}})
+    result = sensor.evaluate_tick(build_sensor_context(
+        instance=instance, resources={"recovery": RecoveryResource(database_url=db_url)}))
+    assert len(result.run_requests) == 1
+    assert store.get_item(stale).status == "ready"  # the healthy stale item was reset
+    assert store.get_item(unknown).status == "sideways" and store.get_item(never).status == "processing"
+    status = json.loads(CliRunner().invoke(main, ["--database-url", db_url, "status", "--json"]).output)
+    assert status["unknown_status_items"] == [{"id": unknown, "queue": "ocr", "status": "sideways"}]
+    bad = {i["id"]: i["reason"] for i in status["bad_items"]}
+    assert set(bad) == {never, mistyped_retry, 5, 6}
+    assert "created_at is not a finite time" in bad[6]
+    assert "heartbeat_deadline is not a finite time" in bad[never]
+    assert "available_at is not a finite time" in bad[mistyped_retry]
+    assert "attempts out of range" in bad[5]
+    claimed = store.claim("ocr", "next", limit=10, heartbeat_timeout=60)
+    assert {i.id for i in claimed} == {stale, 6}  # every claimable item, none of the bad ones
+    for args in (["status"], ["reset-stuck", "--dry-run"], ["reset-stuck"], ["events"], ["retry-dead", "--all"]):
+        result = CliRunner().invoke(main, ["--database-url", db_url, *args])
+        assert result.exit_code == 0, (args, result.output)
+
+
+def test_the_orphan_sensor_serves_healthy_orphans_beside_an_unknown_owner_and_a_corrupt_row(store, db_url, instance):
+    from dagster import DagsterRunStatus
+    from dagster._core.test_utils import create_run_for_test
+
+    from e2e_defs import items_job
+
+    dead = [create_run_for_test(instance, job_name="items_job", status=DagsterRunStatus.FAILURE) for _ in range(2)]
+    healthy = []
+    for run in dead:  # heartbeat still live: only Dagster's FAILURE makes them orphans
+        own = store.create_pipeline("items_job", ["a"], owner=run.run_id, origin_run_id=run.run_id)
+        store.start_node(own, "a")
+        healthy.append(own.pipeline_id)
+    # an owner run id Dagster has never heard of: not dead by Dagster, so found by its heartbeat
+    stranger = orphan(store, "0f0f0f0f-dead-beef-0000-000000000000")
+    corrupt_id = orphan(store, "corrupt-epoch")
+    corrupt(store, corrupt_id, {"epoch": 2**31 - 1})
+    with store.write() as conn:
+        conn.execute(update(pipelines).where(pipelines.c.id.in_([stranger, corrupt_id])).values(job_name="items_job"))
+    sensor = make_orphan_sensor([items_job], minimum_interval_seconds=1)
+    result = sensor.evaluate_tick(build_sensor_context(
+        instance=instance, resources={"recovery": RecoveryResource(database_url=db_url)}))
+    keys = sorted(r.run_key for r in result.run_requests)
+    assert keys == sorted(f"recovery-{i}-1" for i in [*healthy, stranger])
+    failed = store.get_pipeline(corrupt_id)
+    assert failed.status == "failed" and "epoch out of range" in (failed.gave_up_reason or "")

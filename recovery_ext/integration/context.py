@@ -15,6 +15,7 @@ from ..fenced import FencedTransaction
 from ..heartbeat import HeartbeatSettings, Lease
 from ..models import Ownership
 from ..store import RecoveryStore
+from .queue_handle import QueueHandle
 from .resources import RecoveryResource
 
 
@@ -106,6 +107,10 @@ class NodeContext:
         """``work(tx)`` in a fenced transaction, re-run as a whole on transient database errors."""
         self.check()
         return self._store.write_fenced(self.ownership, work)
+
+    def queue(self, name: str) -> QueueHandle:
+        """The work queue ``name``: claims, item heartbeats, completions and failures fenced by this run's epoch."""
+        return QueueHandle(self._store, self.ownership, name)
 
     @contextmanager
     def read(self) -> Iterator[Any]:

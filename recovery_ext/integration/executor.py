@@ -203,6 +203,11 @@ class RunScope:
             raise self.lease.lost
         if interrupted:
             return (f"run interrupted without a cancel request; pipeline {own.pipeline_id} is left to recovery")
+        if error is not None and _crashed_children(error):
+            # The multiprocess executor raises once a step process died (kill -9, OOM): a crash,
+            # not a verdict on the pipeline, so it is left to the node heartbeat and the orphan sensor.
+            return (f"step process(es) died ({_crashed_children(error)}); pipeline {own.pipeline_id} "
+                    "is left to recovery")
         if error is not None:
             self.store.fail_run(own, f"{type(error).__name__}: {error}")
             return f"pipeline {own.pipeline_id} failed: the executor raised {type(error).__name__}"
@@ -240,6 +245,18 @@ def _is_crash(event: Any) -> bool:
             return True
         error = error.cause
     return False
+
+
+def _crashed_children(error: BaseException) -> int:
+    """How many of the child-process errors inside a ``DagsterSubprocessError`` are crashes."""
+    crashed = 0
+    for info in getattr(error, "subprocess_error_infos", None) or ():
+        while info is not None:
+            if info.cls_name in CRASH_ERRORS:
+                crashed += 1
+                break
+            info = info.cause
+    return crashed
 
 
 def _failure_message(event: Any) -> str:

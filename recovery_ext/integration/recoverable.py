@@ -16,7 +16,7 @@ from typing import Any
 from dagster import Failure, In, OpExecutionContext, Out, Output, RetryPolicy, RetryRequested, op
 
 from ..classify import ClassifiedError, classify, with_context
-from ..errors import IllegalTransition, OwnershipLost, StopRequested, StoreUnavailable
+from ..errors import IllegalTransition, OwnershipLost, StopRequested, StoreUnavailable, UnfinishedItems
 from ..heartbeat import HeartbeatSettings, registry_for
 from ..models import Ownership
 from ..store import RecoveryStore
@@ -187,6 +187,8 @@ def _run_node(context, store, resource, settings, own, op_name, body, inputs, op
         store.complete_node(own, op_name, output, heartbeat_timeout=settings.timeout)
     except OwnershipLost as exc:
         raise Failure(description=f"superseded by run {exc.owner}; result discarded", allow_retries=False) from exc
+    except UnfinishedItems as exc:  # a body that returned before finishing its items: fails (or degrades)
+        return _handle_error(context, store, resource, own, op_name, optional, exc, ctx, node.attempts)
     context.add_output_metadata({
         "recovery": f"completed in run {own.owner}", "skipped": False, "pipeline_id": own.pipeline_id,
         "epoch": own.epoch, "attempts": node.attempts, "items_done": ctx.items_done,

@@ -57,9 +57,9 @@ def enqueue_documents(ctx: NodeContext) -> dict[str, Any]:
         documents = sorted(p for p in folder.iterdir() if p.suffix.lower() in DOCUMENT_SUFFIXES)
     payloads = [{"path": str(p.resolve()), "name": p.name, "sha256": _digest(p)} for p in documents]
     keys = [f"{p['path']}#{p['sha256']}" for p in payloads]
-    added = ctx._store.enqueue(cfg["queue"], payloads, dedupe_keys=keys, max_attempts=cfg["max_attempts"],
-                              own=ctx.ownership)
-    item_ids = ctx._store.item_ids(cfg["queue"], keys)
+    queue = ctx.queue(cfg["queue"])
+    added = queue.enqueue(payloads, dedupe_keys=keys, max_attempts=cfg["max_attempts"])
+    item_ids = queue.item_ids(keys)
     ctx.metadata.update({"documents": len(documents), "enqueued": len(added)})
     return {"queue": cfg["queue"], "documents": len(documents), "enqueued": len(added), "item_ids": item_ids}
 
@@ -90,7 +90,7 @@ def ocr_documents(ctx: NodeContext, enqueued: dict[str, Any]) -> dict[str, Any]:
     own_ids = list(enqueued.get("item_ids") or [])
     item_settings = HeartbeatSettings(interval=cfg["item_heartbeat_interval"], timeout=cfg["item_heartbeat_timeout"])
     backoff = validate_backoff(cfg["retry_initial_delay"], cfg["retry_max_delay"], cfg["retry_jitter"])
-    released = ctx._store.release_superseded(ctx.ownership, queue=queue)
+    released = ctx.queue(queue).release_superseded()
     if released:
         ctx.log.info(f"released {len(released)} documents held by superseded runs of pipeline {ctx.pipeline_id}: "
                      f"{sorted(r.id for r in released)}")
@@ -107,7 +107,7 @@ class QueueDrain:
     def __init__(self, ctx: NodeContext, queue: str, own_ids: list[int], item_settings: HeartbeatSettings,
                  backoff, cfg: dict[str, Any]) -> None:
         self.ctx = ctx
-        self.queue = queue
+        self.queue = ctx.queue(queue)
         self.own_ids = own_ids
         self.item_settings = item_settings
         self.backoff = backoff
@@ -124,7 +124,7 @@ class QueueDrain:
                     future.result()
             # A worker stops only when none of the pipeline's documents is left; checked once more
             # after all of them stopped, so the node never completes with one unfinished.
-            if not self.ctx._store.unfinished_items(self.own_ids):
+            if not self.queue.unfinished(self.own_ids):
                 return
 
     def count(self, outcome: str) -> None:
@@ -136,8 +136,8 @@ class QueueDrain:
         worker = f"{ctx.context.run_id}:{os.getpid()}:{slot}"
         while True:
             ctx.check()
-            claimed = ctx._store.claim(self.queue, worker, limit=1, heartbeat_timeout=self.item_settings.timeout,
-                                      own=ctx.ownership, legacy_stale_seconds=self.cfg["legacy_stale_seconds"])
+            claimed = self.queue.claim(worker, limit=1, heartbeat_timeout=self.item_settings.timeout,
+                                       legacy_stale_seconds=self.cfg["legacy_stale_seconds"])
             if claimed:
                 self.process(claimed[0])
                 ctx.progress()
@@ -148,10 +148,10 @@ class QueueDrain:
     def wait_for_documents(self) -> bool:
         """Nothing claimable now. False when all of the pipeline's documents are finished; else
         wait for the next retry or heartbeat deadline (at most the poll interval) and say True."""
-        unfinished = self.ctx._store.unfinished_items(self.own_ids)
+        unfinished = self.queue.unfinished(self.own_ids)
         if not unfinished:
             return False
-        until = self.ctx._store.seconds_until_claimable(self.queue)
+        until = self.queue.seconds_until_claimable()
         pause = self.cfg["wait_poll_interval"] if until is None else min(self.cfg["wait_poll_interval"], until + 0.05)
         # Waiting for a scheduled retry or a live holder is not a stall: report progress.
         self.ctx.progress()
@@ -162,7 +162,7 @@ class QueueDrain:
     def process(self, item) -> None:
         ctx = self.ctx
         name = item.payload.get("name") if isinstance(item.payload, dict) else None
-        beat = Watchdog(lambda: ctx._store.heartbeat_item(item, timeout=self.item_settings.timeout),
+        beat = Watchdog(lambda: self.queue.heartbeat(item, timeout=self.item_settings.timeout),
                         self.item_settings, name=f"ocr-item-{item.id}")
         with beat:
             try:
@@ -175,10 +175,10 @@ class QueueDrain:
         # The item heartbeat may have been refused meanwhile; the store still takes the result
         # unless another worker holds the document or this pipeline was superseded.
         try:
-            came_from = ctx._store.complete_item(item, {"raw_text": result.raw_text,
-                                                       "boosted_text": result.boosted_text,
-                                                       "pages": result.pages,
-                                                       "confidence": round(result.confidence, 4)})
+            came_from = self.queue.complete(item, {"raw_text": result.raw_text,
+                                                   "boosted_text": result.boosted_text,
+                                                   "pages": result.pages,
+                                                   "confidence": round(result.confidence, 4)})
         except ItemTakenOver as exc:
             ctx.log.warning(f"document {name} ({item.id}) was taken over; result discarded: {exc}")
             self.count("taken_over")
@@ -192,8 +192,8 @@ class QueueDrain:
     def fail(self, item, name: str | None, exc: Exception) -> None:
         found = classify(exc)
         try:
-            state = self.ctx._store.fail_item(item, f"{found.category}: {redact(exc)}", retryable=found.retryable,
-                                             backoff=self.backoff)
+            state = self.queue.fail(item, f"{found.category}: {redact(exc)}", retryable=found.retryable,
+                                    backoff=self.backoff)
         except ItemTakenOver as lost:
             self.ctx.log.warning(f"document {name} ({item.id}) failed ({found.category}) but was taken over: {lost}")
             self.count("taken_over")
