@@ -10,10 +10,11 @@ The asset materializes normally: its value goes through its IO manager, and its 
 carries the recovery metadata (``items_done``, ``items_resumed``, ``items_degraded``,
 ``attempts``, ``recovery``: the run it completed in). Unlike an op, an asset's value is not
 recorded in the application tables (the IO manager already stores it), so it need not be JSON.
-A finished asset whose step runs again in a later run of the same pipeline (a resume of a
-multi-asset run) does not recompute: it re-emits the value its IO manager stored for that asset
-and partition (``MaterializeResult`` assets emit an empty result), marked
-``recovery: skipped: completed in run ...``.
+A finished asset is not run again by a later run of the same pipeline: the run worker leaves its
+step out of the plan (``replay.py``) and downstream steps load its stored value. Only a plan with
+dynamic outputs (not split) runs its step again: it then re-emits the value its IO manager stored
+for that asset and partition (``MaterializeResult`` assets emit an empty result), marked
+``recovery: skipped: completed in run ...``, without recomputing it.
 """
 
 from __future__ import annotations

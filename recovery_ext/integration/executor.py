@@ -330,6 +330,8 @@ class RecoveringExecutor(Executor):
             return
         if split.unselected:
             scope._info(f"recovery-ext: resuming the op selection of the first run; not run: {', '.join(split.unselected)}")
+        if split.left_out:
+            scope._info(f"recovery-ext: finished in an earlier run, not run again: {', '.join(split.left_out)}")
         if split.replay:
             scope._info(f"recovery-ext: replaying {len(split.replay)} finished node(s) in the run worker: "
                         f"{', '.join(split.replay)}")
@@ -340,7 +342,7 @@ class RecoveringExecutor(Executor):
             if failed:
                 return
         if split.rest:
-            context, subset = subset_context(plan_context, execution_plan, split.rest, split.replay)
+            context, subset = subset_context(plan_context, execution_plan, split.rest, [*split.replay, *split.ready])
             yield from self.inner.execute(context, subset)
 
 

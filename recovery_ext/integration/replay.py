@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -84,15 +84,26 @@ class Split:
     replay: dict[str, Node] = field(default_factory=dict)   # step key -> its finished node
     rest: list[str] = field(default_factory=list)           # step keys for the wrapped executor
     unselected: list[str] = field(default_factory=list)     # step keys outside the carried op selection
+    # finished steps not run at all: no remaining step needs their recorded output, or they are
+    # assets, whose value their IO manager already holds under the asset key (replaying the
+    # node's record would overwrite it, and record a second materialization)
+    left_out: list[str] = field(default_factory=list)
+    ready: list[str] = field(default_factory=list)          # left-out asset steps a remaining step reads
 
     @property
     def changes_plan(self) -> bool:
-        return bool(self.replay or self.unselected)
+        return bool(self.replay or self.unselected or self.left_out)
 
 
 def _selected(step: ExecutionStep, selection: set[str]) -> bool:
     path = str(step.node_handle).split(".")
     return any(".".join(path[: i + 1]) in selection for i in range(len(path)))
+
+
+def _materializes(job_def: JobDefinition, step: ExecutionStep) -> bool:
+    layer = job_def.asset_layer
+    return any(layer.get_asset_key_for_node_output(step.node_handle, output.name) is not None
+               for output in step.step_outputs)
 
 
 def split_plan(job_def: JobDefinition, plan: ExecutionPlan, store: RecoveryStore, pipeline_id: int,
@@ -113,12 +124,20 @@ def split_plan(job_def: JobDefinition, plan: ExecutionPlan, store: RecoveryStore
             continue
         definition = job_def.get_node(step.node_handle).definition
         node = finished.get(definition.name) if (definition.tags or {}).get(TAG_NODE) == "true" else None
-        if node is not None and len(step.step_outputs) == 1:
+        if node is not None and _materializes(job_def, step):
+            split.left_out.append(step.key)
+        elif node is not None and len(step.step_outputs) == 1:
             split.replay[step.key] = node
         else:
             split.rest.append(step.key)
+    # Only the finished steps whose output a remaining step reads are replayed: the rest cost nothing.
+    needed = set().union(*(plan.get_step_by_key(key).get_execution_dependency_keys() for key in split.rest))
+    for key in [k for k in split.replay if k not in needed]:
+        del split.replay[key]
+        split.left_out.append(key)
+    split.ready = [key for key in split.left_out if key in needed]
     if split.unselected:
-        kept = set(split.replay) | set(split.rest)
+        kept = set(split.replay) | set(split.rest) | set(split.left_out)
         for key in kept:
             missing = plan.get_step_by_key(key).get_execution_dependency_keys() - kept
             if missing:
@@ -130,8 +149,8 @@ def split_plan(job_def: JobDefinition, plan: ExecutionPlan, store: RecoveryStore
 
 
 def subset_context(plan_context: PlanOrchestrationContext, plan: ExecutionPlan, step_keys: list[str],
-                   ready: Mapping[str, Node]) -> tuple[PlanOrchestrationContext, ExecutionPlan]:
-    """The orchestration context and plan of ``step_keys`` with the outputs of ``ready`` marked ready."""
+                   ready: Iterable[str]) -> tuple[PlanOrchestrationContext, ExecutionPlan]:
+    """The orchestration context and plan of ``step_keys`` with the outputs of the ``ready`` steps marked ready."""
     job_def = plan_context.job.get_definition()
     subset = plan.build_subset_plan(step_keys, job_def, _resolved_run_config(plan_context, job_def))
     outputs = {StepOutputHandle(key, output.name) for key in ready for output in plan.get_step_by_key(key).step_outputs}
@@ -154,7 +173,7 @@ def _resolved_run_config(plan_context: PlanOrchestrationContext, job_def: JobDef
 def replay_events(plan_context: PlanOrchestrationContext, plan: ExecutionPlan, replay: Mapping[str, Node],
                   pipeline_id: int) -> Iterator[DagsterEvent]:
     """Replay the finished steps in this process (resources are initialized once for all of them)."""
-    context, subset = subset_context(plan_context, plan, list(replay), {})
+    context, subset = subset_context(plan_context, plan, list(replay), ())
 
     def iterate(job_context: PlanExecutionContext, execution_plan: ExecutionPlan) -> Iterator[DagsterEvent]:
         for step in execution_plan.get_steps_to_execute_in_topo_order():
