@@ -219,3 +219,18 @@ def test_a_plan_with_dynamic_outputs_is_not_split_and_cannot_carry_an_op_selecti
     assert split_plan(job_def, plan, store, pipeline_id=1, selection=None) is None  # every step to the executor
     with pytest.raises(UnresumableSelection, match="dynamic outputs"):
         split_plan(job_def, plan, store, pipeline_id=1, selection=["fan_out"])
+
+
+def test_only_finished_nodes_a_remaining_step_reads_are_replayed_the_rest_are_left_out(sqlite_url, monkeypatch):
+    """8 of 9 chained ops done: only r8 (r9 reads it) is replayed; r1..r7 cost nothing at all."""
+    store = use_store(sqlite_url, monkeypatch)
+    job_def = replay_defs.chain9_inproc
+    own = store.create_pipeline(job_def.name, list(replay_defs.CHAIN), owner="run-1", origin_run_id="run-1",
+                                params={})
+    for name in replay_defs.CHAIN[:-1]:
+        store.start_node(own, name)
+        store.complete_node(own, name, {"chain": [name]})
+    split = split_plan(job_def, create_execution_plan(job_def), store, own.pipeline_id, selection=None)
+    assert list(split.replay) == ["r8"]
+    assert split.left_out == [f"r{i}" for i in range(1, 8)] and split.ready == []
+    assert split.rest == ["r9"]
