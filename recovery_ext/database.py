@@ -138,6 +138,14 @@ class Database:
                     yield conn
 
     @contextmanager
+    def autocommit(self) -> Iterator[Connection]:
+        """Each statement its own transaction, with no BEGIN/COMMIT round trips: for hot-path
+        writes that are one statement (several writes joined as data-modifying CTEs)."""
+        with self._wrap_errors():
+            with self.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+                yield conn
+
+    @contextmanager
     def read(self) -> Iterator[Connection]:
         with self._wrap_errors():
             with self.engine.connect() as conn:

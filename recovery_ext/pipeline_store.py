@@ -20,9 +20,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Connection, func, insert, select, tuple_, update
+from sqlalchemy import Connection, Integer, Text, func, insert, literal, select, update
 from sqlalchemy.exc import IntegrityError
 
 from .database import Database, chunks, is_retry
@@ -30,7 +31,10 @@ from .errors import IllegalTransition, NotFound, OwnershipLost, StoreError
 from .fenced import FencedTransaction
 from .models import ErrorInfo, Node, NodeSpec, Ownership, Pipeline
 from .redaction import redact
-from .schema import FINISHED_PIPELINE_STATUSES, node_items, nodes, pipelines
+from .schema import FINISHED_PIPELINE_STATUSES, DbJson, node_items, nodes, pipelines
+
+# Rows per multi-row checkpoint INSERT: 8 bound values each, far below SQLite's 32766.
+CHECKPOINT_CHUNK = 500
 
 # Legal node transitions: target -> allowed sources.
 NODE_TRANSITIONS: dict[str, tuple[str, ...]] = {
@@ -421,41 +425,109 @@ class PipelineOps(Database):
         result: Any = None,
         *,
         status: str = "completed",
-        also: Callable[[Connection], None] | None = None,
+        also: Callable[[FencedTransaction], None] | None = None,
         stall_timeout: float | None = None,
     ) -> None:
-        """Record one item as done, its result and ``also``'s writes in the same transaction."""
+        """Record one item as done, its result and ``also``'s writes in the same transaction.
+
+        Without ``also`` on PostgreSQL this is one statement in autocommit mode: one round
+        trip for the fence, the insert and the progress update together.
+        """
+        if also is None and self.dialect.dml_in_cte:
+            self._checkpoint_in_one_statement(own, node_name, item_key, result, status, stall_timeout)
+            return
+        self.checkpoint_items(own, node_name, [ItemCheckpoint(item_key, result, status, also)],
+                              stall_timeout=stall_timeout)
+
+    def checkpoint_items(self, own: Ownership, node_name: str, entries: Sequence["ItemCheckpoint"], *,
+                         stall_timeout: float | None = None) -> None:
+        """Record a batch of items in ONE fenced transaction: every ``also`` write, every result and
+        checkpoint commit together or not at all, so a crash redoes at most this batch."""
+        entries = list(entries)
+        if not entries:
+            return
+        keys = [e.key for e in entries]
+        if len(set(keys)) != len(keys):
+            raise IllegalTransition(f"a checkpoint batch of node {node_name!r} names an item twice")
         with self.write() as conn:
             self._fence(conn, own)
-            if is_retry() and self._checkpointed_by(conn, own, node_name, item_key):
-                return  # the first attempt committed before its connection dropped
-            if also is not None:
-                also(FencedTransaction(self, conn, own))
-            values = dict(status=status, result=result, run_id=own.owner, epoch=own.epoch,
-                          completed_at=self.dialect.now())
+            if is_retry() and self._checkpointed_by(conn, own, node_name, keys[0]):
+                return  # the batch is atomic: the first attempt committed before its connection dropped
+            tx = FencedTransaction(self, conn, own)
             try:
-                with conn.begin_nested():
-                    conn.execute(insert(node_items).values(pipeline_id=own.pipeline_id, node_name=node_name,
-                                                           item_key=item_key, **values))
-            except IntegrityError as exc:
-                # A degraded item (a fallback answer) may be redone once; a completed one never.
-                redone = conn.execute(
-                    update(node_items)
-                    .where(node_items.c.pipeline_id == own.pipeline_id, node_items.c.node_name == node_name,
-                           node_items.c.item_key == item_key, node_items.c.status == "degraded")
-                    .values(**values)
-                ).rowcount
-                if not redone:
-                    raise IllegalTransition(
-                        f"item {item_key!r} of node {node_name!r} in pipeline {own.pipeline_id} is already checkpointed"
-                    ) from exc
+                for entry in entries:
+                    if entry.also is not None:
+                        entry.also(tx)
+            finally:
+                tx.close()
+            written: set[str] = set()
+            for part in chunks(entries, CHECKPOINT_CHUNK):
+                written.update(conn.scalars(self._insert_checkpoints(own, node_name, part)))
+            refused = [k for k in keys if k not in written]
+            if refused:
+                raise IllegalTransition(f"item {refused[0]!r} of node {node_name!r} in pipeline "
+                                        f"{own.pipeline_id} is already checkpointed")
             if stall_timeout:
-                conn.execute(
-                    update(nodes)
-                    .where(nodes.c.pipeline_id == own.pipeline_id, nodes.c.name == node_name,
-                           nodes.c.status == "running")
-                    .values(stall_deadline=self.dialect.now_plus(stall_timeout))
-                )
+                conn.execute(self._push_stall_deadline(own, node_name, stall_timeout))
+
+    def _insert_checkpoints(self, own: Ownership, node_name: str, entries: Sequence["ItemCheckpoint"]):
+        """INSERT the checkpoints; a degraded item (a fallback answer) may be redone, a completed one never.
+        Returns the keys it wrote."""
+        stmt = self.dialect.insert(node_items).values([
+            {"pipeline_id": own.pipeline_id, "node_name": node_name, "item_key": e.key, "status": e.status,
+             "result": e.result, "run_id": own.owner, "epoch": own.epoch, "completed_at": self.dialect.now()}
+            for e in entries
+        ])
+        return self._redo_degraded_only(stmt).returning(node_items.c.item_key)
+
+    @staticmethod
+    def _redo_degraded_only(stmt):
+        new = stmt.excluded
+        return stmt.on_conflict_do_update(
+            index_elements=[node_items.c.pipeline_id, node_items.c.node_name, node_items.c.item_key],
+            set_={"status": new.status, "result": new.result, "run_id": new.run_id, "epoch": new.epoch,
+                  "completed_at": new.completed_at},
+            where=node_items.c.status == "degraded",
+        )
+
+    def _push_stall_deadline(self, own: Ownership, node_name: str, stall_timeout: float, pipeline_id: Any = None):
+        return (update(nodes)
+                .where(nodes.c.pipeline_id == (own.pipeline_id if pipeline_id is None else pipeline_id),
+                       nodes.c.name == node_name, nodes.c.status == "running")
+                .values(stall_deadline=self.dialect.now_plus(stall_timeout)))
+
+    def _checkpoint_in_one_statement(self, own: Ownership, node_name: str, item_key: str, result: Any,
+                                     status: str, stall_timeout: float | None) -> None:
+        """Fence, insert and progress as data-modifying CTEs of one autocommit statement (PostgreSQL).
+
+        The fence CTE takes FOR KEY SHARE on the pipeline row like :meth:`_fence`; the insert
+        reads from it, so a superseded worker's statement inserts nothing.
+        """
+        fence = (select(pipelines.c.id).where(pipelines.c.id == own.pipeline_id, pipelines.c.epoch == own.epoch,
+                                              pipelines.c.status == "running")
+                 .with_for_update(read=True, key_share=True).cte("fence"))
+        row = select(fence.c.id, literal(node_name, Text), literal(item_key, Text), literal(status, Text),
+                     literal(result, DbJson), literal(own.owner, Text), literal(own.epoch, Integer),
+                     self.dialect.now())
+        insert_stmt = self.dialect.insert(node_items).from_select(
+            ["pipeline_id", "node_name", "item_key", "status", "result", "run_id", "epoch", "completed_at"], row)
+        written = self._redo_degraded_only(insert_stmt).returning(node_items.c.item_key).cte("written")
+        query = select(select(func.count()).select_from(fence).scalar_subquery().label("fenced"),
+                       select(func.count()).select_from(written).scalar_subquery().label("written"))
+        if stall_timeout:
+            query = query.add_cte(self._push_stall_deadline(own, node_name, stall_timeout,
+                                                            select(fence.c.id).scalar_subquery()).cte("progress"))
+        with self.autocommit() as conn:
+            outcome = conn.execute(query).one()
+            if outcome.fenced and outcome.written:
+                return
+            if outcome.fenced and is_retry() and self._checkpointed_by(conn, own, node_name, item_key):
+                return  # the first attempt committed before its connection dropped
+        if not outcome.fenced:
+            self.check_ownership(own)  # raises OwnershipLost (or NotFound) with who owns it now
+            raise OwnershipLost(owner="(changed during the checkpoint)", pipeline_id=own.pipeline_id)
+        raise IllegalTransition(
+            f"item {item_key!r} of node {node_name!r} in pipeline {own.pipeline_id} is already checkpointed")
 
     @staticmethod
     def _checkpointed_by(conn: Connection, own: Ownership, node_name: str, item_key: str) -> bool:
@@ -476,6 +548,16 @@ class PipelineOps(Database):
     def pending_items(self, pipeline_id: int, node_name: str, keys: Iterable[str]) -> list[str]:
         done = self.completed_items(pipeline_id, node_name)
         return [k for k in keys if k not in done]
+
+
+@dataclass(frozen=True)
+class ItemCheckpoint:
+    """One item of a checkpoint batch: its result, status and the side-effect writes ``also(tx)``."""
+
+    key: str
+    result: Any = None
+    status: str = "completed"
+    also: Callable[[FencedTransaction], None] | None = None
 
 
 def resume_owner(pipeline_id: int, resume_number: int) -> str:

@@ -143,6 +143,7 @@ def _run_node(context, store, resource, settings, own, op_name, body, inputs, op
         store.clear_waiting(own, node=op_name, keep_outage_clock=True, event="outage_retry")
     try:
         output = _jsonable(body(ctx, **inputs))
+        ctx.flush()  # completions a batched items() loop still buffers (the body left the loop early)
         ctx.check()
     except (OwnershipLost, StopRequested) as exc:
         lost = watchdog.lost or exc
