@@ -179,6 +179,9 @@ def test_a_connection_killed_between_checkpoints_is_replaced_by_a_retry(pg_url, 
                 write()
             assert any("retrying" in r.getMessage() for r in caplog.records)  # no pre-ping hid the dead connection
         assert store.completed_items(own.pipeline_id, "a") == {f"k{i}": i for i in range(1, 6)}
+        assert _terminate_other_backends(pg_url) >= 1
+        with store.read_only() as conn:  # what ctx.read() opens: its start is retried too
+            assert conn.scalar(select(func.count()).select_from(node_items)) == 5
     finally:
         store.close()
 
