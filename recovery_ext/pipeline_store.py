@@ -291,18 +291,50 @@ class PipelineOps(Database):
         """pending/failed -> running under ``own``; counts an attempt and starts the node's heartbeat."""
         with self.write() as conn:
             self._fence(conn, own, for_update=True)
-            node = self._move_node(
-                conn, own, name, "running", "started",
-                attempts=nodes.c.attempts + 1,
-                run_id=own.owner,
-                started_at=self.dialect.now(),
-                completed_at=None,
-                heartbeat_at=self.dialect.now(),
-                heartbeat_deadline=self.dialect.now_plus(heartbeat_timeout),
-                stall_deadline=self.dialect.now_plus(stall_timeout) if stall_timeout else None,
-            )
-            self._refresh_pipeline(conn, own, heartbeat_timeout, current_node=name)
+            return self._start_node_in(conn, own, name, heartbeat_timeout, stall_timeout)
+
+    def _start_node_in(self, conn: Connection, own: Ownership, name: str, heartbeat_timeout: float,
+                       stall_timeout: float | None) -> Node:
+        node = self._move_node(
+            conn, own, name, "running", "started",
+            attempts=nodes.c.attempts + 1,
+            run_id=own.owner,
+            started_at=self.dialect.now(),
+            completed_at=None,
+            heartbeat_at=self.dialect.now(),
+            heartbeat_deadline=self.dialect.now_plus(heartbeat_timeout),
+            stall_deadline=self.dialect.now_plus(stall_timeout) if stall_timeout else None,
+        )
+        self._refresh_pipeline(conn, own, heartbeat_timeout, current_node=name)
         return node
+
+    def begin_node(self, run_id: str, name: str, *, heartbeat_timeout: float = 90.0,
+                   stall_timeout: float | None = None) -> tuple[Ownership, Node, bool] | None:
+        """What a node does first, in ONE transaction: find the running pipeline ``run_id`` owns,
+        then either return its node as recorded (already finished: a resume skips it) or start it.
+
+        Returns ``(ownership, node, started)``, or None when ``run_id`` owns no running
+        pipeline (the caller asks why). The pipeline row is locked ``FOR NO KEY UPDATE``
+        first, as :meth:`start_node` does, so nothing can take it over in between.
+        """
+        with self.write() as conn:
+            row = conn.execute(
+                select(pipelines.c.id, pipelines.c.epoch)
+                .where(pipelines.c.owner == run_id, pipelines.c.status == "running")
+                .order_by(pipelines.c.id).limit(1).with_for_update(key_share=True)
+            ).first()
+            if row is None:
+                return None
+            own = Ownership(row.id, row.epoch, run_id)
+            current = conn.execute(select(nodes).where(nodes.c.pipeline_id == own.pipeline_id,
+                                                       nodes.c.name == name)).first()
+            if current is None:
+                raise NotFound(f"pipeline {own.pipeline_id} has no node {name!r}")
+            recorded = Node.from_row(current._mapping)
+            if recorded.finished:
+                return own, recorded, False
+            node = self._start_node_in(conn, own, name, heartbeat_timeout, stall_timeout)
+        return own, node, True
 
     def complete_node(self, own: Ownership, name: str, output: Any = None, *, heartbeat_timeout: float | None = None) -> bool:
         """running -> completed with its output. Returns whether that completed the pipeline."""
@@ -417,6 +449,16 @@ class PipelineOps(Database):
             conn.execute(update(nodes).where(nodes.c.pipeline_id == own.pipeline_id, nodes.c.name == node_name)
                          .values(items_total=total))
 
+    def start_items(self, own: Ownership, node_name: str, total: int) -> dict[str, str]:
+        """``set_items_total`` and the statuses of the node's checkpointed items, in one transaction."""
+        with self.write() as conn:
+            self._fence(conn, own)
+            conn.execute(update(nodes).where(nodes.c.pipeline_id == own.pipeline_id, nodes.c.name == node_name)
+                         .values(items_total=total))
+            rows = conn.execute(select(node_items.c.item_key, node_items.c.status).where(
+                node_items.c.pipeline_id == own.pipeline_id, node_items.c.node_name == node_name))
+            return {r.item_key: r.status for r in rows}
+
     def checkpoint_item(
         self,
         own: Ownership,
@@ -501,7 +543,10 @@ class PipelineOps(Database):
         """Fence, insert and progress as data-modifying CTEs of one autocommit statement (PostgreSQL).
 
         The fence CTE takes FOR KEY SHARE on the pipeline row like :meth:`_fence`; the insert
-        reads from it, so a superseded worker's statement inserts nothing.
+        reads from it, so a superseded worker's statement inserts nothing. Node transitions stay
+        multi-statement transactions: a statement that locks the pipeline row and then updates it
+        or counts node statuses would work from the snapshot taken before its lock wait (stale
+        counts, and an update-after-lock that deadlocks with the next waiter on the same row).
         """
         fence = (select(pipelines.c.id).where(pipelines.c.id == own.pipeline_id, pipelines.c.epoch == own.epoch,
                                               pipelines.c.status == "running")

@@ -135,17 +135,21 @@ class RunOps(PipelineOps):
         extended = self.dialect.now_plus(rows.c.timeout)
         held = and_(p.id == rows.c.id, p.epoch == rows.c.epoch, p.status == "running")
         pipeline_update = (update(pipelines).where(rows.c.node.is_(None), held)
-                           .values(heartbeat_at=now, heartbeat_deadline=extended).cte("pipeline_beats"))
+                           .values(heartbeat_at=now, heartbeat_deadline=extended).returning(p.id)
+                           .cte("pipeline_beats"))
+        # The node UPDATE waits for the pipeline UPDATE (an InitPlan over its result), so this
+        # statement locks pipeline rows before node rows, like every other transaction.
+        pipelines_first = select(func.count()).select_from(pipeline_update).scalar_subquery() >= 0
         node_update = (update(nodes)
-                       .where(nodes.c.pipeline_id == rows.c.id, nodes.c.name == rows.c.node, nodes.c.status == "running",
-                              exists().where(held))
+                       .where(pipelines_first, nodes.c.pipeline_id == rows.c.id, nodes.c.name == rows.c.node,
+                              nodes.c.status == "running", exists().where(held))
                        .values(heartbeat_at=now, heartbeat_deadline=extended).cte("node_beats"))
         wanted = select(rows.c.id, rows.c.epoch).distinct().subquery("wanted")
         current = pipelines.alias("current")
         lost = (select(wanted.c.id)
                 .select_from(wanted.outerjoin(current, current.c.id == wanted.c.id))
                 .where(or_(current.c.id.is_(None), current.c.epoch != wanted.c.epoch, current.c.status != "running"))
-                .add_cte(pipeline_update).add_cte(node_update))
+                .add_cte(node_update))
         with self.autocommit() as conn:
             return set(conn.scalars(lost))
 

@@ -149,8 +149,7 @@ class NodeContext:
         if flush_seconds is not None:
             check_seconds("ctx.items(flush_seconds=...)", flush_seconds, minimum=0.0)
         keys = [str(k) for k in keys]
-        self._store.set_items_total(self.ownership, self.node_name, len(keys))
-        statuses = self._store.item_statuses(self.pipeline_id, self.node_name)
+        statuses = self._store.start_items(self.ownership, self.node_name, len(keys))
         done = {k for k, status in statuses.items() if status != "degraded"}
         self.items_resumed = sum(1 for k in keys if k in done)
         if self.items_resumed:
