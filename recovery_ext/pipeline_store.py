@@ -23,7 +23,7 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Connection, Integer, Text, func, insert, literal, select, update
+from sqlalchemy import Connection, Float, Integer, Text, bindparam, func, insert, select, update
 from sqlalchemy.exc import IntegrityError
 
 from .database import Database, chunks, is_retry
@@ -532,9 +532,9 @@ class PipelineOps(Database):
             where=node_items.c.status == "degraded",
         )
 
-    def _push_stall_deadline(self, own: Ownership, node_name: str, stall_timeout: float, pipeline_id: Any = None):
+    def _push_stall_deadline(self, own: Ownership, node_name: str, stall_timeout: float):
         return (update(nodes)
-                .where(nodes.c.pipeline_id == (own.pipeline_id if pipeline_id is None else pipeline_id),
+                .where(nodes.c.pipeline_id == own.pipeline_id,
                        nodes.c.name == node_name, nodes.c.status == "running")
                 .values(stall_deadline=self.dialect.now_plus(stall_timeout)))
 
@@ -548,22 +548,12 @@ class PipelineOps(Database):
         or counts node statuses would work from the snapshot taken before its lock wait (stale
         counts, and an update-after-lock that deadlocks with the next waiter on the same row).
         """
-        fence = (select(pipelines.c.id).where(pipelines.c.id == own.pipeline_id, pipelines.c.epoch == own.epoch,
-                                              pipelines.c.status == "running")
-                 .with_for_update(read=True, key_share=True).cte("fence"))
-        row = select(fence.c.id, literal(node_name, Text), literal(item_key, Text), literal(status, Text),
-                     literal(result, DbJson), literal(own.owner, Text), literal(own.epoch, Integer),
-                     self.dialect.now())
-        insert_stmt = self.dialect.insert(node_items).from_select(
-            ["pipeline_id", "node_name", "item_key", "status", "result", "run_id", "epoch", "completed_at"], row)
-        written = self._redo_degraded_only(insert_stmt).returning(node_items.c.item_key).cte("written")
-        query = select(select(func.count()).select_from(fence).scalar_subquery().label("fenced"),
-                       select(func.count()).select_from(written).scalar_subquery().label("written"))
-        if stall_timeout:
-            query = query.add_cte(self._push_stall_deadline(own, node_name, stall_timeout,
-                                                            select(fence.c.id).scalar_subquery()).cte("progress"))
+        query = self._checkpoint_statement(bool(stall_timeout))
+        # parameter names that are no column's name: SQLAlchemy reads those as SET values of an UPDATE
+        params = {"cp_pipeline": own.pipeline_id, "cp_epoch": own.epoch, "cp_node": node_name, "cp_key": item_key,
+                  "cp_status": status, "cp_result": result, "cp_owner": own.owner, "cp_stall": stall_timeout or 0.0}
         with self.autocommit() as conn:
-            outcome = conn.execute(query).one()
+            outcome = conn.execute(query, params).one()
             if outcome.fenced and outcome.written:
                 return
             if outcome.fenced and is_retry() and self._checkpointed_by(conn, own, node_name, item_key):
@@ -573,6 +563,34 @@ class PipelineOps(Database):
             raise OwnershipLost(owner="(changed during the checkpoint)", pipeline_id=own.pipeline_id)
         raise IllegalTransition(
             f"item {item_key!r} of node {node_name!r} in pipeline {own.pipeline_id} is already checkpointed")
+
+    def _checkpoint_statement(self, with_progress: bool):
+        """Built once per store (building the statement costs more than running it); values are bound."""
+        built = self.__dict__.setdefault("_checkpoint_statements", {})
+        if with_progress not in built:
+            built[with_progress] = self._build_checkpoint_statement(with_progress)
+        return built[with_progress]
+
+    def _build_checkpoint_statement(self, with_progress: bool):
+        fence = (select(pipelines.c.id)
+                 .where(pipelines.c.id == bindparam("cp_pipeline"), pipelines.c.epoch == bindparam("cp_epoch"),
+                        pipelines.c.status == "running")
+                 .with_for_update(read=True, key_share=True).cte("fence"))
+        row = select(fence.c.id, bindparam("cp_node", type_=Text), bindparam("cp_key", type_=Text),
+                     bindparam("cp_status", type_=Text), bindparam("cp_result", type_=DbJson),
+                     bindparam("cp_owner", type_=Text), bindparam("cp_epoch", type_=Integer), self.dialect.now())
+        insert_stmt = self.dialect.insert(node_items).from_select(
+            ["pipeline_id", "node_name", "item_key", "status", "result", "run_id", "epoch", "completed_at"], row)
+        written = self._redo_degraded_only(insert_stmt).returning(node_items.c.item_key).cte("written")
+        query = select(select(func.count()).select_from(fence).scalar_subquery().label("fenced"),
+                       select(func.count()).select_from(written).scalar_subquery().label("written"))
+        if with_progress:
+            progress = (update(nodes)
+                        .where(nodes.c.pipeline_id == select(fence.c.id).scalar_subquery(),
+                               nodes.c.name == bindparam("cp_node"), nodes.c.status == "running")
+                        .values(stall_deadline=self.dialect.now_plus(bindparam("cp_stall", type_=Float))))
+            query = query.add_cte(progress.cte("progress"))
+        return query
 
     @staticmethod
     def _checkpointed_by(conn: Connection, own: Ownership, node_name: str, item_key: str) -> bool:
