@@ -26,15 +26,13 @@ from typing import Any
 from sqlalchemy import Connection, Float, Integer, Text, bindparam, func, insert, select, update
 from sqlalchemy.exc import IntegrityError
 
-from .database import Database, chunks, is_retry
+from .database import Database, is_retry
 from .errors import IllegalTransition, NotFound, OwnershipLost, StoreError
 from .fenced import FencedTransaction
 from .models import ErrorInfo, Node, NodeSpec, Ownership, Pipeline
 from .redaction import redact
 from .schema import FINISHED_PIPELINE_STATUSES, DbJson, node_items, nodes, pipelines
 
-# Rows per multi-row checkpoint INSERT: 8 bound values each, far below SQLite's 32766.
-CHECKPOINT_CHUNK = 500
 
 # Legal node transitions: target -> allowed sources.
 NODE_TRANSITIONS: dict[str, tuple[str, ...]] = {
@@ -502,9 +500,9 @@ class PipelineOps(Database):
                         entry.also(tx)
             finally:
                 tx.close()
-            written: set[str] = set()
-            for part in chunks(entries, CHECKPOINT_CHUNK):
-                written.update(conn.scalars(self._insert_checkpoints(own, node_name, part)))
+            written = set(conn.scalars(self._checkpoints_insert(), [
+                {"pipeline_id": own.pipeline_id, "node_name": node_name, "item_key": e.key, "status": e.status,
+                 "result": e.result, "run_id": own.owner, "epoch": own.epoch} for e in entries]))
             refused = [k for k in keys if k not in written]
             if refused:
                 raise IllegalTransition(f"item {refused[0]!r} of node {node_name!r} in pipeline "
@@ -512,15 +510,14 @@ class PipelineOps(Database):
             if stall_timeout:
                 conn.execute(self._push_stall_deadline(own, node_name, stall_timeout))
 
-    def _insert_checkpoints(self, own: Ownership, node_name: str, entries: Sequence["ItemCheckpoint"]):
-        """INSERT the checkpoints; a degraded item (a fallback answer) may be redone, a completed one never.
-        Returns the keys it wrote."""
-        stmt = self.dialect.insert(node_items).values([
-            {"pipeline_id": own.pipeline_id, "node_name": node_name, "item_key": e.key, "status": e.status,
-             "result": e.result, "run_id": own.owner, "epoch": own.epoch, "completed_at": self.dialect.now()}
-            for e in entries
-        ])
-        return self._redo_degraded_only(stmt).returning(node_items.c.item_key)
+    def _checkpoints_insert(self):
+        """INSERT of many checkpoints (SQLAlchemy batches the rows into multi-row statements); a degraded
+        item (a fallback answer) may be redone, a completed one never. Returns the keys it wrote."""
+        built = self.__dict__.setdefault("_checkpoint_statements", {})
+        if "many" not in built:
+            stmt = self.dialect.insert(node_items).values(completed_at=self.dialect.now())
+            built["many"] = self._redo_degraded_only(stmt).returning(node_items.c.item_key)
+        return built["many"]
 
     @staticmethod
     def _redo_degraded_only(stmt):
