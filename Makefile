@@ -36,6 +36,8 @@ bench: install
 	$(BIN)/python -m bench.bulk_recovery_bench
 	$(BIN)/python -m bench.liveness_bench --quick
 	$(BIN)/python -m bench.resume_bench
+	$(BIN)/python -m bench.overhead_bench
+	$(BIN)/python -m bench.dbos_bench    # DBOS runs in its own .venv-dbos, created on first use
 
 clean:
-	rm -rf $(VENV) .dagster_home var
+	rm -rf $(VENV) .venv-dbos .dagster_home var

@@ -7,7 +7,7 @@ import logging
 import math
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from typing import Any, TypeVar
 
 import tenacity
@@ -138,6 +138,14 @@ class Database:
                     yield conn
 
     @contextmanager
+    def autocommit(self) -> Iterator[Connection]:
+        """Each statement its own transaction, with no BEGIN/COMMIT round trips: for hot-path
+        writes that are one statement (several writes joined as data-modifying CTEs)."""
+        with self._wrap_errors():
+            with self.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+                yield conn
+
+    @contextmanager
     def read(self) -> Iterator[Connection]:
         with self._wrap_errors():
             with self.engine.connect() as conn:
@@ -146,11 +154,23 @@ class Database:
 
     @contextmanager
     def read_only(self) -> Iterator[Connection]:
-        """A transaction the database itself refuses to write in (what op code gets for reads)."""
-        with self._wrap_errors():
-            with self.engine.connect() as conn:
-                with self.dialect.read_only(conn):
-                    yield conn
+        """A transaction the database itself refuses to write in (what op code gets for reads).
+
+        Opening it is retried on transient errors (there is no pool pre-ping: a connection the
+        server dropped fails here and is replaced); the caller's statements are not.
+        """
+        for attempt in self._retrying("read-only transaction"):
+            with attempt:
+                stack = ExitStack()
+                try:
+                    stack.enter_context(self._wrap_errors())
+                    conn = stack.enter_context(self.engine.connect())
+                    stack.enter_context(self.dialect.read_only(conn))
+                except BaseException as exc:
+                    if not stack.__exit__(type(exc), exc, exc.__traceback__):
+                        raise
+        with stack:
+            yield conn
 
     @contextmanager
     def _wrap_errors(self) -> Iterator[None]:

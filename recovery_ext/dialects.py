@@ -26,6 +26,9 @@ from .redaction import redact
 _PG_TRANSIENT_CLASSES = ("08", "53", "57")
 _PG_TRANSIENT_CODES = ("40001", "40P01")
 _SQLITE_BUSY_CODES = (5, 6, 261, 262, 517)  # SQLITE_BUSY, SQLITE_LOCKED and extended codes
+# Connections per process and engine (README "PostgreSQL": connection footprint).
+POOL_SIZE = 2
+POOL_OVERFLOW = 8
 
 
 class Dialect:
@@ -35,6 +38,8 @@ class Dialect:
     migrations_folder = ""
     default_connect_timeout = 10.0
     default_statement_timeout = 30.0
+    # Data-modifying CTEs (INSERT/UPDATE inside WITH): several writes in one statement, one round trip.
+    dml_in_cte = False
 
     def __init__(self, url: URL, *, connect_timeout: float | None = None, statement_timeout: float | None = None) -> None:
         self.url = url
@@ -111,6 +116,7 @@ class Dialect:
 class PostgresDialect(Dialect):
     name = "postgresql"
     migrations_folder = "postgres"
+    dml_in_cte = True
 
     def engine_options(self) -> dict[str, Any]:
         """Connect and statement timeouts, unless the URL sets its own.
@@ -129,7 +135,13 @@ class PostgresDialect(Dialect):
             connect_args["options"] = f"-c statement_timeout={ms} -c idle_in_transaction_session_timeout={idle_ms}"
         if "keepalives" not in query:
             connect_args.update(keepalives=1, keepalives_idle=10, keepalives_interval=5, keepalives_count=3)
-        return {"pool_pre_ping": True, "pool_size": 5, "max_overflow": 10, "connect_args": connect_args}
+        # No pre-ping: it costs a round trip per checkout on the hot path. A connection that
+        # died (server restart, pg_terminate_backend) fails its first statement instead, the
+        # pool invalidates it and the store's retry runs the whole transaction again.
+        # A small pool: a run worker needs one connection for its work and one for the heartbeat
+        # thread; the overflow covers bursts (sensors, parallel threads) and is closed when idle.
+        return {"pool_size": POOL_SIZE, "max_overflow": POOL_OVERFLOW, "pool_recycle": 1800,
+                "connect_args": connect_args}
 
     @contextmanager
     def read_only(self, conn) -> Iterator[None]:

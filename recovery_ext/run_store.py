@@ -15,7 +15,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from sqlalchemy import Connection, Integer, Text, and_, exists, literal, or_, select, tuple_, union_all, update
+from sqlalchemy import (BigInteger, Connection, Float, Integer, Text, and_, bindparam, exists, func, literal, or_, select,
+                        tuple_, union_all, update)
+from sqlalchemy.dialects.postgresql import ARRAY
 
 from .database import chunks
 from .errors import IllegalTransition, NotFound, OwnershipLost
@@ -73,6 +75,8 @@ class RunOps(PipelineOps):
         pipeline_beats, node_beats = list(pipeline_beats), list(node_beats)
         if not pipeline_beats and not node_beats:
             return set()
+        if self.dialect.dml_in_cte:
+            return self._pulse_in_one_statement(pipeline_beats, node_beats)
         wanted = {(b.own.pipeline_id, b.own.epoch) for b in pipeline_beats} | {
             (b.own.pipeline_id, b.own.epoch) for b in node_beats}
         alive: set[int] = set()
@@ -110,6 +114,44 @@ class RunOps(PipelineOps):
                     select(p.id, p.epoch, p.status).where(p.id.in_(list(part))))})
         return {pid for pid, epoch in wanted
                 if pid not in alive and current.get(pid) != (epoch, "running")}
+
+    def _pulse_in_one_statement(self, pipeline_beats: list[PipelineBeat], node_beats: list[NodeBeat]) -> set[int]:
+        """PostgreSQL: every beat in ONE autocommit statement, linear in its size.
+
+        The beat list is four bound arrays unnested into rows; both UPDATEs are data-modifying
+        CTEs joined against it, and the main query reports the pipelines no longer held. No
+        index covers the heartbeat columns (migration 0007), so these are HOT updates.
+        """
+        beats = [(b.own.pipeline_id, b.own.epoch, None, b.timeout) for b in pipeline_beats] + [
+            (b.own.pipeline_id, b.own.epoch, b.node, b.timeout) for b in node_beats]
+        columns = list(zip(*beats))
+        rows = select(func.unnest(
+            bindparam("beat_ids", list(columns[0]), ARRAY(BigInteger)),
+            bindparam("beat_epochs", list(columns[1]), ARRAY(Integer)),
+            bindparam("beat_nodes", list(columns[2]), ARRAY(Text)),
+            bindparam("beat_timeouts", list(columns[3]), ARRAY(Float)),
+        ).table_valued("id", "epoch", "node", "timeout").render_derived(name="b")).cte("beats")
+        now = self.dialect.now()
+        extended = self.dialect.now_plus(rows.c.timeout)
+        held = and_(p.id == rows.c.id, p.epoch == rows.c.epoch, p.status == "running")
+        pipeline_update = (update(pipelines).where(rows.c.node.is_(None), held)
+                           .values(heartbeat_at=now, heartbeat_deadline=extended).returning(p.id)
+                           .cte("pipeline_beats"))
+        # The node UPDATE waits for the pipeline UPDATE (an InitPlan over its result), so this
+        # statement locks pipeline rows before node rows, like every other transaction.
+        pipelines_first = select(func.count()).select_from(pipeline_update).scalar_subquery() >= 0
+        node_update = (update(nodes)
+                       .where(pipelines_first, nodes.c.pipeline_id == rows.c.id, nodes.c.name == rows.c.node,
+                              nodes.c.status == "running", exists().where(held))
+                       .values(heartbeat_at=now, heartbeat_deadline=extended).cte("node_beats"))
+        wanted = select(rows.c.id, rows.c.epoch).distinct().subquery("wanted")
+        current = pipelines.alias("current")
+        lost = (select(wanted.c.id)
+                .select_from(wanted.outerjoin(current, current.c.id == wanted.c.id))
+                .where(or_(current.c.id.is_(None), current.c.epoch != wanted.c.epoch, current.c.status != "running"))
+                .add_cte(node_update))
+        with self.autocommit() as conn:
+            return set(conn.scalars(lost))
 
     def heartbeat(self, beats: Sequence[tuple[Ownership, str | None]], timeout: float) -> set[int]:
         """Extend many pipelines and, where named, their nodes at once; returns the lost pipeline ids."""

@@ -18,7 +18,7 @@ URL_ENV = "RECOVERY_DATABASE_URL"
 
 # Not store calls of their own: transaction context managers and helpers that run inside
 # the caller's transaction (they take ``conn``), so the caller's call is what retries.
-_NOT_RETRIED = frozenset({"read", "read_only", "write", "fenced", "close", "wrap_error", "migrate",
+_NOT_RETRIED = frozenset({"read", "read_only", "write", "autocommit", "fenced", "close", "wrap_error", "migrate",
                           "pending_migrations"})
 
 

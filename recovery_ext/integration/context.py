@@ -4,6 +4,7 @@ checkpoints, fenced transactions and progress) and :class:`Item`."""
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -12,8 +13,10 @@ from typing import Any
 from dagster import Failure, OpExecutionContext
 
 from ..fenced import FencedTransaction
+from ..env import check_count, check_seconds
 from ..heartbeat import HeartbeatSettings, Lease
 from ..models import Ownership
+from ..pipeline_store import ItemCheckpoint
 from ..store import RecoveryStore
 from .queue_handle import QueueHandle
 from .resources import RecoveryResource
@@ -69,6 +72,10 @@ class NodeContext:
         self.items_done = 0
         self.items_degraded = 0
         self.metadata: dict[str, Any] = {}
+        self._batch = 1
+        self._flush_seconds: float | None = None
+        self._pending: list[ItemCheckpoint] = []
+        self._pending_since = 0.0
 
     @property
     def log(self):
@@ -131,28 +138,79 @@ class NodeContext:
     def completed_items(self) -> dict[str, Any]:
         return self._store.completed_items(self.pipeline_id, self.node_name)
 
-    def items(self, keys: Iterable[str]) -> Iterator[Item]:
+    def items(self, keys: Iterable[str], *, batch: int = 1, flush_seconds: float | None = None) -> Iterator[Item]:
         """Yield only the items a previous run did not finish, in the given order; degraded items
-        (fallback answers) count as unfinished and are asked again."""
-        keys = [str(k) for k in keys]
-        self._store.set_items_total(self.ownership, self.node_name, len(keys))
-        statuses = self._store.item_statuses(self.pipeline_id, self.node_name)
+        (fallback answers) count as unfinished and are asked again.
+
+        ``batch=1`` (the default): every ``item.complete`` commits at once, for items that take
+        seconds each (LLM, OCR). ``batch=N``: completions are buffered and their results,
+        ``also=`` writes and checkpoints commit together in one fenced transaction once N are
+        buffered, once the oldest buffered one has waited ``flush_seconds`` (checked at each
+        completion and each next item), when the keys run out, and when the op body returns.
+        A crash redoes at most the unflushed batch; ``also`` runs at the flush, so it must
+        capture what it writes.
+        """
+        check_count("ctx.items(batch=...)", batch, minimum=1)
+        if flush_seconds is not None:
+            check_seconds("ctx.items(flush_seconds=...)", flush_seconds, minimum=0.0)
+        keys = list(dict.fromkeys(str(k) for k in keys))  # a key given twice is one item (and counts once)
+        statuses = self._store.start_items(self.ownership, self.node_name, len(keys))
         done = {k for k, status in statuses.items() if status != "degraded"}
         self.items_resumed = sum(1 for k in keys if k in done)
         if self.items_resumed:
             self.log.info(f"resuming node {self.node_name}: {self.items_resumed}/{len(keys)} items already done")
-        for key in keys:
-            if key in done:
-                continue
-            self.check()
-            yield Item(self, key)
+        self._batch, self._flush_seconds = batch, flush_seconds
+        try:
+            for key in keys:
+                if key in done:
+                    continue
+                self._flush_if_due()
+                self.check()
+                yield Item(self, key)
+            self.flush()
+        finally:
+            self._batch, self._flush_seconds = 1, None
 
     def checkpoint(self, key: str, result: Any = None, *, also: Callable[[Any], None] | None = None,
                    status: str = "completed") -> None:
         self.check()
-        self._store.checkpoint_item(self.ownership, self.node_name, str(key), _jsonable(result), also=also,
+        entry = ItemCheckpoint(str(key), _jsonable(result), status, also)
+        if self._batch > 1:
+            if any(pending.key == entry.key for pending in self._pending):
+                raise Failure(description=f"item {entry.key!r} of node {self.node_name} completed twice",
+                              allow_retries=False)
+            if not self._pending:
+                self._pending_since = time.monotonic()
+            self._pending.append(entry)
+            self._flush_if_due()
+            return
+        self._store.checkpoint_item(self.ownership, self.node_name, entry.key, entry.result, also=also,
                                     stall_timeout=self.settings.stall_timeout, status=status)
-        if status == "degraded":
-            self.items_degraded += 1
-        else:
-            self.items_done += 1
+        self._count([entry])
+
+    def flush(self) -> None:
+        """Commit the buffered completions of a batched ``items()`` loop now (one fenced transaction)."""
+        if not self._pending:
+            return
+        self.check()
+        pending, self._pending = self._pending, []
+        self._store.checkpoint_items(self.ownership, self.node_name, pending,
+                                     stall_timeout=self.settings.stall_timeout)
+        self._count(pending)
+
+    def discard_pending(self) -> int:
+        """Forget unflushed completions (the body failed: they are redone by the next run)."""
+        count, self._pending = len(self._pending), []
+        return count
+
+    def _flush_if_due(self) -> None:
+        if not self._pending:
+            return
+        waited = time.monotonic() - self._pending_since
+        if len(self._pending) >= self._batch or (self._flush_seconds is not None and waited >= self._flush_seconds):
+            self.flush()
+
+    def _count(self, entries: list[ItemCheckpoint]) -> None:
+        degraded = sum(1 for e in entries if e.status == "degraded")
+        self.items_degraded += degraded
+        self.items_done += len(entries) - degraded

@@ -35,13 +35,7 @@ def _owned(context: OpExecutionContext, store: RecoveryStore, op_name: str) -> t
     a node only finds it. A run without that scope is refused loudly, never run without liveness.
     """
     run_id = context.run_id
-    if not has_run_liveness(context.job_def.executor_def, run_id):
-        raise Failure(
-            description=f"{op_name} is a @recoverable_op, but job {context.job_def.name!r} does not keep its "
-            "pipeline alive for the whole run: define it with @recoverable_job or "
-            "executor_def=with_recovery(<executor>) (tests: recovery_ext.integration.execute_in_process)",
-            allow_retries=False,
-        )
+    _require_run_liveness(context, op_name)
     own = store.owned_by(run_id)
     if own is not None:
         return own.pipeline_id, own, ""
@@ -53,6 +47,16 @@ def _owned(context: OpExecutionContext, store: RecoveryStore, op_name: str) -> t
     if current.owner == run_id:  # still this run's, but it ended (e.g. another node failed it for good)
         return pipeline_id, None, f"pipeline {pipeline_id} is already {current.status}"
     return pipeline_id, None, f"superseded by run {current.owner or f'(none; pipeline {current.status})'}"
+
+
+def _require_run_liveness(context: OpExecutionContext, op_name: str) -> None:
+    if not has_run_liveness(context.job_def.executor_def, context.run_id):
+        raise Failure(
+            description=f"{op_name} is a @recoverable_op, but job {context.job_def.name!r} does not keep its "
+            "pipeline alive for the whole run: define it with @recoverable_job or "
+            "executor_def=with_recovery(<executor>) (tests: recovery_ext.integration.execute_in_process)",
+            allow_retries=False,
+        )
 
 
 def _consecutive_same(store: RecoveryStore, pipeline_id: int, node: str, category: str, limit: int) -> int:
@@ -142,8 +146,13 @@ def run_node(context: Any, resource: RecoveryResource, inputs: dict[str, Any], *
 def _compute(context, resource, inputs, op_name, body, heartbeat, optional, on_skip) -> Any:
     store = resource.get_store()
     settings = heartbeat or resource.heartbeat_settings()
-    pipeline_id, own, owner = _owned(context, store, op_name)
-    node = store.get_node(pipeline_id, op_name)
+    begun = _begin(context, store, settings, op_name)
+    if begun is not None:  # the common case: one transaction found the pipeline, the node and started it
+        own, node, started = begun
+        pipeline_id = own.pipeline_id
+    else:
+        pipeline_id, own, owner = _owned(context, store, op_name)
+        node, started = store.get_node(pipeline_id, op_name), False
     if node is not None and node.finished:
         message = f"skipped: {node.status} in run {node.run_id}"
         context.log.info(f"{op_name} {message}")
@@ -153,12 +162,25 @@ def _compute(context, resource, inputs, op_name, body, heartbeat, optional, on_s
     if own is None:
         raise Failure(description=f"{op_name} not run: {owner}",
                       metadata={"pipeline_id": pipeline_id}, allow_retries=False)
-    return _run_node(context, store, resource, settings, own, op_name, body, inputs, optional)
+    return _run_node(context, store, resource, settings, own, op_name, body, inputs, optional,
+                     node if started else None)
 
 
-def _run_node(context, store, resource, settings, own, op_name, body, inputs, optional) -> Any:
+def _begin(context: OpExecutionContext, store: RecoveryStore, settings: HeartbeatSettings, op_name: str):
+    """``store.begin_node`` for this run, after refusing a job without run-level liveness."""
+    _require_run_liveness(context, op_name)
     try:
-        node = store.start_node(own, op_name, heartbeat_timeout=settings.timeout, stall_timeout=settings.stall_timeout)
+        return store.begin_node(context.run_id, op_name, heartbeat_timeout=settings.timeout,
+                                stall_timeout=settings.stall_timeout)
+    except IllegalTransition as exc:
+        raise Failure(description=str(exc), allow_retries=False) from exc
+
+
+def _run_node(context, store, resource, settings, own, op_name, body, inputs, optional, node=None) -> Any:
+    try:
+        if node is None:  # not started by begin_node
+            node = store.start_node(own, op_name, heartbeat_timeout=settings.timeout,
+                                    stall_timeout=settings.stall_timeout)
     except OwnershipLost as exc:
         raise Failure(description=f"superseded by run {exc.owner}", allow_retries=False) from exc
     except IllegalTransition as exc:
@@ -170,6 +192,7 @@ def _run_node(context, store, resource, settings, own, op_name, body, inputs, op
         store.clear_waiting(own, node=op_name, keep_outage_clock=True, event="outage_retry")
     try:
         output = _jsonable(body(ctx, **inputs))
+        ctx.flush()  # completions a batched items() loop still buffers (the body left the loop early)
         ctx.check()
     except (OwnershipLost, StopRequested) as exc:
         lost = watchdog.lost or exc

@@ -1,0 +1,161 @@
+"""recovery-ext side by side with DBOS (durable execution on PostgreSQL), on the same PostgreSQL, in one run.
+
+1. Per-item checkpoint throughput (``checkpoint_item``, one statement each) vs DBOS step
+   throughput (one workflow of N ``@DBOS.step`` calls), alternating rounds.
+2. Batched checkpoints (``checkpoint_items``, 100 and 1,000 items per fenced transaction) vs the
+   same DBOS step throughput.
+3. Mass recovery: N interrupted workflows. recovery-ext: N orphaned pipelines (8 nodes each)
+   found, reclaimed and reset by one recovery scan (database side). DBOS: N workflows
+   interrupted by a real kill -9 mid-way, then ``DBOS.launch()`` in a new process: the time
+   until every one runs again (its interrupted step re-entered).
+
+DBOS runs in its own environment (``.venv-dbos``, created on first use with ``pip install
+dbos==3.4.0``): it is never a dependency of recovery-ext. All figures are ratios from this run.
+
+Run: .venv/bin/python -m bench.dbos_bench [--items 300] [--rounds 3] [--workflows 500]
+Goals: per-item >= 5x DBOS steps/s, batched >= 100x.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psycopg
+
+from bench.recovery_bench import drop_db, scratch_db
+from bench.store_bench import seed_orphans
+from recovery_ext.pipeline_store import ItemCheckpoint
+from recovery_ext.recovery import RecoverySettings, scan
+from recovery_ext.store import RecoveryStore
+
+ROOT = Path(__file__).resolve().parent.parent
+DBOS_ENV = ROOT / ".venv-dbos"
+DBOS_SIDE = Path(__file__).with_name("dbos_side.py")
+DBOS_VERSION = "3.4.0"
+
+
+def dbos_python() -> str:
+    python = DBOS_ENV / "bin" / "python"
+    if not python.exists():
+        print(f"creating {DBOS_ENV} with dbos=={DBOS_VERSION} (once)", flush=True)
+        subprocess.run([sys.executable, "-m", "venv", str(DBOS_ENV)], check=True)
+        subprocess.run([str(python), "-m", "pip", "install", "-q", f"dbos=={DBOS_VERSION}"], check=True)
+    return str(python)
+
+
+def dbos(mode: str, url: str, count: int) -> dict:
+    out = subprocess.run([dbos_python(), str(DBOS_SIDE), mode, url, str(count)], check=True, capture_output=True,
+                         text=True, timeout=1800).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def running_node(store: RecoveryStore, tag: str):
+    own = store.create_pipeline("bench", ["items"], owner=tag)
+    store.start_node(own, "items")
+    return own
+
+
+def per_item(store: RecoveryStore, count: int, round_no: int) -> float:
+    own = running_node(store, f"per-item-{round_no}")
+    store.checkpoint_item(own, "items", "warm-up", 0)
+    start = time.perf_counter()
+    for i in range(count):
+        store.checkpoint_item(own, "items", f"item-{i}", {"i": i})
+    return count / (time.perf_counter() - start)
+
+
+def batched(store: RecoveryStore, count: int, round_no: int, batch: int = 100) -> float:
+    own = running_node(store, f"batched-{round_no}")
+    start = time.perf_counter()
+    for first in range(0, count, batch):
+        store.checkpoint_items(own, "items", [ItemCheckpoint(f"item-{i}", {"i": i})
+                                              for i in range(first, min(count, first + batch))])
+    return count / (time.perf_counter() - start)
+
+
+def dbos_recovery(url: str, workflows: int) -> dict:
+    """N DBOS workflows interrupted by kill -9 mid-way, then recovered by a new process."""
+    worker = subprocess.Popen([dbos_python(), str(DBOS_SIDE), "interrupt", url, str(workflows)],
+                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        if worker.stdout.readline().strip() != "ready":
+            raise RuntimeError("the DBOS worker did not get its workflows mid-way")
+    finally:
+        os.kill(worker.pid, signal.SIGKILL)
+        worker.wait(30)
+    return dbos("recover", url, workflows)
+
+
+def ours_recovery(url: str, orphans: int) -> float:
+    store = RecoveryStore(url)
+    try:
+        store.migrate()
+        with psycopg.connect(url, autocommit=True) as conn:
+            seed_orphans(conn, orphans, "mass")
+            conn.execute("ANALYZE")
+        start = time.perf_counter()
+        result = scan(store, settings=RecoverySettings(), launching=True, limit=orphans, trigger="bench")
+        seconds = time.perf_counter() - start
+        if result.reclaimed != orphans:
+            raise RuntimeError(f"reclaimed {result.reclaimed} of {orphans} orphans: {result.error}")
+        return seconds
+    finally:
+        store.close()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--items", type=int, default=300, help="checkpoints / DBOS steps per round")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--workflows", type=int, default=500, help="interrupted workflows for mass recovery (0 skips)")
+    args = parser.parse_args()
+    dbos_python()
+    ours_url, dbos_url = scratch_db(), scratch_db()
+    store = RecoveryStore(ours_url)
+    try:
+        store.migrate()
+        ours_item, ours_batch, ours_big, theirs = [], [], [], []
+        for round_no in range(args.rounds):  # alternating, so load changes hit both sides alike
+            result = dbos("steps", dbos_url, args.items)
+            theirs.append(result["steps"] / result["seconds"])
+            ours_item.append(per_item(store, args.items, round_no))
+            ours_batch.append(batched(store, args.items * 10, round_no))
+            ours_big.append(batched(store, args.items * 20, round_no + 1000, batch=1000))
+        steps, item, batch, big = (statistics.median(x) for x in (theirs, ours_item, ours_batch, ours_big))
+        print(f"checkpoints vs DBOS {DBOS_VERSION} steps, same PostgreSQL, median of {args.rounds} alternating rounds")
+        print(f"  DBOS step                      {steps:9.0f} /s   1.0x")
+        print(f"  recovery-ext per item          {item:9.0f} /s   {item / steps:5.1f}x   (goal >= 5x)")
+        print(f"  recovery-ext batched (100)     {batch:9.0f} /s   {batch / steps:5.1f}x   (goal >= 100x)")
+        print(f"  recovery-ext batched (1000)    {big:9.0f} /s   {big / steps:5.1f}x")
+    finally:
+        store.close()
+        drop_db(ours_url)
+        drop_db(dbos_url)
+    if args.workflows:
+        ours_url, dbos_url = scratch_db(), scratch_db()
+        try:
+            recovered = dbos_recovery(dbos_url, args.workflows)
+            ours = ours_recovery(ours_url, args.workflows)
+            print(f"mass recovery of {args.workflows} interrupted workflows / orphaned pipelines (8 nodes each)")
+            print(f"  DBOS launch() returned         {recovered['launch_seconds']:9.2f} s   (recovery goes on in the "
+                  "background)")
+            print(f"  DBOS running again             {recovered['running_again_seconds']:9.2f} s   1.0x")
+            print(f"  recovery-ext scan (DB side)    {ours:9.2f} s   "
+                  f"{recovered['running_again_seconds'] / ours:5.1f}x (found, reclaimed, reset, reserved)")
+            print("  (recovery-ext's 'running again' goes through Dagster run launches: bench/bulk_recovery_bench.py)")
+        finally:
+            drop_db(ours_url)
+            drop_db(dbos_url)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,227 @@
+"""Item checkpoints at the speed of the database: batches, one-statement checkpoints, dropped connections.
+
+- a batch that fails mid-way is redone once and only once: its results, ``also=`` writes and
+  checkpoints commit together or not at all (PostgreSQL and SQLite);
+- a per-item checkpoint on PostgreSQL is one statement; a connection the server killed between
+  two checkpoints is replaced by the store's retry (no pool pre-ping).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import psycopg
+import pytest
+from dagster import Field, in_process_executor, job
+from sqlalchemy import Column, Integer, MetaData, Table, Text, event, func, insert, select
+
+from recovery_ext.errors import IllegalTransition, OwnershipLost
+from recovery_ext.integration import RecoveryResource, execute_in_process, recoverable_op
+from recovery_ext.integration.executor import with_recovery
+from recovery_ext.pipeline_store import ItemCheckpoint
+from recovery_ext.schema import node_items
+from recovery_ext.store import RecoveryStore
+
+TESTS = Path(__file__).parent
+meta = MetaData()
+side_effects = Table("batch_side_effects", meta, Column("id", Integer, primary_key=True), Column("item", Text))
+KEYS = [f"k{i}" for i in range(10)]
+BODY_CALLS: Counter = Counter()
+SEEN_AT_RETRY: list[set[str]] = []
+
+
+@recoverable_op(config_schema={"batch": Field(int, default_value=4), "fail_at": Field(str, default_value="k6")})
+def batched(ctx):
+    attempt = ctx.context.retry_number
+    if attempt:
+        SEEN_AT_RETRY.append(set(ctx.completed_items()))
+    for item in ctx.items(KEYS, batch=ctx.op_config["batch"]):
+        BODY_CALLS[item.key] += 1
+        if item.key == ctx.op_config["fail_at"] and attempt == 0:
+            raise ConnectionResetError("the provider dropped the connection")  # transient: Dagster retries the op
+        item.complete({"n": item.key}, also=lambda tx, key=item.key: tx.execute(insert(side_effects).values(item=key)))
+    return sorted(ctx.completed_items())
+
+
+@job(executor_def=with_recovery(in_process_executor))
+def batched_job():
+    batched()
+
+
+def _run(db_url: str, **config):
+    resource = RecoveryResource(database_url=db_url, heartbeat_interval=0.5, heartbeat_timeout=5, max_retries=2,
+                                retry_initial_delay=0.01, retry_max_delay=0.02)
+    return execute_in_process(batched_job, run_config={"ops": {"batched": {"config": config}}},
+                              resources={"recovery": resource}, raise_on_error=False)
+
+
+def _side_effect_rows(store) -> list[str]:
+    with store.read() as conn:
+        return list(conn.scalars(select(side_effects.c.item).order_by(side_effects.c.id)))
+
+
+def test_a_batch_that_fails_midway_is_redone_once_and_only_once(store, db_url):
+    meta.create_all(store.engine)
+    BODY_CALLS.clear()
+    SEEN_AT_RETRY.clear()
+    result = _run(db_url, batch=4, fail_at="k6")
+    assert result.success
+    # batch 1 (k0-k3) committed; batch 2 (k4-k7) failed at k6 before its flush: nothing of it was kept
+    assert SEEN_AT_RETRY == [{"k0", "k1", "k2", "k3"}]
+    assert BODY_CALLS == {**{k: 1 for k in KEYS}, "k4": 2, "k5": 2, "k6": 2}
+    assert result.output_for_node("batched") == sorted(KEYS)
+    rows = _side_effect_rows(store)
+    assert sorted(rows) == sorted(KEYS) and len(rows) == len(set(rows))  # every also= write exactly once
+    (p,) = store.list_pipelines()
+    assert p.status == "completed"
+    with store.read() as conn:
+        assert conn.scalar(select(func.count()).select_from(node_items).where(node_items.c.pipeline_id == p.id)) == 10
+
+
+def test_batched_completions_are_flushed_when_the_keys_run_out_and_flush_seconds_zero_flushes_each(store, db_url):
+    meta.create_all(store.engine)
+    BODY_CALLS.clear()
+    result = _run(db_url, batch=1000, fail_at="none")
+    assert result.success and result.output_for_node("batched") == sorted(KEYS)
+    assert sorted(_side_effect_rows(store)) == sorted(KEYS)
+
+
+# -- the store API -------------------------------------------------------------------------------
+
+
+def _running_node(store):
+    own = store.create_pipeline("job", ["a"], owner="run-1")
+    store.start_node(own, "a")
+    return own
+
+
+def test_a_batch_commits_all_or_nothing_and_redoes_degraded_items(store):
+    meta.create_all(store.engine)
+    own = _running_node(store)
+
+    def note(key):
+        return lambda tx: tx.execute(insert(side_effects).values(item=key))
+
+    store.checkpoint_items(own, "a", [ItemCheckpoint("x", 1, "completed", note("x")),
+                                      ItemCheckpoint("y", None, "degraded", note("y"))])
+    with pytest.raises(IllegalTransition, match="'x'.*already checkpointed"):
+        store.checkpoint_items(own, "a", [ItemCheckpoint("z", 3, also=note("z")), ItemCheckpoint("x", 9)])
+    assert _side_effect_rows(store) == ["x", "y"]  # z's write rolled back with its batch
+    store.checkpoint_items(own, "a", [ItemCheckpoint("y", 2), ItemCheckpoint("z", 3)])  # a fallback answer is redone
+    assert store.completed_items(own.pipeline_id, "a") == {"x": 1, "y": 2, "z": 3}
+    assert store.item_statuses(own.pipeline_id, "a") == {"x": "completed", "y": "completed", "z": "completed"}
+    with pytest.raises(IllegalTransition, match="twice"):
+        store.checkpoint_items(own, "a", [ItemCheckpoint("w"), ItemCheckpoint("w")])
+
+
+def test_a_superseded_owner_writes_no_batch_and_no_single_checkpoint(store):
+    meta.create_all(store.engine)
+    own = _running_node(store)
+    from helpers import expire
+
+    expire(store, own.pipeline_id)
+    store.reclaim(limit=1)
+    with pytest.raises(OwnershipLost):
+        store.checkpoint_items(own, "a", [ItemCheckpoint("x", also=lambda tx: tx.execute(
+            insert(side_effects).values(item="x")))])
+    with pytest.raises(OwnershipLost):
+        store.checkpoint_item(own, "a", "y", stall_timeout=30)
+    assert _side_effect_rows(store) == [] and store.completed_items(own.pipeline_id, "a") == {}
+
+
+def test_a_per_item_checkpoint_is_one_statement_on_postgresql(pg_url):
+    store = RecoveryStore(pg_url)
+    try:
+        store.migrate()
+        own = _running_node(store)
+        statements: list[str] = []
+        event.listen(store.engine, "before_cursor_execute",
+                     lambda conn, cursor, stmt, *a: statements.append(stmt))
+        store.checkpoint_item(own, "a", "k1", {"v": 1}, stall_timeout=30)
+        assert len(statements) == 1 and statements[0].lstrip().startswith("WITH")
+        statements.clear()
+        with pytest.raises(IllegalTransition, match="already checkpointed"):
+            store.checkpoint_item(own, "a", "k1", {"v": 2})
+        store.checkpoint_item(own, "a", "k2", None, status="degraded")
+        store.checkpoint_item(own, "a", "k2", {"v": 2})
+        assert store.completed_items(own.pipeline_id, "a") == {"k1": {"v": 1}, "k2": {"v": 2}}
+        assert store.get_node(own.pipeline_id, "a").stall_deadline is not None
+    finally:
+        store.close()
+
+
+def _terminate_other_backends(pg_url: str) -> int:
+    dbname = pg_url.rsplit("/", 1)[1]
+    with psycopg.connect(pg_url.replace("postgresql+psycopg://", "postgresql://"), autocommit=True) as conn:
+        return conn.execute(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE datname = %s AND pid <> "
+            "pg_backend_pid()", (dbname,)).fetchone()[0]
+
+
+def test_a_connection_killed_between_checkpoints_is_replaced_by_a_retry(pg_url, caplog):
+    store = RecoveryStore(pg_url)
+    try:
+        store.migrate()
+        own = _running_node(store)
+        store.checkpoint_item(own, "a", "k1", 1)
+        store.checkpoint_items(own, "a", [ItemCheckpoint("k2", 2)])
+        for write in (lambda: store.checkpoint_item(own, "a", "k3", 3),
+                      lambda: store.checkpoint_items(own, "a", [ItemCheckpoint("k4", 4), ItemCheckpoint("k5", 5)])):
+            assert _terminate_other_backends(pg_url) >= 1  # the pooled connection(s) of the store
+            caplog.clear()
+            with caplog.at_level(logging.WARNING, logger="recovery_ext.store"):
+                write()
+            assert any("retrying" in r.getMessage() for r in caplog.records)  # no pre-ping hid the dead connection
+        assert store.completed_items(own.pipeline_id, "a") == {f"k{i}": i for i in range(1, 6)}
+        assert _terminate_other_backends(pg_url) >= 1
+        with store.read_only() as conn:  # what ctx.read() opens: its start is retried too
+            assert conn.scalar(select(func.count()).select_from(node_items)) == 5
+    finally:
+        store.close()
+
+
+def test_a_kill_9_mid_batch_redoes_that_batch_only(pg_url):
+    """A real process, kill -9ed while its batch is half done: the batch's writes never happened."""
+    store = RecoveryStore(pg_url)
+    try:
+        store.migrate()
+        meta.create_all(store.engine)
+        own = _running_node(store)
+        worker = subprocess.Popen([sys.executable, "-c", _BATCH_WORKER, pg_url, str(own.pipeline_id), str(own.epoch),
+                                   own.owner], stdout=subprocess.PIPE, text=True, cwd=TESTS)
+        try:
+            assert worker.stdout.readline().strip() == "mid-batch"  # batch 1 (k0-k3) flushed, k4, k5 buffered
+            os.kill(worker.pid, signal.SIGKILL)
+        finally:
+            worker.wait(30)
+        assert set(store.completed_items(own.pipeline_id, "a")) == {"k0", "k1", "k2", "k3"}
+        assert sorted(_side_effect_rows(store)) == ["k0", "k1", "k2", "k3"]
+    finally:
+        store.close()
+
+
+_BATCH_WORKER = """
+import sys, time
+from sqlalchemy import insert
+from test_checkpoints import side_effects
+from recovery_ext.models import Ownership
+from recovery_ext.pipeline_store import ItemCheckpoint
+from recovery_ext.store import RecoveryStore
+
+url, pid, epoch, owner = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+store = RecoveryStore(url)
+own = Ownership(pid, epoch, owner)
+note = lambda key: (lambda tx: tx.execute(insert(side_effects).values(item=key)))
+store.checkpoint_items(own, "a", [ItemCheckpoint(f"k{i}", i, also=note(f"k{i}")) for i in range(4)])
+def stall(tx):  # the last also= of batch 2: its other writes are done, its checkpoints not yet
+    print("mid-batch", flush=True)
+    time.sleep(600)
+store.checkpoint_items(own, "a", [ItemCheckpoint("k4", 4, also=note("k4")), ItemCheckpoint("k5", 5, also=note("k5")),
+                                  ItemCheckpoint("k6", 6, also=stall)])
+"""
