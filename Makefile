@@ -35,6 +35,7 @@ bench: install
 	$(BIN)/python -m bench.recovery_bench
 	$(BIN)/python -m bench.bulk_recovery_bench
 	$(BIN)/python -m bench.liveness_bench --quick
+	$(BIN)/python -m bench.resume_bench
 
 clean:
 	rm -rf $(VENV) .dagster_home var

@@ -12,7 +12,7 @@ import threading
 from pathlib import Path
 
 import pytest
-from dagster import DagsterRunStatus
+from dagster import DagsterEventType, DagsterRunStatus
 from sqlalchemy import select, text
 
 from recovery_ext.devserver import DagsterDev, cmdline, parent_of, process_alive, wait_for
@@ -125,6 +125,10 @@ def test_a_kill_9_of_the_run_worker_mid_node_resumes_and_fences_the_orphaned_ste
     # completed nodes were not called again
     assert {c.run_id for c in calls(store, node="n1")} >= {run_id}
     assert len(calls(store, resume.run_id, "n1")) == 0 and len(calls(store, run_id, "n1")) == 6
+    # ... nor given a step process: the resume's run worker replayed n1 (integration/replay.py)
+    workers = {r.dagster_event.step_key for r in dev.instance.all_logs(resume.run_id,
+                                                                       of_type=DagsterEventType.STEP_WORKER_STARTING)}
+    assert workers == {"n2", "n3", "n4"}
     # n2 is done exactly once per item; the resume re-did only what the first run had not finished
     done = items_by(store, pipeline.id, "n2")
     assert sorted(done) == [f"n2-{i}" for i in range(6)]

@@ -5,6 +5,8 @@
   tick re-requests it under the same run key.
 - A resume run held in Dagster's queue far past the launch grace keeps its reservation: still one
   resume run, which attaches once the queue lets it go.
+- A resume run its user cancels while it is still queued cancels the pipeline: `canceled`, and no
+  other resume run, however many ticks go by.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from dagster._core.scheduler.instigation import TickStatus
 
 from recovery_ext.devserver import DagsterDev, wait_for
 from test_e2e import assert_exactly_one_resume, keep_dev_log, calls, config, pipeline_of, resume_runs, wait_completed
+from test_liveness import sensor_ticks_since
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 
@@ -97,12 +100,17 @@ def test_a_tick_that_fails_after_its_reclaim_still_launches_exactly_one_resume_r
              timeout=HANG + 120, what="the superseded run to be stopped")
 
 
-def test_a_resume_run_held_in_the_queue_past_the_grace_is_still_the_only_resume(dev, store):
-    # a blocker run holds the only slot for runs tagged recovery/resume_number
+def hold_the_resume_slot(dev) -> str:
+    """A blocker run that holds the only slot for runs tagged recovery/resume_number."""
     blocker = dev.launch("stock_items_job", {"ops": {f"stock_{n}": {"config": {"items": 400, "item_seconds": 0.5}}
                                                      for n in ("n1", "n2", "n3", "n4")}},
                          tags={"recovery/resume_number": "blocker"})
     dev.wait_run(blocker, statuses=(DagsterRunStatus.STARTED,), timeout=180)
+    return blocker
+
+
+def a_queued_resume(dev, store):
+    """Kill a run's step mid-n2 while the resume slot is held: its pipeline and its resume run, QUEUED."""
     run_id = dev.launch("items_job_inprocess", config(item_seconds=0.3))
     rows = wait_for(lambda: len(calls(store, run_id, "n2")) >= 1 and calls(store, run_id, "n2"), timeout=180,
                     what="n2 to start")
@@ -111,6 +119,12 @@ def test_a_resume_run_held_in_the_queue_past_the_grace_is_still_the_only_resume(
     (resume,) = wait_for(lambda: resume_runs(dev, pipeline.id), timeout=120, what="the resume run")
     wait_for(lambda: dev.run(resume.run_id).status == DagsterRunStatus.QUEUED, timeout=60,
              what="the resume run to be queued")
+    return pipeline, resume
+
+
+def test_a_resume_run_held_in_the_queue_past_the_grace_is_still_the_only_resume(dev, store):
+    blocker = hold_the_resume_slot(dev)
+    pipeline, resume = a_queued_resume(dev, store)
     held_since = time.monotonic()
     # several graces and many ticks go by while the resume run waits in the queue
     wait_for(lambda: time.monotonic() - held_since > 3 * GRACE and dev.run(resume.run_id).status
@@ -122,3 +136,22 @@ def test_a_resume_run_held_in_the_queue_past_the_grace_is_still_the_only_resume(
     wait_completed(store, pipeline.id, timeout=300)
     (only,) = assert_exactly_one_resume(dev, store, pipeline.id)
     assert only.run_id == resume.run_id and store.get_pipeline(pipeline.id).owner == resume.run_id
+
+
+def test_a_resume_run_its_user_cancels_while_queued_cancels_the_pipeline_and_nothing_resumes_it(dev, store):
+    # The user's cancel is the user's word whichever run of the pipeline it hits: the pipeline
+    # becomes `canceled` (terminal), as when the first run is canceled; no other resume is requested.
+    blocker = hold_the_resume_slot(dev)
+    try:
+        pipeline, resume = a_queued_resume(dev, store)
+        dev.client.terminate_run(resume.run_id)
+        dev.wait_run(resume.run_id, statuses=(DagsterRunStatus.CANCELED,), timeout=60)
+        wait_for(lambda: store.get_pipeline(pipeline.id).status == "canceled", timeout=60,
+                 what="the pipeline to be canceled with its queued resume run")
+        since = time.time()
+        wait_for(lambda: sensor_ticks_since(dev, since) >= 3, timeout=120, what="three more sensor ticks")
+        assert len(resume_runs(dev, pipeline.id)) == 1
+        after = store.get_pipeline(pipeline.id)
+        assert (after.status, after.resume_count, after.owner) == ("canceled", 1, f"resume-{pipeline.id}-1")
+    finally:
+        dev.client.terminate_run(blocker)

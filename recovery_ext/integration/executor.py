@@ -42,6 +42,7 @@ from ..heartbeat import HeartbeatSettings, Lease, registry_for
 from ..models import NodeSpec, Ownership
 from ..redaction import redact
 from ..store import RecoveryStore
+from .replay import carried_op_selection, replay_events, split_plan, subset_context
 from .resources import RecoveryResource
 from .tags import TAG_NODE, TAG_OPTIONAL, TAG_PARENT_RUN, TAG_PIPELINE, TAG_RESUME_NUMBER, TAG_ROOT_RUN
 
@@ -103,8 +104,9 @@ class RunScope:
         tags = self.run.tags
         run_id = self.run.run_id
         try:
-            if TAG_PARENT_RUN in tags:
-                self.own = self._reexecution(tags)
+            parent = tags.get(TAG_PARENT_RUN) or self.run.parent_run_id  # UI tags; execute_job sets only the field
+            if parent:
+                self.own = self._reexecution(tags, parent)
             elif TAG_PIPELINE in tags and TAG_RESUME_NUMBER in tags:
                 self.own = self.store.attach(int(tags[TAG_PIPELINE]), run_id,
                                              resume_number=int(tags[TAG_RESUME_NUMBER]),
@@ -137,13 +139,13 @@ class RunScope:
         self.how = f"created pipeline {own.pipeline_id}"
         return own
 
-    def _reexecution(self, tags: Mapping[str, str]) -> Ownership:
+    def _reexecution(self, tags: Mapping[str, str], parent: str) -> Ownership:
         """A UI re-execution or a Dagster run retry: the same logical run, so the same pipeline."""
-        root = tags.get(TAG_ROOT_RUN) or tags[TAG_PARENT_RUN]
+        root = tags.get(TAG_ROOT_RUN) or self.run.root_run_id or parent
         pipeline_id: int | None = int(tags[TAG_PIPELINE]) if TAG_PIPELINE in tags else None
         if pipeline_id is None:
             found = self.store.find_pipeline(root)
-            pipeline_id = found.id if found else (self.store.formerly_owned_by(tags[TAG_PARENT_RUN])
+            pipeline_id = found.id if found else (self.store.formerly_owned_by(parent)
                                                   or self.store.formerly_owned_by(root))
         if pipeline_id is None:
             return self._create()
@@ -160,7 +162,7 @@ class RunScope:
         own = self.store.take_over(pipeline_id, self.run.run_id, owner_dead=dead,
                                    heartbeat_timeout=self.settings.timeout)
         self.how = (f"took over pipeline {pipeline_id} from {pipeline.owner} ({pipeline.status}) as a "
-                    f"re-execution of {tags[TAG_PARENT_RUN]}; completed nodes and item checkpoints are reused")
+                    f"re-execution of {parent}; completed nodes and item checkpoints are reused")
         return own
 
     def _tag_run(self) -> None:
@@ -288,7 +290,7 @@ class RecoveringExecutor(Executor):
         error: BaseException | None = None
         interrupted = False
         try:
-            for event in self.inner.execute(plan_context, execution_plan):
+            for event in self._events(scope, plan_context, execution_plan):
                 if event.is_step_failure:
                     failures.append(event)
                 yield event
@@ -300,6 +302,29 @@ class RecoveringExecutor(Executor):
             raise
         finally:
             scope.finish(failures=failures, error=error, interrupted=interrupted)
+
+
+    def _events(self, scope: RunScope, plan_context, execution_plan) -> Iterator[Any]:
+        """Replay the finished nodes here, then hand what is left to the inner executor."""
+        split = split_plan(scope.job_def, execution_plan, scope.store, scope.own.pipeline_id,
+                           carried_op_selection(plan_context.dagster_run))
+        if split is None or not split.changes_plan:
+            yield from self.inner.execute(plan_context, execution_plan)
+            return
+        if split.unselected:
+            scope._info(f"recovery-ext: resuming the op selection of the first run; not run: {', '.join(split.unselected)}")
+        if split.replay:
+            scope._info(f"recovery-ext: replaying {len(split.replay)} finished node(s) in the run worker: "
+                        f"{', '.join(split.replay)}")
+            failed = False
+            for event in replay_events(plan_context, execution_plan, split.replay, scope.own.pipeline_id):
+                failed = failed or event.is_step_failure
+                yield event
+            if failed:
+                return
+        if split.rest:
+            context, subset = subset_context(plan_context, execution_plan, split.rest, split.replay)
+            yield from self.inner.execute(context, subset)
 
 
 class RecoveryExecutorDefinition(ExecutorDefinition):

@@ -20,7 +20,7 @@ from ..database import chunks
 from ..models import Reclaimed
 from ..redaction import redact
 from .tags import TAG_PARENT_RUN as PARENT_RUN_TAG
-from .tags import TAG_PIPELINE, TAG_RESUME_NUMBER, TAG_RESUMED_FROM
+from .tags import TAG_OP_SELECTION, TAG_PIPELINE, TAG_RESUME_NUMBER, TAG_RESUMED_FROM
 from .tags import TAG_WILL_RETRY as WILL_RETRY_TAG
 
 log = logging.getLogger("recovery_ext.sensors")
@@ -33,7 +33,6 @@ PARTITION_TAG = "dagster/partition"
 # a single-run backfill of a partition range (BackfillPolicy.single_run) tags its one run with the range
 PARTITION_RANGE_TAGS = ("dagster/asset_partition_range_start", "dagster/asset_partition_range_end")
 SYSTEM_PREFIXES = ("dagster/", ".dagster/", "recovery/", "dagster-")
-TAG_OP_SELECTION = "recovery/op_selection"
 
 LIVE_STATUSES = [DagsterRunStatus.STARTING, DagsterRunStatus.STARTED, DagsterRunStatus.CANCELING]
 # A resume run in these states has not had its chance to attach yet: its reservation is extended.
@@ -162,8 +161,9 @@ def carried_tags(origin: DagsterRun | None) -> dict[str, str]:
     for kept in (PRIORITY_TAG, PARTITION_TAG, *PARTITION_RANGE_TAGS):
         if kept in origin.tags:
             tags[kept] = origin.tags[kept]
-    if origin.op_selection:
-        tags[TAG_OP_SELECTION] = json.dumps(list(origin.op_selection))
+    if origin.resolved_op_selection or origin.op_selection:
+        # the resolved op names: the run worker restricts the resume run to them (replay.py)
+        tags[TAG_OP_SELECTION] = json.dumps(sorted(origin.resolved_op_selection or origin.op_selection))
     return tags
 
 
@@ -177,7 +177,10 @@ def resume_request(r: Reclaimed, origin: DagsterRun | None = None, job: JobDefin
                  TAG_RESUMED_FROM: r.previous_owner or ""})
     return RunRequest(run_key=resume_run_key(r.pipeline_id, r.resume_number), job_name=r.job_name,
                       run_config=r.params if isinstance(r.params, Mapping) else {}, tags=tags,
-                      partition_key=partition_key)
+                      partition_key=partition_key,
+                      asset_selection=sorted(origin.asset_selection) if origin and origin.asset_selection else None,
+                      asset_check_keys=(sorted(origin.asset_check_selection, key=str)
+                                        if origin and origin.asset_check_selection is not None else None))
 
 
 @dataclass(frozen=True)

@@ -10,3 +10,6 @@ TAG_OPTIONAL = "recovery/optional"
 TAG_PARENT_RUN = "dagster/parent_run_id"
 TAG_ROOT_RUN = "dagster/root_run_id"
 TAG_WILL_RETRY = "dagster/will_retry"
+
+# The op selection of the run a resume run continues (a sensor's RunRequest cannot select ops).
+TAG_OP_SELECTION = "recovery/op_selection"

@@ -1,0 +1,192 @@
+"""A resume runs only what is left: finished nodes are replayed in the run worker, not re-executed.
+
+When a run owns a pipeline whose nodes already finished (a resume run, a UI re-execution that
+took the pipeline over), :func:`split_plan` splits the execution plan in two:
+
+- the steps of finished recoverable nodes are **replayed** in the run worker by
+  :func:`replay_events`: no step process, no input loading, no op body. Each step emits the
+  usual events (start, output, handled output, success) and stores its recorded output
+  (``rx_nodes.output``) through the step's own IO manager under this run's id, so downstream
+  steps load it exactly as if it had run here. Its output metadata says
+  "skipped: completed in run X", as the op itself would;
+- every other step (unfinished nodes, plain ops, which have no node row and run again) goes to
+  the wrapped executor as a subset plan whose known state marks the replayed outputs ready.
+
+A run that carries the op selection of the run it resumes (tag ``recovery/op_selection``, a
+sensor's ``RunRequest`` cannot select ops) is restricted to the selected ops here.
+
+Plans with dynamic outputs (fan-out) are not split: every step goes to the wrapped executor and
+finished nodes skip themselves inside their step, as before.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from dagster import DagsterRun, JobDefinition, Output
+from dagster._core.events import DagsterEvent
+from dagster._core.execution.api import ExecuteRunWithPlanIterable
+from dagster._core.execution.context.system import PlanExecutionContext, PlanOrchestrationContext
+from dagster._core.execution.context_creation_job import PlanExecutionContextManager
+from dagster._core.execution.plan.execute_step import (
+    _step_output_error_checked_user_event_sequence,
+    _type_check_and_store_output,
+)
+from dagster._core.execution.plan.objects import StepFailureData, StepSuccessData
+from dagster._core.execution.plan.plan import ExecutionPlan
+from dagster._core.execution.plan.step import ExecutionStep
+from dagster._core.execution.plan.outputs import StepOutputHandle
+from dagster._utils.error import serializable_error_info_from_exc_info
+from dagster._utils.timing import time_execution_scope
+
+from ..errors import RecoveryError
+from ..models import Node
+from ..store import RecoveryStore
+from .tags import TAG_NODE, TAG_OP_SELECTION
+
+# Statuses whose recorded output is what the op would return; a `skipped` node (a branch not
+# taken) runs its step as before.
+REPLAYED_STATUSES = ("completed", "degraded")
+
+
+class UnresumableSelection(RecoveryError):
+    """The carried op selection cannot be run as a subset of the whole job."""
+
+
+def skipped_metadata(node: Node, pipeline_id: int) -> dict[str, Any]:
+    """The output metadata of a node that a previous run finished (replayed or skipped in its step)."""
+    return {"recovery": f"skipped: {node.status} in run {node.run_id}", "skipped": True,
+            "pipeline_id": pipeline_id, "attempts": node.attempts}
+
+
+def carried_op_selection(run: DagsterRun) -> list[str] | None:
+    """The op names of the run this one resumes, when it was op-selected."""
+    raw = run.tags.get(TAG_OP_SELECTION)
+    if not raw or run.resolved_op_selection:
+        return None
+    try:
+        names = json.loads(raw)
+    except ValueError as exc:
+        raise UnresumableSelection(f"tag {TAG_OP_SELECTION} is not a JSON list of op names: {raw[:200]!r}") from exc
+    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+        raise UnresumableSelection(f"tag {TAG_OP_SELECTION} is not a JSON list of op names: {raw[:200]!r}")
+    return names
+
+
+@dataclass
+class Split:
+    """How a run's plan is executed: replayed steps here, the rest by the wrapped executor."""
+
+    replay: dict[str, Node] = field(default_factory=dict)   # step key -> its finished node
+    rest: list[str] = field(default_factory=list)           # step keys for the wrapped executor
+    unselected: list[str] = field(default_factory=list)     # step keys outside the carried op selection
+
+    @property
+    def changes_plan(self) -> bool:
+        return bool(self.replay or self.unselected)
+
+
+def _selected(step: ExecutionStep, selection: set[str]) -> bool:
+    path = str(step.node_handle).split(".")
+    return any(".".join(path[: i + 1]) in selection for i in range(len(path)))
+
+
+def split_plan(job_def: JobDefinition, plan: ExecutionPlan, store: RecoveryStore, pipeline_id: int,
+               selection: list[str] | None) -> Split | None:
+    """Which steps to replay and which to execute; ``None`` when the plan runs unchanged (dynamic outputs)."""
+    if any(not isinstance(step, ExecutionStep) for step in plan.steps) or any(
+            "[" in key for key in plan.step_keys_to_execute):
+        if selection is not None:
+            raise UnresumableSelection("a resume of an op-selected run of a job with dynamic outputs is not "
+                                       "supported; re-execute the original run from the UI")
+        return None
+    finished = {n.name: n for n in store.list_nodes(pipeline_id) if n.status in REPLAYED_STATUSES}
+    chosen = set(selection or ())
+    split = Split()
+    for step in plan.get_steps_to_execute_in_topo_order():
+        if selection is not None and not _selected(step, chosen):
+            split.unselected.append(step.key)
+            continue
+        definition = job_def.get_node(step.node_handle).definition
+        node = finished.get(definition.name) if (definition.tags or {}).get(TAG_NODE) == "true" else None
+        if node is not None and len(step.step_outputs) == 1:
+            split.replay[step.key] = node
+        else:
+            split.rest.append(step.key)
+    if split.unselected:
+        kept = set(split.replay) | set(split.rest)
+        for key in kept:
+            missing = plan.get_step_by_key(key).get_execution_dependency_keys() - kept
+            if missing:
+                raise UnresumableSelection(
+                    f"the resumed run selected op(s) {sorted(chosen)}, but step {key} takes input from "
+                    f"unselected step(s) {sorted(missing)} in job {job_def.name!r}; re-execute the original "
+                    "run from the UI to resume it")
+    return split
+
+
+def subset_context(plan_context: PlanOrchestrationContext, plan: ExecutionPlan, step_keys: list[str],
+                   ready: Mapping[str, Node]) -> tuple[PlanOrchestrationContext, ExecutionPlan]:
+    """The orchestration context and plan of ``step_keys`` with the outputs of ``ready`` marked ready."""
+    job_def = plan_context.job.get_definition()
+    subset = plan.build_subset_plan(step_keys, job_def, _resolved_run_config(plan_context, job_def))
+    outputs = {StepOutputHandle(key, output.name) for key in ready for output in plan.get_step_by_key(key).step_outputs}
+    known = subset.known_state._replace(ready_outputs=set(subset.known_state.ready_outputs) | outputs)
+    subset = subset._replace(known_state=known)
+    context = PlanOrchestrationContext(
+        plan_data=plan_context.plan_data._replace(execution_plan=subset), log_manager=plan_context.log,
+        executor=plan_context.executor, output_capture=plan_context.output_capture,
+        resume_from_failure=plan_context.resume_from_failure,
+    )
+    return context, subset
+
+
+def _resolved_run_config(plan_context: PlanOrchestrationContext, job_def: JobDefinition):
+    from dagster._core.system_config.objects import ResolvedRunConfig
+
+    return ResolvedRunConfig.build(job_def, plan_context.run_config)
+
+
+def replay_events(plan_context: PlanOrchestrationContext, plan: ExecutionPlan, replay: Mapping[str, Node],
+                  pipeline_id: int) -> Iterator[DagsterEvent]:
+    """Replay the finished steps in this process (resources are initialized once for all of them)."""
+    context, subset = subset_context(plan_context, plan, list(replay), {})
+
+    def iterate(job_context: PlanExecutionContext, execution_plan: ExecutionPlan) -> Iterator[DagsterEvent]:
+        for step in execution_plan.get_steps_to_execute_in_topo_order():
+            step_context = job_context.for_step(step, execution_plan.known_state)
+            failed = False
+            for event in _replay_step(step_context, replay[step.key], pipeline_id):
+                failed = failed or event.is_step_failure
+                yield event
+            if failed:
+                return  # nothing downstream of a step that could not be replayed runs
+
+    yield from ExecuteRunWithPlanIterable(
+        execution_plan=subset,
+        iterator=iterate,
+        execution_context_manager=PlanExecutionContextManager(
+            job=context.job, retry_mode=context.retry_mode, execution_plan=subset, run_config=context.run_config,
+            dagster_run=context.dagster_run, instance=context.instance, raise_on_error=False,
+            output_capture=context.output_capture, step_dependency_config=plan_context.executor.step_dependency_config,
+        ),
+    )
+
+
+def _replay_step(step_context, node: Node, pipeline_id: int) -> Iterator[DagsterEvent]:
+    yield DagsterEvent.step_start_event(step_context)
+    try:
+        with time_execution_scope() as timer:
+            (output_def,) = step_context.op_def.output_defs
+            produced = Output(node.output, output_def.name, metadata=skipped_metadata(node, pipeline_id))
+            for output in _step_output_error_checked_user_event_sequence(step_context, iter([produced])):
+                yield from _type_check_and_store_output(step_context, output)
+    except Exception:  # noqa: BLE001 - reported as this step's failure, like any step error
+        error = serializable_error_info_from_exc_info(sys.exc_info())
+        yield DagsterEvent.step_failure_event(step_context, StepFailureData(error=error, user_failure_data=None))
+        return
+    yield DagsterEvent.step_success_event(step_context, StepSuccessData(duration_ms=timer.millis))

@@ -1,0 +1,123 @@
+"""Jobs for the resume-only-what-is-left tests and bench/resume_bench.py.
+
+``mixed``: recoverable ``a`` -> plain ``plain`` -> recoverable ``b`` -> recoverable ``c`` (a plain op
+between recoverable ones has no node row: a resume runs it again). ``chain9``: nine recoverable
+ops in a row. Each exists for the multiprocess and the in-process executor. Every business-logic
+call is recorded in ``e2e_calls`` (run id, node, item, pid).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+from dagster import (
+    AssetKey,
+    DailyPartitionsDefinition,
+    Definitions,
+    DynamicOut,
+    DynamicOutput,
+    Field,
+    asset,
+    define_asset_job,
+    in_process_executor,
+    job,
+    multiprocess_executor,
+    op,
+)
+
+from e2e_defs import record_call
+from recovery_ext.integration import RecoveryResource, recoverable_op, with_recovery
+
+NODE_CONFIG = {"items": Field(int, default_value=2), "item_seconds": Field(float, default_value=0.0),
+               "fail_first_run": Field(bool, default_value=False,
+                                       description="fail for good unless the run is a re-execution")}
+
+
+def make_node(name: str, *, first: bool = False):
+    def body(ctx, upstream=None):
+        cfg = ctx.op_config
+        if cfg["fail_first_run"] and not ctx.context.run.parent_run_id:
+            raise ValueError(f"{name} fails in the first run")
+        for item in ctx.items(f"{name}-{i}" for i in range(cfg["items"])):
+            record_call(ctx._store, ctx.context.run_id, name, item.key)
+            time.sleep(cfg["item_seconds"])
+            item.complete({"item": item.key})
+        chain = (upstream or {}).get("chain", [])
+        return {"chain": [*chain, name], "items": sorted(ctx.completed_items())}
+
+    body.__name__ = name
+    return recoverable_op(name=name, config_schema=NODE_CONFIG, ins={} if first else None)(body)
+
+
+@op(required_resource_keys={"recovery"})
+def plain(context, upstream):
+    """A plain op: no node row, so every run (a resume too) runs it."""
+    record_call(context.resources.recovery.get_store(), context.run_id, "plain", "plain")
+    return {**upstream, "chain": [*upstream["chain"], "plain"]}
+
+
+a, b, c = make_node("a", first=True), make_node("b"), make_node("c")
+CHAIN = [f"r{i}" for i in range(1, 10)]
+chain_nodes = [make_node(CHAIN[0], first=True)] + [make_node(n) for n in CHAIN[1:]]
+
+
+def _mixed():
+    c(b(plain(a())))
+
+
+def _chain9():
+    value = chain_nodes[0]()
+    for node in chain_nodes[1:]:
+        value = node(value)
+
+
+mixed_mp = job(name="mixed_mp", executor_def=with_recovery(multiprocess_executor))(_mixed)
+mixed_inproc = job(name="mixed_inproc", executor_def=with_recovery(in_process_executor))(_mixed)
+chain9_mp = job(name="chain9_mp", executor_def=with_recovery(multiprocess_executor))(_chain9)
+chain9_inproc = job(name="chain9_inproc", executor_def=with_recovery(in_process_executor))(_chain9)
+
+daily = DailyPartitionsDefinition(start_date="2026-01-01")
+
+
+@asset(partitions_def=daily)
+def raw_rows() -> int:
+    return 1
+
+
+@asset(partitions_def=daily)
+def row_summary(raw_rows: int) -> int:
+    return raw_rows + 1
+
+
+summary_assets = define_asset_job("summary_assets", selection=[raw_rows, row_summary], partitions_def=daily)
+RAW_KEY = AssetKey("raw_rows")
+
+
+def resource() -> RecoveryResource:
+    return RecoveryResource(database_url=os.environ.get("RECOVERY_DATABASE_URL"), heartbeat_interval=0.5,
+                            heartbeat_timeout=5, max_resumes=1000, max_retries=1, retry_initial_delay=0.01,
+                            retry_max_delay=0.02)
+
+
+defs = Definitions(jobs=[mixed_mp, mixed_inproc, chain9_mp, chain9_inproc, summary_assets],
+                   assets=[raw_rows, row_summary], resources={"recovery": resource()})
+
+
+def bound(name: str):
+    """A job with its resources, for ``build_reconstructable_job``."""
+    return defs.resolve_job_def(name)
+
+
+@op(out=DynamicOut())
+def fan_out():
+    for index in range(2):
+        yield DynamicOutput(index, mapping_key=str(index))
+
+
+mapped = make_node("mapped")
+
+
+@job(executor_def=with_recovery(in_process_executor))
+def fan_out_job():
+    fan_out().map(mapped)
