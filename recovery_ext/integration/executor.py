@@ -322,8 +322,11 @@ class RecoveringExecutor(Executor):
                 yield event
             if failed:
                 return
+        if split.kept:
+            scope._info(f"recovery-ext: {len(split.kept)} finished asset(s) not run again (their IO manager "
+                        f"holds the value): {', '.join(split.kept)}")
         if split.rest:
-            context, subset = subset_context(plan_context, execution_plan, split.rest, split.replay)
+            context, subset = subset_context(plan_context, execution_plan, split.rest, split.ready)
             yield from self.inner.execute(context, subset)
 
 

@@ -9,8 +9,11 @@ took the pipeline over), :func:`split_plan` splits the execution plan in two:
   (``rx_nodes.output``) through the step's own IO manager under this run's id, so downstream
   steps load it exactly as if it had run here. Its output metadata says
   "skipped: completed in run X", as the op itself would;
+- the steps of finished recoverable **assets** are neither replayed nor run: their IO manager
+  already holds their value (keyed by asset and partition, not by run), so downstream steps load
+  it from there, and the asset records no second materialization;
 - every other step (unfinished nodes, plain ops, which have no node row and run again) goes to
-  the wrapped executor as a subset plan whose known state marks the replayed outputs ready.
+  the wrapped executor as a subset plan whose known state marks the replayed and kept outputs ready.
 
 A run that carries the op selection of the run it resumes (tag ``recovery/op_selection``, a
 sensor's ``RunRequest`` cannot select ops) is restricted to the selected ops here.
@@ -82,12 +85,18 @@ class Split:
     """How a run's plan is executed: replayed steps here, the rest by the wrapped executor."""
 
     replay: dict[str, Node] = field(default_factory=dict)   # step key -> its finished node
+    kept: dict[str, Node] = field(default_factory=dict)     # finished asset steps: their IO manager has the value
     rest: list[str] = field(default_factory=list)           # step keys for the wrapped executor
     unselected: list[str] = field(default_factory=list)     # step keys outside the carried op selection
 
     @property
     def changes_plan(self) -> bool:
-        return bool(self.replay or self.unselected)
+        return bool(self.replay or self.kept or self.unselected)
+
+    @property
+    def ready(self) -> dict[str, Node]:
+        """The finished steps whose outputs the executed steps load."""
+        return {**self.replay, **self.kept}
 
 
 def _selected(step: ExecutionStep, selection: set[str]) -> bool:
@@ -113,12 +122,14 @@ def split_plan(job_def: JobDefinition, plan: ExecutionPlan, store: RecoveryStore
             continue
         definition = job_def.get_node(step.node_handle).definition
         node = finished.get(definition.name) if (definition.tags or {}).get(TAG_NODE) == "true" else None
-        if node is not None and len(step.step_outputs) == 1:
+        if node is not None and _materializes_assets(job_def, step):
+            split.kept[step.key] = node
+        elif node is not None and len(step.step_outputs) == 1:
             split.replay[step.key] = node
         else:
             split.rest.append(step.key)
     if split.unselected:
-        kept = set(split.replay) | set(split.rest)
+        kept = set(split.ready) | set(split.rest)
         for key in kept:
             missing = plan.get_step_by_key(key).get_execution_dependency_keys() - kept
             if missing:
@@ -127,6 +138,13 @@ def split_plan(job_def: JobDefinition, plan: ExecutionPlan, store: RecoveryStore
                     f"unselected step(s) {sorted(missing)} in job {job_def.name!r}; re-execute the original "
                     "run from the UI to resume it")
     return split
+
+
+def _materializes_assets(job_def: JobDefinition, step: ExecutionStep) -> bool:
+    """Every output of the step is an asset (a recoverable asset records no value in its node row)."""
+    layer = job_def.asset_layer
+    return bool(step.step_outputs) and all(
+        layer.get_asset_key_for_node_output(step.node_handle, output.name) is not None for output in step.step_outputs)
 
 
 def subset_context(plan_context: PlanOrchestrationContext, plan: ExecutionPlan, step_keys: list[str],
