@@ -79,9 +79,10 @@ def test_config_class_typed_resource_and_output_metadata_of_an_op(defs, instance
     assert metadata["custom"].value == "yes" and metadata["recovery"].value == f"completed in run {result.run_id}"
 
 
-def test_a_finished_asset_is_not_run_again_and_downstream_loads_its_stored_value(defs, instance, store):
-    """A full re-execution of a failed run takes its pipeline over: the finished asset is not run
-    again (no item redone, no second materialization) and downstream gets the value its IO manager stored."""
+def test_a_finished_asset_is_not_run_again_in_its_pipeline_nor_materialized_twice(defs, instance, store):
+    """A full re-execution of a failed run takes its pipeline over: the finished asset's step does
+    not run (no item redone, no second materialization) and downstream gets the value its IO
+    manager stored."""
     from dagster import ReexecutionOptions
 
     repository = ReconstructableRepository.for_module("asset_defs", "defs",
@@ -103,10 +104,11 @@ def test_a_finished_asset_is_not_run_again_and_downstream_loads_its_stored_value
         second_id = second.run_id
     assert not [s for s in asset_defs.SEEN if "item" in s]  # nothing recomputed
     assert store.get_pipeline(pipeline.id).status == "completed" and len(store.list_pipelines()) == 1
-    # the finished asset is not run again (its IO manager holds its value): still one materialization
     (words,) = materializations(instance, "words")
     assert words.metadata["recovery"].value == f"completed in run {first_id}"
-    assert any("not run again: words" in (r.message or "") for r in instance.all_logs(second_id))
+    started = {e.step_key for e in instance.all_logs(second_id, of_type=DagsterEventType.STEP_START)}
+    assert started == {"word_report"}  # the finished assets' steps (words, the multi-asset pair) did not run
+    assert len(materializations(instance, "left")) == len(materializations(instance, "right")) == 1
     (report,) = materializations(instance, "word_report")
     assert report.metadata["words_seen"].value == 2 and report.metadata["recovery"].value.endswith(second_id)
 
@@ -231,3 +233,42 @@ def test_the_readme_asset_example_runs_as_written(db_url, monkeypatch, instance,
     assert stats.partition == "batch-1" and stats.metadata["documents"].value == 4
     (pipeline,) = store.list_pipelines()
     assert pipeline.status == "completed"
+
+
+def test_the_asset_orphan_sensor_resumes_an_asset_backfill_run_with_its_selection_and_partition(
+        db_url, monkeypatch, store):
+    """A dead run of the implicit asset job (what an asset backfill launches): the orphan sensor for
+    ``ASSET_JOB`` requests its resume with the run's asset selection and partition key, and Dagster
+    resolves that request against the implicit job (partition tags from the selected assets)."""
+    from dagster import DagsterRunStatus, build_sensor_context
+    from dagster._core.test_utils import create_run_for_test, instance_for_test
+
+    from helpers import expire
+    from recovery_ext.integration import ASSET_JOB, make_orphan_sensor
+    from recovery_ext.integration.tags import TAG_PIPELINE, TAG_RESUME_NUMBER
+
+    monkeypatch.setenv("RECOVERY_DATABASE_URL", db_url)
+    sensor = make_orphan_sensor([ASSET_JOB], minimum_interval_seconds=1)
+    assert sensor.name == "recovery_asset_orphan_sensor"
+    repository = asset_defs.definitions(recovery=asset_defs.recovery_resource()).get_repository_def()
+    with instance_for_test() as instance:
+        dead = create_run_for_test(instance, job_name=ASSET_JOB, status=DagsterRunStatus.FAILURE,
+                                   asset_selection={AssetKey("ranged")},
+                                   tags={"dagster/partition": "b", "dagster/backfill": "bf", "team": "ocr"})
+        own = store.create_pipeline(ASSET_JOB, ["ranged"], owner=dead.run_id, origin_run_id=dead.run_id, params={})
+        store.start_node(own, "ranged")
+        expire(store, own.pipeline_id)
+        context = build_sensor_context(instance=instance, repository_def=repository,
+                                       resources={"recovery": RecoveryResource(database_url=db_url)})
+        (request,) = sensor.evaluate_tick(context).run_requests
+    assert request.job_name == ASSET_JOB and request.asset_selection == [AssetKey("ranged")]
+    assert request.partition_key == "b" and request.tags["dagster/partition"] == "b"
+    assert request.tags["team"] == "ocr" and "dagster/backfill" not in request.tags
+    assert (request.tags[TAG_PIPELINE], request.tags[TAG_RESUME_NUMBER]) == (str(own.pipeline_id), "1")
+
+
+def test_one_orphan_sensor_targets_job_definitions_or_the_implicit_asset_job():
+    from recovery_ext.integration import ASSET_JOB, make_orphan_sensor
+
+    with pytest.raises(ValueError, match="another for the jobs"):
+        make_orphan_sensor([ASSET_JOB, asset_defs.typed_job])

@@ -221,7 +221,7 @@ def test_definitions_load_and_every_job_and_sensor_resolves(tmp_path, monkeypatc
     jobs = {j.name for j in defs.resolve_all_job_defs()}
     assert {"ontology_extraction", "ocr_documents", "ocr_batches_job"} <= jobs
     sensors = {s.name for s in defs.sensors}
-    assert {"recovery_orphan_sensor", "recovery_stuck_items_ocr"} <= sensors
+    assert {"recovery_orphan_sensor", "recovery_asset_orphan_sensor", "recovery_stuck_items_ocr"} <= sensors
     for name in sensors:
         assert defs.resolve_sensor_def(name).targets
     for name in ("ontology_extraction", "ocr_documents", "ocr_batches_job"):

@@ -9,8 +9,11 @@ took the pipeline over), :func:`split_plan` splits the execution plan in two:
   (``rx_nodes.output``) through the step's own IO manager under this run's id, so downstream
   steps load it exactly as if it had run here. Its output metadata says
   "skipped: completed in run X", as the op itself would;
+- the steps of finished recoverable **assets** are neither replayed nor run: their IO manager
+  already holds their value (keyed by asset and partition, not by run), so downstream steps load
+  it from there, and the asset records no second materialization;
 - every other step (unfinished nodes, plain ops, which have no node row and run again) goes to
-  the wrapped executor as a subset plan whose known state marks the replayed outputs ready.
+  the wrapped executor as a subset plan whose known state marks the replayed and kept outputs ready.
 
 A run that carries the op selection of the run it resumes (tag ``recovery/op_selection``, a
 sensor's ``RunRequest`` cannot select ops) is restricted to the selected ops here.

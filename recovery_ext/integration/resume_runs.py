@@ -171,14 +171,16 @@ def resume_request(r: Reclaimed, origin: DagsterRun | None = None, job: JobDefin
     """The resume run of ``r``: the recorded run config and what the user launched the first run with."""
     tags = carried_tags(origin)
     partition_key = None
-    if PARTITION_TAG in tags and job is not None and job.partitions_def is not None:
+    asset_selection = sorted(origin.asset_selection) if origin and origin.asset_selection else None
+    # an asset job (or the implicit one: no definition here) takes its partitions from the selected assets
+    if PARTITION_TAG in tags and ((job is not None and job.partitions_def is not None) or asset_selection):
         partition_key = tags.pop(PARTITION_TAG)  # Dagster derives the partition tags from the key
     tags.update({TAG_PIPELINE: str(r.pipeline_id), TAG_RESUME_NUMBER: str(r.resume_number),
                  TAG_RESUMED_FROM: r.previous_owner or ""})
     return RunRequest(run_key=resume_run_key(r.pipeline_id, r.resume_number), job_name=r.job_name,
                       run_config=r.params if isinstance(r.params, Mapping) else {}, tags=tags,
                       partition_key=partition_key,
-                      asset_selection=sorted(origin.asset_selection) if origin and origin.asset_selection else None,
+                      asset_selection=asset_selection,
                       asset_check_keys=(sorted(origin.asset_check_selection, key=str)
                                         if origin and origin.asset_check_selection is not None else None))
 

@@ -37,15 +37,18 @@ from .resume_runs import (
 
 log = logging.getLogger("recovery_ext.sensors")
 
+# Dagster's implicit asset job: what asset backfills and materializations launched from the UI run.
+ASSET_JOB = "__ASSET_JOB"
+
 TAG_QUEUE = "recovery/queue"
 ACTIVE_STATUSES = [DagsterRunStatus.QUEUED, DagsterRunStatus.NOT_STARTED, DagsterRunStatus.STARTING,
                    DagsterRunStatus.STARTED]
 
 
 def make_orphan_sensor(
-    jobs: Sequence[JobDefinition],
+    jobs: Sequence[JobDefinition | str],
     *,
-    name: str = "recovery_orphan_sensor",
+    name: str | None = None,
     minimum_interval_seconds: int = 30,
     default_status: DefaultSensorStatus = DefaultSensorStatus.RUNNING,
     max_resumes_per_tick: int | None = None,
@@ -67,15 +70,26 @@ def make_orphan_sensor(
     The first tick after the daemon (or this sensor) starts, or after a gap of
     ``startup_gap_factor`` intervals (at least a minute), is recorded as startup recovery
     (seed 000 steps 5-6).
+
+    ``jobs`` may instead be ``[ASSET_JOB]``: Dagster's implicit asset job, whose runs (asset
+    backfills, materializations from the UI) resume with their asset selection and partition.
+    A Dagster sensor targets either job definitions or one job by name, so that is a second
+    orphan sensor (default name ``recovery_asset_orphan_sensor``) beside the one for the jobs.
     """
     if max_resumes_per_tick is not None and max_resumes_per_tick < 1:
         raise ValueError("max_resumes_per_tick must be at least 1 (or None for no cap)")
-    jobs_by_name = {j.name: j for j in jobs}
+    by_name = [j for j in jobs if isinstance(j, str)]
+    if by_name and len(jobs) > 1:
+        raise ValueError(f"a Dagster sensor targets job definitions or one job by name, not both: make one orphan "
+                         f"sensor for {by_name[0]!r} and another for the jobs")
+    target: dict[str, Any] = {"job_name": by_name[0]} if by_name else {"jobs": list(jobs)}
+    name = name or ("recovery_asset_orphan_sensor" if by_name == [ASSET_JOB] else "recovery_orphan_sensor")
+    jobs_by_name = {j.name: j for j in jobs if not isinstance(j, str)}
     origin_runs = OriginRuns()
-    job_names = list(jobs_by_name)
+    job_names = [*jobs_by_name, *by_name]
 
     @sensor(name=name, minimum_interval_seconds=minimum_interval_seconds, default_status=default_status,
-            jobs=list(jobs), required_resource_keys={resource_key},
+            required_resource_keys={resource_key}, **target,
             description=f"Finds orphaned pipelines of {', '.join(job_names)} and launches resume runs.")
     def orphan_sensor(context: SensorEvaluationContext):
         resource: RecoveryResource = getattr(context.resources, resource_key)

@@ -7,7 +7,7 @@ import os
 from dagster import Definitions, EnvVar, multiprocess_executor
 
 from ..env import env_bool, env_seconds
-from ..integration import RecoveryResource, make_orphan_sensor, make_stuck_item_sensor, with_recovery
+from ..integration import ASSET_JOB, RecoveryResource, make_orphan_sensor, make_stuck_item_sensor, with_recovery
 from .llm import LLMResource
 from .ocr import DEFAULT_QUEUE, make_ocr_job
 from .ocr_assets import ScanFolder, batch_partitions, make_ocr_assets
@@ -39,9 +39,10 @@ def build_definitions(*, prepare_inputs: bool = False) -> Definitions:
     )
     llm = LLMResource(base_url=_env_or_none("RECOVERY_LLM_BASE_URL"), api_key=_env_or_none("OPENAI_API_KEY"),
                       model=os.environ.get("RECOVERY_LLM_MODEL", "gpt-4o-mini"))
+    interval = int(env_seconds("RECOVERY_SENSOR_INTERVAL", 15))
     sensors = [
-        make_orphan_sensor([ontology, ocr, ocr_batches_job],
-                           minimum_interval_seconds=int(env_seconds("RECOVERY_SENSOR_INTERVAL", 15))),
+        make_orphan_sensor([ontology, ocr, ocr_batches_job], minimum_interval_seconds=interval),
+        make_orphan_sensor([ASSET_JOB], minimum_interval_seconds=interval),  # asset backfills of the OCR assets
         make_stuck_item_sensor(ocr, DEFAULT_QUEUE, minimum_interval_seconds=60, stale_after_seconds=600),
     ]
     # executor: what the implicit asset job runs with (materializing from the UI, asset backfills)
