@@ -186,6 +186,8 @@ def report(results: list[Result]) -> None:
 
 
 def main() -> int:
+    # `kill <pid>` unwinds like Ctrl-C, so the dagster dev and CPU hogs it started are stopped too
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--settings", default="default,2/8", help="comma-separated: default (30/90) or INTERVAL/TIMEOUT")
     parser.add_argument("--load", default="idle,loaded", help="comma-separated: idle, loaded (one CPU hog per core)")
