@@ -21,6 +21,7 @@ from ..heartbeat import HeartbeatSettings, registry_for
 from ..models import Ownership
 from ..store import RecoveryStore
 from .executor import has_run_liveness
+from .replay import skipped_metadata
 from .context import Item, NodeContext, _jsonable  # noqa: F401 - Item is re-exported
 from .errors import error_info, failure_metadata, to_dagster
 from .resources import RecoveryResource
@@ -154,10 +155,9 @@ def _compute(context, resource, inputs, op_name, body, heartbeat, optional, on_s
         pipeline_id, own, owner = _owned(context, store, op_name)
         node, started = store.get_node(pipeline_id, op_name), False
     if node is not None and node.finished:
-        message = f"skipped: {node.status} in run {node.run_id}"
-        context.log.info(f"{op_name} {message}")
-        context.add_output_metadata({"recovery": message, "skipped": True, "pipeline_id": pipeline_id,
-                                     "attempts": node.attempts})
+        metadata = skipped_metadata(node, pipeline_id)
+        context.log.info(f"{op_name} {metadata['recovery']}")
+        context.add_output_metadata(metadata)
         return node.output if on_skip is None else on_skip(node)
     if own is None:
         raise Failure(description=f"{op_name} not run: {owner}",
