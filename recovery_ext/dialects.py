@@ -40,6 +40,8 @@ class Dialect:
     default_statement_timeout = 30.0
     # Data-modifying CTEs (INSERT/UPDATE inside WITH): several writes in one statement, one round trip.
     dml_in_cte = False
+    # rx_begin_node / rx_complete_node exist (migration 0008): a node's start and completion in one call
+    node_functions = False
 
     def __init__(self, url: URL, *, connect_timeout: float | None = None, statement_timeout: float | None = None) -> None:
         self.url = url
@@ -117,6 +119,7 @@ class PostgresDialect(Dialect):
     name = "postgresql"
     migrations_folder = "postgres"
     dml_in_cte = True
+    node_functions = True
 
     def engine_options(self) -> dict[str, Any]:
         """Connect and statement timeouts, unless the URL sets its own.

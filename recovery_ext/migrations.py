@@ -29,9 +29,20 @@ class Migration:
     sql: str = field(repr=False)
 
     def statements(self) -> list[str]:
-        """Split on semicolons that end a line; our migrations hold no procedural blocks."""
-        body = "\n".join(line for line in self.sql.splitlines() if not line.strip().startswith("--"))
-        return [part.strip() for part in re.split(r";\s*(?:\n|$)", body) if part.strip()]
+        """Split on semicolons that end a line, except inside a dollar-quoted function body."""
+        parts: list[str] = []
+        current: list[str] = []
+        quoted = False
+        for line in self.sql.splitlines():
+            if not quoted and line.strip().startswith("--"):
+                continue
+            current.append(line)
+            quoted ^= line.count("$$") % 2 == 1
+            if not quoted and line.rstrip().endswith(";"):
+                parts.append("\n".join(current).strip().removesuffix(";").strip())
+                current = []
+        parts.append("\n".join(current).strip().removesuffix(";").strip())
+        return [part for part in parts if part]
 
 
 def _sql_root() -> Traversable:

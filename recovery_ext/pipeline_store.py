@@ -26,6 +26,7 @@ from typing import Any
 from sqlalchemy import Connection, Float, Integer, Text, bindparam, func, insert, select, update
 from sqlalchemy.exc import IntegrityError
 
+from . import node_functions
 from .database import Database, is_retry
 from .errors import IllegalTransition, NotFound, OwnershipLost, StoreError, UnfinishedItems
 from .fenced import FencedTransaction
@@ -200,8 +201,7 @@ class PipelineOps(Database):
                 and row.status in ("completed", "failed")):
             return row.status
         if row.epoch != own.epoch or row.status != "running":
-            owner = row.owner if row.epoch != own.epoch else f"{row.owner} (pipeline {row.status})"
-            raise OwnershipLost(owner=owner or "(awaiting resume)", pipeline_id=own.pipeline_id)
+            raise _lost(own, row.owner, row.epoch, row.status)
         return row.status
 
     @contextmanager
@@ -263,10 +263,7 @@ class PipelineOps(Database):
             row = conn.execute(select(nodes).where(nodes.c.id == before.id)).one()
             return Node.from_row(row._mapping)
         if before.status not in sources:
-            raise IllegalTransition(
-                f"node {name!r} of pipeline {own.pipeline_id}: {before.status} -> {target} is not allowed "
-                f"(allowed from: {', '.join(sources)})"
-            )
+            raise _illegal(own.pipeline_id, name, before.status, target)
         row = conn.execute(
             update(nodes)
             .where(nodes.c.id == before.id, nodes.c.status == before.status)
@@ -315,6 +312,8 @@ class PipelineOps(Database):
         pipeline (the caller asks why). The pipeline row is locked ``FOR NO KEY UPDATE``
         first, as :meth:`start_node` does, so nothing can take it over in between.
         """
+        if self.dialect.node_functions:
+            return self._begin_node_call(run_id, name, heartbeat_timeout, stall_timeout)
         with self.write() as conn:
             row = conn.execute(
                 select(pipelines.c.id, pipelines.c.epoch)
@@ -340,6 +339,8 @@ class PipelineOps(Database):
         Refused (:class:`UnfinishedItems`) while fewer of the node's items are finished (completed
         or degraded) than it asked for through ``ctx.items``: nothing is lost by completing early.
         """
+        if self.dialect.node_functions:
+            return self._complete_node_call(own, name, output, heartbeat_timeout)
         with self.write() as conn:
             if self._fence(conn, own, for_update=True, finished_ok=True) != "running":
                 return True
@@ -352,6 +353,41 @@ class PipelineOps(Database):
             self._refresh_pipeline(conn, own, heartbeat_timeout)
             return self._complete_pipeline_if_done(conn, own)
 
+    def _begin_node_call(self, run_id: str, name: str, heartbeat_timeout: float,
+                         stall_timeout: float | None) -> tuple[Ownership, Node, bool] | None:
+        """:meth:`begin_node` as one server-side call (``rx_begin_node``)."""
+        with self.autocommit() as conn:
+            row = node_functions.begin_node(
+                conn, run_id=run_id, name=name, sources=list(NODE_TRANSITIONS["running"]),
+                heartbeat_timeout=float(heartbeat_timeout), stall_timeout=float(stall_timeout or 0.0), retry=is_retry())
+        if row.outcome == "no_pipeline":
+            return None
+        own = Ownership(row.pipeline, row.pipeline_epoch, run_id)
+        if row.outcome == "no_node":
+            raise NotFound(f"pipeline {own.pipeline_id} has no node {name!r}")
+        if row.outcome == "illegal":
+            raise _illegal(own.pipeline_id, name, row.from_status, "running")
+        return own, Node.from_row(row._mapping), row.outcome == "started"
+
+    def _complete_node_call(self, own: Ownership, name: str, output: Any, heartbeat_timeout: float | None) -> bool:
+        """:meth:`complete_node` as one server-side call (``rx_complete_node``)."""
+        with self.autocommit() as conn:
+            row = node_functions.complete_node(
+                conn, pipeline_id=own.pipeline_id, epoch=own.epoch, owner=own.owner, name=name, output=output,
+                sources=list(NODE_TRANSITIONS["completed"]), item_statuses=list(ITEM_STATUSES),
+                heartbeat_timeout=None if heartbeat_timeout is None else float(heartbeat_timeout), retry=is_retry())
+        if row.outcome == "no_pipeline":
+            raise NotFound(f"no pipeline {own.pipeline_id}")
+        if row.outcome == "lost":
+            raise _lost(own, row.owner, row.epoch, row.status)
+        if row.outcome == "no_node":
+            raise NotFound(f"pipeline {own.pipeline_id} has no node {name!r}")
+        if row.outcome == "unfinished":
+            raise _unfinished(own.pipeline_id, name, row.unfinished, row.total)
+        if row.outcome == "illegal":
+            raise _illegal(own.pipeline_id, name, row.status, "completed")
+        return row.outcome in ("pipeline_completed", "pipeline_finished")
+
     @staticmethod
     def _refuse_unfinished_items(conn: Connection, own: Ownership, name: str) -> None:
         total = conn.scalar(select(nodes.c.items_total).where(nodes.c.pipeline_id == own.pipeline_id,
@@ -362,10 +398,7 @@ class PipelineOps(Database):
             node_items.c.pipeline_id == own.pipeline_id, node_items.c.node_name == name,
             node_items.c.status.in_(ITEM_STATUSES)))
         if finished < total:
-            raise UnfinishedItems(
-                f"node {name!r} of pipeline {own.pipeline_id} cannot complete: {total - finished} of its {total} "
-                "items are unfinished (each must be completed or degraded); nothing was written",
-                pipeline_id=own.pipeline_id, node=name, unfinished=total - finished)
+            raise _unfinished(own.pipeline_id, name, total - finished, total)
 
     def degrade_node(self, own: Ownership, name: str, error: ErrorInfo, *, heartbeat_timeout: float | None = None) -> bool:
         """An optional node gave up: the pipeline goes on without it. Returns whether the pipeline completed."""
@@ -643,6 +676,23 @@ class ItemCheckpoint:
 def resume_owner(pipeline_id: int, resume_number: int) -> str:
     """The owner a reclaim writes while the resume run is being launched."""
     return f"resume-{pipeline_id}-{resume_number}"
+
+
+def _lost(own: Ownership, owner: str | None, epoch: int, status: str) -> OwnershipLost:
+    who = owner if epoch != own.epoch else f"{owner} (pipeline {status})"
+    return OwnershipLost(owner=who or "(awaiting resume)", pipeline_id=own.pipeline_id)
+
+
+def _illegal(pipeline_id: int, name: str, before: str, target: str) -> IllegalTransition:
+    return IllegalTransition(f"node {name!r} of pipeline {pipeline_id}: {before} -> {target} is not allowed "
+                             f"(allowed from: {', '.join(NODE_TRANSITIONS[target])})")
+
+
+def _unfinished(pipeline_id: int, name: str, unfinished: int, total: int) -> UnfinishedItems:
+    return UnfinishedItems(
+        f"node {name!r} of pipeline {pipeline_id} cannot complete: {unfinished} of its {total} items are "
+        "unfinished (each must be completed or degraded); nothing was written",
+        pipeline_id=pipeline_id, node=name, unfinished=unfinished)
 
 
 def _error_values(error: ErrorInfo) -> dict[str, Any]:
