@@ -1,0 +1,100 @@
+"""A node's start and completion: one server-side call each on PostgreSQL, the same behaviour as
+the multi-statement transaction SQLite runs (issue 11 item 6). Store tests run on both databases."""
+
+from __future__ import annotations
+
+import psycopg
+import pytest
+from sqlalchemy import event, select
+
+from recovery_ext.errors import IllegalTransition, NotFound, OwnershipLost, UnfinishedItems
+from recovery_ext.schema import transitions
+from recovery_ext.store import RecoveryStore
+
+
+def history(store, pipeline_id):
+    with store.read() as conn:
+        return [(r.entity_type, r.from_status, r.to_status, r.event, r.data) for r in conn.execute(
+            select(transitions).where(transitions.c.pipeline_id == pipeline_id).order_by(transitions.c.id))]
+
+
+def test_begin_and_complete_record_the_same_history_on_both_databases(store):
+    own = store.create_pipeline("job", ["a", "b"], owner="run-1", origin_run_id="run-1")
+    begun_own, node, started = store.begin_node("run-1", "a", heartbeat_timeout=30, stall_timeout=60)
+    assert started and begun_own == own and (node.status, node.attempts, node.run_id) == ("running", 1, "run-1")
+    assert node.heartbeat_deadline is not None and node.stall_deadline is not None
+    assert store.get_pipeline(own.pipeline_id).current_node == "a"
+    assert store.complete_node(own, "a", {"out": [1, 2]}, heartbeat_timeout=30) is False
+    assert store.get_node(own.pipeline_id, "a").output == {"out": [1, 2]}
+    again = store.begin_node("run-1", "a")
+    assert again is not None and again[2] is False and again[1].status == "completed"  # finished: skipped
+    store.begin_node("run-1", "b")
+    assert store.complete_node(own, "b", None) is True
+    assert store.get_pipeline(own.pipeline_id).status == "completed"
+    owner = {"epoch": own.epoch, "owner": "run-1"}
+    assert history(store, own.pipeline_id)[-5:] == [
+        ("node", "pending", "running", "started", owner), ("node", "running", "completed", "completed", owner),
+        ("node", "pending", "running", "started", owner), ("node", "running", "completed", "completed", owner),
+        ("pipeline", "running", "completed", "completed", owner)]
+    assert store.begin_node("run-1", "a") is None  # no running pipeline owned by run-1 any more
+
+
+def test_refusals_raise_the_same_errors_and_write_nothing(store):
+    own = store.create_pipeline("job", ["a", "b"], owner="run-1", origin_run_id="run-1")
+    with pytest.raises(IllegalTransition, match=r"node 'a' of pipeline \d+: pending -> completed is not allowed"):
+        store.complete_node(own, "a", 1)
+    store.begin_node("run-1", "a")
+    store.set_items_total(own, "a", 2)
+    store.checkpoint_item(own, "a", "k1", 1)
+    with pytest.raises(UnfinishedItems, match="1 of its 2 items are unfinished"):
+        store.complete_node(own, "a", 1)
+    with pytest.raises(NotFound, match="has no node .zzz."):
+        store.complete_node(own, "zzz", 1)
+    before = history(store, own.pipeline_id)
+    store.fail_pipeline(own.pipeline_id, "operator said so")
+    with pytest.raises(OwnershipLost, match=r"run-1 \(pipeline failed\)"):
+        store.complete_node(own, "a", 1)
+    assert store.get_node(own.pipeline_id, "a").status == "running"
+    assert history(store, own.pipeline_id)[: len(before)] == before
+    assert [h[3] for h in history(store, own.pipeline_id)[len(before):]] == ["failed_by_operator"]
+
+
+def test_a_call_whose_commit_landed_before_its_connection_dropped_is_retried_quietly(pg_url):
+    """The server ran the function (autocommit: committed), then the client lost the answer: the store
+    retries, and the second attempt sees its own first attempt's work instead of refusing it."""
+    store = RecoveryStore(pg_url)
+    try:
+        store.migrate()
+        own = store.create_pipeline("job", ["a"], owner="run-1", origin_run_id="run-1")
+        dropped: list[str] = []
+
+        def drop_once(conn, cursor, statement, *args):
+            for call in ("rx_begin_node(", "rx_complete_node("):
+                if f"FROM {call}" in statement and call not in dropped:
+                    dropped.append(call)
+                    raise psycopg.OperationalError("the connection dropped after the commit")
+
+        event.listen(store.engine, "after_cursor_execute", drop_once)
+        _, node, started = store.begin_node("run-1", "a")
+        assert started and node.attempts == 1  # counted once
+        assert store.complete_node(own, "a", {"v": 1}) is True  # the pipeline it finished is reported finished
+        assert dropped == ["rx_begin_node(", "rx_complete_node("]
+        events_ = [h[3] for h in history(store, own.pipeline_id) if h[3] != "created"]
+        assert events_ == ["started", "completed", "completed"]  # node started once, node and pipeline completed once
+    finally:
+        store.close()
+
+
+def test_each_is_one_statement_on_postgresql(pg_url):
+    store = RecoveryStore(pg_url)
+    try:
+        store.migrate()
+        own = store.create_pipeline("job", ["a"], owner="run-1", origin_run_id="run-1")
+        statements: list[str] = []
+        event.listen(store.engine, "before_cursor_execute", lambda conn, cursor, stmt, *a: statements.append(stmt))
+        store.begin_node("run-1", "a", stall_timeout=30)
+        store.complete_node(own, "a", {"v": 1}, heartbeat_timeout=30)
+        assert len(statements) == 2
+        assert "FROM rx_begin_node(" in statements[0] and "FROM rx_complete_node(" in statements[1]
+    finally:
+        store.close()
