@@ -153,6 +153,17 @@ class Database:
                     yield conn
 
     @contextmanager
+    def read_statement(self) -> Iterator[Connection]:
+        """For a read that is ONE statement: no BEGIN/COMMIT round trips on PostgreSQL, where a
+        statement is its own snapshot anyway (READ COMMITTED); a read transaction on SQLite."""
+        if not self.dialect.autocommit_reads:
+            with self.read() as conn:
+                yield conn
+            return
+        with self.autocommit() as conn:
+            yield conn
+
+    @contextmanager
     def read_only(self) -> Iterator[Connection]:
         """A transaction the database itself refuses to write in (what op code gets for reads).
 

@@ -42,6 +42,8 @@ class Dialect:
     dml_in_cte = False
     # rx_begin_node / rx_complete_node exist (migration 0008): a node's start and completion in one call
     node_functions = False
+    # a read of one statement needs no transaction: each statement is its own snapshot (READ COMMITTED)
+    autocommit_reads = False
 
     def __init__(self, url: URL, *, connect_timeout: float | None = None, statement_timeout: float | None = None) -> None:
         self.url = url
@@ -120,6 +122,7 @@ class PostgresDialect(Dialect):
     migrations_folder = "postgres"
     dml_in_cte = True
     node_functions = True
+    autocommit_reads = True
 
     def engine_options(self) -> dict[str, Any]:
         """Connect and statement timeouts, unless the URL sets its own.

@@ -26,7 +26,7 @@ from typing import Any
 from sqlalchemy import Connection, Float, Integer, Text, bindparam, func, insert, select, update
 from sqlalchemy.exc import IntegrityError
 
-from . import node_functions
+from . import hot_path
 from .database import Database, is_retry
 from .errors import IllegalTransition, NotFound, OwnershipLost, StoreError, UnfinishedItems
 from .fenced import FencedTransaction
@@ -357,7 +357,7 @@ class PipelineOps(Database):
                          stall_timeout: float | None) -> tuple[Ownership, Node, bool] | None:
         """:meth:`begin_node` as one server-side call (``rx_begin_node``)."""
         with self.autocommit() as conn:
-            row = node_functions.begin_node(
+            row = hot_path.begin_node(
                 conn, run_id=run_id, name=name, sources=list(NODE_TRANSITIONS["running"]),
                 heartbeat_timeout=float(heartbeat_timeout), stall_timeout=float(stall_timeout or 0.0), retry=is_retry())
         if row.outcome == "no_pipeline":
@@ -372,7 +372,7 @@ class PipelineOps(Database):
     def _complete_node_call(self, own: Ownership, name: str, output: Any, heartbeat_timeout: float | None) -> bool:
         """:meth:`complete_node` as one server-side call (``rx_complete_node``)."""
         with self.autocommit() as conn:
-            row = node_functions.complete_node(
+            row = hot_path.complete_node(
                 conn, pipeline_id=own.pipeline_id, epoch=own.epoch, owner=own.owner, name=name, output=output,
                 sources=list(NODE_TRANSITIONS["completed"]), item_statuses=list(ITEM_STATUSES),
                 heartbeat_timeout=None if heartbeat_timeout is None else float(heartbeat_timeout), retry=is_retry())
@@ -501,7 +501,16 @@ class PipelineOps(Database):
                          .values(items_total=total))
 
     def start_items(self, own: Ownership, node_name: str, total: int) -> dict[str, str]:
-        """``set_items_total`` and the statuses of the node's checkpointed items, in one transaction."""
+        """``set_items_total`` and the statuses of the node's checkpointed items, in one transaction
+        (on PostgreSQL one autocommit statement: the fence, the update and the read as CTEs)."""
+        if self.dialect.dml_in_cte:
+            with self.autocommit() as conn:
+                rows = conn.execute(hot_path.START_ITEMS, {"pipeline_id": own.pipeline_id, "epoch": own.epoch,
+                                                                 "node": node_name, "total": total}).all()
+            if not rows[0].fenced:
+                self.check_ownership(own)  # raises OwnershipLost (or NotFound) with who owns it now
+                raise OwnershipLost(owner="(changed meanwhile)", pipeline_id=own.pipeline_id)
+            return {r.item_key: r.status for r in rows[1:]}
         with self.write() as conn:
             self._fence(conn, own)
             conn.execute(update(nodes).where(nodes.c.pipeline_id == own.pipeline_id, nodes.c.name == node_name)
@@ -650,7 +659,7 @@ class PipelineOps(Database):
         return row is not None and row.run_id == own.owner and row.epoch == own.epoch
 
     def completed_items(self, pipeline_id: int, node_name: str) -> dict[str, Any]:
-        with self.read() as conn:
+        with self.read_statement() as conn:
             rows = conn.execute(
                 select(node_items.c.item_key, node_items.c.result).where(
                     node_items.c.pipeline_id == pipeline_id, node_items.c.node_name == node_name

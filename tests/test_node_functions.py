@@ -98,3 +98,17 @@ def test_each_is_one_statement_on_postgresql(pg_url):
         assert "FROM rx_begin_node(" in statements[0] and "FROM rx_complete_node(" in statements[1]
     finally:
         store.close()
+
+
+def test_starting_items_sets_the_count_returns_the_checkpoints_and_is_fenced(store):
+    own = store.create_pipeline("job", ["a"], owner="run-1", origin_run_id="run-1")
+    store.begin_node("run-1", "a")
+    assert store.start_items(own, "a", 3) == {}
+    store.checkpoint_item(own, "a", "k1", 1)
+    store.checkpoint_item(own, "a", "k2", None, status="degraded")
+    assert store.start_items(own, "a", 4) == {"k1": "completed", "k2": "degraded"}
+    assert store.get_node(own.pipeline_id, "a").items_total == 4
+    store.fail_pipeline(own.pipeline_id, "operator said so")
+    with pytest.raises(OwnershipLost):
+        store.start_items(own, "a", 9)
+    assert store.get_node(own.pipeline_id, "a").items_total == 4  # the refused call changed nothing
