@@ -156,24 +156,24 @@ class PipelineOps(Database):
     # -- reads -------------------------------------------------------------------------------
 
     def get_pipeline(self, pipeline_id: int) -> Pipeline:
-        with self.read() as conn:
+        with self.read_statement() as conn:
             row = conn.execute(select(pipelines).where(pipelines.c.id == pipeline_id)).first()
         if row is None:
             raise NotFound(f"no pipeline {pipeline_id}")
         return Pipeline.from_row(row._mapping)
 
     def find_pipeline(self, origin_run_id: str) -> Pipeline | None:
-        with self.read() as conn:
+        with self.read_statement() as conn:
             row = conn.execute(select(pipelines).where(pipelines.c.origin_run_id == origin_run_id)).first()
         return None if row is None else Pipeline.from_row(row._mapping)
 
     def list_nodes(self, pipeline_id: int) -> list[Node]:
-        with self.read() as conn:
+        with self.read_statement() as conn:
             rows = conn.execute(select(nodes).where(nodes.c.pipeline_id == pipeline_id).order_by(nodes.c.position))
             return [Node.from_row(r._mapping) for r in rows]
 
     def get_node(self, pipeline_id: int, name: str) -> Node:
-        with self.read() as conn:
+        with self.read_statement() as conn:
             row = conn.execute(select(nodes).where(nodes.c.pipeline_id == pipeline_id, nodes.c.name == name)).first()
         if row is None:
             raise NotFound(f"pipeline {pipeline_id} has no node {name!r}")

@@ -58,7 +58,7 @@ class ProviderOps(PipelineOps):
                             poll_seconds: float = 2.0) -> BreakerDecision:
         """Closed: call. Open past its cool-down: the first caller becomes the half-open probe. Else wait."""
         now = self.dialect.now()
-        with self.read() as conn:
+        with self.read_statement() as conn:  # once per provider call: one round trip
             row = conn.execute(
                 select(cb.state, cb.consecutive_failures,
                        self._seconds(now, cb.open_until).label("open_left"),
@@ -221,7 +221,7 @@ class ProviderOps(PipelineOps):
     # -- degraded items --------------------------------------------------------------------------
 
     def item_statuses(self, pipeline_id: int, node_name: str) -> dict[str, str]:
-        with self.read() as conn:
+        with self.read_statement() as conn:
             rows = conn.execute(select(node_items.c.item_key, node_items.c.status).where(
                 node_items.c.pipeline_id == pipeline_id, node_items.c.node_name == node_name))
             return {r.item_key: r.status for r in rows}

@@ -162,7 +162,7 @@ class RunOps(PipelineOps):
 
     def owned_by(self, run_id: str) -> Ownership | None:
         """The running pipeline ``run_id`` owns, if any."""
-        with self.read() as conn:
+        with self.read_statement() as conn:
             row = conn.execute(
                 select(p.id, p.epoch).where(p.owner == run_id, p.status == "running").order_by(p.id).limit(1)
             ).first()
@@ -170,7 +170,7 @@ class RunOps(PipelineOps):
 
     def formerly_owned_by(self, run_id: str) -> int | None:
         """A pipeline ``run_id`` created or once owned (to say who superseded it)."""
-        with self.read() as conn:
+        with self.read_statement() as conn:
             return conn.scalar(
                 select(p.id).where(or_(p.origin_run_id == run_id, p.resumed_from == run_id, p.owner == run_id))
                 .order_by(p.id.desc()).limit(1)
