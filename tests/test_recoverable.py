@@ -209,3 +209,24 @@ def test_a_recoverable_op_without_run_level_liveness_fails_loudly_and_writes_not
         assert "does not keep its pipeline alive for the whole run" in str(failure.event_specific_data.error)
     assert store.list_pipelines() == []
     assert not inspect(store.engine).has_table("e2e_calls")  # no business logic ran
+
+
+def test_the_run_worker_resolves_the_recovery_resource_from_run_config_and_environment(monkeypatch, tmp_path):
+    """A complete resource is used as given; EnvVar fields and run config are resolved as Dagster would."""
+    from dagster import EnvVar, in_process_executor, job
+
+    from recovery_ext.integration.executor import resolve_resource
+
+    @job(executor_def=in_process_executor)
+    def empty():
+        pass
+
+    instance = DagsterInstance.ephemeral()
+    complete = RecoveryResource(database_url=f"sqlite:///{tmp_path / 'a.db'}", heartbeat_interval=2.0)
+    assert resolve_resource(empty, {}, instance, "recovery", complete) is complete
+    monkeypatch.setenv("RX_TEST_DB_URL", f"sqlite:///{tmp_path / 'b.db'}")
+    from_env = resolve_resource(empty, {}, instance, "recovery", RecoveryResource(database_url=EnvVar("RX_TEST_DB_URL")))
+    assert from_env.database_url == f"sqlite:///{tmp_path / 'b.db'}"
+    configured = resolve_resource(empty, {"resources": {"recovery": {"config": {"heartbeat_interval": 3.0}}}},
+                                  instance, "recovery", complete)
+    assert configured is not complete and configured.heartbeat_interval == 3.0

@@ -25,6 +25,7 @@ from typing import Any
 from dagster import (
     DagsterInstance,
     DagsterRunStatus,
+    EnvVar,
     ExecutorDefinition,
     JobDefinition,
     build_resources,
@@ -275,6 +276,11 @@ def resolve_resource(job_def: JobDefinition, run_config: Mapping[str, Any], inst
         raise MissingRunLiveness(f"job {job_def.name!r} uses run-level recovery but has no {resource_key!r} "
                                  "resource; add RecoveryResource() to its resources")
     config = (run_config.get("resources") or {}).get(resource_key)
+    if config is None and isinstance(resource_def, RecoveryResource) and not any(
+            isinstance(value, EnvVar) for value in vars(resource_def).values()):
+        # Already complete: nothing in the run config or the environment to resolve. Building it again
+        # would only repeat Dagster's schema inference for the class (tens of ms per run).
+        return resource_def
     with build_resources({resource_key: resource_def}, instance=instance,
                          resource_config={resource_key: config} if config else None) as built:
         resource = getattr(built, resource_key)
