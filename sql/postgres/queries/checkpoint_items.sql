@@ -8,12 +8,13 @@
 --   refuses them (unique_violation), which aborts the whole statement, so a batch naming a completed
 --   item writes nothing at all, not even in autocommit mode.
 -- progress: the stall-deadline push when the caller gives a stall timeout.
+-- The arrays are bound in binary format (the b placeholders): no per-element text escaping in psycopg.
 WITH fence AS (
     SELECT id FROM rx_pipelines
     WHERE id = %(pipeline)s AND epoch = %(epoch)s AND status = 'running'
     FOR KEY SHARE
 ), items AS (
-    SELECT * FROM unnest(%(keys)s::text[], %(statuses)s::text[], %(results)s::text[]) AS u(item_key, status, result)
+    SELECT * FROM unnest(%(keys)b::text[], %(statuses)b::text[], %(results)b::text[]) AS u(item_key, status, result)
 ), written AS (
     INSERT INTO rx_node_items (pipeline_id, node_name, item_key, status, result, run_id, epoch, completed_at)
     SELECT fence.id, %(node)s, items.item_key, items.status, items.result::jsonb, %(owner)s, %(epoch)s, now()
