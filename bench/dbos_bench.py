@@ -19,6 +19,7 @@ Goals: per-item >= 5x DBOS steps/s, batched >= 100x.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -61,6 +62,42 @@ def running_node(store: RecoveryStore, tag: str):
     own = store.create_pipeline("bench", ["items"], owner=tag)
     store.start_node(own, "items")
     return own
+
+
+LOADS = {"idle": ("idle",), "loaded": ("loaded",), "both": ("idle", "loaded")}
+
+
+def machine_load(load: str):
+    """The load of a set of rounds: for "loaded", one CPU hog per core (tests/hog.py), stopped when the block exits."""
+    if load == "idle":
+        return contextlib.nullcontext()
+    sys.path.insert(0, str(ROOT / "tests"))
+    from hog import cpu_hog
+
+    return cpu_hog()
+
+
+def checkpoint_rounds(store: RecoveryStore, dbos_url: str, items: int, rounds: int) -> dict[str, float]:
+    """Median rates of ``rounds`` rounds, each DBOS then ours, so load changes hit both sides alike."""
+    rates: dict[str, list[float]] = {"dbos": [], "item": [], "batch": [], "big": []}
+    for round_no in range(rounds):
+        result = dbos("steps", dbos_url, items)
+        rates["dbos"].append(result["steps"] / result["seconds"])
+        rates["item"].append(per_item(store, items, round_no))
+        rates["batch"].append(batched(store, items * 10, round_no))
+        rates["big"].append(batched(store, items * 20, round_no + 1000, batch=1000))
+    return {name: statistics.median(values) for name, values in rates.items()}
+
+
+def print_checkpoints(load: str, rates: dict[str, float], rounds: int) -> None:
+    steps, item, batch, big = rates["dbos"], rates["item"], rates["batch"], rates["big"]
+    hogs = "one CPU hog per core" if load == "loaded" else "no CPU hog"
+    print(f"checkpoints vs DBOS {DBOS_VERSION} steps, same PostgreSQL, median of {rounds} alternating rounds, "
+          f"{load} ({hogs})")
+    print(f"  DBOS step                      {steps:9.0f} /s   1.0x")
+    print(f"  recovery-ext per item          {item:9.0f} /s   {item / steps:5.1f}x   (goal >= 5x)")
+    print(f"  recovery-ext batched (100)     {batch:9.0f} /s   {batch / steps:5.1f}x   (goal >= 100x)")
+    print(f"  recovery-ext batched (1000)    {big:9.0f} /s   {big / steps:5.1f}x", flush=True)
 
 
 def per_item(store: RecoveryStore, count: int, round_no: int) -> float:
@@ -116,25 +153,21 @@ def main() -> int:
     parser.add_argument("--items", type=int, default=300, help="checkpoints / DBOS steps per round")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--workflows", type=int, default=500, help="interrupted workflows for mass recovery (0 skips)")
+    parser.add_argument("--load", choices=sorted(LOADS), default="both",
+                        help="checkpoint rounds on the machine as it is (idle), with one CPU hog per core (loaded), "
+                             "or both, one table each")
     args = parser.parse_args()
+    # `kill <pid>` unwinds like Ctrl-C, so the CPU hogs are stopped and the scratch databases dropped
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     dbos_python()
     ours_url, dbos_url = scratch_db(), scratch_db()
     store = RecoveryStore(ours_url)
     try:
         store.migrate()
-        ours_item, ours_batch, ours_big, theirs = [], [], [], []
-        for round_no in range(args.rounds):  # alternating, so load changes hit both sides alike
-            result = dbos("steps", dbos_url, args.items)
-            theirs.append(result["steps"] / result["seconds"])
-            ours_item.append(per_item(store, args.items, round_no))
-            ours_batch.append(batched(store, args.items * 10, round_no))
-            ours_big.append(batched(store, args.items * 20, round_no + 1000, batch=1000))
-        steps, item, batch, big = (statistics.median(x) for x in (theirs, ours_item, ours_batch, ours_big))
-        print(f"checkpoints vs DBOS {DBOS_VERSION} steps, same PostgreSQL, median of {args.rounds} alternating rounds")
-        print(f"  DBOS step                      {steps:9.0f} /s   1.0x")
-        print(f"  recovery-ext per item          {item:9.0f} /s   {item / steps:5.1f}x   (goal >= 5x)")
-        print(f"  recovery-ext batched (100)     {batch:9.0f} /s   {batch / steps:5.1f}x   (goal >= 100x)")
-        print(f"  recovery-ext batched (1000)    {big:9.0f} /s   {big / steps:5.1f}x")
+        for load in LOADS[args.load]:
+            with machine_load(load):
+                rates = checkpoint_rounds(store, dbos_url, args.items, args.rounds)
+            print_checkpoints(load, rates, args.rounds)
     finally:
         store.close()
         drop_db(ours_url)

@@ -2,11 +2,13 @@
 
 They are applied in order, each in its own transaction, and recorded in
 ``rx_schema_migrations``. The wheel carries them as ``recovery_ext/sql``; a source
-checkout reads the top-level ``sql/`` folder.
+checkout reads the top-level ``sql/`` folder. The same folder holds the few hot-path
+statements the store runs as fixed SQL text: ``sql/<dialect>/queries/<name>.sql``.
 """
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass, field
 from importlib import resources
@@ -66,6 +68,20 @@ def load_migrations(dialect: Dialect) -> list[Migration]:
     if versions != list(range(1, len(found) + 1)):
         raise MigrationError(f"migrations for {dialect.name} must be numbered 0001, 0002, ... without gaps: {versions}")
     return found
+
+
+@functools.cache
+def load_query(folder: str, name: str) -> str:
+    """The statement ``sql/<folder>/queries/<name>.sql`` without its comment lines.
+
+    Comments go because psycopg caches the parsing of a query only up to 4 KiB of text (and a
+    ``%`` in a comment would be read as a placeholder).
+    """
+    path = _sql_root().joinpath(folder).joinpath("queries").joinpath(f"{name}.sql")
+    if not path.is_file():
+        raise MigrationError(f"no query {name!r} for {folder}: {path}")
+    lines = (line for line in path.read_text(encoding="utf-8").splitlines() if not line.strip().startswith("--"))
+    return "\n".join(lines).strip()
 
 
 def applied_versions(engine: Engine) -> set[int]:

@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .fenced import FencedTransaction
 
 
 def _from_mapping(cls, mapping) -> Any:
@@ -27,6 +31,16 @@ class Ownership:
     pipeline_id: int
     epoch: int
     owner: str
+
+
+@dataclass(frozen=True)
+class ItemCheckpoint:
+    """One item of a checkpoint batch: its result, status and the side-effect writes ``also(tx)``."""
+
+    key: str
+    result: Any = None
+    status: str = "completed"
+    also: Callable[[FencedTransaction], None] | None = None
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""Pipelines, nodes and item checkpoints: creation, fenced writes and heartbeats.
+"""Pipelines and nodes: creation, fenced writes and heartbeats (item checkpoints: checkpoint_store.py).
 
 Every write a worker makes goes through :meth:`PipelineOps._fence`, which locks the
 pipeline row (the single writer lock on SQLite) and checks the worker's epoch in the
@@ -18,21 +18,22 @@ so they always lock in the same order. Deadlocks elsewhere are retried by the st
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Connection, Float, Integer, Text, bindparam, func, insert, select, update
+from sqlalchemy import Connection, func, insert, select, update
 from sqlalchemy.exc import IntegrityError
 
 from . import hot_path
 from .database import Database, is_retry
 from .errors import IllegalTransition, NotFound, OwnershipLost, StoreError, UnfinishedItems
 from .fenced import FencedTransaction
-from .models import ErrorInfo, Node, NodeSpec, Ownership, Pipeline
+from .models import ErrorInfo, ItemCheckpoint, Node, NodeSpec, Ownership, Pipeline
 from .redaction import redact
-from .schema import FINISHED_PIPELINE_STATUSES, ITEM_STATUSES, DbJson, node_items, nodes, pipelines
+from .schema import FINISHED_PIPELINE_STATUSES, ITEM_STATUSES, node_items, nodes, pipelines
+
+__all__ = ["NODE_TRANSITIONS", "ItemCheckpoint", "PipelineOps", "resume_owner"]  # ItemCheckpoint: its old home
 
 
 # Legal node transitions: target -> allowed sources.
@@ -491,195 +492,6 @@ class PipelineOps(Database):
                 .where(nodes.c.pipeline_id == own.pipeline_id, nodes.c.name == name, nodes.c.status == "running")
                 .values(stall_deadline=self.dialect.now_plus(stall_timeout))
             )
-
-    # -- item checkpoints --------------------------------------------------------------------
-
-    def set_items_total(self, own: Ownership, node_name: str, total: int) -> None:
-        with self.write() as conn:
-            self._fence(conn, own)
-            conn.execute(update(nodes).where(nodes.c.pipeline_id == own.pipeline_id, nodes.c.name == node_name)
-                         .values(items_total=total))
-
-    def start_items(self, own: Ownership, node_name: str, total: int) -> dict[str, str]:
-        """``set_items_total`` and the statuses of the node's checkpointed items, in one transaction
-        (on PostgreSQL one autocommit statement: the fence, the update and the read as CTEs)."""
-        if self.dialect.dml_in_cte:
-            with self.autocommit() as conn:
-                rows = conn.execute(hot_path.START_ITEMS, {"pipeline_id": own.pipeline_id, "epoch": own.epoch,
-                                                                 "node": node_name, "total": total}).all()
-            if not rows[0].fenced:
-                self.check_ownership(own)  # raises OwnershipLost (or NotFound) with who owns it now
-                raise OwnershipLost(owner="(changed meanwhile)", pipeline_id=own.pipeline_id)
-            return {r.item_key: r.status for r in rows[1:]}
-        with self.write() as conn:
-            self._fence(conn, own)
-            conn.execute(update(nodes).where(nodes.c.pipeline_id == own.pipeline_id, nodes.c.name == node_name)
-                         .values(items_total=total))
-            rows = conn.execute(select(node_items.c.item_key, node_items.c.status).where(
-                node_items.c.pipeline_id == own.pipeline_id, node_items.c.node_name == node_name))
-            return {r.item_key: r.status for r in rows}
-
-    def checkpoint_item(
-        self,
-        own: Ownership,
-        node_name: str,
-        item_key: str,
-        result: Any = None,
-        *,
-        status: str = "completed",
-        also: Callable[[FencedTransaction], None] | None = None,
-        stall_timeout: float | None = None,
-    ) -> None:
-        """Record one item as done, its result and ``also``'s writes in the same transaction.
-
-        Without ``also`` on PostgreSQL this is one statement in autocommit mode: one round
-        trip for the fence, the insert and the progress update together.
-        """
-        if also is None and self.dialect.dml_in_cte:
-            self._checkpoint_in_one_statement(own, node_name, item_key, result, status, stall_timeout)
-            return
-        self.checkpoint_items(own, node_name, [ItemCheckpoint(item_key, result, status, also)],
-                              stall_timeout=stall_timeout)
-
-    def checkpoint_items(self, own: Ownership, node_name: str, entries: Sequence["ItemCheckpoint"], *,
-                         stall_timeout: float | None = None) -> None:
-        """Record a batch of items in ONE fenced transaction: every ``also`` write, every result and
-        checkpoint commit together or not at all, so a crash redoes at most this batch."""
-        entries = list(entries)
-        if not entries:
-            return
-        keys = [e.key for e in entries]
-        if len(set(keys)) != len(keys):
-            raise IllegalTransition(f"a checkpoint batch of node {node_name!r} names an item twice")
-        with self.write() as conn:
-            self._fence(conn, own)
-            if is_retry() and self._checkpointed_by(conn, own, node_name, keys[0]):
-                return  # the batch is atomic: the first attempt committed before its connection dropped
-            tx = FencedTransaction(self, conn, own)
-            try:
-                for entry in entries:
-                    if entry.also is not None:
-                        entry.also(tx)
-            finally:
-                tx.close()
-            written = set(conn.scalars(self._checkpoints_insert(), [
-                {"pipeline_id": own.pipeline_id, "node_name": node_name, "item_key": e.key, "status": e.status,
-                 "result": e.result, "run_id": own.owner, "epoch": own.epoch} for e in entries]))
-            refused = [k for k in keys if k not in written]
-            if refused:
-                raise IllegalTransition(f"item {refused[0]!r} of node {node_name!r} in pipeline "
-                                        f"{own.pipeline_id} is already checkpointed")
-            if stall_timeout:
-                conn.execute(self._push_stall_deadline(own, node_name, stall_timeout))
-
-    def _checkpoints_insert(self):
-        """INSERT of many checkpoints (SQLAlchemy batches the rows into multi-row statements); a degraded
-        item (a fallback answer) may be redone, a completed one never. Returns the keys it wrote."""
-        built = self.__dict__.setdefault("_checkpoint_statements", {})
-        if "many" not in built:
-            stmt = self.dialect.insert(node_items).values(completed_at=self.dialect.now())
-            built["many"] = self._redo_degraded_only(stmt).returning(node_items.c.item_key)
-        return built["many"]
-
-    @staticmethod
-    def _redo_degraded_only(stmt):
-        new = stmt.excluded
-        return stmt.on_conflict_do_update(
-            index_elements=[node_items.c.pipeline_id, node_items.c.node_name, node_items.c.item_key],
-            set_={"status": new.status, "result": new.result, "run_id": new.run_id, "epoch": new.epoch,
-                  "completed_at": new.completed_at},
-            where=node_items.c.status == "degraded",
-        )
-
-    def _push_stall_deadline(self, own: Ownership, node_name: str, stall_timeout: float):
-        return (update(nodes)
-                .where(nodes.c.pipeline_id == own.pipeline_id,
-                       nodes.c.name == node_name, nodes.c.status == "running")
-                .values(stall_deadline=self.dialect.now_plus(stall_timeout)))
-
-    def _checkpoint_in_one_statement(self, own: Ownership, node_name: str, item_key: str, result: Any,
-                                     status: str, stall_timeout: float | None) -> None:
-        """Fence, insert and progress as data-modifying CTEs of one autocommit statement (PostgreSQL).
-
-        The fence CTE takes FOR KEY SHARE on the pipeline row like :meth:`_fence`; the insert
-        reads from it, so a superseded worker's statement inserts nothing. Node transitions stay
-        multi-statement transactions: a statement that locks the pipeline row and then updates it
-        or counts node statuses would work from the snapshot taken before its lock wait (stale
-        counts, and an update-after-lock that deadlocks with the next waiter on the same row).
-        """
-        query = self._checkpoint_statement(bool(stall_timeout))
-        # parameter names that are no column's name: SQLAlchemy reads those as SET values of an UPDATE
-        params = {"cp_pipeline": own.pipeline_id, "cp_epoch": own.epoch, "cp_node": node_name, "cp_key": item_key,
-                  "cp_status": status, "cp_result": result, "cp_owner": own.owner, "cp_stall": stall_timeout or 0.0}
-        with self.autocommit() as conn:
-            outcome = conn.execute(query, params).one()
-            if outcome.fenced and outcome.written:
-                return
-            if outcome.fenced and is_retry() and self._checkpointed_by(conn, own, node_name, item_key):
-                return  # the first attempt committed before its connection dropped
-        if not outcome.fenced:
-            self.check_ownership(own)  # raises OwnershipLost (or NotFound) with who owns it now
-            raise OwnershipLost(owner="(changed during the checkpoint)", pipeline_id=own.pipeline_id)
-        raise IllegalTransition(
-            f"item {item_key!r} of node {node_name!r} in pipeline {own.pipeline_id} is already checkpointed")
-
-    def _checkpoint_statement(self, with_progress: bool):
-        """Built once per store (building the statement costs more than running it); values are bound."""
-        built = self.__dict__.setdefault("_checkpoint_statements", {})
-        if with_progress not in built:
-            built[with_progress] = self._build_checkpoint_statement(with_progress)
-        return built[with_progress]
-
-    def _build_checkpoint_statement(self, with_progress: bool):
-        fence = (select(pipelines.c.id)
-                 .where(pipelines.c.id == bindparam("cp_pipeline"), pipelines.c.epoch == bindparam("cp_epoch"),
-                        pipelines.c.status == "running")
-                 .with_for_update(read=True, key_share=True).cte("fence"))
-        row = select(fence.c.id, bindparam("cp_node", type_=Text), bindparam("cp_key", type_=Text),
-                     bindparam("cp_status", type_=Text), bindparam("cp_result", type_=DbJson),
-                     bindparam("cp_owner", type_=Text), bindparam("cp_epoch", type_=Integer), self.dialect.now())
-        insert_stmt = self.dialect.insert(node_items).from_select(
-            ["pipeline_id", "node_name", "item_key", "status", "result", "run_id", "epoch", "completed_at"], row)
-        written = self._redo_degraded_only(insert_stmt).returning(node_items.c.item_key).cte("written")
-        query = select(select(func.count()).select_from(fence).scalar_subquery().label("fenced"),
-                       select(func.count()).select_from(written).scalar_subquery().label("written"))
-        if with_progress:
-            progress = (update(nodes)
-                        .where(nodes.c.pipeline_id == select(fence.c.id).scalar_subquery(),
-                               nodes.c.name == bindparam("cp_node"), nodes.c.status == "running")
-                        .values(stall_deadline=self.dialect.now_plus(bindparam("cp_stall", type_=Float))))
-            query = query.add_cte(progress.cte("progress"))
-        return query
-
-    @staticmethod
-    def _checkpointed_by(conn: Connection, own: Ownership, node_name: str, item_key: str) -> bool:
-        row = conn.execute(select(node_items.c.run_id, node_items.c.epoch).where(
-            node_items.c.pipeline_id == own.pipeline_id, node_items.c.node_name == node_name,
-            node_items.c.item_key == item_key)).first()
-        return row is not None and row.run_id == own.owner and row.epoch == own.epoch
-
-    def completed_items(self, pipeline_id: int, node_name: str) -> dict[str, Any]:
-        with self.read_statement() as conn:
-            rows = conn.execute(
-                select(node_items.c.item_key, node_items.c.result).where(
-                    node_items.c.pipeline_id == pipeline_id, node_items.c.node_name == node_name
-                )
-            )
-            return {r.item_key: r.result for r in rows}
-
-    def pending_items(self, pipeline_id: int, node_name: str, keys: Iterable[str]) -> list[str]:
-        done = self.completed_items(pipeline_id, node_name)
-        return [k for k in keys if k not in done]
-
-
-@dataclass(frozen=True)
-class ItemCheckpoint:
-    """One item of a checkpoint batch: its result, status and the side-effect writes ``also(tx)``."""
-
-    key: str
-    result: Any = None
-    status: str = "completed"
-    also: Callable[[FencedTransaction], None] | None = None
 
 
 def resume_owner(pipeline_id: int, resume_number: int) -> str:

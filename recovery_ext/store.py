@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 
 from . import ontology_schema  # noqa: F401 - registers the ontology tables of migration 0002
+from .checkpoint_store import CheckpointOps
 from .database import retried
 from .orphan_store import OrphanOps
 from .provider_store import ProviderOps
@@ -18,11 +19,11 @@ URL_ENV = "RECOVERY_DATABASE_URL"
 
 # Not store calls of their own: transaction context managers and helpers that run inside
 # the caller's transaction (they take ``conn``), so the caller's call is what retries.
-_NOT_RETRIED = frozenset({"read", "read_only", "write", "autocommit", "fenced", "close", "wrap_error", "migrate",
-                          "pending_migrations"})
+_NOT_RETRIED = frozenset({"read", "read_only", "write", "autocommit", "driver_autocommit", "fenced", "close",
+                          "wrap_error", "wrap_driver_error", "migrate", "pending_migrations"})
 
 
-class RecoveryStore(OrphanOps, RunOps, ProviderOps, QueueOps, ReportOps):
+class RecoveryStore(CheckpointOps, OrphanOps, RunOps, ProviderOps, QueueOps, ReportOps):
     """Pipelines, nodes, item checkpoints, the work queue, transitions, events and circuit breakers.
 
     Every public call is one transaction, re-run on transient database errors (a restart,

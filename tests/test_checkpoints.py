@@ -13,15 +13,18 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 from collections import Counter
+from contextlib import contextmanager
 from pathlib import Path
 
 import psycopg
 import pytest
+from psycopg import pq
 from dagster import Field, in_process_executor, job
 from sqlalchemy import Column, Integer, MetaData, Table, Text, event, func, insert, select
 
-from recovery_ext.errors import IllegalTransition, OwnershipLost
+from recovery_ext.errors import IllegalTransition, OwnershipLost, StoreUnavailable
 from recovery_ext.integration import RecoveryResource, execute_in_process, recoverable_op
 from recovery_ext.integration.executor import with_recovery
 from recovery_ext.pipeline_store import ItemCheckpoint
@@ -135,22 +138,118 @@ def test_a_superseded_owner_writes_no_batch_and_no_single_checkpoint(store):
     assert _side_effect_rows(store) == [] and store.completed_items(own.pipeline_id, "a") == {}
 
 
-def test_a_per_item_checkpoint_is_one_statement_on_postgresql(pg_url):
+def test_a_batch_mixing_new_and_degraded_keys_writes_them_all(store):
+    own = _running_node(store)
+    store.checkpoint_item(own, "a", "d1", None, status="degraded")
+    store.checkpoint_items(own, "a", [ItemCheckpoint("d2", "fallback", "degraded")])
+    store.checkpoint_items(own, "a", [ItemCheckpoint("n1", 1), ItemCheckpoint("d1", 11), ItemCheckpoint("n2", 2),
+                                      ItemCheckpoint("d2", 12)], stall_timeout=30)
+    assert store.completed_items(own.pipeline_id, "a") == {"n1": 1, "d1": 11, "n2": 2, "d2": 12}
+    assert set(store.item_statuses(own.pipeline_id, "a").values()) == {"completed"}
+    with store.read() as conn:
+        assert set(conn.execute(select(node_items.c.run_id, node_items.c.epoch))) == {(own.owner, own.epoch)}
+    assert store.get_node(own.pipeline_id, "a").stall_deadline is not None
+
+
+@pytest.mark.parametrize("with_also", [False, True], ids=["one-statement", "with-also"])
+def test_a_batch_naming_a_completed_key_writes_nothing(store, with_also):
+    meta.create_all(store.engine)
+    own = _running_node(store)
+    store.checkpoint_item(own, "a", "done", 1)
+    store.checkpoint_item(own, "a", "fallback", "old", status="degraded")
+    also = (lambda tx: tx.execute(insert(side_effects).values(item="x"))) if with_also else None
+    with pytest.raises(IllegalTransition, match="'done'.*already checkpointed"):
+        store.checkpoint_items(own, "a", [ItemCheckpoint("new1", 1, also=also), ItemCheckpoint("fallback", "new"),
+                                          ItemCheckpoint("done", 2), ItemCheckpoint("new2", 3)], stall_timeout=30)
+    assert store.completed_items(own.pipeline_id, "a") == {"done": 1, "fallback": "old"}
+    assert store.item_statuses(own.pipeline_id, "a") == {"done": "completed", "fallback": "degraded"}
+    assert _side_effect_rows(store) == []
+    assert store.get_node(own.pipeline_id, "a").stall_deadline is None  # the stall push went with the batch
+
+
+def test_a_superseded_epoch_writes_no_checkpoint_on_any_path(store):
+    meta.create_all(store.engine)
+    own = _running_node(store)
+    from helpers import expire
+
+    expire(store, own.pipeline_id)
+    store.reclaim(limit=1)
+    writes = [lambda: store.checkpoint_item(own, "a", "single", 1, stall_timeout=30),
+              lambda: store.checkpoint_items(own, "a", [ItemCheckpoint("b1"), ItemCheckpoint("b2")], stall_timeout=30),
+              lambda: store.checkpoint_items(own, "a", [ItemCheckpoint("b3", also=lambda tx: tx.execute(
+                  insert(side_effects).values(item="b3")))])]
+    for write in writes:
+        with pytest.raises(OwnershipLost):
+            write()
+    assert store.completed_items(own.pipeline_id, "a") == {} and _side_effect_rows(store) == []
+    node = store.get_node(own.pipeline_id, "a")
+    assert node.status == "pending" and node.stall_deadline is None
+
+
+def test_a_batch_with_also_commits_its_writes_and_checkpoints_together_or_not_at_all(store):
+    meta.create_all(store.engine)
+    own = _running_node(store)
+
+    def note(key):
+        return lambda tx: tx.execute(insert(side_effects).values(item=key))
+
+    def boom(tx):
+        raise RuntimeError("the side effect failed")
+
+    with pytest.raises(RuntimeError, match="side effect failed"):
+        store.checkpoint_items(own, "a", [ItemCheckpoint("a1", 1, also=note("a1")), ItemCheckpoint("a2", 2, also=boom)])
+    assert store.completed_items(own.pipeline_id, "a") == {} and _side_effect_rows(store) == []
+    store.checkpoint_items(own, "a", [ItemCheckpoint("a1", 1, also=note("a1")), ItemCheckpoint("a2", 2),
+                                      ItemCheckpoint("a3", 3, also=note("a3"))], stall_timeout=30)
+    assert store.completed_items(own.pipeline_id, "a") == {"a1": 1, "a2": 2, "a3": 3}
+    assert _side_effect_rows(store) == ["a1", "a3"]
+    assert store.get_node(own.pipeline_id, "a").stall_deadline is not None
+
+
+@contextmanager
+def _round_trips(store):
+    """The protocol messages the store's connections send and receive meanwhile (libpq trace)."""
+    trace = tempfile.TemporaryFile("w+")
+
+    def on_checkout(dbapi_conn, *_):
+        dbapi_conn.pgconn.trace(trace.fileno())
+        dbapi_conn.pgconn.set_trace_flags(pq.Trace.SUPPRESS_TIMESTAMPS | pq.Trace.REGRESS_MODE)
+
+    def on_checkin(dbapi_conn, *_):
+        dbapi_conn.pgconn.untrace()
+
+    messages: list[str] = []
+    event.listen(store.engine.pool, "checkout", on_checkout)
+    event.listen(store.engine.pool, "checkin", on_checkin)
+    try:
+        yield messages
+    finally:
+        event.remove(store.engine.pool, "checkout", on_checkout)
+        event.remove(store.engine.pool, "checkin", on_checkin)
+        trace.seek(0)
+        for line in trace:  # "F\t88\tBind\t ..." -> "F Bind ..."
+            direction, _length, *rest = line.rstrip("\n").split("\t")
+            messages.append(" ".join([direction, *(part.strip() for part in rest)]).strip())
+        trace.close()
+
+
+def test_a_checkpoint_without_also_is_one_round_trip_on_postgresql(pg_url):
     store = RecoveryStore(pg_url)
     try:
         store.migrate()
         own = _running_node(store)
-        statements: list[str] = []
-        event.listen(store.engine, "before_cursor_execute",
-                     lambda conn, cursor, stmt, *a: statements.append(stmt))
-        store.checkpoint_item(own, "a", "k1", {"v": 1}, stall_timeout=30)
-        assert len(statements) == 1 and statements[0].lstrip().startswith("WITH")
-        statements.clear()
-        with pytest.raises(IllegalTransition, match="already checkpointed"):
-            store.checkpoint_item(own, "a", "k1", {"v": 2})
-        store.checkpoint_item(own, "a", "k2", None, status="degraded")
-        store.checkpoint_item(own, "a", "k2", {"v": 2})
-        assert store.completed_items(own.pipeline_id, "a") == {"k1": {"v": 1}, "k2": {"v": 2}}
+        store.checkpoint_item(own, "a", "warm", 0, stall_timeout=30)  # psycopg prepares on first use
+        store.checkpoint_items(own, "a", [ItemCheckpoint("warm1"), ItemCheckpoint("warm2")], stall_timeout=30)
+        for write in (lambda: store.checkpoint_item(own, "a", "k1", {"v": 1}, stall_timeout=30),
+                      lambda: store.checkpoint_items(own, "a", [ItemCheckpoint(f"b{i}", i) for i in range(100)],
+                                                     stall_timeout=30)):
+            with _round_trips(store) as messages:
+                write()
+            sent = [m for m in messages if m.startswith("F")]
+            # one Sync (one round trip), no simple Query (BEGIN/COMMIT), idle (committed) afterwards
+            assert [m.split()[1] for m in sent if m.split()[1] in ("Sync", "Query")] == ["Sync"], messages
+            assert messages[-1] == "B ReadyForQuery I", messages
+        assert len(store.completed_items(own.pipeline_id, "a")) == 104
         assert store.get_node(own.pipeline_id, "a").stall_deadline is not None
     finally:
         store.close()
@@ -184,6 +283,70 @@ def test_a_connection_killed_between_checkpoints_is_replaced_by_a_retry(pg_url, 
             assert conn.scalar(select(func.count()).select_from(node_items)) == 5
     finally:
         store.close()
+
+
+class _DropsAfterCommit:
+    """A driver connection whose next statement commits, then loses its connection before the reply is read."""
+
+    def __init__(self, raw, admin_url: str) -> None:
+        self._raw, self._admin_url = raw, admin_url
+
+    def execute(self, query, params=None, **kwargs):
+        self._raw.execute(query, params, **kwargs).fetchone()  # committed (autocommit)
+        with psycopg.connect(self._admin_url, autocommit=True) as admin:
+            admin.execute("SELECT pg_terminate_backend(%s)", (self._raw.info.backend_pid,))
+        return self._raw.execute("SELECT 1")  # the dead connection fails like a lost reply
+
+
+@pytest.mark.parametrize("batch", [False, True], ids=["per-item", "batch"])
+def test_a_checkpoint_retried_after_its_commit_landed_returns_quietly(pg_url, caplog, monkeypatch, batch):
+    store = RecoveryStore(pg_url)
+    try:
+        store.migrate()
+        own = _running_node(store)
+        real, drops = store.driver_autocommit, []
+
+        @contextmanager
+        def dropping_once():
+            with real() as raw:
+                if drops:
+                    yield raw
+                else:
+                    drops.append(raw.info.backend_pid)
+                    yield _DropsAfterCommit(raw, pg_url.replace("postgresql+psycopg://", "postgresql://"))
+
+        monkeypatch.setattr(store, "driver_autocommit", dropping_once)
+        with caplog.at_level(logging.WARNING, logger="recovery_ext.store"):
+            if batch:
+                store.checkpoint_items(own, "a", [ItemCheckpoint("k1", 1), ItemCheckpoint("k2", 2)], stall_timeout=30)
+            else:
+                store.checkpoint_item(own, "a", "k1", 1, stall_timeout=30)
+        assert len(drops) == 1 and any("retrying" in r.getMessage() for r in caplog.records)
+        assert store.completed_items(own.pipeline_id, "a") == ({"k1": 1, "k2": 2} if batch else {"k1": 1})
+        with pytest.raises(IllegalTransition, match="already checkpointed"):  # a fresh call is no retry
+            store.checkpoint_items(own, "a", [ItemCheckpoint("k1", 9)])
+    finally:
+        store.close()
+
+
+def test_a_batch_with_also_retried_after_its_commit_landed_runs_its_writes_once(store, monkeypatch):
+    meta.create_all(store.engine)
+    own = _running_node(store)
+    real, lost = store.write, []
+
+    @contextmanager
+    def losing_the_first_commit_reply():
+        with real() as conn:
+            yield conn
+        if not lost and _side_effect_rows(store):
+            lost.append(1)  # committed; the caller sees the error a dropped connection gives
+            raise StoreUnavailable("database unavailable: server closed the connection unexpectedly")
+
+    monkeypatch.setattr(store, "write", losing_the_first_commit_reply)
+    store.checkpoint_items(own, "a", [ItemCheckpoint("k1", 1, also=lambda tx: tx.execute(
+        insert(side_effects).values(item="k1")))])
+    assert lost == [1]
+    assert _side_effect_rows(store) == ["k1"] and store.completed_items(own.pipeline_id, "a") == {"k1": 1}
 
 
 def test_a_kill_9_mid_batch_redoes_that_batch_only(pg_url):

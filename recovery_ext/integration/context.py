@@ -15,8 +15,7 @@ from dagster import Failure, OpExecutionContext
 from ..fenced import FencedTransaction
 from ..env import check_count, check_seconds
 from ..heartbeat import HeartbeatSettings, Lease
-from ..models import Ownership
-from ..pipeline_store import ItemCheckpoint
+from ..models import ItemCheckpoint, Ownership
 from ..store import RecoveryStore
 from .queue_handle import QueueHandle
 from .resources import RecoveryResource

@@ -1,0 +1,263 @@
+"""Item checkpoints: a node records each finished item and its result, so a resume skips it.
+
+Every checkpoint is fenced by the owner's epoch in the statement or transaction that writes
+it, never after. A completed item is never overwritten (the call is refused with
+:class:`~recovery_ext.errors.IllegalTransition` and writes nothing); a degraded one (a
+fallback answer) may be redone. A batch commits as a whole or not at all.
+
+PostgreSQL runs fixed statements (``sql/postgres/queries``): the fence, the insert and the
+stall-deadline push as data-modifying CTEs of ONE statement, a batch's items bound as
+arrays. Without ``also=`` writes that statement is the whole call, in autocommit mode,
+run on the pooled psycopg connection (prepared once per connection): at these rates
+SQLAlchemy's per-execute work and psycopg's parsing of a many-row VALUES list are most
+of the cost. With ``also=`` writes it runs last in the fenced transaction that ran them.
+SQLite writes a batch with one multi-row INSERT in a ``BEGIN IMMEDIATE`` transaction.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+from sqlalchemy import Connection, select, update
+from sqlalchemy.exc import IntegrityError
+
+from . import hot_path
+from .database import is_retry
+from .dialects import sqlstate
+from .errors import IllegalTransition, OwnershipLost, StoreError
+from .fenced import FencedTransaction
+from .migrations import load_query
+from .models import ItemCheckpoint, Ownership
+from .pipeline_store import PipelineOps
+from .schema import node_items, nodes
+
+UNIQUE_VIOLATION = "23505"
+
+
+class _Refused(Exception):
+    """A checkpoint statement named an item that is already checkpointed (its transaction rolls back)."""
+
+
+class _Superseded(Exception):
+    """The batch statement's fence found another owner or epoch (its transaction rolls back)."""
+
+
+class CheckpointOps(PipelineOps):
+    # -- items of a node ---------------------------------------------------------------------
+
+    def set_items_total(self, own: Ownership, node_name: str, total: int) -> None:
+        with self.write() as conn:
+            self._fence(conn, own)
+            conn.execute(update(nodes).where(nodes.c.pipeline_id == own.pipeline_id, nodes.c.name == node_name)
+                         .values(items_total=total))
+
+    def start_items(self, own: Ownership, node_name: str, total: int) -> dict[str, str]:
+        """``set_items_total`` and the statuses of the node's checkpointed items, in one transaction
+        (on PostgreSQL one autocommit statement: the fence, the update and the read as CTEs)."""
+        if self.dialect.dml_in_cte:
+            with self.autocommit() as conn:
+                rows = conn.execute(hot_path.START_ITEMS, {"pipeline_id": own.pipeline_id, "epoch": own.epoch,
+                                                           "node": node_name, "total": total}).all()
+            if not rows[0].fenced:
+                self.check_ownership(own)  # raises OwnershipLost (or NotFound) with who owns it now
+                raise OwnershipLost(owner="(changed meanwhile)", pipeline_id=own.pipeline_id)
+            return {r.item_key: r.status for r in rows[1:]}
+        with self.write() as conn:
+            self._fence(conn, own)
+            conn.execute(update(nodes).where(nodes.c.pipeline_id == own.pipeline_id, nodes.c.name == node_name)
+                         .values(items_total=total))
+            rows = conn.execute(select(node_items.c.item_key, node_items.c.status).where(
+                node_items.c.pipeline_id == own.pipeline_id, node_items.c.node_name == node_name))
+            return {r.item_key: r.status for r in rows}
+
+    def completed_items(self, pipeline_id: int, node_name: str) -> dict[str, Any]:
+        with self.read_statement() as conn:
+            rows = conn.execute(
+                select(node_items.c.item_key, node_items.c.result).where(
+                    node_items.c.pipeline_id == pipeline_id, node_items.c.node_name == node_name
+                )
+            )
+            return {r.item_key: r.result for r in rows}
+
+    def pending_items(self, pipeline_id: int, node_name: str, keys: Iterable[str]) -> list[str]:
+        done = self.completed_items(pipeline_id, node_name)
+        return [k for k in keys if k not in done]
+
+    # -- checkpoints -------------------------------------------------------------------------
+
+    def checkpoint_item(
+        self,
+        own: Ownership,
+        node_name: str,
+        item_key: str,
+        result: Any = None,
+        *,
+        status: str = "completed",
+        also: Callable[[FencedTransaction], None] | None = None,
+        stall_timeout: float | None = None,
+    ) -> None:
+        """Record one item as done, its result and ``also``'s writes in the same transaction.
+
+        Without ``also`` on PostgreSQL this is one statement in autocommit mode: one round
+        trip for the fence, the insert and the progress update together (a batch of one: the
+        array statement costs no more than a scalar one, measured).
+        """
+        self.checkpoint_items(own, node_name, [ItemCheckpoint(item_key, result, status, also)],
+                              stall_timeout=stall_timeout)
+
+    def checkpoint_items(self, own: Ownership, node_name: str, entries: Sequence[ItemCheckpoint], *,
+                         stall_timeout: float | None = None) -> None:
+        """Record a batch of items in ONE fenced transaction: every ``also`` write, every result and
+        checkpoint commit together or not at all, so a crash redoes at most this batch."""
+        entries = list(entries)
+        if not entries:
+            return
+        keys = [e.key for e in entries]
+        if len(set(keys)) != len(keys):
+            raise IllegalTransition(f"a checkpoint batch of node {node_name!r} names an item twice")
+        if not self.dialect.dml_in_cte:
+            self._checkpoint_rows(own, node_name, entries, stall_timeout)
+            return
+        params = {"pipeline": own.pipeline_id, "epoch": own.epoch, "owner": own.owner, "node": node_name,
+                  "keys": keys, "statuses": [e.status for e in entries],
+                  "results": [_json(e.result) for e in entries], "stall": stall_timeout or None}
+        if any(e.also is not None for e in entries):
+            self._checkpoint_after_also(own, node_name, entries, params)
+        else:
+            self._checkpoint_in_one_statement(own, node_name, params, keys)
+
+    def _checkpoint_in_one_statement(self, own: Ownership, node_name: str, params: dict[str, Any],
+                                     keys: list[str]) -> None:
+        """PostgreSQL: the whole call is one autocommit statement; a refused batch aborts it (nothing written)."""
+        try:
+            with self.driver_autocommit() as raw:
+                try:
+                    # prepare: parsed and planned once per connection, then only bound and executed
+                    fenced, written = raw.execute(load_query(self.dialect.migrations_folder, "checkpoint_items"),
+                                                  params, prepare=True).fetchone()
+                except self.engine.dialect.loaded_dbapi.IntegrityError as exc:
+                    if sqlstate(exc) != UNIQUE_VIOLATION:
+                        raise
+                    raise _Refused() from exc
+        except _Refused:
+            written = 0
+        else:
+            if not fenced:
+                self.check_ownership(own)  # raises OwnershipLost (or NotFound) with who owns it now
+                raise OwnershipLost(owner="(changed during the checkpoint)", pipeline_id=own.pipeline_id)
+        if written < len(keys):
+            self._refuse(own, node_name, keys)
+
+    def _checkpoint_after_also(self, own: Ownership, node_name: str, entries: list[ItemCheckpoint],
+                               params: dict[str, Any]) -> None:
+        """PostgreSQL with ``also=`` writes: one transaction runs them, then the batch statement, whose
+        fence decides whether anything commits.
+
+        The fence comes last here, not first: its FOR KEY SHARE lock on the pipeline row is held
+        from the batch statement to the commit, so a reclaim cannot slip in between, and a
+        superseded owner's transaction (its ``also=`` writes included) is rolled back before it
+        commits anything. That saves the separate fence round trip per item. Lock order stays
+        safe: a reclaim never waits for a worker's locks (it skips locked rows), and the only lock
+        taken on the pipeline row is this one, never upgraded.
+        """
+        try:
+            with self.write() as conn:
+                if is_retry() and self._checkpointed_by(conn, own, node_name, entries[0].key):
+                    return  # the batch is atomic: the first attempt committed before its connection dropped
+                self._run_also(conn, own, entries)
+                try:
+                    fenced, written = conn.exec_driver_sql(
+                        load_query(self.dialect.migrations_folder, "checkpoint_items"), params).one()
+                except IntegrityError as exc:
+                    if sqlstate(exc) != UNIQUE_VIOLATION:
+                        raise
+                    raise _Refused() from exc
+                if not fenced:
+                    raise _Superseded()  # rolls back the also= writes with the (empty) checkpoint
+        except _Refused:
+            self._refuse(own, node_name, [e.key for e in entries])  # the rollback took the also= writes too
+            return
+        except _Superseded:
+            self.check_ownership(own)  # raises OwnershipLost (or NotFound) with who owns it now
+            raise OwnershipLost(owner="(changed during the checkpoint)", pipeline_id=own.pipeline_id) from None
+        if written < len(entries):  # pragma: no cover - the statement either writes all or aborts
+            raise StoreError(f"checkpoint batch of node {node_name!r}: {written} of {len(entries)} written")
+
+    def _checkpoint_rows(self, own: Ownership, node_name: str, entries: list[ItemCheckpoint],
+                         stall_timeout: float | None) -> None:
+        """SQLite: the fence, ``also=`` writes, a multi-row INSERT and the stall push in one transaction."""
+        keys = [e.key for e in entries]
+        with self.write() as conn:
+            self._fence(conn, own)
+            if is_retry() and self._checkpointed_by(conn, own, node_name, keys[0]):
+                return  # the batch is atomic: the first attempt committed before its connection dropped
+            self._run_also(conn, own, entries)
+            written = set(conn.scalars(self._checkpoints_insert(), [
+                {"pipeline_id": own.pipeline_id, "node_name": node_name, "item_key": e.key, "status": e.status,
+                 "result": e.result, "run_id": own.owner, "epoch": own.epoch} for e in entries]))
+            refused = [k for k in keys if k not in written]
+            if refused:
+                raise IllegalTransition(_already(own, node_name, refused[0]))
+            if stall_timeout:
+                conn.execute(update(nodes)
+                             .where(nodes.c.pipeline_id == own.pipeline_id,
+                                    nodes.c.name == node_name, nodes.c.status == "running")
+                             .values(stall_deadline=self.dialect.now_plus(stall_timeout)))
+
+    def _run_also(self, conn: Connection, own: Ownership, entries: list[ItemCheckpoint]) -> None:
+        tx = FencedTransaction(self, conn, own)
+        try:
+            for entry in entries:
+                if entry.also is not None:
+                    entry.also(tx)
+        finally:
+            tx.close()
+
+    def _checkpoints_insert(self):
+        """INSERT of many checkpoints (SQLAlchemy batches the rows into multi-row statements); a degraded
+        item (a fallback answer) may be redone, a completed one never. Returns the keys it wrote."""
+        built = self.__dict__.get("_checkpoints_insert_stmt")
+        if built is None:
+            stmt = self.dialect.insert(node_items).values(completed_at=self.dialect.now())
+            new = stmt.excluded
+            built = stmt.on_conflict_do_update(
+                index_elements=[node_items.c.pipeline_id, node_items.c.node_name, node_items.c.item_key],
+                set_={"status": new.status, "result": new.result, "run_id": new.run_id, "epoch": new.epoch,
+                      "completed_at": new.completed_at},
+                where=node_items.c.status == "degraded",
+            ).returning(node_items.c.item_key)
+            self.__dict__["_checkpoints_insert_stmt"] = built
+        return built
+
+    def _refuse(self, own: Ownership, node_name: str, keys: list[str]) -> None:
+        """A checkpoint named an item already checkpointed: nothing was written. Returns quietly when
+        this is a retry whose first attempt committed (the same owner and epoch wrote the items)."""
+        with self.read() as conn:
+            if is_retry() and self._checkpointed_by(conn, own, node_name, keys[0]):
+                return  # the first attempt committed before its connection dropped
+            done = set(conn.scalars(select(node_items.c.item_key).where(
+                node_items.c.pipeline_id == own.pipeline_id, node_items.c.node_name == node_name,
+                node_items.c.item_key.in_(keys), node_items.c.status != "degraded")))
+        refused = [k for k in keys if k in done] or keys
+        raise IllegalTransition(_already(own, node_name, refused[0]))
+
+    @staticmethod
+    def _checkpointed_by(conn: Connection, own: Ownership, node_name: str, item_key: str) -> bool:
+        row = conn.execute(select(node_items.c.run_id, node_items.c.epoch).where(
+            node_items.c.pipeline_id == own.pipeline_id, node_items.c.node_name == node_name,
+            node_items.c.item_key == item_key)).first()
+        return row is not None and row.run_id == own.owner and row.epoch == own.epoch
+
+
+def _already(own: Ownership, node_name: str, key: str) -> str:
+    return f"item {key!r} of node {node_name!r} in pipeline {own.pipeline_id} is already checkpointed"
+
+
+def _json(value: Any) -> str:
+    """An item result as JSON text for the statement's ``::jsonb`` (None is JSON null, as SQLAlchemy writes it)."""
+    try:
+        return json.dumps(value, separators=(",", ":"))
+    except (TypeError, ValueError) as exc:
+        raise StoreError(f"an item result must be JSON: {exc}") from exc
