@@ -164,10 +164,10 @@ def mass_recovery_running_again(count: int, concurrency: int) -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_running_again_arguments(parser)  # --running-again N, --running-again-concurrency K
     parser.add_argument("--items", type=int, default=300, help="checkpoints / DBOS steps per round")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--workflows", type=int, default=500, help="interrupted workflows for mass recovery (0 skips)")
-    add_running_again_arguments(parser)
     args = parser.parse_args()
     dbos_python()
     ours_url, dbos_url = scratch_db(), scratch_db()
