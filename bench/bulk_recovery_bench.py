@@ -30,7 +30,7 @@ from sqlalchemy import insert, update
 from bench.recovery_bench import NODES, config, drop_db, scratch_db, start
 from recovery_ext.devserver import wait_for
 from recovery_ext.integration import RecoveryResource, make_orphan_sensor
-from recovery_ext.integration.recoverable import TAG_RESUME_NUMBER
+from recovery_ext.integration.recoverable import TAG_PIPELINE, TAG_RESUME_NUMBER
 from recovery_ext.schema import nodes, pipelines
 from recovery_ext.store import RecoveryStore
 
@@ -112,6 +112,11 @@ def creation_ratio(runs: int) -> list[str]:
                  timeout=1800, interval=1.0, what=f"{runs} plain runs")
         plain = sorted(r.create_timestamp.timestamp() for r in dev.instance.get_run_records(
             filters=RunsFilter(tags={"bench": "plain"})))
+        # the orphan sensor kept ticking (re-requesting every reservation) all along: still one run each
+        resumed = [r.tags[TAG_PIPELINE]
+                   for r in dev.instance.get_runs(filters=RunsFilter(tags={TAG_RESUME_NUMBER: "1"}))]
+        if len(resumed) != runs or len(set(resumed)) != runs:
+            raise AssertionError(f"{len(resumed)} resume runs for {len(set(resumed))} of {runs} pipelines")
         ours_rate = (len(ours) - 1) / (ours[-1] - ours[0])
         plain_rate = (len(plain) - 1) / (plain[-1] - plain[0])
         return [f"{runs} resume runs (orphan sensor): first {ours[0] - made:6.2f} s after the orphans appeared, "

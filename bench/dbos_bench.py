@@ -8,6 +8,10 @@
    found, reclaimed and reset by one recovery scan (database side). DBOS: N workflows
    interrupted by a real kill -9 mid-way, then ``DBOS.launch()`` in a new process: the time
    until every one runs again (its interrupted step re-entered).
+4. Mass recovery to running again (``--running-again N``, default 100): DBOS as in 3 for N
+   workflows, against N orphaned pipelines under a real ``dagster dev`` whose orphan sensor
+   requests one resume run each, until every resume run is STARTED and owns its pipeline
+   (bench/running_again.py says exactly what is timed and what is checked).
 
 DBOS runs in its own environment (``.venv-dbos``, created on first use with ``pip install
 dbos==3.4.0``): it is never a dependency of recovery-ext. All figures are ratios from this run.
@@ -32,6 +36,7 @@ from pathlib import Path
 import psycopg
 
 from bench.recovery_bench import drop_db, scratch_db
+from bench.running_again import running_again
 from bench.store_bench import seed_orphans
 from recovery_ext.pipeline_store import ItemCheckpoint
 from recovery_ext.recovery import RecoverySettings, scan
@@ -148,8 +153,55 @@ def ours_recovery(url: str, orphans: int) -> float:
         store.close()
 
 
+def add_running_again_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--running-again", type=int, default=100, metavar="N",
+                        help="orphaned pipelines / interrupted workflows until running again (0 skips)")
+    parser.add_argument("--running-again-concurrency", type=int, default=4, metavar="K",
+                        help="Dagster run queue max_concurrent_runs for the resume runs (one process per run)")
+
+
+def mass_recovery_db_side(workflows: int) -> None:
+    ours_url, dbos_url = scratch_db(), scratch_db()
+    try:
+        recovered = dbos_recovery(dbos_url, workflows)
+        ours = ours_recovery(ours_url, workflows)
+        print(f"mass recovery of {workflows} interrupted workflows / orphaned pipelines (8 nodes each), DB side")
+        print(f"  DBOS launch() returned         {recovered['launch_seconds']:9.2f} s   (recovery goes on in the "
+              "background)")
+        print(f"  DBOS running again             {recovered['running_again_seconds']:9.2f} s   1.0x")
+        print(f"  recovery-ext scan (DB side)    {ours:9.2f} s   "
+              f"{recovered['running_again_seconds'] / ours:5.1f}x (found, reclaimed, reset, reserved)")
+    finally:
+        drop_db(ours_url)
+        drop_db(dbos_url)
+
+
+def mass_recovery_running_again(count: int, concurrency: int) -> None:
+    """DBOS and recovery-ext from "recovery can begin" until every one of ``count`` runs again."""
+    dbos_url = scratch_db()
+    try:
+        theirs = dbos_recovery(dbos_url, count)["running_again_seconds"]
+    finally:
+        drop_db(dbos_url)
+    ours = running_again(count, concurrency)
+    seconds = ours["all_running_again_seconds"]
+    print(f"mass recovery of {count} interrupted workflows / orphaned pipelines, to running again")
+    print(f"  DBOS running again             {theirs:9.2f} s   1.0x   (launch() in a new process until every "
+          "interrupted step re-entered)")
+    print(f"  recovery-ext running again     {seconds:9.2f} s   {theirs / seconds:5.3f}x   (heartbeats expired until "
+          f"every resume run STARTED and owns its pipeline: {seconds / theirs:.0f} times DBOS's time)")
+    print(f"    resume runs created          {ours['first_created_seconds']:9.2f} s first, "
+          f"{ours['all_created_seconds']:.2f} s all;  running again {ours['first_running_again_seconds']:.2f} s "
+          f"first, {ours['median_running_again_seconds']:.2f} s median;  "
+          f"all finished {ours['all_finished_seconds']:.2f} s")
+    print(f"    (real dagster dev on 127.0.0.1, Dagster storage on PostgreSQL, orphan sensor every 1 s, job "
+          f"{ours['job']}, QueuedRunCoordinator max_concurrent_runs {concurrency}: one run worker process per "
+          "run; checked: one resume run each, all attached, succeeded, pipelines completed)")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_running_again_arguments(parser)  # --running-again N, --running-again-concurrency K
     parser.add_argument("--items", type=int, default=300, help="checkpoints / DBOS steps per round")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--workflows", type=int, default=500, help="interrupted workflows for mass recovery (0 skips)")
@@ -173,20 +225,9 @@ def main() -> int:
         drop_db(ours_url)
         drop_db(dbos_url)
     if args.workflows:
-        ours_url, dbos_url = scratch_db(), scratch_db()
-        try:
-            recovered = dbos_recovery(dbos_url, args.workflows)
-            ours = ours_recovery(ours_url, args.workflows)
-            print(f"mass recovery of {args.workflows} interrupted workflows / orphaned pipelines (8 nodes each)")
-            print(f"  DBOS launch() returned         {recovered['launch_seconds']:9.2f} s   (recovery goes on in the "
-                  "background)")
-            print(f"  DBOS running again             {recovered['running_again_seconds']:9.2f} s   1.0x")
-            print(f"  recovery-ext scan (DB side)    {ours:9.2f} s   "
-                  f"{recovered['running_again_seconds'] / ours:5.1f}x (found, reclaimed, reset, reserved)")
-            print("  (recovery-ext's 'running again' goes through Dagster run launches: bench/bulk_recovery_bench.py)")
-        finally:
-            drop_db(ours_url)
-            drop_db(dbos_url)
+        mass_recovery_db_side(args.workflows)
+    if args.running_again:
+        mass_recovery_running_again(args.running_again, args.running_again_concurrency)
     return 0
 
 
