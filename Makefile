@@ -37,6 +37,7 @@ bench: install
 	$(BIN)/python -m bench.liveness_bench --quick
 	$(BIN)/python -m bench.resume_bench
 	$(BIN)/python -m bench.overhead_bench
+	$(BIN)/python -m bench.ontology_overhead_bench
 	$(BIN)/python -m bench.dbos_bench    # DBOS runs in its own .venv-dbos, created on first use
 
 clean:
