@@ -388,3 +388,30 @@ def stall(tx):  # the last also= of batch 2: its other writes are done, its chec
 store.checkpoint_items(own, "a", [ItemCheckpoint("k4", 4, also=note("k4")), ItemCheckpoint("k5", 5, also=note("k5")),
                                   ItemCheckpoint("k6", 6, also=stall)])
 """
+
+
+def test_a_reclaim_between_the_also_writes_and_the_checkpoint_rolls_the_writes_back(pg_url):
+    """PostgreSQL checks the fence last, in the checkpoint statement: the window that leaves open is
+    a reclaim committed after the caller's writes and before that statement. Nothing of the old
+    owner commits. (SQLite checks first and holds the database's write lock from there.)"""
+    from helpers import expire
+
+    store, other = RecoveryStore(pg_url), RecoveryStore(pg_url)
+    try:
+        store.migrate()
+        meta.create_all(store.engine)
+        own = _running_node(store)
+        reclaimed = []
+
+        def write_then_get_reclaimed(tx):
+            tx.execute(insert(side_effects).values(item="x"))
+            expire(other, own.pipeline_id)
+            reclaimed.extend(other.reclaim(limit=1)[0])  # (reclaimed, given up)
+
+        with pytest.raises(OwnershipLost):
+            store.checkpoint_items(own, "a", [ItemCheckpoint("x", 1, also=write_then_get_reclaimed)])
+        assert len(reclaimed) == 1 and store.get_pipeline(own.pipeline_id).epoch == own.epoch + 1
+        assert _side_effect_rows(store) == [] and store.completed_items(own.pipeline_id, "a") == {}
+    finally:
+        other.close()
+        store.close()

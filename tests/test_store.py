@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from sqlalchemy import func, select, update
+from sqlalchemy import func, insert, select, update
 
 from recovery_ext.errors import IllegalTransition, NotFound, OwnershipLost, StoreError
 from recovery_ext.models import ErrorInfo, NodeSpec, Ownership
@@ -102,10 +102,16 @@ def test_item_checkpoint_rolls_back_the_callers_writes_when_fenced(store):
     store.start_node(own, "a")
     expire(store, own.pipeline_id)
     store.reclaim(limit=10)
-    calls = []
+
+    def probe(tx):
+        tx.execute(insert(events).values(kind="superseded_write", payload={}))
+
     with pytest.raises(OwnershipLost):
-        store.checkpoint_item(own, "a", "t1", 1, also=lambda conn: calls.append(conn))
-    assert calls == []  # the fence is checked before the caller's writes run
+        store.checkpoint_item(own, "a", "t1", 1, also=probe)
+    # SQLite checks the fence before the caller's writes; PostgreSQL in the checkpoint statement after
+    # them, holding its lock to the commit: either way nothing of the superseded worker commits
+    with store.read() as conn:
+        assert conn.scalar(select(func.count()).select_from(events).where(events.c.kind == "superseded_write")) == 0
     assert store.completed_items(own.pipeline_id, "a") == {}
 
 
