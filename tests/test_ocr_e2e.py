@@ -14,7 +14,13 @@ from dagster import DagsterRunStatus
 from recovery_ext.devserver import DagsterDev, process_alive, wait_for
 from recovery_ext.integration.recoverable import TAG_PIPELINE, TAG_RESUME_NUMBER
 from recovery_ext.pipelines.sample_data import create_scanned_pdfs
-from test_ocr_recovery import DOCS, assert_every_document_completed_once_before_the_pipeline
+from test_ocr_recovery import assert_every_document_completed_once_before_the_pipeline
+
+# Enough documents that the killed run's step process (a zombie: killing the run worker leaves it
+# running, fenced only once the pipeline is reclaimed) cannot finish them all, and so complete the
+# pipeline itself, before the orphan sensor's next tick reclaims it: with three, a fast machine
+# finished them first and no resume was needed.
+DOCS = {f"doc{i}.pdf": [f"INVOICE {i}0{i}", f"Total due {i}1.{i}0 EUR"] for i in range(1, 9)}
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 
@@ -44,7 +50,7 @@ def resume_runs(dev, pipeline_id):
 def test_kill_9_mid_document_then_kill_9_of_the_resume_as_it_attaches(dev, store):
     run_id = dev.launch("ocr_documents", {})
 
-    def mid_document():
+    def mid_document():  # the first document done, the next one held: most of the work still ahead
         items = store.list_items("ocr")
         return any(i.status == "completed" for i in items) and [i for i in items if i.status == "processing"]
 
@@ -64,7 +70,7 @@ def test_kill_9_mid_document_then_kill_9_of_the_resume_as_it_attaches(dev, store
     runs = resume_runs(dev, pipeline.id)
     assert len(runs) == 2 and store.get_pipeline(pipeline.id).resume_count == 2
     dev.wait_run(runs[-1].run_id, timeout=120)
-    assert_every_document_completed_once_before_the_pipeline(store, pipeline.id)
+    assert_every_document_completed_once_before_the_pipeline(store, pipeline.id, DOCS)
     assert dev.run(run_id).status == DagsterRunStatus.FAILURE
     # every document that a superseded run still held was completed by the last resume, none by a zombie
     winners = {i.worker.split(":")[0] for i in store.list_items("ocr")}
