@@ -21,7 +21,6 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from sqlalchemy import Connection, select, update
-from sqlalchemy.exc import IntegrityError
 
 from . import hot_path
 from .database import is_retry
@@ -57,9 +56,9 @@ class CheckpointOps(PipelineOps):
         """``set_items_total`` and the statuses of the node's checkpointed items, in one transaction
         (on PostgreSQL one autocommit statement: the fence, the update and the read as CTEs)."""
         if self.dialect.dml_in_cte:
-            with self.autocommit() as conn:
-                rows = conn.execute(hot_path.START_ITEMS, {"pipeline_id": own.pipeline_id, "epoch": own.epoch,
-                                                           "node": node_name, "total": total}).all()
+            with self.driver_autocommit() as raw:
+                rows = hot_path.start_items(raw, pipeline_id=own.pipeline_id, epoch=own.epoch, node=node_name,
+                                            total=total)
             if not rows[0].fenced:
                 self.check_ownership(own)  # raises OwnershipLost (or NotFound) with who owns it now
                 raise OwnershipLost(owner="(changed meanwhile)", pipeline_id=own.pipeline_id)
@@ -73,6 +72,9 @@ class CheckpointOps(PipelineOps):
             return {r.item_key: r.status for r in rows}
 
     def completed_items(self, pipeline_id: int, node_name: str) -> dict[str, Any]:
+        if self.dialect.node_functions:
+            with self.driver_autocommit() as raw:
+                return hot_path.completed_items(raw, pipeline_id=pipeline_id, node=node_name)
         with self.read_statement() as conn:
             rows = conn.execute(
                 select(node_items.c.item_key, node_items.c.result).where(
@@ -133,14 +135,7 @@ class CheckpointOps(PipelineOps):
         """PostgreSQL: the whole call is one autocommit statement; a refused batch aborts it (nothing written)."""
         try:
             with self.driver_autocommit() as raw:
-                try:
-                    # prepare: parsed and planned once per connection, then only bound and executed
-                    fenced, written = raw.execute(load_query(self.dialect.migrations_folder, "checkpoint_items"),
-                                                  params, prepare=True).fetchone()
-                except self.engine.dialect.loaded_dbapi.IntegrityError as exc:
-                    if sqlstate(exc) != UNIQUE_VIOLATION:
-                        raise
-                    raise _Refused() from exc
+                fenced, written = self._checkpoint_statement(raw, params)
         except _Refused:
             written = 0
         else:
@@ -149,6 +144,17 @@ class CheckpointOps(PipelineOps):
                 raise OwnershipLost(owner="(changed during the checkpoint)", pipeline_id=own.pipeline_id)
         if written < len(keys):
             self._refuse(own, node_name, keys)
+
+    def _checkpoint_statement(self, raw: Any, params: dict[str, Any]) -> tuple[int, int]:
+        """The batch statement on the driver connection, prepared (parsed and planned once per connection,
+        then only bound and executed): ``(fenced, written)``; :class:`_Refused` when it named a completed item."""
+        try:
+            return raw.execute(load_query(self.dialect.migrations_folder, "checkpoint_items"), params,
+                               prepare=True).fetchone()
+        except self.engine.dialect.loaded_dbapi.IntegrityError as exc:
+            if sqlstate(exc) != UNIQUE_VIOLATION:
+                raise
+            raise _Refused() from exc
 
     def _checkpoint_after_also(self, own: Ownership, node_name: str, entries: list[ItemCheckpoint],
                                params: dict[str, Any]) -> None:
@@ -167,13 +173,8 @@ class CheckpointOps(PipelineOps):
                 if is_retry() and self._checkpointed_by(conn, own, node_name, entries[0].key):
                     return  # the batch is atomic: the first attempt committed before its connection dropped
                 self._run_also(conn, own, entries)
-                try:
-                    fenced, written = conn.exec_driver_sql(
-                        load_query(self.dialect.migrations_folder, "checkpoint_items"), params).one()
-                except IntegrityError as exc:
-                    if sqlstate(exc) != UNIQUE_VIOLATION:
-                        raise
-                    raise _Refused() from exc
+                with self.driver_of(conn) as raw:  # in this transaction
+                    fenced, written = self._checkpoint_statement(raw, params)
                 if not fenced:
                     raise _Superseded()  # rolls back the also= writes with the (empty) checkpoint
         except _Refused:

@@ -175,8 +175,11 @@ class Database:
         everywhere else, and a connection the server dropped is invalidated, so the store's
         retry runs the call again on a new one.
         """
-        with self._wrap_errors():
-            pooled = self.engine.raw_connection()
+        try:
+            with self._wrap_errors():
+                pooled = self.engine.raw_connection()
+        except self.engine.dialect.loaded_dbapi.Error as exc:  # the pool's connect raises the driver's own error
+            raise self.wrap_driver_error(exc) from exc
         raw = pooled.driver_connection
         try:
             raw.autocommit = True
@@ -192,6 +195,20 @@ class Database:
             raise self.wrap_driver_error(exc, invalidated=invalidated) from exc
         finally:
             pooled.close()
+
+    @contextmanager
+    def driver_of(self, conn: Connection) -> Iterator[Any]:
+        """The psycopg connection under ``conn``, inside ``conn``'s open transaction, for a hot-path
+        statement run as fixed SQL text; driver errors are wrapped as everywhere else (the caller may
+        catch a driver error it expects first) and a connection the server dropped is invalidated."""
+        raw = conn.connection.driver_connection
+        try:
+            yield raw
+        except self.engine.dialect.loaded_dbapi.Error as exc:
+            invalidated = self.engine.dialect.is_disconnect(exc, raw, None)
+            if invalidated:
+                conn.invalidate(exc)
+            raise self.wrap_driver_error(exc, invalidated=invalidated) from exc
 
     @contextmanager
     def read(self) -> Iterator[Connection]:

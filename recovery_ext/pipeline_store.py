@@ -357,9 +357,9 @@ class PipelineOps(Database):
     def _begin_node_call(self, run_id: str, name: str, heartbeat_timeout: float,
                          stall_timeout: float | None) -> tuple[Ownership, Node, bool] | None:
         """:meth:`begin_node` as one server-side call (``rx_begin_node``)."""
-        with self.autocommit() as conn:
+        with self.driver_autocommit() as raw:
             row = hot_path.begin_node(
-                conn, run_id=run_id, name=name, sources=list(NODE_TRANSITIONS["running"]),
+                raw, run_id=run_id, name=name, sources=list(NODE_TRANSITIONS["running"]),
                 heartbeat_timeout=float(heartbeat_timeout), stall_timeout=float(stall_timeout or 0.0), retry=is_retry())
         if row.outcome == "no_pipeline":
             return None
@@ -368,13 +368,13 @@ class PipelineOps(Database):
             raise NotFound(f"pipeline {own.pipeline_id} has no node {name!r}")
         if row.outcome == "illegal":
             raise _illegal(own.pipeline_id, name, row.from_status, "running")
-        return own, Node.from_row(row._mapping), row.outcome == "started"
+        return own, Node.from_row(row._asdict()), row.outcome == "started"
 
     def _complete_node_call(self, own: Ownership, name: str, output: Any, heartbeat_timeout: float | None) -> bool:
         """:meth:`complete_node` as one server-side call (``rx_complete_node``)."""
-        with self.autocommit() as conn:
+        with self.driver_autocommit() as raw:
             row = hot_path.complete_node(
-                conn, pipeline_id=own.pipeline_id, epoch=own.epoch, owner=own.owner, name=name, output=output,
+                raw, pipeline_id=own.pipeline_id, epoch=own.epoch, owner=own.owner, name=name, output=output,
                 sources=list(NODE_TRANSITIONS["completed"]), item_statuses=list(ITEM_STATUSES),
                 heartbeat_timeout=None if heartbeat_timeout is None else float(heartbeat_timeout), retry=is_retry())
         if row.outcome == "no_pipeline":

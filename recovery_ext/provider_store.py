@@ -16,8 +16,9 @@ import datetime as dt
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Float, func, or_, select, type_coerce, update
+from sqlalchemy import Float, bindparam, func, or_, select, type_coerce, update
 
+from . import hot_path
 from .errors import IllegalTransition, NotFound
 from .models import Ownership
 from .pipeline_store import PipelineOps
@@ -58,13 +59,7 @@ class ProviderOps(PipelineOps):
                             poll_seconds: float = 2.0) -> BreakerDecision:
         """Closed: call. Open past its cool-down: the first caller becomes the half-open probe. Else wait."""
         now = self.dialect.now()
-        with self.read_statement() as conn:  # once per provider call: one round trip
-            row = conn.execute(
-                select(cb.state, cb.consecutive_failures,
-                       self._seconds(now, cb.open_until).label("open_left"),
-                       self._seconds(now, cb.probe_deadline).label("probe_left"))
-                .where(cb.endpoint == endpoint)
-            ).first()
+        row = self._breaker_state(endpoint)
         if row is None or row.state == "closed":
             return BreakerDecision(True, "closed", failures=row.consecutive_failures if row else 0)
         if row.state == "open" and row.open_left is not None and float(row.open_left) > 0:
@@ -85,6 +80,22 @@ class ProviderOps(PipelineOps):
                 return BreakerDecision(True, "half_open", probe=True)
         left = float(row.probe_left) if row.state == "half_open" and row.probe_left is not None else poll_seconds
         return BreakerDecision(False, row.state, wait_seconds=min(max(left, 0.05), poll_seconds))
+
+    def _breaker_state(self, endpoint: str) -> Any:
+        """Once per provider call, one round trip: on PostgreSQL a statement prepared once per connection;
+        elsewhere a select built once per store (building it cost more than running it)."""
+        if self.dialect.node_functions:
+            with self.driver_autocommit() as raw:
+                return hot_path.breaker_state(raw, endpoint)
+        built = self.__dict__.get("_breaker_state_stmt")
+        if built is None:
+            now = self.dialect.now()
+            built = self.__dict__["_breaker_state_stmt"] = (
+                select(cb.state, cb.consecutive_failures, self._seconds(now, cb.open_until).label("open_left"),
+                       self._seconds(now, cb.probe_deadline).label("probe_left"))
+                .where(cb.endpoint == bindparam("endpoint")))
+        with self.read_statement() as conn:
+            return conn.execute(built, {"endpoint": endpoint}).first()
 
     def breaker_record_success(self, endpoint: str, who: str, decision: BreakerDecision) -> bool:
         """The endpoint answered. Only the probe closes an open breaker. Returns whether it closed."""

@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+import tempfile
+from contextlib import contextmanager
+
+from psycopg import pq
+from sqlalchemy import event
+
 from recovery_ext.store import RecoveryStore
 
 
@@ -14,3 +20,37 @@ def expire(store: RecoveryStore, pipeline_id: int, *, column: str = "heartbeat_d
     with store.write() as conn:
         conn.execute(update(pipelines).where(pipelines.c.id == pipeline_id)
                      .values({column: store.dialect.now_plus(-ago)}))
+
+
+@contextmanager
+def round_trips(store):
+    """The protocol messages the store's connections send and receive meanwhile (libpq trace)."""
+    trace = tempfile.TemporaryFile("w+")
+
+    def on_checkout(dbapi_conn, *_):
+        dbapi_conn.pgconn.trace(trace.fileno())
+        dbapi_conn.pgconn.set_trace_flags(pq.Trace.SUPPRESS_TIMESTAMPS | pq.Trace.REGRESS_MODE)
+
+    def on_checkin(dbapi_conn, *_):
+        dbapi_conn.pgconn.untrace()
+
+    messages: list[str] = []
+    event.listen(store.engine.pool, "checkout", on_checkout)
+    event.listen(store.engine.pool, "checkin", on_checkin)
+    try:
+        yield messages
+    finally:
+        event.remove(store.engine.pool, "checkout", on_checkout)
+        event.remove(store.engine.pool, "checkin", on_checkin)
+        trace.seek(0)
+        for line in trace:  # "F\t88\tBind\t ..." -> "F Bind ..."
+            if not line.startswith(("F\t", "B\t")):
+                continue  # the rest of a multi-line query text in a Parse message
+            direction, _length, *rest = line.rstrip("\n").split("\t")
+            messages.append(" ".join([direction, *(part.strip() for part in rest)]).strip())
+        trace.close()
+
+
+def sent_round_trips(messages: list[str]) -> list[str]:
+    """The messages of a libpq trace that end a round trip: Sync (extended protocol) or a simple Query."""
+    return [m.split()[1] for m in messages if m.startswith("F") and m.split()[1] in ("Sync", "Query")]

@@ -13,17 +13,16 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 from collections import Counter
 from contextlib import contextmanager
 from pathlib import Path
 
 import psycopg
 import pytest
-from psycopg import pq
 from dagster import Field, in_process_executor, job
-from sqlalchemy import Column, Integer, MetaData, Table, Text, event, func, insert, select
+from sqlalchemy import Column, Integer, MetaData, Table, Text, func, insert, select
 
+from helpers import round_trips
 from recovery_ext.errors import IllegalTransition, OwnershipLost, StoreUnavailable
 from recovery_ext.integration import RecoveryResource, execute_in_process, recoverable_op
 from recovery_ext.integration.executor import with_recovery
@@ -206,33 +205,6 @@ def test_a_batch_with_also_commits_its_writes_and_checkpoints_together_or_not_at
     assert store.get_node(own.pipeline_id, "a").stall_deadline is not None
 
 
-@contextmanager
-def _round_trips(store):
-    """The protocol messages the store's connections send and receive meanwhile (libpq trace)."""
-    trace = tempfile.TemporaryFile("w+")
-
-    def on_checkout(dbapi_conn, *_):
-        dbapi_conn.pgconn.trace(trace.fileno())
-        dbapi_conn.pgconn.set_trace_flags(pq.Trace.SUPPRESS_TIMESTAMPS | pq.Trace.REGRESS_MODE)
-
-    def on_checkin(dbapi_conn, *_):
-        dbapi_conn.pgconn.untrace()
-
-    messages: list[str] = []
-    event.listen(store.engine.pool, "checkout", on_checkout)
-    event.listen(store.engine.pool, "checkin", on_checkin)
-    try:
-        yield messages
-    finally:
-        event.remove(store.engine.pool, "checkout", on_checkout)
-        event.remove(store.engine.pool, "checkin", on_checkin)
-        trace.seek(0)
-        for line in trace:  # "F\t88\tBind\t ..." -> "F Bind ..."
-            direction, _length, *rest = line.rstrip("\n").split("\t")
-            messages.append(" ".join([direction, *(part.strip() for part in rest)]).strip())
-        trace.close()
-
-
 def test_a_checkpoint_without_also_is_one_round_trip_on_postgresql(pg_url):
     store = RecoveryStore(pg_url)
     try:
@@ -243,7 +215,7 @@ def test_a_checkpoint_without_also_is_one_round_trip_on_postgresql(pg_url):
         for write in (lambda: store.checkpoint_item(own, "a", "k1", {"v": 1}, stall_timeout=30),
                       lambda: store.checkpoint_items(own, "a", [ItemCheckpoint(f"b{i}", i) for i in range(100)],
                                                      stall_timeout=30)):
-            with _round_trips(store) as messages:
+            with round_trips(store) as messages:
                 write()
             sent = [m for m in messages if m.startswith("F")]
             # one Sync (one round trip), no simple Query (BEGIN/COMMIT), idle (committed) afterwards

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import psycopg
 import pytest
-from sqlalchemy import event, select
+from sqlalchemy import select
 
+from helpers import round_trips, sent_round_trips
+from recovery_ext import hot_path
 from recovery_ext.errors import IllegalTransition, NotFound, OwnershipLost, UnfinishedItems
 from recovery_ext.schema import transitions
 from recovery_ext.store import RecoveryStore
@@ -59,7 +61,7 @@ def test_refusals_raise_the_same_errors_and_write_nothing(store):
     assert [h[3] for h in history(store, own.pipeline_id)[len(before):]] == ["failed_by_operator"]
 
 
-def test_a_call_whose_commit_landed_before_its_connection_dropped_is_retried_quietly(pg_url):
+def test_a_call_whose_commit_landed_before_its_connection_dropped_is_retried_quietly(pg_url, monkeypatch):
     """The server ran the function (autocommit: committed), then the client lost the answer: the store
     retries, and the second attempt sees its own first attempt's work instead of refusing it."""
     store = RecoveryStore(pg_url)
@@ -67,35 +69,53 @@ def test_a_call_whose_commit_landed_before_its_connection_dropped_is_retried_qui
         store.migrate()
         own = store.create_pipeline("job", ["a"], owner="run-1", origin_run_id="run-1")
         dropped: list[str] = []
+        run_for_real = hot_path._rows
 
-        def drop_once(conn, cursor, statement, *args):
-            for call in ("rx_begin_node(", "rx_complete_node("):
-                if f"FROM {call}" in statement and call not in dropped:
-                    dropped.append(call)
-                    raise psycopg.OperationalError("the connection dropped after the commit")
+        def drop_once(raw, query, params):
+            rows = run_for_real(raw, query, params)  # the server ran and committed it
+            if query in ("begin_node", "complete_node") and query not in dropped:
+                dropped.append(query)
+                raw.close()  # the answer is lost with the connection
+                raise psycopg.OperationalError("server closed the connection unexpectedly")
+            return rows
 
-        event.listen(store.engine, "after_cursor_execute", drop_once)
+        monkeypatch.setattr(hot_path, "_rows", drop_once)
         _, node, started = store.begin_node("run-1", "a")
         assert started and node.attempts == 1  # counted once
         assert store.complete_node(own, "a", {"v": 1}) is True  # the pipeline it finished is reported finished
-        assert dropped == ["rx_begin_node(", "rx_complete_node("]
+        assert dropped == ["begin_node", "complete_node"]
         events_ = [h[3] for h in history(store, own.pipeline_id) if h[3] != "created"]
         assert events_ == ["started", "completed", "completed"]  # node started once, node and pipeline completed once
     finally:
         store.close()
 
 
-def test_each_is_one_statement_on_postgresql(pg_url):
+def test_each_is_one_round_trip_on_postgresql(pg_url):
+    """Begin, complete, the items' start and the breaker read: one Sync each on the wire, no BEGIN/COMMIT
+    (after the first use on a connection, which also sends the Parse of the prepared statement)."""
     store = RecoveryStore(pg_url)
     try:
         store.migrate()
-        own = store.create_pipeline("job", ["a"], owner="run-1", origin_run_id="run-1")
-        statements: list[str] = []
-        event.listen(store.engine, "before_cursor_execute", lambda conn, cursor, stmt, *a: statements.append(stmt))
-        store.begin_node("run-1", "a", stall_timeout=30)
-        store.complete_node(own, "a", {"v": 1}, heartbeat_timeout=30)
-        assert len(statements) == 2
-        assert "FROM rx_begin_node(" in statements[0] and "FROM rx_complete_node(" in statements[1]
+        own = store.create_pipeline("job", ["a", "b"], owner="run-1", origin_run_id="run-1")
+        for name in ("a", "b"):
+            calls = [lambda: store.begin_node("run-1", name, stall_timeout=30),
+                     lambda: store.start_items(own, name, 1),
+                     lambda: store.completed_items(own.pipeline_id, name),
+                     lambda: store.breaker_before_call("http://127.0.0.1:1/v1", "run-1", probe_timeout=30)]
+            for call in calls:
+                with round_trips(store) as messages:
+                    call()
+                if name == "b":  # "a" prepared them
+                    assert sent_round_trips(messages) == ["Sync"], messages
+                    assert messages[-1] == "B ReadyForQuery I", messages  # autocommit: nothing left open
+            store.checkpoint_item(own, name, "k1", 1)
+            with round_trips(store) as messages:
+                assert store.complete_node(own, name, {"v": name}, heartbeat_timeout=30) is (name == "b")
+            if name == "b":
+                assert sent_round_trips(messages) == ["Sync"], messages
+                assert messages[-1] == "B ReadyForQuery I", messages
+        assert [(n.status, n.output) for n in (store.get_node(own.pipeline_id, x) for x in "ab")] == [
+            ("completed", {"v": "a"}), ("completed", {"v": "b"})]
     finally:
         store.close()
 
