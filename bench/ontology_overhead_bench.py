@@ -29,7 +29,7 @@ from typing import Any
 
 from dagster import GraphDefinition, In, OpDefinition, in_process_executor, op
 
-from bench.overhead_bench import Counter
+from bench.overhead_bench import wire_counts
 from bench.recovery_bench import drop_db, scratch_db
 from recovery_ext.demo_llm import serve
 from recovery_ext.fenced import FencedTransaction
@@ -157,20 +157,18 @@ def main() -> int:
             # warm-up: connections, caches, the first ontology rows
             assert execute_in_process(recoverable_job, resources=rec_resources).success
             assert plain_job.execute_in_process(resources=plain_resources).success
-            counter = Counter(store.engine)
-            plain, recoverable, per_op = [], [], []
+            plain, recoverable = [], []
             ops = len(ontology_graph.nodes)
+
             def run_plain() -> None:
                 start = time.perf_counter()
                 assert plain_job.execute_in_process(resources=plain_resources).success
                 plain.append(time.perf_counter() - start)
 
             def run_recoverable() -> None:
-                before = (counter.transactions, counter.statements)
                 start = time.perf_counter()
                 assert execute_in_process(recoverable_job, resources=rec_resources).success
                 recoverable.append(time.perf_counter() - start)
-                per_op.append(((counter.transactions - before[0]) / ops, (counter.statements - before[1]) / ops))
 
             with cpu_load(args.load):
                 for round_no in range(args.runs):  # the order alternates, so drifts hit both alike
@@ -186,8 +184,15 @@ def main() -> int:
             print(f"  ratio                    {recoverable_median / plain_median:8.3f}x   (goal <= 1.05x)")
             print(f"  added per op             {statistics.median(added):8.1f} ms wall (median of the pairs)")
             print(f"  run-to-run range         {spread} ms (plain / recoverable)")
-            print(f"  recoverable job, per op  {statistics.median(t for t, _ in per_op):8.1f} transactions, "
-                  f"{statistics.median(s for _, s in per_op):.1f} statements (ontology rows included)")
+            wire = {}
+            for name, job_def, resources in (("plain", plain_job, plain_resources),
+                                             ("recoverable", recoverable_job, rec_resources)):
+                with wire_counts(store.engine) as wire[name]:  # one more run each, untimed: tracing costs time
+                    run = execute_in_process if name == "recoverable" else type(job_def).execute_in_process
+                    assert run(job_def, resources=resources).success
+            print("  database per op          " + ", ".join(
+                f"{name} {counts['round_trips'] / ops:.1f} round trips / {counts['transactions'] / ops:.1f} transactions"
+                for name, counts in wire.items()) + " (ontology rows included; libpq trace of one more run each)")
             store.close()
     finally:
         if server is not None:

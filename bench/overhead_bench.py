@@ -14,9 +14,13 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from dagster import in_process_executor, job, op
+from psycopg import pq
 from sqlalchemy import event
 
 from bench.recovery_bench import drop_db, scratch_db
@@ -69,22 +73,41 @@ def build_jobs(count: int):
     return plain_job, recoverable_job
 
 
-class Counter:
-    """Transactions and statements on one engine (a COMMIT or an autocommit statement is a transaction)."""
+@contextmanager
+def wire_counts(engine) -> Iterator[dict[str, int]]:
+    """Round trips and transactions on the wire while the block runs, from a libpq trace of every connection
+    the engine's pool hands out: SQLAlchemy's statements and the store's prepared driver statements alike.
 
-    def __init__(self, engine) -> None:
-        self.statements = self.transactions = 0
-        event.listen(engine, "before_cursor_execute", self._statement)
-        event.listen(engine, "commit", self._commit)
+    A round trip is a Sync (extended protocol) or a simple Query; a transaction ended is a ReadyForQuery
+    back to idle (an autocommit statement, or a COMMIT/ROLLBACK). Tracing costs time: count on a run
+    that is not timed.
+    """
+    trace = tempfile.TemporaryFile("w+")
 
-    def _statement(self, conn, cursor, statement, parameters, context, executemany) -> None:
-        self.statements += 1
-        if conn.get_execution_options().get("isolation_level") == "AUTOCOMMIT":
-            self.transactions += 1
+    def on_checkout(dbapi_conn, *_):
+        dbapi_conn.pgconn.trace(trace.fileno())
+        dbapi_conn.pgconn.set_trace_flags(pq.Trace.SUPPRESS_TIMESTAMPS | pq.Trace.REGRESS_MODE)
 
-    def _commit(self, conn) -> None:
-        if conn.get_execution_options().get("isolation_level") != "AUTOCOMMIT":
-            self.transactions += 1
+    def on_checkin(dbapi_conn, *_):
+        if not dbapi_conn.closed:
+            dbapi_conn.pgconn.untrace()
+
+    counts = {"round_trips": 0, "transactions": 0}
+    event.listen(engine.pool, "checkout", on_checkout)
+    event.listen(engine.pool, "checkin", on_checkin)
+    try:
+        yield counts
+    finally:
+        event.remove(engine.pool, "checkout", on_checkout)
+        event.remove(engine.pool, "checkin", on_checkin)
+        trace.seek(0)
+        for line in trace:  # "F\t4\tSync" / "B\t5\tReadyForQuery\t I"; other lines continue a query's text
+            parts = line.rstrip("\n").split("\t")
+            if parts[0] == "F" and len(parts) > 2 and parts[2].strip() in ("Sync", "Query"):
+                counts["round_trips"] += 1
+            elif parts[0] == "B" and len(parts) > 3 and parts[2] == "ReadyForQuery" and parts[3].strip() == "I":
+                counts["transactions"] += 1
+        trace.close()
 
 
 def main() -> int:
@@ -102,29 +125,27 @@ def main() -> int:
         store.migrate()
         execute_in_process(recoverable_job, resources={"recovery": resource})  # warm-up: connections, caches
         plain_job.execute_in_process()
-        counter = Counter(store.engine)
-        plain, recoverable, per_op = [], [], []
+        plain, recoverable = [], []
         for _ in range(args.runs):
             start = time.perf_counter()
             assert plain_job.execute_in_process().success
             plain.append(time.perf_counter() - start)
-            before = (counter.transactions, counter.statements)
             start = time.perf_counter()
             assert execute_in_process(recoverable_job, resources={"recovery": resource}).success
             recoverable.append(time.perf_counter() - start)
-            per_op.append(((counter.transactions - before[0]) / args.ops, (counter.statements - before[1]) / args.ops))
+        with wire_counts(store.engine) as wire:  # one more run, untimed: tracing costs time
+            assert execute_in_process(recoverable_job, resources={"recovery": resource}).success
         plain_median, recoverable_median = statistics.median(plain), statistics.median(recoverable)
         added = [(r - p) / args.ops * 1000 for r, p in zip(recoverable, plain)]
-        transactions = statistics.median(t for t, _ in per_op)
-        statements = statistics.median(s for _, s in per_op)
         print(f"overhead: {args.ops} chained ops, body {args.body_ms:.0f} ms, {args.runs} runs each, in-process, "
               "PostgreSQL")
         print(f"  plain job         {plain_median * 1000:8.1f} ms per run (median)")
         print(f"  recoverable job   {recoverable_median * 1000:8.1f} ms per run (median)")
         print(f"  ratio             {recoverable_median / plain_median:8.2f}x")
         print(f"  added per op      {statistics.median(added):8.1f} ms wall (median; goal <= 20 ms)")
-        print(f"  database per op   {transactions:8.1f} transactions, {statements:.1f} statements "
-              "(run start and end included, spread over the ops)")
+        print(f"  database per op   {wire['round_trips'] / args.ops:8.1f} round trips, "
+              f"{wire['transactions'] / args.ops:.1f} transactions (run start and end included, spread over the ops; "
+              "libpq trace of one more run)")
     finally:
         shared_store(resource.url(), retry_budget=resource.store_retry_budget()).close()
         drop_db(url)
