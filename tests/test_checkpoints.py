@@ -257,6 +257,35 @@ def test_a_connection_killed_between_checkpoints_is_replaced_by_a_retry(pg_url, 
         store.close()
 
 
+def test_a_connection_killed_between_the_also_writes_and_the_checkpoint_redoes_the_whole_transaction(pg_url):
+    """The server ends the transaction's session after the ``also=`` writes, before the checkpoint statement
+    (which runs on the same session's driver connection): nothing of the first attempt commits, the store
+    retries the whole transaction, and the item and its write land exactly once."""
+    store = RecoveryStore(pg_url)
+    try:
+        store.migrate()
+        meta.create_all(store.engine)
+        own = _running_node(store)
+        attempts: list[int] = []
+
+        def write_then_lose_the_session(tx):
+            attempts.append(len(attempts) + 1)
+            tx.execute(insert(side_effects).values(item="k1"))
+            if len(attempts) == 1:
+                pid = tx.scalar(select(func.pg_backend_pid()))
+                with psycopg.connect(pg_url.replace("postgresql+psycopg://", "postgresql://"), autocommit=True) as other:
+                    other.execute("SELECT pg_terminate_backend(%s)", (pid,))
+
+        store.checkpoint_item(own, "a", "k1", {"v": 1}, also=write_then_lose_the_session)
+        assert attempts == [1, 2]
+        assert store.completed_items(own.pipeline_id, "a") == {"k1": {"v": 1}}
+        assert _side_effect_rows(store) == ["k1"]
+        store.checkpoint_item(own, "a", "k2", 2, also=lambda tx: tx.execute(insert(side_effects).values(item="k2")))
+        assert _side_effect_rows(store) == ["k1", "k2"]  # the pool replaced the dead connection
+    finally:
+        store.close()
+
+
 class _DropsAfterCommit:
     """A driver connection whose next statement commits, then loses its connection before the reply is read."""
 
