@@ -8,16 +8,21 @@ call is recorded in ``e2e_calls`` (run id, node, item, pid).
 
 from __future__ import annotations
 
+import json
 import os
+import tempfile
 import time
 
 from dagster import (
     AssetKey,
+    ConfigurableIOManager,
+    ConfigurableResource,
     DailyPartitionsDefinition,
     Definitions,
     DynamicOut,
     DynamicOutput,
     Field,
+    Out,
     asset,
     define_asset_job,
     in_process_executor,
@@ -77,6 +82,63 @@ mixed_inproc = job(name="mixed_inproc", executor_def=with_recovery(in_process_ex
 chain9_mp = job(name="chain9_mp", executor_def=with_recovery(multiprocess_executor))(_chain9)
 chain9_inproc = job(name="chain9_inproc", executor_def=with_recovery(in_process_executor))(_chain9)
 
+# ``stored``: a recoverable op whose output goes through an IO manager that needs a resource of its own,
+# and whose body needs a resource nothing else in the job uses. A resume replays ``stored_first`` (its
+# output is read by ``stored_second``) through that IO manager, and initializes only what storing it needs.
+INITIALIZED: list[tuple[str, str]] = []  # (resource, run id), in this process (the in-process executor)
+
+
+class BodyOnly(ConfigurableResource):
+    """Used by the op body alone: a replay, which runs no body, does not need it."""
+
+    def setup_for_execution(self, context) -> None:
+        INITIALIZED.append(("body_only", context.run_id))
+
+
+class Folder(ConfigurableResource):
+    path: str
+
+    def setup_for_execution(self, context) -> None:
+        INITIALIZED.append(("folder", context.run_id))
+
+
+class FolderIOManager(ConfigurableIOManager):
+    """Stores each output as JSON in a folder given by a resource of its own."""
+
+    folder: Folder
+
+    def _file(self, context) -> str:
+        return os.path.join(self.folder.path, f"{context.step_key}.{context.name}.json")
+
+    def handle_output(self, context, obj) -> None:
+        with open(self._file(context), "w", encoding="utf-8") as handle:
+            json.dump(obj, handle)
+
+    def load_input(self, context):
+        with open(self._file(context.upstream_output), encoding="utf-8") as handle:
+            return json.load(handle)
+
+
+@recoverable_op(name="stored_first", ins={}, out=Out(io_manager_key="folder_io"))
+def stored_first(ctx, body_only: BodyOnly):
+    record_call(ctx._store, ctx.context.run_id, "stored_first", "only")
+    return {"chain": ["stored_first"], "folder_io": True}
+
+
+@recoverable_op(name="stored_second")
+def stored_second(ctx, upstream):
+    record_call(ctx._store, ctx.context.run_id, "stored_second", "only")
+    return {**upstream, "chain": [*upstream["chain"], "stored_second"]}
+
+
+def _stored():
+    stored_second(stored_first())
+
+
+stored_inproc = job(name="stored_inproc", executor_def=with_recovery(in_process_executor))(_stored)
+STORED_FOLDER = os.environ.get("RECOVERY_TEST_IO_FOLDER") or tempfile.mkdtemp(prefix="rx_io_")
+
+
 daily = DailyPartitionsDefinition(start_date="2026-01-01")
 
 
@@ -100,8 +162,10 @@ def resource() -> RecoveryResource:
                             retry_max_delay=0.02)
 
 
-defs = Definitions(jobs=[mixed_mp, mixed_inproc, chain9_mp, chain9_inproc, summary_assets],
-                   assets=[raw_rows, row_summary], resources={"recovery": resource()})
+defs = Definitions(jobs=[mixed_mp, mixed_inproc, chain9_mp, chain9_inproc, summary_assets, stored_inproc],
+                   assets=[raw_rows, row_summary],
+                   resources={"recovery": resource(), "body_only": BodyOnly(),
+                              "folder_io": FolderIOManager(folder=Folder(path=STORED_FOLDER))})
 
 
 def bound(name: str):

@@ -234,3 +234,33 @@ def test_only_finished_nodes_a_remaining_step_reads_are_replayed_the_rest_are_le
     assert list(split.replay) == ["r8"]
     assert split.left_out == [f"r{i}" for i in range(1, 8)] and split.ready == []
     assert split.rest == ["r9"]
+
+
+def test_a_replay_stores_through_its_io_manager_and_initializes_only_what_storing_needs(
+        instance, monkeypatch, sqlite_url, tmp_path):
+    """The replayed output goes through its own IO manager, which needs a resource of its own (a nested
+    resource); the remaining step loads it from there. The resource only the replayed op's body uses is
+    not initialized for the replay (no body runs), and the run ends as an uninterrupted one."""
+    store = use_store(sqlite_url, monkeypatch)
+    with execute_job(recon("stored_inproc"), instance=instance) as first:
+        assert first.success
+        expected = first.output_for_node("stored_second")
+    assert ("body_only", first.run_id) in replay_defs.INITIALIZED  # in-process: this process
+    (p,) = store.list_pipelines()
+    with store.write() as conn:
+        conn.execute(delete(calls))
+    reclaimed = interrupt(store, p.id, running="stored_second")
+
+    second = execute_job(recon("stored_inproc"), instance=instance, tags=resume_tags(reclaimed))
+    # what the run initialized (entering the result initializes the job's resources again, to load outputs)
+    initialized = [name for name, run_id in replay_defs.INITIALIZED if run_id == second.run_id]
+    with second:
+        assert second.success
+        assert second.output_for_node("stored_second") == expected == {
+            "chain": ["stored_first", "stored_second"], "folder_io": True}
+    assert call_counts(store) == {"stored_second": 1}  # stored_first replayed, its body not run
+    # the replay stored through the folder IO manager (its own context), stored_second loaded from it (the
+    # run's context for the remaining step); the body's resource was needed by neither
+    assert initialized == ["folder", "folder"]
+    handled = [e.step_key for e in step_events(instance, second.run_id, DagsterEventType.HANDLED_OUTPUT)]
+    assert "stored_first" in handled

@@ -43,6 +43,10 @@ from dagster._core.execution.plan.objects import StepFailureData, StepSuccessDat
 from dagster._core.execution.plan.plan import ExecutionPlan
 from dagster._core.execution.plan.step import ExecutionStep
 from dagster._core.execution.plan.outputs import StepOutputHandle
+from dagster._core.execution.resources_init import (
+    get_transitive_required_resource_keys,
+    resource_initialization_manager,
+)
 from dagster._utils.error import serializable_error_info_from_exc_info
 from dagster._utils.timing import time_execution_scope
 
@@ -195,8 +199,38 @@ def replay_events(plan_context: PlanOrchestrationContext, plan: ExecutionPlan, r
             job=context.job, retry_mode=context.retry_mode, execution_plan=subset, run_config=context.run_config,
             dagster_run=context.dagster_run, instance=context.instance, raise_on_error=False,
             output_capture=context.output_capture, step_dependency_config=plan_context.executor.step_dependency_config,
+            scoped_resources_builder_cm=_initializing_only(_output_resource_keys(plan_context, subset)),
         ),
     )
+
+
+def _output_resource_keys(plan_context: PlanOrchestrationContext, plan: ExecutionPlan) -> frozenset[str]:
+    """The resources a replay uses: the IO managers that store the replayed outputs, the resources their
+    types check with, and what those need. Not the ops' own resources: no op body runs here."""
+    job_def = plan_context.job.get_definition()
+    keys: set[str] = set()
+    for step in plan.get_steps_to_execute_in_topo_order():
+        definition = job_def.get_node(step.node_handle).definition
+        for output in step.step_outputs:
+            output_def = definition.output_def_named(output.name)
+            keys.add(output_def.io_manager_key)
+            keys.update(output_def.dagster_type.required_resource_keys)
+    return frozenset(get_transitive_required_resource_keys(keys, job_def.resource_defs))
+
+
+def _initializing_only(keys: frozenset[str]):
+    """Dagster's resource initialization for the replay context, limited to ``keys``.
+
+    Initializing every resource the replayed steps declare (a ConfigurableResource is validated and
+    built anew each time) was most of what a resume cost beyond a fresh run of its remaining ops.
+    The run's own execution context, for the steps that do run, still initializes all of theirs and
+    records those events; this one records none of its own.
+    """
+    def manager(**kwargs: Any):
+        return resource_initialization_manager(**{**kwargs, "resource_keys_to_init": keys,
+                                                  "emit_persistent_events": False})
+
+    return manager
 
 
 def _replay_step(step_context, node: Node, pipeline_id: int) -> Iterator[DagsterEvent]:
