@@ -10,6 +10,7 @@ import threading
 
 import openai
 import pytest
+from sqlalchemy import select
 from werkzeug import Response
 
 from helpers import expire
@@ -20,6 +21,7 @@ from recovery_ext.models import NodeSpec
 from recovery_ext.outage import OutageBudgetExceeded, OutageSettings, ProviderGuard, StorePause
 from recovery_ext.pipelines.llm import OpenAICompatibleEnricher
 from recovery_ext.retry import RetryPolicy
+from recovery_ext.schema import circuit_breakers
 
 NOW = 1_900_000_000.0  # the injected wall clock for HTTP dates
 
@@ -169,6 +171,13 @@ def test_the_outage_budget_gives_up_with_a_clear_reason(store, httpserver):
 
 # -- the circuit breaker in the store ------------------------------------------------------------------
 
+def _cooled_down(store, endpoint: str) -> bool:
+    """Whether the open breaker's cool-down is over, on the database clock (a read: it takes no probe)."""
+    with store.read() as conn:
+        return bool(conn.scalar(select(circuit_breakers.c.open_until <= store.dialect.now())
+                                .where(circuit_breakers.c.endpoint == endpoint)))
+
+
 def test_breaker_opens_once_under_concurrent_failures_and_one_probe_closes_it(store):
     endpoint = "http://llm.local/v1"
     opened = []
@@ -189,9 +198,7 @@ def test_breaker_opens_once_under_concurrent_failures_and_one_probe_closes_it(st
     assert row["state"] == "open" and row["consecutive_failures"] == 5
     decision = store.breaker_before_call(endpoint, "x", probe_timeout=5)
     assert not decision.allowed and 0 < decision.wait_seconds <= 0.3
-    import time
-
-    time.sleep(0.35)  # the cool-down is on the database clock
+    wait_for(lambda: _cooled_down(store, endpoint), timeout=30, interval=0.05, what="the breaker's cool-down")
     decisions = [store.breaker_before_call(endpoint, f"p{i}", probe_timeout=5) for i in range(4)]
     probes = [d for d in decisions if d.probe]
     assert len(probes) == 1 and not any(d.allowed for d in decisions if not d.probe)
