@@ -183,14 +183,15 @@ class PipelineOps(Database):
     # -- fencing -----------------------------------------------------------------------------
 
     def _fence(self, conn: Connection, own: Ownership, *, for_update: bool = False,
-               finished_ok: bool = False) -> str:
+               finished_ok: bool = False, completed_ok: bool = False) -> str:
         """Lock the pipeline row against reclaim and check that ``own`` still holds it.
 
         ``for_update=True`` when this transaction will UPDATE the pipeline row: it takes
         that UPDATE's lock (``FOR NO KEY UPDATE``) now instead of upgrading a share lock
         later, which is what deadlocked sibling nodes. ``finished_ok``: on a retried call,
         a pipeline this owner already finished (the first attempt's commit landed) is
-        returned as its status instead of raising.
+        returned as its status instead of raising. ``completed_ok``: a pipeline this owner
+        and epoch completed is returned as ``"completed"`` on any call.
         """
         query = select(pipelines.c.epoch, pipelines.c.owner, pipelines.c.status).where(
             pipelines.c.id == own.pipeline_id)
@@ -200,6 +201,8 @@ class PipelineOps(Database):
             raise NotFound(f"no pipeline {own.pipeline_id}")
         if (finished_ok and is_retry() and row.epoch == own.epoch and row.owner == own.owner
                 and row.status in ("completed", "failed")):
+            return row.status
+        if completed_ok and row.epoch == own.epoch and row.owner == own.owner and row.status == "completed":
             return row.status
         if row.epoch != own.epoch or row.status != "running":
             raise _lost(own, row.owner, row.epoch, row.status)

@@ -231,10 +231,13 @@ class RunOps(PipelineOps):
         """The run succeeded: nodes it did not execute become ``skipped`` and the pipeline completes.
 
         Returns the skipped node names. A node still ``running`` means a step of this run is
-        unaccounted for; that is refused (IllegalTransition) and left to recovery.
+        unaccounted for; that is refused (IllegalTransition) and left to recovery. When the run's
+        last node already completed the pipeline (the common case) nothing is written, and the
+        transaction commits: a rollback would also drop the connection's prepared statements.
         """
         with self.write() as conn:
-            self._fence(conn, own)
+            if self._fence(conn, own, completed_ok=True) == "completed":
+                return []
             running = conn.scalars(select(nodes.c.name).where(nodes.c.pipeline_id == own.pipeline_id,
                                                                 nodes.c.status == "running")).all()
             if running:

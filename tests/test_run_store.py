@@ -132,6 +132,22 @@ def test_a_successful_run_skips_the_nodes_it_did_not_execute_and_completes(store
     assert moves(store, own.pipeline_id)[-1] == ("running", "completed", "completed")
 
 
+def test_a_run_whose_last_node_completed_the_pipeline_ends_quietly_but_a_taken_over_one_is_refused(store):
+    """The common end of a successful run: its last node already completed the pipeline. The run's end
+    writes nothing more and raises nothing; a pipeline another epoch completed is still not this run's."""
+    own = make(store)
+    for name in ("a", "b", "c"):
+        store.start_node(own, name)
+        store.complete_node(own, name, name)
+    before = moves(store, own.pipeline_id)
+    assert store.complete_run(own) == []
+    assert moves(store, own.pipeline_id) == before  # no second completion recorded
+    assert store.get_pipeline(own.pipeline_id).status == "completed"
+    superseded = own.__class__(own.pipeline_id, own.epoch - 1, own.owner)
+    with pytest.raises(OwnershipLost):
+        store.complete_run(superseded)
+
+
 def test_a_run_ending_with_a_node_still_running_is_not_completed(store):
     own = make(store)
     store.start_node(own, "a")
