@@ -32,7 +32,8 @@ def round_trips(store):
         dbapi_conn.pgconn.set_trace_flags(pq.Trace.SUPPRESS_TIMESTAMPS | pq.Trace.REGRESS_MODE)
 
     def on_checkin(dbapi_conn, *_):
-        dbapi_conn.pgconn.untrace()
+        if dbapi_conn is not None and not dbapi_conn.closed:  # an invalidated connection has nothing to untrace
+            dbapi_conn.pgconn.untrace()
 
     messages: list[str] = []
     event.listen(store.engine.pool, "checkout", on_checkout)
