@@ -8,8 +8,10 @@ call is recorded in ``e2e_calls`` (run id, node, item, pid).
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
+import shutil
 import tempfile
 import time
 
@@ -136,7 +138,8 @@ def _stored():
 
 
 stored_inproc = job(name="stored_inproc", executor_def=with_recovery(in_process_executor))(_stored)
-STORED_FOLDER = os.environ.get("RECOVERY_TEST_IO_FOLDER") or tempfile.mkdtemp(prefix="rx_io_")
+STORED_FOLDER = tempfile.mkdtemp(prefix="rx_io_")  # this process's own (only an in-process job stores here)
+atexit.register(shutil.rmtree, STORED_FOLDER, True)
 
 
 daily = DailyPartitionsDefinition(start_date="2026-01-01")
