@@ -187,7 +187,7 @@ def main() -> int:
             wire = {}
             for name, job_def, resources in (("plain", plain_job, plain_resources),
                                              ("recoverable", recoverable_job, rec_resources)):
-                with wire_counts(store.engine) as wire[name]:  # one more run each, untimed: tracing costs time
+                with wire_counts(store) as wire[name]:  # one more run each, untimed: tracing costs time
                     run = execute_in_process if name == "recoverable" else type(job_def).execute_in_process
                     assert run(job_def, resources=resources).success
             print("  database per op          " + ", ".join(

@@ -14,19 +14,21 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import tempfile
+import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 from dagster import in_process_executor, job, op
-from psycopg import pq
-from sqlalchemy import event
 
 from bench.recovery_bench import drop_db, scratch_db
 from recovery_ext.integration import RecoveryResource, execute_in_process, recoverable_op
 from recovery_ext.integration.executor import with_recovery
 from recovery_ext.integration.resources import shared_store
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+from helpers import round_trips, sent_round_trips  # noqa: E402 - the tests' libpq trace
 
 BODY_SECONDS = [0.02]
 
@@ -74,40 +76,17 @@ def build_jobs(count: int):
 
 
 @contextmanager
-def wire_counts(engine) -> Iterator[dict[str, int]]:
-    """Round trips and transactions on the wire while the block runs, from a libpq trace of every connection
-    the engine's pool hands out: SQLAlchemy's statements and the store's prepared driver statements alike.
-
-    A round trip is a Sync (extended protocol) or a simple Query; a transaction ended is a ReadyForQuery
-    back to idle (an autocommit statement, or a COMMIT/ROLLBACK). Tracing costs time: count on a run
-    that is not timed.
-    """
-    trace = tempfile.TemporaryFile("w+")
-
-    def on_checkout(dbapi_conn, *_):
-        dbapi_conn.pgconn.trace(trace.fileno())
-        dbapi_conn.pgconn.set_trace_flags(pq.Trace.SUPPRESS_TIMESTAMPS | pq.Trace.REGRESS_MODE)
-
-    def on_checkin(dbapi_conn, *_):
-        if not dbapi_conn.closed:
-            dbapi_conn.pgconn.untrace()
-
-    counts = {"round_trips": 0, "transactions": 0}
-    event.listen(engine.pool, "checkout", on_checkout)
-    event.listen(engine.pool, "checkin", on_checkin)
-    try:
+def wire_counts(store) -> Iterator[dict[str, int]]:
+    """Round trips and transactions on the wire while the block runs, from the libpq trace of every connection
+    the store's pool hands out (``tests/helpers.round_trips``): SQLAlchemy's statements and the store's prepared
+    driver statements alike. A round trip is a Sync or a simple Query; a transaction ended is a ReadyForQuery
+    back to idle (an autocommit statement, or a COMMIT/ROLLBACK). Tracing costs time: count on a run that is
+    not timed. The counts are filled in when the block exits."""
+    counts: dict[str, int] = {}
+    with round_trips(store) as messages:
         yield counts
-    finally:
-        event.remove(engine.pool, "checkout", on_checkout)
-        event.remove(engine.pool, "checkin", on_checkin)
-        trace.seek(0)
-        for line in trace:  # "F\t4\tSync" / "B\t5\tReadyForQuery\t I"; other lines continue a query's text
-            parts = line.rstrip("\n").split("\t")
-            if parts[0] == "F" and len(parts) > 2 and parts[2].strip() in ("Sync", "Query"):
-                counts["round_trips"] += 1
-            elif parts[0] == "B" and len(parts) > 3 and parts[2] == "ReadyForQuery" and parts[3].strip() == "I":
-                counts["transactions"] += 1
-        trace.close()
+    counts["round_trips"] = len(sent_round_trips(messages))
+    counts["transactions"] = messages.count("B ReadyForQuery I")
 
 
 def main() -> int:
@@ -133,7 +112,7 @@ def main() -> int:
             start = time.perf_counter()
             assert execute_in_process(recoverable_job, resources={"recovery": resource}).success
             recoverable.append(time.perf_counter() - start)
-        with wire_counts(store.engine) as wire:  # one more run, untimed: tracing costs time
+        with wire_counts(store) as wire:  # one more run, untimed: tracing costs time
             assert execute_in_process(recoverable_job, resources={"recovery": resource}).success
         plain_median, recoverable_median = statistics.median(plain), statistics.median(recoverable)
         added = [(r - p) / args.ops * 1000 for r, p in zip(recoverable, plain)]
