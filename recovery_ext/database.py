@@ -263,7 +263,7 @@ class Database:
     def wrap_driver_error(self, exc: BaseException, *, invalidated: bool = False) -> StoreError:
         """The store's error for a driver error: StoreUnavailable (retried) when a retry can fix it."""
         message = redact(str(exc) or type(exc).__name__).strip().splitlines()[0]
-        if invalidated or self.dialect.is_transient(exc) or _is_connect_failure(exc):
+        if invalidated or self.dialect.is_transient(exc):
             return StoreUnavailable(f"database unavailable: {message}")
         return StoreError(f"database error: {message}")
 
@@ -325,8 +325,3 @@ class Database:
 def _without_at(row: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in row.items() if k != "at"}
 
-
-def _is_connect_failure(exc: BaseException) -> bool:
-    # psycopg raises OperationalError without SQLSTATE when the server cannot be reached.
-    return (type(exc).__name__ == "OperationalError" and getattr(exc, "sqlstate", None) is None
-            and "sqlite" not in type(exc).__module__)

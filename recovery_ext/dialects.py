@@ -18,6 +18,7 @@ from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.engine.url import URL
 from sqlalchemy.sql.elements import ColumnElement
 
+from .classify import is_retryable
 from .errors import ConfigurationError
 from .redaction import redact
 
@@ -185,7 +186,13 @@ class PostgresDialect(Dialect):
     def is_transient(self, exc: BaseException) -> bool:
         code = sqlstate(exc)
         if code is None:
-            return False
+            # libpq's connect failures carry no SQLSTATE: refused, unreachable, ConnectionTimeout
+            # (nothing answered in time), but also a missing database or a wrong password. The
+            # shared classifier tells them apart (the last two are not worth a retry).
+            import psycopg
+
+            orig = getattr(exc, "orig", None) or exc
+            return isinstance(orig, psycopg.OperationalError) and is_retryable(orig)
         return code in _PG_TRANSIENT_CODES or code[:2] in _PG_TRANSIENT_CLASSES
 
     def migration_lock(self, conn) -> None:

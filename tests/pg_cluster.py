@@ -81,6 +81,11 @@ class PrivateCluster:
                     raise
                 time.sleep(0.2)
 
+    def postmaster_pid(self) -> int:
+        """The postmaster's pid: SIGSTOP it and new connections hang in the listen backlog (the
+        kernel completes their handshake, nothing answers), while sessions already open go on."""
+        return int((self.data / "postmaster.pid").read_text().split()[0])
+
     def create_database(self, name: str) -> str:
         with psycopg.connect(self.url, autocommit=True) as conn:
             conn.execute(f'CREATE DATABASE "{name}"')

@@ -8,6 +8,9 @@ done twice shows up.
 from __future__ import annotations
 
 import collections
+import logging
+import os
+import signal
 import threading
 import time
 import uuid
@@ -16,6 +19,7 @@ import pytest
 from dagster import Field, in_process_executor, job
 
 from pg_cluster import PrivateCluster
+from recovery_ext.errors import StoreError, StoreUnavailable
 from recovery_ext.integration import RecoveryResource, execute_in_process, recoverable_op
 from recovery_ext.store import RecoveryStore
 
@@ -169,4 +173,48 @@ def test_past_the_budget_an_optional_node_degrades_and_a_required_node_fails_unt
     assert p.status == "running"  # nothing was marked permanent
     (reclaimed,), _ = store.reclaim(limit=1, dead_owner_runs=[result.run_id])
     assert reclaimed.pipeline_id == p.id and reclaimed.reset_nodes == ("optional_writer",)
+    store.close()
+
+
+def test_a_server_that_stops_answering_new_connections_is_an_outage_retried_until_it_answers_again(cluster, caplog):
+    """Unreachable is not refused: nothing answers, so psycopg's connect_timeout fires
+    (ConnectionTimeout, an OperationalError with no SQLSTATE). Within its budget the store retries it;
+    past the budget it is StoreUnavailable (an optional node degrades, a required one waits for the
+    database), like a refusal, not a plain StoreError."""
+    url = cluster.create_database(f"rx_{uuid.uuid4().hex[:8]}")
+    with RecoveryStore(url) as setup:
+        setup.migrate()
+    caplog.set_level(logging.WARNING, logger="recovery_ext.store")
+    postmaster = cluster.postmaster_pid()
+    box = {}
+    os.kill(postmaster, signal.SIGSTOP)
+    try:
+        with RecoveryStore(url, retry_budget=2, connect_timeout=1) as short:
+            with pytest.raises(StoreUnavailable, match="database unavailable: connection timeout expired"):
+                short.list_pipelines()
+        store = RecoveryStore(url, retry_budget=60, connect_timeout=1)  # a new pool: its first call must connect
+        retried_before = sum("retrying" in r.getMessage() for r in caplog.records)
+        thread = threading.Thread(target=lambda: box.update(pipelines=store.list_pipelines()), daemon=True)
+        thread.start()
+        deadline = time.monotonic() + 60
+        while sum("retrying" in r.getMessage() for r in caplog.records) == retried_before:
+            assert thread.is_alive(), f"the call ended while the server could not answer: {box}"
+            assert time.monotonic() < deadline, "no connect timeout was retried"
+            time.sleep(0.1)
+    finally:
+        os.kill(postmaster, signal.SIGCONT)
+    thread.join(60)
+    assert not thread.is_alive() and box == {"pipelines": []}
+    store.close()
+
+
+def test_a_database_that_does_not_exist_fails_at_once_with_a_clear_error(cluster, caplog):
+    """A connect failure with no SQLSTATE that no retry can fix is not retried for the whole budget."""
+    caplog.set_level(logging.WARNING, logger="recovery_ext.store")
+    store = RecoveryStore(f"postgresql://postgres@127.0.0.1:{cluster.port}/rx_no_such_database", retry_budget=60)
+    with pytest.raises(StoreError) as raised:
+        store.list_pipelines()
+    assert not isinstance(raised.value, StoreUnavailable)
+    assert 'database "rx_no_such_database" does not exist' in str(raised.value)
+    assert not [r for r in caplog.records if "retrying" in r.getMessage()]
     store.close()
