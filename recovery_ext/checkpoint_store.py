@@ -10,7 +10,9 @@ stall-deadline push as data-modifying CTEs of ONE statement, a batch's items bou
 arrays. Without ``also=`` writes that statement is the whole call, in autocommit mode,
 run on the pooled psycopg connection (prepared once per connection): at these rates
 SQLAlchemy's per-execute work and psycopg's parsing of a many-row VALUES list are most
-of the cost. With ``also=`` writes it runs last in the fenced transaction that ran them.
+of the cost. With ``also=`` writes it runs last in the fenced transaction that ran them, and
+its COMMIT goes in the same round trip: a superseded owner's statement fails, so that COMMIT
+never commits its writes.
 SQLite writes a batch with one multi-row INSERT in a ``BEGIN IMMEDIATE`` transaction.
 """
 
@@ -18,7 +20,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 from sqlalchemy import Connection, select, update
 
@@ -33,6 +35,7 @@ from .pipeline_store import PipelineOps
 from .schema import node_items, nodes
 
 UNIQUE_VIOLATION = "23505"
+SUPERSEDED = "RX409"  # raised by rx_superseded() (migration 0009) when a checkpoint's fence finds no row
 
 
 class _Refused(Exception):
@@ -40,7 +43,8 @@ class _Refused(Exception):
 
 
 class _Superseded(Exception):
-    """The batch statement's fence found another owner or epoch (its transaction rolls back)."""
+    """The batch statement's fence found another owner or epoch: the statement failed (SQLSTATE RX409)
+    and its transaction rolls back."""
 
 
 class CheckpointOps(PipelineOps):
@@ -135,38 +139,52 @@ class CheckpointOps(PipelineOps):
         """PostgreSQL: the whole call is one autocommit statement; a refused batch aborts it (nothing written)."""
         try:
             with self.driver_autocommit() as raw:
-                fenced, written = self._checkpoint_statement(raw, params)
+                written = self._checkpoint_statement(raw, params)
         except _Refused:
             written = 0
-        else:
-            if not fenced:
-                self.check_ownership(own)  # raises OwnershipLost (or NotFound) with who owns it now
-                raise OwnershipLost(owner="(changed during the checkpoint)", pipeline_id=own.pipeline_id)
+        except _Superseded:
+            self._superseded(own)
         if written < len(keys):
             self._refuse(own, node_name, keys)
 
-    def _checkpoint_statement(self, raw: Any, params: dict[str, Any]) -> tuple[int, int]:
+    def _checkpoint_statement(self, raw: Any, params: dict[str, Any], *, commit: bool = False) -> int:
         """The batch statement on the driver connection, prepared (parsed and planned once per connection,
-        then only bound and executed): ``(fenced, written)``; :class:`_Refused` when it named a completed item."""
+        then only bound and executed); returns how many items it wrote. :class:`_Refused` when it named a
+        completed item, :class:`_Superseded` when its fence found another owner or epoch: either way the
+        statement failed, so it wrote nothing.
+
+        With ``commit``, the transaction's COMMIT travels in the same round trip (psycopg's pipeline
+        mode: one Sync for both). That is safe because a superseded or refused statement fails: the
+        server then skips the COMMIT, the transaction stays aborted and the caller's rollback takes
+        the ``also=`` writes with it. (The caller's own commit afterwards finds nothing to do.)
+        """
+        query = load_query(self.dialect.migrations_folder, "checkpoint_items")
         try:
-            return raw.execute(load_query(self.dialect.migrations_folder, "checkpoint_items"), params,
-                               prepare=True).fetchone()
-        except self.engine.dialect.loaded_dbapi.IntegrityError as exc:
-            if sqlstate(exc) != UNIQUE_VIOLATION:
-                raise
-            raise _Refused() from exc
+            if not commit:
+                return raw.execute(query, params, prepare=True).fetchone()[0]
+            with raw.pipeline():  # its exit sends the one Sync and reads both results
+                cursor = raw.execute(query, params, prepare=True)
+                raw.execute("COMMIT")  # not raw.commit(): that syncs at once, and the exit would sync again
+            return cursor.fetchone()[0]
+        except self.engine.dialect.loaded_dbapi.Error as exc:
+            code = sqlstate(exc)
+            if code == UNIQUE_VIOLATION:
+                raise _Refused() from exc
+            if code == SUPERSEDED:
+                raise _Superseded() from exc
+            raise
 
     def _checkpoint_after_also(self, own: Ownership, node_name: str, entries: list[ItemCheckpoint],
                                params: dict[str, Any]) -> None:
-        """PostgreSQL with ``also=`` writes: one transaction runs them, then the batch statement, whose
-        fence decides whether anything commits.
+        """PostgreSQL with ``also=`` writes: one transaction runs them, then the batch statement and the
+        COMMIT in one round trip; the statement's fence decides whether anything commits.
 
         The fence comes last here, not first: its FOR KEY SHARE lock on the pipeline row is held
         from the batch statement to the commit, so a reclaim cannot slip in between, and a
-        superseded owner's transaction (its ``also=`` writes included) is rolled back before it
-        commits anything. That saves the separate fence round trip per item. Lock order stays
-        safe: a reclaim never waits for a worker's locks (it skips locked rows), and the only lock
-        taken on the pipeline row is this one, never upgraded.
+        superseded owner's statement fails (SQLSTATE RX409), so its transaction (its ``also=``
+        writes included) is rolled back, never committed. That saves the separate fence round trip
+        per item. Lock order stays safe: a reclaim never waits for a worker's locks (it skips locked
+        rows), and the only lock taken on the pipeline row is this one, never upgraded.
         """
         try:
             with self.write() as conn:
@@ -174,17 +192,18 @@ class CheckpointOps(PipelineOps):
                     return  # the batch is atomic: the first attempt committed before its connection dropped
                 self._run_also(conn, own, entries)
                 with self.driver_of(conn) as raw:  # in this transaction
-                    fenced, written = self._checkpoint_statement(raw, params)
-                if not fenced:
-                    raise _Superseded()  # rolls back the also= writes with the (empty) checkpoint
+                    written = self._checkpoint_statement(raw, params, commit=True)
         except _Refused:
             self._refuse(own, node_name, [e.key for e in entries])  # the rollback took the also= writes too
             return
         except _Superseded:
-            self.check_ownership(own)  # raises OwnershipLost (or NotFound) with who owns it now
-            raise OwnershipLost(owner="(changed during the checkpoint)", pipeline_id=own.pipeline_id) from None
+            self._superseded(own)
         if written < len(entries):  # pragma: no cover - the statement either writes all or aborts
             raise StoreError(f"checkpoint batch of node {node_name!r}: {written} of {len(entries)} written")
+
+    def _superseded(self, own: Ownership) -> NoReturn:
+        self.check_ownership(own)  # raises OwnershipLost (or NotFound) with who owns it now
+        raise OwnershipLost(owner="(changed during the checkpoint)", pipeline_id=own.pipeline_id) from None
 
     def _checkpoint_rows(self, own: Ownership, node_name: str, entries: list[ItemCheckpoint],
                          stall_timeout: float | None) -> None:

@@ -22,7 +22,7 @@ import pytest
 from dagster import Field, in_process_executor, job
 from sqlalchemy import Column, Integer, MetaData, Table, Text, func, insert, select
 
-from helpers import round_trips
+from helpers import round_trips, sent_round_trips
 from recovery_ext.errors import IllegalTransition, OwnershipLost, StoreUnavailable
 from recovery_ext.integration import RecoveryResource, execute_in_process, recoverable_op
 from recovery_ext.integration.executor import with_recovery
@@ -222,6 +222,35 @@ def test_a_checkpoint_without_also_is_one_round_trip_on_postgresql(pg_url):
             assert [m.split()[1] for m in sent if m.split()[1] in ("Sync", "Query")] == ["Sync"], messages
             assert messages[-1] == "B ReadyForQuery I", messages
         assert len(store.completed_items(own.pipeline_id, "a")) == 104
+        assert store.get_node(own.pipeline_id, "a").stall_deadline is not None
+    finally:
+        store.close()
+
+
+def test_a_checkpoint_with_also_writes_sends_its_commit_in_the_same_round_trip_on_postgresql(pg_url):
+    """BEGIN, the caller's write, then the checkpoint statement and COMMIT under one Sync: the
+    statement's fence fails a superseded owner's statement, so the server skips that COMMIT
+    (test_a_reclaim_between_the_also_writes_and_the_checkpoint_rolls_the_writes_back)."""
+    store = RecoveryStore(pg_url)
+    try:
+        store.migrate()
+        meta.create_all(store.engine)
+        own = _running_node(store)
+
+        def note(key):
+            return lambda tx: tx.execute(insert(side_effects).values(item=key))
+
+        store.checkpoint_item(own, "a", "warm", 0, also=note("warm"))  # psycopg prepares on first use
+        with round_trips(store) as messages:
+            store.checkpoint_item(own, "a", "k1", {"v": 1}, also=note("k1"), stall_timeout=30)
+        sent = [m.split()[1] for m in messages if m.startswith("F")]
+        assert sent_round_trips(messages) == ["Query", "Sync", "Sync"], messages  # BEGIN, the write, both
+        last_sync = len(sent) - 1 - sent[::-1].index("Sync")
+        previous_sync = last_sync - 1 - sent[last_sync - 1::-1].index("Sync")
+        assert sent[previous_sync + 1:last_sync].count("Execute") == 2, messages  # the checkpoint and COMMIT
+        assert messages[-1] == "B ReadyForQuery I", messages  # committed: nothing left for the pool's reset
+        assert store.completed_items(own.pipeline_id, "a") == {"warm": 0, "k1": {"v": 1}}
+        assert _side_effect_rows(store) == ["warm", "k1"]
         assert store.get_node(own.pipeline_id, "a").stall_deadline is not None
     finally:
         store.close()

@@ -8,6 +8,8 @@
 --   refuses them (unique_violation), which aborts the whole statement, so a batch naming a completed
 --   item writes nothing at all, not even in autocommit mode.
 -- progress: the stall-deadline push when the caller gives a stall timeout.
+-- The final SELECT fails with SQLSTATE RX409 (rx_superseded, migration 0009) when the fence found no
+--   row, so a superseded owner's statement aborts, and so does a COMMIT sent in the same round trip.
 -- The arrays are bound in binary format (the b placeholders): no per-element text escaping in psycopg.
 WITH fence AS (
     SELECT id FROM rx_pipelines
@@ -34,4 +36,5 @@ WITH fence AS (
     WHERE %(stall)s::float8 IS NOT NULL
       AND pipeline_id = (SELECT id FROM fence) AND name = %(node)s AND status = 'running'
 )
-SELECT (SELECT count(*) FROM fence) AS fenced, (SELECT count(*) FROM written) AS written
+SELECT CASE WHEN EXISTS (SELECT FROM fence) THEN (SELECT count(*) FROM written)
+            ELSE rx_superseded(%(pipeline)s, %(epoch)s) END AS written

@@ -1,0 +1,3 @@
+-- PostgreSQL gains rx_superseded() here, so an item checkpoint can travel with its COMMIT. SQLite
+-- runs in the worker's process, where the fence, the writes and the commit cost no round trip:
+-- the store keeps checking the fence first in the same transaction. Nothing to change.
