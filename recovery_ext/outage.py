@@ -36,10 +36,12 @@ from tenacity.stop import stop_base
 from .classify import ClassifiedError, classify
 from .errors import ConfigurationError, StopRequested
 from .models import Ownership
+from .provider_store import BreakerDecision
 from .redaction import redact
 from .retry import RetryPolicy, event_sleep, retry_if_retryable, stop_on_event, wait_jittered_exponential
 
 T = TypeVar("T")
+TRUSTED_CLOSED = BreakerDecision(True, "closed")  # what a recent read of a closed breaker said
 
 
 @dataclass(frozen=True)
@@ -55,6 +57,10 @@ class OutageSettings:
     breaker_cooldown: float = 30.0     # first open period; doubles each time the probe fails
     breaker_max_cooldown: float = 120.0  # short: the next probe may be this far away when the provider is back
     probe_timeout: float = 120.0       # a probe that neither succeeds nor fails by then is replaced
+    # A closed breaker with no failures, once read, is trusted this long by the same guard (0: read
+    # before every call). Another process's opening is seen this much later at most; any failure
+    # here drops the trust at once. One read per call was a round trip per LLM request.
+    breaker_refresh: float = 1.0
 
     def __post_init__(self) -> None:
         if self.pause_after < 1 or self.breaker_threshold < 1:
@@ -63,6 +69,8 @@ class OutageSettings:
                      "probe_timeout"):
             if getattr(self, name) <= 0:
                 raise ConfigurationError(f"outage setting {name} must be positive, got {getattr(self, name)}")
+        if not 0.0 <= self.breaker_refresh <= 60.0:  # NaN fails this too
+            raise ConfigurationError(f"breaker_refresh must be between 0 and 60 seconds, got {self.breaker_refresh}")
         if self.pause_initial > self.pause_max or self.breaker_cooldown > self.breaker_max_cooldown:
             raise ConfigurationError("an outage pause or breaker cool-down starts above its maximum")
         if not 0.0 <= self.jitter <= 1.0:
@@ -154,6 +162,7 @@ class ProviderGuard:
         self.pause_wait = wait_jittered_exponential(s.pause_initial, max_delay=s.pause_max, jitter=s.jitter, rng=rng)
         self.cooldown = wait_jittered_exponential(s.breaker_cooldown, max_delay=s.breaker_max_cooldown,
                                                   jitter=s.jitter, rng=rng)
+        self._closed_until: float | None = None  # the clock() up to which a closed breaker read is trusted
 
     # -- one attempt ---------------------------------------------------------------------------
 
@@ -161,13 +170,13 @@ class ProviderGuard:
         if self.pause is not None:
             self.pause.retrying()
         store = self.store
-        decision = store.breaker_before_call(self.endpoint, self.who, probe_timeout=self.settings.probe_timeout) \
-            if store is not None else None
+        decision = self._breaker_decision() if store is not None else None
         if decision is not None and not decision.allowed:
             raise CircuitOpen(self.endpoint, decision.wait_seconds, decision.state)
         try:
             result = fn(*args, **kwargs)
         except Exception as exc:
+            self._closed_until = None  # the next call reads the breaker again
             found = classify(exc)
             if store is not None and found.retryable:
                 if store.breaker_record_failure(self.endpoint, self.who, threshold=self.settings.breaker_threshold,
@@ -179,6 +188,17 @@ class ProviderGuard:
         if store is not None and store.breaker_record_success(self.endpoint, self.who, decision):
             self.log(f"circuit breaker for {redact(self.endpoint)} closed: the probe succeeded")
         return result
+
+    def _breaker_decision(self) -> BreakerDecision:
+        """The shared breaker's say, read from the store unless a read showed it closed with no failures
+        less than ``breaker_refresh`` seconds ago (only then: an open, half-open or failing breaker is
+        read before every call, so probes and cool-downs are exactly as the store decides)."""
+        if self._closed_until is not None and self.clock() < self._closed_until:
+            return TRUSTED_CLOSED
+        decision = self.store.breaker_before_call(self.endpoint, self.who, probe_timeout=self.settings.probe_timeout)
+        trusted = decision.allowed and decision.state == "closed" and not decision.failures
+        self._closed_until = self.clock() + self.settings.breaker_refresh if trusted else None
+        return decision
 
     # -- tenacity strategies ---------------------------------------------------------------------
 

@@ -17,6 +17,7 @@ from helpers import expire
 
 from recovery_ext.classify import classify
 from recovery_ext.devserver import wait_for
+from recovery_ext.errors import ConfigurationError
 from recovery_ext.models import NodeSpec
 from recovery_ext.outage import OutageBudgetExceeded, OutageSettings, ProviderGuard, StorePause
 from recovery_ext.pipelines.llm import OpenAICompatibleEnricher
@@ -224,6 +225,67 @@ def test_a_failed_probe_reopens_with_a_longer_cooldown(store):
     decision = store.breaker_before_call(endpoint, "c", probe_timeout=5)
     assert not decision.allowed and decision.wait_seconds > 20
     assert store.breakers()[0]["open_count"] == 2
+
+
+def test_a_closed_breaker_is_read_once_per_refresh_and_again_after_any_failure(store, monkeypatch):
+    """One breaker read per LLM request was a round trip each; a node now trusts a read that found the
+    breaker closed with no failures for ``breaker_refresh`` seconds of its clock, and no longer."""
+    endpoint = "http://llm.local/v1"
+    reads = []
+    read_for_real = store.breaker_before_call
+
+    def counted(*args, **kwargs):
+        decision = read_for_real(*args, **kwargs)
+        reads.append(decision.state)
+        return decision
+
+    monkeypatch.setattr(store, "breaker_before_call", counted)
+    fake = FakeTime()
+    guard = ProviderGuard(endpoint, policy=RetryPolicy(initial_delay=1.0, jitter=0.0), store=store, sleep=fake.sleep,
+                          clock=fake.clock, settings=OutageSettings(jitter=0.0, breaker_refresh=5.0,
+                                                                    breaker_threshold=100, budget_seconds=60))
+    calls = []
+
+    def provider(outcome="ok"):
+        calls.append(outcome)
+        if outcome == "reset":
+            raise ConnectionResetError("the provider dropped the connection")
+        return outcome
+
+    assert [guard.call(provider) for _ in range(3)] == ["ok"] * 3 and reads == ["closed"]
+    fake.now += 4.9
+    guard.call(provider)
+    assert reads == ["closed"]
+    # a transient failure (its attempt still trusted the read): the retry reads again, and so does the
+    # call after it, because that read found the failure counted
+    outcomes = iter(["reset", "ok"])
+    assert guard.call(lambda: provider(next(outcomes))) == "ok"
+    assert reads == ["closed"] * 2 and fake.slept == [1.0]
+    guard.call(provider)
+    assert reads == ["closed"] * 3
+    guard.call(provider)
+    assert reads == ["closed"] * 3  # the success reset the count: trusted again
+    # another process opens the breaker: seen at the next read, within breaker_refresh of the last one
+    assert store.breaker_record_failure(endpoint, "elsewhere", threshold=1, cooldown=lambda n: 600,
+                                        error="503") == "opened"
+    fake.now += 5.0
+    before = len(calls)
+    with pytest.raises(OutageBudgetExceeded):
+        guard.call(provider)
+    assert len(calls) == before and reads[3:] and set(reads[3:]) == {"open"}  # every wait read it again
+    # 0 reads before every call
+    every = ProviderGuard(endpoint + "/other", store=store, sleep=fake.sleep, clock=fake.clock,
+                          settings=OutageSettings(breaker_refresh=0.0))
+    read_before = len(reads)
+    for _ in range(3):
+        every.call(provider)
+    assert len(reads) == read_before + 3
+
+
+@pytest.mark.parametrize("refresh", [-1.0, 61.0, float("nan"), float("inf")])
+def test_a_breaker_refresh_out_of_range_is_refused(refresh):
+    with pytest.raises(ConfigurationError, match="breaker_refresh"):
+        OutageSettings(breaker_refresh=refresh)
 
 
 def test_a_waiting_pipeline_is_named_in_the_sensor_tick_and_status_and_stays_an_orphan_candidate(store, db_url):

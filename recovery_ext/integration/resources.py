@@ -96,6 +96,10 @@ class RecoveryResource(ConfigurableResource):
         "probe may still be this far away.")
     breaker_probe_timeout: float = Field(
         default=120.0, description="Seconds after which an unanswered half-open probe is handed to another caller.")
+    breaker_refresh_seconds: float = Field(
+        default=1.0, description="How long a node trusts its last read of a closed, failure-free breaker before "
+        "reading it again (0: before every provider call). Another process's opening of the breaker reaches this "
+        "node at most this much later; any failure in this node drops the trust at once.")
 
     @model_validator(mode="after")
     def _validate(self) -> "RecoveryResource":
@@ -122,6 +126,7 @@ class RecoveryResource(ConfigurableResource):
                      "breaker_max_cooldown", "breaker_probe_timeout"):
             check_seconds(name, getattr(self, name), minimum=0.01, allow_long=long)
         check_count("breaker_failure_threshold", self.breaker_failure_threshold, minimum=1, maximum=1000)
+        check_seconds("breaker_refresh_seconds", self.breaker_refresh_seconds, minimum=0.0, maximum=60.0)
         self.outage_settings()
         return self
 
@@ -155,7 +160,8 @@ class RecoveryResource(ConfigurableResource):
             pause_after=self.same_error_limit, pause_initial=self.outage_pause_initial, pause_max=self.outage_pause_max,
             budget_seconds=self.outage_budget_seconds, jitter=self.retry_jitter,
             breaker_threshold=self.breaker_failure_threshold, breaker_cooldown=self.breaker_cooldown,
-            breaker_max_cooldown=self.breaker_max_cooldown, probe_timeout=self.breaker_probe_timeout)
+            breaker_max_cooldown=self.breaker_max_cooldown, probe_timeout=self.breaker_probe_timeout,
+            breaker_refresh=self.breaker_refresh_seconds)
 
     def retry_wait(self) -> wait_jittered_exponential:
         return wait_jittered_exponential(self.retry_initial_delay, max_delay=self.retry_max_delay,
