@@ -210,6 +210,7 @@ class HeartbeatRegistry:
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
+        self._tick: float | None = None  # the interval the thread is waiting out (under _lock)
         self._last_ok = clock()
         self.pulses = 0
         self.failures = 0
@@ -220,16 +221,24 @@ class HeartbeatRegistry:
             self._leases.append(lease)
             if self._thread is None or not self._thread.is_alive():
                 self._last_ok = self.clock()
+                self._tick = None
                 self._thread = threading.Thread(target=self._run, name="rx-heartbeat", daemon=True)
                 self._thread.start()
-        self._wake.set()
+                return lease
+            # Wake the thread only when its tick must shorten. Every node registers and releases a
+            # lease, and waking a thread twice per node cost scheduling waits on a busy machine.
+            wake = self._tick is None or settings.interval < self._tick
+        if wake:
+            self._wake.set()
         return lease
 
     def release(self, lease: Lease) -> None:
         with self._lock:
             if lease in self._leases:
                 self._leases.remove(lease)
-        self._wake.set()
+            last = not self._leases
+        if last:  # the thread ends now instead of at its next tick; a longer tick can wait till then
+            self._wake.set()
 
     @property
     def leases(self) -> list[Lease]:
@@ -246,8 +255,10 @@ class HeartbeatRegistry:
                 leases = list(self._leases)
                 if not leases:
                     self._thread = None
+                    self._tick = None
                     return
                 self._wake.clear()
+                self._tick = self._interval(leases)
             due = retry_at if retry_at is not None else self._last_ok + self._interval(leases)
             delay = due - self.clock()
             if delay > 0:

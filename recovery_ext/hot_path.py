@@ -4,7 +4,8 @@
 statements the store otherwise sends one by one inside a transaction (lock the pipeline row,
 read the node, move it, record the transition, refresh or finish the pipeline), in the same
 order, in one autocommit round trip. ``start_items`` is ``ctx.items()``'s start as one statement;
-``breaker_state`` is the circuit-breaker read before every provider call.
+``breaker_state`` is the circuit-breaker read before a provider call (a node reuses a closed one for
+``breaker_refresh`` seconds).
 
 The statements are fixed SQL (``sql/postgres/queries``) run on the pooled psycopg connection
 with ``prepare=True``: parsed and planned once per connection, then only bound and executed.

@@ -3,6 +3,7 @@ condition with run and node heartbeats, skipped/completed/failed/canceled, take-
 
 from __future__ import annotations
 
+import threading
 import time
 
 import pytest
@@ -115,6 +116,33 @@ def test_the_registry_thread_keeps_a_pipeline_alive_and_stops_when_released(stor
     wait_for(lambda: store.find_orphans(), timeout=10, interval=0.1, what="the released pipeline to expire")
     assert time.monotonic() - released >= 0.9  # not before its 1 s timeout: the lease really stopped pulsing
     assert [o.id for o in store.find_orphans()] == [own.pipeline_id]
+
+
+def test_the_registry_thread_is_woken_only_to_shorten_its_tick_or_to_end(store):
+    """Every node registers and releases a lease; waking the heartbeat thread for each cost scheduling
+    waits on a busy machine. A lease with a shorter interval must still take effect at once."""
+    own = make(store)
+    registry = HeartbeatRegistry(store)
+    woken = []
+
+    class CountedEvent(threading.Event):
+        def set(self):
+            woken.append(time.monotonic())
+            super().set()
+
+    registry._wake = CountedEvent()
+    run_lease = registry.register(own, HeartbeatSettings(interval=30, timeout=90))
+    wait_for(lambda: registry._tick == 30, timeout=10, interval=0.01, what="the thread to wait out its 30 s tick")
+    for node in ("a", "b", "c"):
+        registry.register(own, HeartbeatSettings(interval=30, timeout=90), node=node).release()
+    assert woken == [] and registry.pulses == 0
+    fast = registry.register(own, HeartbeatSettings(interval=0.1, timeout=60), node="fast")
+    assert len(woken) == 1
+    wait_for(lambda: registry.pulses >= 3, timeout=10, interval=0.02, what="pulses at the 0.1 s tick")
+    fast.release()
+    run_lease.release()
+    assert len(woken) == 2  # the last release ends the thread now
+    wait_for(lambda: registry._thread is None, timeout=10, interval=0.02, what="the heartbeat thread to end")
 
 
 def test_a_successful_run_skips_the_nodes_it_did_not_execute_and_completes(store):
