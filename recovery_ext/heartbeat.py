@@ -258,14 +258,14 @@ class HeartbeatRegistry:
                     self._tick = None
                     return
                 self._wake.clear()
-                self._tick = self._interval(leases)
-            due = retry_at if retry_at is not None else self._last_ok + self._interval(leases)
+                self._tick = tick = self._interval(leases)
+            due = retry_at if retry_at is not None else self._last_ok + tick
             delay = due - self.clock()
             if delay > 0:
                 self._wake.wait(delay)  # woken early when leases change: the tick is recomputed
                 continue
             wait = self.pulse_once(leases)
-            retry_at = None if wait >= self._interval(leases) else self.clock() + wait
+            retry_at = None if wait >= tick else self.clock() + wait
 
     def pulse_once(self, leases: list[Lease] | None = None) -> float:
         """Pulse every lease in one transaction; returns how long to wait before the next pulse."""

@@ -19,6 +19,7 @@ import pytest
 from dagster import Field, in_process_executor, job
 
 from pg_cluster import PrivateCluster
+from recovery_ext.devserver import wait_for
 from recovery_ext.errors import StoreError, StoreUnavailable
 from recovery_ext.integration import RecoveryResource, execute_in_process, recoverable_op
 from recovery_ext.store import RecoveryStore
@@ -74,13 +75,11 @@ def run_in_thread(url: str, item_seconds: float):
 
 
 def wait_for_items(store: RecoveryStore, at_least: int, timeout: float = 120) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    def checkpointed() -> bool:
         pipelines = store.list_pipelines()
-        if pipelines and sum(store.node_item_totals(pipelines[0].id).values()) >= at_least:
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"fewer than {at_least} items were checkpointed in {timeout} s")
+        return bool(pipelines) and sum(store.node_item_totals(pipelines[0].id).values()) >= at_least
+
+    wait_for(checkpointed, timeout=timeout, interval=0.1, what=f"{at_least} items to be checkpointed")
 
 
 def assert_nothing_lost_or_doubled(store: RecoveryStore, box) -> None:
@@ -152,11 +151,8 @@ def test_past_the_budget_an_optional_node_degrades_and_a_required_node_fails_unt
     thread = threading.Thread(target=lambda: box.update(result=execute_in_process(
         budget_job, resources={"recovery": resource}, raise_on_error=False)), daemon=True)
     thread.start()
-    deadline = time.monotonic() + 120
-    while not (store.list_pipelines() and store.get_node(store.list_pipelines()[0].id, "optional_writer").status
-               == "running"):
-        assert time.monotonic() < deadline
-        time.sleep(0.1)
+    wait_for(lambda: store.list_pipelines() and store.get_node(store.list_pipelines()[0].id, "optional_writer").status
+             == "running", timeout=120, interval=0.1, what="optional_writer to run")
     cluster.stop("fast")
     RELEASE.set()
     thread.join(180)
@@ -196,11 +192,9 @@ def test_a_server_that_stops_answering_new_connections_is_an_outage_retried_unti
         retried_before = sum("retrying" in r.getMessage() for r in caplog.records)
         thread = threading.Thread(target=lambda: box.update(pipelines=store.list_pipelines()), daemon=True)
         thread.start()
-        deadline = time.monotonic() + 60
-        while sum("retrying" in r.getMessage() for r in caplog.records) == retried_before:
-            assert thread.is_alive(), f"the call ended while the server could not answer: {box}"
-            assert time.monotonic() < deadline, "no connect timeout was retried"
-            time.sleep(0.1)
+        wait_for(lambda: sum("retrying" in r.getMessage() for r in caplog.records) > retried_before,
+                 timeout=60, interval=0.1, what="a connect timeout to be retried")
+        assert thread.is_alive(), f"the call ended while the server could not answer: {box}"
     finally:
         os.kill(postmaster, signal.SIGCONT)
     thread.join(60)
