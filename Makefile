@@ -13,12 +13,23 @@ $(BIN)/.installed: pyproject.toml
 
 install: $(BIN)/.installed
 
-## Run both jobs and all sensors under `dagster dev` on 127.0.0.1:3000 (embedded SQLite).
+# The local LLM stand-in `make dev` starts unless RECOVERY_LLM_BASE_URL names a real one.
+DEMO_LLM_PORT ?= 8765
+DEMO_LLM_LATENCY ?= 1.5
+
+## Run both jobs and all sensors under `dagster dev` on 127.0.0.1:3000 (embedded SQLite), with a
+## local LLM stand-in that answers in DEMO_LLM_LATENCY s, so a run lasts long enough to crash it.
 dev: install
 	mkdir -p "$(DAGSTER_HOME)"
 	test -f "$(DAGSTER_HOME)/dagster.yaml" || cp deploy/dagster.sqlite.yaml "$(DAGSTER_HOME)/dagster.yaml"
 	$(BIN)/recovery-ext demo setup
-	$(BIN)/dagster dev -h 127.0.0.1 -p 3000 -w workspace.yaml
+	@if [ -n "$$RECOVERY_LLM_BASE_URL" ]; then \
+	  exec $(BIN)/dagster dev -h 127.0.0.1 -p 3000 -w workspace.yaml; \
+	fi; \
+	$(BIN)/python -m recovery_pipelines.demo_llm --port $(DEMO_LLM_PORT) --latency $(DEMO_LLM_LATENCY) & llm=$$!; \
+	trap 'kill $$llm 2>/dev/null' EXIT INT TERM; \
+	RECOVERY_LLM_BASE_URL=http://127.0.0.1:$(DEMO_LLM_PORT)/v1 RECOVERY_LLM_MODEL=demo-llm \
+	  $(BIN)/dagster dev -h 127.0.0.1 -p 3000 -w workspace.yaml
 
 ## The whole test suite (needs PostgreSQL at 127.0.0.1:5432; .ci/run starts it).
 test: install
@@ -26,7 +37,7 @@ test: install
 
 ## Scripted crash: kill -9 the run workers mid-way and watch recovery.
 demo-crash: install
-	$(BIN)/python -m recovery_ext.demo_crash
+	$(BIN)/python -m recovery_pipelines.demo_crash
 
 ## Benchmarks (PostgreSQL at 127.0.0.1:5432); results print as tables.
 bench: install
@@ -38,6 +49,7 @@ bench: install
 	$(BIN)/python -m bench.resume_bench
 	$(BIN)/python -m bench.overhead_bench
 	$(BIN)/python -m bench.ontology_overhead_bench
+	$(BIN)/python -m bench.ledger_bench
 	$(BIN)/python -m bench.dbos_bench    # DBOS runs in its own .venv-dbos, created on first use
 
 clean:

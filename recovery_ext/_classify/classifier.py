@@ -1,0 +1,540 @@
+"""The one retry classifier every op, sensor, watchdog and CLI uses.
+
+How it decides, in this order:
+
+1. **An explicit flag wins**: a bool ``retryable`` attribute or an ``is_retryable()`` method on the
+   exception or anything in its ``__cause__``/``__context__`` chain; the outermost one counts.
+2. **An HTTP status decides** when an exception of the chain carries one (the outermost); the words
+   of its body do not.
+3. **Otherwise the chain is transient if any exception in it is transient.** Each exception is judged
+   on its own, in three tiers, and a higher tier of the whole chain beats a lower one:
+
+   * *structure*: SQLSTATE codes, sqlite error types, ``ssl``/DNS/``errno``, timeout types, URL and
+     protocol errors of the HTTP libraries, logic errors (``ValueError``, ``KeyError`` ...);
+   * *message*: word-bounded phrases; words inside identifiers (``lock_timeout``,
+     ``x-ratelimit-remaining``) are not messages, and a number is a status only where the text says so;
+   * *wrapper*: generic transport wrappers (``httpx.TransportError``, ``requests.ConnectionError``,
+     ``openai.APIConnectionError``, a driver's ``OperationalError``) that mean "it did not get through"
+     only when nothing they wrap says why.
+
+   Libraries are looked up in ``sys.modules`` only: an exception cannot come from a library nobody imported.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import email.utils
+import errno
+import re
+import socket
+import sqlite3
+import ssl
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from recovery_ext._errors import RecoveryError
+from recovery_ext._classify.redaction import redact
+
+CATEGORIES = (
+    "connection", "timeout", "rate_limit", "server_error", "gpu", "resource_exhausted", "database_transient",
+    "circuit_open", "client_error", "auth", "not_found", "validation", "tls", "protocol", "configuration",
+    "unknown",
+)
+
+RETRYABLE_HTTP = frozenset({408, 429, 500, 502, 503, 504, 529})
+
+
+@dataclass(frozen=True)
+class Classification:
+    retryable: bool
+    category: str
+    status_code: int | None = None
+    reason: str = ""
+
+
+def http_classification(status: int, reason: str | None = None) -> Classification:
+    why = reason or f"HTTP {status}"
+    if status in RETRYABLE_HTTP:
+        category = {408: "timeout", 429: "rate_limit"}.get(status, "server_error")
+        return Classification(True, category, status, why)
+    if status in (401, 403, 407):
+        return Classification(False, "auth", status, why)
+    if status in (404, 410):
+        return Classification(False, "not_found", status, why)
+    if status in (400, 409, 412, 413, 415, 422):
+        return Classification(False, "validation", status, why)
+    if 300 <= status < 500:
+        return Classification(False, "client_error", status, why)
+    return Classification(False, "server_error", status, why)
+
+
+def _chain(exc: BaseException) -> Iterator[BaseException]:
+    """The exception, then what caused it, outermost first; cycles and depth are bounded."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen and len(seen) < 32:
+        seen.add(id(current))
+        yield current
+        for attr in ("orig", "reason"):  # SQLAlchemy's DBAPIError.orig, urllib's URLError.reason
+            inner = getattr(current, attr, None)
+            if isinstance(inner, BaseException) and id(inner) not in seen and inner is not current.__cause__:
+                seen.add(id(inner))
+                yield inner
+        current = current.__cause__ or (None if current.__suppress_context__ else current.__context__)
+
+
+def _explicit_flag(exc: BaseException) -> bool | None:
+    flag = getattr(exc, "retryable", None)
+    if isinstance(flag, bool):
+        return flag
+    method = getattr(exc, "is_retryable", None)
+    if callable(method):
+        try:
+            value = method()
+        except Exception:
+            return None
+        if isinstance(value, bool):
+            return value
+    return None
+
+
+def _status_of(exc: BaseException) -> int | None:
+    for holder in (exc, getattr(exc, "response", None)):
+        if holder is None:
+            continue
+        for attr in ("status_code", "status"):
+            try:
+                value = getattr(holder, attr, None)
+            except Exception:
+                continue
+            if isinstance(value, int) and not isinstance(value, bool) and 100 <= value <= 599:
+                return value
+    code = getattr(exc, "code", None)  # urllib.error.HTTPError
+    if type(exc).__name__ == "HTTPError" and isinstance(code, int) and 100 <= code <= 599:
+        return code
+    return None
+
+
+def _loaded_types(module: str, *names: str) -> tuple[type, ...]:
+    found: list[type] = []
+    # The openai SDK may bring its own fork of httpx/httpcore ("httpx2"); its errors mean the same.
+    fork = module.replace("httpx", "httpx2").replace("httpcore", "httpcore2")
+    for alias in dict.fromkeys((module, fork)):
+        mod = sys.modules.get(alias)
+        for name in names if mod is not None else ():
+            obj = mod
+            for part in name.split("."):
+                obj = getattr(obj, part, None)
+            if isinstance(obj, type) and obj not in found:
+                found.append(obj)
+    return tuple(found)
+
+
+def _timeout_types() -> tuple[type, ...]:
+    return (
+        _loaded_types("httpx", "TimeoutException") + _loaded_types("httpcore", "TimeoutException")
+        + _loaded_types("requests", "exceptions.Timeout") + _loaded_types("urllib3.exceptions", "TimeoutError")
+        + _loaded_types("aiohttp", "ServerTimeoutError") + _loaded_types("openai", "APITimeoutError")
+        + _loaded_types("sqlalchemy.exc", "TimeoutError") + _loaded_types("psycopg_pool", "PoolTimeout")
+        + _loaded_types("psycopg", "errors.ConnectionTimeout")
+    )
+
+
+def _misconfiguration_types() -> tuple[type, ...]:
+    """Bad URLs, schemes, headers, redirect loops: retrying the same request cannot help."""
+    return (
+        _loaded_types("httpx", "UnsupportedProtocol", "InvalidURL", "TooManyRedirects", "LocalProtocolError")
+        + _loaded_types("httpcore", "UnsupportedProtocol", "LocalProtocolError")
+        + _loaded_types("requests", "exceptions.InvalidURL", "exceptions.InvalidSchema", "exceptions.MissingSchema",
+                        "exceptions.InvalidHeader", "exceptions.TooManyRedirects", "exceptions.URLRequired")
+        + _loaded_types("urllib3.exceptions", "LocationValueError", "LocationParseError", "URLSchemeUnknown")
+        + _loaded_types("http.client", "InvalidURL", "LineTooLong")
+        + _loaded_types("sqlalchemy.exc", "ArgumentError", "NoSuchModuleError")
+    )
+
+
+def _wrapper_types() -> tuple[type, ...]:
+    return (
+        _loaded_types("httpx", "TransportError") + _loaded_types("httpcore", "NetworkError", "RemoteProtocolError")
+        + _loaded_types("requests", "exceptions.ConnectionError")
+        + _loaded_types("urllib3.exceptions", "ProtocolError", "NewConnectionError", "MaxRetryError")
+        + _loaded_types("urllib.error", "URLError") + _loaded_types("aiohttp", "ClientConnectionError")
+        + _loaded_types("openai", "APIConnectionError")
+        + _loaded_types("psycopg", "OperationalError") + _loaded_types("psycopg2", "OperationalError")
+    )
+
+
+_RETRYABLE_ERRNOS = {
+    errno.ECONNREFUSED: "connection", errno.ECONNRESET: "connection", errno.ECONNABORTED: "connection",
+    errno.EPIPE: "connection", errno.ETIMEDOUT: "timeout", errno.EHOSTUNREACH: "connection",
+    errno.ENETUNREACH: "connection", errno.ENETDOWN: "connection", errno.ENETRESET: "connection",
+}
+_PERMANENT_ERRNOS = {
+    errno.ENOENT: "not_found", errno.ENOTDIR: "not_found", errno.EISDIR: "validation", errno.EACCES: "auth",
+    errno.EPERM: "auth", errno.EINVAL: "validation", errno.EADDRNOTAVAIL: "configuration",
+}
+_LOGIC_ERRORS = (ValueError, TypeError, LookupError, AttributeError, AssertionError, NotImplementedError,
+                 ArithmeticError, UnicodeError, NameError, ImportError)
+
+# SQLSTATE classes and codes (PostgreSQL appendix A).
+_TRANSIENT_SQLSTATES = {
+    "40001": "serialization failure", "40P01": "deadlock detected", "55P03": "lock timeout (lock not available)",
+    "25P03": "idle-in-transaction session timeout", "57014": "statement timeout (query canceled)",
+    "57P01": "admin shutdown", "57P02": "crash shutdown", "57P03": "cannot connect now",
+    "57P05": "idle session timeout", "53300": "too many connections", "53200": "out of memory",
+    "53100": "disk full", "58000": "system error", "58030": "I/O error",
+}
+_PERMANENT_SQLSTATE_CLASSES = {
+    "23": ("validation", "integrity constraint violation"), "42": ("client_error", "syntax error or undefined object"),
+    "22": ("validation", "data exception"), "28": ("auth", "invalid authorization"),
+    "3D": ("not_found", "database does not exist"), "3F": ("not_found", "schema does not exist"),
+}
+
+
+def _sqlstate(exc: BaseException) -> str | None:
+    code = getattr(exc, "sqlstate", None) or getattr(exc, "pgcode", None)
+    return code if isinstance(code, str) and len(code) == 5 else None
+
+
+def _from_sqlstate(state: str) -> Classification:
+    if state in _TRANSIENT_SQLSTATES:
+        return Classification(True, "database_transient", None, f"SQLSTATE {state}: {_TRANSIENT_SQLSTATES[state]}")
+    if state[:2] == "08":
+        return Classification(True, "database_transient", None, f"SQLSTATE {state}: connection exception")
+    category, what = _PERMANENT_SQLSTATE_CLASSES.get(state[:2], ("unknown", "database error"))
+    return Classification(False, category, None, f"SQLSTATE {state}: {what}")
+
+
+def _structural(exc: BaseException) -> Classification | None:
+    """Tier 1: what the exception's type and codes say, without reading its message."""
+    name = type(exc).__name__
+    state = _sqlstate(exc)
+    if state is not None:
+        return _from_sqlstate(state)
+    if getattr(exc, "connection_invalidated", False) is True:
+        return Classification(True, "database_transient", None, "database connection invalidated")
+
+    if _refused_connection_parameters(exc):
+        return Classification(False, "configuration", None,
+                              "invalid connection parameters (refused by libpq before contacting a server)")
+
+    if isinstance(exc, sqlite3.Error):
+        code = getattr(exc, "sqlite_errorcode", None)
+        text = str(exc).lower()
+        if code in (5, 6, 261, 262, 517) or "database is locked" in text or "database table is locked" in text:
+            return Classification(True, "database_transient", None, "sqlite database is locked")
+        if isinstance(exc, sqlite3.IntegrityError):
+            return Classification(False, "validation", None, "sqlite integrity constraint violation")
+        return Classification(False, "client_error", None, f"sqlite {name}")
+
+    if isinstance(exc, (ssl.SSLEOFError, ssl.SSLZeroReturnError)):
+        return Classification(True, "connection", None, "TLS connection closed by the peer")
+    if isinstance(exc, ssl.SSLError) or name == "SSLError":  # requests/urllib3 wrap ssl.SSLError in their own
+        return Classification(False, "tls", None, "TLS handshake failed")
+    if isinstance(exc, socket.gaierror) or name == "NameResolutionError":
+        return Classification(True, "connection", None, "DNS resolution failed")
+
+    timeouts = _timeout_types()
+    if isinstance(exc, TimeoutError) or (timeouts and isinstance(exc, timeouts)):
+        return Classification(True, "timeout", None, f"{name}: timed out")
+    if isinstance(exc, ConnectionError):  # refused, reset, aborted, broken pipe, http.client.RemoteDisconnected
+        return Classification(True, "connection", None, name)
+    if isinstance(exc, OSError) and exc.errno in _RETRYABLE_ERRNOS:
+        return Classification(True, _RETRYABLE_ERRNOS[exc.errno], None, errno.errorcode.get(exc.errno, "OSError"))
+    if isinstance(exc, EOFError):  # asyncio.IncompleteReadError: the connection dropped mid-read
+        return Classification(True, "connection", None, f"{name}: connection lost")
+
+    if name == "BadStatusLine" or name == "UnknownProtocol":  # http.client: the peer does not speak HTTP
+        return Classification(False, "protocol", None, "the peer does not speak HTTP")
+    misconfigured = _misconfiguration_types()
+    if misconfigured and isinstance(exc, misconfigured):
+        return Classification(False, "configuration", None, f"{name}: bad URL, scheme, header or redirect loop")
+
+    if "OutOfMemory" in name or name in ("CudaError", "CUDAError"):
+        return Classification(True, "gpu", None, f"{name}: GPU out of memory")
+    if isinstance(exc, OSError) and exc.errno in _PERMANENT_ERRNOS:
+        return Classification(False, _PERMANENT_ERRNOS[exc.errno], None, errno.errorcode.get(exc.errno, "OSError"))
+    if isinstance(exc, _LOGIC_ERRORS):
+        return Classification(False, "validation", None, f"{name}: a logic or validation error")
+    return None
+
+
+def _refused_connection_parameters(exc: BaseException) -> bool:
+    """psycopg raised ``exc`` from libpq's ``PQconnectStart``, which rejected the connection parameters
+    (an invalid ``sslmode``, ``target_session_attrs``, port number, keepalive value ...) before any
+    server was contacted: the error still holds that connection, open and bad. A connection attempt
+    that reached the network and failed holds a finished copy instead."""
+    operational = _loaded_types("psycopg", "OperationalError")
+    if not operational or not isinstance(exc, operational):
+        return False
+    pgconn = getattr(exc, "pgconn", None)
+    pq = sys.modules.get("psycopg.pq")
+    if pgconn is None or pq is None or type(pgconn).__name__ == "FinishedPGconn":
+        return False
+    try:
+        return pgconn.status == pq.ConnStatus.BAD
+    except Exception:  # noqa: BLE001 - an unexpected connection object says nothing
+        return False
+
+
+# Words count only on their own: not glued to identifier characters (``lock_timeout``,
+# ``x-ratelimit-remaining``, ``/v1/busy``, ``retry.timeout``).
+_L, _R = r"(?<![\w./\\-])", r"(?![\w/\\-])"
+
+
+def _words(pattern: str) -> str:
+    return f"{_L}(?:{pattern}){_R}"
+
+
+_STATUS_IN_TEXT = re.compile(
+    r"(?i)(?:\bHTTP(?:/\d(?:\.\d)?)?\s*(?:status\s*)?(?:code\s*)?[:=]?\s*|\bstatus(?:[ _]code)?\s*[:=]?\s*"
+    r"|\berror\s+code\s*[:=]?\s*|\bresponse\s+code\s*[:=]?\s*)(?P<code>[1-5]\d\d)(?![\w.-])"
+)
+_STATUS_WITH_PHRASE = re.compile(
+    r"(?i)(?<![\w./-])(?P<code>[1-5]\d\d)\s+(?:service unavailable|bad gateway|gateway time-?out"
+    r"|internal server error|too many requests|request time-?out|unauthorized|forbidden|not found|bad request)\b"
+)
+_PERMANENT_PATTERNS: tuple[tuple[re.Pattern[str], Classification], ...] = tuple(
+    (re.compile(_words(pattern), re.IGNORECASE), cls)
+    for pattern, cls in (
+        (r'database "[^"]*" does not exist|role "[^"]*" does not exist|no such table|no such column',
+         Classification(False, "not_found", None, "the database or object does not exist")),
+        (r"password authentication failed|authentication failed|invalid api key|incorrect api key"
+         r"|unauthori[sz]ed|permission denied",
+         Classification(False, "auth", None, "not authorized")),
+        # the server's answer to a bad ``options`` value at connection startup (no SQLSTATE reaches the client)
+        (r"unrecognized configuration parameter|invalid value for parameter",
+         Classification(False, "configuration", None, "invalid connection option")),
+        (r"wrong version number|certificate verify failed|ssl handshake|tls handshake|record layer failure",
+         Classification(False, "tls", None, "TLS handshake failed")),
+        (r"illegal status line|invalid http|bad status line|unknown url type|no scheme supplied"
+         r"|missing an 'http://' or 'https://' protocol|invalid url|no connection adapters|no host given",
+         Classification(False, "configuration", None, "bad URL or a peer that does not speak HTTP")),
+        (r"maximum context length|context length exceeded|context_length_exceeded",
+         Classification(False, "validation", None, "context length exceeded")),
+    )
+)
+_TRANSIENT_PATTERNS: tuple[tuple[re.Pattern[str], Classification], ...] = tuple(
+    (re.compile(_words(pattern), re.IGNORECASE), cls)
+    for pattern, cls in (
+        (r"rate[ -]?limit(?:ed|s|ing)?(?: (?:reached|exceeded))?|too many requests|quota exceeded",
+         Classification(True, "rate_limit", None, "rate limited")),
+        (r"service (?:is )?(?:temporarily )?(?:busy|unavailable)|server (?:is )?(?:busy|overloaded)"
+         r"|overloaded(?:_error)?|model is overloaded",
+         Classification(True, "server_error", None, "service busy or unavailable")),
+        (r"cuda (?:error|out of memory)|gpu (?:error|out of memory)|cudnn(?: error|_status_\w+)|cublas_status_\w+",
+         Classification(True, "gpu", None, "GPU error")),
+        (r"out of memory|cannot allocate memory",
+         Classification(True, "resource_exhausted", None, "out of memory")),
+        (r"deadlock detected|could not serialize access|database is locked|too many connections"
+         r"|terminating connection due to administrator command|server closed the connection unexpectedly"
+         r"|connection (?:is|was|has been) (?:closed|lost)|lost connection",
+         Classification(True, "database_transient", None, "transient database error")),
+        (r"connection (?:refused|reset|aborted|closed unexpectedly|timed out)|broken pipe|network is unreachable"
+         r"|no route to host|no such host|name or service not known|temporary failure in name resolution"
+         r"|server disconnected|remote end closed connection",
+         Classification(True, "connection", None, "connection failed")),
+        (r"(?:operation|request|read|write|connect|connection|pool|i/o|socket) timed? ?out|timed out"
+         r"|deadline exceeded|timeout (?:error|exceeded|expired|occurred)|due to (?:statement|lock) timeout",
+         Classification(True, "timeout", None, "timed out")),
+    )
+)
+
+
+def _text(exc: BaseException) -> str:
+    try:
+        return str(exc)
+    except Exception:
+        return ""
+
+
+def _from_message(exc: BaseException) -> Classification | None:
+    """Tier 2: the words of the message. A misconfiguration named in it beats a network word."""
+    text = _text(exc)
+    if not text:
+        return None
+    for regex, result in _PERMANENT_PATTERNS:
+        if regex.search(text):
+            return result
+    for regex in (_STATUS_IN_TEXT, _STATUS_WITH_PHRASE):
+        match = regex.search(text)
+        if match:
+            return http_classification(int(match.group("code")), f"HTTP {match.group('code')} (from message)")
+    for regex, result in _TRANSIENT_PATTERNS:
+        if regex.search(text):
+            return result
+    return None
+
+
+def _from_wrapper(exc: BaseException) -> Classification | None:
+    """Tier 3: a transport wrapper whose chain said nothing more specific."""
+    wrappers = _wrapper_types()
+    if wrappers and isinstance(exc, wrappers):
+        module = type(exc).__module__ or ""
+        if module.startswith(("psycopg", "psycopg2")):
+            return Classification(True, "database_transient", None, "database unreachable")
+        return Classification(True, "connection", None, f"{type(exc).__name__}: the request did not get through")
+    return None
+
+
+def _decide(chain: list[BaseException], judge) -> Classification | None:
+    """Any transient verdict of the tier wins; else the outermost permanent one."""
+    verdicts = [v for v in (judge(link) for link in chain) if v is not None]
+    for verdict in verdicts:
+        if verdict.retryable:
+            return verdict
+    return verdicts[0] if verdicts else None
+
+
+def _classify(exc: BaseException) -> Classification:
+    chain = list(_chain(exc))
+    flag: bool | None = None
+    for link in chain:
+        flag = _explicit_flag(link)
+        if flag is not None:
+            break
+    found: Classification | None = None
+    for link in chain:
+        category = getattr(link, "category", None)
+        if isinstance(category, str) and category in CATEGORIES and isinstance(link, ClassifiedError):
+            found = Classification(link.retryable, category, link.status_code, type(link).__name__)
+            break
+        status = _status_of(link)
+        if status is not None:
+            found = http_classification(status)
+            break
+    if found is None:
+        for judge in (_structural, _from_message, _from_wrapper):
+            found = _decide(chain, judge)
+            if found is not None:
+                break
+    if found is None:
+        found = Classification(False, "unknown", None, f"unrecognised {type(exc).__name__}")
+    if flag is not None and flag != found.retryable:
+        return Classification(flag, found.category, found.status_code, f"explicit retryable={flag}; {found.reason}")
+    return found
+
+
+def classify(exc: BaseException) -> Classification:
+    """Classify an exception; never raises, whatever the exception does."""
+    try:
+        return _classify(exc)
+    except Exception as failure:  # a hostile __str__/__getattr__ must not break the caller
+        return Classification(False, "unknown", None, f"classifier could not inspect the error ({type(failure).__name__})")
+
+
+def is_retryable(exc: BaseException) -> bool:
+    return classify(exc).retryable
+
+
+RETRY_AFTER_STATUSES = frozenset({429, 503})
+
+
+def parse_retry_after(value: object, *, now: float | None = None) -> float | None:
+    """``Retry-After`` as seconds from ``now`` (epoch seconds): delta-seconds or an HTTP date; None if invalid."""
+    if value is None:
+        return None
+    text = str(value).strip()
+    if not text:
+        return None
+    if text.isdigit():
+        return float(text)
+    try:
+        when = email.utils.parsedate_to_datetime(text)
+    except (TypeError, ValueError, IndexError):
+        return None
+    if when is None:
+        return None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=dt.timezone.utc)
+    current = time.time() if now is None else now
+    return max(0.0, when.timestamp() - current)
+
+
+def retry_after_header(exc: BaseException) -> float | str | None:
+    """What a 429 or 503 in the chain said in ``Retry-After``, as sent (seconds or an HTTP date)."""
+    for link in _chain(exc):
+        explicit = getattr(link, "retry_after", None)
+        if isinstance(explicit, (int, float, str)) and not isinstance(explicit, bool):
+            return explicit
+        if _status_of(link) not in RETRY_AFTER_STATUSES:
+            continue
+        response = getattr(link, "response", None)
+        headers = getattr(response, "headers", None) or getattr(link, "headers", None)
+        if headers is None:
+            continue
+        try:
+            value = headers.get("Retry-After")
+        except Exception:
+            continue
+        if value is not None:
+            return str(value)
+    return None
+
+
+def retry_after_of(exc: BaseException, *, now: float | None = None) -> float | None:
+    """The ``Retry-After`` a 429 or 503 in the chain asked for, in seconds from ``now``; None when none."""
+    value = retry_after_header(exc)
+    if isinstance(value, (int, float)):
+        return max(0.0, float(value))
+    return parse_retry_after(value, now=now)
+
+
+class ClassifiedError(RecoveryError):
+    """An operation failed; the error carries its category, status, model, endpoint and Retry-After."""
+
+    def __init__(
+        self,
+        cause: BaseException | str | None = None,
+        *,
+        category: str | None = None,
+        status_code: int | None = None,
+        retryable: bool | None = None,
+        model: str | None = None,
+        endpoint: str | None = None,
+        message: str | None = None,
+        retry_after: float | str | None = None,
+    ) -> None:
+        found = classify(cause) if isinstance(cause, BaseException) else None
+        self.category = category or (found.category if found else "unknown")
+        self.status_code = status_code if status_code is not None else (found.status_code if found else None)
+        self.retryable = retryable if retryable is not None else (found.retryable if found else False)
+        self.model = model
+        self.endpoint = endpoint
+        self.retry_after = retry_after
+        detail = message if message is not None else (str(cause) if cause is not None else self.category)
+        self.detail = redact(detail)
+        super().__init__(self._render())
+        if isinstance(cause, BaseException):
+            self.__cause__ = cause
+
+    def _render(self) -> str:
+        parts = [self.category]
+        if self.status_code is not None:
+            parts.append(f"HTTP {self.status_code}")
+        if self.model:
+            parts.append(f"model={self.model}")
+        if self.endpoint:
+            parts.append(f"endpoint={self.endpoint}")
+        # Redact the header on its own so a masked value cannot swallow the separator.
+        return f"{redact(' '.join(parts))}: {self.detail}"
+
+    def __str__(self) -> str:
+        return self._render()
+
+    def metadata(self) -> dict[str, object]:
+        return {"category": self.category, "status_code": self.status_code, "model": self.model,
+                "endpoint": redact(self.endpoint) if self.endpoint else None, "retryable": self.retryable}
+
+
+def with_context(exc: BaseException, *, model: str | None = None, endpoint: str | None = None) -> ClassifiedError:
+    """Wrap any exception as a :class:`ClassifiedError`, keeping what the classifier found."""
+    if isinstance(exc, ClassifiedError):
+        if model and not exc.model:
+            exc.model = model
+        if endpoint and not exc.endpoint:
+            exc.endpoint = endpoint
+        return exc
+    return ClassifiedError(exc, model=model, endpoint=endpoint, retry_after=retry_after_header(exc))

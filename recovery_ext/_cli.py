@@ -1,0 +1,661 @@
+"""``recovery-ext``: the operator CLI over the store and the recovery scan."""
+
+from __future__ import annotations
+
+import datetime as dt
+import errno
+import functools
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from collections.abc import Callable
+from importlib.metadata import entry_points
+from pathlib import Path
+from typing import Any
+
+import click
+from tabulate import tabulate
+
+from recovery_ext._errors import ConfigurationError, NotFound, RecoveryError, StoreUnavailable
+from recovery_ext._settings import parse_duration
+from recovery_ext._recovery.scan import RecoverySettings, scan
+from recovery_ext._classify.redaction import redact, redact_url
+from recovery_ext._store.dialects import Dialect
+from recovery_ext._store.migrations import LIBRARY
+from recovery_ext._store.ledger import CostFigures
+from recovery_ext._store.models import PassPlan
+from recovery_ext._store.store import URL_ENV, RecoveryStore, default_database_url
+from recovery_ext._store.statuses import WAITING, BreakerState, PipelineStatus, QueueStatus
+from recovery_ext._store.interfaces import CliStore, SensorStore
+
+RULE = "=" * 60
+CLI_RETRY_BUDGET = 3.0
+# Row ids are BIGINT: a larger number is a usage error (exit 2), never a driver overflow.
+ROW_ID = click.IntRange(min=1, max=2**63 - 1)
+# More distinct --kind values than any query should bind (PostgreSQL takes at most 65535 parameters).
+MAX_KINDS = 1000
+
+
+class BadArgument(click.ClickException):
+    """A bad argument found after parsing (a database URL, a missing SQLite file): one line, exit 2."""
+
+    exit_code = 2
+
+
+class Duration(click.ParamType):
+    """``90``, ``90s``, ``10m``, ``1h``, ``1d``: finite and within bounds (else exit 2)."""
+
+    name = "duration"
+    minimum, maximum = 1.0, 366 * 86400.0
+
+    def convert(self, value, param, ctx):
+        try:
+            seconds = parse_duration(value)
+        except ValueError as exc:
+            self.fail(str(exc), param, ctx)
+        if not self.minimum <= seconds <= self.maximum:
+            self.fail(f"must be between {self.minimum:g} and {self.maximum:g} seconds, got {value!r}", param, ctx)
+        return seconds
+
+
+class PollInterval(Duration):
+    name = "seconds"
+    minimum, maximum = 0.1, 60.0
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, dt.datetime):
+        return value.isoformat()
+    if isinstance(value, (bytes, bytearray, memoryview)):  # a bad row: a blob where text belongs
+        return f"<{len(bytes(value))} bytes>"
+    if isinstance(value, dict):
+        return {k: _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if hasattr(value, "__dataclass_fields__"):
+        return _jsonable(dict(value.__dict__))
+    return value
+
+
+def _when(value: dt.datetime | None) -> str:
+    return value.astimezone(dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S") if value else "-"
+
+
+class Output:
+    def __init__(self, as_json: bool) -> None:
+        self.json = as_json
+
+    def emit(self, data: Any, human: Callable[[], None]) -> None:
+        if self.json:
+            click.echo(json.dumps(_jsonable(data), indent=2, sort_keys=True))
+        else:
+            human()
+
+    def progress(self, message: str) -> None:
+        if not self.json:
+            click.echo(message, err=True)
+
+
+def open_store(obj: dict, *, creates_database: bool = False) -> RecoveryStore:
+    """The store of ``--database-url`` (or the default), opened only once the arguments were accepted.
+
+    Only a command that creates the database (``migrate``) may create a SQLite file or its folder:
+    anywhere else a missing file is a mistyped path, and opening it would leave an empty database.
+    """
+    url = obj["url"] or default_database_url(create=creates_database)
+    try:
+        dialect = Dialect.for_url(url)
+        if not creates_database:
+            _require_sqlite_file(dialect)
+        # An operator waits a few seconds at most for an unreachable database, not a heartbeat timeout.
+        return RecoveryStore(url, retry_budget=CLI_RETRY_BUDGET, connect_timeout=5)
+    except ConfigurationError as exc:
+        raise BadArgument(redact(str(exc))) from None
+
+
+def _require_sqlite_file(dialect: Dialect) -> None:
+    if dialect.name != "sqlite":
+        return
+    database = dialect.url.database or ""
+    if database in ("", ":memory:") or database.startswith("file:") or dialect.url.query.get("uri"):
+        return
+    if not Path(database).is_file():
+        raise ConfigurationError(f"no SQLite database at {database} (check --database-url, or create it with "
+                                 "`recovery-ext migrate`)")
+
+
+def command(fn=None, *, creates_database: bool = False):
+    """Open the store, map our errors to a clear message and exit status 1 (a bad argument: 2)."""
+    if fn is None:
+        return functools.partial(command, creates_database=creates_database)
+
+    @click.option("--json", "as_json", is_flag=True, help="Machine-readable JSON output.")
+    @click.pass_obj
+    @functools.wraps(fn)
+    def wrapper(obj, as_json, **kwargs):
+        out = Output(as_json or obj["json"])
+        store = open_store(obj, creates_database=creates_database)
+        try:
+            return fn(store, out, **kwargs)
+        except BrokenPipeError:
+            raise
+        except StoreUnavailable as exc:
+            raise click.ClickException(f"cannot reach the database at {store.dialect.safe_url()}: {exc}") from None
+        except NotFound as exc:
+            raise click.ClickException(str(exc)) from None
+        except RecoveryError as exc:
+            hint = ""
+            try:
+                if store.pending_migrations():
+                    hint = " (the schema is not up to date: run `recovery-ext migrate`)"
+            except RecoveryError:
+                pass
+            raise click.ClickException(redact(str(exc)) + hint) from None
+        except (click.ClickException, click.exceptions.Exit, click.exceptions.Abort, KeyboardInterrupt):
+            raise
+        except OSError as exc:  # e.g. demo setup --folder /proc/x
+            raise click.ClickException(redact(f"{exc.strerror or exc}: {exc.filename or ''}".rstrip(": "))) from None
+        except Exception as exc:  # noqa: BLE001 - no traceback reaches a user, whatever the input
+            raise click.ClickException(f"unexpected error ({type(exc).__name__}): {redact(exc)}") from None
+        finally:
+            store.close()
+
+    return wrapper
+
+
+class RedactingGroup(click.Group):
+    """Usage errors quote the arguments; an argument may be a URL with a password.
+
+    A reader that stops early (``recovery-ext status | head -1``) ends the command quietly, exit 0.
+    """
+
+    def make_context(self, *args, **kwargs):
+        try:
+            return super().make_context(*args, **kwargs)
+        except click.ClickException as exc:
+            exc.message = redact(exc.message)
+            raise
+
+    def invoke(self, ctx):
+        try:
+            result = super().invoke(ctx)
+            sys.stdout.flush()  # a closed pipe shows here, not at interpreter exit
+            return result
+        except click.ClickException as exc:
+            exc.message = redact(exc.message)
+            raise
+        except OSError as exc:
+            if exc.errno != errno.EPIPE:
+                raise
+            _silence_stdout()
+            ctx.exit(0)
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null so the interpreter's last flush of a closed pipe cannot fail again."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError, AttributeError):  # not a real file (a test runner's buffer)
+        pass
+
+
+@click.group(cls=RedactingGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--database-url", envvar=URL_ENV, show_envvar=True, metavar="URL",
+              help="Application tables (postgresql://... or sqlite:///...). Default: SQLite under $DAGSTER_HOME.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable JSON output for every command.")
+@click.pass_context
+def main(ctx: click.Context, database_url: str | None, as_json: bool) -> None:
+    """Operate recovery-ext: migrations, status, recovery, stuck items and events."""
+    # Nothing is resolved (no default folder made) until a command's arguments are accepted.
+    # Plugin commands open the store through ``open_store`` too.
+    ctx.obj = {"url": database_url, "json": as_json}
+    ctx.obj["open_store"] = functools.partial(open_store, ctx.obj)
+
+
+@main.command()
+@click.option("--print", "print_only", is_flag=True, help="Show the SQL of pending migrations without running it.")
+@click.option("--package", "packages", multiple=True, metavar="PACKAGE",
+              help="Also apply the migrations of an application package (<package>/sql/<dialect>/NNNN_*.sql), "
+                   "after the library's. Repeatable.")
+@command(creates_database=True)
+def migrate(store: CliStore, out: Output, print_only: bool, packages: tuple[str, ...]) -> None:
+    """Apply the schema migrations in order (recorded in rx_schema_migrations, rx_app_migrations)."""
+    sources = [LIBRARY, *packages]
+    pending = [(source, m) for source in sources for m in store.pending_migrations(source)]
+    if print_only:
+        for source, m in pending:
+            click.echo(f"-- {m.version:04d}_{m.name} of {source} ({store.dialect.name})\n{m.sql.strip()}\n")
+        if not pending:
+            click.echo("-- the schema is up to date", err=True)
+        return
+    for source, m in pending:
+        out.progress(f"applying {m.version:04d}_{m.name} of {source} ...")
+    applied = [(source, m) for source in sources for m in store.migrate(source)]
+    out.emit({"applied": [f"{m.version:04d}_{m.name}" if source == LIBRARY else f"{source}:{m.version:04d}_{m.name}"
+                          for source, m in applied]},
+             lambda: click.echo(f"applied {len(applied)} migration(s)" if applied else "the schema is up to date"))
+
+
+@main.command()
+@click.option("--threshold", type=Duration(), default="10m", show_default=True,
+              help="Processing items without a heartbeat deadline (legacy rows) started longer ago than this are "
+                   "stuck; the others are stuck when their heartbeat deadline passed or their pipeline was reclaimed.")
+@click.option("--deployment", metavar="NAME", help="Only the pipelines of this deployment (one Dagster instance).")
+@command
+def status(store: CliStore, out: Output, threshold: float, deployment: str | None) -> None:
+    """Pipelines by deployment and status, orphans and stuck items now, auto-recovered in 24 h, dead items."""
+    data = {
+        "pipelines": store.pipeline_summary(deployment=deployment),
+        "orphans": [o.__dict__ for o in store.find_orphans(deployment=deployment)],
+        "stuck_items": [_stuck(i) for i in store.stale_items(older_than_seconds=threshold)],
+        "waiting_items": [{"id": i.id, "queue": i.queue, "attempts": i.attempts, "available_at": i.available_at,
+                           "last_error": i.last_error} for i in store.waiting_items()],
+        "auto_recovered_24h": {"pipelines": store.count_events("pipeline_recovered", within_seconds=86400),
+                               "items": store.count_events("item_reset", within_seconds=86400)},
+        "dead_items": [{"id": i.id, "queue": i.queue, "attempts": i.attempts, "last_error": i.last_error}
+                       for i in store.dead_items()],
+        "queues": store.queue_summary(),
+        "waiting": store.waiting_pipelines(),
+        "circuit_breakers": [b for b in store.breakers()
+                             if b["state"] != BreakerState.CLOSED or b["consecutive_failures"]],
+        "unwatched_pipelines": store.unwatched_pipelines(),
+        "unknown_status_items": store.items_with_unknown_status(),
+        "bad_items": store.items_with_bad_values(),
+        "dangling_rows": store.dangling_rows(),
+    }
+
+    def human() -> None:
+        click.echo("Pipelines by status")
+        click.echo(tabulate([(r["deployment"], r["status"], r["count"], _seconds(r["avg_seconds"]))
+                             for r in data["pipelines"]],
+                            headers=["deployment", "status", "count", "avg duration"]) or "  (none)")
+        click.echo(f"\nOrphans now: {len(data['orphans'])}")
+        for o in data["orphans"]:
+            click.echo(f"  - pipeline {o['id']} ({o['job_name']}) owner {o['owner']}: {o['reason']}")
+        click.echo(f"Stuck items now: {len(data['stuck_items'])}")
+        for i in data["stuck_items"]:
+            click.echo(f"  - item {i['id']} ({i['queue']}) worker {i['worker']} since {_when(i['started_at'])}: "
+                       f"{i['reason']}")
+        click.echo(f"Items waiting for their retry delay: {len(data['waiting_items'])}")
+        for i in data["waiting_items"]:
+            click.echo(f"  - item {i['id']} ({i['queue']}) attempt {i['attempts']} failed; retry at "
+                       f"{_when(i['available_at'])}: {i['last_error']}")
+        rec = data["auto_recovered_24h"]
+        click.echo(f"Auto-recovered in the last 24 h: {rec['pipelines']} pipelines, {rec['items']} items")
+        click.echo(f"Dead items: {len(data['dead_items'])}")
+        for i in data["dead_items"]:
+            click.echo(f"  - item {i['id']} ({i['queue']}) after {i['attempts']} attempts: {i['last_error']}")
+        click.echo(f"Waiting on a provider outage: {len(data['waiting'])}")
+        for w in data["waiting"]:
+            click.echo(f"  - pipeline {w['id']} ({w['job_name']}) waiting, next try {_when(w['waiting_until'])}: "
+                       f"{w['waiting_reason']}")
+        click.echo(f"Circuit breakers not closed: {sum(b['state'] != 'closed' for b in data['circuit_breakers'])}")
+        for b in data["circuit_breakers"]:
+            until = f" until {_when(b['open_until'])}" if b["state"] == BreakerState.OPEN else ""
+            click.echo(f"  - {b['endpoint']}: {b['state']}{until}, {b['consecutive_failures']} failures in a row, "
+                       f"opened {b['open_count']}x; last error: {(b['last_error'] or '')[:80]}")
+        for u in data["unwatched_pipelines"]:
+            click.echo(f"  ! pipeline {u['id']} ({u['job_name']}) owner {u['owner']}: {u['reason']}")
+        for i in data["unknown_status_items"]:
+            click.echo(f"  ! item {i['id']} ({i['queue']}) has unknown status {i['status']!r}")
+        for i in data["bad_items"]:
+            click.echo(f"  ! item {i['id']} ({i['queue']}, {i['status']}): {i['reason']}")
+        for d in data["dangling_rows"]:
+            click.echo(f"  ! {d['rows']} {d['kind']} row(s): {d['reason']}")
+        if data["queues"]:
+            click.echo("\nQueues")
+            click.echo(tabulate([(r["queue"], r["status"], r["count"], _seconds(r["avg_seconds"]))
+                                 for r in data["queues"]], headers=["queue", "status", "count", "avg duration"]))
+
+    out.emit(data, human)
+
+
+def _stuck(item) -> dict:
+    """A stuck queue item as ``status`` and ``reset-stuck`` report it (the store's one stale rule)."""
+    return {"id": item.id, "queue": item.queue, "worker": item.worker, "started_at": item.started_at,
+            "attempts": item.attempts, "heartbeat_deadline": item.heartbeat_deadline, "reason": item.stale_reason}
+
+
+def _seconds(value: float | None) -> str:
+    if value is None:
+        return "-"
+    return f"{value:.1f} s" if value < 120 else f"{value / 60:.1f} min"
+
+
+@main.group()
+def pipelines() -> None:
+    """Inspect pipelines."""
+
+
+@pipelines.command("list")
+@click.option("--status", "status_", type=click.Choice(
+    [s.value for s in (PipelineStatus.PENDING, PipelineStatus.RUNNING, PipelineStatus.COMPLETED,
+                       PipelineStatus.FAILED)]))
+@click.option("--limit", type=click.IntRange(1, 10_000), default=20, show_default=True)
+@click.option("--deployment", metavar="NAME", help="Only the pipelines of this deployment (one Dagster instance).")
+@command
+def list_pipelines(store: CliStore, out: Output, status_: str | None, limit: int, deployment: str | None) -> None:
+    """The most recent pipelines."""
+    rows = store.list_pipelines(status=status_, limit=limit, deployment=deployment)
+    out.emit([r.__dict__ for r in rows], lambda: click.echo(tabulate(
+        [(p.id, p.job_name, p.deployment, p.shown_status, p.owner, p.resume_count, _when(p.created_at),
+          p.gave_up_reason or "") for p in rows],
+        headers=["id", "job", "deployment", "status", "owner", "resumes", "created", "gave up"])))
+
+
+@pipelines.command("show")
+@click.argument("pipeline_id", type=ROW_ID)
+@command
+def show_pipeline(store: CliStore, out: Output, pipeline_id: int) -> None:
+    """Nodes, items done/total, attempts, errors and transitions of one pipeline."""
+    p = store.get_pipeline(pipeline_id)
+    node_rows = store.list_nodes(pipeline_id)
+    done = store.node_item_totals(pipeline_id)
+    history = store.transitions_for(pipeline_id=pipeline_id)
+    degraded = store.degraded_counts(pipeline_id)
+    data = {"pipeline": {**p.__dict__, "shown_status": p.shown_status},
+            "nodes": [{**n.__dict__, "items_done": done.get(n.name, 0), "items_degraded": degraded.get(n.name, 0)}
+                      for n in node_rows],
+            "transitions": history}
+
+    def items(n) -> str:
+        if n.items_total is None:
+            return "-"
+        extra = f" ({degraded[n.name]} degraded)" if degraded.get(n.name) else ""
+        return f"{done.get(n.name, 0)}/{n.items_total}{extra}"
+
+    def human() -> None:
+        click.echo(f"Pipeline {p.id}  {p.job_name}  {p.shown_status}  owner={p.owner}  epoch={p.epoch}  "
+                   f"resumes={p.resume_count}/{p.max_resumes}")
+        click.echo(f"  created {_when(p.created_at)}  heartbeat until {_when(p.heartbeat_deadline)}  "
+                   f"deadline {_when(p.deadline)}")
+        if p.shown_status == WAITING:
+            click.echo(f"  waiting since {_when(p.waiting_since)}, next try {_when(p.waiting_until)}: "
+                       f"{p.waiting_reason}")
+        if degraded:
+            click.echo(f"  degraded items (fallback answers): {sum(degraded.values())}; "
+                       f"`recovery-ext redo-degraded {p.id}` asks the provider again")
+        if p.error or p.gave_up_reason:
+            click.echo(f"  error: {p.error or ''}  gave up: {p.gave_up_reason or ''}")
+        click.echo()
+        click.echo(tabulate([(n.position, n.name, n.status, n.attempts, items(n),
+                              n.error_category or "", (n.error or "")[:60], n.run_id or "") for n in node_rows],
+                            headers=["#", "node", "status", "attempts", "items", "category", "error", "run"]))
+        click.echo("\nTransitions")
+        click.echo(tabulate([(_when(t["at"]), t["entity_type"], t["entity_id"], t["from_status"] or "",
+                              t["to_status"], t["event"]) for t in history],
+                            headers=["at", "entity", "id", "from", "to", "event"]))
+
+    out.emit(data, human)
+
+
+@main.command()
+@click.argument("pipeline_id", type=ROW_ID, required=False, metavar="[PIPELINE]")
+@command
+def costs(store: RecoveryStore, out: Output, pipeline_id: int | None) -> None:
+    """Provider calls, tokens and cost: spent, saved by resume (kept from before a crash, at what they cost
+    then) and wasted (paid for, never checkpointed), for one pipeline by node, or for all by pipeline."""
+    if pipeline_id is not None:
+        store.get_pipeline(pipeline_id)  # NotFound: one clear error
+    report = store.provider_costs(pipeline_id)
+    if pipeline_id is not None:
+        figures = report.pipelines.get(pipeline_id) or CostFigures()
+        nodes = report.nodes.get(pipeline_id, {})
+        data = {"pipeline_id": pipeline_id, **figures.as_dict(),
+                "nodes": {name or "(outside nodes)": n.as_dict() for name, n in sorted(nodes.items())}}
+        rows = [(name or "(outside nodes)", n) for name, n in sorted(nodes.items())] + [("total", figures)]
+        first = "node"
+    else:
+        data = report.as_dict()
+        rows = [(f"{pid} {report.jobs.get(pid) or ''}".strip(), f) for pid, f in sorted(report.pipelines.items())]
+        rows.append(("total", report.total))
+        first = "pipeline"
+
+    def human() -> None:
+        click.echo(tabulate([(label, f.calls, f.tokens_in, f.tokens_out, f"{f.cost:.6g}",
+                              f"{f.saved_calls} / {f.saved_tokens} / {f.saved_cost:.6g}",
+                              f"{f.wasted_calls} / {f.wasted_tokens} / {f.wasted_cost:.6g}") for label, f in rows],
+                            headers=[first, "calls", "tokens in", "tokens out", "cost",
+                                     "saved calls/tokens/cost", "wasted calls/tokens/cost"]))
+
+    out.emit(data, human)
+
+
+@main.command()
+@click.option("--limit", type=click.IntRange(1, 100_000), default=1000, show_default=True,
+              help="Reclaim at most this many orphans.")
+@command
+def recover(store: SensorStore, out: Output, limit: int) -> None:
+    """Run the startup recovery scan now: reclaim orphans (the orphan sensor launches their resume runs)."""
+    out.progress("scanning for orphaned pipelines ...")
+    try:
+        settings = RecoverySettings.from_env()
+    except ConfigurationError as exc:
+        raise click.ClickException(str(exc)) from None
+    stats = scan(store, PassPlan(limit=limit, trigger="cli"), settings=settings)
+    if stats.error and stats.failed:
+        raise click.ClickException(f"recovery scan failed: {stats.error}")
+    data = {**stats.as_dict(), "reclaimed_pipelines": [r.pipeline_id for r in stats.reclaimed_pipelines],
+            "given_up_pipelines": [{"id": g.pipeline_id, "reason": g.reason} for g in stats.given_up_pipelines]}
+
+    def human() -> None:
+        click.echo(f"found {stats.found} orphan(s): {stats.reclaimed} reclaimed (awaiting their resume run), "
+                   f"{stats.given_up} given up, in {stats.duration_ms:.0f} ms")
+        for r in stats.reclaimed_pipelines:
+            click.echo(f"  - pipeline {r.pipeline_id} ({r.job_name}) resume #{r.resume_number}, "
+                       f"reset nodes: {', '.join(r.reset_nodes) or '-'}")
+        for g in stats.given_up_pipelines:
+            click.echo(f"  - pipeline {g.pipeline_id} given up: {g.reason}")
+
+    out.emit(data, human)
+
+
+@main.command("reset-stuck")
+@click.option("--threshold", type=Duration(), default="10m", show_default=True,
+              help="Processing items without a heartbeat deadline (legacy rows) started longer ago than this are "
+                   "stuck; the others are stuck when their heartbeat deadline passed or their pipeline was reclaimed.")
+@click.option("--queue", help="Only this queue.")
+@click.option("--job-id", "item_id", type=ROW_ID, help="Show one item's status, then reset it if stuck.")
+@click.option("--dry-run", is_flag=True, help="List what would be reset, change nothing.")
+@command
+def reset_stuck(store: CliStore, out: Output, threshold: float, queue: str | None, item_id: int | None,
+                dry_run: bool) -> None:
+    """Reset stuck queue items back to ready (manual recovery)."""
+    if item_id is not None:
+        item = store.get_item(item_id)
+        out.progress(f"Item {item.id} ({item.queue}): {item.status}, worker {item.worker or '-'}, "
+                     f"started {_when(item.started_at)}, attempts {item.attempts}/{item.max_attempts}")
+    out.progress(f"Checking for stuck items (threshold {_seconds(threshold)}) ...")
+    stuck = store.stale_items(queue=queue, older_than_seconds=threshold, item_id=item_id)
+    reset = [] if dry_run else store.reset_stale(queue=queue, older_than_seconds=threshold, item_id=item_id,
+                                                 reason="reset-stuck command")
+    data = {"dry_run": dry_run, "stuck": [_stuck(i) for i in stuck],
+            "reset": [{"id": r.id, "new_status": r.new_status} for r in reset]}
+
+    def human() -> None:
+        if not stuck:
+            click.echo("No stuck items found.")
+        else:
+            click.echo(f"Found {len(stuck)} stuck item(s):")
+            for i in stuck:
+                name = i.payload.get("name") if isinstance(i.payload, dict) else None
+                click.echo(f"   - Item ID: {i.id}\n     Queue: {i.queue}\n     Worker: {i.worker}\n"
+                           f"     Started: {_when(i.started_at)}\n     Attempts: {i.attempts}\n"
+                           f"     Stuck: {i.stale_reason}"
+                           + (f"\n     Document: {name}" if name else ""))
+            if dry_run:
+                click.echo("Dry run: nothing was changed.")
+            else:
+                ready = sum(r.new_status == QueueStatus.READY for r in reset)
+                click.echo(f"Reset {len(reset)} stuck item(s): processing -> ready ({ready}), "
+                           f"-> dead at max attempts ({len(reset) - ready})")
+        click.echo(f"{RULE}\nSummary\n{RULE}\nTotal stuck items {'found' if dry_run else 'reset'}: "
+                   f"{len(stuck) if dry_run else len(reset)}")
+
+    out.emit(data, human)
+
+
+@main.command("retry-dead")
+@click.argument("item_ids", nargs=-1, type=ROW_ID)
+@click.option("--all", "retry_all", is_flag=True, help="Retry every dead item.")
+@click.option("--queue", help="With --all: only this queue.")
+@command
+def retry_dead(store: CliStore, out: Output, item_ids: tuple[int, ...], retry_all: bool,
+               queue: str | None) -> None:
+    """Put dead items back to ready with their attempts cleared (recorded as a transition)."""
+    if bool(item_ids) == retry_all:
+        raise click.UsageError("give item IDs or --all (not both)")
+    retried = store.retry_dead(None if retry_all else list(item_ids), queue=queue)
+    out.emit({"retried": retried}, lambda: click.echo(f"retried {len(retried)} dead item(s): "
+                                                       f"{', '.join(map(str, retried)) or '-'}"))
+
+
+@main.command("redo-degraded")
+@click.argument("pipeline_id", type=ROW_ID)
+@click.option("--node", help="Only this node's degraded items.")
+@command
+def redo_degraded(store: CliStore, out: Output, pipeline_id: int, node: str | None) -> None:
+    """Ask the provider again for the degraded items (fallback answers) of a completed pipeline.
+
+    The pipeline is reopened awaiting a resume run, which the orphan sensor launches on its next
+    tick; the resume run skips every other node and item.
+    """
+    try:
+        grace = RecoverySettings.from_env().launch_grace_seconds
+    except ConfigurationError as exc:
+        raise click.ClickException(str(exc)) from None
+    reopened = store.reopen_degraded(pipeline_id, node, grace_seconds=grace)
+    data = {"pipeline_id": pipeline_id, "nodes": list(reopened.nodes), "items": reopened.items,
+            "resume_number": reopened.resume_number}
+
+    def human() -> None:
+        if not reopened.items:
+            click.echo(f"pipeline {pipeline_id} has no degraded items; nothing to redo")
+            return
+        click.echo(f"pipeline {pipeline_id} ({reopened.job_name}) reopened as resume #{reopened.resume_number}: "
+                   f"{reopened.items} degraded item(s) in {', '.join(reopened.nodes)}; the orphan sensor "
+                   "launches the resume run on its next tick")
+
+    out.emit(data, human)
+
+
+@main.command()
+@click.option("--follow", "-f", is_flag=True, help="Keep printing new events until interrupted.")
+@click.option("--kind", multiple=True, help="Only these kinds (repeatable).")
+@click.option("--limit", type=click.IntRange(1, 10_000), default=50, show_default=True)
+@click.option("--interval", type=PollInterval(), default="1", show_default=True,
+              help="Seconds between polls with --follow.")
+@command
+def events(store: CliStore, out: Output, follow: bool, kind: tuple[str, ...], limit: int,
+           interval: float) -> None:
+    """Recovery events (the outbox), the newest --limit of them: recovered, stuck, item reset, item dead ..."""
+    kinds = tuple(dict.fromkeys(kind)) or None
+    if kinds and len(kinds) > MAX_KINDS:
+        raise BadArgument(f"at most {MAX_KINDS} different --kind values, got {len(kinds)}")
+    if follow:
+        recent, cursor = store.start_following(kinds=kinds, limit=limit)
+    else:
+        recent = store.recent_events(kinds=kinds, limit=limit, newest=True)
+
+    def show(rows: list[dict]) -> None:
+        for e in rows:
+            if out.json:
+                click.echo(json.dumps(_jsonable(e), sort_keys=True))
+            else:
+                target = f"pipeline {e['pipeline_id']}" if e["pipeline_id"] else (
+                    f"item {e['queue_item_id']}" if e["queue_item_id"] else "")
+                click.echo(f"{_when(e['created_at'])}  #{e['id']:<6} {e['kind']:<20} {target:<14} "
+                           f"{json.dumps(_jsonable(e['payload']), sort_keys=True)}")
+            sys.stdout.flush()
+
+    show(recent)
+    while follow:
+        try:
+            time.sleep(interval)
+            show(store.follow_events(cursor, kinds=kinds))
+        except KeyboardInterrupt:
+            return
+
+
+@main.group()
+def metrics() -> None:
+    """Prometheus metrics read from the application tables."""
+
+
+@metrics.command("serve")
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
+@click.option("--port", type=click.IntRange(0, 65535), default=9464, show_default=True,
+              help="Port to listen on (0: any free port, printed at start).")
+@command
+def metrics_serve(store: RecoveryStore, out: Output, host: str, port: int) -> None:
+    """Serve /metrics for Prometheus; each scrape reads the tables, nothing is kept between scrapes."""
+    try:
+        from recovery_ext._observe.exporter import MetricsServer
+    except ImportError as exc:
+        if (exc.name or "").split(".")[0] != "prometheus_client":
+            raise
+        raise click.ClickException("the metrics exporter needs prometheus-client: "
+                                   "pip install 'recovery-ext[metrics]'") from None
+    try:
+        store.metrics_snapshot()
+    except RecoveryError as exc:
+        click.echo(f"warning: cannot read the database now ({redact(exc)}); scrapes report "
+                   "recovery_database_up 0 until it can", err=True)
+    try:
+        server = MetricsServer(store, host, port)
+    except OSError as exc:
+        raise click.ClickException(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+    url = f"http://{host}:{server.port}/metrics"
+    out.emit({"url": url, "host": host, "port": server.port}, lambda: click.echo(f"serving metrics on {url}"))
+    sys.stdout.flush()
+    server.serve_until_stopped()
+
+
+@main.command()
+@click.argument("pipeline_id", type=ROW_ID)
+@click.option("--html", "html_path", required=True, type=click.Path(dir_okay=False, path_type=Path),
+              help="Write the report to this file (one self-contained HTML page).")
+@command
+def report(store: RecoveryStore, out: Output, pipeline_id: int, html_path: Path) -> None:
+    """A pipeline across its runs: a timeline of runs, faults, reclaims, waits and the items each run did."""
+    from recovery_ext._observe.report import render_html
+    from recovery_ext._observe.timeline import build_timeline
+
+    timeline = build_timeline(store.pipeline_history(pipeline_id))
+    page = render_html(timeline)
+    # Written beside the target and renamed over it: a failed write never leaves half a report.
+    partial = html_path.with_name(f".{html_path.name}.partial")
+    try:
+        partial.write_text(page, encoding="utf-8")
+        partial.replace(html_path)
+    finally:
+        partial.unlink(missing_ok=True)
+    data = {"file": str(html_path), **timeline.as_dict()}
+    out.emit(data, lambda: click.echo(
+        f"wrote {html_path}: pipeline {pipeline_id}, {len(timeline.runs)} run(s), "
+        f"{sum(r.items_done for r in timeline.runs)} item(s)"))
+
+
+def _add_plugin_commands(group: click.Group) -> None:
+    """Commands that other installed packages add (entry point group ``recovery_ext.commands``).
+
+    The library knows none of them by name: the demo pipelines add ``demo`` this way.
+    """
+    for entry in entry_points(group="recovery_ext.commands"):
+        if entry.name in group.commands:
+            continue
+        try:
+            group.add_command(entry.load(), entry.name)
+        except Exception as exc:  # noqa: BLE001 - a broken plugin must not take the operator CLI down
+            click.echo(f"warning: command {entry.name!r} from {entry.value} is unavailable: {redact(exc)}", err=True)
+
+
+_add_plugin_commands(main)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,105 @@
+"""A Celery run that was superseded stops, instead of waiting for ever on a dead worker.
+
+**A superseded run stops** (:func:`execute_fenced`). dagster-celery polls only ``result.ready()``:
+a task whose worker host died never becomes ready, so its run would wait for ever (no step health
+check upstream). Here the run worker watches its own pipeline lease: once the pipeline was
+reclaimed (a node's heartbeat expired, the run was reclaimed while cut off, ...), it revokes every
+task it submitted (``terminate=True``: a live worker kills the step's process), submits nothing
+more, treats the tasks still out as revoked, marks the run FAILURE with a message naming the
+resume run (unless the orphan sensor already did), and ends as an interrupted run.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def is_celery_executor(executor: Any) -> bool:
+    try:
+        from dagster_celery.executor import CeleryExecutor
+    except ImportError:
+        return False
+    return isinstance(executor, CeleryExecutor)
+
+
+class _Fence:
+    """What the run's tasks see of its pipeline lease: superseded once the lease is lost."""
+
+    def __init__(self, scope: Any) -> None:
+        self.scope = scope
+        self.results: list[Any] = []
+        self.revoked = False
+
+    def superseded(self) -> bool:
+        if not self.scope.superseded():
+            return False
+        if not self.revoked:
+            self.revoked = True
+            for result in self.results:
+                try:
+                    result.revoke(terminate=True)
+                except Exception:  # noqa: BLE001 - the broker may be away; the tasks are fenced anyway
+                    pass
+        return True
+
+
+class _FencedResult:
+    """An ``AsyncResult`` that reads as revoked once the run was superseded.
+
+    dagster-celery polls ``ready()`` once a second; a task whose worker died is never ready, so
+    without this its run would wait for ever.
+    """
+
+    def __init__(self, result: Any, fence: _Fence) -> None:
+        self.result = result
+        self.fence = fence
+
+    def ready(self) -> bool:
+        return self.fence.superseded() or self.result.ready()
+
+    def get(self, *args: Any, **kwargs: Any) -> Any:
+        from celery.exceptions import TaskRevokedError
+
+        if self.fence.superseded() and not self.result.ready():
+            raise TaskRevokedError(f"task {self.result.id}: its run was superseded by a recovery resume")
+        # Under the CeleryRunLauncher the run worker is itself a Celery task, and Celery refuses a
+        # plain get() there ("Never call result.get() within a task!"); the result is ready here.
+        kwargs.setdefault("disable_sync_subtasks", False)
+        return self.result.get(*args, **kwargs)
+
+    def revoke(self, *args: Any, **kwargs: Any) -> Any:
+        return self.result.revoke(*args, **kwargs)
+
+
+class _NotSubmitted:
+    """A step the superseded run did not submit: it reads as revoked at once."""
+
+    id = None
+
+    def ready(self) -> bool:
+        return True
+
+    def get(self, *args: Any, **kwargs: Any) -> Any:
+        from celery.exceptions import TaskRevokedError
+
+        raise TaskRevokedError("not submitted: the run was superseded by a recovery resume")
+
+    def revoke(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+
+def execute_fenced(inner: Any, plan_context: Any, execution_plan: Any, scope: Any):
+    """dagster-celery's own execution loop and task submission, with results fenced by the run's lease."""
+    from dagster_celery.core_execution_loop import core_celery_execution_loop
+    from dagster_celery.executor import _submit_task
+
+    fence = _Fence(scope)
+
+    def submit(app, context, step, queue, priority, known_state):
+        if fence.superseded():
+            return _NotSubmitted()
+        result = _submit_task(app, context, step, queue, priority, known_state)
+        fence.results.append(result)
+        return _FencedResult(result, fence)
+
+    yield from core_celery_execution_loop(plan_context, execution_plan, step_execution_fn=submit)

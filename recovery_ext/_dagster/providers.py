@@ -1,0 +1,119 @@
+"""A node's guarded provider calls: the outage guard bound to the node's pipeline."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import math
+
+from dagster import Failure, RetryRequested
+
+from recovery_ext._classify.classifier import ClassifiedError, retry_after_of
+from recovery_ext._errors import OwnershipLost
+from recovery_ext._providers.budget import RateBudget
+from recovery_ext._store.budgets import ProviderLimits
+from recovery_ext._providers.guard import ProviderGuard, StorePause
+from recovery_ext._classify.redaction import redact
+from recovery_ext._classify.retry import RetryPolicy, wait_jittered_exponential
+from recovery_ext._dagster.errors import to_failure
+from recovery_ext._dagster.context import NodeContext
+from recovery_ext._dagster.node_run import NodeRun
+from recovery_ext._dagster.run_state import RunStateReporter
+from recovery_ext._store.models import Ownership
+
+
+class RunVisiblePause(StorePause):
+    """A pause shown on the pipeline row and on the Dagster run (tag ``recovery/state`` and engine events)."""
+
+    def __init__(self, store, own, node: str, reporter: RunStateReporter) -> None:
+        super().__init__(store, own, node)
+        self.reporter = reporter
+
+    def begin(self, seconds: float, reason: str) -> None:
+        super().begin(seconds, reason)
+        self.reporter.waiting(seconds, reason, until=self.until)
+
+    def retrying(self) -> None:
+        was_paused = self.paused
+        super().retrying()
+        if was_paused:
+            self.reporter.going_on("the pause is over, asking the provider again")
+
+    def end(self, *, outage_over: bool) -> None:
+        was_paused = self.paused
+        super().end(outage_over=outage_over)
+        if was_paused:
+            self.reporter.going_on("the provider answered" if outage_over else "the outage budget is spent")
+
+
+def provider_guard(ctx: NodeContext, endpoint: str, policy: RetryPolicy, *,
+                   sleep: Callable[[float], None] | None = None, limits: ProviderLimits | None = None) -> ProviderGuard:
+    """Calls to ``endpoint`` from this node: the shared breaker, Retry-After, pauses shown on the pipeline,
+    and with ``limits`` the endpoint's request and token budget shared by every process.
+
+    A pause or a budget wait sleeps in the node while its heartbeat goes on; losing ownership wakes it at
+    once. No attempt starts once this worker is superseded or its run worker died.
+    """
+    watchdog = ctx.watchdog
+    store, own, who = ctx._store, ctx.ownership, f"{ctx.ownership.owner}/{ctx.pipeline_id}/{ctx.node_name}"
+    shutdown = watchdog.superseded if watchdog is not None else None
+    budget = None
+    reporter = RunStateReporter(ctx.context, ctx.node_name)
+    if limits is not None and limits.enabled:
+        budget = RateBudget(
+            store, endpoint, limits, who=who, stop=shutdown, check=ctx.check_calls, log=ctx.log.info,
+            show_wait=lambda seconds, reason: _show_budget_wait(store, own, ctx, reporter, seconds, reason),
+            end_wait=lambda: _end_budget_wait(store, own, ctx, reporter))
+    return ProviderGuard(
+        endpoint, policy=policy, settings=ctx.resource.outage_settings(), store=store,
+        pause=RunVisiblePause(store, own, ctx.node_name, RunStateReporter(ctx.context, ctx.node_name)), who=who,
+        shutdown=shutdown, sleep=sleep, log=ctx.log.warning, budget=budget, check=ctx.check_calls,
+    )
+
+
+def _show_budget_wait(store, own: Ownership, ctx: NodeContext, reporter: RunStateReporter, seconds: float,
+                      reason: str) -> None:
+    """A wait for the provider's budget, shown on the pipeline row and on the Dagster run."""
+    if store.show_budget_wait(own, seconds, reason, node=ctx.node_name):
+        reporter.waiting(seconds, f"rate budget: {reason}")
+
+
+def _end_budget_wait(store, own: Ownership, ctx: NodeContext, reporter: RunStateReporter) -> None:
+    if store.clear_budget_wait(own, node=ctx.node_name):
+        reporter.going_on("the provider's rate budget has room again")
+
+
+def node_outage_pause(run: NodeRun, own: Ownership, err: ClassifiedError,
+                      repeated: int) -> tuple[RetryRequested | Failure, ClassifiedError]:
+    """A node kept failing transiently: pause the pipeline (shown as waiting) and retry the node after a
+    jittered exponential cool-down, or give up once the outage outlasts the budget.
+
+    The pause is Dagster's own retry wait; the run keeps the pipeline alive meanwhile. The outage clock
+    is ``waiting_since`` on the database clock, so it counts across retries and resumes alike.
+    """
+    context, store, op_name = run.context, run.store, run.name
+    settings = run.resource.outage_settings()
+    elapsed = store.waiting_seconds(own.pipeline_id) or 0.0
+    if elapsed >= settings.budget_seconds:
+        err = ClassifiedError(err, category=err.category, status_code=err.status_code, retryable=False,
+                              model=err.model, endpoint=err.endpoint,
+                              message=f"gave up: {op_name} kept failing ({err.category}) for {elapsed:.1f} s, longer "
+                                      f"than the outage budget of {settings.budget_seconds:g} s; last error: "
+                                      f"{err.detail}")
+        return to_failure(err), err
+    # Pause k waits pause_initial * 2**(k-1): after pauses of 30, 60, 120 s the outage clock reads 210 s.
+    number = 1 + int(math.log2(1 + elapsed / settings.pause_initial))
+    delay = wait_jittered_exponential(settings.pause_initial, max_delay=settings.pause_max,
+                                      jitter=settings.jitter).delay(number)
+    asked = retry_after_of(err)
+    if asked is not None:
+        delay = max(delay, min(asked, settings.pause_max))
+    reason = redact(f"{repeated} {err.category} errors in a row in {op_name}: {err.detail}")[:400]
+    try:
+        until = store.set_waiting(own, delay, reason, node=op_name)
+    except OwnershipLost as lost:
+        raise Failure(description=f"superseded by run {lost.owner}; stopped without writing",
+                      allow_retries=False) from None
+    RunStateReporter(context, op_name).waiting(delay, reason, until=until)
+    context.log.warning(f"{op_name}: pipeline {own.pipeline_id} waits {delay:.1f} s (pause {number}): {reason}")
+    return RetryRequested(max_retries=context.retry_number + 1, seconds_to_wait=delay), err

@@ -1,0 +1,260 @@
+"""What the orphan sensor asks Dagster and tells it: batched run lookups, resume run requests
+that keep what the user launched, and stopping the runs a reclaim superseded.
+
+Every lookup is batched (one ``get_runs``/``get_run_ids`` per ``BATCH`` runs), never one query per
+orphan: a tick with thousands of orphans spends its time in the store, not in Dagster round trips.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor, wait
+from dataclasses import dataclass
+
+from dagster import DagsterRun, DagsterRunStatus, JobDefinition, RunRequest, RunsFilter
+
+from recovery_ext._store.database import chunks
+from recovery_ext._recovery.protocol import OwnerStates, ResumeStates, StopOutcome, superseded_message
+from recovery_ext._store.models import GivenUp, Reclaimed
+from recovery_ext._classify.redaction import MASK, redact, redact_config
+from recovery_ext._dagster.tags import TAG_PARENT_RUN as PARENT_RUN_TAG
+from recovery_ext._dagster.tags import TAG_OP_SELECTION, TAG_PIPELINE, TAG_RESUME_NUMBER, TAG_RESUMED_FROM
+from recovery_ext._dagster.tags import TAG_WILL_RETRY as WILL_RETRY_TAG
+
+log = logging.getLogger("recovery_ext.sensors")
+
+BATCH = 500
+# Dagster's own tag names (dagster._core.storage.tags); spelled out to stay off private modules.
+RUN_KEY_TAG = "dagster/run_key"
+PRIORITY_TAG = "dagster/priority"
+PARTITION_TAG = "dagster/partition"
+# a single-run backfill of a partition range (BackfillPolicy.single_run) tags its one run with the range
+PARTITION_RANGE_TAGS = ("dagster/asset_partition_range_start", "dagster/asset_partition_range_end")
+SYSTEM_PREFIXES = ("dagster/", ".dagster/", "recovery/", "dagster-")
+
+LIVE_STATUSES = [DagsterRunStatus.STARTING, DagsterRunStatus.STARTED, DagsterRunStatus.CANCELING]
+# A resume run in these states has not had its chance to attach yet: its reservation is extended.
+WAITING_STATUSES = (DagsterRunStatus.QUEUED, DagsterRunStatus.NOT_STARTED, DagsterRunStatus.STARTING)
+FINISHED_STATUSES = (DagsterRunStatus.FAILURE, DagsterRunStatus.CANCELED, DagsterRunStatus.SUCCESS)
+
+_PLACEHOLDER = re.compile(r"^resume-(\d+)-(\d+)$")
+
+
+def is_placeholder(owner: str) -> bool:
+    return bool(_PLACEHOLDER.match(owner))
+
+
+def resume_run_key(pipeline_id: int, resume_number: int) -> str:
+    return f"recovery-{pipeline_id}-{resume_number}"
+
+
+def placeholder_run_key(placeholder: str) -> str:
+    pipeline_id, number = _PLACEHOLDER.match(placeholder).groups()  # type: ignore[union-attr]
+    return resume_run_key(int(pipeline_id), int(number))
+
+
+def classify_owner_runs(instance, run_ids: Sequence[str]) -> OwnerStates:
+    """Three id-only queries per ``BATCH`` owners (no run is deserialized), plus one for the
+    retries of runs Dagster is retrying."""
+    dead: list[str] = []
+    will_retry: list[str] = []
+    canceled: list[str] = []
+    canceling: list[str] = []
+    for part in chunks(list(run_ids), BATCH):
+        ids = list(part)
+        canceling += instance.get_run_ids(filters=RunsFilter(run_ids=ids, statuses=[DagsterRunStatus.CANCELING]))
+        canceled += instance.get_run_ids(filters=RunsFilter(run_ids=ids, statuses=[DagsterRunStatus.CANCELED]))
+        failed = instance.get_run_ids(filters=RunsFilter(run_ids=ids, statuses=[DagsterRunStatus.FAILURE]))
+        if failed:
+            retried = set(instance.get_run_ids(filters=RunsFilter(run_ids=failed, statuses=[DagsterRunStatus.FAILURE],
+                                                                  tags={WILL_RETRY_TAG: "true"})))
+            will_retry += [r for r in failed if r in retried]
+            dead += [r for r in failed if r not in retried]
+    retry_ended = _retries_ended(instance, will_retry)
+    dead += [r for r in will_retry if r in retry_ended]
+    return OwnerStates(dead, [r for r in will_retry if r not in retry_ended] + canceling, canceled)
+
+
+def _retries_ended(instance, run_ids: Sequence[str]) -> set[str]:
+    """Runs whose Dagster retry exists and finished without taking the pipeline over."""
+    ended: set[str] = set()
+    for part in chunks(list(run_ids), BATCH):
+        for child in instance.get_runs(filters=RunsFilter(tags={PARENT_RUN_TAG: list(part)})):
+            if child.status in FINISHED_STATUSES:
+                ended.add(child.tags[PARENT_RUN_TAG])
+    return ended
+
+
+def runs_by_id(instance, run_ids: Iterable[str], statuses: Sequence[DagsterRunStatus] = ()) -> dict[str, DagsterRun]:
+    found: dict[str, DagsterRun] = {}
+    for part in chunks(sorted(set(run_ids)), BATCH):
+        for run in instance.get_runs(filters=RunsFilter(run_ids=list(part), statuses=list(statuses))):
+            found[run.run_id] = run
+    return found
+
+
+def runs_by_run_key(instance, run_keys: Iterable[str]) -> dict[str, DagsterRun]:
+    """The runs created for these run keys, whichever sensor created them."""
+    found: dict[str, DagsterRun] = {}
+    for part in chunks(sorted(set(run_keys)), BATCH):
+        for run in instance.get_runs(filters=RunsFilter(tags={RUN_KEY_TAG: list(part)})):
+            key = run.tags.get(RUN_KEY_TAG)
+            if key not in found or found[key].status in FINISHED_STATUSES:
+                found[key] = run
+    return found
+
+
+def watch_resume_runs(instance, placeholders: Sequence[str]) -> ResumeStates:
+    keys = {placeholder_run_key(ph): ph for ph in placeholders}
+    existing = runs_by_run_key(instance, keys)
+    by_status = lambda statuses: [keys[k] for k, r in existing.items() if r.status in statuses]  # noqa: E731
+    return ResumeStates({keys[k] for k in existing}, by_status(WAITING_STATUSES),
+                        by_status((DagsterRunStatus.FAILURE, DagsterRunStatus.SUCCESS)),
+                        by_status((DagsterRunStatus.CANCELED,)))
+
+
+class OriginRuns:
+    """The first runs of pipelines, looked up in batches and kept (what a run was launched with never changes)."""
+
+    def __init__(self, max_size: int = 50_000) -> None:
+        self.max_size = max_size
+        self._runs: dict[str, DagsterRun | None] = {}
+
+    def get(self, instance, run_ids: Iterable[str]) -> dict[str, DagsterRun | None]:
+        wanted = {r for r in run_ids if r}
+        missing = wanted - self._runs.keys()
+        if missing:
+            found = runs_by_id(instance, missing)
+            if len(self._runs) + len(missing) > self.max_size:
+                self._runs.clear()
+            self._runs.update({r: found.get(r) for r in missing})
+        return {r: self._runs.get(r) for r in wanted}
+
+
+def carried_tags(origin: DagsterRun | None) -> dict[str, str]:
+    """The tags the user launched with: user tags, priority and partition; not Dagster's system tags."""
+    if origin is None:
+        return {}
+    tags = {k: v for k, v in origin.tags.items() if not k.startswith(SYSTEM_PREFIXES)}
+    for kept in (PRIORITY_TAG, PARTITION_TAG, *PARTITION_RANGE_TAGS):
+        if kept in origin.tags:
+            tags[kept] = origin.tags[kept]
+    if origin.resolved_op_selection or origin.op_selection:
+        # the resolved op names: the run worker restricts the resume run to them (replay.py)
+        tags[TAG_OP_SELECTION] = json.dumps(sorted(origin.resolved_op_selection or origin.op_selection))
+    return tags
+
+
+def unmasked(params: object, original: object) -> object:
+    """The recorded run config with each value masked when it was stored (an ``api_key``, a URL's
+    password) taken back from the first run's own config, which Dagster keeps."""
+    if isinstance(params, Mapping) and isinstance(original, Mapping):
+        return {k: unmasked(v, original[k]) if k in original else v for k, v in params.items()}
+    if isinstance(params, list) and isinstance(original, (list, tuple)) and len(params) == len(original):
+        return [unmasked(v, o) for v, o in zip(params, original)]
+    if isinstance(params, str) and MASK in params and original != params and (
+            params == MASK or (isinstance(original, str) and redact_config(original) == params)):
+        return original
+    return params
+
+
+def resume_request(r: Reclaimed, origin: DagsterRun | None = None, job: JobDefinition | None = None) -> RunRequest:
+    """The resume run of ``r``: the run config and what the user launched the first run with."""
+    tags = carried_tags(origin)
+    partition_key = None
+    asset_selection = sorted(origin.asset_selection) if origin and origin.asset_selection else None
+    # an asset job (or the implicit one: no definition here) takes its partitions from the selected assets
+    if PARTITION_TAG in tags and ((job is not None and job.partitions_def is not None) or asset_selection):
+        partition_key = tags.pop(PARTITION_TAG)  # Dagster derives the partition tags from the key
+    tags.update({TAG_PIPELINE: str(r.pipeline_id), TAG_RESUME_NUMBER: str(r.resume_number),
+                 TAG_RESUMED_FROM: r.previous_owner or ""})
+    # The recorded params have their secrets masked: those come back from the first run's config in Dagster.
+    run_config = r.params if isinstance(r.params, Mapping) else {}
+    if origin is not None and isinstance(origin.run_config, Mapping):
+        run_config = unmasked(run_config, origin.run_config)
+    return RunRequest(run_key=resume_run_key(r.pipeline_id, r.resume_number), job_name=r.job_name,
+                      run_config=run_config, tags=tags,
+                      partition_key=partition_key,
+                      asset_selection=asset_selection,
+                      asset_check_keys=(sorted(origin.asset_check_selection, key=str)
+                                        if origin and origin.asset_check_selection is not None else None))
+
+
+def stop_superseded(instance, reclaimed: Sequence[Reclaimed | GivenUp], message, *, budget_seconds: float = 20.0,
+                    workers: int = 8) -> list[StopOutcome]:
+    """Ask the run launcher to terminate every superseded run Dagster still shows live, then mark it FAILURE.
+
+    Best effort: a launcher that cannot reach the run (its host is gone) or answers an error is
+    recorded, never raised. The runs are looked up in one batched query; the terminations run
+    on a small pool so a tick with many live superseded runs stays bounded by ``budget_seconds``
+    (whatever has not answered by then keeps going in the background and is reported as pending).
+    """
+    previous = {r.previous_owner: r for r in reclaimed if r.previous_owner and not is_placeholder(r.previous_owner)}
+    if not previous:
+        return []
+    live = runs_by_id(instance, previous, statuses=LIVE_STATUSES)
+    if not live:
+        return []
+
+    def stop(run: DagsterRun) -> StopOutcome:
+        r = previous[run.run_id]
+        if not getattr(r, "owner_heartbeating", False):
+            # Its run worker stopped heartbeating: frozen (SIGSTOP, swapped out) or gone. Terminating
+            # it through the code server would block that server: the cancel sets a multiprocessing
+            # Event the frozen worker must acknowledge, under the lock every run launch takes.
+            answer = "not terminated: its run worker stopped heartbeating (frozen or gone); its writes are fenced"
+        else:
+            try:
+                answer = "terminated" if instance.run_launcher.terminate(run.run_id) else "launcher could not reach it"
+            except Exception as exc:  # noqa: BLE001 - best effort: recorded, never raised
+                answer = f"terminate failed: {redact(exc)}"[:300]
+        marked = False
+        try:
+            current = instance.get_run_by_id(run.run_id)
+            if current is not None and current.status in LIVE_STATUSES:
+                instance.report_run_failed(current, message=message(r))
+                marked = True
+        except Exception as exc:  # noqa: BLE001
+            log.warning("could not mark run %s failed: %s", run.run_id, redact(exc))
+        return StopOutcome(r.pipeline_id, run.run_id, answer, marked)
+
+    pool = ThreadPoolExecutor(max_workers=min(workers, len(live)), thread_name_prefix="rx-stop")
+    futures = {pool.submit(stop, run): run for run in live.values()}
+    done, pending = wait(futures, timeout=budget_seconds)
+    pool.shutdown(wait=False)
+    outcomes = [f.result() for f in done]
+    outcomes += [StopOutcome(previous[futures[f].run_id].pipeline_id, futures[f].run_id,
+                             f"no answer within {budget_seconds:.0f} s; still stopping", False) for f in pending]
+    return outcomes
+
+
+class DagsterRunControl:
+    """The recovery protocol's view of Dagster, for one orphan sensor: batched run lookups, resume
+    run requests that keep what the user launched, and stopping superseded runs."""
+
+    def __init__(self, instance, jobs_by_name: Mapping[str, JobDefinition], origin_runs: OriginRuns, *,
+                 stop_budget_seconds: float = 20.0) -> None:
+        self.instance = instance
+        self.jobs_by_name = jobs_by_name
+        self.origin_runs = origin_runs
+        self.stop_budget_seconds = stop_budget_seconds
+
+    def owner_states(self, run_ids: Sequence[str]) -> OwnerStates:
+        return classify_owner_runs(self.instance, run_ids)
+
+    def resume_states(self, placeholders: Sequence[str]) -> ResumeStates:
+        return watch_resume_runs(self.instance, placeholders)
+
+    def known_runs(self, run_ids: Sequence[str]) -> set[str]:
+        return set(runs_by_id(self.instance, run_ids))
+
+    def resume_requests(self, awaiting: Sequence[Reclaimed]) -> list[RunRequest]:
+        origins = self.origin_runs.get(self.instance, [a.origin_run_id for a in awaiting if a.origin_run_id])
+        return [resume_request(a, origins.get(a.origin_run_id or ""), self.jobs_by_name.get(a.job_name))
+                for a in awaiting]
+
+    def stop_superseded(self, superseded: Sequence[Reclaimed | GivenUp]) -> list[StopOutcome]:
+        return stop_superseded(self.instance, superseded, superseded_message, budget_seconds=self.stop_budget_seconds)

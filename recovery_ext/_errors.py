@@ -1,0 +1,75 @@
+"""The exceptions of recovery-ext.
+
+Every exception derives from :class:`RecoveryError`; its docstring is its default
+message, so ``raise OwnershipLost()`` already says something useful.
+"""
+
+from __future__ import annotations
+
+
+class RecoveryError(Exception):
+    """A recovery-ext operation failed."""
+
+    def __init__(self, message: str | None = None, **context: object) -> None:
+        self.message = message or (self.__doc__ or "").strip()
+        self.context = context
+        super().__init__(self.message)
+
+
+class ConfigurationError(RecoveryError, ValueError):
+    """Invalid recovery-ext settings."""
+
+
+# Shown in tracebacks and Dagster's load errors as ``recovery_ext.ConfigurationError``, where users import it.
+ConfigurationError.__module__ = "recovery_ext"
+
+
+class StoreError(RecoveryError):
+    """The recovery store could not complete the operation."""
+
+
+class StoreUnavailable(StoreError):
+    """The recovery store's database cannot be reached."""
+
+    retryable = True
+    category = "database_transient"
+
+
+class MigrationError(StoreError):
+    """Applying the schema migrations failed."""
+
+
+class NotFound(StoreError, LookupError):
+    """No such row in the recovery store."""
+
+
+class IllegalTransition(StoreError):
+    """That status change is not allowed; nothing was written."""
+
+    retryable = False
+
+
+class UnfinishedItems(IllegalTransition):
+    """A node cannot complete while items it asked for (``ctx.items``) are unfinished; nothing was written."""
+
+
+class OwnershipLost(StoreError):
+    """This worker no longer owns the pipeline; its write was refused."""
+
+    retryable = False
+
+    def __init__(self, message: str | None = None, *, owner: str | None = None, **context: object) -> None:
+        self.owner = owner
+        if message is None and owner:
+            message = f"ownership lost: superseded by run {owner}"
+        super().__init__(message, owner=owner, **context)
+
+
+class ItemTakenOver(OwnershipLost):
+    """Another worker holds (or already finished) this queue item; this worker's write was refused."""
+
+
+class StopRequested(RecoveryError):
+    """The work was asked to stop before it finished."""
+
+    retryable = False

@@ -1,0 +1,229 @@
+"""The Prometheus exporter: a collector that reads the application tables at every scrape.
+
+It keeps no state of its own (no counters in memory): every sample is recomputed from the
+tables, so several exporters over one database agree, and restarting one loses nothing.
+Counters are counts of recorded history (``rx_transitions``), which only grows.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from recovery_ext._classify.redaction import redact
+from recovery_ext._errors import RecoveryError
+from recovery_ext._store.observability import PIPELINE_LABELS, MetricsSnapshot
+from recovery_ext._store.schema import BREAKER_STATES
+from recovery_ext._store.statuses import QueueStatus
+from recovery_ext._store.store import RecoveryStore
+
+log = logging.getLogger("recovery_ext.metrics")
+
+
+@dataclass(frozen=True)
+class MetricSpec:
+    name: str          # without the _total suffix a counter gets on exposition
+    kind: str          # "gauge" or "counter"
+    help: str
+    labels: tuple[str, ...] = ()
+
+    def family(self, labels: tuple[str, ...] | None = None) -> Metric:
+        cls = CounterMetricFamily if self.kind == "counter" else GaugeMetricFamily
+        return cls(self.name, self.help, labels=list(labels if labels is not None else self.labels))
+
+
+# Every metric the exporter shows; the README's "Metrics" section documents each (a test checks).
+DATABASE_UP = MetricSpec("recovery_database_up", "gauge",
+                         "1 if the last scrape read the application tables, 0 if the database could not be read")
+SCRAPE_SECONDS = MetricSpec("recovery_scrape_duration_seconds", "gauge",
+                            "Seconds the last scrape spent reading the application tables")
+PIPELINES = MetricSpec("recovery_pipelines", "gauge", "Pipelines by deployment, Dagster job and status (rx_pipelines)",
+                       tuple(PIPELINE_LABELS))
+WAITING = MetricSpec("recovery_pipelines_waiting", "gauge",
+                     "Running pipelines paused by a provider outage (shown as waiting)", ("dagster_job",))
+EXPIRED = MetricSpec("recovery_pipelines_heartbeat_expired", "gauge",
+                     "Running pipelines whose heartbeat deadline passed: orphans not reclaimed yet", ("dagster_job",))
+OLDEST_HEARTBEAT = MetricSpec("recovery_oldest_heartbeat_age_seconds", "gauge",
+                              "Seconds since the oldest heartbeat among running pipelines (0 when none runs)")
+RECLAIMS = MetricSpec("recovery_reclaims", "counter", "Orphaned pipelines reclaimed, by cause", ("cause",))
+RESUME_RUNS = MetricSpec("recovery_resume_runs", "counter",
+                         "Runs handed a pipeline with a new epoch, by cause (a reclaim's cause, re_execution, "
+                         "redo_degraded)", ("cause",))
+GIVEN_UP = MetricSpec("recovery_pipelines_given_up", "counter",
+                      "Pipelines the recovery scan gave up on (resumes or age exhausted)")
+ITEMS = MetricSpec("recovery_items", "gauge", "Item checkpoints by Dagster job and status", ("dagster_job", "status"))
+QUEUE_ITEMS = MetricSpec("recovery_queue_items", "gauge", "Work queue items by queue and status", ("queue", "status"))
+QUEUE_DEPTH = MetricSpec("recovery_queue_depth", "gauge", "Work queue items ready to be claimed", ("queue",))
+QUEUE_DEAD = MetricSpec("recovery_queue_dead_items", "gauge",
+                        "Work queue items dead after their last attempt", ("queue",))
+BREAKER_STATE = MetricSpec("recovery_circuit_breaker_state", "gauge",
+                           "1 for the state each endpoint's circuit breaker is in, 0 for the others",
+                           ("endpoint", "state"))
+BREAKER_FAILURES = MetricSpec("recovery_circuit_breaker_consecutive_failures", "gauge",
+                              "Transient failures in a row at each endpoint", ("endpoint",))
+
+# The ledger of provider calls: what was spent, what a resume saved (answers kept from before a takeover),
+# what was wasted (answers paid for that never reached a checkpoint). Cost is in the price table's currency.
+PROVIDER_CALLS = MetricSpec("recovery_provider_calls", "counter", "Provider calls recorded in the ledger",
+                            ("dagster_job", "model", "outcome"))
+PROVIDER_TOKENS = MetricSpec("recovery_provider_tokens", "counter", "Tokens of provider calls, by type (input, output)",
+                             ("dagster_job", "model", "type"))
+PROVIDER_COST = MetricSpec("recovery_provider_cost", "counter",
+                           "Cost of provider calls with a price, in the price table's currency",
+                           ("dagster_job", "model"))
+FATES = {fate: {what: MetricSpec(f"recovery_provider_{fate}_{what}", "counter", f"{help_} {text}", ("dagster_job",))
+                for what, text in (("calls", "(calls)"), ("tokens", "(tokens, input and output)"),
+                                   ("cost", "(cost, in the price table's currency)"))}
+         for fate, help_ in (("saved", "Provider work a resume kept from before a takeover and did not pay again"),
+                             ("wasted", "Provider work paid for whose answer never reached a checkpoint"))}
+
+METRICS: tuple[MetricSpec, ...] = (DATABASE_UP, SCRAPE_SECONDS, PIPELINES, WAITING, EXPIRED, OLDEST_HEARTBEAT,
+                                   RECLAIMS, RESUME_RUNS, GIVEN_UP, ITEMS, QUEUE_ITEMS, QUEUE_DEPTH, QUEUE_DEAD,
+                                   BREAKER_STATE, BREAKER_FAILURES, PROVIDER_CALLS, PROVIDER_TOKENS, PROVIDER_COST,
+                                   *(spec for fate in FATES.values() for spec in fate.values()))
+
+
+class RecoveryCollector(Collector):
+    """Reads ``store`` at each ``collect()`` (each scrape); a database it cannot read gives ``up 0``."""
+
+    def __init__(self, store: RecoveryStore) -> None:
+        self.store = store
+
+    def describe(self) -> Iterator[Metric]:
+        # Registering must not query the database: the names and types, without samples.
+        for spec in METRICS:
+            yield spec.family()
+
+    def collect(self) -> Iterator[Metric]:
+        started = time.perf_counter()
+        try:
+            snapshot = self.store.metrics_snapshot()
+        except RecoveryError as exc:
+            log.warning("metrics scrape could not read the database: %s", redact(exc))
+            snapshot = None
+        up = DATABASE_UP.family()
+        up.add_metric([], 0.0 if snapshot is None else 1.0)
+        yield up
+        took = SCRAPE_SECONDS.family()
+        took.add_metric([], time.perf_counter() - started)
+        yield took
+        if snapshot is not None:
+            yield from snapshot_families(snapshot)
+
+
+def snapshot_families(s: MetricsSnapshot) -> Iterator[Metric]:
+    """The samples of one snapshot, one family per metric."""
+    pipelines = PIPELINES.family(s.pipeline_labels)
+    for values, n in s.pipelines:
+        pipelines.add_metric([_text(v) for v in values], n)
+    yield pipelines
+    yield _by_one(WAITING, s.waiting_pipelines)
+    yield _by_one(EXPIRED, s.expired_pipelines)
+    oldest = OLDEST_HEARTBEAT.family()
+    oldest.add_metric([], s.oldest_heartbeat_age_seconds or 0.0)
+    yield oldest
+    yield _by_one(RECLAIMS, s.reclaims)
+    yield _by_one(RESUME_RUNS, s.resume_runs)
+    given_up = GIVEN_UP.family()
+    given_up.add_metric([], s.given_up)
+    yield given_up
+    items = ITEMS.family()
+    for job, status, n in s.items:
+        items.add_metric([_text(job), _text(status)], n)
+    yield items
+    queued, depth, dead = QUEUE_ITEMS.family(), QUEUE_DEPTH.family(), QUEUE_DEAD.family()
+    queues = sorted({q for q, _, _ in s.queue_items})
+    counts = {(q, status): n for q, status, n in s.queue_items}
+    for queue, status, n in s.queue_items:
+        queued.add_metric([_text(queue), _text(status)], n)
+    for queue in queues:  # every known queue shows its depth and dead items, 0 included
+        depth.add_metric([_text(queue)], counts.get((queue, QueueStatus.READY), 0))
+        dead.add_metric([_text(queue)], counts.get((queue, QueueStatus.DEAD), 0))
+    yield queued
+    yield depth
+    yield dead
+    state, failures = BREAKER_STATE.family(), BREAKER_FAILURES.family()
+    for b in s.breakers:
+        endpoint = redact(b["endpoint"])
+        for name in BREAKER_STATES:
+            state.add_metric([endpoint, name], 1.0 if b["state"] == name else 0.0)
+        failures.add_metric([endpoint], b["consecutive_failures"])
+    yield state
+    yield failures
+    yield from _provider_families(s)
+
+
+def _provider_families(s: MetricsSnapshot) -> Iterator[Metric]:
+    calls, tokens, cost = PROVIDER_CALLS.family(), PROVIDER_TOKENS.family(), PROVIDER_COST.family()
+    spent_cost: dict[tuple[str, str], float] = {}
+    for job, model, outcome, n, tokens_in, tokens_out, money in s.provider_calls:
+        job, model = _text(job), _text(model)
+        calls.add_metric([job, model, _text(outcome)], n)
+        spent_cost[(job, model)] = spent_cost.get((job, model), 0.0) + float(money)
+    spent_tokens: dict[tuple[str, str, str], int] = {}
+    for job, model, _, _, tokens_in, tokens_out, _ in s.provider_calls:
+        for kind, value in (("input", tokens_in), ("output", tokens_out)):
+            key = (_text(job), _text(model), kind)
+            spent_tokens[key] = spent_tokens.get(key, 0) + int(value)
+    for key, value in sorted(spent_tokens.items()):
+        tokens.add_metric(list(key), value)
+    for key, value in sorted(spent_cost.items()):
+        cost.add_metric(list(key), value)
+    yield calls
+    yield tokens
+    yield cost
+    for fate, specs in FATES.items():
+        for what, spec in specs.items():
+            family = spec.family()
+            for job, figures in sorted(s.provider_costs.items()):
+                family.add_metric([_text(job)], float(figures[f"{fate}_{what}"]))
+            yield family
+
+
+def _by_one(spec: MetricSpec, rows) -> Metric:
+    family = spec.family()
+    for label, n in rows:
+        family.add_metric([_text(label)], n)
+    return family
+
+
+def _text(value) -> str:
+    return "" if value is None else str(value)
+
+
+def registry_for(store: RecoveryStore) -> CollectorRegistry:
+    """A registry holding only the recovery collector (no process or platform metrics of the exporter)."""
+    registry = CollectorRegistry(auto_describe=True)
+    registry.register(RecoveryCollector(store))
+    return registry
+
+
+class MetricsServer:
+    """The exporter's HTTP server on ``host:port`` (``port`` 0: any free port), in a background thread."""
+
+    def __init__(self, store: RecoveryStore, host: str, port: int) -> None:
+        self.server, self._thread = start_http_server(port, addr=host, registry=registry_for(store))
+        self.host, self.port = host, self.server.server_port
+
+    def serve_until_stopped(self) -> None:
+        """Block until SIGINT or SIGTERM, then stop serving."""
+        stop = threading.Event()
+        previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            stop.wait()
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+            self.close()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()

@@ -1,0 +1,92 @@
+"""Waiting for a provider's request and token budget, shared by every process through the store.
+
+:class:`ProviderLimits` (beside the store's budget table, which takes them whole) says how many
+requests and tokens a provider allows per minute (per endpoint, or per model of it).
+:class:`RateBudget` reserves one request and a call's estimated tokens before the call
+(``store.budget_reserve``, on the database clock) and waits while the window is full. The wait is a
+visible state, not a failure: the pipeline shows ``waiting`` with a ``rate budget`` reason, its
+heartbeats go on (the waiting thread is not the heartbeat thread), and a stop (superseded, run
+worker gone, shutdown) ends the wait at once. The response's usage corrects the reservation
+(:meth:`Reservation.settle`).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+
+from recovery_ext._classify.redaction import redact, redact_url
+from recovery_ext._store.interfaces import ProviderStore
+from recovery_ext._errors import StopRequested
+from recovery_ext._store.budgets import ProviderLimits
+
+# A wait at least this long is shown on the pipeline (shorter ones would only add writes).
+SHOW_AFTER = 0.25
+
+
+class Reservation:
+    """One granted request; :meth:`settle` replaces its estimated tokens with the response's usage."""
+
+    def __init__(self, store: ProviderStore, reservation_id: int) -> None:
+        self.store, self.id = store, reservation_id
+        self.settled: int | None = None
+
+    def settle(self, tokens: int) -> None:
+        total = tokens if self.settled is None else self.settled + tokens  # several recorded parts of one call
+        self.store.budget_settle(self.id, total)
+        self.settled = total
+
+
+class RateBudget:
+    """The shared budget of one endpoint, as one caller uses it."""
+
+    def __init__(self, store: ProviderStore, endpoint: str, limits: ProviderLimits, *, who: str | None = None,
+                 show_wait: Callable[[float, str], None] | None = None, end_wait: Callable[[], None] | None = None,
+                 stop: threading.Event | None = None, check: Callable[[], None] | None = None,
+                 log: Callable[[str], None] | None = None) -> None:
+        # the budget key names the endpoint without its credentials, as the breaker's does
+        self.store, self.endpoint, self.limits = store, redact_url(endpoint), limits
+        self.who = who
+        self.show_wait, self.end_wait = show_wait, end_wait
+        self.stop, self.check = stop, check
+        self.log = log or (lambda message: None)
+        self.waited = 0.0  # seconds this caller spent waiting for budget, all calls together
+
+    def acquire(self, tokens: int, model: str | None = None) -> Reservation:
+        """Wait until the window has room for one request of ``tokens``, then hold it."""
+        limits = self.limits
+        shown = False
+        started = time.monotonic()
+        try:
+            while True:
+                if self.check is not None:
+                    self.check()
+                grant = self.store.budget_reserve(self.endpoint, model, tokens=max(0, int(tokens)), limits=limits,
+                                                  holder=self.who)
+                if grant.granted:
+                    return Reservation(self.store, grant.reservation)
+                wait = grant.wait_seconds
+                if not shown and wait >= SHOW_AFTER and self.show_wait is not None:
+                    reason = (f"{redact(self.endpoint)}{f' model {model}' if limits.per_model and model else ''}: "
+                              f"{grant.requests_in_window} requests and {grant.tokens_in_window} tokens in the last "
+                              f"{limits.window_seconds:g} s")
+                    self.log(f"waiting {wait:.1f} s for the rate budget of {reason}")
+                    self.show_wait(wait, reason)
+                    shown = True
+                self._sleep(wait)
+        finally:
+            self.waited += time.monotonic() - started
+            if shown and self.end_wait is not None:
+                self.end_wait()
+
+    def _sleep(self, seconds: float) -> None:
+        """Sleep, in slices short enough that a stop or a check ends the wait at once."""
+        deadline = time.monotonic() + seconds
+        while (left := deadline - time.monotonic()) > 0:
+            if self.stop is not None and self.stop.wait(min(left, 0.2)):
+                raise StopRequested("stopped while waiting for the provider's rate budget")
+            if self.stop is None:
+                time.sleep(min(left, 0.2))
+            if self.check is not None:
+                self.check()

@@ -1,0 +1,321 @@
+"""Provider outages delay a pipeline, they do not kill it.
+
+:class:`ProviderGuard` wraps each call to a provider (an LLM request, an OCR request) in one
+tenacity ``Retrying``:
+
+* **transient errors are retried**: jittered exponential backoff, or exactly the ``Retry-After``
+  a 429/503 asked for (within the policy's maximum delay);
+* **N errors of one category in a row** (escalation) no longer fail the call: they
+  **pause the pipeline** for a jittered exponential cool-down. The pipeline shows as ``waiting``
+  with the reason and the time of its next try, and the run sleeps while its watchdog keeps
+  heartbeating, so a run that dies during the pause is still an orphan;
+* **a circuit breaker per endpoint**, shared by every pipeline through the store: after N
+  consecutive transient failures across pipelines the endpoint is open, callers wait instead of
+  calling, and one half-open probe closes it again;
+* **only permanent errors fail at once**; an outage longer than the **outage budget** gives up
+  with :class:`OutageBudgetExceeded`.
+
+Everything here is plain Python over the store; :mod:`recovery_ext._dagster.providers` binds
+it to a node.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol, TypeVar
+
+import tenacity
+from tenacity import RetryCallState
+from tenacity.stop import stop_base
+
+from recovery_ext._classify.classifier import ClassifiedError, classify
+from recovery_ext._errors import ConfigurationError, StopRequested
+from recovery_ext._store.models import Ownership
+from recovery_ext._store.breakers import BreakerDecision
+from recovery_ext._providers.budget import RateBudget
+from recovery_ext._providers.ledger import current_reservation
+from recovery_ext._classify.redaction import redact, redact_url
+from recovery_ext._classify.retry import RetryPolicy, event_sleep, retry_if_retryable, stop_on_event, wait_jittered_exponential
+from recovery_ext._store.statuses import BreakerState
+from recovery_ext._store.interfaces import ProviderStore
+
+T = TypeVar("T")
+TRUSTED_CLOSED = BreakerDecision(True, BreakerState.CLOSED)  # what a recent read of a closed breaker said
+
+
+@dataclass(frozen=True)
+class OutageSettings:
+    """How long outages may delay a pipeline, and when an endpoint's breaker opens."""
+
+    pause_after: int = 5               # same-category transient errors in a row before the pipeline pauses
+    pause_initial: float = 30.0        # first pause; doubles per pause
+    pause_max: float = 300.0           # longest single pause
+    budget_seconds: float = 7200.0     # an outage longer than this gives up (default 2 h)
+    jitter: float = 0.1
+    breaker_threshold: int = 5         # consecutive transient failures, across pipelines, that open the breaker
+    breaker_cooldown: float = 30.0     # first open period; doubles each time the probe fails
+    breaker_max_cooldown: float = 120.0  # short: the next probe may be this far away when the provider is back
+    probe_timeout: float = 120.0       # a probe that neither succeeds nor fails by then is replaced
+    # A closed breaker with no failures, once read, is trusted this long by the same guard (0: read
+    # before every call). Another process's opening is seen this much later at most; any failure
+    # here drops the trust at once. One read per call was a round trip per LLM request.
+    breaker_refresh: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.pause_after < 1 or self.breaker_threshold < 1:
+            raise ConfigurationError("pause_after and breaker_threshold must be at least 1")
+        for name in ("pause_initial", "pause_max", "budget_seconds", "breaker_cooldown", "breaker_max_cooldown",
+                     "probe_timeout"):
+            if getattr(self, name) <= 0:
+                raise ConfigurationError(f"outage setting {name} must be positive, got {getattr(self, name)}")
+        if not 0.0 <= self.breaker_refresh <= 60.0:  # NaN fails this too
+            raise ConfigurationError(f"breaker_refresh must be between 0 and 60 seconds, got {self.breaker_refresh}")
+        if self.pause_initial > self.pause_max or self.breaker_cooldown > self.breaker_max_cooldown:
+            raise ConfigurationError("an outage pause or breaker cool-down starts above its maximum")
+        if not 0.0 <= self.jitter <= 1.0:
+            raise ConfigurationError(f"jitter must be between 0 and 1, got {self.jitter}")
+
+
+class CircuitOpen(ClassifiedError):
+    """The endpoint's breaker is open: the call was not made; wait ``retry_after`` seconds."""
+
+    def __init__(self, endpoint: str, seconds: float, state: str) -> None:
+        what = "a half-open probe is under way" if state == BreakerState.HALF_OPEN else "its circuit breaker is open"
+        super().__init__(category="circuit_open", retryable=True, endpoint=endpoint, retry_after=seconds,
+                         message=f"not calling {redact(endpoint)}: {what}; next try in {seconds:.1f} s")
+
+
+class OutageBudgetExceeded(ClassifiedError):
+    """The provider stayed down longer than the outage budget: the call gives up, permanently."""
+
+
+class PauseTarget(Protocol):
+    """Where a pause is shown: the pipeline row (see :class:`StorePause`)."""
+
+    def begin(self, seconds: float, reason: str) -> None: ...
+
+    def retrying(self) -> None: ...
+
+    def end(self, *, outage_over: bool) -> None: ...
+
+    def elapsed(self) -> float | None: ...
+
+
+class StorePause:
+    """Shows the pause on the pipeline (``waiting``, reason, next try) through fenced writes."""
+
+    def __init__(self, store: ProviderStore, own: Ownership, node: str | None = None) -> None:
+        self.store, self.own, self.node = store, own, node
+        self.waiting = False  # this node started an outage on the pipeline that is not over
+        self.paused = False   # ... and is sleeping through a pause right now
+        self.until: Any = None  # the next try of the current pause, on the database clock
+
+    def begin(self, seconds: float, reason: str) -> None:
+        self.until = self.store.set_waiting(self.own, seconds, reason, node=self.node)
+        self.waiting = True
+        self.paused = True
+
+    def retrying(self) -> None:
+        """The pause is over and the provider is asked again: running, but the outage clock keeps going."""
+        if self.paused:
+            self.store.clear_waiting(self.own, node=self.node, keep_outage_clock=True, event="outage_retry")
+            self.paused = False
+
+    def end(self, *, outage_over: bool) -> None:
+        if self.waiting:
+            self.store.clear_waiting(self.own, node=self.node, keep_outage_clock=not outage_over,
+                                     event=None if outage_over else "outage_budget_spent")
+            self.waiting = self.paused = False
+
+    def elapsed(self) -> float | None:
+        return self.store.waiting_seconds(self.own.pipeline_id)
+
+
+@dataclass
+class _Call:
+    """The state of one guarded call across its attempts."""
+
+    first_failure: float | None = None
+    streak: tuple[str | None, int] = (None, 0)
+    pauses: int = 0
+    pause_reason: str | None = None
+    estimated_tokens: int = 0
+    model: str | None = None
+
+
+class ProviderGuard:
+    """Calls a provider through the breaker, the retry policy and the outage pause; see the module doc."""
+
+    def __init__(self, endpoint: str, *, policy: RetryPolicy | None = None, settings: OutageSettings | None = None,
+                 store: ProviderStore | None = None, pause: PauseTarget | None = None, who: str | None = None,
+                 sleep: Callable[[float], None] | None = None, clock: Callable[[], float] | None = None,
+                 shutdown: threading.Event | None = None, rng: random.Random | None = None,
+                 log: Callable[[str], None] | None = None, budget: RateBudget | None = None,
+                 check: Callable[[], None] | None = None) -> None:
+        # the breaker key and every message name the endpoint without its credentials
+        self.endpoint = redact_url(endpoint)
+        self.policy = policy or RetryPolicy()
+        self.settings = settings or OutageSettings()
+        self.store, self.pause = store, pause
+        self.who = who or f"{uuid.uuid4().hex[:12]}"
+        self.shutdown = shutdown
+        self.sleep = sleep or (event_sleep(shutdown) if shutdown is not None else time.sleep)
+        self.clock = clock or time.monotonic
+        self.log = log or (lambda message: None)
+        s = self.settings
+        self.pause_wait = wait_jittered_exponential(s.pause_initial, max_delay=s.pause_max, jitter=s.jitter, rng=rng)
+        self.cooldown = wait_jittered_exponential(s.breaker_cooldown, max_delay=s.breaker_max_cooldown,
+                                                  jitter=s.jitter, rng=rng)
+        self._closed_until: float | None = None  # the clock() up to which a closed breaker read is trusted
+        # The shared request/token budget each attempt reserves from; None: no limits.
+        self.budget = budget if budget is not None and budget.limits.enabled else None
+        # Raises when no new call may start (superseded, the run worker gone); checked before each attempt.
+        self.check = check
+
+    # -- one attempt ---------------------------------------------------------------------------
+
+    def _attempt(self, call: _Call, fn: Callable[..., T], args: tuple, kwargs: dict) -> T:
+        if self.check is not None:
+            self.check()
+        if self.pause is not None:
+            self.pause.retrying()
+        store = self.store
+        reservation = self.budget.acquire(call.estimated_tokens, call.model) if self.budget is not None else None
+        decision = self._breaker_decision() if store is not None else None
+        if decision is not None and not decision.allowed:
+            if reservation is not None:
+                store.budget_release(reservation.id)  # no request was made
+            raise CircuitOpen(self.endpoint, decision.wait_seconds, decision.state)
+        if self.check is not None:
+            self.check()  # the budget wait may have been long
+        held = current_reservation.set(reservation)
+        try:
+            result = fn(*args, **kwargs)
+        except Exception as exc:
+            self._closed_until = None  # the next call reads the breaker again
+            found = classify(exc)
+            if store is not None and found.retryable:
+                if store.breaker_record_failure(self.endpoint, self.who, threshold=self.settings.breaker_threshold,
+                                                cooldown=self.cooldown.delay, error=str(exc)) == "opened":
+                    self.log(f"circuit breaker for {redact(self.endpoint)} opened: {redact(exc)}")
+            elif store is not None and found.status_code is not None:
+                store.breaker_record_success(self.endpoint, self.who, decision)  # it answered, if only to refuse
+            raise
+        finally:
+            current_reservation.reset(held)
+        if store is not None and store.breaker_record_success(self.endpoint, self.who, decision):
+            self.log(f"circuit breaker for {redact(self.endpoint)} closed: the probe succeeded")
+        return result
+
+    def _breaker_decision(self) -> BreakerDecision:
+        """The shared breaker's say, read from the store unless a read showed it closed with no failures
+        less than ``breaker_refresh`` seconds ago (only then: an open, half-open or failing breaker is
+        read before every call, so probes and cool-downs are exactly as the store decides)."""
+        if self._closed_until is not None and self.clock() < self._closed_until:
+            return TRUSTED_CLOSED
+        decision = self.store.breaker_before_call(self.endpoint, self.who, probe_timeout=self.settings.probe_timeout)
+        trusted = decision.allowed and decision.state == BreakerState.CLOSED and not decision.failures
+        self._closed_until = self.clock() + self.settings.breaker_refresh if trusted else None
+        return decision
+
+    # -- tenacity strategies ---------------------------------------------------------------------
+
+    def _wait(self, call: _Call) -> Callable[[RetryCallState], float]:
+        def wait(retry_state: RetryCallState) -> float:
+            exc = retry_state.outcome.exception()
+            if call.first_failure is None:
+                call.first_failure = self.clock()
+            if isinstance(exc, CircuitOpen):
+                call.pause_reason = str(exc.detail)
+                return float(exc.retry_after or 0.0)
+            category = classify(exc).category
+            previous, count = call.streak
+            count = count + 1 if category == previous else 1
+            asked = self.policy.retry_after.asked(exc)
+            if count < self.settings.pause_after:
+                call.streak, call.pause_reason = (category, count), None
+                return asked if asked is not None else self.policy.wait.delay(count)
+            call.streak, call.pauses = (category, 0), call.pauses + 1
+            delay = self.pause_wait.delay(call.pauses)
+            if asked is not None:
+                delay = max(delay, min(asked, self.settings.pause_max))
+            call.pause_reason = f"{count} {category} errors in a row from {redact(self.endpoint)}: {redact(exc)}"[:400]
+            return delay
+
+        return wait
+
+    def _stop(self, call: _Call) -> stop_base:
+        guard = self
+
+        class stop_after_outage_budget(stop_base):
+            def __call__(self, retry_state: RetryCallState) -> bool:
+                return guard._outage_seconds(call) >= guard.settings.budget_seconds
+
+        stop: stop_base = stop_after_outage_budget()
+        if self.shutdown is not None:
+            stop = stop | stop_on_event(self.shutdown)
+        return stop
+
+    def _outage_seconds(self, call: _Call) -> float:
+        local = 0.0 if call.first_failure is None else self.clock() - call.first_failure
+        shared = self.pause.elapsed() if self.pause is not None else None
+        return max(local, shared or 0.0)
+
+    def _before_sleep(self, call: _Call) -> Callable[[RetryCallState], None]:
+        def before_sleep(retry_state: RetryCallState) -> None:
+            seconds = retry_state.upcoming_sleep
+            if call.pause_reason is None:
+                return
+            self.log(f"waiting {seconds:.1f} s: {call.pause_reason}")
+            if self.pause is not None:
+                self.pause.begin(seconds, call.pause_reason)
+
+        return before_sleep
+
+    def _give_up(self, call: _Call) -> Callable[[RetryCallState], Any]:
+        def give_up(retry_state: RetryCallState) -> Any:
+            exc = retry_state.outcome.exception()
+            if self.shutdown is not None and self.shutdown.is_set():
+                raise StopRequested("shutdown requested while waiting for the provider") from exc
+            found = classify(exc)
+            budget = self.settings.budget_seconds
+            if self.pause is not None:
+                self.pause.end(outage_over=False)
+            raise OutageBudgetExceeded(
+                exc, category=found.category, status_code=found.status_code, retryable=False,
+                endpoint=self.endpoint, **{k: v for k, v in self.policy.context.items() if k != "endpoint"},
+                message=f"gave up: {redact(self.endpoint)} stayed unavailable for {self._outage_seconds(call):.0f} s, "
+                        f"longer than the outage budget of {budget:g} s; last error: {redact(exc)}",
+            ) from exc
+
+        return give_up
+
+    def call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """Call ``fn`` until it succeeds, fails permanently, or the outage budget is spent."""
+        return self.metered(0, None, fn, *args, **kwargs)
+
+    def metered(self, estimated_tokens: int, model: str | None, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """:meth:`call`, each attempt first reserving one request and ``estimated_tokens`` (an upper bound: the
+        prompt and the most the answer may hold) from the endpoint's shared budget. A call recorded with
+        :func:`record_provider_call` during the attempt corrects the reservation to its usage."""
+        call = _Call(estimated_tokens=max(0, int(estimated_tokens)), model=model)
+        retrying = tenacity.Retrying(
+            retry=retry_if_retryable(), wait=self._wait(call), stop=self._stop(call), sleep=self.sleep,
+            before_sleep=self._before_sleep(call), retry_error_callback=self._give_up(call), reraise=True,
+        )
+        try:
+            result = retrying(self._attempt, call, fn, args, kwargs)
+        except (OutageBudgetExceeded, StopRequested):
+            raise
+        except Exception:
+            if self.pause is not None:
+                self.pause.end(outage_over=True)
+            raise
+        if self.pause is not None:
+            self.pause.end(outage_over=True)
+        return result

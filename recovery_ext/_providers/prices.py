@@ -1,0 +1,47 @@
+"""An optional price table per model: tokens into cost."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from recovery_ext._errors import ConfigurationError
+
+PER = 1_000_000  # prices are quoted per million tokens, as providers publish them
+
+
+@dataclass(frozen=True)
+class Prices:
+    """``{model: {"input": price, "output": price}}`` per million tokens, in any one currency.
+
+    ``Prices.parse({"gpt-4o-mini": {"input": 0.15, "output": 0.6}})``; a model not in the table has
+    no cost (None), so a call is never priced by guess.
+    """
+
+    table: Mapping[str, tuple[float, float]]
+
+    @classmethod
+    def parse(cls, table: Mapping[str, Any] | None) -> "Prices":
+        parsed: dict[str, tuple[float, float]] = {}
+        for model, price in (table or {}).items():
+            if not isinstance(price, Mapping) or set(price) - {"input", "output"}:
+                raise ConfigurationError(f"the price of model {model!r} must be {{'input': ..., 'output': ...}} per "
+                                         f"million tokens, got {price!r}")
+            values = []
+            for side in ("input", "output"):
+                value = price.get(side, 0.0)
+                if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+                        or value < 0:
+                    raise ConfigurationError(f"the {side} price of model {model!r} must be a number >= 0, "
+                                             f"got {value!r}")
+                values.append(float(value))
+            parsed[str(model)] = (values[0], values[1])
+        return cls(parsed)
+
+    def cost(self, model: str | None, tokens_in: int, tokens_out: int) -> float | None:
+        price = self.table.get(model or "")
+        if price is None:
+            return None
+        return (tokens_in * price[0] + tokens_out * price[1]) / PER

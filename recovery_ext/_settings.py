@@ -1,0 +1,83 @@
+"""Settings from environment variables and code, validated with a clear error that names the setting.
+
+Every duration passes :func:`check_seconds`: NaN, infinities, booleans and values outside
+sane bounds are refused (an interval below 0.1 s would hammer the database; a timeout
+above a day hides crashes for a day, so it needs ``allow_long=True``).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+from recovery_ext._errors import ConfigurationError
+
+MIN_INTERVAL = 0.1
+DAY = 86400.0
+
+
+def parse_duration(text: str) -> float:
+    """``90``, ``90s``, ``10m``, ``1h`` or ``1d`` as seconds; a finite positive number."""
+    raw = str(text).strip().lower()
+    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+    factor = 1
+    if raw and raw[-1] in units:
+        factor = units[raw[-1]]
+        raw = raw[:-1]
+    try:
+        value = float(raw) * factor
+    except (ValueError, OverflowError):
+        raise ValueError(f"not a duration: {text!r} (use e.g. 90, 90s, 10m, 1h)") from None
+    if not math.isfinite(value):
+        raise ValueError(f"a duration must be a finite number, got {text!r}")
+    if value <= 0:
+        raise ValueError(f"a duration must be positive, got {text!r}")
+    return value
+
+
+def check_seconds(name: str, value: object, *, minimum: float = MIN_INTERVAL, maximum: float = DAY,
+                  allow_none: bool = False, allow_long: bool = False) -> float | None:
+    """``value`` as seconds within ``[minimum, maximum]`` (no upper bound with ``allow_long``), or raise naming ``name``."""
+    if value is None and allow_none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ConfigurationError(f"{name} must be a number of seconds, got {value!r}")
+    value = float(value)
+    if not math.isfinite(value):
+        raise ConfigurationError(f"{name} must be a finite number of seconds, got {value!r}")
+    if value < minimum:
+        raise ConfigurationError(f"{name} must be at least {minimum:g} s, got {value:g}")
+    if value > maximum and not allow_long:
+        raise ConfigurationError(f"{name} must be at most {maximum:g} s (set allow_long_durations to go beyond), "
+                                 f"got {value:g}")
+    return value
+
+
+def check_count(name: str, value: object, *, minimum: int = 0, maximum: int = 1_000_000) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value <= maximum:
+        raise ConfigurationError(f"{name} must be a whole number from {minimum} to {maximum}, got {value!r}")
+    return value
+
+
+def env_seconds(name: str, default: float | None, *, minimum: float = MIN_INTERVAL, maximum: float = DAY,
+                allow_long: bool = False) -> float | None:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = parse_duration(raw)
+    except ValueError as exc:
+        raise ConfigurationError(f"{name}: {exc}") from None
+    return check_seconds(name, value, minimum=minimum, maximum=maximum, allow_long=allow_long)
+
+
+def env_bool(name: str, default: bool) -> bool:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    value = raw.strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off"):
+        return False
+    raise ConfigurationError(f"{name} must be true or false, got {raw!r}")

@@ -1,0 +1,217 @@
+"""Request and token budgets per provider endpoint (optionally per model), shared by every process.
+
+A provider enforces requests per minute (RPM) and tokens per minute (TPM) over a sliding window.
+Each call reserves one request and its estimated tokens in ``rx_rate_reservations`` before it is
+sent; the response's ``usage`` then corrects the reservation to what was really spent. A
+reservation is granted only when the window (``window_seconds`` plus a margin for the time a
+request takes to reach the provider) still holds room for it, so what the provider counts in any
+window never exceeds its quota.
+
+Concurrency: a reservation first locks the budget's row (an upsert: ``ON CONFLICT DO UPDATE``
+locks the existing row on PostgreSQL; ``BEGIN IMMEDIATE`` is the writer lock on SQLite), then reads
+the database clock, counts the window and inserts, all in one transaction. So of many processes
+asking at once, each sees the others' reservations, and none is granted the same room twice.
+Reservations older than the window are deleted by the next reservation of the same budget.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import delete, func, select, type_coerce, update
+
+from recovery_ext._classify.redaction import redact
+from recovery_ext._errors import ConfigurationError
+from recovery_ext._store.database import Database, retried
+from recovery_ext._store.models import Ownership
+from recovery_ext._store.schema import DbTime, pipelines, rate_budgets, rate_reservations
+from recovery_ext._store.statuses import WAITING, PipelineStatus
+
+rr = rate_reservations.c
+
+# A pipeline waiting for budget shows this reason prefix, so clearing it never clears an outage's pause.
+BUDGET_REASON = "rate budget"
+
+
+@dataclass(frozen=True)
+class BudgetGrant:
+    """A reservation's answer: granted (``reservation`` is its id) or wait ``wait_seconds`` and ask again."""
+
+    granted: bool
+    reservation: int | None = None
+    wait_seconds: float = 0.0
+    requests_in_window: int = 0
+    tokens_in_window: int = 0
+
+
+def check_limits(requests_per_minute: int | None, tokens_per_minute: int | None, window_seconds: float) -> None:
+    for name, value in (("requests_per_minute", requests_per_minute), ("tokens_per_minute", tokens_per_minute)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise ConfigurationError(f"{name} must be a whole number >= 1 (or unset), got {value!r}")
+    if isinstance(window_seconds, bool) or not isinstance(window_seconds, (int, float)) \
+            or not 0.1 <= window_seconds <= 86400:
+        raise ConfigurationError(f"a budget window must be between 0.1 and 86400 seconds, got {window_seconds!r}")
+
+
+@dataclass(frozen=True)
+class ProviderLimits:
+    """Requests and tokens a provider allows per ``window_seconds`` (a minute, unless scaled for a test).
+
+    ``per_model``: each model of the endpoint has its own budget (else one for the whole endpoint).
+    ``margin_seconds``: added to the window, for the time a request takes from its reservation to the
+    provider (default: 2 % of the window, at most 1 s).
+    """
+
+    requests_per_minute: int | None = None
+    tokens_per_minute: int | None = None
+    per_model: bool = False
+    window_seconds: float = 60.0
+    margin_seconds: float | None = None
+
+    def __post_init__(self) -> None:
+        check_limits(self.requests_per_minute, self.tokens_per_minute, self.window_seconds)
+        if self.margin_seconds is not None and (not isinstance(self.margin_seconds, (int, float))
+                                                or not math.isfinite(self.margin_seconds)
+                                                or not 0 <= self.margin_seconds <= self.window_seconds):
+            raise ConfigurationError(f"margin_seconds must be between 0 and the window, got {self.margin_seconds!r}")
+
+    @property
+    def enabled(self) -> bool:
+        return self.requests_per_minute is not None or self.tokens_per_minute is not None
+
+    @property
+    def margin(self) -> float:
+        return self.margin_seconds if self.margin_seconds is not None else min(1.0, 0.02 * self.window_seconds)
+
+
+class BudgetOps(Database):
+    def _clock(self, conn) -> dt.datetime:
+        """The database clock now (not at the transaction's start: the lock may have been waited for)."""
+        now = func.clock_timestamp() if self.dialect.name == "postgresql" else self.dialect.now()
+        return conn.execute(select(type_coerce(now, DbTime))).scalar_one()
+
+    @retried
+    def budget_reserve(self, endpoint: str, model: str | None, *, tokens: int, limits: ProviderLimits,
+                       holder: str | None = None) -> BudgetGrant:
+        """Reserve one request and ``tokens`` in the budget of ``endpoint`` (and of ``model`` when
+        ``limits.per_model``, else of the whole endpoint), or say how long until the window has room.
+        The limits are the caller's configuration; the row keeps the last ones given, for reports."""
+        requests_per_minute, tokens_per_minute = limits.requests_per_minute, limits.tokens_per_minute
+        window_seconds = limits.window_seconds
+        if tokens_per_minute is not None and tokens > tokens_per_minute:
+            raise ConfigurationError(f"a call estimated at {tokens} tokens can never fit tokens_per_minute="
+                                     f"{tokens_per_minute}; raise the limit or lower the call's max tokens")
+        key = (redact(endpoint)[:500], (model if limits.per_model else None) or "")
+        span = float(window_seconds) + float(limits.margin)
+        with self.write() as conn:
+            stmt = self.dialect.insert(rate_budgets).values(
+                endpoint=key[0], model=key[1], requests_per_minute=requests_per_minute,
+                tokens_per_minute=tokens_per_minute, window_seconds=float(window_seconds),
+                updated_at=self.dialect.now())
+            conn.execute(stmt.on_conflict_do_update(
+                index_elements=[rate_budgets.c.endpoint, rate_budgets.c.model],
+                set_={"requests_per_minute": requests_per_minute, "tokens_per_minute": tokens_per_minute,
+                      "window_seconds": float(window_seconds), "updated_at": self.dialect.now()}))
+            now = self._clock(conn)
+            since = now - dt.timedelta(seconds=span)
+            mine = (rr.endpoint == key[0]) & (rr.model == key[1])
+            conn.execute(delete(rate_reservations).where(mine, rr.reserved_at <= since))
+            window = conn.execute(select(rr.reserved_at, rr.tokens).where(mine, rr.reserved_at > since)
+                                  .order_by(rr.reserved_at, rr.id)).all()
+            count, spent = len(window), sum(int(r.tokens) for r in window)
+            wait = _wait_for_room(window, now, span, requests_per_minute, tokens_per_minute, tokens)
+            if wait > 0:
+                return BudgetGrant(False, wait_seconds=wait, requests_in_window=count, tokens_in_window=spent)
+            reservation = conn.execute(rate_reservations.insert().values(
+                endpoint=key[0], model=key[1], holder=holder, tokens=int(tokens), reserved_at=now)
+                .returning(rr.id)).scalar_one()
+        return BudgetGrant(True, reservation, requests_in_window=count + 1, tokens_in_window=spent + tokens)
+
+    @retried
+    def budget_settle(self, reservation: int, tokens: int) -> None:
+        """The response's usage: the reservation now holds what the call really spent."""
+        with self.write() as conn:
+            conn.execute(update(rate_reservations).where(rr.id == reservation).values(tokens=max(0, int(tokens))))
+
+    @retried
+    def budget_release(self, reservation: int) -> None:
+        """The reserved request was never sent (the breaker refused it): the window gets its room back."""
+        with self.write() as conn:
+            conn.execute(delete(rate_reservations).where(rr.id == reservation))
+
+    @retried
+    def budgets(self) -> list[dict[str, Any]]:
+        """Every budget with what its window holds now: requests and tokens reserved."""
+        with self.read() as conn:
+            rows = conn.execute(select(rate_budgets).order_by(rate_budgets.c.endpoint, rate_budgets.c.model)).all()
+            now = self._clock(conn)
+            result = []
+            for row in rows:
+                since = now - dt.timedelta(seconds=row.window_seconds)
+                count, spent = conn.execute(select(func.count(), func.coalesce(func.sum(rr.tokens), 0)).where(
+                    rr.endpoint == row.endpoint, rr.model == row.model, rr.reserved_at > since)).one()
+                result.append({**dict(row._mapping), "requests_in_window": int(count), "tokens_in_window": int(spent)})
+        return result
+
+    # -- a pipeline waiting for budget ---------------------------------------------------------------
+
+    @retried
+    def show_budget_wait(self, own: Ownership, seconds: float, reason: str, *, node: str | None = None) -> bool:
+        """Show the (live) pipeline as waiting for budget until ``now + seconds``; an outage's pause is left alone.
+        Not fenced beyond its own condition: a superseded owner's wait changes nothing."""
+        reason = f"{BUDGET_REASON}: {redact(reason)}"[:500]
+        p = pipelines.c
+        with self.write() as conn:
+            row = conn.execute(
+                update(pipelines)
+                .where(p.id == own.pipeline_id, p.epoch == own.epoch, p.status == PipelineStatus.RUNNING,
+                       (p.waiting_until.is_(None)) | p.waiting_reason.startswith(BUDGET_REASON))
+                .values(waiting_until=self.dialect.now_plus(seconds), waiting_reason=reason,
+                        updated_at=self.dialect.now())
+                .returning(p.id)).first()
+            if row is None:
+                return False
+            self.record_transitions(conn, [{"entity_type": "pipeline", "entity_id": own.pipeline_id,
+                                            "pipeline_id": own.pipeline_id, "from_status": PipelineStatus.RUNNING,
+                                            "to_status": WAITING, "event": "budget_wait",
+                                            "data": {"reason": reason, "node": node, "seconds": round(seconds, 3)}}])
+        return True
+
+    @retried
+    def clear_budget_wait(self, own: Ownership, *, node: str | None = None) -> bool:
+        p = pipelines.c
+        with self.write() as conn:
+            row = conn.execute(
+                update(pipelines)
+                .where(p.id == own.pipeline_id, p.epoch == own.epoch, p.waiting_reason.startswith(BUDGET_REASON))
+                .values(waiting_until=None, waiting_reason=None, updated_at=self.dialect.now())
+                .returning(p.id)).first()
+            if row is None:
+                return False
+            self.record_transitions(conn, [{"entity_type": "pipeline", "entity_id": own.pipeline_id,
+                                            "pipeline_id": own.pipeline_id, "from_status": WAITING,
+                                            "to_status": PipelineStatus.RUNNING, "event": "budget_granted",
+                                            "data": {"node": node}}])
+        return True
+
+
+def _wait_for_room(window: list[Any], now: dt.datetime, span: float, requests_per_minute: int | None,
+                   tokens_per_minute: int | None, tokens: int) -> float:
+    """Seconds until the window (oldest first) has room for one more request of ``tokens``; 0 when it has now."""
+    drop = 0  # how many of the oldest reservations must leave the window first
+    if requests_per_minute is not None:
+        drop = max(drop, len(window) - requests_per_minute + 1)
+    if tokens_per_minute is not None:
+        spent = sum(int(r.tokens) for r in window)
+        freed, needed = 0, 0
+        while needed < len(window) and spent - freed + tokens > tokens_per_minute:
+            freed += int(window[needed].tokens)
+            needed += 1
+        drop = max(drop, needed)
+    if drop <= 0:
+        return 0.0
+    leaves = window[drop - 1].reserved_at + dt.timedelta(seconds=span)
+    return max((leaves - now).total_seconds(), 0.001)

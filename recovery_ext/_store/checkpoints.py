@@ -1,0 +1,317 @@
+"""Item checkpoints: a node records each finished item and its result, so a resume skips it.
+
+Every checkpoint is fenced by the owner's epoch in the statement or transaction that writes
+it, never after. A completed item is never overwritten (the call is refused with
+:class:`~recovery_ext._errors.IllegalTransition` and writes nothing); a degraded one (a
+fallback answer) may be redone. A batch commits as a whole or not at all.
+
+PostgreSQL runs fixed statements (``sql/postgres/queries``): the fence, the insert and the
+stall-deadline push as data-modifying CTEs of ONE statement, a batch's items bound as
+arrays. Without ``also=`` writes that statement is the whole call, in autocommit mode,
+run on the pooled psycopg connection (prepared once per connection): at these rates
+SQLAlchemy's per-execute work and psycopg's parsing of a many-row VALUES list are most
+of the cost. It is first tried as a plain INSERT of new items, the usual case; a batch
+naming an item that has a row already is then decided by the statement with ON CONFLICT.
+With ``also=`` writes it runs last in the fenced transaction that ran them, and
+its COMMIT goes in the same round trip: a superseded owner's statement fails, so that COMMIT
+never commits its writes.
+SQLite writes a batch with one multi-row INSERT in a ``BEGIN IMMEDIATE`` transaction.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from collections.abc import Iterable, Sequence
+from typing import Any, NoReturn
+
+from sqlalchemy import Connection, select, update
+
+from recovery_ext._store import hot_path
+from recovery_ext._store.database import is_retry, retried
+from recovery_ext._store.dialects import sqlstate
+from recovery_ext._errors import IllegalTransition, OwnershipLost, StoreError
+from recovery_ext._store.fenced import FencedTransaction
+from recovery_ext._store.migrations import load_query
+from recovery_ext._store.ledger import call_row
+from recovery_ext._store.models import ItemCheckpoint, JsonText, Ownership, ProviderCall, encode_json
+from recovery_ext._store.pipelines import PipelineOps
+from recovery_ext._store.schema import node_items, nodes
+from recovery_ext._store.statuses import ItemStatus, NodeStatus
+
+UNIQUE_VIOLATION = "23505"
+SUPERSEDED = "RX409"  # raised by rx_superseded() (migration 0009) when a checkpoint's fence finds no row
+
+
+class _Refused(Exception):
+    """A checkpoint statement named an item that is already checkpointed (its transaction rolls back)."""
+
+
+class _Superseded(Exception):
+    """The batch statement's fence found another owner or epoch: the statement failed (SQLSTATE RX409)
+    and its transaction rolls back."""
+
+
+class CheckpointOps(PipelineOps):
+    # -- items of a node ---------------------------------------------------------------------
+
+    @retried
+    def set_items_total(self, own: Ownership, node_name: str, total: int) -> None:
+        with self.write() as conn:
+            self._fence(conn, own)
+            conn.execute(update(nodes).where(nodes.c.pipeline_id == own.pipeline_id, nodes.c.name == node_name)
+                         .values(items_total=total))
+
+    @retried
+    def start_items(self, own: Ownership, node_name: str, total: int) -> dict[str, str]:
+        """``set_items_total`` and the statuses of the node's checkpointed items, in one transaction
+        (on PostgreSQL one autocommit statement: the fence, the update and the read as CTEs)."""
+        if self.dialect.dml_in_cte:
+            with self.driver_autocommit() as raw:
+                rows = hot_path.start_items(raw, pipeline_id=own.pipeline_id, epoch=own.epoch, node=node_name,
+                                            total=total)
+            if not rows[0].fenced:
+                self.check_ownership(own)  # raises OwnershipLost (or NotFound) with who owns it now
+                raise OwnershipLost(owner="(changed meanwhile)", pipeline_id=own.pipeline_id)
+            return {r.item_key: r.status for r in rows[1:]}
+        with self.write() as conn:
+            self._fence(conn, own)
+            conn.execute(update(nodes).where(nodes.c.pipeline_id == own.pipeline_id, nodes.c.name == node_name)
+                         .values(items_total=total))
+            rows = conn.execute(select(node_items.c.item_key, node_items.c.status).where(
+                node_items.c.pipeline_id == own.pipeline_id, node_items.c.node_name == node_name))
+            return {r.item_key: r.status for r in rows}
+
+    @retried
+    def completed_items(self, pipeline_id: int, node_name: str) -> dict[str, Any]:
+        if self.dialect.node_functions:
+            with self.driver_autocommit() as raw:
+                return hot_path.completed_items(raw, pipeline_id=pipeline_id, node=node_name)
+        with self.read_statement() as conn:
+            rows = conn.execute(
+                select(node_items.c.item_key, node_items.c.result).where(
+                    node_items.c.pipeline_id == pipeline_id, node_items.c.node_name == node_name
+                )
+            )
+            return {r.item_key: r.result for r in rows}
+
+    @retried
+    def pending_items(self, pipeline_id: int, node_name: str, keys: Iterable[str]) -> list[str]:
+        done = self.completed_items(pipeline_id, node_name)
+        return [k for k in keys if k not in done]
+
+    # -- checkpoints -------------------------------------------------------------------------
+
+    @retried
+    def checkpoint_item(self, own: Ownership, node_name: str, entry: ItemCheckpoint, *,
+                        stall_timeout: float | None = None) -> None:
+        """Record one item as done: its result, ``also``'s writes and the provider ``calls`` whose answers it
+        keeps (marked reached_checkpoint in the ledger), in the same transaction.
+
+        Without ``also`` on PostgreSQL this is one statement in autocommit mode: one round
+        trip for the fence, the insert and the progress update together (a batch of one: the
+        array statement costs no more than a scalar one, measured).
+        """
+        self.checkpoint_items(own, node_name, [entry], stall_timeout=stall_timeout)
+
+    @retried
+    def checkpoint_items(self, own: Ownership, node_name: str, entries: Sequence[ItemCheckpoint], *,
+                         stall_timeout: float | None = None) -> None:
+        """Record a batch of items in ONE fenced transaction: every ``also`` write, every result and
+        checkpoint commit together or not at all, so a crash redoes at most this batch."""
+        entries = list(entries)
+        if not entries:
+            return
+        keys = [e.key for e in entries]
+        if len(set(keys)) != len(keys):
+            raise IllegalTransition(f"a checkpoint batch of node {node_name!r} names an item twice")
+        if not self.dialect.dml_in_cte:
+            self._checkpoint_rows(own, node_name, entries, stall_timeout)
+            return
+        params = {"pipeline": own.pipeline_id, "epoch": own.epoch, "owner": own.owner, "node": node_name,
+                  "keys": keys, "statuses": [e.status for e in entries],
+                  "results": [_json(e.result) for e in entries], "stall": stall_timeout or None,
+                  **_call_arrays(entries)}
+        if any(e.also is not None for e in entries):
+            self._checkpoint_after_also(own, node_name, entries, params)
+        else:
+            self._checkpoint_in_one_statement(own, node_name, params, keys)
+
+    def _checkpoint_in_one_statement(self, own: Ownership, node_name: str, params: dict[str, Any],
+                                     keys: list[str]) -> None:
+        """PostgreSQL: the whole call is one autocommit statement; a refused batch aborts it (nothing written).
+
+        The first statement assumes every item is new (a plain INSERT: the conflict handling costs the
+        server about a quarter of a large batch). If one has a row already, that statement fails and
+        wrote nothing, and the full statement decides: a degraded item is redone, a completed one
+        refuses the batch. Only a batch naming a checkpointed item pays that second round trip.
+        """
+        try:
+            with self.driver_autocommit() as raw:
+                try:
+                    written = self._checkpoint_statement(raw, params, query="checkpoint_new_items")
+                except _Refused:
+                    written = self._checkpoint_statement(raw, params)
+        except _Refused:
+            written = 0
+        except _Superseded:
+            self._superseded(own)
+        if written < len(keys):
+            self._refuse(own, node_name, keys)
+
+    def _checkpoint_statement(self, raw: Any, params: dict[str, Any], *, commit: bool = False,
+                              query: str = "checkpoint_items") -> int:
+        """The batch statement on the driver connection, prepared (parsed and planned once per connection,
+        then only bound and executed); returns how many items it wrote. :class:`_Refused` when it named a
+        completed item, :class:`_Superseded` when its fence found another owner or epoch: either way the
+        statement failed, so it wrote nothing.
+
+        With ``commit``, the transaction's COMMIT travels in the same round trip (psycopg's pipeline
+        mode: one Sync for both). That is safe because a superseded or refused statement fails: the
+        server then skips the COMMIT, the transaction stays aborted and the caller's rollback takes
+        the ``also=`` writes with it. (The caller's own commit afterwards finds nothing to do.)
+        """
+        query = load_query(self.dialect.migrations_folder, query)
+        try:
+            if not commit:
+                return raw.execute(query, params, prepare=True).fetchone()[0]
+            with raw.pipeline():  # its exit sends the one Sync and reads both results
+                cursor = raw.execute(query, params, prepare=True)
+                raw.execute("COMMIT")  # not raw.commit(): that syncs at once, and the exit would sync again
+            return cursor.fetchone()[0]
+        except self.engine.dialect.loaded_dbapi.Error as exc:
+            code = sqlstate(exc)
+            if code == UNIQUE_VIOLATION:
+                raise _Refused() from exc
+            if code == SUPERSEDED:
+                raise _Superseded() from exc
+            raise
+
+    def _checkpoint_after_also(self, own: Ownership, node_name: str, entries: list[ItemCheckpoint],
+                               params: dict[str, Any]) -> None:
+        """PostgreSQL with ``also=`` writes: one transaction runs them, then the batch statement and the
+        COMMIT in one round trip; the statement's fence decides whether anything commits.
+
+        The fence comes last here, not first: its FOR KEY SHARE lock on the pipeline row is held
+        from the batch statement to the commit, so a reclaim cannot slip in between, and a
+        superseded owner's statement fails (SQLSTATE RX409), so its transaction (its ``also=``
+        writes included) is rolled back, never committed. That saves the separate fence round trip
+        per item. Lock order stays safe: a reclaim never waits for a worker's locks (it skips locked
+        rows), and the only lock taken on the pipeline row is this one, never upgraded.
+        """
+        try:
+            with self.write() as conn:
+                if is_retry() and self._checkpointed_by(conn, own, node_name, entries[0].key):
+                    return  # the batch is atomic: the first attempt committed before its connection dropped
+                self._run_also(conn, own, entries)
+                with self.driver_of(conn) as raw:  # in this transaction
+                    written = self._checkpoint_statement(raw, params, commit=True)
+        except _Refused:
+            self._refuse(own, node_name, [e.key for e in entries])  # the rollback took the also= writes too
+            return
+        except _Superseded:
+            self._superseded(own)
+        if written < len(entries):  # pragma: no cover - the statement either writes all or aborts
+            raise StoreError(f"checkpoint batch of node {node_name!r}: {written} of {len(entries)} written")
+
+    def _superseded(self, own: Ownership) -> NoReturn:
+        self.check_ownership(own)  # raises OwnershipLost (or NotFound) with who owns it now
+        raise OwnershipLost(owner="(changed during the checkpoint)", pipeline_id=own.pipeline_id) from None
+
+    def _checkpoint_rows(self, own: Ownership, node_name: str, entries: list[ItemCheckpoint],
+                         stall_timeout: float | None) -> None:
+        """SQLite: the fence, ``also=`` writes, a multi-row INSERT and the stall push in one transaction."""
+        keys = [e.key for e in entries]
+        with self.write() as conn:
+            self._fence(conn, own)
+            if is_retry() and self._checkpointed_by(conn, own, node_name, keys[0]):
+                return  # the batch is atomic: the first attempt committed before its connection dropped
+            self._run_also(conn, own, entries)
+            self.write_calls(conn, _kept_calls(own, node_name, entries), reached=True)
+            written = set(conn.scalars(self._checkpoints_insert(), [
+                {"pipeline_id": own.pipeline_id, "node_name": node_name, "item_key": e.key, "status": e.status,
+                 "result": e.result, "run_id": own.owner, "epoch": own.epoch} for e in entries]))
+            refused = [k for k in keys if k not in written]
+            if refused:
+                raise IllegalTransition(_already(own, node_name, refused[0]))
+            if stall_timeout:
+                conn.execute(update(nodes)
+                             .where(nodes.c.pipeline_id == own.pipeline_id,
+                                    nodes.c.name == node_name, nodes.c.status == NodeStatus.RUNNING)
+                             .values(stall_deadline=self.dialect.now_plus(stall_timeout)))
+
+    def _run_also(self, conn: Connection, own: Ownership, entries: list[ItemCheckpoint]) -> None:
+        tx = FencedTransaction(self, conn, own)
+        try:
+            for entry in entries:
+                if entry.also is not None:
+                    entry.also(tx)
+        finally:
+            tx.close()
+
+    def _checkpoints_insert(self):
+        """INSERT of many checkpoints (SQLAlchemy batches the rows into multi-row statements); a degraded
+        item (a fallback answer) may be redone, a completed one never. Returns the keys it wrote."""
+        built = self.__dict__.get("_checkpoints_insert_stmt")
+        if built is None:
+            stmt = self.dialect.insert(node_items).values(completed_at=self.dialect.now())
+            new = stmt.excluded
+            built = stmt.on_conflict_do_update(
+                index_elements=[node_items.c.pipeline_id, node_items.c.node_name, node_items.c.item_key],
+                set_={"status": new.status, "result": new.result, "run_id": new.run_id, "epoch": new.epoch,
+                      "completed_at": new.completed_at},
+                where=node_items.c.status == ItemStatus.DEGRADED,
+            ).returning(node_items.c.item_key)
+            self.__dict__["_checkpoints_insert_stmt"] = built
+        return built
+
+    def _refuse(self, own: Ownership, node_name: str, keys: list[str]) -> None:
+        """A checkpoint named an item already checkpointed: nothing was written. Returns quietly when
+        this is a retry whose first attempt committed (the same owner and epoch wrote the items)."""
+        with self.read() as conn:
+            if is_retry() and self._checkpointed_by(conn, own, node_name, keys[0]):
+                return  # the first attempt committed before its connection dropped
+            done = set(conn.scalars(select(node_items.c.item_key).where(
+                node_items.c.pipeline_id == own.pipeline_id, node_items.c.node_name == node_name,
+                node_items.c.item_key.in_(keys), node_items.c.status != ItemStatus.DEGRADED)))
+        refused = [k for k in keys if k in done] or keys
+        raise IllegalTransition(_already(own, node_name, refused[0]))
+
+    @staticmethod
+    def _checkpointed_by(conn: Connection, own: Ownership, node_name: str, item_key: str) -> bool:
+        row = conn.execute(select(node_items.c.run_id, node_items.c.epoch).where(
+            node_items.c.pipeline_id == own.pipeline_id, node_items.c.node_name == node_name,
+            node_items.c.item_key == item_key)).first()
+        return row is not None and row.run_id == own.owner and row.epoch == own.epoch
+
+
+def _kept_calls(own: Ownership, node_name: str, entries: Sequence[ItemCheckpoint]) -> list[ProviderCall]:
+    """The provider calls whose answers a checkpoint batch keeps, bound to its pipeline, node, run and epoch."""
+    return [call if (call.pipeline_id, call.node_name, call.item_key, call.run_id, call.epoch)
+            == (own.pipeline_id, node_name, entry.key, own.owner, own.epoch)  # bound by the node already
+            else replace(call, pipeline_id=own.pipeline_id, node_name=node_name, item_key=call.item_key or entry.key,
+                         run_id=own.owner, epoch=own.epoch)
+            for entry in entries for call in entry.calls]
+
+
+def _call_arrays(entries: Sequence[ItemCheckpoint]) -> dict[str, list[Any]]:
+    """The batch statement's ledger arrays (empty when no call is kept): one element per call."""
+    rows = [call_row(call) | {"item_key": call.item_key or entry.key} for entry in entries for call in entry.calls]
+    return {"call_ids": [r["id"] for r in rows], "call_items": [r["item_key"] for r in rows],
+            "call_endpoints": [r["endpoint"] for r in rows], "call_models": [r["model"] for r in rows],
+            "call_tokens_in": [r["tokens_in"] for r in rows], "call_tokens_out": [r["tokens_out"] for r in rows],
+            "call_latencies": [r["latency_seconds"] for r in rows], "call_outcomes": [r["outcome"] for r in rows],
+            "call_costs": [r["cost"] for r in rows]}
+
+
+def _already(own: Ownership, node_name: str, key: str) -> str:
+    return f"item {key!r} of node {node_name!r} in pipeline {own.pipeline_id} is already checkpointed"
+
+
+def _json(value: Any) -> str:
+    """An item result as JSON text for the statement's ``::jsonb`` (None is JSON null, as SQLAlchemy writes it)."""
+    if type(value) is JsonText:
+        return value
+    try:
+        return encode_json(value)
+    except (TypeError, ValueError) as exc:
+        raise StoreError(f"an item result must be JSON: {exc}") from exc

@@ -1,0 +1,332 @@
+"""The engine, transactions, driver-error wrapping and the write helpers every store part shares."""
+
+from __future__ import annotations
+
+import functools
+import logging
+import math
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import ExitStack, contextmanager
+from typing import Any, TypeVar
+
+import tenacity
+from sqlalchemy import Connection, create_engine, insert
+from sqlalchemy.engine import Engine
+from sqlalchemy.exc import DBAPIError, SQLAlchemyError
+
+from recovery_ext._store import migrations
+from recovery_ext._store.dialects import Dialect
+from recovery_ext._errors import ConfigurationError, StoreError, StoreUnavailable
+from recovery_ext._classify.redaction import redact
+from recovery_ext._classify.retry import retry_if_retryable, wait_jittered_exponential
+from recovery_ext._store.schema import events, transitions
+
+log = logging.getLogger("recovery_ext._store.store")
+
+T = TypeVar("T")
+
+# The default heartbeat timeout: a store call keeps retrying a transient error for as long
+# as its pipeline could go without a heartbeat anyway (HeartbeatSettings.timeout).
+DEFAULT_RETRY_BUDGET = 90.0
+MAX_RETRY_BUDGET = 86400.0
+
+# One retrying store call per thread at a time: a store method that calls another store
+# method retries as a whole, so budgets never multiply.
+_retry_state = threading.local()
+
+
+def is_retry() -> bool:
+    """Inside a retried store call, whether this is not the first attempt (its commit may have landed)."""
+    return getattr(_retry_state, "attempt", 1) > 1
+
+
+def retried(method: Callable[..., T]) -> Callable[..., T]:
+    """Re-run a whole store call (one transaction) on transient errors, within ``self.retry_budget``.
+
+    Transient is what the shared classifier says: lost connections, a restarting server,
+    deadlocks and serialization failures (SQLSTATE 08/40001/40P01/53/57), SQLite busy.
+    """
+
+    @functools.wraps(method)
+    def wrapper(self: "Database", *args: Any, **kwargs: Any) -> T:
+        if getattr(_retry_state, "active", False) or self.retry_budget <= 0:
+            return method(self, *args, **kwargs)
+        deadline = time.monotonic() + self.retry_budget
+        _retry_state.active = True
+        try:
+            try:
+                # The first attempt runs without tenacity: almost every call succeeds, and building
+                # the Retrying costs ~20 us per call, a tenth of a hot-path checkpoint's client time.
+                return method(self, *args, **kwargs)
+            except Exception as exc:  # noqa: BLE001 - tenacity's classifier judges it just below
+                failed = [exc]
+            for attempt in self._retrying(method.__name__, deadline=deadline):
+                with attempt:
+                    if failed:
+                        raise failed.pop()  # attempt 1, already run: tenacity judges it, logs it and waits
+                    _retry_state.attempt = attempt.retry_state.attempt_number
+                    return method(self, *args, **kwargs)
+            raise AssertionError("unreachable: tenacity re-raises the last error")  # pragma: no cover
+        finally:
+            _retry_state.active = False
+            _retry_state.attempt = 1
+
+    wrapper.__rx_retried__ = True  # type: ignore[attr-defined]
+    return wrapper
+
+
+def _stop_at(deadline: float) -> Callable[[tenacity.RetryCallState], bool]:
+    return lambda _state: time.monotonic() >= deadline
+
+
+def validate_retry_budget(value: float) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+            or not 0 <= value <= MAX_RETRY_BUDGET:
+        raise ConfigurationError(f"retry_budget must be between 0 and {MAX_RETRY_BUDGET:.0f} seconds, got {value!r}")
+    return float(value)
+
+# SQLite allows 32766 bound variables; PostgreSQL 65535. Chunks stay well below both.
+CHUNK = 2000
+
+
+def chunks(values: Sequence[Any], size: int = CHUNK) -> Iterator[Sequence[Any]]:
+    for start in range(0, len(values), size):
+        yield values[start : start + size]
+
+
+class Database:
+    """Owns the engine; every store operation runs in one of its transactions."""
+
+    def __init__(self, url: str, *, echo: bool = False, engine: Engine | None = None,
+                 retry_budget: float = DEFAULT_RETRY_BUDGET, connect_timeout: float | None = None,
+                 statement_timeout: float | None = None) -> None:
+        self.dialect = Dialect.for_url(url, connect_timeout=connect_timeout, statement_timeout=statement_timeout)
+        self.url = self.dialect.url
+        self.retry_budget = validate_retry_budget(retry_budget)
+        if engine is None:
+            try:
+                engine = create_engine(self.url, echo=echo, **self.dialect.engine_options())
+            except (ImportError, SQLAlchemyError, ValueError, TypeError) as exc:
+                # e.g. postgresql+nodriver://: never echo the URL, it may carry a password.
+                raise ConfigurationError(
+                    f"cannot use database URL {self.dialect.safe_url()}: {redact(exc)}") from None
+            self.dialect.configure(engine)
+        self.engine = engine
+
+    def _retrying(self, what: str, *, deadline: float | None = None) -> tenacity.Retrying:
+        """Tenacity's loop for a store call; ``deadline`` (monotonic) when the call started earlier
+        (its first attempt ran already), else the budget counts from now."""
+        def before_sleep(state: tenacity.RetryCallState) -> None:
+            exc = state.outcome.exception() if state.outcome else None
+            log.warning("store call %s failed (attempt %d), retrying in %.1f s: %s", what, state.attempt_number,
+                        state.upcoming_sleep, redact(exc))
+
+        if deadline is not None:
+            stop = _stop_at(deadline)
+        elif getattr(_retry_state, "active", False):  # the enclosing retried call retries as a whole
+            stop = tenacity.stop_after_attempt(1)
+        else:
+            stop = tenacity.stop_after_delay(self.retry_budget)
+        return tenacity.Retrying(
+            stop=stop, retry=retry_if_retryable(),
+            wait=wait_jittered_exponential(0.2, max_delay=3.0, jitter=0.5), before_sleep=before_sleep, reraise=True,
+        )
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.dialect.safe_url()!r})"
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
+    # -- transactions ---------------------------------------------------------------------
+
+    @contextmanager
+    def write(self) -> Iterator[Connection]:
+        """A write transaction (BEGIN IMMEDIATE on SQLite); commits on success."""
+        with self._wrap_errors():
+            with self.engine.connect().execution_options(rx_write=True) as conn:
+                with conn.begin():
+                    yield conn
+
+    @contextmanager
+    def autocommit(self) -> Iterator[Connection]:
+        """Each statement its own transaction, with no BEGIN/COMMIT round trips: for hot-path
+        writes that are one statement (several writes joined as data-modifying CTEs)."""
+        with self._wrap_errors():
+            with self.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+                yield conn
+
+    @contextmanager
+    def driver_autocommit(self) -> Iterator[Any]:
+        """A pooled connection's own driver connection (psycopg) in autocommit mode, for a hot-path
+        statement the caller runs as fixed SQL text.
+
+        It skips what SQLAlchemy's execute costs per call (compiled-cache lookup, parameter
+        processing, the isolation level set at checkout and reset at return), which is most of a
+        one-statement checkpoint's client time on a busy machine. Driver errors are wrapped as
+        everywhere else, and a connection the server dropped is invalidated, so the store's
+        retry runs the call again on a new one.
+        """
+        try:
+            with self._wrap_errors():
+                pooled = self.engine.raw_connection()
+        except self.engine.dialect.loaded_dbapi.Error as exc:  # the pool's connect raises the driver's own error
+            raise self.wrap_driver_error(exc) from exc
+        raw = pooled.driver_connection
+        try:
+            raw.autocommit = True
+            try:
+                yield raw
+            finally:
+                if not raw.closed:  # a dead connection refuses the switch; it is invalidated below
+                    raw.autocommit = False
+        except self.engine.dialect.loaded_dbapi.Error as exc:
+            invalidated = self.engine.dialect.is_disconnect(exc, raw, None)
+            if invalidated:
+                pooled.invalidate(exc)
+            raise self.wrap_driver_error(exc, invalidated=invalidated) from exc
+        finally:
+            pooled.close()
+
+    @contextmanager
+    def driver_of(self, conn: Connection) -> Iterator[Any]:
+        """The psycopg connection under ``conn``, inside ``conn``'s open transaction, for a hot-path
+        statement run as fixed SQL text; driver errors are wrapped as everywhere else (the caller may
+        catch a driver error it expects first) and a connection the server dropped is invalidated."""
+        raw = conn.connection.driver_connection
+        try:
+            yield raw
+        except self.engine.dialect.loaded_dbapi.Error as exc:
+            invalidated = self.engine.dialect.is_disconnect(exc, raw, None)
+            if invalidated:
+                conn.invalidate(exc)
+            raise self.wrap_driver_error(exc, invalidated=invalidated) from exc
+
+    @contextmanager
+    def read(self) -> Iterator[Connection]:
+        with self._wrap_errors():
+            with self.engine.connect() as conn:
+                with conn.begin():
+                    yield conn
+
+    @contextmanager
+    def read_statement(self) -> Iterator[Connection]:
+        """For a read that is ONE statement: no BEGIN/COMMIT round trips on PostgreSQL, where a
+        statement is its own snapshot anyway (READ COMMITTED); a read transaction on SQLite."""
+        if not self.dialect.autocommit_reads:
+            with self.read() as conn:
+                yield conn
+            return
+        with self.autocommit() as conn:
+            yield conn
+
+    @contextmanager
+    def read_only(self) -> Iterator[Connection]:
+        """A transaction the database itself refuses to write in (what op code gets for reads).
+
+        Opening it is retried on transient errors (there is no pool pre-ping: a connection the
+        server dropped fails here and is replaced); the caller's statements are not.
+        """
+        for attempt in self._retrying("read-only transaction"):
+            with attempt:
+                stack = ExitStack()
+                try:
+                    stack.enter_context(self._wrap_errors())
+                    conn = stack.enter_context(self.engine.connect())
+                    stack.enter_context(self.dialect.read_only(conn))
+                except BaseException as exc:
+                    if not stack.__exit__(type(exc), exc, exc.__traceback__):
+                        raise
+        with stack:
+            yield conn
+
+    @contextmanager
+    def _wrap_errors(self) -> Iterator[None]:
+        try:
+            yield
+        except DBAPIError as exc:
+            raise self.wrap_error(exc) from exc
+        except SQLAlchemyError as exc:
+            raise StoreError(f"database error: {redact(str(exc))}") from exc
+
+    def wrap_error(self, exc: DBAPIError) -> StoreError:
+        return self.wrap_driver_error(getattr(exc, "orig", None) or exc, invalidated=exc.connection_invalidated)
+
+    def wrap_driver_error(self, exc: BaseException, *, invalidated: bool = False) -> StoreError:
+        """The store's error for a driver error: StoreUnavailable (retried) when a retry can fix it."""
+        # libpq puts the reason of a failed connection on its second line ("...failed:\nFATAL: ...")
+        message = " ".join(" ".join(redact(str(exc) or type(exc).__name__).split()).split("\n"))[:500]
+        if invalidated or self.dialect.is_transient(exc):
+            return StoreUnavailable(f"database unavailable: {message}")
+        return StoreError(f"database error: {message}")
+
+    # -- schema ---------------------------------------------------------------------------
+
+    def migrate(self, package: str = migrations.LIBRARY) -> list[migrations.Migration]:
+        """Apply the library's pending migrations, or those of an application ``package`` (after the library's)."""
+        with self._wrap_errors():
+            if package != migrations.LIBRARY:
+                migrations.apply_migrations(self.engine, self.dialect)
+            return migrations.apply_migrations(self.engine, self.dialect, package)
+
+    def pending_migrations(self, package: str = migrations.LIBRARY) -> list[migrations.Migration]:
+        with self._wrap_errors():
+            return migrations.pending_migrations(self.engine, self.dialect, package)
+
+    # -- history helpers (always inside the caller's transaction) -------------------------
+
+    def record_transitions(self, conn: Connection, rows: Iterable[dict[str, Any]]) -> None:
+        batch = [
+            {
+                "entity_type": row["entity_type"],
+                "entity_id": row["entity_id"],
+                "pipeline_id": row.get("pipeline_id"),
+                "from_status": row.get("from_status"),
+                "to_status": row["to_status"],
+                "event": row["event"],
+                "data": row.get("data"),
+                "at": None,
+            }
+            for row in rows
+        ]
+        for part in chunks(batch):
+            conn.execute(insert(transitions).values(at=self.dialect.now()), [_without_at(r) for r in part])
+
+    def record_events(self, conn: Connection, rows: Iterable[dict[str, Any]]) -> None:
+        batch = [
+            {
+                "kind": row["kind"],
+                "pipeline_id": row.get("pipeline_id"),
+                "queue_item_id": row.get("queue_item_id"),
+                "payload": row.get("payload") or {},
+            }
+            for row in rows
+        ]
+        for part in chunks(batch):
+            conn.execute(insert(events).values(created_at=self.dialect.now()), list(part))
+
+    def upsert(self, conn: Connection, table, rows: Sequence[dict[str, Any]], *, keys: Sequence[str]) -> None:
+        """Insert or update by primary key, so re-running a node writes the same rows again."""
+        for row in rows:
+            stmt = self.dialect.insert(table).values(**row, updated_at=self.dialect.now())
+            update_cols = {c: stmt.excluded[c] for c in row if c not in keys}
+            update_cols["updated_at"] = self.dialect.now()
+            conn.execute(stmt.on_conflict_do_update(index_elements=list(keys), set_=update_cols))
+
+    @retried
+    def record_event(self, kind: str, payload: dict[str, Any] | None = None, *, pipeline_id: int | None = None) -> None:
+        with self.write() as conn:
+            self.record_events(conn, [{"kind": kind, "payload": payload, "pipeline_id": pipeline_id}])
+
+
+def _without_at(row: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in row.items() if k != "at"}
+

@@ -1,0 +1,376 @@
+"""Everything that differs between PostgreSQL and SQLite lives here.
+
+One :class:`Dialect` subclass per database, chosen from the URL. The store calls
+these hooks and never asks which database it talks to.
+"""
+
+from __future__ import annotations
+
+import math
+import sqlite3
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from sqlalchemy import Float, Text, and_, bindparam, case, event, false, func, literal, literal_column, or_, text
+from sqlalchemy.engine import Engine, make_url
+from sqlalchemy.engine.url import URL
+from sqlalchemy.sql.elements import ColumnElement
+
+from recovery_ext._classify.classifier import is_retryable
+from recovery_ext._errors import ConfigurationError
+from recovery_ext._classify.redaction import redact, redact_url
+from recovery_ext._store.schema import load_json
+
+# SQLSTATE classes/codes a retry can fix: connection (08), serialization (40001),
+# deadlock (40P01), insufficient resources (53), operator intervention (57).
+_PG_TRANSIENT_CLASSES = ("08", "53", "57")
+_PG_TRANSIENT_CODES = ("40001", "40P01")
+_SQLITE_BUSY_CODES = (5, 6, 261, 262, 517)  # SQLITE_BUSY, SQLITE_LOCKED and extended codes
+# Connections per process and engine (README "PostgreSQL": connection footprint).
+POOL_SIZE = 2
+POOL_OVERFLOW = 8
+
+
+class Dialect:
+    """Hooks the store needs from a database."""
+
+    name = "base"
+    migrations_folder = ""
+    default_connect_timeout = 10.0
+    default_statement_timeout = 30.0
+    # Data-modifying CTEs (INSERT/UPDATE inside WITH): several writes in one statement, one round trip.
+    dml_in_cte = False
+    # rx_begin_node / rx_complete_node exist (migration 0008): a node's start and completion in one call
+    node_functions = False
+    # a read of one statement needs no transaction: each statement is its own snapshot (READ COMMITTED)
+    autocommit_reads = False
+
+    def __init__(self, url: URL, *, connect_timeout: float | None = None, statement_timeout: float | None = None) -> None:
+        self.url = url
+        self.connect_timeout = _timeout("connect_timeout", connect_timeout, self.default_connect_timeout)
+        self.statement_timeout = _timeout("statement_timeout", statement_timeout, self.default_statement_timeout)
+
+    def safe_url(self) -> str:
+        return redact_url(self.url)
+
+    def engine_options(self) -> dict[str, Any]:
+        return {}
+
+    def bad_time(self, column) -> ColumnElement:
+        """The column holds something that is not a finite time (NULL is fine)."""
+        raise NotImplementedError
+
+    def not_text(self, column) -> ColumnElement:
+        """The column holds something other than text (NULL is fine)."""
+        raise NotImplementedError
+
+    def snapshot_bounds(self, conn) -> tuple[int | None, int | None]:
+        """``(xmin, xmax)`` of the current snapshot where transactions can commit out of id order."""
+        return None, None
+
+    @contextmanager
+    def read_only(self, conn) -> Iterator[None]:
+        """A transaction in which the database refuses writes."""
+        raise NotImplementedError
+        yield  # pragma: no cover
+
+    def configure(self, engine: Engine) -> None:
+        """Install connect/begin hooks on a fresh engine."""
+
+    def now(self) -> ColumnElement:
+        """The database clock."""
+        raise NotImplementedError
+
+    def now_plus(self, seconds: Any) -> ColumnElement:
+        """The database clock plus ``seconds`` (a number or a bound expression)."""
+        raise NotImplementedError
+
+    def seconds_between(self, start: Any, end: Any) -> ColumnElement:
+        """``end - start`` in seconds, as a number; NULL when either is not a finite time."""
+        raise NotImplementedError
+
+    def json_text(self, column, key: str) -> ColumnElement:
+        """A top-level key of a JSON column as text (NULL when absent or when the JSON does not parse)."""
+        raise NotImplementedError
+
+    def is_transient(self, exc: BaseException) -> bool:
+        """Whether a driver error can succeed if retried."""
+        raise NotImplementedError
+
+    def migration_lock(self, conn) -> None:
+        """Serialize concurrent migrators for the rest of the transaction."""
+
+    def insert(self, table):
+        """An INSERT with ``on_conflict_do_nothing``/``on_conflict_do_update``."""
+        raise NotImplementedError
+
+    @staticmethod
+    def for_url(url: str | URL, **timeouts: float | None) -> "Dialect":
+        try:
+            parsed = make_url(url) if isinstance(url, str) else url
+            parsed.port  # noqa: B018 - a port that is not a number fails here, not at connect time
+        except Exception as exc:  # noqa: BLE001 - ArgumentError, ValueError (bad port), TypeError
+            # The URL may hold a password even when it does not parse: show only its redacted form.
+            raise ConfigurationError(f"not a database URL: {redact_url(str(url))} ({redact(exc)})") from None
+        backend = parsed.get_backend_name()
+        if backend == "postgresql":
+            if parsed.drivername in ("postgresql", "postgresql+psycopg2"):
+                # psycopg 3 is the one driver installed; a psycopg2 URL (what dagster-postgres takes) means the same
+                parsed = parsed.set(drivername="postgresql+psycopg")
+            elif parsed.drivername != "postgresql+psycopg":
+                raise ConfigurationError(f"unsupported PostgreSQL driver {parsed.drivername!r} in {redact_url(parsed)}: "
+                                         "use postgresql:// (psycopg 3)")
+            _check_host(parsed)
+            return PostgresDialect(parsed, **timeouts)
+        if backend == "sqlite":
+            return SqliteDialect(parsed, **timeouts)
+        raise ConfigurationError(f"unsupported database {backend!r} in {redact_url(parsed)}: use postgresql:// or sqlite:///")
+
+
+class PostgresDialect(Dialect):
+    name = "postgresql"
+    migrations_folder = "postgres"
+    dml_in_cte = True
+    node_functions = True
+    autocommit_reads = True
+
+    def engine_options(self) -> dict[str, Any]:
+        """Connect and statement timeouts, unless the URL sets its own.
+
+        ``statement_timeout`` also bounds lock waits (SQLSTATE 57014, retried by the store);
+        ``idle_in_transaction_session_timeout`` ends the session of a worker frozen (SIGSTOP)
+        inside a transaction, so its row locks never block a reclaim for longer than that.
+        """
+        query = self.url.query
+        connect_args: dict[str, Any] = {}
+        if "connect_timeout" not in query:
+            connect_args["connect_timeout"] = max(1, math.ceil(self.connect_timeout))
+        if "options" not in query:
+            ms = int(self.statement_timeout * 1000)
+            idle_ms = int(max(60.0, 2 * self.statement_timeout) * 1000)
+            connect_args["options"] = f"-c statement_timeout={ms} -c idle_in_transaction_session_timeout={idle_ms}"
+        if "keepalives" not in query:
+            connect_args.update(keepalives=1, keepalives_idle=10, keepalives_interval=5, keepalives_count=3)
+        # No pre-ping: it costs a round trip per checkout on the hot path. A connection that
+        # died (server restart, pg_terminate_backend) fails its first statement instead, the
+        # pool invalidates it and the store's retry runs the whole transaction again.
+        # A small pool: a run worker needs one connection for its work and one for the heartbeat
+        # thread; the overflow covers bursts (sensors, parallel threads) and is closed when idle.
+        # json/jsonb decode through load_json: a value Python cannot decode (nested thousands deep) is a
+        # CorruptJson of its row, not an error of the whole query.
+        return {"pool_size": POOL_SIZE, "max_overflow": POOL_OVERFLOW, "pool_recycle": 1800,
+                "connect_args": connect_args, "json_deserializer": load_json}
+
+    @contextmanager
+    def read_only(self, conn) -> Iterator[None]:
+        with conn.begin():
+            conn.exec_driver_sql("SET TRANSACTION READ ONLY")
+            yield
+
+    def bad_time(self, column) -> ColumnElement:
+        return and_(column.isnot(None), ~func.isfinite(column))
+
+    def not_text(self, column) -> ColumnElement:
+        return false()  # a text column holds text
+
+    def configure(self, engine: Engine) -> None:
+        @event.listens_for(engine, "connect")
+        def _on_connect(dbapi_conn, _record):
+            # 'infinity'/'-infinity' (or any value beyond Python's range) must not break every
+            # query that touches the row: they load as datetime.max/min, and the scan fails them.
+            dbapi_conn.adapters.register_loader("timestamptz", _clamped_timestamptz_loader())
+
+    def snapshot_bounds(self, conn) -> tuple[int | None, int | None]:
+        row = conn.exec_driver_sql(
+            "SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint, "
+            "pg_snapshot_xmax(pg_current_snapshot())::text::bigint").one()
+        return int(row[0]), int(row[1])
+
+    def now(self) -> ColumnElement:
+        return func.now()
+
+    def now_plus(self, seconds: Any) -> ColumnElement:
+        if not isinstance(seconds, ColumnElement):
+            seconds = bindparam(None, float(seconds), type_=Float)
+        return func.now() + func.make_interval(0, 0, 0, 0, 0, 0, seconds)
+
+    def seconds_between(self, start: Any, end: Any) -> ColumnElement:
+        # 'infinity' - now() raises "cannot subtract infinite timestamps": such a row has no duration
+        return case((and_(func.isfinite(start), func.isfinite(end)), func.extract("epoch", end - start)), else_=None)
+
+    def json_text(self, column, key: str) -> ColumnElement:
+        return column.op("->>")(literal(key, type_=Text))
+
+    def is_transient(self, exc: BaseException) -> bool:
+        code = sqlstate(exc)
+        if code is None:
+            # libpq's connect failures carry no SQLSTATE: refused, unreachable, ConnectionTimeout
+            # (nothing answered in time), but also a missing database or a wrong password. The
+            # shared classifier tells them apart (the last two are not worth a retry).
+            import psycopg
+
+            orig = getattr(exc, "orig", None) or exc
+            return isinstance(orig, psycopg.OperationalError) and is_retryable(orig)
+        return code in _PG_TRANSIENT_CODES or code[:2] in _PG_TRANSIENT_CLASSES
+
+    def migration_lock(self, conn) -> None:
+        conn.execute(text("SELECT pg_advisory_xact_lock(7238461001)"))
+
+    def insert(self, table):
+        from sqlalchemy.dialects.postgresql import insert
+
+        return insert(table)
+
+
+class SqliteDialect(Dialect):
+    """SQLite: WAL, a busy timeout and foreign keys, set in one connect hook.
+
+    Write transactions begin IMMEDIATE, so a claim's read and its update are one atomic
+    step: SQLite's single writer lock plays the part of ``FOR UPDATE SKIP LOCKED``.
+    """
+
+    name = "sqlite"
+    migrations_folder = "sqlite"
+
+    @property
+    def busy_timeout_ms(self) -> int:
+        """SQLite's lock wait: the statement timeout (what a writer waits for the single writer lock)."""
+        return int(self.statement_timeout * 1000)
+
+    def engine_options(self) -> dict[str, Any]:
+        return {"connect_args": {"timeout": self.busy_timeout_ms / 1000, "check_same_thread": False}}
+
+    @contextmanager
+    def read_only(self, conn) -> Iterator[None]:
+        raw = conn.connection.driver_connection  # outside any transaction: pysqlite runs PRAGMAs as is
+        raw.execute("PRAGMA query_only = ON")
+        try:
+            with conn.begin():
+                yield
+        finally:
+            raw.execute("PRAGMA query_only = OFF")
+
+    def configure(self, engine: Engine) -> None:
+        @event.listens_for(engine, "connect")
+        def _on_connect(dbapi_conn, _record):
+            # Let SQLAlchemy's begin hook, not pysqlite, decide when transactions start.
+            dbapi_conn.isolation_level = None
+            cur = dbapi_conn.cursor()
+            cur.execute(f"PRAGMA busy_timeout={self.busy_timeout_ms}")
+            _enable_wal(cur)
+            cur.execute("PRAGMA foreign_keys=ON")
+            cur.execute("PRAGMA synchronous=NORMAL")
+            cur.close()
+
+        @event.listens_for(engine, "begin")
+        def _on_begin(conn):
+            mode = "IMMEDIATE" if conn.get_execution_options().get("rx_write") else "DEFERRED"
+            conn.exec_driver_sql(f"BEGIN {mode}")
+
+    def now(self) -> ColumnElement:
+        return literal_column("((julianday('now') - 2440587.5) * 86400.0)", type_=Float)
+
+    def bad_time(self, column) -> ColumnElement:
+        # epoch seconds: text, blobs and values beyond year 9999 are not times
+        kind = func.typeof(column)
+        return and_(column.isnot(None), or_(kind.not_in(("real", "integer")), column < 0, column > 253402300799))
+
+    def not_text(self, column) -> ColumnElement:
+        return func.typeof(column).not_in(("text", "null"))  # SQLite stores a blob or a number in any column
+
+    def now_plus(self, seconds: Any) -> ColumnElement:
+        if not isinstance(seconds, ColumnElement):
+            seconds = bindparam(None, float(seconds), type_=Float)
+        return self.now() + seconds
+
+    def seconds_between(self, start: Any, end: Any) -> ColumnElement:
+        # text in a time column would subtract as a number without error: no duration instead
+        finite = and_(*[func.typeof(t).in_(("real", "integer")) for t in (start, end)])
+        return case((finite, end - start), else_=None)
+
+    def json_text(self, column, key: str) -> ColumnElement:
+        # json_extract raises on text that does not parse; such a row reads as NULL instead.
+        return case((func.json_valid(column) == 1, func.json_extract(column, f"$.{key}")), else_=None)
+
+    def insert(self, table):
+        from sqlalchemy.dialects.sqlite import insert
+
+        return insert(table)
+
+    def is_transient(self, exc: BaseException) -> bool:
+        orig = getattr(exc, "orig", exc)
+        if not isinstance(orig, sqlite3.OperationalError):
+            return False
+        code = getattr(orig, "sqlite_errorcode", None)
+        if code is not None:
+            return code in _SQLITE_BUSY_CODES
+        message = str(orig).lower()
+        return "database is locked" in message or "database is busy" in message
+
+
+def _clamped_timestamptz_loader():
+    import datetime as dt
+
+    from psycopg.types.datetime import TimestamptzLoader
+
+    class ClampedTimestamptzLoader(TimestamptzLoader):
+        def load(self, data):
+            raw = bytes(data)
+            if raw == b"infinity":
+                return dt.datetime.max.replace(tzinfo=dt.timezone.utc)
+            if raw == b"-infinity":
+                return dt.datetime.min.replace(tzinfo=dt.timezone.utc)
+            try:
+                return super().load(data)
+            except Exception:  # noqa: BLE001 - out of Python's range (e.g. year 10000 or BC)
+                early = raw.endswith(b"BC") or raw.startswith(b"-")
+                return (dt.datetime.min if early else dt.datetime.max).replace(tzinfo=dt.timezone.utc)
+
+    return ClampedTimestamptzLoader
+
+
+def _check_host(url: URL) -> None:
+    """A host name DNS cannot take (a label over 63 characters, 253 in all) is a clear error, not a UnicodeError."""
+    for host in (url.host or "").split(","):
+        if not host or host.startswith("/") or ":" in host:  # none, a socket directory, an IPv6 address
+            continue
+        try:
+            encoded = host.encode("idna")
+        except UnicodeError:
+            encoded = b""
+        if not encoded or len(encoded) > 253:
+            shown = host if len(host) <= 40 else f"{host[:40]}... ({len(host)} characters)"
+            raise ConfigurationError(f"not a valid host name in the database URL: {redact(shown)}")
+
+
+def _timeout(name: str, value: float | None, default: float) -> float:
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+            or not 0.1 <= value <= 3600:
+        raise ConfigurationError(f"{name} must be between 0.1 and 3600 seconds, got {value!r}")
+    return float(value)
+
+
+def _enable_wal(cur, attempts: int = 200) -> None:
+    """Switch to WAL once per database file; the switch itself ignores the busy timeout."""
+    for _ in range(attempts):
+        if cur.execute("PRAGMA journal_mode").fetchone()[0].lower() == "wal":
+            return
+        try:
+            cur.execute("PRAGMA journal_mode=WAL")
+        except sqlite3.OperationalError:
+            time.sleep(0.01)
+    cur.execute("PRAGMA journal_mode=WAL")
+
+
+def sqlstate(exc: BaseException) -> str | None:
+    """The SQLSTATE of a psycopg/psycopg2 error, or of the one a SQLAlchemy error wraps."""
+    orig = getattr(exc, "orig", None) or exc
+    code = getattr(orig, "sqlstate", None) or getattr(orig, "pgcode", None)
+    if code is None:
+        diag = getattr(orig, "diag", None)
+        code = getattr(diag, "sqlstate", None)
+    return code if isinstance(code, str) else None

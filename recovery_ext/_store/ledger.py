@@ -1,0 +1,221 @@
+"""The ledger of provider work: every provider call a node makes, and what became of its answer.
+
+One row per call in ``rx_provider_calls``: where it was made (pipeline, node, item, run, epoch),
+the endpoint (redacted) and model, the tokens from the response's ``usage``, latency, outcome
+and cost. ``reached_checkpoint`` is set in the transaction that checkpoints the item the call
+answered (or completes the node it was made in), never after, so the reports can tell apart:
+
+* **spent**: every call;
+* **saved by resume**: calls whose answers reached a checkpoint before the pipeline was taken
+  over (a crash resume, a re-execution): the resume kept those items and did not pay again;
+* **wasted**: calls whose answers never reached a checkpoint and never will: in flight at a
+  crash, answered but retried, made by a worker that was superseded, or failed;
+* **open**: answered calls of the live owner whose item is not checkpointed yet (neither).
+
+The row's id is made by the caller (:class:`ProviderCall`), so a call is written once whether
+it is written at once, with its item's checkpoint, or late after the database came back.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+from sqlalchemy import Connection, and_, case, func, literal, select
+
+from recovery_ext._classify.redaction import redact
+from recovery_ext._store.database import Database, chunks, retried
+from recovery_ext._store.models import ProviderCall
+from recovery_ext._store.schema import node_items, pipelines, provider_calls
+from recovery_ext._store.statuses import PipelineStatus
+
+pc = provider_calls.c
+
+# The figures every report shows, in this order (the CLI's JSON keys).
+COST_KEYS = ("calls", "tokens_in", "tokens_out", "cost", "saved_calls", "saved_tokens", "saved_cost",
+             "wasted_calls", "wasted_tokens", "wasted_cost")
+
+
+@dataclass
+class CostFigures:
+    """Calls, tokens and cost spent; saved by resume; wasted. ``cost`` sums the calls that had a price."""
+
+    calls: int = 0
+    tokens_in: int = 0
+    tokens_out: int = 0
+    cost: float = 0.0
+    saved_calls: int = 0
+    saved_tokens: int = 0
+    saved_cost: float = 0.0
+    wasted_calls: int = 0
+    wasted_tokens: int = 0
+    wasted_cost: float = 0.0
+
+    def add(self, other: "CostFigures") -> None:
+        for f in fields(self):
+            setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
+
+    def as_dict(self) -> dict[str, Any]:
+        values = asdict(self)
+        return {key: round(values[key], 9) if key.endswith("cost") else values[key] for key in COST_KEYS}
+
+    @property
+    def tokens(self) -> int:
+        return self.tokens_in + self.tokens_out
+
+
+@dataclass
+class CostReport:
+    """Figures for all pipelines, per pipeline and per node of each pipeline."""
+
+    total: CostFigures
+    pipelines: dict[int, CostFigures]
+    nodes: dict[int, dict[str, CostFigures]]
+    jobs: dict[int, str]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**self.total.as_dict(),
+                "pipelines": [{"pipeline_id": pid, "job": self.jobs.get(pid), **figures.as_dict(),
+                               "nodes": {name: n.as_dict() for name, n in sorted(self.nodes.get(pid, {}).items())}}
+                              for pid, figures in sorted(self.pipelines.items())]}
+
+
+@functools.lru_cache(maxsize=256)
+def _redacted_endpoint(endpoint: str) -> str:
+    return redact(endpoint)[:500]
+
+
+def call_row(call: ProviderCall, *, reached: bool = False) -> dict[str, Any]:
+    """The row of ``call`` (its endpoint redacted: a URL may carry a key or a password). ``reached``: the
+    call's item (or node) is being checkpointed, so an answered call reached that checkpoint."""
+    return {"id": call.id, "pipeline_id": call.pipeline_id, "node_name": call.node_name, "item_key": call.item_key,
+            "run_id": call.run_id, "epoch": call.epoch, "endpoint": _redacted_endpoint(call.endpoint),
+            "model": None if call.model is None else str(call.model)[:200], "tokens_in": call.tokens_in,
+            "tokens_out": call.tokens_out, "latency_seconds": float(call.latency_seconds),
+            "outcome": call.outcome if call.outcome == "ok" else redact(call.outcome)[:64], "cost": None if call.cost is None else float(call.cost),
+            "reached_checkpoint": reached and call.outcome == "ok"}
+
+
+_COLUMNS = ("id", "pipeline_id", "node_name", "item_key", "run_id", "epoch", "endpoint", "model", "tokens_in",
+            "tokens_out", "latency_seconds", "outcome", "cost", "reached_checkpoint")
+_SQLITE_INSERT = (f"INSERT INTO rx_provider_calls ({', '.join(_COLUMNS)}, recorded_at) "
+                  f"VALUES ({', '.join('?' for _ in _COLUMNS)}, (julianday('now') - 2440587.5) * 86400.0) ")
+_SQLITE_RECORD = _SQLITE_INSERT + "ON CONFLICT (id) DO NOTHING"
+_SQLITE_REACHED = _SQLITE_INSERT + "ON CONFLICT (id) DO UPDATE SET reached_checkpoint = excluded.reached_checkpoint"
+
+
+class LedgerOps(Database):
+    # -- recording --------------------------------------------------------------------------------
+
+    @retried
+    def record_provider_calls(self, calls: Sequence[ProviderCall]) -> None:
+        """Write calls that have not reached a checkpoint (yet); a call already written is left as it is."""
+        if not calls:
+            return
+        with self.write() as conn:
+            self.write_calls(conn, calls, reached=False)
+
+    def write_calls(self, conn: Connection, calls: Iterable[ProviderCall], *, reached: bool) -> None:
+        """In the caller's transaction: insert ``calls``; with ``reached`` (the checkpoint of their item or node)
+        the answered ones reached it, also those already written; a failed call never reaches one."""
+        rows = [call_row(call, reached=reached) for call in calls]
+        if not rows:
+            return
+        if self.dialect.name == "sqlite":
+            # Fixed SQL on the driver's cursor, in this transaction: a checkpoint's one or two calls cost a
+            # SQLAlchemy execute (~100 us) more than the rows themselves on SQLite.
+            with self.driver_of(conn) as raw:
+                raw.executemany(_SQLITE_REACHED if reached else _SQLITE_RECORD,
+                                [tuple(r[c] for c in _COLUMNS) for r in rows])
+            return
+        stmt = self._calls_insert(reached)
+        for part in chunks(rows, 500):
+            conn.execute(stmt, list(part))
+
+    def _calls_insert(self, reached: bool):
+        """The ledger's INSERT, built once per store (building it cost more than running it)."""
+        key = f"_calls_insert_{reached}"
+        built = self.__dict__.get(key)
+        if built is None:
+            stmt = self.dialect.insert(provider_calls).values(recorded_at=self.dialect.now())
+            if reached:
+                built = stmt.on_conflict_do_update(index_elements=[pc.id],
+                                                   set_={"reached_checkpoint": stmt.excluded.reached_checkpoint})
+            else:
+                built = stmt.on_conflict_do_nothing(index_elements=[pc.id])
+            self.__dict__[key] = built
+        return built
+
+    # -- reading ----------------------------------------------------------------------------------
+
+    @retried
+    def provider_calls(self, pipeline_id: int | None = None) -> list[ProviderCall]:
+        """The ledger's rows (of one pipeline), oldest first; ``reached_checkpoint`` is in :meth:`call_outcomes`."""
+        query = select(provider_calls).order_by(pc.recorded_at, pc.id)
+        if pipeline_id is not None:
+            query = query.where(pc.pipeline_id == pipeline_id)
+        with self.read() as conn:
+            rows = conn.execute(query).all()
+        names = {f.name for f in fields(ProviderCall)}
+        return [ProviderCall(**{k: v for k, v in r._mapping.items() if k in names}) for r in rows]
+
+    @retried
+    def reached_checkpoint(self, call_ids: Sequence[str]) -> dict[str, bool]:
+        """Whether each written call reached a checkpoint (calls not written are missing)."""
+        found: dict[str, bool] = {}
+        with self.read() as conn:
+            for part in chunks(list(call_ids)):
+                found.update({r.id: bool(r.reached_checkpoint) for r in conn.execute(
+                    select(pc.id, pc.reached_checkpoint).where(pc.id.in_(list(part))))})
+        return found
+
+    @retried
+    def provider_costs(self, pipeline_id: int | None = None) -> CostReport:
+        """Spent, saved by resume and wasted, per node and per pipeline (one pipeline, or all of them)."""
+        p = pipelines.c
+        item = node_items.c
+        tokens = pc.tokens_in + pc.tokens_out
+        cost = func.coalesce(pc.cost, 0.0)
+        reached = pc.reached_checkpoint == True  # noqa: E712 - SQL, not Python
+        # Kept by a later owner: answered under an epoch the pipeline has since left behind.
+        saved = and_(reached, pc.epoch < p.epoch)
+        # Neither kept nor lost yet: the live owner's answer whose item is not checkpointed yet.
+        open_ = and_(~reached, p.status == PipelineStatus.RUNNING, pc.epoch == p.epoch, pc.outcome == "ok",
+                     item.item_key.is_(None))
+        wasted = and_(~reached, ~open_)
+
+        def total(condition, value):
+            return func.coalesce(func.sum(case((condition, value), else_=literal(0))), 0)
+
+        query = (
+            select(pc.pipeline_id, pc.node_name.label("node"), func.max(p.job_name).label("job"),
+                   func.count().label("calls"), func.coalesce(func.sum(pc.tokens_in), 0).label("tokens_in"),
+                   func.coalesce(func.sum(pc.tokens_out), 0).label("tokens_out"),
+                   func.coalesce(func.sum(cost), 0.0).label("cost"),
+                   total(saved, 1).label("saved_calls"), total(saved, tokens).label("saved_tokens"),
+                   total(saved, cost).label("saved_cost"),
+                   total(wasted, 1).label("wasted_calls"), total(wasted, tokens).label("wasted_tokens"),
+                   total(wasted, cost).label("wasted_cost"))
+            .select_from(provider_calls
+                         .outerjoin(pipelines, p.id == pc.pipeline_id)
+                         .outerjoin(node_items, and_(item.pipeline_id == pc.pipeline_id,
+                                                     item.node_name == pc.node_name, item.item_key == pc.item_key)))
+            .group_by(pc.pipeline_id, pc.node_name)
+        )
+        if pipeline_id is not None:
+            query = query.where(pc.pipeline_id == pipeline_id)
+        with self.read() as conn:
+            rows = conn.execute(query).all()
+        report = CostReport(CostFigures(), {}, {}, {})
+        for row in rows:
+            figures = CostFigures(**{key: (float(row._mapping[key]) if key.endswith("cost") else int(row._mapping[key]))
+                                     for key in COST_KEYS})
+            report.total.add(figures)
+            if row.pipeline_id is None:
+                continue
+            report.pipelines.setdefault(row.pipeline_id, CostFigures()).add(figures)
+            report.nodes.setdefault(row.pipeline_id, {})[row.node or ""] = figures
+            report.jobs[row.pipeline_id] = row.job
+        return report

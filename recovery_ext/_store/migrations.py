@@ -1,0 +1,139 @@
+"""Numbered SQL migrations per dialect: ``sql/<dialect>/NNNN_name.sql``.
+
+The library's own live in this package's ``sql/`` folder, are applied in order, each in its own
+transaction, and are recorded in ``rx_schema_migrations``. The same folder holds the few hot-path
+statements the store runs as fixed SQL text: ``sql/<dialect>/queries/<name>.sql``.
+
+An application keeps its own tables in its own package (``<package>/sql/<dialect>/NNNN_*.sql``),
+numbered on their own and recorded in ``rx_app_migrations`` under the package's name, so the
+library's numbering never has to know about them.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from dataclasses import dataclass, field
+from importlib import resources
+from importlib.resources.abc import Traversable
+from pathlib import Path
+
+from sqlalchemy import Engine, insert, inspect, select
+
+from recovery_ext._store.dialects import Dialect
+from recovery_ext._errors import MigrationError
+from recovery_ext._store.schema import app_migrations_table, migrations_table
+
+_FILE_PATTERN = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
+
+
+@dataclass(frozen=True)
+class Migration:
+    version: int
+    name: str
+    sql: str = field(repr=False)
+
+    def statements(self) -> list[str]:
+        """Split on semicolons that end a line, except inside a dollar-quoted function body."""
+        parts: list[str] = []
+        current: list[str] = []
+        quoted = False
+        for line in self.sql.splitlines():
+            if not quoted and line.strip().startswith("--"):
+                continue
+            current.append(line)
+            quoted ^= line.count("$$") % 2 == 1
+            if not quoted and line.rstrip().endswith(";"):
+                parts.append("\n".join(current).strip().removesuffix(";").strip())
+                current = []
+        parts.append("\n".join(current).strip().removesuffix(";").strip())
+        return [part for part in parts if part]
+
+
+LIBRARY = "recovery_ext._store"
+
+
+def _sql_root(package: str = LIBRARY) -> Traversable:
+    try:
+        return resources.files(package).joinpath("sql")
+    except ModuleNotFoundError as exc:
+        raise MigrationError(f"no migrations package {package!r}: {exc}") from exc
+
+
+def load_migrations(dialect: Dialect, package: str = LIBRARY) -> list[Migration]:
+    folder = _sql_root(package).joinpath(dialect.migrations_folder)
+    if not folder.is_dir():
+        raise MigrationError(f"no migrations folder for {dialect.name} in {package}: {folder}")
+    found: list[Migration] = []
+    for entry in folder.iterdir():
+        match = _FILE_PATTERN.match(entry.name)
+        if match:
+            found.append(Migration(int(match.group(1)), match.group(2), entry.read_text(encoding="utf-8")))
+    found.sort(key=lambda m: m.version)
+    versions = [m.version for m in found]
+    if versions != list(range(1, len(found) + 1)):
+        raise MigrationError(
+            f"migrations for {dialect.name} in {package} must be numbered 0001, 0002, ... without gaps: {versions}")
+    return found
+
+
+@functools.cache
+def load_query(folder: str, name: str) -> str:
+    """The statement ``sql/<folder>/queries/<name>.sql`` without its comment lines.
+
+    Comments go because psycopg caches the parsing of a query only up to 4 KiB of text (and a
+    ``%`` in a comment would be read as a placeholder).
+    """
+    path = _sql_root().joinpath(folder).joinpath("queries").joinpath(f"{name}.sql")
+    if not path.is_file():
+        raise MigrationError(f"no query {name!r} for {folder}: {path}")
+    lines = (line for line in path.read_text(encoding="utf-8").splitlines() if not line.strip().startswith("--"))
+    return "\n".join(lines).strip()
+
+
+def _tracking(package: str):
+    """The table that records a package's applied migrations, and the condition selecting its rows."""
+    if package == LIBRARY:
+        return migrations_table, migrations_table.c.version.is_not(None), {}
+    return app_migrations_table, app_migrations_table.c.package == package, {"package": package}
+
+
+def applied_versions(engine: Engine, package: str = LIBRARY) -> set[int]:
+    table, mine, _ = _tracking(package)
+    if not inspect(engine).has_table(table.name):
+        return set()
+    with engine.connect() as conn:
+        return set(conn.scalars(select(table.c.version).where(mine)))
+
+
+def pending_migrations(engine: Engine, dialect: Dialect, package: str = LIBRARY) -> list[Migration]:
+    done = applied_versions(engine, package)
+    return [m for m in load_migrations(dialect, package) if m.version not in done]
+
+
+def apply_migrations(engine: Engine, dialect: Dialect, package: str = LIBRARY) -> list[Migration]:
+    """Apply what is not yet applied; safe to call from several processes at once."""
+    table, mine, key = _tracking(package)
+    with engine.connect().execution_options(rx_write=True) as conn:
+        with conn.begin():
+            dialect.migration_lock(conn)
+            table.create(conn, checkfirst=True)
+    applied: list[Migration] = []
+    for migration in load_migrations(dialect, package):
+        with engine.connect().execution_options(rx_write=True) as conn:
+            with conn.begin():
+                dialect.migration_lock(conn)
+                already = conn.scalar(select(table.c.version).where(mine, table.c.version == migration.version))
+                if already is not None:
+                    continue
+                for statement in migration.statements():
+                    try:
+                        conn.exec_driver_sql(statement)
+                    except Exception as exc:
+                        raise MigrationError(
+                            f"migration {migration.version:04d}_{migration.name} of {package} failed: {exc}"
+                        ) from exc
+                conn.execute(insert(table).values(
+                    version=migration.version, name=migration.name, applied_at=dialect.now(), **key))
+        applied.append(migration)
+    return applied

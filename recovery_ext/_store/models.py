@@ -1,0 +1,420 @@
+"""Plain values the store returns. Rows become these so callers never hold a live cursor."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import math
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from recovery_ext._classify.redaction import redact_url
+from recovery_ext._errors import ConfigurationError
+from recovery_ext._store.statuses import FINISHED_NODE_STATUSES, WAITING, ItemStatus, PipelineStatus
+
+
+def _from_mapping(cls, mapping) -> Any:
+    names = {f.name for f in fields(cls)}
+    return cls(**{k: v for k, v in dict(mapping).items() if k in names})
+
+
+@dataclass(frozen=True)
+class NodeSpec:
+    """A node of a pipeline as declared by its job."""
+
+    name: str
+    optional: bool = False
+
+
+@dataclass(frozen=True)
+class PipelineLimits:
+    """How long a pipeline's owner may stay silent, how long the pipeline may run, how often it may resume.
+
+    ``heartbeat_timeout``: seconds without a heartbeat before the owner counts as dead.
+    ``deadline_seconds``: a hard deadline from creation (``None``: none). ``max_resumes``: resumes
+    before a crashing pipeline is given up.
+    """
+
+    heartbeat_timeout: float = 90.0
+    deadline_seconds: float | None = None
+    max_resumes: int = 3
+
+    def __post_init__(self) -> None:
+        # checked here, not at the insert: a bad limit would otherwise be stored and only misbehave at recovery
+        for name in ("heartbeat_timeout", "deadline_seconds"):
+            value = getattr(self, name)
+            if value is None and name == "deadline_seconds":
+                continue
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+                    or value <= 0:
+                raise ConfigurationError(f"PipelineLimits.{name} must be a finite number of seconds > 0, "
+                                         f"got {value!r}")
+        # the column is a 32-bit integer, and the recovery scan fails a row whose counter reaches its top as corrupt
+        if isinstance(self.max_resumes, bool) or not isinstance(self.max_resumes, int) \
+                or not 0 <= self.max_resumes < 2**31 - 1:
+            raise ConfigurationError(f"PipelineLimits.max_resumes must be a whole number from 0 to {2**31 - 2}, "
+                                     f"got {self.max_resumes!r}")
+
+
+@dataclass(frozen=True)
+class Ownership:
+    """What a worker holds while it owns a pipeline; every write it makes is fenced by it."""
+
+    pipeline_id: int
+    epoch: int
+    owner: str
+
+
+class JsonText(str):
+    """An item result already encoded as JSON text: the store writes it as it is, without encoding it again
+    (a batched checkpoint encodes each result once, where the op completes the item)."""
+
+    __slots__ = ()
+
+
+def encode_json(value: Any) -> JsonText:
+    """``value`` as compact JSON text; ``TypeError`` or ``ValueError`` when it is not JSON."""
+    return JsonText(_compact(value))
+
+
+_compact = json.JSONEncoder(separators=(",", ":")).encode
+_MAX_TOKENS = 2**62  # fits a signed 64-bit column with room for sums
+
+
+@dataclass(frozen=True)
+class ProviderCall:
+    """One call to a provider (an LLM request, an OCR page), as the ledger records it.
+
+    A client fills in what it knows: ``endpoint``, ``model``, the tokens from the response's
+    ``usage``, the latency and the ``outcome`` (``"ok"`` or the error's category). ``cost`` is
+    optional (see :class:`Prices`). The ledger fills in the rest (pipeline, node, item, run and
+    epoch) from the node the call was made in. ``id`` is made here, so the row can be written
+    at once or later with the item's checkpoint, and never twice.
+
+    ``operation`` (``"chat"`` when not given), ``provider`` and ``response_model`` only name the
+    call in OpenTelemetry (``gen_ai.operation.name``, ``gen_ai.provider.name``,
+    ``gen_ai.response.model``; see :func:`instrument_opentelemetry`); the ledger does not store them.
+    """
+
+    endpoint: str
+    model: str | None = None
+    tokens_in: int = 0
+    tokens_out: int = 0
+    latency_seconds: float = 0.0
+    outcome: str = "ok"
+    cost: float | None = None
+    item_key: str | None = None
+    pipeline_id: int | None = None
+    node_name: str | None = None
+    run_id: str | None = None
+    epoch: int | None = None
+    id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    operation: str | None = field(default=None, kw_only=True)
+    provider: str | None = field(default=None, kw_only=True)
+    response_model: str | None = field(default=None, kw_only=True)
+
+    def __post_init__(self) -> None:
+        # Runs once per recorded call, on the item's hot path: the exact-type checks settle the usual
+        # values at once, and only an unusual one pays for the full check and its message.
+        if not (type(self.tokens_in) is int and 0 <= self.tokens_in < _MAX_TOKENS
+                and type(self.tokens_out) is int and 0 <= self.tokens_out < _MAX_TOKENS):
+            for name in ("tokens_in", "tokens_out"):
+                value = getattr(self, name)
+                if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < _MAX_TOKENS:
+                    raise ConfigurationError(f"ProviderCall.{name} must be a whole number of tokens >= 0, got {value!r}")
+        for name in ("latency_seconds", "cost"):
+            value = getattr(self, name)
+            if value is None and name == "cost":
+                continue
+            if type(value) is float and 0.0 <= value < math.inf:
+                continue
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+                    or value < 0:
+                raise ConfigurationError(f"ProviderCall.{name} must be a finite number >= 0, got {value!r}")
+        if not isinstance(self.endpoint, str) or not self.endpoint.strip():
+            raise ConfigurationError("ProviderCall.endpoint must name the provider's endpoint")
+        # whatever client records the call, the ledger (and every report of it) never holds a credential
+        object.__setattr__(self, "endpoint", redact_url(self.endpoint))
+        if not isinstance(self.outcome, str) or not 0 < len(self.outcome) <= 64:
+            raise ConfigurationError(f"ProviderCall.outcome must be 'ok' or an error category, got {self.outcome!r}")
+        for name in ("operation", "provider", "response_model"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, str) or not 0 < len(value) <= 200):
+                raise ConfigurationError(f"ProviderCall.{name} must be a short name or None, got {value!r}")
+
+    @property
+    def tokens(self) -> int:
+        return self.tokens_in + self.tokens_out
+
+
+@dataclass(frozen=True)
+class ItemCheckpoint:
+    """One item of a checkpoint batch: its result, status and the side-effect writes ``also(tx)``."""
+
+    key: str
+    result: Any = None  # a JSON value, or its text as JsonText
+    status: str = ItemStatus.COMPLETED
+    # Called with the fenced transaction the checkpoint commits in (a FencedTransaction).
+    also: Callable[[Any], None] | None = None
+    # The provider calls whose answers this checkpoint keeps: written (or marked) reached_checkpoint
+    # in the same transaction.
+    calls: tuple[ProviderCall, ...] = ()
+
+
+@dataclass(frozen=True)
+class Pipeline:
+    id: int
+    job_name: str
+    status: str
+    params: Any
+    owner: str | None
+    epoch: int
+    resume_count: int
+    max_resumes: int
+    origin_run_id: str | None = None
+    resumed_from: str | None = None
+    current_node: str | None = None
+    heartbeat_at: dt.datetime | None = None
+    heartbeat_deadline: dt.datetime | None = None
+    deadline: dt.datetime | None = None
+    created_at: dt.datetime | None = None
+    started_at: dt.datetime | None = None
+    updated_at: dt.datetime | None = None
+    completed_at: dt.datetime | None = None
+    error: str | None = None
+    gave_up_reason: str | None = None
+    waiting_until: dt.datetime | None = None
+    waiting_since: dt.datetime | None = None
+    waiting_reason: str | None = None
+    launcher: str | None = None
+    deployment: str | None = None
+
+    from_row = classmethod(_from_mapping)
+
+    @property
+    def shown_status(self) -> str:
+        """``waiting`` while a provider outage pauses the (still live) pipeline, else its status."""
+        return WAITING if self.status == PipelineStatus.RUNNING and self.waiting_until is not None else self.status
+
+
+@dataclass(frozen=True)
+class Node:
+    id: int
+    pipeline_id: int
+    name: str
+    position: int
+    status: str
+    optional: bool
+    attempts: int
+    items_total: int | None = None
+    error: str | None = None
+    error_category: str | None = None
+    error_status_code: int | None = None
+    run_id: str | None = None
+    started_at: dt.datetime | None = None
+    completed_at: dt.datetime | None = None
+    heartbeat_deadline: dt.datetime | None = None
+    stall_deadline: dt.datetime | None = None
+    output: Any = None
+
+    from_row = classmethod(_from_mapping)
+
+    @property
+    def finished(self) -> bool:
+        return self.status in FINISHED_NODE_STATUSES
+
+
+@dataclass(frozen=True)
+class QueueItem:
+    id: int
+    queue: str
+    status: str
+    payload: Any
+    attempts: int
+    max_attempts: int
+    worker: str | None = None
+    dedupe_key: str | None = None
+    created_at: dt.datetime | None = None
+    started_at: dt.datetime | None = None
+    heartbeat_deadline: dt.datetime | None = None
+    completed_at: dt.datetime | None = None
+    result: Any = None
+    last_error: str | None = None
+    last_error_at: dt.datetime | None = None
+    available_at: dt.datetime | None = None
+    holder_pipeline_id: int | None = None
+    holder_epoch: int | None = None
+
+    from_row = classmethod(_from_mapping)
+
+
+@dataclass(frozen=True)
+class Orphan:
+    id: int
+    job_name: str
+    owner: str | None
+    epoch: int
+    resume_count: int
+    max_resumes: int
+    reason: str
+    heartbeat_deadline: dt.datetime | None = None
+    deadline: dt.datetime | None = None
+
+
+@dataclass(frozen=True)
+class Reclaimed:
+    """A pipeline taken over by a new owner; its running nodes are pending again."""
+
+    pipeline_id: int
+    job_name: str
+    params: Any
+    previous_owner: str | None
+    owner: str | None
+    epoch: int
+    resume_number: int
+    reset_nodes: tuple[str, ...] = ()
+    origin_run_id: str | None = None
+    launcher: str | None = None
+    owner_heartbeating: bool = False   # the previous owner's run heartbeat was still live at the reclaim
+    cause: str | None = None           # owner_run_dead, heartbeat, node_heartbeat, stalled, deadline
+    heartbeat_age_seconds: float | None = None   # how long the previous owner had been silent
+
+
+@dataclass(frozen=True)
+class GivenUp:
+    pipeline_id: int
+    job_name: str
+    previous_owner: str | None
+    reason: str
+
+
+@dataclass(frozen=True)
+class ErrorInfo:
+    """What the store records about a node's error (already redacted)."""
+
+    message: str
+    category: str | None = None
+    status_code: int | None = None
+
+
+@dataclass
+class ScanStats:
+    """The result of one recovery scan (recovery metrics)."""
+
+    found: int = 0
+    reclaimed: int = 0
+    given_up: int = 0
+    corrupt: int = 0
+    failed: int = 0
+    duration_ms: float = 0.0
+    error: str | None = None
+    reclaimed_pipelines: list[Reclaimed] = field(default_factory=list)
+    given_up_pipelines: list[GivenUp] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "found": self.found,
+            "reclaimed": self.reclaimed,
+            "given_up": self.given_up,
+            "corrupt": self.corrupt,
+            "failed": self.failed,
+            "duration_ms": round(self.duration_ms, 2),
+            "error": self.error,
+        }
+
+
+@dataclass(frozen=True)
+class Scope:
+    """Which pipelines a recovery pass may touch, and who reserves what it reclaims.
+
+    ``job_names``/``deployment`` ``None``: any. ``launcher`` is the sensor that re-requests the
+    resume runs of the pipelines it reserved.
+    """
+
+    job_names: tuple[str, ...] | None = None
+    deployment: str | None = None
+    launcher: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.job_names is not None:
+            object.__setattr__(self, "job_names", _names("Scope.job_names", self.job_names))
+
+
+def _names(what: str, values: Any) -> tuple[Any, ...]:
+    """``values`` as a tuple; a lone string is refused (as a sequence it would be its characters)."""
+    if isinstance(values, (str, bytes)):
+        raise ConfigurationError(f"{what} must be a sequence, not the single string {values!r}")
+    return tuple(values)
+
+
+LEGACY_DEPLOYMENT = "default"  # the deployment of rows written before deployments existed
+
+
+@dataclass(frozen=True)
+class TickSnapshot:
+    """One read of what an orphan-sensor tick must ask the orchestrator about.
+
+    ``due``: some pipeline in scope is an orphan by the database clock alone (expired heartbeat,
+    stalled node, passed deadline, corrupt row) or awaits a launcher; without it, and without dead
+    owners, a tick has nothing to write.
+    """
+
+    run_owners: list[str]
+    placeholders: list[str]
+    stale_placeholders: list[str]   # reservations past half their launch grace (extended when their run waits)
+    awaiting: list[Reclaimed]       # reserved for this scope's launcher, resume run not attached yet
+    waiting: list[dict[str, Any]]   # pipelines pausing on a provider outage
+    due: bool
+    # live pipelines from before deployments existed, by their first run: adopted by the deployment whose
+    # orchestrator knows that run
+    legacy_origins: dict[str, int] = field(default_factory=dict)
+
+
+DEFAULT_LAUNCH_GRACE = 300.0  # seconds a reclaimed pipeline waits for its resume run before it is an orphan again
+
+
+@dataclass(frozen=True)
+class PassPlan:
+    """One recovery pass, in one write transaction: what the orchestrator said about the owner runs and the
+    reservations, and how far the pass may go.
+
+    ``grace_seconds``, ``max_age_seconds`` and ``limit`` left ``None`` are taken from the settings when
+    :func:`~recovery_ext._recovery.scan.scan` runs the plan (launch grace, maximum age, ``max_per_scan``);
+    the store itself reads them as the default launch grace, no age limit and no cap. ``launching``: the
+    caller launches the resume runs at once (the orphan sensor), so each reclaimed pipeline is reserved for
+    its resume run; otherwise it awaits a launcher. ``trigger`` names the pass in its events.
+    """
+
+    dead_owner_runs: tuple[str, ...] = ()
+    retrying_owner_runs: tuple[str, ...] = ()
+    canceled_owner_runs: tuple[str, ...] = ()
+    extend_placeholders: tuple[str, ...] = ()
+    adopt_pipelines: tuple[int, ...] = ()
+    grace_seconds: float | None = None
+    max_age_seconds: float | None = None
+    limit: int | None = None
+    launching: bool = False
+    trigger: str = "on_demand"
+
+    def __post_init__(self) -> None:
+        for name in ("dead_owner_runs", "retrying_owner_runs", "canceled_owner_runs", "extend_placeholders",
+                     "adopt_pipelines"):
+            object.__setattr__(self, name, _names(f"PassPlan.{name}", getattr(self, name)))
+
+    @property
+    def launch_grace_seconds(self) -> float:
+        return DEFAULT_LAUNCH_GRACE if self.grace_seconds is None else self.grace_seconds
+
+
+@dataclass
+class PassResult:
+    adopted: int = 0
+    canceled: list[int] = field(default_factory=list)
+    extended: int = 0
+    reclaimed: list[Reclaimed] = field(default_factory=list)
+    claimed: list[Reclaimed] = field(default_factory=list)
+    given_up: list[GivenUp] = field(default_factory=list)
+    corrupt: list[GivenUp] = field(default_factory=list)
+    awaiting: list[Reclaimed] = field(default_factory=list)

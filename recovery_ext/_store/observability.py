@@ -1,0 +1,195 @@
+"""Reads for the metrics exporter and the pipeline report: aggregates at one moment, one pipeline's history.
+
+Nothing here keeps state between calls: every figure is recomputed from the application tables,
+so any number of exporters can read the same database. Counters come from ``rx_transitions``,
+which nothing prunes (``rx_events`` expire after the retention), so they only grow.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass, field
+from typing import Any
+
+from sqlalchemy import Float, and_, case, cast, func, literal, select
+
+from recovery_ext._store.database import Database, retried
+from recovery_ext._store.statuses import PipelineStatus
+from recovery_ext._store.models import Node, Pipeline
+from recovery_ext._errors import NotFound
+from recovery_ext._store.schema import (circuit_breakers, events, node_items, nodes, pipelines, provider_calls,
+                                        queue_items, transitions)
+
+# Pipeline columns that label the pipeline gauges: Prometheus label -> column, one entry per label (not
+# "job" or "instance": Prometheus sets those on every target).
+PIPELINE_LABELS: dict[str, str] = {"deployment": "deployment", "dagster_job": "job_name", "status": "status"}
+
+# Pipeline transitions that hand a pipeline to a new run with a new epoch, and the cause each one reports
+# (a reclaim carries its own cause: heartbeat, node_heartbeat, owner_run_dead, deadline, stalled).
+# The report draws item progress from at most this many checkpoint times (a curve, not a list).
+ITEM_TIMES_LIMIT = 50_000
+
+RESUME_EVENTS: dict[str, str | None] = {"reclaimed": None, "taken_over": "re_execution",
+                                        "reopened_for_degraded": "redo_degraded"}
+
+
+@dataclass(frozen=True)
+class MetricsSnapshot:
+    """Every figure the exporter shows, read in one transaction on the database clock."""
+
+    pipeline_labels: tuple[str, ...]
+    pipelines: list[tuple[tuple[str, ...], int]]          # (label values in pipeline_labels order, count)
+    waiting_pipelines: list[tuple[str, int]]              # (job, count) running but paused by an outage
+    expired_pipelines: list[tuple[str, int]]              # (job, count) running with an expired heartbeat
+    oldest_heartbeat_age_seconds: float | None            # among running pipelines; None: none running
+    reclaims: list[tuple[str, int]]                       # (cause, count)
+    resume_runs: list[tuple[str, int]]                    # (cause, count)
+    given_up: int
+    items: list[tuple[str, str, int]]                     # (job, status, count) item checkpoints
+    queue_items: list[tuple[str, str, int]]               # (queue, status, count)
+    breakers: list[dict[str, Any]]                        # endpoint, state, consecutive_failures, open_count
+    # (job, model, outcome, calls, tokens_in, tokens_out, cost) of every provider call in the ledger
+    provider_calls: list[tuple] = field(default_factory=list)
+    # job -> the ledger's figures (calls, tokens, cost spent; saved by resume; wasted), as `recovery-ext costs`
+    provider_costs: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class PipelineHistory:
+    """One logical pipeline across its runs: what the report draws."""
+
+    pipeline: Pipeline
+    nodes: list[Node]
+    transitions: list[dict[str, Any]]
+    events: list[dict[str, Any]]
+    # (epoch, run_id, node, status, count, first completed_at, last completed_at) of item checkpoints
+    items: list[dict[str, Any]]
+    # (epoch, completed_at) of each item checkpoint in time order, at most ITEM_TIMES_LIMIT of them
+    item_times: list[tuple[int | None, dt.datetime]]
+    now: dt.datetime
+    # Each provider call of the pipeline, oldest first (at most ITEM_TIMES_LIMIT): epoch, recorded_at,
+    # tokens, cost and its fate (kept, saved, wasted, open), and the ledger's figures for the pipeline.
+    calls: list[dict[str, Any]] = field(default_factory=list)
+    costs: dict[str, Any] = field(default_factory=dict)
+
+
+class ObservabilityOps(Database):
+    @retried
+    def metrics_snapshot(self) -> MetricsSnapshot:
+        p, t = pipelines.c, transitions.c
+        now = self.dialect.now()
+        labels = [p[column].label(name) for name, column in PIPELINE_LABELS.items()]
+        cause = self.dialect.json_text(t.data, "cause")
+        with self.read() as conn:
+            by_labels = [(tuple(r[:-1]), r[-1]) for r in conn.execute(
+                select(*labels, func.count()).group_by(*labels).order_by(*labels))]
+            waiting = conn.execute(
+                select(p.job_name, func.count()).where(p.status == PipelineStatus.RUNNING, p.waiting_until.isnot(None))
+                .group_by(p.job_name).order_by(p.job_name)).all()
+            expired = conn.execute(
+                select(p.job_name, func.count()).where(p.status == PipelineStatus.RUNNING, p.heartbeat_deadline < now)
+                .group_by(p.job_name).order_by(p.job_name)).all()
+            oldest = conn.scalar(
+                select(cast(func.max(self.dialect.seconds_between(p.heartbeat_at, now)), Float))
+                .where(p.status == PipelineStatus.RUNNING, p.heartbeat_at.isnot(None)))
+            counted = conn.execute(
+                select(t.event, cause.label("cause"), func.count())
+                .where(t.entity_type == "pipeline", t.event.in_([*RESUME_EVENTS, "given_up"]))
+                .group_by(t.event, cause)).all()
+            items = conn.execute(
+                select(p.job_name, node_items.c.status, func.count())
+                .select_from(node_items.join(pipelines, p.id == node_items.c.pipeline_id))
+                .group_by(p.job_name, node_items.c.status).order_by(p.job_name, node_items.c.status)).all()
+            queued = conn.execute(
+                select(queue_items.c.queue, queue_items.c.status, func.count())
+                .group_by(queue_items.c.queue, queue_items.c.status)
+                .order_by(queue_items.c.queue, queue_items.c.status)).all()
+            breakers = [dict(r._mapping) for r in conn.execute(
+                select(circuit_breakers.c.endpoint, circuit_breakers.c.state,
+                       circuit_breakers.c.consecutive_failures, circuit_breakers.c.open_count)
+                .order_by(circuit_breakers.c.endpoint))]
+        spent = self._provider_spent()
+        by_job: dict[str, dict[str, Any]] = {}
+        report = self.provider_costs()
+        for pipeline_id, figures in report.pipelines.items():
+            job = report.jobs.get(pipeline_id) or ""
+            into = by_job.setdefault(job, dict.fromkeys(figures.as_dict(), 0))
+            for key, value in figures.as_dict().items():
+                into[key] += value
+        reclaims: dict[str, int] = {}
+        resumes: dict[str, int] = {}
+        given_up = 0
+        for event, why, n in counted:
+            if event == "given_up":
+                given_up += n
+                continue
+            why = RESUME_EVENTS[event] or why or "unknown"
+            resumes[why] = resumes.get(why, 0) + n
+            if event == "reclaimed":
+                reclaims[why] = reclaims.get(why, 0) + n
+        return MetricsSnapshot(
+            pipeline_labels=tuple(PIPELINE_LABELS), pipelines=by_labels,
+            waiting_pipelines=[tuple(r) for r in waiting], expired_pipelines=[tuple(r) for r in expired],
+            oldest_heartbeat_age_seconds=None if oldest is None else max(0.0, float(oldest)),
+            reclaims=sorted(reclaims.items()), resume_runs=sorted(resumes.items()), given_up=given_up,
+            items=[tuple(r) for r in items], queue_items=[tuple(r) for r in queued], breakers=breakers,
+            provider_calls=spent, provider_costs=by_job)
+
+    def _provider_spent(self) -> list[tuple]:
+        pc, p = provider_calls.c, pipelines.c
+        query = (select(p.job_name, pc.model, pc.outcome, func.count(), func.coalesce(func.sum(pc.tokens_in), 0),
+                        func.coalesce(func.sum(pc.tokens_out), 0), func.coalesce(func.sum(pc.cost), 0.0))
+                 .select_from(provider_calls.outerjoin(pipelines, p.id == pc.pipeline_id))
+                 .group_by(p.job_name, pc.model, pc.outcome).order_by(p.job_name, pc.model, pc.outcome))
+        with self.read() as conn:
+            return [tuple(r) for r in conn.execute(query)]
+
+    @retried
+    def pipeline_history(self, pipeline_id: int) -> PipelineHistory:
+        """The pipeline, its nodes, transitions, events and item checkpoints per run, in one snapshot."""
+        ni = node_items.c
+        with self.read() as conn:
+            row = conn.execute(select(pipelines).where(pipelines.c.id == pipeline_id)).first()
+            if row is None:
+                raise NotFound(f"no pipeline {pipeline_id}")
+            node_rows = [Node.from_row(r._mapping) for r in conn.execute(
+                select(nodes).where(nodes.c.pipeline_id == pipeline_id).order_by(nodes.c.position))]
+            history = [dict(r._mapping) for r in conn.execute(
+                select(transitions).where(transitions.c.pipeline_id == pipeline_id).order_by(transitions.c.id))]
+            happened = [dict(r._mapping) for r in conn.execute(
+                select(events).where(events.c.pipeline_id == pipeline_id).order_by(events.c.id))]
+            items = [dict(r._mapping) for r in conn.execute(
+                select(ni.epoch, ni.run_id, ni.node_name.label("node"), ni.status, func.count().label("count"),
+                       func.min(ni.completed_at).label("first_at"), func.max(ni.completed_at).label("last_at"))
+                .where(ni.pipeline_id == pipeline_id)
+                .group_by(ni.epoch, ni.run_id, ni.node_name, ni.status)
+                .order_by(ni.epoch, ni.node_name, ni.status))]
+            item_times = [tuple(r) for r in conn.execute(
+                select(ni.epoch, ni.completed_at).where(ni.pipeline_id == pipeline_id)
+                .order_by(ni.completed_at).limit(ITEM_TIMES_LIMIT))]
+            now = conn.scalar(select(self.dialect.now().label("now")))
+        if not isinstance(now, dt.datetime):  # SQLite's clock is epoch seconds
+            now = dt.datetime.fromtimestamp(float(now), tz=dt.timezone.utc)
+        calls = self._calls_of(pipeline_id)
+        costs = self.provider_costs(pipeline_id).pipelines.get(pipeline_id)
+        return PipelineHistory(Pipeline.from_row(row._mapping), node_rows, history, happened, items, item_times, now,
+                               calls=calls, costs=costs.as_dict() if costs is not None else {})
+
+    def _calls_of(self, pipeline_id: int) -> list[dict[str, Any]]:
+        """The pipeline's provider calls with their fate, as the ledger's cost report judges it."""
+        pc, p, item = provider_calls.c, pipelines.c, node_items.c
+        reached = pc.reached_checkpoint == True  # noqa: E712 - SQL, not Python
+        open_ = and_(~reached, p.status == PipelineStatus.RUNNING, pc.epoch == p.epoch, pc.outcome == "ok",
+                     item.item_key.is_(None))
+        fate = case((and_(reached, pc.epoch < p.epoch), literal("saved")), (reached, literal("kept")),
+                    (open_, literal("unsettled")), else_=literal("wasted"))
+        query = (select(pc.epoch, pc.recorded_at, pc.node_name, pc.outcome, (pc.tokens_in + pc.tokens_out)
+                        .label("tokens"), pc.cost, fate.label("fate"))
+                 .select_from(provider_calls.join(pipelines, p.id == pc.pipeline_id)
+                              .outerjoin(node_items, and_(item.pipeline_id == pc.pipeline_id,
+                                                          item.node_name == pc.node_name,
+                                                          item.item_key == pc.item_key)))
+                 .where(pc.pipeline_id == pipeline_id).order_by(pc.recorded_at, pc.id).limit(ITEM_TIMES_LIMIT))
+        with self.read() as conn:
+            return [dict(r._mapping) for r in conn.execute(query)]
+

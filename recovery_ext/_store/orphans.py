@@ -1,0 +1,485 @@
+"""Orphans: finding them, giving up on hopeless ones, and reclaiming the rest atomically.
+
+A reclaim is one conditional UPDATE over candidates locked ``FOR UPDATE SKIP LOCKED``
+(SQLite: inside a ``BEGIN IMMEDIATE`` transaction), so when several scanners race,
+each orphan is won by exactly one of them. In the same transaction the winner bumps
+the epoch, resets the running nodes to pending, and records transitions and events.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import datetime as dt
+
+from sqlalchemy import (Connection, Text, and_, case, cast, exists, literal, literal_column, or_, select, type_coerce,
+                        update)
+from sqlalchemy.sql.elements import ColumnElement
+
+from recovery_ext._store.database import chunks, retried
+from recovery_ext._store.models import GivenUp, Orphan, PassPlan, Reclaimed, Scope
+from recovery_ext._store.pipelines import PipelineOps
+from recovery_ext._store.statuses import NodeStatus, PipelineStatus
+from recovery_ext._store.schema import (NODE_STATUSES, PIPELINE_STATUSES, CorruptJson, DbTime, nodes, pipelines,
+                                        transitions)
+
+p = pipelines.c
+
+# Inline constants, not bound parameters, so PostgreSQL can match the partial indexes
+# (rx_pipelines_live, rx_nodes_running) even under a generic plan.
+RUNNING = literal_column("'running'")
+# INTEGER columns: one below PostgreSQL's maximum, so ``+ 1`` always fits.
+MAX_COUNTER = 2**31 - 1
+LIVE = p.status.not_in([literal_column("'completed'"), literal_column("'failed'")])
+
+
+class OrphanOps(PipelineOps):
+    # -- conditions ---------------------------------------------------------------------------
+
+    def _stalled(self, now: ColumnElement) -> ColumnElement:
+        return exists().where(
+            nodes.c.pipeline_id == p.id, nodes.c.status == RUNNING,
+            nodes.c.stall_deadline.isnot(None), nodes.c.stall_deadline < now,
+        )
+
+    def _node_heartbeat_expired(self, now: ColumnElement) -> ColumnElement:
+        """A running node whose own heartbeat expired: its step process died (or its host did)
+        while the run worker may still be alive."""
+        return exists().where(
+            nodes.c.pipeline_id == p.id, nodes.c.status == RUNNING,
+            nodes.c.heartbeat_deadline.isnot(None), nodes.c.heartbeat_deadline < now,
+        )
+
+    def _orphan_condition(self, dead_owner_runs: Sequence[str] = (),
+                          job_names: Sequence[str] | None = None,
+                          retrying_owner_runs: Sequence[str] = (), deployment: str | None = None) -> ColumnElement:
+        """Running, and one of: the run's heartbeat expired (NULL heartbeat: never by heartbeat),
+        a running node's heartbeat expired, a node stalled, the hard deadline passed, or Dagster
+        reports the owning run dead. Never for an owner in ``retrying_owner_runs`` (Dagster is
+        retrying it, so the retry takes the pipeline over; or its user is canceling it)."""
+        now = self.dialect.now()
+        cond = or_(
+            and_(p.heartbeat_deadline.isnot(None), p.heartbeat_deadline < now),
+            and_(p.deadline.isnot(None), p.deadline < now),
+            self._node_heartbeat_expired(now),
+            self._stalled(now),
+        )
+        if dead_owner_runs:
+            cond = or_(cond, p.owner.in_(list(dead_owner_runs)))
+        excluded = [or_(p.owner.is_(None), p.owner.not_in(list(retrying_owner_runs)))] if retrying_owner_runs else []
+        return and_(LIVE, p.status == RUNNING, cond, *excluded, *_jobs(job_names, deployment))
+
+    def _hopeless_condition(self, max_age_seconds: float | None) -> ColumnElement:
+        now = self.dialect.now()
+        cond = or_(p.resume_count >= p.max_resumes, and_(p.deadline.isnot(None), p.deadline < now))
+        if max_age_seconds:
+            cond = or_(cond, p.created_at < self.dialect.now_plus(-float(max_age_seconds)))
+        return cond
+
+    def _reason(self, dead_owner_runs: Sequence[str]) -> ColumnElement:
+        now = self.dialect.now()
+        whens = []
+        if dead_owner_runs:
+            whens.append((p.owner.in_(list(dead_owner_runs)), "owner_run_dead"))
+        whens += [
+            (and_(p.deadline.isnot(None), p.deadline < now), "deadline"),
+            (and_(p.heartbeat_deadline.isnot(None), p.heartbeat_deadline < now), "heartbeat"),
+            (self._node_heartbeat_expired(now), "node_heartbeat"),
+        ]
+        return case(*whens, else_=literal("stalled"))
+
+    # -- queries -------------------------------------------------------------------------------
+
+    @retried
+    def find_orphans(self, *, dead_owner_runs: Sequence[str] = (), limit: int | None = None,
+                     job_names: Sequence[str] | None = None, retrying_owner_runs: Sequence[str] = (),
+                     deployment: str | None = None) -> list[Orphan]:
+        query = (
+            select(p.id, p.job_name, p.owner, p.epoch, p.resume_count, p.max_resumes,
+                   self._reason(dead_owner_runs).label("reason"), p.heartbeat_deadline, p.deadline)
+            .where(self._orphan_condition(dead_owner_runs, job_names, retrying_owner_runs, deployment))
+            .order_by(p.heartbeat_deadline.asc().nulls_first(), p.id)
+        )
+        if limit:
+            query = query.limit(limit)
+        with self.read() as conn:
+            return [Orphan(**r._mapping) for r in conn.execute(query)]
+
+    @retried
+    def last_reclaim(self, pipeline_id: int) -> dict[str, Any] | None:
+        """What the latest reclaim of a pipeline recorded (cause, heartbeat age, previous owner), if any."""
+        with self.read_statement() as conn:
+            data = conn.execute(
+                select(transitions.c.data).where(transitions.c.pipeline_id == pipeline_id,
+                                                 transitions.c.entity_type == "pipeline",
+                                                 transitions.c.event == "reclaimed")
+                .order_by(transitions.c.id.desc()).limit(1)).scalar()
+        return data if isinstance(data, dict) else None
+
+    @retried
+    def running_owners(self, job_names: Sequence[str] | None = None, deployment: str | None = None) -> list[str]:
+        """Owners of running pipelines (run ids and resume placeholders), to ask Dagster which are dead.
+
+        No row limit: the sensor asks Dagster about them in batches (one ``get_runs`` per batch).
+        """
+        with self.read() as conn:
+            rows = conn.execute(
+                select(p.owner).where(LIVE, p.status == RUNNING, p.owner.isnot(None), ~self.dialect.not_text(p.owner),
+                                      *_jobs(job_names, deployment)).distinct()
+            )
+            # an owner that is not text is a bad row (failed by the scan), never a question for Dagster
+            return [r.owner for r in rows if isinstance(r.owner, str)]
+
+    @retried
+    def awaiting_resume(self, job_names: Sequence[str] | None = None, deployment: str | None = None) -> list[Reclaimed]:
+        """Pipelines reserved for a resume run that has not attached yet (owner ``resume-<id>-<n>``)."""
+        with self.read() as conn:
+            return self._awaiting(conn, Scope(job_names, deployment))
+
+    def _awaiting(self, conn: Connection, scope: Scope, *, launcher_only: bool = False) -> list[Reclaimed]:
+        where = [LIVE, p.status == RUNNING, p.owner == _placeholder(p.resume_count),
+                 *_jobs(scope.job_names, scope.deployment)]
+        if launcher_only:  # only the sensor that reserved a pipeline re-requests its run (or nobody did)
+            where.append(or_(p.launcher.is_(None), p.launcher == scope.launcher))
+        rows = conn.execute(
+            select(p.id, p.job_name, p.params, p.resumed_from, p.owner, p.epoch, p.resume_count,
+                   p.origin_run_id, p.launcher).where(*where).order_by(p.id)
+        ).all()
+        return [Reclaimed(r.id, r.job_name, r.params, r.resumed_from, r.owner, r.epoch, r.resume_count,
+                          origin_run_id=r.origin_run_id, launcher=r.launcher) for r in rows]
+
+    @retried
+    def extend_launch_grace(self, placeholders: Sequence[str], grace_seconds: float) -> int:
+        """The resume runs of these reservations are queued or starting: push their re-orphan deadline out.
+
+        Only rows past half their grace are written, so a long queue costs few writes per tick.
+        """
+        if not placeholders:
+            return 0
+        with self.write() as conn:
+            return self._extend_launch_grace(conn, placeholders, grace_seconds)
+
+    def _extend_launch_grace(self, conn: Connection, placeholders: Sequence[str], grace_seconds: float) -> int:
+        changed = 0
+        for part in chunks(sorted(placeholders)):
+            changed += conn.execute(
+                update(pipelines)
+                .where(p.owner.in_(list(part)), p.status == PipelineStatus.RUNNING,
+                       p.owner == _placeholder(p.resume_count),
+                       p.heartbeat_deadline < self.dialect.now_plus(grace_seconds / 2))
+                .values(heartbeat_deadline=self.dialect.now_plus(grace_seconds))
+            ).rowcount
+        return changed
+
+    @retried
+    def record_superseded_runs(self, outcomes: Sequence[tuple[int, dict[str, Any]]]) -> None:
+        """What stopping each superseded run achieved (``superseded_run_stopped`` events)."""
+        with self.write() as conn:
+            self.record_events(conn, [{"kind": "superseded_run_stopped", "pipeline_id": pipeline_id, "payload": payload}
+                                      for pipeline_id, payload in outcomes])
+
+    # -- give up -------------------------------------------------------------------------------
+
+    @retried
+    def give_up_hopeless(
+        self, *, dead_owner_runs: Sequence[str] = (), max_age_seconds: float | None = None, limit: int = 10_000,
+        job_names: Sequence[str] | None = None, retrying_owner_runs: Sequence[str] = (),
+        deployment: str | None = None,
+    ) -> list[GivenUp]:
+        """Orphans past their maximum resumes, hard deadline or maximum age become failed."""
+        with self.write() as conn:
+            return self._give_up_hopeless(conn, dead_owner_runs, retrying_owner_runs, max_age_seconds,
+                                          Scope(job_names, deployment),
+                                          limit)
+
+    def _give_up_hopeless(self, conn: Connection, dead_owner_runs: Sequence[str], retrying_owner_runs: Sequence[str],
+                          max_age_seconds: float | None, scope: Scope, limit: int = 10_000) -> list[GivenUp]:
+        now = self.dialect.now()
+        reason = case(
+            (and_(p.deadline.isnot(None), p.deadline < now), literal("hard deadline passed")),
+            (p.resume_count >= p.max_resumes,
+             literal("gave up after ") + cast(p.resume_count, Text) + literal(" resumes (maximum ")
+             + cast(p.max_resumes, Text) + literal(")")),
+            else_=literal(f"older than the maximum age of {max_age_seconds} s"),
+        )
+        candidates = (
+            select(p.id)
+            .where(self._orphan_condition(dead_owner_runs, scope.job_names, retrying_owner_runs, scope.deployment),
+                   self._hopeless_condition(max_age_seconds))
+            .order_by(p.id)
+            .limit(limit)
+            .with_for_update(skip_locked=True)
+        )
+        ids = [r.id for r in conn.execute(candidates)]
+        if not ids:
+            return []
+        rows = conn.execute(
+            update(pipelines)
+            .where(p.id.in_(ids), p.status == PipelineStatus.RUNNING)
+            .values(status=PipelineStatus.FAILED, gave_up_reason=reason, error=reason, completed_at=now, updated_at=now,
+                    heartbeat_deadline=None, current_node=None)
+            .returning(p.id, p.job_name, p.owner, p.gave_up_reason)
+        ).all()
+        given_up = [GivenUp(r.id, r.job_name, r.owner, r.gave_up_reason) for r in rows]
+        self._fail_running_nodes(conn, [g.pipeline_id for g in given_up], "given_up")
+        self.record_transitions(conn, [
+            {"entity_type": "pipeline", "entity_id": g.pipeline_id, "pipeline_id": g.pipeline_id,
+             "from_status": PipelineStatus.RUNNING, "to_status": PipelineStatus.FAILED, "event": "given_up",
+             "data": {"reason": g.reason}}
+            for g in given_up
+        ])
+        self.record_events(conn, [
+            {"kind": "pipeline_stuck", "pipeline_id": g.pipeline_id,
+             "payload": {"reason": g.reason, "owner": g.previous_owner, "job": g.job_name}}
+            for g in given_up
+        ])
+        return given_up
+
+    def _fail_running_nodes(self, conn: Connection, pipeline_ids: list[int], event: str) -> None:
+        if not pipeline_ids:
+            return
+        rows = conn.execute(
+            update(nodes)
+            .where(nodes.c.pipeline_id.in_(pipeline_ids), nodes.c.status == NodeStatus.RUNNING)
+            .values(status=NodeStatus.FAILED, error=f"pipeline {event.replace('_', ' ')}",
+                    updated_at=self.dialect.now())
+            .returning(nodes.c.id, nodes.c.pipeline_id)
+        ).all()
+        self.record_transitions(conn, [
+            {"entity_type": "node", "entity_id": r.id, "pipeline_id": r.pipeline_id, "from_status": NodeStatus.RUNNING,
+             "to_status": NodeStatus.FAILED, "event": event} for r in rows
+        ])
+
+    # -- reclaim -------------------------------------------------------------------------------
+
+    @retried
+    def reclaim(self, plan: PassPlan, scope: Scope = Scope()) -> tuple[list[Reclaimed], list[GivenUp]]:
+        """Take over up to ``plan.limit`` orphans in ``scope`` (``None``: all of them), oldest first; exactly one
+        caller wins each.
+
+        ``plan.launching`` (a sensor that launches the resume runs at once) reserves each pipeline for
+        ``resume-<id>-<n>`` and records ``scope.launcher`` (the sensor that re-requests the run until it
+        attaches); without it (the CLI) the pipeline awaits a launcher. Either way it re-orphans after the
+        plan's launch grace if no resume run attaches. Of the plan, only the owner runs, the limits,
+        ``launching`` and ``trigger`` count here; :meth:`recovery_pass` runs all of it.
+        Returns the reclaimed pipelines and the corrupt ones that were failed instead.
+        """
+        if plan.limit is not None and plan.limit <= 0:
+            return [], []
+        with self.write() as conn:
+            return self._reclaim(conn, plan, scope)
+
+    def _reclaim(self, conn: Connection, plan: PassPlan, scope: Scope) -> tuple[list[Reclaimed], list[GivenUp]]:
+        dead_owner_runs, launching = plan.dead_owner_runs, plan.launching
+        launcher = scope.launcher
+        now = self.dialect.now()
+        candidates = (
+            select(p.id, p.owner.label("previous_owner"), self._reason(dead_owner_runs).label("cause"),
+                   and_(p.heartbeat_deadline.isnot(None), p.heartbeat_deadline >= now).label("owner_heartbeating"),
+                   p.heartbeat_at, type_coerce(now, DbTime).label("now"))
+            .where(self._orphan_condition(dead_owner_runs, scope.job_names, plan.retrying_owner_runs,
+                                          scope.deployment),
+                   ~self._hopeless_condition(plan.max_age_seconds),
+                   p.epoch < MAX_COUNTER, p.resume_count < MAX_COUNTER)  # those are failed as corrupt instead
+            .order_by(p.heartbeat_deadline.asc().nulls_first(), p.id)
+            .limit(plan.limit)
+            .with_for_update(skip_locked=True)
+        )
+        found = conn.execute(candidates).all()  # LIMIT NULL is no limit
+        if not found:
+            return [], []
+        previous = {r.id: r.previous_owner for r in found}
+        causes = {r.id: r.cause for r in found}
+        heartbeating = {r.id: bool(r.owner_heartbeating) for r in found}
+        silent = {r.id: _seconds_between(r.heartbeat_at, r.now) for r in found}
+        new_owner = _placeholder(p.resume_count + 1) if launching else None
+        rows = []
+        for part in chunks(sorted(previous)):
+            rows += conn.execute(
+                update(pipelines)
+                .where(p.id.in_(list(part)), p.status == PipelineStatus.RUNNING)
+                .values(owner=new_owner, resumed_from=p.owner, epoch=p.epoch + 1,
+                        resume_count=p.resume_count + 1, launcher=launcher if launching else None,
+                        waiting_until=None, waiting_since=None, waiting_reason=None,
+                        heartbeat_at=now, heartbeat_deadline=self.dialect.now_plus(plan.launch_grace_seconds),
+                        updated_at=now)
+                .returning(p.id, p.job_name, p.params, p.owner, p.epoch, p.resume_count, p.origin_run_id)
+            ).all()
+        ids = [r.id for r in rows]
+        reset = self._reset_running_nodes(conn, ids)
+        corrupt = self._corrupt_among(conn, rows)
+        reclaimed = [
+            Reclaimed(r.id, r.job_name, r.params, previous[r.id], r.owner, r.epoch, r.resume_count,
+                      tuple(reset.get(r.id, ())), origin_run_id=r.origin_run_id,
+                      owner_heartbeating=heartbeating[r.id],
+                      launcher=launcher if launching else None, cause=causes[r.id],
+                      heartbeat_age_seconds=silent[r.id])
+            for r in rows if r.id not in corrupt
+        ]
+        self.record_transitions(conn, [
+            {"entity_type": "pipeline", "entity_id": r.pipeline_id, "pipeline_id": r.pipeline_id,
+             "from_status": PipelineStatus.RUNNING, "to_status": PipelineStatus.RUNNING, "event": "reclaimed",
+             "data": {"previous_owner": r.previous_owner, "owner": r.owner, "epoch": r.epoch,
+                      "resume_number": r.resume_number, "reason": plan.trigger, "cause": r.cause,
+                      "heartbeat_age_seconds": r.heartbeat_age_seconds}}
+            for r in reclaimed
+        ])
+        self.record_events(conn, [
+            {"kind": "pipeline_recovered", "pipeline_id": r.pipeline_id,
+             "payload": {"previous_owner": r.previous_owner, "resume_number": r.resume_number,
+                         "reset_nodes": list(r.reset_nodes), "job": r.job_name, "reason": plan.trigger,
+                         "cause": r.cause, "heartbeat_age_seconds": r.heartbeat_age_seconds}}
+            for r in reclaimed
+        ])
+        given_up = self._fail_corrupt(conn, corrupt, previous)
+        return reclaimed, given_up
+
+    @retried
+    def claim_awaiting(self, *, limit: int | None, grace_seconds: float = 300.0,
+                       job_names: Sequence[str] | None = None, launcher: str | None = None,
+                       deployment: str | None = None) -> list[Reclaimed]:
+        """Reserve pipelines that a launcher-less reclaim (the CLI) left awaiting a resume run."""
+        if limit is not None and limit <= 0:
+            return []
+        with self.write() as conn:
+            return self._claim_awaiting(conn, limit, grace_seconds, Scope(job_names, deployment, launcher))
+
+    def _claim_awaiting(self, conn: Connection, limit: int | None, grace_seconds: float,
+                        scope: Scope) -> list[Reclaimed]:
+        ids = [r.id for r in conn.execute(
+            select(p.id)
+            .where(LIVE, p.status == RUNNING, p.owner.is_(None), p.resume_count > 0,
+                   *_jobs(scope.job_names, scope.deployment))
+            .order_by(p.id).limit(limit).with_for_update(skip_locked=True)
+        )]
+        if not ids:
+            return []
+        rows = []
+        for part in chunks(ids):
+            rows += conn.execute(
+                update(pipelines)
+                .where(p.id.in_(list(part)), p.owner.is_(None), p.status == PipelineStatus.RUNNING)
+                .values(owner=_placeholder(p.resume_count), launcher=scope.launcher,
+                        heartbeat_deadline=self.dialect.now_plus(grace_seconds), updated_at=self.dialect.now())
+                .returning(p.id, p.job_name, p.params, p.owner, p.epoch, p.resume_count, p.resumed_from,
+                           p.origin_run_id)
+            ).all()
+        corrupt = self._corrupt_among(conn, rows)
+        self._fail_corrupt(conn, corrupt, {r.id: r.resumed_from for r in rows})
+        return [Reclaimed(r.id, r.job_name, r.params, r.resumed_from, r.owner, r.epoch, r.resume_count,
+                          origin_run_id=r.origin_run_id, launcher=scope.launcher)
+                for r in rows if r.id not in corrupt]
+
+    def _reset_running_nodes(self, conn: Connection, pipeline_ids: list[int]) -> dict[int, list[str]]:
+        reset: dict[int, list[str]] = {}
+        if not pipeline_ids:
+            return reset
+        rows = conn.execute(
+            update(nodes)
+            .where(nodes.c.pipeline_id.in_(pipeline_ids), nodes.c.status == NodeStatus.RUNNING)
+            .values(status=NodeStatus.PENDING, updated_at=self.dialect.now(), heartbeat_deadline=None,
+                    stall_deadline=None)
+            .returning(nodes.c.id, nodes.c.pipeline_id, nodes.c.name)
+        ).all()
+        for r in rows:
+            reset.setdefault(r.pipeline_id, []).append(r.name)
+        self.record_transitions(conn, [
+            {"entity_type": "node", "entity_id": r.id, "pipeline_id": r.pipeline_id, "from_status": NodeStatus.RUNNING,
+             "to_status": NodeStatus.PENDING, "event": "reset_by_recovery"} for r in rows
+        ])
+        return reset
+
+    def _corrupt_among(self, conn: Connection, rows: Sequence[Any]) -> dict[int, str]:
+        corrupt = {r.id: f"corrupt row: params is not valid JSON ({r.params.error})"
+                   for r in rows if isinstance(r.params, CorruptJson)}
+        ids = [r.id for r in rows]
+        if ids:
+            for bad in conn.execute(
+                select(nodes.c.pipeline_id, nodes.c.name, nodes.c.status)
+                .where(nodes.c.pipeline_id.in_(ids), nodes.c.status.not_in(NODE_STATUSES))
+            ):
+                corrupt.setdefault(bad.pipeline_id, f"corrupt row: node {bad.name!r} has unknown status {bad.status!r}")
+        return corrupt
+
+    def _fail_corrupt(self, conn: Connection, corrupt: dict[int, str], previous: dict[int, Any]) -> list[GivenUp]:
+        given_up = []
+        for pipeline_id, why in corrupt.items():
+            row = conn.execute(
+                update(pipelines).where(p.id == pipeline_id)
+                .values(status=PipelineStatus.FAILED, gave_up_reason=why, error=why, completed_at=self.dialect.now(),
+                        updated_at=self.dialect.now(), heartbeat_deadline=None)
+                .returning(p.job_name)
+            ).one()
+            given_up.append(GivenUp(pipeline_id, row.job_name, previous.get(pipeline_id), why))
+        self.record_transitions(conn, [
+            {"entity_type": "pipeline", "entity_id": g.pipeline_id, "pipeline_id": g.pipeline_id,
+             "from_status": PipelineStatus.RUNNING, "to_status": PipelineStatus.FAILED, "event": "corrupt",
+             "data": {"reason": g.reason}}
+            for g in given_up
+        ])
+        self.record_events(conn, [
+            {"kind": "pipeline_stuck", "pipeline_id": g.pipeline_id, "payload": {"reason": g.reason}}
+            for g in given_up
+        ])
+        return given_up
+
+    @retried
+    def fail_unknown_statuses(self, deployment: str | None = None) -> list[GivenUp]:
+        """Live pipelines this version cannot work with become failed with a reason (one transition and
+        event each): an unknown status, a counter at the end of its range (the reclaim's ``epoch + 1``
+        would overflow), a time column that is not a finite time. Every other row is untouched."""
+        with self.write() as conn:
+            return self._fail_unknown_statuses(conn, deployment)
+
+    def _corrupt_checks(self) -> list[tuple[ColumnElement, str]]:
+        return [(p.status.not_in(PIPELINE_STATUSES), "unknown pipeline status"),
+                (self.dialect.not_text(p.owner), "owner is not text"),
+                *[(or_(col < 0, col >= MAX_COUNTER), f"{col.name} out of range")
+                  for col in (p.epoch, p.resume_count, p.max_resumes)],
+                *[(self.dialect.bad_time(col), f"{col.name} is not a finite time")
+                  for col in (p.heartbeat_deadline, p.deadline, p.created_at, p.heartbeat_at)],
+                # a running node's times decide whether the pipeline is an orphan: one that never
+                # expires (or cannot be compared) would keep it running unwatched
+                *[(self._running_node_where(self.dialect.bad_time(col)),
+                   f"a running node's {col.name} is not a finite time")
+                  for col in (nodes.c.heartbeat_deadline, nodes.c.stall_deadline, nodes.c.started_at)],
+                (self._running_node_where(or_(nodes.c.attempts < 0, nodes.c.attempts >= MAX_COUNTER)),
+                 "a running node's attempts out of range")]
+
+    def _fail_unknown_statuses(self, conn: Connection, deployment: str | None = None) -> list[GivenUp]:
+        checks = self._corrupt_checks()
+        rows = conn.execute(
+            select(p.id, p.owner, p.status, p.epoch, *[case((cond, literal(why)), else_=None).label(f"c{i}")
+                                                       for i, (cond, why) in enumerate(checks)])
+            .where(LIVE, or_(*[cond for cond, _ in checks]), *_jobs(None, deployment))
+            .with_for_update(skip_locked=True)
+        ).all()
+        corrupt = {r.id: "corrupt row: " + "; ".join(
+            f"{w} {r.status!r}" if w == "unknown pipeline status" else w for w in r[4:] if w) for r in rows}
+        return self._fail_corrupt(conn, corrupt, {r.id: r.owner if isinstance(r.owner, str) else None for r in rows})
+
+
+    @staticmethod
+    def _running_node_where(condition: ColumnElement) -> ColumnElement:
+        return exists().where(nodes.c.pipeline_id == p.id, nodes.c.status == RUNNING, condition)
+
+
+def _placeholder(resume_number: ColumnElement) -> ColumnElement:
+    """``resume-<id>-<n>`` in SQL: the owner a launching reclaim writes (``pipeline_store.resume_owner``)."""
+    return literal("resume-") + cast(p.id, Text) + literal("-") + cast(resume_number, Text)
+
+
+def _jobs(job_names: Sequence[str] | None, deployment: str | None = None) -> list[ColumnElement]:
+    """The pipelines of these jobs in this deployment (``None``: any)."""
+    where = [] if job_names is None else [p.job_name.in_(list(job_names))]
+    return where if deployment is None else [*where, p.deployment == deployment]
+
+
+def _seconds_between(earlier: dt.datetime | None, later: dt.datetime | None) -> float | None:
+    if earlier is None or later is None:
+        return None
+    try:
+        return round(max((later - earlier).total_seconds(), 0.0), 3)
+    except (TypeError, OverflowError):  # a time that is not a finite datetime: reported as unknown
+        return None

@@ -1,0 +1,567 @@
+"""Pipelines and nodes: creation, fenced writes and heartbeats (item checkpoints: checkpoint_store.py).
+
+Every write a worker makes goes through :meth:`PipelineOps._fence`, which locks the
+pipeline row (the single writer lock on SQLite) and checks the worker's epoch in the
+same transaction. A reclaim bumps the epoch under ``FOR UPDATE``, so the two are
+serialized: a superseded worker's write changes nothing and raises
+:class:`~recovery_ext._errors.OwnershipLost`.
+
+Lock strength on PostgreSQL: a transaction that will UPDATE the pipeline row (node
+transitions) takes ``FOR NO KEY UPDATE`` first, the lock its UPDATE needs anyway; one
+that only writes other tables (checkpoints, user writes) takes ``FOR KEY SHARE``, which
+blocks a reclaim's ``FOR UPDATE`` but not the run heartbeat's UPDATE, so a long user
+transaction or a slow checkpoint never delays the heartbeat of its own pipeline. No
+transaction ever upgrades its lock, so sibling nodes cannot deadlock on the pipeline
+row; they queue. Every transaction locks the pipeline row before any node or item row,
+so they always lock in the same order. Deadlocks elsewhere are retried by the store.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import ExitStack, contextmanager
+from typing import Any
+
+from sqlalchemy import Connection, func, insert, select, update
+from sqlalchemy.exc import IntegrityError
+
+from recovery_ext._store import hot_path
+from recovery_ext._store.database import is_retry, retried
+from recovery_ext._store.ledger import LedgerOps
+from recovery_ext._errors import IllegalTransition, NotFound, OwnershipLost, StoreError, UnfinishedItems
+from recovery_ext._store.fenced import FencedTransaction
+from recovery_ext._store.models import (ErrorInfo, ItemCheckpoint, Node, NodeSpec, Ownership, Pipeline,
+                                        PipelineLimits)
+from recovery_ext._classify.redaction import redact, redact_config
+from recovery_ext._store.schema import ITEM_STATUSES, node_items, nodes, pipelines
+from recovery_ext._store.statuses import FINISHED_NODE_STATUSES, FINISHED_PIPELINE_STATUSES, NodeStatus, PipelineStatus
+
+__all__ = ["NODE_TRANSITIONS", "ItemCheckpoint", "PipelineOps", "resume_owner"]  # ItemCheckpoint: its old home
+
+
+# Legal node transitions: target -> allowed sources.
+NODE_TRANSITIONS: dict[NodeStatus, tuple[NodeStatus, ...]] = {
+    NodeStatus.RUNNING: (NodeStatus.PENDING, NodeStatus.FAILED),
+    NodeStatus.COMPLETED: (NodeStatus.RUNNING,),
+    NodeStatus.FAILED: (NodeStatus.RUNNING,),
+    NodeStatus.DEGRADED: (NodeStatus.RUNNING, NodeStatus.FAILED, NodeStatus.PENDING),
+    NodeStatus.PENDING: (NodeStatus.RUNNING, NodeStatus.FAILED),
+    # the run succeeded without executing it (e.g. a branch not taken)
+    NodeStatus.SKIPPED: (NodeStatus.PENDING, NodeStatus.FAILED),
+}
+
+
+class PipelineOps(LedgerOps):
+    # -- creation and attachment ------------------------------------------------------------
+
+    @retried
+    def create_pipeline(
+        self,
+        job_name: str,
+        node_specs: Sequence[NodeSpec | str],
+        *,
+        owner: str,
+        params: Any = None,
+        origin_run_id: str | None = None,
+        limits: PipelineLimits = PipelineLimits(),
+        deployment: str = "default",
+    ) -> Ownership:
+        """Create a running pipeline owned by ``owner`` (epoch 1) with all its nodes pending, held to ``limits``.
+
+        With ``origin_run_id`` this is idempotent: every op of the same Dagster run gets
+        the same pipeline, whichever process gets there first.
+        """
+        specs = [NodeSpec(s) if isinstance(s, str) else s for s in node_specs]
+        if not specs:
+            raise StoreError("a pipeline needs at least one node")
+        if len({s.name for s in specs}) != len(specs):
+            raise StoreError(f"duplicate node names in {[s.name for s in specs]}")
+        now = self.dialect.now()
+        values = dict(
+            job_name=job_name,
+            origin_run_id=origin_run_id,
+            # stored for operators and resumes: secrets in run config (an api_key, a URL's password) masked
+            params=redact_config(params) if params is not None else {},
+            status=PipelineStatus.RUNNING,
+            owner=owner,
+            epoch=1,
+            heartbeat_at=now,
+            heartbeat_deadline=self.dialect.now_plus(limits.heartbeat_timeout),
+            deadline=self.dialect.now_plus(limits.deadline_seconds) if limits.deadline_seconds is not None else None,
+            resume_count=0,
+            max_resumes=limits.max_resumes,
+            deployment=deployment,
+            created_at=now,
+            started_at=now,
+            updated_at=now,
+        )
+        with self.write() as conn:
+            if origin_run_id is not None:
+                existing = conn.execute(
+                    select(pipelines.c.id, pipelines.c.epoch, pipelines.c.owner).where(
+                        pipelines.c.origin_run_id == origin_run_id
+                    )
+                ).first()
+                if existing is not None:
+                    return self._ownership_or_raise(existing, owner)
+            try:
+                with conn.begin_nested():
+                    pipeline_id = conn.execute(insert(pipelines).values(**values).returning(pipelines.c.id)).scalar_one()
+            except IntegrityError:
+                existing = conn.execute(
+                    select(pipelines.c.id, pipelines.c.epoch, pipelines.c.owner).where(
+                        pipelines.c.origin_run_id == origin_run_id
+                    )
+                ).one()
+                return self._ownership_or_raise(existing, owner)
+            conn.execute(
+                insert(nodes).values(updated_at=now),
+                [
+                    {"pipeline_id": pipeline_id, "name": s.name, "position": i, "status": NodeStatus.PENDING,
+                     "optional": s.optional, "attempts": 0}
+                    for i, s in enumerate(specs)
+                ],
+            )
+            self.record_transitions(
+                conn,
+                [{"entity_type": "pipeline", "entity_id": pipeline_id, "pipeline_id": pipeline_id,
+                  "from_status": None, "to_status": PipelineStatus.RUNNING, "event": "created",
+                  "data": {"owner": owner}}],
+            )
+        return Ownership(pipeline_id, 1, owner)
+
+    @staticmethod
+    def _ownership_or_raise(row, owner: str) -> Ownership:
+        if row.owner != owner:
+            raise OwnershipLost(owner=row.owner, pipeline_id=row.id)
+        return Ownership(row.id, row.epoch, owner)
+
+    @retried
+    def attach(self, pipeline_id: int, run_id: str, *, resume_number: int, heartbeat_timeout: float = 90.0) -> Ownership:
+        """A resume run takes the ownership its reclaim reserved for resume ``resume_number``."""
+        placeholder = resume_owner(pipeline_id, resume_number)
+        with self.write() as conn:
+            row = conn.execute(
+                update(pipelines)
+                .where(
+                    pipelines.c.id == pipeline_id,
+                    pipelines.c.status == PipelineStatus.RUNNING,
+                    pipelines.c.resume_count == resume_number,
+                    (pipelines.c.owner.in_([placeholder, run_id])) | pipelines.c.owner.is_(None),
+                )
+                .values(
+                    owner=run_id,
+                    heartbeat_at=self.dialect.now(),
+                    heartbeat_deadline=self.dialect.now_plus(heartbeat_timeout),
+                    updated_at=self.dialect.now(),
+                )
+                .returning(pipelines.c.epoch)
+            ).first()
+            if row is not None:
+                return Ownership(pipeline_id, row.epoch, run_id)
+        current = self.get_pipeline(pipeline_id)
+        raise OwnershipLost(owner=current.owner or "(none)", pipeline_id=pipeline_id, status=current.status)
+
+    # -- reads -------------------------------------------------------------------------------
+
+    @retried
+    def get_pipeline(self, pipeline_id: int) -> Pipeline:
+        with self.read_statement() as conn:
+            row = conn.execute(select(pipelines).where(pipelines.c.id == pipeline_id)).first()
+        if row is None:
+            raise NotFound(f"no pipeline {pipeline_id}")
+        return Pipeline.from_row(row._mapping)
+
+    @retried
+    def find_pipeline(self, origin_run_id: str) -> Pipeline | None:
+        with self.read_statement() as conn:
+            row = conn.execute(select(pipelines).where(pipelines.c.origin_run_id == origin_run_id)).first()
+        return None if row is None else Pipeline.from_row(row._mapping)
+
+    @retried
+    def list_nodes(self, pipeline_id: int) -> list[Node]:
+        with self.read_statement() as conn:
+            rows = conn.execute(select(nodes).where(nodes.c.pipeline_id == pipeline_id).order_by(nodes.c.position))
+            return [Node.from_row(r._mapping) for r in rows]
+
+    @retried
+    def get_node(self, pipeline_id: int, name: str) -> Node:
+        with self.read_statement() as conn:
+            row = conn.execute(select(nodes).where(nodes.c.pipeline_id == pipeline_id, nodes.c.name == name)).first()
+        if row is None:
+            raise NotFound(f"pipeline {pipeline_id} has no node {name!r}")
+        return Node.from_row(row._mapping)
+
+    # -- fencing -----------------------------------------------------------------------------
+
+    def _fence(self, conn: Connection, own: Ownership, *, for_update: bool = False,
+               finished_ok: bool = False, completed_ok: bool = False) -> str:
+        """Lock the pipeline row against reclaim and check that ``own`` still holds it.
+
+        ``for_update=True`` when this transaction will UPDATE the pipeline row: it takes
+        that UPDATE's lock (``FOR NO KEY UPDATE``) now instead of upgrading a share lock
+        later, which is what deadlocked sibling nodes. ``finished_ok``: on a retried call,
+        a pipeline this owner already finished (the first attempt's commit landed) is
+        returned as its status instead of raising. ``completed_ok``: a pipeline this owner
+        and epoch completed is returned as ``"completed"`` on any call.
+        """
+        query = select(pipelines.c.epoch, pipelines.c.owner, pipelines.c.status).where(
+            pipelines.c.id == own.pipeline_id)
+        query = query.with_for_update(key_share=True) if for_update else query.with_for_update(read=True, key_share=True)
+        row = conn.execute(query).first()
+        if row is None:
+            raise NotFound(f"no pipeline {own.pipeline_id}")
+        if (finished_ok and is_retry() and row.epoch == own.epoch and row.owner == own.owner
+                and row.status in (PipelineStatus.COMPLETED, PipelineStatus.FAILED)):
+            return row.status
+        if (completed_ok and row.epoch == own.epoch and row.owner == own.owner
+                and row.status == PipelineStatus.COMPLETED):
+            return row.status
+        if row.epoch != own.epoch or row.status != PipelineStatus.RUNNING:
+            raise _lost(own, row.owner, row.epoch, row.status)
+        return row.status
+
+    @contextmanager
+    def fenced(self, own: Ownership) -> Iterator[FencedTransaction]:
+        """A write transaction that belongs to ``own``: fenced by its epoch before the caller's first statement.
+
+        Opening it (connect, lock, epoch check) is retried on transient errors within the
+        retry budget; the caller's statements are not (a context manager cannot re-run its
+        body), so their transient errors propagate and fail the node retryably.
+        """
+        for attempt in self._retrying("fenced transaction"):
+            with attempt:
+                stack = ExitStack()
+                try:
+                    conn = stack.enter_context(self.write())
+                    self._fence(conn, own)
+                except BaseException as exc:
+                    stack.__exit__(type(exc), exc, exc.__traceback__)
+                    raise
+        with stack:
+            tx = FencedTransaction(self, conn, own)
+            try:
+                yield tx
+            finally:
+                tx.close()
+
+    @retried
+    def write_fenced(self, own: Ownership, work: Callable[[FencedTransaction], Any]) -> Any:
+        """Run ``work(tx)`` in a fenced transaction; the whole transaction is retried on transient errors."""
+        with self.fenced(own) as tx:
+            return work(tx)
+
+    def _refresh_pipeline(self, conn: Connection, own: Ownership, heartbeat_timeout: float | None, **values) -> None:
+        if heartbeat_timeout is not None:
+            values["heartbeat_at"] = self.dialect.now()
+            values["heartbeat_deadline"] = self.dialect.now_plus(heartbeat_timeout)
+        conn.execute(
+            update(pipelines)
+            .where(pipelines.c.id == own.pipeline_id, pipelines.c.epoch == own.epoch)
+            .values(updated_at=self.dialect.now(), **values)
+        )
+
+    @retried
+    def check_ownership(self, own: Ownership) -> None:
+        with self.write() as conn:
+            self._fence(conn, own)
+
+    # -- node transitions --------------------------------------------------------------------
+
+    def _move_node(self, conn: Connection, own: Ownership, name: str, target: str, event: str,
+                   extra: dict[str, Any] | None = None, **values) -> Node:
+        sources = NODE_TRANSITIONS[target]
+        before = conn.execute(
+            select(nodes.c.id, nodes.c.status, nodes.c.run_id)
+            .where(nodes.c.pipeline_id == own.pipeline_id, nodes.c.name == name)
+        ).first()
+        if before is None:
+            raise NotFound(f"pipeline {own.pipeline_id} has no node {name!r}")
+        if is_retry() and before.status == target and before.run_id == own.owner:
+            # The first attempt committed before its connection dropped: the move is done.
+            row = conn.execute(select(nodes).where(nodes.c.id == before.id)).one()
+            return Node.from_row(row._mapping)
+        if before.status not in sources:
+            raise _illegal(own.pipeline_id, name, before.status, target)
+        row = conn.execute(
+            update(nodes)
+            .where(nodes.c.id == before.id, nodes.c.status == before.status)
+            .values(status=target, updated_at=self.dialect.now(), **values)
+            .returning(*nodes.c)
+        ).one()
+        data = {"epoch": own.epoch, "owner": own.owner, **(extra or {})}
+        if "error" in values and values["error"]:
+            data["error"] = values["error"]
+        self.record_transitions(
+            conn,
+            [{"entity_type": "node", "entity_id": before.id, "pipeline_id": own.pipeline_id,
+              "from_status": before.status, "to_status": target, "event": event, "data": data}],
+        )
+        return Node.from_row(row._mapping)
+
+    @retried
+    def start_node(
+        self, own: Ownership, name: str, *, heartbeat_timeout: float = 90.0, stall_timeout: float | None = None
+    ) -> Node:
+        """pending/failed -> running under ``own``; counts an attempt and starts the node's heartbeat."""
+        with self.write() as conn:
+            self._fence(conn, own, for_update=True)
+            return self._start_node_in(conn, own, name, heartbeat_timeout, stall_timeout)
+
+    def _start_node_in(self, conn: Connection, own: Ownership, name: str, heartbeat_timeout: float,
+                       stall_timeout: float | None) -> Node:
+        node = self._move_node(
+            conn, own, name, NodeStatus.RUNNING, "started",
+            attempts=nodes.c.attempts + 1,
+            run_id=own.owner,
+            started_at=self.dialect.now(),
+            completed_at=None,
+            heartbeat_at=self.dialect.now(),
+            heartbeat_deadline=self.dialect.now_plus(heartbeat_timeout),
+            stall_deadline=self.dialect.now_plus(stall_timeout) if stall_timeout else None,
+        )
+        self._refresh_pipeline(conn, own, heartbeat_timeout, current_node=name)
+        return node
+
+    @retried
+    def begin_node(self, run_id: str, name: str, *, heartbeat_timeout: float = 90.0,
+                   stall_timeout: float | None = None) -> tuple[Ownership, Node, bool] | None:
+        """What a node does first, in ONE transaction: find the running pipeline ``run_id`` owns,
+        then either return its node as recorded (already finished: a resume skips it) or start it.
+
+        Returns ``(ownership, node, started)``, or None when ``run_id`` owns no running
+        pipeline (the caller asks why). The pipeline row is locked ``FOR NO KEY UPDATE``
+        first, as :meth:`start_node` does, so nothing can take it over in between.
+        """
+        if self.dialect.node_functions:
+            return self._begin_node_call(run_id, name, heartbeat_timeout, stall_timeout)
+        with self.write() as conn:
+            row = conn.execute(
+                select(pipelines.c.id, pipelines.c.epoch)
+                .where(pipelines.c.owner == run_id, pipelines.c.status == PipelineStatus.RUNNING)
+                .order_by(pipelines.c.id).limit(1).with_for_update(key_share=True)
+            ).first()
+            if row is None:
+                return None
+            own = Ownership(row.id, row.epoch, run_id)
+            current = conn.execute(select(nodes).where(nodes.c.pipeline_id == own.pipeline_id,
+                                                       nodes.c.name == name)).first()
+            if current is None:
+                raise NotFound(f"pipeline {own.pipeline_id} has no node {name!r}")
+            recorded = Node.from_row(current._mapping)
+            if recorded.finished:
+                return own, recorded, False
+            node = self._start_node_in(conn, own, name, heartbeat_timeout, stall_timeout)
+        return own, node, True
+
+    @retried
+    def complete_node(self, own: Ownership, name: str, output: Any = None, *, heartbeat_timeout: float | None = None,
+                      calls: Sequence[Any] = ()) -> bool:
+        """running -> completed with its output. Returns whether that completed the pipeline.
+
+        Refused (:class:`UnfinishedItems`) while fewer of the node's items are finished (completed
+        or degraded) than it asked for through ``ctx.items``: nothing is lost by completing early.
+        ``calls``: the provider calls (outside any item) whose answers the output keeps, marked
+        reached_checkpoint in the ledger in the same transaction.
+        """
+        if self.dialect.node_functions:
+            if not calls:
+                return self._complete_node_call(own, name, output, heartbeat_timeout)
+            with self.write() as conn:  # the ledger's writes, then the completion, then one COMMIT
+                self.write_calls(conn, calls, reached=True)
+                with self.driver_of(conn) as raw:
+                    return self._complete_node_call(own, name, output, heartbeat_timeout, raw=raw)
+        with self.write() as conn:
+            if self._fence(conn, own, for_update=True, finished_ok=True) != PipelineStatus.RUNNING:
+                return True
+            self._refuse_unfinished_items(conn, own, name)
+            if calls:
+                self.write_calls(conn, calls, reached=True)
+            self._move_node(
+                conn, own, name, NodeStatus.COMPLETED, NodeStatus.COMPLETED,
+                output=output, completed_at=self.dialect.now(), error=None, error_category=None,
+                error_status_code=None, stall_deadline=None, run_id=own.owner,
+            )
+            self._refresh_pipeline(conn, own, heartbeat_timeout)
+            return self._complete_pipeline_if_done(conn, own)
+
+    def _begin_node_call(self, run_id: str, name: str, heartbeat_timeout: float,
+                         stall_timeout: float | None) -> tuple[Ownership, Node, bool] | None:
+        """:meth:`begin_node` as one server-side call (``rx_begin_node``)."""
+        with self.driver_autocommit() as raw:
+            row = hot_path.begin_node(
+                raw, run_id=run_id, name=name, sources=list(NODE_TRANSITIONS[NodeStatus.RUNNING]),
+                heartbeat_timeout=float(heartbeat_timeout), stall_timeout=float(stall_timeout or 0.0), retry=is_retry())
+        if row.outcome == "no_pipeline":
+            return None
+        own = Ownership(row.pipeline, row.pipeline_epoch, run_id)
+        if row.outcome == "no_node":
+            raise NotFound(f"pipeline {own.pipeline_id} has no node {name!r}")
+        if row.outcome == "illegal":
+            raise _illegal(own.pipeline_id, name, row.from_status, NodeStatus.RUNNING)
+        return own, Node.from_row(row._asdict()), row.outcome == "started"
+
+    def _complete_node_call(self, own: Ownership, name: str, output: Any, heartbeat_timeout: float | None,
+                            raw: Any = None) -> bool:
+        """:meth:`complete_node` as one server-side call (``rx_complete_node``); in autocommit mode, or in the
+        caller's transaction on ``raw`` (a refusal raises, so that transaction rolls back)."""
+        params = dict(pipeline_id=own.pipeline_id, epoch=own.epoch, owner=own.owner, name=name, output=output,
+                      sources=list(NODE_TRANSITIONS[NodeStatus.COMPLETED]), item_statuses=list(ITEM_STATUSES),
+                      heartbeat_timeout=None if heartbeat_timeout is None else float(heartbeat_timeout),
+                      retry=is_retry())
+        if raw is not None:
+            row = hot_path.complete_node(raw, **params)
+        else:
+            with self.driver_autocommit() as raw:
+                row = hot_path.complete_node(raw, **params)
+        if row.outcome == "no_pipeline":
+            raise NotFound(f"no pipeline {own.pipeline_id}")
+        if row.outcome == "lost":
+            raise _lost(own, row.owner, row.epoch, row.status)
+        if row.outcome == "no_node":
+            raise NotFound(f"pipeline {own.pipeline_id} has no node {name!r}")
+        if row.outcome == "unfinished":
+            raise _unfinished(own.pipeline_id, name, row.unfinished, row.total)
+        if row.outcome == "illegal":
+            raise _illegal(own.pipeline_id, name, row.status, NodeStatus.COMPLETED)
+        return row.outcome in ("pipeline_completed", "pipeline_finished")
+
+    @staticmethod
+    def _refuse_unfinished_items(conn: Connection, own: Ownership, name: str) -> None:
+        total = conn.scalar(select(nodes.c.items_total).where(nodes.c.pipeline_id == own.pipeline_id,
+                                                              nodes.c.name == name))
+        if not total:
+            return
+        finished = conn.scalar(select(func.count()).select_from(node_items).where(
+            node_items.c.pipeline_id == own.pipeline_id, node_items.c.node_name == name,
+            node_items.c.status.in_(ITEM_STATUSES)))
+        if finished < total:
+            raise _unfinished(own.pipeline_id, name, total - finished, total)
+
+    @retried
+    def degrade_node(self, own: Ownership, name: str, error: ErrorInfo, *, heartbeat_timeout: float | None = None) -> bool:
+        """An optional node gave up: the pipeline goes on without it. Returns whether the pipeline completed."""
+        with self.write() as conn:
+            if self._fence(conn, own, for_update=True, finished_ok=True) != PipelineStatus.RUNNING:
+                return True
+            optional = conn.scalar(
+                select(nodes.c.optional).where(nodes.c.pipeline_id == own.pipeline_id, nodes.c.name == name)
+            )
+            if not optional:
+                raise IllegalTransition(f"node {name!r} of pipeline {own.pipeline_id} is not optional; it cannot degrade")
+            self._move_node(
+                conn, own, name, NodeStatus.DEGRADED, NodeStatus.DEGRADED, completed_at=self.dialect.now(),
+                stall_deadline=None,
+                **_error_values(error),
+            )
+            self._refresh_pipeline(conn, own, heartbeat_timeout)
+            return self._complete_pipeline_if_done(conn, own)
+
+    @retried
+    def fail_node(self, own: Ownership, name: str, error: ErrorInfo, *, permanent: bool,
+                  data: dict[str, Any] | None = None) -> None:
+        """running -> failed. A permanent failure also fails the pipeline."""
+        with self.write() as conn:
+            if self._fence(conn, own, for_update=True, finished_ok=True) != PipelineStatus.RUNNING:
+                return
+            extra = {"node": name, "category": error.category, **(data or {})}
+            self._move_node(conn, own, name, NodeStatus.FAILED, NodeStatus.FAILED, extra=extra, stall_deadline=None,
+                            **_error_values(error))
+            if permanent:
+                self._finish_pipeline(conn, own, PipelineStatus.FAILED, error=redact(error.message))
+            else:
+                self._refresh_pipeline(conn, own, None)
+
+    def _complete_pipeline_if_done(self, conn: Connection, own: Ownership) -> bool:
+        unfinished = conn.scalar(
+            select(func.count()).where(
+                nodes.c.pipeline_id == own.pipeline_id, nodes.c.status.not_in(FINISHED_NODE_STATUSES)
+            )
+        )
+        if unfinished:
+            return False
+        self._finish_pipeline(conn, own, PipelineStatus.COMPLETED)
+        return True
+
+    def _finish_pipeline(self, conn: Connection, own: Ownership, status: str, *, error: str | None = None,
+                         reason: str | None = None) -> None:
+        conn.execute(
+            update(pipelines)
+            .where(pipelines.c.id == own.pipeline_id, pipelines.c.epoch == own.epoch,
+                   pipelines.c.status == PipelineStatus.RUNNING)
+            .values(status=status, completed_at=self.dialect.now(), updated_at=self.dialect.now(),
+                    current_node=None, heartbeat_deadline=None, error=error, gave_up_reason=reason,
+                    waiting_until=None, waiting_since=None, waiting_reason=None)
+        )
+        self.record_transitions(
+            conn,
+            [{"entity_type": "pipeline", "entity_id": own.pipeline_id, "pipeline_id": own.pipeline_id,
+              "from_status": PipelineStatus.RUNNING, "to_status": status, "event": status,
+              "data": {"epoch": own.epoch, "owner": own.owner, **({"error": error} if error else {})}}],
+        )
+        if status == PipelineStatus.FAILED:
+            self.record_events(conn, [{"kind": "pipeline_failed", "pipeline_id": own.pipeline_id,
+                                       "payload": {"error": error, "owner": own.owner}}])
+
+    @retried
+    def fail_pipeline(self, pipeline_id: int, reason: str) -> bool:
+        """Operator or scan decision: a live pipeline becomes failed with a reason."""
+        with self.write() as conn:
+            row = conn.execute(
+                update(pipelines)
+                .where(pipelines.c.id == pipeline_id, pipelines.c.status.not_in(FINISHED_PIPELINE_STATUSES))
+                .values(status=PipelineStatus.FAILED, gave_up_reason=redact(reason), completed_at=self.dialect.now(),
+                        updated_at=self.dialect.now(), heartbeat_deadline=None)
+                .returning(pipelines.c.id)
+            ).first()
+            if row is None:
+                return False
+            self.record_transitions(conn, [{"entity_type": "pipeline", "entity_id": pipeline_id,
+                                            "pipeline_id": pipeline_id, "from_status": None,
+                                            "to_status": PipelineStatus.FAILED,
+                                            "event": "failed_by_operator", "data": {"reason": redact(reason)}}])
+            self.record_events(conn, [{"kind": "pipeline_stuck", "pipeline_id": pipeline_id,
+                                       "payload": {"reason": redact(reason)}}])
+        return True
+
+    # -- liveness ----------------------------------------------------------------------------
+
+    @retried
+    def report_progress(self, own: Ownership, name: str, *, stall_timeout: float) -> None:
+        """The node moved forward: push its stall deadline out by ``stall_timeout``."""
+        with self.write() as conn:
+            self._fence(conn, own)
+            conn.execute(
+                update(nodes)
+                .where(nodes.c.pipeline_id == own.pipeline_id, nodes.c.name == name,
+                       nodes.c.status == NodeStatus.RUNNING)
+                .values(stall_deadline=self.dialect.now_plus(stall_timeout))
+            )
+
+
+def resume_owner(pipeline_id: int, resume_number: int) -> str:
+    """The owner a reclaim writes while the resume run is being launched."""
+    return f"resume-{pipeline_id}-{resume_number}"
+
+
+def _lost(own: Ownership, owner: str | None, epoch: int, status: str) -> OwnershipLost:
+    who = owner if epoch != own.epoch else f"{owner} (pipeline {status})"
+    return OwnershipLost(owner=who or "(awaiting resume)", pipeline_id=own.pipeline_id)
+
+
+def _illegal(pipeline_id: int, name: str, before: str, target: str) -> IllegalTransition:
+    return IllegalTransition(f"node {name!r} of pipeline {pipeline_id}: {before} -> {target} is not allowed "
+                             f"(allowed from: {', '.join(NODE_TRANSITIONS[target])})")
+
+
+def _unfinished(pipeline_id: int, name: str, unfinished: int, total: int) -> UnfinishedItems:
+    return UnfinishedItems(
+        f"node {name!r} of pipeline {pipeline_id} cannot complete: {unfinished} of its {total} items are "
+        "unfinished (each must be completed or degraded); nothing was written",
+        pipeline_id=pipeline_id, node=name, unfinished=unfinished)
+
+
+def _error_values(error: ErrorInfo) -> dict[str, Any]:
+    return {"error": redact(error.message)[:4000], "error_category": error.category,
+            "error_status_code": error.status_code}
+

@@ -1,0 +1,250 @@
+"""Status and summary queries (queue observability and recovery metrics) and the event outbox."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from sqlalchemy import Float, case, cast, delete, exists, func, literal, or_, select, union_all
+
+from recovery_ext._store.database import Database, retried
+from recovery_ext._store.models import Pipeline, QueueItem
+from recovery_ext._store.schema import QUEUE_STATUSES, events, node_items, nodes, pipelines, queue_items, transitions
+from recovery_ext._store.statuses import UNFINISHED_QUEUE_STATUSES, NodeStatus, PipelineStatus, QueueStatus
+
+
+# Ids below the highest one seen that are still tracked as possibly in flight.
+GAP_WINDOW = 10_000
+
+
+class ReportOps(Database):
+    @retried
+    def pipeline_summary(self, *, deployment: str | None = None) -> list[dict[str, Any]]:
+        """Pipelines by deployment and status, with their average duration."""
+        duration = self.dialect.seconds_between(pipelines.c.started_at, pipelines.c.completed_at)
+        query = select(
+            pipelines.c.deployment, pipelines.c.status, func.count().label("count"),
+            cast(func.avg(duration), Float).label("avg_seconds"),
+        ).group_by(pipelines.c.deployment, pipelines.c.status).order_by(pipelines.c.deployment, pipelines.c.status)
+        if deployment is not None:
+            query = query.where(pipelines.c.deployment == deployment)
+        with self.read() as conn:
+            return [dict(r._mapping) for r in conn.execute(query)]
+
+    @retried
+    def queue_summary(self) -> list[dict[str, Any]]:
+        duration = self.dialect.seconds_between(queue_items.c.started_at, queue_items.c.completed_at)
+        query = select(
+            queue_items.c.queue, queue_items.c.status, func.count().label("count"),
+            cast(func.avg(duration), Float).label("avg_seconds"),
+        ).group_by(queue_items.c.queue, queue_items.c.status).order_by(queue_items.c.queue, queue_items.c.status)
+        with self.read() as conn:
+            return [dict(r._mapping) for r in conn.execute(query)]
+
+    @retried
+    def recent_events(self, *, kinds: tuple[str, ...] | None = None, within_seconds: float | None = None,
+                      after_id: int = 0, limit: int = 100, newest: bool = False) -> list[dict[str, Any]]:
+        """Events in id order: the first ``limit`` after ``after_id``, or with ``newest`` the last ``limit``."""
+        order = events.c.id.desc() if newest else events.c.id
+        query = select(events).where(events.c.id > after_id).order_by(order).limit(limit)
+        if kinds:
+            query = query.where(events.c.kind.in_(kinds))
+        if within_seconds is not None:
+            query = query.where(events.c.created_at >= self.dialect.now_plus(-float(within_seconds)))
+        with self.read() as conn:
+            rows = [dict(r._mapping) for r in conn.execute(query)]
+        return rows[::-1] if newest else rows
+
+    @retried
+    def follow_events(self, cursor: "EventCursor", *, kinds: tuple[str, ...] | None = None,
+                      limit: int = 1000) -> list[dict[str, Any]]:
+        """Events committed since the last call, none skipped even when ids commit out of order.
+
+        On PostgreSQL an id is taken at insert but visible only at commit, so id 7 can appear
+        after id 8 was shown. Each id skipped over (a gap) is kept open and re-checked until
+        every transaction that was running when the gap was seen has ended (the snapshot's
+        ``xmin`` passed the ``xmax`` noted then, one poll later): by then the gap's row has
+        committed (and is shown) or will never exist. SQLite commits in id order, so its
+        gaps (rollbacks) close at once.
+        """
+        with self.read() as conn:
+            xmin, xmax = self.dialect.snapshot_bounds(conn)
+            found = [dict(r._mapping) for r in conn.execute(
+                select(events).where(events.c.id > cursor.last_id).order_by(events.c.id).limit(limit))]
+            if cursor.gaps:
+                found += [dict(r._mapping) for r in conn.execute(
+                    select(events).where(events.c.id.in_(sorted(cursor.gaps))))]
+        found.sort(key=lambda e: e["id"])
+        shown = cursor.advance([e["id"] for e in found], xmin=xmin, xmax=xmax)
+        return [e for e in found if e["id"] in shown and (not kinds or e["kind"] in kinds)]
+
+    @retried
+    def start_following(self, *, kinds: tuple[str, ...] | None = None,
+                        limit: int = 50) -> tuple[list[dict[str, Any]], "EventCursor"]:
+        """The newest ``limit`` events and a cursor after them that still waits for ids in flight below."""
+        with self.read() as conn:
+            xmin, xmax = self.dialect.snapshot_bounds(conn)
+            top = conn.scalar(select(func.max(events.c.id))) or 0
+            visible = list(conn.scalars(select(events.c.id).where(events.c.id > top - GAP_WINDOW)))
+            cursor = EventCursor(last_id=max(0, top - GAP_WINDOW))
+            cursor.advance(visible, xmin=xmin, xmax=xmax)
+            query = select(events).where(events.c.id <= top).order_by(events.c.id.desc()).limit(limit)
+            if kinds:
+                query = query.where(events.c.kind.in_(kinds))
+            # A gap shows up later through follow_events, never twice.
+            shown = [dict(r._mapping) for r in conn.execute(query) if r.id not in cursor.gaps]
+        return shown[::-1], cursor
+
+    @retried
+    def prune_events(self, older_than_seconds: float, *, limit: int = 10_000) -> int:
+        """Delete up to ``limit`` events older than the retention, oldest first. Returns how many."""
+        cutoff = self.dialect.now_plus(-float(older_than_seconds))
+        oldest = select(events.c.id).where(events.c.created_at < cutoff).order_by(events.c.id).limit(limit)
+        with self.write() as conn:
+            return conn.execute(delete(events).where(events.c.id.in_(oldest.scalar_subquery()))).rowcount or 0
+
+    @retried
+    def count_events(self, kind: str, *, within_seconds: float | None = None) -> int:
+        query = select(func.count()).where(events.c.kind == kind)
+        if within_seconds is not None:
+            query = query.where(events.c.created_at >= self.dialect.now_plus(-float(within_seconds)))
+        with self.read() as conn:
+            return conn.scalar(query) or 0
+
+    @retried
+    def transitions_for(self, *, pipeline_id: int | None = None, entity_type: str | None = None,
+                        entity_id: int | None = None) -> list[dict[str, Any]]:
+        query = select(transitions).order_by(transitions.c.id)
+        if pipeline_id is not None:
+            query = query.where(transitions.c.pipeline_id == pipeline_id)
+        if entity_type is not None:
+            query = query.where(transitions.c.entity_type == entity_type)
+        if entity_id is not None:
+            query = query.where(transitions.c.entity_id == entity_id)
+        with self.read() as conn:
+            return [dict(r._mapping) for r in conn.execute(query)]
+
+    @retried
+    def recent_failure_categories(self, pipeline_id: int, node_name: str, *, limit: int = 20) -> list[str | None]:
+        """Error categories of a node's latest failures, newest first."""
+        node_id = select(nodes.c.id).where(nodes.c.pipeline_id == pipeline_id, nodes.c.name == node_name)
+        query = (select(transitions.c.data).where(transitions.c.entity_type == "node",
+                                                  transitions.c.entity_id == node_id.scalar_subquery(),
+                                                  transitions.c.to_status == NodeStatus.FAILED)
+                 .order_by(transitions.c.id.desc()).limit(limit))
+        with self.read() as conn:
+            return [(d or {}).get("category") if isinstance(d, dict) else None for d in conn.scalars(query)]
+
+    @retried
+    def list_pipelines(self, *, status: str | None = None, job_name: str | None = None,
+                       limit: int = 50, deployment: str | None = None) -> list[Pipeline]:
+        query = select(pipelines).order_by(pipelines.c.id.desc()).limit(limit)
+        if deployment is not None:
+            query = query.where(pipelines.c.deployment == deployment)
+        if status:
+            query = query.where(pipelines.c.status == status)
+        if job_name:
+            query = query.where(pipelines.c.job_name == job_name)
+        with self.read() as conn:
+            return [Pipeline.from_row(r._mapping) for r in conn.execute(query)]
+
+    @retried
+    def unwatched_pipelines(self, *, limit: int = 100) -> list[dict[str, Any]]:
+        """Running pipelines nothing can ever find dead: no heartbeat deadline and no hard deadline."""
+        query = (select(pipelines.c.id, pipelines.c.job_name, pipelines.c.owner)
+                 .where(pipelines.c.status == PipelineStatus.RUNNING, pipelines.c.heartbeat_deadline.is_(None),
+                        pipelines.c.deadline.is_(None)).order_by(pipelines.c.id).limit(limit))
+        with self.read() as conn:
+            return [{**r._mapping, "reason": "running with no heartbeat deadline and no hard deadline"}
+                    for r in conn.execute(query)]
+
+    @retried
+    def items_with_unknown_status(self, *, limit: int = 100) -> list[dict[str, Any]]:
+        """Queue items whose status this version does not know: no claim or reset ever touches them."""
+        query = (select(queue_items.c.id, queue_items.c.queue, queue_items.c.status)
+                 .where(queue_items.c.status.not_in(QUEUE_STATUSES)).order_by(queue_items.c.id).limit(limit))
+        with self.read() as conn:
+            return [dict(r._mapping) for r in conn.execute(query)]
+
+    @retried
+    def items_with_bad_values(self, *, limit: int = 100) -> list[dict[str, Any]]:
+        """Unfinished queue items whose times or counters no rule can use: a heartbeat deadline or retry
+        time that is not a finite time never expires (or cannot be compared), so no claim, stale
+        monitor or retry would ever move the item. Reported, not guessed at."""
+        q = queue_items.c
+        checks = [*[(self.dialect.bad_time(col), f"{col.name} is not a finite time")
+                    for col in (q.heartbeat_deadline, q.available_at, q.started_at, q.created_at)],
+                  *[(or_(col < 0, col >= 2**31 - 1), f"{col.name} out of range") for col in (q.attempts, q.max_attempts)]]
+        query = (select(q.id, q.queue, q.status, *[case((cond, literal(why)), else_=None).label(f"c{i}")
+                                                      for i, (cond, why) in enumerate(checks)])
+                 .where(q.status.in_(UNFINISHED_QUEUE_STATUSES), or_(*[cond for cond, _ in checks]))
+                 .order_by(q.id).limit(limit))
+        with self.read() as conn:
+            return [{"id": r.id, "queue": r.queue, "status": r.status,
+                     "reason": "; ".join(w for w in r[3:] if w)} for r in conn.execute(query)]
+
+    @retried
+    def dangling_rows(self, *, limit: int = 100) -> list[dict[str, Any]]:
+        """Rows that point at a pipeline that is gone (written with foreign keys off, or by hand): nodes
+        and item checkpoints nobody will read, and queue items held for a missing pipeline (the
+        stale rule already frees those; listed so the operator sees where they came from)."""
+        def gone(column):
+            return ~exists().where(pipelines.c.id == column)
+
+        parts = [
+            select(literal("node").label("kind"), nodes.c.pipeline_id, func.count().label("rows"))
+            .where(gone(nodes.c.pipeline_id)).group_by(nodes.c.pipeline_id),
+            select(literal("item_checkpoint").label("kind"), node_items.c.pipeline_id, func.count().label("rows"))
+            .where(gone(node_items.c.pipeline_id)).group_by(node_items.c.pipeline_id),
+            select(literal("queue_item_holder").label("kind"), queue_items.c.holder_pipeline_id, func.count())
+            .where(queue_items.c.holder_pipeline_id.isnot(None), gone(queue_items.c.holder_pipeline_id))
+            .group_by(queue_items.c.holder_pipeline_id),
+        ]
+        query = union_all(*parts).limit(limit)
+        with self.read() as conn:
+            return [{"kind": r[0], "pipeline_id": r[1], "rows": r[2],
+                     "reason": f"pipeline {r[1]} does not exist"} for r in conn.execute(query)]
+
+    @retried
+    def dead_items(self, *, limit: int = 100) -> list[QueueItem]:
+        query = (select(queue_items).where(queue_items.c.status == QueueStatus.DEAD)
+                 .order_by(queue_items.c.id).limit(limit))
+        with self.read() as conn:
+            return [QueueItem.from_row(r._mapping) for r in conn.execute(query)]
+
+    @retried
+    def node_item_totals(self, pipeline_id: int) -> dict[str, int]:
+        query = (select(node_items.c.node_name, func.count()).where(node_items.c.pipeline_id == pipeline_id)
+                 .group_by(node_items.c.node_name))
+        with self.read() as conn:
+            return {name: n for name, n in conn.execute(query)}
+
+
+
+@dataclass
+class EventCursor:
+    """Where ``follow_events`` is: the highest id shown, and the lower ids not seen yet (gaps)."""
+
+    last_id: int = 0
+    gaps: dict[int, int | None] = field(default_factory=dict)  # id -> xmax to wait for (None: note it next poll)
+
+    def advance(self, ids: Sequence[int], *, xmin: int | None, xmax: int | None) -> set[int]:
+        """Record the ``ids`` found by one poll; returns those not shown before."""
+        new = {i for i in ids if i > self.last_id or i in self.gaps}
+        for i in new:
+            self.gaps.pop(i, None)
+        for gap, wait_for in list(self.gaps.items()):
+            if xmin is None:  # one writer at a time, commits in id order: a gap is a rollback
+                del self.gaps[gap]
+            elif wait_for is None:
+                self.gaps[gap] = xmax
+            elif xmin >= wait_for:
+                del self.gaps[gap]
+        top = max(ids, default=self.last_id)
+        if xmin is not None:  # new gaps wait one poll before their xmax is noted (see follow_events)
+            for missing in range(max(self.last_id + 1, top - GAP_WINDOW), top):
+                if missing not in new:
+                    self.gaps.setdefault(missing, None)
+        self.last_id = max(self.last_id, top)
+        return new

@@ -1,0 +1,357 @@
+"""The application tables as SQLAlchemy Core objects.
+
+The migrations in ``sql/<dialect>/`` create these tables; ``tests/test_migrations.py``
+proves the two agree. Two column types hide the dialect differences: :class:`DbTime`
+(``timestamptz`` on PostgreSQL, epoch seconds on SQLite) and :class:`DbJson`
+(``jsonb`` on PostgreSQL, text on SQLite).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    Column,
+    DateTime,
+    Float,
+    ForeignKey,
+    Integer,
+    MetaData,
+    Table,
+    Text,
+    UniqueConstraint,
+)
+from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.types import TypeDecorator
+
+from recovery_ext._store.models import JsonText
+from recovery_ext._store.statuses import BreakerState, ItemStatus, NodeStatus, PipelineStatus, QueueStatus
+
+# Every value a status column may hold (the scan reports any other as corrupt).
+PIPELINE_STATUSES = tuple(PipelineStatus)
+NODE_STATUSES = tuple(NodeStatus)
+ITEM_STATUSES = tuple(ItemStatus)
+BREAKER_STATES = tuple(BreakerState)
+QUEUE_STATUSES = tuple(QueueStatus)
+
+
+@dataclass(frozen=True)
+class CorruptJson:
+    """A JSON column value that cannot be decoded: text that does not parse (SQLite), or a value
+    nested too deeply for Python (either database). The row is bad; the rest of the result is not."""
+
+    raw: str
+    error: str
+
+
+# Deeper values decode (or fail) only by recursion: one such row must not stop every query that reads it,
+# nor break whatever re-encodes it later (run config, CLI output, event payloads).
+MAX_JSON_DEPTH = 200
+
+
+def load_json(data: str | bytes | bytearray | memoryview) -> Any:
+    """Decode a JSON column; what cannot be decoded comes back as :class:`CorruptJson`, never raised.
+
+    Also the PostgreSQL driver's json/jsonb loader (see ``PostgresDialect.engine_options``).
+    """
+    if isinstance(data, memoryview):
+        data = bytes(data)
+    try:
+        value = json.loads(data)
+    except RecursionError:
+        return CorruptJson(raw=_preview(data), error=f"nested deeper than {MAX_JSON_DEPTH} levels")
+    except (TypeError, ValueError) as exc:
+        return CorruptJson(raw=_preview(data), error=str(exc))
+    if isinstance(value, (dict, list)) and _openers(data) > MAX_JSON_DEPTH and _too_deep(value):
+        return CorruptJson(raw=_preview(data), error=f"nested deeper than {MAX_JSON_DEPTH} levels")
+    return value
+
+
+def _preview(data: Any) -> str:
+    text = data.decode("utf-8", "replace") if isinstance(data, (bytes, bytearray)) else str(data)
+    return text[:200]
+
+
+def _openers(data: Any) -> int:
+    """An upper bound of the nesting depth, at C speed: most values are refused as deep without a walk."""
+    if isinstance(data, (bytes, bytearray)):
+        return data.count(b"[") + data.count(b"{")
+    return data.count("[") + data.count("{")
+
+
+def _too_deep(value: Any) -> bool:
+    stack = [(value, 1)]
+    while stack:
+        current, depth = stack.pop()
+        if depth > MAX_JSON_DEPTH:
+            return True
+        children = current.values() if isinstance(current, dict) else current
+        stack.extend((child, depth + 1) for child in children if isinstance(child, (dict, list)))
+    return False
+
+
+class DbTime(TypeDecorator):
+    """An aware UTC timestamp; epoch seconds on SQLite so the database clock can compare it."""
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def load_dialect_impl(self, dialect):
+        if dialect.name == "sqlite":
+            return dialect.type_descriptor(Float())
+        return dialect.type_descriptor(DateTime(timezone=True))
+
+    def process_bind_param(self, value, dialect):
+        if value is None or dialect.name != "sqlite":
+            return value
+        if isinstance(value, dt.datetime):
+            if value.tzinfo is None:
+                value = value.replace(tzinfo=dt.timezone.utc)
+            return value.timestamp()
+        return float(value)
+
+    def process_result_value(self, value, dialect):
+        if value is None:
+            return None
+        if dialect.name == "sqlite":
+            try:
+                return dt.datetime.fromtimestamp(float(value), tz=dt.timezone.utc)
+            except (TypeError, ValueError, OverflowError, OSError):
+                # Text or an absurd number in a time column: readable, never a traceback; the scan fails the row.
+                return dt.datetime.min.replace(tzinfo=dt.timezone.utc)
+        if value.tzinfo is None:
+            return value.replace(tzinfo=dt.timezone.utc)
+        return value
+
+
+class DbJson(TypeDecorator):
+    """JSON; a value that does not parse comes back as :class:`CorruptJson` instead of raising."""
+
+    impl = Text
+    cache_ok = True
+
+    def load_dialect_impl(self, dialect):
+        if dialect.name == "postgresql":
+            return dialect.type_descriptor(JSONB())
+        return dialect.type_descriptor(Text())
+
+    def process_bind_param(self, value, dialect):
+        if dialect.name == "postgresql":
+            return value
+        if value is None:
+            return None
+        if isinstance(value, JsonText):
+            return str(value)  # encoded already
+        return json.dumps(value, separators=(",", ":"), default=str)
+
+    def process_result_value(self, value: Any, dialect):
+        if dialect.name == "postgresql" or value is None:
+            return value  # the driver decoded it with load_json
+        return load_json(value)
+
+
+metadata = MetaData()
+
+migrations_table = Table(
+    "rx_schema_migrations",
+    metadata,
+    Column("version", Integer, primary_key=True, autoincrement=False),
+    Column("name", Text, nullable=False),
+    Column("applied_at", DbTime, nullable=False),
+)
+
+# Migrations of an application's own tables (``RecoveryStore.migrate(package=...)``), apart from the library's.
+app_migrations_table = Table(
+    "rx_app_migrations",
+    metadata,
+    Column("package", Text, primary_key=True),
+    Column("version", Integer, primary_key=True, autoincrement=False),
+    Column("name", Text, nullable=False),
+    Column("applied_at", DbTime, nullable=False),
+)
+
+pipelines = Table(
+    "rx_pipelines",
+    metadata,
+    Column("id", BigInteger().with_variant(Integer, "sqlite"), primary_key=True),
+    Column("job_name", Text, nullable=False),
+    Column("origin_run_id", Text, unique=True),
+    Column("params", DbJson, nullable=False),
+    Column("status", Text, nullable=False),
+    Column("current_node", Text),
+    Column("owner", Text),
+    Column("resumed_from", Text),
+    Column("epoch", Integer, nullable=False),
+    Column("heartbeat_at", DbTime),
+    Column("heartbeat_deadline", DbTime),
+    Column("deadline", DbTime),
+    Column("resume_count", Integer, nullable=False),
+    Column("max_resumes", Integer, nullable=False),
+    Column("created_at", DbTime, nullable=False),
+    Column("started_at", DbTime),
+    Column("updated_at", DbTime, nullable=False),
+    Column("completed_at", DbTime),
+    Column("error", Text),
+    Column("gave_up_reason", Text),
+    Column("waiting_until", DbTime),
+    Column("waiting_since", DbTime),
+    Column("waiting_reason", Text),
+    Column("launcher", Text),
+    Column("deployment", Text, nullable=False, server_default="default"),
+)
+
+nodes = Table(
+    "rx_nodes",
+    metadata,
+    Column("id", BigInteger().with_variant(Integer, "sqlite"), primary_key=True),
+    Column("pipeline_id", BigInteger, ForeignKey("rx_pipelines.id", ondelete="CASCADE"), nullable=False),
+    Column("name", Text, nullable=False),
+    Column("position", Integer, nullable=False),
+    Column("status", Text, nullable=False),
+    Column("optional", Boolean, nullable=False),
+    Column("attempts", Integer, nullable=False),
+    Column("items_total", Integer),
+    Column("error", Text),
+    Column("error_category", Text),
+    Column("error_status_code", Integer),
+    Column("run_id", Text),
+    Column("started_at", DbTime),
+    Column("completed_at", DbTime),
+    Column("updated_at", DbTime, nullable=False),
+    Column("heartbeat_at", DbTime),
+    Column("heartbeat_deadline", DbTime),
+    Column("stall_deadline", DbTime),
+    Column("output", DbJson),
+    UniqueConstraint("pipeline_id", "name", name="rx_nodes_pipeline_name"),
+)
+
+node_items = Table(
+    "rx_node_items",
+    metadata,
+    Column("pipeline_id", BigInteger, ForeignKey("rx_pipelines.id", ondelete="CASCADE"), primary_key=True),
+    Column("node_name", Text, primary_key=True),
+    Column("item_key", Text, primary_key=True),
+    Column("status", Text, nullable=False),
+    Column("result", DbJson),
+    Column("run_id", Text),
+    Column("epoch", Integer),
+    Column("completed_at", DbTime, nullable=False),
+)
+
+queue_items = Table(
+    "rx_queue_items",
+    metadata,
+    Column("id", BigInteger().with_variant(Integer, "sqlite"), primary_key=True),
+    Column("queue", Text, nullable=False),
+    Column("dedupe_key", Text),
+    Column("payload", DbJson, nullable=False),
+    Column("status", Text, nullable=False),
+    Column("worker", Text),
+    Column("attempts", Integer, nullable=False),
+    Column("max_attempts", Integer, nullable=False),
+    Column("created_at", DbTime, nullable=False),
+    Column("updated_at", DbTime, nullable=False),
+    Column("started_at", DbTime),
+    Column("heartbeat_deadline", DbTime),
+    Column("completed_at", DbTime),
+    Column("result", DbJson),
+    Column("last_error", Text),
+    Column("last_error_at", DbTime),
+    Column("available_at", DbTime),
+    Column("holder_pipeline_id", BigInteger),
+    Column("holder_epoch", Integer),
+    UniqueConstraint("queue", "dedupe_key", name="rx_queue_items_dedupe"),
+)
+
+transitions = Table(
+    "rx_transitions",
+    metadata,
+    Column("id", BigInteger().with_variant(Integer, "sqlite"), primary_key=True),
+    Column("entity_type", Text, nullable=False),
+    Column("entity_id", BigInteger, nullable=False),
+    Column("pipeline_id", BigInteger),
+    Column("from_status", Text),
+    Column("to_status", Text, nullable=False),
+    Column("event", Text, nullable=False),
+    Column("data", DbJson),
+    Column("at", DbTime, nullable=False),
+)
+
+events = Table(
+    "rx_events",
+    metadata,
+    Column("id", BigInteger().with_variant(Integer, "sqlite"), primary_key=True),
+    Column("kind", Text, nullable=False),
+    Column("pipeline_id", BigInteger),
+    Column("queue_item_id", BigInteger),
+    Column("payload", DbJson),
+    Column("created_at", DbTime, nullable=False),
+)
+
+circuit_breakers = Table(
+    "rx_circuit_breakers",
+    metadata,
+    Column("endpoint", Text, primary_key=True),
+    Column("state", Text, nullable=False),
+    Column("consecutive_failures", Integer, nullable=False),
+    Column("open_count", Integer, nullable=False),
+    Column("opened_at", DbTime),
+    Column("open_until", DbTime),
+    Column("probe_owner", Text),
+    Column("probe_deadline", DbTime),
+    Column("last_error", Text),
+    Column("updated_at", DbTime, nullable=False),
+)
+
+# The ledger of provider work: one row per provider call, its id made by the caller (see ledger.py).
+provider_calls = Table(
+    "rx_provider_calls",
+    metadata,
+    Column("id", Text, primary_key=True),
+    Column("pipeline_id", BigInteger, ForeignKey("rx_pipelines.id", ondelete="CASCADE")),
+    Column("node_name", Text),
+    Column("item_key", Text),
+    Column("run_id", Text),
+    Column("epoch", Integer),
+    Column("endpoint", Text, nullable=False),
+    Column("model", Text),
+    Column("tokens_in", BigInteger, nullable=False),
+    Column("tokens_out", BigInteger, nullable=False),
+    Column("latency_seconds", Float, nullable=False),
+    Column("outcome", Text, nullable=False),
+    Column("cost", Float),
+    Column("reached_checkpoint", Boolean, nullable=False),
+    Column("recorded_at", DbTime, nullable=False),
+)
+
+# Request and token budgets shared by every process (see budgets.py): the row is the lock a
+# reservation takes; the reservations in the window are what the budget has spent.
+rate_budgets = Table(
+    "rx_rate_budgets",
+    metadata,
+    Column("endpoint", Text, primary_key=True),
+    Column("model", Text, primary_key=True),
+    Column("requests_per_minute", Integer),
+    Column("tokens_per_minute", BigInteger),
+    Column("window_seconds", Float, nullable=False),
+    Column("updated_at", DbTime, nullable=False),
+)
+
+rate_reservations = Table(
+    "rx_rate_reservations",
+    metadata,
+    Column("id", BigInteger().with_variant(Integer, "sqlite"), primary_key=True),
+    Column("endpoint", Text, nullable=False),
+    Column("model", Text, nullable=False),
+    Column("holder", Text),
+    Column("tokens", BigInteger, nullable=False),
+    Column("reserved_at", DbTime, nullable=False),
+)
+
+APPLICATION_TABLES = (pipelines, nodes, node_items, queue_items, transitions, events, circuit_breakers,
+                      provider_calls, rate_budgets, rate_reservations)

@@ -1,0 +1,2 @@
+-- Kept so the numbering stays stable: the demo's ontology tables that this migration once created
+-- now come from the recovery_pipelines package's own migrations (rx_app_migrations).

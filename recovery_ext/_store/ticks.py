@@ -1,0 +1,97 @@
+"""The orphan sensor's two transactions: one read of what to ask the orchestrator, one write of the outcome.
+
+An idle tick is the read alone. Everything a tick decides (cancel, extend reservations, fail corrupt
+rows, give up, reclaim, reserve what the CLI reclaimed, record the pass) commits in one transaction,
+so a tick never leaves half its decisions behind and costs the database two round trips of
+transactions however many steps it has.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import and_, exists, or_, select, update
+
+from recovery_ext._store.breakers import ProviderOps
+from recovery_ext._store.database import chunks, retried
+from recovery_ext._store.models import LEGACY_DEPLOYMENT, PassPlan, PassResult, Scope, TickSnapshot
+from recovery_ext._store.orphans import LIVE, RUNNING, OrphanOps, _jobs, _placeholder
+from recovery_ext._store.runs import RunOps
+from recovery_ext._store.schema import pipelines
+
+p = pipelines.c
+
+
+class TickOps(OrphanOps, RunOps, ProviderOps):
+    @retried
+    def tick_snapshot(self, scope: Scope, *, grace_seconds: float, waiting_limit: int = 4) -> TickSnapshot:
+        """Owners to ask the orchestrator about, reservations to re-request, and whether a write is due."""
+        in_scope = _jobs(scope.job_names, scope.deployment)
+        live = and_(LIVE, p.status == RUNNING, *in_scope)
+        # due without any orchestrator answer: expired or stalled by the database clock, a corrupt row,
+        # or a pipeline the CLI reclaimed that awaits a launcher
+        due = or_(
+            self._orphan_condition((), scope.job_names, (), scope.deployment),
+            and_(p.owner.is_(None), p.resume_count > 0),
+            *[cond for cond, _ in self._corrupt_checks()],
+        )
+        with self.read() as conn:
+            owners = conn.execute(
+                select(p.owner, p.owner == _placeholder(p.resume_count),
+                       p.heartbeat_deadline < self.dialect.now_plus(grace_seconds / 2))
+                .where(live, p.owner.isnot(None), ~self.dialect.not_text(p.owner))  # a blob owner is a bad row
+            ).all()
+            is_due = conn.scalar(select(exists().where(LIVE, *in_scope, due)))
+            awaiting = self._awaiting(conn, scope, launcher_only=True) if any(o[1] for o in owners) else []
+            legacy = {}
+            if scope.deployment is not None and scope.deployment != LEGACY_DEPLOYMENT:
+                legacy = {r.origin_run_id: r.id for r in conn.execute(
+                    select(p.id, p.origin_run_id).where(LIVE, p.status == RUNNING, p.origin_run_id.isnot(None),
+                                                        p.deployment == LEGACY_DEPLOYMENT,
+                                                        *_jobs(scope.job_names)))}
+            waiting = [dict(r._mapping) for r in conn.execute(
+                select(p.id, p.job_name, p.waiting_until, p.waiting_since, p.waiting_reason)
+                .where(live, p.waiting_until.isnot(None)).order_by(p.waiting_until).limit(waiting_limit))]
+        placeholders = sorted({o[0] for o in owners if o[1]})
+        return TickSnapshot(
+            run_owners=sorted({o[0] for o in owners if not o[1]}),
+            placeholders=placeholders,
+            stale_placeholders=sorted({o[0] for o in owners if o[1] and o[2]}),
+            awaiting=awaiting,
+            waiting=waiting,
+            due=bool(is_due),
+            legacy_origins=legacy,
+        )
+
+    @retried
+    def recovery_pass(self, plan: PassPlan, scope: Scope) -> PassResult:
+        """Everything one tick decides, in one transaction; the recovery stats are recorded with it."""
+        result = PassResult()
+        with self.write() as conn:
+            if plan.adopt_pipelines and scope.deployment is not None:
+                for part in chunks(sorted(plan.adopt_pipelines)):
+                    result.adopted += conn.execute(
+                        update(pipelines).where(p.id.in_(list(part)), p.deployment == LEGACY_DEPLOYMENT)
+                        .values(deployment=scope.deployment)).rowcount
+            if plan.canceled_owner_runs:
+                result.canceled = self._cancel_owned_by(conn, plan.canceled_owner_runs)
+            if plan.extend_placeholders:
+                result.extended = self._extend_launch_grace(conn, plan.extend_placeholders,
+                                                            plan.launch_grace_seconds)
+            corrupt = self._fail_unknown_statuses(conn, scope.deployment)
+            result.given_up = self._give_up_hopeless(conn, plan.dead_owner_runs, plan.retrying_owner_runs,
+                                                     plan.max_age_seconds, scope)
+            if plan.limit is None or plan.limit > 0:
+                result.reclaimed, corrupt_rows = self._reclaim(conn, plan, scope)
+                corrupt += corrupt_rows
+            result.corrupt = corrupt
+            if plan.launching:
+                left = None if plan.limit is None else plan.limit - len(result.reclaimed)
+                if left is None or left > 0:
+                    result.claimed = self._claim_awaiting(conn, left, plan.launch_grace_seconds, scope)
+                result.awaiting = self._awaiting(conn, scope, launcher_only=True)
+            found = len(result.reclaimed) + len(result.given_up) + len(result.corrupt)
+            if found:
+                self.record_events(conn, [{"kind": "recovery_completed", "payload": {
+                    "trigger": plan.trigger, "found": found, "reclaimed": len(result.reclaimed),
+                    "given_up": len(result.given_up) + len(result.corrupt), "corrupt": len(result.corrupt),
+                    "deployment": scope.deployment}}])
+        return result

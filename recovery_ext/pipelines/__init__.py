@@ -1,1 +1,0 @@
-"""The two real pipelines: ontology extraction (seeds 000/002) and OCR (seed 003)."""

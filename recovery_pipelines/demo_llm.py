@@ -1,0 +1,69 @@
+"""A tiny OpenAI-compatible chat-completions server on 127.0.0.1 for the crash demo.
+
+It answers with the heuristic enricher after a fixed latency, so an LLM node takes as long
+as it would against a real endpoint, without a network or an API key.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from recovery_pipelines.llm import heuristic_answer
+
+
+def serve(latency: float = 0.7, port: int = 0) -> tuple[ThreadingHTTPServer, str]:
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self):  # noqa: N802 - http.server's naming
+            body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
+            prompt = json.loads(body["messages"][-1]["content"])
+            time.sleep(latency)
+            content = json.dumps(heuristic_answer(prompt["task"], prompt["input"]))
+            payload = json.dumps({"id": "demo", "object": "chat.completion", "created": int(time.time()),
+                                  "model": body.get("model", "demo"),
+                                  "choices": [{"index": 0, "finish_reason": "stop",
+                                               "message": {"role": "assistant", "content": content}}],
+                                  "usage": {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}}).encode()
+            try:
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(payload)))
+                self.end_headers()
+                self.wfile.write(payload)
+            except (BrokenPipeError, ConnectionResetError):
+                pass  # the demo killed the client mid-request
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, f"http://127.0.0.1:{server.server_address[1]}/v1"
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m recovery_pipelines.demo_llm``: serve until interrupted (`make dev` runs it)."""
+    parser = argparse.ArgumentParser(description="A local OpenAI-compatible LLM stand-in with latency.")
+    parser.add_argument("--port", type=int, default=8765)
+    parser.add_argument("--latency", type=float, default=1.0, help="Seconds per answer.")
+    args = parser.parse_args(argv)
+    if not 0 <= args.latency <= 60:
+        parser.error("--latency must be between 0 and 60 seconds")
+    try:
+        server, url = serve(latency=args.latency, port=args.port)
+    except OSError as exc:
+        parser.exit(1, f"demo LLM: cannot listen on 127.0.0.1:{args.port}: {exc.strerror or exc}\n")
+    print(f"demo LLM stand-in at {url} ({args.latency:g} s per answer)", flush=True)
+    try:
+        threading.Event().wait()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.shutdown()
+
+
+if __name__ == "__main__":
+    main()

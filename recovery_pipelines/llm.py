@@ -1,0 +1,257 @@
+"""An OpenAI-compatible chat-completions client as a Dagster resource, and its offline stand-in.
+
+Errors carry model, endpoint and status into the shared classifier. With no endpoint
+configured, a deterministic heuristic enricher answers, so the demo runs offline.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import time
+from typing import Any, Optional, Protocol
+
+from dagster import ConfigurableResource
+from pydantic import Field
+
+from recovery_ext import (ClassifiedError, NodeContext, Prices, ProviderCall, ProviderGuard, ProviderLimits, RetryPolicy,
+                          provider_guard, record_provider_call, redact, redact_secret, redact_url, with_context)
+
+SYSTEM_PROMPT = (
+    "You document relational databases for analysts. Answer with one JSON object only, "
+    "following the task's instructions."
+)
+
+TASKS = {
+    "describe_columns": 'Describe each column in one sentence. Return {"columns": {"<column>": "<description>"}}.',
+    "describe_entity": 'Name the business entity this table holds. Return {"name": "...", "description": "..."}.',
+    "glossary": 'List business terms analysts use with these entities. Return {"terms": [{"term": "...", '
+                '"definition": "...", "tables": ["..."]}]}.',
+    "enrich_term": 'Define the term precisely and give one SQL query that computes it. Return {"definition": "...", '
+                   '"sql": "..."}.',
+}
+
+
+class Enricher(Protocol):
+    name: str
+
+    def complete_json(self, task: str, payload: dict[str, Any]) -> dict[str, Any]: ...
+
+
+def _words(identifier: str) -> str:
+    return re.sub(r"[_\s]+", " ", identifier).strip()
+
+
+def singular(word: str) -> str:
+    if word.endswith("ies"):
+        return word[:-3] + "y"
+    if word.endswith(("sses", "shes", "ches", "xes")):
+        return word[:-2]
+    if word.endswith("s") and not word.endswith("ss"):
+        return word[:-1]
+    return word
+
+
+def entity_name(table: str) -> str:
+    """``order_items`` -> ``OrderItem``: the name derived from a table when no LLM answers."""
+    parts = table.split("_")
+    parts[-1] = singular(parts[-1])
+    return "".join(p.capitalize() for p in parts if p)
+
+
+def heuristic_answer(task: str, payload: dict[str, Any]) -> dict[str, Any]:
+    """Deterministic answers derived from names and profiles."""
+    if task == "describe_columns":
+        table = payload["table"]
+        out = {}
+        for col in payload["columns"]:
+            name = col["name"]
+            if col.get("primary_key"):
+                text = f"Identifier of the {_words(singular(table))}."
+            elif name.endswith("_id"):
+                text = f"Reference to the {_words(name[:-3])} this {_words(singular(table))} belongs to."
+            elif name.endswith(("_at", "_date")):
+                text = f"When the {_words(singular(table))} was {_words(re.sub(r'_(at|date)$', '', name))}."
+            else:
+                text = f"The {_words(name)} of the {_words(singular(table))}."
+            samples = col.get("samples") or []
+            if samples:
+                text += " Examples: " + ", ".join(str(s) for s in samples[:3]) + "."
+            out[name] = text
+        return {"columns": out}
+    if task == "describe_entity":
+        table = payload["table"]
+        return {"name": entity_name(table),
+                "description": f"A {_words(singular(table))} as recorded in the {table} table "
+                               f"({len(payload.get('columns', []))} attributes)."}
+    if task == "glossary":
+        terms = []
+        for entity in payload["entities"]:
+            terms.append({"term": f"{_words(entity['name'])} count",
+                          "definition": f"The number of distinct {_words(entity['table'])}.",
+                          "tables": [entity["table"]]})
+        return {"terms": terms}
+    if task == "enrich_term":
+        table = payload["tables"][0] if payload.get("tables") else None
+        sql = f"SELECT COUNT(*) FROM {table}" if table else ""
+        return {"definition": f"{payload['term']}: {payload.get('definition', '')}".strip(), "sql": sql}
+    raise ValueError(f"unknown task {task!r}")
+
+
+class HeuristicEnricher:
+    name = "heuristic (offline, no LLM configured)"
+
+    def complete_json(self, task: str, payload: dict[str, Any]) -> dict[str, Any]:
+        return heuristic_answer(task, payload)
+
+
+class _RedactingFilter(logging.Filter):
+    """The HTTP client logs each request's URL, userinfo included: masked before any handler sees it."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        shown = redact(message)
+        if shown != message:
+            record.msg, record.args = shown, ()
+        return True
+
+
+_REDACTING_FILTER = _RedactingFilter()
+
+
+def _redact_http_client_logs() -> None:
+    for name in ("httpx", "httpx2", "openai"):
+        logger = logging.getLogger(name)
+        if _REDACTING_FILTER not in logger.filters:
+            logger.addFilter(_REDACTING_FILTER)
+
+
+class OpenAICompatibleEnricher:
+    """Chat completions through the openai SDK; its own retries are off, ours (the shared policy) apply."""
+
+    def __init__(self, base_url: str, model: str, api_key: str | None, timeout: float, policy: RetryPolicy,
+                 guard: ProviderGuard | None = None, *, max_tokens: int | None = None,
+                 prices: Prices | None = None) -> None:
+        import openai
+
+        self.base_url = base_url.rstrip("/")
+        # what is stored, shown and keyed on (described_by, metadata, breakers, errors): no credentials
+        self.endpoint = redact_url(self.base_url)
+        self.model = model
+        self.api_key = api_key or "not-needed"
+        self.name = f"openai-compatible model={model} endpoint={self.endpoint}"
+        self.policy = policy
+        self.policy.context = {"model": model, "endpoint": self.endpoint}
+        # Outside a recoverable node there is no pipeline to pause and no shared breaker: retries only.
+        self.guard = guard or ProviderGuard(self.endpoint, policy=policy)
+        self.max_tokens = max_tokens
+        self.prices = prices or Prices.parse(None)
+        _redact_http_client_logs()
+        self._client = openai.OpenAI(base_url=self.base_url, api_key=self.api_key, timeout=timeout, max_retries=0)
+
+    def _redact(self, text: str) -> str:
+        return redact_secret(text, (self.api_key,))
+
+    @staticmethod
+    def messages(task: str, payload: dict[str, Any]) -> list[dict[str, str]]:
+        return [{"role": "system", "content": SYSTEM_PROMPT},
+                {"role": "user", "content": json.dumps({"task": task, "instructions": TASKS[task], "input": payload},
+                                                       default=str)}]
+
+    def estimated_tokens(self, messages: list[dict[str, str]]) -> int:
+        """An upper bound of what the call may spend: the prompt at 3 characters a token (tokenizers average
+        about 4) plus a few per message, and the most the answer may hold (``max_tokens``)."""
+        prompt = sum(len(m["content"]) // 3 + 8 for m in messages)
+        return prompt + (self.max_tokens or 0)
+
+    def _record(self, started: float, outcome: str, tokens_in: int = 0, tokens_out: int = 0,
+                response_model: str | None = None) -> None:
+        """Every attempt, answered or not, goes into the ledger of the node (and item) it was made for.
+
+        Named for OpenTelemetry as OpenAI's own instrumentation names it, whatever the base URL: a chat
+        completion in OpenAI's format (a proxy or a local server speaking it is still ``openai``)."""
+        record_provider_call(ProviderCall(
+            endpoint=self.endpoint, model=self.model, tokens_in=tokens_in, tokens_out=tokens_out,
+            latency_seconds=time.monotonic() - started, outcome=outcome,
+            cost=self.prices.cost(self.model, tokens_in, tokens_out), operation="chat", provider="openai",
+            response_model=response_model))
+
+    def _call(self, task: str, payload: dict[str, Any]) -> dict[str, Any]:
+        started = time.monotonic()
+        try:
+            response = self._client.chat.completions.create(
+                model=self.model,
+                messages=self.messages(task, payload),
+                response_format={"type": "json_object"},
+                temperature=0,
+                **({"max_tokens": self.max_tokens} if self.max_tokens else {}),
+            )
+        except Exception as exc:  # noqa: BLE001 - every SDK error is classified with its context
+            err = with_context(exc, model=self.model, endpoint=self.endpoint)
+            self._record(started, err.category)
+            raise ClassifiedError(category=err.category, status_code=err.status_code, retryable=err.retryable,
+                                  model=self.model, endpoint=self.endpoint, retry_after=err.retry_after,
+                                  message=self._redact(str(exc))) from None
+        usage = getattr(response, "usage", None)
+        answered_by = getattr(response, "model", None)
+        self._record(started, "ok", int(getattr(usage, "prompt_tokens", 0) or 0),
+                     int(getattr(usage, "completion_tokens", 0) or 0),
+                     answered_by[:200] if isinstance(answered_by, str) and answered_by else None)
+        content = response.choices[0].message.content or ""
+        try:
+            answer = json.loads(content)
+        except ValueError:
+            raise ClassifiedError(category="validation", retryable=False, model=self.model, endpoint=self.endpoint,
+                                  message=f"the model did not answer JSON: {self._redact(content[:200])}") from None
+        if not isinstance(answer, dict):
+            raise ClassifiedError(category="validation", retryable=False, model=self.model, endpoint=self.endpoint,
+                                  message="the model answered JSON that is not an object")
+        return answer
+
+    def complete_json(self, task: str, payload: dict[str, Any]) -> dict[str, Any]:
+        estimate = self.estimated_tokens(self.messages(task, payload))
+        return self.guard.metered(estimate, self.model, self._call, task, payload)
+
+
+class LLMResource(ConfigurableResource):
+    """The LLM the ontology job asks; leave ``base_url`` empty to run offline with the heuristic enricher."""
+
+    base_url: Optional[str] = Field(
+        default=None, description="OpenAI-compatible base URL (e.g. https://api.openai.com/v1). Empty: heuristic."
+    )
+    model: str = Field(default="gpt-4o-mini", description="Model name sent with every request.")
+    api_key: Optional[str] = Field(default=None, description="API key; pass EnvVar('OPENAI_API_KEY'). Never logged.")
+    timeout: float = Field(default=60.0, description="Seconds before one request times out.")
+    initial_delay: float = Field(default=1.0, description="First backoff delay in seconds; doubles, with jitter.")
+    max_delay: float = Field(
+        default=30.0, description="Upper bound of one backoff delay in seconds, and of an honoured Retry-After.")
+    max_tokens: Optional[int] = Field(
+        default=1024, description="Most tokens one answer may hold (sent as max_tokens; bounds a budget reservation).")
+    requests_per_minute: Optional[int] = Field(
+        default=None, description="Requests per minute the endpoint allows, shared by every run and process.")
+    tokens_per_minute: Optional[int] = Field(
+        default=None, description="Tokens per minute the endpoint allows, shared by every run and process.")
+    budget_per_model: bool = Field(
+        default=False, description="Each model of the endpoint has its own requests/tokens per minute budget.")
+    budget_window_seconds: float = Field(
+        default=60.0, description="The window the per-minute limits count over (60; smaller only to test).")
+    budget_margin_seconds: Optional[float] = Field(
+        default=None, description="Added to the window for a request's way to the provider (default 2 %, at most 1 s).")
+    prices: dict[str, dict[str, float]] = Field(
+        default_factory=dict, description='Price per million tokens per model, e.g. {"gpt-4o-mini": {"input": 0.15, '
+                                          '"output": 0.6}}: the ledger turns tokens into cost. Unlisted: no cost.')
+
+    def enricher(self, node: Optional[NodeContext] = None) -> Enricher:
+        """The enricher for ``node``: its calls share the endpoint's breaker and pause the node's pipeline
+        during outages (settings on the ``recovery`` resource). Without a node: in-call retries only."""
+        if not self.base_url:
+            return HeuristicEnricher()
+        policy = RetryPolicy(initial_delay=self.initial_delay, max_delay=self.max_delay)
+        base = self.base_url.rstrip("/")
+        limits = ProviderLimits(requests_per_minute=self.requests_per_minute, tokens_per_minute=self.tokens_per_minute,
+                                per_model=self.budget_per_model, window_seconds=self.budget_window_seconds,
+                                margin_seconds=self.budget_margin_seconds)
+        guard = provider_guard(node, redact_url(base), policy, limits=limits) if node is not None else None
+        return OpenAICompatibleEnricher(base, self.model, self.api_key, self.timeout, policy, guard,
+                                        max_tokens=self.max_tokens, prices=Prices.parse(self.prices))
