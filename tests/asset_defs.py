@@ -18,7 +18,7 @@ from dagster import (
     in_process_executor,
 )
 
-from recovery_ext.integration import (
+from recovery_ext import (
     NodeContext,
     RecoveryResource,
     recoverable_asset,

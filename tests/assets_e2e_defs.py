@@ -19,7 +19,7 @@ from dagster import (
 )
 
 from e2e_defs import record_call
-from recovery_ext.integration import (
+from recovery_ext import (
     ASSET_JOB,
     NodeContext,
     RecoveryResource,

@@ -33,7 +33,7 @@ import sqlalchemy
 from sqlalchemy import create_engine, text
 from sqlalchemy.pool import QueuePool
 
-from recovery_ext.classify import ClassifiedError, with_context
+from recovery_ext._classify.classifier import ClassifiedError, with_context
 
 TRANSIENT, PERMANENT = True, False
 HTTP_CODES = (400, 401, 403, 404, 408, 409, 413, 422, 429, 500, 502, 503, 504, 529)

@@ -11,7 +11,7 @@ import psycopg
 import pytest
 from hog import cpu_hog as _cpu_hog
 
-from recovery_ext.store import RecoveryStore
+from recovery_ext._store.store import RecoveryStore
 
 PG_ADMIN_URL = os.environ.get("RECOVERY_TEST_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
 

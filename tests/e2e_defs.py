@@ -14,9 +14,9 @@ import httpx
 from dagster import Definitions, Field, in_process_executor, job, multiprocess_executor
 from sqlalchemy import Column, Float, Integer, MetaData, Table, Text, insert
 
-from recovery_ext.classify import with_context
-from recovery_ext.integration import RecoveryResource, make_orphan_sensor, recoverable_op, with_recovery
-from recovery_ext.integration.recoverable import TAG_RESUME_NUMBER
+from recovery_ext._classify.classifier import with_context
+from recovery_ext import RecoveryResource, make_orphan_sensor, recoverable_op, with_recovery
+from recovery_ext._dagster.recoverable import TAG_RESUME_NUMBER
 
 calls_metadata = MetaData()
 calls = Table(

@@ -11,8 +11,7 @@ from __future__ import annotations
 import os
 import time
 
-from dagster import Field
-from dagster._core.launcher import DefaultRunLauncher
+from dagster import DefaultRunLauncher, Field
 
 
 class HangingTerminateRunLauncher(DefaultRunLauncher):

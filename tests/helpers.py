@@ -8,14 +8,14 @@ from contextlib import contextmanager
 from psycopg import pq
 from sqlalchemy import event
 
-from recovery_ext.store import RecoveryStore
+from recovery_ext._store.store import RecoveryStore
 
 
 def expire(store: RecoveryStore, pipeline_id: int, *, column: str = "heartbeat_deadline", ago: float = 5.0) -> None:
     """Move a deadline into the past on the database clock (no sleeping)."""
     from sqlalchemy import update
 
-    from recovery_ext.schema import pipelines
+    from recovery_ext._store.schema import pipelines
 
     with store.write() as conn:
         conn.execute(update(pipelines).where(pipelines.c.id == pipeline_id)

@@ -15,7 +15,7 @@ import time
 from dagster import Definitions, Field, In, Out, Output, in_process_executor, job, multiprocess_executor, op
 from sqlalchemy import Column, Float, Integer, MetaData, Table, Text, insert
 
-from recovery_ext.integration import RecoveryResource, make_orphan_sensor, recoverable_op, with_recovery
+from recovery_ext import RecoveryResource, make_orphan_sensor, recoverable_op, with_recovery
 
 TIMEOUT = float(os.environ.get("LIVENESS_HEARTBEAT_TIMEOUT", "3"))
 INTERVAL = float(os.environ.get("LIVENESS_HEARTBEAT_INTERVAL", "1"))

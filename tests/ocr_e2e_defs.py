@@ -9,8 +9,8 @@ import os
 
 from dagster import Definitions
 
-from recovery_ext.integration import RecoveryResource, make_orphan_sensor
-from recovery_ext.pipelines.ocr import make_ocr_job
+from recovery_ext import RecoveryResource, make_orphan_sensor
+from recovery_pipelines.ocr import make_ocr_job
 
 ocr_job = make_ocr_job(os.environ["OCR_E2E_FOLDER"], ocr_config={
     # A held document stays held (600 s) unless its pipeline is reclaimed: only the epoch releases it.

@@ -8,8 +8,8 @@ import sys
 
 from dagster import DagsterInstance, in_process_executor
 
-from recovery_ext.integration import RecoveryResource, execute_in_process
-from recovery_ext.pipelines.ocr import make_ocr_job
+from recovery_ext import RecoveryResource, execute_in_process
+from recovery_pipelines.ocr import make_ocr_job
 
 
 def resource(db_url: str) -> RecoveryResource:

@@ -6,13 +6,15 @@ import os
 
 from dagster import Definitions
 
-from recovery_ext.integration import RecoveryResource
-from recovery_ext.pipelines.llm import LLMResource
-from recovery_ext.pipelines.ontology import SourceDatabase, make_ontology_job
+from recovery_ext import RecoveryResource
+from recovery_pipelines.llm import LLMResource
+from recovery_pipelines.ontology import SourceDatabase, make_ontology_job
+from recovery_pipelines.ontology_schema import MIGRATIONS
 
 defs = Definitions(
     jobs=[make_ontology_job()],
-    resources={"recovery": RecoveryResource(heartbeat_interval=1, heartbeat_timeout=60), "llm": LLMResource(),
+    resources={"recovery": RecoveryResource(heartbeat_interval=1, heartbeat_timeout=60,
+                                                    migration_packages=[MIGRATIONS]), "llm": LLMResource(),
                "source": SourceDatabase(url=os.environ.get("ONTOLOGY_TEST_SOURCE", "sqlite://"))},
 )
 

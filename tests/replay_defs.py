@@ -34,7 +34,7 @@ from dagster import (
 )
 
 from e2e_defs import record_call
-from recovery_ext.integration import RecoveryResource, recoverable_op, with_recovery
+from recovery_ext import RecoveryResource, recoverable_op, with_recovery
 
 NODE_CONFIG = {"items": Field(int, default_value=2), "item_seconds": Field(float, default_value=0.0),
                "fail_first_run": Field(bool, default_value=False,

@@ -18,7 +18,7 @@ from dagster import (
 from dagster._core.definitions.reconstruct import ReconstructableRepository
 
 import asset_defs
-from recovery_ext.integration import RecoveryResource, execute_in_process
+from recovery_ext import RecoveryResource, execute_in_process
 
 
 @pytest.fixture
@@ -164,9 +164,9 @@ def test_each_partition_is_its_own_pipeline_with_its_own_checkpoints(
         db_url, instance, store, tmp_path):
     from dagster import Definitions
 
-    from recovery_ext.integration import with_recovery
-    from recovery_ext.pipelines import ocr_assets
-    from recovery_ext.pipelines.sample_data import create_scanned_pdfs
+    from recovery_ext import with_recovery
+    from recovery_pipelines import ocr_assets
+    from recovery_pipelines.sample_data import create_scanned_pdfs
 
     create_scanned_pdfs(tmp_path, {f"scan-{i}.pdf": [f"Invoice {i}", "Total 12 EUR"] for i in range(3)})
     partitions = ocr_assets.batch_partitions(tmp_path, batch_size=2)
@@ -193,8 +193,8 @@ def test_each_partition_is_its_own_pipeline_with_its_own_checkpoints(
 def test_a_resume_of_a_single_run_backfill_keeps_its_partition_range(defs, instance, store):
     from dagster import DagsterRun
 
-    from recovery_ext.integration.resume_runs import PARTITION_RANGE_TAGS, resume_request
-    from recovery_ext.models import Reclaimed
+    from recovery_ext._dagster.resume_runs import PARTITION_RANGE_TAGS, resume_request
+    from recovery_ext._store.models import Reclaimed
 
     start, end = PARTITION_RANGE_TAGS
     job = defs.resolve_job_def("ranged_job")
@@ -241,11 +241,12 @@ def test_the_asset_orphan_sensor_resumes_an_asset_backfill_run_with_its_selectio
     ``ASSET_JOB`` requests its resume with the run's asset selection and partition key, and Dagster
     resolves that request against the implicit job (partition tags from the selected assets)."""
     from dagster import DagsterRunStatus, build_sensor_context
-    from dagster._core.test_utils import create_run_for_test, instance_for_test
+    from dagster import instance_for_test
+    from dagster._core.test_utils import create_run_for_test
 
     from helpers import expire
-    from recovery_ext.integration import ASSET_JOB, make_orphan_sensor
-    from recovery_ext.integration.tags import TAG_PIPELINE, TAG_RESUME_NUMBER
+    from recovery_ext import ASSET_JOB, make_orphan_sensor
+    from recovery_ext._dagster.tags import TAG_PIPELINE, TAG_RESUME_NUMBER
 
     monkeypatch.setenv("RECOVERY_DATABASE_URL", db_url)
     sensor = make_orphan_sensor([ASSET_JOB], minimum_interval_seconds=1)
@@ -268,7 +269,7 @@ def test_the_asset_orphan_sensor_resumes_an_asset_backfill_run_with_its_selectio
 
 
 def test_one_orphan_sensor_targets_job_definitions_or_the_implicit_asset_job():
-    from recovery_ext.integration import ASSET_JOB, make_orphan_sensor
+    from recovery_ext import ASSET_JOB, make_orphan_sensor
 
     with pytest.raises(ValueError, match="another for the jobs"):
         make_orphan_sensor([ASSET_JOB, asset_defs.typed_job])

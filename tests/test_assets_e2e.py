@@ -16,8 +16,8 @@ from dagster import AssetKey
 from sqlalchemy import select
 
 from e2e_defs import calls
-from recovery_ext.devserver import DagsterDev, wait_for
-from recovery_ext.integration.tags import TAG_PIPELINE, TAG_RESUME_NUMBER
+from recovery_pipelines.devserver import DagsterDev, wait_for
+from recovery_ext._dagster.tags import TAG_PIPELINE, TAG_RESUME_NUMBER
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 

@@ -23,12 +23,13 @@ from dagster import Field, in_process_executor, job
 from sqlalchemy import Column, Integer, MetaData, Table, Text, func, insert, select
 
 from helpers import round_trips, sent_round_trips
-from recovery_ext.errors import IllegalTransition, OwnershipLost, StoreUnavailable
-from recovery_ext.integration import RecoveryResource, execute_in_process, recoverable_op
-from recovery_ext.integration.executor import with_recovery
-from recovery_ext.pipeline_store import ItemCheckpoint
-from recovery_ext.schema import node_items
-from recovery_ext.store import RecoveryStore
+from recovery_ext._errors import IllegalTransition, OwnershipLost, StoreUnavailable
+from recovery_ext import RecoveryResource, execute_in_process, recoverable_op
+from recovery_ext._dagster.executor import with_recovery
+from recovery_ext._store.models import PassPlan
+from recovery_ext._store.pipelines import ItemCheckpoint
+from recovery_ext._store.schema import node_items
+from recovery_ext._store.store import RecoveryStore
 
 TESTS = Path(__file__).parent
 meta = MetaData()
@@ -128,18 +129,18 @@ def test_a_superseded_owner_writes_no_batch_and_no_single_checkpoint(store):
     from helpers import expire
 
     expire(store, own.pipeline_id)
-    store.reclaim(limit=1)
+    store.reclaim(PassPlan(limit=1, launching=True))
     with pytest.raises(OwnershipLost):
         store.checkpoint_items(own, "a", [ItemCheckpoint("x", also=lambda tx: tx.execute(
             insert(side_effects).values(item="x")))])
     with pytest.raises(OwnershipLost):
-        store.checkpoint_item(own, "a", "y", stall_timeout=30)
+        store.checkpoint_item(own, "a", ItemCheckpoint("y"), stall_timeout=30)
     assert _side_effect_rows(store) == [] and store.completed_items(own.pipeline_id, "a") == {}
 
 
 def test_a_batch_mixing_new_and_degraded_keys_writes_them_all(store):
     own = _running_node(store)
-    store.checkpoint_item(own, "a", "d1", None, status="degraded")
+    store.checkpoint_item(own, "a", ItemCheckpoint("d1", None, status="degraded"))
     store.checkpoint_items(own, "a", [ItemCheckpoint("d2", "fallback", "degraded")])
     store.checkpoint_items(own, "a", [ItemCheckpoint("n1", 1), ItemCheckpoint("d1", 11), ItemCheckpoint("n2", 2),
                                       ItemCheckpoint("d2", 12)], stall_timeout=30)
@@ -154,8 +155,8 @@ def test_a_batch_mixing_new_and_degraded_keys_writes_them_all(store):
 def test_a_batch_naming_a_completed_key_writes_nothing(store, with_also):
     meta.create_all(store.engine)
     own = _running_node(store)
-    store.checkpoint_item(own, "a", "done", 1)
-    store.checkpoint_item(own, "a", "fallback", "old", status="degraded")
+    store.checkpoint_item(own, "a", ItemCheckpoint("done", 1))
+    store.checkpoint_item(own, "a", ItemCheckpoint("fallback", "old", status="degraded"))
     also = (lambda tx: tx.execute(insert(side_effects).values(item="x"))) if with_also else None
     with pytest.raises(IllegalTransition, match="'done'.*already checkpointed"):
         store.checkpoint_items(own, "a", [ItemCheckpoint("new1", 1, also=also), ItemCheckpoint("fallback", "new"),
@@ -172,8 +173,8 @@ def test_a_superseded_epoch_writes_no_checkpoint_on_any_path(store):
     from helpers import expire
 
     expire(store, own.pipeline_id)
-    store.reclaim(limit=1)
-    writes = [lambda: store.checkpoint_item(own, "a", "single", 1, stall_timeout=30),
+    store.reclaim(PassPlan(limit=1, launching=True))
+    writes = [lambda: store.checkpoint_item(own, "a", ItemCheckpoint("single", 1), stall_timeout=30),
               lambda: store.checkpoint_items(own, "a", [ItemCheckpoint("b1"), ItemCheckpoint("b2")], stall_timeout=30),
               lambda: store.checkpoint_items(own, "a", [ItemCheckpoint("b3", also=lambda tx: tx.execute(
                   insert(side_effects).values(item="b3")))])]
@@ -210,9 +211,9 @@ def test_a_checkpoint_without_also_is_one_round_trip_on_postgresql(pg_url):
     try:
         store.migrate()
         own = _running_node(store)
-        store.checkpoint_item(own, "a", "warm", 0, stall_timeout=30)  # psycopg prepares on first use
+        store.checkpoint_item(own, "a", ItemCheckpoint("warm", 0), stall_timeout=30)  # psycopg prepares on first use
         store.checkpoint_items(own, "a", [ItemCheckpoint("warm1"), ItemCheckpoint("warm2")], stall_timeout=30)
-        for write in (lambda: store.checkpoint_item(own, "a", "k1", {"v": 1}, stall_timeout=30),
+        for write in (lambda: store.checkpoint_item(own, "a", ItemCheckpoint("k1", {"v": 1}), stall_timeout=30),
                       lambda: store.checkpoint_items(own, "a", [ItemCheckpoint(f"b{i}", i) for i in range(100)],
                                                      stall_timeout=30)):
             with round_trips(store) as messages:
@@ -240,9 +241,9 @@ def test_a_checkpoint_with_also_writes_sends_its_commit_in_the_same_round_trip_o
         def note(key):
             return lambda tx: tx.execute(insert(side_effects).values(item=key))
 
-        store.checkpoint_item(own, "a", "warm", 0, also=note("warm"))  # psycopg prepares on first use
+        store.checkpoint_item(own, "a", ItemCheckpoint("warm", 0, also=note("warm")))  # psycopg prepares on first use
         with round_trips(store) as messages:
-            store.checkpoint_item(own, "a", "k1", {"v": 1}, also=note("k1"), stall_timeout=30)
+            store.checkpoint_item(own, "a", ItemCheckpoint("k1", {"v": 1}, also=note("k1")), stall_timeout=30)
         sent = [m.split()[1] for m in messages if m.startswith("F")]
         assert sent_round_trips(messages) == ["Query", "Sync", "Sync"], messages  # BEGIN, the write, both
         last_sync = len(sent) - 1 - sent[::-1].index("Sync")
@@ -269,13 +270,13 @@ def test_a_connection_killed_between_checkpoints_is_replaced_by_a_retry(pg_url, 
     try:
         store.migrate()
         own = _running_node(store)
-        store.checkpoint_item(own, "a", "k1", 1)
+        store.checkpoint_item(own, "a", ItemCheckpoint("k1", 1))
         store.checkpoint_items(own, "a", [ItemCheckpoint("k2", 2)])
-        for write in (lambda: store.checkpoint_item(own, "a", "k3", 3),
+        for write in (lambda: store.checkpoint_item(own, "a", ItemCheckpoint("k3", 3)),
                       lambda: store.checkpoint_items(own, "a", [ItemCheckpoint("k4", 4), ItemCheckpoint("k5", 5)])):
             assert _terminate_other_backends(pg_url) >= 1  # the pooled connection(s) of the store
             caplog.clear()
-            with caplog.at_level(logging.WARNING, logger="recovery_ext.store"):
+            with caplog.at_level(logging.WARNING, logger="recovery_ext._store.store"):
                 write()
             assert any("retrying" in r.getMessage() for r in caplog.records)  # no pre-ping hid the dead connection
         assert store.completed_items(own.pipeline_id, "a") == {f"k{i}": i for i in range(1, 6)}
@@ -305,11 +306,12 @@ def test_a_connection_killed_between_the_also_writes_and_the_checkpoint_redoes_t
                 with psycopg.connect(pg_url.replace("postgresql+psycopg://", "postgresql://"), autocommit=True) as other:
                     other.execute("SELECT pg_terminate_backend(%s)", (pid,))
 
-        store.checkpoint_item(own, "a", "k1", {"v": 1}, also=write_then_lose_the_session)
+        store.checkpoint_item(own, "a", ItemCheckpoint("k1", {"v": 1}, also=write_then_lose_the_session))
         assert attempts == [1, 2]
         assert store.completed_items(own.pipeline_id, "a") == {"k1": {"v": 1}}
         assert _side_effect_rows(store) == ["k1"]
-        store.checkpoint_item(own, "a", "k2", 2, also=lambda tx: tx.execute(insert(side_effects).values(item="k2")))
+        store.checkpoint_item(own, "a", ItemCheckpoint("k2", 2, also=lambda tx: tx.execute(
+            insert(side_effects).values(item="k2"))))
         assert _side_effect_rows(store) == ["k1", "k2"]  # the pool replaced the dead connection
     finally:
         store.close()
@@ -346,11 +348,11 @@ def test_a_checkpoint_retried_after_its_commit_landed_returns_quietly(pg_url, ca
                     yield _DropsAfterCommit(raw, pg_url.replace("postgresql+psycopg://", "postgresql://"))
 
         monkeypatch.setattr(store, "driver_autocommit", dropping_once)
-        with caplog.at_level(logging.WARNING, logger="recovery_ext.store"):
+        with caplog.at_level(logging.WARNING, logger="recovery_ext._store.store"):
             if batch:
                 store.checkpoint_items(own, "a", [ItemCheckpoint("k1", 1), ItemCheckpoint("k2", 2)], stall_timeout=30)
             else:
-                store.checkpoint_item(own, "a", "k1", 1, stall_timeout=30)
+                store.checkpoint_item(own, "a", ItemCheckpoint("k1", 1), stall_timeout=30)
         assert len(drops) == 1 and any("retrying" in r.getMessage() for r in caplog.records)
         assert store.completed_items(own.pipeline_id, "a") == ({"k1": 1, "k2": 2} if batch else {"k1": 1})
         with pytest.raises(IllegalTransition, match="already checkpointed"):  # a fresh call is no retry
@@ -403,9 +405,9 @@ _BATCH_WORKER = """
 import sys, time
 from sqlalchemy import insert
 from test_checkpoints import side_effects
-from recovery_ext.models import Ownership
-from recovery_ext.pipeline_store import ItemCheckpoint
-from recovery_ext.store import RecoveryStore
+from recovery_ext._store.models import Ownership
+from recovery_ext._store.pipelines import ItemCheckpoint
+from recovery_ext._store.store import RecoveryStore
 
 url, pid, epoch, owner = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
 store = RecoveryStore(url)
@@ -436,7 +438,7 @@ def test_a_reclaim_between_the_also_writes_and_the_checkpoint_rolls_the_writes_b
         def write_then_get_reclaimed(tx):
             tx.execute(insert(side_effects).values(item="x"))
             expire(other, own.pipeline_id)
-            reclaimed.extend(other.reclaim(limit=1)[0])  # (reclaimed, given up)
+            reclaimed.extend(other.reclaim(PassPlan(limit=1, launching=True))[0])  # (reclaimed, given up)
 
         with pytest.raises(OwnershipLost):
             store.checkpoint_items(own, "a", [ItemCheckpoint("x", 1, also=write_then_get_reclaimed)])

@@ -13,8 +13,8 @@ import requests
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from recovery_ext.classify import ClassifiedError, classify, is_retryable, with_context
-from recovery_ext.redaction import redact
+from recovery_ext._classify.classifier import ClassifiedError, classify, is_retryable, with_context
+from recovery_ext._classify.redaction import redact
 
 
 class Flagged(Exception):
@@ -234,3 +234,37 @@ def test_property_classify_never_raises(kind, args, attr):
 def test_classified_error_from_plain_message():
     err = ClassifiedError("disk full", category="resource_exhausted", retryable=True)
     assert str(err) == "resource_exhausted: disk full"
+
+
+@pytest.mark.parametrize("option", ["sslmode=bogus", "target_session_attrs=bogus", "keepalives=x", "gssencmode=bogus",
+                                    "options=-c%20no_such_setting%3D1", "options=-c%20statement_timeout%3Dabc"])
+def test_malformed_connection_options_are_permanent_not_an_outage(option, pg_admin):
+    """libpq refuses the first four before contacting a server; the server refuses the last two at startup."""
+    import psycopg
+
+    from recovery_ext._errors import StoreUnavailable
+    from recovery_ext._store.store import RecoveryStore
+
+    store = RecoveryStore(f"{pg_admin}?{option}", retry_budget=30)
+    try:
+        with pytest.raises(Exception) as raised:
+            store.pending_migrations()
+        assert not isinstance(raised.value, StoreUnavailable), raised.value
+        driver_error = raised.value.__cause__.orig
+        assert isinstance(driver_error, psycopg.OperationalError)
+        found = classify(driver_error)
+        assert (found.retryable, found.category) == (False, "configuration")
+    finally:
+        store.close()
+
+
+def test_a_bad_port_number_is_permanent_and_a_refused_port_is_transient():
+    import psycopg
+
+    errors = {}
+    for port in (99999, 1):
+        with pytest.raises(psycopg.OperationalError) as raised:
+            psycopg.connect(f"host=127.0.0.1 port={port} user=postgres connect_timeout=3")
+        errors[port] = classify(raised.value)
+    assert (errors[99999].retryable, errors[99999].category) == (False, "configuration")
+    assert errors[1].retryable

@@ -8,7 +8,7 @@ import pytest
 from classify_corpus import build_corpus
 from conftest import create_pg_database, drop_pg_database
 
-from recovery_ext.classify import classify
+from recovery_ext._classify.classifier import classify
 
 
 @pytest.fixture(scope="module")

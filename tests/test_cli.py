@@ -11,9 +11,10 @@ import pytest
 from click.testing import CliRunner
 
 from helpers import expire
-from recovery_ext.cli import main
-from recovery_ext.dialects import Dialect
-from recovery_ext.migrations import load_migrations
+from recovery_ext._cli import main
+from recovery_ext._store.dialects import Dialect
+from recovery_ext._store.migrations import load_migrations
+from recovery_ext._store.models import ItemCheckpoint
 
 
 @pytest.fixture
@@ -32,7 +33,7 @@ def as_json(result):
     return json.loads(result.stdout)
 
 
-ROOT_SQL = Path(__file__).resolve().parent.parent / "sql"
+ROOT_SQL = Path(__file__).resolve().parent.parent / "recovery_ext" / "_store" / "sql"
 
 
 def test_migrate_print_and_apply(tmp_path):
@@ -57,7 +58,7 @@ def test_status_reports_orphans_stuck_dead_and_recovered(cli, store):
     store.fail_item(dead, "boom")
     from sqlalchemy import update
 
-    from recovery_ext.schema import queue_items
+    from recovery_ext._store.schema import queue_items
 
     with store.write() as conn:  # its worker stopped heartbeating
         conn.execute(update(queue_items).where(queue_items.c.id == stuck.id)
@@ -77,7 +78,7 @@ def test_pipelines_show_and_list(cli, store):
     own = store.create_pipeline("job", ["a", "b"], owner="r1", origin_run_id="r1")
     store.start_node(own, "a")
     store.set_items_total(own, "a", 3)
-    store.checkpoint_item(own, "a", "k1", 1)
+    store.checkpoint_item(own, "a", ItemCheckpoint("k1", 1))
     data = as_json(cli("pipelines", "show", str(own.pipeline_id), "--json"))
     assert [(n["name"], n["status"], n["items_done"], n["items_total"]) for n in data["nodes"]] == [
         ("a", "running", 1, 3), ("b", "pending", 0, None)]
@@ -93,7 +94,7 @@ def test_reset_stuck_dry_run_job_id_and_summary(cli, store):
     a, b = store.claim("ocr", "worker-1", limit=2, heartbeat_timeout=600)
     from sqlalchemy import update
 
-    from recovery_ext.schema import queue_items
+    from recovery_ext._store.schema import queue_items
 
     with store.write() as conn:  # legacy rows: no heartbeat deadline, started 20 min ago
         conn.execute(update(queue_items).values(started_at=store.dialect.now_plus(-1200), heartbeat_deadline=None))
@@ -122,7 +123,7 @@ def test_retry_dead(cli, store):
 def test_events_and_follow(cli, store, db_url):
     store.record_event("recovery_started", {"trigger": "test"})
     assert "recovery_started" in cli("events").stdout
-    follower = subprocess.Popen([sys.executable, "-m", "recovery_ext.cli", "--database-url", db_url, "events",
+    follower = subprocess.Popen([sys.executable, "-m", "recovery_ext._cli", "--database-url", db_url, "events",
                                  "--follow", "--json", "--interval", "0.2", "--kind", "item_dead"],
                                 stdout=subprocess.PIPE, text=True)
     try:
@@ -135,8 +136,8 @@ def test_events_and_follow(cli, store, db_url):
 
 
 @pytest.mark.parametrize("args,code,text", [
-    (["--database-url", "mysql://x@localhost/db", "status"], 1, "unsupported database"),
-    (["--database-url", "not a url", "status"], 1, "not a database URL"),
+    (["--database-url", "mysql://x@localhost/db", "status"], 2, "unsupported database"),
+    (["--database-url", "not a url", "status"], 2, "not a database URL"),
     (["--database-url", "postgresql://postgres@127.0.0.1:1/nope", "status"], 1, "cannot reach the database"),
     (["reset-stuck", "--threshold", "soon"], 2, "not a duration"),
     (["pipelines", "show", "0"], 2, "Invalid value"),
@@ -152,7 +153,7 @@ def test_bad_input_is_rejected_clearly(args, code, text, tmp_path):
 def test_status_reset_stuck_and_the_sensor_never_call_a_heartbeating_item_stuck(cli, store):
     from sqlalchemy import update
 
-    from recovery_ext.schema import queue_items
+    from recovery_ext._store.schema import queue_items
 
     store.enqueue("ocr", [{"name": "slow.pdf"}])
     (slow,) = store.claim("ocr", "worker-1", heartbeat_timeout=600)
@@ -167,3 +168,85 @@ def test_status_reset_stuck_and_the_sensor_never_call_a_heartbeating_item_stuck(
     assert "Items waiting for their retry delay: 1" in cli("status").stdout
     assert as_json(cli("reset-stuck", "--threshold", "1m", "--json"))["reset"] == []
     assert store.get_item(slow.id).status == "processing"
+
+
+def test_status_and_pipelines_list_show_and_filter_by_deployment(cli, store):
+    blue = store.create_pipeline("job", ["a"], owner="r-blue", origin_run_id="r-blue", deployment="blue")
+    green = store.create_pipeline("job", ["a"], owner="r-green", origin_run_id="r-green", deployment="green")
+    listed = as_json(cli("pipelines", "list", "--deployment", "blue", "--json"))
+    assert [(p["id"], p["deployment"]) for p in listed] == [(blue.pipeline_id, "blue")]
+    every = {p["id"]: p["deployment"] for p in as_json(cli("pipelines", "list", "--json"))}
+    assert every == {blue.pipeline_id: "blue", green.pipeline_id: "green"}
+    summary = as_json(cli("status", "--deployment", "green", "--json"))["pipelines"]
+    assert [(r["deployment"], r["status"], r["count"]) for r in summary] == [("green", "running", 1)]
+    assert "deployment" in cli("pipelines", "list").stdout and "blue" in cli("status").stdout
+
+
+# -- a rejected call writes nothing; every bad argument is one clear line ----------------------------------------
+
+def run_cli(*args, cwd, env=None, input_closed=False):
+    import os
+
+    environment = {k: v for k, v in os.environ.items() if k not in ("RECOVERY_DATABASE_URL", "DAGSTER_HOME")}
+    environment.update(env or {})
+    return subprocess.run([sys.executable, "-m", "recovery_ext._cli", *args], cwd=cwd, env=environment,
+                          capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.parametrize("args", [["status", "--help"], ["status", "--threshold", "nope"],
+                                  ["reset-stuck", "--threshold", "0"], ["events", "--limit", "0"]])
+def test_a_rejected_or_help_call_creates_no_dagster_home(args, tmp_path):
+    result = run_cli(*args, cwd=tmp_path)
+    assert result.returncode in (0, 2), result.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("command", [["status"], ["pipelines", "list"], ["events"], ["recover"],
+                                     ["reset-stuck", "--dry-run"]])
+def test_a_missing_sqlite_file_is_a_clear_error_and_is_not_created(command, tmp_path):
+    typo = tmp_path / "recovery.sqlite3x"
+    result = CliRunner().invoke(main, ["--database-url", f"sqlite:///{typo}", *command])
+    assert result.exit_code == 2 and result.output.strip().splitlines() == [
+        f"Error: no SQLite database at {typo} (check --database-url, or create it with `recovery-ext migrate`)"]
+    assert not typo.exists() and list(tmp_path.iterdir()) == []
+    assert CliRunner().invoke(main, ["--database-url", f"sqlite:///{typo}", "migrate"]).exit_code == 0
+    assert typo.is_file()
+
+
+@pytest.mark.parametrize("args,text", [
+    (["redo-degraded", "9223372036854775808"], "is not in the range"),
+    (["--database-url", "postgresql://u:pw@" + "h" * 300 + "/db", "status"], "not a valid host name"),
+    (["--database-url", "mysql://x@localhost/db", "status"], "unsupported database"),
+    (["events", *[f"--kind=k{i}" for i in range(1500)]], "at most 1000 different --kind values"),
+])
+def test_bad_arguments_exit_2_with_one_clear_line(args, text, tmp_path):
+    url = f"sqlite:///{tmp_path / 'r.sqlite3'}"
+    CliRunner().invoke(main, ["--database-url", url, "migrate"])
+    result = CliRunner().invoke(main, ["--database-url", url, *args])
+    assert result.exit_code == 2 and text in result.output, result.output
+    assert "Traceback" not in result.output and "pw@" not in result.output
+    assert [line for line in result.output.splitlines() if line.startswith("Error:")] == [
+        result.output.strip().splitlines()[-1]]
+
+
+def test_many_kind_flags_on_postgresql_are_one_query_not_an_outage(cli, db_url):
+    result = cli("events", *["--kind=pipeline_recovered"] * 70_000, "--json")
+    assert result.exit_code == 0
+
+
+def test_a_psycopg2_url_is_accepted_as_psycopg_3(pg_url):
+    url = pg_url.replace("postgresql://", "postgresql+psycopg2://")
+    assert CliRunner().invoke(main, ["--database-url", url, "migrate"]).exit_code == 0
+    result = CliRunner().invoke(main, ["--database-url", url, "status", "--json"])
+    assert result.exit_code == 0 and json.loads(result.stdout)["pipelines"] == []
+
+
+@pytest.mark.parametrize("args", [["status"], ["status", "--json"], ["events"], ["pipelines", "list"]])
+def test_a_closed_pipe_ends_quietly_with_exit_0(args, store, db_url, tmp_path):
+    for i in range(30):
+        store.record_event("note", {"n": i})
+    proc = subprocess.Popen([sys.executable, "-m", "recovery_ext._cli", "--database-url", db_url, *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=tmp_path)
+    proc.stdout.close()  # the reader is gone before the first line: every write meets a closed pipe
+    err = proc.stderr.read().decode()
+    assert proc.wait(60) == 0 and err == ""

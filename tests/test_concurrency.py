@@ -15,10 +15,11 @@ from pathlib import Path
 import pytest
 from sqlalchemy import update
 
-from recovery_ext.devserver import wait_for
-from recovery_ext.heartbeat import HeartbeatSettings, Watchdog, store_pulse
-from recovery_ext.schema import pipelines
-from recovery_ext.store import RecoveryStore
+from recovery_pipelines.devserver import wait_for
+from recovery_ext._liveness.heartbeat import HeartbeatSettings, Watchdog, store_pulse
+from recovery_ext._store.models import PassPlan, PipelineLimits
+from recovery_ext._store.schema import pipelines
+from recovery_ext._store.store import RecoveryStore
 
 ORPHANS = 200
 
@@ -50,10 +51,14 @@ def test_eight_reclaimer_threads_race_and_each_orphan_is_reclaimed_once(store):
     def reclaimer(slot: int) -> None:
         barrier.wait()
         while True:
-            reclaimed, _ = store.reclaim(limit=7, grace_seconds=600)
+            reclaimed, _ = store.reclaim(PassPlan(limit=7, grace_seconds=600, launching=True))
             if not reclaimed:
                 return
             results[slot].extend(r.pipeline_id for r in reclaimed)
+            # Between passes a sensor launches the runs it reclaimed, outside the transaction. Without
+            # that pause one SQLite thread re-takes the write lock before the others' busy handlers
+            # wake, and wins every batch: correct, but no longer a race.
+            time.sleep(0.005)
 
     threads = [threading.Thread(target=reclaimer, args=(i,)) for i in range(8)]
     for t in threads:
@@ -98,7 +103,8 @@ def test_four_processes_claiming_one_queue_never_share_an_item(store, db_url):
 
 
 def test_a_pulsing_watchdog_is_never_an_orphan(store):
-    own = store.create_pipeline("job", ["a"], owner="live", origin_run_id="live", heartbeat_timeout=1.0)
+    own = store.create_pipeline("job", ["a"], owner="live", origin_run_id="live",
+                                limits=PipelineLimits(heartbeat_timeout=1.0))
     store.start_node(own, "a", heartbeat_timeout=1.0)
     settings = HeartbeatSettings(interval=0.2, timeout=1.0)
     with Watchdog(store_pulse(store, own, "a", settings.timeout), settings) as dog:
@@ -111,7 +117,8 @@ def test_a_pulsing_watchdog_is_never_an_orphan(store):
 
 def test_kill_9_of_a_watchdog_process_makes_an_orphan_within_timeout_plus_one_scan(store, db_url):
     timeout, interval = 2.0, 0.5
-    own = store.create_pipeline("job", ["work"], owner="child", origin_run_id="child", heartbeat_timeout=timeout)
+    own = store.create_pipeline("job", ["work"], owner="child", origin_run_id="child",
+                                limits=PipelineLimits(heartbeat_timeout=timeout))
     child = subprocess.Popen(
         [sys.executable, str(Path(__file__).with_name("workers.py")), db_url, str(own.pipeline_id), str(own.epoch),
          "child", str(interval), str(timeout)],
@@ -146,7 +153,7 @@ def test_watchdog_stops_the_node_when_ownership_is_lost(store):
     with dog:
         with store.write() as conn:
             conn.execute(update(pipelines).values(heartbeat_deadline=store.dialect.now_plus(-1)))
-        store.reclaim(limit=5)
+        store.reclaim(PassPlan(limit=5, launching=True))
         assert lost.wait(5)
     assert dog.lost is not None and "resume-" in str(dog.lost)
     with pytest.raises(Exception):

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from recovery_ext.demo_crash import Outcome
+from recovery_pipelines.demo_crash import Outcome
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -34,7 +34,7 @@ def test_the_check_fails_when_a_kill_did_not_happen_a_pipeline_failed_or_a_kill_
 def test_demo_crash_passes_its_own_check_on_a_busy_machine(tmp_path, cpu_hog):
     env = {**os.environ, "RECOVERY_DEMO_CRASH_DIR": str(tmp_path / "demo-crash")}
     env.pop("RECOVERY_DATABASE_URL", None)
-    done = subprocess.run([sys.executable, "-m", "recovery_ext.demo_crash"], cwd=ROOT, env=env,
+    done = subprocess.run([sys.executable, "-m", "recovery_pipelines.demo_crash"], cwd=ROOT, env=env,
                           stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=580)
     output = done.stdout + done.stderr[-3000:]
     assert done.returncode == 0, output

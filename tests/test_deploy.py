@@ -10,7 +10,7 @@ from dagster import DagsterInstance, DagsterRunStatus
 
 from conftest import create_pg_database, drop_pg_database
 from e2e_defs import items_job_inprocess
-from recovery_ext.integration import RecoveryResource, execute_in_process
+from recovery_ext import RecoveryResource, execute_in_process
 
 DEPLOY = Path(__file__).resolve().parent.parent / "deploy"
 

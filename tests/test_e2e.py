@@ -15,10 +15,11 @@ import pytest
 from dagster import DagsterEventType, DagsterRunStatus
 from sqlalchemy import select, text
 
-from recovery_ext.devserver import DagsterDev, cmdline, parent_of, process_alive, wait_for
-from recovery_ext.integration.recoverable import TAG_PIPELINE, TAG_RESUME_NUMBER, TAG_RESUMED_FROM
-from recovery_ext.recovery import scan
-from recovery_ext.schema import events, node_items, transitions
+from recovery_pipelines.devserver import DagsterDev, cmdline, parent_of, process_alive, wait_for
+from recovery_ext._dagster.recoverable import TAG_PIPELINE, TAG_RESUME_NUMBER, TAG_RESUMED_FROM
+from recovery_ext._recovery.scan import scan
+from recovery_ext._store.models import PassPlan
+from recovery_ext._store.schema import events, node_items, transitions
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 
@@ -108,6 +109,15 @@ def assert_exactly_one_resume(dev, store, pipeline_id, expected=1):
     return runs
 
 
+def assert_points_forward(dev, dead_run_id, resume_run_id, *, cause):
+    """The dead run names the run that took over and why, as the resume names the dead run."""
+    old = wait_for(lambda: (r := dev.run(dead_run_id)).tags.get("recovery/superseded_by") and r, timeout=30,
+                   what="the superseded run to point to its resume run")
+    assert old.tags["recovery/superseded_by"] == resume_run_id
+    assert old.tags["recovery/superseded_cause"].startswith(cause)
+    assert any(f"superseded by run {resume_run_id}" in (e.message or "") for e in dev.instance.all_logs(dead_run_id))
+
+
 def test_a_kill_9_of_the_run_worker_mid_node_resumes_and_fences_the_orphaned_step(dev, store):
     run_id = dev.launch("items_job", config(n2={"item_seconds": 1.5}))
     first_n2 = wait_for(lambda: len(calls(store, run_id, "n2")) >= 2 and calls(store, run_id, "n2"), timeout=90,
@@ -122,6 +132,7 @@ def test_a_kill_9_of_the_run_worker_mid_node_resumes_and_fences_the_orphaned_ste
     dev.wait_run(resume.run_id)
     assert resume.tags[TAG_RESUMED_FROM] == run_id
     assert dev.run(run_id).status == DagsterRunStatus.FAILURE
+    assert_points_forward(dev, run_id, resume.run_id, cause="owner_run_dead")
     # completed nodes were not called again
     assert {c.run_id for c in calls(store, node="n1")} >= {run_id}
     assert len(calls(store, resume.run_id, "n1")) == 0 and len(calls(store, run_id, "n1")) == 6
@@ -161,6 +172,7 @@ def test_b_host_loss_marks_the_dead_run_failed_and_resumes(dev, store):
     messages = [e.message for e in dev.instance.all_logs(old.run_id)]
     assert any("stopped heartbeating" in (m or "") for m in messages)
     dev.wait_run(resume.run_id)
+    assert_points_forward(dev, run_id, resume.run_id, cause="heartbeat")
 
 
 def test_c_sigstop_of_the_run_worker_is_detected_and_its_writes_refused_after_sigcont(dev, store):
@@ -206,7 +218,7 @@ def test_e_racing_sensors_and_the_cli_scan_launch_exactly_one_resume_per_orphan(
 
     def cli_scans():
         while not stop.wait(0.05):
-            scan(store, trigger="cli")
+            scan(store, PassPlan(trigger="cli"))
 
     racer = threading.Thread(target=cli_scans)
     racer.start()

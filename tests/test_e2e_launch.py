@@ -21,7 +21,7 @@ from dagster import DagsterRunStatus
 from dagster._core.definitions.run_request import InstigatorType
 from dagster._core.scheduler.instigation import TickStatus
 
-from recovery_ext.devserver import DagsterDev, wait_for
+from recovery_pipelines.devserver import DagsterDev, wait_for
 from test_e2e import assert_exactly_one_resume, keep_dev_log, calls, config, pipeline_of, resume_runs, wait_completed
 from test_liveness import sensor_ticks_since
 

@@ -21,11 +21,11 @@ from dagster import in_process_executor, job
 from sqlalchemy import Column, Integer, MetaData, Table, Text, func, insert, inspect, select, text
 
 from helpers import expire
-from recovery_ext.errors import OwnershipLost, StoreError
-from recovery_ext.integration import RecoveryResource, execute_in_process, recoverable_op
-from recovery_ext.models import Ownership
-from recovery_ext.schema import pipelines
-from recovery_ext.store import RecoveryStore
+from recovery_ext._errors import OwnershipLost, StoreError
+from recovery_ext import RecoveryResource, execute_in_process, recoverable_op
+from recovery_ext._store.models import ItemCheckpoint, Ownership, PassPlan
+from recovery_ext._store.schema import pipelines
+from recovery_ext._store.store import RecoveryStore
 
 TESTS = Path(__file__).parent
 meta = MetaData()
@@ -71,7 +71,7 @@ def test_a_superseded_workers_write_through_the_op_api_is_refused(store, db_url)
     assert STEPS["wrote"].wait(120)
     (p,) = store.list_pipelines()
     expire(store, p.id)
-    (reclaimed,), _ = store.reclaim(limit=1)
+    (reclaimed,), _ = store.reclaim(PassPlan(limit=1, launching=True))
     store.attach(p.id, "the-new-owner", resume_number=reclaimed.resume_number)
     STEPS["reclaimed"].set()
     thread.join(120)
@@ -91,7 +91,7 @@ def test_the_fenced_transaction_checks_the_epoch_inside_itself_and_ends_with_its
     with pytest.raises(StoreError, match="has ended"):
         tx.execute(insert(notes).values(what="after the block"))
     expire(store, own.pipeline_id)
-    store.reclaim(limit=1)
+    store.reclaim(PassPlan(limit=1, launching=True))
     with pytest.raises(OwnershipLost):
         with store.fenced(own) as tx:
             tx.execute(insert(notes).values(what="zombie"))
@@ -119,7 +119,7 @@ def test_a_zombie_sigstopped_then_reclaimed_writes_no_row_after_sigcont(pg_url):
         deadline = time.monotonic() + 150  # a zombie frozen inside a transaction holds its lock until
         while not reclaimed:               # idle_in_transaction_session_timeout ends its session
             expire(store, p.id)
-            reclaimed, _ = store.reclaim(limit=1)
+            reclaimed, _ = store.reclaim(PassPlan(limit=1, launching=True))
             assert time.monotonic() < deadline, "the frozen worker's pipeline was never reclaimed"
             time.sleep(0.5)
         store.attach(p.id, "the-resume-run", resume_number=reclaimed[0].resume_number)
@@ -161,9 +161,9 @@ def test_sibling_nodes_started_and_completed_in_parallel_never_deadlock(pg_url, 
             try:
                 store.start_node(own, name, heartbeat_timeout=60)
                 store.set_items_total(own, name, 2)
-                store.checkpoint_item(own, name, "a", {"x": 1}, stall_timeout=30)
+                store.checkpoint_item(own, name, ItemCheckpoint("a", {"x": 1}), stall_timeout=30)
                 store.heartbeat([(own, name)], 60)
-                store.checkpoint_item(own, name, "b", {"x": 2})
+                store.checkpoint_item(own, name, ItemCheckpoint("b", {"x": 2}))
                 store.complete_node(own, name, {"done": name}, heartbeat_timeout=60)
             except BaseException as exc:  # noqa: BLE001 - collected and asserted below
                 errors.append(exc)
@@ -185,7 +185,7 @@ def test_sibling_nodes_started_and_completed_in_parallel_never_deadlock(pg_url, 
 # per step (the default, spawn) spent ~85 % of each run importing (median 5 s per step, 9 steps,
 # against ~1 s of op work), which made a run take minutes on a loaded machine.
 START_METHOD = {"execution": {"config": {"start_method": {
-    "forkserver": {"preload_modules": ["dagster", "recovery_ext.pipelines.ontology"]}}}}}
+    "forkserver": {"preload_modules": ["dagster", "recovery_pipelines.ontology"]}}}}}
 
 
 @pytest.mark.timeout(0)  # RECOVERY_DEADLOCK_RUNS=20 takes far longer than the suite's per-test timeout
@@ -193,13 +193,14 @@ def test_the_real_ontology_job_with_the_multiprocess_executor_never_deadlocks(pg
     """RECOVERY_DEADLOCK_RUNS=20 for the issue's measurement; the suite runs 2 (10-20 s each under load)."""
     from dagster import DagsterInstance, build_reconstructable_job, execute_job
 
-    from recovery_ext.pipelines.sample_data import create_sample_database
+    from recovery_pipelines.ontology_schema import MIGRATIONS
+    from recovery_pipelines.sample_data import create_sample_database
 
     shop = f"sqlite:///{tmp_path / 'shop.sqlite3'}"
     create_sample_database(shop)
     monkeypatch.setenv("RECOVERY_DATABASE_URL", pg_url)
     monkeypatch.setenv("ONTOLOGY_TEST_SOURCE", shop)
-    RecoveryStore(pg_url).migrate()
+    RecoveryStore(pg_url).migrate(MIGRATIONS)
     runs = int(os.environ.get("RECOVERY_DEADLOCK_RUNS", "2"))
     before = deadlocks(pg_url)
     failed = []

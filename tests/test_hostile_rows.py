@@ -8,14 +8,15 @@ import json
 import pytest
 from click.testing import CliRunner
 from dagster import build_sensor_context
-from dagster._core.test_utils import instance_for_test
+from dagster import instance_for_test
 from sqlalchemy import select, text, update
 
 from helpers import expire
-from recovery_ext.cli import main
-from recovery_ext.integration import RecoveryResource, make_orphan_sensor, make_stuck_item_sensor
-from recovery_ext.recovery import scan
-from recovery_ext.schema import pipelines, queue_items
+from recovery_ext._cli import main
+from recovery_ext import RecoveryResource, make_orphan_sensor, make_stuck_item_sensor
+from recovery_ext._recovery.scan import scan
+from recovery_ext._store.models import ItemCheckpoint, PassPlan
+from recovery_ext._store.schema import pipelines, queue_items
 
 
 @pytest.fixture
@@ -55,7 +56,7 @@ def test_one_corrupt_row_of_each_kind_and_the_healthy_orphans_are_still_reclaime
         value = "'-infinity'" if store.dialect.name == "postgresql" else "'later'"
         conn.execute(text(f"UPDATE rx_queue_items SET created_at = {value} WHERE id = 2"))
 
-    stats = scan(store, trigger="sensor")
+    stats = scan(store, PassPlan(trigger="sensor"))
     assert stats.error is None, stats.error
     assert sorted(r.pipeline_id for r in stats.reclaimed_pipelines) == healthy
     reasons = {g.pipeline_id: g.reason for g in stats.given_up_pipelines}
@@ -93,7 +94,7 @@ def not_a_time(store, table: str, column: str, row_id: int, *, past: bool = Fals
 
 
 def node_id(store, pipeline_id, name="a"):
-    from recovery_ext.schema import nodes
+    from recovery_ext._store.schema import nodes
 
     with store.read() as conn:
         return conn.scalar(select(nodes.c.id).where(nodes.c.pipeline_id == pipeline_id, nodes.c.name == name))
@@ -116,7 +117,7 @@ def test_infinite_or_mistyped_pipeline_and_node_times_and_counters_are_failed_an
         conn.execute(text(f"UPDATE rx_nodes SET attempts = {2**31 - 1} WHERE id = {node_id(store, attempts)}"))
         conn.execute(text(f"UPDATE rx_pipelines SET resume_count = {value} WHERE id = {counter}"))
 
-    stats = scan(store, trigger="sensor")
+    stats = scan(store, PassPlan(trigger="sensor"))
     assert stats.error is None, stats.error
     assert sorted(r.pipeline_id for r in stats.reclaimed_pipelines) == healthy
     reasons = {g.pipeline_id: g.reason for g in stats.given_up_pipelines}
@@ -129,7 +130,7 @@ def test_infinite_or_mistyped_pipeline_and_node_times_and_counters_are_failed_an
     for pipeline_id in reasons:
         assert store.get_pipeline(pipeline_id).status == "failed"
         assert [t["event"] for t in store.transitions_for(pipeline_id=pipeline_id)].count("corrupt") == 1
-    assert scan(store, trigger="sensor").found == 0  # failed once; the next tick is idle
+    assert scan(store, PassPlan(trigger="sensor")).found == 0  # failed once; the next tick is idle
 
     runner = CliRunner()
     for args in (["status"], ["pipelines", "list"], ["events"], ["recover"],
@@ -158,7 +159,7 @@ def test_dangling_references_are_reported_and_never_stop_the_scan_the_stuck_item
     healthy = [orphan(store, f"healthy-{i}") for i in range(2)]
     gone = store.create_pipeline("job", ["a", "b"], owner="gone", origin_run_id="gone")
     store.start_node(gone, "a")
-    store.checkpoint_item(gone, "a", "k1", {"r": 1})
+    store.checkpoint_item(gone, "a", ItemCheckpoint("k1", {"r": 1}))
     store.enqueue("ocr", [{"n": 1}, {"n": 2}])
     held_by_gone = store.claim("ocr", "gone:0", own=gone, heartbeat_timeout=600)[0]
     stale_healthy = store.claim("ocr", "crashed:0", heartbeat_timeout=600)[0]
@@ -167,7 +168,7 @@ def test_dangling_references_are_reported_and_never_stop_the_scan_the_stuck_item
                      .values(heartbeat_deadline=store.dialect.now_plus(-5)))
     drop_pipeline_behind_the_foreign_keys(store, db_url, gone.pipeline_id)
 
-    stats = scan(store, trigger="sensor")
+    stats = scan(store, PassPlan(trigger="sensor"))
     assert stats.error is None and sorted(r.pipeline_id for r in stats.reclaimed_pipelines) == healthy
 
     status = json.loads(CliRunner().invoke(main, ["--database-url", db_url, "status", "--json"]).output)
@@ -176,11 +177,11 @@ def test_dangling_references_are_reported_and_never_stop_the_scan_the_stuck_item
         ("queue_item_holder", gone.pipeline_id, 1)]
     assert {i["id"] for i in status["stuck_items"]} == {held_by_gone.id, stale_healthy.id}
 
-    from recovery_ext.pipelines.ocr import make_ocr_job
+    from recovery_pipelines.ocr import make_ocr_job
 
     sensor = make_stuck_item_sensor(make_ocr_job(), "ocr", run_config={"ops": {}})
     result = sensor.evaluate_tick(build_sensor_context(
-        instance=instance, resources={"recovery": RecoveryResource(database_url=db_url)}))
+        instance=instance, resources={"recovery": RecoveryResource(database_url=db_url, deployment="default")}))
     assert len(result.run_requests) == 1  # both reset and claimable again: a queue run is launched
     assert {store.get_item(i).status for i in (held_by_gone.id, stale_healthy.id)} == {"ready"}
     for args in (["pipelines", "list"], ["pipelines", "show", str(gone.pipeline_id)], ["events"],
@@ -205,11 +206,11 @@ def test_the_stuck_item_sensor_and_status_serve_every_other_item_beside_bad_ones
     not_a_time(store, "rx_queue_items", "available_at", mistyped_retry)
     not_a_time(store, "rx_queue_items", "created_at", 6, past=True)  # '-infinity' (PostgreSQL), text (SQLite)
 
-    from recovery_ext.pipelines.ocr import make_ocr_job
+    from recovery_pipelines.ocr import make_ocr_job
 
     sensor = make_stuck_item_sensor(make_ocr_job(), "ocr", run_config={"ops": {}})
     result = sensor.evaluate_tick(build_sensor_context(
-        instance=instance, resources={"recovery": RecoveryResource(database_url=db_url)}))
+        instance=instance, resources={"recovery": RecoveryResource(database_url=db_url, deployment="default")}))
     assert len(result.run_requests) == 1
     assert store.get_item(stale).status == "ready"  # the healthy stale item was reset
     assert store.get_item(unknown).status == "sideways" and store.get_item(never).status == "processing"
@@ -248,8 +249,144 @@ def test_the_orphan_sensor_serves_healthy_orphans_beside_an_unknown_owner_and_a_
         conn.execute(update(pipelines).where(pipelines.c.id.in_([stranger, corrupt_id])).values(job_name="items_job"))
     sensor = make_orphan_sensor([items_job], minimum_interval_seconds=1)
     result = sensor.evaluate_tick(build_sensor_context(
-        instance=instance, resources={"recovery": RecoveryResource(database_url=db_url)}))
+        instance=instance, resources={"recovery": RecoveryResource(database_url=db_url, deployment="default")}))
     keys = sorted(r.run_key for r in result.run_requests)
     assert keys == sorted(f"recovery-{i}-1" for i in [*healthy, stranger])
     failed = store.get_pipeline(corrupt_id)
     assert failed.status == "failed" and "epoch out of range" in (failed.gave_up_reason or "")
+
+
+# -- values Python cannot decode, times with no duration, owners that are not text ------------------------------
+
+DEEP = "[" * 5000 + "]" * 5000  # valid JSON (PostgreSQL stores it as jsonb); json.loads overflows Python's stack
+
+
+def set_json(store, table: str, column: str, row_id: int, raw: str) -> None:
+    """Write JSON text as is, the way a hand-made UPDATE would."""
+    value = "CAST(:raw AS jsonb)" if store.dialect.name == "postgresql" else ":raw"
+    with store.write() as conn:
+        conn.execute(text(f"UPDATE {table} SET {column} = {value} WHERE id = :id"), {"raw": raw, "id": row_id})
+
+
+def test_json_nested_too_deep_marks_its_row_bad_and_the_scan_sensors_and_cli_serve_the_rest(store, db_url, instance):
+    from e2e_defs import items_job
+    from recovery_ext._store.schema import CorruptJson
+
+    healthy = [orphan(store, f"healthy-{i}") for i in range(2)]
+    deep = orphan(store, "deep-params")
+    set_json(store, "rx_pipelines", "params", deep, DEEP)
+    with store.write() as conn:
+        conn.execute(update(pipelines).values(job_name="items_job"))
+    store.enqueue("ocr", [{"n": 1}, {"n": 2}, {"n": 3}])
+    stale = store.claim("ocr", "crashed:0", limit=2, heartbeat_timeout=600)
+    with store.write() as conn:
+        conn.execute(update(queue_items).where(queue_items.c.id.in_([i.id for i in stale]))
+                     .values(heartbeat_deadline=store.dialect.now_plus(-5)))
+    set_json(store, "rx_queue_items", "payload", stale[0].id, DEEP)
+    set_json(store, "rx_queue_items", "payload", 3, DEEP)  # ready, and claimable
+    store.record_event("note", {"ok": True})
+    with store.read() as conn:
+        event_id = conn.scalar(text("SELECT max(id) FROM rx_events"))
+    set_json(store, "rx_events", "payload", event_id, DEEP)
+
+    assert isinstance(store.get_pipeline(deep).params, CorruptJson)
+    assert "nested deeper" in store.get_pipeline(deep).params.error
+    cli = CliRunner()
+    for args in (["status"], ["status", "--json"], ["events"], ["events", "--json"], ["pipelines", "list", "--json"],
+                 ["pipelines", "show", str(deep), "--json"], ["reset-stuck", "--dry-run"]):
+        result = cli.invoke(main, ["--database-url", db_url, *args])
+        assert result.exit_code == 0 and "Traceback" not in result.output, (args, result.output[-500:])
+    assert "nested deeper" in cli.invoke(main, ["--database-url", db_url, "events"]).output
+
+    sensor = make_orphan_sensor([items_job], minimum_interval_seconds=1)
+    result = sensor.evaluate_tick(build_sensor_context(
+        instance=instance, resources={"recovery": RecoveryResource(database_url=db_url, deployment="default")}))
+    assert sorted(r.run_key for r in result.run_requests) == sorted(f"recovery-{i}-1" for i in healthy)
+    failed = store.get_pipeline(deep)
+    assert failed.status == "failed" and "params is not valid JSON (nested deeper" in failed.gave_up_reason
+
+    from recovery_pipelines.ocr import make_ocr_job
+
+    stuck_sensor = make_stuck_item_sensor(make_ocr_job(), "ocr", run_config={"ops": {}})
+    result = stuck_sensor.evaluate_tick(build_sensor_context(
+        instance=instance, resources={"recovery": RecoveryResource(database_url=db_url, deployment="default")}))
+    assert len(result.run_requests) == 1  # both stale items reset, the deep one too: nothing stopped the rest
+    assert {store.get_item(i.id).status for i in stale} == {"ready"}
+    claimed = store.claim("ocr", "next", limit=10, heartbeat_timeout=60)
+    # the two undecodable payloads are dead with their reason, in the claim; the healthy item is handed out
+    healthy_item = next(i.id for i in stale if i.id != stale[0].id)
+    assert [i.id for i in claimed] == [healthy_item] and not isinstance(claimed[0].payload, CorruptJson)
+    for dead_id in (stale[0].id, 3):
+        dead = store.get_item(dead_id)
+        assert dead.status == "dead" and dead.last_error.startswith("payload is not valid JSON (nested deeper")
+        assert dead.worker is None and isinstance(dead.payload, CorruptJson)  # the row and its raw payload stay
+    assert store.claim("ocr", "again", limit=10, heartbeat_timeout=60) == []  # dead: never handed out again
+    assert CliRunner().invoke(main, ["--database-url", db_url, "recover"]).exit_code == 0
+
+
+def test_a_value_just_under_the_depth_limit_still_decodes(store):
+    from recovery_ext._store.schema import MAX_JSON_DEPTH, CorruptJson
+
+    own = store.create_pipeline("job", ["a"], owner="r", params={"ok": 1})
+    nested = "[" * MAX_JSON_DEPTH + "]" * MAX_JSON_DEPTH
+    set_json(store, "rx_pipelines", "params", own.pipeline_id, nested)
+    assert not isinstance(store.get_pipeline(own.pipeline_id).params, CorruptJson)
+    set_json(store, "rx_pipelines", "params", own.pipeline_id, "[" + nested + "]")
+    assert isinstance(store.get_pipeline(own.pipeline_id).params, CorruptJson)
+
+
+def test_infinite_finish_times_have_no_duration_and_every_read_serves_the_rest(store, db_url):
+    done = store.create_pipeline("job", ["a"], owner="done", origin_run_id="done")
+    with store.write() as conn:
+        conn.execute(update(pipelines).where(pipelines.c.id == done.pipeline_id).values(status="completed"))
+    normal = store.create_pipeline("job", ["a"], owner="normal", origin_run_id="normal")
+    with store.write() as conn:
+        conn.execute(update(pipelines).where(pipelines.c.id == normal.pipeline_id)
+                     .values(status="completed", completed_at=store.dialect.now_plus(10)))
+    not_a_time(store, "rx_pipelines", "completed_at", done.pipeline_id)
+    store.enqueue("ocr", [{"n": 1}, {"n": 2}, {"n": 3}])
+    first, second = store.claim("ocr", "w", limit=2, heartbeat_timeout=600)
+    store.complete_item(first, {"ok": True})
+    not_a_time(store, "rx_queue_items", "completed_at", first.id)
+    store.fail_item(second, "later")
+    not_a_time(store, "rx_queue_items", "available_at", second.id)
+
+    summary = {r["status"]: r for r in store.pipeline_summary()}
+    assert summary["completed"]["count"] == 2 and 9 < summary["completed"]["avg_seconds"] < 60  # the finite one
+    assert {(r["status"], r["count"]) for r in store.queue_summary()} >= {("completed", 1)}
+    assert store.seconds_until_claimable("ocr") is None  # no finite wait: nothing to sleep for
+    runner = CliRunner()
+    for args in (["status"], ["status", "--json"], ["pipelines", "list", "--json"],
+                 ["pipelines", "show", str(done.pipeline_id)], ["reset-stuck", "--dry-run"], ["recover"]):
+        result = runner.invoke(main, ["--database-url", db_url, *args])
+        assert result.exit_code == 0 and "Traceback" not in result.output, (args, result.output[-500:])
+
+
+def test_an_owner_that_is_not_text_is_a_bad_row_and_dagster_still_judges_the_others(sqlite_url, instance):
+    """SQLite stores a blob in a text column; PostgreSQL refuses it, so this row exists only there."""
+    from dagster import DagsterRunStatus
+    from dagster._core.test_utils import create_run_for_test
+
+    from e2e_defs import items_job
+    from recovery_ext._store.store import RecoveryStore
+
+    store = RecoveryStore(sqlite_url)
+    store.migrate()
+    dead = create_run_for_test(instance, job_name="items_job", status=DagsterRunStatus.FAILURE)
+    own = store.create_pipeline("items_job", ["a"], owner=dead.run_id, origin_run_id=dead.run_id)
+    store.start_node(own, "a")  # heartbeat still live: only Dagster's FAILURE makes it an orphan
+    blob = store.create_pipeline("items_job", ["a"], owner="blob", origin_run_id="blob").pipeline_id
+    with store.write() as conn:
+        conn.execute(text("UPDATE rx_pipelines SET owner = x'00ff10' WHERE id = :id"), {"id": blob})
+    assert store.running_owners() == [dead.run_id]
+
+    sensor = make_orphan_sensor([items_job], minimum_interval_seconds=1)
+    result = sensor.evaluate_tick(build_sensor_context(
+        instance=instance, resources={"recovery": RecoveryResource(database_url=sqlite_url, deployment="default")}))
+    assert [r.run_key for r in result.run_requests] == [f"recovery-{own.pipeline_id}-1"]
+    failed = store.get_pipeline(blob)
+    assert failed.status == "failed" and "owner is not text" in failed.gave_up_reason
+    for args in (["status", "--json"], ["pipelines", "list", "--json"], ["pipelines", "show", str(blob), "--json"]):
+        result = CliRunner().invoke(main, ["--database-url", sqlite_url, *args])
+        assert result.exit_code == 0, (args, result.output[-500:])
+    store.close()

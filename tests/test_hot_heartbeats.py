@@ -8,8 +8,8 @@ import time
 import psycopg
 from sqlalchemy import event
 
-from recovery_ext.run_store import NodeBeat, PipelineBeat
-from recovery_ext.store import RecoveryStore
+from recovery_ext._store.runs import NodeBeat, PipelineBeat
+from recovery_ext._store.store import RecoveryStore
 
 
 def _update_counts(pg_url: str) -> dict[str, tuple[int, int]]:

@@ -16,9 +16,9 @@ from dagster import DagsterRunStatus
 from sqlalchemy import func, select, text
 
 import liveness_defs
-from recovery_ext.devserver import DagsterDev, parent_of, wait_for
-from recovery_ext.integration.tags import TAG_PIPELINE, TAG_RESUME_NUMBER
-from recovery_ext.schema import events, node_items, transitions
+from recovery_pipelines.devserver import DagsterDev, parent_of, wait_for
+from recovery_ext._dagster.tags import TAG_PIPELINE, TAG_RESUME_NUMBER
+from recovery_ext._store.schema import events, node_items, transitions
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 

@@ -8,10 +8,11 @@ import pytest
 from sqlalchemy import select
 
 from helpers import round_trips, sent_round_trips
-from recovery_ext import hot_path
-from recovery_ext.errors import IllegalTransition, NotFound, OwnershipLost, UnfinishedItems
-from recovery_ext.schema import transitions
-from recovery_ext.store import RecoveryStore
+from recovery_ext._store import hot_path
+from recovery_ext._errors import IllegalTransition, NotFound, OwnershipLost, UnfinishedItems
+from recovery_ext._store.models import ItemCheckpoint
+from recovery_ext._store.schema import transitions
+from recovery_ext._store.store import RecoveryStore
 
 
 def history(store, pipeline_id):
@@ -47,7 +48,7 @@ def test_refusals_raise_the_same_errors_and_write_nothing(store):
         store.complete_node(own, "a", 1)
     store.begin_node("run-1", "a")
     store.set_items_total(own, "a", 2)
-    store.checkpoint_item(own, "a", "k1", 1)
+    store.checkpoint_item(own, "a", ItemCheckpoint("k1", 1))
     with pytest.raises(UnfinishedItems, match="1 of its 2 items are unfinished"):
         store.complete_node(own, "a", 1)
     with pytest.raises(NotFound, match="has no node .zzz."):
@@ -108,7 +109,7 @@ def test_each_is_one_round_trip_on_postgresql(pg_url):
                 if name == "b":  # "a" prepared them
                     assert sent_round_trips(messages) == ["Sync"], messages
                     assert messages[-1] == "B ReadyForQuery I", messages  # autocommit: nothing left open
-            store.checkpoint_item(own, name, "k1", 1)
+            store.checkpoint_item(own, name, ItemCheckpoint("k1", 1))
             with round_trips(store) as messages:
                 assert store.complete_node(own, name, {"v": name}, heartbeat_timeout=30) is (name == "b")
             if name == "b":
@@ -124,8 +125,8 @@ def test_starting_items_sets_the_count_returns_the_checkpoints_and_is_fenced(sto
     own = store.create_pipeline("job", ["a"], owner="run-1", origin_run_id="run-1")
     store.begin_node("run-1", "a")
     assert store.start_items(own, "a", 3) == {}
-    store.checkpoint_item(own, "a", "k1", 1)
-    store.checkpoint_item(own, "a", "k2", None, status="degraded")
+    store.checkpoint_item(own, "a", ItemCheckpoint("k1", 1))
+    store.checkpoint_item(own, "a", ItemCheckpoint("k2", None, status="degraded"))
     assert store.start_items(own, "a", 4) == {"k1": "completed", "k2": "degraded"}
     assert store.get_node(own.pipeline_id, "a").items_total == 4
     store.fail_pipeline(own.pipeline_id, "operator said so")

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 from dagster import DagsterRunStatus
 
-from recovery_ext.devserver import DagsterDev, process_alive, wait_for
-from recovery_ext.integration.recoverable import TAG_PIPELINE, TAG_RESUME_NUMBER
-from recovery_ext.pipelines.sample_data import create_scanned_pdfs
+from recovery_pipelines.devserver import DagsterDev, process_alive, wait_for
+from recovery_ext._dagster.recoverable import TAG_PIPELINE, TAG_RESUME_NUMBER
+from recovery_pipelines.sample_data import create_scanned_pdfs
 from test_ocr_recovery import assert_every_document_completed_once_before_the_pipeline
 
 # Enough documents that the killed run's step process (a zombie: killing the run worker leaves it

@@ -17,13 +17,14 @@ from dagster import DagsterInstance, build_sensor_context, in_process_executor
 
 from helpers import expire
 from ocr_run import resource
-from recovery_ext.devserver import wait_for
-from recovery_ext.integration import execute_in_process, make_stuck_item_sensor
-from recovery_ext.integration.recoverable import TAG_PIPELINE, TAG_RESUME_NUMBER, TAG_RESUMED_FROM
-from recovery_ext.pipelines import ocr as ocr_module
-from recovery_ext.pipelines.ocr import make_ocr_job
-from recovery_ext.pipelines.ocr_engine import OcrResult
-from recovery_ext.pipelines.sample_data import create_scanned_pdfs
+from recovery_pipelines.devserver import wait_for
+from recovery_ext import execute_in_process, make_stuck_item_sensor
+from recovery_ext._dagster.recoverable import TAG_PIPELINE, TAG_RESUME_NUMBER, TAG_RESUMED_FROM
+from recovery_ext._store.models import PassPlan
+from recovery_pipelines import ocr as ocr_module
+from recovery_pipelines.ocr import make_ocr_job
+from recovery_pipelines.ocr_engine import OcrResult
+from recovery_pipelines.sample_data import create_scanned_pdfs
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -100,9 +101,9 @@ def test_a_crash_then_a_second_reclaim_before_the_resumes_ocr_step_loses_no_docu
         first.wait(30)
     (pipeline,) = store.list_pipelines()
     run_1 = pipeline.owner
-    (first_reclaim,), _ = store.reclaim(limit=5, dead_owner_runs=[run_1])
+    (first_reclaim,), _ = store.reclaim(PassPlan(limit=5, dead_owner_runs=[run_1], launching=True))
     expire(store, pipeline.id)  # resume #1 never attached (its worker died at once): re-orphaned
-    (second_reclaim,), _ = store.reclaim(limit=5)
+    (second_reclaim,), _ = store.reclaim(PassPlan(limit=5, launching=True))
     assert (second_reclaim.epoch, second_reclaim.previous_owner) == (3, first_reclaim.owner)
     assert store.get_item(held.id).status == "processing"  # still held by the dead first run
     tags = {TAG_PIPELINE: str(pipeline.id), TAG_RESUME_NUMBER: str(second_reclaim.resume_number),
@@ -158,7 +159,7 @@ def test_a_document_slower_than_the_stale_threshold_keeps_heartbeating_and_compl
     assert (slow.completed_at - slow.started_at).total_seconds() >= 20
     assert store.count_events("item_reset") == 0
     assert_every_document_completed_once_before_the_pipeline(store, store.list_pipelines()[0].id)
-    assert result.output_for_node("ocr_documents") == {"queue": "ocr", "processed": len(DOCS), "failed": 0, "dead": 0}
+    assert result.output_for_node("ocr_documents") == {"queue": "ocr", "items_done": len(DOCS), "items_failed": 0, "items_dead": 0}
 
 
 def test_a_failing_document_waits_before_its_retry_and_the_node_waits_for_it(

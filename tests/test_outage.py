@@ -15,14 +15,14 @@ from werkzeug import Response
 
 from helpers import expire
 
-from recovery_ext.classify import classify
-from recovery_ext.devserver import wait_for
-from recovery_ext.errors import ConfigurationError
-from recovery_ext.models import NodeSpec
-from recovery_ext.outage import OutageBudgetExceeded, OutageSettings, ProviderGuard, StorePause
-from recovery_ext.pipelines.llm import OpenAICompatibleEnricher
-from recovery_ext.retry import RetryPolicy
-from recovery_ext.schema import circuit_breakers
+from recovery_ext._classify.classifier import classify
+from recovery_pipelines.devserver import wait_for
+from recovery_ext._errors import ConfigurationError
+from recovery_ext._store.models import NodeSpec
+from recovery_ext._providers.guard import OutageBudgetExceeded, OutageSettings, ProviderGuard, StorePause
+from recovery_pipelines.llm import OpenAICompatibleEnricher
+from recovery_ext._classify.retry import RetryPolicy
+from recovery_ext._store.schema import circuit_breakers
 
 NOW = 1_900_000_000.0  # the injected wall clock for HTTP dates
 
@@ -293,14 +293,14 @@ def test_a_waiting_pipeline_is_named_in_the_sensor_tick_and_status_and_stays_an_
     from dagster import DagsterInstance, build_sensor_context
     from e2e_defs import items_job
 
-    from recovery_ext.cli import main
-    from recovery_ext.integration import RecoveryResource, make_orphan_sensor
+    from recovery_ext._cli import main
+    from recovery_ext import RecoveryResource, make_orphan_sensor
 
     own = store.create_pipeline("items_job", [NodeSpec("n")], owner="run-w")
     store.set_waiting(own, 60, "5 server_error errors in a row from http://llm.local/v1")
     with DagsterInstance.ephemeral() as instance:
         tick = make_orphan_sensor([items_job]).evaluate_tick(
-            build_sensor_context(instance=instance, resources={"recovery": RecoveryResource(database_url=db_url)}))
+            build_sensor_context(instance=instance, resources={"recovery": RecoveryResource(database_url=db_url, deployment="default")}))
     assert f"waiting on provider outages: pipeline {own.pipeline_id} next try" in tick.skip_message
     assert "5 server_error errors in a row" in tick.skip_message
     status = CliRunner().invoke(main, ["--database-url", db_url, "status"]).stdout

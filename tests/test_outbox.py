@@ -7,12 +7,13 @@ import json
 from click.testing import CliRunner
 from sqlalchemy import insert, select, update
 
-from recovery_ext.cli import main
-from recovery_ext.integration import RecoveryResource
-from recovery_ext.recovery import scan
-from recovery_ext.reports import EventCursor
-from recovery_ext.schema import events
-from recovery_ext.store import RecoveryStore
+from recovery_ext._cli import main
+from recovery_ext import RecoveryResource
+from recovery_ext._recovery.scan import scan
+from recovery_ext._store.models import PassPlan
+from recovery_ext._store.reports import EventCursor
+from recovery_ext._store.schema import events
+from recovery_ext._store.store import RecoveryStore
 
 
 def add_events(store, n, kind="k"):
@@ -81,6 +82,6 @@ def test_retention_deletes_only_old_events_and_the_sensor_setting_is_bounded(sto
 
 def test_an_idle_scan_records_no_event(store):
     for _ in range(3):
-        stats = scan(store, trigger="sensor")
+        stats = scan(store, PassPlan(trigger="sensor"))
         assert stats.error is None and stats.found == 0
     assert store.recent_events(limit=100) == []

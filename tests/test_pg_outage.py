@@ -19,10 +19,11 @@ import pytest
 from dagster import Field, in_process_executor, job
 
 from pg_cluster import PrivateCluster
-from recovery_ext.devserver import wait_for
-from recovery_ext.errors import StoreError, StoreUnavailable
-from recovery_ext.integration import RecoveryResource, execute_in_process, recoverable_op
-from recovery_ext.store import RecoveryStore
+from recovery_pipelines.devserver import wait_for
+from recovery_ext._errors import StoreError, StoreUnavailable
+from recovery_ext import RecoveryResource, execute_in_process, recoverable_op
+from recovery_ext._store.models import PassPlan
+from recovery_ext._store.store import RecoveryStore
 
 ITEMS = 24
 CALLS: collections.Counter = collections.Counter()
@@ -167,7 +168,7 @@ def test_past_the_budget_an_optional_node_degrades_and_a_required_node_fails_unt
     assert "resumes once the database is back" in str(failure.event_specific_data.error)
     (p,) = store.list_pipelines()
     assert p.status == "running"  # nothing was marked permanent
-    (reclaimed,), _ = store.reclaim(limit=1, dead_owner_runs=[result.run_id])
+    (reclaimed,), _ = store.reclaim(PassPlan(limit=1, dead_owner_runs=[result.run_id], launching=True))
     assert reclaimed.pipeline_id == p.id and reclaimed.reset_nodes == ("optional_writer",)
     store.close()
 
@@ -180,7 +181,7 @@ def test_a_server_that_stops_answering_new_connections_is_an_outage_retried_unti
     url = cluster.create_database(f"rx_{uuid.uuid4().hex[:8]}")
     with RecoveryStore(url) as setup:
         setup.migrate()
-    caplog.set_level(logging.WARNING, logger="recovery_ext.store")
+    caplog.set_level(logging.WARNING, logger="recovery_ext._store.store")
     postmaster = cluster.postmaster_pid()
     box = {}
     os.kill(postmaster, signal.SIGSTOP)
@@ -204,7 +205,7 @@ def test_a_server_that_stops_answering_new_connections_is_an_outage_retried_unti
 
 def test_a_database_that_does_not_exist_fails_at_once_with_a_clear_error(cluster, caplog):
     """A connect failure with no SQLSTATE that no retry can fix is not retried for the whole budget."""
-    caplog.set_level(logging.WARNING, logger="recovery_ext.store")
+    caplog.set_level(logging.WARNING, logger="recovery_ext._store.store")
     store = RecoveryStore(f"postgresql://postgres@127.0.0.1:{cluster.port}/rx_no_such_database", retry_budget=60)
     with pytest.raises(StoreError) as raised:
         store.list_pipelines()

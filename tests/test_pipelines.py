@@ -12,20 +12,20 @@ from dagster import in_process_executor
 from sqlalchemy import select
 from werkzeug import Response
 
-from recovery_ext.integration import RecoveryResource, execute_in_process
-from recovery_ext.ontology_schema import ont_columns, ont_entities, ont_glossary_terms, ont_relationships
-from recovery_ext.pipelines import ocr as ocr_module
-from recovery_ext.pipelines.llm import LLMResource, heuristic_answer
-from recovery_ext.pipelines.ocr import make_ocr_job
-from recovery_ext.pipelines.ocr_engine import model_files
-from recovery_ext.pipelines.ontology import SourceDatabase, make_ontology_job
-from recovery_ext.pipelines.sample_data import (
+from recovery_ext import RecoveryResource, execute_in_process
+from recovery_pipelines.ontology_schema import MIGRATIONS, ont_columns, ont_entities, ont_glossary_terms, ont_relationships
+from recovery_pipelines import ocr as ocr_module
+from recovery_pipelines.llm import LLMResource, heuristic_answer
+from recovery_pipelines.ocr import make_ocr_job
+from recovery_pipelines.ocr_engine import model_files
+from recovery_pipelines.ontology import SourceDatabase, make_ontology_job
+from recovery_pipelines.sample_data import (
     CONVENTIONAL_RELATIONSHIPS,
     DECLARED_RELATIONSHIPS,
     create_sample_database,
     create_scanned_pdfs,
 )
-from recovery_ext.schema import events, nodes, pipelines, transitions
+from recovery_ext._store.schema import events, nodes, pipelines, transitions
 
 API_KEY = "sk-test-SECRET-0123456789abcdef"
 
@@ -46,7 +46,7 @@ def scans(tmp_path_factory):
 def recovery(url, **kw):
     settings = dict(outage_pause_initial=0.05, outage_pause_max=0.1, outage_budget_seconds=3.0,
                     breaker_cooldown=0.05, breaker_max_cooldown=0.1)
-    return RecoveryResource(database_url=url, heartbeat_interval=0.5, heartbeat_timeout=5, max_retries=2,
+    return RecoveryResource(database_url=url, migration_packages=[MIGRATIONS], heartbeat_interval=0.5, heartbeat_timeout=5, max_retries=2,
                             retry_initial_delay=0.01, retry_max_delay=0.02, **{**settings, **kw})
 
 
@@ -252,4 +252,4 @@ def test_ocr_failures_are_classified_retried_and_dead_at_max_attempts(store, db_
     assert (items["flaky.pdf"].status, items["flaky.pdf"].attempts) == ("dead", 3)
     assert "timeout" in items["flaky.pdf"].last_error
     assert (items["broken.pdf"].status, items["broken.pdf"].attempts) == ("failed", 1)
-    assert result.output_for_node("ocr_documents") == {"queue": "ocr", "processed": 0, "failed": 3, "dead": 1}
+    assert result.output_for_node("ocr_documents") == {"queue": "ocr", "items_done": 0, "items_failed": 3, "items_dead": 1}

@@ -18,8 +18,8 @@ from dagster import DagsterInstance, build_sensor_context, in_process_executor
 from sqlalchemy import select
 from werkzeug import Response
 
-from recovery_ext.cli import main
-from recovery_ext.integration import (
+from recovery_ext._cli import main
+from recovery_ext import (
     NodeContext,
     RecoveryResource,
     execute_in_process,
@@ -27,10 +27,10 @@ from recovery_ext.integration import (
     recoverable_job,
     recoverable_op,
 )
-from recovery_ext.ontology_schema import ont_entities
-from recovery_ext.pipelines.llm import LLMResource, heuristic_answer
-from recovery_ext.pipelines.ontology import SourceDatabase, make_ontology_job
-from recovery_ext.pipelines.sample_data import create_sample_database
+from recovery_pipelines.ontology_schema import MIGRATIONS, ont_entities
+from recovery_pipelines.llm import LLMResource, heuristic_answer
+from recovery_pipelines.ontology import SourceDatabase, make_ontology_job
+from recovery_pipelines.sample_data import create_sample_database
 
 
 class Provider:
@@ -67,7 +67,9 @@ def serve(httpserver, provider) -> LLMResource:
 
 
 def recovery(url, **kw) -> RecoveryResource:
-    settings = dict(database_url=url, heartbeat_interval=0.5, heartbeat_timeout=10, max_retries=2,
+    # one deployment for the in-process runs and the sensor, which each get their own ephemeral instance
+    settings = dict(database_url=url, migration_packages=[MIGRATIONS], deployment="tests", heartbeat_interval=0.5,
+                    heartbeat_timeout=10, max_retries=2,
                     retry_initial_delay=0.01, retry_max_delay=0.02, same_error_limit=3,
                     outage_pause_initial=0.5, outage_pause_max=1.0, breaker_failure_threshold=3,
                     breaker_cooldown=1.0, breaker_max_cooldown=1.5, breaker_probe_timeout=10)

@@ -5,9 +5,10 @@ from __future__ import annotations
 import pytest
 from sqlalchemy import update
 
-from recovery_ext.errors import IllegalTransition, OwnershipLost
-from recovery_ext.retry import wait_jittered_exponential
-from recovery_ext.schema import queue_items
+from recovery_ext._errors import IllegalTransition, OwnershipLost
+from recovery_ext._classify.retry import wait_jittered_exponential
+from recovery_ext._store.models import PassPlan
+from recovery_ext._store.schema import queue_items
 
 NO_DELAY = wait_jittered_exponential(0.0, max_delay=0.0, jitter=0.0)
 
@@ -226,7 +227,7 @@ def reclaim_and_attach(store, pipeline_id, run_id):
     from helpers import expire
 
     expire(store, pipeline_id)
-    (reclaimed,), _ = store.reclaim(limit=5)
+    (reclaimed,), _ = store.reclaim(PassPlan(limit=5, launching=True))
     return store.attach(pipeline_id, run_id, resume_number=reclaimed.resume_number)
 
 
@@ -272,7 +273,7 @@ def test_documents_held_by_any_superseded_run_are_released_not_only_the_direct_p
 
 
 def test_another_worker_taking_over_is_reported_as_such(store):
-    from recovery_ext.errors import ItemTakenOver
+    from recovery_ext._errors import ItemTakenOver
 
     store.enqueue("ocr", [{"doc": "a"}])
     (old,) = store.claim("ocr", "old")

@@ -12,22 +12,28 @@ from pathlib import Path
 
 import pytest
 
-import recovery_ext.pipelines
+import recovery_pipelines
 from helpers import expire
-from recovery_ext.errors import ItemTakenOver, OwnershipLost
-from recovery_ext.integration.context import NodeContext
-from recovery_ext.integration.queue_handle import QueueHandle
+from recovery_ext._errors import ItemTakenOver, OwnershipLost
+from recovery_ext._dagster.context import NodeContext
+from recovery_ext._dagster.queue_handle import QueueHandle
+from recovery_ext._store.models import PassPlan
 
-PIPELINES = Path(recovery_ext.pipelines.__file__).parent
+PIPELINES = Path(recovery_pipelines.__file__).parent
 
 
 def node_context(store, own) -> NodeContext:
     return NodeContext(None, store, own, "ocr_documents", settings=None, watchdog=None, resource=None)
 
 
+# The modules whose code runs inside ops and assets; the demo's operator tools (cli.py, demo_crash.py,
+# devserver.py) open the store on purpose, as `recovery-ext` does.
+OP_MODULES = ["ontology.py", "ocr.py", "ocr_assets.py", "llm.py", "ocr_engine.py", "assembly.py", "sample_data.py"]
+
+
 def test_shipped_op_code_never_reaches_the_raw_store():
     offenders = []
-    for source in sorted(PIPELINES.glob("*.py")):
+    for source in [PIPELINES / name for name in OP_MODULES]:
         for number, line in enumerate(source.read_text().splitlines(), 1):
             if re.search(r"\._store\b|\bctx\.store\b|\bget_store\(|\bRecoveryStore\b", line):
                 offenders.append(f"{source.name}:{number}: {line.strip()}")
@@ -58,7 +64,7 @@ def test_after_a_reclaim_every_write_through_the_old_handle_is_refused_and_chang
     old.enqueue([{"doc": d} for d in "ab"], dedupe_keys=["a", "b"])
     a, b = old.claim("run-1:0", limit=2, heartbeat_timeout=600)
     expire(store, own.pipeline_id)
-    (reclaimed,), _ = store.reclaim(limit=5)
+    (reclaimed,), _ = store.reclaim(PassPlan(limit=5, launching=True))
     new_own = store.attach(own.pipeline_id, "run-2", resume_number=reclaimed.resume_number)
     before = {(i.id, i.status, i.worker, i.attempts) for i in store.list_items("ocr")}
     for write in (lambda: old.claim("run-1:0"), lambda: old.heartbeat(a, timeout=60),

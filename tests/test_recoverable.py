@@ -13,10 +13,11 @@ from werkzeug import Response
 import e2e_defs
 from e2e_defs import calls, items_job_inprocess, optional_job
 from helpers import expire
-from recovery_ext.errors import RecoveryError
-from recovery_ext.integration import RecoveryResource, execute_in_process
-from recovery_ext.integration.recoverable import TAG_PIPELINE, TAG_RESUME_NUMBER
-from recovery_ext.schema import events, node_items, nodes, pipelines
+from recovery_ext._errors import RecoveryError
+from recovery_ext import RecoveryResource, execute_in_process
+from recovery_ext._dagster.recoverable import TAG_PIPELINE, TAG_RESUME_NUMBER
+from recovery_ext._store.models import PassPlan
+from recovery_ext._store.schema import events, node_items, nodes, pipelines
 
 NODES = ("n1", "n2", "n3", "n4")
 
@@ -87,7 +88,7 @@ def test_resume_skips_completed_nodes_and_redoes_only_unfinished_items(store, db
     (p,) = store.list_pipelines()
     before = {n.name: n.output for n in store.list_nodes(p.id)}
     crash_state(store, p.id)
-    (reclaimed,), _ = store.reclaim(limit=5)
+    (reclaimed,), _ = store.reclaim(PassPlan(limit=5, launching=True))
     assert reclaimed.reset_nodes == ("n3",)
     tags = {TAG_PIPELINE: str(p.id), TAG_RESUME_NUMBER: str(reclaimed.resume_number)}
     second = run(items_job_inprocess, db_url, config(), tags=tags)
@@ -107,7 +108,7 @@ def test_a_superseded_run_stops_without_writing(store, db_url):
     run(items_job_inprocess, db_url, config())
     (p,) = store.list_pipelines()
     crash_state(store, p.id)
-    (reclaimed,), _ = store.reclaim(limit=5)
+    (reclaimed,), _ = store.reclaim(PassPlan(limit=5, launching=True))
     store.attach(p.id, "the-real-resume", resume_number=reclaimed.resume_number)
     tags = {TAG_PIPELINE: str(p.id), TAG_RESUME_NUMBER: str(reclaimed.resume_number)}
     with pytest.raises(RecoveryError, match="owned by the-real-resume"):
@@ -215,7 +216,7 @@ def test_the_run_worker_resolves_the_recovery_resource_from_run_config_and_envir
     """A complete resource is used as given; EnvVar fields and run config are resolved as Dagster would."""
     from dagster import EnvVar, in_process_executor, job
 
-    from recovery_ext.integration.executor import resolve_resource
+    from recovery_ext._dagster.executor import resolve_resource
 
     @job(executor_def=in_process_executor)
     def empty():

@@ -5,12 +5,13 @@ from __future__ import annotations
 import pytest
 from sqlalchemy import update
 
-from recovery_ext.errors import ConfigurationError
-from recovery_ext.heartbeat import HeartbeatSettings
-from recovery_ext.env import parse_duration
-from recovery_ext.recovery import RecoverySettings, default_outage_policy, scan, summary_line
-from recovery_ext.schema import nodes, pipelines
-from recovery_ext.store import RecoveryStore
+from recovery_ext._errors import ConfigurationError
+from recovery_ext._liveness.heartbeat import HeartbeatSettings
+from recovery_ext._settings import parse_duration
+from recovery_ext._recovery.scan import RecoverySettings, default_outage_policy, scan, summary_line
+from recovery_ext._store.models import PassPlan, PassResult, PipelineLimits, Scope
+from recovery_ext._store.schema import nodes, pipelines
+from recovery_ext._store.store import RecoveryStore
 
 from helpers import expire
 
@@ -24,9 +25,9 @@ def orphan(store, owner, **kw):
 
 def test_scan_reclaims_gives_up_and_reports_with_events(store):
     a = orphan(store, "a")
-    b = orphan(store, "b", max_resumes=0)
+    b = orphan(store, "b", limits=PipelineLimits(max_resumes=0))
     live = store.create_pipeline("job", ["a"], owner="live", origin_run_id="live")
-    stats = scan(store, trigger="startup")
+    stats = scan(store, PassPlan(trigger="startup"))
     assert (stats.found, stats.reclaimed, stats.given_up, stats.failed, stats.error) == (2, 1, 1, 0, None)
     assert stats.reclaimed_pipelines[0].pipeline_id == a.pipeline_id
     assert stats.given_up_pipelines[0].pipeline_id == b.pipeline_id
@@ -74,19 +75,46 @@ def test_database_outage_is_retried_with_backoff_then_reported_not_raised(pg_adm
 def test_database_going_away_mid_scan_is_reported(store, monkeypatch):
     orphan(store, "x")
     calls = {"n": 0}
-    real = store.reclaim
+    real = store.recovery_pass
 
-    def flaky(**kw):
+    def flaky(*args, **kw):
         calls["n"] += 1
         if calls["n"] == 1:
-            from recovery_ext.errors import StoreUnavailable
+            from recovery_ext._errors import StoreUnavailable
 
             raise StoreUnavailable("database unavailable: server closed the connection unexpectedly")
-        return real(**kw)
+        return real(*args, **kw)
 
-    monkeypatch.setattr(store, "reclaim", flaky)
+    monkeypatch.setattr(store, "recovery_pass", flaky)
     stats = scan(store, policy=default_outage_policy(sleep=lambda s: None))
     assert calls["n"] == 2 and stats.reclaimed == 1 and stats.error is None
+
+
+def test_the_scan_takes_what_its_plan_leaves_open_from_its_settings_and_keeps_the_rest():
+    seen = []
+
+    class Recorder:
+        def recovery_pass(self, plan, scope):
+            seen.append((plan, scope))
+            return PassResult()
+
+    settings = RecoverySettings(max_per_scan=5, launch_grace_seconds=60, max_age_seconds=7200)
+    scan(Recorder(), settings=settings)
+    scan(Recorder(), PassPlan(dead_owner_runs=["r1"], grace_seconds=10, limit=2, launching=True),
+         Scope(["job"], "prod", "sensor-a"), settings=settings)
+    (filled, anywhere), (kept, scope) = seen
+    assert (filled.grace_seconds, filled.max_age_seconds, filled.limit, filled.launching, filled.trigger) == \
+        (60, 7200, 5, False, "on_demand")
+    assert anywhere == Scope()
+    assert (kept.dead_owner_runs, kept.grace_seconds, kept.max_age_seconds, kept.limit) == (("r1",), 10, 7200, 2)
+    assert scope == Scope(("job",), "prod", "sensor-a")
+
+
+@pytest.mark.parametrize("build", [lambda: Scope(job_names="job"), lambda: PassPlan(dead_owner_runs="run-1")])
+def test_a_lone_string_is_refused_where_a_plan_or_scope_takes_a_sequence(build):
+    """As a sequence, ``"job"`` would be the jobs ``j``, ``o`` and ``b``: a scope that matches nothing."""
+    with pytest.raises(ConfigurationError, match="must be a sequence, not the single string"):
+        build()
 
 
 def test_disabled_recovery_does_nothing():

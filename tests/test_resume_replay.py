@@ -21,12 +21,12 @@ from sqlalchemy import delete, func, select, update
 import replay_defs
 from e2e_defs import calls
 from helpers import expire
-from recovery_ext.integration.replay import UnresumableSelection, split_plan
-from recovery_ext.integration.resume_runs import resume_request
-from recovery_ext.integration.tags import TAG_OP_SELECTION, TAG_PIPELINE, TAG_RESUME_NUMBER
-from recovery_ext.models import Reclaimed
-from recovery_ext.schema import node_items, nodes, pipelines
-from recovery_ext.store import RecoveryStore
+from recovery_ext._dagster.replay import UnresumableSelection, split_plan
+from recovery_ext._dagster.resume_runs import resume_request
+from recovery_ext._dagster.tags import TAG_OP_SELECTION, TAG_PIPELINE, TAG_RESUME_NUMBER
+from recovery_ext._store.models import PassPlan, Reclaimed
+from recovery_ext._store.schema import node_items, nodes, pipelines
+from recovery_ext._store.store import RecoveryStore
 
 HERE = Path(__file__).resolve().parent
 
@@ -71,7 +71,7 @@ def interrupt(store, pipeline_id, *, running, pending=(), keep_items=1):
         conn.execute(delete(node_items).where(node_items.c.pipeline_id == pipeline_id, node_items.c.node_name == running,
                                               node_items.c.item_key >= f"{running}-{keep_items}"))
     expire(store, pipeline_id)
-    (reclaimed,), _ = store.reclaim(limit=5)
+    (reclaimed,), _ = store.reclaim(PassPlan(limit=5, launching=True))
     return reclaimed
 
 

@@ -13,9 +13,9 @@ import tenacity
 from hypothesis import given
 from hypothesis import strategies as st
 
-from recovery_ext.classify import classify
-from recovery_ext.errors import ConfigurationError, StopRequested
-from recovery_ext.retry import (
+from recovery_ext._classify.classifier import classify
+from recovery_ext._errors import ConfigurationError, StopRequested
+from recovery_ext._classify.retry import (
     EscalatedError,
     retry_if_retryable,
     retrying,

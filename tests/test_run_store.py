@@ -10,12 +10,12 @@ import pytest
 from sqlalchemy import select, update
 
 from helpers import expire
-from recovery_ext.devserver import wait_for
-from recovery_ext.errors import IllegalTransition, OwnershipLost
-from recovery_ext.heartbeat import HeartbeatRegistry, HeartbeatSettings
-from recovery_ext.models import ErrorInfo
-from recovery_ext.run_store import NodeBeat, PipelineBeat
-from recovery_ext.schema import nodes, transitions
+from recovery_pipelines.devserver import wait_for
+from recovery_ext._errors import IllegalTransition, OwnershipLost
+from recovery_ext._liveness.heartbeat import HeartbeatRegistry, HeartbeatSettings
+from recovery_ext._store.models import ErrorInfo, ItemCheckpoint, PassPlan
+from recovery_ext._store.runs import NodeBeat, PipelineBeat
+from recovery_ext._store.schema import nodes, transitions
 
 
 def make(store, owner="run-1", nodes_=("a", "b", "c")):
@@ -44,7 +44,7 @@ def test_a_node_whose_heartbeat_expired_is_an_orphan_even_while_the_run_heartbea
     expire_node(store, own.pipeline_id, "a")
     (orphan,) = store.find_orphans()
     assert (orphan.id, orphan.reason) == (own.pipeline_id, "node_heartbeat")
-    (reclaimed,), _ = store.reclaim(limit=5)
+    (reclaimed,), _ = store.reclaim(PassPlan(limit=5, launching=True))
     assert reclaimed.reset_nodes == ("a",)
 
 
@@ -63,7 +63,8 @@ def test_an_owner_dagster_is_retrying_is_never_an_orphan(store):
     own = make(store)
     expire(store, own.pipeline_id)
     assert store.find_orphans(retrying_owner_runs=["run-1"]) == []
-    assert store.reclaim(limit=5, dead_owner_runs=["run-1"], retrying_owner_runs=["run-1"]) == ([], [])
+    plan = PassPlan(limit=5, dead_owner_runs=["run-1"], retrying_owner_runs=["run-1"], launching=True)
+    assert store.reclaim(plan) == ([], [])
     assert len(store.find_orphans()) == 1
 
 
@@ -73,7 +74,7 @@ def test_pulse_is_one_transaction_fenced_by_epoch_and_reports_lost_pipelines(sto
         store.start_node(own, "a", heartbeat_timeout=60)
         expire(store, own.pipeline_id)
         expire_node(store, own.pipeline_id, "a")
-    store.reclaim(limit=1)
+    store.reclaim(PassPlan(limit=1, launching=True))
     lost_one = next(o for o in owners if store.get_pipeline(o.pipeline_id).epoch != o.epoch)
     lost = store.pulse([PipelineBeat(o, 60) for o in owners], [NodeBeat(o, "a", 60) for o in owners])
     assert lost == {lost_one.pipeline_id}
@@ -94,7 +95,7 @@ def test_a_step_process_beats_only_its_node_and_the_registry_marks_leases_lost(s
     expire(store, own.pipeline_id)
     registry.pulse_once()
     assert [o.reason for o in store.find_orphans()] == ["heartbeat"]  # a node beat never keeps the run alive
-    store.reclaim(limit=5)
+    store.reclaim(PassPlan(limit=5, launching=True))
     registry.pulse_once()
     assert node_lease.superseded.is_set()
     with pytest.raises(OwnershipLost):
@@ -202,7 +203,7 @@ def test_cancel_is_terminal_recorded_and_never_an_orphan(store):
     assert moves(store, own.pipeline_id)[-1] == ("running", "canceled", "canceled")
     expire(store, own.pipeline_id)
     assert store.find_orphans(dead_owner_runs=["run-1"]) == []
-    assert store.reclaim(limit=5, dead_owner_runs=["run-1"]) == ([], [])
+    assert store.reclaim(PassPlan(limit=5, dead_owner_runs=["run-1"], launching=True)) == ([], [])
     assert {r["status"]: r["count"] for r in store.pipeline_summary()}["canceled"] == 1
 
 
@@ -210,7 +211,8 @@ def test_the_cancel_backstop_cancels_only_what_the_canceled_run_still_owns(store
     mine = make(store, owner="run-1")
     reclaimed = make(store, owner="run-2")
     expire(store, reclaimed.pipeline_id)
-    store.reclaim(limit=5)  # recovery moved run-2's pipeline on: terminating run-2 is not a user cancel
+    # recovery moved run-2's pipeline on: terminating run-2 is not a user cancel
+    store.reclaim(PassPlan(limit=5, launching=True))
     assert store.cancel_owned_by(["run-1", "run-2"]) == [mine.pipeline_id]
     assert store.get_pipeline(mine.pipeline_id).status == "canceled"
     assert store.get_pipeline(reclaimed.pipeline_id).status == "running"
@@ -222,7 +224,7 @@ def test_the_cancel_backstop_cancels_only_what_the_canceled_run_still_owns(store
 def test_take_over_needs_a_dead_owner_or_a_failed_or_canceled_pipeline(store):
     own = make(store)
     store.start_node(own, "a")
-    store.checkpoint_item(own, "a", "k1", 1)
+    store.checkpoint_item(own, "a", ItemCheckpoint("k1", 1))
     with pytest.raises(OwnershipLost):
         store.take_over(own.pipeline_id, "reexec-1")  # the owner is alive
     new = store.take_over(own.pipeline_id, "reexec-1", owner_dead=["run-1"])
@@ -230,7 +232,7 @@ def test_take_over_needs_a_dead_owner_or_a_failed_or_canceled_pipeline(store):
     assert store.get_node(own.pipeline_id, "a").status == "pending"
     assert store.completed_items(own.pipeline_id, "a") == {"k1": 1}  # checkpoints are reused
     with pytest.raises(OwnershipLost):
-        store.checkpoint_item(own, "a", "k2", 2)  # the old owner is fenced out
+        store.checkpoint_item(own, "a", ItemCheckpoint("k2", 2))  # the old owner is fenced out
     store.fail_run(new, "permanent")
     again = store.take_over(own.pipeline_id, "reexec-2")
     assert again.epoch == new.epoch + 1 and store.get_pipeline(own.pipeline_id).status == "running"
@@ -239,6 +241,12 @@ def test_take_over_needs_a_dead_owner_or_a_failed_or_canceled_pipeline(store):
     assert third.epoch == again.epoch + 1
     assert [m[2] for m in moves(store, own.pipeline_id)] == ["created", "taken_over", "failed", "taken_over",
                                                               "taken_over"]
+    # each takeover is an event, as a reclaim is: who, from whom, why
+    taken = [e for e in store.recent_events(kinds=["pipeline_taken_over"], limit=10)]
+    assert [(e["payload"]["owner"], e["payload"]["previous_owner"], e["payload"]["cause"]) for e in taken] == [
+        ("reexec-1", "run-1", "owner_run_dead"), ("reexec-2", "reexec-1", "pipeline_failed"),
+        ("reexec-3", "reexec-2", "heartbeat")]
+    assert taken[0]["payload"]["reset_nodes"] == ["a"] and taken[0]["pipeline_id"] == own.pipeline_id
 
 
 def test_a_completed_pipeline_is_not_taken_over(store):

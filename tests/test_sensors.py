@@ -6,18 +6,19 @@ import importlib.util
 from pathlib import Path
 
 import pytest
-from dagster import DagsterRunStatus, build_sensor_context
-from dagster._core.test_utils import create_run_for_test, instance_for_test
+from dagster import DagsterRunStatus, build_sensor_context, instance_for_test
+from dagster._core.test_utils import create_run_for_test
 from sqlalchemy import select, update
 
 from e2e_defs import items_job
 from helpers import expire
-from recovery_ext.pipelines.ocr import make_ocr_job
-from recovery_ext.integration import RecoveryResource, make_orphan_sensor, make_stuck_item_sensor
-from recovery_ext.integration.recoverable import TAG_PIPELINE, TAG_RESUME_NUMBER, TAG_RESUMED_FROM
-from recovery_ext.integration.resume_runs import RUN_KEY_TAG, TAG_OP_SELECTION
-from recovery_ext.integration.sensors import TAG_QUEUE
-from recovery_ext.schema import events
+from recovery_pipelines.ocr import make_ocr_job
+from recovery_ext import RecoveryResource, make_orphan_sensor, make_stuck_item_sensor
+from recovery_ext._dagster.recoverable import TAG_PIPELINE, TAG_RESUME_NUMBER, TAG_RESUMED_FROM
+from recovery_ext._dagster.resume_runs import RUN_KEY_TAG, TAG_OP_SELECTION
+from recovery_ext._dagster.sensors import TAG_QUEUE
+from recovery_ext._store.models import PassPlan, PipelineLimits
+from recovery_ext._store.schema import events
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -30,6 +31,8 @@ def instance():
 
 
 def evaluate(sensor, instance, db_url, **resource):
+    """One tick; the deployment is the one `store.create_pipeline` writes by default unless a test names another."""
+    resource.setdefault("deployment", "default")
     ctx = build_sensor_context(instance=instance,
                                resources={"recovery": RecoveryResource(database_url=db_url, **resource)})
     result = sensor.evaluate_tick(ctx)
@@ -157,7 +160,7 @@ def test_launches_at_most_k_per_tick_oldest_first_and_reclaims_only_those(store,
 
 
 def test_gives_up_and_ignores_other_jobs(store, db_url, instance):
-    hopeless = orphan(store, "dead-h", max_resumes=0)
+    hopeless = orphan(store, "dead-h", limits=PipelineLimits(max_resumes=0))
     other = orphan(store, "dead-o", job="another_job")
     result, _ = evaluate(make_orphan_sensor([items_job]), instance, db_url)
     assert isinstance(result.skip_message, str) and "1 given up" in result.skip_message
@@ -166,10 +169,10 @@ def test_gives_up_and_ignores_other_jobs(store, db_url, instance):
 
 
 def test_cli_reclaimed_pipelines_are_launched_by_the_sensor(store, db_url, instance):
-    from recovery_ext.recovery import scan
+    from recovery_ext._recovery.scan import scan
 
     own = orphan(store, "dead-cli")
-    assert scan(store, trigger="cli").reclaimed == 1
+    assert scan(store, PassPlan(trigger="cli")).reclaimed == 1
     assert store.get_pipeline(own.pipeline_id).owner is None
     result, _ = evaluate(make_orphan_sensor([items_job]), instance, db_url)
     (request,) = result.run_requests
@@ -183,7 +186,7 @@ def test_stuck_item_sensor_resets_marks_dead_and_launches_a_queue_run(store, db_
     items = store.claim("ocr", "gone", limit=3, heartbeat_timeout=600)
     from sqlalchemy import update
 
-    from recovery_ext.schema import queue_items
+    from recovery_ext._store.schema import queue_items
 
     with store.write() as conn:  # legacy rows (no heartbeat deadline) started 20 min ago
         conn.execute(update(queue_items).values(started_at=store.dialect.now_plus(-1200), heartbeat_deadline=None))
@@ -211,7 +214,7 @@ def test_definitions_load_and_every_job_and_sensor_resolves(tmp_path, monkeypatc
     monkeypatch.setenv("RECOVERY_DEMO_DIR", str(tmp_path / "demo"))
     monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "home"))
     monkeypatch.delenv("RECOVERY_DATABASE_URL", raising=False)
-    from recovery_ext.pipelines.sample_data import prepare_demo
+    from recovery_pipelines.sample_data import prepare_demo
 
     prepare_demo()  # what `make dev` does through `recovery-ext demo setup`
     spec = importlib.util.spec_from_file_location("definitions_under_test", ROOT / "definitions.py")
@@ -265,11 +268,11 @@ def test_owners_dagster_is_retrying_are_left_to_the_retry_and_canceled_owners_ca
 
 
 def test_a_stalled_run_whose_worker_still_heartbeats_is_terminated_through_the_run_launcher(store, db_url, instance):
-    from recovery_ext.schema import nodes
+    from recovery_ext._store.schema import nodes
 
     run = create_run_for_test(instance, job_name="items_job", status=DagsterRunStatus.STARTED)
     own = store.create_pipeline("items_job", ["a", "b"], owner=run.run_id, origin_run_id=run.run_id,
-                                heartbeat_timeout=600)
+                                limits=PipelineLimits(heartbeat_timeout=600))
     store.start_node(own, "a", heartbeat_timeout=600, stall_timeout=600)
     with store.write() as conn:
         conn.execute(update(nodes).where(nodes.c.pipeline_id == own.pipeline_id)
@@ -281,3 +284,101 @@ def test_a_stalled_run_whose_worker_still_heartbeats_is_terminated_through_the_r
     assert payload["terminate"] == "launcher could not reach it"  # asked: no gRPC server behind this test run
     assert payload["marked_failed"] is True
     assert instance.get_run_by_id(run.run_id).status == DagsterRunStatus.FAILURE
+
+
+def _count_transactions(store):
+    """Store transactions begun meanwhile (SQLAlchemy's begin event: one per read, write or autocommit block)."""
+    from sqlalchemy import event
+
+    counted = []
+    listener = lambda conn: counted.append(1)  # noqa: E731
+    event.listen(store.engine, "begin", listener)
+    return counted, lambda: event.remove(store.engine, "begin", listener)
+
+
+def test_an_idle_tick_costs_one_store_transaction(store, db_url, instance):
+    """A healthy running pipeline, a finished one and a reservation whose run is queued: nothing to write."""
+    from recovery_ext._dagster.resources import shared_store
+
+    run = create_run_for_test(instance, job_name="items_job", status=DagsterRunStatus.STARTED)
+    store.create_pipeline("items_job", ["a"], owner=run.run_id, origin_run_id=run.run_id,
+                          limits=PipelineLimits(heartbeat_timeout=600))
+    done = store.create_pipeline("items_job", ["a"], owner="finished", origin_run_id="finished")
+    store.start_node(done, "a")
+    assert store.complete_node(done, "a", output=None)
+    sensor = make_orphan_sensor([items_job], minimum_interval_seconds=1)
+    evaluate(sensor, instance, db_url)  # the first tick also prunes old events (once per hour per process)
+    shared = shared_store(db_url)
+    counted, stop = _count_transactions(shared)
+    try:
+        result, _ = evaluate(sensor, instance, db_url)
+    finally:
+        stop()
+    assert not result.run_requests
+    assert len(counted) == 1
+
+
+def test_a_tick_with_an_orphan_writes_once(store, db_url, instance):
+    """Reclaim, reset, transitions, events and the recovery stats commit in one transaction."""
+    from recovery_ext._dagster.resources import shared_store
+
+    first = orphan(store, "dead-one")
+    sensor = make_orphan_sensor([items_job], minimum_interval_seconds=1)
+    first_tick, _ = evaluate(sensor, instance, db_url)  # also prunes old events, once per hour per process
+    launch(instance, first_tick.run_requests[0])
+    second = orphan(store, "dead-two")
+    counted, stop = _count_transactions(shared_store(db_url))
+    try:
+        result, _ = evaluate(sensor, instance, db_url)
+    finally:
+        stop()
+    assert [r.run_key for r in result.run_requests] == [f"recovery-{second.pipeline_id}-1"]
+    assert store.get_pipeline(first.pipeline_id).resume_count == 1
+    assert len(counted) == 2  # the snapshot read, then the one write
+
+
+def test_two_deployments_sharing_the_tables_resume_a_crash_once_in_its_own(store, db_url):
+    """Each deployment is its own Dagster instance; only the owner's sensor reclaims and requests the resume."""
+    with instance_for_test() as mine, instance_for_test() as theirs:
+        run = create_run_for_test(mine, job_name="items_job", status=DagsterRunStatus.STARTED,
+                                  tags={"team": "search", "dagster/priority": "5"})
+        own = store.create_pipeline("items_job", ["a", "b"], owner=run.run_id, origin_run_id=run.run_id,
+                                    deployment="blue")
+        store.start_node(own, "a")
+        expire(store, own.pipeline_id)
+        sensor = make_orphan_sensor([items_job], minimum_interval_seconds=1)
+        foreign, _ = evaluate(sensor, theirs, db_url, deployment="green")
+        assert not foreign.run_requests
+        assert store.get_pipeline(own.pipeline_id).resume_count == 0
+        result, _ = evaluate(sensor, mine, db_url, deployment="blue")
+        (request,) = result.run_requests
+        assert request.tags["team"] == "search" and request.tags["dagster/priority"] == "5"
+        again, _ = evaluate(sensor, theirs, db_url, deployment="green")
+        assert not again.run_requests
+        assert store.get_pipeline(own.pipeline_id).resume_count == 1
+
+
+def test_a_legacy_pipeline_is_adopted_by_the_deployment_that_knows_its_run(store, db_url):
+    """Rows from before deployments existed (deployment 'default') go to the instance that has their first run."""
+    with instance_for_test() as mine, instance_for_test() as theirs:
+        run = create_run_for_test(mine, job_name="items_job", status=DagsterRunStatus.STARTED)
+        own = orphan(store, run.run_id)  # written as 'default', as migration 0011 leaves old rows
+        sensor = make_orphan_sensor([items_job], minimum_interval_seconds=1)
+        foreign, _ = evaluate(sensor, theirs, db_url, deployment="green")
+        assert not foreign.run_requests
+        result, _ = evaluate(sensor, mine, db_url, deployment="blue")
+        assert len(result.run_requests) == 1
+        with store.read() as conn:
+            assert conn.exec_driver_sql(f"SELECT deployment FROM rx_pipelines WHERE id = {own.pipeline_id}"
+                                        ).scalar() == "blue"
+
+
+def test_the_deployment_is_derived_from_the_instance_unless_named(monkeypatch):
+    from recovery_ext._dagster.resources import derived_deployment
+
+    with instance_for_test() as one, instance_for_test() as other:
+        a, b = derived_deployment(one), derived_deployment(other)
+        assert a != b and a.startswith("dagster-") and derived_deployment(one) == a
+        assert RecoveryResource(deployment="blue").deployment_name(one) == "blue"
+        monkeypatch.setenv("RECOVERY_DEPLOYMENT", "green")
+        assert RecoveryResource().deployment_name(one) == "green"

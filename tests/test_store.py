@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 from sqlalchemy import func, insert, select, update
 
-from recovery_ext.errors import IllegalTransition, NotFound, OwnershipLost, StoreError
-from recovery_ext.models import ErrorInfo, NodeSpec, Ownership
-from recovery_ext.schema import events, nodes, pipelines, transitions
+from recovery_ext._errors import ConfigurationError, IllegalTransition, NotFound, OwnershipLost, StoreError
+from recovery_ext._store.models import ErrorInfo, ItemCheckpoint, NodeSpec, Ownership, PassPlan, PipelineLimits
+from recovery_ext._store.schema import events, nodes, pipelines, transitions
 
 from helpers import expire
 
@@ -31,6 +31,30 @@ def test_create_pipeline_with_nodes_is_running_and_idempotent_per_run(store):
     assert {n.status for n in store.list_nodes(own.pipeline_id)} == {"pending"}
     with pytest.raises(OwnershipLost):
         store.create_pipeline("job", ["a"], owner="someone-else", origin_run_id="run-1")
+
+
+def test_create_pipeline_holds_the_pipeline_to_its_limits(store):
+    own = make(store, limits=PipelineLimits(heartbeat_timeout=600, deadline_seconds=3600, max_resumes=7))
+    p = store.get_pipeline(own.pipeline_id)
+    assert p.max_resumes == 7
+    assert round((p.heartbeat_deadline - p.heartbeat_at).total_seconds()) == 600
+    assert round((p.deadline - p.created_at).total_seconds()) == 3600
+    assert store.get_pipeline(make(store, owner="run-2").pipeline_id).deadline is None  # default: no deadline
+
+
+@pytest.mark.parametrize("limits, message", [
+    (dict(heartbeat_timeout=-1), r"heartbeat_timeout must be a finite number of seconds > 0, got -1"),
+    (dict(heartbeat_timeout=0), r"heartbeat_timeout must be a finite number of seconds > 0"),
+    (dict(heartbeat_timeout=float("inf")), r"heartbeat_timeout must be a finite number of seconds > 0"),
+    (dict(deadline_seconds=0), r"deadline_seconds must be a finite number of seconds > 0"),
+    (dict(deadline_seconds="1h"), r"deadline_seconds must be a finite number of seconds > 0"),
+    (dict(max_resumes=-1), r"max_resumes must be a whole number from 0"),
+    (dict(max_resumes=True), r"max_resumes must be a whole number from 0"),
+    (dict(max_resumes=2**31 - 1), r"max_resumes must be a whole number from 0"),
+])
+def test_pipeline_limits_refuse_a_bad_limit_before_anything_is_stored(limits, message):
+    with pytest.raises(ConfigurationError, match=message):
+        PipelineLimits(**limits)
 
 
 def test_node_lifecycle_completes_the_pipeline_and_records_transitions(store):
@@ -88,12 +112,12 @@ def test_transient_node_failure_allows_a_retry(store):
 def test_item_checkpoints_commit_with_the_result_and_list_what_is_pending(store):
     own = make(store)
     store.start_node(own, "a")
-    store.checkpoint_item(own, "a", "t1", {"rows": 1})
-    store.checkpoint_item(own, "a", "t2", {"rows": 2})
+    store.checkpoint_item(own, "a", ItemCheckpoint("t1", {"rows": 1}))
+    store.checkpoint_item(own, "a", ItemCheckpoint("t2", {"rows": 2}))
     assert store.completed_items(own.pipeline_id, "a") == {"t1": {"rows": 1}, "t2": {"rows": 2}}
     assert store.pending_items(own.pipeline_id, "a", ["t1", "t2", "t3"]) == ["t3"]
     with pytest.raises(IllegalTransition):
-        store.checkpoint_item(own, "a", "t1", {"rows": 9})
+        store.checkpoint_item(own, "a", ItemCheckpoint("t1", {"rows": 9}))
     assert store.completed_items(own.pipeline_id, "a")["t1"] == {"rows": 1}
 
 
@@ -101,13 +125,13 @@ def test_item_checkpoint_rolls_back_the_callers_writes_when_fenced(store):
     own = make(store)
     store.start_node(own, "a")
     expire(store, own.pipeline_id)
-    store.reclaim(limit=10)
+    store.reclaim(PassPlan(limit=10, launching=True))
 
     def probe(tx):
         tx.execute(insert(events).values(kind="superseded_write", payload={}))
 
     with pytest.raises(OwnershipLost):
-        store.checkpoint_item(own, "a", "t1", 1, also=probe)
+        store.checkpoint_item(own, "a", ItemCheckpoint("t1", 1, also=probe))
     # SQLite checks the fence before the caller's writes; PostgreSQL in the checkpoint statement after
     # them, holding its lock to the commit: either way nothing of the superseded worker commits
     with store.read() as conn:
@@ -121,7 +145,7 @@ def test_batched_heartbeat_extends_live_owners_and_reports_lost_ones(store):
         store.start_node(own, "a")
         expire(store, own.pipeline_id)
     expire(store, owners[0].pipeline_id)
-    store.reclaim(limit=1)  # oldest first: one of them is superseded
+    store.reclaim(PassPlan(limit=1, launching=True))  # oldest first: one of them is superseded
     lost_before = [o for o in owners if store.get_pipeline(o.pipeline_id).epoch != o.epoch]
     assert len(lost_before) == 1
     lost = store.heartbeat([(o, "a") for o in owners], timeout=60)
@@ -133,10 +157,10 @@ def test_orphans_by_heartbeat_by_hard_deadline_and_null_heartbeat_rows(store):
     live = make(store, owner="live")
     stale = make(store, owner="stale")
     expire(store, stale.pipeline_id)
-    legacy = make(store, owner="legacy", deadline_seconds=3600)
+    legacy = make(store, owner="legacy", limits=PipelineLimits(deadline_seconds=3600))
     with store.write() as conn:
         conn.execute(update(pipelines).where(pipelines.c.id == legacy.pipeline_id).values(heartbeat_deadline=None))
-    legacy_past = make(store, owner="legacy-past", deadline_seconds=3600)
+    legacy_past = make(store, owner="legacy-past", limits=PipelineLimits(deadline_seconds=3600))
     with store.write() as conn:
         conn.execute(update(pipelines).where(pipelines.c.id == legacy_past.pipeline_id)
                      .values(heartbeat_deadline=None, deadline=store.dialect.now_plus(-1)))
@@ -169,7 +193,7 @@ def test_reclaim_takes_ownership_resets_running_nodes_and_records_history(store)
     store.complete_node(own, "a", 1)
     store.start_node(own, "b")
     expire(store, own.pipeline_id)
-    reclaimed, corrupt = store.reclaim(limit=10)
+    reclaimed, corrupt = store.reclaim(PassPlan(limit=10, launching=True))
     assert corrupt == []
     (r,) = reclaimed
     assert (r.previous_owner, r.epoch, r.resume_number, r.reset_nodes) == ("run-1", 2, 1, ("b",))
@@ -179,7 +203,7 @@ def test_reclaim_takes_ownership_resets_running_nodes_and_records_history(store)
     assert count(store, events, events.c.kind == "pipeline_recovered") == 1
     assert count(store, transitions, transitions.c.event == "reset_by_recovery") == 1
     # a second reclaim finds nothing: the grace period keeps the new owner safe
-    assert store.reclaim(limit=10) == ([], [])
+    assert store.reclaim(PassPlan(limit=10, launching=True)) == ([], [])
     # the resume run attaches to the reservation
     resumed = store.attach(own.pipeline_id, "run-2", resume_number=1)
     assert resumed == Ownership(own.pipeline_id, 2, "run-2")
@@ -191,12 +215,12 @@ def test_superseded_owner_cannot_heartbeat_checkpoint_progress_or_complete(store
     own = make(store)
     store.start_node(own, "a")
     expire(store, own.pipeline_id)
-    store.reclaim(limit=10)
+    store.reclaim(PassPlan(limit=10, launching=True))
     new = store.attach(own.pipeline_id, "run-2", resume_number=1)
     before = store.get_pipeline(own.pipeline_id)
     assert store.heartbeat([(own, "a")], timeout=60) == {own.pipeline_id}
     for write in (
-        lambda: store.checkpoint_item(own, "a", "k", 1),
+        lambda: store.checkpoint_item(own, "a", ItemCheckpoint("k", 1)),
         lambda: store.complete_node(own, "a", 1),
         lambda: store.report_progress(own, "a", stall_timeout=10),
         lambda: store.start_node(own, "b"),
@@ -213,9 +237,9 @@ def test_superseded_owner_cannot_heartbeat_checkpoint_progress_or_complete(store
 
 
 def test_give_up_after_max_resumes_hard_deadline_and_max_age(store):
-    resumed_out = make(store, owner="r", max_resumes=0)
+    resumed_out = make(store, owner="r", limits=PipelineLimits(max_resumes=0))
     expire(store, resumed_out.pipeline_id)
-    past_deadline = make(store, owner="d", deadline_seconds=3600)
+    past_deadline = make(store, owner="d", limits=PipelineLimits(deadline_seconds=3600))
     expire(store, past_deadline.pipeline_id, column="deadline")
     old = make(store, owner="o")
     expire(store, old.pipeline_id)

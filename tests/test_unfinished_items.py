@@ -10,10 +10,10 @@ import pytest
 from dagster import in_process_executor, job
 from sqlalchemy import func, select
 
-from recovery_ext.errors import UnfinishedItems
-from recovery_ext.integration import RecoveryResource, execute_in_process, recoverable_op, with_recovery
-from recovery_ext.models import ErrorInfo, NodeSpec
-from recovery_ext.schema import transitions
+from recovery_ext._errors import UnfinishedItems
+from recovery_ext import RecoveryResource, execute_in_process, recoverable_op, with_recovery
+from recovery_ext._store.models import ErrorInfo, ItemCheckpoint, NodeSpec
+from recovery_ext._store.schema import transitions
 
 
 def make(store, nodes_=("a", "b")):
@@ -30,15 +30,16 @@ def test_a_node_with_unfinished_items_cannot_complete_and_nothing_is_written(sto
     own = make(store)
     store.start_node(own, "a")
     store.set_items_total(own, "a", 3)
-    store.checkpoint_item(own, "a", "k1", {"r": 1})
-    store.checkpoint_item(own, "a", "k2", {"r": 2}, status="degraded")  # explicitly degraded counts as finished
+    store.checkpoint_item(own, "a", ItemCheckpoint("k1", {"r": 1}))
+    # explicitly degraded counts as finished
+    store.checkpoint_item(own, "a", ItemCheckpoint("k2", {"r": 2}, status="degraded"))
     with pytest.raises(UnfinishedItems, match="1 of its 3 items are unfinished"):
         store.complete_node(own, "a", {"done": True})
     node = store.get_node(own.pipeline_id, "a")
     assert (node.status, node.output) == ("running", None)
     assert completions(store, own.pipeline_id) == 0
 
-    store.checkpoint_item(own, "a", "k3", {"r": 3})
+    store.checkpoint_item(own, "a", ItemCheckpoint("k3", {"r": 3}))
     assert store.complete_node(own, "a", {"done": True}) is False
     assert store.get_node(own.pipeline_id, "a").status == "completed"
 

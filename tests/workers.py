@@ -8,13 +8,14 @@ import threading
 
 
 def reclaim_all(url: str, owner_tag: str, barrier, out_queue) -> None:
-    from recovery_ext.store import RecoveryStore
+    from recovery_ext._store.models import PassPlan
+    from recovery_ext._store.store import RecoveryStore
 
     store = RecoveryStore(url)
     won: list[int] = []
     barrier.wait()
     while True:
-        reclaimed, _ = store.reclaim(limit=7, launching=True, grace_seconds=600)
+        reclaimed, _ = store.reclaim(PassPlan(limit=7, launching=True, grace_seconds=600))
         if not reclaimed:
             break
         won.extend(r.pipeline_id for r in reclaimed)
@@ -23,7 +24,7 @@ def reclaim_all(url: str, owner_tag: str, barrier, out_queue) -> None:
 
 
 def claim_all(url: str, worker: str, barrier, out_queue) -> None:
-    from recovery_ext.store import RecoveryStore
+    from recovery_ext._store.store import RecoveryStore
 
     store = RecoveryStore(url)
     got: list[int] = []
@@ -41,9 +42,9 @@ def claim_all(url: str, worker: str, barrier, out_queue) -> None:
 
 def run_watchdog_forever(url: str, pipeline_id: int, epoch: int, owner: str, interval: float, timeout: float) -> None:
     """Own a node with a live watchdog until killed."""
-    from recovery_ext.heartbeat import HeartbeatSettings, Watchdog, store_pulse
-    from recovery_ext.models import Ownership
-    from recovery_ext.store import RecoveryStore
+    from recovery_ext._liveness.heartbeat import HeartbeatSettings, Watchdog, store_pulse
+    from recovery_ext._store.models import Ownership
+    from recovery_ext._store.store import RecoveryStore
 
     store = RecoveryStore(url)
     own = Ownership(pipeline_id, epoch, owner)
@@ -68,7 +69,7 @@ def run_fenced_writer(url: str, items: int) -> None:
     from dagster import in_process_executor, job
     from sqlalchemy import Column, Integer, MetaData, Table, Text, insert
 
-    from recovery_ext.integration import RecoveryResource, execute_in_process, recoverable_op
+    from recovery_ext import RecoveryResource, execute_in_process, recoverable_op
 
     meta = MetaData()
     writes = Table("zombie_writes", meta, Column("id", Integer, primary_key=True), Column("what", Text))

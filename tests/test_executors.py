@@ -1,0 +1,37 @@
+"""`with_recovery` keeps a distributed executor's name and config schema (no cluster needed to check that)."""
+
+from __future__ import annotations
+
+import pytest
+from dagster import job, op, validate_run_config
+from dagster_docker import docker_executor
+from dagster_k8s import k8s_job_executor
+
+from recovery_ext import with_recovery
+
+
+@op
+def noop():
+    return 1
+
+
+@pytest.mark.parametrize("executor, config", [
+    (k8s_job_executor, {"job_namespace": "pipelines", "max_concurrent": 4, "step_k8s_config": {
+        "container_config": {"resources": {"limits": {"memory": "2Gi"}}}}}),  # nested defaults are filled in
+    (docker_executor, {"image": "example/pipelines:1", "network": "pipelines", "retries": {"enabled": {}}}),
+])
+def test_a_wrapped_distributed_executor_keeps_its_name_and_config_schema(executor, config):
+    wrapped = with_recovery(executor)
+    assert wrapped.name == executor.name
+    assert wrapped.config_schema.as_field().config_type.key == executor.config_schema.as_field().config_type.key
+
+    @job(executor_def=wrapped)
+    def distributed():
+        noop()
+
+    resolved = validate_run_config(distributed, {"execution": {"config": config}})["execution"][executor.name]
+    assert resolved["job_namespace" if executor is k8s_job_executor else "image"] == config[
+        "job_namespace" if executor is k8s_job_executor else "image"]  # the executor's own fields pass through
+    assert set(config) <= set(resolved)
+    with pytest.raises(Exception, match="no_such_field"):
+        validate_run_config(distributed, {"execution": {"config": {**config, "no_such_field": 1}}})

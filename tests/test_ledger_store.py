@@ -1,0 +1,203 @@
+"""The ledger of provider calls and the shared request/token budgets in the store (SQLite and PostgreSQL)."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from recovery_ext._errors import ConfigurationError, IllegalTransition, OwnershipLost
+from recovery_ext._store.budgets import ProviderLimits
+from recovery_ext._store.models import ItemCheckpoint, PassPlan, ProviderCall
+
+from helpers import expire
+
+
+def make(store, owner="run-1"):
+    own = store.create_pipeline("job", ["a", "b"], owner=owner, origin_run_id=owner, params={})
+    store.start_node(own, "a")
+    return own
+
+
+def call(endpoint="http://127.0.0.1:9/v1", tokens_in=10, tokens_out=5, cost=None, **kw):
+    return ProviderCall(endpoint=endpoint, model="m", tokens_in=tokens_in, tokens_out=tokens_out,
+                        latency_seconds=0.01, cost=cost, **kw)
+
+
+def test_a_checkpoint_marks_the_calls_it_keeps_in_its_own_transaction(store):
+    own = make(store)
+    kept = replace_ctx(call(cost=0.5), own, "a", "k1")
+    retried = replace_ctx(call(cost=0.25, outcome="rate_limit", tokens_in=0, tokens_out=0), own, "a", "k1")
+    store.record_provider_calls([kept, retried])
+    store.checkpoint_item(own, "a", ItemCheckpoint("k1", {"v": 1}, calls=(kept,)))
+    late = call(cost=1.0)  # never written before: the checkpoint writes it
+    store.checkpoint_items(own, "a", [ItemCheckpoint("k2", 2, calls=(late,)), ItemCheckpoint("k3", 3)])
+    assert store.reached_checkpoint([kept.id, retried.id, late.id]) == {kept.id: True, retried.id: False,
+                                                                        late.id: True}
+    rows = {c.id: c for c in store.provider_calls(own.pipeline_id)}
+    assert (rows[late.id].item_key, rows[late.id].node_name, rows[late.id].run_id, rows[late.id].epoch) == \
+        ("k2", "a", "run-1", 1)
+    figures = store.provider_costs(own.pipeline_id).pipelines[own.pipeline_id]
+    assert (figures.calls, figures.tokens_in, figures.tokens_out, figures.cost) == (3, 20, 10, 1.75)
+    assert (figures.wasted_calls, figures.wasted_cost, figures.saved_calls) == (1, 0.25, 0)
+
+
+def test_a_refused_or_superseded_checkpoint_marks_nothing(store):
+    own = make(store)
+    store.checkpoint_item(own, "a", ItemCheckpoint("k1", 1))
+    first = replace_ctx(call(), own, "a", "k1")
+    store.record_provider_calls([first])
+    with pytest.raises(IllegalTransition):
+        store.checkpoint_item(own, "a", ItemCheckpoint("k1", 1, calls=(first,)))
+    expire(store, own.pipeline_id)
+    store.reclaim(PassPlan(limit=1, launching=True))
+    late = call()
+    with pytest.raises(OwnershipLost):
+        store.checkpoint_item(own, "a", ItemCheckpoint("k2", 2, calls=(late,)))
+    assert store.reached_checkpoint([first.id, late.id]) == {first.id: False}
+
+
+def test_saved_and_wasted_across_a_takeover(store):
+    own = make(store)
+    kept = [call(tokens_in=100, tokens_out=10, cost=1.0) for _ in range(3)]
+    for i, c in enumerate(kept):
+        store.checkpoint_item(own, "a", ItemCheckpoint(f"k{i}", i, calls=(c,)))
+    in_flight = call(tokens_in=100, tokens_out=10, cost=1.0)  # answered, then the worker died
+    store.record_provider_calls([replace_ctx(in_flight, own, "a", "k3")])
+    report = store.provider_costs(own.pipeline_id).pipelines[own.pipeline_id]
+    assert (report.saved_calls, report.wasted_calls) == (0, 0)  # the live owner may still checkpoint it
+    expire(store, own.pipeline_id)
+    store.reclaim(PassPlan(limit=1))
+    new = store.attach(own.pipeline_id, "run-2", resume_number=1)
+    store.start_node(new, "a")
+    again = call(tokens_in=100, tokens_out=10, cost=1.0)
+    store.checkpoint_item(new, "a", ItemCheckpoint("k3", 3, calls=(again,)))
+    report = store.provider_costs(own.pipeline_id)
+    figures = report.pipelines[own.pipeline_id]
+    assert figures.as_dict() == {"calls": 5, "tokens_in": 500, "tokens_out": 50, "cost": 5.0,
+                                 "saved_calls": 3, "saved_tokens": 330, "saved_cost": 3.0,
+                                 "wasted_calls": 1, "wasted_tokens": 110, "wasted_cost": 1.0}
+    assert report.nodes[own.pipeline_id]["a"] == figures
+    assert report.total == figures
+
+
+def replace_ctx(c, own, node, item):
+    from dataclasses import replace
+
+    return replace(c, pipeline_id=own.pipeline_id, node_name=node, item_key=item, run_id=own.owner, epoch=own.epoch)
+
+
+def test_the_endpoint_is_redacted_and_bad_calls_are_refused_clearly(store):
+    own = make(store)
+    c = call(endpoint="https://user:hunter22@api.example.com/v1?api_key=sk-abcdefghijklmnop")
+    store.checkpoint_item(own, "a", ItemCheckpoint("k", 1, calls=(c,)))
+    stored = store.provider_calls(own.pipeline_id)[0].endpoint
+    assert "hunter22" not in stored and "sk-abcdefghijklmnop" not in stored and "api.example.com" in stored
+    for bad in ({"tokens_in": -1}, {"tokens_out": 1.5}, {"latency_seconds": float("nan")}, {"cost": -2.0},
+                {"outcome": ""}, {"endpoint": " "}):
+        with pytest.raises(ConfigurationError):
+            ProviderCall(**{"endpoint": "http://x", **bad})
+
+
+def test_budget_grants_until_the_window_is_full_then_says_how_long_to_wait(store):
+    limits = ProviderLimits(requests_per_minute=3, tokens_per_minute=100, window_seconds=1.0, margin_seconds=0.0)
+    grants = [store.budget_reserve("http://e/v1", None, tokens=30, limits=limits) for _ in range(4)]
+    assert [g.granted for g in grants] == [True, True, True, False]
+    assert 0 < grants[3].wait_seconds <= 1.0
+    store.budget_settle(grants[0].reservation, 5)  # the usage was smaller than the estimate
+    assert not store.budget_reserve("http://e/v1", None, tokens=30, limits=limits).granted  # 3 requests still
+    time.sleep(grants[3].wait_seconds + 0.05)
+    assert store.budget_reserve("http://e/v1", None, tokens=30, limits=limits).granted
+    with pytest.raises(ConfigurationError):
+        store.budget_reserve("http://e/v1", None, tokens=101, limits=limits)
+    with pytest.raises(ConfigurationError):
+        ProviderLimits(requests_per_minute=0)
+    # A model's own budget is apart from the endpoint's.
+    per_model = ProviderLimits(requests_per_minute=3, tokens_per_minute=100, window_seconds=1.0, margin_seconds=0.0,
+                               per_model=True)
+    assert store.budget_reserve("http://e/v1", "big", tokens=90, limits=per_model).granted
+    assert sorted((b["endpoint"], b["model"]) for b in store.budgets()) == [("http://e/v1", ""), ("http://e/v1", "big")]
+
+
+def test_a_budget_is_the_whole_endpoints_unless_its_limits_are_per_model(store):
+    limits = ProviderLimits(requests_per_minute=1, window_seconds=30.0)
+    assert store.budget_reserve("http://e/v1", "small", tokens=1, limits=limits).granted
+    assert not store.budget_reserve("http://e/v1", "big", tokens=1, limits=limits).granted  # the same budget
+    assert [b["model"] for b in store.budgets()] == [""]
+
+
+def test_tokens_free_up_when_usage_corrects_the_reservation(store):
+    limits = ProviderLimits(tokens_per_minute=100, per_model=True, window_seconds=30.0, margin_seconds=0.0)
+    first = store.budget_reserve("http://e/v1", "m", tokens=80, limits=limits)
+    assert first.granted and not store.budget_reserve("http://e/v1", "m", tokens=80, limits=limits).granted
+    store.budget_settle(first.reservation, 10)
+    assert store.budget_reserve("http://e/v1", "m", tokens=80, limits=limits).granted
+
+
+def test_concurrent_reservers_never_share_the_last_request(db_url):
+    from recovery_ext._store.store import RecoveryStore
+
+    stores = [RecoveryStore(db_url) for _ in range(4)]
+    stores[0].migrate()
+    granted: list[int] = []
+    barrier = threading.Barrier(4)
+
+    def ask(s):
+        barrier.wait()
+        for _ in range(10):
+            g = s.budget_reserve("http://e/v1", None, tokens=1,
+                                 limits=ProviderLimits(requests_per_minute=7, window_seconds=60.0, margin_seconds=0.0))
+            if g.granted:
+                granted.append(g.reservation)
+
+    threads = [threading.Thread(target=ask, args=(s,)) for s in stores]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for s in stores:
+        s.close()
+    assert len(granted) == 7 and len(set(granted)) == 7
+
+
+def test_calls_recorded_while_the_database_is_away_wait_in_memory_and_go_with_the_next_checkpoint():
+    from pg_cluster import PrivateCluster
+
+    from recovery_ext._providers.ledger import CallRecorder
+    from recovery_ext._store.store import RecoveryStore
+    from recovery_pipelines.devserver import wait_for
+
+    cluster = PrivateCluster().init()
+    cluster.start()
+    try:
+        store = RecoveryStore(cluster.create_database("ledger"), retry_budget=1.0, connect_timeout=2)
+        store.migrate()
+        own = make(store)
+        recorder = CallRecorder(store, linger=0.1)
+        cluster.stop()
+        answered = replace_ctx(call(cost=0.5), own, "a", "k1")
+        refused = replace_ctx(call(outcome="rate_limit", tokens_in=0, tokens_out=0), own, "a", "k2")
+        recorder.record(answered)  # never raises, whatever the database does
+        recorder.record(refused)
+        assert recorder.flush() is False and recorder.pending == 2  # kept in memory
+        cluster.start()
+        cluster.wait_ready()
+        # the next checkpoint writes its call
+        store.checkpoint_item(own, "a", ItemCheckpoint("k1", 1, calls=(answered,)))
+        recorder.written([answered])
+        wait_for(lambda: recorder.pending == 0, timeout=30, what="the writer to write the other call")
+        assert store.reached_checkpoint([answered.id, refused.id]) == {answered.id: True, refused.id: False}
+        assert recorder.failures >= 1
+        store.close()
+    finally:
+        cluster.destroy()
+
+
+def test_a_recorded_endpoint_never_keeps_a_credential():
+    """Any client may record calls: the ledger masks userinfo and password-like parameters itself."""
+    from recovery_ext import ProviderCall
+
+    call = ProviderCall(endpoint="https://user:s3cret@llm.example/v1?api_key=k3y&region=eu", model="m")
+    assert "s3cret" not in call.endpoint and "k3y" not in call.endpoint
+    assert call.endpoint.startswith("https://") and "llm.example/v1" in call.endpoint and "region=eu" in call.endpoint
