@@ -28,11 +28,11 @@ from dagster._core.test_utils import create_run_for_test, instance_for_test
 from sqlalchemy import insert, update
 
 from bench.recovery_bench import NODES, config, drop_db, scratch_db, start
-from recovery_ext.devserver import wait_for
-from recovery_ext.integration import RecoveryResource, make_orphan_sensor
-from recovery_ext.integration.recoverable import TAG_PIPELINE, TAG_RESUME_NUMBER
-from recovery_ext.schema import nodes, pipelines
-from recovery_ext.store import RecoveryStore
+from recovery_pipelines.devserver import wait_for
+from recovery_ext import RecoveryResource, make_orphan_sensor
+from recovery_ext._dagster.recoverable import TAG_PIPELINE, TAG_RESUME_NUMBER
+from recovery_ext._store.schema import nodes, pipelines
+from recovery_ext._store.store import RecoveryStore
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 

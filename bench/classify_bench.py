@@ -10,7 +10,7 @@ import timeit
 
 import httpx
 
-from recovery_ext.classify import classify
+from recovery_ext._classify.classifier import classify
 
 
 def make_cases():

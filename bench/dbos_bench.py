@@ -2,8 +2,8 @@
 
 1. Per-item checkpoint throughput (``checkpoint_item``, one statement each) vs DBOS step
    throughput (one workflow of N ``@DBOS.step`` calls), alternating rounds.
-2. Batched checkpoints (``checkpoint_items``, 100 and 1,000 items per fenced transaction) vs the
-   same DBOS step throughput.
+2. Batched checkpoints (``ctx.items(keys, batch=N)``, 100 and 1,000 items per fenced transaction) vs the
+   same DBOS step throughput, each beside a bare multi-row INSERT of the same rows.
 3. Mass recovery: N interrupted workflows. recovery-ext: N orphaned pipelines (8 nodes each)
    found, reclaimed and reset by one recovery scan (database side). DBOS: N workflows
    interrupted by a real kill -9 mid-way, then ``DBOS.launch()`` in a new process: the time
@@ -16,8 +16,10 @@
 DBOS runs in its own environment (``.venv-dbos``, created on first use with ``pip install
 dbos==3.4.0``): it is never a dependency of recovery-ext. All figures are ratios from this run.
 
-Run: .venv/bin/python -m bench.dbos_bench [--items 300] [--rounds 3] [--workflows 500]
-Goals: per-item >= 5x DBOS steps/s, batched >= 100x. Printed beside them: the rate of one durable commit
+Run: .venv/bin/python -m bench.dbos_bench [--items 300] [--rounds 3] [--workflows 500] [--no-dbos]
+Goals: per-item >= 5x DBOS steps/s, batched >= 100x, and batched >= 50% of a bare multi-row INSERT of the
+same rows (printed beside each batched figure, interleaved with it; bench/batch_bench.py has the detail).
+``--no-dbos`` runs only our checkpoints and the bare INSERTs, without DBOS or its environment. Printed beside them: the rate of one durable commit
 per item (a bare prepared INSERT, interleaved with our per-item checkpoints), what any per-item
 checkpoint that commits every item pays at least.
 """
@@ -37,12 +39,13 @@ from pathlib import Path
 
 import psycopg
 
+from bench.batch_bench import bare_unnest, make_bare_tables, running_node, through_ctx_items
 from bench.recovery_bench import drop_db, scratch_db
 from bench.running_again import running_again
 from bench.store_bench import seed_orphans
-from recovery_ext.pipeline_store import ItemCheckpoint
-from recovery_ext.recovery import RecoverySettings, scan
-from recovery_ext.store import RecoveryStore
+from recovery_ext._recovery.scan import RecoverySettings, scan
+from recovery_ext._store.models import ItemCheckpoint, PassPlan
+from recovery_ext._store.store import RecoveryStore
 
 ROOT = Path(__file__).resolve().parent.parent
 DBOS_ENV = ROOT / ".venv-dbos"
@@ -65,12 +68,6 @@ def dbos(mode: str, url: str, count: int) -> dict:
     return json.loads(out.strip().splitlines()[-1])
 
 
-def running_node(store: RecoveryStore, tag: str):
-    own = store.create_pipeline("bench", ["items"], owner=tag)
-    store.start_node(own, "items")
-    return own
-
-
 LOADS = {"idle": ("idle",), "loaded": ("loaded",), "both": ("idle", "loaded")}
 
 
@@ -84,32 +81,50 @@ def machine_load(load: str):
     return cpu_hog()
 
 
-def checkpoint_rounds(store: RecoveryStore, dbos_url: str, items: int, rounds: int) -> dict[str, float]:
-    """Median rates of ``rounds`` rounds, each DBOS then ours, so load changes hit both sides alike."""
-    rates: dict[str, list[float]] = {"dbos": [], "floor": [], "item": [], "batch": [], "big": []}
-    for round_no in range(rounds):
-        result = dbos("steps", dbos_url, items)
-        rates["dbos"].append(result["steps"] / result["seconds"])
-        ours, floor = per_item_beside_one_commit(store, dbos_url, items, round_no)
-        rates["item"].append(ours)
-        rates["floor"].append(floor)
-        rates["batch"].append(batched(store, items * 10, round_no))
-        rates["big"].append(batched(store, items * 20, round_no + 1000, batch=1000))
-    return {name: statistics.median(values) for name, values in rates.items()}
+def checkpoint_rounds(store: RecoveryStore, ours_url: str, dbos_url: str | None, items: int,
+                      rounds: int) -> dict[str, float]:
+    """Median rates of ``rounds`` rounds, each DBOS then ours, so load changes hit both sides alike. Each
+    batched figure is measured beside a bare INSERT of the same rows (bench/batch_bench.py), interleaved."""
+    rates: dict[str, list[float]] = {"dbos": [], "floor": [], "item": [], "batch": [], "bare": [], "big": [],
+                                     "big_bare": []}
+    with psycopg.connect(ours_url, autocommit=True) as conn:
+        make_bare_tables(conn)
+        for round_no in range(rounds):
+            if dbos_url is not None:
+                result = dbos("steps", dbos_url, items)
+                rates["dbos"].append(result["steps"] / result["seconds"])
+            ours, floor = per_item_beside_one_commit(store, ours_url, items, round_no)
+            rates["item"].append(ours)
+            rates["floor"].append(floor)
+            for size, mine, bare in ((100, "batch", "bare"), (1000, "big", "big_bare")):
+                count = items * (10 if size == 100 else 20)
+                rates[mine].append(batched(store, count, f"{round_no}-{size}", batch=size))
+                own = running_node(store, f"bare-{round_no}-{size}")
+                rates[bare].append(count / bare_unnest(conn, "rx_bench_bare", own, count, size))
+    return {name: statistics.median(values) if values else float("nan") for name, values in rates.items()}
 
 
 def print_checkpoints(load: str, rates: dict[str, float], rounds: int) -> None:
-    steps, floor, item, batch, big = rates["dbos"], rates["floor"], rates["item"], rates["batch"], rates["big"]
+    steps, floor, item = rates["dbos"], rates["floor"], rates["item"]
     hogs = "one CPU hog per core" if load == "loaded" else "no CPU hog"
-    print(f"checkpoints vs DBOS {DBOS_VERSION} steps, same PostgreSQL, median of {rounds} alternating rounds, "
-          f"{load} ({hogs})")
-    print(f"  DBOS step                      {steps:9.0f} /s   1.0x")
-    print(f"  one durable commit per item    {floor:9.0f} /s   {floor / steps:5.1f}x   (a bare prepared INSERT per "
+    versus = f"DBOS {DBOS_VERSION} steps" if steps == steps else "a bare INSERT (DBOS not run: --no-dbos)"
+    print(f"checkpoints vs {versus}, same PostgreSQL, median of {rounds} alternating rounds, {load} ({hogs})")
+
+    def times(rate: float) -> str:
+        return f"{rate / steps:5.1f}x" if steps == steps else "     "
+
+    if steps == steps:
+        print(f"  DBOS step                      {steps:9.0f} /s   1.0x")
+    print(f"  one durable commit per item    {floor:9.0f} /s   {times(floor)}   (a bare prepared INSERT per "
           "autocommit on one connection, interleaved with ours: what any checkpoint that commits each item pays)")
-    print(f"  recovery-ext per item          {item:9.0f} /s   {item / steps:5.1f}x   (goal >= 5x; "
+    print(f"  recovery-ext per item          {item:9.0f} /s   {times(item)}   (goal >= 5x; "
           f"{item / floor:.0%} of one bare durable commit's rate)")
-    print(f"  recovery-ext batched (100)     {batch:9.0f} /s   {batch / steps:5.1f}x   (goal >= 100x)")
-    print(f"  recovery-ext batched (1000)    {big:9.0f} /s   {big / steps:5.1f}x", flush=True)
+    for size, mine, bare in ((100, "batch", "bare"), (1000, "big", "big_bare")):
+        goal = "; goal >= 100x" if size == 100 else ""
+        print(f"  recovery-ext batched ({size:>4})   {rates[mine]:9.0f} /s   {times(rates[mine])}   "
+              f"(ctx.items(batch={size}); {rates[mine] / rates[bare]:.0%} of the bare INSERT{goal})")
+        print(f"  bare INSERT of the same rows   {rates[bare]:9.0f} /s   {times(rates[bare])}   "
+              f"({size} rows per autocommit INSERT ... SELECT FROM unnest, same table shape, no fence)", flush=True)
 
 
 def per_item_beside_one_commit(store: RecoveryStore, url: str, count: int, round_no: int,
@@ -121,7 +136,7 @@ def per_item_beside_one_commit(store: RecoveryStore, url: str, count: int, round
     every item pays at least; under CPU load its WAL flush, then the wait to be scheduled again, is most of
     an item's time."""
     own = running_node(store, f"per-item-{round_no}")
-    store.checkpoint_item(own, "items", "warm-up", 0)
+    store.checkpoint_item(own, "items", ItemCheckpoint("warm-up", 0))
     ours = bare = 0.0
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute("CREATE TABLE IF NOT EXISTS rx_bench_one_commit (item_key text PRIMARY KEY)")
@@ -131,7 +146,7 @@ def per_item_beside_one_commit(store: RecoveryStore, url: str, count: int, round
             keys = range(first, min(count, first + chunk))
             start = time.perf_counter()
             for i in keys:
-                store.checkpoint_item(own, "items", f"item-{i}", {"i": i})
+                store.checkpoint_item(own, "items", ItemCheckpoint(f"item-{i}", {"i": i}))
             ours += time.perf_counter() - start
             start = time.perf_counter()
             for i in keys:
@@ -140,13 +155,9 @@ def per_item_beside_one_commit(store: RecoveryStore, url: str, count: int, round
     return count / ours, count / bare
 
 
-def batched(store: RecoveryStore, count: int, round_no: int, batch: int = 100) -> float:
-    own = running_node(store, f"batched-{round_no}")
-    start = time.perf_counter()
-    for first in range(0, count, batch):
-        store.checkpoint_items(own, "items", [ItemCheckpoint(f"item-{i}", {"i": i})
-                                              for i in range(first, min(count, first + batch))])
-    return count / (time.perf_counter() - start)
+def batched(store: RecoveryStore, count: int, tag: str, batch: int = 100) -> float:
+    """Items per second through ``ctx.items(keys, batch=N)``, the loop an op body runs."""
+    return count / through_ctx_items(store, running_node(store, f"batched-{tag}"), count, batch)
 
 
 def dbos_recovery(url: str, workflows: int) -> dict:
@@ -170,7 +181,7 @@ def ours_recovery(url: str, orphans: int) -> float:
             seed_orphans(conn, orphans, "mass")
             conn.execute("ANALYZE")
         start = time.perf_counter()
-        result = scan(store, settings=RecoverySettings(), launching=True, limit=orphans, trigger="bench")
+        result = scan(store, PassPlan(launching=True, limit=orphans, trigger="bench"), settings=RecoverySettings())
         seconds = time.perf_counter() - start
         if result.reclaimed != orphans:
             raise RuntimeError(f"reclaimed {result.reclaimed} of {orphans} orphans: {result.error}")
@@ -231,25 +242,31 @@ def main() -> int:
     parser.add_argument("--items", type=int, default=300, help="checkpoints / DBOS steps per round")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--workflows", type=int, default=500, help="interrupted workflows for mass recovery (0 skips)")
+    parser.add_argument("--no-dbos", action="store_true",
+                        help="skip every DBOS figure (no .venv-dbos needed): our checkpoints beside the bare INSERT only")
     parser.add_argument("--load", choices=sorted(LOADS), default="both",
                         help="checkpoint rounds on the machine as it is (idle), with one CPU hog per core (loaded), "
                              "or both, one table each")
     args = parser.parse_args()
     # `kill <pid>` unwinds like Ctrl-C, so the CPU hogs are stopped and the scratch databases dropped
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    dbos_python()
-    ours_url, dbos_url = scratch_db(), scratch_db()
+    if not args.no_dbos:
+        dbos_python()
+    ours_url, dbos_url = scratch_db(), (None if args.no_dbos else scratch_db())
     store = RecoveryStore(ours_url)
     try:
         store.migrate()
         for load in LOADS[args.load]:
             with machine_load(load):
-                rates = checkpoint_rounds(store, dbos_url, args.items, args.rounds)
+                rates = checkpoint_rounds(store, ours_url, dbos_url, args.items, args.rounds)
             print_checkpoints(load, rates, args.rounds)
     finally:
         store.close()
         drop_db(ours_url)
-        drop_db(dbos_url)
+        if dbos_url is not None:
+            drop_db(dbos_url)
+    if args.no_dbos:
+        return 0
     if args.workflows:
         mass_recovery_db_side(args.workflows)
     if args.running_again:

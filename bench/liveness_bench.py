@@ -34,9 +34,9 @@ from pathlib import Path
 from sqlalchemy import select
 
 from bench.recovery_bench import ITEMS, calls, drop_db, scratch_db, start
-from recovery_ext.devserver import cmdline, parent_of, process_alive, wait_for
-from recovery_ext.schema import events
-from recovery_ext.store import RecoveryStore
+from recovery_pipelines.devserver import cmdline, parent_of, process_alive, wait_for
+from recovery_ext._store.schema import events
+from recovery_ext._store.store import RecoveryStore
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 

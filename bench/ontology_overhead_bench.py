@@ -31,13 +31,14 @@ from dagster import GraphDefinition, In, OpDefinition, in_process_executor, op
 
 from bench.overhead_bench import wire_counts
 from bench.recovery_bench import drop_db, scratch_db
-from recovery_ext.demo_llm import serve
-from recovery_ext.fenced import FencedTransaction
-from recovery_ext.integration import RecoveryResource, execute_in_process
-from recovery_ext.integration.resources import shared_store
-from recovery_ext.pipelines.llm import LLMResource
-from recovery_ext.pipelines.ontology import SourceDatabase, make_ontology_job, ontology_graph
-from recovery_ext.pipelines.sample_data import create_sample_database
+from recovery_pipelines.demo_llm import serve
+from recovery_ext._store.fenced import FencedTransaction
+from recovery_ext import RecoveryResource, execute_in_process
+from recovery_ext._dagster.resources import shared_store
+from recovery_pipelines.llm import LLMResource
+from recovery_pipelines.ontology import SourceDatabase, make_ontology_job, ontology_graph
+from recovery_pipelines.ontology_schema import MIGRATIONS
+from recovery_pipelines.sample_data import create_sample_database
 
 
 class PlainLLM(LLMResource):
@@ -147,9 +148,9 @@ def main() -> int:
                 llm_kwargs = {"base_url": base_url, "initial_delay": 0.1, "max_delay": 1.0}
             else:
                 llm_kwargs = {}
-            recovery = RecoveryResource(database_url=url)
+            recovery = RecoveryResource(database_url=url, migration_packages=[MIGRATIONS])
             store = shared_store(recovery.url(), retry_budget=recovery.store_retry_budget())
-            store.migrate()
+            store.migrate(MIGRATIONS)
             recoverable_job = make_ontology_job(executor_def=in_process_executor)
             plain_job = plain_ontology_job()
             rec_resources = {"recovery": recovery, "llm": LLMResource(**llm_kwargs), "source": SourceDatabase(url=shop)}

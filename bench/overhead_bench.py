@@ -23,9 +23,9 @@ from pathlib import Path
 from dagster import in_process_executor, job, op
 
 from bench.recovery_bench import drop_db, scratch_db
-from recovery_ext.integration import RecoveryResource, execute_in_process, recoverable_op
-from recovery_ext.integration.executor import with_recovery
-from recovery_ext.integration.resources import shared_store
+from recovery_ext import RecoveryResource, execute_in_process, recoverable_op
+from recovery_ext._dagster.executor import with_recovery
+from recovery_ext._dagster.resources import shared_store
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from helpers import round_trips, sent_round_trips  # noqa: E402 - the tests' libpq trace

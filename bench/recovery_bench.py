@@ -25,9 +25,10 @@ import psycopg
 from dagster import DagsterRunStatus, RunsFilter
 from sqlalchemy import text
 
-from recovery_ext.devserver import DagsterDev, cmdline, parent_of, wait_for
-from recovery_ext.integration.recoverable import TAG_PIPELINE, TAG_RESUME_NUMBER
-from recovery_ext.store import RecoveryStore
+from recovery_pipelines.devserver import DagsterDev, cmdline, parent_of, wait_for
+from recovery_ext._dagster.recoverable import TAG_PIPELINE, TAG_RESUME_NUMBER
+from recovery_ext._store.models import PipelineLimits
+from recovery_ext._store.store import RecoveryStore
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFS = ROOT / "tests" / "e2e_defs.py"
@@ -144,7 +145,8 @@ def creation_rate(home_root: Path, app_url: str) -> list[str]:
     try:
         owners = [f"dead-{uuid.uuid4().hex[:6]}-{i}" for i in range(100)]
         for owner in owners:
-            store.create_pipeline("items_job", list(NODES), owner=owner, origin_run_id=owner, heartbeat_timeout=0.001,
+            store.create_pipeline("items_job", list(NODES), owner=owner, origin_run_id=owner,
+                                  limits=PipelineLimits(heartbeat_timeout=0.001),
                                   params=config())
         made = time.time()
         wait_for(lambda: len([r for r in dev.instance.get_runs() if TAG_RESUME_NUMBER in r.tags]) >= 100, timeout=300,

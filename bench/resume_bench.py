@@ -33,10 +33,11 @@ from dagster import DagsterInstance, build_reconstructable_job, execute_job
 from sqlalchemy import update
 
 from bench.recovery_bench import drop_db, scratch_db
-from recovery_ext.integration.executor import RecoveringExecutor
-from recovery_ext.integration.tags import TAG_PIPELINE, TAG_RESUME_NUMBER
-from recovery_ext.schema import nodes, pipelines
-from recovery_ext.store import RecoveryStore
+from recovery_ext._dagster.executor import RecoveringExecutor
+from recovery_ext._dagster.tags import TAG_PIPELINE, TAG_RESUME_NUMBER
+from recovery_ext._store.models import PassPlan
+from recovery_ext._store.schema import nodes, pipelines
+from recovery_ext._store.store import RecoveryStore
 
 TESTS = Path(__file__).resolve().parent.parent / "tests"
 sys.path.insert(0, str(TESTS))
@@ -68,7 +69,7 @@ def last_left(store: RecoveryStore, pipeline_id: int, last: str) -> dict:
                      .values(status="pending", completed_at=None, output=None))
         conn.execute(update(pipelines).where(pipelines.c.id == pipeline_id).values(status="running", completed_at=None))
     expire(store, pipeline_id)
-    (reclaimed,), _ = store.reclaim(limit=1)
+    (reclaimed,), _ = store.reclaim(PassPlan(limit=1, launching=True))
     return {TAG_PIPELINE: str(pipeline_id), TAG_RESUME_NUMBER: str(reclaimed.resume_number)}
 
 

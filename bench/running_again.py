@@ -37,10 +37,11 @@ from dagster._core.test_utils import create_run_for_test
 from sqlalchemy import update
 
 from bench.recovery_bench import drop_db, scratch_db, start
-from recovery_ext.devserver import wait_for
-from recovery_ext.integration.tags import TAG_PIPELINE, TAG_RESUME_NUMBER
-from recovery_ext.schema import pipelines
-from recovery_ext.store import RecoveryStore
+from recovery_pipelines.devserver import wait_for
+from recovery_ext._dagster.tags import TAG_PIPELINE, TAG_RESUME_NUMBER
+from recovery_ext._store.models import ItemCheckpoint, PipelineLimits
+from recovery_ext._store.schema import pipelines
+from recovery_ext._store.store import RecoveryStore
 
 JOB = "items_job_inprocess"  # one process per run (no step processes): N runs fit on 2 cores
 NODES = ("n1", "n2", "n3", "n4")
@@ -55,12 +56,12 @@ def seed_crashed(store: RecoveryStore, instance, count: int) -> list[int]:
     for _ in range(count):
         first = create_run_for_test(instance, job_name=JOB, run_config=CONFIG, status=DagsterRunStatus.STARTED)
         own = store.create_pipeline(JOB, list(NODES), owner=first.run_id, origin_run_id=first.run_id,
-                                    params=CONFIG, heartbeat_timeout=3600)
+                                    params=CONFIG, limits=PipelineLimits(heartbeat_timeout=3600))
         store.start_node(own, "n1")
         store.complete_node(own, "n1", {"node": "n1", "items": []})
         store.start_node(own, "n2")
         store.start_items(own, "n2", 2)
-        store.checkpoint_item(own, "n2", "n2-0", {"item": "n2-0", "run": first.run_id})
+        store.checkpoint_item(own, "n2", ItemCheckpoint("n2-0", {"item": "n2-0", "run": first.run_id}))
         ids.append(own.pipeline_id)
     return ids
 

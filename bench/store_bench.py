@@ -16,9 +16,9 @@ import uuid
 
 import psycopg
 
-from recovery_ext.models import Ownership
-from recovery_ext.recovery import RecoverySettings, scan
-from recovery_ext.store import RecoveryStore
+from recovery_ext._store.models import Ownership, PassPlan
+from recovery_ext._recovery.scan import RecoverySettings, scan
+from recovery_ext._store.store import RecoveryStore
 
 ADMIN = os.environ.get("RECOVERY_TEST_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
 HISTORY = int(os.environ.get("RECOVERY_BENCH_HISTORY", "1000000"))
@@ -86,13 +86,13 @@ def main() -> None:
                 conn.execute("ANALYZE rx_pipelines")
                 conn.execute("ANALYZE rx_nodes")
             found, find_ms = timed(lambda: store.find_orphans())
-            stats, scan_ms = timed(lambda: scan(store, settings=settings, launching=True, trigger="bench"))
+            stats, scan_ms = timed(lambda: scan(store, PassPlan(launching=True, trigger="bench"), settings=settings))
             assert len(found) == n and stats.reclaimed == n, (len(found), stats.as_dict())
             assert sum(len(r.reset_nodes) for r in stats.reclaimed_pipelines) == n
             rows.append((f"{n:,} orphans x 8 nodes: find", find_ms[0]))
             rows.append((f"{n:,} orphans x 8 nodes: whole scan (find, reclaim, reset, history, events)", scan_ms[0]))
         _, empty_query = timed(lambda: store.find_orphans(), repeat=50)
-        _, empty_scan = timed(lambda: scan(store, settings=settings, trigger="bench"), repeat=30)
+        _, empty_scan = timed(lambda: scan(store, PassPlan(trigger="bench"), settings=settings), repeat=30)
         rows.append(("orphan query, no orphans (median of 50)", statistics.median(empty_query)))
         rows.append(("whole recovery scan, no orphans (median of 30)", statistics.median(empty_scan)))
         live = store.list_pipelines(status="running", job_name="bench", limit=100)
