@@ -3,6 +3,7 @@ end-to-end tests and the benchmarks. It runs in its own session and stops with e
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import socket
@@ -19,6 +20,8 @@ from dagster_graphql import DagsterGraphQLClient
 from recovery_pipelines.run_worker import announced_pid
 
 BIN = Path(sys.executable).parent
+ENDED = (DagsterRunStatus.SUCCESS, DagsterRunStatus.FAILURE, DagsterRunStatus.CANCELED)
+WHY = {"RUN_FAILURE", "STEP_FAILURE", "ENGINE_EVENT", "RUN_CANCELED"}  # what says why a run ended as it did
 
 
 def free_port() -> int:
@@ -130,8 +133,24 @@ class DagsterDev:
         return self.instance.get_runs(filters=RunsFilter(tags=tags or {}, statuses=statuses or []))
 
     def wait_run(self, run_id: str, statuses=(DagsterRunStatus.SUCCESS,), timeout: float = 120):
-        return wait_for(lambda: (r := self.run(run_id)) is not None and r.status in statuses and r,
-                        timeout=timeout, what=f"run {run_id} to reach {statuses}")
+        """Poll until the run reaches one of ``statuses``; fail at once, saying why, if it ends in another."""
+        def reached():
+            run = self.run(run_id)
+            if run is not None and (run.status in statuses or run.status in ENDED):
+                return run
+            return None
+
+        run = wait_for(reached, timeout=timeout, what=f"run {run_id} to reach {statuses}")
+        if run.status not in statuses:
+            raise AssertionError(f"run {run_id} ended {run.status.value}, not {statuses}: {self.why_ended(run_id)}")
+        return run
+
+    def why_ended(self, run_id: str, last: int = 4) -> str:
+        """The run's last error and failure messages, for a test that expected another ending."""
+        messages = [e.message or (e.dagster_event.message if e.dagster_event else "")
+                    for e in self.instance.all_logs(run_id)
+                    if e.level >= logging.ERROR or (e.dagster_event and e.dagster_event.event_type_value in WHY)]
+        return " | ".join(m.strip()[:400] for m in messages[-last:] if m) or "(no error recorded)"
 
     def stop(self) -> None:
         if self.proc is None:

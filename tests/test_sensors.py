@@ -77,6 +77,19 @@ def test_orphan_sensor_yields_one_resume_per_orphan_with_tags_and_config(store, 
     assert again.run_requests == [] and "0 orphans" in again.skip_message
 
 
+def test_a_run_the_sensor_supersedes_is_failed_without_a_dagster_run_retry(store, db_url):
+    """Its pipeline already continues in the resume run: a run retry could only fail to take it over."""
+    with instance_for_test(overrides={"run_retries": {"enabled": True, "max_retries": 2}}) as inst:
+        run = create_run_for_test(inst, job_name="items_job", status=DagsterRunStatus.STARTED,
+                                  tags={"dagster/max_retries": "3"})
+        own = orphan(store, run.run_id)
+        (request,) = evaluate(make_orphan_sensor([items_job]), inst, db_url)[0].run_requests
+        assert request.tags[TAG_PIPELINE] == str(own.pipeline_id)
+        old = inst.get_run_by_id(run.run_id)
+        assert old.status == DagsterRunStatus.FAILURE
+        assert (old.tags["dagster/max_retries"], old.tags["dagster/will_retry"]) == ("0", "false")
+
+
 def test_a_tick_that_failed_after_its_reclaim_is_made_good_by_the_next_tick(store, db_url, instance):
     own = orphan(store, "dead-lost-tick")
     sensor = make_orphan_sensor([items_job], minimum_interval_seconds=1)

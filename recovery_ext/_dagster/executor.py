@@ -48,7 +48,7 @@ from recovery_ext._dagster.resources import RecoveryResource
 from recovery_ext._dagster.run_state import report
 from recovery_ext._dagster.tags import (TAG_NODE, TAG_OPTIONAL, TAG_PARENT_RUN, TAG_PIPELINE,
                                        TAG_RESUME_NUMBER, TAG_RESUMED_FROM, TAG_RETRY_NUMBER, TAG_ROOT_RUN,
-                                       TAG_SUPERSEDED_BY, TAG_SUPERSEDED_CAUSE)
+                                       TAG_SUPERSEDED_BY, TAG_SUPERSEDED_CAUSE, NO_DAGSTER_RETRY)
 from recovery_ext._store.runs import takeover_cause
 from recovery_ext._store.statuses import NodeStatus, PipelineStatus
 from recovery_ext._store.interfaces import OpStore
@@ -432,6 +432,7 @@ class RecoveringExecutor(Executor):
             # as interrupted, so Dagster does not write a second failure over that message.
             current = plan_context.instance.get_run_by_id(scope.run.run_id)
             if current is not None and not current.is_finished:   # the orphan sensor usually marked it first
+                plan_context.instance.add_run_tags(current.run_id, NO_DAGSTER_RETRY)
                 plan_context.instance.report_run_failed(current, message=superseded_message(
                     scope, plan_context.instance))
             raise DagsterExecutionInterruptedError(f"recovery-ext: run {scope.run.run_id} was superseded; "

@@ -23,6 +23,7 @@ from recovery_ext._classify.redaction import MASK, redact, redact_config
 from recovery_ext._dagster.tags import TAG_PARENT_RUN as PARENT_RUN_TAG
 from recovery_ext._dagster.tags import TAG_OP_SELECTION, TAG_PIPELINE, TAG_RESUME_NUMBER, TAG_RESUMED_FROM
 from recovery_ext._dagster.tags import TAG_WILL_RETRY as WILL_RETRY_TAG
+from recovery_ext._dagster.tags import NO_DAGSTER_RETRY
 
 log = logging.getLogger("recovery_ext.sensors")
 
@@ -215,6 +216,7 @@ def stop_superseded(instance, reclaimed: Sequence[Reclaimed | GivenUp], message,
         try:
             current = instance.get_run_by_id(run.run_id)
             if current is not None and current.status in LIVE_STATUSES:
+                instance.add_run_tags(run.run_id, NO_DAGSTER_RETRY)
                 instance.report_run_failed(current, message=message(r))
                 marked = True
         except Exception as exc:  # noqa: BLE001

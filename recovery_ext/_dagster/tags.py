@@ -14,6 +14,10 @@ TAG_PARENT_RUN = "dagster/parent_run_id"
 TAG_ROOT_RUN = "dagster/root_run_id"
 TAG_WILL_RETRY = "dagster/will_retry"
 TAG_RETRY_NUMBER = "dagster/retry_number"
+# Set to 0 on a run recovery superseded before it is marked failed: its pipeline already continues in
+# a resume run, so a Dagster run retry of it could only fail to take the pipeline over.
+TAG_MAX_RETRIES = "dagster/max_retries"
+NO_DAGSTER_RETRY = {TAG_MAX_RETRIES: "0"}
 
 # The op selection of the run a resume run continues (a sensor's RunRequest cannot select ops).
 TAG_OP_SELECTION = "recovery/op_selection"
