@@ -63,7 +63,7 @@ def plain_wait(context, upstream):
 
 
 def _pooled_op(name: str):
-    """A recoverable op in the concurrency pool (limit 1): with 20 runs queued on it, the ops behind it
+    """A recoverable op in the concurrency pool (limit 1): with a dozen runs queued on it, the ops behind it
     wait for the slot longer than the heartbeat timeout."""
     def body(ctx, upstream):
         started = time.time()

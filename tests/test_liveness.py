@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import signal
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,7 @@ from dagster import DagsterRunStatus
 from sqlalchemy import func, select, text
 
 import liveness_defs
+from conftest import pg_database
 from recovery_pipelines.devserver import DagsterDev, parent_of, wait_for
 from recovery_ext._dagster.tags import TAG_PIPELINE, TAG_RESUME_NUMBER
 from recovery_ext._store.schema import events, node_items, transitions
@@ -26,10 +28,16 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 # scheduling gaps of 4-5 s were measured on a machine loaded far beyond its cores (load average 20+
 # on 2 cores), which is a setting problem, not a liveness one. RX_LIVENESS_TIMEOUT overrides it.
 TIMEOUT = float(os.environ.get("RX_LIVENESS_TIMEOUT", "8"))
-HEALTHY_RUNS = 20
+HEALTHY_RUNS = 12  # 6 of each executor; 24 pooled ops queue on one slot, so most wait several timeouts
+# PostgreSQL storage, as production runs Dagster: on SQLite, Dagster claims a pool slot with a SELECT
+# then an UPDATE (FOR UPDATE SKIP LOCKED is a no-op there), so two steps of a limit-1 pool can
+# occasionally run at once, which test_g would see.
 INSTANCE_YAML = """\
 telemetry:
   enabled: false
+storage:
+  postgres:
+    postgres_url: {dagster_url}
 concurrency:
   pools:
     granularity: op
@@ -47,9 +55,15 @@ def fail_flag(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def dev(app_url, fail_flag, tmp_path_factory, cpu_hog_module):
+def dagster_url(pg_admin) -> Iterator[str]:
+    with pg_database(pg_admin) as url:
+        yield url.replace("postgresql://", "postgresql+psycopg2://")  # dagster-postgres runs on psycopg2
+
+
+@pytest.fixture(scope="module")
+def dev(app_url, dagster_url, fail_flag, tmp_path_factory, cpu_hog_module):
     home = tmp_path_factory.mktemp("dagster_home")
-    (home / "dagster.yaml").write_text(INSTANCE_YAML)
+    (home / "dagster.yaml").write_text(INSTANCE_YAML.format(dagster_url=dagster_url))
     env = {"RECOVERY_DATABASE_URL": app_url, "LIVENESS_HEARTBEAT_INTERVAL": str(max(1.0, TIMEOUT / 4)),
            "LIVENESS_HEARTBEAT_TIMEOUT": str(TIMEOUT), "LIVENESS_SENSOR_INTERVAL": "1",
            "LIVENESS_FAIL_FLAG": str(fail_flag)}
@@ -205,9 +219,16 @@ def test_f_a_dagster_run_retry_after_a_crash_takes_the_pipeline_over_and_the_sen
                     timeout=300, what="work to be mid-way")
     os.kill(parent_of(rows[0].pid), signal.SIGKILL)  # the run worker; Dagster retries the run
     pipeline = store.find_pipeline(run_id)
-    retry = wait_for(lambda: [r for r in dev.runs(tags={"dagster/parent_run_id": run_id})][:1], timeout=180,
-                     what="Dagster's retry run")[0]
-    dev.wait_run(retry.run_id, timeout=300)
+    try:
+        retry = wait_for(lambda: [r for r in dev.runs(tags={"dagster/parent_run_id": run_id})][:1], timeout=180,
+                         what="Dagster's retry run")[0]
+        dev.wait_run(retry.run_id, timeout=300)
+    except AssertionError as exc:  # say who took the pipeline over instead
+        with store.read() as conn:
+            history = conn.execute(select(transitions.c.event, transitions.c.data).where(
+                transitions.c.pipeline_id == pipeline.id, transitions.c.entity_type == "pipeline")).all()
+        raise AssertionError(f"{exc}; old run {dev.run(run_id).status.value}, "
+                             f"pipeline history {[(h.event, h.data) for h in history]}") from exc
     after = wait_for(lambda: (p := store.get_pipeline(pipeline.id)).status == "completed" and p, timeout=60,
                      what="the pipeline to complete")
     assert after.owner == retry.run_id and after.resume_count == 0
