@@ -36,8 +36,11 @@ def usage_of(prompt_text: str, answer_text: str) -> tuple[int, int]:
     return len(prompt_text) // 4 + 1, len(answer_text) // 4 + 1
 
 
-def _socket_pid(port: int) -> int | None:
-    """The pid holding the client end (127.0.0.1:``port``) of a TCP connection to this server."""
+def _socket_pid(port: int, server_port: int) -> int | None:
+    """The pid holding the client end (127.0.0.1:``port``) of a TCP connection to this server.
+
+    An earlier connection from the same ephemeral port may linger in TIME_WAIT, with no owner
+    (inode 0): only the live socket connected to ``server_port`` counts."""
     inode = None
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):
         try:
@@ -45,14 +48,15 @@ def _socket_pid(port: int) -> int | None:
                 next(f)
                 for line in f:
                     parts = line.split()
-                    if int(parts[1].rsplit(":", 1)[1], 16) == port:
+                    local, remote = int(parts[1].rsplit(":", 1)[1], 16), int(parts[2].rsplit(":", 1)[1], 16)
+                    if local == port and remote == server_port and parts[9] != "0":
                         inode = parts[9]
                         break
         except OSError:
             continue
         if inode:
             break
-    if not inode or inode == "0":
+    if not inode:
         return None
     target = f"socket:[{inode}]"
     for pid in os.listdir("/proc"):
@@ -136,7 +140,8 @@ class StandInProvider:
                 item = str(prompt["input"].get("table") or prompt["input"].get("term") or "")
                 answer = json.dumps(heuristic_answer(prompt["task"], prompt["input"]))
                 tokens_in, tokens_out = usage_of(prompt_text, answer)
-                pid = _socket_pid(self.client_address[1]) if provider.track_pids else None
+                pid = (_socket_pid(self.client_address[1], self.server.server_address[1])
+                       if provider.track_pids else None)
                 with provider.lock:
                     if len(provider.calls) < provider.fail_first:
                         provider.calls.append(Call(now, provider.fail_status, item, 0, 0, pid))
