@@ -47,11 +47,11 @@ def make_ledger_job(executor_def=multiprocess_executor):
     return ledger_job
 
 
-def recovery_resource() -> RecoveryResource:
-    return RecoveryResource(database_url=os.environ.get("RECOVERY_DATABASE_URL"),
-                            heartbeat_interval=float(os.environ.get("LEDGER_HEARTBEAT_INTERVAL", "0.5")),
-                            heartbeat_timeout=float(os.environ.get("LEDGER_HEARTBEAT_TIMEOUT", "3")),
-                            max_retries=2, retry_initial_delay=0.05, retry_max_delay=0.1)
+def recovery_resource(**overrides) -> RecoveryResource:
+    return RecoveryResource(**{"database_url": os.environ.get("RECOVERY_DATABASE_URL"),
+                               "heartbeat_interval": float(os.environ.get("LEDGER_HEARTBEAT_INTERVAL", "0.5")),
+                               "heartbeat_timeout": float(os.environ.get("LEDGER_HEARTBEAT_TIMEOUT", "3")),
+                               "max_retries": 2, "retry_initial_delay": 0.05, "retry_max_delay": 0.1, **overrides})
 
 
 def llm_resource(url: str | None = None, **overrides) -> LLMResource:

@@ -21,13 +21,13 @@ PIPELINES = 5
 ITEMS = 3
 
 
-def run_five(db_url: str, llm) -> list:
+def run_five(db_url: str, llm, **recovery) -> list:
     results: list = []
     job = make_ledger_job(in_process_executor)
 
     def run_one():
         results.append(execute_in_process(job, run_config={"ops": {"ask": {"config": {"items": ITEMS}}}},
-                                          resources={"recovery": recovery_resource(), "llm": llm},
+                                          resources={"recovery": recovery_resource(**recovery), "llm": llm},
                                           raise_on_error=False))
 
     threads = [threading.Thread(target=run_one) for _ in range(PIPELINES)]
@@ -64,7 +64,10 @@ def test_with_limits_five_pipelines_never_exceed_the_quota_and_wait_visibly(stor
 def test_without_limits_the_same_pipelines_meet_429s(store, db_url, monkeypatch):
     monkeypatch.setenv("RECOVERY_DATABASE_URL", db_url)
     with StandInProvider(requests=REQUESTS, tokens=TOKENS, window=WINDOW) as provider:
-        results = run_five(db_url, llm_resource(provider.url, max_tokens=64))
+        # the 429s open the shared breaker and may pause a pipeline: both are scaled like the window
+        # (1 s, not 30)
+        results = run_five(db_url, llm_resource(provider.url, max_tokens=64), breaker_cooldown=1.0,
+                           breaker_max_cooldown=4.0, outage_pause_initial=1.0, outage_pause_max=4.0)
     assert provider.refused(), "five pipelines without limits never hit the quota"
     assert len(results) == PIPELINES and all(r.success for r in results)  # Retry-After still applies
     outcomes = {c.outcome for c in store.provider_calls()}

@@ -65,7 +65,9 @@ def test_corrupt_rows_fail_with_a_reason_and_do_not_stop_the_scan(store):
 
 
 def test_database_outage_is_retried_with_backoff_then_reported_not_raised(pg_admin):
-    store = RecoveryStore("postgresql://postgres@127.0.0.1:1/nothing_listens_here")
+    # the store's own retries are off (retry_budget=0), so each of the scan's attempts fails at once:
+    # this is the scan's policy under test, not the store's (tests/test_pg_outage.py has that)
+    store = RecoveryStore("postgresql://postgres@127.0.0.1:1/nothing_listens_here", retry_budget=0)
     slept: list[float] = []
     stats = scan(store, policy=default_outage_policy(sleep=slept.append))
     assert stats.failed == 1 and "unavailable" in stats.error
