@@ -90,6 +90,40 @@ def test_a_run_the_sensor_supersedes_is_failed_without_a_dagster_run_retry(store
         assert (old.tags["dagster/max_retries"], old.tags["dagster/will_retry"]) == ("0", "false")
 
 
+def test_a_failed_owner_awaiting_dagsters_retry_decision_is_left_to_it_for_a_grace(store, db_url):
+    """Dagster writes a failed run's status, then its dagster/will_retry tag: between the two, a tick
+    that took the run for dead would race the retry it stands aside for."""
+    from datetime import datetime, timedelta, timezone
+
+    from dagster import DagsterEvent, DagsterEventType
+
+    from recovery_ext._dagster.resume_runs import RETRY_DECISION_GRACE_SECONDS
+
+    def fail_without_decision(inst, run, ago: float = 0.0):  # the status write alone, as Dagster makes it first
+        event = DagsterEvent(event_type_value=DagsterEventType.PIPELINE_FAILURE.value, job_name=run.job_name,
+                             message="the run worker died")
+        inst.run_storage.handle_run_event(run.run_id, event,
+                                          datetime.now(timezone.utc) - timedelta(seconds=ago))
+
+    with instance_for_test(overrides={"run_retries": {"enabled": True, "max_retries": 1}}) as inst:
+        sensor = make_orphan_sensor([items_job])
+        deciding = create_run_for_test(inst, job_name="items_job", status=DagsterRunStatus.STARTED)
+        fail_without_decision(inst, deciding)
+        own = orphan(store, deciding.run_id)
+        long_ago = create_run_for_test(inst, job_name="items_job", status=DagsterRunStatus.STARTED)
+        fail_without_decision(inst, long_ago, ago=RETRY_DECISION_GRACE_SECONDS + 5)
+        stale = store.create_pipeline("items_job", ["a"], owner=long_ago.run_id, origin_run_id=long_ago.run_id)
+        assert inst.get_run_by_id(deciding.run_id).status == DagsterRunStatus.FAILURE
+        (request,) = evaluate(sensor, inst, db_url)[0].run_requests
+        # the run whose decision is overdue is dead; the other one is left to Dagster, though its heartbeat expired
+        assert request.tags[TAG_PIPELINE] == str(stale.pipeline_id)
+        assert store.get_pipeline(own.pipeline_id).epoch == 1
+        launch(inst, request)
+        inst.add_run_tags(deciding.run_id, {"dagster/will_retry": "false"})  # Dagster decided: no retry
+        (request,) = evaluate(sensor, inst, db_url)[0].run_requests
+        assert request.tags[TAG_PIPELINE] == str(own.pipeline_id)
+
+
 def test_a_tick_that_failed_after_its_reclaim_is_made_good_by_the_next_tick(store, db_url, instance):
     own = orphan(store, "dead-lost-tick")
     sensor = make_orphan_sensor([items_job], minimum_interval_seconds=1)

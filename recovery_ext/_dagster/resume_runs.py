@@ -10,9 +10,11 @@ from __future__ import annotations
 import json
 import logging
 import re
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
+from datetime import timezone
 
 from dagster import DagsterRun, DagsterRunStatus, JobDefinition, RunRequest, RunsFilter
 
@@ -36,6 +38,11 @@ PARTITION_TAG = "dagster/partition"
 PARTITION_RANGE_TAGS = ("dagster/asset_partition_range_start", "dagster/asset_partition_range_end")
 SYSTEM_PREFIXES = ("dagster/", ".dagster/", "recovery/", "dagster-")
 
+# How long a failed owner run without Dagster's retry decision (the dagster/will_retry tag) is left
+# to that decision. Dagster's daemon writes the tag within its next event-log pass if the failure
+# path did not.
+RETRY_DECISION_GRACE_SECONDS = 30.0
+
 LIVE_STATUSES = [DagsterRunStatus.STARTING, DagsterRunStatus.STARTED, DagsterRunStatus.CANCELING]
 # A resume run in these states has not had its chance to attach yet: its reservation is extended.
 WAITING_STATUSES = (DagsterRunStatus.QUEUED, DagsterRunStatus.NOT_STARTED, DagsterRunStatus.STARTING)
@@ -57,13 +64,20 @@ def placeholder_run_key(placeholder: str) -> str:
     return resume_run_key(int(pipeline_id), int(number))
 
 
-def classify_owner_runs(instance, run_ids: Sequence[str]) -> OwnerStates:
+def classify_owner_runs(instance, run_ids: Sequence[str], *, now: float | None = None) -> OwnerStates:
     """Three id-only queries per ``BATCH`` owners (no run is deserialized), plus one for the
-    retries of runs Dagster is retrying."""
+    retries of runs Dagster is retrying.
+
+    With run retries on, Dagster writes a failed run's status first and its ``dagster/will_retry``
+    tag just after: a failed run without that tag yet is left to Dagster's decision for
+    ``RETRY_DECISION_GRACE_SECONDS`` after it ended, so the sensor never races the retry it would
+    otherwise stand aside for."""
     dead: list[str] = []
     will_retry: list[str] = []
+    undecided: list[str] = []
     canceled: list[str] = []
     canceling: list[str] = []
+    retries_on = bool(getattr(instance, "run_retries_enabled", False))
     for part in chunks(list(run_ids), BATCH):
         ids = list(part)
         canceling += instance.get_run_ids(filters=RunsFilter(run_ids=ids, statuses=[DagsterRunStatus.CANCELING]))
@@ -73,10 +87,31 @@ def classify_owner_runs(instance, run_ids: Sequence[str]) -> OwnerStates:
             retried = set(instance.get_run_ids(filters=RunsFilter(run_ids=failed, statuses=[DagsterRunStatus.FAILURE],
                                                                   tags={WILL_RETRY_TAG: "true"})))
             will_retry += [r for r in failed if r in retried]
-            dead += [r for r in failed if r not in retried]
+            rest = [r for r in failed if r not in retried]
+            if retries_on and rest:
+                decided = set(instance.get_run_ids(filters=RunsFilter(run_ids=rest, tags={WILL_RETRY_TAG: "false"})))
+                undecided += [r for r in rest if r not in decided]
+                rest = [r for r in rest if r in decided]
+            dead += rest
+    deciding = _still_deciding(instance, undecided, time.time() if now is None else now)
+    dead += [r for r in undecided if r not in deciding]
     retry_ended = _retries_ended(instance, will_retry)
     dead += [r for r in will_retry if r in retry_ended]
-    return OwnerStates(dead, [r for r in will_retry if r not in retry_ended] + canceling, canceled)
+    return OwnerStates(dead, [r for r in will_retry if r not in retry_ended] + deciding + canceling, canceled)
+
+
+def _still_deciding(instance, run_ids: Sequence[str], now: float) -> list[str]:
+    """Failed runs with no ``dagster/will_retry`` tag yet that ended less than the grace ago."""
+    deciding: list[str] = []
+    for part in chunks(list(run_ids), BATCH):
+        for record in instance.get_run_records(filters=RunsFilter(run_ids=list(part))):
+            ended = record.end_time
+            if ended is None and record.update_timestamp is not None:  # failed outside a run: last update
+                stamp = record.update_timestamp
+                ended = (stamp if stamp.tzinfo else stamp.replace(tzinfo=timezone.utc)).timestamp()
+            if ended is not None and now - ended < RETRY_DECISION_GRACE_SECONDS:
+                deciding.append(record.dagster_run.run_id)
+    return deciding
 
 
 def _retries_ended(instance, run_ids: Sequence[str]) -> set[str]:
