@@ -64,7 +64,7 @@ def placeholder_run_key(placeholder: str) -> str:
     return resume_run_key(int(pipeline_id), int(number))
 
 
-def classify_owner_runs(instance, run_ids: Sequence[str], *, now: float | None = None) -> OwnerStates:
+def classify_owner_runs(instance, run_ids: Sequence[str]) -> OwnerStates:
     """Three id-only queries per ``BATCH`` owners (no run is deserialized), plus one for the
     retries of runs Dagster is retrying.
 
@@ -93,7 +93,7 @@ def classify_owner_runs(instance, run_ids: Sequence[str], *, now: float | None =
                 undecided += [r for r in rest if r not in decided]
                 rest = [r for r in rest if r in decided]
             dead += rest
-    deciding = _still_deciding(instance, undecided, time.time() if now is None else now)
+    deciding = _still_deciding(instance, undecided, time.time())
     dead += [r for r in undecided if r not in deciding]
     retry_ended = _retries_ended(instance, will_retry)
     dead += [r for r in will_retry if r in retry_ended]
