@@ -1,8 +1,9 @@
 """Numbered SQL migrations per dialect: ``sql/<dialect>/NNNN_name.sql``.
 
-The library's own live in this package's ``sql/`` folder, are applied in order, each in its own
-transaction, and are recorded in ``rx_schema_migrations``. The same folder holds the few hot-path
-statements the store runs as fixed SQL text: ``sql/<dialect>/queries/<name>.sql``.
+The library's own live in the repository's top-level ``sql/`` folder (installed into the wheel as
+``recovery_ext/_sql``), are applied in order, each in its own transaction, and are recorded in
+``rx_schema_migrations``. The same folder holds the few hot-path statements the store runs as fixed
+SQL text (``sql/<dialect>/queries/<name>.sql``) and each dialect's current ``schema.sql``.
 
 An application keeps its own tables in its own package (``<package>/sql/<dialect>/NNNN_*.sql``),
 numbered on their own and recorded in ``rx_app_migrations`` under the package's name, so the
@@ -53,7 +54,21 @@ class Migration:
 LIBRARY = "recovery_ext._store"
 
 
+def _library_sql() -> Traversable:
+    """The library's SQL: ``recovery_ext/_sql`` in an installed wheel, else the checkout's top-level ``sql/``.
+
+    Two places because an editable install runs from the checkout, where the SQL sits beside the package
+    (as the design card lays it out), while a wheel must carry it inside the package.
+    """
+    packaged = resources.files("recovery_ext").joinpath("_sql")
+    if packaged.is_dir():
+        return packaged
+    return Path(__file__).resolve().parents[2] / "sql"
+
+
 def _sql_root(package: str = LIBRARY) -> Traversable:
+    if package == LIBRARY:
+        return _library_sql()
     try:
         return resources.files(package).joinpath("sql")
     except ModuleNotFoundError as exc:
