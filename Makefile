@@ -3,7 +3,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 export DAGSTER_HOME ?= $(CURDIR)/.dagster_home
 
-.PHONY: install dev test demo-crash bench clean
+.PHONY: install dev test test-fast schema demo-crash bench clean
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -34,6 +34,14 @@ dev: install
 ## The whole test suite (needs PostgreSQL at 127.0.0.1:5432; .ci/run starts it).
 test: install
 	$(BIN)/pytest -q -p no:cacheprovider
+
+## Everything that needs no `dagster dev` or other real server processes: tests/unit, tests/store, tests/dagster.
+test-fast: install
+	$(BIN)/pytest -q -p no:cacheprovider tests/unit tests/store tests/dagster
+
+## Rewrite sql/<dialect>/schema.sql from freshly migrated databases (after adding a migration).
+schema: install
+	$(BIN)/python tests/support/schema_dump.py
 
 ## Scripted crash: kill -9 the run workers mid-way and watch recovery.
 demo-crash: install

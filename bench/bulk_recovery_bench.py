@@ -34,7 +34,7 @@ from recovery_ext._dagster.recoverable import TAG_PIPELINE, TAG_RESUME_NUMBER
 from recovery_ext._store.schema import nodes, pipelines
 from recovery_ext._store.store import RecoveryStore
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "support"))
 
 
 def seed_orphans(store: RecoveryStore, owners: list[str]) -> None:

@@ -1,4 +1,4 @@
-"""Recovery on Dagster's Celery executor, with worker hosts as network namespaces (tests/celery_cluster.py).
+"""Recovery on Dagster's Celery executor, with worker hosts as network namespaces (tests/support/celery_cluster.py).
 
 One deployment (PostgreSQL and Redis in the root namespace, `dagster dev` with the shipped
 multi-host instance config, a run host and up to 4 worker hosts), then:
@@ -29,7 +29,7 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "support"))
 
 from celery_cluster import CeleryDeployment  # noqa: E402
 from hog import cpu_hog  # noqa: E402

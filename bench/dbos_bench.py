@@ -72,10 +72,10 @@ LOADS = {"idle": ("idle",), "loaded": ("loaded",), "both": ("idle", "loaded")}
 
 
 def machine_load(load: str):
-    """The load of a set of rounds: for "loaded", one CPU hog per core (tests/hog.py), stopped when the block exits."""
+    """The load of a set of rounds: for "loaded", one CPU hog per core (tests/support/hog.py), stopped when the block exits."""
     if load == "idle":
         return contextlib.nullcontext()
-    sys.path.insert(0, str(ROOT / "tests"))
+    sys.path.insert(0, str(ROOT / "tests" / "support"))
     from hog import cpu_hog
 
     return cpu_hog()

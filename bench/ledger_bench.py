@@ -65,7 +65,7 @@ def _round(store: RecoveryStore, recorder: CallRecorder, *, ledger: bool, ask=No
 
 
 def _stand_in():
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "support"))
     import openai
     from stand_in_llm import StandInProvider
 

@@ -38,7 +38,7 @@ from recovery_pipelines.devserver import cmdline, parent_of, process_alive, wait
 from recovery_ext._store.schema import events
 from recovery_ext._store.store import RecoveryStore
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "support"))
 
 KINDS = ("worker", "step", "sigstop", "host")
 NODES = ("n1", "n2", "n3", "n4")

@@ -124,7 +124,7 @@ def cpu_load(load: str) -> Iterator[None]:
         yield
         return
     import sys
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "support"))
     from hog import cpu_hog
 
     with cpu_hog():

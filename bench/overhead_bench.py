@@ -27,7 +27,7 @@ from recovery_ext import RecoveryResource, execute_in_process, recoverable_op
 from recovery_ext._dagster.executor import with_recovery
 from recovery_ext._dagster.resources import shared_store
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "support"))
 from helpers import round_trips, sent_round_trips  # noqa: E402 - the tests' libpq trace
 
 BODY_SECONDS = [0.02]

@@ -31,7 +31,7 @@ from recovery_ext._store.models import PipelineLimits
 from recovery_ext._store.store import RecoveryStore
 
 ROOT = Path(__file__).resolve().parent.parent
-DEFS = ROOT / "tests" / "e2e_defs.py"
+DEFS = ROOT / "tests" / "support" / "e2e_defs.py"
 ADMIN = os.environ.get("RECOVERY_TEST_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
 KILLS = int(os.environ.get("RECOVERY_BENCH_KILLS", "10"))
 ITEMS = 6

@@ -1,7 +1,7 @@
 """A resume run against a fresh run of only the remaining op (issue 11, item 1).
 
 Side by side in one run, on both executors (multiprocess, in-process), for the nine-op chain of
-``tests/replay_defs.py`` (``r1`` .. ``r9``, recoverable ops of two items each):
+``tests/support/replay_defs.py`` (``r1`` .. ``r9``, recoverable ops of two items each):
 
   (a) a fresh run of only ``r9`` (op selection; its input given in run config),
   (b) a resume run of the pipeline where ``r1`` .. ``r8`` are completed and ``r9`` is not:
@@ -39,7 +39,7 @@ from recovery_ext._store.models import PassPlan
 from recovery_ext._store.schema import nodes, pipelines
 from recovery_ext._store.store import RecoveryStore
 
-TESTS = Path(__file__).resolve().parent.parent / "tests"
+TESTS = Path(__file__).resolve().parent.parent / "tests" / "support"
 sys.path.insert(0, str(TESTS))
 
 

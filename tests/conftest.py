@@ -1,58 +1,30 @@
-"""Shared fixtures: a fresh store on SQLite and on a real PostgreSQL database per test."""
+"""Fixtures every folder shares: a fresh store on SQLite and on a real PostgreSQL database per test, CPU hogs.
+
+Each folder's own conftest.py holds what only its tests use and marks its tests with the folder's cost
+(``unit``, ``store``, ``dagster``, ``e2e``), so ``pytest -m 'not e2e'`` selects by cost as well as by path.
+"""
 
 from __future__ import annotations
 
-import os
-import uuid
 from collections.abc import Iterator
-from contextlib import contextmanager
 
 import psycopg
 import pytest
+from databases import PG_ADMIN_URL, pg_conninfo, pg_database
 from hog import cpu_hog as _cpu_hog
 
 from recovery_ext._store.store import RecoveryStore
-
-PG_ADMIN_URL = os.environ.get("RECOVERY_TEST_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
-
-
-def _pg_conninfo(url: str) -> str:
-    return url.replace("postgresql+psycopg://", "postgresql://")
 
 
 @pytest.fixture(scope="session")
 def pg_admin() -> str:
     """The PostgreSQL server the tests use; an unreachable server fails the tests, it does not skip them."""
     try:
-        with psycopg.connect(_pg_conninfo(PG_ADMIN_URL), connect_timeout=5) as conn:
+        with psycopg.connect(pg_conninfo(PG_ADMIN_URL), connect_timeout=5) as conn:
             conn.execute("SELECT 1")
     except psycopg.OperationalError as exc:
         pytest.fail(f"PostgreSQL is required at {PG_ADMIN_URL} (start it with .ci/run): {exc}")
     return PG_ADMIN_URL
-
-
-def create_pg_database(admin_url: str) -> str:
-    name = f"rx_test_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(_pg_conninfo(admin_url), autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    base = admin_url.rsplit("/", 1)[0]
-    return f"{base}/{name}"
-
-
-def drop_pg_database(admin_url: str, url: str) -> None:
-    name = url.rsplit("/", 1)[1]
-    with psycopg.connect(_pg_conninfo(admin_url), autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-
-
-@contextmanager
-def pg_database(admin_url: str) -> Iterator[str]:
-    """A fresh, uniquely named database, dropped afterwards whatever happened."""
-    url = create_pg_database(admin_url)
-    try:
-        yield url
-    finally:
-        drop_pg_database(admin_url, url)
 
 
 @pytest.fixture
@@ -87,7 +59,7 @@ def store(db_url) -> Iterator[RecoveryStore]:
 
 @pytest.fixture
 def cpu_hog():
-    """One busy process per core for the duration of the test (see tests/hog.py)."""
+    """One busy process per core for the duration of the test (see tests/support/hog.py)."""
     with _cpu_hog() as procs:
         yield procs
 
@@ -115,3 +87,15 @@ def app_store(app_url) -> Iterator[RecoveryStore]:
         yield s
     finally:
         s.close()
+
+
+
+COSTS = ("unit", "store", "dagster", "e2e")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Each test carries its folder's cost as a marker."""
+    for item in items:
+        cost = item.path.parent.name
+        if cost in COSTS:
+            item.add_marker(getattr(pytest.mark, cost))

@@ -3,7 +3,7 @@
 :class:`~recovery_ext._store.store.RecoveryStore` is one object with every method; each layer
 that uses it sees only the part it needs, typed as one of these protocols. A reader of an op, a
 sensor or the CLI can tell from the annotation which store calls it can make, and
-``tests/test_store_shape.py`` checks both sides: the store satisfies every protocol, and each
+``tests/store/test_store_shape.py`` checks both sides: the store satisfies every protocol, and each
 caller module calls only what its protocol lists.
 """
 

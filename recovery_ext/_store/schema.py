@@ -1,6 +1,6 @@
 """The application tables as SQLAlchemy Core objects.
 
-The migrations in ``sql/<dialect>/`` create these tables; ``tests/test_migrations.py``
+The migrations in ``sql/<dialect>/`` create these tables; ``tests/store/test_migrations.py``
 proves the two agree. Two column types hide the dialect differences: :class:`DbTime`
 (``timestamptz`` on PostgreSQL, epoch seconds on SQLite) and :class:`DbJson`
 (``jsonb`` on PostgreSQL, text on SQLite).

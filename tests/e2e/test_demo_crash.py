@@ -1,0 +1,43 @@
+"""`make demo-crash` checks its own outcome, and passes on a busy machine."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from recovery_pipelines.demo_crash import Outcome
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_the_check_fails_when_a_kill_did_not_happen_a_pipeline_failed_or_a_kill_resumed_twice():
+    good = Outcome(killed={"ontology_extraction": 1, "ocr_documents": 2},
+                   final_status={"ontology_extraction": "completed", "ocr_documents": "completed"},
+                   resumes={"ontology_extraction": 1, "ocr_documents": 1})
+    assert good.problems() == []
+    no_kill = Outcome(killed={"ocr_documents": 2}, final_status=dict(good.final_status), resumes={"ocr_documents": 1})
+    assert no_kill.problems() == ["ontology_extraction: no run worker was killed (the run never reached the kill point)"]
+    failed = Outcome(killed=dict(good.killed), final_status={**good.final_status, "ocr_documents": "failed"},
+                     resumes=dict(good.resumes))
+    assert failed.problems() == ["ocr_documents: pipeline ended failed, not completed"]
+    twice = Outcome(killed=dict(good.killed), final_status=dict(good.final_status),
+                    resumes={**good.resumes, "ontology_extraction": 3})
+    assert twice.problems() == ["ontology_extraction: one kill led to 3 resume runs, expected exactly 1"]
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(600)
+def test_demo_crash_passes_its_own_check_on_a_busy_machine(tmp_path, cpu_hog):
+    env = {**os.environ, "RECOVERY_DEMO_CRASH_DIR": str(tmp_path / "demo-crash")}
+    env.pop("RECOVERY_DATABASE_URL", None)
+    done = subprocess.run([sys.executable, "-m", "recovery_pipelines.demo_crash"], cwd=ROOT, env=env,
+                          stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=580)
+    output = done.stdout + done.stderr[-3000:]
+    assert done.returncode == 0, output
+    assert "CHECK PASSED" in done.stdout and "kill -9 run worker pid" in done.stdout
+    assert "orphan detected (owner_run_dead)" in done.stdout
+    assert "dagster-webserver -h 127.0.0.1 -p 3000" in done.stdout  # how to browse the runs afterwards

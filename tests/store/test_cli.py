@@ -1,0 +1,252 @@
+"""The operator CLI against both databases, including bad input."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+import subprocess
+import sys
+
+import pytest
+from click.testing import CliRunner
+
+from helpers import expire
+from recovery_ext._cli import main
+from recovery_ext._store.dialects import Dialect
+from recovery_ext._store.migrations import load_migrations
+from recovery_ext._store.models import ItemCheckpoint
+
+
+@pytest.fixture
+def cli(store, db_url):
+    runner = CliRunner()
+
+    def invoke(*args, code=0):
+        result = runner.invoke(main, ["--database-url", db_url, *args], catch_exceptions=False)
+        assert result.exit_code == code, result.output
+        return result
+
+    return invoke
+
+
+def as_json(result):
+    return json.loads(result.stdout)
+
+
+ROOT_SQL = Path(__file__).resolve().parents[2] / "sql"
+
+
+def test_migrate_print_and_apply(tmp_path):
+    url = f"sqlite:///{tmp_path / 'fresh.sqlite3'}"
+    runner = CliRunner()
+    printed = runner.invoke(main, ["--database-url", url, "migrate", "--print"])
+    assert printed.exit_code == 0 and "CREATE TABLE rx_pipelines" in printed.stdout
+    status = runner.invoke(main, ["--database-url", url, "status"])
+    assert status.exit_code == 1 and "recovery-ext migrate" in status.output
+    applied = runner.invoke(main, ["--database-url", url, "--json", "migrate"])
+    expected = [f"{m.version:04d}_{m.name}" for m in load_migrations(Dialect.for_url(url))]
+    assert json.loads(applied.stdout) == {"applied": expected} and expected[:2] == ["0001_init", "0002_ontology"]
+    again = runner.invoke(main, ["--database-url", url, "migrate"])
+    assert "up to date" in again.stdout
+
+
+def test_status_reports_orphans_stuck_dead_and_recovered(cli, store):
+    own = store.create_pipeline("job", ["a"], owner="r1", origin_run_id="r1")
+    expire(store, own.pipeline_id)
+    store.enqueue("ocr", [{"name": "a.pdf"}, {"name": "b.pdf"}], max_attempts=1)
+    stuck, dead = store.claim("ocr", "w", limit=2, heartbeat_timeout=600)
+    store.fail_item(dead, "boom")
+    from sqlalchemy import update
+
+    from recovery_ext._store.schema import queue_items
+
+    with store.write() as conn:  # its worker stopped heartbeating
+        conn.execute(update(queue_items).where(queue_items.c.id == stuck.id)
+                     .values(started_at=store.dialect.now_plus(-3600), heartbeat_deadline=store.dialect.now_plus(-1)))
+    data = as_json(cli("status", "--json"))
+    assert [o["id"] for o in data["orphans"]] == [own.pipeline_id]
+    assert [(i["id"], i["reason"]) for i in data["stuck_items"]] == [(stuck.id, "heartbeat expired")]
+    assert [i["id"] for i in data["dead_items"]] == [dead.id]
+    human = cli("status").stdout
+    assert "Orphans now: 1" in human and "Dead items: 1" in human
+    recovered = as_json(cli("recover", "--json"))
+    assert recovered["reclaimed_pipelines"] == [own.pipeline_id]
+    assert as_json(cli("status", "--json"))["auto_recovered_24h"]["pipelines"] == 1
+
+
+def test_pipelines_show_and_list(cli, store):
+    own = store.create_pipeline("job", ["a", "b"], owner="r1", origin_run_id="r1")
+    store.start_node(own, "a")
+    store.set_items_total(own, "a", 3)
+    store.checkpoint_item(own, "a", ItemCheckpoint("k1", 1))
+    data = as_json(cli("pipelines", "show", str(own.pipeline_id), "--json"))
+    assert [(n["name"], n["status"], n["items_done"], n["items_total"]) for n in data["nodes"]] == [
+        ("a", "running", 1, 3), ("b", "pending", 0, None)]
+    assert data["transitions"][0]["event"] == "created"
+    human = cli("pipelines", "show", str(own.pipeline_id)).stdout
+    assert "1/3" in human and "Transitions" in human
+    assert str(own.pipeline_id) in cli("pipelines", "list").stdout
+    assert "no pipeline 999" in cli("pipelines", "show", "999", code=1).output
+
+
+def test_reset_stuck_dry_run_job_id_and_summary(cli, store):
+    store.enqueue("ocr", [{"name": "a.pdf"}, {"name": "b.pdf"}])
+    a, b = store.claim("ocr", "worker-1", limit=2, heartbeat_timeout=600)
+    from sqlalchemy import update
+
+    from recovery_ext._store.schema import queue_items
+
+    with store.write() as conn:  # legacy rows: no heartbeat deadline, started 20 min ago
+        conn.execute(update(queue_items).values(started_at=store.dialect.now_plus(-1200), heartbeat_deadline=None))
+    dry = cli("reset-stuck", "--dry-run")
+    assert "Found 2 stuck item(s)" in dry.stdout and "Dry run" in dry.stdout
+    assert store.get_item(a.id).status == "processing"
+    one = cli("reset-stuck", "--job-id", str(a.id))
+    assert f"Item {a.id} (ocr): processing" in one.output and "Total stuck items reset: 1" in one.stdout
+    assert store.get_item(a.id).status == "ready" and store.get_item(b.id).status == "processing"
+    assert as_json(cli("reset-stuck", "--threshold", "25m", "--json"))["reset"] == []
+    rest = as_json(cli("reset-stuck", "--threshold", "15m", "--json"))
+    assert rest["reset"] == [{"id": b.id, "new_status": "ready"}]
+
+
+def test_retry_dead(cli, store):
+    store.enqueue("ocr", [{"n": 1}, {"n": 2}], max_attempts=1)
+    for item in store.claim("ocr", "w", limit=2):
+        store.fail_item(item, "boom")
+    first, second = [i.id for i in store.list_items("ocr")]
+    assert as_json(cli("retry-dead", str(first), "--json")) == {"retried": [first]}
+    assert "not dead" in cli("retry-dead", str(first), code=1).output
+    assert as_json(cli("retry-dead", "--all", "--json")) == {"retried": [second]}
+    assert "item IDs or --all" in cli("retry-dead", code=2).output
+
+
+def test_events_and_follow(cli, store, db_url):
+    store.record_event("recovery_started", {"trigger": "test"})
+    assert "recovery_started" in cli("events").stdout
+    follower = subprocess.Popen([sys.executable, "-m", "recovery_ext._cli", "--database-url", db_url, "events",
+                                 "--follow", "--json", "--interval", "0.2", "--kind", "item_dead"],
+                                stdout=subprocess.PIPE, text=True)
+    try:
+        store.record_event("item_dead", {"queue": "ocr"})
+        line = follower.stdout.readline()
+        assert json.loads(line)["kind"] == "item_dead"
+    finally:
+        follower.terminate()
+        follower.wait(10)
+
+
+@pytest.mark.parametrize("args,code,text", [
+    (["--database-url", "mysql://x@localhost/db", "status"], 2, "unsupported database"),
+    (["--database-url", "not a url", "status"], 2, "not a database URL"),
+    (["--database-url", "postgresql://postgres@127.0.0.1:1/nope", "status"], 1, "cannot reach the database"),
+    (["reset-stuck", "--threshold", "soon"], 2, "not a duration"),
+    (["pipelines", "show", "0"], 2, "Invalid value"),
+    (["retry-dead", "abc"], 2, "Invalid value"),
+    (["nonsense"], 2, "No such command"),
+])
+def test_bad_input_is_rejected_clearly(args, code, text, tmp_path):
+    result = CliRunner().invoke(main, ["--database-url", f"sqlite:///{tmp_path}/x.sqlite3", *args])
+    assert result.exit_code == code and text in result.output
+    assert "Traceback" not in result.output
+
+
+def test_status_reset_stuck_and_the_sensor_never_call_a_heartbeating_item_stuck(cli, store):
+    from sqlalchemy import update
+
+    from recovery_ext._store.schema import queue_items
+
+    store.enqueue("ocr", [{"name": "slow.pdf"}])
+    (slow,) = store.claim("ocr", "worker-1", heartbeat_timeout=600)
+    with store.write() as conn:  # started an hour ago, still heartbeating
+        conn.execute(update(queue_items).values(started_at=store.dialect.now_plus(-3600)))
+    assert as_json(cli("status", "--json", "--threshold", "1m"))["stuck_items"] == []
+    store.enqueue("ocr", [{"name": "flaky.pdf"}])
+    (flaky,) = store.claim("ocr", "worker-2")
+    store.fail_item(flaky, "timeout: OCR engine timed out")
+    (waiting,) = as_json(cli("status", "--json"))["waiting_items"]
+    assert (waiting["id"], waiting["attempts"]) == (flaky.id, 1) and waiting["available_at"]
+    assert "Items waiting for their retry delay: 1" in cli("status").stdout
+    assert as_json(cli("reset-stuck", "--threshold", "1m", "--json"))["reset"] == []
+    assert store.get_item(slow.id).status == "processing"
+
+
+def test_status_and_pipelines_list_show_and_filter_by_deployment(cli, store):
+    blue = store.create_pipeline("job", ["a"], owner="r-blue", origin_run_id="r-blue", deployment="blue")
+    green = store.create_pipeline("job", ["a"], owner="r-green", origin_run_id="r-green", deployment="green")
+    listed = as_json(cli("pipelines", "list", "--deployment", "blue", "--json"))
+    assert [(p["id"], p["deployment"]) for p in listed] == [(blue.pipeline_id, "blue")]
+    every = {p["id"]: p["deployment"] for p in as_json(cli("pipelines", "list", "--json"))}
+    assert every == {blue.pipeline_id: "blue", green.pipeline_id: "green"}
+    summary = as_json(cli("status", "--deployment", "green", "--json"))["pipelines"]
+    assert [(r["deployment"], r["status"], r["count"]) for r in summary] == [("green", "running", 1)]
+    assert "deployment" in cli("pipelines", "list").stdout and "blue" in cli("status").stdout
+
+
+# -- a rejected call writes nothing; every bad argument is one clear line ----------------------------------------
+
+def run_cli(*args, cwd, env=None, input_closed=False):
+    import os
+
+    environment = {k: v for k, v in os.environ.items() if k not in ("RECOVERY_DATABASE_URL", "DAGSTER_HOME")}
+    environment.update(env or {})
+    return subprocess.run([sys.executable, "-m", "recovery_ext._cli", *args], cwd=cwd, env=environment,
+                          capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.parametrize("args", [["status", "--help"], ["status", "--threshold", "nope"],
+                                  ["reset-stuck", "--threshold", "0"], ["events", "--limit", "0"]])
+def test_a_rejected_or_help_call_creates_no_dagster_home(args, tmp_path):
+    result = run_cli(*args, cwd=tmp_path)
+    assert result.returncode in (0, 2), result.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("command", [["status"], ["pipelines", "list"], ["events"], ["recover"],
+                                     ["reset-stuck", "--dry-run"]])
+def test_a_missing_sqlite_file_is_a_clear_error_and_is_not_created(command, tmp_path):
+    typo = tmp_path / "recovery.sqlite3x"
+    result = CliRunner().invoke(main, ["--database-url", f"sqlite:///{typo}", *command])
+    assert result.exit_code == 2 and result.output.strip().splitlines() == [
+        f"Error: no SQLite database at {typo} (check --database-url, or create it with `recovery-ext migrate`)"]
+    assert not typo.exists() and list(tmp_path.iterdir()) == []
+    assert CliRunner().invoke(main, ["--database-url", f"sqlite:///{typo}", "migrate"]).exit_code == 0
+    assert typo.is_file()
+
+
+@pytest.mark.parametrize("args,text", [
+    (["redo-degraded", "9223372036854775808"], "is not in the range"),
+    (["--database-url", "postgresql://u:pw@" + "h" * 300 + "/db", "status"], "not a valid host name"),
+    (["--database-url", "mysql://x@localhost/db", "status"], "unsupported database"),
+    (["events", *[f"--kind=k{i}" for i in range(1500)]], "at most 1000 different --kind values"),
+])
+def test_bad_arguments_exit_2_with_one_clear_line(args, text, tmp_path):
+    url = f"sqlite:///{tmp_path / 'r.sqlite3'}"
+    CliRunner().invoke(main, ["--database-url", url, "migrate"])
+    result = CliRunner().invoke(main, ["--database-url", url, *args])
+    assert result.exit_code == 2 and text in result.output, result.output
+    assert "Traceback" not in result.output and "pw@" not in result.output
+    assert [line for line in result.output.splitlines() if line.startswith("Error:")] == [
+        result.output.strip().splitlines()[-1]]
+
+
+def test_many_kind_flags_on_postgresql_are_one_query_not_an_outage(cli, db_url):
+    result = cli("events", *["--kind=pipeline_recovered"] * 70_000, "--json")
+    assert result.exit_code == 0
+
+
+def test_a_psycopg2_url_is_accepted_as_psycopg_3(pg_url):
+    url = pg_url.replace("postgresql://", "postgresql+psycopg2://")
+    assert CliRunner().invoke(main, ["--database-url", url, "migrate"]).exit_code == 0
+    result = CliRunner().invoke(main, ["--database-url", url, "status", "--json"])
+    assert result.exit_code == 0 and json.loads(result.stdout)["pipelines"] == []
+
+
+@pytest.mark.parametrize("args", [["status"], ["status", "--json"], ["events"], ["pipelines", "list"]])
+def test_a_closed_pipe_ends_quietly_with_exit_0(args, store, db_url, tmp_path):
+    for i in range(30):
+        store.record_event("note", {"n": i})
+    proc = subprocess.Popen([sys.executable, "-m", "recovery_ext._cli", "--database-url", db_url, *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=tmp_path)
+    proc.stdout.close()  # the reader is gone before the first line: every write meets a closed pipe
+    err = proc.stderr.read().decode()
+    assert proc.wait(60) == 0 and err == ""

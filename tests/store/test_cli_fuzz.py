@@ -1,0 +1,86 @@
+"""Fuzzed CLI arguments: never a traceback, a clear exit status, and a rejected command changes nothing."""
+
+from __future__ import annotations
+
+import pytest
+from click.testing import CliRunner
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from sqlalchemy import MetaData, select
+
+from recovery_ext._cli import main
+from recovery_ext._store.store import RecoveryStore
+
+COMMANDS = [["status"], ["pipelines", "list"], ["pipelines", "show"], ["recover"], ["reset-stuck"],
+            ["retry-dead"], ["events"], ["migrate", "--print"], ["demo", "setup", "--folder"]]
+OPTIONS = ["--threshold", "--limit", "--job-id", "--queue", "--dry-run", "--all", "--kind", "--interval", "--status",
+           "--json"]
+NASTY = ["0", "-1", "1", "2", "3", str(2**63), str(2**63 - 1), str(10**30), "nan", "inf", "-inf", "1e308", "1e-9",
+         "10m", "1d", "999999d", "", " ", "ocr", "☃", "%s", "'; DROP TABLE rx_events; --", "/proc/x",
+         "postgresql+nodriver://u:pw@h/db", "postgresql://u:pw@h:54x2/db", "mysql://x@y/z", "\x00"]
+token = st.one_of(st.sampled_from(OPTIONS + NASTY), st.integers(min_value=-(2**70), max_value=2**70).map(str),
+                  st.text(max_size=8))
+
+
+def snapshot(store: RecoveryStore) -> dict[str, list]:
+    meta = MetaData()
+    meta.reflect(store.engine)
+    with store.engine.connect() as conn:
+        return {name: sorted(map(tuple, conn.execute(select(table)).all()), key=repr)
+                for name, table in meta.tables.items()}
+
+
+def seeded_store(tmp_path_factory) -> tuple[str, RecoveryStore]:
+    url = f"sqlite:///{tmp_path_factory.mktemp('fuzz') / 'r.sqlite3'}"
+    store = RecoveryStore(url)
+    store.migrate()
+    store.enqueue("ocr", [{"n": i} for i in range(4)], max_attempts=1)
+    for item in store.claim("ocr", "w", limit=2):
+        store.fail_item(item, "boom")
+    own = store.create_pipeline("job", ["a", "b"], owner="run-1")
+    store.start_node(own, "a")
+    store.record_event("item_dead", {"queue": "ocr"})
+    return url, store
+
+
+@pytest.fixture(scope="module")
+def fuzz_store(tmp_path_factory):
+    url, store = seeded_store(tmp_path_factory)
+    yield url, store
+    store.close()
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=list(HealthCheck))
+@given(command=st.sampled_from(COMMANDS), args=st.lists(token, max_size=5))
+def test_fuzzed_arguments_never_give_a_traceback_or_a_partial_write(fuzz_store, command, args):
+    url, store = fuzz_store
+    before = snapshot(store)
+    runner = CliRunner()
+    with runner.isolated_filesystem():  # `demo setup --folder <fuzz>` must write into a throw-away directory
+        result = runner.invoke(main, ["--database-url", url, *command, *args])
+    assert result.exit_code in (0, 1, 2), (command, args, result.output)
+    assert result.exception is None or isinstance(result.exception, SystemExit), (
+        command, args, repr(result.exception))
+    assert "Traceback" not in result.output
+    # a folder the user named is shown as its path, whatever it looks like; any other URL-ish token is masked
+    named_folder = command == ["demo", "setup", "--folder"] and args and "pw@" in args[0]
+    assert named_folder or "pw@" not in result.output, (command, args, result.output)
+    if result.exit_code != 0:
+        assert snapshot(store) == before, (command, args, result.output)
+
+
+def test_retry_dead_with_one_unknown_id_changes_nothing(tmp_path_factory):
+    url, store = seeded_store(tmp_path_factory)
+    dead = [i.id for i in store.list_items("ocr", status="dead")]
+    before = snapshot(store)
+    result = CliRunner().invoke(main, ["--database-url", url, "retry-dead", str(dead[0]), "99999"])
+    assert result.exit_code == 1 and "nothing was changed" in result.output
+    assert snapshot(store) == before
+    store.close()
+
+
+@pytest.mark.parametrize("command", [["demo", "setup", "--folder"], ["demo", "add-documents", "1", "--folder"]])
+def test_a_nul_byte_in_a_folder_is_a_usage_error(command, tmp_path):
+    result = CliRunner().invoke(main, ["--database-url", f"sqlite:///{tmp_path / 'r.sqlite3'}", *command, "a\x00b"])
+    assert result.exit_code == 2 and "cannot contain a NUL byte" in result.output
+    assert isinstance(result.exception, SystemExit) and list(tmp_path.iterdir()) == []

@@ -1,0 +1,146 @@
+"""The package's shape: a public face, private modules, layers without cycles, pipelines apart."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import recovery_ext
+
+ROOT = Path(__file__).resolve().parents[2]
+LIBRARY = ROOT / "recovery_ext"
+PIPELINES = ROOT / "recovery_pipelines"
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _imports(path: Path) -> set[str]:
+    """Every module a file imports, at any depth of the file (lazy imports count too)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    found: set[str] = set()
+    package = _module_name(path) if path.name == "__init__.py" else _module_name(path).rpartition(".")[0]
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[: len(base) - node.level + 1]
+                module = ".".join(base + ([node.module] if node.module else []))
+            else:
+                module = node.module or ""
+            found.add(module)
+            found.update(f"{module}.{alias.name}" for alias in node.names)
+    return found
+
+
+def _library_modules() -> dict[str, Path]:
+    return {_module_name(p): p for p in LIBRARY.rglob("*.py")}
+
+
+def test_every_module_but_the_package_itself_is_private():
+    public = [name for name in _library_modules() if name != "recovery_ext"
+              and not any(part.startswith("_") for part in name.split(".")[1:2])]
+    assert public == []
+
+
+def test_the_public_api_resolves_every_name_it_lists():
+    for name in recovery_ext.__all__:
+        assert getattr(recovery_ext, name) is not None, name
+    assert sorted(dir(recovery_ext)) == sorted(recovery_ext.__all__)
+
+
+def test_importing_the_package_does_not_import_dagster_or_opentelemetry():
+    """The CLI and pure-Python users of the classifier and the store do not pay for Dagster, nor anyone for
+    OpenTelemetry until they switch it on."""
+    code = ("import sys, recovery_ext, recovery_ext._cli; "
+            "print(sorted({m.split('.')[0] for m in sys.modules} & {'dagster', 'opentelemetry'}))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
+    assert out.stdout.strip() == "[]"
+
+
+def test_only_the_opentelemetry_module_imports_opentelemetry():
+    offenders = sorted(name for name, path in _library_modules().items() if name != "recovery_ext._observe.otel"
+                       and any(m.split(".")[0] == "opentelemetry" for m in _imports(path)))
+    assert offenders == []
+    assert any(m.split(".")[0] == "opentelemetry" for m in _imports(LIBRARY / "_observe" / "otel.py"))
+
+
+def test_the_library_never_imports_the_pipelines():
+    offenders = {name: sorted(m for m in _imports(path) if m.split(".")[0] == "recovery_pipelines")
+                 for name, path in _library_modules().items()}
+    assert {name: mods for name, mods in offenders.items() if mods} == {}
+
+
+def test_the_pipelines_use_only_the_public_api():
+    offenders = {}
+    for path in PIPELINES.rglob("*.py"):
+        private = sorted(m for m in _imports(path) if m.startswith("recovery_ext.") and
+                         not hasattr(recovery_ext, m.split(".", 1)[1]))
+        if private:
+            offenders[path.name] = private
+    assert offenders == {}
+
+
+def test_only_the_dagster_layer_imports_dagster():
+    offenders = sorted(name for name, path in _library_modules().items()
+                       if not name.startswith("recovery_ext._dagster")
+                       and any(m == "dagster" or m.startswith("dagster.") or m.startswith("dagster_")
+                               for m in _imports(path)))
+    assert offenders == []
+
+
+def test_no_import_cycles_between_library_modules():
+    modules = _library_modules()
+    graph = {name: {m for m in _imports(path) if m in modules and m != name and m != "recovery_ext"}
+             for name, path in modules.items()}
+    # A package's __init__ that only re-exports is reached from its submodules' parents; cycles through the
+    # top-level package (lazy public exports) are not real dependencies.
+    cycles: list[list[str]] = []
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(node: str) -> None:
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                cycles.append(stack[stack.index(nxt):] + [nxt])
+            elif nxt not in state:
+                visit(nxt)
+        stack.pop()
+        state[node] = 2
+
+    for name in sorted(graph):
+        if name not in state:
+            visit(name)
+    assert cycles == []
+
+
+# Transaction context managers and helpers that run inside their caller's transaction: not store calls of their own.
+_NOT_RETRIED = {"read", "read_only", "read_statement", "write", "autocommit", "driver_autocommit", "fenced",
+                "close", "wrap_error", "wrap_driver_error", "migrate", "pending_migrations"}
+
+
+def test_every_store_call_that_opens_a_transaction_declares_its_retries():
+    import inspect
+
+    from recovery_ext import RecoveryStore
+
+    missing, wrong = [], []
+    for name, member in inspect.getmembers(RecoveryStore, inspect.isfunction):
+        if name.startswith("_"):
+            continue
+        retried = getattr(member, "__rx_retried__", False)
+        runs_inside_caller = "conn" in inspect.signature(member).parameters or name in _NOT_RETRIED
+        if not runs_inside_caller and not retried:
+            missing.append(name)
+        if runs_inside_caller and retried:
+            wrong.append(name)
+    assert missing == [] and wrong == []
+    assert not hasattr(__import__("recovery_ext._store.store", fromlist=["x"]), "_retry_every_store_call")
