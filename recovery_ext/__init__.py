@@ -12,13 +12,14 @@ from typing import TYPE_CHECKING, Any
 
 from recovery_ext._classify.classifier import Classification, ClassifiedError, classify, is_retryable, with_context
 from recovery_ext._classify.redaction import redact, redact_secret, redact_url
-from recovery_ext._classify.retry import (RetryPolicy, retry_if_retryable, retrying, stop_after_same_error,
-                                          wait_jittered_exponential)
-from recovery_ext._errors import (ConfigurationError, IllegalTransition, ItemTakenOver, NotFound, OwnershipLost,
-                                  RecoveryError, StopRequested, StoreError, StoreUnavailable, UnfinishedItems)
+from recovery_ext._classify.retry import (EscalatedError, RetryPolicy, retry_if_retryable, retrying,
+                                          stop_after_same_error, wait_jittered_exponential)
+from recovery_ext._errors import (ConfigurationError, IllegalTransition, ItemTakenOver, MigrationError,
+                                  MissingRunLiveness, NotFound, OwnershipLost, RecoveryError, StopRequested, StoreError,
+                                  StoreUnavailable, UnfinishedItems, UnresumableSelection)
 from recovery_ext._liveness.heartbeat import HeartbeatSettings, Watchdog
 from recovery_ext._observe.otel import instrument_opentelemetry, uninstrument_opentelemetry
-from recovery_ext._providers.guard import OutageSettings, ProviderGuard
+from recovery_ext._providers.guard import CircuitOpen, OutageBudgetExceeded, OutageSettings, ProviderGuard
 from recovery_ext._providers.ledger import record_provider_call
 from recovery_ext._providers.prices import Prices
 from recovery_ext._recovery.scan import RecoverySettings, scan
@@ -87,11 +88,13 @@ def __dir__() -> list[str]:
 __all__ = [
     "ASSET_JOB",
     "BreakerState",
+    "CircuitOpen",
     "Classification",
     "ClassifiedError",
     "ConfigurationError",
     "DbJson",
     "DbTime",
+    "EscalatedError",
     "HeartbeatSettings",
     "IllegalTransition",
     "Item",
@@ -100,10 +103,13 @@ __all__ = [
     "ItemStatus",
     "ItemTakenOver",
     "LEGACY_STALE_SECONDS",
+    "MigrationError",
+    "MissingRunLiveness",
     "NodeContext",
     "NodeSpec",
     "NodeStatus",
     "NotFound",
+    "OutageBudgetExceeded",
     "OutageSettings",
     "Ownership",
     "OwnershipLost",
@@ -129,6 +135,7 @@ __all__ = [
     "TAG_RESUMED_FROM",
     "TAG_RESUME_NUMBER",
     "UnfinishedItems",
+    "UnresumableSelection",
     "WAITING",
     "Watchdog",
     "celery_executor_config",
@@ -143,12 +150,12 @@ __all__ = [
     "make_orphan_sensor",
     "make_stuck_item_sensor",
     "provider_guard",
+    "record_provider_call",
     "recoverable_asset",
     "recoverable_celery_executor",
     "recoverable_job",
     "recoverable_multi_asset",
     "recoverable_op",
-    "record_provider_call",
     "redact",
     "redact_secret",
     "redact_url",

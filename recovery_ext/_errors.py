@@ -69,6 +69,14 @@ class ItemTakenOver(OwnershipLost):
     """Another worker holds (or already finished) this queue item; this worker's write was refused."""
 
 
+class UnresumableSelection(RecoveryError):
+    """The carried op selection cannot be run as a subset of the whole job."""
+
+
+class MissingRunLiveness(RecoveryError):
+    """A recoverable op ran in a job whose executor does not keep the pipeline alive."""
+
+
 class StopRequested(RecoveryError):
     """The work was asked to stop before it finished."""
 

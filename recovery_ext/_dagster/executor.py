@@ -38,7 +38,7 @@ from dagster import (
 )
 
 from recovery_ext._dagster.compat import EngineEventData, make_new_run_id
-from recovery_ext._errors import IllegalTransition, OwnershipLost, RecoveryError, StoreError
+from recovery_ext._errors import IllegalTransition, MissingRunLiveness, OwnershipLost, RecoveryError, StoreError
 from recovery_ext._liveness.heartbeat import HeartbeatSettings, Lease, registry_for
 from recovery_ext._liveness.parent import mark_run_worker
 from recovery_ext._store.models import NodeSpec, Ownership
@@ -63,10 +63,6 @@ CAUSES = {"pipeline_failed": "the pipeline had failed", "pipeline_canceled": "th
 
 _active_runs: set[str] = set()
 _active_lock = threading.Lock()
-
-
-class MissingRunLiveness(RecoveryError):
-    """A recoverable op ran in a job whose executor does not keep the pipeline alive."""
 
 
 def pipeline_nodes(job_def: JobDefinition) -> list[NodeSpec]:

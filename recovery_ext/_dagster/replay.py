@@ -51,7 +51,7 @@ from recovery_ext._dagster.compat import (
     serializable_error_info_from_exc_info,
 )
 
-from recovery_ext._errors import RecoveryError
+from recovery_ext._errors import UnresumableSelection
 from recovery_ext._store.models import Node
 from recovery_ext._dagster.tags import TAG_NODE, TAG_OP_SELECTION
 from recovery_ext._store.statuses import NodeStatus
@@ -60,10 +60,6 @@ from recovery_ext._store.interfaces import OpStore
 # Statuses whose recorded output is what the op would return; a `skipped` node (a branch not
 # taken) runs its step as before.
 REPLAYED_STATUSES = (NodeStatus.COMPLETED, NodeStatus.DEGRADED)
-
-
-class UnresumableSelection(RecoveryError):
-    """The carried op selection cannot be run as a subset of the whole job."""
 
 
 def skipped_metadata(node: Node, pipeline_id: int) -> dict[str, Any]:

@@ -144,3 +144,26 @@ def test_every_store_call_that_opens_a_transaction_declares_its_retries():
             wrong.append(name)
     assert missing == [] and wrong == []
     assert not hasattr(__import__("recovery_ext._store.store", fromlist=["x"]), "_retry_every_store_call")
+
+
+def test_every_exception_a_user_can_receive_derives_from_one_base_and_is_exported():
+    """Any public exception class defined in the library (not ``_Private`` control flow) is a RecoveryError and
+    importable from ``recovery_ext``, so ``except recovery_ext.RecoveryError`` catches everything the library raises."""
+    defined: dict[str, str] = {}
+    for name, path in _library_modules().items():
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ClassDef) and not node.name.startswith("_"):
+                defined[node.name] = name
+    import importlib
+
+    exceptions = {}
+    for cls_name, module in defined.items():
+        obj = getattr(importlib.import_module(module), cls_name, None)
+        if isinstance(obj, type) and issubclass(obj, BaseException):
+            exceptions[cls_name] = obj
+    # click's own error type for a malformed CLI argument is click's to render, not the API's
+    exceptions.pop("BadArgument", None)
+    assert {"CircuitOpen", "OutageBudgetExceeded", "EscalatedError", "MigrationError", "UnresumableSelection",
+            "MissingRunLiveness"} <= set(exceptions)
+    assert sorted(n for n, cls in exceptions.items() if not issubclass(cls, recovery_ext.RecoveryError)) == []
+    assert sorted(n for n in exceptions if getattr(recovery_ext, n, None) is not exceptions[n]) == []
