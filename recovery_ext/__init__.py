@@ -36,6 +36,7 @@ from recovery_ext._store.store import RecoveryStore
 # The Dagster layer: name -> private module that defines it, imported on first access.
 _DAGSTER_API = {
     "ASSET_JOB": "sensors",
+    "ExecutorFence": "fences",
     "Item": "context",
     "NodeContext": "context",
     "QueueHandle": "queue_handle",
@@ -55,6 +56,7 @@ _DAGSTER_API = {
     "recoverable_job": "executor",
     "recoverable_multi_asset": "assets",
     "recoverable_op": "recoverable",
+    "register_executor_fence": "fences",
     "with_recovery": "executor",
 }
 
@@ -64,6 +66,7 @@ if TYPE_CHECKING:
                                                    recoverable_celery_executor)
     from recovery_ext._dagster.context import Item, NodeContext
     from recovery_ext._dagster.executor import execute_in_process, recoverable_job, with_recovery
+    from recovery_ext._dagster.fences import ExecutorFence, register_executor_fence
     from recovery_ext._dagster.providers import provider_guard
     from recovery_ext._dagster.queue_handle import QueueHandle
     from recovery_ext._dagster.recoverable import recoverable_op
@@ -95,6 +98,7 @@ __all__ = [
     "DbJson",
     "DbTime",
     "EscalatedError",
+    "ExecutorFence",
     "HeartbeatSettings",
     "IllegalTransition",
     "Item",
@@ -159,6 +163,7 @@ __all__ = [
     "redact",
     "redact_secret",
     "redact_url",
+    "register_executor_fence",
     "retry_if_retryable",
     "retrying",
     "scan",

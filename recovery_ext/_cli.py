@@ -18,6 +18,7 @@ from typing import Any
 import click
 from tabulate import tabulate
 
+from recovery_ext._conventions import jsonable
 from recovery_ext._errors import ConfigurationError, NotFound, RecoveryError, StoreUnavailable
 from recovery_ext._settings import parse_duration
 from recovery_ext._recovery.scan import RecoverySettings, scan
@@ -65,20 +66,6 @@ class PollInterval(Duration):
     minimum, maximum = 0.1, 60.0
 
 
-def _jsonable(value: Any) -> Any:
-    if isinstance(value, dt.datetime):
-        return value.isoformat()
-    if isinstance(value, (bytes, bytearray, memoryview)):  # a bad row: a blob where text belongs
-        return f"<{len(bytes(value))} bytes>"
-    if isinstance(value, dict):
-        return {k: _jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_jsonable(v) for v in value]
-    if hasattr(value, "__dataclass_fields__"):
-        return _jsonable(dict(value.__dict__))
-    return value
-
-
 def _when(value: dt.datetime | None) -> str:
     return value.astimezone(dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S") if value else "-"
 
@@ -89,7 +76,7 @@ class Output:
 
     def emit(self, data: Any, human: Callable[[], None]) -> None:
         if self.json:
-            click.echo(json.dumps(_jsonable(data), indent=2, sort_keys=True))
+            click.echo(json.dumps(jsonable(data), indent=2, sort_keys=True))
         else:
             human()
 
@@ -564,12 +551,12 @@ def events(store: CliStore, out: Output, follow: bool, kind: tuple[str, ...], li
     def show(rows: list[dict]) -> None:
         for e in rows:
             if out.json:
-                click.echo(json.dumps(_jsonable(e), sort_keys=True))
+                click.echo(json.dumps(jsonable(e), sort_keys=True))
             else:
                 target = f"pipeline {e['pipeline_id']}" if e["pipeline_id"] else (
                     f"item {e['queue_item_id']}" if e["queue_item_id"] else "")
                 click.echo(f"{_when(e['created_at'])}  #{e['id']:<6} {e['kind']:<20} {target:<14} "
-                           f"{json.dumps(_jsonable(e['payload']), sort_keys=True)}")
+                           f"{json.dumps(jsonable(e['payload']), sort_keys=True)}")
             sys.stdout.flush()
 
     show(recent)

@@ -1,6 +1,6 @@
 """A Celery run that was superseded stops, instead of waiting for ever on a dead worker.
 
-**A superseded run stops** (:func:`execute_fenced`). dagster-celery polls only ``result.ready()``:
+**A superseded run stops** (:class:`CeleryFence`, the first entry of the executor fence registry). dagster-celery polls only ``result.ready()``:
 a task whose worker host died never becomes ready, so its run would wait for ever (no step health
 check upstream). Here the run worker watches its own pipeline lease: once the pipeline was
 reclaimed (a node's heartbeat expired, the run was reclaimed while cut off, ...), it revokes every
@@ -11,15 +11,10 @@ resume run (unless the orphan sensor already did), and ends as an interrupted ru
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
-
-def is_celery_executor(executor: Any) -> bool:
-    try:
-        from dagster_celery.executor import CeleryExecutor
-    except ImportError:
-        return False
-    return isinstance(executor, CeleryExecutor)
+from recovery_ext._dagster.compat import celery_submit_task
 
 
 class _Fence:
@@ -88,18 +83,27 @@ class _NotSubmitted:
         return None
 
 
-def execute_fenced(inner: Any, plan_context: Any, execution_plan: Any, scope: Any):
+class CeleryFence:
     """dagster-celery's own execution loop and task submission, with results fenced by the run's lease."""
-    from dagster_celery.core_execution_loop import core_celery_execution_loop
-    from dagster_celery.executor import _submit_task
 
-    fence = _Fence(scope)
+    def handles(self, executor: Any) -> bool:
+        try:
+            from dagster_celery.executor import CeleryExecutor
+        except ImportError:  # the celery extra is not installed: no executor can be a CeleryExecutor
+            return False
+        return isinstance(executor, CeleryExecutor)
 
-    def submit(app, context, step, queue, priority, known_state):
-        if fence.superseded():
-            return _NotSubmitted()
-        result = _submit_task(app, context, step, queue, priority, known_state)
-        fence.results.append(result)
-        return _FencedResult(result, fence)
+    def execute(self, executor: Any, plan_context: Any, execution_plan: Any, scope: Any) -> Iterator[Any]:
+        from dagster_celery.core_execution_loop import core_celery_execution_loop
 
-    yield from core_celery_execution_loop(plan_context, execution_plan, step_execution_fn=submit)
+        submit_task = celery_submit_task()
+        fence = _Fence(scope)
+
+        def submit(app, context, step, queue, priority, known_state):
+            if fence.superseded():
+                return _NotSubmitted()
+            result = submit_task(app, context, step, queue, priority, known_state)
+            fence.results.append(result)
+            return _FencedResult(result, fence)
+
+        yield from core_celery_execution_loop(plan_context, execution_plan, step_execution_fn=submit)

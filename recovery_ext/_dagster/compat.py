@@ -1,7 +1,7 @@
 """The one place recovery-ext reaches into Dagster beyond its public API.
 
 Tested with Dagster 1.12.22 and 1.13.27 (``pyproject.toml`` declares the range). Every import from
-a private ``dagster._`` module lives here, one name a line with what it is for; everything Dagster
+a private ``dagster._`` module, or of an integration's private name (dagster-celery's), lives here, one name a line with what it is for; everything Dagster
 exports publicly (``Executor``, ``DagsterRun``, ``DagsterEvent``, ``DagsterExecutionInterruptedError``,
 ...) is imported from ``dagster`` where it is used. ``tests/unit/test_compat.py`` keeps it that way.
 
@@ -71,6 +71,7 @@ __all__ = [
     "_step_output_error_checked_user_event_sequence",
     "_type_check_and_store_output",
     "advertise_signature",
+    "celery_submit_task",
     "get_transitive_required_resource_keys",
     "make_new_run_id",
     "resource_initialization_manager",
@@ -94,3 +95,15 @@ def advertise_signature(fn: Callable[..., Any], signature: inspect.Signature) ->
         annotations["return"] = signature.return_annotation
     fn.__annotations__ = annotations
     return fn
+
+
+def celery_submit_task() -> Callable[..., Any]:
+    """dagster-celery's task submission, which the Celery fence wraps to keep each task's result.
+
+    Imported on use: dagster-celery is an optional extra (the ``celery`` one), and its release moves with
+    Dagster's (0.28.22 with 1.12.22, 0.29.27 with 1.13.27; the same signature in both).
+    """
+    # Submits one step as a Celery task and returns its AsyncResult (private: dagster-celery exports no submitter).
+    from dagster_celery.executor import _submit_task
+
+    return _submit_task

@@ -3,7 +3,6 @@ checkpoints, fenced transactions and progress) and :class:`Item`."""
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import time
@@ -22,16 +21,17 @@ from recovery_ext._errors import StopRequested
 from recovery_ext._providers.ledger import observe, recorder_for
 from recovery_ext._store.models import ItemCheckpoint, JsonText, Ownership, ProviderCall, encode_json
 from recovery_ext._dagster.queue_handle import QueueHandle
+from recovery_ext._conventions import json_exact
 from recovery_ext._dagster.resources import RecoveryResource
 from recovery_ext._store.statuses import ItemOutcome, ItemStatus
 from recovery_ext._store.interfaces import OpStore
 
 log = logging.getLogger("recovery_ext._dagster.context")
 
-def _jsonable(value: Any) -> Any:
+def replayable_output(value: Any) -> Any:
     """Round-trip through JSON so the first run's downstream ops see exactly what a resume run replays."""
     try:
-        return json.loads(json.dumps(value))
+        return json_exact(value)
     except (TypeError, ValueError) as exc:
         raise Failure(
             description=f"a recoverable op's output must be JSON-serializable so resumes can replay it: {exc}",

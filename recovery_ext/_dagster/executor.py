@@ -38,6 +38,8 @@ from dagster import (
 )
 
 from recovery_ext._dagster.compat import EngineEventData, make_new_run_id
+from recovery_ext._conventions import jsonable, resume_run_key, superseded_run_message
+from recovery_ext._dagster.fences import execute_steps
 from recovery_ext._errors import IllegalTransition, MissingRunLiveness, OwnershipLost, RecoveryError, StoreError
 from recovery_ext._liveness.heartbeat import HeartbeatSettings, Lease, registry_for
 from recovery_ext._liveness.parent import mark_run_worker
@@ -87,12 +89,6 @@ def is_run_worker(run_id: str) -> bool:
     """Whether this process is the run worker of ``run_id`` (in-process execution), not a step process."""
     with _active_lock:
         return run_id in _active_runs
-
-
-def _jsonable(value: Any) -> Any:
-    import json
-
-    return json.loads(json.dumps(value, default=str))
 
 
 class RunScope:
@@ -154,7 +150,7 @@ class RunScope:
     def _create(self) -> Ownership:
         own = self.store.create_pipeline(
             self.job_def.name, pipeline_nodes(self.job_def), owner=self.run.run_id,
-            origin_run_id=self.run.run_id, params=_jsonable(self.run.run_config or {}),
+            origin_run_id=self.run.run_id, params=jsonable(self.run.run_config or {}),
             limits=self.resource.pipeline_limits(), deployment=self.resource.deployment_name(self.instance),
         )
         self.how = f"created pipeline {own.pipeline_id}"
@@ -429,7 +425,7 @@ class RecoveringExecutor(Executor):
             current = plan_context.instance.get_run_by_id(scope.run.run_id)
             if current is not None and not current.is_finished:   # the orphan sensor usually marked it first
                 plan_context.instance.add_run_tags(current.run_id, NO_DAGSTER_RETRY)
-                plan_context.instance.report_run_failed(current, message=superseded_message(
+                plan_context.instance.report_run_failed(current, message=explain_supersession(
                     scope, plan_context.instance))
             raise DagsterExecutionInterruptedError(f"recovery-ext: run {scope.run.run_id} was superseded; "
                                                    f"pipeline {scope.own.pipeline_id} continues in another run")
@@ -460,35 +456,28 @@ class RecoveringExecutor(Executor):
             yield from self._inner_execute(scope, context, subset)
 
     def _inner_execute(self, scope: RunScope, plan_context, execution_plan) -> Iterator[Any]:
-        from recovery_ext._dagster.celery_fence import execute_fenced, is_celery_executor
-
-        if is_celery_executor(self.inner):
-            # dagster-celery waits for ever on a task whose worker died: its results are fenced by the lease
-            yield from execute_fenced(self.inner, plan_context, execution_plan, scope)
-        else:
-            yield from self.inner.execute(plan_context, execution_plan)
+        yield from execute_steps(self.inner, plan_context, execution_plan, scope)
 
 
 def _superseded(scope: RunScope) -> bool:
     return scope.superseded()
 
 
-def superseded_message(scope: RunScope, instance: DagsterInstance, wait_seconds: float = 15.0) -> str:
+def explain_supersession(scope: RunScope, instance: DagsterInstance, wait_seconds: float = 15.0) -> str:
     """Which resume run took the pipeline over from this run, by run key and, once it exists, by run id."""
     import time
 
     from dagster import RunsFilter
 
-    from recovery_ext._dagster.resume_runs import RUN_KEY_TAG, resume_run_key
+    from recovery_ext._dagster.resume_runs import RUN_KEY_TAG
 
     own = scope.own
-    head = f"recovery-ext: run {scope.run.run_id} was superseded: pipeline {own.pipeline_id} was reclaimed"
     try:
         pipeline = scope.store.get_pipeline(own.pipeline_id)
     except Exception:  # noqa: BLE001 - the store may be out of reach from here
-        return head + "; see `recovery-ext pipelines show` for its resume run"
+        return superseded_run_message(scope.run.run_id, own.pipeline_id, unknown=True)
     if pipeline.resume_count <= 0 or pipeline.epoch <= own.epoch:
-        return head + f" (owner now {pipeline.owner})"
+        return superseded_run_message(scope.run.run_id, own.pipeline_id, owner=pipeline.owner)
     key = resume_run_key(own.pipeline_id, pipeline.resume_count)
     deadline = time.monotonic() + wait_seconds
     while True:
@@ -496,8 +485,8 @@ def superseded_message(scope: RunScope, instance: DagsterInstance, wait_seconds:
         if runs or time.monotonic() > deadline:
             break
         time.sleep(0.5)
-    named = f"run {runs[0].run_id} (run key {key})" if runs else f"the run with run key {key}"
-    return head + f" and continues in resume #{pipeline.resume_count}, {named}"
+    return superseded_run_message(scope.run.run_id, own.pipeline_id, resume_number=pipeline.resume_count,
+                                  resume_run_id=runs[0].run_id if runs else None)
 
 
 class RecoveryExecutorDefinition(ExecutorDefinition):

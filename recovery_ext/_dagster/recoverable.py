@@ -26,7 +26,7 @@ from recovery_ext._providers.ledger import current_scope
 from recovery_ext._dagster.providers import node_outage_pause
 from recovery_ext._dagster.replay import skipped_metadata
 from recovery_ext._dagster.run_state import RunStateReporter
-from recovery_ext._dagster.context import Item, NodeContext, _jsonable  # noqa: F401 - Item is re-exported
+from recovery_ext._dagster.context import Item, NodeContext, replayable_output  # noqa: F401 - Item is re-exported
 from recovery_ext._dagster.errors import error_info, failure_metadata, to_dagster
 from recovery_ext._dagster.node_run import NodeDefinition, NodeRun
 from recovery_ext._dagster.resources import RecoveryResource
@@ -208,7 +208,7 @@ def _run_body(run: NodeRun, own: Ownership, inputs: dict[str, Any], node: Node, 
         store.clear_waiting(own, node=op_name, keep_outage_clock=True, event="outage_retry")
         RunStateReporter(context, op_name).going_on(f"retry {context.retry_number} of {op_name} started")
     try:
-        output = _jsonable(run.node.body(ctx, **inputs))
+        output = replayable_output(run.node.body(ctx, **inputs))
         ctx.flush()  # completions a batched items() loop still buffers (the body left the loop early)
         ctx.check()
     except (OwnershipLost, StopRequested) as exc:

@@ -9,16 +9,15 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor, wait
-from dataclasses import dataclass
 from datetime import timezone
 
 from dagster import DagsterRun, DagsterRunStatus, JobDefinition, RunRequest, RunsFilter
 
 from recovery_ext._store.database import chunks
+from recovery_ext._conventions import is_placeholder, placeholder_run_key, resume_run_key
 from recovery_ext._recovery.protocol import OwnerStates, ResumeStates, StopOutcome, superseded_message
 from recovery_ext._store.models import GivenUp, Reclaimed
 from recovery_ext._classify.redaction import MASK, redact, redact_config
@@ -47,22 +46,6 @@ LIVE_STATUSES = [DagsterRunStatus.STARTING, DagsterRunStatus.STARTED, DagsterRun
 # A resume run in these states has not had its chance to attach yet: its reservation is extended.
 WAITING_STATUSES = (DagsterRunStatus.QUEUED, DagsterRunStatus.NOT_STARTED, DagsterRunStatus.STARTING)
 FINISHED_STATUSES = (DagsterRunStatus.FAILURE, DagsterRunStatus.CANCELED, DagsterRunStatus.SUCCESS)
-
-_PLACEHOLDER = re.compile(r"^resume-(\d+)-(\d+)$")
-
-
-def is_placeholder(owner: str) -> bool:
-    return bool(_PLACEHOLDER.match(owner))
-
-
-def resume_run_key(pipeline_id: int, resume_number: int) -> str:
-    return f"recovery-{pipeline_id}-{resume_number}"
-
-
-def placeholder_run_key(placeholder: str) -> str:
-    pipeline_id, number = _PLACEHOLDER.match(placeholder).groups()  # type: ignore[union-attr]
-    return resume_run_key(int(pipeline_id), int(number))
-
 
 def classify_owner_runs(instance, run_ids: Sequence[str]) -> OwnerStates:
     """Three id-only queries per ``BATCH`` owners (no run is deserialized), plus one for the

@@ -18,6 +18,7 @@ from typing import Any, Protocol
 
 from recovery_ext._classify.redaction import redact
 from recovery_ext._classify.retry import RetryPolicy
+from recovery_ext._conventions import given_up_message, takeover_message
 from recovery_ext._recovery.scan import RecoverySettings, default_outage_policy, summary_line
 from recovery_ext._store.models import GivenUp, PassPlan, PassResult, Reclaimed, ScanStats, Scope, TickSnapshot
 
@@ -81,15 +82,8 @@ class TickOutcome:
 def superseded_message(r: Reclaimed | GivenUp) -> str:
     """The message a superseded run is marked FAILURE with: what happened and what took over."""
     if isinstance(r, GivenUp):
-        return f"recovery-ext: pipeline {r.pipeline_id} given up: {r.reason}"
-    silent = f" for {r.heartbeat_age_seconds:.0f} s" if r.heartbeat_age_seconds is not None else ""
-    why = {"owner_run_dead": "Dagster reported its run dead",
-           "heartbeat": f"its run worker stopped heartbeating{silent}",
-           "node_heartbeat": f"a step of it stopped heartbeating (run heartbeat silent{silent})",
-           "stalled": "a node made no progress within its stall timeout",
-           "deadline": "its hard deadline passed"}.get(r.cause or "", f"it was orphaned ({r.cause})")
-    return (f"recovery-ext: pipeline {r.pipeline_id} was taken over because {why}; "
-            f"resumed as resume #{r.resume_number} (run key recovery-{r.pipeline_id}-{r.resume_number})")
+        return given_up_message(r.pipeline_id, r.reason)
+    return takeover_message(r.pipeline_id, r.cause, r.resume_number, r.heartbeat_age_seconds)
 
 
 def _plural(n: int, word: str) -> str:

@@ -17,6 +17,7 @@ from sqlalchemy import (Connection, Text, and_, case, cast, exists, literal, lit
                         update)
 from sqlalchemy.sql.elements import ColumnElement
 
+from recovery_ext._conventions import PLACEHOLDER_PREFIX
 from recovery_ext._store.database import chunks, retried
 from recovery_ext._store.models import GivenUp, Orphan, PassPlan, Reclaimed, Scope
 from recovery_ext._store.pipelines import PipelineOps
@@ -466,8 +467,8 @@ class OrphanOps(PipelineOps):
 
 
 def _placeholder(resume_number: ColumnElement) -> ColumnElement:
-    """``resume-<id>-<n>`` in SQL: the owner a launching reclaim writes (``pipeline_store.resume_owner``)."""
-    return literal("resume-") + cast(p.id, Text) + literal("-") + cast(resume_number, Text)
+    """``resume-<id>-<n>`` in SQL: the owner a launching reclaim writes (``_conventions.placeholder_owner``)."""
+    return literal(PLACEHOLDER_PREFIX) + cast(p.id, Text) + literal("-") + cast(resume_number, Text)
 
 
 def _jobs(job_names: Sequence[str] | None, deployment: str | None = None) -> list[ColumnElement]:

@@ -25,6 +25,7 @@ from typing import Any
 from sqlalchemy import Connection, func, insert, select, update
 from sqlalchemy.exc import IntegrityError
 
+from recovery_ext._conventions import placeholder_owner
 from recovery_ext._store import hot_path
 from recovery_ext._store.database import is_retry, retried
 from recovery_ext._store.ledger import LedgerOps
@@ -36,7 +37,7 @@ from recovery_ext._classify.redaction import redact, redact_config
 from recovery_ext._store.schema import ITEM_STATUSES, node_items, nodes, pipelines
 from recovery_ext._store.statuses import FINISHED_NODE_STATUSES, FINISHED_PIPELINE_STATUSES, NodeStatus, PipelineStatus
 
-__all__ = ["NODE_TRANSITIONS", "ItemCheckpoint", "PipelineOps", "resume_owner"]  # ItemCheckpoint: its old home
+__all__ = ["NODE_TRANSITIONS", "ItemCheckpoint", "PipelineOps"]  # ItemCheckpoint: its old home
 
 
 # Legal node transitions: target -> allowed sources.
@@ -139,7 +140,7 @@ class PipelineOps(LedgerOps):
     @retried
     def attach(self, pipeline_id: int, run_id: str, *, resume_number: int, heartbeat_timeout: float = 90.0) -> Ownership:
         """A resume run takes the ownership its reclaim reserved for resume ``resume_number``."""
-        placeholder = resume_owner(pipeline_id, resume_number)
+        placeholder = placeholder_owner(pipeline_id, resume_number)
         with self.write() as conn:
             row = conn.execute(
                 update(pipelines)
@@ -537,11 +538,6 @@ class PipelineOps(LedgerOps):
                        nodes.c.status == NodeStatus.RUNNING)
                 .values(stall_deadline=self.dialect.now_plus(stall_timeout))
             )
-
-
-def resume_owner(pipeline_id: int, resume_number: int) -> str:
-    """The owner a reclaim writes while the resume run is being launched."""
-    return f"resume-{pipeline_id}-{resume_number}"
 
 
 def _lost(own: Ownership, owner: str | None, epoch: int, status: str) -> OwnershipLost:

@@ -35,3 +35,36 @@ def test_a_wrapped_distributed_executor_keeps_its_name_and_config_schema(executo
     assert set(config) <= set(resolved)
     with pytest.raises(Exception, match="no_such_field"):
         validate_run_config(distributed, {"execution": {"config": {**config, "no_such_field": 1}}})
+
+
+def test_executor_fences_are_one_registry_with_celery_first_and_a_user_fence_consulted_before_it():
+    from dagster import in_process_executor, multiprocess_executor
+
+    from recovery_ext import ExecutorFence, register_executor_fence
+    from recovery_ext._dagster import fences
+    from recovery_ext._dagster.celery_fence import CeleryFence
+
+    plain = object()
+    assert fences.fence_for(plain) is None  # an executor no fence handles runs as it is
+    assert any(isinstance(f, CeleryFence) for f in fences._fences)
+
+    class StepHandlerFence:
+        """What a Kubernetes or Docker StepHandler wrapper would register: one more entry."""
+
+        def handles(self, executor):
+            return executor is plain
+
+        def execute(self, executor, plan_context, execution_plan, scope):
+            yield "fenced"
+
+    mine = StepHandlerFence()
+    assert isinstance(mine, ExecutorFence)
+    register_executor_fence(mine)
+    try:
+        assert fences.fence_for(plain) is mine
+        assert list(fences.execute_steps(plain, None, None, None)) == ["fenced"]
+        assert fences.fence_for(multiprocess_executor) is None and fences.fence_for(in_process_executor) is None
+        with pytest.raises(TypeError, match="not an ExecutorFence"):
+            register_executor_fence(object())  # type: ignore[arg-type]
+    finally:
+        fences._fences.remove(mine)

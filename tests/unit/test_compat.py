@@ -24,6 +24,11 @@ def _private_dagster_imports(path: Path) -> list[tuple[int, str, list[str]]]:
             found.append((node.lineno, node.module, [a.name for a in node.names]))
         elif isinstance(node, ast.ImportFrom) and not node.level and node.module == "dagster":
             found += [(node.lineno, f"dagster.{a.name}", []) for a in node.names if a.name.startswith("_")]
+        elif isinstance(node, ast.ImportFrom) and not node.level and (node.module or "").startswith("dagster_"):
+            # an integration's private name (dagster_celery.executor._submit_task) is private Dagster too
+            private = [a.name for a in node.names if a.name.startswith("_")]
+            if private or "._" in node.module:
+                found.append((node.lineno, node.module, private or [a.name for a in node.names]))
     return found
 
 

@@ -1,0 +1,71 @@
+"""Executor fences: how each kind of executor runs its steps under the run's lease.
+
+The run worker's :class:`~recovery_ext._dagster.executor.RecoveringExecutor` hands the steps to the
+executor it wraps. Most executors need nothing more: the run scope heartbeats the pipeline and each
+node's writes are fenced by its epoch. An executor whose own loop can wait for ever on a step whose
+host died (dagster-celery polls a task that never becomes ready) needs its loop fenced: once the
+pipeline is reclaimed from the run, its steps are stopped and the loop ends.
+
+A fence is one registered class: Celery's is the first entry; a Kubernetes or Docker ``StepHandler``
+wrapper would be one more, registered with :func:`register_executor_fence`, with no change here.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from typing import Any, Protocol, runtime_checkable
+
+
+@runtime_checkable
+class ExecutorFence(Protocol):
+    """Runs one kind of executor's steps so that a superseded run stops them and ends."""
+
+    def handles(self, executor: Any) -> bool:
+        """Whether this fence runs ``executor`` (checked in registration order; the first that handles it wins)."""
+        ...
+
+    def execute(self, executor: Any, plan_context: Any, execution_plan: Any, scope: Any) -> Iterator[Any]:
+        """The executor's events for ``execution_plan``; ``scope.superseded()`` says when the run lost its lease."""
+        ...
+
+
+_lock = threading.Lock()
+_fences: list[ExecutorFence] = []
+_builtins_loaded = False
+
+
+def register_executor_fence(fence: ExecutorFence) -> None:
+    """Add a fence, consulted before the built-in ones (so a user's fence can replace Celery's)."""
+    if not isinstance(fence, ExecutorFence):
+        raise TypeError(f"{fence!r} is not an ExecutorFence: it needs handles() and execute()")
+    with _lock:
+        _fences.insert(0, fence)
+
+
+def _load_builtins() -> None:
+    global _builtins_loaded
+    with _lock:
+        if _builtins_loaded:
+            return
+        from recovery_ext._dagster.celery_fence import CeleryFence
+
+        _fences.append(CeleryFence())
+        _builtins_loaded = True
+
+
+def fence_for(executor: Any) -> ExecutorFence | None:
+    """The fence that runs ``executor``, or None: it runs as it is."""
+    _load_builtins()
+    with _lock:
+        fences = list(_fences)
+    return next((fence for fence in fences if fence.handles(executor)), None)
+
+
+def execute_steps(executor: Any, plan_context: Any, execution_plan: Any, scope: Any) -> Iterator[Any]:
+    """The wrapped executor's events, through its fence where it has one."""
+    fence = fence_for(executor)
+    if fence is None:
+        yield from executor.execute(plan_context, execution_plan)
+    else:
+        yield from fence.execute(executor, plan_context, execution_plan, scope)
