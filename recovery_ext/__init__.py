@@ -22,7 +22,8 @@ from recovery_ext._observe.otel import instrument_opentelemetry, uninstrument_op
 from recovery_ext._providers.guard import CircuitOpen, OutageBudgetExceeded, OutageSettings, ProviderGuard
 from recovery_ext._providers.ledger import record_provider_call
 from recovery_ext._providers.prices import Prices
-from recovery_ext._recovery.scan import RecoverySettings, scan
+from recovery_ext._recovery.protocol import scan
+from recovery_ext._recovery.scan import RecoverySettings
 from recovery_ext._settings import env_bool, env_seconds
 from recovery_ext._store.budgets import ProviderLimits
 from recovery_ext._store.models import (ItemCheckpoint, NodeSpec, Ownership, PassPlan, PipelineLimits, ProviderCall,

@@ -21,7 +21,8 @@ from tabulate import tabulate
 from recovery_ext._conventions import jsonable
 from recovery_ext._errors import ConfigurationError, NotFound, RecoveryError, StoreUnavailable
 from recovery_ext._settings import parse_duration
-from recovery_ext._recovery.scan import RecoverySettings, scan
+from recovery_ext._recovery.protocol import scan
+from recovery_ext._recovery.scan import RecoverySettings
 from recovery_ext._classify.redaction import redact, redact_url
 from recovery_ext._store.dialects import Dialect
 from recovery_ext._store.migrations import LIBRARY

@@ -102,13 +102,23 @@ class RecoveryProtocol:
         self._pruned_at: float | None = None
 
     def tick(self, store, control: RunControl, settings: RecoverySettings, *, trigger: str = "sensor",
-             event_retention_seconds: float | None = None) -> TickOutcome:
+             event_retention_seconds: float | None = None, plan: PassPlan | None = None) -> TickOutcome:
+        """One pass: read, ask ``control``, write once, launch and stop through ``control``.
+
+        With ``plan`` (the CLI's and startup scan) the pass runs as that plan says, without the read that
+        decides whether a sensor tick has anything to do; what it leaves ``None`` comes from ``settings``.
+        """
         stats = ScanStats()
         notes: list[str] = []
         started = time.perf_counter()
         if not settings.enabled:
             stats.error = "orphan recovery is disabled (RECOVERY_ENABLE_ORPHAN_RECOVERY=false)"
             return TickOutcome(stats, [], summary_line(stats), notes)
+        if plan is not None:
+            plan = settings.fill(plan)
+            result = self._pass(store, plan, stats, PassResult())
+            return self._finish(store, control, stats, result, ResumeStates(), notes, started, plan.trigger,
+                                event_retention_seconds, waiting=())
         try:
             snap: TickSnapshot = self.policy.call(store.tick_snapshot, self.scope,
                                                   grace_seconds=settings.launch_grace_seconds)
@@ -134,11 +144,23 @@ class RecoveryProtocol:
                             adopt_pipelines=tuple(adopt),
                             grace_seconds=settings.launch_grace_seconds, max_age_seconds=settings.max_age_seconds,
                             limit=self.max_per_tick, launching=True, trigger=trigger)
-            try:
-                result = self.policy.call(store.recovery_pass, plan, self.scope)
-            except Exception as exc:  # noqa: BLE001
-                stats.failed, stats.error = 1, redact(f"{type(exc).__name__}: {exc}")
-                log.error("recovery pass failed: %s", stats.error)
+            result = self._pass(store, plan, stats, result)
+        return self._finish(store, control, stats, result, resumes, notes, started, trigger, event_retention_seconds,
+                            waiting=snap.waiting)
+
+    def _pass(self, store, plan: PassPlan, stats: ScanStats, idle: PassResult) -> PassResult:
+        """The pass's one write, retried through a database outage; a failure is reported in ``stats``."""
+        try:
+            return self.policy.call(store.recovery_pass, plan, self.scope)
+        except Exception as exc:  # noqa: BLE001 - the pass reports; it never crashes its caller
+            stats.failed, stats.error = 1, redact(f"{type(exc).__name__}: {exc}")
+            log.error("recovery pass failed: %s", stats.error)
+            return idle
+
+    def _finish(self, store, control: RunControl, stats: ScanStats, result: PassResult, resumes: ResumeStates,
+                notes: list[str], started: float, trigger: str, event_retention_seconds: float | None,
+                waiting: Sequence[dict[str, Any]]) -> TickOutcome:
+        """Count what the pass did, request the resume runs and stop the superseded runs through ``control``."""
         stats.reclaimed_pipelines = [*result.reclaimed, *result.claimed]
         stats.given_up_pipelines = [*result.corrupt, *result.given_up]
         stats.corrupt = len(result.corrupt)
@@ -171,7 +193,9 @@ class RecoveryProtocol:
                 notes.append(f"could not record stopped runs: {redact(exc)}")
         self._prune(store, event_retention_seconds)
         stats.duration_ms = (time.perf_counter() - started) * 1000
-        message = "; ".join([summary_line(stats, launched=len(fresh)), *notes]) + _waiting_line(snap.waiting)
+        message = "; ".join([summary_line(stats, launched=len(fresh)), *notes]) + _waiting_line(waiting)
+        if stats.found or stats.error:
+            log.info("recovery pass (%s): %s", trigger, message)
         return TickOutcome(stats, requests, message, notes)
 
     def _prune(self, store, retention_seconds: float | None) -> None:
@@ -184,6 +208,40 @@ class RecoveryProtocol:
             store.prune_events(retention_seconds)
         except Exception as exc:  # noqa: BLE001 - housekeeping; tried again next time
             log.warning("could not delete old events: %s", redact(exc))
+
+
+class LaunchNothing:
+    """An orchestrator that knows no runs and launches nothing: the scan's (``recovery-ext recover``, startup).
+
+    A pipeline it reclaims without launching keeps no owner until a sensor with a launcher requests its resume.
+    """
+
+    def owner_states(self, run_ids: Sequence[str]) -> OwnerStates:
+        return OwnerStates()
+
+    def resume_states(self, placeholders: Sequence[str]) -> ResumeStates:
+        return ResumeStates()
+
+    def known_runs(self, run_ids: Sequence[str]) -> set[str]:
+        return set()
+
+    def resume_requests(self, awaiting: Sequence[Reclaimed]) -> list[Any]:
+        return []
+
+    def stop_superseded(self, superseded: Sequence[Reclaimed | GivenUp]) -> list[StopOutcome]:
+        return []
+
+
+def scan(store, plan: PassPlan = PassPlan(), scope: Scope = Scope(), *, settings: RecoverySettings | None = None,
+         policy: RetryPolicy | None = None) -> ScanStats:
+    """One recovery pass over ``scope`` in one transaction, as ``plan`` says: the sensor's pass, launching nothing.
+
+    What the plan leaves ``None`` comes from ``settings``: the launch grace, the maximum age and the cap
+    on reclaims (``max_per_scan``). ``plan.launching`` reserves reclaimed pipelines for ``scope.launcher``.
+    A database outage is retried with backoff (``policy``) and then reported in the stats; it never raises.
+    """
+    protocol = RecoveryProtocol(scope, policy=policy)
+    return protocol.tick(store, LaunchNothing(), settings or RecoverySettings(), plan=plan).stats
 
 
 def _waiting_line(waiting: Sequence[dict[str, Any]], limit: int = 3) -> str:

@@ -1,20 +1,17 @@
-"""The recovery scan: find orphans, give up on hopeless ones, reclaim the rest, report.
+"""The recovery pass's settings, its outage policy and its one-line summary.
 
-It knows nothing of Dagster: the sensor passes in the runs Dagster already knows are
-dead, and decides what to launch. A database outage is retried with backoff and then
-reported in the stats; the scan never raises into its caller.
+The pass itself is :class:`~recovery_ext._recovery.protocol.RecoveryProtocol`; the scan
+(:func:`~recovery_ext._recovery.protocol.scan`) is that pass with an orchestrator that launches nothing.
 """
 
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from recovery_ext._settings import check_count, check_seconds, env_bool, env_seconds
-from recovery_ext._store.models import DEFAULT_LAUNCH_GRACE, PassPlan, ScanStats, Scope
-from recovery_ext._classify.redaction import redact
+from recovery_ext._store.models import DEFAULT_LAUNCH_GRACE, PassPlan, ScanStats
 from recovery_ext._classify.retry import RetryPolicy
 
 log = logging.getLogger("recovery_ext._recovery.scan")
@@ -54,39 +51,6 @@ class RecoverySettings:
 def default_outage_policy(sleep: Callable[[float], None] | None = None) -> RetryPolicy:
     """A database outage during a scan is retried with exponential backoff, 3 attempts."""
     return RetryPolicy(max_attempts=3, initial_delay=0.5, max_delay=5.0, same_error_limit=3, sleep=sleep)
-
-
-def scan(store, plan: PassPlan = PassPlan(), scope: Scope = Scope(), *, settings: RecoverySettings | None = None,
-         policy: RetryPolicy | None = None) -> ScanStats:
-    """One recovery pass over ``scope`` in one transaction, as ``plan`` says.
-
-    What the plan leaves ``None`` comes from ``settings``: the launch grace, the maximum age and the cap
-    on reclaims (``max_per_scan``). ``plan.launching`` reserves reclaimed pipelines for ``scope.launcher``.
-    The orphan sensor runs the same pass through :class:`~recovery_ext._recovery.protocol.RecoveryProtocol`.
-    """
-    settings = settings or RecoverySettings()
-    policy = policy or default_outage_policy()
-    stats = ScanStats()
-    started = time.perf_counter()
-    if not settings.enabled:
-        stats.error = "orphan recovery is disabled (RECOVERY_ENABLE_ORPHAN_RECOVERY=false)"
-        return stats
-    plan = settings.fill(plan)
-    try:
-        result = policy.call(store.recovery_pass, plan, scope)
-        stats.given_up_pipelines = [*result.corrupt, *result.given_up]
-        stats.reclaimed_pipelines = result.reclaimed
-        stats.corrupt = len(result.corrupt)
-        stats.given_up = len(result.given_up) + stats.corrupt
-        stats.reclaimed = len(result.reclaimed)
-        stats.found = stats.reclaimed + stats.given_up
-    except Exception as exc:  # noqa: BLE001 - the scan reports; it never crashes its caller
-        stats.failed += 1
-        stats.error = redact(f"{type(exc).__name__}: {exc}")
-        log.error("recovery scan failed: %s", stats.error)
-    stats.duration_ms = (time.perf_counter() - started) * 1000
-    log.info("recovery scan (%s): %s", plan.trigger, summary_line(stats))
-    return stats
 
 
 def summary_line(stats: ScanStats, launched: int | None = None) -> str:

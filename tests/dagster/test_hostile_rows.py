@@ -12,7 +12,7 @@ from sqlalchemy import select, text, update
 from helpers import expire
 from recovery_ext._cli import main
 from recovery_ext import RecoveryResource, make_orphan_sensor, make_stuck_item_sensor
-from recovery_ext._recovery.scan import scan
+from recovery_ext import scan
 from recovery_ext._store.models import ItemCheckpoint, PassPlan
 from recovery_ext._store.schema import pipelines, queue_items
 

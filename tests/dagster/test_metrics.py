@@ -19,7 +19,7 @@ from helpers import expire
 from observe_scenario import crash_and_resume, stand_in
 
 from recovery_ext._observe.exporter import METRICS, registry_for
-from recovery_ext._recovery.scan import scan
+from recovery_ext import scan
 from recovery_ext._store.models import PipelineLimits
 from recovery_ext._store.store import RecoveryStore
 from recovery_pipelines.devserver import wait_for

@@ -210,7 +210,7 @@ def test_gives_up_and_ignores_other_jobs(store, db_url, instance):
 
 
 def test_cli_reclaimed_pipelines_are_launched_by_the_sensor(store, db_url, instance):
-    from recovery_ext._recovery.scan import scan
+    from recovery_ext import scan
 
     own = orphan(store, "dead-cli")
     assert scan(store, PassPlan(trigger="cli")).reclaimed == 1

@@ -16,7 +16,7 @@ from sqlalchemy import select, text
 
 from recovery_pipelines.devserver import cmdline, parent_of, process_alive, wait_for
 from recovery_ext._dagster.recoverable import TAG_PIPELINE, TAG_RESUME_NUMBER, TAG_RESUMED_FROM
-from recovery_ext._recovery.scan import scan
+from recovery_ext import scan
 from recovery_ext._store.models import PassPlan
 from recovery_ext._store.schema import events, node_items, transitions
 

@@ -9,7 +9,7 @@ from sqlalchemy import insert, select, update
 
 from recovery_ext._cli import main
 from recovery_ext import RecoveryResource
-from recovery_ext._recovery.scan import scan
+from recovery_ext import scan
 from recovery_ext._store.models import PassPlan
 from recovery_ext._store.reports import EventCursor
 from recovery_ext._store.schema import events

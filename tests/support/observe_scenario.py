@@ -13,7 +13,7 @@ import requests
 
 from helpers import expire
 
-from recovery_ext._recovery.scan import scan
+from recovery_ext import scan
 from recovery_ext._store.models import ItemCheckpoint, ProviderCall
 from recovery_ext._store.store import RecoveryStore
 
