@@ -19,6 +19,7 @@ from recovery_ext._errors import (ConfigurationError, IllegalTransition, ItemTak
 from recovery_ext._liveness.heartbeat import HeartbeatSettings, Watchdog
 from recovery_ext._observe.otel import instrument_opentelemetry, uninstrument_opentelemetry
 from recovery_ext._providers.guard import OutageSettings, ProviderGuard
+from recovery_ext._providers.journal import journaled_call
 from recovery_ext._providers.ledger import record_provider_call
 from recovery_ext._providers.prices import Prices
 from recovery_ext._recovery.scan import RecoverySettings, scan
@@ -149,6 +150,7 @@ __all__ = [
     "recoverable_multi_asset",
     "recoverable_op",
     "record_provider_call",
+    "journaled_call",
     "redact",
     "redact_secret",
     "redact_url",

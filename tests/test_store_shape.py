@@ -96,6 +96,7 @@ CALLERS = {
     "_providers/guard.py": ProviderStore,
     "_providers/budget.py": ProviderStore,
     "_providers/ledger.py": ProviderStore,
+    "_providers/journal.py": ProviderStore,
     "_dagster/sensors.py": SensorStore,
     "_recovery/protocol.py": SensorStore,
     "_recovery/scan.py": SensorStore,

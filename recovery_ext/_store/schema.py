@@ -327,6 +327,22 @@ provider_calls = Table(
     Column("cost", Float),
     Column("reached_checkpoint", Boolean, nullable=False),
     Column("recorded_at", DbTime, nullable=False),
+    Column("replays", Integer, nullable=False, server_default="0"),
+)
+
+# The call journal: the answer of each journaled provider call, by where it was asked and what was asked
+# (see journal.py); pruned by a trigger when its pipeline completes or is canceled.
+call_journal = Table(
+    "rx_call_journal",
+    metadata,
+    Column("pipeline_id", BigInteger, ForeignKey("rx_pipelines.id", ondelete="CASCADE"), primary_key=True),
+    Column("node_name", Text, primary_key=True),
+    Column("item_key", Text, primary_key=True),
+    Column("call_key", Text, primary_key=True),
+    Column("call_id", Text, nullable=False),
+    Column("epoch", Integer, nullable=False),
+    Column("answer", Text, nullable=False),
+    Column("answered_at", DbTime, nullable=False),
 )
 
 # Request and token budgets shared by every process (see budgets.py): the row is the lock a
@@ -354,4 +370,4 @@ rate_reservations = Table(
 )
 
 APPLICATION_TABLES = (pipelines, nodes, node_items, queue_items, transitions, events, circuit_breakers,
-                      provider_calls, rate_budgets, rate_reservations)
+                      provider_calls, rate_budgets, rate_reservations, call_journal)
