@@ -19,7 +19,9 @@ from recovery_ext._errors import (ConfigurationError, IllegalTransition, ItemTak
 from recovery_ext._liveness.heartbeat import HeartbeatSettings, Watchdog
 from recovery_ext._observe.otel import instrument_opentelemetry, uninstrument_opentelemetry
 from recovery_ext._providers.guard import OutageSettings, ProviderGuard
+from recovery_ext._providers.jobs import JobAdapter, JobResult
 from recovery_ext._providers.journal import journaled_call
+from recovery_ext._providers.openai_batch import OpenAIBatchJobs
 from recovery_ext._providers.ledger import record_provider_call
 from recovery_ext._providers.prices import Prices
 from recovery_ext._recovery.scan import RecoverySettings, scan
@@ -50,6 +52,7 @@ _DAGSTER_API = {
     "make_orphan_sensor": "sensors",
     "make_stuck_item_sensor": "sensors",
     "provider_guard": "providers",
+    "run_provider_job": "provider_jobs",
     "recoverable_asset": "assets",
     "recoverable_celery_executor": "celery_exec",
     "recoverable_job": "executor",
@@ -64,6 +67,7 @@ if TYPE_CHECKING:
                                                    recoverable_celery_executor)
     from recovery_ext._dagster.context import Item, NodeContext
     from recovery_ext._dagster.executor import execute_in_process, recoverable_job, with_recovery
+    from recovery_ext._dagster.provider_jobs import run_provider_job
     from recovery_ext._dagster.providers import provider_guard
     from recovery_ext._dagster.queue_handle import QueueHandle
     from recovery_ext._dagster.recoverable import recoverable_op
@@ -151,6 +155,10 @@ __all__ = [
     "recoverable_op",
     "record_provider_call",
     "journaled_call",
+    "run_provider_job",
+    "JobAdapter",
+    "JobResult",
+    "OpenAIBatchJobs",
     "redact",
     "redact_secret",
     "redact_url",

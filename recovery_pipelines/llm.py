@@ -198,7 +198,9 @@ class OpenAICompatibleEnricher:
         self._record(started, "ok", int(getattr(usage, "prompt_tokens", 0) or 0),
                      int(getattr(usage, "completion_tokens", 0) or 0),
                      answered_by[:200] if isinstance(answered_by, str) and answered_by else None)
-        content = response.choices[0].message.content or ""
+        return self._parsed(response.choices[0].message.content or "")
+
+    def _parsed(self, content: str) -> dict[str, Any]:
         try:
             answer = json.loads(content)
         except ValueError:
@@ -208,6 +210,22 @@ class OpenAICompatibleEnricher:
             raise ClassifiedError(category="validation", retryable=False, model=self.model, endpoint=self.endpoint,
                                   message="the model answered JSON that is not an object")
         return answer
+
+    def request_body(self, task: str, payload: dict[str, Any]) -> dict[str, Any]:
+        """The chat-completion request for ``task``, as a batch line's body."""
+        return {"model": self.model, "messages": self.messages(task, payload), "response_format": {"type": "json_object"},
+                "temperature": 0, **({"max_tokens": self.max_tokens} if self.max_tokens else {})}
+
+    def answer_of(self, body: dict[str, Any]) -> dict[str, Any]:
+        """The JSON answer in a chat completion's body (a batch result line's)."""
+        choices = body.get("choices") or [{}]
+        return self._parsed(((choices[0] or {}).get("message") or {}).get("content") or "")
+
+    def batch_jobs(self) -> Any:
+        """This endpoint's Batch API as a provider job adapter (see ``run_provider_job``)."""
+        from recovery_ext import OpenAIBatchJobs
+
+        return OpenAIBatchJobs(self._client)
 
     def complete_json(self, task: str, payload: dict[str, Any], *, fresh: bool = False) -> dict[str, Any]:
         """The model's JSON answer. Journaled in a node: a resume asking the same for an unfinished item gets the
@@ -242,6 +260,9 @@ class LLMResource(ConfigurableResource):
         default=60.0, description="The window the per-minute limits count over (60; smaller only to test).")
     budget_margin_seconds: Optional[float] = Field(
         default=None, description="Added to the window for a request's way to the provider (default 2 %, at most 1 s).")
+    batch: bool = Field(
+        default=False, description="Column enrichment as one Batch API job (half the price, results within 24 h).")
+    batch_poll_seconds: float = Field(default=30.0, description="Seconds between two looks at a pending batch.")
     journal: bool = Field(
         default=True, description="Keep each answer (fenced) before it is used, so a resume never pays for it again.")
     prices: dict[str, dict[str, float]] = Field(

@@ -45,3 +45,4 @@ def enrich(ctx: NodeContext) -> dict:
 @recoverable_job(name="journal_job", executor_def=in_process_executor)
 def journal_job():
     enrich()
+job = journal_job

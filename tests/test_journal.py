@@ -4,6 +4,8 @@ call whose answer never came shows as in flight at the crash; entries go when th
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from dagster import DagsterInstance, in_process_executor
 from helpers import expire
@@ -195,3 +197,22 @@ def test_a_node_journals_each_call_and_fresh_asks_again(store, db_url, monkeypat
 
 def test_outside_a_node_the_journal_is_just_the_call():
     assert journaled_call(lambda: 41 + 1, endpoint=ENDPOINT, request={"q": 1}) == 42
+
+
+def test_a_re_execution_that_takes_over_replays_the_answer_and_fences_the_old_worker(store):
+    own = make(store)
+    first = started(own)
+    store.journal_begin(own, first, call_key="fp#1")
+    store.journal_answer(own, replace(first, outcome="ok", tokens_in=5), call_key="fp#1", answer=encode_answer([1]))
+    pending = started(own, item="k2")
+    store.journal_begin(own, pending, call_key="fp2#1")  # in flight when the run failed
+    new = store.take_over(own.pipeline_id, "run-2", owner_dead=[own.owner])
+    store.start_node(new, "a")
+    with pytest.raises(OwnershipLost):
+        store.journal_answer(own, replace(pending, outcome="ok"), call_key="fp2#1", answer=encode_answer([2]))
+    hit = store.journal_begin(new, started(new), call_key="fp#1")
+    assert hit is not None and decode_answer(hit.answer) == [1]
+    assert store.journal_begin(new, started(new, item="k2"), call_key="fp2#1") is None  # not kept: asked again
+    store.checkpoint_item(new, "a", ItemCheckpoint("k1", [1], calls=(hit.call,)))
+    f = figures(store, own.pipeline_id)
+    assert (f.calls, f.saved_calls, f.replayed_calls, f.in_flight_unknown_calls, f.wasted_calls) == (3, 1, 1, 1, 0)

@@ -36,8 +36,8 @@ def start_run(db_url: str, llm_url: str, config: dict) -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), str(HERE.parent)]),
            "RECOVERY_DATABASE_URL": db_url, "LEDGER_LLM_URL": llm_url}
     run_config = {"ops": {"enrich": {"config": {"items": ITEMS, **config}}}}
-    return subprocess.Popen([sys.executable, str(HERE / "journal_run.py"), json.dumps(run_config)], cwd=HERE,
-                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return subprocess.Popen([sys.executable, str(HERE / "journal_run.py"), "journal_defs", json.dumps(run_config)],
+                            cwd=HERE, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
 def reclaim_and_resume(store, db_url: str, llm_url: str):

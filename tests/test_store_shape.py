@@ -90,6 +90,7 @@ CALLERS = {
     "_dagster/executor.py": OpStore,
     "_dagster/replay.py": OpStore,
     "_dagster/providers.py": OpStore,
+    "_dagster/provider_jobs.py": OpStore,
     "_dagster/assets.py": OpStore,
     "_dagster/queue_handle.py": QueueStore,
     "_liveness/heartbeat.py": LivenessStore,

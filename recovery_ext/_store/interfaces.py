@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from recovery_ext._classify.retry import wait_jittered_exponential
     from recovery_ext._store.breakers import BreakerDecision, Reopened
     from recovery_ext._store.budgets import BudgetGrant, ProviderLimits
+    from recovery_ext._store.jobs import ProviderJobRow
     from recovery_ext._store.journal import JournalHit
     from recovery_ext._store.ledger import CostReport
     from recovery_ext._store.fenced import FencedTransaction
@@ -97,6 +98,13 @@ class OpStore(LivenessStore, ProviderStore, QueueStore, Protocol):
     """What the op and asset layer uses (``_dagster``: context, recoverable, executor, replay, providers):
     the pipeline of a run, its nodes, item checkpoints and fenced transactions, plus what it hands to
     the heartbeat thread, the provider guard and the queue handle."""
+
+    def provider_jobs(self, pipeline_id: int, node_name: str | None = ...) -> list[ProviderJobRow]: ...
+    def job_live(self, own: Ownership, node_name: str, provider: str) -> ProviderJobRow | None: ...
+    def job_submitting(self, own: Ownership, node_name: str, *, token: str, provider: str, items: Sequence[str],
+                       attempt: int, call: ProviderCall) -> None: ...
+    def job_submitted(self, own: Ownership, node_name: str, token: str, job_id: str, *, outcome: str) -> None: ...
+    def job_finished(self, own: Ownership, node_name: str, token: str, status: str) -> None: ...
 
     def last_reclaim(self, pipeline_id: int) -> dict[str, Any] | None: ...
 

@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 
 from recovery_ext._store.checkpoints import CheckpointOps
+from recovery_ext._store.jobs import JobOps
 from recovery_ext._store.journal import JournalOps
 from recovery_ext._store.budgets import BudgetOps
 from recovery_ext._store.ticks import TickOps
@@ -16,7 +17,7 @@ from recovery_ext._store.reports import ReportOps
 URL_ENV = "RECOVERY_DATABASE_URL"
 
 
-class RecoveryStore(CheckpointOps, JournalOps, TickOps, BudgetOps, QueueOps, ReportOps, ObservabilityOps):
+class RecoveryStore(CheckpointOps, JournalOps, JobOps, TickOps, BudgetOps, QueueOps, ReportOps, ObservabilityOps):
     """Pipelines, nodes, item checkpoints, the work queue, transitions, events, circuit breakers, the ledger of
     provider calls, the call journal and the request and token budgets, and the reads behind metrics and reports.
 
