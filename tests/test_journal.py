@@ -216,3 +216,27 @@ def test_a_re_execution_that_takes_over_replays_the_answer_and_fences_the_old_wo
     store.checkpoint_item(new, "a", ItemCheckpoint("k1", [1], calls=(hit.call,)))
     f = figures(store, own.pipeline_id)
     assert (f.calls, f.saved_calls, f.replayed_calls, f.in_flight_unknown_calls, f.wasted_calls) == (3, 1, 1, 1, 0)
+
+
+def test_costs_shows_replayed_answers_as_saved_and_in_flight_calls_apart(store, db_url):
+    import json
+
+    from click.testing import CliRunner
+
+    from recovery_ext._cli import main
+
+    own = make(store)
+    c = started(own)
+    store.journal_begin(own, c, call_key="fp#1")
+    store.journal_answer(own, replace(c, outcome="ok", tokens_in=4), call_key="fp#1", answer=encode_answer("a"))
+    store.journal_begin(own, started(own, item="k2"), call_key="fp2#1")  # in flight at the crash
+    new = take_over(store, own)
+    hit = store.journal_begin(new, started(new), call_key="fp#1")
+    store.checkpoint_item(new, "a", ItemCheckpoint("k1", "a", calls=(hit.call,)))
+    shown = CliRunner().invoke(main, ["--database-url", db_url, "costs", str(own.pipeline_id), "--json"])
+    assert shown.exit_code == 0, shown.output
+    data = json.loads(shown.stdout)
+    assert (data["calls"], data["saved_calls"], data["replayed_calls"], data["in_flight_unknown_calls"],
+            data["wasted_calls"]) == (2, 1, 1, 1, 0)
+    table = CliRunner().invoke(main, ["--database-url", db_url, "costs", str(own.pipeline_id)])
+    assert "replayed" in table.stdout and "in flight at a crash (unknown)" in table.stdout

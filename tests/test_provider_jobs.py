@@ -17,12 +17,12 @@ import pytest
 from batch_defs import job
 from dagster import DagsterInstance, in_process_executor
 from ledger_defs import recovery_resource
-from stand_in_batch import BatchProvider
 
 from recovery_ext import execute_in_process
 from recovery_ext._dagster.tags import TAG_PIPELINE, TAG_RESUME_NUMBER, TAG_RESUMED_FROM
 from recovery_ext._store.models import PassPlan
 from recovery_ext._store.statuses import WAITING
+from recovery_pipelines.batch_stand_in import BatchProvider
 from recovery_pipelines.devserver import wait_for
 
 pytestmark = pytest.mark.timeout(600)
@@ -59,7 +59,7 @@ def assert_ledger_equals_the_provider(store, pipeline_id, provider: BatchProvide
 def test_a_kill_while_the_batch_is_pending_is_reattached_not_resubmitted(store, db_url, monkeypatch):
     with BatchProvider(duration=8.0) as provider:
         monkeypatch.setenv("RECOVERY_DATABASE_URL", db_url)
-        monkeypatch.setenv("LEDGER_LLM_URL", provider.url)
+        monkeypatch.setenv("RECOVERY_BATCH_URL", provider.url)
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), str(HERE.parent)])}
         config = {"ops": {"describe": {"config": {"items": ITEMS, "poll_seconds": 0.2}}}}
         worker = subprocess.Popen([sys.executable, str(HERE / "journal_run.py"), "batch_defs", json.dumps(config)],
@@ -96,7 +96,7 @@ def test_a_kill_while_the_batch_is_pending_is_reattached_not_resubmitted(store, 
 def test_an_expired_batch_is_resubmitted_for_its_unfinished_items_only(store, db_url, monkeypatch):
     with BatchProvider(duration=0.3, expire_first=2) as provider:
         monkeypatch.setenv("RECOVERY_DATABASE_URL", db_url)
-        monkeypatch.setenv("LEDGER_LLM_URL", provider.url)
+        monkeypatch.setenv("RECOVERY_BATCH_URL", provider.url)
         run_in_process()
         assert provider.submissions == 2
         first, second = provider.batches.values()

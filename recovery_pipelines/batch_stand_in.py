@@ -1,10 +1,11 @@
-"""A stand-in for OpenAI's Batch API on 127.0.0.1 that counts submissions and the requests it answered.
+"""A stand-in for OpenAI's Batch API on 127.0.0.1 that counts submissions and the requests it answered (the
+crash demo's provider, and the tests').
 
 It speaks the wire API the ``openai`` SDK uses: ``POST /v1/files`` (multipart, purpose ``batch``, a JSONL
 of requests with ``custom_id``), ``POST /v1/batches``, ``GET /v1/batches/{id}``, ``GET /v1/batches``
 (list, for a lookup by metadata) and ``GET /v1/files/{id}/content`` (the output and error JSONL). A batch
 is ``in_progress`` for ``duration`` seconds, then ``completed``: each request line answered as the
-stand-in LLM would (tests/stand_in_llm.py), with ``usage``. ``expire_first=N``: the first batch instead
+heuristic enricher would, with ``usage`` (a token per 4 characters, as tests/stand_in_llm.py charges). ``expire_first=N``: the first batch instead
 ends ``expired`` with only its first N requests answered; the rest are in its error file as
 ``batch_expired``, as OpenAI reports them (and does not charge).
 """
@@ -21,9 +22,12 @@ from email.parser import BytesParser
 from email.policy import HTTP
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from stand_in_llm import usage_of
-
 from recovery_pipelines.llm import heuristic_answer
+
+
+def usage_of(prompt_text: str, answer_text: str) -> tuple[int, int]:
+    """What the stand-in charges: a token per 4 characters (as tests/stand_in_llm.py does)."""
+    return len(prompt_text) // 4 + 1, len(answer_text) // 4 + 1
 
 
 @dataclass
@@ -87,7 +91,7 @@ class BatchProvider:
 
     @staticmethod
     def _completion(body: dict) -> dict:
-        """The chat completion the stand-in LLM answers to ``body`` (tests/stand_in_llm.py), with its usage."""
+        """The chat completion the heuristic enricher answers to ``body``, with its usage."""
         prompt_text = body["messages"][-1]["content"]
         prompt = json.loads(prompt_text)
         answer = json.dumps(heuristic_answer(prompt["task"], prompt["input"]))
