@@ -13,11 +13,14 @@ from ledger_defs import llm_resource, recovery_resource
 from stand_in_llm import StandInProvider
 
 from recovery_ext import (
+    ClassifiedError,
     ConfigurationError,
     NodeContext,
     ProviderCall,
+    RetryPolicy,
     execute_in_process,
     journaled_call,
+    provider_guard,
     record_provider_call,
     recoverable_job,
     recoverable_op,
@@ -240,3 +243,47 @@ def test_costs_shows_replayed_answers_as_saved_and_in_flight_calls_apart(store, 
             data["wasted_calls"]) == (2, 1, 1, 1, 0)
     table = CliRunner().invoke(main, ["--database-url", db_url, "costs", str(own.pipeline_id)])
     assert "replayed" in table.stdout and "in flight at a crash (unknown)" in table.stdout
+
+
+ASKED: list[str] = []
+
+
+def ask(question: str) -> dict:
+    ASKED.append(question)
+    return {"answer": question.upper()}
+
+
+@recoverable_op
+def guarded(ctx: NodeContext) -> int:
+    """provider_guard journals by default: the step's retry gets the answer its first attempt paid for."""
+    guard = provider_guard(ctx, ENDPOINT, RetryPolicy(initial_delay=0.01, max_delay=0.02))
+    for item in ctx.items(["x", "y"]):
+        answer = guard.call(ask, item.key)
+        if item.key == "y" and ctx.context.retry_number == 0:
+            raise ClassifiedError(category="server", retryable=True, message="failed after the answer arrived")
+        item.complete(answer)
+    return len(ASKED)
+
+
+def test_the_guard_journals_by_default_and_a_step_retry_does_not_pay_again(store, db_url, monkeypatch):
+    monkeypatch.setenv("RECOVERY_DATABASE_URL", db_url)
+    ASKED.clear()
+
+    @recoverable_job(name="guarded_job", executor_def=in_process_executor)
+    def guarded_job():
+        guarded()
+
+    with DagsterInstance.ephemeral() as instance:
+        result = execute_in_process(guarded_job, instance=instance, resources={"recovery": recovery_resource()})
+    assert result.success
+    assert ASKED == ["x", "y"]  # y was answered once; the retry replayed it
+    (pipeline,) = store.list_pipelines()
+    calls = store.provider_calls(pipeline.id)
+    assert len(calls) == 2 and {c.outcome for c in calls} == {"ok"}
+    from sqlalchemy import select
+
+    from recovery_ext._store.schema import provider_calls
+
+    with store.read() as conn:
+        replays = dict(conn.execute(select(provider_calls.c.item_key, provider_calls.c.replays)).all())
+    assert replays == {"x": 0, "y": 1}
