@@ -12,7 +12,8 @@ A journaled call goes through three writes, each one transaction:
 * :meth:`JournalOps.complete_calls`, not fenced, for an attempt that failed or whose answer a
   superseded worker may not keep: the ledger states what was paid whoever owns the pipeline now.
 
-Both fenced writes commit without waiting for the database's log flush (``commit_without_flush``):
+Both fenced writes commit without waiting for the database's log flush (``commit_without_flush``, selected
+with the fence):
 a killed worker loses neither, and only a crash of the database server itself could lose the last of
 them (the next synchronous commit, e.g. the item's checkpoint, makes them durable). Two flushed commits
 per request cost more than the 2 % of a 200 ms call the journal may add.
@@ -26,12 +27,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
 
-from sqlalchemy import bindparam, delete, func, select, update
+from sqlalchemy import and_, bindparam, delete, func, select, update
 
+from recovery_ext._errors import NotFound
 from recovery_ext._store.database import chunks, retried
 from recovery_ext._store.ledger import IN_FLIGHT, call_row
 from recovery_ext._store.models import Ownership, ProviderCall
 from recovery_ext._store.pipelines import PipelineOps
+from recovery_ext._store.pipelines import _lost as lost
 from recovery_ext._store.schema import call_journal, pipelines, provider_calls
 from recovery_ext._store.statuses import PipelineStatus
 
@@ -51,24 +54,36 @@ class JournalHit:
 
 
 class JournalOps(PipelineOps):
+    def _fence_and_find(self, conn, own: Ownership, node_name: str | None, item_key: str, call_key: str | None):
+        """The fence (lock the pipeline row against reclaim, check ``own``'s epoch), the commit without a log
+        flush and the journal's look-up in one statement: a journaled call's writes are round trips."""
+        p = pipelines.c
+        columns = [p.epoch, p.owner, p.status, self.dialect.commit_without_flush().label("no_flush")]
+        source = pipelines
+        if call_key is not None:
+            columns += [jc.answer, jc.call_id]
+            source = pipelines.outerjoin(call_journal, and_(
+                jc.pipeline_id == p.id, jc.node_name == node_name, jc.item_key == item_key, jc.call_key == call_key))
+        row = conn.execute(select(*columns).select_from(source).where(p.id == own.pipeline_id)
+                           .with_for_update(read=True, key_share=True, of=pipelines)).first()
+        if row is None:
+            raise NotFound(f"no pipeline {own.pipeline_id}")
+        if row.epoch != own.epoch or row.status != PipelineStatus.RUNNING:
+            raise lost(own, row.owner, row.epoch, row.status)
+        return row
+
     @retried
     def journal_begin(self, own: Ownership, call: ProviderCall, *, call_key: str | None) -> JournalHit | None:
         """Before a request leaves: the journaled answer of ``call_key`` if there is one (its ledger row counts
         a replay), else ``call`` written to the ledger as in flight. Fenced: a superseded worker raises
         :class:`OwnershipLost` here and sends nothing."""
         with self.write() as conn:
-            self._fence(conn, own)
-            self.dialect.commit_without_flush(conn)
-            if call_key is not None:
-                found = conn.execute(select(jc.answer, jc.call_id).where(
-                    jc.pipeline_id == own.pipeline_id, jc.node_name == call.node_name,
-                    jc.item_key == (call.item_key or ""), jc.call_key == call_key)).first()
-                if found is not None:
-                    conn.execute(update(provider_calls).where(pc.id == found.call_id)
-                                 .values(replays=pc.replays + 1))
-                    row = conn.execute(select(provider_calls).where(pc.id == found.call_id)).first()
-                    if row is not None:
-                        return JournalHit(found.answer, _call_of(row))
+            found = self._fence_and_find(conn, own, call.node_name, call.item_key or "", call_key)
+            if call_key is not None and found.call_id is not None:
+                row = conn.execute(update(provider_calls).where(pc.id == found.call_id)
+                                   .values(replays=pc.replays + 1).returning(*provider_calls.c)).first()
+                if row is not None:
+                    return JournalHit(found.answer, _call_of(row))
             self.write_calls(conn, [call], reached=False)
         return None
 
@@ -77,8 +92,7 @@ class JournalOps(PipelineOps):
         """The answer arrived: keep it under ``call_key`` (when it has one and could be encoded) and complete the
         call's ledger row, in one transaction fenced by ``own``'s epoch."""
         with self.write() as conn:
-            self._fence(conn, own)
-            self.dialect.commit_without_flush(conn)
+            self._fence_and_find(conn, own, call.node_name, "", None)
             if call_key is not None and answer is not None:
                 stmt = self.dialect.insert(call_journal).values(
                     pipeline_id=own.pipeline_id, node_name=call.node_name, item_key=call.item_key or "",
