@@ -20,6 +20,9 @@ from recovery_ext._errors import (ConfigurationError, IllegalTransition, ItemTak
 from recovery_ext._liveness.heartbeat import HeartbeatSettings, Watchdog
 from recovery_ext._observe.otel import instrument_opentelemetry, uninstrument_opentelemetry
 from recovery_ext._providers.guard import CircuitOpen, OutageBudgetExceeded, OutageSettings, ProviderGuard
+from recovery_ext._providers.jobs import JobAdapter, JobResult
+from recovery_ext._providers.journal import journaled_call
+from recovery_ext._providers.openai_batch import OpenAIBatchJobs
 from recovery_ext._providers.ledger import record_provider_call
 from recovery_ext._providers.prices import Prices
 from recovery_ext._recovery.protocol import scan
@@ -52,6 +55,7 @@ _DAGSTER_API = {
     "make_orphan_sensor": "sensors",
     "make_stuck_item_sensor": "sensors",
     "provider_guard": "providers",
+    "run_provider_job": "provider_jobs",
     "recoverable_asset": "assets",
     "recoverable_celery_executor": "celery_exec",
     "recoverable_job": "executor",
@@ -68,6 +72,7 @@ if TYPE_CHECKING:
     from recovery_ext._dagster.context import Item, NodeContext
     from recovery_ext._dagster.executor import execute_in_process, recoverable_job, with_recovery
     from recovery_ext._dagster.fences import ExecutorFence, register_executor_fence
+    from recovery_ext._dagster.provider_jobs import run_provider_job
     from recovery_ext._dagster.providers import provider_guard
     from recovery_ext._dagster.queue_handle import QueueHandle
     from recovery_ext._dagster.recoverable import recoverable_op
@@ -107,6 +112,8 @@ __all__ = [
     "ItemOutcome",
     "ItemStatus",
     "ItemTakenOver",
+    "JobAdapter",
+    "JobResult",
     "LEGACY_STALE_SECONDS",
     "MigrationError",
     "MissingRunLiveness",
@@ -114,6 +121,7 @@ __all__ = [
     "NodeSpec",
     "NodeStatus",
     "NotFound",
+    "OpenAIBatchJobs",
     "OutageBudgetExceeded",
     "OutageSettings",
     "Ownership",
@@ -151,6 +159,7 @@ __all__ = [
     "execute_in_process",
     "instrument_opentelemetry",
     "is_retryable",
+    "journaled_call",
     "make_celery_app",
     "make_orphan_sensor",
     "make_stuck_item_sensor",
@@ -167,6 +176,7 @@ __all__ = [
     "register_executor_fence",
     "retry_if_retryable",
     "retrying",
+    "run_provider_job",
     "scan",
     "stop_after_same_error",
     "uninstrument_opentelemetry",

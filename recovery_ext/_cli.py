@@ -386,7 +386,8 @@ def show_pipeline(store: CliStore, out: Output, pipeline_id: int) -> None:
 @command
 def costs(store: RecoveryStore, out: Output, pipeline_id: int | None) -> None:
     """Provider calls, tokens and cost: spent, saved by resume (kept from before a crash, at what they cost
-    then) and wasted (paid for, never checkpointed), for one pipeline by node, or for all by pipeline."""
+    then; replayed: answers the call journal gave a resume), wasted (paid for, never checkpointed) and in
+    flight at a crash (outcome unknown), for one pipeline by node, or for all by pipeline."""
     if pipeline_id is not None:
         store.get_pipeline(pipeline_id)  # NotFound: one clear error
     report = store.provider_costs(pipeline_id)
@@ -406,9 +407,11 @@ def costs(store: RecoveryStore, out: Output, pipeline_id: int | None) -> None:
     def human() -> None:
         click.echo(tabulate([(label, f.calls, f.tokens_in, f.tokens_out, f"{f.cost:.6g}",
                               f"{f.saved_calls} / {f.saved_tokens} / {f.saved_cost:.6g}",
-                              f"{f.wasted_calls} / {f.wasted_tokens} / {f.wasted_cost:.6g}") for label, f in rows],
+                              f"{f.wasted_calls} / {f.wasted_tokens} / {f.wasted_cost:.6g}", f.replayed_calls,
+                              f.in_flight_unknown_calls) for label, f in rows],
                             headers=[first, "calls", "tokens in", "tokens out", "cost",
-                                     "saved calls/tokens/cost", "wasted calls/tokens/cost"]))
+                                     "saved calls/tokens/cost", "wasted calls/tokens/cost", "replayed",
+                                     "in flight at a crash (unknown)"]))
 
     out.emit(data, human)
 

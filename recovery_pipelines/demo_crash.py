@@ -1,5 +1,9 @@
 """``make demo-crash``: kill -9 the run workers of both jobs mid-way, watch them recover, check the outcome.
 
+First it kills a run while its OpenAI batch (a local stand-in of the Batch API) is pending and resumes it:
+the resume re-attaches to the batch, so the provider counts 1 submission and nothing paid twice
+(recovery_pipelines/demo_batch.py; ``RECOVERY_DEMO_ONLY=batch`` runs only that part).
+
 It starts `dagster dev` on 127.0.0.1 with a throw-away DAGSTER_HOME and SQLite tables under
 var/demo-crash, short heartbeats and a 1 s sensor, launches the ontology and OCR jobs, kills each
 run worker while it works, and prints every recovery event and run status change as it happens.
@@ -25,6 +29,7 @@ from sqlalchemy import text
 from dagster import DagsterRunStatus
 
 from recovery_pipelines.ontology_schema import MIGRATIONS
+from recovery_pipelines.demo_batch import run_batch_demo
 from recovery_pipelines.devserver import BIN, DagsterDev, wait_for
 from recovery_ext import RecoveryStore, TAG_PIPELINE, TAG_RESUME_NUMBER
 
@@ -228,8 +233,16 @@ def main() -> int:
     root = Path.cwd()
     keep_ui = sys.stdin.isatty() and sys.stdout.isatty() and os.environ.get("RECOVERY_DEMO_KEEP_UI", "1") != "0"
     var = Path(os.environ.get("RECOVERY_DEMO_CRASH_DIR", root / "var" / "demo-crash"))
-    outcome = run_demo(root, var, Timeline(), keep_ui=keep_ui)
-    return 1 if outcome.problems() else 0
+    t = Timeline()
+    # First, a run killed while its provider batch is pending: the resume re-attaches instead of paying again.
+    problems = run_batch_demo(var, t.say)
+    for problem in problems:
+        t.say(f"CHECK FAILED: {problem}")
+    if not problems:
+        t.say("CHECK PASSED: the resume re-attached to the pending batch: 1 submission, 0 paid twice")
+    if os.environ.get("RECOVERY_DEMO_ONLY") != "batch":
+        problems += run_demo(root, var, t, keep_ui=keep_ui).problems()
+    return 1 if problems else 0
 
 
 if __name__ == "__main__":

@@ -36,7 +36,7 @@ TASKS = {
 class Enricher(Protocol):
     name: str
 
-    def complete_json(self, task: str, payload: dict[str, Any]) -> dict[str, Any]: ...
+    def complete_json(self, task: str, payload: dict[str, Any], *, fresh: bool = False) -> dict[str, Any]: ...
 
 
 def _words(identifier: str) -> str:
@@ -102,7 +102,7 @@ def heuristic_answer(task: str, payload: dict[str, Any]) -> dict[str, Any]:
 class HeuristicEnricher:
     name = "heuristic (offline, no LLM configured)"
 
-    def complete_json(self, task: str, payload: dict[str, Any]) -> dict[str, Any]:
+    def complete_json(self, task: str, payload: dict[str, Any], *, fresh: bool = False) -> dict[str, Any]:
         return heuristic_answer(task, payload)
 
 
@@ -198,7 +198,9 @@ class OpenAICompatibleEnricher:
         self._record(started, "ok", int(getattr(usage, "prompt_tokens", 0) or 0),
                      int(getattr(usage, "completion_tokens", 0) or 0),
                      answered_by[:200] if isinstance(answered_by, str) and answered_by else None)
-        content = response.choices[0].message.content or ""
+        return self._parsed(response.choices[0].message.content or "")
+
+    def _parsed(self, content: str) -> dict[str, Any]:
         try:
             answer = json.loads(content)
         except ValueError:
@@ -209,9 +211,29 @@ class OpenAICompatibleEnricher:
                                   message="the model answered JSON that is not an object")
         return answer
 
-    def complete_json(self, task: str, payload: dict[str, Any]) -> dict[str, Any]:
-        estimate = self.estimated_tokens(self.messages(task, payload))
-        return self.guard.metered(estimate, self.model, self._call, task, payload)
+    def request_body(self, task: str, payload: dict[str, Any]) -> dict[str, Any]:
+        """The chat-completion request for ``task``, as a batch line's body."""
+        return {"model": self.model, "messages": self.messages(task, payload), "response_format": {"type": "json_object"},
+                "temperature": 0, **({"max_tokens": self.max_tokens} if self.max_tokens else {})}
+
+    def answer_of(self, body: dict[str, Any]) -> dict[str, Any]:
+        """The JSON answer in a chat completion's body (a batch result line's)."""
+        choices = body.get("choices") or [{}]
+        return self._parsed(((choices[0] or {}).get("message") or {}).get("content") or "")
+
+    def batch_jobs(self) -> Any:
+        """This endpoint's Batch API as a provider job adapter (see ``run_provider_job``)."""
+        from recovery_ext import OpenAIBatchJobs
+
+        return OpenAIBatchJobs(self._client)
+
+    def complete_json(self, task: str, payload: dict[str, Any], *, fresh: bool = False) -> dict[str, Any]:
+        """The model's JSON answer. Journaled in a node: a resume asking the same for an unfinished item gets the
+        answer already paid for; ``fresh=True`` asks the model again."""
+        messages = self.messages(task, payload)
+        request = {"model": self.model, "messages": messages, "max_tokens": self.max_tokens, "json": True}
+        return self.guard.request(request, self._call, task, payload, estimated_tokens=self.estimated_tokens(messages),
+                                  model=self.model, fresh=fresh)
 
 
 class LLMResource(ConfigurableResource):
@@ -238,6 +260,11 @@ class LLMResource(ConfigurableResource):
         default=60.0, description="The window the per-minute limits count over (60; smaller only to test).")
     budget_margin_seconds: Optional[float] = Field(
         default=None, description="Added to the window for a request's way to the provider (default 2 %, at most 1 s).")
+    batch: bool = Field(
+        default=False, description="Column enrichment as one Batch API job (half the price, results within 24 h).")
+    batch_poll_seconds: float = Field(default=30.0, description="Seconds between two looks at a pending batch.")
+    journal: bool = Field(
+        default=True, description="Keep each answer (fenced) before it is used, so a resume never pays for it again.")
     prices: dict[str, dict[str, float]] = Field(
         default_factory=dict, description='Price per million tokens per model, e.g. {"gpt-4o-mini": {"input": 0.15, '
                                           '"output": 0.6}}: the ledger turns tokens into cost. Unlisted: no cost.')
@@ -252,6 +279,7 @@ class LLMResource(ConfigurableResource):
         limits = ProviderLimits(requests_per_minute=self.requests_per_minute, tokens_per_minute=self.tokens_per_minute,
                                 per_model=self.budget_per_model, window_seconds=self.budget_window_seconds,
                                 margin_seconds=self.budget_margin_seconds)
-        guard = provider_guard(node, redact_url(base), policy, limits=limits) if node is not None else None
+        guard = provider_guard(node, redact_url(base), policy, limits=limits,
+                               journal=self.journal) if node is not None else None
         return OpenAICompatibleEnricher(base, self.model, self.api_key, self.timeout, policy, guard,
                                         max_tokens=self.max_tokens, prices=Prices.parse(self.prices))

@@ -26,7 +26,8 @@ from pydantic import Field as PydanticField
 from sqlalchemy import MetaData, Table, create_engine, func, inspect, select
 from sqlalchemy.engine import Engine
 
-from recovery_ext import ClassifiedError, NodeContext, classify, recoverable_op, redact, redact_url, with_recovery
+from recovery_ext import (ClassifiedError, NodeContext, classify, recoverable_op, redact, redact_url, run_provider_job,
+                          with_recovery)
 from recovery_pipelines.ontology_schema import ont_columns, ont_entities, ont_glossary_terms, ont_relationships
 from recovery_pipelines.llm import entity_name
 
@@ -123,24 +124,39 @@ def profile_columns(ctx: NodeContext, schema: dict[str, Any]) -> dict[str, Any]:
 
 @recoverable_op(required_resource_keys={"llm"})
 def enrich_columns(ctx: NodeContext, schema: dict[str, Any], profiles: dict[str, Any]) -> dict[str, Any]:
-    """LLM descriptions of every column; one item per table."""
+    """LLM descriptions of every column; one item per table. With ``LLMResource(batch=True)`` the tables go
+    to the provider as one batch job (half the price; a crash while it runs re-attaches, never resubmits)."""
     llm = ctx.context.resources.llm.enricher(ctx)
     ctx.metadata["llm"] = llm.name
     source = _source(ctx, schema)
     by_table = {t["name"]: t for t in schema["tables"]}
-    for item in ctx.items(by_table):
-        table = by_table[item.key]
-        profile = profiles["profiles"].get(item.key, {})
-        payload = {"table": item.key, "columns": [
+
+    def payload(key: str) -> dict[str, Any]:
+        profile = profiles["profiles"].get(key, {})
+        return {"table": key, "columns": [
             {"name": c["name"], "type": c["type"], "primary_key": c["primary_key"],
-             "samples": profile.get(c["name"], {}).get("samples", [])} for c in table["columns"]]}
-        answer = llm.complete_json("describe_columns", payload).get("columns", {})
-        rows = [{"source": source, "table_name": item.key, "column_name": c["name"], "data_type": c["type"],
+             "samples": profile.get(c["name"], {}).get("samples", [])} for c in by_table[key]["columns"]]}
+
+    def rows_of(key: str, answer: dict[str, Any]) -> list[dict[str, Any]]:
+        return [{"source": source, "table_name": key, "column_name": c["name"], "data_type": c["type"],
                  "nullable": c["nullable"], "is_primary_key": c["primary_key"],
                  "description": str(answer.get(c["name"], ""))[:2000], "described_by": llm.name}
-                for c in table["columns"]]
-        item.complete({"described": len([r for r in rows if r["description"]])}, also=lambda tx, rows=rows: (
+                for c in by_table[key]["columns"]]
+
+    def keep(key: str, answer: dict[str, Any]) -> None:
+        rows = rows_of(key, answer)
+        ctx.checkpoint(key, {"described": len([r for r in rows if r["description"]])}, also=lambda tx: (
             tx.upsert(ont_columns, rows, keys=("source", "table_name", "column_name"))))
+
+    jobs = getattr(llm, "batch_jobs", None)
+    if ctx.context.resources.llm.batch and jobs is not None:
+        requests = {key: llm.request_body("describe_columns", payload(key)) for key in by_table}
+        run_provider_job(ctx, jobs(), requests, poll_seconds=ctx.context.resources.llm.batch_poll_seconds,
+                         keep=lambda key, answer: keep(key, llm.answer_of(answer).get("columns", {})),
+                         prices=llm.prices)
+    else:
+        for item in ctx.items(by_table):
+            keep(item.key, llm.complete_json("describe_columns", payload(item.key)).get("columns", {}))
     return {"source": source, "tables": len(by_table)}
 
 

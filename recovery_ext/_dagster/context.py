@@ -18,6 +18,7 @@ from recovery_ext._settings import check_count, check_seconds
 from recovery_ext._liveness.heartbeat import HeartbeatSettings, Lease
 from recovery_ext._classify.redaction import redact
 from recovery_ext._errors import StopRequested
+from recovery_ext._providers.journal import CallJournal, current_attempt
 from recovery_ext._providers.ledger import observe, recorder_for
 from recovery_ext._store.models import ItemCheckpoint, JsonText, Ownership, ProviderCall, encode_json
 from recovery_ext._dagster.queue_handle import QueueHandle
@@ -113,6 +114,8 @@ class NodeContext:
         self.calls_recorded = 0
         # Set in a step process once its run worker is gone: no new provider call or item may start.
         self.run_worker_gone = run_worker_gone
+        # Provider answers kept before the body sees them, replayed to a resume (see journaled_call).
+        self.journal = CallJournal(self)
 
     @property
     def log(self):
@@ -162,6 +165,15 @@ class NodeContext:
         node) in the ledger; its answer reached a checkpoint once that item's ``complete`` commits (or the
         node completes). Never raises: a call that cannot be recorded is logged, the work goes on.
         """
+        attempt = current_attempt.get()
+        if attempt is not None and attempt.scope is self and attempt.call is None and item is None:
+            # the journaled request under way: this completes its ledger row (written before it left)
+            bound = attempt.bind(call)
+            with self._calls_lock:
+                self._calls.setdefault(bound.item_key, []).append(bound)
+                self.calls_recorded += 1
+            observe(bound)
+            return True
         try:
             if isinstance(item, Item):
                 key: str | None = item.key
@@ -181,6 +193,17 @@ class NodeContext:
             return False
         observe(bound)  # the one place every call of a node passes (record_provider_call arrives here too)
         return True
+
+    @property
+    def current_item(self) -> str | None:
+        """The key of the item ``ctx.items()`` yielded last (None: between items)."""
+        return self._item
+
+    def keep_call(self, call: ProviderCall) -> None:
+        """A call already in the ledger whose answer this node uses: its item's checkpoint (or the node's
+        completion) marks it as kept."""
+        with self._calls_lock:
+            self._calls.setdefault(call.item_key, []).append(call)
 
     def _take_calls(self, key: str | None) -> tuple[ProviderCall, ...]:
         with self._calls_lock:

@@ -47,12 +47,14 @@ class RunVisiblePause(StorePause):
 
 
 def provider_guard(ctx: NodeContext, endpoint: str, policy: RetryPolicy, *,
-                   sleep: Callable[[float], None] | None = None, limits: ProviderLimits | None = None) -> ProviderGuard:
+                   sleep: Callable[[float], None] | None = None, limits: ProviderLimits | None = None,
+                   journal: bool = True) -> ProviderGuard:
     """Calls to ``endpoint`` from this node: the shared breaker, Retry-After, pauses shown on the pipeline,
     and with ``limits`` the endpoint's request and token budget shared by every process.
 
     A pause or a budget wait sleeps in the node while its heartbeat goes on; losing ownership wakes it at
-    once. No attempt starts once this worker is superseded or its run worker died.
+    once. No attempt starts once this worker is superseded or its run worker died. With ``journal`` (the
+    default) each answer is kept before the node sees it and a resume's same call is answered from it.
     """
     watchdog = ctx.watchdog
     store, own, who = ctx._store, ctx.ownership, f"{ctx.ownership.owner}/{ctx.pipeline_id}/{ctx.node_name}"
@@ -68,6 +70,7 @@ def provider_guard(ctx: NodeContext, endpoint: str, policy: RetryPolicy, *,
         endpoint, policy=policy, settings=ctx.resource.outage_settings(), store=store,
         pause=RunVisiblePause(store, own, ctx.node_name, RunStateReporter(ctx.context, ctx.node_name)), who=who,
         shutdown=shutdown, sleep=sleep, log=ctx.log.warning, budget=budget, check=ctx.check_calls,
+        journal=ctx.journal if journal else None,
     )
 
 

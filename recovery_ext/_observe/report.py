@@ -17,10 +17,12 @@ RIGHT_PAD = 24
 RUN_COLOURS = ("#3b82f6", "#8b5cf6", "#14b8a6", "#f59e0b", "#ec4899", "#64748b")
 FAULT, RECLAIM, WAIT, DONE, FAILED = "#dc2626", "#ea580c", "#eab308", "#16a34a", "#b91c1c"
 # A provider call by what became of its answer (the ledger's judgement).
-FATE_COLOURS = {"kept": "#475569", "saved": "#0d9488", "wasted": "#dc2626", "unsettled": "#a3a3a3"}
+FATE_COLOURS = {"kept": "#475569", "saved": "#0d9488", "wasted": "#dc2626", "unsettled": "#a3a3a3",
+                "in_flight": "#f59e0b"}
 FATE_TEXT = {"kept": "kept by its run", "saved": "saved: kept across a takeover",
              "wasted": "wasted: never checkpointed",
-             "unsettled": "answered, item not checkpointed yet"}
+             "unsettled": "answered, item not checkpointed yet",
+             "in_flight": "in flight at a crash: outcome unknown"}
 OUTCOME_TEXT = {"completed": "completed", "failed": "failed", "canceled": "canceled", "crashed": "crashed",
                 "superseded": "superseded", "running": "running", "never_started": "never started"}
 

@@ -38,6 +38,7 @@ from recovery_ext._errors import ConfigurationError, StopRequested
 from recovery_ext._store.models import Ownership
 from recovery_ext._store.breakers import BreakerDecision
 from recovery_ext._providers.budget import RateBudget
+from recovery_ext._providers.journal import MISS, CallJournal, PendingCall, function_fingerprint
 from recovery_ext._providers.ledger import current_reservation
 from recovery_ext._classify.redaction import redact, redact_url
 from recovery_ext._classify.retry import RetryPolicy, event_sleep, retry_if_retryable, stop_on_event, wait_jittered_exponential
@@ -146,6 +147,7 @@ class _Call:
     pause_reason: str | None = None
     estimated_tokens: int = 0
     model: str | None = None
+    pending: PendingCall | None = None  # the call's journal entry (None: not journaled)
 
 
 class ProviderGuard:
@@ -156,7 +158,7 @@ class ProviderGuard:
                  sleep: Callable[[float], None] | None = None, clock: Callable[[], float] | None = None,
                  shutdown: threading.Event | None = None, rng: random.Random | None = None,
                  log: Callable[[str], None] | None = None, budget: RateBudget | None = None,
-                 check: Callable[[], None] | None = None) -> None:
+                 check: Callable[[], None] | None = None, journal: CallJournal | None = None) -> None:
         # the breaker key and every message name the endpoint without its credentials
         self.endpoint = redact_url(endpoint)
         self.policy = policy or RetryPolicy()
@@ -176,6 +178,9 @@ class ProviderGuard:
         self.budget = budget if budget is not None and budget.limits.enabled else None
         # Raises when no new call may start (superseded, the run worker gone); checked before each attempt.
         self.check = check
+        # The node's call journal: each attempt's ledger row is written before its request, each answer is
+        # kept before the caller sees it, and a resume's same call gets the kept answer (None: off).
+        self.journal = journal
 
     # -- one attempt ---------------------------------------------------------------------------
 
@@ -193,10 +198,26 @@ class ProviderGuard:
             raise CircuitOpen(self.endpoint, decision.wait_seconds, decision.state)
         if self.check is not None:
             self.check()  # the budget wait may have been long
+        pending = call.pending
+        if pending is not None:
+            try:
+                found = pending.start(self.endpoint, call.model)
+            except BaseException:
+                if reservation is not None:
+                    store.budget_release(reservation.id)
+                raise
+            if found is not MISS:
+                if reservation is not None:
+                    store.budget_release(reservation.id)  # answered from the journal: no request was made
+                return found
         held = current_reservation.set(reservation)
         try:
             result = fn(*args, **kwargs)
-        except Exception as exc:
+        except BaseException as exc:
+            if pending is not None:
+                pending.failed(exc)
+            if not isinstance(exc, Exception):
+                raise
             self._closed_until = None  # the next call reads the breaker again
             found = classify(exc)
             if store is not None and found.retryable:
@@ -206,6 +227,9 @@ class ProviderGuard:
             elif store is not None and found.status_code is not None:
                 store.breaker_record_success(self.endpoint, self.who, decision)  # it answered, if only to refuse
             raise
+        else:
+            if pending is not None:
+                pending.answered(result)  # kept before anything else happens to it
         finally:
             current_reservation.reset(held)
         if store is not None and store.breaker_record_success(self.endpoint, self.who, decision):
@@ -302,8 +326,28 @@ class ProviderGuard:
     def metered(self, estimated_tokens: int, model: str | None, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """:meth:`call`, each attempt first reserving one request and ``estimated_tokens`` (an upper bound: the
         prompt and the most the answer may hold) from the endpoint's shared budget. A call recorded with
-        :func:`record_provider_call` during the attempt corrects the reservation to its usage."""
-        call = _Call(estimated_tokens=max(0, int(estimated_tokens)), model=model)
+        :func:`record_provider_call` during the attempt corrects the reservation to its usage.
+
+        With a journal the call is keyed by ``fn``, its arguments and what its closure holds, when all of them
+        are JSON values (else only its ledger row is written before the request); see :meth:`request`."""
+        pending = None
+        if self.journal is not None:
+            pending = self.journal.open(endpoint=self.endpoint, fingerprinted=function_fingerprint(
+                self.endpoint, model, fn, args, kwargs))
+        return self._guarded(_Call(estimated_tokens=max(0, int(estimated_tokens)), model=model, pending=pending),
+                             fn, args, kwargs)
+
+    def request(self, request: Any, fn: Callable[..., T], *args: Any, estimated_tokens: int = 0,
+                model: str | None = None, key: str | None = None, fresh: bool = False, **kwargs: Any) -> T:
+        """:meth:`metered` for a call journaled under ``request`` (a JSON value, the body sent) or ``key``
+        (an idempotency key); ``fresh=True`` asks the provider again instead of replaying."""
+        pending = None
+        if self.journal is not None:
+            pending = self.journal.open(endpoint=self.endpoint, request=request, key=key, fresh=fresh)
+        return self._guarded(_Call(estimated_tokens=max(0, int(estimated_tokens)), model=model, pending=pending),
+                             fn, args, kwargs)
+
+    def _guarded(self, call: _Call, fn: Callable[..., T], args: tuple, kwargs: dict) -> T:
         retrying = tenacity.Retrying(
             retry=retry_if_retryable(), wait=self._wait(call), stop=self._stop(call), sleep=self.sleep,
             before_sleep=self._before_sleep(call), retry_error_callback=self._give_up(call), reraise=True,

@@ -10,7 +10,13 @@ answered (or completes the node it was made in), never after, so the reports can
   over (a crash resume, a re-execution): the resume kept those items and did not pay again;
 * **wasted**: calls whose answers never reached a checkpoint and never will: in flight at a
   crash, answered but retried, made by a worker that was superseded, or failed;
-* **open**: answered calls of the live owner whose item is not checkpointed yet (neither).
+* **open**: answered calls of the live owner whose item is not checkpointed yet (neither), and its
+  calls in flight;
+* **replayed** (part of saved): calls whose answers the call journal handed to a later owner instead
+  of a new call (see journal.py);
+* **in flight, outcome unknown**: calls written before their request left (journaled calls) whose
+  answer never arrived at a worker that still owns the pipeline: a kill, a revoke. The provider may
+  have answered and charged; neither lost nor counted twice, and shown apart from wasted.
 
 The row's id is made by the caller (:class:`ProviderCall`), so a call is written once whether
 it is written at once, with its item's checkpoint, or late after the database came back.
@@ -23,7 +29,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
-from sqlalchemy import Connection, and_, case, func, literal, select
+from sqlalchemy import Connection, and_, case, func, literal, or_, select
 
 from recovery_ext._classify.redaction import redact
 from recovery_ext._store.database import Database, chunks, retried
@@ -33,9 +39,12 @@ from recovery_ext._store.statuses import PipelineStatus
 
 pc = provider_calls.c
 
+# The ledger outcome of a call whose request was sent (or about to be) and whose answer has not arrived.
+IN_FLIGHT = "in_flight"
+
 # The figures every report shows, in this order (the CLI's JSON keys).
 COST_KEYS = ("calls", "tokens_in", "tokens_out", "cost", "saved_calls", "saved_tokens", "saved_cost",
-             "wasted_calls", "wasted_tokens", "wasted_cost")
+             "wasted_calls", "wasted_tokens", "wasted_cost", "replayed_calls", "in_flight_unknown_calls")
 
 
 @dataclass
@@ -52,6 +61,8 @@ class CostFigures:
     wasted_calls: int = 0
     wasted_tokens: int = 0
     wasted_cost: float = 0.0
+    replayed_calls: int = 0           # of the saved calls: answers the journal handed to a later owner
+    in_flight_unknown_calls: int = 0  # requests sent whose answer never arrived (a kill): outcome unknown
 
     def add(self, other: "CostFigures") -> None:
         for f in fields(self):
@@ -181,10 +192,14 @@ class LedgerOps(Database):
         reached = pc.reached_checkpoint == True  # noqa: E712 - SQL, not Python
         # Kept by a later owner: answered under an epoch the pipeline has since left behind.
         saved = and_(reached, pc.epoch < p.epoch)
-        # Neither kept nor lost yet: the live owner's answer whose item is not checkpointed yet.
-        open_ = and_(~reached, p.status == PipelineStatus.RUNNING, pc.epoch == p.epoch, pc.outcome == "ok",
-                     item.item_key.is_(None))
-        wasted = and_(~reached, ~open_)
+        in_flight = pc.outcome == IN_FLIGHT
+        live = and_(p.status == PipelineStatus.RUNNING, pc.epoch == p.epoch)
+        # Neither kept nor lost yet: the live owner's answer whose item is not checkpointed yet, or its request
+        # under way.
+        open_ = and_(~reached, live, or_(and_(pc.outcome == "ok", item.item_key.is_(None)), in_flight))
+        unknown = and_(in_flight, ~live)
+        wasted = and_(~reached, ~open_, ~in_flight)
+        replayed = and_(saved, pc.replays > 0)
 
         def total(condition, value):
             return func.coalesce(func.sum(case((condition, value), else_=literal(0))), 0)
@@ -197,7 +212,8 @@ class LedgerOps(Database):
                    total(saved, 1).label("saved_calls"), total(saved, tokens).label("saved_tokens"),
                    total(saved, cost).label("saved_cost"),
                    total(wasted, 1).label("wasted_calls"), total(wasted, tokens).label("wasted_tokens"),
-                   total(wasted, cost).label("wasted_cost"))
+                   total(wasted, cost).label("wasted_cost"), total(replayed, 1).label("replayed_calls"),
+                   total(unknown, 1).label("in_flight_unknown_calls"))
             .select_from(provider_calls
                          .outerjoin(pipelines, p.id == pc.pipeline_id)
                          .outerjoin(node_items, and_(item.pipeline_id == pc.pipeline_id,

@@ -11,9 +11,10 @@ import datetime as dt
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import Float, and_, case, cast, func, literal, select
+from sqlalchemy import Float, and_, case, cast, func, literal, or_, select
 
 from recovery_ext._store.database import Database, retried
+from recovery_ext._store.ledger import IN_FLIGHT
 from recovery_ext._store.statuses import PipelineStatus
 from recovery_ext._store.models import Node, Pipeline
 from recovery_ext._errors import NotFound
@@ -179,10 +180,11 @@ class ObservabilityOps(Database):
         """The pipeline's provider calls with their fate, as the ledger's cost report judges it."""
         pc, p, item = provider_calls.c, pipelines.c, node_items.c
         reached = pc.reached_checkpoint == True  # noqa: E712 - SQL, not Python
-        open_ = and_(~reached, p.status == PipelineStatus.RUNNING, pc.epoch == p.epoch, pc.outcome == "ok",
-                     item.item_key.is_(None))
+        in_flight = pc.outcome == IN_FLIGHT
+        open_ = and_(~reached, p.status == PipelineStatus.RUNNING, pc.epoch == p.epoch,
+                     or_(and_(pc.outcome == "ok", item.item_key.is_(None)), in_flight))
         fate = case((and_(reached, pc.epoch < p.epoch), literal("saved")), (reached, literal("kept")),
-                    (open_, literal("unsettled")), else_=literal("wasted"))
+                    (open_, literal("unsettled")), (in_flight, literal("in_flight")), else_=literal("wasted"))
         query = (select(pc.epoch, pc.recorded_at, pc.node_name, pc.outcome, (pc.tokens_in + pc.tokens_out)
                         .label("tokens"), pc.cost, fate.label("fate"))
                  .select_from(provider_calls.join(pipelines, p.id == pc.pipeline_id)

@@ -327,6 +327,40 @@ provider_calls = Table(
     Column("cost", Float),
     Column("reached_checkpoint", Boolean, nullable=False),
     Column("recorded_at", DbTime, nullable=False),
+    Column("replays", Integer, nullable=False, server_default="0"),
+)
+
+# The call journal: the answer of each journaled provider call, by where it was asked and what was asked
+# (see journal.py); pruned by a trigger when its pipeline completes or is canceled.
+call_journal = Table(
+    "rx_call_journal",
+    metadata,
+    Column("pipeline_id", BigInteger, ForeignKey("rx_pipelines.id", ondelete="CASCADE"), primary_key=True),
+    Column("node_name", Text, primary_key=True),
+    Column("item_key", Text, primary_key=True),
+    Column("call_key", Text, primary_key=True),
+    Column("call_id", Text, nullable=False),
+    Column("epoch", Integer, nullable=False),
+    Column("answer", Text, nullable=False),
+    Column("answered_at", DbTime, nullable=False),
+)
+
+# Asynchronous provider jobs (see jobs.py): each submission, its token written before it, its job id once known.
+provider_jobs = Table(
+    "rx_provider_jobs",
+    metadata,
+    Column("pipeline_id", BigInteger, ForeignKey("rx_pipelines.id", ondelete="CASCADE"), primary_key=True),
+    Column("node_name", Text, primary_key=True),
+    Column("token", Text, primary_key=True),
+    Column("provider", Text, nullable=False),
+    Column("job_id", Text),
+    Column("status", Text, nullable=False),
+    Column("items", Text, nullable=False),
+    Column("attempt", Integer, nullable=False),
+    Column("epoch", Integer, nullable=False),
+    Column("call_id", Text, nullable=False),
+    Column("created_at", DbTime, nullable=False),
+    Column("updated_at", DbTime, nullable=False),
 )
 
 # Request and token budgets shared by every process (see budgets.py): the row is the lock a
@@ -354,4 +388,5 @@ rate_reservations = Table(
 )
 
 APPLICATION_TABLES = (pipelines, nodes, node_items, queue_items, transitions, events, circuit_breakers,
-                      provider_calls, rate_budgets, rate_reservations)
+                      provider_calls, rate_budgets, rate_reservations, call_journal,
+                      provider_jobs)

@@ -75,3 +75,17 @@ FINISHED_PIPELINE_STATUSES = (PipelineStatus.COMPLETED, PipelineStatus.FAILED, P
 FINISHED_NODE_STATUSES = (NodeStatus.COMPLETED, NodeStatus.DEGRADED, NodeStatus.SKIPPED)
 FINISHED_QUEUE_STATUSES = (QueueStatus.COMPLETED, QueueStatus.DEAD, QueueStatus.FAILED, ItemStatus.DEGRADED)
 UNFINISHED_QUEUE_STATUSES = (QueueStatus.READY, QueueStatus.PROCESSING)
+
+
+class JobStatus(enum.StrEnum):
+    """What a provider's asynchronous job says of itself (``JobAdapter.status``), and what became of it in
+    ``rx_provider_jobs.status`` (submitting, submitted, collected or how it ended)."""
+
+    RUNNING = "running"
+    COMPLETED = "completed"
+    EXPIRED = "expired"
+    CANCELLED = "cancelled"
+    FAILED = "failed"
+    SUBMITTING = "submitting"
+    SUBMITTED = "submitted"
+    COLLECTED = "collected"

@@ -6,6 +6,8 @@ import os
 from pathlib import Path
 
 from recovery_ext._store.checkpoints import CheckpointOps
+from recovery_ext._store.jobs import JobOps
+from recovery_ext._store.journal import JournalOps
 from recovery_ext._store.budgets import BudgetOps
 from recovery_ext._store.ticks import TickOps
 from recovery_ext._store.queue import QueueOps
@@ -15,9 +17,9 @@ from recovery_ext._store.reports import ReportOps
 URL_ENV = "RECOVERY_DATABASE_URL"
 
 
-class RecoveryStore(CheckpointOps, TickOps, BudgetOps, QueueOps, ReportOps, ObservabilityOps):
+class RecoveryStore(CheckpointOps, JournalOps, JobOps, TickOps, BudgetOps, QueueOps, ReportOps, ObservabilityOps):
     """Pipelines, nodes, item checkpoints, the work queue, transitions, events, circuit breakers, the ledger of
-    provider calls and the request and token budgets, and the reads behind metrics and reports.
+    provider calls, the call journal and the request and token budgets, and the reads behind metrics and reports.
 
     Every public call that opens its own transaction is declared ``@retried`` where it is
     defined: re-run on transient database errors (a restart, a lost connection, a deadlock)

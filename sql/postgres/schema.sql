@@ -151,6 +151,15 @@ BEGIN
 END
 $$;
 
+CREATE FUNCTION public.rx_prune_call_journal() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    DELETE FROM rx_call_journal WHERE pipeline_id = NEW.id;
+    RETURN NULL;
+END
+$$;
+
 CREATE FUNCTION public.rx_superseded(p_pipeline bigint, p_epoch integer) RETURNS bigint
     LANGUAGE plpgsql
     AS $$
@@ -165,6 +174,17 @@ CREATE TABLE public.rx_app_migrations (
     version integer NOT NULL,
     name text NOT NULL,
     applied_at timestamp with time zone NOT NULL
+);
+
+CREATE TABLE public.rx_call_journal (
+    pipeline_id bigint NOT NULL,
+    node_name text NOT NULL,
+    item_key text DEFAULT ''::text NOT NULL,
+    call_key text NOT NULL,
+    call_id text NOT NULL,
+    epoch integer NOT NULL,
+    answer text NOT NULL,
+    answered_at timestamp with time zone DEFAULT now() NOT NULL
 );
 
 CREATE TABLE public.rx_circuit_breakers (
@@ -271,7 +291,23 @@ CREATE TABLE public.rx_provider_calls (
     outcome text NOT NULL,
     cost double precision,
     reached_checkpoint boolean DEFAULT false NOT NULL,
-    recorded_at timestamp with time zone DEFAULT now() NOT NULL
+    recorded_at timestamp with time zone DEFAULT now() NOT NULL,
+    replays integer DEFAULT 0 NOT NULL
+);
+
+CREATE TABLE public.rx_provider_jobs (
+    pipeline_id bigint NOT NULL,
+    node_name text NOT NULL,
+    token text NOT NULL,
+    provider text NOT NULL,
+    job_id text,
+    status text NOT NULL,
+    items text NOT NULL,
+    attempt integer NOT NULL,
+    epoch integer NOT NULL,
+    call_id text NOT NULL,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    updated_at timestamp with time zone DEFAULT now() NOT NULL
 );
 
 CREATE TABLE public.rx_queue_items (
@@ -374,6 +410,9 @@ ALTER TABLE ONLY public.rx_transitions ALTER COLUMN id SET DEFAULT nextval('publ
 ALTER TABLE ONLY public.rx_app_migrations
     ADD CONSTRAINT rx_app_migrations_pkey PRIMARY KEY (package, version);
 
+ALTER TABLE ONLY public.rx_call_journal
+    ADD CONSTRAINT rx_call_journal_pkey PRIMARY KEY (pipeline_id, node_name, item_key, call_key);
+
 ALTER TABLE ONLY public.rx_circuit_breakers
     ADD CONSTRAINT rx_circuit_breakers_pkey PRIMARY KEY (endpoint);
 
@@ -397,6 +436,9 @@ ALTER TABLE ONLY public.rx_pipelines
 
 ALTER TABLE ONLY public.rx_provider_calls
     ADD CONSTRAINT rx_provider_calls_pkey PRIMARY KEY (id);
+
+ALTER TABLE ONLY public.rx_provider_jobs
+    ADD CONSTRAINT rx_provider_jobs_pkey PRIMARY KEY (pipeline_id, node_name, token);
 
 ALTER TABLE ONLY public.rx_queue_items
     ADD CONSTRAINT rx_queue_items_dedupe UNIQUE (queue, dedupe_key);
@@ -450,6 +492,11 @@ CREATE INDEX rx_transitions_entity ON public.rx_transitions USING btree (entity_
 
 CREATE INDEX rx_transitions_pipeline ON public.rx_transitions USING btree (pipeline_id, id) WHERE (pipeline_id IS NOT NULL);
 
+CREATE TRIGGER rx_call_journal_pipeline_ended AFTER UPDATE OF status ON public.rx_pipelines FOR EACH ROW WHEN (((new.status = ANY (ARRAY['completed'::text, 'canceled'::text])) AND (old.status IS DISTINCT FROM new.status))) EXECUTE FUNCTION public.rx_prune_call_journal();
+
+ALTER TABLE ONLY public.rx_call_journal
+    ADD CONSTRAINT rx_call_journal_pipeline_id_fkey FOREIGN KEY (pipeline_id) REFERENCES public.rx_pipelines(id) ON DELETE CASCADE;
+
 ALTER TABLE ONLY public.rx_node_items
     ADD CONSTRAINT rx_node_items_pipeline_id_fkey FOREIGN KEY (pipeline_id) REFERENCES public.rx_pipelines(id) ON DELETE CASCADE;
 
@@ -458,3 +505,6 @@ ALTER TABLE ONLY public.rx_nodes
 
 ALTER TABLE ONLY public.rx_provider_calls
     ADD CONSTRAINT rx_provider_calls_pipeline_id_fkey FOREIGN KEY (pipeline_id) REFERENCES public.rx_pipelines(id) ON DELETE CASCADE;
+
+ALTER TABLE ONLY public.rx_provider_jobs
+    ADD CONSTRAINT rx_provider_jobs_pipeline_id_fkey FOREIGN KEY (pipeline_id) REFERENCES public.rx_pipelines(id) ON DELETE CASCADE;

@@ -9,6 +9,18 @@ CREATE TABLE rx_app_migrations (
     PRIMARY KEY (package, version)
 );
 
+CREATE TABLE rx_call_journal (
+    pipeline_id  INTEGER NOT NULL REFERENCES rx_pipelines(id) ON DELETE CASCADE,
+    node_name    TEXT NOT NULL,
+    item_key     TEXT NOT NULL DEFAULT '',
+    call_key     TEXT NOT NULL,
+    call_id      TEXT NOT NULL,
+    epoch        INTEGER NOT NULL,
+    answer       TEXT NOT NULL,
+    answered_at  REAL NOT NULL DEFAULT ((julianday('now') - 2440587.5) * 86400.0),
+    PRIMARY KEY (pipeline_id, node_name, item_key, call_key)
+);
+
 CREATE TABLE rx_circuit_breakers (
     endpoint              TEXT PRIMARY KEY,
     state                 TEXT NOT NULL DEFAULT 'closed',
@@ -105,6 +117,22 @@ CREATE TABLE rx_provider_calls (
     cost                REAL,
     reached_checkpoint  INTEGER NOT NULL DEFAULT 0,
     recorded_at         REAL NOT NULL DEFAULT ((julianday('now') - 2440587.5) * 86400.0)
+, replays INTEGER NOT NULL DEFAULT 0);
+
+CREATE TABLE rx_provider_jobs (
+    pipeline_id   INTEGER NOT NULL REFERENCES rx_pipelines(id) ON DELETE CASCADE,
+    node_name     TEXT NOT NULL,
+    token         TEXT NOT NULL,
+    provider      TEXT NOT NULL,
+    job_id        TEXT,
+    status        TEXT NOT NULL,
+    items         TEXT NOT NULL,
+    attempt       INTEGER NOT NULL,
+    epoch         INTEGER NOT NULL,
+    call_id       TEXT NOT NULL,
+    created_at    REAL NOT NULL DEFAULT ((julianday('now') - 2440587.5) * 86400.0),
+    updated_at    REAL NOT NULL DEFAULT ((julianday('now') - 2440587.5) * 86400.0),
+    PRIMARY KEY (pipeline_id, node_name, token)
 );
 
 CREATE TABLE rx_queue_items (
@@ -202,3 +230,8 @@ CREATE INDEX rx_rate_reservations_window ON rx_rate_reservations (endpoint, mode
 CREATE INDEX rx_transitions_entity ON rx_transitions (entity_type, entity_id, id);
 
 CREATE INDEX rx_transitions_pipeline ON rx_transitions (pipeline_id, id) WHERE pipeline_id IS NOT NULL;
+
+CREATE TRIGGER rx_call_journal_pipeline_ended
+    AFTER UPDATE OF status ON rx_pipelines
+    FOR EACH ROW WHEN NEW.status IN ('completed', 'canceled') AND OLD.status IS NOT NEW.status
+    BEGIN DELETE FROM rx_call_journal WHERE pipeline_id = NEW.id; END;

@@ -77,7 +77,8 @@ def test_saved_and_wasted_across_a_takeover(store):
     figures = report.pipelines[own.pipeline_id]
     assert figures.as_dict() == {"calls": 5, "tokens_in": 500, "tokens_out": 50, "cost": 5.0,
                                  "saved_calls": 3, "saved_tokens": 330, "saved_cost": 3.0,
-                                 "wasted_calls": 1, "wasted_tokens": 110, "wasted_cost": 1.0}
+                                 "wasted_calls": 1, "wasted_tokens": 110, "wasted_cost": 1.0,
+                                 "replayed_calls": 0, "in_flight_unknown_calls": 0}
     assert report.nodes[own.pipeline_id]["a"] == figures
     assert report.total == figures
 

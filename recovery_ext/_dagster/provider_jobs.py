@@ -1,0 +1,152 @@
+"""Asynchronous provider jobs that survive crashes: submitted once, re-attached after a crash, never re-paid.
+
+:func:`run_provider_job` runs one node's items as a provider job (an LLM batch, an async OCR job) through
+a :class:`JobAdapter`:
+
+* the submission's idempotency token, its items and its ledger row are written (fenced) **before** the
+  job is submitted; the provider's job id is written as soon as it is known;
+* while the job runs the pipeline shows ``waiting`` (the reason names the job), the node's heartbeat goes
+  on, so it is no orphan; a lost ownership ends the wait at once;
+* after a crash the resume finds the job in the store and **re-attaches** by its id (with no id yet, by
+  the token at the provider: ``adapter.find``), and never submits again;
+* results are checkpointed per item, each with its ledger row (the tokens the provider reported);
+* an expired, cancelled or partly failed job is resubmitted for the items it left unfinished only; the
+  ledger shows the resubmission (a row ``resubmitted``) and each unfinished item's error.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from recovery_ext._classify.classifier import ClassifiedError, classify
+from recovery_ext._dagster.run_state import RunStateReporter
+from recovery_ext._providers.jobs import COMPLETED, RUNNING, JobAdapter, JobResult
+from recovery_ext._settings import check_count, check_seconds
+from recovery_ext._store.ledger import IN_FLIGHT
+from recovery_ext._store.models import ProviderCall
+from recovery_ext._store.statuses import JobStatus
+
+
+def run_provider_job(ctx: Any, adapter: JobAdapter, requests: Mapping[str, Any], *, poll_seconds: float = 30.0,
+                     max_attempts: int = 3, keep: Callable[[str, Any], None] | None = None,
+                     prices: Any = None) -> int:
+    """Run the unfinished ones of ``requests`` (item key -> the request) as provider jobs until each item is
+    checkpointed or ``max_attempts`` submissions of it failed. ``keep(key, answer)`` checkpoints an item
+    (``ctx.checkpoint(key, result, also=...)``; default: the answer is its result). ``prices``
+    (:class:`Prices`) turns each item's tokens into cost. Returns how many items this call checkpointed."""
+    check_seconds("run_provider_job(poll_seconds=...)", poll_seconds, minimum=0.01)
+    check_count("run_provider_job(max_attempts=...)", max_attempts, minimum=1)
+    store, own, node = ctx._store, ctx.ownership, ctx.node_name
+    unfinished = [item.key for item in ctx.items(list(requests))]
+    done = 0
+    while unfinished:
+        live = store.job_live(own, node, adapter.provider)
+        if live is None:
+            attempt = 1 + max((r.attempt for r in store.provider_jobs(own.pipeline_id, node)
+                               if r.provider == adapter.provider), default=0)
+            if attempt > max_attempts:
+                raise ClassifiedError(category="provider_job", retryable=False, endpoint=adapter.endpoint,
+                                      message=f"{len(unfinished)} item(s) still unfinished after {max_attempts} "
+                                              f"{adapter.provider} jobs")
+            token, items = uuid.uuid4().hex, unfinished
+            ctx.check_calls()
+            store.job_submitting(own, node, token=token, provider=adapter.provider, items=items, attempt=attempt,
+                                 call=_submission(ctx, adapter))
+            job_id = _submit(ctx, adapter, requests, items, token, attempt)
+        else:
+            token, items, attempt = live.token, [k for k in live.items if k in requests], live.attempt
+            job_id = live.job_id
+            if job_id is None:  # the crash came between the token and the id: ask the provider by the token
+                job_id = adapter.find(token)
+                if job_id is None:
+                    job_id = _submit(ctx, adapter, requests, items, token, attempt)
+                else:
+                    store.job_submitted(own, node, token, job_id, outcome=_outcome(attempt))
+            ctx.log.info(f"{node}: re-attached to {adapter.provider} job {job_id} (submitted before the crash)")
+            ctx.metadata["provider_job_reattached"] = job_id
+        state = _wait(ctx, adapter, job_id, poll_seconds)
+        done += _collect(ctx, adapter, adapter.results(job_id), [k for k in items if k in unfinished], keep, prices)
+        store.job_finished(own, node, token, JobStatus.COLLECTED if state == COMPLETED else state)
+        finished = ctx.completed_items()
+        unfinished = [k for k in unfinished if k not in finished]
+        if unfinished:
+            ctx.log.warning(f"{node}: {adapter.provider} job {job_id} ended {state} with {len(unfinished)} item(s) "
+                            f"unfinished: resubmitting those only")
+    ctx.flush_ledger()
+    return done
+
+
+def _outcome(attempt: int) -> str:
+    return "submitted" if attempt == 1 else "resubmitted"
+
+
+def _submission(ctx: Any, adapter: JobAdapter) -> ProviderCall:
+    own = ctx.ownership
+    return ProviderCall(endpoint=adapter.endpoint, outcome=IN_FLIGHT, pipeline_id=own.pipeline_id,
+                        node_name=ctx.node_name, run_id=own.owner, epoch=own.epoch, operation="batch")
+
+
+def _submit(ctx: Any, adapter: JobAdapter, requests: Mapping[str, Any], items: list[str], token: str,
+            attempt: int) -> str:
+    job_id = adapter.submit({k: requests[k] for k in items}, token)
+    ctx._store.job_submitted(ctx.ownership, ctx.node_name, token, job_id, outcome=_outcome(attempt))
+    ctx.log.info(f"{ctx.node_name}: submitted {adapter.provider} job {job_id} ({len(items)} items, "
+                 f"attempt {attempt})")
+    return job_id
+
+
+def _wait(ctx: Any, adapter: JobAdapter, job_id: str, poll_seconds: float) -> str:
+    """Poll until the job is no longer running, the pipeline shown as waiting meanwhile; the heartbeat goes
+    on, and a lost ownership (or a stop) ends the wait at once."""
+    store, own, node = ctx._store, ctx.ownership, ctx.node_name
+    reporter = RunStateReporter(ctx.context, node)
+    reason = f"waiting for {adapter.provider} job {job_id}"
+    superseded = ctx.watchdog.superseded if ctx.watchdog is not None else None
+    shown = False
+    try:
+        while True:
+            try:
+                state = adapter.status(job_id)
+            except Exception as exc:
+                if not classify(exc).retryable:
+                    raise
+                state = RUNNING
+            if state != RUNNING:
+                return state
+            until = store.set_waiting(own, poll_seconds * 2, reason, node=node)
+            if not shown:
+                reporter.waiting(poll_seconds, reason, until=until)
+                shown = True
+            if superseded is not None:
+                superseded.wait(poll_seconds)
+            else:
+                time.sleep(poll_seconds)
+            ctx.check_calls()
+    finally:
+        if shown:
+            store.clear_waiting(own, node=node)
+            reporter.going_on(f"{adapter.provider} job {job_id} finished")
+
+
+def _collect(ctx: Any, adapter: JobAdapter, results: Mapping[str, JobResult], keys: list[str],
+             keep: Callable[[str, Any], None] | None, prices: Any) -> int:
+    """Checkpoint each finished item with its ledger row; an item with an error gets its row only."""
+    done = 0
+    for key in keys:
+        found = results.get(key)
+        if found is None:
+            continue
+        cost = prices.cost(found.model, found.tokens_in, found.tokens_out) if prices is not None else None
+        ctx.record_call(ProviderCall(endpoint=adapter.endpoint, model=found.model, tokens_in=found.tokens_in,
+                                     tokens_out=found.tokens_out, outcome=found.error or "ok",
+                                     cost=cost if found.error is None else None, operation="batch"), item=key)
+        if found.error is None:
+            if keep is not None:
+                keep(key, found.answer)
+            else:
+                ctx.checkpoint(key, found.answer)
+            done += 1
+    return done

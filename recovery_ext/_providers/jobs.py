@@ -1,0 +1,40 @@
+"""What a provider's asynchronous job API looks like to :func:`run_provider_job` (an LLM batch, an async OCR
+job): submit under an idempotency token, find by that token, poll, and read the results per item."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from recovery_ext._store.statuses import JobStatus
+
+RUNNING, COMPLETED, EXPIRED, CANCELLED, FAILED = (JobStatus.RUNNING, JobStatus.COMPLETED, JobStatus.EXPIRED,
+                                                  JobStatus.CANCELLED, JobStatus.FAILED)
+
+
+@dataclass(frozen=True)
+class JobResult:
+    """One item's result in a finished job: its answer, or the error category that left it unfinished."""
+
+    answer: Any = None
+    error: str | None = None
+    tokens_in: int = 0
+    tokens_out: int = 0
+    model: str | None = None
+
+
+class JobAdapter(Protocol):
+    """A provider's asynchronous job API. ``status`` says one of running, completed, expired, cancelled, failed;
+    ``results`` holds what the job finished (also for an expired or cancelled one), by item key."""
+
+    provider: str   # a short name, the key of its jobs in the store (e.g. "openai-batch")
+    endpoint: str   # where it is sent (redacted in the ledger)
+
+    def submit(self, requests: Mapping[str, Any], token: str) -> str: ...
+
+    def find(self, token: str) -> str | None: ...
+
+    def status(self, job_id: str) -> str: ...
+
+    def results(self, job_id: str) -> Mapping[str, JobResult]: ...

@@ -1,0 +1,268 @@
+"""The call journal as a client sees it: an answer paid for once is never paid for again.
+
+A journaled call is keyed by the node and item it is made for and a **call key**: a fingerprint of the
+request (a stable hash of its JSON) or an explicit idempotency key, and its occurrence within the item
+(the second identical request of an item is its own call). Before the request leaves, its ledger row
+is written as in flight, fenced by the owner's epoch; once the answer arrives it is kept in the journal
+and the row completed, fenced too, before the caller's code sees it. A resume that makes the same call
+for an unfinished item gets the journaled answer without calling the provider, and the ledger counts
+that call as saved. ``fresh=True`` asks the provider again (and keeps the new answer).
+
+:func:`journaled_call` is the public way for any client; :class:`ProviderGuard` journals through the
+same :class:`CallJournal` (see ``provider_guard``). Outside a recoverable node nothing is journaled.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import hashlib
+import importlib
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any, Protocol
+
+from recovery_ext._classify.classifier import classify
+from recovery_ext._classify.redaction import redact
+from recovery_ext._errors import ConfigurationError, OwnershipLost
+from recovery_ext._providers.ledger import current_scope
+from recovery_ext._store.journal import IN_FLIGHT
+from recovery_ext._store.models import Ownership, ProviderCall
+
+log = logging.getLogger("recovery_ext._providers.journal")
+
+MISS = object()  # no journaled answer: the request goes out
+
+
+class JournalScope(Protocol):
+    """What the journal needs of a node (``NodeContext``)."""
+
+    node_name: str
+    ownership: Ownership
+    _store: Any
+
+    @property
+    def current_item(self) -> str | None: ...
+
+    def keep_call(self, call: ProviderCall) -> None: ...
+
+    def check_calls(self) -> None: ...
+
+
+def fingerprint(*parts: Any) -> str | None:
+    """A stable hash of ``parts`` as canonical JSON; None when a part is not a JSON value (no stable key)."""
+    try:
+        text = json.dumps(parts, sort_keys=True, separators=(",", ":"), allow_nan=False)
+    except (TypeError, ValueError):
+        return None
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def function_fingerprint(endpoint: str, model: str | None, fn: Callable[..., Any], args: tuple,
+                         kwargs: dict) -> str | None:
+    """The request a guarded ``fn(*args, **kwargs)`` makes, as far as it shows: the function, its arguments and
+    the values its closure holds. None (not journaled) when any of them is not a JSON value."""
+    code = getattr(getattr(fn, "__func__", fn), "__code__", None)
+    cells = getattr(getattr(fn, "__func__", fn), "__closure__", None) or ()
+    try:
+        captured = [cell.cell_contents for cell in cells]
+    except ValueError:  # an empty cell
+        return None
+    name = f"{getattr(fn, '__module__', '')}.{getattr(fn, '__qualname__', type(fn).__qualname__)}"
+    where = None if code is None else f"{code.co_filename}:{code.co_firstlineno}"
+    return fingerprint("fn", endpoint, model, name, where, list(args), kwargs, captured)
+
+
+def encode_answer(value: Any) -> str | None:
+    """The answer as the journal keeps it: a JSON value, or a pydantic model (an SDK's response) with its
+    class. None: it cannot be kept (the call still goes into the ledger, it is just not replayable)."""
+    try:
+        return json.dumps({"json": value}, separators=(",", ":"), allow_nan=False)
+    except (TypeError, ValueError):
+        pass
+    dump = getattr(value, "model_dump", None)
+    if callable(dump):
+        cls = type(value)
+        try:
+            return json.dumps({"model": f"{cls.__module__}:{cls.__qualname__}", "json": dump(mode="json")},
+                              separators=(",", ":"), allow_nan=False)
+        except (TypeError, ValueError):
+            return None
+    return None
+
+
+def decode_answer(text: str) -> Any:
+    data = json.loads(text)
+    named = data.get("model")
+    if named is None:
+        return data["json"]
+    module, _, qualname = named.partition(":")
+    cls: Any = importlib.import_module(module)
+    for part in qualname.split("."):
+        cls = getattr(cls, part)
+    validate = getattr(cls, "model_validate", None)
+    if not isinstance(cls, type) or validate is None:
+        raise ConfigurationError(f"a journaled answer names {named}, which is not a pydantic model")
+    return validate(data["json"])
+
+
+@dataclass
+class Attempt:
+    """One request under way: its ledger row (written in flight) and what its client recorded of it."""
+
+    scope: JournalScope
+    call_id: str
+    item_key: str | None
+    started: float
+    call: ProviderCall | None = None
+
+    def bind(self, call: ProviderCall) -> ProviderCall:
+        """The client's record of this request, as the ledger row it completes."""
+        own = self.scope.ownership
+        bound = replace(call, id=self.call_id, pipeline_id=own.pipeline_id, node_name=self.scope.node_name,
+                        item_key=self.item_key, run_id=own.owner, epoch=own.epoch)
+        self.call = bound
+        return bound
+
+
+# The attempt under way in this thread: ``record_provider_call`` completes its ledger row instead of adding one.
+current_attempt: contextvars.ContextVar[Attempt | None] = contextvars.ContextVar("rx_attempt", default=None)
+
+
+class PendingCall:
+    """One journaled call across its attempts: the first looks the answer up, each writes its own ledger row."""
+
+    def __init__(self, journal: CallJournal, call_key: str | None, item_key: str | None, fresh: bool) -> None:
+        self.journal, self.call_key, self.item_key, self.fresh = journal, call_key, item_key, fresh
+        self._looked = fresh or call_key is None
+        self._attempt: Attempt | None = None
+        self._token: contextvars.Token | None = None
+        self.endpoint, self.model = "", None
+
+    def start(self, endpoint: str, model: str | None) -> Any:
+        """Before a request: the journaled answer (first attempt only), or MISS once the request's ledger row is
+        written in flight. Fenced: a superseded worker raises here and sends nothing."""
+        scope = self.journal.scope
+        own = scope.ownership
+        self.endpoint, self.model = endpoint, model
+        call = ProviderCall(endpoint=endpoint, model=model, outcome=IN_FLIGHT, pipeline_id=own.pipeline_id,
+                            node_name=scope.node_name, item_key=self.item_key, run_id=own.owner, epoch=own.epoch)
+        lookup = not self._looked
+        self._looked = True
+        hit = scope._store.journal_begin(own, call, call_key=self.call_key if lookup else None)
+        if hit is not None:
+            try:
+                answer = decode_answer(hit.answer)
+            except Exception as exc:  # noqa: BLE001 - an answer that no longer decodes is asked again
+                log.warning("journaled answer not usable, asking again: %s", redact(exc))
+                scope._store.journal_begin(own, call, call_key=None)
+            else:
+                scope.keep_call(hit.call)  # its checkpoint marks the paid call as kept: saved by resume
+                return answer
+        self._attempt = Attempt(scope, call.id, self.item_key, time.monotonic())
+        self._token = current_attempt.set(self._attempt)
+        return MISS
+
+    def _end(self, outcome: str) -> ProviderCall:
+        attempt = self._attempt
+        assert attempt is not None, "start() first"
+        if self._token is not None:
+            current_attempt.reset(self._token)
+            self._token = None
+        self._attempt = None
+        if attempt.call is not None:
+            return attempt.call
+        call = attempt.bind(ProviderCall(endpoint=self.endpoint, model=self.model, outcome=outcome,
+                                         latency_seconds=time.monotonic() - attempt.started))
+        if outcome == "ok":
+            self.journal.scope.keep_call(call)
+        return call
+
+    def answered(self, result: Any) -> None:
+        """The answer arrived: journaled and its ledger row completed (fenced) before the caller sees it. A
+        superseded worker's answer completes the ledger row only, and OwnershipLost is raised."""
+        call = self._end("ok")
+        store, own = self.journal.scope._store, self.journal.scope.ownership
+        try:
+            store.journal_answer(own, call, call_key=self.call_key,
+                                 answer=None if self.call_key is None else encode_answer(result))
+        except OwnershipLost:
+            store.complete_calls([call])
+            raise
+
+    def failed(self, exc: BaseException) -> None:
+        """The request failed (or its answer was refused): the ledger row says how. Interrupted (a signal, an
+        exit) the row stays in flight: whether the provider answered is unknown. Never raises."""
+        if not isinstance(exc, Exception):
+            if self._token is not None:
+                current_attempt.reset(self._token)
+                self._token = None
+            self._attempt = None
+            return
+        call = self._end(classify(exc).category)
+        try:
+            self.journal.scope._store.complete_calls([call])
+        except Exception as err:  # noqa: BLE001 - the caller's error is what matters; the row stays in flight
+            log.warning("could not complete a failed call in the ledger: %s", redact(err))
+
+
+class CallJournal:
+    """The journal of one node: numbers each call key's occurrences per item."""
+
+    def __init__(self, scope: JournalScope) -> None:
+        self.scope = scope
+        self._seen: dict[tuple[str | None, str], int] = {}
+        self._lock = threading.Lock()
+
+    def open(self, *, endpoint: str, request: Any = None, key: str | None = None, fresh: bool = False,
+             item: Any = None, fingerprinted: str | None = None) -> PendingCall:
+        """A call about to be made: keyed by ``key``, else by ``request``'s fingerprint (or ``fingerprinted``);
+        neither: journaled in the ledger only (the answer is not kept)."""
+        item_key = str(getattr(item, "key", item)) if item is not None else self.scope.current_item
+        if key is not None:
+            if not isinstance(key, str) or not 0 < len(key) <= 200:
+                raise ConfigurationError(f"an idempotency key must be a string of 1 to 200 characters, got {key!r}")
+            base: str | None = "key:" + key
+        elif request is not None:
+            base = fingerprint("request", endpoint, request)
+            if base is None:
+                raise ConfigurationError("request= must be a JSON value (it is hashed to key the journal)")
+        else:
+            base = fingerprinted
+        call_key = None
+        if base is not None:
+            with self._lock:
+                n = self._seen[(item_key, base)] = self._seen.get((item_key, base), 0) + 1
+            call_key = f"{base}#{n}"
+        return PendingCall(self, call_key, item_key, fresh)
+
+
+def journaled_call(send: Callable[[], Any], *, endpoint: str, model: str | None = None, request: Any = None,
+                   key: str | None = None, fresh: bool = False, item: Any = None) -> Any:
+    """``send()`` once, its answer journaled: a resume that makes the same call for an unfinished item gets the
+    answer back without calling the provider.
+
+    ``request`` (any JSON value: the body you send) or ``key`` (your own idempotency key) says which call
+    it is; ``fresh=True`` asks again. ``send`` returns the answer the caller uses, a JSON value or a
+    pydantic model, and may record its usage with ``record_provider_call`` (it completes this call's
+    ledger row). Outside a recoverable node this is just ``send()``.
+    """
+    scope = current_scope.get()
+    journal = getattr(scope, "journal", None)
+    if journal is None:
+        return send()
+    scope.check_calls()
+    pending = journal.open(endpoint=endpoint, request=request, key=key, fresh=fresh, item=item)
+    found = pending.start(endpoint, model)
+    if found is not MISS:
+        return found
+    try:
+        answer = send()
+    except BaseException as exc:
+        pending.failed(exc)
+        raise
+    pending.answered(answer)
+    return answer

@@ -1,0 +1,101 @@
+"""Asynchronous provider jobs in the store: each submission is written, with its idempotency token and its
+ledger row, before the job is submitted; the provider's job id as soon as it is known; and what became
+of it. Every write is fenced by the owner's epoch, so a superseded worker neither submits nor records.
+
+The submission's ledger row (operation ``batch``: ``provider_jobs`` in the endpoint) is written in flight
+with the token, completed as ``submitted`` (or ``resubmitted`` for a later attempt over the items an
+earlier job left unfinished) once the id is known, and marked as reaching a checkpoint when the job's
+results are collected: the ledger shows every submission, and each resubmission as one.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from sqlalchemy import insert, select, update
+
+from recovery_ext._store.database import retried
+from recovery_ext._store.ledger import IN_FLIGHT
+from recovery_ext._store.models import Ownership, ProviderCall
+from recovery_ext._store.pipelines import PipelineOps
+from recovery_ext._store.schema import provider_calls, provider_jobs
+from recovery_ext._store.statuses import JobStatus
+
+j = provider_jobs.c
+pc = provider_calls.c
+
+SUBMITTING, SUBMITTED, COLLECTED = JobStatus.SUBMITTING, JobStatus.SUBMITTED, JobStatus.COLLECTED
+LIVE = (SUBMITTING, SUBMITTED)
+
+
+@dataclass(frozen=True)
+class ProviderJobRow:
+    token: str
+    provider: str
+    job_id: str | None
+    status: str
+    items: tuple[str, ...]
+    attempt: int
+    call_id: str
+
+
+def _row(r) -> ProviderJobRow:
+    return ProviderJobRow(r.token, r.provider, r.job_id, r.status, tuple(json.loads(r.items)), r.attempt, r.call_id)
+
+
+class JobOps(PipelineOps):
+    @retried
+    def provider_jobs(self, pipeline_id: int, node_name: str | None = None) -> list[ProviderJobRow]:
+        """The jobs of a pipeline (of one node), oldest first."""
+        query = select(provider_jobs).where(j.pipeline_id == pipeline_id).order_by(j.created_at, j.attempt)
+        if node_name is not None:
+            query = query.where(j.node_name == node_name)
+        with self.read() as conn:
+            return [_row(r) for r in conn.execute(query)]
+
+    @retried
+    def job_live(self, own: Ownership, node_name: str, provider: str) -> ProviderJobRow | None:
+        """The node's job not finished yet (submitting, or submitted and not collected), if any: a resume
+        re-attaches to it."""
+        with self.write() as conn:
+            self._fence(conn, own)
+            found = conn.execute(select(provider_jobs).where(
+                j.pipeline_id == own.pipeline_id, j.node_name == node_name, j.provider == provider,
+                j.status.in_(LIVE)).order_by(j.attempt.desc())).first()
+        return None if found is None else _row(found)
+
+    @retried
+    def job_submitting(self, own: Ownership, node_name: str, *, token: str, provider: str, items: Sequence[str],
+                       attempt: int, call: ProviderCall) -> None:
+        """Before the submission: its token, its items and its ledger row (in flight), fenced."""
+        with self.write() as conn:
+            self._fence(conn, own)
+            self.write_calls(conn, [call], reached=False)
+            conn.execute(insert(provider_jobs).values(
+                pipeline_id=own.pipeline_id, node_name=node_name, token=token, provider=provider, job_id=None,
+                status=SUBMITTING, items=json.dumps(list(items)), attempt=attempt, epoch=own.epoch, call_id=call.id,
+                created_at=self.dialect.now(), updated_at=self.dialect.now()))
+
+    @retried
+    def job_submitted(self, own: Ownership, node_name: str, token: str, job_id: str, *, outcome: str) -> None:
+        """The provider's job id, as soon as it is known; the submission's ledger row says ``outcome``."""
+        with self.write() as conn:
+            self._fence(conn, own)
+            call_id = conn.execute(update(provider_jobs).where(
+                j.pipeline_id == own.pipeline_id, j.node_name == node_name, j.token == token)
+                .values(job_id=job_id, status=SUBMITTED, updated_at=self.dialect.now()).returning(j.call_id)).scalar()
+            conn.execute(update(provider_calls).where(pc.id == call_id, pc.outcome == IN_FLIGHT)
+                         .values(outcome=outcome))
+
+    @retried
+    def job_finished(self, own: Ownership, node_name: str, token: str, status: str) -> None:
+        """What became of the job (collected, expired, cancelled, failed); its results reached their items'
+        checkpoints, so the submission's ledger row did too."""
+        with self.write() as conn:
+            self._fence(conn, own)
+            call_id = conn.execute(update(provider_jobs).where(
+                j.pipeline_id == own.pipeline_id, j.node_name == node_name, j.token == token)
+                .values(status=status, updated_at=self.dialect.now()).returning(j.call_id)).scalar()
+            conn.execute(update(provider_calls).where(pc.id == call_id).values(reached_checkpoint=True))
