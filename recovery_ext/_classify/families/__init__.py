@@ -75,6 +75,7 @@ _REGISTRY: dict[str, tuple[str, ...]] = {}
 
 
 def register_family(module: str, *libraries: str) -> None:
+    """``module``: a family module of this package by its short name, or any module by its dotted path."""
     _REGISTRY[module] = libraries
     _cache.clear()
 
@@ -89,7 +90,7 @@ def active() -> Active:
         return _cache["active"]  # type: ignore[return-value]
     present = tuple(lib for libs in _REGISTRY.values() for lib in libs if lib in sys.modules)
     if _cache.get("present") != present or "active" not in _cache:
-        families = [importlib.import_module(f"{__name__}.{name}").family()
+        families = [importlib.import_module(name if "." in name else f"{__name__}.{name}").family()
                     for name, libs in _REGISTRY.items() if any(lib in sys.modules for lib in libs)]
         _cache["active"] = Active(*(tuple(getattr(f, point) for f in families if getattr(f, point) is not None)
                                     for point in ("facts", "structure", "wrapper", "inner")))

@@ -21,7 +21,8 @@ def family() -> Family:
 
     def structure(exc: BaseException) -> Classification | None:
         if closed and isinstance(exc, closed):
-            frame = getattr(exc, "rcvd", None)
+            # the peer's close frame, or ours when we closed (1009: a message over our max_size)
+            frame = getattr(exc, "rcvd", None) or getattr(exc, "sent", None)
             code = getattr(frame, "code", None)
             if code in _PERMANENT_CLOSE_CODES:
                 return permanent("protocol", f"websockets: closed with code {code}")
