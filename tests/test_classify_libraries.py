@@ -98,7 +98,7 @@ def test_a_new_family_is_one_module_and_one_registration(tmp_path, monkeypatch):
         assert (found.retryable, found.category) == (True, "rate_limit")
     finally:
         monkeypatch.undo()
-        families._cache.clear()
+        families.forget()
     assert classify(acme_sdk.Throttled("slow down")).retryable is False
 
 

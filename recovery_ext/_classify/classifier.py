@@ -57,7 +57,8 @@ def _chain(exc: BaseException) -> Iterator[BaseException]:
             if isinstance(inner, BaseException) and id(inner) not in seen and inner is not current.__cause__:
                 seen.add(id(inner))
                 yield inner
-        for unwrap in families.active().inner:  # a retry helper's last error, kept outside __cause__
+        # a retry helper's last error, kept outside __cause__
+        for unwrap in families.active().judges("inner", type(current)):
             inner = unwrap(current)
             if inner is not None and id(inner) not in seen:
                 seen.add(id(inner))
@@ -163,7 +164,8 @@ def _structural(exc: BaseException) -> Classification | None:
     if isinstance(exc, socket.gaierror) or name == "NameResolutionError":
         return Classification(True, "connection", None, "DNS resolution failed")
 
-    for judge in families.active().structure:  # a library's own types say more than the builtins they extend
+    # a library's own types say more than the builtins they extend
+    for judge in families.active().judges("structure", type(exc)):
         verdict = judge(exc)
         if verdict is not None:
             return verdict
@@ -278,7 +280,7 @@ def _from_message(exc: BaseException) -> Classification | None:
 
 def _from_wrapper(exc: BaseException) -> Classification | None:
     """Tier 3: a transport wrapper whose chain said nothing more specific."""
-    for judge in families.active().wrapper:
+    for judge in families.active().judges("wrapper", type(exc)):
         verdict = judge(exc)
         if verdict is not None:
             return verdict
@@ -312,7 +314,7 @@ def _facts(link: BaseException) -> Classification | None:
         return Classification(link.retryable, category, link.status_code, type(link).__name__)
     if isinstance(link, BaseExceptionGroup):
         return _group(link)
-    for judge in families.active().facts:
+    for judge in families.active().judges("facts", type(link)):
         verdict = judge(link)
         if verdict is not None:
             return verdict

@@ -34,12 +34,26 @@ class Family:
     inner: Callable[[BaseException], BaseException | None] | None = None
 
 
-@dataclass(frozen=True)
+_POINTS = ("facts", "structure", "wrapper", "inner")
+
+
 class Active:
-    facts: tuple[Judge, ...] = ()
-    structure: tuple[Judge, ...] = ()
-    wrapper: tuple[Judge, ...] = ()
-    inner: tuple[Callable[[BaseException], BaseException | None], ...] = ()
+    """The judges of the imported libraries' families, each kept with the top-level packages of its
+    libraries: an exception meets only the judges of the packages its class and bases come from."""
+
+    def __init__(self, entries: dict[str, tuple[tuple[frozenset[str], Callable], ...]]) -> None:
+        self.entries = entries
+        self._by_type: dict[str, dict[type, tuple[Callable, ...]]] = {point: {} for point in _POINTS}
+
+    def judges(self, point: str, kind: type) -> tuple[Callable, ...]:
+        cache = self._by_type[point]
+        found = cache.get(kind)
+        if found is None:
+            roots = {base.__module__.split(".", 1)[0] for base in kind.__mro__}
+            found = tuple(judge for packages, judge in self.entries[point] if packages & roots)
+            if len(cache) < 4096:  # bounded: classes made on the fly must not grow it forever
+                cache[kind] = found
+        return found
 
 
 def loaded_types(module: str, *names: str) -> tuple[type, ...]:
@@ -77,26 +91,37 @@ _REGISTRY: dict[str, tuple[str, ...]] = {}
 def register_family(module: str, *libraries: str) -> None:
     """``module``: a family module of this package by its short name, or any module by its dotted path."""
     _REGISTRY[module] = libraries
+    forget()
+
+
+def forget() -> None:
+    """Rebuild the active families on next use (after the registry changed)."""
+    global _current
     _cache.clear()
+    _current = (-1, None)
 
 
 _cache: dict[str, object] = {}
+_current: tuple[int, Active | None] = (-1, None)  # len(sys.modules) when last built, and what was built
 
 
 def active() -> Active:
     """The judges of every family whose library is imported; rebuilt only when that set changes."""
-    size = len(sys.modules)
-    if _cache.get("size") == size:
-        return _cache["active"]  # type: ignore[return-value]
+    global _current
+    size, current = len(sys.modules), _current
+    if current[0] == size:
+        return current[1]
     present = tuple(lib for libs in _REGISTRY.values() for lib in libs if lib in sys.modules)
     if _cache.get("present") != present or "active" not in _cache:
-        families = [importlib.import_module(name if "." in name else f"{__name__}.{name}").family()
+        families = [(frozenset(lib.split(".", 1)[0] for lib in libs),
+                     importlib.import_module(name if "." in name else f"{__name__}.{name}").family())
                     for name, libs in _REGISTRY.items() if any(lib in sys.modules for lib in libs)]
-        _cache["active"] = Active(*(tuple(getattr(f, point) for f in families if getattr(f, point) is not None)
-                                    for point in ("facts", "structure", "wrapper", "inner")))
+        _cache["active"] = Active({point: tuple((roots, getattr(f, point)) for roots, f in families
+                                                if getattr(f, point) is not None) for point in _POINTS})
         _cache["present"] = present
-    _cache["size"] = size
-    return _cache["active"]  # type: ignore[return-value]
+    built = _cache["active"]
+    _current = (size, built)
+    return built  # type: ignore[return-value]
 
 
 # The provider SDKs first: their error codes are more specific than the HTTP libraries they ride on.
