@@ -1,7 +1,7 @@
 """A second labelled corpus: the libraries a pipeline calls besides the OpenAI SDK and PostgreSQL.
 
-Every case drives a real library (botocore, grpcio, google-api-core, the Anthropic and OpenAI SDKs,
-aiohttp, urllib3, websockets here; redis-py, PyMySQL, asyncpg, smtplib, kombu in
+Every case drives a real library (botocore, grpcio, google-api-core, the Anthropic, OpenAI,
+google-genai and Mistral SDKs, aiohttp, urllib3, websockets here; redis-py, PyMySQL, asyncpg, smtplib, kombu, Celery in
 tests/classify_corpus_stores.py) against a server on 127.0.0.1 that the corpus starts (scripted HTTP,
 a real gRPC server, line-protocol and MySQL wire fakes, websockets' own server) or against the local
 MariaDB, PostgreSQL, Redis and RabbitMQ, and keeps the exception it raised. Each case says how it was
@@ -242,6 +242,39 @@ def llm_cases(http: ScriptedHTTP) -> list[LibCase]:
     return cases
 
 
+GEMINI_ERRORS = [(503, "UNAVAILABLE", TRANSIENT), (429, "RESOURCE_EXHAUSTED", TRANSIENT), (500, "INTERNAL", TRANSIENT),
+                 (504, "DEADLINE_EXCEEDED", TRANSIENT), (400, "INVALID_ARGUMENT", PERMANENT),
+                 (403, "PERMISSION_DENIED", PERMANENT), (404, "NOT_FOUND", PERMANENT), (400, "FAILED_PRECONDITION", PERMANENT)]
+
+
+def gemini_mistral_cases(http: ScriptedHTTP) -> list[LibCase]:
+    from google import genai
+    from google.genai import types
+    from mistralai.client import Mistral
+
+    gemini = genai.Client(api_key="corpus-key", http_options=types.HttpOptions(base_url=http.url, timeout=5000))
+    cases: list[LibCase] = []
+    for status, name, label in GEMINI_ERRORS:
+        http.script(status, json.dumps({"error": {"code": status, "message": f"corpus {name}", "status": name}}),
+                    {"Content-Type": "application/json"})
+        cases.append(case(f"gemini-{status}-{name}", label,
+                          lambda: gemini.models.generate_content(model="gemini-x", contents="hi"),
+                          f"google-genai models.generate_content; the server answered {status} with status {name}"))
+    mistral = Mistral(api_key="corpus-key", server_url=http.url)
+    for status, label in ((503, TRANSIENT), (429, TRANSIENT), (500, TRANSIENT), (400, PERMANENT), (401, PERMANENT),
+                          (422, PERMANENT)):
+        http.script(status, json.dumps({"message": f"corpus {status}", "object": "error", "type": "corpus"}),
+                    {"Content-Type": "application/json"})
+        cases.append(case(f"mistral-{status}", label,
+                          lambda: mistral.chat.complete(model="m", messages=[{"role": "user", "content": "hi"}]),
+                          f"mistralai chat.complete; the server answered {status}"))
+    refused = Mistral(api_key="corpus-key", server_url=f"http://127.0.0.1:{_free_port()}")
+    cases.append(case("mistral-refused", TRANSIENT,
+                      lambda: refused.chat.complete(model="m", messages=[{"role": "user", "content": "hi"}]),
+                      "mistralai chat.complete against a closed port"))
+    return cases
+
+
 # -- aiohttp, urllib3, websockets ---------------------------------------------------------------
 
 def aiohttp_cases(http: ScriptedHTTP) -> list[LibCase]:
@@ -378,7 +411,8 @@ def build_http_corpus() -> list[LibCase]:
     http = ScriptedHTTP()
     try:
         with grpc_server() as grpc_port:
-            return (botocore_cases(http) + grpc_cases(grpc_port, http) + llm_cases(http) + aiohttp_cases(http)
+            return (botocore_cases(http) + grpc_cases(grpc_port, http) + llm_cases(http)
+                    + gemini_mistral_cases(http) + aiohttp_cases(http)
                     + urllib3_cases(http) + websockets_cases(http))
     finally:
         http.close()

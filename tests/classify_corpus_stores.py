@@ -499,6 +499,33 @@ def kombu_cases() -> list[LibCase]:
     ]
 
 
+# -- Celery ------------------------------------------------------------------------------------------
+
+def celery_cases() -> list[LibCase]:
+    from celery import Celery
+
+    waiting = Celery("rx_corpus_wait", broker="redis://127.0.0.1:6379/15", backend="redis://127.0.0.1:6379/15")
+    app = Celery("rx_corpus", broker="memory://", backend="cache+memory://")
+    app.conf.update(task_always_eager=True, task_eager_propagates=True)
+
+    @app.task(bind=True, max_retries=0)
+    def flaky(self) -> None:
+        self.retry(countdown=0)
+
+    try:
+        return [
+            case("celery-result-timeout", TRANSIENT, lambda: waiting.AsyncResult(uuid.uuid4().hex).get(timeout=0.3),
+                 "Celery AsyncResult.get(timeout=0.3) on the local Redis result backend, no worker: TimeoutError"),
+            case("celery-max-retries", PERMANENT, lambda: flaky.apply(throw=True).get(),
+                 "a bound Celery task with max_retries=0 calls self.retry(), run eagerly: MaxRetriesExceededError"),
+            case("celery-not-registered", PERMANENT, lambda: app.tasks["rx.no_such_task"],
+                 "looking up a task name the Celery app does not know: NotRegistered"),
+        ]
+    finally:
+        app.close()
+        waiting.close()
+
+
 # -- exception groups and Dagster ---------------------------------------------------------------
 
 def group_cases() -> list[LibCase]:
@@ -553,7 +580,8 @@ def _raise(exc: BaseException) -> None:
 
 def build_store_corpus(pg_url: str) -> list[LibCase]:
     started = time.monotonic()
-    cases = (redis_cases() + mysql_cases() + asyncpg_cases(pg_url) + smtp_cases() + kombu_cases() + group_cases()
+    cases = (redis_cases() + mysql_cases() + asyncpg_cases(pg_url) + smtp_cases() + kombu_cases() + celery_cases()
+             + group_cases()
              + dagster_cases())
     assert time.monotonic() - started < 240, "the store corpus took too long to build"
     return cases
