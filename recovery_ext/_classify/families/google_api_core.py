@@ -5,8 +5,8 @@ A ``RetryError`` walks on to the last error it retried (``cause``)."""
 from __future__ import annotations
 
 from recovery_ext._classify.families import Family, loaded_types
-from recovery_ext._classify.families.grpc import GRPC_CODES, grpc_code_name
-from recovery_ext._classify.verdict import Classification, http_classification, transient
+from recovery_ext._classify.families.grpc import canonical_or_http
+from recovery_ext._classify.verdict import Classification, transient
 
 
 def family() -> Family:
@@ -17,13 +17,7 @@ def family() -> Family:
     def facts(exc: BaseException) -> Classification | None:
         if not call_errors or not isinstance(exc, call_errors):
             return None
-        name = grpc_code_name(getattr(exc, "grpc_status_code", None))
-        if name:
-            return GRPC_CODES[name]
-        code = getattr(exc, "code", None)
-        if isinstance(code, int) and not isinstance(code, bool) and 300 <= code <= 599:
-            return http_classification(code, f"Google API {type(exc).__name__} (HTTP {code})")
-        return None
+        return canonical_or_http(exc, "grpc_status_code", "Google API")
 
     def inner(exc: BaseException) -> BaseException | None:
         cause = getattr(exc, "cause", None) if retry_errors and isinstance(exc, retry_errors) else None

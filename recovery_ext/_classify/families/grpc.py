@@ -8,7 +8,7 @@ something about the request itself.
 from __future__ import annotations
 
 from recovery_ext._classify.families import Family, loaded_types
-from recovery_ext._classify.verdict import Classification, permanent, transient
+from recovery_ext._classify.verdict import Classification, http_classification, permanent, transient
 
 GRPC_CODES: dict[str, Classification] = {
     "UNAVAILABLE": transient("connection", "gRPC UNAVAILABLE"),
@@ -34,6 +34,17 @@ def grpc_code_name(code: object) -> str | None:
     """``StatusCode.UNAVAILABLE`` (or its name) as ``"UNAVAILABLE"``."""
     name = getattr(code, "name", code)
     return name if isinstance(name, str) and name in GRPC_CODES else None
+
+
+def canonical_or_http(exc: BaseException, status_attr: str, what: str) -> Classification | None:
+    """Google's errors: a canonical gRPC status in ``status_attr`` decides, else an HTTP ``code``."""
+    name = grpc_code_name(getattr(exc, status_attr, None))
+    if name:
+        return GRPC_CODES[name]
+    code = getattr(exc, "code", None)
+    if isinstance(code, int) and not isinstance(code, bool) and 300 <= code <= 599:
+        return http_classification(code, f"{what} {type(exc).__name__} (HTTP {code})")
+    return None
 
 
 def family() -> Family:
