@@ -235,6 +235,11 @@ def llm_cases(http: ScriptedHTTP) -> list[LibCase]:
                     {"Content-Type": "text/event-stream"})
         cases.append(case(f"openai-stream-200-{kind}", label, chat_stream,
                           f"openai chat.completions stream; HTTP 200, then a data event with error type {kind}"))
+    http.script(200, "data: " + json.dumps({"error": {"message": "The server had an error processing your request. "
+                                                                  "Sorry about that!"}}) + "\n\n",
+                {"Content-Type": "text/event-stream"})
+    cases.append(case("openai-stream-200-untyped-server-error", TRANSIENT, chat_stream,
+                      "openai chat.completions stream; HTTP 200, then an error event with only a message"))
     http.script(429, json.dumps({"error": {"message": "You exceeded your current quota", "type": "insufficient_quota",
                                            "code": "insufficient_quota"}}), {"Content-Type": "application/json"})
     cases.append(case("openai-429-insufficient-quota", PERMANENT, chat_stream,

@@ -235,4 +235,5 @@ MYSQL_ERRORS = {
     1045: ("28000", "Access denied for user 'app'@'127.0.0.1' (using password: YES)"),
     1044: ("42000", "Access denied for user 'app'@'%' to database 'ledger'"),
     1142: ("42000", "INSERT command denied to user 'app'@'127.0.0.1' for table 'calls'"),
+    1637: ("HY000", "Too many active concurrent transactions"),
 }

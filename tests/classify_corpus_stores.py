@@ -29,6 +29,8 @@ REDIS_REPLIES = [
     ("READONLY You can't write against a read only replica.", TRANSIENT),
     ("OOM command not allowed when used memory > 'maxmemory'.", TRANSIENT),
     ("ERR max number of clients reached", TRANSIENT),
+    ("MISCONF Redis is configured to save RDB snapshots, but it's currently unable to persist to disk.", TRANSIENT),
+    ("NOREPLICAS Not enough good replicas to write.", TRANSIENT),
     ("NOAUTH Authentication required.", PERMANENT), ("WRONGPASS invalid username-password pair", PERMANENT),
     ("NOPERM this user has no permissions to run the 'get' command", PERMANENT),
     ("WRONGTYPE Operation against a key holding the wrong kind of value", PERMANENT),
@@ -134,7 +136,7 @@ def _real_redis_cases(redis) -> list[LibCase]:
 FAKE_MYSQL = [(1040, TRANSIENT, "greeting"), (1203, TRANSIENT, "login"), (1045, PERMANENT, "login"),
               (1044, PERMANENT, "login"), (1053, TRANSIENT, "query"), (1290, TRANSIENT, "query"),
               (3024, TRANSIENT, "query"), (4031, TRANSIENT, "query"), (1927, TRANSIENT, "query"),
-              (1142, PERMANENT, "query")]
+              (1142, PERMANENT, "query"), (1637, TRANSIENT, "query")]
 
 
 def mysql_cases() -> list[LibCase]:

@@ -232,7 +232,7 @@ _TRANSIENT_PATTERNS: tuple[tuple[re.Pattern[str], Classification], ...] = tuple(
         (r"rate[ -]?limit(?:ed|s|ing)?(?: (?:reached|exceeded))?|too many requests|quota exceeded",
          Classification(True, "rate_limit", None, "rate limited")),
         (r"service (?:is )?(?:temporarily )?(?:busy|unavailable)|server (?:is )?(?:busy|overloaded)"
-         r"|overloaded(?:_error)?|model is overloaded",
+         r"|overloaded(?:_error)?|model is overloaded|the server had an error",
          Classification(True, "server_error", None, "service busy or unavailable")),
         (r"cuda (?:error|out of memory)|gpu (?:error|out of memory)|cudnn(?: error|_status_\w+)|cublas_status_\w+",
          Classification(True, "gpu", None, "GPU error")),

@@ -52,8 +52,9 @@ def family() -> Family:
         meta = response.get("ResponseMetadata") if isinstance(response.get("ResponseMetadata"), dict) else {}
         status = meta.get("HTTPStatusCode")
         status = status if isinstance(status, int) and not isinstance(status, bool) else None
-        if code.lower() in retryable_codes:
-            category = "rate_limit" if code.lower() in _THROTTLING or "throttl" in code.lower() else "server_error"
+        lowered = code.lower()
+        if lowered in retryable_codes or "throttl" in lowered:  # KMSThrottlingException, EC2ThrottledException ...
+            category = "rate_limit" if lowered in _THROTTLING or "throttl" in lowered else "server_error"
             return Classification(True, category, status, f"AWS {code}")
         if status is not None and status >= 300:
             return http_classification(status, f"AWS {code or 'error'} (HTTP {status})")

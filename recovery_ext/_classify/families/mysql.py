@@ -23,7 +23,9 @@ _TRANSIENT = {
     1290: ("database_transient", "server is read-only (failover)"), 1836: ("database_transient", "server is read-only"),
     1615: ("database_transient", "prepared statement needs re-preparing"), 1037: ("resource_exhausted", "out of memory"),
     1038: ("resource_exhausted", "out of sort memory"), 1041: ("resource_exhausted", "out of memory"),
-    1021: ("resource_exhausted", "disk full"), 2002: ("connection", "cannot connect"),
+    1021: ("resource_exhausted", "disk full"), 1135: ("resource_exhausted", "cannot create a thread"),
+    1461: ("resource_exhausted", "too many prepared statements"),
+    1637: ("resource_exhausted", "too many active concurrent transactions"), 2002: ("connection", "cannot connect"),
     2003: ("connection", "cannot connect"), 2005: ("connection", "unknown host"), 2006: ("connection", "server gone away"),
     2013: ("connection", "lost connection"), 2055: ("connection", "lost connection"),
 }

@@ -6,7 +6,10 @@ from __future__ import annotations
 from recovery_ext._classify.families import Family, by_type, loaded_types
 from recovery_ext._classify.verdict import Classification, permanent, transient
 
-_TRANSIENT_REPLY_CODES = ("BUSY ", "LOADING ", "TRYAGAIN", "CLUSTERDOWN", "MASTERDOWN", "READONLY ", "OOM ")
+# MISCONF: the server cannot persist to disk (refuses writes until it can); NOREPLICAS: too few replicas
+# acknowledged; UNBLOCKED: a blocking command was released by a failover
+_TRANSIENT_REPLY_CODES = ("BUSY ", "LOADING ", "TRYAGAIN", "CLUSTERDOWN", "MASTERDOWN", "READONLY ", "OOM ",
+                          "MISCONF ", "NOREPLICAS ", "UNBLOCKED ")
 
 
 def family() -> Family:
