@@ -1,5 +1,5 @@
-"""The classifier against the library corpus (tests/classify_corpus_libraries.py and
-tests/classify_corpus_stores.py): real exceptions from botocore, gRPC, google-api-core, the LLM SDKs,
+"""The classifier against the library corpus (tests/support/classify_corpus_libraries.py and
+tests/support/classify_corpus_stores.py): real exceptions from botocore, gRPC, google-api-core, the LLM SDKs,
 aiohttp, urllib3, websockets, redis-py, PyMySQL/MariaDB, asyncpg, smtplib and kombu/RabbitMQ."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from collections import Counter
 import pytest
 from classify_corpus_libraries import build_http_corpus
 from classify_corpus_stores import build_store_corpus
-from conftest import create_pg_database, drop_pg_database
+from databases import pg_database
 
 from recovery_ext import classify
 from recovery_ext._classify import families
@@ -20,11 +20,8 @@ from recovery_ext._classify import families
 
 @pytest.fixture(scope="module")
 def corpus(pg_admin):
-    url = create_pg_database(pg_admin)
-    try:
+    with pg_database(pg_admin) as url:
         yield build_http_corpus() + build_store_corpus(url)
-    finally:
-        drop_pg_database(pg_admin, url)
 
 
 def test_corpus_is_large_balanced_and_explained(corpus):

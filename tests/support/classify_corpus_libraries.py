@@ -2,7 +2,7 @@
 
 Every case drives a real library (botocore, grpcio, google-api-core, the Anthropic, OpenAI,
 google-genai and Mistral SDKs, aiohttp, urllib3, websockets here; redis-py, PyMySQL, asyncpg, smtplib, kombu, Celery in
-tests/classify_corpus_stores.py) against a server on 127.0.0.1 that the corpus starts (scripted HTTP,
+tests/support/classify_corpus_stores.py) against a server on 127.0.0.1 that the corpus starts (scripted HTTP,
 a real gRPC server, line-protocol and MySQL wire fakes, websockets' own server) or against the local
 MariaDB, PostgreSQL, Redis and RabbitMQ, and keeps the exception it raised. Each case says how it was
 produced; the few a library cannot raise on its own (Dagster's RetryRequested as user code raises
