@@ -12,7 +12,6 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
-from importlib.metadata import entry_points
 
 from recovery_ext._classify.verdict import CATEGORIES, Classification
 from recovery_ext._errors import ConfigurationError
@@ -64,6 +63,8 @@ def _type_rule(kind: type[BaseException], verdict: Classification) -> Rule:
 
 
 def _load_entry_points() -> list[Rule]:
+    from importlib.metadata import entry_points  # on first classification, not on import: it costs milliseconds
+
     found: list[Rule] = []
     for point in entry_points(group=ENTRY_POINT_GROUP):
         try:
