@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from recovery_ext._classify.classifier import Classification, ClassifiedError, classify, is_retryable, with_context
 from recovery_ext._classify.redaction import redact, redact_secret, redact_url
+from recovery_ext._classify.rules import register_rule
 from recovery_ext._classify.retry import (EscalatedError, RetryPolicy, retry_if_retryable, retrying,
                                           stop_after_same_error, wait_jittered_exponential)
 from recovery_ext._errors import (ConfigurationError, IllegalTransition, ItemTakenOver, MigrationError,
@@ -174,6 +175,7 @@ __all__ = [
     "redact_secret",
     "redact_url",
     "register_executor_fence",
+    "register_rule",
     "retry_if_retryable",
     "retrying",
     "run_provider_job",

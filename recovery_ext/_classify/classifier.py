@@ -2,22 +2,26 @@
 
 How it decides, in this order:
 
-1. **An explicit flag wins**: a bool ``retryable`` attribute or an ``is_retryable()`` method on the
-   exception or anything in its ``__cause__``/``__context__`` chain; the outermost one counts.
-2. **An HTTP status decides** when an exception of the chain carries one (the outermost); the words
-   of its body do not.
-3. **Otherwise the chain is transient if any exception in it is transient.** Each exception is judged
+1. **Users' rules** (:func:`recovery_ext.register_rule`, the ``recovery_ext.classifier_rules`` entry
+   points) for each exception of the ``__cause__``/``__context__`` chain, outermost first.
+2. **An explicit flag wins** over everything built in: a bool ``retryable`` attribute or an
+   ``is_retryable()`` method on an exception of the chain; the outermost one counts.
+3. **Structured facts decide** when an exception of the chain carries one (the outermost): an
+   exception group (transient only when every member is), a provider's error code or type (botocore,
+   Anthropic, OpenAI, gRPC, google-api-core, MySQL errno, SMTP reply, Dagster), then an HTTP status
+   of 300 or more on the exception or its ``response``. The words of a message never overrule them.
+4. **Otherwise the chain is transient if any exception in it is transient.** Each exception is judged
    on its own, in three tiers, and a higher tier of the whole chain beats a lower one:
 
-   * *structure*: SQLSTATE codes, sqlite error types, ``ssl``/DNS/``errno``, timeout types, URL and
-     protocol errors of the HTTP libraries, logic errors (``ValueError``, ``KeyError`` ...);
+   * *structure*: SQLSTATE codes, sqlite error types, the library families' types, ``ssl``/DNS/``errno``,
+     timeout types, logic errors (``ValueError``, ``KeyError`` ...);
    * *message*: word-bounded phrases; words inside identifiers (``lock_timeout``,
      ``x-ratelimit-remaining``) are not messages, and a number is a status only where the text says so;
    * *wrapper*: generic transport wrappers (``httpx.TransportError``, ``requests.ConnectionError``,
-     ``openai.APIConnectionError``, a driver's ``OperationalError``) that mean "it did not get through"
-     only when nothing they wrap says why.
+     a driver's ``OperationalError``) that mean "it did not get through" only when nothing they wrap says why.
 
-   Libraries are looked up in ``sys.modules`` only: an exception cannot come from a library nobody imported.
+   What a library's errors mean lives in its family (``recovery_ext/_classify/families``), loaded only
+   once the library is in ``sys.modules``: an exception cannot come from a library nobody imported.
 """
 
 from __future__ import annotations
@@ -29,46 +33,17 @@ import re
 import socket
 import sqlite3
 import ssl
-import sys
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 
-from recovery_ext._errors import RecoveryError
+from recovery_ext._classify import families
 from recovery_ext._classify.redaction import redact
+from recovery_ext._classify.rules import user_verdict
+from recovery_ext._classify.verdict import CATEGORIES, RETRYABLE_HTTP, Classification, http_classification
+from recovery_ext._errors import RecoveryError
 
-CATEGORIES = (
-    "connection", "timeout", "rate_limit", "server_error", "gpu", "resource_exhausted", "database_transient",
-    "circuit_open", "client_error", "auth", "not_found", "validation", "tls", "protocol", "configuration",
-    "unknown",
-)
-
-RETRYABLE_HTTP = frozenset({408, 429, 500, 502, 503, 504, 529})
-
-
-@dataclass(frozen=True)
-class Classification:
-    retryable: bool
-    category: str
-    status_code: int | None = None
-    reason: str = ""
-
-
-def http_classification(status: int, reason: str | None = None) -> Classification:
-    why = reason or f"HTTP {status}"
-    if status in RETRYABLE_HTTP:
-        category = {408: "timeout", 429: "rate_limit"}.get(status, "server_error")
-        return Classification(True, category, status, why)
-    if status in (401, 403, 407):
-        return Classification(False, "auth", status, why)
-    if status in (404, 410):
-        return Classification(False, "not_found", status, why)
-    if status in (400, 409, 412, 413, 415, 422):
-        return Classification(False, "validation", status, why)
-    if 300 <= status < 500:
-        return Classification(False, "client_error", status, why)
-    return Classification(False, "server_error", status, why)
-
+__all__ = ["CATEGORIES", "RETRYABLE_HTTP", "Classification", "ClassifiedError", "classify", "http_classification",
+           "is_retryable", "retry_after_header", "retry_after_of", "with_context"]
 
 def _chain(exc: BaseException) -> Iterator[BaseException]:
     """The exception, then what caused it, outermost first; cycles and depth are bounded."""
@@ -80,6 +55,12 @@ def _chain(exc: BaseException) -> Iterator[BaseException]:
         for attr in ("orig", "reason"):  # SQLAlchemy's DBAPIError.orig, urllib's URLError.reason
             inner = getattr(current, attr, None)
             if isinstance(inner, BaseException) and id(inner) not in seen and inner is not current.__cause__:
+                seen.add(id(inner))
+                yield inner
+        # a retry helper's last error, kept outside __cause__
+        for unwrap in families.active().judges("inner", type(current)):
+            inner = unwrap(current)
+            if inner is not None and id(inner) not in seen:
                 seen.add(id(inner))
                 yield inner
         current = current.__cause__ or (None if current.__suppress_context__ else current.__context__)
@@ -115,55 +96,6 @@ def _status_of(exc: BaseException) -> int | None:
     if type(exc).__name__ == "HTTPError" and isinstance(code, int) and 100 <= code <= 599:
         return code
     return None
-
-
-def _loaded_types(module: str, *names: str) -> tuple[type, ...]:
-    found: list[type] = []
-    # The openai SDK may bring its own fork of httpx/httpcore ("httpx2"); its errors mean the same.
-    fork = module.replace("httpx", "httpx2").replace("httpcore", "httpcore2")
-    for alias in dict.fromkeys((module, fork)):
-        mod = sys.modules.get(alias)
-        for name in names if mod is not None else ():
-            obj = mod
-            for part in name.split("."):
-                obj = getattr(obj, part, None)
-            if isinstance(obj, type) and obj not in found:
-                found.append(obj)
-    return tuple(found)
-
-
-def _timeout_types() -> tuple[type, ...]:
-    return (
-        _loaded_types("httpx", "TimeoutException") + _loaded_types("httpcore", "TimeoutException")
-        + _loaded_types("requests", "exceptions.Timeout") + _loaded_types("urllib3.exceptions", "TimeoutError")
-        + _loaded_types("aiohttp", "ServerTimeoutError") + _loaded_types("openai", "APITimeoutError")
-        + _loaded_types("sqlalchemy.exc", "TimeoutError") + _loaded_types("psycopg_pool", "PoolTimeout")
-        + _loaded_types("psycopg", "errors.ConnectionTimeout")
-    )
-
-
-def _misconfiguration_types() -> tuple[type, ...]:
-    """Bad URLs, schemes, headers, redirect loops: retrying the same request cannot help."""
-    return (
-        _loaded_types("httpx", "UnsupportedProtocol", "InvalidURL", "TooManyRedirects", "LocalProtocolError")
-        + _loaded_types("httpcore", "UnsupportedProtocol", "LocalProtocolError")
-        + _loaded_types("requests", "exceptions.InvalidURL", "exceptions.InvalidSchema", "exceptions.MissingSchema",
-                        "exceptions.InvalidHeader", "exceptions.TooManyRedirects", "exceptions.URLRequired")
-        + _loaded_types("urllib3.exceptions", "LocationValueError", "LocationParseError", "URLSchemeUnknown")
-        + _loaded_types("http.client", "InvalidURL", "LineTooLong")
-        + _loaded_types("sqlalchemy.exc", "ArgumentError", "NoSuchModuleError")
-    )
-
-
-def _wrapper_types() -> tuple[type, ...]:
-    return (
-        _loaded_types("httpx", "TransportError") + _loaded_types("httpcore", "NetworkError", "RemoteProtocolError")
-        + _loaded_types("requests", "exceptions.ConnectionError")
-        + _loaded_types("urllib3.exceptions", "ProtocolError", "NewConnectionError", "MaxRetryError")
-        + _loaded_types("urllib.error", "URLError") + _loaded_types("aiohttp", "ClientConnectionError")
-        + _loaded_types("openai", "APIConnectionError")
-        + _loaded_types("psycopg", "OperationalError") + _loaded_types("psycopg2", "OperationalError")
-    )
 
 
 _RETRYABLE_ERRNOS = {
@@ -216,10 +148,6 @@ def _structural(exc: BaseException) -> Classification | None:
     if getattr(exc, "connection_invalidated", False) is True:
         return Classification(True, "database_transient", None, "database connection invalidated")
 
-    if _refused_connection_parameters(exc):
-        return Classification(False, "configuration", None,
-                              "invalid connection parameters (refused by libpq before contacting a server)")
-
     if isinstance(exc, sqlite3.Error):
         code = getattr(exc, "sqlite_errorcode", None)
         text = str(exc).lower()
@@ -236,8 +164,12 @@ def _structural(exc: BaseException) -> Classification | None:
     if isinstance(exc, socket.gaierror) or name == "NameResolutionError":
         return Classification(True, "connection", None, "DNS resolution failed")
 
-    timeouts = _timeout_types()
-    if isinstance(exc, TimeoutError) or (timeouts and isinstance(exc, timeouts)):
+    # a library's own types say more than the builtins they extend
+    for judge in families.active().judges("structure", type(exc)):
+        verdict = judge(exc)
+        if verdict is not None:
+            return verdict
+    if isinstance(exc, TimeoutError):
         return Classification(True, "timeout", None, f"{name}: timed out")
     if isinstance(exc, ConnectionError):  # refused, reset, aborted, broken pipe, http.client.RemoteDisconnected
         return Classification(True, "connection", None, name)
@@ -248,10 +180,6 @@ def _structural(exc: BaseException) -> Classification | None:
 
     if name == "BadStatusLine" or name == "UnknownProtocol":  # http.client: the peer does not speak HTTP
         return Classification(False, "protocol", None, "the peer does not speak HTTP")
-    misconfigured = _misconfiguration_types()
-    if misconfigured and isinstance(exc, misconfigured):
-        return Classification(False, "configuration", None, f"{name}: bad URL, scheme, header or redirect loop")
-
     if "OutOfMemory" in name or name in ("CudaError", "CUDAError"):
         return Classification(True, "gpu", None, f"{name}: GPU out of memory")
     if isinstance(exc, OSError) and exc.errno in _PERMANENT_ERRNOS:
@@ -259,24 +187,6 @@ def _structural(exc: BaseException) -> Classification | None:
     if isinstance(exc, _LOGIC_ERRORS):
         return Classification(False, "validation", None, f"{name}: a logic or validation error")
     return None
-
-
-def _refused_connection_parameters(exc: BaseException) -> bool:
-    """psycopg raised ``exc`` from libpq's ``PQconnectStart``, which rejected the connection parameters
-    (an invalid ``sslmode``, ``target_session_attrs``, port number, keepalive value ...) before any
-    server was contacted: the error still holds that connection, open and bad. A connection attempt
-    that reached the network and failed holds a finished copy instead."""
-    operational = _loaded_types("psycopg", "OperationalError")
-    if not operational or not isinstance(exc, operational):
-        return False
-    pgconn = getattr(exc, "pgconn", None)
-    pq = sys.modules.get("psycopg.pq")
-    if pgconn is None or pq is None or type(pgconn).__name__ == "FinishedPGconn":
-        return False
-    try:
-        return pgconn.status == pq.ConnStatus.BAD
-    except Exception:  # noqa: BLE001 - an unexpected connection object says nothing
-        return False
 
 
 # Words count only on their own: not glued to identifier characters (``lock_timeout``,
@@ -322,7 +232,7 @@ _TRANSIENT_PATTERNS: tuple[tuple[re.Pattern[str], Classification], ...] = tuple(
         (r"rate[ -]?limit(?:ed|s|ing)?(?: (?:reached|exceeded))?|too many requests|quota exceeded",
          Classification(True, "rate_limit", None, "rate limited")),
         (r"service (?:is )?(?:temporarily )?(?:busy|unavailable)|server (?:is )?(?:busy|overloaded)"
-         r"|overloaded(?:_error)?|model is overloaded",
+         r"|overloaded(?:_error)?|model is overloaded|the server had an error",
          Classification(True, "server_error", None, "service busy or unavailable")),
         (r"cuda (?:error|out of memory)|gpu (?:error|out of memory)|cudnn(?: error|_status_\w+)|cublas_status_\w+",
          Classification(True, "gpu", None, "GPU error")),
@@ -370,12 +280,10 @@ def _from_message(exc: BaseException) -> Classification | None:
 
 def _from_wrapper(exc: BaseException) -> Classification | None:
     """Tier 3: a transport wrapper whose chain said nothing more specific."""
-    wrappers = _wrapper_types()
-    if wrappers and isinstance(exc, wrappers):
-        module = type(exc).__module__ or ""
-        if module.startswith(("psycopg", "psycopg2")):
-            return Classification(True, "database_transient", None, "database unreachable")
-        return Classification(True, "connection", None, f"{type(exc).__name__}: the request did not get through")
+    for judge in families.active().judges("wrapper", type(exc)):
+        verdict = judge(exc)
+        if verdict is not None:
+            return verdict
     return None
 
 
@@ -388,22 +296,47 @@ def _decide(chain: list[BaseException], judge) -> Classification | None:
     return verdicts[0] if verdicts else None
 
 
+def _group(group: BaseExceptionGroup) -> Classification:
+    """A group is transient only when every member is; else what its first permanent member is."""
+    verdicts = [classify(member) for member in group.exceptions]
+    for verdict in verdicts:
+        if not verdict.retryable:
+            return Classification(False, verdict.category, verdict.status_code,
+                                  f"exception group: {verdict.reason}")
+    first = verdicts[0] if verdicts else Classification(False, "unknown", None, "empty")
+    return Classification(bool(verdicts), first.category, first.status_code, f"exception group: {first.reason}")
+
+
+def _facts(link: BaseException) -> Classification | None:
+    """What one exception carries that decides like an HTTP status: codes before words."""
+    category = getattr(link, "category", None)
+    if isinstance(category, str) and category in CATEGORIES and isinstance(link, ClassifiedError):
+        return Classification(link.retryable, category, link.status_code, type(link).__name__)
+    if isinstance(link, BaseExceptionGroup):
+        return _group(link)
+    for judge in families.active().judges("facts", type(link)):
+        verdict = judge(link)
+        if verdict is not None:
+            return verdict
+    status = _status_of(link)
+    if status is not None and status >= 300:  # an error reported inside a 200 is judged by what it says
+        return http_classification(status)
+    return None
+
+
 def _classify(exc: BaseException) -> Classification:
     chain = list(_chain(exc))
+    found = user_verdict(chain)
+    if found is not None:
+        return found
     flag: bool | None = None
     for link in chain:
         flag = _explicit_flag(link)
         if flag is not None:
             break
-    found: Classification | None = None
     for link in chain:
-        category = getattr(link, "category", None)
-        if isinstance(category, str) and category in CATEGORIES and isinstance(link, ClassifiedError):
-            found = Classification(link.retryable, category, link.status_code, type(link).__name__)
-            break
-        status = _status_of(link)
-        if status is not None:
-            found = http_classification(status)
+        found = _facts(link)
+        if found is not None:
             break
     if found is None:
         for judge in (_structural, _from_message, _from_wrapper):
