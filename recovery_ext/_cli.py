@@ -12,7 +12,6 @@ import time
 from pathlib import Path
 from collections.abc import Callable
 from importlib.metadata import entry_points
-from pathlib import Path
 from typing import Any
 
 import click
@@ -23,7 +22,7 @@ from recovery_ext._errors import ConfigurationError, NotFound, RecoveryError, St
 from recovery_ext._settings import parse_duration
 from recovery_ext._recovery.protocol import scan
 from recovery_ext._recovery.scan import RecoverySettings
-from recovery_ext._classify.redaction import redact, redact_url
+from recovery_ext._classify.redaction import redact
 from recovery_ext._store.dialects import Dialect
 from recovery_ext._store.migrations import LIBRARY
 from recovery_ext._store.ledger import CostFigures
@@ -68,7 +67,7 @@ class PollInterval(Duration):
 
 
 def _when(value: dt.datetime | None) -> str:
-    return value.astimezone(dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S") if value else "-"
+    return value.astimezone(dt.UTC).strftime("%Y-%m-%d %H:%M:%S") if value else "-"
 
 
 class Output:

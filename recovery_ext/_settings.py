@@ -37,7 +37,8 @@ def parse_duration(text: str) -> float:
 
 def check_seconds(name: str, value: object, *, minimum: float = MIN_INTERVAL, maximum: float = DAY,
                   allow_none: bool = False, allow_long: bool = False) -> float | None:
-    """``value`` as seconds within ``[minimum, maximum]`` (no upper bound with ``allow_long``), or raise naming ``name``."""
+    """``value`` as seconds within ``[minimum, maximum]`` (no upper bound with ``allow_long``), or raise naming
+    ``name``."""
     if value is None and allow_none:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)):

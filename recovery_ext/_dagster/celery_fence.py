@@ -11,6 +11,7 @@ resume run (unless the orphan sensor already did), and ends as an interrupted ru
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 from typing import Any
 
@@ -31,10 +32,8 @@ class _Fence:
         if not self.revoked:
             self.revoked = True
             for result in self.results:
-                try:
+                with contextlib.suppress(Exception):  # the broker may be away; the tasks are fenced anyway
                     result.revoke(terminate=True)
-                except Exception:  # noqa: BLE001 - the broker may be away; the tasks are fenced anyway
-                    pass
         return True
 
 

@@ -32,7 +32,6 @@ from dagster import (
     ExecutorDefinition,
     JobDefinition,
     build_resources,
-    in_process_executor,
     job,
     multiprocess_executor,
 )
@@ -124,8 +123,8 @@ class RunScope:
                                              heartbeat_timeout=self.settings.timeout)
                 self.how = f"attached to pipeline {self.own.pipeline_id} as resume #{tags[TAG_RESUME_NUMBER]}"
                 cause = self._reclaim_cause(self.own.pipeline_id)
-                self._point_forward(tags.get(TAG_RESUMED_FROM), self.own.pipeline_id, f"resume #{tags[TAG_RESUME_NUMBER]}",
-                                    cause)
+                self._point_forward(tags.get(TAG_RESUMED_FROM), self.own.pipeline_id,
+                                    f"resume #{tags[TAG_RESUME_NUMBER]}", cause)
             else:
                 self.own = self._create()
         except OwnershipLost as exc:
@@ -439,7 +438,8 @@ class RecoveringExecutor(Executor):
             yield from self._inner_execute(scope, plan_context, execution_plan)
             return
         if split.unselected:
-            scope._info(f"recovery-ext: resuming the op selection of the first run; not run: {', '.join(split.unselected)}")
+            scope._info("recovery-ext: resuming the op selection of the first run; "
+                        f"not run: {', '.join(split.unselected)}")
         if split.left_out:
             scope._info(f"recovery-ext: finished in an earlier run, not run again: {', '.join(split.left_out)}")
         if split.replay:

@@ -3,9 +3,9 @@
 Each call finds the pipeline its run owns (the run worker created, attached or took it
 over at run start: ``with_recovery``), skips the node if it already completed (returning
 the recorded output), claims the node under the pipeline's ownership epoch, heartbeats the
-node while the body runs (batched with everything else this process keeps alive), maps errors through the shared classifier, and completes the
-node with its output. Every write is fenced: a superseded worker stops with
-"superseded by run <id>" and writes nothing.
+node while the body runs (batched with everything else this process keeps alive), maps errors
+through the shared classifier, and completes the node with its output. Every write is fenced: a
+superseded worker stops with "superseded by run <id>" and writes nothing.
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ import logging
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor, wait
-from datetime import timezone
+from datetime import UTC
 
 from dagster import DagsterRun, DagsterRunStatus, JobDefinition, RunRequest, RunsFilter
 
@@ -91,7 +91,7 @@ def _still_deciding(instance, run_ids: Sequence[str], now: float) -> list[str]:
             ended = record.end_time
             if ended is None and record.update_timestamp is not None:  # failed outside a run: last update
                 stamp = record.update_timestamp
-                ended = (stamp if stamp.tzinfo else stamp.replace(tzinfo=timezone.utc)).timestamp()
+                ended = (stamp if stamp.tzinfo else stamp.replace(tzinfo=UTC)).timestamp()
             if ended is not None and now - ended < RETRY_DECISION_GRACE_SECONDS:
                 deciding.append(record.dagster_run.run_id)
     return deciding
@@ -173,7 +173,7 @@ def unmasked(params: object, original: object) -> object:
     if isinstance(params, Mapping) and isinstance(original, Mapping):
         return {k: unmasked(v, original[k]) if k in original else v for k, v in params.items()}
     if isinstance(params, list) and isinstance(original, (list, tuple)) and len(params) == len(original):
-        return [unmasked(v, o) for v, o in zip(params, original)]
+        return [unmasked(v, o) for v, o in zip(params, original, strict=True)]
     if isinstance(params, str) and MASK in params and original != params and (
             params == MASK or (isinstance(original, str) and redact_config(original) == params)):
         return original

@@ -164,7 +164,7 @@ def snapshot_families(s: MetricsSnapshot) -> Iterator[Metric]:
 def _provider_families(s: MetricsSnapshot) -> Iterator[Metric]:
     calls, tokens, cost = PROVIDER_CALLS.family(), PROVIDER_TOKENS.family(), PROVIDER_COST.family()
     spent_cost: dict[tuple[str, str], float] = {}
-    for job, model, outcome, n, tokens_in, tokens_out, money in s.provider_calls:
+    for job, model, outcome, n, _, _, money in s.provider_calls:
         job, model = _text(job), _text(model)
         calls.add_metric([job, model, _text(outcome)], n)
         spent_cost[(job, model)] = spent_cost.get((job, model), 0.0) + float(money)

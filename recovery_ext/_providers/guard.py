@@ -41,7 +41,8 @@ from recovery_ext._providers.budget import RateBudget
 from recovery_ext._providers.journal import MISS, CallJournal, PendingCall, function_fingerprint
 from recovery_ext._providers.ledger import current_reservation
 from recovery_ext._classify.redaction import redact, redact_url
-from recovery_ext._classify.retry import RetryPolicy, event_sleep, retry_if_retryable, stop_on_event, wait_jittered_exponential
+from recovery_ext._classify.retry import (RetryPolicy, event_sleep, retry_if_retryable, stop_on_event,
+                                          wait_jittered_exponential)
 from recovery_ext._store.statuses import BreakerState
 from recovery_ext._store.interfaces import ProviderStore
 
