@@ -7,6 +7,7 @@ import logging
 import os
 import threading
 from collections.abc import Sequence
+from typing import Any
 
 from dagster import ConfigurableResource
 from pydantic import Field, model_validator
@@ -227,8 +228,8 @@ class RecoveryResource(ConfigurableResource):
 
     def retry_policy(self, **overrides) -> RetryPolicy:
         """The same backoff for calls inside a node (e.g. one LLM request)."""
-        settings = dict(max_attempts=self.max_retries + 1, initial_delay=self.retry_initial_delay,
-                        max_delay=self.retry_max_delay, jitter=self.retry_jitter,
-                        same_error_limit=self.same_error_limit)
+        settings: dict[str, Any] = dict(max_attempts=self.max_retries + 1, initial_delay=self.retry_initial_delay,
+                                        max_delay=self.retry_max_delay, jitter=self.retry_jitter,
+                                        same_error_limit=self.same_error_limit)
         settings.update(overrides)
         return RetryPolicy(**settings)

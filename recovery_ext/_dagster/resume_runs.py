@@ -13,6 +13,7 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor, wait
 from datetime import UTC
+from typing import Any, overload
 
 from dagster import DagsterRun, DagsterRunStatus, JobDefinition, RunRequest, RunsFilter
 
@@ -161,12 +162,17 @@ def carried_tags(origin: DagsterRun | None) -> dict[str, str]:
     for kept in (PRIORITY_TAG, PARTITION_TAG, *PARTITION_RANGE_TAGS):
         if kept in origin.tags:
             tags[kept] = origin.tags[kept]
-    if origin.resolved_op_selection or origin.op_selection:
+    selection = origin.resolved_op_selection or origin.op_selection
+    if selection:
         # the resolved op names: the run worker restricts the resume run to them (replay.py)
-        tags[TAG_OP_SELECTION] = json.dumps(sorted(origin.resolved_op_selection or origin.op_selection))
+        tags[TAG_OP_SELECTION] = json.dumps(sorted(selection))
     return tags
 
 
+@overload
+def unmasked(params: Mapping[str, Any], original: object) -> Mapping[str, Any]: ...
+@overload
+def unmasked(params: object, original: object) -> object: ...
 def unmasked(params: object, original: object) -> object:
     """The recorded run config with each value masked when it was stored (an ``api_key``, a URL's
     password) taken back from the first run's own config, which Dagster keeps."""

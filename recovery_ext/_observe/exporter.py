@@ -35,7 +35,7 @@ class MetricSpec:
     help: str
     labels: tuple[str, ...] = ()
 
-    def family(self, labels: tuple[str, ...] | None = None) -> Metric:
+    def family(self, labels: tuple[str, ...] | None = None) -> CounterMetricFamily | GaugeMetricFamily:
         cls = CounterMetricFamily if self.kind == "counter" else GaugeMetricFamily
         return cls(self.name, self.help, labels=list(labels if labels is not None else self.labels))
 
@@ -175,8 +175,8 @@ def _provider_families(s: MetricsSnapshot) -> Iterator[Metric]:
             spent_tokens[key] = spent_tokens.get(key, 0) + int(value)
     for key, value in sorted(spent_tokens.items()):
         tokens.add_metric(list(key), value)
-    for key, value in sorted(spent_cost.items()):
-        cost.add_metric(list(key), value)
+    for job_model, money in sorted(spent_cost.items()):
+        cost.add_metric(list(job_model), money)
     yield calls
     yield tokens
     yield cost

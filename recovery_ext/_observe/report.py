@@ -263,6 +263,7 @@ def _items_curve(s: _Scale, t: Timeline, top: int, h: int) -> str:
             points[-1] = (points[-1][0], y, epoch)
             continue
         points.append((x, y, epoch))
+    prev: tuple[float, float]
     segs, prev, prev_epoch = [], (s.x0, top + h), points[0][2]
     for x, y, epoch in points:
         # Flat while nothing is checkpointed (in the colour of the run that did the last item), up per item.

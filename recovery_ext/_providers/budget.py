@@ -64,7 +64,7 @@ class RateBudget:
                     self.check()
                 grant = self.store.budget_reserve(self.endpoint, model, tokens=max(0, int(tokens)), limits=limits,
                                                   holder=self.who)
-                if grant.granted:
+                if grant.reservation is not None:  # granted: the id of the request it holds
                     return Reservation(self.store, grant.reservation)
                 wait = grant.wait_seconds
                 if not shown and wait >= SHOW_AFTER and self.show_wait is not None:
