@@ -1,12 +1,13 @@
 """A Celery run that was superseded stops, instead of waiting for ever on a dead worker.
 
-**A superseded run stops** (:class:`CeleryFence`, the first entry of the executor fence registry). dagster-celery polls only ``result.ready()``:
-a task whose worker host died never becomes ready, so its run would wait for ever (no step health
-check upstream). Here the run worker watches its own pipeline lease: once the pipeline was
-reclaimed (a node's heartbeat expired, the run was reclaimed while cut off, ...), it revokes every
-task it submitted (``terminate=True``: a live worker kills the step's process), submits nothing
-more, treats the tasks still out as revoked, marks the run FAILURE with a message naming the
-resume run (unless the orphan sensor already did), and ends as an interrupted run.
+**A superseded run stops** (:class:`CeleryFence`, the first entry of the executor fence registry).
+dagster-celery polls only ``result.ready()``: a task whose worker host died never becomes ready, so
+its run would wait for ever (no step health check upstream). Here the run worker watches its own
+pipeline lease: once the pipeline was reclaimed (a node's heartbeat expired, the run was reclaimed
+while cut off, ...), it revokes every task it submitted (``terminate=True``: a live worker kills the
+step's process), submits nothing more, treats the tasks still out as revoked, marks the run FAILURE
+with a message naming the resume run (unless the orphan sensor already did), and ends as an
+interrupted run.
 """
 
 from __future__ import annotations
