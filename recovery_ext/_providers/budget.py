@@ -32,6 +32,10 @@ class Reservation:
         self.store, self.id = store, reservation_id
         self.settled: int | None = None
 
+    def release(self) -> None:
+        """Give the request back to the window: it was never sent."""
+        self.store.budget_release(self.id)
+
     def settle(self, tokens: int) -> None:
         total = tokens if self.settled is None else self.settled + tokens  # several recorded parts of one call
         self.store.budget_settle(self.id, total)

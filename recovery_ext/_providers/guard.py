@@ -202,7 +202,7 @@ class ProviderGuard:
         decision = self._breaker_decision(store) if store is not None else None
         if store is not None and decision is not None and not decision.allowed:
             if reservation is not None:
-                store.budget_release(reservation.id)  # no request was made
+                reservation.release()  # no request was made
             raise CircuitOpen(self.endpoint, decision.wait_seconds, decision.state)
         if self.check is not None:
             self.check()  # the budget wait may have been long
@@ -212,11 +212,11 @@ class ProviderGuard:
                 found = pending.start(self.endpoint, call.model)
             except BaseException:
                 if reservation is not None:
-                    store.budget_release(reservation.id)
+                    reservation.release()
                 raise
             if found is not MISS:
                 if reservation is not None:
-                    store.budget_release(reservation.id)  # answered from the journal: no request was made
+                    reservation.release()  # answered from the journal: no request was made
                 return found
         held = current_reservation.set(reservation)
         try:
