@@ -3,7 +3,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 export DAGSTER_HOME ?= $(CURDIR)/.dagster_home
 
-.PHONY: install dev test test-fast schema demo-crash bench clean
+.PHONY: install dev lint test test-fast schema demo-crash bench clean
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -30,6 +30,11 @@ dev: install
 	trap 'kill $$llm 2>/dev/null' EXIT INT TERM; \
 	RECOVERY_LLM_BASE_URL=http://127.0.0.1:$(DEMO_LLM_PORT)/v1 RECOVERY_LLM_MODEL=demo-llm \
 	  $(BIN)/dagster dev -h 127.0.0.1 -p 3000 -w workspace.yaml
+
+## Lint and type-check the library (ruff, then mypy; both configured in pyproject.toml).
+lint: install
+	$(BIN)/ruff check recovery_ext
+	$(BIN)/mypy
 
 ## The whole test suite (needs PostgreSQL at 127.0.0.1:5432; .ci/run starts it).
 test: install

@@ -12,7 +12,6 @@ import time
 from pathlib import Path
 from collections.abc import Callable
 from importlib.metadata import entry_points
-from pathlib import Path
 from typing import Any
 
 import click
@@ -23,7 +22,7 @@ from recovery_ext._errors import ConfigurationError, NotFound, RecoveryError, St
 from recovery_ext._settings import parse_duration
 from recovery_ext._recovery.protocol import scan
 from recovery_ext._recovery.scan import RecoverySettings
-from recovery_ext._classify.redaction import redact, redact_url
+from recovery_ext._classify.redaction import redact
 from recovery_ext._store.dialects import Dialect
 from recovery_ext._store.migrations import LIBRARY
 from recovery_ext._store.ledger import CostFigures
@@ -68,7 +67,7 @@ class PollInterval(Duration):
 
 
 def _when(value: dt.datetime | None) -> str:
-    return value.astimezone(dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S") if value else "-"
+    return value.astimezone(dt.UTC).strftime("%Y-%m-%d %H:%M:%S") if value else "-"
 
 
 class Output:
@@ -163,7 +162,8 @@ class RedactingGroup(click.Group):
         try:
             return super().make_context(*args, **kwargs)
         except click.ClickException as exc:
-            exc.message = redact(exc.message)
+            # click declares message Final, but it is what click prints: the one place to redact it
+            exc.message = redact(exc.message)  # type: ignore[misc]
             raise
 
     def invoke(self, ctx):
@@ -172,7 +172,7 @@ class RedactingGroup(click.Group):
             sys.stdout.flush()  # a closed pipe shows here, not at interpreter exit
             return result
         except click.ClickException as exc:
-            exc.message = redact(exc.message)
+            exc.message = redact(exc.message)  # type: ignore[misc]  # Final in click: see make_context
             raise
         except OSError as exc:
             if exc.errno != errno.EPIPE:
@@ -236,7 +236,7 @@ def migrate(store: CliStore, out: Output, print_only: bool, packages: tuple[str,
 @command
 def status(store: CliStore, out: Output, threshold: float, deployment: str | None) -> None:
     """Pipelines by deployment and status, orphans and stuck items now, auto-recovered in 24 h, dead items."""
-    data = {
+    data: dict[str, Any] = {
         "pipelines": store.pipeline_summary(deployment=deployment),
         "orphans": [o.__dict__ for o in store.find_orphans(deployment=deployment)],
         "stuck_items": [_stuck(i) for i in store.stale_items(older_than_seconds=threshold)],

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import os
+from typing import overload
 
 from recovery_ext._errors import ConfigurationError
 
@@ -37,7 +38,8 @@ def parse_duration(text: str) -> float:
 
 def check_seconds(name: str, value: object, *, minimum: float = MIN_INTERVAL, maximum: float = DAY,
                   allow_none: bool = False, allow_long: bool = False) -> float | None:
-    """``value`` as seconds within ``[minimum, maximum]`` (no upper bound with ``allow_long``), or raise naming ``name``."""
+    """``value`` as seconds within ``[minimum, maximum]`` (no upper bound with ``allow_long``), or raise naming
+    ``name``."""
     if value is None and allow_none:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -59,8 +61,15 @@ def check_count(name: str, value: object, *, minimum: int = 0, maximum: int = 1_
     return value
 
 
+@overload
+def env_seconds(name: str, default: float, *, minimum: float = ..., maximum: float = ...,
+                allow_long: bool = ...) -> float: ...
+@overload
+def env_seconds(name: str, default: None, *, minimum: float = ..., maximum: float = ...,
+                allow_long: bool = ...) -> float | None: ...
 def env_seconds(name: str, default: float | None, *, minimum: float = MIN_INTERVAL, maximum: float = DAY,
                 allow_long: bool = False) -> float | None:
+    """The duration in ``$name`` (see :func:`parse_duration`), checked; ``default`` when it is unset or empty."""
     raw = os.environ.get(name)
     if raw is None or raw == "":
         return default

@@ -355,7 +355,8 @@ def classify(exc: BaseException) -> Classification:
     try:
         return _classify(exc)
     except Exception as failure:  # a hostile __str__/__getattr__ must not break the caller
-        return Classification(False, "unknown", None, f"classifier could not inspect the error ({type(failure).__name__})")
+        return Classification(False, "unknown", None,
+                              f"classifier could not inspect the error ({type(failure).__name__})")
 
 
 def is_retryable(exc: BaseException) -> bool:
@@ -381,7 +382,7 @@ def parse_retry_after(value: object, *, now: float | None = None) -> float | Non
     if when is None:
         return None
     if when.tzinfo is None:
-        when = when.replace(tzinfo=dt.timezone.utc)
+        when = when.replace(tzinfo=dt.UTC)
     current = time.time() if now is None else now
     return max(0.0, when.timestamp() - current)
 

@@ -105,12 +105,14 @@ class stop_after_same_error(stop_base):
 
     def __call__(self, retry_state: RetryCallState) -> bool:
         outcome = retry_state.outcome
-        if outcome is None or not outcome.failed:
+        exc = outcome.exception() if outcome is not None and outcome.failed else None
+        if exc is None:
             return False
-        category = classify(outcome.exception()).category
+        category = classify(exc).category
         previous, count = getattr(retry_state, "_rx_same_error", (None, 0))
         count = count + 1 if category == previous else 1
-        retry_state._rx_same_error = (category, count)
+        # the count belongs to this one retried call, so it lives on tenacity's per-call state
+        retry_state._rx_same_error = (category, count)  # type: ignore[attr-defined]
         return count >= self.n
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
+from typing import cast
 
 from recovery_ext._classify.verdict import CATEGORIES, Classification
 from recovery_ext._errors import ConfigurationError
@@ -43,9 +44,11 @@ def register_rule(rule: Rule | type[BaseException], *, retryable: bool | None = 
         raise ConfigurationError(f"a classifier rule is a callable or an exception type, not {type(rule).__name__}")
     elif retryable is not None or category is not None:
         raise ConfigurationError("retryable= and category= go with an exception type, not a callable rule")
+    # callable() leaves mypy a class that is not an exception: called with the error, it is a rule too
+    checked = cast(Rule, rule)
     with _lock:
-        _registered.append(rule)
-    return rule
+        _registered.append(checked)
+    return checked
 
 
 def unregister_rule(rule: Rule) -> None:

@@ -145,7 +145,8 @@ def recoverable_multi_asset(
             for output_name in names:
                 context.add_output_metadata(metadata, output_name=output_name)
             results = result if isinstance(result, (tuple, _Events)) else (result,)
-            for output_name, value in zip(names, results):
+            # not strict: Dagster itself names an output the body did not return
+            for output_name, value in zip(names, results, strict=False):
                 if isinstance(value, (Output, MaterializeResult)):
                     yield value
                 else:

@@ -80,14 +80,16 @@ def recoverable_celery_executor(config: Mapping[str, Any] | None = None):
     The config schema is dagster-celery's; only the defaults of ``broker``, ``backend`` and
     ``config_source`` change, so a run's ``execution: config:`` still overrides each of them.
     """
-    from dagster import Field, Noneable, Permissive, StringSource
+    from dagster import Field, Noneable, Permissive, Shape, StringSource
     from dagster_celery import celery_executor
 
     from recovery_ext._dagster.executor import with_recovery
 
     wrapped = with_recovery(celery_executor)
     values = dict(config) if config is not None else celery_executor_config()
-    fields = wrapped.config_schema.as_field().config_type.fields
+    shape = wrapped.config_schema.as_field().config_type
+    assert isinstance(shape, Shape)  # dagster-celery's executor config: named fields
+    fields = shape.fields
     schema = {
         "broker": Field(Noneable(StringSource), is_required=False, default_value=values["broker"],
                         description=fields["broker"].description),

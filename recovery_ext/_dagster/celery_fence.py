@@ -1,16 +1,18 @@
 """A Celery run that was superseded stops, instead of waiting for ever on a dead worker.
 
-**A superseded run stops** (:class:`CeleryFence`, the first entry of the executor fence registry). dagster-celery polls only ``result.ready()``:
-a task whose worker host died never becomes ready, so its run would wait for ever (no step health
-check upstream). Here the run worker watches its own pipeline lease: once the pipeline was
-reclaimed (a node's heartbeat expired, the run was reclaimed while cut off, ...), it revokes every
-task it submitted (``terminate=True``: a live worker kills the step's process), submits nothing
-more, treats the tasks still out as revoked, marks the run FAILURE with a message naming the
-resume run (unless the orphan sensor already did), and ends as an interrupted run.
+**A superseded run stops** (:class:`CeleryFence`, the first entry of the executor fence registry).
+dagster-celery polls only ``result.ready()``: a task whose worker host died never becomes ready, so
+its run would wait for ever (no step health check upstream). Here the run worker watches its own
+pipeline lease: once the pipeline was reclaimed (a node's heartbeat expired, the run was reclaimed
+while cut off, ...), it revokes every task it submitted (``terminate=True``: a live worker kills the
+step's process), submits nothing more, treats the tasks still out as revoked, marks the run FAILURE
+with a message naming the resume run (unless the orphan sensor already did), and ends as an
+interrupted run.
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 from typing import Any
 
@@ -31,10 +33,8 @@ class _Fence:
         if not self.revoked:
             self.revoked = True
             for result in self.results:
-                try:
+                with contextlib.suppress(Exception):  # the broker may be away; the tasks are fenced anyway
                     result.revoke(terminate=True)
-                except Exception:  # noqa: BLE001 - the broker may be away; the tasks are fenced anyway
-                    pass
         return True
 
 

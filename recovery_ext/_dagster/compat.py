@@ -1,9 +1,10 @@
 """The one place recovery-ext reaches into Dagster beyond its public API.
 
-Tested with Dagster 1.12.22 and 1.13.27 (``pyproject.toml`` declares the range). Every import from
-a private ``dagster._`` module, or of an integration's private name (dagster-celery's), lives here, one name a line with what it is for; everything Dagster
-exports publicly (``Executor``, ``DagsterRun``, ``DagsterEvent``, ``DagsterExecutionInterruptedError``,
-...) is imported from ``dagster`` where it is used. ``tests/unit/test_compat.py`` keeps it that way.
+Tested with Dagster 1.12.22 and 1.13.27 (``pyproject.toml`` declares the range). Every import from a
+private ``dagster._`` module, or of an integration's private name (dagster-celery's), lives here,
+one name a line with what it is for; everything Dagster exports publicly (``Executor``,
+``DagsterRun``, ``DagsterEvent``, ``DagsterExecutionInterruptedError``, ...) is imported from
+``dagster`` where it is used. ``tests/unit/test_compat.py`` keeps it that way.
 
 What differs between the releases in the range is handled here, so the rest of the library is
 written once; prefer code that suits every release, then feature detection, never a version check:

@@ -59,7 +59,7 @@ def _json_text(result: Any) -> JsonText | None:
 class Item:
     """One unfinished sub-item; ``complete`` commits its result together with its checkpoint."""
 
-    node: "NodeContext"
+    node: NodeContext
     key: str
 
     def complete(self, result: Any = None, *, also: Callable[[FencedTransaction], None] | None = None) -> None:
@@ -160,7 +160,7 @@ class NodeContext:
         if self.run_worker_gone is not None and self.run_worker_gone.is_set():
             raise StopRequested("the run worker is gone: this step process starts no new provider call")
 
-    def record_call(self, call: ProviderCall, *, item: "Item | str | None" = None) -> bool:
+    def record_call(self, call: ProviderCall, *, item: Item | str | None = None) -> bool:
         """Record a provider call made for ``item`` (default: the item ``ctx.items()`` yielded last, else the
         node) in the ledger; its answer reached a checkpoint once that item's ``complete`` commits (or the
         node completes). Never raises: a call that cannot be recorded is logged, the work goes on.

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from dagster import Failure, MetadataValue, RetryRequested
 
 from recovery_ext._classify.classifier import ClassifiedError, with_context
@@ -9,11 +11,11 @@ from recovery_ext._store.models import ErrorInfo
 from recovery_ext._classify.retry import wait_jittered_exponential
 
 
-def failure_metadata(err: ClassifiedError) -> dict[str, object]:
+def failure_metadata(err: ClassifiedError) -> dict[str, Any]:
     meta = err.metadata()
     return {
         "category": meta["category"],
-        "status_code": MetadataValue.int(meta["status_code"]) if meta["status_code"] is not None else "none",
+        "status_code": MetadataValue.int(err.status_code) if err.status_code is not None else "none",
         "model": meta["model"] or "none",
         "endpoint": meta["endpoint"] or "none",
         "retryable": bool(meta["retryable"]),

@@ -32,7 +32,6 @@ from dagster import (
     ExecutorDefinition,
     JobDefinition,
     build_resources,
-    in_process_executor,
     job,
     multiprocess_executor,
 )
@@ -109,6 +108,13 @@ class RunScope:
         self.takeover: dict[str, Any] = {}
         self._superseded: bool | None = None
 
+    @property
+    def ownership(self) -> Ownership:
+        """The ownership :meth:`start` took (everything after it runs only once it did)."""
+        if self.own is None:
+            raise RecoveryError(f"run {self.run.run_id} has not taken its pipeline yet")
+        return self.own
+
     # -- run start -------------------------------------------------------------------------------
 
     def start(self) -> Ownership:
@@ -124,8 +130,8 @@ class RunScope:
                                              heartbeat_timeout=self.settings.timeout)
                 self.how = f"attached to pipeline {self.own.pipeline_id} as resume #{tags[TAG_RESUME_NUMBER]}"
                 cause = self._reclaim_cause(self.own.pipeline_id)
-                self._point_forward(tags.get(TAG_RESUMED_FROM), self.own.pipeline_id, f"resume #{tags[TAG_RESUME_NUMBER]}",
-                                    cause)
+                self._point_forward(tags.get(TAG_RESUMED_FROM), self.own.pipeline_id,
+                                    f"resume #{tags[TAG_RESUME_NUMBER]}", cause)
             else:
                 self.own = self._create()
         except OwnershipLost as exc:
@@ -221,7 +227,7 @@ class RunScope:
     def _tag_run(self) -> None:
         """So a pipeline's history is one filter in the UI (best effort; the store is the truth)."""
         try:
-            self.instance.add_run_tags(self.run.run_id, {TAG_PIPELINE: str(self.own.pipeline_id)})
+            self.instance.add_run_tags(self.run.run_id, {TAG_PIPELINE: str(self.ownership.pipeline_id)})
         except Exception as exc:  # noqa: BLE001
             self._info(f"recovery-ext: could not tag run {self.run.run_id}: {redact(exc)}")
 
@@ -281,7 +287,7 @@ class RunScope:
             self._info(f"recovery-ext: provider costs not reported: {redact(exc)}")
 
     def _finish(self, failures: list[Any], error: BaseException | None, interrupted: bool) -> str:
-        own = self.own
+        own = self.ownership
         current = self.instance.get_run_by_id(self.run.run_id)
         if current is not None and current.status in CANCEL_STATUSES:
             self.store.cancel_run(own, f"run {own.owner} was canceled by its user")
@@ -311,11 +317,12 @@ class RunScope:
                 (f"; not executed by this run, recorded as skipped: {', '.join(skipped)}" if skipped else ""))
 
     def _already_ended(self, exc: OwnershipLost) -> str:
+        own = self.ownership
         try:
-            current = self.store.get_pipeline(self.own.pipeline_id)
+            current = self.store.get_pipeline(own.pipeline_id)
         except StoreError:
-            return f"pipeline {self.own.pipeline_id}: ownership lost ({exc.owner}); nothing written"
-        if current.owner == self.own.owner and current.epoch == self.own.epoch:
+            return f"pipeline {own.pipeline_id}: ownership lost ({exc.owner}); nothing written"
+        if current.owner == own.owner and current.epoch == own.epoch:
             return f"pipeline {current.id} already {current.status}"
         return f"pipeline {current.id} is no longer this run's (owner now {current.owner}); nothing written"
 
@@ -428,25 +435,26 @@ class RecoveringExecutor(Executor):
                 plan_context.instance.report_run_failed(current, message=explain_supersession(
                     scope, plan_context.instance))
             raise DagsterExecutionInterruptedError(f"recovery-ext: run {scope.run.run_id} was superseded; "
-                                                   f"pipeline {scope.own.pipeline_id} continues in another run")
+                                                   f"pipeline {scope.ownership.pipeline_id} continues in another run")
 
 
     def _events(self, scope: RunScope, plan_context, execution_plan) -> Iterator[Any]:
         """Replay the finished nodes here, then hand what is left to the inner executor."""
-        split = split_plan(scope.job_def, execution_plan, scope.store, scope.own.pipeline_id,
+        split = split_plan(scope.job_def, execution_plan, scope.store, scope.ownership.pipeline_id,
                            carried_op_selection(plan_context.dagster_run))
         if split is None or not split.changes_plan:
             yield from self._inner_execute(scope, plan_context, execution_plan)
             return
         if split.unselected:
-            scope._info(f"recovery-ext: resuming the op selection of the first run; not run: {', '.join(split.unselected)}")
+            scope._info("recovery-ext: resuming the op selection of the first run; "
+                        f"not run: {', '.join(split.unselected)}")
         if split.left_out:
             scope._info(f"recovery-ext: finished in an earlier run, not run again: {', '.join(split.left_out)}")
         if split.replay:
             scope._info(f"recovery-ext: replaying {len(split.replay)} finished node(s) in the run worker: "
                         f"{', '.join(split.replay)}")
             failed = False
-            for event in replay_events(plan_context, execution_plan, split.replay, scope.own.pipeline_id):
+            for event in replay_events(plan_context, execution_plan, split.replay, scope.ownership.pipeline_id):
                 failed = failed or event.is_step_failure
                 yield event
             if failed:
@@ -471,7 +479,7 @@ def explain_supersession(scope: RunScope, instance: DagsterInstance, wait_second
 
     from recovery_ext._dagster.resume_runs import RUN_KEY_TAG
 
-    own = scope.own
+    own = scope.ownership
     try:
         pipeline = scope.store.get_pipeline(own.pipeline_id)
     except Exception:  # noqa: BLE001 - the store may be out of reach from here

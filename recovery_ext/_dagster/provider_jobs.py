@@ -60,10 +60,11 @@ def run_provider_job(ctx: Any, adapter: JobAdapter, requests: Mapping[str, Any],
             token, items, attempt = live.token, [k for k in live.items if k in requests], live.attempt
             job_id = live.job_id
             if job_id is None:  # the crash came between the token and the id: ask the provider by the token
-                job_id = adapter.find(token)
-                if job_id is None:
+                found = adapter.find(token)
+                if found is None:
                     job_id = _submit(ctx, adapter, requests, items, token, attempt)
                 else:
+                    job_id = found
                     store.job_submitted(own, node, token, job_id, outcome=_outcome(attempt))
             ctx.log.info(f"{node}: re-attached to {adapter.provider} job {job_id} (submitted before the crash)")
             ctx.metadata["provider_job_reattached"] = job_id

@@ -3,9 +3,9 @@
 Each call finds the pipeline its run owns (the run worker created, attached or took it
 over at run start: ``with_recovery``), skips the node if it already completed (returning
 the recorded output), claims the node under the pipeline's ownership epoch, heartbeats the
-node while the body runs (batched with everything else this process keeps alive), maps errors through the shared classifier, and completes the
-node with its output. Every write is fenced: a superseded worker stops with
-"superseded by run <id>" and writes nothing.
+node while the body runs (batched with everything else this process keeps alive), maps errors
+through the shared classifier, and completes the node with its output. Every write is fenced: a
+superseded worker stops with "superseded by run <id>" and writes nothing.
 """
 
 from __future__ import annotations
@@ -129,11 +129,13 @@ def recoverable_op(
         legacy_keys = required_resource_keys is not None
         signature.attach(compute, body, op_name, resource_key=None if legacy_keys else resource_key,
                          typed_output=not optional)
-        compute.__rx_body__ = body  # the undecorated body (bench/ontology_overhead_bench.py runs it as a plain op)
+        # the undecorated body (bench/ontology_overhead_bench.py runs it as a plain op); mypy has no function attributes
+        compute.__rx_body__ = body  # type: ignore[attr-defined]
         return op(
             name=op_name, ins=op_ins, out=out, config_schema=config_schema,
             description=description or body.__doc__, tags=op_tags, retry_policy=retry_policy,
-            required_resource_keys={resource_key, *required_resource_keys} if legacy_keys else None, pool=pool,
+            required_resource_keys=({resource_key, *required_resource_keys} if required_resource_keys is not None
+                                    else None), pool=pool,
         )(compute)
 
     return decorate(fn) if fn is not None else decorate
@@ -286,8 +288,8 @@ def _outage(context: Any, resource: RecoveryResource, node: NodeDefinition, exc:
 
 def _handle_error(run: NodeRun, own: Ownership, exc: Exception, ctx: NodeContext, attempts: int) -> Any:
     context, store, resource, op_name = run.context, run.store, run.resource, run.name
-    if _store_outage(exc) is not None:  # reporting a database error must not need the database
-        return _outage(context, resource, run.node, _store_outage(exc))
+    if (outage := _store_outage(exc)) is not None:  # reporting a database error must not need the database
+        return _outage(context, resource, run.node, outage)
     model = getattr(exc, "model", None) if isinstance(exc, ClassifiedError) else None
     endpoint = getattr(exc, "endpoint", None) if isinstance(exc, ClassifiedError) else None
     err = with_context(exc, model=model, endpoint=endpoint)

@@ -111,6 +111,12 @@ def _materializes(job_def: JobDefinition, step: ExecutionStep) -> bool:
                for output in step.step_outputs)
 
 
+def _plain_step(plan: ExecutionPlan, key: str) -> ExecutionStep:
+    step = plan.get_step_by_key(key)
+    assert isinstance(step, ExecutionStep)  # split_plan splits only plans whose steps all are
+    return step
+
+
 def split_plan(job_def: JobDefinition, plan: ExecutionPlan, store: OpStore, pipeline_id: int,
                selection: list[str] | None) -> Split | None:
     """Which steps to replay and which to execute; ``None`` when the plan runs unchanged (dynamic outputs)."""
@@ -136,7 +142,7 @@ def split_plan(job_def: JobDefinition, plan: ExecutionPlan, store: OpStore, pipe
         else:
             split.rest.append(step.key)
     # Only the finished steps whose output a remaining step reads are replayed: the rest cost nothing.
-    needed = set().union(*(plan.get_step_by_key(key).get_execution_dependency_keys() for key in split.rest))
+    needed = set().union(*(_plain_step(plan, key).get_execution_dependency_keys() for key in split.rest))
     for key in [k for k in split.replay if k not in needed]:
         del split.replay[key]
         split.left_out.append(key)
@@ -144,7 +150,7 @@ def split_plan(job_def: JobDefinition, plan: ExecutionPlan, store: OpStore, pipe
     if split.unselected:
         kept = set(split.replay) | set(split.rest) | set(split.left_out)
         for key in kept:
-            missing = plan.get_step_by_key(key).get_execution_dependency_keys() - kept
+            missing = _plain_step(plan, key).get_execution_dependency_keys() - kept
             if missing:
                 raise UnresumableSelection(
                     f"the resumed run selected op(s) {sorted(chosen)}, but step {key} takes input from "
@@ -236,7 +242,8 @@ def _replay_step(step_context, node: Node, pipeline_id: int) -> Iterator[Dagster
         (output_def,) = step_context.op_def.output_defs
         produced = Output(node.output, output_def.name, metadata=skipped_metadata(node, pipeline_id))
         for output in _step_output_error_checked_user_event_sequence(step_context, iter([produced])):
-            yield from _type_check_and_store_output(step_context, output)
+            if isinstance(output, Output):  # it checks the one Output it is given and yields it back
+                yield from _type_check_and_store_output(step_context, output)
     except Exception:  # noqa: BLE001 - reported as this step's failure, like any step error
         error = serializable_error_info_from_exc_info(sys.exc_info())
         yield DagsterEvent.step_failure_event(step_context, StepFailureData(error=error, user_failure_data=None))

@@ -7,7 +7,7 @@ import logging
 import os
 import threading
 from collections.abc import Sequence
-from typing import Optional
+from typing import Any
 
 from dagster import ConfigurableResource
 from pydantic import Field, model_validator
@@ -73,12 +73,12 @@ def shared_store(url: str, *, retry_budget: float | None = None, packages: Seque
 class RecoveryResource(ConfigurableResource):
     """Application tables and recovery settings shared by recoverable ops and the sensors."""
 
-    database_url: Optional[str] = Field(
+    database_url: str | None = Field(
         default=None,
         description="SQLAlchemy URL of the application tables (postgresql://... or sqlite:///...). "
         "Defaults to $RECOVERY_DATABASE_URL, else SQLite under $DAGSTER_HOME. Pass secrets with EnvVar.",
     )
-    deployment: Optional[str] = Field(
+    deployment: str | None = Field(
         default=None,
         description="The deployment (one Dagster instance) whose sensors own this resource's pipelines: only they "
         "reclaim, resume, stop or give them up. Default: $RECOVERY_DEPLOYMENT, else derived from the Dagster "
@@ -94,20 +94,23 @@ class RecoveryResource(ConfigurableResource):
     heartbeat_timeout: float = Field(
         default=90.0, description="Seconds without a pulse before a pipeline is an orphan (ORPHAN_HEARTBEAT_THRESHOLD)."
     )
-    stall_timeout: Optional[float] = Field(
+    stall_timeout: float | None = Field(
         default=None, description="Seconds a node may go without progress before it counts as stuck; None disables."
     )
-    hard_deadline_seconds: Optional[float] = Field(
-        default=None, description="Hard deadline: the longest a pipeline may run, however alive its heartbeats; None for no limit."
+    hard_deadline_seconds: float | None = Field(
+        default=None,
+        description="Hard deadline: the longest a pipeline may run, however alive its heartbeats; None for no limit.",
     )
     max_resumes: int = Field(default=3, description="Resumes before a crashing pipeline is given up.")
-    max_age_seconds: Optional[float] = Field(
+    max_age_seconds: float | None = Field(
         default=24 * 3600.0, description="Pipelines older than this are given up instead of resumed."
     )
     launch_grace_seconds: float = Field(
         default=300.0, description="Seconds a reclaimed pipeline waits for its resume run before it re-orphans."
     )
-    enable_orphan_recovery: bool = Field(default=True, description="Reclaim and resume orphaned pipelines (a switch to turn recovery off in an emergency).")
+    enable_orphan_recovery: bool = Field(
+        default=True,
+        description="Reclaim and resume orphaned pipelines (a switch to turn recovery off in an emergency).")
     max_retries: int = Field(default=5, description="In-run retries (RetryRequested) of a node on transient errors.")
     retry_initial_delay: float = Field(default=2.0, description="First retry delay in seconds; doubles each time.")
     retry_max_delay: float = Field(default=120.0, description="Upper bound of one retry delay in seconds.")
@@ -115,7 +118,7 @@ class RecoveryResource(ConfigurableResource):
     same_error_limit: int = Field(
         default=5, description="Consecutive errors of one category before escalation: a transient category pauses "
         "the pipeline (shown as waiting), a permanent one fails it.")
-    database_retry_budget: Optional[float] = Field(
+    database_retry_budget: float | None = Field(
         default=None, description="Seconds a store call keeps retrying a transient database error (a restart, a lost "
         "connection, a deadlock) before the node degrades (optional) or fails retryably. None: the heartbeat timeout.",
     )
@@ -147,7 +150,7 @@ class RecoveryResource(ConfigurableResource):
         "node at most this much later; any failure in this node drops the trust at once.")
 
     @model_validator(mode="after")
-    def _validate(self) -> "RecoveryResource":
+    def _validate(self) -> RecoveryResource:
         """Refuse NaN, infinities, out-of-bounds and contradictory settings when the definitions load."""
         long = self.allow_long_durations
         self.heartbeat_settings()
@@ -225,8 +228,8 @@ class RecoveryResource(ConfigurableResource):
 
     def retry_policy(self, **overrides) -> RetryPolicy:
         """The same backoff for calls inside a node (e.g. one LLM request)."""
-        settings = dict(max_attempts=self.max_retries + 1, initial_delay=self.retry_initial_delay,
-                        max_delay=self.retry_max_delay, jitter=self.retry_jitter,
-                        same_error_limit=self.same_error_limit)
+        settings: dict[str, Any] = dict(max_attempts=self.max_retries + 1, initial_delay=self.retry_initial_delay,
+                                        max_delay=self.retry_max_delay, jitter=self.retry_jitter,
+                                        same_error_limit=self.same_error_limit)
         settings.update(overrides)
         return RetryPolicy(**settings)

@@ -12,7 +12,8 @@ import logging
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor, wait
-from datetime import timezone
+from datetime import UTC
+from typing import Any, overload
 
 from dagster import DagsterRun, DagsterRunStatus, JobDefinition, RunRequest, RunsFilter
 
@@ -91,7 +92,7 @@ def _still_deciding(instance, run_ids: Sequence[str], now: float) -> list[str]:
             ended = record.end_time
             if ended is None and record.update_timestamp is not None:  # failed outside a run: last update
                 stamp = record.update_timestamp
-                ended = (stamp if stamp.tzinfo else stamp.replace(tzinfo=timezone.utc)).timestamp()
+                ended = (stamp if stamp.tzinfo else stamp.replace(tzinfo=UTC)).timestamp()
             if ended is not None and now - ended < RETRY_DECISION_GRACE_SECONDS:
                 deciding.append(record.dagster_run.run_id)
     return deciding
@@ -161,19 +162,24 @@ def carried_tags(origin: DagsterRun | None) -> dict[str, str]:
     for kept in (PRIORITY_TAG, PARTITION_TAG, *PARTITION_RANGE_TAGS):
         if kept in origin.tags:
             tags[kept] = origin.tags[kept]
-    if origin.resolved_op_selection or origin.op_selection:
+    selection = origin.resolved_op_selection or origin.op_selection
+    if selection:
         # the resolved op names: the run worker restricts the resume run to them (replay.py)
-        tags[TAG_OP_SELECTION] = json.dumps(sorted(origin.resolved_op_selection or origin.op_selection))
+        tags[TAG_OP_SELECTION] = json.dumps(sorted(selection))
     return tags
 
 
+@overload
+def unmasked(params: Mapping[str, Any], original: object) -> Mapping[str, Any]: ...
+@overload
+def unmasked(params: object, original: object) -> object: ...
 def unmasked(params: object, original: object) -> object:
     """The recorded run config with each value masked when it was stored (an ``api_key``, a URL's
     password) taken back from the first run's own config, which Dagster keeps."""
     if isinstance(params, Mapping) and isinstance(original, Mapping):
         return {k: unmasked(v, original[k]) if k in original else v for k, v in params.items()}
     if isinstance(params, list) and isinstance(original, (list, tuple)) and len(params) == len(original):
-        return [unmasked(v, o) for v, o in zip(params, original)]
+        return [unmasked(v, o) for v, o in zip(params, original, strict=True)]
     if isinstance(params, str) and MASK in params and original != params and (
             params == MASK or (isinstance(original, str) and redact_config(original) == params)):
         return original

@@ -76,8 +76,8 @@ class RunStateReporter:
 
     def waiting(self, seconds: float, reason: str, *, until: dt.datetime | None = None) -> None:
         """The pipeline pauses: ``recovery/state=waiting`` and an event with the reason and the next try."""
-        next_try = until or (dt.datetime.now(dt.timezone.utc) + dt.timedelta(seconds=seconds))
-        when = next_try.astimezone(dt.timezone.utc).strftime("%H:%M:%S UTC")
+        next_try = until or (dt.datetime.now(dt.UTC) + dt.timedelta(seconds=seconds))
+        when = next_try.astimezone(dt.UTC).strftime("%H:%M:%S UTC")
         set_state(self.instance, self.run_id, WAITING, log=self.log)
         report(self.instance, self.run_id, self.job_name,
                f"recovery-ext: waiting out a provider outage in {self.node}: next try at {when} "

@@ -36,7 +36,7 @@ class BodySignature:
     return_annotation: Any
 
     @classmethod
-    def of(cls, body: Callable[..., Any]) -> "BodySignature":
+    def of(cls, body: Callable[..., Any]) -> BodySignature:
         params = list(inspect.signature(body).parameters.values())
         if not params or params[0].kind not in (Parameter.POSITIONAL_ONLY, Parameter.POSITIONAL_OR_KEYWORD):
             raise TypeError(f"{body.__name__}: a recoverable body takes the recovery context as its first parameter")
@@ -56,7 +56,7 @@ class BodySignature:
     def names(self) -> list[str]:
         return [p.name for p in self.params]
 
-    def restricted_to(self, inputs: Mapping[str, Any] | None) -> "BodySignature":
+    def restricted_to(self, inputs: Mapping[str, Any] | None) -> BodySignature:
         """With explicit ``ins``, the body's other non-config, non-resource parameters are not inputs
         (they keep their defaults)."""
         if inputs is None:

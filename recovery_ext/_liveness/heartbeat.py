@@ -57,7 +57,7 @@ class HeartbeatSettings:
             )
 
     @classmethod
-    def from_env(cls, prefix: str = "RECOVERY_HEARTBEAT_") -> "HeartbeatSettings":
+    def from_env(cls, prefix: str = "RECOVERY_HEARTBEAT_") -> HeartbeatSettings:
         return cls(interval=env_seconds(prefix + "INTERVAL", DEFAULT_INTERVAL),
                    timeout=env_seconds(prefix + "TIMEOUT", DEFAULT_TIMEOUT),
                    stall_timeout=env_seconds(prefix + "STALL_TIMEOUT", None))
@@ -90,7 +90,7 @@ class Watchdog:
         self._thread: threading.Thread | None = None
         self._last_ok = clock()
 
-    def start(self) -> "Watchdog":
+    def start(self) -> Watchdog:
         self._last_ok = self.clock()
         self._thread = threading.Thread(target=self._run, name=f"rx-{self.name}", daemon=True)
         self._thread.start()
@@ -101,7 +101,7 @@ class Watchdog:
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout)
 
-    def __enter__(self) -> "Watchdog":
+    def __enter__(self) -> Watchdog:
         return self.start()
 
     def __exit__(self, *exc_info) -> None:
@@ -166,7 +166,7 @@ class Lease:
     was released), so a superseded worker stops at its next check.
     """
 
-    def __init__(self, registry: "HeartbeatRegistry", own: Ownership, node: str | None,
+    def __init__(self, registry: HeartbeatRegistry, own: Ownership, node: str | None,
                  settings: HeartbeatSettings) -> None:
         self.registry = registry
         self.own = own
@@ -186,7 +186,7 @@ class Lease:
         self.stopping.set()
         self.registry.release(self)
 
-    def __enter__(self) -> "Lease":
+    def __enter__(self) -> Lease:
         return self
 
     def __exit__(self, *exc_info) -> None:
@@ -317,7 +317,7 @@ class HeartbeatRegistry:
         return interval
 
 
-_registries: "weakref.WeakKeyDictionary[object, HeartbeatRegistry]" = weakref.WeakKeyDictionary()
+_registries: weakref.WeakKeyDictionary[object, HeartbeatRegistry] = weakref.WeakKeyDictionary()
 _registries_lock = threading.Lock()
 
 

@@ -35,7 +35,7 @@ class MetricSpec:
     help: str
     labels: tuple[str, ...] = ()
 
-    def family(self, labels: tuple[str, ...] | None = None) -> Metric:
+    def family(self, labels: tuple[str, ...] | None = None) -> CounterMetricFamily | GaugeMetricFamily:
         cls = CounterMetricFamily if self.kind == "counter" else GaugeMetricFamily
         return cls(self.name, self.help, labels=list(labels if labels is not None else self.labels))
 
@@ -164,7 +164,7 @@ def snapshot_families(s: MetricsSnapshot) -> Iterator[Metric]:
 def _provider_families(s: MetricsSnapshot) -> Iterator[Metric]:
     calls, tokens, cost = PROVIDER_CALLS.family(), PROVIDER_TOKENS.family(), PROVIDER_COST.family()
     spent_cost: dict[tuple[str, str], float] = {}
-    for job, model, outcome, n, tokens_in, tokens_out, money in s.provider_calls:
+    for job, model, outcome, n, _, _, money in s.provider_calls:
         job, model = _text(job), _text(model)
         calls.add_metric([job, model, _text(outcome)], n)
         spent_cost[(job, model)] = spent_cost.get((job, model), 0.0) + float(money)
@@ -175,8 +175,8 @@ def _provider_families(s: MetricsSnapshot) -> Iterator[Metric]:
             spent_tokens[key] = spent_tokens.get(key, 0) + int(value)
     for key, value in sorted(spent_tokens.items()):
         tokens.add_metric(list(key), value)
-    for key, value in sorted(spent_cost.items()):
-        cost.add_metric(list(key), value)
+    for job_model, money in sorted(spent_cost.items()):
+        cost.add_metric(list(job_model), money)
     yield calls
     yield tokens
     yield cost

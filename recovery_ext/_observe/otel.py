@@ -44,7 +44,7 @@ DURATION_BUCKETS = (0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 
 DEFAULT_PORTS = {"http": 80, "https": 443}
 
 _lock = threading.Lock()
-_emitter: "_Emitter | None" = None
+_emitter: _Emitter | None = None
 
 
 def _library_version() -> str | None:

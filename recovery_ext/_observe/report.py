@@ -6,6 +6,7 @@ from __future__ import annotations
 import datetime as dt
 import math
 from html import escape
+from itertools import pairwise
 from typing import Any
 
 from recovery_ext._observe.timeline import Interval, Run, Timeline
@@ -262,6 +263,7 @@ def _items_curve(s: _Scale, t: Timeline, top: int, h: int) -> str:
             points[-1] = (points[-1][0], y, epoch)
             continue
         points.append((x, y, epoch))
+    prev: tuple[float, float]
     segs, prev, prev_epoch = [], (s.x0, top + h), points[0][2]
     for x, y, epoch in points:
         # Flat while nothing is checkpointed (in the colour of the run that did the last item), up per item.
@@ -285,8 +287,8 @@ def _axis(s: _Scale, bottom: int) -> str:
     while first + n * step <= s.span + 1e-9:
         at = s.start + dt.timedelta(seconds=first + n * step)
         x = s.x(at)
-        label = at.astimezone(dt.timezone.utc).strftime("%H:%M:%S.%f" if step < 1 else
-                                                        "%H:%M:%S" if step < 86400 else "%m-%d %H:%M")
+        label = at.astimezone(dt.UTC).strftime("%H:%M:%S.%f" if step < 1 else
+                                               "%H:%M:%S" if step < 86400 else "%m-%d %H:%M")
         label = label[:-5] if step < 1 else label
         ticks.append(f'<line x1="{x:.1f}" y1="18" x2="{x:.1f}" y2="{bottom}" stroke="#eef0f3"/>'
                      f'<text x="{x:.1f}" y="13" font-size="10.5" fill="#6b7280" text-anchor="middle">{label}</text>')
@@ -386,7 +388,7 @@ def _cause(t: Timeline, epoch: int | None) -> str:
 def _downtime(t: Timeline) -> float:
     """Seconds between a run's end and the next run's first write (crash detection plus launch)."""
     total = 0.0
-    for a, b in zip(t.runs, t.runs[1:]):
+    for a, b in pairwise(t.runs):
         if a.outcome in ("crashed", "superseded") and a.ended_at and b.first_activity_at:
             total += max((b.first_activity_at - a.ended_at).total_seconds(), 0.0)
     return total
@@ -441,7 +443,7 @@ def _clip(text: str, n: int) -> str:
 def _when(value: dt.datetime | None) -> str:
     if value is None:
         return "-"
-    text = value.astimezone(dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S.%f")
+    text = value.astimezone(dt.UTC).strftime("%Y-%m-%d %H:%M:%S.%f")
     return text[:-3]
 
 

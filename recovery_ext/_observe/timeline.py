@@ -116,11 +116,14 @@ def build_timeline(h: PipelineHistory) -> Timeline:
         run.first_activity_at = run.first_activity_at or at
         run.last_activity_at = at
 
+    epoch: int | None  # a node's transition may name none
+    run: Run | None
     for t in h.transitions:
         at, event, data = t["at"], t["event"], t["data"] if isinstance(t["data"], dict) else {}
         if t["entity_type"] == "pipeline":
             if event in EPOCH_STARTS:
-                epoch = data.get("epoch") if isinstance(data.get("epoch"), int) else (runs[-1].epoch + 1 if runs else 1)
+                named = data.get("epoch")
+                epoch = named if isinstance(named, int) else (runs[-1].epoch + 1 if runs else 1)
                 previous = current()
                 run = Run(epoch=epoch, began=event, started_at=at, cause=data.get("cause"))
                 if previous is not None and previous.outcome == "running":
@@ -148,7 +151,8 @@ def build_timeline(h: PipelineHistory) -> Timeline:
                                           str(waiting_from[1].get("reason") or "")))
                 waiting_from = None
             elif t["to_status"] in FINISHED:
-                run = by_epoch.get(data.get("epoch")) or current()
+                named = data.get("epoch")
+                run = (by_epoch.get(named) if isinstance(named, int) else None) or current()
                 if run is not None:
                     seen(run.epoch, data.get("owner"), at)
                     run.outcome, run.ended_at = t["to_status"], at

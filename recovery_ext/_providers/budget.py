@@ -32,6 +32,10 @@ class Reservation:
         self.store, self.id = store, reservation_id
         self.settled: int | None = None
 
+    def release(self) -> None:
+        """Give the request back to the window: it was never sent."""
+        self.store.budget_release(self.id)
+
     def settle(self, tokens: int) -> None:
         total = tokens if self.settled is None else self.settled + tokens  # several recorded parts of one call
         self.store.budget_settle(self.id, total)
@@ -64,7 +68,7 @@ class RateBudget:
                     self.check()
                 grant = self.store.budget_reserve(self.endpoint, model, tokens=max(0, int(tokens)), limits=limits,
                                                   holder=self.who)
-                if grant.granted:
+                if grant.reservation is not None:  # granted: the id of the request it holds
                     return Reservation(self.store, grant.reservation)
                 wait = grant.wait_seconds
                 if not shown and wait >= SHOW_AFTER and self.show_wait is not None:

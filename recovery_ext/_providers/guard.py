@@ -41,7 +41,8 @@ from recovery_ext._providers.budget import RateBudget
 from recovery_ext._providers.journal import MISS, CallJournal, PendingCall, function_fingerprint
 from recovery_ext._providers.ledger import current_reservation
 from recovery_ext._classify.redaction import redact, redact_url
-from recovery_ext._classify.retry import RetryPolicy, event_sleep, retry_if_retryable, stop_on_event, wait_jittered_exponential
+from recovery_ext._classify.retry import (RetryPolicy, event_sleep, retry_if_retryable, stop_on_event,
+                                          wait_jittered_exponential)
 from recovery_ext._store.statuses import BreakerState
 from recovery_ext._store.interfaces import ProviderStore
 
@@ -150,6 +151,13 @@ class _Call:
     pending: PendingCall | None = None  # the call's journal entry (None: not journaled)
 
 
+def _failure(retry_state: RetryCallState) -> BaseException:
+    """The error tenacity waits after or gives up on: retry_if_retryable retries failed attempts only."""
+    exc = retry_state.outcome.exception() if retry_state.outcome is not None else None
+    assert exc is not None
+    return exc
+
+
 class ProviderGuard:
     """Calls a provider through the breaker, the retry policy and the outage pause; see the module doc."""
 
@@ -191,10 +199,10 @@ class ProviderGuard:
             self.pause.retrying()
         store = self.store
         reservation = self.budget.acquire(call.estimated_tokens, call.model) if self.budget is not None else None
-        decision = self._breaker_decision() if store is not None else None
-        if decision is not None and not decision.allowed:
+        decision = self._breaker_decision(store) if store is not None else None
+        if store is not None and decision is not None and not decision.allowed:
             if reservation is not None:
-                store.budget_release(reservation.id)  # no request was made
+                reservation.release()  # no request was made
             raise CircuitOpen(self.endpoint, decision.wait_seconds, decision.state)
         if self.check is not None:
             self.check()  # the budget wait may have been long
@@ -204,11 +212,11 @@ class ProviderGuard:
                 found = pending.start(self.endpoint, call.model)
             except BaseException:
                 if reservation is not None:
-                    store.budget_release(reservation.id)
+                    reservation.release()
                 raise
             if found is not MISS:
                 if reservation is not None:
-                    store.budget_release(reservation.id)  # answered from the journal: no request was made
+                    reservation.release()  # answered from the journal: no request was made
                 return found
         held = current_reservation.set(reservation)
         try:
@@ -224,7 +232,7 @@ class ProviderGuard:
                 if store.breaker_record_failure(self.endpoint, self.who, threshold=self.settings.breaker_threshold,
                                                 cooldown=self.cooldown.delay, error=str(exc)) == "opened":
                     self.log(f"circuit breaker for {redact(self.endpoint)} opened: {redact(exc)}")
-            elif store is not None and found.status_code is not None:
+            elif store is not None and decision is not None and found.status_code is not None:
                 store.breaker_record_success(self.endpoint, self.who, decision)  # it answered, if only to refuse
             raise
         else:
@@ -232,17 +240,18 @@ class ProviderGuard:
                 pending.answered(result)  # kept before anything else happens to it
         finally:
             current_reservation.reset(held)
-        if store is not None and store.breaker_record_success(self.endpoint, self.who, decision):
+        if (store is not None and decision is not None
+                and store.breaker_record_success(self.endpoint, self.who, decision)):
             self.log(f"circuit breaker for {redact(self.endpoint)} closed: the probe succeeded")
         return result
 
-    def _breaker_decision(self) -> BreakerDecision:
+    def _breaker_decision(self, store: ProviderStore) -> BreakerDecision:
         """The shared breaker's say, read from the store unless a read showed it closed with no failures
         less than ``breaker_refresh`` seconds ago (only then: an open, half-open or failing breaker is
         read before every call, so probes and cool-downs are exactly as the store decides)."""
         if self._closed_until is not None and self.clock() < self._closed_until:
             return TRUSTED_CLOSED
-        decision = self.store.breaker_before_call(self.endpoint, self.who, probe_timeout=self.settings.probe_timeout)
+        decision = store.breaker_before_call(self.endpoint, self.who, probe_timeout=self.settings.probe_timeout)
         trusted = decision.allowed and decision.state == BreakerState.CLOSED and not decision.failures
         self._closed_until = self.clock() + self.settings.breaker_refresh if trusted else None
         return decision
@@ -251,7 +260,7 @@ class ProviderGuard:
 
     def _wait(self, call: _Call) -> Callable[[RetryCallState], float]:
         def wait(retry_state: RetryCallState) -> float:
-            exc = retry_state.outcome.exception()
+            exc = _failure(retry_state)
             if call.first_failure is None:
                 call.first_failure = self.clock()
             if isinstance(exc, CircuitOpen):
@@ -303,7 +312,7 @@ class ProviderGuard:
 
     def _give_up(self, call: _Call) -> Callable[[RetryCallState], Any]:
         def give_up(retry_state: RetryCallState) -> Any:
-            exc = retry_state.outcome.exception()
+            exc = _failure(retry_state)
             if self.shutdown is not None and self.shutdown.is_set():
                 raise StopRequested("shutdown requested while waiting for the provider") from exc
             found = classify(exc)

@@ -140,7 +140,8 @@ class PendingCall:
         self._looked = fresh or call_key is None
         self._attempt: Attempt | None = None
         self._token: contextvars.Token | None = None
-        self.endpoint, self.model = "", None
+        self.endpoint: str = ""
+        self.model: str | None = None
 
     def start(self, endpoint: str, model: str | None) -> Any:
         """Before a request: the journaled answer (first attempt only), or MISS once the request's ledger row is
@@ -254,7 +255,7 @@ def journaled_call(send: Callable[[], Any], *, endpoint: str, model: str | None 
     journal = getattr(scope, "journal", None)
     if journal is None:
         return send()
-    scope.check_calls()
+    journal.scope.check_calls()  # the node the journal belongs to is this scope
     pending = journal.open(endpoint=endpoint, request=request, key=key, fresh=fresh, item=item)
     found = pending.start(endpoint, model)
     if found is not MISS:

@@ -167,13 +167,10 @@ class CallRecorder:
                         return
                     continue
             idle_since = time.monotonic()
-            if self.flush(older_than=self.linger):
-                backoff = self.linger
-            else:
-                backoff = min(backoff * 2, 10.0)
+            backoff = self.linger if self.flush(older_than=self.linger) else min(backoff * 2, 10.0)
 
 
-_recorders: "weakref.WeakKeyDictionary[object, CallRecorder]" = weakref.WeakKeyDictionary()
+_recorders: weakref.WeakKeyDictionary[object, CallRecorder] = weakref.WeakKeyDictionary()
 _recorders_lock = threading.Lock()
 
 

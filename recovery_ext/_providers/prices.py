@@ -23,7 +23,7 @@ class Prices:
     table: Mapping[str, tuple[float, float]]
 
     @classmethod
-    def parse(cls, table: Mapping[str, Any] | None) -> "Prices":
+    def parse(cls, table: Mapping[str, Any] | None) -> Prices:
         parsed: dict[str, tuple[float, float]] = {}
         for model, price in (table or {}).items():
             if not isinstance(price, Mapping) or set(price) - {"input", "output"}:

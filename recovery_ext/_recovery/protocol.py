@@ -181,7 +181,7 @@ class RecoveryProtocol:
         again = sum(1 for a in to_request if a.pipeline_id not in fresh)
         if again:
             notes.append(f"{_plural(again, 'resume run')} re-requested (no run yet)")
-        superseded = [*stats.reclaimed_pipelines, *stats.given_up_pipelines]
+        superseded: list[Reclaimed | GivenUp] = [*stats.reclaimed_pipelines, *stats.given_up_pipelines]
         stopped = control.stop_superseded(superseded) if superseded else []
         if stopped:
             terminated = sum(1 for s in stopped if s.terminate == "terminated")

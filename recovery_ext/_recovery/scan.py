@@ -40,7 +40,7 @@ class RecoverySettings:
                        limit=self.max_per_scan if plan.limit is None else plan.limit)
 
     @classmethod
-    def from_env(cls) -> "RecoverySettings":
+    def from_env(cls) -> RecoverySettings:
         return cls(
             enabled=env_bool("RECOVERY_ENABLE_ORPHAN_RECOVERY", True),
             launch_grace_seconds=env_seconds("RECOVERY_LAUNCH_GRACE", DEFAULT_LAUNCH_GRACE),

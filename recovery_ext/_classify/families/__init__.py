@@ -20,6 +20,7 @@ import importlib
 import sys
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Any
 
 from recovery_ext._classify.verdict import Classification
 
@@ -101,7 +102,7 @@ def forget() -> None:
     _current = (-1, None)
 
 
-_cache: dict[str, object] = {}
+_cache: dict[str, Any] = {}
 _current: tuple[int, Active | None] = (-1, None)  # len(sys.modules) when last built, and what was built
 
 
@@ -109,7 +110,7 @@ def active() -> Active:
     """The judges of every family whose library is imported; rebuilt only when that set changes."""
     global _current
     size, current = len(sys.modules), _current
-    if current[0] == size:
+    if current[0] == size and current[1] is not None:
         return current[1]
     present = tuple(lib for libs in _REGISTRY.values() for lib in libs if lib in sys.modules)
     if _cache.get("present") != present or "active" not in _cache:
@@ -119,9 +120,9 @@ def active() -> Active:
         _cache["active"] = Active({point: tuple((roots, getattr(f, point)) for roots, f in families
                                                 if getattr(f, point) is not None) for point in _POINTS})
         _cache["present"] = present
-    built = _cache["active"]
+    built: Active = _cache["active"]
     _current = (size, built)
-    return built  # type: ignore[return-value]
+    return built
 
 
 # The provider SDKs first: their error codes are more specific than the HTTP libraries they ride on.

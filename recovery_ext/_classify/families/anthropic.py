@@ -12,7 +12,8 @@ def family() -> Family:
         facts=judge_provider_error(loaded_types("anthropic", "APIError")),
         structure=by_type([
             (loaded_types("anthropic", "APITimeoutError"), transient("timeout", "anthropic: timed out")),
-            (loaded_types("anthropic", "RetryableError"), transient("unknown", "anthropic: RetryableError (opts into retries)")),
+            (loaded_types("anthropic", "RetryableError"),
+             transient("unknown", "anthropic: RetryableError (opts into retries)")),
             (loaded_types("anthropic", "CredentialsError"), permanent("auth", "anthropic: no usable credentials")),
         ]),
         wrapper=by_type([(loaded_types("anthropic", "APIConnectionError"),

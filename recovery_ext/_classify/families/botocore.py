@@ -47,9 +47,9 @@ def family() -> Family:
             return None
         response = getattr(exc, "response", None)
         response = response if isinstance(response, dict) else {}
-        error = response.get("Error") if isinstance(response.get("Error"), dict) else {}
+        error = raw if isinstance(raw := response.get("Error"), dict) else {}
         code = str(error.get("Code") or "")
-        meta = response.get("ResponseMetadata") if isinstance(response.get("ResponseMetadata"), dict) else {}
+        meta = raw if isinstance(raw := response.get("ResponseMetadata"), dict) else {}
         status = meta.get("HTTPStatusCode")
         status = status if isinstance(status, int) and not isinstance(status, bool) else None
         lowered = code.lower()
@@ -67,7 +67,8 @@ def family() -> Family:
         facts=facts,
         structure=by_type([
             (loaded_types(module, "SSLError"), permanent("tls", "botocore: TLS failed")),
-            (loaded_types(module, "ReadTimeoutError", "ConnectTimeoutError"), transient("timeout", "botocore: timed out")),
+            (loaded_types(module, "ReadTimeoutError", "ConnectTimeoutError"),
+             transient("timeout", "botocore: timed out")),
             (loaded_types(module, "ConnectionError", "HTTPClientError", "IncompleteReadError"),
              transient("connection", "botocore: the request did not get through")),
             (loaded_types(module, "NoCredentialsError", "PartialCredentialsError", "CredentialRetrievalError",

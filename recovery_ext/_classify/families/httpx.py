@@ -7,8 +7,8 @@ from recovery_ext._classify.verdict import permanent, transient
 
 
 def _both(module: str, *names: str) -> tuple[type, ...]:
-    return loaded_types(module, *names) + loaded_types(module.replace("httpx", "httpx2").replace("httpcore", "httpcore2"),
-                                                       *names)
+    renamed = module.replace("httpx", "httpx2").replace("httpcore", "httpcore2")
+    return loaded_types(module, *names) + loaded_types(renamed, *names)
 
 
 def family() -> Family:

@@ -15,7 +15,8 @@ _TRANSIENT_REPLY_CODES = ("BUSY ", "LOADING ", "TRYAGAIN", "CLUSTERDOWN", "MASTE
 def family() -> Family:
     types = lambda *names: loaded_types("redis.exceptions", *names)
     typed = by_type([
-        (types("AuthenticationError", "AuthorizationError", "NoPermissionError", "AuthenticationWrongNumberOfArgsError"),
+        (types("AuthenticationError", "AuthorizationError", "NoPermissionError",
+               "AuthenticationWrongNumberOfArgsError"),
          permanent("auth", "redis: not authenticated or not permitted")),
         (types("BusyLoadingError", "TryAgainError", "ClusterDownError", "ReadOnlyError", "OutOfMemoryError",
                "MaxConnectionsError", "AskError"),
