@@ -21,6 +21,7 @@ from recovery_ext._observe.otel import instrument_opentelemetry, uninstrument_op
 from recovery_ext._providers.guard import OutageSettings, ProviderGuard
 from recovery_ext._providers.ledger import record_provider_call
 from recovery_ext._providers.prices import Prices
+from recovery_ext._providers.usage import read_usage
 from recovery_ext._recovery.scan import RecoverySettings, scan
 from recovery_ext._settings import env_bool, env_seconds
 from recovery_ext._store.budgets import ProviderLimits
@@ -148,6 +149,7 @@ __all__ = [
     "recoverable_job",
     "recoverable_multi_asset",
     "recoverable_op",
+    "read_usage",
     "record_provider_call",
     "redact",
     "redact_secret",

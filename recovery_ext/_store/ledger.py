@@ -95,11 +95,11 @@ def call_row(call: ProviderCall, *, reached: bool = False) -> dict[str, Any]:
             "model": None if call.model is None else str(call.model)[:200], "tokens_in": call.tokens_in,
             "tokens_out": call.tokens_out, "latency_seconds": float(call.latency_seconds),
             "outcome": call.outcome if call.outcome == "ok" else redact(call.outcome)[:64], "cost": None if call.cost is None else float(call.cost),
-            "reached_checkpoint": reached and call.outcome == "ok"}
+            "reached_checkpoint": reached and call.outcome == "ok", "note": call.note}
 
 
 _COLUMNS = ("id", "pipeline_id", "node_name", "item_key", "run_id", "epoch", "endpoint", "model", "tokens_in",
-            "tokens_out", "latency_seconds", "outcome", "cost", "reached_checkpoint")
+            "tokens_out", "latency_seconds", "outcome", "cost", "reached_checkpoint", "note")
 _SQLITE_INSERT = (f"INSERT INTO rx_provider_calls ({', '.join(_COLUMNS)}, recorded_at) "
                   f"VALUES ({', '.join('?' for _ in _COLUMNS)}, (julianday('now') - 2440587.5) * 86400.0) ")
 _SQLITE_RECORD = _SQLITE_INSERT + "ON CONFLICT (id) DO NOTHING"

@@ -81,6 +81,7 @@ def encode_json(value: Any) -> JsonText:
 
 _compact = json.JSONEncoder(separators=(",", ":")).encode
 _MAX_TOKENS = 2**62  # fits a signed 64-bit column with room for sums
+_CALL_TEXT = ("endpoint", "model", "outcome", "operation", "provider", "response_model", "note")
 
 
 @dataclass(frozen=True)
@@ -114,8 +115,15 @@ class ProviderCall:
     operation: str | None = field(default=None, kw_only=True)
     provider: str | None = field(default=None, kw_only=True)
     response_model: str | None = field(default=None, kw_only=True)
+    # Why a figure is not what the provider said (its usage was unreadable, recorded as 0), else None.
+    note: str | None = field(default=None, kw_only=True)
 
     def __post_init__(self) -> None:
+        # PostgreSQL's text refuses NUL, SQLite's keeps it: the same call must be recordable on both.
+        for name in _CALL_TEXT:
+            value = getattr(self, name)
+            if type(value) is str and "\x00" in value:
+                object.__setattr__(self, name, value.replace("\x00", "\ufffd"))
         # Runs once per recorded call, on the item's hot path: the exact-type checks settle the usual
         # values at once, and only an unusual one pays for the full check and its message.
         if not (type(self.tokens_in) is int and 0 <= self.tokens_in < _MAX_TOKENS
@@ -143,6 +151,8 @@ class ProviderCall:
             value = getattr(self, name)
             if value is not None and (not isinstance(value, str) or not 0 < len(value) <= 200):
                 raise ConfigurationError(f"ProviderCall.{name} must be a short name or None, got {value!r}")
+        if self.note is not None and (not isinstance(self.note, str) or len(self.note) > 500):
+            raise ConfigurationError(f"ProviderCall.note must be a short text or None, got {self.note!r:.80}")
 
     @property
     def tokens(self) -> int:

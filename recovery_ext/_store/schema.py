@@ -327,6 +327,7 @@ provider_calls = Table(
     Column("cost", Float),
     Column("reached_checkpoint", Boolean, nullable=False),
     Column("recorded_at", DbTime, nullable=False),
+    Column("note", Text),
 )
 
 # Request and token budgets shared by every process (see budgets.py): the row is the lock a
