@@ -14,6 +14,10 @@ from recovery_ext._errors import ConfigurationError
 
 MIN_INTERVAL = 0.1
 DAY = 86400.0
+# The longest duration even ``allow_long`` accepts: a century. A time that far ahead is still a date on
+# both databases (SQLite's times are read back as Python datetimes, which end at year 9999, while
+# PostgreSQL's timestamptz goes on to year 294276), so both agree on every stored deadline.
+LONGEST = 100 * 366 * DAY
 
 
 def parse_duration(text: str) -> float:
@@ -50,6 +54,8 @@ def check_seconds(name: str, value: object, *, minimum: float = MIN_INTERVAL, ma
     if value > maximum and not allow_long:
         raise ConfigurationError(f"{name} must be at most {maximum:g} s (set allow_long_durations to go beyond), "
                                  f"got {value:g}")
+    if value > max(maximum, LONGEST):
+        raise ConfigurationError(f"{name} must be at most {LONGEST:g} s (a century), got {value:g}")
     return value
 
 

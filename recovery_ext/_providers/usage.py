@@ -13,7 +13,8 @@ from typing import Any, NamedTuple
 
 from recovery_ext._classify.redaction import redact
 
-MAX_TOKENS = 2**62  # as ProviderCall: fits a signed 64-bit column with room for sums
+# Beyond any real call (a trillion tokens): a budget window sums these, and must stay within 64 bits.
+MAX_TOKENS = 2**40
 _DIGITS = re.compile(r"[0-9]{1,19}")
 
 

@@ -12,6 +12,7 @@ from typing import Any
 
 from recovery_ext._classify.redaction import redact_url
 from recovery_ext._errors import ConfigurationError
+from recovery_ext._settings import LONGEST
 from recovery_ext._store.statuses import FINISHED_NODE_STATUSES, WAITING, ItemStatus, PipelineStatus
 
 
@@ -50,6 +51,9 @@ class PipelineLimits:
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
                     or value <= 0:
                 raise ConfigurationError(f"PipelineLimits.{name} must be a finite number of seconds > 0, "
+                                         f"got {value!r}")
+            if value > LONGEST:  # both databases must be able to store the time it leads to
+                raise ConfigurationError(f"PipelineLimits.{name} must be at most {LONGEST:g} s (a century), "
                                          f"got {value!r}")
         # the column is a 32-bit integer, and the recovery scan fails a row whose counter reaches its top as corrupt
         if isinstance(self.max_resumes, bool) or not isinstance(self.max_resumes, int) \
