@@ -23,7 +23,7 @@ from recovery_ext._settings import parse_duration
 from recovery_ext._recovery.scan import RecoverySettings, scan
 from recovery_ext._classify.redaction import redact, redact_url
 from recovery_ext._store.dialects import Dialect
-from recovery_ext._store.migrations import LIBRARY
+from recovery_ext._store.migrations import LIBRARY, check_package
 from recovery_ext._store.ledger import CostFigures
 from recovery_ext._store.models import PassPlan
 from recovery_ext._store.store import URL_ENV, RecoveryStore, default_database_url
@@ -138,6 +138,7 @@ def command(fn=None, *, creates_database: bool = False):
         out = Output(as_json or obj["json"])
         store = open_store(obj, creates_database=creates_database)
         try:
+            store.check_schema()  # a newer release's tables: one clear line, not a raw SQL error later
             return fn(store, out, **kwargs)
         except BrokenPipeError:
             raise
@@ -216,9 +217,19 @@ def main(ctx: click.Context, database_url: str | None, as_json: bool) -> None:
     ctx.obj["open_store"] = functools.partial(open_store, ctx.obj)
 
 
+def _migration_packages(ctx, param, packages: tuple[str, ...]) -> tuple[str, ...]:
+    """Each ``--package`` checked before anything is opened or created: a typo is a usage error (exit 2)."""
+    for package in packages:
+        try:
+            check_package(package)
+        except ConfigurationError as exc:
+            raise click.BadParameter(str(exc), ctx, param) from None
+    return packages
+
+
 @main.command()
 @click.option("--print", "print_only", is_flag=True, help="Show the SQL of pending migrations without running it.")
-@click.option("--package", "packages", multiple=True, metavar="PACKAGE",
+@click.option("--package", "packages", multiple=True, metavar="PACKAGE", callback=_migration_packages,
               help="Also apply the migrations of an application package (<package>/sql/<dialect>/NNNN_*.sql), "
                    "after the library's. Repeatable.")
 @command(creates_database=True)

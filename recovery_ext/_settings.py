@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 
 from recovery_ext._errors import ConfigurationError
 
@@ -87,3 +88,16 @@ def env_bool(name: str, default: bool) -> bool:
     if value in ("0", "false", "no", "off"):
         return False
     raise ConfigurationError(f"{name} must be true or false, got {raw!r}")
+
+
+# A deployment names a Dagster instance in every pipeline row, tick and listing: a short plain name.
+_DEPLOYMENT = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+
+
+def check_deployment(name: str, value: object) -> str:
+    """``value`` as a deployment name (1 to 64 of letters, digits, ``.``, ``_``, ``-``; a letter or digit first)."""
+    if not isinstance(value, str) or not _DEPLOYMENT.fullmatch(value):
+        shown = repr(value) if not isinstance(value, str) or len(value) <= 80 else f"{value[:60]!r}... ({len(value)} chars)"
+        raise ConfigurationError(f"{name} must be 1 to 64 letters, digits, '.', '_' or '-' starting with a letter "
+                                 f"or digit, got {shown}")
+    return value

@@ -28,6 +28,7 @@ from sqlalchemy.exc import IntegrityError
 from recovery_ext._store import hot_path
 from recovery_ext._store.database import is_retry, retried
 from recovery_ext._store.ledger import LedgerOps
+from recovery_ext._settings import check_deployment
 from recovery_ext._errors import IllegalTransition, NotFound, OwnershipLost, StoreError, UnfinishedItems
 from recovery_ext._store.fenced import FencedTransaction
 from recovery_ext._store.models import (ErrorInfo, ItemCheckpoint, Node, NodeSpec, Ownership, Pipeline,
@@ -71,6 +72,7 @@ class PipelineOps(LedgerOps):
         With ``origin_run_id`` this is idempotent: every op of the same Dagster run gets
         the same pipeline, whichever process gets there first.
         """
+        check_deployment("deployment", deployment)
         specs = [NodeSpec(s) if isinstance(s, str) else s for s in node_specs]
         if not specs:
             raise StoreError("a pipeline needs at least one node")
