@@ -25,6 +25,7 @@ from recovery_ext._classify.redaction import redact, redact_url
 from recovery_ext._store.dialects import Dialect
 from recovery_ext._store.migrations import LIBRARY, check_package
 from recovery_ext._store.ledger import CostFigures
+from recovery_ext._store.ledger_rows import SKIPPED_NOTE
 from recovery_ext._store.models import PassPlan
 from recovery_ext._store.store import URL_ENV, RecoveryStore, default_database_url
 from recovery_ext._store.statuses import WAITING, BreakerState, PipelineStatus, QueueStatus
@@ -416,7 +417,7 @@ def costs(store: RecoveryStore, out: Output, pipeline_id: int | None) -> None:
     if pipeline_id is not None:
         figures = report.pipelines.get(pipeline_id) or CostFigures()
         nodes = report.nodes.get(pipeline_id, {})
-        data = {"pipeline_id": pipeline_id, **figures.as_dict(),
+        data = {"pipeline_id": pipeline_id, **figures.as_dict(), "skipped_rows": report.skipped_rows,
                 "nodes": {name or "(outside nodes)": n.as_dict() for name, n in sorted(nodes.items())}}
         rows = [(name or "(outside nodes)", n) for name, n in sorted(nodes.items())] + [("total", figures)]
         first = "node"
@@ -434,6 +435,8 @@ def costs(store: RecoveryStore, out: Output, pipeline_id: int | None) -> None:
                                      "saved calls/tokens/cost", "wasted calls/tokens/cost"]))
 
     out.emit(data, human)
+    if report.skipped_rows:
+        click.echo(f"warning: {report.skipped_rows} {SKIPPED_NOTE}", err=True)
 
 
 @main.command()

@@ -12,9 +12,8 @@ import re
 from typing import Any, NamedTuple
 
 from recovery_ext._classify.redaction import redact
+from recovery_ext._store.models import MAX_TOKENS
 
-# Beyond any real call (a trillion tokens): a budget window sums these, and must stay within 64 bits.
-MAX_TOKENS = 2**40
 _DIGITS = re.compile(r"[0-9]{1,19}")
 
 

@@ -84,7 +84,10 @@ def encode_json(value: Any) -> JsonText:
 
 
 _compact = json.JSONEncoder(separators=(",", ":")).encode
-_MAX_TOKENS = 2**62  # fits a signed 64-bit column with room for sums
+# A trillion tokens, beyond any real call: a column of them sums within 64 bits (SQLite's SUM fails on
+# an overflow, and every report sums the ledger).
+MAX_TOKENS = 2**40
+_MAX_TOKENS = MAX_TOKENS
 _CALL_TEXT = ("endpoint", "model", "outcome", "operation", "provider", "response_model", "note")
 
 
