@@ -19,7 +19,7 @@ from sqlalchemy.sql.elements import ColumnElement
 
 from recovery_ext._store.database import chunks, retried
 from recovery_ext._store.models import GivenUp, Orphan, PassPlan, Reclaimed, Scope
-from recovery_ext._store.pipelines import PipelineOps
+from recovery_ext._store.pipelines import NEW_OWNER_RESETS, PipelineOps
 from recovery_ext._store.statuses import NodeStatus, PipelineStatus
 from recovery_ext._store.schema import (NODE_STATUSES, PIPELINE_STATUSES, CorruptJson, DbTime, nodes, pipelines,
                                         transitions)
@@ -301,8 +301,7 @@ class OrphanOps(PipelineOps):
                 .where(p.id.in_(list(part)), p.status == PipelineStatus.RUNNING)
                 .values(owner=new_owner, resumed_from=p.owner, epoch=p.epoch + 1,
                         resume_count=p.resume_count + 1, launcher=launcher if launching else None,
-                        waiting_until=None, waiting_since=None, waiting_reason=None,
-                        heartbeat_at=now, heartbeat_deadline=self.dialect.now_plus(plan.launch_grace_seconds),
+                        **NEW_OWNER_RESETS, heartbeat_at=now, heartbeat_deadline=self.dialect.now_plus(plan.launch_grace_seconds),
                         updated_at=now)
                 .returning(p.id, p.job_name, p.params, p.owner, p.epoch, p.resume_count, p.origin_run_id)
             ).all()

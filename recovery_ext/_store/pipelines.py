@@ -52,6 +52,12 @@ NODE_TRANSITIONS: dict[NodeStatus, tuple[NodeStatus, ...]] = {
 }
 
 
+# What a pipeline's new owner (a reclaim's resume, a re-execution's or run retry's take-over) starts
+# without: the dead run's outage pause, its reason and the outage clock. The new run's outage budget
+# starts at its own first failure.
+NEW_OWNER_RESETS: dict[str, None] = {"waiting_until": None, "waiting_since": None, "waiting_reason": None}
+
+
 class PipelineOps(LedgerOps):
     # -- creation and attachment ------------------------------------------------------------
 
