@@ -80,6 +80,15 @@ def plain_guard(fake, **settings):
     return build
 
 
+def store_guard(fake, store, own, node="n", **settings):
+    """A guard that pauses ``own`` in the store (no jitter; a breaker that does not open unless asked)."""
+    def build(base, policy):
+        return ProviderGuard(base, policy=policy, store=store, pause=StorePause(store, own, node), sleep=fake.sleep,
+                             clock=fake.clock,
+                             settings=OutageSettings(**{"jitter": 0.0, "breaker_threshold": 100, **settings}))
+    return build
+
+
 # -- Retry-After ----------------------------------------------------------------------------------------
 
 def test_retry_after_seconds_and_http_date_are_waited_exactly_on_429_and_503(httpserver):
@@ -129,11 +138,7 @@ def test_n_errors_of_one_category_pause_the_pipeline_which_shows_waiting_then_ru
     shown = []
     fake = FakeTime(on_sleep=lambda s: shown.append(store.get_pipeline(own.pipeline_id).shown_status))
 
-    def build(base, policy):
-        return ProviderGuard(base, policy=policy, store=store, pause=StorePause(store, own, "n"), sleep=fake.sleep,
-                             clock=fake.clock, settings=OutageSettings(pause_after=3, pause_initial=10, pause_max=60,
-                                                                       jitter=0.0, breaker_threshold=100))
-
+    build = store_guard(fake, store, own, pause_after=3, pause_initial=10, pause_max=60)
     assert enricher(httpserver, guard_for=build).complete_json("glossary", {}) == {"ok": True}
     assert fake.slept == [1.0, 2.0, 10.0, 1.0, 2.0, 20.0, 1.0] and len(seen) == 8
     assert shown == ["running", "running", "waiting", "running", "running", "waiting", "running"]
@@ -150,13 +155,8 @@ def test_the_outage_budget_gives_up_with_a_clear_reason(store, httpserver):
     seen = serve(httpserver, [answer(503)])
     fake = FakeTime()
 
-    def build(base, policy):
-        return ProviderGuard(base, policy=policy, store=store, pause=StorePause(store, own, "n"), sleep=fake.sleep,
-                             clock=fake.clock, settings=OutageSettings(pause_after=2, pause_initial=30, pause_max=60,
-                                                                       budget_seconds=120, jitter=0.0,
-                                                                       breaker_threshold=100))
-
-    llm = enricher(httpserver, guard_for=build)
+    llm = enricher(httpserver, guard_for=store_guard(fake, store, own, pause_after=2, pause_initial=30, pause_max=60,
+                                                     budget_seconds=120))
     with pytest.raises(OutageBudgetExceeded) as info:
         llm.complete_json("glossary", {})
     assert "longer than the outage budget of 120 s" in str(info.value) and info.value.retryable is False

@@ -6,9 +6,8 @@ from __future__ import annotations
 import pytest
 
 from helpers import expire
-from test_outage import FakeTime, answer, enricher, serve
+from test_outage import FakeTime, answer, enricher, serve, store_guard
 
-from recovery_ext._providers.guard import OutageSettings, ProviderGuard, StorePause
 from recovery_ext._store.models import NodeSpec
 
 
@@ -37,12 +36,7 @@ def test_the_new_runs_first_503_is_retried_not_given_up_on_the_dead_runs_outage(
     seen = serve(httpserver, [answer(503), answer(200)])
     fake = FakeTime()
 
-    def build(base, policy):
-        return ProviderGuard(base, policy=policy, store=store, pause=StorePause(store, again, "n"), sleep=fake.sleep,
-                             clock=fake.clock, settings=OutageSettings(pause_after=1, pause_initial=10, pause_max=60,
-                                                                       budget_seconds=120, jitter=0.0,
-                                                                       breaker_threshold=100))
-
+    build = store_guard(fake, store, again, pause_after=1, pause_initial=10, pause_max=60, budget_seconds=120)
     assert enricher(httpserver, guard_for=build).complete_json("glossary", {}) == {"ok": True}
     assert len(seen) == 2 and fake.slept == [10.0]  # one pause of its own, not "longer than the outage budget"
     assert store.get_pipeline(own.pipeline_id).shown_status == "running"
