@@ -275,6 +275,7 @@ def status(store: CliStore, out: Output, threshold: float, deployment: str | Non
         "circuit_breakers": [b for b in store.breakers()
                              if b["state"] != BreakerState.CLOSED or b["consecutive_failures"]],
         "unwatched_pipelines": store.unwatched_pipelines(),
+        "stranded_pipelines": store.stranded_pipelines(),
         "unknown_status_items": store.items_with_unknown_status(),
         "bad_items": store.items_with_bad_values(),
         "dangling_rows": store.dangling_rows(),
@@ -312,6 +313,9 @@ def status(store: CliStore, out: Output, threshold: float, deployment: str | Non
                        f"opened {b['open_count']}x; last error: {(b['last_error'] or '')[:80]}")
         for u in data["unwatched_pipelines"]:
             click.echo(f"  ! pipeline {u['id']} ({u['job_name']}) owner {u['owner']}: {u['reason']}")
+        for u in data["stranded_pipelines"]:
+            click.echo(f"  ! pipeline {u['id']} ({u['job_name']}) of deployment {u['deployment']!r} is stranded: "
+                       f"{u['reason']}")
         for i in data["unknown_status_items"]:
             click.echo(f"  ! item {i['id']} ({i['queue']}) has unknown status {i['status']!r}")
         for i in data["bad_items"]:

@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import logging
 import time
+import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from recovery_ext._classify.redaction import redact
@@ -130,6 +131,8 @@ class RecoveryProtocol:
                 adopt = [snap.legacy_origins[r] for r in control.known_runs(list(snap.legacy_origins))]
         except Exception as exc:  # noqa: BLE001 - the database-clock part of the pass goes on
             notes.append(f"could not check running pipelines against Dagster: {redact(exc)}")
+        scope, adopted = self._first_runs(snap, control, notes)
+        adopt += adopted
         dead = [*owners.dead, *resumes.died]
         canceled = [*owners.canceled, *resumes.canceled]
         extend = sorted(set(resumes.waiting) & set(snap.stale_placeholders))
@@ -141,7 +144,7 @@ class RecoveryProtocol:
                             grace_seconds=settings.launch_grace_seconds, max_age_seconds=settings.max_age_seconds,
                             limit=self.max_per_tick, launching=True, trigger=trigger)
             try:
-                result = self.policy.call(store.recovery_pass, plan, self.scope)
+                result = self.policy.call(store.recovery_pass, plan, scope)
             except Exception as exc:  # noqa: BLE001
                 stats.failed, stats.error = 1, redact(f"{type(exc).__name__}: {exc}")
                 log.error("recovery pass failed: %s", stats.error)
@@ -160,7 +163,8 @@ class RecoveryProtocol:
             notes.append(f"{_plural(len(resumes.died), 'resume run')} ended before attaching")
         fresh = {r.pipeline_id: r for r in stats.reclaimed_pipelines}  # these know why they were reclaimed
         to_request = [fresh.get(a.pipeline_id, a) for a in result.awaiting
-                      if a.owner not in resumes.existing or a.pipeline_id in fresh]
+                      if (a.owner not in resumes.existing or a.pipeline_id in fresh)
+                      and a.pipeline_id not in scope.stand_aside]
         requests = control.resume_requests(to_request) if to_request else []
         again = sum(1 for a in to_request if a.pipeline_id not in fresh)
         if again:
@@ -180,6 +184,42 @@ class RecoveryProtocol:
         message = "; ".join([summary_line(stats, launched=len(fresh)), *notes]) + _waiting_line(snap.waiting)
         return TickOutcome(stats, requests, message, notes)
 
+    def _first_runs(self, snap: TickSnapshot, control: RunControl, notes: list[str]) -> tuple[Scope, list[int]]:
+        """Only the orchestrator that holds a pipeline's first run acts on it: this tick's scope standing aside
+        for the pipelines of this deployment it does not hold, and the orphans of other deployments it does
+        hold (a renamed deployment's), to adopt. The others are said out loud (see deployments.py)."""
+        # A first run that is no Dagster run id was not made by any Dagster instance (a pipeline created
+        # outside Dagster): every sensor in scope may act on it, as before deployments.
+        first_runs = {o: pid for o, pid in snap.first_runs.items() if is_run_id(o)}
+        foreign = [f for f in snap.foreign_orphans if is_run_id(f.origin_run_id)]
+        origins = [*first_runs, *(f.origin_run_id for f in foreign)]
+        if not origins:
+            return self.scope, []
+        said: list[str] = []
+        try:
+            held = control.known_runs(origins)
+        except Exception as exc:  # noqa: BLE001 - unproven: stand aside this tick, the next one asks again
+            said.append(f"could not check first runs against Dagster, standing aside: {redact(exc)}")
+            held = set()
+        aside = sorted(pid for origin, pid in first_runs.items() if origin not in held)
+        if aside:
+            said.append(f"stands aside for {_plural(len(aside), 'pipeline')} of deployment "
+                         f"{self.scope.deployment!r} whose first run this Dagster instance does not hold (another "
+                         f"instance uses the same deployment name; give each its own): "
+                         f"{_ids(aside)}")
+        stranded = [f for f in foreign if f.origin_run_id not in held and f.stale]
+        if stranded:
+            said.append(f"{_plural(len(stranded), 'orphaned pipeline')} of other deployments, not reclaimed past the "
+                         "launch grace and not this Dagster instance's to resume: "
+                         + ", ".join(f"{f.pipeline_id} ({f.deployment})" for f in stranded[:5])
+                         + (", ..." if len(stranded) > 5 else "")
+                         + " (is their deployment's sensor running, or was it renamed?)")
+        for note in said:
+            log.warning("%s", note)
+        notes += said
+        adopt = [f.pipeline_id for f in foreign if f.origin_run_id in held]
+        return replace(self.scope, stand_aside=tuple(aside)), adopt
+
     def _prune(self, store, retention_seconds: float | None) -> None:
         """Old events go at most once per ``EVENT_RETENTION_EVERY`` per process: an idle tick stays one read."""
         now = self._clock()
@@ -190,6 +230,19 @@ class RecoveryProtocol:
             store.prune_events(retention_seconds)
         except Exception as exc:  # noqa: BLE001 - housekeeping; tried again next time
             log.warning("could not delete old events: %s", redact(exc))
+
+
+def is_run_id(value: str) -> bool:
+    """Whether ``value`` can be a Dagster run id (a UUID, as Dagster requires)."""
+    try:
+        uuid.UUID(value)
+    except (ValueError, TypeError, AttributeError):
+        return False
+    return True
+
+
+def _ids(ids: Sequence[int], limit: int = 5) -> str:
+    return "pipeline " + ", ".join(map(str, ids[:limit])) + (", ..." if len(ids) > limit else "")
 
 
 def _waiting_line(waiting: Sequence[dict[str, Any]], limit: int = 3) -> str:

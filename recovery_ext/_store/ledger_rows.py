@@ -8,7 +8,7 @@ metrics, the report), so nothing is silently lost.
 
 from __future__ import annotations
 
-from sqlalchemy import Connection, ColumnElement, and_, func, not_, or_, select
+from sqlalchemy import ColumnElement, Connection, and_, func, not_, or_, select
 
 from recovery_ext._store.models import MAX_TOKENS
 from recovery_ext._store.schema import provider_calls

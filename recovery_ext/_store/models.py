@@ -353,10 +353,14 @@ class Scope:
     job_names: tuple[str, ...] | None = None
     deployment: str | None = None
     launcher: str | None = None
+    # pipelines of this deployment whose first run this scope's orchestrator does not hold: another
+    # instance's, never reclaimed, given up or claimed here
+    stand_aside: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if self.job_names is not None:
             object.__setattr__(self, "job_names", _names("Scope.job_names", self.job_names))
+        object.__setattr__(self, "stand_aside", _names("Scope.stand_aside", self.stand_aside))
 
 
 def _names(what: str, values: Any) -> tuple[Any, ...]:
@@ -387,6 +391,10 @@ class TickSnapshot:
     # live pipelines from before deployments existed, by their first run: adopted by the deployment whose
     # orchestrator knows that run
     legacy_origins: dict[str, int] = field(default_factory=dict)
+    # first run -> pipeline, of this deployment's pipelines the tick may act on: checked against the
+    # orchestrator, which must hold the first run (see deployments.py)
+    first_runs: dict[str, int] = field(default_factory=dict)
+    foreign_orphans: list[Any] = field(default_factory=list)   # ForeignOrphan of other deployments
 
 
 DEFAULT_LAUNCH_GRACE = 300.0  # seconds a reclaimed pipeline waits for its resume run before it is an orphan again

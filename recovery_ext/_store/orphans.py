@@ -206,7 +206,7 @@ class OrphanOps(PipelineOps):
         candidates = (
             select(p.id)
             .where(self._orphan_condition(dead_owner_runs, scope.job_names, retrying_owner_runs, scope.deployment),
-                   self._hopeless_condition(max_age_seconds))
+                   self._hopeless_condition(max_age_seconds), *_outside(scope))
             .order_by(p.id)
             .limit(limit)
             .with_for_update(skip_locked=True)
@@ -280,7 +280,7 @@ class OrphanOps(PipelineOps):
                    p.heartbeat_at, type_coerce(now, DbTime).label("now"))
             .where(self._orphan_condition(dead_owner_runs, scope.job_names, plan.retrying_owner_runs,
                                           scope.deployment),
-                   ~self._hopeless_condition(plan.max_age_seconds),
+                   ~self._hopeless_condition(plan.max_age_seconds), *_outside(scope),
                    p.epoch < MAX_COUNTER, p.resume_count < MAX_COUNTER)  # those are failed as corrupt instead
             .order_by(p.heartbeat_deadline.asc().nulls_first(), p.id)
             .limit(plan.limit)
@@ -349,7 +349,7 @@ class OrphanOps(PipelineOps):
         ids = [r.id for r in conn.execute(
             select(p.id)
             .where(LIVE, p.status == RUNNING, p.owner.is_(None), p.resume_count > 0,
-                   *_jobs(scope.job_names, scope.deployment))
+                   *_jobs(scope.job_names, scope.deployment), *_outside(scope))
             .order_by(p.id).limit(limit).with_for_update(skip_locked=True)
         )]
         if not ids:
@@ -473,6 +473,11 @@ def _jobs(job_names: Sequence[str] | None, deployment: str | None = None) -> lis
     """The pipelines of these jobs in this deployment (``None``: any)."""
     where = [] if job_names is None else [p.job_name.in_(list(job_names))]
     return where if deployment is None else [*where, p.deployment == deployment]
+
+
+def _outside(scope: Scope) -> list[ColumnElement]:
+    """Not the pipelines the scope stands aside for (another Dagster instance holds their first run)."""
+    return [p.id.not_in(list(scope.stand_aside))] if scope.stand_aside else []
 
 
 def _seconds_between(earlier: dt.datetime | None, later: dt.datetime | None) -> float | None:
