@@ -16,6 +16,7 @@ from helpers import expire
 from recovery_ext import ConfigurationError, RecoveryResource, make_orphan_sensor
 from recovery_ext._cli import main
 from recovery_ext._dagster.resources import DEPLOYMENT_ENV
+from recovery_ext._store import deployments
 
 
 @pytest.mark.parametrize("name", ["a\x00b", "x" * (1 << 20), "", " blue", "blue/green", "-blue", "x" * 65,
@@ -93,3 +94,17 @@ def test_a_stranded_orphan_of_another_deployment_is_reported_in_the_tick_and_in_
         assert f"pipeline {own.pipeline_id} (items_job) of deployment 'blue' is stranded" in status.output
         as_json = json.loads(CliRunner().invoke(main, ["--database-url", db_url, "--json", "status"]).stdout)
         assert [s["id"] for s in as_json["stranded_pipelines"]] == [own.pipeline_id]
+
+
+def test_a_pipeline_past_the_ticks_check_limit_waits_for_a_later_tick_and_is_never_acted_on_unchecked(
+        store, db_url, monkeypatch):
+    monkeypatch.setattr(deployments, "FIRST_RUNS_LIMIT", 2)
+    with instance_for_test() as mine, instance_for_test() as theirs:
+        crashed = [_crashed(store, mine, "blue").pipeline_id for _ in range(3)]
+        assert not tick(theirs, db_url, "blue").run_requests  # checks 2, the third is not acted on either
+        assert [store.get_pipeline(i).resume_count for i in crashed] == [0, 0, 0]
+        first = tick(mine, db_url, "blue").run_requests
+        assert len(first) == 2 and sorted(store.get_pipeline(i).resume_count for i in crashed) == [0, 1, 1]
+        second = tick(mine, db_url, "blue").run_requests  # the third, checked now (and a re-request)
+        assert {r.run_key for r in [*first, *second]} == {f"recovery-{i}-1" for i in crashed}
+        assert [store.get_pipeline(i).resume_count for i in crashed] == [1, 1, 1]

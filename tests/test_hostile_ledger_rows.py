@@ -40,30 +40,31 @@ def corrupt_rows(store, calls):
         _corrupt(store, calls[0].id, cost=float("inf"))
         _corrupt(store, calls[1].id, cost=float("nan"))
     _corrupt(store, calls[2].id, tokens_in=-5)
+    _corrupt(store, calls[3].id, latency_seconds=float("inf"))
 
 
 def test_corrupt_ledger_rows_are_left_out_counted_and_shown_never_fail_costs_or_scrapes(store, db_url, tmp_path):
     good, _ = _pipeline_with_calls(store, "good", 2)
-    bad, calls = _pipeline_with_calls(store, "bad", 4)
+    bad, calls = _pipeline_with_calls(store, "bad", 5)
     corrupt_rows(store, calls)
 
     result = CliRunner().invoke(main, ["--database-url", db_url, "--json", "costs"])
     assert result.exit_code == 0, result.output
     report = json.loads(result.stdout)
-    assert report["skipped_rows"] == 3 and "3 ledger row(s) left out" in result.stderr
+    assert report["skipped_rows"] == 4 and "4 ledger row(s) left out" in result.stderr
     by_id = {p["pipeline_id"]: p for p in report["pipelines"]}
     assert (by_id[good.pipeline_id]["calls"], by_id[good.pipeline_id]["tokens_in"]) == (2, 20)
     assert (by_id[bad.pipeline_id]["calls"], by_id[bad.pipeline_id]["tokens_in"]) == (1, 10)
     one = CliRunner().invoke(main, ["--database-url", db_url, "--json", "costs", str(bad.pipeline_id)])
-    assert one.exit_code == 0 and json.loads(one.stdout)["skipped_rows"] == 3
+    assert one.exit_code == 0 and json.loads(one.stdout)["skipped_rows"] == 4
 
     scraped = generate_latest(registry_for(store)).decode()
     assert "recovery_database_up 1.0" in scraped
-    assert "recovery_ledger_rows_skipped 3.0" in scraped
+    assert "recovery_ledger_rows_skipped 4.0" in scraped
     assert 'recovery_provider_tokens_total{dagster_job="good",model="m",type="input"} 20.0' in scraped
     assert len(store.provider_calls()) == 3  # the readable rows; the corrupt ones are counted, not raised
 
     page = CliRunner().invoke(main, ["--database-url", db_url, "report", str(bad.pipeline_id), "--html",
                                      str(tmp_path / "report.html")])
     assert page.exit_code == 0, page.output
-    assert "3 ledger row(s) left out" in (tmp_path / "report.html").read_text()
+    assert "4 ledger row(s) left out" in (tmp_path / "report.html").read_text()

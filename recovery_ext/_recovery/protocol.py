@@ -133,6 +133,8 @@ class RecoveryProtocol:
             notes.append(f"could not check running pipelines against Dagster: {redact(exc)}")
         scope, adopted = self._first_runs(snap, control, notes)
         adopt += adopted
+        if scope.acting_on is not None and adopt:  # adopted legacy rows are this instance's too
+            scope = replace(scope, acting_on=tuple(sorted({*scope.acting_on, *adopt})))
         dead = [*owners.dead, *resumes.died]
         canceled = [*owners.canceled, *resumes.canceled]
         extend = sorted(set(resumes.waiting) & set(snap.stale_placeholders))
@@ -164,7 +166,8 @@ class RecoveryProtocol:
         fresh = {r.pipeline_id: r for r in stats.reclaimed_pipelines}  # these know why they were reclaimed
         to_request = [fresh.get(a.pipeline_id, a) for a in result.awaiting
                       if (a.owner not in resumes.existing or a.pipeline_id in fresh)
-                      and a.pipeline_id not in scope.stand_aside]
+                      and (scope.acting_on is None or a.pipeline_id in scope.acting_on
+                           or a.origin_run_id is None)]
         requests = control.resume_requests(to_request) if to_request else []
         again = sum(1 for a in to_request if a.pipeline_id not in fresh)
         if again:
@@ -185,23 +188,25 @@ class RecoveryProtocol:
         return TickOutcome(stats, requests, message, notes)
 
     def _first_runs(self, snap: TickSnapshot, control: RunControl, notes: list[str]) -> tuple[Scope, list[int]]:
-        """Only the orchestrator that holds a pipeline's first run acts on it: this tick's scope standing aside
-        for the pipelines of this deployment it does not hold, and the orphans of other deployments it does
-        hold (a renamed deployment's), to adopt. The others are said out loud (see deployments.py)."""
+        """Only the orchestrator that holds a pipeline's first run acts on it: this tick's scope is the pipelines
+        of this deployment whose first run it holds (standing aside for the others), and the orphans of other
+        deployments it holds (a renamed deployment's), to adopt. The others are said out loud (deployments.py)."""
         # A first run that is no Dagster run id was not made by any Dagster instance (a pipeline created
         # outside Dagster): every sensor in scope may act on it, as before deployments.
-        first_runs = {o: pid for o, pid in snap.first_runs.items() if is_run_id(o)}
-        foreign = [f for f in snap.foreign_orphans if is_run_id(f.origin_run_id)]
-        origins = [*first_runs, *(f.origin_run_id for f in foreign)]
-        if not origins:
+        if self.scope.deployment is None:  # no deployment, no snapshot of first runs: any pipeline in scope
             return self.scope, []
+        checked = [f for f in snap.first_runs if is_run_id(f.origin_run_id)]
+        foreign = [f for f in snap.foreign_orphans if is_run_id(f.origin_run_id)]
+        origins = [*(f.origin_run_id for f in checked), *(f.origin_run_id for f in foreign)]
+        if not origins:
+            return self._acting_on(snap.first_runs, []), []
         said: list[str] = []
         try:
             held = control.known_runs(origins)
         except Exception as exc:  # noqa: BLE001 - unproven: stand aside this tick, the next one asks again
             said.append(f"could not check first runs against Dagster, standing aside: {redact(exc)}")
             held = set()
-        aside = sorted(pid for origin, pid in first_runs.items() if origin not in held)
+        aside = sorted(f.pipeline_id for f in checked if f.origin_run_id not in held and f.actionable)
         if aside:
             said.append(f"stands aside for {_plural(len(aside), 'pipeline')} of deployment "
                          f"{self.scope.deployment!r} whose first run this Dagster instance does not hold (another "
@@ -218,7 +223,13 @@ class RecoveryProtocol:
             log.warning("%s", note)
         notes += said
         adopt = [f.pipeline_id for f in foreign if f.origin_run_id in held]
-        return replace(self.scope, stand_aside=tuple(aside)), adopt
+        mine = [f for f in snap.first_runs if not is_run_id(f.origin_run_id) or f.origin_run_id in held]
+        return self._acting_on(mine, adopt), adopt
+
+    def _acting_on(self, first_runs: Sequence[Any], adopt: Sequence[int]) -> Scope:
+        """The scope of this tick's pass: only the pipelines whose first run was seen held (or is no Dagster run),
+        and those it adopts. A pipeline past the snapshot's limit waits for a later tick, never unchecked."""
+        return replace(self.scope, acting_on=tuple(sorted({*(f.pipeline_id for f in first_runs), *adopt})))
 
     def _prune(self, store, retention_seconds: float | None) -> None:
         """Old events go at most once per ``EVENT_RETENTION_EVERY`` per process: an idle tick stays one read."""

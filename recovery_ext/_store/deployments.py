@@ -43,22 +43,34 @@ class ForeignOrphan:
     stale: bool   # orphaned longer than the launch grace: its own deployment's sensor is not reclaiming it
 
 
+@dataclass(frozen=True)
+class FirstRun:
+    """A live pipeline of this deployment and its first run, which the tick's instance must hold to act on it."""
+
+    pipeline_id: int
+    origin_run_id: str
+    actionable: bool  # an orphan by the database clock, or reserved for a resume run: a tick would act on it
+
+
 class DeploymentOps(Database):
     def first_runs_to_check(self, conn: Connection, scope: Scope, grace_seconds: float,
-                            orphan_condition) -> tuple[dict[str, int], list[ForeignOrphan]]:
-        """In the tick's read: the first runs of this deployment's pipelines a tick may act on (orphans by the
-        database clock, or awaiting a resume launcher), and the orphans of other deployments."""
+                            orphan_condition) -> tuple[list[FirstRun], list[ForeignOrphan]]:
+        """In the tick's read: this deployment's live pipelines with their first runs, the likeliest orphans
+        first (a tick acts only on the ones it checked: see ``Scope.acting_on``), and the orphans of other
+        deployments."""
         if scope.deployment is None:
-            return {}, []
+            return [], []
         # orphans, and pipelines reclaimed for a resume run (a launcher-less reclaim's, or one a sensor of the
         # same name reserved): an instance re-requests those when its Dagster has no such run yet
         reserved = and_(p.deployment == scope.deployment, p.status == PipelineStatus.RUNNING, p.resume_count > 0,
                         or_(p.owner.is_(None), p.owner == _placeholder(p.resume_count)),
                         *([p.job_name.in_(list(scope.job_names))] if scope.job_names else []))
-        mine = or_(orphan_condition((), scope.job_names, (), scope.deployment), reserved)
-        first = {r.origin_run_id: r.id for r in conn.execute(
-            select(p.id, p.origin_run_id).where(mine, p.origin_run_id.isnot(None))
-            .order_by(p.id).limit(FIRST_RUNS_LIMIT))}
+        actionable = or_(orphan_condition((), scope.job_names, (), scope.deployment), reserved)
+        first = [FirstRun(r.id, r.origin_run_id, bool(r.actionable)) for r in conn.execute(
+            select(p.id, p.origin_run_id, actionable.label("actionable"))
+            .where(p.deployment == scope.deployment, p.status == PipelineStatus.RUNNING, p.origin_run_id.isnot(None),
+                   *([p.job_name.in_(list(scope.job_names))] if scope.job_names else []))
+            .order_by(p.heartbeat_deadline.asc().nulls_first(), p.id).limit(FIRST_RUNS_LIMIT))]
         stale = and_(p.heartbeat_deadline.isnot(None), p.heartbeat_deadline < self.dialect.now_plus(-grace_seconds))
         foreign = [ForeignOrphan(r.id, r.deployment, r.origin_run_id, bool(r.stale)) for r in conn.execute(
             select(p.id, p.deployment, p.origin_run_id, stale.label("stale"))

@@ -17,13 +17,15 @@ pc = provider_calls.c
 
 # Prices are at most one currency unit a token, so no well-formed call costs more than its tokens.
 MAX_COST = float(2 * MAX_TOKENS)
+MAX_LATENCY = 1e9  # seconds; a row's latency is not summed, but a listing of calls reads it back
 
 
 def well_formed_call() -> ColumnElement[bool]:
     """True for a ledger row whose figures can be summed. On SQLite an infinite REAL or a TEXT value fails
     the BETWEEN (TEXT sorts above every number); on PostgreSQL NaN sorts above every number too."""
     return and_(pc.tokens_in.between(0, MAX_TOKENS), pc.tokens_out.between(0, MAX_TOKENS),
-                or_(pc.cost.is_(None), pc.cost.between(0.0, MAX_COST)))
+                or_(pc.cost.is_(None), pc.cost.between(0.0, MAX_COST)),
+                pc.latency_seconds.between(0.0, MAX_LATENCY))
 
 
 def malformed_calls(conn: Connection, pipeline_id: int | None = None) -> int:

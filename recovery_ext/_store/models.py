@@ -353,14 +353,16 @@ class Scope:
     job_names: tuple[str, ...] | None = None
     deployment: str | None = None
     launcher: str | None = None
-    # pipelines of this deployment whose first run this scope's orchestrator does not hold: another
-    # instance's, never reclaimed, given up or claimed here
-    stand_aside: tuple[int, ...] = ()
+    # None: any pipeline. Else only these (and pipelines with no first run): the ones whose first run this
+    # scope's orchestrator was seen to hold; the others are another instance's, never reclaimed, given up
+    # or claimed here
+    acting_on: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         if self.job_names is not None:
             object.__setattr__(self, "job_names", _names("Scope.job_names", self.job_names))
-        object.__setattr__(self, "stand_aside", _names("Scope.stand_aside", self.stand_aside))
+        if self.acting_on is not None:
+            object.__setattr__(self, "acting_on", _names("Scope.acting_on", self.acting_on))
 
 
 def _names(what: str, values: Any) -> tuple[Any, ...]:
@@ -391,9 +393,9 @@ class TickSnapshot:
     # live pipelines from before deployments existed, by their first run: adopted by the deployment whose
     # orchestrator knows that run
     legacy_origins: dict[str, int] = field(default_factory=dict)
-    # first run -> pipeline, of this deployment's pipelines the tick may act on: checked against the
-    # orchestrator, which must hold the first run (see deployments.py)
-    first_runs: dict[str, int] = field(default_factory=dict)
+    # this deployment's live pipelines and their first runs (FirstRun), checked against the orchestrator,
+    # which must hold a pipeline's first run to act on it (see deployments.py)
+    first_runs: list[Any] = field(default_factory=list)
     foreign_orphans: list[Any] = field(default_factory=list)   # ForeignOrphan of other deployments
 
 

@@ -476,8 +476,10 @@ def _jobs(job_names: Sequence[str] | None, deployment: str | None = None) -> lis
 
 
 def _outside(scope: Scope) -> list[ColumnElement]:
-    """Not the pipelines the scope stands aside for (another Dagster instance holds their first run)."""
-    return [p.id.not_in(list(scope.stand_aside))] if scope.stand_aside else []
+    """Only the pipelines the scope may act on (see ``Scope.acting_on``)."""
+    if scope.acting_on is None:
+        return []
+    return [or_(p.origin_run_id.is_(None), p.id.in_(list(scope.acting_on)))]
 
 
 def _seconds_between(earlier: dt.datetime | None, later: dt.datetime | None) -> float | None:
