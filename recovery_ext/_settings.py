@@ -47,7 +47,10 @@ def check_seconds(name: str, value: object, *, minimum: float = MIN_INTERVAL, ma
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ConfigurationError(f"{name} must be a number of seconds, got {value!r}")
-    value = float(value)
+    try:
+        value = float(value)
+    except OverflowError:  # an int beyond any float
+        raise ConfigurationError(f"{name} must be a finite number of seconds, got {value!r:.40}") from None
     if not math.isfinite(value):
         raise ConfigurationError(f"{name} must be a finite number of seconds, got {value!r}")
     if value < minimum:

@@ -53,3 +53,35 @@ def test_the_longest_accepted_deadline_keeps_a_live_pipeline_on_both_databases(s
     assert store.find_orphans() == []  # no corrupt row on SQLite, no orphan on PostgreSQL: both agree
     pipeline = store.get_pipeline(own.pipeline_id)
     assert pipeline.status == "running" and pipeline.deadline.year > 2100
+
+
+# -- attacking the bounds themselves: integers beyond any float ------------------------------------------------
+
+def test_an_integer_beyond_any_float_is_a_configuration_error_everywhere():
+    from recovery_ext import Prices
+    from recovery_ext._settings import check_seconds
+
+    huge = 10**400
+    with pytest.raises(ConfigurationError, match="finite number of seconds"):
+        check_seconds("heartbeat_interval", huge)
+    with pytest.raises(ConfigurationError, match="per million tokens"):
+        Prices.parse({"m": {"input": huge}})
+    with pytest.raises(ConfigurationError, match="margin_seconds"):
+        ProviderLimits(requests_per_minute=1, margin_seconds=huge)
+    with pytest.raises(ConfigurationError, match="deadline_seconds must be at most") as info:
+        PipelineLimits(deadline_seconds=huge)
+    assert len(str(info.value)) < 200
+
+
+def test_a_usage_object_whose_attributes_raise_is_read_as_unknown():
+    from recovery_ext import read_usage
+
+    class Hostile:
+        @property
+        def prompt_tokens(self):
+            raise RuntimeError("boom")
+
+        completion_tokens = 4
+
+    usage = read_usage(Hostile())
+    assert (usage.tokens_in, usage.tokens_out) == (0, 4) and "prompt_tokens" in usage.note

@@ -35,8 +35,8 @@ class Prices:
             values = []
             for side in ("input", "output"):
                 value = price.get(side, 0.0)
-                if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
-                        or not 0 <= value <= MAX_PRICE:
+                # compared, not converted: NaN and infinities fail the range, and so does an int beyond floats
+                if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= MAX_PRICE:
                     raise ConfigurationError(f"the {side} price of model {model!r} must be a number from 0 to "
                                              f"{MAX_PRICE:g} per million tokens, got {value!r}")
                 values.append(float(value))

@@ -8,6 +8,7 @@ recorded as 0 with a note saying what the provider sent, and the call's cost is 
 from __future__ import annotations
 
 import math
+import numbers
 import re
 from typing import Any, NamedTuple
 
@@ -15,6 +16,9 @@ from recovery_ext._classify.redaction import redact
 from recovery_ext._store.models import MAX_TOKENS
 
 _DIGITS = re.compile(r"[0-9]{1,19}")
+
+
+_UNREADABLE = object()
 
 
 class Usage(NamedTuple):
@@ -29,8 +33,8 @@ def token_count(value: Any) -> int | None:
         return 0
     if isinstance(value, bool):
         return None
-    if isinstance(value, int):
-        return value if 0 <= value < MAX_TOKENS else None
+    if isinstance(value, numbers.Integral):  # int, and numpy's integers
+        return int(value) if 0 <= value < MAX_TOKENS else None
     if isinstance(value, float):
         return int(value) if math.isfinite(value) and value.is_integer() and 0 <= value < MAX_TOKENS else None
     if isinstance(value, str) and _DIGITS.fullmatch(value.strip()):
@@ -44,7 +48,10 @@ def read_usage(usage: Any, *, names: tuple[str, str] = ("prompt_tokens", "comple
     figures: list[int] = []
     odd: list[str] = []
     for name in names:
-        raw = usage.get(name) if isinstance(usage, dict) else getattr(usage, name, None)
+        try:
+            raw = usage.get(name) if isinstance(usage, dict) else getattr(usage, name, None)
+        except Exception:  # noqa: BLE001 - a usage object whose attribute raises: that figure is unreadable
+            raw = _UNREADABLE
         count = token_count(raw)
         if count is None:
             odd.append(f"{name}={redact(repr(raw))[:40]}")

@@ -81,7 +81,7 @@ class ProviderLimits:
     def __post_init__(self) -> None:
         check_limits(self.requests_per_minute, self.tokens_per_minute, self.window_seconds)
         if self.margin_seconds is not None and (not isinstance(self.margin_seconds, (int, float))
-                                                or not math.isfinite(self.margin_seconds)
+                                                or isinstance(self.margin_seconds, bool)
                                                 or not 0 <= self.margin_seconds <= self.window_seconds):
             raise ConfigurationError(f"margin_seconds must be between 0 and the window, got {self.margin_seconds!r}")
 

@@ -48,13 +48,13 @@ class PipelineLimits:
             value = getattr(self, name)
             if value is None and name == "deadline_seconds":
                 continue
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
-                    or value <= 0:
+            # compared before converted: an int beyond any float is refused, not an OverflowError
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
                 raise ConfigurationError(f"PipelineLimits.{name} must be a finite number of seconds > 0, "
-                                         f"got {value!r}")
+                                         f"got {value!r:.40}")
             if value > LONGEST:  # both databases must be able to store the time it leads to
                 raise ConfigurationError(f"PipelineLimits.{name} must be at most {LONGEST:g} s (a century), "
-                                         f"got {value!r}")
+                                         f"got {value!r:.40}")
         # the column is a 32-bit integer, and the recovery scan fails a row whose counter reaches its top as corrupt
         if isinstance(self.max_resumes, bool) or not isinstance(self.max_resumes, int) \
                 or not 0 <= self.max_resumes < 2**31 - 1:
