@@ -282,6 +282,7 @@ class Database:
                 migrations.apply_migrations(self.engine, self.dialect)
             return migrations.apply_migrations(self.engine, self.dialect, package)
 
+    @retried
     def check_schema(self) -> None:
         """Raise MigrationError when a newer release migrated this database (its tables are not this code's)."""
         with self._wrap_errors():
