@@ -28,6 +28,7 @@ from recovery_ext._providers.ledger import record_provider_call
 from recovery_ext._providers.prices import Prices
 from recovery_ext._recovery.protocol import scan
 from recovery_ext._recovery.scan import RecoverySettings
+from recovery_ext._providers.usage import read_usage
 from recovery_ext._settings import env_bool, env_seconds
 from recovery_ext._store.budgets import ProviderLimits
 from recovery_ext._store.models import (ItemCheckpoint, NodeSpec, Ownership, PassPlan, PipelineLimits, ProviderCall,
@@ -165,6 +166,7 @@ __all__ = [
     "make_orphan_sensor",
     "make_stuck_item_sensor",
     "provider_guard",
+    "read_usage",
     "record_provider_call",
     "recoverable_asset",
     "recoverable_celery_executor",

@@ -24,8 +24,9 @@ from recovery_ext._recovery.protocol import scan
 from recovery_ext._recovery.scan import RecoverySettings
 from recovery_ext._classify.redaction import redact
 from recovery_ext._store.dialects import Dialect
-from recovery_ext._store.migrations import LIBRARY
+from recovery_ext._store.migrations import LIBRARY, check_package
 from recovery_ext._store.ledger import CostFigures
+from recovery_ext._store.ledger_rows import SKIPPED_NOTE
 from recovery_ext._store.models import PassPlan
 from recovery_ext._store.store import URL_ENV, RecoveryStore, default_database_url
 from recovery_ext._store.statuses import WAITING, BreakerState, PipelineStatus, QueueStatus
@@ -125,6 +126,7 @@ def command(fn=None, *, creates_database: bool = False):
         out = Output(as_json or obj["json"])
         store = open_store(obj, creates_database=creates_database)
         try:
+            store.check_schema()  # a newer release's tables: one clear line, not a raw SQL error later
             return fn(store, out, **kwargs)
         except BrokenPipeError:
             raise
@@ -204,9 +206,19 @@ def main(ctx: click.Context, database_url: str | None, as_json: bool) -> None:
     ctx.obj["open_store"] = functools.partial(open_store, ctx.obj)
 
 
+def _migration_packages(ctx, param, packages: tuple[str, ...]) -> tuple[str, ...]:
+    """Each ``--package`` checked before anything is opened or created: a typo is a usage error (exit 2)."""
+    for package in packages:
+        try:
+            check_package(package)
+        except ConfigurationError as exc:
+            raise click.BadParameter(str(exc), ctx, param) from None
+    return packages
+
+
 @main.command()
 @click.option("--print", "print_only", is_flag=True, help="Show the SQL of pending migrations without running it.")
-@click.option("--package", "packages", multiple=True, metavar="PACKAGE",
+@click.option("--package", "packages", multiple=True, metavar="PACKAGE", callback=_migration_packages,
               help="Also apply the migrations of an application package (<package>/sql/<dialect>/NNNN_*.sql), "
                    "after the library's. Repeatable.")
 @command(creates_database=True)
@@ -251,6 +263,7 @@ def status(store: CliStore, out: Output, threshold: float, deployment: str | Non
         "circuit_breakers": [b for b in store.breakers()
                              if b["state"] != BreakerState.CLOSED or b["consecutive_failures"]],
         "unwatched_pipelines": store.unwatched_pipelines(),
+        "stranded_pipelines": store.stranded_pipelines(),
         "unknown_status_items": store.items_with_unknown_status(),
         "bad_items": store.items_with_bad_values(),
         "dangling_rows": store.dangling_rows(),
@@ -288,6 +301,9 @@ def status(store: CliStore, out: Output, threshold: float, deployment: str | Non
                        f"opened {b['open_count']}x; last error: {(b['last_error'] or '')[:80]}")
         for u in data["unwatched_pipelines"]:
             click.echo(f"  ! pipeline {u['id']} ({u['job_name']}) owner {u['owner']}: {u['reason']}")
+        for u in data["stranded_pipelines"]:
+            click.echo(f"  ! pipeline {u['id']} ({u['job_name']}) of deployment {u['deployment']!r} is stranded: "
+                       f"{u['reason']}")
         for i in data["unknown_status_items"]:
             click.echo(f"  ! item {i['id']} ({i['queue']}) has unknown status {i['status']!r}")
         for i in data["bad_items"]:
@@ -394,7 +410,7 @@ def costs(store: RecoveryStore, out: Output, pipeline_id: int | None) -> None:
     if pipeline_id is not None:
         figures = report.pipelines.get(pipeline_id) or CostFigures()
         nodes = report.nodes.get(pipeline_id, {})
-        data = {"pipeline_id": pipeline_id, **figures.as_dict(),
+        data = {"pipeline_id": pipeline_id, **figures.as_dict(), "skipped_rows": report.skipped_rows,
                 "nodes": {name or "(outside nodes)": n.as_dict() for name, n in sorted(nodes.items())}}
         rows = [(name or "(outside nodes)", n) for name, n in sorted(nodes.items())] + [("total", figures)]
         first = "node"
@@ -414,6 +430,8 @@ def costs(store: RecoveryStore, out: Output, pipeline_id: int | None) -> None:
                                      "in flight at a crash (unknown)"]))
 
     out.emit(data, human)
+    if report.skipped_rows:
+        click.echo(f"warning: {report.skipped_rows} {SKIPPED_NOTE}", err=True)
 
 
 @main.command()

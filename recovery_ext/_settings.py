@@ -9,12 +9,17 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from typing import overload
 
 from recovery_ext._errors import ConfigurationError
 
 MIN_INTERVAL = 0.1
 DAY = 86400.0
+# The longest duration even ``allow_long`` accepts: a century. A time that far ahead is still a date on
+# both databases (SQLite's times are read back as Python datetimes, which end at year 9999, while
+# PostgreSQL's timestamptz goes on to year 294276), so both agree on every stored deadline.
+LONGEST = 100 * 366 * DAY
 
 
 def parse_duration(text: str) -> float:
@@ -44,7 +49,10 @@ def check_seconds(name: str, value: object, *, minimum: float = MIN_INTERVAL, ma
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ConfigurationError(f"{name} must be a number of seconds, got {value!r}")
-    value = float(value)
+    try:
+        value = float(value)
+    except OverflowError:  # an int beyond any float
+        raise ConfigurationError(f"{name} must be a finite number of seconds, got {value!r:.40}") from None
     if not math.isfinite(value):
         raise ConfigurationError(f"{name} must be a finite number of seconds, got {value!r}")
     if value < minimum:
@@ -52,6 +60,8 @@ def check_seconds(name: str, value: object, *, minimum: float = MIN_INTERVAL, ma
     if value > maximum and not allow_long:
         raise ConfigurationError(f"{name} must be at most {maximum:g} s (set allow_long_durations to go beyond), "
                                  f"got {value:g}")
+    if value > max(maximum, LONGEST):
+        raise ConfigurationError(f"{name} must be at most {LONGEST:g} s (a century), got {value:g}")
     return value
 
 
@@ -90,3 +100,17 @@ def env_bool(name: str, default: bool) -> bool:
     if value in ("0", "false", "no", "off"):
         return False
     raise ConfigurationError(f"{name} must be true or false, got {raw!r}")
+
+
+# A deployment names a Dagster instance in every pipeline row, tick and listing: a short plain name.
+_DEPLOYMENT = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+
+
+def check_deployment(name: str, value: object) -> str:
+    """``value`` as a deployment name (1 to 64 of letters, digits, ``.``, ``_``, ``-``; a letter or digit first)."""
+    if not isinstance(value, str) or not _DEPLOYMENT.fullmatch(value):
+        long_text = isinstance(value, str) and len(value) > 80
+        shown = f"{value[:60]!r}... ({len(value)} chars)" if isinstance(value, str) and long_text else repr(value)
+        raise ConfigurationError(f"{name} must be 1 to 64 letters, digits, '.', '_' or '-' starting with a letter "
+                                 f"or digit, got {shown}")
+    return value

@@ -16,7 +16,8 @@ from dagster import ConfigurableResource
 from pydantic import Field
 
 from recovery_ext import (ClassifiedError, NodeContext, Prices, ProviderCall, ProviderGuard, ProviderLimits, RetryPolicy,
-                          provider_guard, record_provider_call, redact, redact_secret, redact_url, with_context)
+                          provider_guard, read_usage, record_provider_call, redact, redact_secret, redact_url,
+                          with_context)
 
 SYSTEM_PROMPT = (
     "You document relational databases for analysts. Answer with one JSON object only, "
@@ -165,17 +166,19 @@ class OpenAICompatibleEnricher:
         prompt = sum(len(m["content"]) // 3 + 8 for m in messages)
         return prompt + (self.max_tokens or 0)
 
-    def _record(self, started: float, outcome: str, tokens_in: int = 0, tokens_out: int = 0,
+    def _record(self, started: float, outcome: str, usage: tuple[int, int, str | None] = (0, 0, None),
                 response_model: str | None = None) -> None:
         """Every attempt, answered or not, goes into the ledger of the node (and item) it was made for.
 
         Named for OpenTelemetry as OpenAI's own instrumentation names it, whatever the base URL: a chat
-        completion in OpenAI's format (a proxy or a local server speaking it is still ``openai``)."""
+        completion in OpenAI's format (a proxy or a local server speaking it is still ``openai``). A usage
+        that could not be read has no cost (unknown) and a note."""
+        tokens_in, tokens_out, note = usage  # read_usage's figures
+        cost = None if note else self.prices.cost(self.model, tokens_in, tokens_out)
         record_provider_call(ProviderCall(
             endpoint=self.endpoint, model=self.model, tokens_in=tokens_in, tokens_out=tokens_out,
-            latency_seconds=time.monotonic() - started, outcome=outcome,
-            cost=self.prices.cost(self.model, tokens_in, tokens_out), operation="chat", provider="openai",
-            response_model=response_model))
+            latency_seconds=time.monotonic() - started, outcome=outcome, cost=cost, operation="chat",
+            provider="openai", response_model=response_model, note=note))
 
     def _call(self, task: str, payload: dict[str, Any]) -> dict[str, Any]:
         started = time.monotonic()
@@ -195,8 +198,7 @@ class OpenAICompatibleEnricher:
                                   message=self._redact(str(exc))) from None
         usage = getattr(response, "usage", None)
         answered_by = getattr(response, "model", None)
-        self._record(started, "ok", int(getattr(usage, "prompt_tokens", 0) or 0),
-                     int(getattr(usage, "completion_tokens", 0) or 0),
+        self._record(started, "ok", read_usage(usage),
                      answered_by[:200] if isinstance(answered_by, str) and answered_by else None)
         return self._parsed(response.choices[0].message.content or "")
 

@@ -6,8 +6,10 @@ multiprocessing.spawn import spawn_main; ..." --multiprocessing-fork`` and names
 location loaded without a code server starts ``dagster api execute_run <args>`` instead, whose
 arguments hold the run id). Either way the run worker announces itself as the first engine event of
 its run: "Started process for run (pid: N)." (the run's page in the UI shows it), and that is where
-its pid is read from. The process is checked before it is named: alive, a run worker's command
-line, and started no later than that event, so a pid the system reused is never killed.
+its pid is read from: only that event of Dagster's (the whole message, the pid in its data), never
+another event quoting the text. The process is then proven that run's worker before it is named:
+alive, ``dagster api execute_run`` naming the run or a multiprocessing child of a Dagster code
+server, and started no later than that event, so a pid the system reused is never killed.
 """
 
 from __future__ import annotations
@@ -19,8 +21,9 @@ from pathlib import Path
 
 from dagster import DagsterEventType, DagsterInstance, DagsterRunStatus
 
-PID_EVENT = re.compile(r"Started process for run \(pid: (\d+)\)")
-RUN_WORKER_MARKS = ("multiprocessing.spawn", "multiprocessing-fork", "dagster api execute_run")
+from recovery_ext import redact
+
+PID_EVENT = re.compile(r"Started process for run \(pid: ([0-9]{1,10})\)\.")
 LIVE = (DagsterRunStatus.STARTING, DagsterRunStatus.STARTED)
 CLOCK_SLACK = 5.0  # seconds between the process start and its event (clock granularity, a busy machine)
 
@@ -37,12 +40,43 @@ class RunWorker:
 
 
 def announced_pid(instance: DagsterInstance, run_id: str) -> tuple[int, float] | None:
-    """The pid the run's worker announced in the run's log, and when; None before it started."""
+    """The pid the run's worker announced in the run's log, and when; None before it started.
+
+    Only Dagster's own process-start event counts: a run-level engine event whose whole message is
+    "Started process for run (pid: N)." and whose data records that pid (``EngineEventData.in_process``).
+    Any other event may quote that text (a provider's error in an outage event): it names no process
+    of ours. The process is then proven the run's worker before anything is done to it
+    (:func:`find_run_worker`).
+    """
     for record in instance.all_logs(run_id, of_type=DagsterEventType.ENGINE_EVENT):
-        match = PID_EVENT.search(record.message or "")
-        if match:
+        event = record.dagster_event
+        match = PID_EVENT.fullmatch((record.message or "").strip())
+        if match is None or event is None or record.step_key is not None:
+            continue
+        metadata = getattr(event.event_specific_data, "metadata", None) or {}
+        if getattr(metadata.get("pid"), "value", None) == match.group(1):
             return int(match.group(1)), record.timestamp
     return None
+
+
+def parent_command(pid: int) -> str | None:
+    try:
+        parent = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return None
+    return command_line(parent)
+
+
+def is_runs_worker(pid: int, command: str, run_id: str) -> bool:
+    """Whether process ``pid`` (``command``) is the run worker of ``run_id``: ``dagster api execute_run``
+    whose arguments name the run, or a multiprocessing child of a Dagster code server (how a code
+    server starts a run worker; its step processes are children of the run worker instead)."""
+    if "dagster api execute_run" in command:
+        return run_id in command
+    if "multiprocessing" not in command:
+        return False
+    parent = parent_command(pid) or ""
+    return "dagster" in parent and ("api grpc" in parent or "code-server" in parent)
 
 
 def command_line(pid: int) -> str | None:
@@ -81,9 +115,8 @@ def find_run_worker(instance: DagsterInstance, run_id: str) -> RunWorker:
     command = command_line(pid)
     if command is None:
         raise RunWorkerNotFound(f"the run worker of run {run_id} (pid {pid}) is no longer running")
-    foreign_execute_run = "dagster api execute_run" in command and run_id not in command
-    if not any(mark in command for mark in RUN_WORKER_MARKS) or foreign_execute_run:
-        raise RunWorkerNotFound(f"pid {pid} of run {run_id} now belongs to another process ({command[:80]}); "
+    if not is_runs_worker(pid, command, run_id):
+        raise RunWorkerNotFound(f"pid {pid} of run {run_id} is not that run's worker ({redact(command)[:80]}); "
                                 "not killing it")
     began = started_at(pid)
     if began is not None and began > announced + CLOCK_SLACK:

@@ -29,6 +29,7 @@ from __future__ import annotations
 import datetime as dt
 import email.utils
 import errno
+import math
 import re
 import socket
 import sqlite3
@@ -366,18 +367,24 @@ def is_retryable(exc: BaseException) -> bool:
 RETRY_AFTER_STATUSES = frozenset({429, 503})
 
 
+_DELTA_SECONDS = re.compile(r"[0-9]+")
+
+
 def parse_retry_after(value: object, *, now: float | None = None) -> float | None:
     """``Retry-After`` as seconds from ``now`` (epoch seconds): delta-seconds or an HTTP date; None if invalid."""
     if value is None:
         return None
     text = str(value).strip()
-    if not text:
+    # RFC 9110 allows only ASCII digits or an HTTP date; str.isdigit() would also accept "²" or "١", which
+    # float() then refuses with a ValueError out of the retry wait.
+    if not text or not text.isascii():
         return None
-    if text.isdigit():
-        return float(text)
+    if _DELTA_SECONDS.fullmatch(text):
+        seconds = float(text)
+        return seconds if math.isfinite(seconds) else None
     try:
         when = email.utils.parsedate_to_datetime(text)
-    except (TypeError, ValueError, IndexError):
+    except (TypeError, ValueError, IndexError, OverflowError):
         return None
     if when is None:
         return None
@@ -412,7 +419,11 @@ def retry_after_of(exc: BaseException, *, now: float | None = None) -> float | N
     """The ``Retry-After`` a 429 or 503 in the chain asked for, in seconds from ``now``; None when none."""
     value = retry_after_header(exc)
     if isinstance(value, (int, float)):
-        return max(0.0, float(value))
+        try:
+            seconds = float(value)
+        except OverflowError:
+            return None
+        return max(0.0, seconds) if math.isfinite(seconds) else None
     return parse_retry_after(value, now=now)
 
 

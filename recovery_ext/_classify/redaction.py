@@ -16,9 +16,12 @@ MASK = "***"
 # ``sslpassword``, ``client_secret``, ``x-api-key``, ``auth_token`` ...: a prefix does not hide it.
 _SECRET_NAME = (
     r"[\w.\-]*?(?:password|passwd|passphrase|secret|token|api[_\-]?key|apikey|access[_\-]?key|private[_\-]?key"
-    r"|credentials?)|pwd|key|sig|signature"
+    r"|credentials?|signature)|pwd|key|sig"
 )
-_SECRET_NAME_RE = re.compile(rf"(?i)^(?:{_SECRET_NAME})$")
+# Names that carry a secret only as a URL parameter (``?code=`` is an Azure Functions key or an OAuth
+# code, ``?auth=`` a Firebase token, ``;jsessionid=`` a session): in prose "code: 503" is no secret.
+_URL_SECRET_NAME = r"code|auth|authorization|jsessionid|phpsessid|sessionid|session[_\-]?id|client[_\-]?assertion"
+_SECRET_NAME_RE = re.compile(rf"(?i)^(?:{_SECRET_NAME}|{_URL_SECRET_NAME})$")
 # a name that ends in one of these (``db_password``, ``openai_api_key``) holds a secret in config
 _SECRET_KEY_RE = re.compile(r"(?i)(?:password|passwd|passphrase|secret|token|api[_\-]?key|apikey|access[_\-]?key"
                             r"|private[_\-]?key|credentials?)$")
@@ -33,6 +36,10 @@ _PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
         re.compile(rf"""(?ix)(?P<pre>\b(?:{_SECRET_NAME})["']?\s*[=:]\s*["']?)(?P<val>[^\s&"',;}}]+)"""),
         rf"\g<pre>{MASK}",
     ),
+    # a URL-only secret parameter, in a query (?, &), a path parameter (;) or a fragment (#)
+    (re.compile(rf"(?i)(?P<pre>[?&;#](?:{_URL_SECRET_NAME})=)[^\s&#;?\"'<>]+"), rf"\g<pre>{MASK}"),
+    # a Telegram bot token in a path: /bot<id>:<secret>/
+    (re.compile(r"(?P<pre>/bot\d+:)[A-Za-z0-9_\-]+"), rf"\g<pre>{MASK}"),
     # well-known key shapes standing alone: OpenAI/Anthropic style sk-..., GitHub, Slack, AWS
     (re.compile(r"\b(?:sk|pk|rk)-[A-Za-z0-9_\-]{8,}"), MASK),
     (re.compile(r"\bgh[pousr]_[A-Za-z0-9]{20,}"), MASK),

@@ -30,6 +30,9 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+from recovery_ext._classify.redaction import redact_url
+from recovery_ext._errors import ConfigurationError
+
 BROKER_ENV = "RECOVERY_CELERY_BROKER"
 BACKEND_ENV = "RECOVERY_CELERY_BACKEND"
 STEP_QUEUE = "dagster"     # dagster-celery's queue for steps (its make_app declares it)
@@ -79,6 +82,10 @@ def recoverable_celery_executor(config: Mapping[str, Any] | None = None):
 
     The config schema is dagster-celery's; only the defaults of ``broker``, ``backend`` and
     ``config_source`` change, so a run's ``execution: config:`` still overrides each of them.
+    The URLs are defaults of the form ``{"env": "RECOVERY_CELERY_BROKER"}``, read by the run worker
+    when the run starts, as the database URL and the LLM key are: a default value is stored in every
+    run's job snapshot and shown in the Launchpad, and a broker URL carries a password. ``config``
+    may name other variables the same way; a URL given as text must not hold a password.
     """
     from dagster import Field, Noneable, Permissive, Shape, StringSource
     from dagster_celery import celery_executor
@@ -86,7 +93,14 @@ def recoverable_celery_executor(config: Mapping[str, Any] | None = None):
     from recovery_ext._dagster.executor import with_recovery
 
     wrapped = with_recovery(celery_executor)
-    values = dict(config) if config is not None else celery_executor_config()
+    if config is None:
+        celery_executor_config()  # refused now, with the variable named, when unset or rpc://
+        values: dict[str, Any] = {"broker": {"env": BROKER_ENV}, "backend": {"env": BACKEND_ENV},
+                                  "config_source": celery_settings()}
+    else:
+        values = dict(config)
+        for key in ("broker", "backend"):
+            _no_literal_password(key, values.get(key))
     shape = wrapped.config_schema.as_field().config_type
     assert isinstance(shape, Shape)  # dagster-celery's executor config: named fields
     fields = shape.fields
@@ -103,6 +117,12 @@ def recoverable_celery_executor(config: Mapping[str, Any] | None = None):
     }
     return wrapped.configured(lambda cfg: {k: v for k, v in cfg.items() if v is not None}, name="celery",
                               config_schema=schema)
+
+
+def _no_literal_password(key: str, value: Any) -> None:
+    if isinstance(value, str) and redact_url(value) != value:
+        raise ConfigurationError(f"the Celery {key} URL holds a secret, which a default would store in every run's "
+                                 f"job snapshot: pass it as {{'env': 'VARIABLE'}} instead ({redact_url(value)})")
 
 
 def make_celery_app(broker: str | None = None, backend: str | None = None):

@@ -12,13 +12,14 @@ from typing import Any
 from dagster import ConfigurableResource
 from pydantic import Field, model_validator
 
-from recovery_ext._settings import DAY, check_count, check_seconds
+from recovery_ext._settings import DAY, check_count, check_deployment, check_seconds
 from recovery_ext._errors import ConfigurationError
 from recovery_ext._liveness.heartbeat import HeartbeatSettings
 from recovery_ext._providers.guard import OutageSettings
 from recovery_ext._recovery.scan import RecoverySettings
 from recovery_ext._classify.redaction import redact
 from recovery_ext._classify.retry import RetryPolicy, wait_jittered_exponential
+from recovery_ext._store.migrations import check_package
 from recovery_ext._store.models import PipelineLimits
 from recovery_ext._store.store import RecoveryStore, default_database_url
 
@@ -153,6 +154,10 @@ class RecoveryResource(ConfigurableResource):
     def _validate(self) -> RecoveryResource:
         """Refuse NaN, infinities, out-of-bounds and contradictory settings when the definitions load."""
         long = self.allow_long_durations
+        if self.deployment is not None:
+            check_deployment("deployment", self.deployment)
+        for package in self.migration_packages:
+            check_package(package)
         self.heartbeat_settings()
         self.recovery_settings()
         check_seconds("hard_deadline_seconds", self.hard_deadline_seconds, minimum=1.0, allow_none=True,
@@ -195,7 +200,10 @@ class RecoveryResource(ConfigurableResource):
 
     def deployment_name(self, instance) -> str:
         """This deployment's name: the field, else ``$RECOVERY_DEPLOYMENT``, else one derived from ``instance``."""
-        return self.deployment or os.environ.get(DEPLOYMENT_ENV) or derived_deployment(instance)
+        if self.deployment:
+            return self.deployment  # checked when the resource was built
+        named = os.environ.get(DEPLOYMENT_ENV)
+        return check_deployment(DEPLOYMENT_ENV, named) if named else derived_deployment(instance)
 
     def get_store(self) -> RecoveryStore:
         return shared_store(self.url(), retry_budget=self.store_retry_budget(), packages=self.migration_packages)

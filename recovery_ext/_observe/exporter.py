@@ -84,10 +84,13 @@ FATES = {fate: {what: MetricSpec(f"recovery_provider_{fate}_{what}", "counter", 
                                    ("cost", "(cost, in the price table's currency)"))}
          for fate, help_ in (("saved", "Provider work a resume kept from before a takeover and did not pay again"),
                              ("wasted", "Provider work paid for whose answer never reached a checkpoint"))}
+LEDGER_SKIPPED = MetricSpec("recovery_ledger_rows_skipped", "gauge",
+                            "Corrupt ledger rows (e.g. an infinite token count) left out of the provider metrics")
 
 METRICS: tuple[MetricSpec, ...] = (DATABASE_UP, SCRAPE_SECONDS, PIPELINES, WAITING, EXPIRED, OLDEST_HEARTBEAT,
                                    RECLAIMS, RESUME_RUNS, GIVEN_UP, ITEMS, QUEUE_ITEMS, QUEUE_DEPTH, QUEUE_DEAD,
                                    BREAKER_STATE, BREAKER_FAILURES, PROVIDER_CALLS, PROVIDER_TOKENS, PROVIDER_COST,
+                                   LEDGER_SKIPPED,
                                    *(spec for fate in FATES.values() for spec in fate.values()))
 
 
@@ -180,6 +183,9 @@ def _provider_families(s: MetricsSnapshot) -> Iterator[Metric]:
     yield calls
     yield tokens
     yield cost
+    skipped = LEDGER_SKIPPED.family()
+    skipped.add_metric([], s.skipped_ledger_rows)
+    yield skipped
     for fate, specs in FATES.items():
         for what, spec in specs.items():
             family = spec.family()

@@ -77,6 +77,12 @@ class Timeline:
     waited_seconds: float
     calls: list[dict[str, Any]] = field(default_factory=list)   # each provider call: epoch, recorded_at, fate, ...
     costs: dict[str, Any] = field(default_factory=dict)         # the ledger's figures for the pipeline
+    # item_times and calls hold every step-th row of the counts (see PipelineHistory)
+    item_count: int = 0
+    item_times_step: int = 1
+    call_count: int = 0
+    calls_step: int = 1
+    call_fates: dict[str, int] = field(default_factory=dict)    # fate -> calls, all of them
 
     def as_dict(self) -> dict[str, Any]:
         """The timeline as plain values (``report --json``)."""
@@ -194,13 +200,15 @@ def build_timeline(h: PipelineHistory) -> Timeline:
         if run is not None and run.ended_at is not None:
             i.end = max(i.start, min(i.end, run.ended_at))
         intervals.append(i)
-    for call in h.calls:
-        run = by_epoch.get(call["epoch"])
+    fates: dict[str, int] = {}
+    for figures in h.call_figures:  # summed by the database over every call, however many are drawn
+        fates[figures["fate"]] = fates.get(figures["fate"], 0) + int(figures["calls"])
+        run = by_epoch.get(figures["epoch"])
         if run is not None:
-            into = run.calls.setdefault(call["fate"], {"calls": 0, "tokens": 0, "cost": 0.0})
-            into["calls"] += 1
-            into["tokens"] += int(call["tokens"] or 0)
-            into["cost"] += float(call["cost"] or 0.0)
+            into = run.calls.setdefault(figures["fate"], {"calls": 0, "tokens": 0, "cost": 0.0})
+            into["calls"] += int(figures["calls"])
+            into["tokens"] += int(figures["tokens"] or 0)
+            into["cost"] += float(figures["cost"] or 0.0)
     end = p.completed_at if p.status in FINISHED and p.completed_at else h.now
     for name, (start, ep) in open_nodes.items():
         intervals.append(Interval(name, start, end, ep, "running"))
@@ -219,7 +227,9 @@ def build_timeline(h: PipelineHistory) -> Timeline:
     return Timeline(pipeline=p, start=start, end=max(moments), runs=runs, intervals=intervals,
                     markers=sorted(markers, key=lambda m: m.at), item_times=list(h.item_times),
                     node_names=[n.name for n in h.nodes], events=h.events, waited_seconds=waited,
-                    calls=list(h.calls), costs=dict(h.costs))
+                    calls=list(h.calls), costs=dict(h.costs), item_count=h.item_count or len(h.item_times),
+                    item_times_step=h.item_times_step, call_count=h.call_count or len(h.calls),
+                    calls_step=h.calls_step, call_fates=fates)
 
 
 def _epoch_of(run: Run | None) -> int | None:

@@ -10,6 +10,9 @@ from typing import Any
 from recovery_ext._errors import ConfigurationError
 
 PER = 1_000_000  # prices are quoted per million tokens, as providers publish them
+# One currency unit per token: far above any real price, and a cost of the most tokens a call may record
+# stays a finite number (a price of 1e308 made every cost infinite and every call unrecordable).
+MAX_PRICE = 1_000_000.0
 
 
 @dataclass(frozen=True)
@@ -32,10 +35,10 @@ class Prices:
             values = []
             for side in ("input", "output"):
                 value = price.get(side, 0.0)
-                if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
-                        or value < 0:
-                    raise ConfigurationError(f"the {side} price of model {model!r} must be a number >= 0, "
-                                             f"got {value!r}")
+                # compared, not converted: NaN and infinities fail the range, and so does an int beyond floats
+                if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= MAX_PRICE:
+                    raise ConfigurationError(f"the {side} price of model {model!r} must be a number from 0 to "
+                                             f"{MAX_PRICE:g} per million tokens, got {value!r}")
                 values.append(float(value))
             parsed[str(model)] = (values[0], values[1])
         return cls(parsed)
@@ -44,4 +47,5 @@ class Prices:
         price = self.table.get(model or "")
         if price is None:
             return None
-        return (tokens_in * price[0] + tokens_out * price[1]) / PER
+        cost = (tokens_in * price[0] + tokens_out * price[1]) / PER
+        return cost if math.isfinite(cost) else None

@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import logging
 import time
+import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from recovery_ext._classify.redaction import redact
@@ -116,9 +117,9 @@ class RecoveryProtocol:
             return TickOutcome(stats, [], summary_line(stats), notes)
         if plan is not None:
             plan = settings.fill(plan)
-            result = self._pass(store, plan, stats, PassResult())
-            return self._finish(store, control, stats, result, ResumeStates(), notes, started, plan.trigger,
-                                event_retention_seconds, waiting=())
+            result = self._pass(store, plan, self.scope, stats, PassResult())
+            return self._finish(store, control, self.scope, stats, result, ResumeStates(), notes, started,
+                                plan.trigger, event_retention_seconds, waiting=())
         try:
             snap: TickSnapshot = self.policy.call(store.tick_snapshot, self.scope,
                                                   grace_seconds=settings.launch_grace_seconds)
@@ -134,6 +135,10 @@ class RecoveryProtocol:
                 adopt = [snap.legacy_origins[r] for r in control.known_runs(list(snap.legacy_origins))]
         except Exception as exc:  # noqa: BLE001 - the database-clock part of the pass goes on
             notes.append(f"could not check running pipelines against Dagster: {redact(exc)}")
+        scope, adopted = self._first_runs(snap, control, notes)
+        adopt += adopted
+        if scope.acting_on is not None and adopt:  # adopted legacy rows are this instance's too
+            scope = replace(scope, acting_on=tuple(sorted({*scope.acting_on, *adopt})))
         dead = [*owners.dead, *resumes.died]
         canceled = [*owners.canceled, *resumes.canceled]
         extend = sorted(set(resumes.waiting) & set(snap.stale_placeholders))
@@ -144,22 +149,22 @@ class RecoveryProtocol:
                             adopt_pipelines=tuple(adopt),
                             grace_seconds=settings.launch_grace_seconds, max_age_seconds=settings.max_age_seconds,
                             limit=self.max_per_tick, launching=True, trigger=trigger)
-            result = self._pass(store, plan, stats, result)
-        return self._finish(store, control, stats, result, resumes, notes, started, trigger, event_retention_seconds,
-                            waiting=snap.waiting)
+            result = self._pass(store, plan, scope, stats, result)
+        return self._finish(store, control, scope, stats, result, resumes, notes, started, trigger,
+                            event_retention_seconds, waiting=snap.waiting)
 
-    def _pass(self, store, plan: PassPlan, stats: ScanStats, idle: PassResult) -> PassResult:
+    def _pass(self, store, plan: PassPlan, scope: Scope, stats: ScanStats, idle: PassResult) -> PassResult:
         """The pass's one write, retried through a database outage; a failure is reported in ``stats``."""
         try:
-            return self.policy.call(store.recovery_pass, plan, self.scope)
+            return self.policy.call(store.recovery_pass, plan, scope)
         except Exception as exc:  # noqa: BLE001 - the pass reports; it never crashes its caller
             stats.failed, stats.error = 1, redact(f"{type(exc).__name__}: {exc}")
             log.error("recovery pass failed: %s", stats.error)
             return idle
 
-    def _finish(self, store, control: RunControl, stats: ScanStats, result: PassResult, resumes: ResumeStates,
-                notes: list[str], started: float, trigger: str, event_retention_seconds: float | None,
-                waiting: Sequence[dict[str, Any]]) -> TickOutcome:
+    def _finish(self, store, control: RunControl, scope: Scope, stats: ScanStats, result: PassResult,
+                resumes: ResumeStates, notes: list[str], started: float, trigger: str,
+                event_retention_seconds: float | None, waiting: Sequence[dict[str, Any]]) -> TickOutcome:
         """Count what the pass did, request the resume runs and stop the superseded runs through ``control``."""
         stats.reclaimed_pipelines = [*result.reclaimed, *result.claimed]
         stats.given_up_pipelines = [*result.corrupt, *result.given_up]
@@ -176,7 +181,9 @@ class RecoveryProtocol:
             notes.append(f"{_plural(len(resumes.died), 'resume run')} ended before attaching")
         fresh = {r.pipeline_id: r for r in stats.reclaimed_pipelines}  # these know why they were reclaimed
         to_request = [fresh.get(a.pipeline_id, a) for a in result.awaiting
-                      if a.owner not in resumes.existing or a.pipeline_id in fresh]
+                      if (a.owner not in resumes.existing or a.pipeline_id in fresh)
+                      and (scope.acting_on is None or a.pipeline_id in scope.acting_on
+                           or a.origin_run_id is None)]
         requests = control.resume_requests(to_request) if to_request else []
         again = sum(1 for a in to_request if a.pipeline_id not in fresh)
         if again:
@@ -197,6 +204,50 @@ class RecoveryProtocol:
         if stats.found or stats.error:
             log.info("recovery pass (%s): %s", trigger, message)
         return TickOutcome(stats, requests, message, notes)
+
+    def _first_runs(self, snap: TickSnapshot, control: RunControl, notes: list[str]) -> tuple[Scope, list[int]]:
+        """Only the orchestrator that holds a pipeline's first run acts on it: this tick's scope is the pipelines
+        of this deployment whose first run it holds (standing aside for the others), and the orphans of other
+        deployments it holds (a renamed deployment's), to adopt. The others are said out loud (deployments.py)."""
+        # A first run that is no Dagster run id was not made by any Dagster instance (a pipeline created
+        # outside Dagster): every sensor in scope may act on it, as before deployments.
+        if self.scope.deployment is None:  # no deployment, no snapshot of first runs: any pipeline in scope
+            return self.scope, []
+        checked = [f for f in snap.first_runs if is_run_id(f.origin_run_id)]
+        foreign = [f for f in snap.foreign_orphans if is_run_id(f.origin_run_id)]
+        origins = [*(f.origin_run_id for f in checked), *(f.origin_run_id for f in foreign)]
+        if not origins:
+            return self._acting_on(snap.first_runs, []), []
+        said: list[str] = []
+        try:
+            held = control.known_runs(origins)
+        except Exception as exc:  # noqa: BLE001 - unproven: stand aside this tick, the next one asks again
+            said.append(f"could not check first runs against Dagster, standing aside: {redact(exc)}")
+            held = set()
+        aside = sorted(f.pipeline_id for f in checked if f.origin_run_id not in held and f.actionable)
+        if aside:
+            said.append(f"stands aside for {_plural(len(aside), 'pipeline')} of deployment "
+                         f"{self.scope.deployment!r} whose first run this Dagster instance does not hold (another "
+                         f"instance uses the same deployment name; give each its own): "
+                         f"{_ids(aside)}")
+        stranded = [f for f in foreign if f.origin_run_id not in held and f.stale]
+        if stranded:
+            said.append(f"{_plural(len(stranded), 'orphaned pipeline')} of other deployments, not reclaimed past the "
+                         "launch grace and not this Dagster instance's to resume: "
+                         + ", ".join(f"{f.pipeline_id} ({f.deployment})" for f in stranded[:5])
+                         + (", ..." if len(stranded) > 5 else "")
+                         + " (is their deployment's sensor running, or was it renamed?)")
+        for note in said:
+            log.warning("%s", note)
+        notes += said
+        adopt = [f.pipeline_id for f in foreign if f.origin_run_id in held]
+        mine = [f for f in snap.first_runs if not is_run_id(f.origin_run_id) or f.origin_run_id in held]
+        return self._acting_on(mine, adopt), adopt
+
+    def _acting_on(self, first_runs: Sequence[Any], adopt: Sequence[int]) -> Scope:
+        """The scope of this tick's pass: only the pipelines whose first run was seen held (or is no Dagster run),
+        and those it adopts. A pipeline past the snapshot's limit waits for a later tick, never unchecked."""
+        return replace(self.scope, acting_on=tuple(sorted({*(f.pipeline_id for f in first_runs), *adopt})))
 
     def _prune(self, store, retention_seconds: float | None) -> None:
         """Old events go at most once per ``EVENT_RETENTION_EVERY`` per process: an idle tick stays one read."""
@@ -242,6 +293,19 @@ def scan(store, plan: PassPlan = PassPlan(), scope: Scope = Scope(), *, settings
     """
     protocol = RecoveryProtocol(scope, policy=policy)
     return protocol.tick(store, LaunchNothing(), settings or RecoverySettings(), plan=plan).stats
+
+
+def is_run_id(value: str) -> bool:
+    """Whether ``value`` can be a Dagster run id (a UUID, as Dagster requires)."""
+    try:
+        uuid.UUID(value)
+    except (ValueError, TypeError, AttributeError):
+        return False
+    return True
+
+
+def _ids(ids: Sequence[int], limit: int = 5) -> str:
+    return "pipeline " + ", ".join(map(str, ids[:limit])) + (", ..." if len(ids) > limit else "")
 
 
 def _waiting_line(waiting: Sequence[dict[str, Any]], limit: int = 3) -> str:

@@ -47,10 +47,17 @@ class BudgetGrant:
     tokens_in_window: int = 0
 
 
+# What both databases store and sum: requests_per_minute is a PostgreSQL INTEGER column; token counts are
+# BIGINT, and a window's reservations are summed, so the limit keeps far below 2**63.
+LIMIT_MAXIMUM = {"requests_per_minute": 2**31 - 1, "tokens_per_minute": 2**53}
+
+
 def check_limits(requests_per_minute: int | None, tokens_per_minute: int | None, window_seconds: float) -> None:
     for name, value in (("requests_per_minute", requests_per_minute), ("tokens_per_minute", tokens_per_minute)):
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-            raise ConfigurationError(f"{name} must be a whole number >= 1 (or unset), got {value!r}")
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                                  or not 1 <= value <= LIMIT_MAXIMUM[name]):
+            raise ConfigurationError(f"{name} must be a whole number from 1 to {LIMIT_MAXIMUM[name]} (or unset), "
+                                     f"got {value!r}")
     if isinstance(window_seconds, bool) or not isinstance(window_seconds, (int, float)) \
             or not 0.1 <= window_seconds <= 86400:
         raise ConfigurationError(f"a budget window must be between 0.1 and 86400 seconds, got {window_seconds!r}")
@@ -74,7 +81,7 @@ class ProviderLimits:
     def __post_init__(self) -> None:
         check_limits(self.requests_per_minute, self.tokens_per_minute, self.window_seconds)
         if self.margin_seconds is not None and (not isinstance(self.margin_seconds, (int, float))
-                                                or not math.isfinite(self.margin_seconds)
+                                                or isinstance(self.margin_seconds, bool)
                                                 or not 0 <= self.margin_seconds <= self.window_seconds):
             raise ConfigurationError(f"margin_seconds must be between 0 and the window, got {self.margin_seconds!r}")
 

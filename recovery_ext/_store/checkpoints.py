@@ -300,7 +300,7 @@ def _call_arrays(entries: Sequence[ItemCheckpoint]) -> dict[str, list[Any]]:
             "call_endpoints": [r["endpoint"] for r in rows], "call_models": [r["model"] for r in rows],
             "call_tokens_in": [r["tokens_in"] for r in rows], "call_tokens_out": [r["tokens_out"] for r in rows],
             "call_latencies": [r["latency_seconds"] for r in rows], "call_outcomes": [r["outcome"] for r in rows],
-            "call_costs": [r["cost"] for r in rows]}
+            "call_costs": [r["cost"] for r in rows], "call_notes": [r["note"] for r in rows]}
 
 
 def _already(own: Ownership, node_name: str, key: str) -> str:

@@ -18,7 +18,7 @@ from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 
 from recovery_ext._store import migrations
 from recovery_ext._store.dialects import Dialect
-from recovery_ext._errors import ConfigurationError, StoreError, StoreUnavailable
+from recovery_ext._errors import ConfigurationError, MigrationError, StoreError, StoreUnavailable
 from recovery_ext._classify.redaction import redact
 from recovery_ext._classify.retry import retry_if_retryable, wait_jittered_exponential
 from recovery_ext._store.schema import events, transitions
@@ -272,10 +272,21 @@ class Database:
 
     def migrate(self, package: str = migrations.LIBRARY) -> list[migrations.Migration]:
         """Apply the library's pending migrations, or those of an application ``package`` (after the library's)."""
+        if package != migrations.LIBRARY:
+            try:
+                migrations.check_package(package)
+            except ConfigurationError as exc:
+                raise MigrationError(str(exc)) from None
         with self._wrap_errors():
             if package != migrations.LIBRARY:
                 migrations.apply_migrations(self.engine, self.dialect)
             return migrations.apply_migrations(self.engine, self.dialect, package)
+
+    @retried
+    def check_schema(self) -> None:
+        """Raise MigrationError when a newer release migrated this database (its tables are not this code's)."""
+        with self._wrap_errors():
+            migrations.check_not_newer(self.engine, self.dialect)
 
     def pending_migrations(self, package: str = migrations.LIBRARY) -> list[migrations.Migration]:
         with self._wrap_errors():

@@ -42,7 +42,7 @@ pc = provider_calls.c
 jc = call_journal.c
 
 ENDED = (PipelineStatus.COMPLETED, PipelineStatus.CANCELED)
-_COMPLETION = ("model", "tokens_in", "tokens_out", "latency_seconds", "outcome", "cost")
+_COMPLETION = ("model", "tokens_in", "tokens_out", "latency_seconds", "outcome", "cost", "note")
 
 
 @dataclass(frozen=True)

@@ -33,6 +33,7 @@ from sqlalchemy import Connection, and_, case, func, literal, or_, select
 
 from recovery_ext._classify.redaction import redact
 from recovery_ext._store.database import Database, chunks, retried
+from recovery_ext._store.ledger_rows import malformed_calls, well_formed_call
 from recovery_ext._store.models import ProviderCall
 from recovery_ext._store.schema import node_items, pipelines, provider_calls
 from recovery_ext._store.statuses import PipelineStatus
@@ -85,9 +86,10 @@ class CostReport:
     pipelines: dict[int, CostFigures]
     nodes: dict[int, dict[str, CostFigures]]
     jobs: dict[int, str]
+    skipped_rows: int = 0  # corrupt ledger rows left out of the figures (see ledger_rows.py)
 
     def as_dict(self) -> dict[str, Any]:
-        return {**self.total.as_dict(),
+        return {**self.total.as_dict(), "skipped_rows": self.skipped_rows,
                 "pipelines": [{"pipeline_id": pid, "job": self.jobs.get(pid), **figures.as_dict(),
                                "nodes": {name: n.as_dict() for name, n in sorted(self.nodes.get(pid, {}).items())}}
                               for pid, figures in sorted(self.pipelines.items())]}
@@ -106,11 +108,11 @@ def call_row(call: ProviderCall, *, reached: bool = False) -> dict[str, Any]:
             "model": None if call.model is None else str(call.model)[:200], "tokens_in": call.tokens_in,
             "tokens_out": call.tokens_out, "latency_seconds": float(call.latency_seconds),
             "outcome": call.outcome if call.outcome == "ok" else redact(call.outcome)[:64], "cost": None if call.cost is None else float(call.cost),
-            "reached_checkpoint": reached and call.outcome == "ok"}
+            "reached_checkpoint": reached and call.outcome == "ok", "note": call.note}
 
 
 _COLUMNS = ("id", "pipeline_id", "node_name", "item_key", "run_id", "epoch", "endpoint", "model", "tokens_in",
-            "tokens_out", "latency_seconds", "outcome", "cost", "reached_checkpoint")
+            "tokens_out", "latency_seconds", "outcome", "cost", "reached_checkpoint", "note")
 _SQLITE_INSERT = (f"INSERT INTO rx_provider_calls ({', '.join(_COLUMNS)}, recorded_at) "
                   f"VALUES ({', '.join('?' for _ in _COLUMNS)}, (julianday('now') - 2440587.5) * 86400.0) ")
 _SQLITE_RECORD = _SQLITE_INSERT + "ON CONFLICT (id) DO NOTHING"
@@ -164,7 +166,7 @@ class LedgerOps(Database):
     @retried
     def provider_calls(self, pipeline_id: int | None = None) -> list[ProviderCall]:
         """The ledger's rows (of one pipeline), oldest first; ``reached_checkpoint`` is in :meth:`call_outcomes`."""
-        query = select(provider_calls).order_by(pc.recorded_at, pc.id)
+        query = select(provider_calls).where(well_formed_call()).order_by(pc.recorded_at, pc.id)
         if pipeline_id is not None:
             query = query.where(pc.pipeline_id == pipeline_id)
         with self.read() as conn:
@@ -218,13 +220,15 @@ class LedgerOps(Database):
                          .outerjoin(pipelines, p.id == pc.pipeline_id)
                          .outerjoin(node_items, and_(item.pipeline_id == pc.pipeline_id,
                                                      item.node_name == pc.node_name, item.item_key == pc.item_key)))
+            .where(well_formed_call())
             .group_by(pc.pipeline_id, pc.node_name)
         )
         if pipeline_id is not None:
             query = query.where(pc.pipeline_id == pipeline_id)
         with self.read() as conn:
             rows = conn.execute(query).all()
-        report = CostReport(CostFigures(), {}, {}, {})
+            skipped = malformed_calls(conn, pipeline_id)
+        report = CostReport(CostFigures(), {}, {}, {}, skipped_rows=skipped)
         for row in rows:
             figures = CostFigures(**{key: (float(row._mapping[key]) if key.endswith("cost") else int(row._mapping[key]))
                                      for key in COST_KEYS})

@@ -13,16 +13,17 @@ library's numbering never has to know about them.
 from __future__ import annotations
 
 import functools
+import importlib.util
 import re
 from dataclasses import dataclass, field
-from importlib import resources
+from importlib import metadata, resources
 from importlib.resources.abc import Traversable
 from pathlib import Path
 
 from sqlalchemy import Engine, insert, inspect, select
 
 from recovery_ext._store.dialects import Dialect
-from recovery_ext._errors import MigrationError
+from recovery_ext._errors import ConfigurationError, MigrationError
 from recovery_ext._store.schema import app_migrations_table, migrations_table
 
 _FILE_PATTERN = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
@@ -64,6 +65,27 @@ def _library_sql() -> Traversable:
     if packaged.is_dir():
         return packaged
     return Path(__file__).resolve().parents[2] / "sql"
+
+
+_PACKAGE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*")
+
+
+def check_package(package: object) -> str:
+    """``package`` as an importable package that holds a ``sql/`` folder of migrations, or a one-line
+    ConfigurationError (a typo, an empty name, a plain module such as ``os``)."""
+    if not isinstance(package, str) or not _PACKAGE_NAME.fullmatch(package):
+        raise ConfigurationError(f"a migrations package must be a dotted Python package name, got {package!r}")
+    try:
+        spec = importlib.util.find_spec(package)
+    except (ImportError, ValueError) as exc:
+        raise ConfigurationError(f"no migrations package {package!r}: {exc}") from None
+    if spec is None:
+        raise ConfigurationError(f"no migrations package {package!r}: no such package is installed")
+    if spec.submodule_search_locations is None:
+        raise ConfigurationError(f"{package!r} is a module, not a package with sql/<dialect>/NNNN_name.sql migrations")
+    if not _sql_root(package).is_dir():
+        raise ConfigurationError(f"package {package!r} has no sql/ folder of migrations (sql/<dialect>/NNNN_name.sql)")
+    return package
 
 
 def _sql_root(package: str = LIBRARY) -> Traversable:
@@ -121,7 +143,28 @@ def applied_versions(engine: Engine, package: str = LIBRARY) -> set[int]:
         return set(conn.scalars(select(table.c.version).where(mine)))
 
 
+def check_not_newer(engine: Engine, dialect: Dialect, package: str = LIBRARY) -> None:
+    """Refuse a database that a newer release migrated: its tables are not what this code reads and writes."""
+    known = load_migrations(dialect, package)
+    done = applied_versions(engine, package)
+    unknown = sorted(done - {m.version for m in known})
+    if unknown:
+        of = "" if package == LIBRARY else f" of {package}"
+        raise MigrationError(
+            f"the database's schema{of} is at version {max(done):04d}, newer than this release knows "
+            f"({known[-1].version if known else 0:04d}, recovery-ext {_release()}): it was migrated by a newer "
+            f"release; upgrade recovery-ext to use it")
+
+
+def _release() -> str:
+    try:
+        return metadata.version("recovery-ext")
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
 def pending_migrations(engine: Engine, dialect: Dialect, package: str = LIBRARY) -> list[Migration]:
+    check_not_newer(engine, dialect, package)
     done = applied_versions(engine, package)
     return [m for m in load_migrations(dialect, package) if m.version not in done]
 
@@ -129,6 +172,7 @@ def pending_migrations(engine: Engine, dialect: Dialect, package: str = LIBRARY)
 def apply_migrations(engine: Engine, dialect: Dialect, package: str = LIBRARY) -> list[Migration]:
     """Apply what is not yet applied; safe to call from several processes at once."""
     table, mine, key = _tracking(package)
+    check_not_newer(engine, dialect, package)
     with engine.connect().execution_options(rx_write=True) as conn:
         with conn.begin():
             dialect.migration_lock(conn)

@@ -12,6 +12,7 @@ from typing import Any
 
 from recovery_ext._classify.redaction import redact_url
 from recovery_ext._errors import ConfigurationError
+from recovery_ext._settings import LONGEST
 from recovery_ext._store.statuses import FINISHED_NODE_STATUSES, WAITING, ItemStatus, PipelineStatus
 
 
@@ -47,10 +48,13 @@ class PipelineLimits:
             value = getattr(self, name)
             if value is None and name == "deadline_seconds":
                 continue
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
-                    or value <= 0:
+            # compared before converted: an int beyond any float is refused, not an OverflowError
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
                 raise ConfigurationError(f"PipelineLimits.{name} must be a finite number of seconds > 0, "
-                                         f"got {value!r}")
+                                         f"got {value!r:.40}")
+            if value > LONGEST:  # both databases must be able to store the time it leads to
+                raise ConfigurationError(f"PipelineLimits.{name} must be at most {LONGEST:g} s (a century), "
+                                         f"got {value!r:.40}")
         # the column is a 32-bit integer, and the recovery scan fails a row whose counter reaches its top as corrupt
         if isinstance(self.max_resumes, bool) or not isinstance(self.max_resumes, int) \
                 or not 0 <= self.max_resumes < 2**31 - 1:
@@ -80,7 +84,11 @@ def encode_json(value: Any) -> JsonText:
 
 
 _compact = json.JSONEncoder(separators=(",", ":")).encode
-_MAX_TOKENS = 2**62  # fits a signed 64-bit column with room for sums
+# A trillion tokens, beyond any real call: a column of them sums within 64 bits (SQLite's SUM fails on
+# an overflow, and every report sums the ledger).
+MAX_TOKENS = 2**40
+_MAX_TOKENS = MAX_TOKENS
+_CALL_TEXT = ("endpoint", "model", "outcome", "operation", "provider", "response_model", "note")
 
 
 @dataclass(frozen=True)
@@ -114,8 +122,15 @@ class ProviderCall:
     operation: str | None = field(default=None, kw_only=True)
     provider: str | None = field(default=None, kw_only=True)
     response_model: str | None = field(default=None, kw_only=True)
+    # Why a figure is not what the provider said (its usage was unreadable, recorded as 0), else None.
+    note: str | None = field(default=None, kw_only=True)
 
     def __post_init__(self) -> None:
+        # PostgreSQL's text refuses NUL, SQLite's keeps it: the same call must be recordable on both.
+        for name in _CALL_TEXT:
+            value = getattr(self, name)
+            if type(value) is str and "\x00" in value:
+                object.__setattr__(self, name, value.replace("\x00", "\ufffd"))
         # Runs once per recorded call, on the item's hot path: the exact-type checks settle the usual
         # values at once, and only an unusual one pays for the full check and its message.
         if not (type(self.tokens_in) is int and 0 <= self.tokens_in < _MAX_TOKENS
@@ -143,6 +158,8 @@ class ProviderCall:
             value = getattr(self, name)
             if value is not None and (not isinstance(value, str) or not 0 < len(value) <= 200):
                 raise ConfigurationError(f"ProviderCall.{name} must be a short name or None, got {value!r}")
+        if self.note is not None and (not isinstance(self.note, str) or len(self.note) > 500):
+            raise ConfigurationError(f"ProviderCall.note must be a short text or None, got {self.note!r:.80}")
 
     @property
     def tokens(self) -> int:
@@ -336,10 +353,16 @@ class Scope:
     job_names: tuple[str, ...] | None = None
     deployment: str | None = None
     launcher: str | None = None
+    # None: any pipeline. Else only these (and pipelines with no first run): the ones whose first run this
+    # scope's orchestrator was seen to hold; the others are another instance's, never reclaimed, given up
+    # or claimed here
+    acting_on: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         if self.job_names is not None:
             object.__setattr__(self, "job_names", _names("Scope.job_names", self.job_names))
+        if self.acting_on is not None:
+            object.__setattr__(self, "acting_on", _names("Scope.acting_on", self.acting_on))
 
 
 def _names(what: str, values: Any) -> tuple[Any, ...]:
@@ -370,6 +393,10 @@ class TickSnapshot:
     # live pipelines from before deployments existed, by their first run: adopted by the deployment whose
     # orchestrator knows that run
     legacy_origins: dict[str, int] = field(default_factory=dict)
+    # this deployment's live pipelines and their first runs (FirstRun), checked against the orchestrator,
+    # which must hold a pipeline's first run to act on it (see deployments.py)
+    first_runs: list[Any] = field(default_factory=list)
+    foreign_orphans: list[Any] = field(default_factory=list)   # ForeignOrphan of other deployments
 
 
 DEFAULT_LAUNCH_GRACE = 300.0  # seconds a reclaimed pipeline waits for its resume run before it is an orphan again

@@ -16,6 +16,7 @@ from sqlalchemy import Float, and_, case, cast, func, literal, or_, select
 from recovery_ext._store.database import Database, retried
 from recovery_ext._store.ledger import IN_FLIGHT
 from recovery_ext._store.statuses import PipelineStatus
+from recovery_ext._store.ledger_rows import well_formed_call
 from recovery_ext._store.models import Node, Pipeline
 from recovery_ext._errors import NotFound
 from recovery_ext._store.schema import (circuit_breakers, events, node_items, nodes, pipelines, provider_calls,
@@ -53,6 +54,8 @@ class MetricsSnapshot:
     provider_calls: list[tuple] = field(default_factory=list)
     # job -> the ledger's figures (calls, tokens, cost spent; saved by resume; wasted), as `recovery-ext costs`
     provider_costs: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # corrupt ledger rows left out of the provider figures above
+    skipped_ledger_rows: int = 0
 
 
 @dataclass(frozen=True)
@@ -72,6 +75,14 @@ class PipelineHistory:
     # tokens, cost and its fate (kept, saved, wasted, open), and the ledger's figures for the pipeline.
     calls: list[dict[str, Any]] = field(default_factory=list)
     costs: dict[str, Any] = field(default_factory=dict)
+    # Past ITEM_TIMES_LIMIT, item_times and calls hold every step-th row across the whole span (the last
+    # one always), so every run is drawn; these count all of them, as the database does.
+    item_count: int = 0
+    item_times_step: int = 1
+    call_count: int = 0
+    calls_step: int = 1
+    # (epoch, fate) -> calls, tokens, cost of every well-formed call, summed by the database
+    call_figures: list[dict[str, Any]] = field(default_factory=list)
 
 
 class ObservabilityOps(Database):
@@ -134,13 +145,14 @@ class ObservabilityOps(Database):
             oldest_heartbeat_age_seconds=None if oldest is None else max(0.0, float(oldest)),
             reclaims=sorted(reclaims.items()), resume_runs=sorted(resumes.items()), given_up=given_up,
             items=[tuple(r) for r in items], queue_items=[tuple(r) for r in queued], breakers=breakers,
-            provider_calls=spent, provider_costs=by_job)
+            provider_calls=spent, provider_costs=by_job, skipped_ledger_rows=report.skipped_rows)
 
     def _provider_spent(self) -> list[tuple]:
         pc, p = provider_calls.c, pipelines.c
         query = (select(p.job_name, pc.model, pc.outcome, func.count(), func.coalesce(func.sum(pc.tokens_in), 0),
                         func.coalesce(func.sum(pc.tokens_out), 0), func.coalesce(func.sum(pc.cost), 0.0))
                  .select_from(provider_calls.outerjoin(pipelines, p.id == pc.pipeline_id))
+                 .where(well_formed_call())
                  .group_by(p.job_name, pc.model, pc.outcome).order_by(p.job_name, pc.model, pc.outcome))
         with self.read() as conn:
             return [tuple(r) for r in conn.execute(query)]
@@ -165,19 +177,27 @@ class ObservabilityOps(Database):
                 .where(ni.pipeline_id == pipeline_id)
                 .group_by(ni.epoch, ni.run_id, ni.node_name, ni.status)
                 .order_by(ni.epoch, ni.node_name, ni.status))]
-            item_times = [tuple(r) for r in conn.execute(
-                select(ni.epoch, ni.completed_at).where(ni.pipeline_id == pipeline_id)
-                .order_by(ni.completed_at).limit(ITEM_TIMES_LIMIT))]
+            item_count = conn.scalar(select(func.count()).select_from(node_items)
+                                     .where(ni.pipeline_id == pipeline_id)) or 0
+            item_step = _step(item_count)
+            item_times = [tuple(r) for r in conn.execute(_every(
+                select(ni.epoch, ni.completed_at).where(ni.pipeline_id == pipeline_id),
+                (ni.completed_at, ni.node_name, ni.item_key), item_step, item_count))]
             now = conn.scalar(select(self.dialect.now().label("now")))
         if not isinstance(now, dt.datetime):  # SQLite's clock is epoch seconds
             now = dt.datetime.fromtimestamp(float(now), tz=dt.timezone.utc)
-        calls = self._calls_of(pipeline_id)
-        costs = self.provider_costs(pipeline_id).pipelines.get(pipeline_id)
+        calls, call_count, calls_step, call_figures = self._calls_of(pipeline_id)
+        report = self.provider_costs(pipeline_id)
+        costs = report.pipelines.get(pipeline_id)
         return PipelineHistory(Pipeline.from_row(row._mapping), node_rows, history, happened, items, item_times, now,
-                               calls=calls, costs=costs.as_dict() if costs is not None else {})
+                               calls=calls, costs={**(costs.as_dict() if costs is not None else {}),
+                                                   "skipped_rows": report.skipped_rows},
+                               item_count=item_count, item_times_step=item_step, call_count=call_count,
+                               calls_step=calls_step, call_figures=call_figures)
 
-    def _calls_of(self, pipeline_id: int) -> list[dict[str, Any]]:
-        """The pipeline's provider calls with their fate, as the ledger's cost report judges it."""
+    def _calls_of(self, pipeline_id: int) -> tuple[list[dict[str, Any]], int, int, list[dict[str, Any]]]:
+        """The pipeline's provider calls with their fate, as the ledger's cost report judges it (every step-th
+        past ITEM_TIMES_LIMIT), their count and step, and their figures per run and fate (all of them)."""
         pc, p, item = provider_calls.c, pipelines.c, node_items.c
         reached = pc.reached_checkpoint == True  # noqa: E712 - SQL, not Python
         in_flight = pc.outcome == IN_FLIGHT
@@ -185,13 +205,36 @@ class ObservabilityOps(Database):
                      or_(and_(pc.outcome == "ok", item.item_key.is_(None)), in_flight))
         fate = case((and_(reached, pc.epoch < p.epoch), literal("saved")), (reached, literal("kept")),
                     (open_, literal("unsettled")), (in_flight, literal("in_flight")), else_=literal("wasted"))
-        query = (select(pc.epoch, pc.recorded_at, pc.node_name, pc.outcome, (pc.tokens_in + pc.tokens_out)
-                        .label("tokens"), pc.cost, fate.label("fate"))
-                 .select_from(provider_calls.join(pipelines, p.id == pc.pipeline_id)
-                              .outerjoin(node_items, and_(item.pipeline_id == pc.pipeline_id,
-                                                          item.node_name == pc.node_name,
-                                                          item.item_key == pc.item_key)))
-                 .where(pc.pipeline_id == pipeline_id).order_by(pc.recorded_at, pc.id).limit(ITEM_TIMES_LIMIT))
+        joined = (provider_calls.join(pipelines, p.id == pc.pipeline_id)
+                  .outerjoin(node_items, and_(item.pipeline_id == pc.pipeline_id, item.node_name == pc.node_name,
+                                              item.item_key == pc.item_key)))
+        mine = and_(pc.pipeline_id == pipeline_id, well_formed_call())
+        tokens = (pc.tokens_in + pc.tokens_out).label("tokens")
         with self.read() as conn:
-            return [dict(r._mapping) for r in conn.execute(query)]
+            count = conn.scalar(select(func.count()).select_from(provider_calls).where(mine)) or 0
+            step = _step(count)
+            calls = [dict(r._mapping) for r in conn.execute(_every(
+                select(pc.epoch, pc.recorded_at, pc.node_name, pc.outcome, tokens, pc.cost, fate.label("fate"))
+                .select_from(joined).where(mine), (pc.recorded_at, pc.id), step, count))]
+            figures = [dict(r._mapping) for r in conn.execute(
+                select(pc.epoch, fate.label("fate"), func.count().label("calls"),
+                       func.coalesce(func.sum(pc.tokens_in + pc.tokens_out), 0).label("tokens"),
+                       func.coalesce(func.sum(pc.cost), 0.0).label("cost"))
+                .select_from(joined).where(mine).group_by(pc.epoch, fate))]
+        return calls, count, step, figures
+
+
+def _step(count: int) -> int:
+    """Take every step-th row so that at most ITEM_TIMES_LIMIT of ``count`` are drawn."""
+    return max(1, -(-count // ITEM_TIMES_LIMIT))
+
+
+def _every(query, order, step: int, count: int):
+    """``query``'s rows in ``order``, every ``step``-th of them and the last: the whole span, not its start."""
+    if step == 1:
+        return query.order_by(*order)
+    numbered = query.add_columns(func.row_number().over(order_by=order).label("rx_n")).subquery()
+    kept = [c for c in numbered.c if c.name != "rx_n"]
+    return (select(*kept).where((numbered.c.rx_n % step == 0) | (numbered.c.rx_n == count))
+            .order_by(numbered.c.rx_n))
 

@@ -20,7 +20,7 @@ from sqlalchemy.sql.elements import ColumnElement
 from recovery_ext._conventions import PLACEHOLDER_PREFIX
 from recovery_ext._store.database import chunks, retried
 from recovery_ext._store.models import GivenUp, Orphan, PassPlan, Reclaimed, Scope
-from recovery_ext._store.pipelines import PipelineOps
+from recovery_ext._store.pipelines import NEW_OWNER_RESETS, PipelineOps
 from recovery_ext._store.statuses import NodeStatus, PipelineStatus
 from recovery_ext._store.schema import (NODE_STATUSES, PIPELINE_STATUSES, CorruptJson, DbTime, nodes, pipelines,
                                         transitions)
@@ -207,7 +207,7 @@ class OrphanOps(PipelineOps):
         candidates = (
             select(p.id)
             .where(self._orphan_condition(dead_owner_runs, scope.job_names, retrying_owner_runs, scope.deployment),
-                   self._hopeless_condition(max_age_seconds))
+                   self._hopeless_condition(max_age_seconds), *_outside(scope))
             .order_by(p.id)
             .limit(limit)
             .with_for_update(skip_locked=True)
@@ -281,7 +281,7 @@ class OrphanOps(PipelineOps):
                    p.heartbeat_at, type_coerce(now, DbTime).label("now"))
             .where(self._orphan_condition(dead_owner_runs, scope.job_names, plan.retrying_owner_runs,
                                           scope.deployment),
-                   ~self._hopeless_condition(plan.max_age_seconds),
+                   ~self._hopeless_condition(plan.max_age_seconds), *_outside(scope),
                    p.epoch < MAX_COUNTER, p.resume_count < MAX_COUNTER)  # those are failed as corrupt instead
             .order_by(p.heartbeat_deadline.asc().nulls_first(), p.id)
             .limit(plan.limit)
@@ -302,8 +302,7 @@ class OrphanOps(PipelineOps):
                 .where(p.id.in_(list(part)), p.status == PipelineStatus.RUNNING)
                 .values(owner=new_owner, resumed_from=p.owner, epoch=p.epoch + 1,
                         resume_count=p.resume_count + 1, launcher=launcher if launching else None,
-                        waiting_until=None, waiting_since=None, waiting_reason=None,
-                        heartbeat_at=now, heartbeat_deadline=self.dialect.now_plus(plan.launch_grace_seconds),
+                        **NEW_OWNER_RESETS, heartbeat_at=now, heartbeat_deadline=self.dialect.now_plus(plan.launch_grace_seconds),
                         updated_at=now)
                 .returning(p.id, p.job_name, p.params, p.owner, p.epoch, p.resume_count, p.origin_run_id)
             ).all()
@@ -351,7 +350,7 @@ class OrphanOps(PipelineOps):
         ids = [r.id for r in conn.execute(
             select(p.id)
             .where(LIVE, p.status == RUNNING, p.owner.is_(None), p.resume_count > 0,
-                   *_jobs(scope.job_names, scope.deployment))
+                   *_jobs(scope.job_names, scope.deployment), *_outside(scope))
             .order_by(p.id).limit(limit).with_for_update(skip_locked=True)
         )]
         if not ids:
@@ -475,6 +474,13 @@ def _jobs(job_names: Sequence[str] | None, deployment: str | None = None) -> lis
     """The pipelines of these jobs in this deployment (``None``: any)."""
     where = [] if job_names is None else [p.job_name.in_(list(job_names))]
     return where if deployment is None else [*where, p.deployment == deployment]
+
+
+def _outside(scope: Scope) -> list[ColumnElement]:
+    """Only the pipelines the scope may act on (see ``Scope.acting_on``)."""
+    if scope.acting_on is None:
+        return []
+    return [or_(p.origin_run_id.is_(None), p.id.in_(list(scope.acting_on)))]
 
 
 def _seconds_between(earlier: dt.datetime | None, later: dt.datetime | None) -> float | None:

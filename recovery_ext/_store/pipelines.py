@@ -29,6 +29,7 @@ from recovery_ext._conventions import placeholder_owner
 from recovery_ext._store import hot_path
 from recovery_ext._store.database import is_retry, retried
 from recovery_ext._store.ledger import LedgerOps
+from recovery_ext._settings import check_deployment
 from recovery_ext._errors import IllegalTransition, NotFound, OwnershipLost, StoreError, UnfinishedItems
 from recovery_ext._store.fenced import FencedTransaction
 from recovery_ext._store.models import (ErrorInfo, ItemCheckpoint, Node, NodeSpec, Ownership, Pipeline,
@@ -52,6 +53,12 @@ NODE_TRANSITIONS: dict[NodeStatus, tuple[NodeStatus, ...]] = {
 }
 
 
+# What a pipeline's new owner (a reclaim's resume, a re-execution's or run retry's take-over) starts
+# without: the dead run's outage pause, its reason and the outage clock. The new run's outage budget
+# starts at its own first failure.
+NEW_OWNER_RESETS: dict[str, None] = {"waiting_until": None, "waiting_since": None, "waiting_reason": None}
+
+
 class PipelineOps(LedgerOps):
     # -- creation and attachment ------------------------------------------------------------
 
@@ -72,6 +79,7 @@ class PipelineOps(LedgerOps):
         With ``origin_run_id`` this is idempotent: every op of the same Dagster run gets
         the same pipeline, whichever process gets there first.
         """
+        check_deployment("deployment", deployment)
         specs = [NodeSpec(s) if isinstance(s, str) else s for s in node_specs]
         if not specs:
             raise StoreError("a pipeline needs at least one node")

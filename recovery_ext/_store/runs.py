@@ -22,7 +22,7 @@ from sqlalchemy.dialects.postgresql import ARRAY
 from recovery_ext._store.database import chunks, retried
 from recovery_ext._errors import IllegalTransition, NotFound, OwnershipLost
 from recovery_ext._store.models import Ownership
-from recovery_ext._store.pipelines import PipelineOps
+from recovery_ext._store.pipelines import NEW_OWNER_RESETS, PipelineOps
 from recovery_ext._classify.redaction import redact
 from recovery_ext._store.schema import nodes, pipelines
 from recovery_ext._store.statuses import NodeStatus, PipelineStatus
@@ -224,7 +224,7 @@ class RunOps(PipelineOps):
             conn.execute(
                 update(pipelines).where(p.id == pipeline_id, p.epoch == row.epoch)
                 .values(status=PipelineStatus.RUNNING, owner=run_id, resumed_from=row.owner, epoch=epoch,
-                        completed_at=None,
+                        completed_at=None, **NEW_OWNER_RESETS,
                         error=None, gave_up_reason=None, current_node=None, heartbeat_at=self.dialect.now(),
                         heartbeat_deadline=self.dialect.now_plus(heartbeat_timeout), updated_at=self.dialect.now())
             )

@@ -328,6 +328,7 @@ provider_calls = Table(
     Column("reached_checkpoint", Boolean, nullable=False),
     Column("recorded_at", DbTime, nullable=False),
     Column("replays", Integer, nullable=False, server_default="0"),
+    Column("note", Text),
 )
 
 # The call journal: the answer of each journaled provider call, by where it was asked and what was asked

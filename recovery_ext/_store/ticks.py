@@ -12,6 +12,7 @@ from sqlalchemy import and_, exists, or_, select, update
 
 from recovery_ext._store.breakers import ProviderOps
 from recovery_ext._store.database import chunks, retried
+from recovery_ext._store.deployments import DeploymentOps
 from recovery_ext._store.models import LEGACY_DEPLOYMENT, PassPlan, PassResult, Scope, TickSnapshot
 from recovery_ext._store.orphans import LIVE, RUNNING, OrphanOps, _jobs, _placeholder
 from recovery_ext._store.runs import RunOps
@@ -20,7 +21,7 @@ from recovery_ext._store.schema import pipelines
 p = pipelines.c
 
 
-class TickOps(OrphanOps, RunOps, ProviderOps):
+class TickOps(OrphanOps, RunOps, ProviderOps, DeploymentOps):
     @retried
     def tick_snapshot(self, scope: Scope, *, grace_seconds: float, waiting_limit: int = 4) -> TickSnapshot:
         """Owners to ask the orchestrator about, reservations to re-request, and whether a write is due."""
@@ -47,6 +48,7 @@ class TickOps(OrphanOps, RunOps, ProviderOps):
                     select(p.id, p.origin_run_id).where(LIVE, p.status == RUNNING, p.origin_run_id.isnot(None),
                                                         p.deployment == LEGACY_DEPLOYMENT,
                                                         *_jobs(scope.job_names)))}
+            first_runs, foreign = self.first_runs_to_check(conn, scope, grace_seconds, self._orphan_condition)
             waiting = [dict(r._mapping) for r in conn.execute(
                 select(p.id, p.job_name, p.waiting_until, p.waiting_since, p.waiting_reason)
                 .where(live, p.waiting_until.isnot(None)).order_by(p.waiting_until).limit(waiting_limit))]
@@ -59,6 +61,8 @@ class TickOps(OrphanOps, RunOps, ProviderOps):
             waiting=waiting,
             due=bool(is_due),
             legacy_origins=legacy,
+            first_runs=first_runs,
+            foreign_orphans=foreign,
         )
 
     @retried
@@ -69,7 +73,8 @@ class TickOps(OrphanOps, RunOps, ProviderOps):
             if plan.adopt_pipelines and scope.deployment is not None:
                 for part in chunks(sorted(plan.adopt_pipelines)):
                     result.adopted += conn.execute(
-                        update(pipelines).where(p.id.in_(list(part)), p.deployment == LEGACY_DEPLOYMENT)
+                        # the sensor checked that its Dagster instance holds each one's first run
+                        update(pipelines).where(p.id.in_(list(part)), p.deployment != scope.deployment)
                         .values(deployment=scope.deployment)).rowcount
             if plan.canceled_owner_runs:
                 result.canceled = self._cancel_owned_by(conn, plan.canceled_owner_runs)

@@ -292,7 +292,8 @@ CREATE TABLE public.rx_provider_calls (
     cost double precision,
     reached_checkpoint boolean DEFAULT false NOT NULL,
     recorded_at timestamp with time zone DEFAULT now() NOT NULL,
-    replays integer DEFAULT 0 NOT NULL
+    replays integer DEFAULT 0 NOT NULL,
+    note text
 );
 
 CREATE TABLE public.rx_provider_jobs (

@@ -117,7 +117,7 @@ CREATE TABLE rx_provider_calls (
     cost                REAL,
     reached_checkpoint  INTEGER NOT NULL DEFAULT 0,
     recorded_at         REAL NOT NULL DEFAULT ((julianday('now') - 2440587.5) * 86400.0)
-, replays INTEGER NOT NULL DEFAULT 0);
+, replays INTEGER NOT NULL DEFAULT 0, note TEXT);
 
 CREATE TABLE rx_provider_jobs (
     pipeline_id   INTEGER NOT NULL REFERENCES rx_pipelines(id) ON DELETE CASCADE,

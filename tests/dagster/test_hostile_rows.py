@@ -233,7 +233,8 @@ def test_the_orphan_sensor_serves_healthy_orphans_beside_an_unknown_owner_and_a_
         own = store.create_pipeline("items_job", ["a"], owner=run.run_id, origin_run_id=run.run_id)
         store.start_node(own, "a")
         healthy.append(own.pipeline_id)
-    # an owner run id Dagster has never heard of: not dead by Dagster, so found by its heartbeat
+    # a pipeline whose first run (a Dagster run id) this Dagster instance has never heard of: another
+    # instance's, which it stands aside for
     stranger = orphan(store, "0f0f0f0f-dead-beef-0000-000000000000")
     corrupt_id = orphan(store, "corrupt-epoch")
     corrupt(store, corrupt_id, {"epoch": 2**31 - 1})
@@ -243,7 +244,8 @@ def test_the_orphan_sensor_serves_healthy_orphans_beside_an_unknown_owner_and_a_
     result = sensor.evaluate_tick(build_sensor_context(
         instance=instance, resources={"recovery": RecoveryResource(database_url=db_url, deployment="default")}))
     keys = sorted(r.run_key for r in result.run_requests)
-    assert keys == sorted(f"recovery-{i}-1" for i in [*healthy, stranger])
+    assert keys == sorted(f"recovery-{i}-1" for i in healthy)
+    assert (store.get_pipeline(stranger).epoch, store.get_pipeline(stranger).resume_count) == (1, 0)
     failed = store.get_pipeline(corrupt_id)
     assert failed.status == "failed" and "epoch out of range" in (failed.gave_up_reason or "")
 

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 from dagster import DagsterInstance, build_sensor_context, in_process_executor
 
+from ocr_checks import assert_every_document_completed_once_before_the_pipeline
 from helpers import expire
 from ocr_run import resource
 from recovery_pipelines.devserver import wait_for
@@ -57,29 +58,6 @@ def quick_recognise(path, *, on_page=None):
     return OcrResult(path.stem, path.stem, 1, 1.0)
 
 
-def completions(store):
-    """Queue item id -> number of times it was completed, from the recorded transitions."""
-    counts: dict[int, int] = {}
-    for t in store.transitions_for(entity_type="queue_item"):
-        if t["to_status"] == "completed":
-            counts[t["entity_id"]] = counts.get(t["entity_id"], 0) + 1
-    return counts
-
-
-def assert_every_document_completed_once_before_the_pipeline(store, pipeline_id, docs=DOCS):
-    items = store.list_items("ocr")
-    assert len(items) == len(docs)
-    assert {i.status for i in items} == {"completed"}, [(i.id, i.status, i.worker) for i in items]
-    assert completions(store) == {i.id: 1 for i in items}
-    pipeline = store.get_pipeline(pipeline_id)
-    assert pipeline.status == "completed"
-    assert pipeline.completed_at >= max(i.completed_at for i in items)
-    history = store.transitions_for(pipeline_id=pipeline_id)
-    node_done = [t["id"] for t in history if t["entity_type"] == "node" and t["to_status"] == "completed"]
-    last_item = max(t["id"] for t in store.transitions_for(entity_type="queue_item") if t["to_status"] == "completed")
-    assert max(node_done) > last_item  # the OCR node completed only after the last document
-
-
 def test_a_crash_then_a_second_reclaim_before_the_resumes_ocr_step_loses_no_document(
         store, db_url, folder, dagster_home, cpu_hog):
     """Issue 9's measured sequence: kill -9 the run worker mid-document, reclaim, the first resume
@@ -112,7 +90,7 @@ def test_a_crash_then_a_second_reclaim_before_the_resumes_ocr_step_loses_no_docu
     with DagsterInstance.get() as instance:
         result = execute_in_process(job, instance=instance, tags=tags, resources={"recovery": resource(db_url)})
     assert result.success
-    assert_every_document_completed_once_before_the_pipeline(store, pipeline.id)
+    assert_every_document_completed_once_before_the_pipeline(store, pipeline.id, DOCS)
     again = store.get_item(held.id)
     assert again.worker.startswith(result.run_id) and again.attempts == 2
     resets = [t for t in store.transitions_for(entity_type="queue_item", entity_id=held.id)
@@ -158,7 +136,7 @@ def test_a_document_slower_than_the_stale_threshold_keeps_heartbeating_and_compl
     assert events == ["claimed", "completed"] and slow.attempts == 1
     assert (slow.completed_at - slow.started_at).total_seconds() >= 20
     assert store.count_events("item_reset") == 0
-    assert_every_document_completed_once_before_the_pipeline(store, store.list_pipelines()[0].id)
+    assert_every_document_completed_once_before_the_pipeline(store, store.list_pipelines()[0].id, DOCS)
     assert result.output_for_node("ocr_documents") == {"queue": "ocr", "items_done": len(DOCS), "items_failed": 0, "items_dead": 0}
 
 
@@ -185,4 +163,4 @@ def test_a_failing_document_waits_before_its_retry_and_the_node_waits_for_it(
     assert failed["data"]["retry_in_seconds"] == 4.0 and "timeout" in failed["data"]["error"]
     assert (retried["at"] - failed["at"]).total_seconds() >= 4.0  # on the database clock
     assert doc.attempts == 2 and doc.available_at is None
-    assert_every_document_completed_once_before_the_pipeline(store, store.list_pipelines()[0].id)
+    assert_every_document_completed_once_before_the_pipeline(store, store.list_pipelines()[0].id, DOCS)

@@ -13,7 +13,7 @@ from dagster import DagsterRunStatus
 from recovery_pipelines.devserver import process_alive, wait_for
 from recovery_ext._dagster.recoverable import TAG_PIPELINE, TAG_RESUME_NUMBER
 from recovery_pipelines.sample_data import create_scanned_pdfs
-from test_ocr_recovery import assert_every_document_completed_once_before_the_pipeline
+from ocr_checks import assert_every_document_completed_once_before_the_pipeline
 
 # Enough documents that the killed run's step process (a zombie: killing the run worker leaves it
 # running, fenced only once the pipeline is reclaimed) cannot finish them all, and so complete the

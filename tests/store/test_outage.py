@@ -11,74 +11,17 @@ import threading
 import openai
 import pytest
 from sqlalchemy import select
-from werkzeug import Response
 
 from helpers import expire
+from outage_kit import NOW, FakeTime, answer, enricher, plain_guard, serve, store_guard
 
 from recovery_ext._classify.classifier import classify
 from recovery_pipelines.devserver import wait_for
 from recovery_ext._errors import ConfigurationError
 from recovery_ext._store.models import NodeSpec
-from recovery_ext._providers.guard import OutageBudgetExceeded, OutageSettings, ProviderGuard, StorePause
-from recovery_pipelines.llm import OpenAICompatibleEnricher
+from recovery_ext._providers.guard import OutageBudgetExceeded, OutageSettings, ProviderGuard
 from recovery_ext._classify.retry import RetryPolicy
 from recovery_ext._store.schema import circuit_breakers
-
-NOW = 1_900_000_000.0  # the injected wall clock for HTTP dates
-
-
-class FakeTime:
-    """An injected clock whose sleep advances it: exact waits, no real sleeping."""
-
-    def __init__(self, on_sleep=None):
-        self.now = 0.0
-        self.slept: list[float] = []
-        self.on_sleep = on_sleep
-
-    def clock(self) -> float:
-        return self.now
-
-    def sleep(self, seconds: float) -> None:
-        self.slept.append(round(seconds, 6))
-        self.now += seconds
-        if self.on_sleep is not None:
-            self.on_sleep(seconds)
-
-
-def answer(status=200, retry_after=None):
-    headers = {"Retry-After": retry_after} if retry_after is not None else {}
-    if status == 200:
-        return Response('{"id":"1","object":"chat.completion","created":0,"model":"m","choices":[{"index":0,'
-                        '"finish_reason":"stop","message":{"role":"assistant","content":"{\\"ok\\": true}"}}]}',
-                        content_type="application/json")
-    return Response('{"error":{"message":"busy"}}', status=status, headers=headers, content_type="application/json")
-
-
-def serve(httpserver, responses):
-    """Answer POSTs in order; the last answer repeats."""
-    seen = []
-
-    def handler(request):
-        seen.append(request.path)
-        return responses[min(len(seen), len(responses)) - 1]
-
-    httpserver.expect_request("/v1/chat/completions", method="POST").respond_with_handler(handler)
-    return seen
-
-
-def enricher(httpserver, *, guard_for=None, max_delay=30.0):
-    policy = RetryPolicy(initial_delay=1.0, max_delay=max_delay, jitter=0.0, clock=lambda: NOW)
-    base = httpserver.url_for("/v1").rstrip("/")
-    guard = guard_for(base, policy) if guard_for else None
-    return OpenAICompatibleEnricher(base, "m", "sk-test", 5.0, policy, guard)
-
-
-def plain_guard(fake, **settings):
-    def build(base, policy):
-        return ProviderGuard(base, policy=policy, settings=OutageSettings(**{"jitter": 0.0, **settings}),
-                             sleep=fake.sleep, clock=fake.clock)
-    return build
-
 
 # -- Retry-After ----------------------------------------------------------------------------------------
 
@@ -129,11 +72,7 @@ def test_n_errors_of_one_category_pause_the_pipeline_which_shows_waiting_then_ru
     shown = []
     fake = FakeTime(on_sleep=lambda s: shown.append(store.get_pipeline(own.pipeline_id).shown_status))
 
-    def build(base, policy):
-        return ProviderGuard(base, policy=policy, store=store, pause=StorePause(store, own, "n"), sleep=fake.sleep,
-                             clock=fake.clock, settings=OutageSettings(pause_after=3, pause_initial=10, pause_max=60,
-                                                                       jitter=0.0, breaker_threshold=100))
-
+    build = store_guard(fake, store, own, pause_after=3, pause_initial=10, pause_max=60)
     assert enricher(httpserver, guard_for=build).complete_json("glossary", {}) == {"ok": True}
     assert fake.slept == [1.0, 2.0, 10.0, 1.0, 2.0, 20.0, 1.0] and len(seen) == 8
     assert shown == ["running", "running", "waiting", "running", "running", "waiting", "running"]
@@ -150,13 +89,8 @@ def test_the_outage_budget_gives_up_with_a_clear_reason(store, httpserver):
     seen = serve(httpserver, [answer(503)])
     fake = FakeTime()
 
-    def build(base, policy):
-        return ProviderGuard(base, policy=policy, store=store, pause=StorePause(store, own, "n"), sleep=fake.sleep,
-                             clock=fake.clock, settings=OutageSettings(pause_after=2, pause_initial=30, pause_max=60,
-                                                                       budget_seconds=120, jitter=0.0,
-                                                                       breaker_threshold=100))
-
-    llm = enricher(httpserver, guard_for=build)
+    llm = enricher(httpserver, guard_for=store_guard(fake, store, own, pause_after=2, pause_initial=30, pause_max=60,
+                                                     budget_seconds=120))
     with pytest.raises(OutageBudgetExceeded) as info:
         llm.complete_json("glossary", {})
     assert "longer than the outage budget of 120 s" in str(info.value) and info.value.retryable is False

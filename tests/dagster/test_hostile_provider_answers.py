@@ -1,0 +1,103 @@
+"""Hostile provider answers, round three: an odd Retry-After, malformed usage, NUL bytes, absurd prices.
+
+A provider's answer already paid for is never thrown away because its metadata is odd: the retry
+wait ignores a Retry-After it cannot read, and the ledger records what it can (unknown for the rest).
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from dagster import DagsterInstance, in_process_executor
+from werkzeug import Response
+
+from ledger_defs import llm_resource, make_ledger_job, recovery_resource
+from outage_kit import NOW, FakeTime, answer, enricher, plain_guard, serve
+
+from recovery_ext import ConfigurationError, Prices, execute_in_process, read_usage
+from recovery_ext._classify.classifier import parse_retry_after
+from recovery_ext._store.models import ItemCheckpoint, ProviderCall
+
+
+@pytest.mark.parametrize("value", ["\u00b2", "\u0661\u0662", "\uff13", "1.5", "-3", "+3", " 3 0", "9" * 400,
+                                   "Mon, 99 Foo 99999999 99:99:99 GMT", "\x00"])
+def test_a_retry_after_that_is_not_ascii_digits_or_an_http_date_is_ignored(value):
+    assert parse_retry_after(value, now=NOW) is None
+
+
+def test_retry_after_still_reads_digits_and_http_dates():
+    assert parse_retry_after(" 7 ", now=NOW) == 7.0
+    assert parse_retry_after("Thu, 01 Jan 2030 00:00:10 GMT", now=1893456000.0) == 10.0
+
+
+def test_a_superscript_retry_after_on_a_503_falls_back_to_backoff_through_the_guard(httpserver):
+    # One byte 0xB2 on the wire: "²" to a latin-1 decoder, a digit to str.isdigit().
+    busy = Response('{"error":{"message":"busy"}}', status=503, content_type="application/json")
+    busy.headers.set("Retry-After", "\u00b2")
+    seen = serve(httpserver, [busy, answer(200)])
+    fake = FakeTime()
+    assert enricher(httpserver, guard_for=plain_guard(fake)).complete_json("glossary", {}) == {"ok": True}
+    assert fake.slept == [1.0] and len(seen) == 2  # the policy's own first backoff, not a ValueError
+
+
+# -- malformed usage (F12), NUL bytes (F14), absurd prices ----------------------------------------------
+
+def usage_answer(prompt_tokens, completion_tokens=3):
+    body = {"id": "1", "object": "chat.completion", "created": 0, "model": "m",
+            "choices": [{"index": 0, "finish_reason": "stop",
+                         "message": {"role": "assistant", "content": '{"name": "x", "description": "y"}'}}],
+            "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens, "total_tokens": 1}}
+    return Response(json.dumps(body), content_type="application/json")
+
+
+ODD_USAGE = [-5, "12abc", float("nan"), 1e30, 2**70, True, "\u00b2", [1], {"a": 1}]
+
+
+@pytest.mark.parametrize("odd", ODD_USAGE, ids=repr)
+def test_odd_usage_is_read_as_unknown_with_a_note_never_an_error(odd):
+    usage = read_usage({"prompt_tokens": odd, "completion_tokens": 7})
+    assert usage.tokens_in == 0 and usage.tokens_out == 7 and "prompt_tokens" in usage.note
+    assert read_usage({"prompt_tokens": 12, "completion_tokens": 7.0}) == (12, 7, None)
+    assert read_usage(None) == (0, 0, None)  # no usage at all: nothing charged, nothing odd
+
+
+def test_a_paid_answer_with_malformed_usage_completes_its_item_and_is_recorded_with_a_note(httpserver, db_url, store,
+                                                                                          monkeypatch):
+    monkeypatch.setenv("RECOVERY_DATABASE_URL", db_url)
+    answers = [usage_answer(odd) for odd in ("12abc", -5, "NaN", 1e30)] + [usage_answer(11)]
+    serve(httpserver, answers)
+    with DagsterInstance.ephemeral() as instance:
+        result = execute_in_process(make_ledger_job(in_process_executor), instance=instance,
+                                    run_config={"ops": {"ask": {"config": {"items": 4}}}},
+                                    resources={"recovery": recovery_resource(),
+                                               "llm": llm_resource(httpserver.url_for("/v1"))})
+    assert result.success
+    calls = store.provider_calls()
+    assert len(calls) == 5 and all(c.outcome == "ok" for c in calls)
+    odd = [c for c in calls if c.note]
+    assert len(odd) == 4 and all(c.tokens_in == 0 and c.cost is None and "prompt_tokens" in c.note for c in odd)
+    [good] = [c for c in calls if not c.note]
+    assert good.tokens_in == 11 and good.cost == pytest.approx((11 * 1.5 + 3 * 6.0) / 1e6)
+
+
+def test_a_nul_byte_in_a_calls_text_never_fails_the_checkpoint_on_either_database(store):
+    own = store.create_pipeline("job", ["a"], owner="run-1", origin_run_id="run-1", params={})
+    store.start_node(own, "a")
+    nul = ProviderCall(endpoint="http://127.0.0.1:9/v\x001", model="m\x00", outcome="ok", tokens_in=1,
+                       response_model="r\x00", pipeline_id=own.pipeline_id, node_name="a", item_key="k",
+                       run_id="run-1", epoch=own.epoch)
+    failed = ProviderCall(endpoint="http://127.0.0.1:9/v1", model="m", outcome="rate\x00limit",
+                          pipeline_id=own.pipeline_id, node_name="a", item_key="k", run_id="run-1", epoch=own.epoch)
+    store.checkpoint_item(own, "a", ItemCheckpoint("k", 1, calls=(nul, failed)))
+    stored = {c.id: c for c in store.provider_calls(own.pipeline_id)}
+    assert stored[nul.id].model == "m\ufffd" and "\x00" not in stored[nul.id].endpoint
+    assert stored[failed.id].outcome == "rate\ufffdlimit"
+    assert store.reached_checkpoint([nul.id, failed.id]) == {nul.id: True, failed.id: False}
+
+
+@pytest.mark.parametrize("price", [1e308, 1e7, float("inf"), -1.0])
+def test_prices_refuse_absurd_or_non_finite_prices(price):
+    with pytest.raises(ConfigurationError, match="per million tokens"):
+        Prices.parse({"m": {"input": price, "output": 1.0}})
+    assert Prices.parse({"m": {"input": 1e6, "output": 0}}).cost("m", 2**62 - 1, 0) < float("inf")

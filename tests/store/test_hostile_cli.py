@@ -1,0 +1,71 @@
+"""Hostile CLI input and schemas, round three: ``migrate --package`` typos, and a database a newer release
+migrated."""
+
+from __future__ import annotations
+
+import pytest
+from click.testing import CliRunner
+from sqlalchemy import insert
+
+from test_cli import run_cli
+
+from recovery_ext._cli import main
+from recovery_ext._errors import MigrationError
+from recovery_ext._store.migrations import load_migrations
+from recovery_ext._store.schema import migrations_table
+from recovery_ext._store.store import RecoveryStore
+from recovery_pipelines.ontology_schema import MIGRATIONS
+
+
+@pytest.mark.parametrize("package, says", [
+    ("typo_pkg", "no migrations package 'typo_pkg': no such package is installed"),
+    ("", "a migrations package must be a dotted Python package name, got ''"),
+    ("os", "'os' is a module, not a package"),
+    ("json", "package 'json' has no sql/ folder of migrations"),
+    ("a..b", "must be a dotted Python package name"),
+])
+def test_a_bad_migrations_package_is_a_usage_error_that_creates_nothing(package, says, tmp_path):
+    result = run_cli("migrate", "--package", package, cwd=tmp_path)
+    assert result.returncode == 2, result.stderr
+    assert says in result.stderr and "unexpected error" not in result.stderr
+    assert "run `recovery-ext migrate`" not in result.stderr and "Traceback" not in result.stderr
+    assert list(tmp_path.iterdir()) == []  # no ./.dagster_home, no database
+
+
+def test_a_good_migrations_package_still_migrates(tmp_path):
+    url = f"sqlite:///{tmp_path / 'app.sqlite3'}"
+    result = CliRunner().invoke(main, ["--database-url", url, "migrate", "--package", MIGRATIONS])
+    assert result.exit_code == 0, result.output
+    assert "applied" in result.output
+
+
+def _migrated_by_a_newer_release(url: str) -> int:
+    store = RecoveryStore(url)
+    store.migrate()
+    newest = load_migrations(store.dialect)[-1].version
+    with store.write() as conn:
+        conn.execute(insert(migrations_table).values(version=newest + 1, name="from_the_future",
+                                                     applied_at=store.dialect.now()))
+    store.close()
+    return newest
+
+
+@pytest.mark.parametrize("command", [["migrate"], ["migrate", "--print"], ["status"], ["pipelines", "list"],
+                                     ["costs"], ["events"]])
+def test_a_database_migrated_by_a_newer_release_is_refused_in_one_line_naming_both_versions(db_url, command):
+    newest = _migrated_by_a_newer_release(db_url)
+    result = CliRunner().invoke(main, ["--database-url", db_url, *command])
+    lines = result.output.strip().splitlines()
+    assert result.exit_code == 1 and len(lines) == 1, result.output
+    assert f"{newest + 1:04d}" in lines[0] and f"({newest:04d}, recovery-ext " in lines[0]
+    assert "newer release" in lines[0] and "up to date" not in lines[0]
+
+
+def test_a_run_refuses_a_database_migrated_by_a_newer_release(db_url):
+    newest = _migrated_by_a_newer_release(db_url)
+    store = RecoveryStore(db_url)
+    try:
+        with pytest.raises(MigrationError, match=f"version {newest + 1:04d}, newer than this release knows"):
+            store.migrate()
+    finally:
+        store.close()
