@@ -69,11 +69,12 @@ def cmdline(pid: int) -> str:
 
 
 class DagsterDev:
-    def __init__(self, defs_file: Path, home: Path, env: dict[str, str], *, workspace: bool = False) -> None:
+    def __init__(self, defs_file: Path, home: Path, env: dict[str, str], *, workspace: bool = False,
+                 port: int | None = None) -> None:
         self.defs_file = defs_file
         self.workspace = workspace
         self.home = home
-        self.port = free_port()
+        self.port = port or free_port()
         self.env = {**os.environ, **env, "DAGSTER_HOME": str(home)}
         self.proc: subprocess.Popen | None = None
         self.log_path = home / "dagster-dev.log"
