@@ -18,7 +18,7 @@ from typing import Any
 import click
 from tabulate import tabulate
 
-from recovery_ext._errors import ConfigurationError, NotFound, RecoveryError, StoreUnavailable
+from recovery_ext._errors import ConfigurationError, NotFound, RecoveryError, StoreUnavailable, install_hint
 from recovery_ext._settings import parse_duration
 from recovery_ext._recovery.scan import RecoverySettings, scan
 from recovery_ext._classify.redaction import redact, redact_url
@@ -598,8 +598,7 @@ def metrics_serve(store: RecoveryStore, out: Output, host: str, port: int) -> No
     except ImportError as exc:
         if (exc.name or "").split(".")[0] != "prometheus_client":
             raise
-        raise click.ClickException("the metrics exporter needs prometheus-client: "
-                                   "pip install 'recovery-ext[metrics]'") from None
+        raise click.ClickException(f"the metrics exporter needs prometheus-client: {install_hint('metrics')}") from None
     try:
         store.metrics_snapshot()
     except RecoveryError as exc:

@@ -118,6 +118,7 @@ def profile_columns(ctx: NodeContext, schema: dict[str, Any]) -> dict[str, Any]:
                      "sample_values": p["samples"]} for name, p in profile.items()]
             item.complete(profile, also=lambda tx, rows=rows: tx.upsert(
                 ont_columns, rows, keys=("source", "table_name", "column_name")))
+            ctx.log.info(f"profiled table {item.key}: {len(rows)} columns, {total} rows")
     return {"source": source, "profiles": ctx.completed_items()}
 
 
@@ -139,8 +140,11 @@ def enrich_columns(ctx: NodeContext, schema: dict[str, Any], profiles: dict[str,
                  "nullable": c["nullable"], "is_primary_key": c["primary_key"],
                  "description": str(answer.get(c["name"], ""))[:2000], "described_by": llm.name}
                 for c in table["columns"]]
-        item.complete({"described": len([r for r in rows if r["description"]])}, also=lambda tx, rows=rows: (
+        described = len([r for r in rows if r["description"]])
+        item.complete({"described": described}, also=lambda tx, rows=rows: (
             tx.upsert(ont_columns, rows, keys=("source", "table_name", "column_name"))))
+        # one line per item: the walkthrough's cue that the step is under way (and how far)
+        ctx.log.info(f"llm {llm.name} described table {item.key}: {described}/{len(rows)} columns")
     return {"source": source, "tables": len(by_table)}
 
 
@@ -181,6 +185,7 @@ def enrich_entities(ctx: NodeContext, entities: dict[str, Any]) -> dict[str, Any
         record = item.degrade if by == "table name (fallback)" else item.complete
         record({"name": name, "description": description},
                also=lambda tx, row=row: tx.upsert(ont_entities, [row], keys=("source", "table_name")))
+        ctx.log.info(f"llm {by} named table {item.key}: {name}")
     ctx.metadata["fallbacks"] = fallbacks
     done = ctx.completed_items()
     return {"source": source, "entities": [{"table": e["table"], "name": done[e["table"]]["name"]}
@@ -258,6 +263,7 @@ def enrich_glossary(ctx: NodeContext, glossary: dict[str, Any] | None) -> dict[s
                "described_by": llm.name}
         item.complete({"sql": row["sql_hint"]}, also=lambda tx, row=row: tx.upsert(
             ont_glossary_terms, [row], keys=("source", "term")))
+        ctx.log.info(f"llm {llm.name} enriched glossary term {item.key}")
     return {"source": glossary["source"], "enriched": len(ctx.completed_items())}
 
 
