@@ -44,7 +44,7 @@ from recovery_ext._liveness.parent import mark_run_worker
 from recovery_ext._store.models import NodeSpec, Ownership
 from recovery_ext._classify.redaction import redact
 from recovery_ext._dagster.replay import carried_op_selection, replay_events, split_plan, subset_context
-from recovery_ext._dagster.resources import RecoveryResource
+from recovery_ext._dagster.resources import RecoveryResource, in_process_deployment
 from recovery_ext._dagster.run_state import report
 from recovery_ext._dagster.tags import (TAG_NODE, TAG_OPTIONAL, TAG_PARENT_RUN, TAG_PIPELINE,
                                        TAG_RESUME_NUMBER, TAG_RESUMED_FROM, TAG_RETRY_NUMBER, TAG_ROOT_RUN,
@@ -103,8 +103,9 @@ class RunScope:
     """The run worker's ownership of its pipeline, from :meth:`start` to :meth:`finish`."""
 
     def __init__(self, resource: RecoveryResource, run: DagsterRun, job_def: JobDefinition,
-                 instance: DagsterInstance, log: Any = None) -> None:
+                 instance: DagsterInstance, log: Any = None, deployment: str | None = None) -> None:
         self.resource = resource
+        self.deployment = deployment or resource.deployment_name(instance)
         self.store: OpStore = resource.get_store()
         self.settings: HeartbeatSettings = resource.heartbeat_settings()
         self.run = run
@@ -159,7 +160,7 @@ class RunScope:
         own = self.store.create_pipeline(
             self.job_def.name, pipeline_nodes(self.job_def), owner=self.run.run_id,
             origin_run_id=self.run.run_id, params=_jsonable(self.run.run_config or {}),
-            limits=self.resource.pipeline_limits(), deployment=self.resource.deployment_name(self.instance),
+            limits=self.resource.pipeline_limits(), deployment=self.deployment,
         )
         self.how = f"created pipeline {own.pipeline_id}"
         return own
@@ -545,9 +546,9 @@ def recoverable_job(fn: Callable | None = None, *, executor_def: ExecutorDefinit
 
 @contextmanager
 def _in_process_scope(job_def: JobDefinition, run_id: str, run_config: Mapping[str, Any], tags: Mapping[str, str],
-                      instance: DagsterInstance, resource: RecoveryResource):
+                      instance: DagsterInstance, resource: RecoveryResource, deployment: str | None):
     run = DagsterRun(job_name=job_def.name, run_id=run_id, run_config=dict(run_config), tags=dict(tags))
-    scope = RunScope(resource, run, job_def, instance)
+    scope = RunScope(resource, run, job_def, instance, deployment=deployment)
     scope.start()
     yield scope
 
@@ -560,6 +561,13 @@ def execute_in_process(job_def: JobDefinition, *, run_config: Mapping[str, Any] 
 
     The calling process is the run worker: it owns and heartbeats the pipeline around the run
     and applies the same lifecycle as :func:`with_recovery` when the run ends.
+
+    Given no ``instance``, the run executes on a throw-away instance, as Dagster's own does, but its
+    pipeline belongs to a stable deployment: ``RecoveryResource(deployment=...)`` or
+    ``$RECOVERY_DEPLOYMENT``, else that of the Dagster instance under ``$DAGSTER_HOME``. So if this
+    process dies, the orphan sensor of ``dagster dev`` (or the daemon) with the same ``DAGSTER_HOME``
+    resumes the pipeline once its heartbeat expires. Without ``DAGSTER_HOME`` the deployment is
+    ``in-process``, which no sensor serves.
     """
     run_config = dict(run_config or {})
     tags = dict(tags or {})
@@ -569,7 +577,8 @@ def execute_in_process(job_def: JobDefinition, *, run_config: Mapping[str, Any] 
     try:
         resource = resolve_resource(job_def, run_config, instance, resource_key,
                                     resource_def=(resources or {}).get(resource_key))
-        with _in_process_scope(job_def, run_id, run_config, tags, instance, resource) as scope:
+        deployment = in_process_deployment(resource) if owned_instance else None
+        with _in_process_scope(job_def, run_id, run_config, tags, instance, resource, deployment) as scope:
             error: BaseException | None = None
             interrupted = False
             failures: list[Any] = []
