@@ -95,7 +95,8 @@ def _assemble(prepare_inputs: bool) -> Definitions:
     )
     llm = LLMResource(base_url=_env_or_none("RECOVERY_LLM_BASE_URL"), api_key=_env_or_none("OPENAI_API_KEY"),
                       model=os.environ.get("RECOVERY_LLM_MODEL", "gpt-4o-mini"), prices=DEMO_PRICES)
-    interval = int(env_seconds("RECOVERY_SENSOR_INTERVAL", 15))
+    # Dagster evaluates a sensor at most every 5 s: a smaller interval would only understate detection time
+    interval = int(env_seconds("RECOVERY_SENSOR_INTERVAL", 15, minimum=5))
     sensors = [
         make_orphan_sensor([ontology, ocr, ocr_batches_job], minimum_interval_seconds=interval),
         make_orphan_sensor([ASSET_JOB], minimum_interval_seconds=interval),  # asset backfills of the OCR assets
