@@ -205,7 +205,8 @@ class RunScope:
             return f"orphaned (cause unknown: {redact(exc)})"
         cause = str(data.get("cause") or "orphaned")
         if isinstance(data.get("heartbeat_age_seconds"), (int, float)):
-            cause += f", heartbeat silent for {data['heartbeat_age_seconds']:.1f} s"
+            which = "node heartbeat" if cause == "node_heartbeat" else "heartbeat"
+            cause += f", {which} silent for {data['heartbeat_age_seconds']:.1f} s"
         return cause
 
     def _point_forward(self, previous_run_id: str | None, pipeline_id: int, role: str, cause: str) -> None:

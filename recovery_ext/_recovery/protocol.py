@@ -85,7 +85,7 @@ def superseded_message(r: Reclaimed | GivenUp) -> str:
     silent = f" for {r.heartbeat_age_seconds:.0f} s" if r.heartbeat_age_seconds is not None else ""
     why = {"owner_run_dead": "Dagster reported its run dead",
            "heartbeat": f"its run worker stopped heartbeating{silent}",
-           "node_heartbeat": f"a step of it stopped heartbeating (run heartbeat silent{silent})",
+           "node_heartbeat": f"a step of it stopped heartbeating{silent} while its run worker went on",
            "stalled": "a node made no progress within its stall timeout",
            "deadline": "its hard deadline passed"}.get(r.cause or "", f"it was orphaned ({r.cause})")
     return (f"recovery-ext: pipeline {r.pipeline_id} was taken over because {why}; "
