@@ -91,3 +91,27 @@ def test_demo_setup_without_the_pipelines_extra_says_so_in_one_line_and_writes_n
             "Error: the demo needs the pipelines extra (missing: PIL): pip install -e '.[pipelines]' from the "
             "project's root"]
         assert list(tmp_path.iterdir()) == []
+
+
+def test_a_dead_runs_own_log_names_its_recovery_at_the_tick_that_reclaims_it(store, db_url):
+    """A killed run worker's run is FAILURE at once (the code server saw its child die); the reclaim's
+    explanation lands in that run's log at the same tick, before any resume run starts."""
+    from dagster import DagsterRunStatus, build_sensor_context, instance_for_test
+    from dagster._core.test_utils import create_run_for_test
+
+    from e2e_defs import items_job
+    from recovery_ext import make_orphan_sensor
+
+    with instance_for_test() as instance:
+        dead = create_run_for_test(instance, job_name="items_job", status=DagsterRunStatus.FAILURE)
+        own = store.create_pipeline("items_job", ["a"], owner=dead.run_id, origin_run_id=dead.run_id)
+        store.start_node(own, "a")
+        sensor = make_orphan_sensor([items_job], minimum_interval_seconds=5)
+        context = build_sensor_context(instance=instance, resources={
+            "recovery": RecoveryResource(database_url=db_url, deployment="default")})
+        (request,) = sensor.evaluate_tick(context).run_requests
+        messages = [e.message for e in instance.all_logs(dead.run_id) if e.is_dagster_event
+                    and e.dagster_event.event_type_value == "ENGINE_EVENT"]
+    assert request.tags["recovery/pipeline_id"] == str(own.pipeline_id)
+    assert (f"recovery-ext: pipeline {own.pipeline_id} was taken over because Dagster reported its run dead; "
+            f"resumed as resume #1 (run key recovery-{own.pipeline_id}-1)") in messages
