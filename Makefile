@@ -17,6 +17,8 @@ install: $(BIN)/.installed
 PORT ?=
 UI_PORT = $(or $(PORT),3000)
 DOCS_PORT = $(or $(PORT),8000)
+# mkdocs-material's banner about its successor, printed on every build, is not ours to act on
+export NO_MKDOCS_2_WARNING = 1
 
 # The local LLM stand-in `make dev` starts unless RECOVERY_LLM_BASE_URL names a real one.
 DEMO_LLM_PORT ?= 8765
