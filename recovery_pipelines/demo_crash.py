@@ -50,6 +50,7 @@ class Outcome:
     final_status: dict[str, str] = field(default_factory=dict)    # job -> pipeline status
     resumes: dict[str, int] = field(default_factory=dict)         # job -> resume runs created
     done_at_kill: dict[str, int] = field(default_factory=dict)    # job -> items finished when its worker died
+    runs: dict[str, int] = field(default_factory=dict)            # job -> all its runs (first, resumes, others)
 
     def problems(self) -> list[str]:
         found = []
@@ -60,6 +61,9 @@ class Outcome:
                 found.append(f"{job}: pipeline ended {self.final_status.get(job, 'unknown')}, not completed")
             if job in self.killed and self.resumes.get(job, 0) != 1:
                 found.append(f"{job}: one kill led to {self.resumes.get(job, 0)} resume runs, expected exactly 1")
+            extra = self.runs.get(job, 0) - 1 - self.resumes.get(job, 0)
+            if job in self.runs and extra:
+                found.append(f"{job}: {extra} run(s) beside the first run and its resume")
         return found
 
 
@@ -196,6 +200,7 @@ def run_demo(root: Path, var: Path, t: Timeline, *, keep_ui: bool, timeout: floa
             outcome.final_status[job] = store.get_pipeline(p.id).status
             resumes = [r for r in dev.runs(tags={TAG_PIPELINE: str(p.id)}) if TAG_RESUME_NUMBER in r.tags]
             outcome.resumes[job] = len(resumes)
+            outcome.runs[job] = len(dev.runs(job_name=job))
             for run in resumes:
                 dev.wait_run(run.run_id, statuses=TERMINAL, timeout=120)
         watcher.poll(pipelines)
