@@ -5,12 +5,24 @@ from __future__ import annotations
 import warnings
 
 import pytest
-from dagster import (BetaWarning, DagsterRunStatus, Definitions, build_sensor_context, in_process_executor,
-                     instance_for_test)
+from dagster import (
+    BetaWarning,
+    DagsterRunStatus,
+    Definitions,
+    build_sensor_context,
+    in_process_executor,
+    instance_for_test,
+)
 from dagster._core.test_utils import create_run_for_test
 
-from recovery_ext import (ConfigurationError, RecoveryResource, make_orphan_sensor, make_stuck_item_sensor,
-                          recoverable_job, recoverable_op)
+from recovery_ext import (
+    ConfigurationError,
+    RecoveryResource,
+    make_orphan_sensor,
+    make_stuck_item_sensor,
+    recoverable_job,
+    recoverable_op,
+)
 from recovery_ext._dagster.recoverable import TAG_PIPELINE, TAG_RESUME_NUMBER
 from recovery_ext._dagster.sensors import TAG_QUEUE
 from recovery_pipelines.assembly import build_definitions
@@ -87,3 +99,21 @@ def test_the_stuck_item_sensor_launches_no_queue_run_beside_a_resume_of_a_launch
         result = tick()
         assert result.run_requests == [] and f"run {resume.run_id} is draining it" in result.skip_message
         assert other.run_id not in result.skip_message and request.tags[TAG_QUEUE] == "ocr"
+
+
+def test_the_stuck_item_sensor_leaves_a_crashed_pipelines_queue_to_its_resume_run(store, db_url):
+    """Between a killed run's FAILURE and its resume run (the orphan sensor's next tick) no run of the job
+    is active, yet its pipeline is running: a queue run launched then would race the resume run."""
+    own = store.create_pipeline("ocr_documents", ["enqueue_documents", "ocr_documents"], owner="dead-run",
+                                origin_run_id="dead-run")
+    store.enqueue("ocr", [{"n": 1}, {"n": 2}], max_attempts=3, own=own)
+    sensor = make_stuck_item_sensor(make_ocr_job(), "ocr", stale_after_seconds=600, run_config={"ops": {}})
+    with instance_for_test() as instance:
+        create_run_for_test(instance, job_name="ocr_documents", status=DagsterRunStatus.FAILURE)
+        context = build_sensor_context(instance=instance, resources={"recovery": RecoveryResource(database_url=db_url)})
+        result = sensor.evaluate_tick(context)
+        assert result.run_requests == []
+        assert f"pipeline {own.pipeline_id} of ocr_documents is running or awaits its resume run" in result.skip_message
+        store.fail_pipeline(own.pipeline_id, "given up by the operator")  # nobody will drain it now
+        (request,) = sensor.evaluate_tick(context).run_requests
+        assert request.tags[TAG_QUEUE] == "ocr"

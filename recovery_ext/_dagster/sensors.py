@@ -26,7 +26,7 @@ from recovery_ext._dagster.resources import RecoveryResource
 from recovery_ext._dagster.resume_runs import DagsterRunControl, OriginRuns
 from recovery_ext._recovery.protocol import RecoveryProtocol
 from recovery_ext._store.models import Scope
-from recovery_ext._store.statuses import QueueStatus
+from recovery_ext._store.statuses import PipelineStatus, QueueStatus
 
 log = logging.getLogger("recovery_ext.sensors")
 
@@ -174,11 +174,18 @@ def make_stuck_item_sensor(
         parts = [f"queue {queue}: {len(reset) - len(dead)} reset, {len(dead)} dead, {ready} ready"
                  + (f", {waiting} waiting for their retry delay" if waiting else "")]
         active = _draining_runs(context.instance, job_name, queue)
+        # A running pipeline of the job with no live run has crashed: its resume run (the orphan sensor's,
+        # launched within a tick) drains the queue. A run launched here meanwhile would only race it.
+        crashed = [] if active or not ready else store.list_pipelines(status=PipelineStatus.RUNNING,
+                                                                       job_name=job_name, limit=1)
         if reset:
             context.log.info(parts[0] + "; " + "; ".join(f"item {r.id}: {r.reason}" for r in reset[:20]))
-        if not ready or active:
+        if not ready or active or crashed:
             if active:
                 parts.append(f"run {active[0].run_id} is draining it")
+            elif crashed:
+                parts.append(f"pipeline {crashed[0].id} of {job_name} is running or awaits its resume run, "
+                             "which drains it")
             return SkipReason("; ".join(parts))
         request = RunRequest(run_key=f"queue-{queue}-{time.time_ns()}", job_name=job_name,
                              run_config=dict(run_config or {}), tags={TAG_QUEUE: queue})
