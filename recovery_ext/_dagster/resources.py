@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import os
@@ -59,15 +60,20 @@ def in_process_deployment(resource: RecoveryResource) -> str:
     """
     if resource.deployment or os.environ.get(DEPLOYMENT_ENV):
         return resource.deployment_name(None)
-    if not os.environ.get("DAGSTER_HOME"):
-        return IN_PROCESS_DEPLOYMENT
+    home = os.environ.get("DAGSTER_HOME")
+    return _home_deployment(home) if home else IN_PROCESS_DEPLOYMENT
+
+
+@functools.lru_cache(maxsize=16)
+def _home_deployment(home: str) -> str:
+    """Opening the instance costs its storage's start-up (seconds on first use): once per home and process."""
     from dagster import DagsterInstance
 
-    home = DagsterInstance.get()
+    instance = DagsterInstance.get()
     try:
-        return derived_deployment(home)
+        return derived_deployment(instance)
     finally:
-        home.dispose()
+        instance.dispose()
 
 
 def shared_store(url: str, *, retry_budget: float | None = None, packages: Sequence[str] = ()) -> RecoveryStore:
