@@ -3,7 +3,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 export DAGSTER_HOME ?= $(CURDIR)/.dagster_home
 
-.PHONY: install dev lint test test-fast schema demo-crash bench clean
+.PHONY: install dev lint test test-fast schema demo-crash docs docs-build bench clean
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -13,23 +13,30 @@ $(BIN)/.installed: pyproject.toml
 
 install: $(BIN)/.installed
 
+# The port of the Dagster UI (`make dev`, `make demo-crash`) or of the docs (`make docs`): `make dev PORT=3100`.
+PORT ?=
+UI_PORT = $(or $(PORT),3000)
+DOCS_PORT = $(or $(PORT),8000)
+# mkdocs-material's banner about its successor, printed on every build, is not ours to act on
+export NO_MKDOCS_2_WARNING = 1
+
 # The local LLM stand-in `make dev` starts unless RECOVERY_LLM_BASE_URL names a real one.
 DEMO_LLM_PORT ?= 8765
 DEMO_LLM_LATENCY ?= 1.5
 
-## Run both jobs and all sensors under `dagster dev` on 127.0.0.1:3000 (embedded SQLite), with a
+## Run the demo jobs and all sensors under `dagster dev` on 127.0.0.1:$(UI_PORT) (embedded SQLite), with a
 ## local LLM stand-in that answers in DEMO_LLM_LATENCY s, so a run lasts long enough to crash it.
 dev: install
 	mkdir -p "$(DAGSTER_HOME)"
 	test -f "$(DAGSTER_HOME)/dagster.yaml" || cp deploy/dagster.sqlite.yaml "$(DAGSTER_HOME)/dagster.yaml"
 	$(BIN)/recovery-ext demo setup
 	@if [ -n "$$RECOVERY_LLM_BASE_URL" ]; then \
-	  exec $(BIN)/dagster dev -h 127.0.0.1 -p 3000 -w workspace.yaml; \
+	  exec $(BIN)/dagster dev -h 127.0.0.1 -p $(UI_PORT) -w workspace.yaml; \
 	fi; \
 	$(BIN)/python -m recovery_pipelines.demo_llm --port $(DEMO_LLM_PORT) --latency $(DEMO_LLM_LATENCY) & llm=$$!; \
 	trap 'kill $$llm 2>/dev/null' EXIT INT TERM; \
 	RECOVERY_LLM_BASE_URL=http://127.0.0.1:$(DEMO_LLM_PORT)/v1 RECOVERY_LLM_MODEL=demo-llm \
-	  $(BIN)/dagster dev -h 127.0.0.1 -p 3000 -w workspace.yaml
+	  $(BIN)/dagster dev -h 127.0.0.1 -p $(UI_PORT) -w workspace.yaml
 
 ## Lint and type-check the library (ruff, then mypy; both configured in pyproject.toml).
 lint: install
@@ -48,9 +55,17 @@ test-fast: install
 schema: install
 	$(BIN)/python tests/support/schema_dump.py
 
-## Scripted crash: kill -9 the run workers mid-way and watch recovery.
+## Scripted crash: kill -9 the run workers mid-way and watch recovery (the UI on 127.0.0.1:$(UI_PORT)).
 demo-crash: install
-	$(BIN)/python -m recovery_pipelines.demo_crash
+	PORT=$(UI_PORT) $(BIN)/python -m recovery_pipelines.demo_crash
+
+## The documentation site on http://127.0.0.1:$(DOCS_PORT), rebuilt as its pages change.
+docs: install
+	$(BIN)/mkdocs serve -a 127.0.0.1:$(DOCS_PORT)
+
+## The documentation site built as CI builds it: every warning (a broken link, a missing API name) fails.
+docs-build: install
+	$(BIN)/mkdocs build --strict --site-dir site
 
 ## Benchmarks (PostgreSQL at 127.0.0.1:5432); results print as tables.
 bench: install
@@ -66,4 +81,4 @@ bench: install
 	$(BIN)/python -m bench.dbos_bench    # DBOS runs in its own .venv-dbos, created on first use
 
 clean:
-	rm -rf $(VENV) .venv-dbos .dagster_home var
+	rm -rf $(VENV) .venv-dbos .dagster_home var site

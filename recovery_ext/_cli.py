@@ -18,7 +18,7 @@ import click
 from tabulate import tabulate
 
 from recovery_ext._conventions import jsonable
-from recovery_ext._errors import ConfigurationError, NotFound, RecoveryError, StoreUnavailable
+from recovery_ext._errors import ConfigurationError, NotFound, RecoveryError, StoreUnavailable, install_hint
 from recovery_ext._settings import parse_duration
 from recovery_ext._recovery.protocol import scan
 from recovery_ext._recovery.scan import RecoverySettings
@@ -27,7 +27,7 @@ from recovery_ext._store.dialects import Dialect
 from recovery_ext._store.migrations import LIBRARY, check_package
 from recovery_ext._store.ledger import CostFigures
 from recovery_ext._store.ledger_rows import SKIPPED_NOTE
-from recovery_ext._store.models import PassPlan
+from recovery_ext._store.models import IN_PROCESS_DEPLOYMENT, PassPlan
 from recovery_ext._store.store import URL_ENV, RecoveryStore, default_database_url
 from recovery_ext._store.statuses import WAITING, BreakerState, PipelineStatus, QueueStatus
 from recovery_ext._store.interfaces import CliStore, SensorStore
@@ -268,6 +268,9 @@ def status(store: CliStore, out: Output, threshold: float, deployment: str | Non
         "bad_items": store.items_with_bad_values(),
         "dangling_rows": store.dangling_rows(),
     }
+    for orphan in data["orphans"]:
+        orphan["deployment"] = store.get_pipeline(orphan["id"]).deployment
+        orphan["recovered_by"] = _recovered_by(orphan["deployment"])
 
     def human() -> None:
         click.echo("Pipelines by status")
@@ -276,7 +279,8 @@ def status(store: CliStore, out: Output, threshold: float, deployment: str | Non
                             headers=["deployment", "status", "count", "avg duration"]) or "  (none)")
         click.echo(f"\nOrphans now: {len(data['orphans'])}")
         for o in data["orphans"]:
-            click.echo(f"  - pipeline {o['id']} ({o['job_name']}) owner {o['owner']}: {o['reason']}")
+            click.echo(f"  - pipeline {o['id']} ({o['job_name']}) owner {o['owner']}: {o['reason']}; "
+                       f"{o['recovered_by']}")
         click.echo(f"Stuck items now: {len(data['stuck_items'])}")
         for i in data["stuck_items"]:
             click.echo(f"  - item {i['id']} ({i['queue']}) worker {i['worker']} since {_when(i['started_at'])}: "
@@ -316,6 +320,15 @@ def status(store: CliStore, out: Output, threshold: float, deployment: str | Non
                                  for r in data["queues"]], headers=["queue", "status", "count", "avg duration"]))
 
     out.emit(data, human)
+
+
+def _recovered_by(deployment: str | None) -> str:
+    """Who resumes an orphan of ``deployment``: only an orphan sensor of that deployment launches its resume run."""
+    if deployment == IN_PROCESS_DEPLOYMENT:
+        return ("run in a process with no Dagster instance (no DAGSTER_HOME): no orphan sensor resumes it; "
+                "run it again, or under dagster dev")
+    return (f"resumed by the orphan sensor of deployment {deployment} (the Dagster daemon or dagster dev of "
+            "that instance); recovery-ext recover reclaims it but launches nothing")
 
 
 def _stuck(item) -> dict:
@@ -607,8 +620,7 @@ def metrics_serve(store: RecoveryStore, out: Output, host: str, port: int) -> No
     except ImportError as exc:
         if (exc.name or "").split(".")[0] != "prometheus_client":
             raise
-        raise click.ClickException("the metrics exporter needs prometheus-client: "
-                                   "pip install 'recovery-ext[metrics]'") from None
+        raise click.ClickException(f"the metrics exporter needs prometheus-client: {install_hint('metrics')}") from None
     try:
         store.metrics_snapshot()
     except RecoveryError as exc:

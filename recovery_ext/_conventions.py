@@ -52,7 +52,7 @@ def takeover_message(pipeline_id: int, cause: str | None, resume_number: int,
     silent = f" for {heartbeat_age_seconds:.0f} s" if heartbeat_age_seconds is not None else ""
     why = {"owner_run_dead": "Dagster reported its run dead",
            "heartbeat": f"its run worker stopped heartbeating{silent}",
-           "node_heartbeat": f"a step of it stopped heartbeating (run heartbeat silent{silent})",
+           "node_heartbeat": f"a step of it stopped heartbeating{silent} while its run worker went on",
            "stalled": "a node made no progress within its stall timeout",
            "deadline": "its hard deadline passed"}.get(cause or "", f"it was orphaned ({cause})")
     return (f"recovery-ext: pipeline {pipeline_id} was taken over because {why}; "

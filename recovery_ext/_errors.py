@@ -7,6 +7,11 @@ message, so ``raise OwnershipLost()`` already says something useful.
 from __future__ import annotations
 
 
+def install_hint(extra: str) -> str:
+    """How to add an extra: recovery-ext installs from a clone or a path, not from a package index."""
+    return f"pip install -e '.[{extra}]' in a clone of recovery-ext, or pip install '/path/to/recovery-ext[{extra}]'"
+
+
 class RecoveryError(Exception):
     """A recovery-ext operation failed."""
 

@@ -29,6 +29,10 @@ SETTINGS_ENV = ("RECOVERY_HEARTBEAT_INTERVAL", "RECOVERY_ORPHAN_HEARTBEAT_THRESH
 
 EXECUTOR_ENV = "RECOVERY_EXECUTOR"
 
+# Per million tokens. The demo's stand-in (model demo-llm) is priced like gpt-4o-mini's list price, so
+# the demo's costs, cost cards and metrics show what a crash would cost; a real model has no price here.
+DEMO_PRICES = {"demo-llm": {"input": 0.15, "output": 0.6}}
+
 
 def selected_executor():
     """The executor every shipped job runs on: ``RECOVERY_EXECUTOR`` = ``multiprocess`` (default) or
@@ -42,7 +46,7 @@ def selected_executor():
             return recoverable_celery_executor()
         except ImportError as exc:
             raise ConfigurationError(f"{EXECUTOR_ENV}=celery needs the celery extra: "
-                                     f"pip install 'recovery-ext[celery]' ({exc})") from exc
+                                     f"pip install -e '.[celery]' in the project's root ({exc})") from exc
         except ValueError as exc:
             raise ConfigurationError(f"{EXECUTOR_ENV}=celery: {exc}") from exc
     raise ConfigurationError(f"{EXECUTOR_ENV} must be multiprocess or celery, got {kind!r}")
@@ -90,8 +94,9 @@ def _assemble(prepare_inputs: bool) -> Definitions:
         enable_orphan_recovery=env_bool("RECOVERY_ENABLE_ORPHAN_RECOVERY", True),
     )
     llm = LLMResource(base_url=_env_or_none("RECOVERY_LLM_BASE_URL"), api_key=_env_or_none("OPENAI_API_KEY"),
-                      model=os.environ.get("RECOVERY_LLM_MODEL", "gpt-4o-mini"))
-    interval = int(env_seconds("RECOVERY_SENSOR_INTERVAL", 15))
+                      model=os.environ.get("RECOVERY_LLM_MODEL", "gpt-4o-mini"), prices=DEMO_PRICES)
+    # Dagster evaluates a sensor at most every 5 s: a smaller interval would only understate detection time
+    interval = int(env_seconds("RECOVERY_SENSOR_INTERVAL", 15, minimum=5))
     sensors = [
         make_orphan_sensor([ontology, ocr, ocr_batches_job], minimum_interval_seconds=interval),
         make_orphan_sensor([ASSET_JOB], minimum_interval_seconds=interval),  # asset backfills of the OCR assets

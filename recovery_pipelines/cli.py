@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import signal
@@ -26,6 +27,25 @@ class Folder(click.Path):
         return super().convert(value, param, ctx)
 
 
+# What the demo's inputs and jobs import (the `pipelines` extra): checked before anything is written.
+PIPELINES_EXTRA = ("PIL", "pypdfium2", "numpy", "openai", "rapidocr_onnxruntime")
+
+
+def require_pipelines_extra() -> None:
+    """One line naming the extra when a module of it is missing, before the command writes anything."""
+    missing = []
+    for name in PIPELINES_EXTRA:
+        try:
+            found = importlib.util.find_spec(name) is not None
+        except (ImportError, ValueError):  # a parent package that fails to import, or a module set to None
+            found = False
+        if not found:
+            missing.append(name)
+    if missing:
+        raise click.ClickException(f"the demo needs the pipelines extra (missing: {', '.join(missing)}): "
+                                   "pip install -e '.[pipelines]' from the project's root")
+
+
 @click.group()
 def demo() -> None:
     """The demo pipelines: sample inputs, new documents for the OCR queue, a crash on demand."""
@@ -37,6 +57,7 @@ def demo() -> None:
 @click.pass_context
 def setup(ctx: click.Context, folder: str | None, as_json: bool) -> None:
     """Create the sample shop database and scanned PDFs, and migrate the application tables."""
+    require_pipelines_extra()
     from .sample_data import prepare_demo
 
     root = ctx.find_root().obj
@@ -70,6 +91,7 @@ def _echo(result: dict, as_json: bool, human: str) -> None:
 @click.pass_context
 def add_documents(ctx: click.Context, count: int, folder: str | None, as_json: bool) -> None:
     """Put COUNT new scanned PDFs in the OCR folder: the next ocr_documents run has work to do."""
+    require_pipelines_extra()
     from .sample_data import add_scanned_documents, scans_dir
 
     target = Path(folder or os.environ.get("RECOVERY_OCR_FOLDER") or scans_dir())

@@ -55,6 +55,7 @@ class Outcome:
     final_status: dict[str, str] = field(default_factory=dict)    # job -> pipeline status
     resumes: dict[str, int] = field(default_factory=dict)         # job -> resume runs created
     done_at_kill: dict[str, int] = field(default_factory=dict)    # job -> items finished when its worker died
+    runs: dict[str, int] = field(default_factory=dict)            # job -> all its runs (first, resumes, others)
 
     def problems(self) -> list[str]:
         found = []
@@ -65,6 +66,9 @@ class Outcome:
                 found.append(f"{job}: pipeline ended {self.final_status.get(job, 'unknown')}, not completed")
             if job in self.killed and self.resumes.get(job, 0) != 1:
                 found.append(f"{job}: one kill led to {self.resumes.get(job, 0)} resume runs, expected exactly 1")
+            extra = self.runs.get(job, 0) - 1 - self.resumes.get(job, 0)
+            if job in self.runs and extra:
+                found.append(f"{job}: {extra} run(s) beside the first run and its resume")
         return found
 
 
@@ -121,13 +125,31 @@ def kill_run_worker(t: Timeline, dev: DagsterDev, run_id: str, job: str, progres
     return pid
 
 
-def browse_command(home: Path, app_url: str, root: Path) -> str:
+def browse_command(home: Path, app_url: str, root: Path, port: int) -> str:
     env = f"DAGSTER_HOME={shlex.quote(str(home))} RECOVERY_DATABASE_URL={shlex.quote(app_url)}"
-    return (f"{env} {shlex.quote(str(BIN / 'dagster-webserver'))} -h 127.0.0.1 -p 3000 "
+    return (f"{env} {shlex.quote(str(BIN / 'dagster-webserver'))} -h 127.0.0.1 -p {port} "
             f"-w {shlex.quote(str(root / 'workspace.yaml'))}")
 
 
-def run_demo(root: Path, var: Path, t: Timeline, *, keep_ui: bool, timeout: float = 420) -> Outcome:
+def inspect_commands(app_url: str, pipeline_ids: list[int]) -> list[str]:
+    """One command a line, each pasted as printed."""
+    cli = f"{shlex.quote(str(BIN / 'recovery-ext'))} --database-url {shlex.quote(app_url)}"
+    return [f"{cli} status", *(f"{cli} pipelines show {pid}" for pid in pipeline_ids),
+            *(f"{cli} report {pid} --html pipeline-{pid}.html" for pid in pipeline_ids)]
+
+
+def port_from_env() -> int | None:
+    """``PORT`` (what ``make demo-crash PORT=...`` passes), else None: any free port."""
+    raw = os.environ.get("PORT", "").strip()
+    if not raw:
+        return None
+    if not raw.isdigit() or not 0 < int(raw) < 65536:
+        raise SystemExit(f"PORT must be a TCP port number, got {raw!r}")
+    return int(raw)
+
+
+def run_demo(root: Path, var: Path, t: Timeline, *, keep_ui: bool, timeout: float = 420,
+             port: int | None = None) -> Outcome:
     shutil.rmtree(var, ignore_errors=True)
     home = var / "dagster_home"
     home.mkdir(parents=True)
@@ -138,14 +160,14 @@ def run_demo(root: Path, var: Path, t: Timeline, *, keep_ui: bool, timeout: floa
     app_url = f"sqlite:///{var / 'recovery.sqlite3'}"
     env = {"RECOVERY_DATABASE_URL": app_url, "RECOVERY_DEMO_DIR": str(var / "inputs"),
            "RECOVERY_HEARTBEAT_INTERVAL": "1", "RECOVERY_ORPHAN_HEARTBEAT_THRESHOLD": "4",
-           "RECOVERY_SENSOR_INTERVAL": "1", "RECOVERY_LLM_BASE_URL": llm_url, "RECOVERY_LLM_MODEL": "demo-llm"}
+           "RECOVERY_SENSOR_INTERVAL": "5", "RECOVERY_LLM_BASE_URL": llm_url, "RECOVERY_LLM_MODEL": "demo-llm"}
     os.environ.update(env)
     from recovery_pipelines.sample_data import prepare_demo
 
     prepare_demo(var / "inputs")
     outcome = Outcome()
     t.say("starting dagster dev on 127.0.0.1 (webserver, daemon, code server) ...")
-    dev = DagsterDev(root / "workspace.yaml", home, env, workspace=True).start(timeout=240)
+    dev = DagsterDev(root / "workspace.yaml", home, env, workspace=True, port=port).start(timeout=240)
     store = RecoveryStore(app_url)
     try:
         store.migrate(MIGRATIONS)
@@ -183,6 +205,7 @@ def run_demo(root: Path, var: Path, t: Timeline, *, keep_ui: bool, timeout: floa
             outcome.final_status[job] = store.get_pipeline(p.id).status
             resumes = [r for r in dev.runs(tags={TAG_PIPELINE: str(p.id)}) if TAG_RESUME_NUMBER in r.tags]
             outcome.resumes[job] = len(resumes)
+            outcome.runs[job] = len(dev.runs(job_name=job))
             for run in resumes:
                 dev.wait_run(run.run_id, statuses=TERMINAL, timeout=120)
         watcher.poll(pipelines)
@@ -192,7 +215,7 @@ def run_demo(root: Path, var: Path, t: Timeline, *, keep_ui: bool, timeout: floa
             t.say(f"CHECK FAILED: {problem}")
         if not problems:
             t.say("CHECK PASSED: each kill -9 led to exactly one resume run and both pipelines completed")
-        print(f"\nInspect: {BIN / 'recovery-ext'} --database-url {app_url} status | pipelines show {ontology.id}")
+        print("\nInspect them (one command a line):\n  " + "\n  ".join(inspect_commands(app_url, [ontology.id, ocr.id])))
         if keep_ui:
             print(f"The Dagster UI stays up at http://127.0.0.1:{dev.port} with these runs; Ctrl-C to stop.",
                   flush=True)
@@ -202,8 +225,9 @@ def run_demo(root: Path, var: Path, t: Timeline, *, keep_ui: bool, timeout: floa
             except KeyboardInterrupt:
                 pass
         else:
-            print(f"Browse these runs in the Dagster UI afterwards (http://127.0.0.1:3000):\n  "
-                  f"{browse_command(home, app_url, root)}", flush=True)
+            browse_port = port or 3000
+            print(f"Browse these runs in the Dagster UI afterwards (http://127.0.0.1:{browse_port}):\n  "
+                  f"{browse_command(home, app_url, root, browse_port)}", flush=True)
         return outcome
     finally:
         dev.stop()
@@ -241,7 +265,7 @@ def main() -> int:
     if not problems:
         t.say("CHECK PASSED: the resume re-attached to the pending batch: 1 submission, 0 paid twice")
     if os.environ.get("RECOVERY_DEMO_ONLY") != "batch":
-        problems += run_demo(root, var, t, keep_ui=keep_ui).problems()
+        problems += run_demo(root, var, t, keep_ui=keep_ui, port=port_from_env()).problems()
     return 1 if problems else 0
 
 

@@ -15,6 +15,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from recovery_pipelines.llm import heuristic_answer
 
 
+def tokens(text: str) -> int:
+    """About four characters a token, as OpenAI's tokenizers average on English: the stand-in's usage."""
+    return max(1, -(-len(text) // 4))
+
+
 def serve(latency: float = 0.7, port: int = 0) -> tuple[ThreadingHTTPServer, str]:
     class Handler(BaseHTTPRequestHandler):
         def do_POST(self):  # noqa: N802 - http.server's naming
@@ -22,11 +27,15 @@ def serve(latency: float = 0.7, port: int = 0) -> tuple[ThreadingHTTPServer, str
             prompt = json.loads(body["messages"][-1]["content"])
             time.sleep(latency)
             content = json.dumps(heuristic_answer(prompt["task"], prompt["input"]))
+            # usage as a real endpoint reports it, so the ledger, costs and metrics of the demo show tokens
+            asked = sum(tokens(str(m.get("content", ""))) for m in body["messages"])
+            answered = tokens(content)
             payload = json.dumps({"id": "demo", "object": "chat.completion", "created": int(time.time()),
                                   "model": body.get("model", "demo"),
                                   "choices": [{"index": 0, "finish_reason": "stop",
                                                "message": {"role": "assistant", "content": content}}],
-                                  "usage": {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}}).encode()
+                                  "usage": {"prompt_tokens": asked, "completion_tokens": answered,
+                                            "total_tokens": asked + answered}}).encode()
             try:
                 self.send_response(200)
                 self.send_header("Content-Type", "application/json")

@@ -69,11 +69,12 @@ def cmdline(pid: int) -> str:
 
 
 class DagsterDev:
-    def __init__(self, defs_file: Path, home: Path, env: dict[str, str], *, workspace: bool = False) -> None:
+    def __init__(self, defs_file: Path, home: Path, env: dict[str, str], *, workspace: bool = False,
+                 port: int | None = None) -> None:
         self.defs_file = defs_file
         self.workspace = workspace
         self.home = home
-        self.port = free_port()
+        self.port = port or free_port()
         self.env = {**os.environ, **env, "DAGSTER_HOME": str(home)}
         self.proc: subprocess.Popen | None = None
         self.log_path = home / "dagster-dev.log"
@@ -129,8 +130,8 @@ class DagsterDev:
     def run(self, run_id: str):
         return self.instance.get_run_by_id(run_id)
 
-    def runs(self, tags: dict[str, str] | None = None, statuses=None):
-        return self.instance.get_runs(filters=RunsFilter(tags=tags or {}, statuses=statuses or []))
+    def runs(self, tags: dict[str, str] | None = None, statuses=None, job_name: str | None = None):
+        return self.instance.get_runs(filters=RunsFilter(tags=tags or {}, statuses=statuses or [], job_name=job_name))
 
     def wait_run(self, run_id: str, statuses=(DagsterRunStatus.SUCCESS,), timeout: float = 120):
         """Poll until the run reaches one of ``statuses``; fail at once, saying why, if it ends in another."""

@@ -183,6 +183,8 @@ class QueueDrain:
             ctx.log.warning(f"document {name} ({item.id}) was taken over; result discarded: {exc}")
             self.count("taken_over")
             return
+        ctx.log.info(f"document {name} ({item.id}) recognised: {result.pages} page(s), "
+                     f"confidence {result.confidence:.2f}")
         if came_from != "processing":
             self.count("completed_late")
             ctx.log.info(f"document {name} ({item.id}) was reset as stale while still being recognised; "

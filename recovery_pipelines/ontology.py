@@ -119,6 +119,7 @@ def profile_columns(ctx: NodeContext, schema: dict[str, Any]) -> dict[str, Any]:
                      "sample_values": p["samples"]} for name, p in profile.items()]
             item.complete(profile, also=lambda tx, rows=rows: tx.upsert(
                 ont_columns, rows, keys=("source", "table_name", "column_name")))
+            ctx.log.info(f"profiled table {item.key}: {len(rows)} columns, {total} rows")
     return {"source": source, "profiles": ctx.completed_items()}
 
 
@@ -145,8 +146,11 @@ def enrich_columns(ctx: NodeContext, schema: dict[str, Any], profiles: dict[str,
 
     def keep(key: str, answer: dict[str, Any]) -> None:
         rows = rows_of(key, answer)
-        ctx.checkpoint(key, {"described": len([r for r in rows if r["description"]])}, also=lambda tx: (
+        described = len([r for r in rows if r["description"]])
+        ctx.checkpoint(key, {"described": described}, also=lambda tx: (
             tx.upsert(ont_columns, rows, keys=("source", "table_name", "column_name"))))
+        # one line per item: the walkthrough's cue that the step is under way (and how far)
+        ctx.log.info(f"llm {llm.name} described table {key}: {described}/{len(rows)} columns")
 
     jobs = getattr(llm, "batch_jobs", None)
     if ctx.context.resources.llm.batch and jobs is not None:
@@ -197,6 +201,7 @@ def enrich_entities(ctx: NodeContext, entities: dict[str, Any]) -> dict[str, Any
         record = item.degrade if by == "table name (fallback)" else item.complete
         record({"name": name, "description": description},
                also=lambda tx, row=row: tx.upsert(ont_entities, [row], keys=("source", "table_name")))
+        ctx.log.info(f"llm {by} named table {item.key}: {name}")
     ctx.metadata["fallbacks"] = fallbacks
     done = ctx.completed_items()
     return {"source": source, "entities": [{"table": e["table"], "name": done[e["table"]]["name"]}
@@ -274,6 +279,7 @@ def enrich_glossary(ctx: NodeContext, glossary: dict[str, Any] | None) -> dict[s
                "described_by": llm.name}
         item.complete({"sql": row["sql_hint"]}, also=lambda tx, row=row: tx.upsert(
             ont_glossary_terms, [row], keys=("source", "term")))
+        ctx.log.info(f"llm {llm.name} enriched glossary term {item.key}")
     return {"source": glossary["source"], "enriched": len(ctx.completed_items())}
 
 

@@ -6,6 +6,7 @@ Each folder's own conftest.py holds what only its tests use and marks its tests 
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 
 import psycopg
@@ -14,6 +15,19 @@ from databases import PG_ADMIN_URL, pg_conninfo, pg_database
 from hog import cpu_hog as _cpu_hog
 
 from recovery_ext._store.store import RecoveryStore
+
+
+@pytest.fixture(scope="session", autouse=True)
+def private_dagster_home(tmp_path_factory) -> Iterator[None]:
+    """Tests never write into the checkout's .dagster_home (``make`` exports it): an in-process run records
+    itself in $DAGSTER_HOME's instance. A test that needs a home of its own sets one."""
+    before = os.environ.get("DAGSTER_HOME")
+    os.environ["DAGSTER_HOME"] = str(tmp_path_factory.mktemp("dagster_home"))
+    yield
+    if before is None:
+        os.environ.pop("DAGSTER_HOME", None)
+    else:
+        os.environ["DAGSTER_HOME"] = before
 
 
 @pytest.fixture(scope="session")

@@ -17,6 +17,8 @@ inside a :class:`RunScope` that
 
 from __future__ import annotations
 
+import os
+
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
@@ -45,7 +47,7 @@ from recovery_ext._liveness.parent import mark_run_worker
 from recovery_ext._store.models import NodeSpec, Ownership
 from recovery_ext._classify.redaction import redact
 from recovery_ext._dagster.replay import carried_op_selection, replay_events, split_plan, subset_context
-from recovery_ext._dagster.resources import RecoveryResource
+from recovery_ext._dagster.resources import RecoveryResource, in_process_deployment
 from recovery_ext._dagster.run_state import report
 from recovery_ext._dagster.tags import (TAG_NODE, TAG_OPTIONAL, TAG_PARENT_RUN, TAG_PIPELINE,
                                        TAG_RESUME_NUMBER, TAG_RESUMED_FROM, TAG_RETRY_NUMBER, TAG_ROOT_RUN,
@@ -94,8 +96,9 @@ class RunScope:
     """The run worker's ownership of its pipeline, from :meth:`start` to :meth:`finish`."""
 
     def __init__(self, resource: RecoveryResource, run: DagsterRun, job_def: JobDefinition,
-                 instance: DagsterInstance, log: Any = None) -> None:
+                 instance: DagsterInstance, log: Any = None, deployment: str | None = None) -> None:
         self.resource = resource
+        self.deployment = deployment or resource.deployment_name(instance)
         self.store: OpStore = resource.get_store()
         self.settings: HeartbeatSettings = resource.heartbeat_settings()
         self.run = run
@@ -157,7 +160,7 @@ class RunScope:
         own = self.store.create_pipeline(
             self.job_def.name, pipeline_nodes(self.job_def), owner=self.run.run_id,
             origin_run_id=self.run.run_id, params=jsonable(self.run.run_config or {}),
-            limits=self.resource.pipeline_limits(), deployment=self.resource.deployment_name(self.instance),
+            limits=self.resource.pipeline_limits(), deployment=self.deployment,
         )
         self.how = f"created pipeline {own.pipeline_id}"
         return own
@@ -202,7 +205,8 @@ class RunScope:
             return f"orphaned (cause unknown: {redact(exc)})"
         cause = str(data.get("cause") or "orphaned")
         if isinstance(data.get("heartbeat_age_seconds"), (int, float)):
-            cause += f", heartbeat silent for {data['heartbeat_age_seconds']:.1f} s"
+            which = "node heartbeat" if cause == "node_heartbeat" else "heartbeat"
+            cause += f", {which} silent for {data['heartbeat_age_seconds']:.1f} s"
         return cause
 
     def _point_forward(self, previous_run_id: str | None, pipeline_id: int, role: str, cause: str) -> None:
@@ -538,9 +542,9 @@ def recoverable_job(fn: Callable | None = None, *, executor_def: ExecutorDefinit
 
 @contextmanager
 def _in_process_scope(job_def: JobDefinition, run_id: str, run_config: Mapping[str, Any], tags: Mapping[str, str],
-                      instance: DagsterInstance, resource: RecoveryResource):
+                      instance: DagsterInstance, resource: RecoveryResource, deployment: str | None):
     run = DagsterRun(job_name=job_def.name, run_id=run_id, run_config=dict(run_config), tags=dict(tags))
-    scope = RunScope(resource, run, job_def, instance)
+    scope = RunScope(resource, run, job_def, instance, deployment=deployment)
     scope.start()
     yield scope
 
@@ -553,16 +557,26 @@ def execute_in_process(job_def: JobDefinition, *, run_config: Mapping[str, Any] 
 
     The calling process is the run worker: it owns and heartbeats the pipeline around the run
     and applies the same lifecycle as :func:`with_recovery` when the run ends.
+
+    Given no ``instance``, the run is recorded in the Dagster instance under ``$DAGSTER_HOME`` (without
+    it, on a throw-away instance, as Dagster's own does), and its pipeline belongs to a stable deployment:
+    ``RecoveryResource(deployment=...)`` or ``$RECOVERY_DEPLOYMENT``, else that instance's. So if this
+    process dies, the orphan sensor of ``dagster dev`` (or the daemon) with the same ``DAGSTER_HOME``,
+    which holds the pipeline's first run, resumes it once its heartbeat expires. Without ``DAGSTER_HOME``
+    the deployment is ``in-process``, which no sensor serves.
     """
     run_config = dict(run_config or {})
     tags = dict(tags or {})
     run_id = make_new_run_id()
     owned_instance = instance is None
-    instance = instance or DagsterInstance.ephemeral()
+    if instance is None:
+        # A sensor resumes only the pipelines whose first run its own instance holds: record the run there.
+        instance = DagsterInstance.get() if os.environ.get("DAGSTER_HOME") else DagsterInstance.ephemeral()
     try:
         resource = resolve_resource(job_def, run_config, instance, resource_key,
                                     resource_def=(resources or {}).get(resource_key))
-        with _in_process_scope(job_def, run_id, run_config, tags, instance, resource) as scope:
+        deployment = in_process_deployment(resource) if owned_instance else None
+        with _in_process_scope(job_def, run_id, run_config, tags, instance, resource, deployment) as scope:
             error: BaseException | None = None
             interrupted = False
             failures: list[Any] = []

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import os
@@ -20,7 +21,7 @@ from recovery_ext._recovery.scan import RecoverySettings
 from recovery_ext._classify.redaction import redact
 from recovery_ext._classify.retry import RetryPolicy, wait_jittered_exponential
 from recovery_ext._store.migrations import check_package
-from recovery_ext._store.models import PipelineLimits
+from recovery_ext._store.models import IN_PROCESS_DEPLOYMENT, PipelineLimits
 from recovery_ext._store.store import RecoveryStore, default_database_url
 
 log = logging.getLogger("recovery_ext.resources")
@@ -49,6 +50,31 @@ def derived_deployment(instance) -> str:
         return f"dagster-{str(storage_id)[:8]}"
     root = getattr(instance, "root_directory", None) or "default"
     return "dagster-" + hashlib.sha256(str(root).encode()).hexdigest()[:8]
+
+
+def in_process_deployment(resource: RecoveryResource) -> str:
+    """An in-process run's deployment given no instance: the one named, else that of ``$DAGSTER_HOME``'s instance.
+
+    ``dagster dev`` or the daemon started with the same ``DAGSTER_HOME`` derives the same name, so its
+    orphan sensor adopts the pipeline of a killed in-process run. Dagster's own ``execute_in_process``
+    runs on a throw-away instance; its name would strand every crash.
+    """
+    if resource.deployment or os.environ.get(DEPLOYMENT_ENV):
+        return resource.deployment_name(None)
+    home = os.environ.get("DAGSTER_HOME")
+    return _home_deployment(home) if home else IN_PROCESS_DEPLOYMENT
+
+
+@functools.lru_cache(maxsize=16)
+def _home_deployment(home: str) -> str:
+    """Opening the instance costs its storage's start-up (seconds on first use): once per home and process."""
+    from dagster import DagsterInstance
+
+    instance = DagsterInstance.get()
+    try:
+        return derived_deployment(instance)
+    finally:
+        instance.dispose()
 
 
 def shared_store(url: str, *, retry_budget: float | None = None, packages: Sequence[str] = ()) -> RecoveryStore:

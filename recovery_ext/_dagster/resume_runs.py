@@ -212,6 +212,10 @@ def stop_superseded(instance, reclaimed: Sequence[Reclaimed | GivenUp], message,
                     workers: int = 8) -> list[StopOutcome]:
     """Ask the run launcher to terminate every superseded run Dagster still shows live, then mark it FAILURE.
 
+    A superseded run Dagster already shows ended (its run worker was killed: the code server marked it
+    failed) gets the same message as an engine event at once, so its own log names the recovery at the
+    tick that decided it, not only when the resume run starts.
+
     Best effort: a launcher that cannot reach the run (its host is gone) or answers an error is
     recorded, never raised. The runs are looked up in one batched query; the terminations run
     on a small pool so a tick with many live superseded runs stays bounded by ``budget_seconds``
@@ -220,7 +224,11 @@ def stop_superseded(instance, reclaimed: Sequence[Reclaimed | GivenUp], message,
     previous = {r.previous_owner: r for r in reclaimed if r.previous_owner and not is_placeholder(r.previous_owner)}
     if not previous:
         return []
-    live = runs_by_id(instance, previous, statuses=LIVE_STATUSES)
+    known = runs_by_id(instance, previous)
+    for run in known.values():
+        if run.status not in LIVE_STATUSES:
+            _explain_ended(instance, run, message(previous[run.run_id]))
+    live = {run_id: run for run_id, run in known.items() if run.status in LIVE_STATUSES}
     if not live:
         return []
 
@@ -255,6 +263,13 @@ def stop_superseded(instance, reclaimed: Sequence[Reclaimed | GivenUp], message,
     outcomes += [StopOutcome(previous[futures[f].run_id].pipeline_id, futures[f].run_id,
                              f"no answer within {budget_seconds:.0f} s; still stopping", False) for f in pending]
     return outcomes
+
+
+def _explain_ended(instance, run: DagsterRun, message: str) -> None:
+    try:
+        instance.report_engine_event(message, run)
+    except Exception as exc:  # noqa: BLE001 - best effort: the pipeline row is the truth
+        log.warning("could not explain the take-over on run %s: %s", run.run_id, redact(exc))
 
 
 class DagsterRunControl:

@@ -4,15 +4,18 @@ from __future__ import annotations
 
 import logging
 import time
+import warnings
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import cast, Any
 
 from dagster import (
+    BetaWarning,
     DagsterRunStatus,
     DefaultSensorStatus,
     JobDefinition,
     RunRequest,
     RunsFilter,
+    SensorDefinition,
     SensorEvaluationContext,
     SensorResult,
     SkipReason,
@@ -23,7 +26,7 @@ from recovery_ext._dagster.resources import RecoveryResource
 from recovery_ext._dagster.resume_runs import DagsterRunControl, OriginRuns
 from recovery_ext._recovery.protocol import RecoveryProtocol
 from recovery_ext._store.models import Scope
-from recovery_ext._store.statuses import QueueStatus
+from recovery_ext._store.statuses import PipelineStatus, QueueStatus
 
 log = logging.getLogger("recovery_ext.sensors")
 
@@ -33,6 +36,33 @@ ASSET_JOB = "__ASSET_JOB"
 TAG_QUEUE = "recovery/queue"
 ACTIVE_STATUSES = [DagsterRunStatus.QUEUED, DagsterRunStatus.NOT_STARTED, DagsterRunStatus.STARTING,
                    DagsterRunStatus.STARTED]
+# Dagster's sensor daemon evaluates a sensor at most this often, whatever its minimum_interval_seconds.
+DAGSTER_SENSOR_FLOOR_SECONDS = 5
+
+
+class RecoverySensorDefinition(SensorDefinition):
+    """A sensor of this library: the same definition, copied by Dagster without a spurious BetaWarning.
+
+    When ``Definitions`` binds resources to a sensor's jobs it copies the sensor (``with_attributes``)
+    and passes the copy the sensor's ``owners``, an empty list nobody set, which Dagster flags as a beta
+    parameter: every ``dagster dev`` start warned about it. Only that warning is left out of the copy.
+    """
+
+    def with_attributes(self, **kwargs: Any) -> SensorDefinition:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=r"Parameter `owners`", category=BetaWarning)
+            copy = super().with_attributes(**kwargs)
+        copy.__class__ = RecoverySensorDefinition  # Dagster builds the copy as a plain SensorDefinition
+        return copy
+
+
+def _ours(sensor_def: SensorDefinition, factory: str, interval: int) -> RecoverySensorDefinition:
+    if interval < DAGSTER_SENSOR_FLOOR_SECONDS:
+        warnings.warn(f"{factory}(minimum_interval_seconds={interval}): Dagster's sensor daemon evaluates a sensor "
+                      f"at most every {DAGSTER_SENSOR_FLOOR_SECONDS} s, so {sensor_def.name} ticks every "
+                      f"{DAGSTER_SENSOR_FLOOR_SECONDS} s, not {interval} s", UserWarning, stacklevel=3)
+    sensor_def.__class__ = RecoverySensorDefinition
+    return cast(RecoverySensorDefinition, sensor_def)  # its class was just swapped; mypy cannot see that
 
 
 def make_orphan_sensor(
@@ -104,7 +134,7 @@ def make_orphan_sensor(
             return SkipReason(message)
         return SensorResult(run_requests=outcome.requests)
 
-    return orphan_sensor
+    return _ours(orphan_sensor, "make_orphan_sensor", minimum_interval_seconds)
 
 
 def make_stuck_item_sensor(
@@ -143,16 +173,30 @@ def make_stuck_item_sensor(
         waiting = store.count_ready(queue, waiting=True)
         parts = [f"queue {queue}: {len(reset) - len(dead)} reset, {len(dead)} dead, {ready} ready"
                  + (f", {waiting} waiting for their retry delay" if waiting else "")]
-        active = context.instance.get_runs(
-            filters=RunsFilter(job_name=job_name, statuses=ACTIVE_STATUSES, tags={TAG_QUEUE: queue}), limit=1)
+        active = _draining_runs(context.instance, job_name, queue)
+        # A running pipeline of the job with no live run has crashed: its resume run (the orphan sensor's,
+        # launched within a tick) drains the queue. A run launched here meanwhile would only race it.
+        crashed = [] if active or not ready else store.list_pipelines(status=PipelineStatus.RUNNING,
+                                                                       job_name=job_name, limit=1)
         if reset:
             context.log.info(parts[0] + "; " + "; ".join(f"item {r.id}: {r.reason}" for r in reset[:20]))
-        if not ready or active:
+        if not ready or active or crashed:
             if active:
                 parts.append(f"run {active[0].run_id} is draining it")
+            elif crashed:
+                parts.append(f"pipeline {crashed[0].id} of {job_name} is running or awaits its resume run, "
+                             "which drains it")
             return SkipReason("; ".join(parts))
         request = RunRequest(run_key=f"queue-{queue}-{time.time_ns()}", job_name=job_name,
                              run_config=dict(run_config or {}), tags={TAG_QUEUE: queue})
         return SensorResult(run_requests=[request])
 
-    return stuck_item_sensor
+    return _ours(stuck_item_sensor, "make_stuck_item_sensor", minimum_interval_seconds)
+
+
+def _draining_runs(instance, job_name: str, queue: str, limit: int = 100) -> list:
+    """Active runs of the queue's job that drain this queue: those this sensor launched (tagged with the
+    queue) and those launched without a queue tag (from the Launchpad, and their resume runs). Counting
+    only the tagged ones launched a second run beside the resume run of a crashed Launchpad run."""
+    runs = instance.get_runs(filters=RunsFilter(job_name=job_name, statuses=ACTIVE_STATUSES), limit=limit)
+    return [run for run in runs if run.tags.get(TAG_QUEUE, queue) == queue]

@@ -28,7 +28,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from recovery_ext._classify.redaction import redact
-from recovery_ext._errors import ConfigurationError
+from recovery_ext._errors import ConfigurationError, install_hint
 from recovery_ext._providers.ledger import set_observer
 from recovery_ext._store.models import ProviderCall
 
@@ -136,14 +136,14 @@ def instrument_opentelemetry(*, tracer_provider: Any = None, meter_provider: Any
     SDK (or run under ``opentelemetry-instrument``) as for any instrumentation. Returns True when this
     call switched it on, False when it was on already (nothing changes: call
     :func:`uninstrument_opentelemetry` first to change providers). Needs the ``otel`` extra
-    (``pip install 'recovery-ext[otel]'``); without it raises :class:`ConfigurationError`.
+    (``pip install -e '.[otel]'`` in a clone); without it raises :class:`ConfigurationError`.
     """
     global _emitter
     try:
         from opentelemetry import metrics, trace
         from opentelemetry.trace import Status, StatusCode
     except ImportError:
-        raise ConfigurationError("OpenTelemetry is not installed: pip install 'recovery-ext[otel]' "
+        raise ConfigurationError(f"OpenTelemetry is not installed: {install_hint('otel')} "
                                  "(opentelemetry-api) to emit provider-call spans and metrics") from None
     with _lock:
         if _emitter is not None:

@@ -3,8 +3,9 @@
 Every run that owned the pipeline has its own epoch. An epoch begins when the pipeline is created,
 reclaimed, taken over (a re-execution or run retry) or reopened for degraded items; its run id is the
 owner that node transitions and item checkpoints of that epoch name. A run whose epoch was ended by a
-reclaim crashed: its last sign of life is its last recorded write, and the time until the reclaim is the
-fault the heartbeat timeout had to detect.
+reclaim crashed: its last sign of life is its last heartbeat (the reclaim records how long the heartbeat
+that expired had been silent) or its last recorded write, whichever is later, and the time until the
+reclaim is the fault the heartbeat timeout had to detect.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ class Run:
     run_id: str | None = None
     first_activity_at: dt.datetime | None = None
     last_activity_at: dt.datetime | None = None
+    last_pulse_at: dt.datetime | None = None   # a crashed run's last heartbeat, as its reclaim measured it
     ended_at: dt.datetime | None = None
     outcome: str = "running"              # completed, failed, canceled, crashed, superseded, running, never_started
     items: dict[str, int] = field(default_factory=dict)           # status -> count
@@ -135,6 +137,9 @@ def build_timeline(h: PipelineHistory) -> Timeline:
                 if previous is not None and previous.outcome == "running":
                     # Its end and its fault marker wait for the item checkpoints, merged below.
                     previous.outcome = "crashed" if event == "reclaimed" else "superseded"
+                    silent = data.get("heartbeat_age_seconds")
+                    if event == "reclaimed" and isinstance(silent, (int, float)) and silent >= 0:
+                        previous.last_pulse_at = at - dt.timedelta(seconds=silent)
                 if event == "reclaimed":
                     markers.append(Marker("reclaim", at, epoch, f"reclaimed ({data.get('cause') or 'unknown'})"))
                 elif event == "taken_over":
@@ -192,9 +197,12 @@ def build_timeline(h: PipelineHistory) -> Timeline:
 
     for run in runs:
         if run.outcome in ("crashed", "superseded"):
-            run.ended_at = run.last_activity_at or run.started_at
+            signs = [s for s in (run.last_activity_at, run.last_pulse_at) if s is not None]
+            run.ended_at = max(signs) if signs else run.started_at
             if run.outcome == "crashed":
-                markers.append(Marker("fault", run.ended_at, run.epoch, f"run {run.epoch}: its last write"))
+                what = "its last heartbeat" if run.last_pulse_at is not None and run.ended_at == run.last_pulse_at \
+                    else "its last write"
+                markers.append(Marker("fault", run.ended_at, run.epoch, f"run {run.epoch}: {what}"))
     for i in interrupted:
         run = by_epoch.get(i.epoch) if i.epoch is not None else None
         if run is not None and run.ended_at is not None:

@@ -373,6 +373,9 @@ def _names(what: str, values: Any) -> tuple[Any, ...]:
 
 
 LEGACY_DEPLOYMENT = "default"  # the deployment of rows written before deployments existed
+# The deployment of a run in a process of its own with no Dagster instance to name it (no DAGSTER_HOME):
+# no orphan sensor runs in it, so nothing resumes its pipelines; `recovery-ext status` says so.
+IN_PROCESS_DEPLOYMENT = "in-process"
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ from sqlalchemy import Float, and_, case, cast, func, literal, or_, select
 
 from recovery_ext._store.database import Database, retried
 from recovery_ext._store.ledger import IN_FLIGHT
-from recovery_ext._store.statuses import PipelineStatus
+from recovery_ext._store.statuses import PipelineStatus, QueueStatus
 from recovery_ext._store.ledger_rows import well_formed_call
 from recovery_ext._store.models import Node, Pipeline
 from recovery_ext._errors import NotFound
@@ -183,6 +183,18 @@ class ObservabilityOps(Database):
             item_times = [tuple(r) for r in conn.execute(_every(
                 select(ni.epoch, ni.completed_at).where(ni.pipeline_id == pipeline_id),
                 (ni.completed_at, ni.node_name, ni.item_key), item_step, item_count))]
+            # A queue node (OCR) checkpoints its documents as work queue items, each completed under the
+            # epoch that held it: the items of that run, as the checkpoints of an items() loop are.
+            qi = queue_items.c
+            done = and_(qi.holder_pipeline_id == pipeline_id, qi.status == QueueStatus.COMPLETED)
+            items += [{**r._mapping, "node": f"queue {r.node}", "run_id": None} for r in conn.execute(
+                select(qi.holder_epoch.label("epoch"), qi.queue.label("node"), qi.status, func.count().label("count"),
+                       func.min(qi.completed_at).label("first_at"), func.max(qi.completed_at).label("last_at"))
+                .where(done).group_by(qi.holder_epoch, qi.queue, qi.status).order_by(qi.holder_epoch, qi.queue))]
+            item_times = sorted(item_times + [tuple(r) for r in conn.execute(
+                select(qi.holder_epoch, qi.completed_at).where(done)
+                .order_by(qi.completed_at).limit(ITEM_TIMES_LIMIT)) if r[1] is not None],
+                key=lambda t: t[1])[:ITEM_TIMES_LIMIT]
             now = conn.scalar(select(self.dialect.now().label("now")))
         if not isinstance(now, dt.datetime):  # SQLite's clock is epoch seconds
             now = dt.datetime.fromtimestamp(float(now), tz=dt.timezone.utc)

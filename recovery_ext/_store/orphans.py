@@ -13,8 +13,8 @@ from typing import Any
 
 import datetime as dt
 
-from sqlalchemy import (Connection, Text, and_, case, cast, exists, literal, literal_column, or_, select, type_coerce,
-                        update)
+from sqlalchemy import (Connection, Text, and_, case, cast, exists, func, literal, literal_column, or_, select,
+                        type_coerce, update)
 from sqlalchemy.sql.elements import ColumnElement
 
 from recovery_ext._conventions import PLACEHOLDER_PREFIX
@@ -51,6 +51,13 @@ class OrphanOps(PipelineOps):
             nodes.c.pipeline_id == p.id, nodes.c.status == RUNNING,
             nodes.c.heartbeat_deadline.isnot(None), nodes.c.heartbeat_deadline < now,
         )
+
+    def _expired_node_heartbeat_at(self, now: ColumnElement) -> ColumnElement:
+        """The last pulse of the longest-silent running node whose heartbeat expired (None: no such node)."""
+        return (select(func.min(nodes.c.heartbeat_at))
+                .where(nodes.c.pipeline_id == p.id, nodes.c.status == RUNNING,
+                       nodes.c.heartbeat_deadline.isnot(None), nodes.c.heartbeat_deadline < now)
+                .scalar_subquery())
 
     def _orphan_condition(self, dead_owner_runs: Sequence[str] = (),
                           job_names: Sequence[str] | None = None,
@@ -278,7 +285,8 @@ class OrphanOps(PipelineOps):
         candidates = (
             select(p.id, p.owner.label("previous_owner"), self._reason(dead_owner_runs).label("cause"),
                    and_(p.heartbeat_deadline.isnot(None), p.heartbeat_deadline >= now).label("owner_heartbeating"),
-                   p.heartbeat_at, type_coerce(now, DbTime).label("now"))
+                   p.heartbeat_at, self._expired_node_heartbeat_at(now).label("node_heartbeat_at"),
+                   type_coerce(now, DbTime).label("now"))
             .where(self._orphan_condition(dead_owner_runs, scope.job_names, plan.retrying_owner_runs,
                                           scope.deployment),
                    ~self._hopeless_condition(plan.max_age_seconds), *_outside(scope),
@@ -293,7 +301,9 @@ class OrphanOps(PipelineOps):
         previous = {r.id: r.previous_owner for r in found}
         causes = {r.id: r.cause for r in found}
         heartbeating = {r.id: bool(r.owner_heartbeating) for r in found}
-        silent = {r.id: _seconds_between(r.heartbeat_at, r.now) for r in found}
+        # the silence of the heartbeat that expired: a node's, when its step stopped while the run still beat
+        silent = {r.id: _seconds_between(r.node_heartbeat_at if r.cause == "node_heartbeat" else r.heartbeat_at, r.now)
+                  for r in found}
         new_owner = _placeholder(p.resume_count + 1) if launching else None
         rows = []
         for part in chunks(sorted(previous)):

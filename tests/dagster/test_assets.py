@@ -206,12 +206,11 @@ def test_a_resume_of_a_single_run_backfill_keeps_its_partition_range(defs, insta
     assert sorted(m.partition for m in materializations(instance, "ranged")) == ["b", "c"]
 
 
-def test_the_readme_asset_example_runs_as_written(db_url, monkeypatch, instance, store, tmp_path):
+def test_the_docs_asset_example_runs_as_written(db_url, monkeypatch, instance, store, tmp_path):
     import importlib.util
     import re
 
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    section = readme[readme.index("### Software-defined assets"):]
+    section = (Path(__file__).resolve().parents[2] / "docs" / "how-to" / "assets.md").read_text()
     (tmp_path / "my_assets.py").write_text(re.search(r"```python\n(.*?)```", section, re.S).group(1))
     spec = importlib.util.spec_from_file_location("my_assets", tmp_path / "my_assets.py")
     module = importlib.util.module_from_spec(spec)

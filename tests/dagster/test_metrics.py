@@ -18,6 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from helpers import expire
 from observe_scenario import crash_and_resume, stand_in
 
+from recovery_ext._errors import install_hint
 from recovery_ext._observe.exporter import METRICS, registry_for
 from recovery_ext import scan
 from recovery_ext._store.models import PipelineLimits
@@ -110,9 +111,9 @@ def test_an_unreachable_database_is_up_zero_not_an_error(pg_admin):
         m[("recovery_scrape_duration_seconds", ())])}
 
 
-def test_the_readme_documents_every_metric():
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    section = readme.split("## Metrics", 1)[1].split("\n## ", 1)[0]
+def test_the_docs_document_every_metric():
+    page = (ROOT / "docs" / "how-to" / "metrics.md").read_text(encoding="utf-8")
+    section = page.split("\n## ", 1)[0]  # the exporter's part, before OpenTelemetry
     names = [s.name + ("_total" if s.kind == "counter" else "") for s in METRICS]
     assert [n for n in names if f"`{n}`" not in section] == []
     for spec in METRICS:  # Prometheus naming: units in the name, counters end in _total on exposition
@@ -170,7 +171,7 @@ def test_serve_without_the_metrics_extra_says_how_to_install_it(tmp_path, migrat
     proc = _serve(sqlite_url, "--port", "0", env={"PYTHONPATH": f"{tmp_path}{os.pathsep}{ROOT}"})
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 1
-    assert "pip install 'recovery-ext[metrics]'" in err and "Traceback" not in err
+    assert install_hint("metrics") in err and "Traceback" not in err
 
 
 def test_provider_calls_tokens_and_cost_spent_saved_and_wasted(store):

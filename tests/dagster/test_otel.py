@@ -25,6 +25,7 @@ from stand_in_llm import StandInProvider
 import recovery_ext
 from recovery_ext import (ConfigurationError, ProviderCall, RecoveryError, execute_in_process,
                           instrument_opentelemetry, record_provider_call, uninstrument_opentelemetry)
+from recovery_ext._errors import install_hint
 from recovery_ext._observe.otel import DURATION_BUCKETS, TOKEN_BUCKETS, server_of
 from recovery_ext._store.store import RecoveryStore
 from recovery_pipelines.devserver import wait_for
@@ -344,7 +345,7 @@ assert recovery_ext.record_provider_call(recovery_ext.ProviderCall(endpoint="htt
 """
     done = _python(code)
     assert done.returncode == 0, done.stderr
-    assert "pip install 'recovery-ext[otel]'" in done.stdout
+    assert install_hint("otel") in done.stdout
     assert issubclass(ConfigurationError, RecoveryError)
 
 

@@ -199,7 +199,9 @@ def test_degraded_items_are_redone_by_redo_degraded_through_a_resume_run(store, 
     llm = serve(httpserver, provider)
     ontology = make_ontology_job(executor_def=in_process_executor)
     resources = {"recovery": recovery(db_url), "llm": llm, "source": SourceDatabase(url=shop)}
-    first = execute_in_process(ontology, resources=resources, raise_on_error=False)
+    # one Dagster instance, as in production: its sensor resumes only the pipelines whose first run it holds
+    instance = DagsterInstance.ephemeral()
+    first = execute_in_process(ontology, resources=resources, raise_on_error=False, instance=instance)
     assert first.success
     (p,) = store.list_pipelines()
     assert p.status == "completed" and store.degraded_counts(p.id) == {"enrich_entities": 2}
@@ -214,14 +216,12 @@ def test_degraded_items_are_redone_by_redo_degraded_through_a_resume_run(store, 
     assert (reopened.status, reopened.owner) == ("running", None)
     assert store.get_node(p.id, "enrich_entities").status == "pending"
 
-    with DagsterInstance.ephemeral() as instance:
-        sensor = make_orphan_sensor([ontology])
-        tick = sensor.evaluate_tick(build_sensor_context(instance=instance,
-                                                         resources={"recovery": recovery(db_url)}))
+    sensor = make_orphan_sensor([ontology])
+    tick = sensor.evaluate_tick(build_sensor_context(instance=instance, resources={"recovery": recovery(db_url)}))
     (request,) = tick.run_requests
     before = len(provider.calls)
     resumed = execute_in_process(ontology, run_config=request.run_config, tags=request.tags, resources=resources,
-                                 raise_on_error=False)
+                                 raise_on_error=False, instance=instance)
     assert resumed.success
     redone = provider.calls[before:]
     assert sorted((task, table) for _, task, table in redone) == [("describe_entity", "customers"),
@@ -231,5 +231,6 @@ def test_degraded_items_are_redone_by_redo_degraded_through_a_resume_run(store, 
     with store.read() as conn:
         names = dict(conn.execute(select(ont_entities.c.table_name, ont_entities.c.name)).all())
     assert names["customers"] == "LLM customers" and names["orders"] == "LLM orders"
+    instance.dispose()
     again = cli(db_url, "redo-degraded", str(p.id))
     assert "no degraded items" in again

@@ -1,10 +1,10 @@
-"""Every python and bash block of the README runs as written.
+"""Every python and bash block of the README and of the docs site (docs/**/*.md) runs as written.
 
-The blocks run in order, in one temporary directory with a fresh DAGSTER_HOME and no application
+The blocks of one page run in order, in one temporary directory of that page with a fresh DAGSTER_HOME and no application
 database configured (the library's default: SQLite under DAGSTER_HOME), with this interpreter's
 `bin` first on PATH. A block the README says to save ("Save this as `my_assets.py`:") is written to
 that file. The README's own code holds the stand-ins, each marked "in real life"; nothing is
-substituted here. A block is skipped only when the README marks it, visibly, with a preceding
+substituted here. A block is skipped only when the page marks it, visibly, with a preceding
 `<!-- not run: reason -->`; the reasons allowed are few and listed here.
 """
 
@@ -19,7 +19,22 @@ from pathlib import Path
 
 import pytest
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+ROOT = Path(__file__).resolve().parents[2]
+README = ROOT / "README.md"
+DOC_PAGES = [README, *sorted((ROOT / "docs").rglob("*.md"))]
+# What the runs of a page's blocks print, page by page: proof that the examples did their work.
+EXPECTED_OUTPUT = {
+    "README.md": [r"'summaries': \{'doc-0': \{'summary': 'a summary of doc-0'\}", r"\bcompleted\b"],
+    "docs/get-started/quickstart.md": [r"'summaries': \{'doc-0': \{'summary': 'a summary of doc-0'\}",
+                                       r"(?m)^10000$", r"\bcompleted\b"],
+    "docs/how-to/assets.md": [r"\bcompleted\b"],
+    "docs/how-to/ledger.md": [],
+    "docs/how-to/classifier.md": [],
+    "docs/how-to/journal.md": [r"(?m)^3$"],
+    "docs/how-to/metrics.md": [r"chat claude-x"],
+    "docs/how-to/kubernetes.md": [],
+}
+SAVED = {"docs/how-to/assets.md": "my_assets.py"}
 NOT_RUN = re.compile(r"<!--\s*not run:\s*(.+?)\s*-->")
 SAVE_AS = re.compile(r"Save this as\s+`([\w.-]+)`:\s*$")
 RUNNABLE = ("python", "bash")
@@ -57,15 +72,34 @@ def readme_blocks(text: str) -> list[Block]:
     return blocks
 
 
-def test_the_readme_marks_only_servers_and_installs_as_not_run():
-    blocks = readme_blocks(README.read_text())
+def _name(page: Path) -> str:
+    return page.relative_to(ROOT).as_posix()
+
+
+@pytest.mark.parametrize("page", DOC_PAGES, ids=_name)
+def test_a_page_marks_only_servers_and_installs_as_not_run(page):
+    blocks = readme_blocks(page.read_text())
     skipped = [b for b in blocks if b.not_run]
     assert all(b.language in RUNNABLE for b in skipped)
     for block in skipped:
         assert any(reason in block.not_run for reason in ALLOWED_REASONS), (block.line, block.not_run)
     assert len(skipped) <= 3, [b.line for b in skipped]
+
+
+def test_every_page_with_examples_is_checked_and_examples_are_there():
+    runnable = {_name(page): [b for b in readme_blocks(page.read_text()) if b.language in RUNNABLE and not b.not_run]
+                for page in DOC_PAGES}
+    # a page that gains an example gains an entry in EXPECTED_OUTPUT (what its run must print)
+    assert {name for name, blocks in runnable.items() if blocks} == set(EXPECTED_OUTPUT)
     # the blocks left to run are the examples a reader copies
-    assert sum(1 for b in blocks if b.language in RUNNABLE and not b.not_run) >= 4
+    assert sum(len(blocks) for blocks in runnable.values()) >= 6
+
+
+def test_the_api_reference_lists_every_public_name_once():
+    import recovery_ext
+
+    listed = re.findall(r"^::: recovery_ext\.(\w+)$", (ROOT / "docs" / "reference" / "api.md").read_text(), re.MULTILINE)
+    assert sorted(listed) == sorted(recovery_ext.__all__)
 
 
 def run_block(block: Block, cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess:
@@ -80,13 +114,14 @@ def run_block(block: Block, cwd: Path, env: dict[str, str]) -> subprocess.Comple
 
 
 @pytest.mark.timeout(600)
-def test_every_python_and_bash_block_of_the_readme_runs_as_written(tmp_path):
+@pytest.mark.parametrize("page", [ROOT / name for name in EXPECTED_OUTPUT], ids=lambda p: _name(p))
+def test_every_python_and_bash_block_of_a_page_runs_as_written(page, tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith(("RECOVERY_", "DAGSTER_"))}
     env.update(DAGSTER_HOME=str(tmp_path / "dagster_home"),
                PATH=f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}")
     (tmp_path / "dagster_home").mkdir()
     ran = []
-    for block in readme_blocks(README.read_text()):
+    for block in readme_blocks(page.read_text()):
         if block.language not in RUNNABLE or block.not_run:
             continue
         if block.save_as:
@@ -94,12 +129,12 @@ def test_every_python_and_bash_block_of_the_readme_runs_as_written(tmp_path):
             ran.append((block.line, f"saved as {block.save_as}"))
             continue
         done = run_block(block, tmp_path, env)
-        assert done.returncode == 0, (f"README block at line {block.line} failed (exit {done.returncode}):\n"
+        assert done.returncode == 0, (f"{_name(page)} block at line {block.line} failed (exit {done.returncode}):\n"
                                       f"{block.code}\n--- stdout\n{done.stdout[-3000:]}\n--- stderr\n"
                                       f"{done.stderr[-3000:]}")
         ran.append((block.line, done.stdout))
     outputs = "\n".join(out for _, out in ran)
-    assert "'summaries': {'doc-0': {'summary': 'a summary of doc-0'}" in outputs  # the first example's run
-    assert "\n10000\n" in f"\n{outputs}"                                        # the batched example's run
-    assert re.search(r"\bcompleted\b", outputs)                                 # recovery-ext status after the asset
-    assert any(what == "saved as my_assets.py" for _, what in ran)
+    for pattern in EXPECTED_OUTPUT[_name(page)]:
+        assert re.search(pattern, outputs), (pattern, outputs[-3000:])
+    if _name(page) in SAVED:
+        assert any(what == f"saved as {SAVED[_name(page)]}" for _, what in ran)

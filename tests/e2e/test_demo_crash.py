@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from recovery_pipelines.demo_crash import Outcome
+from recovery_pipelines.devserver import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -27,12 +28,16 @@ def test_the_check_fails_when_a_kill_did_not_happen_a_pipeline_failed_or_a_kill_
     twice = Outcome(killed=dict(good.killed), final_status=dict(good.final_status),
                     resumes={**good.resumes, "ontology_extraction": 3})
     assert twice.problems() == ["ontology_extraction: one kill led to 3 resume runs, expected exactly 1"]
+    extra = Outcome(killed=dict(good.killed), final_status=dict(good.final_status), resumes=dict(good.resumes),
+                    runs={"ontology_extraction": 2, "ocr_documents": 3})
+    assert extra.problems() == ["ocr_documents: 1 run(s) beside the first run and its resume"]
 
 
 @pytest.mark.e2e
 @pytest.mark.timeout(600)
 def test_demo_crash_passes_its_own_check_on_a_busy_machine(tmp_path, cpu_hog):
-    env = {**os.environ, "RECOVERY_DEMO_CRASH_DIR": str(tmp_path / "demo-crash")}
+    port = free_port()
+    env = {**os.environ, "RECOVERY_DEMO_CRASH_DIR": str(tmp_path / "demo-crash"), "PORT": str(port)}
     env.pop("RECOVERY_DATABASE_URL", None)
     done = subprocess.run([sys.executable, "-m", "recovery_pipelines.demo_crash"], cwd=ROOT, env=env,
                           stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=580)
@@ -40,4 +45,18 @@ def test_demo_crash_passes_its_own_check_on_a_busy_machine(tmp_path, cpu_hog):
     assert done.returncode == 0, output
     assert "CHECK PASSED" in done.stdout and "kill -9 run worker pid" in done.stdout
     assert "orphan detected (owner_run_dead)" in done.stdout
-    assert "dagster-webserver -h 127.0.0.1 -p 3000" in done.stdout  # how to browse the runs afterwards
+    # the UI ran on PORT, and how to browse the runs afterwards names the same port
+    assert f"Dagster UI: http://127.0.0.1:{port} " in done.stdout
+    assert f"dagster-webserver -h 127.0.0.1 -p {port} " in done.stdout
+    # every command it prints to inspect the outcome runs as pasted
+    commands = []
+    for line in done.stdout.split("Inspect them (one command a line):\n", 1)[1].splitlines():
+        if not line.startswith("  "):
+            break
+        commands.append(line.strip())
+    assert len(commands) == 5 and commands[0].endswith(" status")
+    for command in commands:
+        pasted = subprocess.run(["bash", "-c", command], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+        assert pasted.returncode == 0, (command, pasted.stderr)
+    assert "completed" in subprocess.run(["bash", "-c", commands[1]], capture_output=True, text=True,
+                                         timeout=60).stdout
