@@ -41,6 +41,7 @@ from recovery_ext._dagster.compat import EngineEventData, make_new_run_id
 from recovery_ext._errors import IllegalTransition, OwnershipLost, RecoveryError, StoreError
 from recovery_ext._liveness.heartbeat import HeartbeatSettings, Lease, registry_for
 from recovery_ext._liveness.parent import mark_run_worker
+from recovery_ext._liveness.watch import ProcessWatch
 from recovery_ext._store.models import NodeSpec, Ownership
 from recovery_ext._classify.redaction import redact
 from recovery_ext._dagster.replay import carried_op_selection, replay_events, split_plan, subset_context
@@ -116,6 +117,7 @@ class RunScope:
         self.how = ""
         self.takeover: dict[str, Any] = {}
         self._superseded: bool | None = None
+        self.watch: ProcessWatch | None = None
 
     # -- run start -------------------------------------------------------------------------------
 
@@ -146,7 +148,9 @@ class RunScope:
         with _active_lock:
             _active_runs.add(run_id)
         mark_run_worker()  # the step processes this run worker starts watch it (they stop calling providers)
-        self.lease = registry_for(self.store).register(self.own, self.settings)
+        registry = registry_for(self.store)
+        self.watch = registry.watch_processes()  # and it watches them: vouches for the live, reports the dead
+        self.lease = registry.register(self.own, self.settings)
         self._info(f"recovery-ext: {self.how}; the run worker heartbeats it every {self.settings.interval:g} s")
         if self.takeover:  # as visible on the new run as a reclaim by the orphan sensor
             report(self.instance, run_id, self.run.job_name, f"recovery-ext: {self.how}", metadata=self.takeover,
@@ -232,6 +236,11 @@ class RunScope:
             self.instance.add_run_tags(self.run.run_id, {TAG_PIPELINE: str(self.own.pipeline_id)})
         except Exception as exc:  # noqa: BLE001
             self._info(f"recovery-ext: could not tag run {self.run.run_id}: {redact(exc)}")
+
+    def step_crashed(self) -> None:
+        """The executor saw a step process die: report its node dead now, not at the next pulse."""
+        if self.watch is not None:
+            self.watch.check_quietly(self.settings.timeout)
 
     def superseded(self) -> bool:
         """Whether another run took the pipeline over (its heartbeat found the lease lost and the
@@ -417,6 +426,8 @@ class RecoveringExecutor(Executor):
             for event in self._events(scope, plan_context, execution_plan):
                 if event.is_step_failure:
                     failures.append(event)
+                    if _is_crash(event):
+                        scope.step_crashed()
                 yield event
         except (KeyboardInterrupt, DagsterExecutionInterruptedError, GeneratorExit):
             interrupted = True

@@ -85,6 +85,7 @@ def superseded_message(r: Reclaimed | GivenUp) -> str:
     silent = f" for {r.heartbeat_age_seconds:.0f} s" if r.heartbeat_age_seconds is not None else ""
     why = {"owner_run_dead": "Dagster reported its run dead",
            "heartbeat": f"its run worker stopped heartbeating{silent}",
+           "node_died": "a step process of it died (reported by the process that watched it)",
            "node_heartbeat": f"a step of it stopped heartbeating (run heartbeat silent{silent})",
            "stalled": "a node made no progress within its stall timeout",
            "deadline": "its hard deadline passed"}.get(r.cause or "", f"it was orphaned ({r.cause})")

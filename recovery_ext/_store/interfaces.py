@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from recovery_ext._store.reports import EventCursor
     from recovery_ext._store.runs import NodeBeat, PipelineBeat
     from recovery_ext._store.statuses import ItemStatus
+    from recovery_ext._store.vouch import WatchedNode
 
 
 
@@ -42,6 +43,9 @@ class LivenessStore(Protocol):
     def get_pipeline(self, pipeline_id: int) -> Pipeline: ...
     def heartbeat(self, beats: Sequence[tuple[Ownership, str | None]], timeout: float) -> set[int]: ...
     def pulse(self, pipeline_beats: Iterable[PipelineBeat] = ..., node_beats: Iterable[NodeBeat] = ...) -> set[int]: ...
+    def watched_nodes(self, watcher: str) -> list[WatchedNode]: ...
+    def vouch_nodes(self, watcher: str, alive: Sequence[WatchedNode], dead: Sequence[WatchedNode],
+                    timeout: float) -> int: ...
 
 
 @runtime_checkable

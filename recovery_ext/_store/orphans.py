@@ -44,11 +44,31 @@ class OrphanOps(PipelineOps):
         )
 
     def _node_heartbeat_expired(self, now: ColumnElement) -> ColumnElement:
-        """A running node whose own heartbeat expired: its step process died (or its host did)
-        while the run worker may still be alive."""
-        return exists().where(
+        """A running node whose own heartbeat expired and whom no watcher vouches for: its step
+        process died (or its host did) while the run worker may still be alive. A node its watcher
+        still vouches for is slow, not dead (see :meth:`slow_nodes`)."""
+        return and_(exists().where(
             nodes.c.pipeline_id == p.id, nodes.c.status == RUNNING,
             nodes.c.heartbeat_deadline.isnot(None), nodes.c.heartbeat_deadline < now,
+            or_(nodes.c.vouched_until.is_(None), nodes.c.vouched_until < now),
+        ), self._no_live_node(now))
+
+    def _node_died(self, now: ColumnElement) -> ColumnElement:
+        """A running node whose watcher saw its step process gone: dead now, whatever its heartbeat says."""
+        return and_(exists().where(nodes.c.pipeline_id == p.id, nodes.c.status == RUNNING,
+                                   nodes.c.died_at.isnot(None)), self._no_live_node(now))
+
+    def _no_live_node(self, now: ColumnElement) -> ColumnElement:
+        """No running node of the pipeline is alive by its own heartbeat or its watcher's word.
+
+        A reclaim resets every running node and moves the epoch, which stops them all. So a
+        pipeline that lost a node while its run worker lives is reclaimed once its live nodes have
+        finished, never from under them: a live node is never reset for a sibling's death.
+        """
+        live = nodes.alias("live_node")
+        return ~exists().where(
+            live.c.pipeline_id == p.id, live.c.status == RUNNING, live.c.died_at.is_(None),
+            or_(live.c.heartbeat_deadline >= now, live.c.vouched_until >= now),
         )
 
     def _orphan_condition(self, dead_owner_runs: Sequence[str] = (),
@@ -62,6 +82,7 @@ class OrphanOps(PipelineOps):
         cond = or_(
             and_(p.heartbeat_deadline.isnot(None), p.heartbeat_deadline < now),
             and_(p.deadline.isnot(None), p.deadline < now),
+            self._node_died(now),
             self._node_heartbeat_expired(now),
             self._stalled(now),
         )
@@ -85,6 +106,7 @@ class OrphanOps(PipelineOps):
         whens += [
             (and_(p.deadline.isnot(None), p.deadline < now), "deadline"),
             (and_(p.heartbeat_deadline.isnot(None), p.heartbeat_deadline < now), "heartbeat"),
+            (self._node_died(now), "node_died"),
             (self._node_heartbeat_expired(now), "node_heartbeat"),
         ]
         return case(*whens, else_=literal("stalled"))
@@ -379,7 +401,7 @@ class OrphanOps(PipelineOps):
             update(nodes)
             .where(nodes.c.pipeline_id.in_(pipeline_ids), nodes.c.status == NodeStatus.RUNNING)
             .values(status=NodeStatus.PENDING, updated_at=self.dialect.now(), heartbeat_deadline=None,
-                    stall_deadline=None)
+                    stall_deadline=None, vouched_until=None, died_at=None)
             .returning(nodes.c.id, nodes.c.pipeline_id, nodes.c.name)
         ).all()
         for r in rows:

@@ -227,6 +227,10 @@ nodes = Table(
     Column("heartbeat_deadline", DbTime),
     Column("stall_deadline", DbTime),
     Column("output", DbJson),
+    Column("process", Text),
+    Column("watcher", Text),
+    Column("vouched_until", DbTime),
+    Column("died_at", DbTime),
     UniqueConstraint("pipeline_id", "name", name="rx_nodes_pipeline_name"),
 )
 
