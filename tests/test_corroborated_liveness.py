@@ -102,7 +102,8 @@ def test_a_node_whose_process_lives_is_vouched_for_and_never_an_orphan_on_its_he
     assert [o.reason for o in store.find_orphans()] == ["node_heartbeat"]
 
 
-def test_a_killed_step_process_is_reported_dead_at_once_and_reclaimed_without_waiting_the_timeout(store, steps):
+def test_a_killed_step_process_is_reported_dead_at_once_and_reclaimed_as_soon_as_its_run_worker_lets_go(
+        store, steps):
     own = make(store)
     watcher = this_process()
     step = start_step(steps, store, own, "a", watcher)
@@ -110,26 +111,30 @@ def test_a_killed_step_process_is_reported_dead_at_once_and_reclaimed_without_wa
     assert store.find_orphans() == []  # its own heartbeat has 60 s left: alone, it would wait that long
     report = ProcessWatch(store, watcher).check(60)
     assert report.dead == [f"{own.pipeline_id}/a"]
+    assert store.get_node(own.pipeline_id, "a").died_at is not None
+    # the run worker that reported it is alive and still running the rest of its run: not taken from under it
+    assert store.find_orphans() == []
+    assert store.leave_to_recovery(own)  # its run ended: the pipeline is an orphan now, not after a timeout
     (orphan,) = store.find_orphans()
     assert (orphan.id, orphan.reason) == (own.pipeline_id, "node_died")
     (reclaimed,), _ = store.reclaim(PassPlan(limit=5, launching=True))
     assert (reclaimed.cause, reclaimed.reset_nodes) == ("node_died", ("a",))
+    assert not store.leave_to_recovery(own)  # fenced: no longer this run's
 
 
 def test_a_live_sibling_is_never_reset_for_a_dead_node_the_pipeline_waits_for_it(store, steps):
     own = make(store)
     watcher = this_process()
-    dead = start_step(steps, store, own, "a", watcher)
+    start_step(steps, store, own, "a", "gone-host/1/1")  # its host died with its watcher: nobody vouches
     start_step(steps, store, own, "b", watcher)
-    kill(dead)
-    watch = ProcessWatch(store, watcher)
-    assert watch.check(60).dead == [f"{own.pipeline_id}/a"]
+    ProcessWatch(store, watcher).check(60)
+    expire_node_heartbeat(store, own, "a")
     expire_node_heartbeat(store, own, "b")  # the live sibling is late too: overloaded, not dead
     assert store.find_orphans() == []
     assert store.reclaim(PassPlan(limit=5, launching=True)) == ([], [])
     store.complete_node(own, "b", {"done": True})  # the sibling finishes its work under its own epoch
     (reclaimed,), _ = store.reclaim(PassPlan(limit=5, launching=True))
-    assert (reclaimed.cause, reclaimed.reset_nodes) == ("node_died", ("a",))
+    assert (reclaimed.cause, reclaimed.reset_nodes) == ("node_heartbeat", ("a",))
     assert store.get_node(own.pipeline_id, "b").status == "completed"
 
 
@@ -163,14 +168,12 @@ def test_a_run_workers_pulse_vouches_for_its_live_steps_and_reports_its_dead_one
         registry.pulse_once()
         assert store.get_node(own.pipeline_id, "a").vouched_until is not None
         assert store.get_node(own.pipeline_id, "b").died_at is not None
-        assert store.find_orphans() == []  # "a" lives: the pipeline waits for it
-        kill(live)
-        registry.pulse_once()
-        (orphan,) = store.find_orphans()
-        assert orphan.reason == "node_died"
-        (reclaimed,), _ = store.reclaim(PassPlan(limit=5, launching=True))
-        assert sorted(reclaimed.reset_nodes) == ["a", "b"]
+        assert store.find_orphans() == []  # its run worker is alive: it ends its run, then lets go
         lease.release()
+        kill(live)
+        assert store.leave_to_recovery(own)
+        (reclaimed,), _ = store.reclaim(PassPlan(limit=5, launching=True))
+        assert (reclaimed.cause, sorted(reclaimed.reset_nodes)) == ("node_died", ["a", "b"])
     finally:
         os.environ.pop(WATCHER_ENV, None)
 
@@ -209,6 +212,7 @@ def test_on_celery_the_worker_host_vouches_for_its_pool_process_and_reports_it_d
         wait_for(lambda: store.get_node(own.pipeline_id, "a").died_at, timeout=60, interval=0.05,
                  what="the worker host to report its pool process dead")
         print(f"\ncelery pool process killed; reported dead after {time.monotonic() - killed:.2f} s")
+        assert store.leave_to_recovery(own)  # as the run worker does once dagster-celery reports the step lost
         assert [o.reason for o in store.find_orphans()] == ["node_died"]
     finally:
         if worker is not None:

@@ -100,6 +100,19 @@ def reclaims(store, pipeline_ids=None) -> int:
         return conn.scalar(query)
 
 
+def history(dev, store, pipeline_id: int) -> str:
+    """What happened to a pipeline, for a failure message: its moves, its nodes now, and its runs."""
+    with store.read() as conn:
+        moves = conn.execute(select(transitions.c.entity_type, transitions.c.entity_id, transitions.c.from_status,
+                                    transitions.c.to_status, transitions.c.event, transitions.c.data)
+                             .where(transitions.c.pipeline_id == pipeline_id).order_by(transitions.c.id)).all()
+    nodes_now = [(n.name, n.status, n.died_at, n.vouched_until, n.heartbeat_deadline)
+                 for n in store.list_nodes(pipeline_id)]
+    runs = [(r.run_id, r.status.value, r.tags.get(TAG_RESUME_NUMBER)) for r in dev.runs()
+            if r.tags.get(TAG_PIPELINE) == str(pipeline_id)]
+    return f"pipeline {store.get_pipeline(pipeline_id)}; moves {[tuple(m) for m in moves]}; nodes {nodes_now}; runs {runs}"
+
+
 def resume_runs(dev):
     return [r for r in dev.runs() if TAG_RESUME_NUMBER in r.tags]
 
@@ -207,8 +220,11 @@ def test_e_a_step_process_killed_while_its_run_worker_lives_is_reported_dead_by_
                     what="the run worker to report the killed step dead")
     print(f"\nstep {victim.node} killed; reported dead by its run worker after {died.timestamp() - killed:.2f} s "
           f"(node heartbeat timeout {TIMEOUT:g} s)")
-    wait_for(lambda: store.get_pipeline(pipeline.id).status == "completed", timeout=400,
-             what="the resumed pipeline to complete")
+    try:
+        wait_for(lambda: store.get_pipeline(pipeline.id).status == "completed", timeout=400,
+                 what="the resumed pipeline to complete")
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}; {history(dev, store, pipeline.id)}") from exc
     with store.read() as conn:
         (payload,) = conn.execute(select(events.c.payload).where(events.c.pipeline_id == pipeline.id,
                                                                  events.c.kind == "pipeline_recovered")).scalars()

@@ -310,8 +310,8 @@ class RunScope:
         if error is not None and _crashed_children(error):
             # The multiprocess executor raises once a step process died (kill -9, OOM): a crash,
             # not a verdict on the pipeline, so it is left to the node heartbeat and the orphan sensor.
-            return (f"step process(es) died ({_crashed_children(error)}); pipeline {own.pipeline_id} "
-                    "is left to recovery")
+            return self._leave_to_recovery(f"step process(es) died ({_crashed_children(error)}); pipeline "
+                                           f"{own.pipeline_id} is left to recovery")
         if error is not None:
             self.store.fail_run(own, f"{type(error).__name__}: {error}")
             return f"pipeline {own.pipeline_id} failed: the executor raised {type(error).__name__}"
@@ -319,13 +319,23 @@ class RunScope:
             crashed = [f.step_key for f in failures if _is_crash(f)]
             running = [n.name for n in self.store.list_nodes(own.pipeline_id) if n.status == NodeStatus.RUNNING]
             if crashed or running:
-                return (f"step process(es) {', '.join(crashed or running)} died; pipeline {own.pipeline_id} "
-                        "is left to recovery")
+                return self._leave_to_recovery(f"step process(es) {', '.join(crashed or running)} died; pipeline "
+                                               f"{own.pipeline_id} is left to recovery")
             self.store.fail_run(own, _failure_message(failures[0]))
             return f"pipeline {own.pipeline_id} failed: {_failure_message(failures[0])}"
         skipped = self.store.complete_run(own)
         return (f"pipeline {own.pipeline_id} completed" +
                 (f"; not executed by this run, recorded as skipped: {', '.join(skipped)}" if skipped else ""))
+
+    def _leave_to_recovery(self, outcome: str) -> str:
+        """This run is over and a step of it died: the orphan sensor may take the pipeline at its next tick.
+
+        The heartbeat stops first, so no pulse extends it again; only then is the pipeline marked."""
+        if self.lease is not None:
+            self.lease.release()
+        if self.store.leave_to_recovery(self.own):
+            return outcome + " at once"
+        return outcome
 
     def _already_ended(self, exc: OwnershipLost) -> str:
         try:

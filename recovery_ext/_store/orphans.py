@@ -53,10 +53,15 @@ class OrphanOps(PipelineOps):
             or_(nodes.c.vouched_until.is_(None), nodes.c.vouched_until < now),
         ), self._no_live_node(now))
 
-    def _node_died(self, now: ColumnElement) -> ColumnElement:
-        """A running node whose watcher saw its step process gone: dead now, whatever its heartbeat says."""
-        return and_(exists().where(nodes.c.pipeline_id == p.id, nodes.c.status == RUNNING,
-                                   nodes.c.died_at.isnot(None)), self._no_live_node(now))
+    def _node_died(self) -> ColumnElement:
+        """A running node whose watcher saw its step process gone.
+
+        Not a reason to reclaim by itself: the run worker that reported it is alive, ends its run
+        (Dagster runs what does not depend on the dead step) and then hands the pipeline to recovery at
+        once (:meth:`leave_to_recovery`). Reclaiming under a live run worker would race it: it may still
+        be starting steps, and Dagster's pool slots it holds are freed only when its run ends. It names
+        the cause of the reclaim that follows."""
+        return exists().where(nodes.c.pipeline_id == p.id, nodes.c.status == RUNNING, nodes.c.died_at.isnot(None))
 
     def _no_live_node(self, now: ColumnElement) -> ColumnElement:
         """No running node of the pipeline is alive by its own heartbeat or its watcher's word.
@@ -82,7 +87,6 @@ class OrphanOps(PipelineOps):
         cond = or_(
             and_(p.heartbeat_deadline.isnot(None), p.heartbeat_deadline < now),
             and_(p.deadline.isnot(None), p.deadline < now),
-            self._node_died(now),
             self._node_heartbeat_expired(now),
             self._stalled(now),
         )
@@ -100,13 +104,12 @@ class OrphanOps(PipelineOps):
 
     def _reason(self, dead_owner_runs: Sequence[str]) -> ColumnElement:
         now = self.dialect.now()
-        whens = []
+        whens = [(self._node_died(), "node_died")]  # the root cause; its run's end or death follows from it
         if dead_owner_runs:
             whens.append((p.owner.in_(list(dead_owner_runs)), "owner_run_dead"))
         whens += [
             (and_(p.deadline.isnot(None), p.deadline < now), "deadline"),
             (and_(p.heartbeat_deadline.isnot(None), p.heartbeat_deadline < now), "heartbeat"),
-            (self._node_died(now), "node_died"),
             (self._node_heartbeat_expired(now), "node_heartbeat"),
         ]
         return case(*whens, else_=literal("stalled"))

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from sqlalchemy import exists, func, select, tuple_, update
 
 from recovery_ext._store.database import chunks, retried
+from recovery_ext._store.models import Ownership
 from recovery_ext._store.pipelines import PipelineOps
 from recovery_ext._store.schema import nodes, pipelines
 from recovery_ext._store.statuses import NodeStatus, PipelineStatus
@@ -90,3 +91,14 @@ class VouchOps(PipelineOps):
                        n.died_at.is_(None))
                 .order_by(n.pipeline_id, n.name))
             return [SlowNode(*r) for r in rows]
+
+    @retried
+    def leave_to_recovery(self, own: Ownership) -> bool:
+        """The run worker ends a run whose step process died: its pipeline is an orphan now, not after the
+        heartbeat timeout (fenced: only while it is still ``own``'s). Returns whether it was."""
+        with self.write() as conn:
+            return bool(conn.execute(
+                update(pipelines)
+                .where(pipelines.c.id == own.pipeline_id, pipelines.c.epoch == own.epoch,
+                       pipelines.c.owner == own.owner, pipelines.c.status == PipelineStatus.RUNNING)
+                .values(heartbeat_deadline=self.dialect.now_plus(-0.001))).rowcount)
