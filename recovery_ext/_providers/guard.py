@@ -208,9 +208,19 @@ class ProviderGuard:
             raise
         finally:
             current_reservation.reset(held)
+            if reservation is not None:
+                self._answered(reservation.id)
         if store is not None and store.breaker_record_success(self.endpoint, self.who, decision):
             self.log(f"circuit breaker for {redact(self.endpoint)} closed: the probe succeeded")
         return result
+
+    def _answered(self, reservation: int) -> None:
+        """The request's room in the budget is held until one window after now. A failed write leaves it
+        held as in flight (for longer, never shorter): the budget stays safe."""
+        try:
+            self.store.budget_answered(reservation)
+        except Exception as exc:  # noqa: BLE001 - never masks the call's own result or error
+            self.log(f"could not mark a rate budget reservation answered: {redact(exc)}")
 
     def _breaker_decision(self) -> BreakerDecision:
         """The shared breaker's say, read from the store unless a read showed it closed with no failures

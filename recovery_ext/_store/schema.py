@@ -355,6 +355,7 @@ rate_reservations = Table(
     Column("holder", Text),
     Column("tokens", BigInteger, nullable=False),
     Column("reserved_at", DbTime, nullable=False),
+    Column("answered_at", DbTime),
 )
 
 APPLICATION_TABLES = (pipelines, nodes, node_items, queue_items, transitions, events, circuit_breakers,

@@ -30,3 +30,8 @@ BEGIN
     RETURN QUERY SELECT v_begun.outcome, v_begun.pipeline, v_begun.pipeline_epoch, v_begun.from_status, v_node;
 END
 $$;
+
+-- A reserved request holds its room in the budget window from its reservation until its answer
+-- (answered_at) plus the window: however long it took to reach the provider, the provider's
+-- window around its arrival is covered. NULL while it is in flight.
+ALTER TABLE rx_rate_reservations ADD COLUMN answered_at TIMESTAMPTZ;

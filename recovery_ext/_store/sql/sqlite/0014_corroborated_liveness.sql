@@ -7,3 +7,8 @@ ALTER TABLE rx_nodes ADD COLUMN process TEXT;
 ALTER TABLE rx_nodes ADD COLUMN watcher TEXT;
 ALTER TABLE rx_nodes ADD COLUMN vouched_until REAL;
 ALTER TABLE rx_nodes ADD COLUMN died_at REAL;
+
+-- A reserved request holds its room in the budget window from its reservation until its answer
+-- (answered_at) plus the window: however long it took to reach the provider, the provider's
+-- window around its arrival is covered. NULL while it is in flight.
+ALTER TABLE rx_rate_reservations ADD COLUMN answered_at REAL;
