@@ -226,8 +226,9 @@ def test_e_a_step_process_killed_while_its_run_worker_lives_is_reported_dead_by_
     except AssertionError as exc:
         raise AssertionError(f"{exc}; {history(dev, store, pipeline.id)}") from exc
     with store.read() as conn:
-        (payload,) = conn.execute(select(events.c.payload).where(events.c.pipeline_id == pipeline.id,
-                                                                 events.c.kind == "pipeline_recovered")).scalars()
+        ((payload, reclaimed_at),) = conn.execute(select(events.c.payload, events.c.created_at).where(
+            events.c.pipeline_id == pipeline.id, events.c.kind == "pipeline_recovered")).all()
+    print(f"reclaimed {reclaimed_at.timestamp() - killed:.2f} s after the kill, once its run worker let go")
     # reported dead by the run worker while it was still running the plain op; the sibling in the pool,
     # if it started in the first run, was alive: the reclaim waited for it, so it was never reset
     assert payload["cause"] == "node_died" and payload["reset_nodes"] == [victim.node]
