@@ -237,7 +237,9 @@ class LLMResource(ConfigurableResource):
     budget_window_seconds: float = Field(
         default=60.0, description="The window the per-minute limits count over (60; smaller only to test).")
     budget_margin_seconds: Optional[float] = Field(
-        default=None, description="Added to the window for a request's way to the provider (default 2 %, at most 1 s).")
+        default=None, description="Added to the window after a request's answer, for clock differences (default 2 %, "
+                                 "at most 1 s). A request holds its room from its reservation until one window after "
+                                 "its answer, however long it takes to reach the provider.")
     prices: dict[str, dict[str, float]] = Field(
         default_factory=dict, description='Price per million tokens per model, e.g. {"gpt-4o-mini": {"input": 0.15, '
                                           '"output": 0.6}}: the ledger turns tokens into cost. Unlisted: no cost.')

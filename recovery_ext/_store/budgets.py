@@ -63,8 +63,9 @@ class ProviderLimits:
     """Requests and tokens a provider allows per ``window_seconds`` (a minute, unless scaled for a test).
 
     ``per_model``: each model of the endpoint has its own budget (else one for the whole endpoint).
-    ``margin_seconds``: added to the window, for the time a request takes from its reservation to the
-    provider (default: 2 % of the window, at most 1 s).
+    ``margin_seconds``: added to the window after a request's answer, for clock differences (default: 2 % of
+    the window, at most 1 s); the time a request takes to reach the provider is covered by holding its room
+    from its reservation until its answer.
     """
 
     requests_per_minute: int | None = None
