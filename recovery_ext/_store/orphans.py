@@ -46,11 +46,12 @@ class OrphanOps(PipelineOps):
     def _node_heartbeat_expired(self, now: ColumnElement) -> ColumnElement:
         """A running node whose own heartbeat expired and whom no watcher vouches for: its step
         process died (or its host did) while the run worker may still be alive. A node its watcher
-        still vouches for is slow, not dead (see :meth:`slow_nodes`)."""
+        still vouches for is slow, not dead (see :meth:`slow_nodes`); one its watcher reported dead
+        waits for its run worker to let go (:meth:`_node_died`), however late its heartbeat."""
         return and_(exists().where(
             nodes.c.pipeline_id == p.id, nodes.c.status == RUNNING,
             nodes.c.heartbeat_deadline.isnot(None), nodes.c.heartbeat_deadline < now,
-            or_(nodes.c.vouched_until.is_(None), nodes.c.vouched_until < now),
+            or_(nodes.c.vouched_until.is_(None), nodes.c.vouched_until < now), nodes.c.died_at.is_(None),
         ), self._no_live_node(now))
 
     def _node_died(self) -> ColumnElement:
