@@ -46,12 +46,22 @@ def placeholder_run_key(owner: str) -> str:
     return resume_run_key(*parsed)
 
 
+def in_process_origin(run_id: str) -> str:
+    """The first run of a pipeline that ran on a throw-away instance (``execute_in_process`` given none).
+
+    No Dagster instance holds that run, so it is recorded as no run id: a sensor that resumes only the
+    pipelines whose first run its instance holds may still resume this one, as any of its deployment's may.
+    """
+    return f"in-process-{run_id}"
+
+
 def takeover_message(pipeline_id: int, cause: str | None, resume_number: int,
                      heartbeat_age_seconds: float | None = None) -> str:
     """What the recovery pass marks a superseded run FAILURE with: what happened and what took over."""
     silent = f" for {heartbeat_age_seconds:.0f} s" if heartbeat_age_seconds is not None else ""
     why = {"owner_run_dead": "Dagster reported its run dead",
            "heartbeat": f"its run worker stopped heartbeating{silent}",
+           "node_died": "a step process of it died (reported by the process that watched it)",
            "node_heartbeat": f"a step of it stopped heartbeating{silent} while its run worker went on",
            "stalled": "a node made no progress within its stall timeout",
            "deadline": "its hard deadline passed"}.get(cause or "", f"it was orphaned ({cause})")

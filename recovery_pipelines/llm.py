@@ -261,7 +261,9 @@ class LLMResource(ConfigurableResource):
     budget_window_seconds: float = Field(
         default=60.0, description="The window the per-minute limits count over (60; smaller only to test).")
     budget_margin_seconds: Optional[float] = Field(
-        default=None, description="Added to the window for a request's way to the provider (default 2 %, at most 1 s).")
+        default=None, description="Added to the window after a request's answer, for clock differences (default 2 %, "
+                                 "at most 1 s). A request holds its room from its reservation until one window after "
+                                 "its answer, however long it takes to reach the provider.")
     batch: bool = Field(
         default=False, description="Column enrichment as one Batch API job (half the price, results within 24 h).")
     batch_poll_seconds: float = Field(default=30.0, description="Seconds between two looks at a pending batch.")

@@ -137,4 +137,39 @@ def make_celery_app(broker: str | None = None, backend: str | None = None):
     create_task(app)
     create_execute_job_task(app)
     create_resume_job_task(app)
+    watch_pool_processes()
     return app
+
+
+HOST_WATCH_INTERVAL_ENV = "RECOVERY_HOST_WATCH_INTERVAL"
+_host_watch: list[Any] = []
+
+
+def watch_pool_processes() -> None:
+    """A worker's main process knows its pool processes: it names itself their watcher before the pool
+    starts (they inherit it and record it on the nodes they run), then checks them every
+    ``$RECOVERY_HOST_WATCH_INTERVAL`` seconds (default 2): a live one's node is vouched for, a dead
+    one's is reported dead, so the orphan sensor reclaims it at its next tick. Its store is the one
+    ``$RECOVERY_DATABASE_URL`` names (as the steps' resource defaults to)."""
+    from celery import signals
+
+    from recovery_ext._liveness.watch import HostWatch
+    from recovery_ext._settings import env_seconds
+    from recovery_ext._store.store import RecoveryStore, default_database_url
+
+    def named(**_: Any) -> None:  # the main process, before its pool starts
+        if not _host_watch:
+            _host_watch.append(HostWatch(lambda: RecoveryStore(default_database_url()),
+                                         interval=env_seconds(HOST_WATCH_INTERVAL_ENV, 2.0), timeout=90.0))
+
+    def ready(**_: Any) -> None:
+        if _host_watch:
+            _host_watch[0].start()
+
+    def stopping(**_: Any) -> None:
+        if _host_watch:
+            _host_watch[0].stop()
+
+    signals.worker_init.connect(named, weak=False)
+    signals.worker_ready.connect(ready, weak=False)
+    signals.worker_shutdown.connect(stopping, weak=False)

@@ -17,7 +17,6 @@ inside a :class:`RunScope` that
 
 from __future__ import annotations
 
-import os
 
 import threading
 from collections.abc import Callable, Iterator, Mapping
@@ -39,11 +38,12 @@ from dagster import (
 )
 
 from recovery_ext._dagster.compat import EngineEventData, make_new_run_id
-from recovery_ext._conventions import jsonable, resume_run_key, superseded_run_message
+from recovery_ext._conventions import in_process_origin, jsonable, resume_run_key, superseded_run_message
 from recovery_ext._dagster.fences import execute_steps
 from recovery_ext._errors import IllegalTransition, MissingRunLiveness, OwnershipLost, RecoveryError, StoreError
 from recovery_ext._liveness.heartbeat import HeartbeatSettings, Lease, registry_for
 from recovery_ext._liveness.parent import mark_run_worker
+from recovery_ext._liveness.watch import ProcessWatch
 from recovery_ext._store.models import NodeSpec, Ownership
 from recovery_ext._classify.redaction import redact
 from recovery_ext._dagster.replay import carried_op_selection, replay_events, split_plan, subset_context
@@ -96,9 +96,11 @@ class RunScope:
     """The run worker's ownership of its pipeline, from :meth:`start` to :meth:`finish`."""
 
     def __init__(self, resource: RecoveryResource, run: DagsterRun, job_def: JobDefinition,
-                 instance: DagsterInstance, log: Any = None, deployment: str | None = None) -> None:
+                 instance: DagsterInstance, log: Any = None, deployment: str | None = None,
+                 origin_run_id: str | None = None) -> None:
         self.resource = resource
         self.deployment = deployment or resource.deployment_name(instance)
+        self.origin_run_id = origin_run_id
         self.store: OpStore = resource.get_store()
         self.settings: HeartbeatSettings = resource.heartbeat_settings()
         self.run = run
@@ -110,6 +112,7 @@ class RunScope:
         self.how = ""
         self.takeover: dict[str, Any] = {}
         self._superseded: bool | None = None
+        self.watch: ProcessWatch | None = None
 
     @property
     def ownership(self) -> Ownership:
@@ -147,7 +150,9 @@ class RunScope:
         with _active_lock:
             _active_runs.add(run_id)
         mark_run_worker()  # the step processes this run worker starts watch it (they stop calling providers)
-        self.lease = registry_for(self.store).register(self.own, self.settings)
+        registry = registry_for(self.store)
+        self.watch = registry.watch_processes()  # and it watches them: vouches for the live, reports the dead
+        self.lease = registry.register(self.own, self.settings)
         self._info(f"recovery-ext: {self.how}; the run worker heartbeats it every {self.settings.interval:g} s")
         if self.takeover:  # as visible on the new run as a reclaim by the orphan sensor
             report(self.instance, run_id, self.run.job_name, f"recovery-ext: {self.how}", metadata=self.takeover,
@@ -159,7 +164,7 @@ class RunScope:
     def _create(self) -> Ownership:
         own = self.store.create_pipeline(
             self.job_def.name, pipeline_nodes(self.job_def), owner=self.run.run_id,
-            origin_run_id=self.run.run_id, params=jsonable(self.run.run_config or {}),
+            origin_run_id=self.origin_run_id or self.run.run_id, params=jsonable(self.run.run_config or {}),
             limits=self.resource.pipeline_limits(), deployment=self.deployment,
         )
         self.how = f"created pipeline {own.pipeline_id}"
@@ -235,6 +240,11 @@ class RunScope:
         except Exception as exc:  # noqa: BLE001
             self._info(f"recovery-ext: could not tag run {self.run.run_id}: {redact(exc)}")
 
+    def step_crashed(self) -> None:
+        """The executor saw a step process die: report its node dead now, not at the next pulse."""
+        if self.watch is not None:
+            self.watch.check_quietly(self.settings.timeout)
+
     def superseded(self) -> bool:
         """Whether another run took the pipeline over (its heartbeat found the lease lost and the
         pipeline now has another owner or epoch; a pipeline this run completed is not superseded)."""
@@ -303,8 +313,8 @@ class RunScope:
         if error is not None and _crashed_children(error):
             # The multiprocess executor raises once a step process died (kill -9, OOM): a crash,
             # not a verdict on the pipeline, so it is left to the node heartbeat and the orphan sensor.
-            return (f"step process(es) died ({_crashed_children(error)}); pipeline {own.pipeline_id} "
-                    "is left to recovery")
+            return self._leave_to_recovery(f"step process(es) died ({_crashed_children(error)}); pipeline "
+                                           f"{own.pipeline_id} is left to recovery")
         if error is not None:
             self.store.fail_run(own, f"{type(error).__name__}: {error}")
             return f"pipeline {own.pipeline_id} failed: the executor raised {type(error).__name__}"
@@ -312,13 +322,23 @@ class RunScope:
             crashed = [f.step_key for f in failures if _is_crash(f)]
             running = [n.name for n in self.store.list_nodes(own.pipeline_id) if n.status == NodeStatus.RUNNING]
             if crashed or running:
-                return (f"step process(es) {', '.join(crashed or running)} died; pipeline {own.pipeline_id} "
-                        "is left to recovery")
+                return self._leave_to_recovery(f"step process(es) {', '.join(crashed or running)} died; pipeline "
+                                               f"{own.pipeline_id} is left to recovery")
             self.store.fail_run(own, _failure_message(failures[0]))
             return f"pipeline {own.pipeline_id} failed: {_failure_message(failures[0])}"
         skipped = self.store.complete_run(own)
         return (f"pipeline {own.pipeline_id} completed" +
                 (f"; not executed by this run, recorded as skipped: {', '.join(skipped)}" if skipped else ""))
+
+    def _leave_to_recovery(self, outcome: str) -> str:
+        """This run is over and a step of it died: the orphan sensor may take the pipeline at its next tick.
+
+        The heartbeat stops first, so no pulse extends it again; only then is the pipeline marked."""
+        if self.lease is not None:
+            self.lease.release()
+        if self.store.leave_to_recovery(self.ownership):
+            return outcome + " at once"
+        return outcome
 
     def _already_ended(self, exc: OwnershipLost) -> str:
         own = self.ownership
@@ -420,6 +440,8 @@ class RecoveringExecutor(Executor):
             for event in self._events(scope, plan_context, execution_plan):
                 if event.is_step_failure:
                     failures.append(event)
+                    if _is_crash(event):
+                        scope.step_crashed()
                 yield event
         except (KeyboardInterrupt, DagsterExecutionInterruptedError, GeneratorExit):
             interrupted = True
@@ -542,9 +564,10 @@ def recoverable_job(fn: Callable | None = None, *, executor_def: ExecutorDefinit
 
 @contextmanager
 def _in_process_scope(job_def: JobDefinition, run_id: str, run_config: Mapping[str, Any], tags: Mapping[str, str],
-                      instance: DagsterInstance, resource: RecoveryResource, deployment: str | None):
+                      instance: DagsterInstance, resource: RecoveryResource, deployment: str | None,
+                      origin_run_id: str | None = None):
     run = DagsterRun(job_name=job_def.name, run_id=run_id, run_config=dict(run_config), tags=dict(tags))
-    scope = RunScope(resource, run, job_def, instance, deployment=deployment)
+    scope = RunScope(resource, run, job_def, instance, deployment=deployment, origin_run_id=origin_run_id)
     scope.start()
     yield scope
 
@@ -558,25 +581,25 @@ def execute_in_process(job_def: JobDefinition, *, run_config: Mapping[str, Any] 
     The calling process is the run worker: it owns and heartbeats the pipeline around the run
     and applies the same lifecycle as :func:`with_recovery` when the run ends.
 
-    Given no ``instance``, the run is recorded in the Dagster instance under ``$DAGSTER_HOME`` (without
-    it, on a throw-away instance, as Dagster's own does), and its pipeline belongs to a stable deployment:
-    ``RecoveryResource(deployment=...)`` or ``$RECOVERY_DEPLOYMENT``, else that instance's. So if this
-    process dies, the orphan sensor of ``dagster dev`` (or the daemon) with the same ``DAGSTER_HOME``,
-    which holds the pipeline's first run, resumes it once its heartbeat expires. Without ``DAGSTER_HOME``
-    the deployment is ``in-process``, which no sensor serves.
+    Given no ``instance``, the run executes on a throw-away instance, as Dagster's own does, but its
+    pipeline belongs to a stable deployment: ``RecoveryResource(deployment=...)`` or
+    ``$RECOVERY_DEPLOYMENT``, else that of the Dagster instance under ``$DAGSTER_HOME``; and its first
+    run is recorded as an in-process run, which no instance holds, so any sensor of that deployment may
+    resume it. So if this process dies, the orphan sensor of ``dagster dev`` (or the daemon) with the same
+    ``DAGSTER_HOME`` resumes the pipeline once its heartbeat expires. Without ``DAGSTER_HOME`` the
+    deployment is ``in-process``, which no sensor serves.
     """
     run_config = dict(run_config or {})
     tags = dict(tags or {})
     run_id = make_new_run_id()
     owned_instance = instance is None
-    if instance is None:
-        # A sensor resumes only the pipelines whose first run its own instance holds: record the run there.
-        instance = DagsterInstance.get() if os.environ.get("DAGSTER_HOME") else DagsterInstance.ephemeral()
+    instance = instance or DagsterInstance.ephemeral()
     try:
         resource = resolve_resource(job_def, run_config, instance, resource_key,
                                     resource_def=(resources or {}).get(resource_key))
         deployment = in_process_deployment(resource) if owned_instance else None
-        with _in_process_scope(job_def, run_id, run_config, tags, instance, resource, deployment) as scope:
+        origin = in_process_origin(run_id) if owned_instance else None
+        with _in_process_scope(job_def, run_id, run_config, tags, instance, resource, deployment, origin) as scope:
             error: BaseException | None = None
             interrupted = False
             failures: list[Any] = []

@@ -62,7 +62,13 @@ def in_process_deployment(resource: RecoveryResource) -> str:
     if resource.deployment or os.environ.get(DEPLOYMENT_ENV):
         return resource.deployment_name(None)
     home = os.environ.get("DAGSTER_HOME")
-    return _home_deployment(home) if home else IN_PROCESS_DEPLOYMENT
+    if not home:
+        return IN_PROCESS_DEPLOYMENT
+    with _home_lock:  # threads starting runs at once would each create a fresh home's storage: a race
+        return _home_deployment(home)
+
+
+_home_lock = threading.Lock()
 
 
 @functools.lru_cache(maxsize=16)

@@ -27,6 +27,8 @@ from recovery_ext._settings import check_seconds, env_seconds
 from recovery_ext._errors import ConfigurationError, OwnershipLost, StopRequested
 from recovery_ext._store.models import Ownership
 from recovery_ext._classify.redaction import redact
+from recovery_ext._liveness.processes import become_watcher
+from recovery_ext._liveness.watch import ProcessWatch
 from recovery_ext._store.interfaces import LivenessStore
 
 log = logging.getLogger("recovery_ext._liveness.heartbeat")
@@ -215,6 +217,15 @@ class HeartbeatRegistry:
         self._last_ok = clock()
         self.pulses = 0
         self.failures = 0
+        self.watch: ProcessWatch | None = None
+
+    def watch_processes(self) -> ProcessWatch:
+        """This process starts step processes (a run worker): from now on every pulse also vouches for
+        the live ones and reports the dead ones (:mod:`recovery_ext._liveness.watch`)."""
+        with self._lock:
+            if self.watch is None:
+                self.watch = ProcessWatch(self.store, become_watcher())
+            return self.watch
 
     def register(self, own: Ownership, settings: HeartbeatSettings, node: str | None = None) -> Lease:
         lease = Lease(self, own, node, settings)
@@ -295,6 +306,9 @@ class HeartbeatRegistry:
             log.warning("heartbeat resumed after %.1f s without one; every beat was fenced by its epoch", gap)
         self._last_ok = self.clock()
         self.pulses += 1
+        if self.watch is not None and any(lease.node is None for lease in live):
+            # only while this process heartbeats a run: its word lasts as long as its own pulse does
+            self.watch.check_quietly(min(lease.settings.timeout for lease in live if lease.node is None))
         for pipeline_id in lost:
             try:
                 current = self.store.get_pipeline(pipeline_id)

@@ -36,6 +36,10 @@ class Reservation:
         """Give the request back to the window: it was never sent."""
         self.store.budget_release(self.id)
 
+    def answered(self) -> None:
+        """Its answer arrived (or it failed): its room is held one window from now, then given back."""
+        self.store.budget_answered(self.id)
+
     def settle(self, tokens: int) -> None:
         total = tokens if self.settled is None else self.settled + tokens  # several recorded parts of one call
         self.store.budget_settle(self.id, total)

@@ -37,7 +37,7 @@ from recovery_ext._classify.classifier import ClassifiedError, classify
 from recovery_ext._errors import ConfigurationError, StopRequested
 from recovery_ext._store.models import Ownership
 from recovery_ext._store.breakers import BreakerDecision
-from recovery_ext._providers.budget import RateBudget
+from recovery_ext._providers.budget import RateBudget, Reservation
 from recovery_ext._providers.journal import MISS, CallJournal, PendingCall, function_fingerprint
 from recovery_ext._providers.ledger import current_reservation
 from recovery_ext._classify.redaction import redact, redact_url
@@ -240,10 +240,20 @@ class ProviderGuard:
                 pending.answered(result)  # kept before anything else happens to it
         finally:
             current_reservation.reset(held)
+            if reservation is not None:
+                self._answered(reservation)
         if (store is not None and decision is not None
                 and store.breaker_record_success(self.endpoint, self.who, decision)):
             self.log(f"circuit breaker for {redact(self.endpoint)} closed: the probe succeeded")
         return result
+
+    def _answered(self, reservation: Reservation) -> None:
+        """The request's room in the budget is held until one window after now. A failed write leaves it
+        held as in flight (for longer, never shorter): the budget stays safe."""
+        try:
+            reservation.answered()
+        except Exception as exc:  # noqa: BLE001 - never masks the call's own result or error
+            self.log(f"could not mark a rate budget reservation answered: {redact(exc)}")
 
     def _breaker_decision(self, store: ProviderStore) -> BreakerDecision:
         """The shared breaker's say, read from the store unless a read showed it closed with no failures

@@ -3,9 +3,11 @@
 A provider enforces requests per minute (RPM) and tokens per minute (TPM) over a sliding window.
 Each call reserves one request and its estimated tokens in ``rx_rate_reservations`` before it is
 sent; the response's ``usage`` then corrects the reservation to what was really spent. A
-reservation is granted only when the window (``window_seconds`` plus a margin for the time a
-request takes to reach the provider) still holds room for it, so what the provider counts in any
-window never exceeds its quota.
+reservation is granted only when the window still holds room for it. A reservation holds its room
+from the moment it is made until one window (plus a small margin for clock differences) after its
+request was answered: the provider counted the request when it arrived, at some moment between the
+two, however long the request took to get there. So what the provider counts in any window never
+exceeds its quota, on a busy machine too.
 
 Concurrency: a reservation first locks the budget's row (an upsert: ``ON CONFLICT DO UPDATE``
 locks the existing row on PostgreSQL; ``BEGIN IMMEDIATE`` is the writer lock on SQLite), then reads
@@ -21,7 +23,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import delete, func, select, type_coerce, update
+from sqlalchemy import delete, func, or_, select, type_coerce, update
 
 from recovery_ext._classify.redaction import redact
 from recovery_ext._errors import ConfigurationError
@@ -68,8 +70,9 @@ class ProviderLimits:
     """Requests and tokens a provider allows per ``window_seconds`` (a minute, unless scaled for a test).
 
     ``per_model``: each model of the endpoint has its own budget (else one for the whole endpoint).
-    ``margin_seconds``: added to the window, for the time a request takes from its reservation to the
-    provider (default: 2 % of the window, at most 1 s).
+    ``margin_seconds``: added to the window after a request's answer, for clock differences (default: 2 % of
+    the window, at most 1 s); the time a request takes to reach the provider is covered by holding its room
+    from its reservation until its answer.
     """
 
     requests_per_minute: int | None = None
@@ -95,10 +98,12 @@ class ProviderLimits:
 
 
 class BudgetOps(Database):
-    def _clock(self, conn) -> dt.datetime:
+    def _clock_now(self):
         """The database clock now (not at the transaction's start: the lock may have been waited for)."""
-        now = func.clock_timestamp() if self.dialect.name == "postgresql" else self.dialect.now()
-        return conn.execute(select(type_coerce(now, DbTime))).scalar_one()
+        return type_coerce(func.clock_timestamp() if self.dialect.name == "postgresql" else self.dialect.now(), DbTime)
+
+    def _clock(self, conn) -> dt.datetime:
+        return conn.execute(select(self._clock_now())).scalar_one()
 
     @retried
     def budget_reserve(self, endpoint: str, model: str | None, *, tokens: int, limits: ProviderLimits,
@@ -123,10 +128,9 @@ class BudgetOps(Database):
                 set_={"requests_per_minute": requests_per_minute, "tokens_per_minute": tokens_per_minute,
                       "window_seconds": float(window_seconds), "updated_at": self.dialect.now()}))
             now = self._clock(conn)
-            since = now - dt.timedelta(seconds=span)
             mine = (rr.endpoint == key[0]) & (rr.model == key[1])
-            conn.execute(delete(rate_reservations).where(mine, rr.reserved_at <= since))
-            window = conn.execute(select(rr.reserved_at, rr.tokens).where(mine, rr.reserved_at > since)
+            conn.execute(delete(rate_reservations).where(mine, ~_holding(now, span)))
+            window = conn.execute(select(rr.reserved_at, rr.answered_at, rr.tokens).where(mine, _holding(now, span))
                                   .order_by(rr.reserved_at, rr.id)).all()
             count, spent = len(window), sum(int(r.tokens) for r in window)
             wait = _wait_for_room(window, now, span, requests_per_minute, tokens_per_minute, tokens)
@@ -144,6 +148,13 @@ class BudgetOps(Database):
             conn.execute(update(rate_reservations).where(rr.id == reservation).values(tokens=max(0, int(tokens))))
 
     @retried
+    def budget_answered(self, reservation: int) -> None:
+        """The reserved request got its answer (or failed): from now its room is held one window more."""
+        with self.write() as conn:
+            conn.execute(update(rate_reservations).where(rr.id == reservation, rr.answered_at.is_(None))
+                         .values(answered_at=self._clock_now()))
+
+    @retried
     def budget_release(self, reservation: int) -> None:
         """The reserved request was never sent (the breaker refused it): the window gets its room back."""
         with self.write() as conn:
@@ -157,9 +168,8 @@ class BudgetOps(Database):
             now = self._clock(conn)
             result = []
             for row in rows:
-                since = now - dt.timedelta(seconds=row.window_seconds)
                 count, spent = conn.execute(select(func.count(), func.coalesce(func.sum(rr.tokens), 0)).where(
-                    rr.endpoint == row.endpoint, rr.model == row.model, rr.reserved_at > since)).one()
+                    rr.endpoint == row.endpoint, rr.model == row.model, _holding(now, row.window_seconds))).one()
                 result.append({**dict(row._mapping), "requests_in_window": int(count), "tokens_in_window": int(spent)})
         return result
 
@@ -205,10 +215,30 @@ class BudgetOps(Database):
         return True
 
 
+# A reservation never answered (its process died mid-call) stops holding room after this many windows.
+IN_FLIGHT_WINDOWS = 5
+
+
+def _holding(now: dt.datetime, span: float):
+    """A reservation holds room in the window while its request is in flight, and for ``span`` seconds after
+    its answer: the provider counted it at its arrival, somewhere between its reservation and its answer."""
+    return or_(rr.answered_at > now - dt.timedelta(seconds=span),
+               (rr.answered_at.is_(None)) & (rr.reserved_at > now - dt.timedelta(seconds=IN_FLIGHT_WINDOWS * span)))
+
+
+def _leaves(reservation: Any, span: float) -> tuple[dt.datetime, bool]:
+    """When a reservation stops holding room, and whether that is only a bound (still in flight)."""
+    if reservation.answered_at is not None:
+        return reservation.answered_at + dt.timedelta(seconds=span), False
+    return reservation.reserved_at + dt.timedelta(seconds=IN_FLIGHT_WINDOWS * span), True
+
+
 def _wait_for_room(window: list[Any], now: dt.datetime, span: float, requests_per_minute: int | None,
                    tokens_per_minute: int | None, tokens: int) -> float:
-    """Seconds until the window (oldest first) has room for one more request of ``tokens``; 0 when it has now."""
-    drop = 0  # how many of the oldest reservations must leave the window first
+    """Seconds until the window has room for one more request of ``tokens``; 0 when it has now. A request
+    still in flight may be answered any moment: waiting on one is asked again after a short poll."""
+    window = sorted(window, key=lambda r: _leaves(r, span)[0])
+    drop = 0  # how many of the first reservations to leave must leave the window first
     if requests_per_minute is not None:
         drop = max(drop, len(window) - requests_per_minute + 1)
     if tokens_per_minute is not None:
@@ -220,5 +250,6 @@ def _wait_for_room(window: list[Any], now: dt.datetime, span: float, requests_pe
         drop = max(drop, needed)
     if drop <= 0:
         return 0.0
-    leaves = window[drop - 1].reserved_at + dt.timedelta(seconds=span)
-    return max((leaves - now).total_seconds(), 0.001)
+    leaves, in_flight = _leaves(window[drop - 1], span)
+    wait = max((leaves - now).total_seconds(), 0.001)
+    return min(wait, max(0.05, span / 20)) if in_flight else wait

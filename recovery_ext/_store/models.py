@@ -235,6 +235,10 @@ class Node:
     heartbeat_deadline: dt.datetime | None = None
     stall_deadline: dt.datetime | None = None
     output: Any = None
+    process: str | None = None
+    watcher: str | None = None
+    vouched_until: dt.datetime | None = None
+    died_at: dt.datetime | None = None
 
     from_row = classmethod(_from_mapping)
 
@@ -295,7 +299,7 @@ class Reclaimed:
     origin_run_id: str | None = None
     launcher: str | None = None
     owner_heartbeating: bool = False   # the previous owner's run heartbeat was still live at the reclaim
-    cause: str | None = None           # owner_run_dead, heartbeat, node_heartbeat, stalled, deadline
+    cause: str | None = None           # owner_run_dead, heartbeat, node_died, node_heartbeat, stalled, deadline
     heartbeat_age_seconds: float | None = None   # how long the previous owner had been silent
 
 

@@ -27,7 +27,7 @@ from recovery_ext._store.schema import (circuit_breakers, events, node_items, no
 PIPELINE_LABELS: dict[str, str] = {"deployment": "deployment", "dagster_job": "job_name", "status": "status"}
 
 # Pipeline transitions that hand a pipeline to a new run with a new epoch, and the cause each one reports
-# (a reclaim carries its own cause: heartbeat, node_heartbeat, owner_run_dead, deadline, stalled).
+# (a reclaim carries its own cause: heartbeat, node_heartbeat, node_died, owner_run_dead, deadline, stalled).
 # The report draws item progress from at most this many checkpoint times (a curve, not a list).
 ITEM_TIMES_LIMIT = 50_000
 

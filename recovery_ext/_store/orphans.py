@@ -45,11 +45,37 @@ class OrphanOps(PipelineOps):
         )
 
     def _node_heartbeat_expired(self, now: ColumnElement) -> ColumnElement:
-        """A running node whose own heartbeat expired: its step process died (or its host did)
-        while the run worker may still be alive."""
-        return exists().where(
+        """A running node whose own heartbeat expired and whom no watcher vouches for: its step
+        process died (or its host did) while the run worker may still be alive. A node its watcher
+        still vouches for is slow, not dead (see :meth:`slow_nodes`); one its watcher reported dead
+        waits for its run worker to let go (:meth:`_node_died`), however late its heartbeat."""
+        return and_(exists().where(
             nodes.c.pipeline_id == p.id, nodes.c.status == RUNNING,
             nodes.c.heartbeat_deadline.isnot(None), nodes.c.heartbeat_deadline < now,
+            or_(nodes.c.vouched_until.is_(None), nodes.c.vouched_until < now), nodes.c.died_at.is_(None),
+        ), self._no_live_node(now))
+
+    def _node_died(self) -> ColumnElement:
+        """A running node whose watcher saw its step process gone.
+
+        Not a reason to reclaim by itself: the run worker that reported it is alive, ends its run
+        (Dagster runs what does not depend on the dead step) and then hands the pipeline to recovery at
+        once (:meth:`leave_to_recovery`). Reclaiming under a live run worker would race it: it may still
+        be starting steps, and Dagster's pool slots it holds are freed only when its run ends. It names
+        the cause of the reclaim that follows."""
+        return exists().where(nodes.c.pipeline_id == p.id, nodes.c.status == RUNNING, nodes.c.died_at.isnot(None))
+
+    def _no_live_node(self, now: ColumnElement) -> ColumnElement:
+        """No running node of the pipeline is alive by its own heartbeat or its watcher's word.
+
+        A reclaim resets every running node and moves the epoch, which stops them all. So a
+        pipeline that lost a node while its run worker lives is reclaimed once its live nodes have
+        finished, never from under them: a live node is never reset for a sibling's death.
+        """
+        live = nodes.alias("live_node")
+        return ~exists().where(
+            live.c.pipeline_id == p.id, live.c.status == RUNNING, live.c.died_at.is_(None),
+            or_(live.c.heartbeat_deadline >= now, live.c.vouched_until >= now),
         )
 
     def _expired_node_heartbeat_at(self, now: ColumnElement) -> ColumnElement:
@@ -87,7 +113,7 @@ class OrphanOps(PipelineOps):
 
     def _reason(self, dead_owner_runs: Sequence[str]) -> ColumnElement:
         now = self.dialect.now()
-        whens = []
+        whens = [(self._node_died(), "node_died")]  # the root cause; its run's end or death follows from it
         if dead_owner_runs:
             whens.append((p.owner.in_(list(dead_owner_runs)), "owner_run_dead"))
         whens += [
@@ -389,7 +415,7 @@ class OrphanOps(PipelineOps):
             update(nodes)
             .where(nodes.c.pipeline_id.in_(pipeline_ids), nodes.c.status == NodeStatus.RUNNING)
             .values(status=NodeStatus.PENDING, updated_at=self.dialect.now(), heartbeat_deadline=None,
-                    stall_deadline=None)
+                    stall_deadline=None, vouched_until=None, died_at=None)
             .returning(nodes.c.id, nodes.c.pipeline_id, nodes.c.name)
         ).all()
         for r in rows:

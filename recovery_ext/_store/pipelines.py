@@ -27,6 +27,7 @@ from sqlalchemy.exc import IntegrityError
 
 from recovery_ext._conventions import placeholder_owner
 from recovery_ext._store import hot_path
+from recovery_ext._liveness.processes import this_process, watcher_of_this_process
 from recovery_ext._store.database import is_retry, retried
 from recovery_ext._store.ledger import LedgerOps
 from recovery_ext._settings import check_deployment
@@ -328,6 +329,8 @@ class PipelineOps(LedgerOps):
             heartbeat_at=self.dialect.now(),
             heartbeat_deadline=self.dialect.now_plus(heartbeat_timeout),
             stall_deadline=self.dialect.now_plus(stall_timeout) if stall_timeout else None,
+            # who runs it and who can vouch for it (the process that started it), for the orphan scan
+            process=this_process(), watcher=watcher_of_this_process(), vouched_until=None, died_at=None,
         )
         self._refresh_pipeline(conn, own, heartbeat_timeout, current_node=name)
         return node
@@ -400,7 +403,8 @@ class PipelineOps(LedgerOps):
         with self.driver_autocommit() as raw:
             row = hot_path.begin_node(
                 raw, run_id=run_id, name=name, sources=list(NODE_TRANSITIONS[NodeStatus.RUNNING]),
-                heartbeat_timeout=float(heartbeat_timeout), stall_timeout=float(stall_timeout or 0.0), retry=is_retry())
+                heartbeat_timeout=float(heartbeat_timeout), stall_timeout=float(stall_timeout or 0.0), retry=is_retry(),
+                process=this_process(), watcher=watcher_of_this_process())
         if row.outcome == "no_pipeline":
             return None
         own = Ownership(row.pipeline, row.pipeline_epoch, run_id)

@@ -227,6 +227,10 @@ nodes = Table(
     Column("heartbeat_deadline", DbTime),
     Column("stall_deadline", DbTime),
     Column("output", DbJson),
+    Column("process", Text),
+    Column("watcher", Text),
+    Column("vouched_until", DbTime),
+    Column("died_at", DbTime),
     UniqueConstraint("pipeline_id", "name", name="rx_nodes_pipeline_name"),
 )
 
@@ -386,6 +390,7 @@ rate_reservations = Table(
     Column("holder", Text),
     Column("tokens", BigInteger, nullable=False),
     Column("reserved_at", DbTime, nullable=False),
+    Column("answered_at", DbTime),
 )
 
 APPLICATION_TABLES = (pipelines, nodes, node_items, queue_items, transitions, events, circuit_breakers,

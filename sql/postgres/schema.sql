@@ -20,9 +20,13 @@ CREATE TABLE public.rx_nodes (
     heartbeat_at timestamp with time zone,
     heartbeat_deadline timestamp with time zone,
     stall_deadline timestamp with time zone,
-    output jsonb
+    output jsonb,
+    process text,
+    watcher text,
+    vouched_until timestamp with time zone,
+    died_at timestamp with time zone
 )
-WITH (fillfactor='80');
+WITH (fillfactor='50');
 
 CREATE FUNCTION public.rx_begin_node(p_run_id text, p_name text, p_sources text[], p_heartbeat_timeout double precision, p_stall_timeout double precision, p_retry boolean) RETURNS TABLE(outcome text, pipeline bigint, pipeline_epoch integer, from_status text, node public.rx_nodes)
     LANGUAGE plpgsql
@@ -72,6 +76,25 @@ BEGIN
            heartbeat_deadline = now() + make_interval(secs => p_heartbeat_timeout)
      WHERE p.id = v_pipeline AND p.epoch = v_epoch;
     RETURN QUERY SELECT 'started'::TEXT, v_pipeline, v_epoch, v_before, v_node;
+END
+$$;
+
+CREATE FUNCTION public.rx_begin_node(p_run_id text, p_name text, p_sources text[], p_heartbeat_timeout double precision, p_stall_timeout double precision, p_retry boolean, p_process text, p_watcher text) RETURNS TABLE(outcome text, pipeline bigint, pipeline_epoch integer, from_status text, node public.rx_nodes)
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    v_begun RECORD;
+    v_node rx_nodes;
+BEGIN
+    SELECT * INTO v_begun
+      FROM rx_begin_node(p_run_id, p_name, p_sources, p_heartbeat_timeout, p_stall_timeout, p_retry) AS b;
+    v_node := v_begun.node;
+    IF v_begun.outcome = 'started' THEN
+        UPDATE rx_nodes n SET process = p_process, watcher = p_watcher, vouched_until = NULL, died_at = NULL
+         WHERE n.id = v_node.id
+        RETURNING * INTO v_node;
+    END IF;
+    RETURN QUERY SELECT v_begun.outcome, v_begun.pipeline, v_begun.pipeline_epoch, v_begun.from_status, v_node;
 END
 $$;
 
@@ -357,7 +380,8 @@ CREATE TABLE public.rx_rate_reservations (
     model text DEFAULT ''::text NOT NULL,
     holder text,
     tokens bigint DEFAULT 0 NOT NULL,
-    reserved_at timestamp with time zone DEFAULT now() NOT NULL
+    reserved_at timestamp with time zone DEFAULT now() NOT NULL,
+    answered_at timestamp with time zone
 );
 
 CREATE SEQUENCE public.rx_rate_reservations_id_seq

@@ -74,7 +74,7 @@ CREATE TABLE rx_nodes (
     heartbeat_at        REAL,
     heartbeat_deadline  REAL,
     stall_deadline      REAL,
-    output              TEXT,
+    output              TEXT, process TEXT, watcher TEXT, vouched_until REAL, died_at REAL,
     CONSTRAINT rx_nodes_pipeline_name UNIQUE (pipeline_id, name)
 );
 
@@ -172,7 +172,7 @@ CREATE TABLE rx_rate_reservations (
     holder       TEXT,
     tokens       INTEGER NOT NULL DEFAULT 0,
     reserved_at  REAL NOT NULL DEFAULT ((julianday('now') - 2440587.5) * 86400.0)
-);
+, answered_at REAL);
 
 CREATE TABLE rx_schema_migrations (
 	version INTEGER NOT NULL, 

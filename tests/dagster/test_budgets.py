@@ -4,6 +4,7 @@ answers 429 above its quota (a scaled window: 2 s instead of 60), on SQLite and 
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 from dagster import in_process_executor
@@ -41,17 +42,23 @@ def run_five(db_url: str, llm, **recovery) -> list:
     return results
 
 
-def test_with_limits_five_pipelines_never_exceed_the_quota_and_wait_visibly(store, db_url, monkeypatch):
-    monkeypatch.setenv("RECOVERY_DATABASE_URL", db_url)
+def run_five_within_the_quota(db_url: str, margin: float) -> StandInProvider:
+    """Five pipelines with limits against the stand-in: every one succeeds, and it never answered 429."""
     with StandInProvider(requests=REQUESTS, tokens=TOKENS, window=WINDOW) as provider:
         llm = llm_resource(provider.url, max_tokens=64, requests_per_minute=REQUESTS, tokens_per_minute=TOKENS,
-                           budget_window_seconds=WINDOW, budget_margin_seconds=MARGIN)
+                           budget_window_seconds=WINDOW, budget_margin_seconds=margin)
         results = run_five(db_url, llm)
     assert len(results) == PIPELINES and all(r.success for r in results)
     assert provider.refused() == []  # no 429
     most_requests, most_tokens = provider.max_in_window()
     assert most_requests <= REQUESTS and most_tokens <= TOKENS
     assert len(provider.answered()) == PIPELINES * (ITEMS + 1)
+    return provider
+
+
+def test_with_limits_five_pipelines_never_exceed_the_quota_and_wait_visibly(store, db_url, monkeypatch):
+    monkeypatch.setenv("RECOVERY_DATABASE_URL", db_url)
+    provider = run_five_within_the_quota(db_url, MARGIN)
     pipelines = store.list_pipelines()
     history = [t for p in pipelines for t in store.transitions_for(pipeline_id=p.id)]
     waits = [t for t in history if t["event"] == "budget_wait"]
@@ -75,3 +82,27 @@ def test_without_limits_the_same_pipelines_meet_429s(store, db_url, monkeypatch)
     assert len(results) == PIPELINES and all(r.success for r in results)  # Retry-After still applies
     outcomes = {c.outcome for c in store.provider_calls()}
     assert "rate_limit" in outcomes and "ok" in outcomes  # the refused calls are in the ledger, unpaid
+
+
+# Longer than any margin: a request that spends this long between its reservation and the provider (a
+# busy machine, a GC pause, a slow connection) arrives when, by its reservation alone, its window is over.
+DELAY = 1.5
+
+
+def test_a_delay_between_reservation_and_send_longer_than_any_margin_still_meets_no_429(store, db_url, monkeypatch):
+    import random
+
+    from recovery_ext._providers.budget import RateBudget
+
+    monkeypatch.setenv("RECOVERY_DATABASE_URL", db_url)
+    acquire, delays, lock = RateBudget.acquire, random.Random(31), threading.Lock()
+
+    def acquire_then_dawdle(self, tokens, model=None):
+        reservation = acquire(self, tokens, model)
+        with lock:
+            delay = delays.choice((0.0, DELAY))
+        time.sleep(delay)  # between the reservation and the send
+        return reservation
+
+    monkeypatch.setattr(RateBudget, "acquire", acquire_then_dawdle)
+    run_five_within_the_quota(db_url, margin=0.0)

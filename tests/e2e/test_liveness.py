@@ -93,6 +93,19 @@ def reclaims(store, pipeline_ids=None) -> int:
         return conn.scalar(query)
 
 
+def history(dev, store, pipeline_id: int) -> str:
+    """What happened to a pipeline, for a failure message: its moves, its nodes now, and its runs."""
+    with store.read() as conn:
+        moves = conn.execute(select(transitions.c.entity_type, transitions.c.entity_id, transitions.c.from_status,
+                                    transitions.c.to_status, transitions.c.event, transitions.c.data)
+                             .where(transitions.c.pipeline_id == pipeline_id).order_by(transitions.c.id)).all()
+    nodes_now = [(n.name, n.status, n.died_at, n.vouched_until, n.heartbeat_deadline)
+                 for n in store.list_nodes(pipeline_id)]
+    runs = [(r.run_id, r.status.value, r.tags.get(TAG_RESUME_NUMBER)) for r in dev.runs()
+            if r.tags.get(TAG_PIPELINE) == str(pipeline_id)]
+    return f"pipeline {store.get_pipeline(pipeline_id)}; moves {[tuple(m) for m in moves]}; nodes {nodes_now}; runs {runs}"
+
+
 def resume_runs(dev):
     return [r for r in dev.runs() if TAG_RESUME_NUMBER in r.tags]
 
@@ -187,22 +200,36 @@ def test_d_a_ui_reexecution_from_failure_takes_the_same_pipeline_over_and_redoes
     assert resume_runs(dev) == [] and reclaims(store) == 0
 
 
-def test_e_a_step_process_killed_while_its_run_worker_lives_is_found_by_its_node_heartbeat(dev, store):
+def test_e_a_step_process_killed_while_its_run_worker_lives_is_reported_dead_by_it_and_no_live_sibling_is_reset(
+        dev, store):
     run_id = dev.launch("healthy_job", {})
     (victim,) = wait_for(lambda: [r for r in trace_rows(store, run_id) if r.item == "start"][:1], timeout=300,
                          what="a pooled step to start")
+    sibling = "pooled_b" if victim.node == "pooled_a" else "pooled_a"
+    killed = time.time()
     os.kill(victim.pid, signal.SIGKILL)
     pipeline = store.find_pipeline(run_id)
-    wait_for(lambda: store.get_pipeline(pipeline.id).status == "completed", timeout=400,
-             what="the resumed pipeline to complete")
+    died = wait_for(lambda: store.get_node(pipeline.id, victim.node).died_at, timeout=120, interval=0.05,
+                    what="the run worker to report the killed step dead")
+    print(f"\nstep {victim.node} killed; reported dead by its run worker after {died.timestamp() - killed:.2f} s "
+          f"(node heartbeat timeout {TIMEOUT:g} s)")
+    try:
+        wait_for(lambda: store.get_pipeline(pipeline.id).status == "completed", timeout=400,
+                 what="the resumed pipeline to complete")
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}; {history(dev, store, pipeline.id)}") from exc
     with store.read() as conn:
-        (payload,) = conn.execute(select(events.c.payload).where(events.c.pipeline_id == pipeline.id,
-                                                                 events.c.kind == "pipeline_recovered")).scalars()
-    # found by the dead node's heartbeat while the run worker was still running the plain op
-    assert payload["cause"] == "node_heartbeat" and payload["reset_nodes"] == [victim.node]
+        ((payload, reclaimed_at),) = conn.execute(select(events.c.payload, events.c.created_at).where(
+            events.c.pipeline_id == pipeline.id, events.c.kind == "pipeline_recovered")).all()
+    print(f"reclaimed {reclaimed_at.timestamp() - killed:.2f} s after the kill, once its run worker let go")
+    # reported dead by the run worker while it was still running the plain op; the sibling in the pool,
+    # if it started in the first run, was alive: the reclaim waited for it, so it was never reset
+    assert payload["cause"] == "node_died" and payload["reset_nodes"] == [victim.node]
     resumes = [r for r in resume_runs(dev) if r.tags.get(TAG_PIPELINE) == str(pipeline.id)]
     assert len(resumes) == 1
     assert [r.item for r in trace_rows(store, resumes[0].run_id, "prepare")] == []  # completed work not redone
+    sibling_work = [r.item for run in (run_id, resumes[0].run_id) for r in trace_rows(store, run, sibling)]
+    assert sibling_work == ["start", "slot"]  # done once, in whichever run started it
 
 
 def test_f_a_dagster_run_retry_after_a_crash_takes_the_pipeline_over_and_the_sensor_stands_aside(dev, store):

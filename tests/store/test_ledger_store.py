@@ -7,6 +7,8 @@ import time
 
 import pytest
 
+from recovery_pipelines.devserver import wait_for
+
 from recovery_ext._errors import ConfigurationError, IllegalTransition, OwnershipLost
 from recovery_ext._store.budgets import ProviderLimits
 from recovery_ext._store.models import ItemCheckpoint, PassPlan, ProviderCall
@@ -103,7 +105,10 @@ def test_the_endpoint_is_redacted_and_bad_calls_are_refused_clearly(store):
 
 def test_budget_grants_until_the_window_is_full_then_says_how_long_to_wait(store):
     limits = ProviderLimits(requests_per_minute=3, tokens_per_minute=100, window_seconds=1.0, margin_seconds=0.0)
-    grants = [store.budget_reserve("http://e/v1", None, tokens=30, limits=limits) for _ in range(4)]
+    grants = [store.budget_reserve("http://e/v1", None, tokens=30, limits=limits) for _ in range(3)]
+    for g in grants:
+        store.budget_answered(g.reservation)
+    grants.append(store.budget_reserve("http://e/v1", None, tokens=30, limits=limits))
     assert [g.granted for g in grants] == [True, True, True, False]
     assert 0 < grants[3].wait_seconds <= 1.0
     store.budget_settle(grants[0].reservation, 5)  # the usage was smaller than the estimate
@@ -119,6 +124,20 @@ def test_budget_grants_until_the_window_is_full_then_says_how_long_to_wait(store
                                per_model=True)
     assert store.budget_reserve("http://e/v1", "big", tokens=90, limits=per_model).granted
     assert sorted((b["endpoint"], b["model"]) for b in store.budgets()) == [("http://e/v1", ""), ("http://e/v1", "big")]
+
+
+def test_a_request_in_flight_holds_its_room_until_one_window_after_its_answer(store):
+    limits = ProviderLimits(requests_per_minute=1, window_seconds=0.5, margin_seconds=0.0)
+    first = store.budget_reserve("http://e/v1", None, tokens=1, limits=limits)
+    assert first.granted
+    time.sleep(0.8)  # longer than the window: the request is still on its way to the provider
+    waiting = store.budget_reserve("http://e/v1", None, tokens=1, limits=limits)
+    assert not waiting.granted and waiting.wait_seconds <= 0.05  # asked again soon: it may be answered any moment
+    store.budget_answered(first.reservation)  # the provider counted it somewhere before now
+    assert not store.budget_reserve("http://e/v1", None, tokens=1, limits=limits).granted
+    later = wait_for(lambda: store.budget_reserve("http://e/v1", None, tokens=1, limits=limits).granted, timeout=5,
+                     interval=0.05, what="the room one window after the answer")
+    assert later
 
 
 def test_a_budget_is_the_whole_endpoints_unless_its_limits_are_per_model(store):

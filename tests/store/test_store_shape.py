@@ -94,6 +94,7 @@ CALLERS = {
     "_dagster/assets.py": OpStore,
     "_dagster/queue_handle.py": QueueStore,
     "_liveness/heartbeat.py": LivenessStore,
+    "_liveness/watch.py": LivenessStore,
     "_providers/guard.py": ProviderStore,
     "_providers/budget.py": ProviderStore,
     "_providers/ledger.py": ProviderStore,
