@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from recovery_ext import RecoveryStore
+
 import os
 import re
 import shutil
@@ -74,6 +76,15 @@ def query(base: str, promql: str) -> dict[tuple, float]:
     assert body["status"] == "success", body
     return {tuple(sorted((k, v) for k, v in r["metric"].items() if k not in ("job", "instance", "__name__"))):
             float(r["value"][1]) for r in body["data"]["result"]}
+
+
+@pytest.fixture
+def store(db_url):
+    """This module's store is the test's own, on each database (not the e2e folder's `dagster dev` store)."""
+    s = RecoveryStore(db_url)
+    s.migrate()
+    yield s
+    s.close()
 
 
 def test_promql_returns_the_reclaim_and_the_tokens_after_a_crash_and_its_resume(store, db_url, tmp_path):

@@ -389,7 +389,8 @@ def test_a_kill_9_mid_batch_redoes_that_batch_only(pg_url):
         meta.create_all(store.engine)
         own = _running_node(store)
         worker = subprocess.Popen([sys.executable, "-c", _BATCH_WORKER, pg_url, str(own.pipeline_id), str(own.epoch),
-                                   own.owner], stdout=subprocess.PIPE, text=True, cwd=HERE)
+                                   own.owner], stdout=subprocess.PIPE, text=True, cwd=HERE,
+                                  env={**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), str(HERE.parent / "support")])})
         try:
             assert worker.stdout.readline().strip() == "mid-batch"  # batch 1 (k0-k3) flushed, k4, k5 buffered
             os.kill(worker.pid, signal.SIGKILL)
