@@ -38,7 +38,7 @@ def test_the_store_refuses_a_bad_deployment_name_on_both_databases(store):
     assert store.create_pipeline("job", ["a"], owner="r", origin_run_id="r", deployment="blue-2.eu_1").epoch == 1
 
 
-# -- only the instance holding the first run acts (F17); a renamed deployment's orphans (F18) ----------------
+# -- only the instance holding the first run acts; a renamed deployment's orphans --------------------------
 
 def _crashed(store, instance, deployment, **tags):
     run = create_run_for_test(instance, job_name="items_job", status=DagsterRunStatus.STARTED, tags=tags)
