@@ -25,6 +25,7 @@ status < 1 s, costs and report of one pipeline independent of the others.
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import re
 import statistics
@@ -47,6 +48,7 @@ SEED = Path(__file__).resolve().parent / "sql"
 JOBS = ("llm_job", "ocr_job", "items_job")
 FIRST_FINISHED = 1001  # ids 1..330 are the live pipelines
 LIVE = Ownership(1, 1, "live-1")
+CHECKPOINTS = itertools.count()  # item keys of the checkpoints timed, across sizes
 
 
 def sections(dialect: str) -> dict[str, list[str]]:
@@ -100,10 +102,9 @@ def operations(store: RecoveryStore, url: str, report_file: Path) -> dict[str, C
     scope = Scope(job_names=JOBS, deployment="default")
     collector = RecoveryCollector(store)
     finished = FIRST_FINISHED + 10  # a finished pipeline with a resume (epoch 2) in its history
-    counter = iter(range(10**9))
 
     def checkpoint() -> None:
-        n = next(counter)
+        n = next(CHECKPOINTS)
         call = ProviderCall(endpoint="https://api.example.com/v1/chat", model="model-a", tokens_in=500,
                             tokens_out=200, latency_seconds=1.5, cost=0.0007, item_key=f"bench-{n}",
                             pipeline_id=LIVE.pipeline_id, node_name="llm", run_id=LIVE.owner, epoch=LIVE.epoch)
