@@ -3,6 +3,9 @@
 -- transitions, events and queue items; section "live" adds the running pipelines (ids 1..330, once).
 
 -- section: history
+SET LOCAL statement_timeout = 0;
+
+-- statement
 INSERT INTO rx_pipelines (id, job_name, origin_run_id, params, status, owner, epoch, resume_count, max_resumes,
                           created_at, started_at, updated_at, completed_at, deployment)
 SELECT g, (ARRAY['llm_job', 'ocr_job', 'items_job'])[1 + g % 3], 'hist-' || g, '{"ops": {}}'::jsonb,
@@ -116,3 +119,6 @@ SELECT 'ocr', 'live-doc-' || g, '{"doc": "x.pdf"}'::jsonb, CASE WHEN g <= 20 THE
 
 -- statement
 SELECT setval('rx_pipelines_id_seq', (SELECT max(id) FROM rx_pipelines));
+
+-- section: maintain
+VACUUM ANALYZE;

@@ -131,3 +131,6 @@ SELECT 'ocr', 'live-doc-' || g, '{"doc": "x.pdf"}', CASE WHEN g <= 20 THEN 'proc
        CASE WHEN g <= 20 THEN 'live-' || g END, (g <= 20), now, now, CASE WHEN g <= 20 THEN now END,
        CASE WHEN g <= 20 THEN now + 3600 END, CASE WHEN g <= 20 THEN g END, CASE WHEN g <= 20 THEN 1 END
   FROM t;
+
+-- section: maintain
+ANALYZE;
