@@ -8,9 +8,11 @@ from typing import Any
 
 from sqlalchemy import Float, case, cast, delete, exists, func, literal, or_, select, union_all
 
+from recovery_ext._store import aggregates
 from recovery_ext._store.database import Database, retried
 from recovery_ext._store.models import Pipeline, QueueItem
-from recovery_ext._store.schema import QUEUE_STATUSES, events, node_items, nodes, pipelines, queue_items, transitions
+from recovery_ext._store.schema import (QUEUE_STATUSES, events, node_items, nodes, pipeline_counts, pipelines,
+                                        queue_counts, queue_items, transitions)
 from recovery_ext._store.statuses import UNFINISHED_QUEUE_STATUSES, NodeStatus, PipelineStatus, QueueStatus
 
 
@@ -21,26 +23,16 @@ GAP_WINDOW = 10_000
 class ReportOps(Database):
     @retried
     def pipeline_summary(self, *, deployment: str | None = None) -> list[dict[str, Any]]:
-        """Pipelines by deployment and status, with their average duration."""
-        duration = self.dialect.seconds_between(pipelines.c.started_at, pipelines.c.completed_at)
-        query = select(
-            pipelines.c.deployment, pipelines.c.status, func.count().label("count"),
-            cast(func.avg(duration), Float).label("avg_seconds"),
-        ).group_by(pipelines.c.deployment, pipelines.c.status).order_by(pipelines.c.deployment, pipelines.c.status)
-        if deployment is not None:
-            query = query.where(pipelines.c.deployment == deployment)
+        """Pipelines by deployment and status, with their average duration (from the counts kept as they change)."""
+        c = pipeline_counts.c
+        where = () if deployment is None else (c.deployment == deployment,)
         with self.read() as conn:
-            return [dict(r._mapping) for r in conn.execute(query)]
+            return aggregates.summary(conn, pipeline_counts, ("deployment", "status"), "pipelines", where)
 
     @retried
     def queue_summary(self) -> list[dict[str, Any]]:
-        duration = self.dialect.seconds_between(queue_items.c.started_at, queue_items.c.completed_at)
-        query = select(
-            queue_items.c.queue, queue_items.c.status, func.count().label("count"),
-            cast(func.avg(duration), Float).label("avg_seconds"),
-        ).group_by(queue_items.c.queue, queue_items.c.status).order_by(queue_items.c.queue, queue_items.c.status)
         with self.read() as conn:
-            return [dict(r._mapping) for r in conn.execute(query)]
+            return aggregates.summary(conn, queue_counts, ("queue", "status"), "items")
 
     @retried
     def recent_events(self, *, kinds: tuple[str, ...] | None = None, within_seconds: float | None = None,
