@@ -104,8 +104,12 @@ class RecoveryCollector(Collector):
     seconds gives ``up 0`` and no other sample: nothing read earlier is shown as if it were read now."""
 
     def __init__(self, store: RecoveryStore, *, timeout: float = SCRAPE_TIMEOUT) -> None:
-        self.store = store
         self.timeout = timeout
+        # Its own engine whose connect, statement and lock (SQLite busy) timeouts are the scrape's: opening a
+        # connection waits for a lock too (SQLite's connect hook reads the journal mode), before any statement.
+        self.store = store if store.dialect.statement_timeout <= timeout else RecoveryStore(
+            store.url, retry_budget=0, statement_timeout=timeout,
+            connect_timeout=min(store.dialect.connect_timeout, timeout))
 
     def describe(self) -> Iterator[Metric]:
         # Registering must not query the database: the names and types, without samples.
