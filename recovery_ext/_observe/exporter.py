@@ -94,11 +94,22 @@ METRICS: tuple[MetricSpec, ...] = (DATABASE_UP, SCRAPE_SECONDS, PIPELINES, WAITI
                                    *(spec for fate in FATES.values() for spec in fate.values()))
 
 
-class RecoveryCollector(Collector):
-    """Reads ``store`` at each ``collect()`` (each scrape); a database it cannot read gives ``up 0``."""
+# Seconds a scrape may spend on any statement or lock wait: with the CLI's 5 s connect timeout, a scrape of a
+# locked or unreachable database answers `up 0` before Prometheus's default 10 s scrape timeout.
+SCRAPE_TIMEOUT = 4.0
 
-    def __init__(self, store: RecoveryStore) -> None:
-        self.store = store
+
+class RecoveryCollector(Collector):
+    """Reads ``store`` at each ``collect()`` (each scrape); a database it cannot read within ``timeout``
+    seconds gives ``up 0`` and no other sample: nothing read earlier is shown as if it were read now."""
+
+    def __init__(self, store: RecoveryStore, *, timeout: float = SCRAPE_TIMEOUT) -> None:
+        self.timeout = timeout
+        # Its own engine whose connect, statement and lock (SQLite busy) timeouts are the scrape's: opening a
+        # connection waits for a lock too (SQLite's connect hook reads the journal mode), before any statement.
+        self.store = store if store.dialect.statement_timeout <= timeout else RecoveryStore(
+            store.url, retry_budget=0, statement_timeout=timeout,
+            connect_timeout=min(store.dialect.connect_timeout, timeout))
 
     def describe(self) -> Iterator[Metric]:
         # Registering must not query the database: the names and types, without samples.
@@ -108,7 +119,7 @@ class RecoveryCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         started = time.perf_counter()
         try:
-            snapshot = self.store.metrics_snapshot()
+            snapshot = self.store.scrape_snapshot(timeout=self.timeout)  # once: a retry would outlast the scrape
         except RecoveryError as exc:
             log.warning("metrics scrape could not read the database: %s", redact(exc))
             snapshot = None

@@ -113,6 +113,19 @@ class Dialect:
         """An INSERT with ``on_conflict_do_nothing``/``on_conflict_do_update``."""
         raise NotImplementedError
 
+    def roll_up_finished(self, conn, lo: int, hi: int) -> None:
+        """In ``conn``'s transaction: add the finished pipelines with ids ``lo``..``hi`` to the roll-ups of
+        finished work (migration 0017). A pipeline that finishes is rolled up by a trigger; this is for
+        pipelines written finished, in bulk (an import, the history bench)."""
+        raise NotImplementedError
+
+    @contextmanager
+    def bounded(self, conn, seconds: float) -> Iterator[None]:
+        """Inside ``conn``'s transaction: no statement, and no wait for a lock, lasts longer than ``seconds``
+        (a failure the caller sees at once, instead of a wait as long as the store's statement timeout)."""
+        raise NotImplementedError
+        yield  # pragma: no cover
+
     @staticmethod
     def for_url(url: str | URL, **timeouts: float | None) -> "Dialect":
         try:
@@ -233,6 +246,16 @@ class PostgresDialect(Dialect):
 
         return insert(table)
 
+    def roll_up_finished(self, conn, lo: int, hi: int) -> None:
+        conn.execute(text("SELECT rx_roll_up_finished(:lo, :hi)"), {"lo": lo, "hi": hi})
+
+    @contextmanager
+    def bounded(self, conn, seconds: float) -> Iterator[None]:
+        ms = max(1, int(seconds * 1000))
+        conn.exec_driver_sql(f"SET LOCAL lock_timeout = {ms}")
+        conn.exec_driver_sql(f"SET LOCAL statement_timeout = {ms}")
+        yield
+
 
 class SqliteDialect(Dialect):
     """SQLite: WAL, a busy timeout and foreign keys, set in one connect hook.
@@ -308,6 +331,20 @@ class SqliteDialect(Dialect):
         from sqlalchemy.dialects.sqlite import insert
 
         return insert(table)
+
+    def roll_up_finished(self, conn, lo: int, hi: int) -> None:
+        conn.execute(text("INSERT INTO rx_roll_up_requests (lo, hi) VALUES (:lo, :hi)"), {"lo": lo, "hi": hi})
+
+    @contextmanager
+    def bounded(self, conn, seconds: float) -> Iterator[None]:
+        # SQLite has no statement timeout: what a reader can wait for is a lock (the busy timeout), set for
+        # this transaction on its connection and put back after it.
+        raw = conn.connection.driver_connection
+        raw.execute(f"PRAGMA busy_timeout = {max(1, int(seconds * 1000))}")
+        try:
+            yield
+        finally:
+            raw.execute(f"PRAGMA busy_timeout = {self.busy_timeout_ms}")
 
     def is_transient(self, exc: BaseException) -> bool:
         orig = getattr(exc, "orig", exc)

@@ -187,6 +187,12 @@ class LedgerOps(Database):
     @retried
     def provider_costs(self, pipeline_id: int | None = None) -> CostReport:
         """Spent, saved by resume and wasted, per node and per pipeline (one pipeline, or all of them)."""
+        with self.read() as conn:
+            return self.costs_in(conn, pipeline_id)
+
+    def costs_in(self, conn: Connection, pipeline_id: int | None = None, *, live_only: bool = False) -> CostReport:
+        """:meth:`provider_costs` in the caller's transaction; ``live_only``: only the pipelines the roll-ups of
+        finished work do not hold (aggregates.py), and no count of corrupt rows (the caller adds its own)."""
         p = pipelines.c
         item = node_items.c
         tokens = pc.tokens_in + pc.tokens_out
@@ -225,9 +231,12 @@ class LedgerOps(Database):
         )
         if pipeline_id is not None:
             query = query.where(pc.pipeline_id == pipeline_id)
-        with self.read() as conn:
-            rows = conn.execute(query).all()
-            skipped = malformed_calls(conn, pipeline_id)
+        if live_only:
+            from recovery_ext._store.aggregates import live_pipeline_ids
+
+            query = query.where(pc.pipeline_id.in_(live_pipeline_ids()))
+        rows = conn.execute(query).all()
+        skipped = 0 if live_only else malformed_calls(conn, pipeline_id)
         report = CostReport(CostFigures(), {}, {}, {}, skipped_rows=skipped)
         for row in rows:
             figures = CostFigures(**{key: (float(row._mapping[key]) if key.endswith("cost") else int(row._mapping[key]))

@@ -36,16 +36,20 @@ class Migration:
     sql: str = field(repr=False)
 
     def statements(self) -> list[str]:
-        """Split on semicolons that end a line, except inside a dollar-quoted function body."""
+        """Split on semicolons that end a line, except inside a dollar-quoted function body or a SQLite
+        trigger's body (from a line ending in BEGIN to a line that is END;)."""
         parts: list[str] = []
         current: list[str] = []
-        quoted = False
+        quoted = trigger = False
         for line in self.sql.splitlines():
             if not quoted and line.strip().startswith("--"):
                 continue
             current.append(line)
             quoted ^= line.count("$$") % 2 == 1
-            if not quoted and line.rstrip().endswith(";"):
+            if not quoted:
+                trigger = (trigger or line.rstrip().upper().endswith(" BEGIN") or line.strip().upper() == "BEGIN") \
+                    and line.strip().upper() != "END;"
+            if not quoted and not trigger and line.rstrip().endswith(";"):
                 parts.append("\n".join(current).strip().removesuffix(";").strip())
                 current = []
         parts.append("\n".join(current).strip().removesuffix(";").strip())

@@ -8,13 +8,15 @@ which nothing prunes (``rx_events`` expire after the retention), so they only gr
 from __future__ import annotations
 
 import datetime as dt
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
 from sqlalchemy import Float, and_, case, cast, func, literal, or_, select
 
+from recovery_ext._store import aggregates
 from recovery_ext._store.database import Database, retried
-from recovery_ext._store.ledger import IN_FLIGHT
+from recovery_ext._store.ledger import IN_FLIGHT, CostFigures
 from recovery_ext._store.statuses import PipelineStatus, QueueStatus
 from recovery_ext._store.ledger_rows import well_formed_call
 from recovery_ext._store.models import Node, Pipeline
@@ -88,13 +90,15 @@ class PipelineHistory:
 class ObservabilityOps(Database):
     @retried
     def metrics_snapshot(self) -> MetricsSnapshot:
-        p, t = pipelines.c, transitions.c
+        return self.scrape_snapshot()
+
+    def scrape_snapshot(self, *, timeout: float | None = None) -> MetricsSnapshot:
+        """The snapshot in one transaction, not retried; with ``timeout`` no statement and no lock wait lasts
+        longer (a scrape answers before Prometheus gives up on it, database down or not)."""
+        p = pipelines.c
         now = self.dialect.now()
-        labels = [p[column].label(name) for name, column in PIPELINE_LABELS.items()]
-        cause = self.dialect.json_text(t.data, "cause")
-        with self.read() as conn:
-            by_labels = [(tuple(r[:-1]), r[-1]) for r in conn.execute(
-                select(*labels, func.count()).group_by(*labels).order_by(*labels))]
+        with self.read() as conn, (self.dialect.bounded(conn, timeout) if timeout else nullcontext()):
+            by_labels = aggregates.pipeline_counts_by(conn, PIPELINE_LABELS)
             waiting = conn.execute(
                 select(p.job_name, func.count()).where(p.status == PipelineStatus.RUNNING, p.waiting_until.isnot(None))
                 .group_by(p.job_name).order_by(p.job_name)).all()
@@ -104,30 +108,20 @@ class ObservabilityOps(Database):
             oldest = conn.scalar(
                 select(cast(func.max(self.dialect.seconds_between(p.heartbeat_at, now)), Float))
                 .where(p.status == PipelineStatus.RUNNING, p.heartbeat_at.isnot(None)))
-            counted = conn.execute(
-                select(t.event, cause.label("cause"), func.count())
-                .where(t.entity_type == "pipeline", t.event.in_([*RESUME_EVENTS, "given_up"]))
-                .group_by(t.event, cause)).all()
-            items = conn.execute(
-                select(p.job_name, node_items.c.status, func.count())
-                .select_from(node_items.join(pipelines, p.id == node_items.c.pipeline_id))
-                .group_by(p.job_name, node_items.c.status).order_by(p.job_name, node_items.c.status)).all()
-            queued = conn.execute(
-                select(queue_items.c.queue, queue_items.c.status, func.count())
-                .group_by(queue_items.c.queue, queue_items.c.status)
-                .order_by(queue_items.c.queue, queue_items.c.status)).all()
+            counted = aggregates.resume_transitions(conn)
+            items = aggregates.item_counts(conn)
+            queued = aggregates.queue_item_counts(conn)
             breakers = [dict(r._mapping) for r in conn.execute(
                 select(circuit_breakers.c.endpoint, circuit_breakers.c.state,
                        circuit_breakers.c.consecutive_failures, circuit_breakers.c.open_count)
                 .order_by(circuit_breakers.c.endpoint))]
-        spent = self._provider_spent()
-        by_job: dict[str, dict[str, Any]] = {}
-        report = self.provider_costs()
-        for pipeline_id, figures in report.pipelines.items():
-            job = report.jobs.get(pipeline_id) or ""
-            into = by_job.setdefault(job, dict.fromkeys(figures.as_dict(), 0))
-            for key, value in figures.as_dict().items():
-                into[key] += value
+            spent = aggregates.provider_spent(conn)
+            by_job_figures, skipped = aggregates.rolled_up_costs(conn)
+            live = self.costs_in(conn, live_only=True)
+            skipped += aggregates.live_malformed_calls(conn)
+        for pipeline_id, figures in live.pipelines.items():
+            by_job_figures.setdefault(live.jobs.get(pipeline_id) or "", CostFigures()).add(figures)
+        by_job = {job: figures.as_dict() for job, figures in by_job_figures.items()}
         reclaims: dict[str, int] = {}
         resumes: dict[str, int] = {}
         given_up = 0
@@ -144,18 +138,8 @@ class ObservabilityOps(Database):
             waiting_pipelines=[tuple(r) for r in waiting], expired_pipelines=[tuple(r) for r in expired],
             oldest_heartbeat_age_seconds=None if oldest is None else max(0.0, float(oldest)),
             reclaims=sorted(reclaims.items()), resume_runs=sorted(resumes.items()), given_up=given_up,
-            items=[tuple(r) for r in items], queue_items=[tuple(r) for r in queued], breakers=breakers,
-            provider_calls=spent, provider_costs=by_job, skipped_ledger_rows=report.skipped_rows)
-
-    def _provider_spent(self) -> list[tuple]:
-        pc, p = provider_calls.c, pipelines.c
-        query = (select(p.job_name, pc.model, pc.outcome, func.count(), func.coalesce(func.sum(pc.tokens_in), 0),
-                        func.coalesce(func.sum(pc.tokens_out), 0), func.coalesce(func.sum(pc.cost), 0.0))
-                 .select_from(provider_calls.outerjoin(pipelines, p.id == pc.pipeline_id))
-                 .where(well_formed_call())
-                 .group_by(p.job_name, pc.model, pc.outcome).order_by(p.job_name, pc.model, pc.outcome))
-        with self.read() as conn:
-            return [tuple(r) for r in conn.execute(query)]
+            items=items, queue_items=queued, breakers=breakers,
+            provider_calls=spent, provider_costs=by_job, skipped_ledger_rows=skipped)
 
     @retried
     def pipeline_history(self, pipeline_id: int) -> PipelineHistory:

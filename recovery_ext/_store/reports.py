@@ -8,39 +8,33 @@ from typing import Any
 
 from sqlalchemy import Float, case, cast, delete, exists, func, literal, or_, select, union_all
 
+from recovery_ext._store import aggregates
 from recovery_ext._store.database import Database, retried
 from recovery_ext._store.models import Pipeline, QueueItem
-from recovery_ext._store.schema import QUEUE_STATUSES, events, node_items, nodes, pipelines, queue_items, transitions
+from recovery_ext._store.schema import (QUEUE_STATUSES, events, node_items, nodes, pipeline_counts, pipelines,
+                                        queue_counts, queue_items, transitions)
 from recovery_ext._store.statuses import UNFINISHED_QUEUE_STATUSES, NodeStatus, PipelineStatus, QueueStatus
 
 
 # Ids below the highest one seen that are still tracked as possibly in flight.
 GAP_WINDOW = 10_000
+# Beyond any pipeline id (ids are BIGINT): the open ends of the ranges no pipeline has.
+_FAR = 2**62
 
 
 class ReportOps(Database):
     @retried
     def pipeline_summary(self, *, deployment: str | None = None) -> list[dict[str, Any]]:
-        """Pipelines by deployment and status, with their average duration."""
-        duration = self.dialect.seconds_between(pipelines.c.started_at, pipelines.c.completed_at)
-        query = select(
-            pipelines.c.deployment, pipelines.c.status, func.count().label("count"),
-            cast(func.avg(duration), Float).label("avg_seconds"),
-        ).group_by(pipelines.c.deployment, pipelines.c.status).order_by(pipelines.c.deployment, pipelines.c.status)
-        if deployment is not None:
-            query = query.where(pipelines.c.deployment == deployment)
+        """Pipelines by deployment and status, with their average duration (from the counts kept as they change)."""
+        c = pipeline_counts.c
+        where = () if deployment is None else (c.deployment == deployment,)
         with self.read() as conn:
-            return [dict(r._mapping) for r in conn.execute(query)]
+            return aggregates.summary(conn, pipeline_counts, ("deployment", "status"), "pipelines", where)
 
     @retried
     def queue_summary(self) -> list[dict[str, Any]]:
-        duration = self.dialect.seconds_between(queue_items.c.started_at, queue_items.c.completed_at)
-        query = select(
-            queue_items.c.queue, queue_items.c.status, func.count().label("count"),
-            cast(func.avg(duration), Float).label("avg_seconds"),
-        ).group_by(queue_items.c.queue, queue_items.c.status).order_by(queue_items.c.queue, queue_items.c.status)
         with self.read() as conn:
-            return [dict(r._mapping) for r in conn.execute(query)]
+            return aggregates.summary(conn, queue_counts, ("queue", "status"), "items")
 
     @retried
     def recent_events(self, *, kinds: tuple[str, ...] | None = None, within_seconds: float | None = None,
@@ -188,17 +182,31 @@ class ReportOps(Database):
     def dangling_rows(self, *, limit: int = 100) -> list[dict[str, Any]]:
         """Rows that point at a pipeline that is gone (written with foreign keys off, or by hand): nodes
         and item checkpoints nobody will read, and queue items held for a missing pipeline (the
-        stale rule already frees those; listed so the operator sees where they came from)."""
-        def gone(column):
-            return ~exists().where(pipelines.c.id == column)
+        stale rule already frees those; listed so the operator sees where they came from).
+
+        Only the ranges of ids no pipeline has are looked into (the gaps between pipeline ids, and beyond
+        the first and the last), each through the rows' pipeline index: one pass over the pipelines' primary
+        key, never over their nodes and items, however many there are."""
+        ids = select(pipelines.c.id.label("id"), func.lead(pipelines.c.id).over(order_by=pipelines.c.id).label("next")
+                     ).subquery()
+        first, last = select(func.min(pipelines.c.id)).scalar_subquery(), select(func.max(pipelines.c.id)).scalar_subquery()
+        gaps = union_all(
+            select((ids.c.id + 1).label("lo"), (ids.c.next - 1).label("hi")).where(ids.c.next > ids.c.id + 1),
+            select(literal(-_FAR).label("lo"), (func.coalesce(first, _FAR + 1) - 1).label("hi")),
+            select((last + 1).label("lo"), literal(_FAR).label("hi")).where(last.isnot(None)),
+        ).cte("gaps")  # read by all three parts: PostgreSQL computes it once
+
+        def gone(table, column):  # from the gaps into the rows, through the rows' index on their pipeline
+            return gaps.join(table, column.between(gaps.c.lo, gaps.c.hi))
 
         parts = [
             select(literal("node").label("kind"), nodes.c.pipeline_id, func.count().label("rows"))
-            .where(gone(nodes.c.pipeline_id)).group_by(nodes.c.pipeline_id),
+            .select_from(gone(nodes, nodes.c.pipeline_id)).group_by(nodes.c.pipeline_id),
             select(literal("item_checkpoint").label("kind"), node_items.c.pipeline_id, func.count().label("rows"))
-            .where(gone(node_items.c.pipeline_id)).group_by(node_items.c.pipeline_id),
+            .select_from(gone(node_items, node_items.c.pipeline_id)).group_by(node_items.c.pipeline_id),
             select(literal("queue_item_holder").label("kind"), queue_items.c.holder_pipeline_id, func.count())
-            .where(queue_items.c.holder_pipeline_id.isnot(None), gone(queue_items.c.holder_pipeline_id))
+            .select_from(gone(queue_items, queue_items.c.holder_pipeline_id))
+            .where(queue_items.c.status == QueueStatus.PROCESSING)
             .group_by(queue_items.c.holder_pipeline_id),
         ]
         query = union_all(*parts).limit(limit)

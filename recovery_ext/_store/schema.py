@@ -17,6 +17,7 @@ from sqlalchemy import (
     BigInteger,
     Boolean,
     Column,
+    Date,
     DateTime,
     Float,
     ForeignKey,
@@ -396,3 +397,41 @@ rate_reservations = Table(
 APPLICATION_TABLES = (pipelines, nodes, node_items, queue_items, transitions, events, circuit_breakers,
                       provider_calls, rate_budgets, rate_reservations, call_journal,
                       provider_jobs)
+
+
+# Figures kept as the work happens (migration 0017, see aggregates.py): what the metrics and `status` read
+# instead of the history. No foreign keys: pruning detail rows keeps them.
+def _counts(name: str, keys: tuple[str, ...], counted: str) -> Table:
+    return Table(name, metadata, *[Column(k, Text, primary_key=True) for k in keys],
+                 Column(counted, BigInteger, nullable=False, server_default="0"),
+                 Column("seconds_sum", Float, nullable=False, server_default="0"),
+                 Column("seconds_count", BigInteger, nullable=False, server_default="0"))
+
+
+pipeline_counts = _counts("rx_pipeline_counts", ("deployment", "job_name", "status"), "pipelines")
+queue_counts = _counts("rx_queue_counts", ("queue", "status"), "items")
+resume_counts = Table("rx_resume_counts", metadata, Column("event", Text, primary_key=True),
+                      Column("cause", Text, primary_key=True),
+                      Column("transitions", BigInteger, nullable=False, server_default="0"))
+finished_items = Table("rx_finished_items", metadata, Column("job_name", Text, primary_key=True),
+                       Column("status", Text, primary_key=True),
+                       Column("items", BigInteger, nullable=False, server_default="0"))
+LEDGER_FIGURES = ("calls", "tokens_in", "tokens_out", "cost", "saved_calls", "saved_tokens", "saved_cost",
+                  "wasted_calls", "wasted_tokens", "wasted_cost", "replayed_calls", "in_flight_unknown_calls",
+                  "skipped_rows")
+
+
+def _ledger_figures() -> list[Column]:
+    return [Column(f, Float if f.endswith("cost") else BigInteger, nullable=False, server_default="0")
+            for f in LEDGER_FIGURES]
+
+
+ledger_pipeline_totals = Table(
+    "rx_ledger_pipeline_totals", metadata,
+    Column("pipeline_id", BigInteger, primary_key=True, autoincrement=False),
+    Column("node_name", Text, primary_key=True), Column("model", Text, primary_key=True),
+    Column("outcome", Text, primary_key=True), Column("job_name", Text, nullable=False),
+    Column("day", Date, nullable=False), *_ledger_figures())
+ledger_daily = Table(
+    "rx_ledger_daily", metadata, Column("day", Date, primary_key=True), Column("job_name", Text, primary_key=True),
+    Column("model", Text, primary_key=True), Column("outcome", Text, primary_key=True), *_ledger_figures())

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from recovery_ext._store.aggregates import AggregateOps
 from recovery_ext._store.checkpoints import CheckpointOps
 from recovery_ext._store.jobs import JobOps
 from recovery_ext._store.journal import JournalOps
@@ -19,6 +20,7 @@ URL_ENV = "RECOVERY_DATABASE_URL"
 
 
 class RecoveryStore(CheckpointOps, JournalOps, JobOps, TickOps, BudgetOps, QueueOps, ReportOps, ObservabilityOps,
+                    AggregateOps,
                     VouchOps):
     """Pipelines, nodes, item checkpoints, the work queue, transitions, events, circuit breakers, the ledger of
     provider calls, the call journal and the request and token budgets, and the reads behind metrics and reports.

@@ -174,12 +174,199 @@ BEGIN
 END
 $$;
 
+CREATE FUNCTION public.rx_duration(p_start timestamp with time zone, p_end timestamp with time zone) RETURNS double precision
+    LANGUAGE sql IMMUTABLE
+    AS $$
+    SELECT CASE WHEN isfinite(p_start) AND isfinite(p_end) THEN extract(epoch FROM p_end - p_start)::float8 END
+$$;
+
+CREATE FUNCTION public.rx_pipeline_finished() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    IF OLD.status IN ('completed', 'failed') THEN
+        PERFORM rx_roll_back_finished(OLD.id, OLD.job_name);
+    END IF;
+    IF NEW.status IN ('completed', 'failed') THEN
+        PERFORM rx_roll_up_finished(NEW.id, NEW.id);
+    END IF;
+    RETURN NULL;
+END
+$$;
+
+CREATE FUNCTION public.rx_pipeline_recounted() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    INSERT INTO rx_pipeline_counts AS c (deployment, job_name, status, pipelines, seconds_sum, seconds_count)
+    SELECT deployment, job_name, status, sum(n), COALESCE(sum(n * d), 0), sum(CASE WHEN d IS NULL THEN 0 ELSE n END)
+      FROM (SELECT OLD.deployment, OLD.job_name, OLD.status, -1, rx_duration(OLD.started_at, OLD.completed_at)
+            UNION ALL
+            SELECT NEW.deployment, NEW.job_name, NEW.status, 1, rx_duration(NEW.started_at, NEW.completed_at)
+             WHERE TG_OP = 'UPDATE') AS changed (deployment, job_name, status, n, d)
+     GROUP BY deployment, job_name, status ORDER BY deployment, job_name, status
+    ON CONFLICT (deployment, job_name, status) DO UPDATE
+       SET pipelines = c.pipelines + excluded.pipelines, seconds_sum = c.seconds_sum + excluded.seconds_sum,
+           seconds_count = c.seconds_count + excluded.seconds_count;
+    RETURN NULL;
+END
+$$;
+
+CREATE FUNCTION public.rx_pipelines_counted() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    INSERT INTO rx_pipeline_counts AS c (deployment, job_name, status, pipelines, seconds_sum, seconds_count)
+    SELECT deployment, job_name, status, sum(n), COALESCE(sum(n * d), 0), sum(CASE WHEN d IS NULL THEN 0 ELSE n END)
+      FROM (SELECT deployment, job_name, status, 1 AS n, rx_duration(started_at, completed_at) AS d
+              FROM rx_new) AS changed
+     GROUP BY deployment, job_name, status ORDER BY deployment, job_name, status
+    ON CONFLICT (deployment, job_name, status) DO UPDATE
+       SET pipelines = c.pipelines + excluded.pipelines, seconds_sum = c.seconds_sum + excluded.seconds_sum,
+           seconds_count = c.seconds_count + excluded.seconds_count;
+    RETURN NULL;
+END
+$$;
+
 CREATE FUNCTION public.rx_prune_call_journal() RETURNS trigger
     LANGUAGE plpgsql
     AS $$
 BEGIN
     DELETE FROM rx_call_journal WHERE pipeline_id = NEW.id;
     RETURN NULL;
+END
+$$;
+
+CREATE FUNCTION public.rx_queue_item_recounted() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    INSERT INTO rx_queue_counts AS c (queue, status, items, seconds_sum, seconds_count)
+    SELECT queue, status, sum(n), COALESCE(sum(n * d), 0), sum(CASE WHEN d IS NULL THEN 0 ELSE n END)
+      FROM (SELECT OLD.queue, OLD.status, -1, rx_duration(OLD.started_at, OLD.completed_at)
+            UNION ALL
+            SELECT NEW.queue, NEW.status, 1, rx_duration(NEW.started_at, NEW.completed_at)
+             WHERE TG_OP = 'UPDATE') AS changed (queue, status, n, d)
+     GROUP BY queue, status ORDER BY queue, status
+    ON CONFLICT (queue, status) DO UPDATE
+       SET items = c.items + excluded.items, seconds_sum = c.seconds_sum + excluded.seconds_sum,
+           seconds_count = c.seconds_count + excluded.seconds_count;
+    RETURN NULL;
+END
+$$;
+
+CREATE FUNCTION public.rx_queue_items_counted() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    INSERT INTO rx_queue_counts AS c (queue, status, items, seconds_sum, seconds_count)
+    SELECT queue, status, sum(n), COALESCE(sum(n * d), 0), sum(CASE WHEN d IS NULL THEN 0 ELSE n END)
+      FROM (SELECT queue, status, 1 AS n, rx_duration(started_at, completed_at) AS d FROM rx_new) AS changed
+     GROUP BY queue, status ORDER BY queue, status
+    ON CONFLICT (queue, status) DO UPDATE
+       SET items = c.items + excluded.items, seconds_sum = c.seconds_sum + excluded.seconds_sum,
+           seconds_count = c.seconds_count + excluded.seconds_count;
+    RETURN NULL;
+END
+$$;
+
+CREATE FUNCTION public.rx_resume_counted() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    INSERT INTO rx_resume_counts AS c (event, cause, transitions)
+    VALUES (NEW.event, COALESCE(CASE WHEN jsonb_typeof(NEW.data) = 'object' THEN NEW.data ->> 'cause' END, ''), 1)
+    ON CONFLICT (event, cause) DO UPDATE SET transitions = c.transitions + 1;
+    RETURN NULL;
+END
+$$;
+
+CREATE FUNCTION public.rx_roll_back_finished(p_pipeline bigint, p_job text) RETURNS void
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    INSERT INTO rx_finished_items AS c (job_name, status, items)
+    SELECT p_job, i.status, -count(*) FROM rx_node_items i WHERE i.pipeline_id = p_pipeline
+     GROUP BY i.status ORDER BY i.status
+    ON CONFLICT (job_name, status) DO UPDATE SET items = c.items + excluded.items;
+
+    INSERT INTO rx_ledger_daily AS d
+        (day, job_name, model, outcome, calls, tokens_in, tokens_out, cost, saved_calls, saved_tokens, saved_cost,
+         wasted_calls, wasted_tokens, wasted_cost, replayed_calls, in_flight_unknown_calls, skipped_rows)
+    SELECT day, job_name, model, outcome, -sum(calls), -sum(tokens_in), -sum(tokens_out), -sum(cost),
+           -sum(saved_calls), -sum(saved_tokens), -sum(saved_cost), -sum(wasted_calls), -sum(wasted_tokens),
+           -sum(wasted_cost), -sum(replayed_calls), -sum(in_flight_unknown_calls), -sum(skipped_rows)
+      FROM rx_ledger_pipeline_totals WHERE pipeline_id = p_pipeline
+     GROUP BY day, job_name, model, outcome ORDER BY day, job_name, model, outcome
+    ON CONFLICT (day, job_name, model, outcome) DO UPDATE
+       SET calls = d.calls + excluded.calls, tokens_in = d.tokens_in + excluded.tokens_in,
+           tokens_out = d.tokens_out + excluded.tokens_out, cost = d.cost + excluded.cost,
+           saved_calls = d.saved_calls + excluded.saved_calls, saved_tokens = d.saved_tokens + excluded.saved_tokens,
+           saved_cost = d.saved_cost + excluded.saved_cost, wasted_calls = d.wasted_calls + excluded.wasted_calls,
+           wasted_tokens = d.wasted_tokens + excluded.wasted_tokens, wasted_cost = d.wasted_cost + excluded.wasted_cost,
+           replayed_calls = d.replayed_calls + excluded.replayed_calls,
+           in_flight_unknown_calls = d.in_flight_unknown_calls + excluded.in_flight_unknown_calls,
+           skipped_rows = d.skipped_rows + excluded.skipped_rows;
+    DELETE FROM rx_ledger_pipeline_totals WHERE pipeline_id = p_pipeline;
+END
+$$;
+
+CREATE FUNCTION public.rx_roll_up_finished(p_lo bigint, p_hi bigint) RETURNS void
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    INSERT INTO rx_finished_items AS c (job_name, status, items)
+    SELECT p.job_name, i.status, count(*)
+      FROM rx_pipelines p JOIN rx_node_items i ON i.pipeline_id = p.id
+     WHERE p.id BETWEEN p_lo AND p_hi AND p.status IN ('completed', 'failed')
+     GROUP BY p.job_name, i.status ORDER BY p.job_name, i.status
+    ON CONFLICT (job_name, status) DO UPDATE SET items = c.items + excluded.items;
+
+    INSERT INTO rx_ledger_pipeline_totals AS t
+        (pipeline_id, node_name, model, outcome, job_name, day, calls, tokens_in, tokens_out, cost, saved_calls,
+         saved_tokens, saved_cost, wasted_calls, wasted_tokens, wasted_cost, replayed_calls,
+         in_flight_unknown_calls, skipped_rows)
+    SELECT c.pipeline_id, c.node_name, c.model, c.outcome, min(c.job_name), min(c.day),
+           count(*) FILTER (WHERE c.ok), COALESCE(sum(c.tokens_in) FILTER (WHERE c.ok), 0),
+           COALESCE(sum(c.tokens_out) FILTER (WHERE c.ok), 0), COALESCE(sum(c.cost) FILTER (WHERE c.ok), 0),
+           count(*) FILTER (WHERE c.ok AND c.saved), COALESCE(sum(c.tokens) FILTER (WHERE c.ok AND c.saved), 0),
+           COALESCE(sum(c.cost) FILTER (WHERE c.ok AND c.saved), 0),
+           count(*) FILTER (WHERE c.ok AND c.wasted), COALESCE(sum(c.tokens) FILTER (WHERE c.ok AND c.wasted), 0),
+           COALESCE(sum(c.cost) FILTER (WHERE c.ok AND c.wasted), 0),
+           count(*) FILTER (WHERE c.ok AND c.saved AND c.replays > 0),
+           count(*) FILTER (WHERE c.ok AND c.outcome = 'in_flight'), count(*) FILTER (WHERE NOT c.ok)
+      FROM (SELECT pc.pipeline_id, COALESCE(pc.node_name, '') AS node_name, COALESCE(pc.model, '') AS model,
+                   pc.outcome, p.job_name, (COALESCE(p.completed_at, p.updated_at) AT TIME ZONE 'UTC')::date AS day,
+                   pc.tokens_in, pc.tokens_out, pc.tokens_in + pc.tokens_out AS tokens, COALESCE(pc.cost, 0) AS cost,
+                   pc.replays,
+                   COALESCE(pc.reached_checkpoint AND pc.epoch < p.epoch, false) AS saved,
+                   NOT pc.reached_checkpoint AND pc.outcome <> 'in_flight' AS wasted,
+                   -- the ledger's well-formed row (ledger_rows.py): bounded tokens, cost and latency
+                   COALESCE(pc.tokens_in BETWEEN 0 AND 1099511627776 AND pc.tokens_out BETWEEN 0 AND 1099511627776
+                            AND (pc.cost IS NULL OR pc.cost BETWEEN 0 AND 2199023255552)
+                            AND pc.latency_seconds BETWEEN 0 AND 1000000000, false) AS ok
+              FROM rx_pipelines p JOIN rx_provider_calls pc ON pc.pipeline_id = p.id
+             WHERE p.id BETWEEN p_lo AND p_hi AND p.status IN ('completed', 'failed')) AS c
+     GROUP BY c.pipeline_id, c.node_name, c.model, c.outcome
+    ON CONFLICT (pipeline_id, node_name, model, outcome) DO NOTHING;
+
+    INSERT INTO rx_ledger_daily AS d
+        (day, job_name, model, outcome, calls, tokens_in, tokens_out, cost, saved_calls, saved_tokens, saved_cost,
+         wasted_calls, wasted_tokens, wasted_cost, replayed_calls, in_flight_unknown_calls, skipped_rows)
+    SELECT day, job_name, model, outcome, sum(calls), sum(tokens_in), sum(tokens_out), sum(cost), sum(saved_calls),
+           sum(saved_tokens), sum(saved_cost), sum(wasted_calls), sum(wasted_tokens), sum(wasted_cost),
+           sum(replayed_calls), sum(in_flight_unknown_calls), sum(skipped_rows)
+      FROM rx_ledger_pipeline_totals WHERE pipeline_id BETWEEN p_lo AND p_hi
+     GROUP BY day, job_name, model, outcome ORDER BY day, job_name, model, outcome
+    ON CONFLICT (day, job_name, model, outcome) DO UPDATE
+       SET calls = d.calls + excluded.calls, tokens_in = d.tokens_in + excluded.tokens_in,
+           tokens_out = d.tokens_out + excluded.tokens_out, cost = d.cost + excluded.cost,
+           saved_calls = d.saved_calls + excluded.saved_calls, saved_tokens = d.saved_tokens + excluded.saved_tokens,
+           saved_cost = d.saved_cost + excluded.saved_cost, wasted_calls = d.wasted_calls + excluded.wasted_calls,
+           wasted_tokens = d.wasted_tokens + excluded.wasted_tokens, wasted_cost = d.wasted_cost + excluded.wasted_cost,
+           replayed_calls = d.replayed_calls + excluded.replayed_calls,
+           in_flight_unknown_calls = d.in_flight_unknown_calls + excluded.in_flight_unknown_calls,
+           skipped_rows = d.skipped_rows + excluded.skipped_rows;
 END
 $$;
 
@@ -241,6 +428,54 @@ CREATE SEQUENCE public.rx_events_id_seq
 
 ALTER SEQUENCE public.rx_events_id_seq OWNED BY public.rx_events.id;
 
+CREATE TABLE public.rx_finished_items (
+    job_name text NOT NULL,
+    status text NOT NULL,
+    items bigint DEFAULT 0 NOT NULL
+);
+
+CREATE TABLE public.rx_ledger_daily (
+    day date NOT NULL,
+    job_name text NOT NULL,
+    model text NOT NULL,
+    outcome text NOT NULL,
+    calls bigint DEFAULT 0 NOT NULL,
+    tokens_in bigint DEFAULT 0 NOT NULL,
+    tokens_out bigint DEFAULT 0 NOT NULL,
+    cost double precision DEFAULT 0 NOT NULL,
+    saved_calls bigint DEFAULT 0 NOT NULL,
+    saved_tokens bigint DEFAULT 0 NOT NULL,
+    saved_cost double precision DEFAULT 0 NOT NULL,
+    wasted_calls bigint DEFAULT 0 NOT NULL,
+    wasted_tokens bigint DEFAULT 0 NOT NULL,
+    wasted_cost double precision DEFAULT 0 NOT NULL,
+    replayed_calls bigint DEFAULT 0 NOT NULL,
+    in_flight_unknown_calls bigint DEFAULT 0 NOT NULL,
+    skipped_rows bigint DEFAULT 0 NOT NULL
+);
+
+CREATE TABLE public.rx_ledger_pipeline_totals (
+    pipeline_id bigint NOT NULL,
+    node_name text NOT NULL,
+    model text NOT NULL,
+    outcome text NOT NULL,
+    job_name text NOT NULL,
+    day date NOT NULL,
+    calls bigint DEFAULT 0 NOT NULL,
+    tokens_in bigint DEFAULT 0 NOT NULL,
+    tokens_out bigint DEFAULT 0 NOT NULL,
+    cost double precision DEFAULT 0 NOT NULL,
+    saved_calls bigint DEFAULT 0 NOT NULL,
+    saved_tokens bigint DEFAULT 0 NOT NULL,
+    saved_cost double precision DEFAULT 0 NOT NULL,
+    wasted_calls bigint DEFAULT 0 NOT NULL,
+    wasted_tokens bigint DEFAULT 0 NOT NULL,
+    wasted_cost double precision DEFAULT 0 NOT NULL,
+    replayed_calls bigint DEFAULT 0 NOT NULL,
+    in_flight_unknown_calls bigint DEFAULT 0 NOT NULL,
+    skipped_rows bigint DEFAULT 0 NOT NULL
+);
+
 CREATE TABLE public.rx_node_items (
     pipeline_id bigint NOT NULL,
     node_name text NOT NULL,
@@ -260,6 +495,15 @@ CREATE SEQUENCE public.rx_nodes_id_seq
     CACHE 1;
 
 ALTER SEQUENCE public.rx_nodes_id_seq OWNED BY public.rx_nodes.id;
+
+CREATE TABLE public.rx_pipeline_counts (
+    deployment text NOT NULL,
+    job_name text NOT NULL,
+    status text NOT NULL,
+    pipelines bigint DEFAULT 0 NOT NULL,
+    seconds_sum double precision DEFAULT 0 NOT NULL,
+    seconds_count bigint DEFAULT 0 NOT NULL
+);
 
 CREATE TABLE public.rx_pipelines (
     id bigint NOT NULL,
@@ -334,6 +578,14 @@ CREATE TABLE public.rx_provider_jobs (
     updated_at timestamp with time zone DEFAULT now() NOT NULL
 );
 
+CREATE TABLE public.rx_queue_counts (
+    queue text NOT NULL,
+    status text NOT NULL,
+    items bigint DEFAULT 0 NOT NULL,
+    seconds_sum double precision DEFAULT 0 NOT NULL,
+    seconds_count bigint DEFAULT 0 NOT NULL
+);
+
 CREATE TABLE public.rx_queue_items (
     id bigint NOT NULL,
     queue text NOT NULL,
@@ -393,6 +645,12 @@ CREATE SEQUENCE public.rx_rate_reservations_id_seq
 
 ALTER SEQUENCE public.rx_rate_reservations_id_seq OWNED BY public.rx_rate_reservations.id;
 
+CREATE TABLE public.rx_resume_counts (
+    event text NOT NULL,
+    cause text NOT NULL,
+    transitions bigint DEFAULT 0 NOT NULL
+);
+
 CREATE TABLE public.rx_schema_migrations (
     version integer NOT NULL,
     name text NOT NULL,
@@ -444,6 +702,15 @@ ALTER TABLE ONLY public.rx_circuit_breakers
 ALTER TABLE ONLY public.rx_events
     ADD CONSTRAINT rx_events_pkey PRIMARY KEY (id);
 
+ALTER TABLE ONLY public.rx_finished_items
+    ADD CONSTRAINT rx_finished_items_pkey PRIMARY KEY (job_name, status);
+
+ALTER TABLE ONLY public.rx_ledger_daily
+    ADD CONSTRAINT rx_ledger_daily_pkey PRIMARY KEY (day, job_name, model, outcome);
+
+ALTER TABLE ONLY public.rx_ledger_pipeline_totals
+    ADD CONSTRAINT rx_ledger_pipeline_totals_pkey PRIMARY KEY (pipeline_id, node_name, model, outcome);
+
 ALTER TABLE ONLY public.rx_node_items
     ADD CONSTRAINT rx_node_items_pkey PRIMARY KEY (pipeline_id, node_name, item_key);
 
@@ -452,6 +719,9 @@ ALTER TABLE ONLY public.rx_nodes
 
 ALTER TABLE ONLY public.rx_nodes
     ADD CONSTRAINT rx_nodes_pkey PRIMARY KEY (id);
+
+ALTER TABLE ONLY public.rx_pipeline_counts
+    ADD CONSTRAINT rx_pipeline_counts_pkey PRIMARY KEY (deployment, job_name, status);
 
 ALTER TABLE ONLY public.rx_pipelines
     ADD CONSTRAINT rx_pipelines_origin_run_id_key UNIQUE (origin_run_id);
@@ -465,6 +735,9 @@ ALTER TABLE ONLY public.rx_provider_calls
 ALTER TABLE ONLY public.rx_provider_jobs
     ADD CONSTRAINT rx_provider_jobs_pkey PRIMARY KEY (pipeline_id, node_name, token);
 
+ALTER TABLE ONLY public.rx_queue_counts
+    ADD CONSTRAINT rx_queue_counts_pkey PRIMARY KEY (queue, status);
+
 ALTER TABLE ONLY public.rx_queue_items
     ADD CONSTRAINT rx_queue_items_dedupe UNIQUE (queue, dedupe_key);
 
@@ -476,6 +749,9 @@ ALTER TABLE ONLY public.rx_rate_budgets
 
 ALTER TABLE ONLY public.rx_rate_reservations
     ADD CONSTRAINT rx_rate_reservations_pkey PRIMARY KEY (id);
+
+ALTER TABLE ONLY public.rx_resume_counts
+    ADD CONSTRAINT rx_resume_counts_pkey PRIMARY KEY (event, cause);
 
 ALTER TABLE ONLY public.rx_schema_migrations
     ADD CONSTRAINT rx_schema_migrations_pkey PRIMARY KEY (version);
@@ -503,13 +779,21 @@ CREATE INDEX rx_pipelines_owner ON public.rx_pipelines USING btree (owner) WHERE
 
 CREATE INDEX rx_provider_calls_node ON public.rx_provider_calls USING btree (pipeline_id, node_name, item_key);
 
+CREATE INDEX rx_provider_calls_unowned ON public.rx_provider_calls USING btree (id) WHERE (pipeline_id IS NULL);
+
 CREATE INDEX rx_queue_dead ON public.rx_queue_items USING btree (queue, id) WHERE (status = 'dead'::text);
 
 CREATE INDEX rx_queue_holder ON public.rx_queue_items USING btree (holder_pipeline_id) WHERE (status = 'processing'::text);
 
+CREATE INDEX rx_queue_holder_completed ON public.rx_queue_items USING btree (holder_pipeline_id, completed_at) WHERE (status = 'completed'::text);
+
 CREATE INDEX rx_queue_processing ON public.rx_queue_items USING btree (queue, started_at) WHERE (status = 'processing'::text);
 
 CREATE INDEX rx_queue_ready ON public.rx_queue_items USING btree (queue, id) WHERE (status = 'ready'::text);
+
+CREATE INDEX rx_queue_unfinished ON public.rx_queue_items USING btree (id) WHERE (status = ANY (ARRAY['ready'::text, 'processing'::text]));
+
+CREATE INDEX rx_queue_unknown_status ON public.rx_queue_items USING btree (id) WHERE (status <> ALL (ARRAY['ready'::text, 'processing'::text, 'completed'::text, 'failed'::text, 'dead'::text]));
 
 CREATE INDEX rx_rate_reservations_window ON public.rx_rate_reservations USING btree (endpoint, model, reserved_at);
 
@@ -518,6 +802,22 @@ CREATE INDEX rx_transitions_entity ON public.rx_transitions USING btree (entity_
 CREATE INDEX rx_transitions_pipeline ON public.rx_transitions USING btree (pipeline_id, id) WHERE (pipeline_id IS NOT NULL);
 
 CREATE TRIGGER rx_call_journal_pipeline_ended AFTER UPDATE OF status ON public.rx_pipelines FOR EACH ROW WHEN (((new.status = ANY (ARRAY['completed'::text, 'canceled'::text])) AND (old.status IS DISTINCT FROM new.status))) EXECUTE FUNCTION public.rx_prune_call_journal();
+
+CREATE TRIGGER rx_pipeline_deleted AFTER DELETE ON public.rx_pipelines FOR EACH ROW EXECUTE FUNCTION public.rx_pipeline_recounted();
+
+CREATE TRIGGER rx_pipeline_finished AFTER UPDATE OF status ON public.rx_pipelines FOR EACH ROW WHEN (((old.status = ANY (ARRAY['completed'::text, 'failed'::text])) IS DISTINCT FROM (new.status = ANY (ARRAY['completed'::text, 'failed'::text])))) EXECUTE FUNCTION public.rx_pipeline_finished();
+
+CREATE TRIGGER rx_pipeline_relabeled AFTER UPDATE OF status, job_name, deployment, started_at, completed_at ON public.rx_pipelines FOR EACH ROW WHEN (((old.status IS DISTINCT FROM new.status) OR (old.job_name IS DISTINCT FROM new.job_name) OR (old.deployment IS DISTINCT FROM new.deployment) OR (old.started_at IS DISTINCT FROM new.started_at) OR (old.completed_at IS DISTINCT FROM new.completed_at))) EXECUTE FUNCTION public.rx_pipeline_recounted();
+
+CREATE TRIGGER rx_pipelines_inserted AFTER INSERT ON public.rx_pipelines REFERENCING NEW TABLE AS rx_new FOR EACH STATEMENT EXECUTE FUNCTION public.rx_pipelines_counted();
+
+CREATE TRIGGER rx_queue_item_deleted AFTER DELETE ON public.rx_queue_items FOR EACH ROW EXECUTE FUNCTION public.rx_queue_item_recounted();
+
+CREATE TRIGGER rx_queue_item_relabeled AFTER UPDATE OF status, queue, started_at, completed_at ON public.rx_queue_items FOR EACH ROW WHEN (((old.status IS DISTINCT FROM new.status) OR (old.queue IS DISTINCT FROM new.queue) OR (old.started_at IS DISTINCT FROM new.started_at) OR (old.completed_at IS DISTINCT FROM new.completed_at))) EXECUTE FUNCTION public.rx_queue_item_recounted();
+
+CREATE TRIGGER rx_queue_items_inserted AFTER INSERT ON public.rx_queue_items REFERENCING NEW TABLE AS rx_new FOR EACH STATEMENT EXECUTE FUNCTION public.rx_queue_items_counted();
+
+CREATE TRIGGER rx_resume_recorded AFTER INSERT ON public.rx_transitions FOR EACH ROW WHEN (((new.entity_type = 'pipeline'::text) AND (new.event = ANY (ARRAY['reclaimed'::text, 'taken_over'::text, 'reopened_for_degraded'::text, 'given_up'::text])))) EXECUTE FUNCTION public.rx_resume_counted();
 
 ALTER TABLE ONLY public.rx_call_journal
     ADD CONSTRAINT rx_call_journal_pipeline_id_fkey FOREIGN KEY (pipeline_id) REFERENCES public.rx_pipelines(id) ON DELETE CASCADE;

@@ -1,0 +1,101 @@
+"""Figures kept as the work happens (aggregates.py): equal to the detail they sum, on both databases, kept when
+the detail of finished pipelines is pruned, and read by the scrape and `status` instead of the history."""
+
+from __future__ import annotations
+
+from sqlalchemy import delete, func, select
+
+from recovery_ext._store.models import ItemCheckpoint, ProviderCall
+from recovery_ext._store.schema import node_items, pipelines, provider_calls, queue_items
+
+ENDPOINT = "https://api.example.com/v1/chat"
+
+
+def call(own, key: str, tokens: int, *, model: str = "m-1", outcome: str = "ok") -> ProviderCall:
+    return ProviderCall(endpoint=ENDPOINT, model=model, tokens_in=tokens, tokens_out=1, latency_seconds=0.1,
+                        outcome=outcome, cost=tokens / 1000, item_key=key, pipeline_id=own.pipeline_id,
+                        node_name="n", run_id=own.owner, epoch=own.epoch)
+
+
+def worked(store, job: str, owner: str, items: int, *, finish: bool):
+    """A pipeline of one node that checkpointed ``items`` items (one call each) and made one wasted call."""
+    own = store.create_pipeline(job, ["n"], owner=owner)
+    store.start_node(own, "n")
+    store.checkpoint_items(own, "n", [ItemCheckpoint(f"k{i}", {"i": i}, calls=(call(own, f"k{i}", 10 + i),))
+                                      for i in range(items)])
+    store.record_provider_calls([call(own, "retried", 7, outcome="rate_limited")])
+    if finish:
+        store.complete_node(own, "n")
+        assert store.get_pipeline(own.pipeline_id).status == "completed"
+    return own
+
+
+def figures(store) -> dict:
+    s = store.metrics_snapshot()
+    return {"pipelines": sorted(s.pipelines), "items": sorted(s.items), "spent": sorted(s.provider_calls),
+            "costs": {job: {k: round(v, 9) for k, v in f.items()} for job, f in sorted(s.provider_costs.items())},
+            "resumes": s.resume_runs, "skipped": s.skipped_ledger_rows, "queues": sorted(s.queue_items)}
+
+
+def test_the_scrape_sums_finished_and_live_work_as_the_detail_does_and_keeps_it_when_the_detail_is_pruned(store):
+    done = [worked(store, "etl", f"done-{i}", 3, finish=True) for i in range(3)]
+    worked(store, "etl", "live-1", 2, finish=False)
+    worked(store, "ocr", "live-2", 1, finish=False)
+    store.enqueue("docs", [{"n": 1}, {"n": 2}])
+
+    scraped = figures(store)
+    detail = store.provider_costs()  # computed from every ledger row
+    by_job: dict[str, dict] = {}
+    for pipeline_id, f in detail.pipelines.items():
+        into = by_job.setdefault(detail.jobs[pipeline_id], dict.fromkeys(f.as_dict(), 0))
+        for key, value in f.as_dict().items():
+            into[key] += value
+    assert scraped["costs"] == {job: {k: round(v, 9) for k, v in f.items()} for job, f in sorted(by_job.items())}
+    assert scraped["pipelines"] == [(("default", "etl", "completed"), 3), (("default", "etl", "running"), 1),
+                                    (("default", "ocr", "running"), 1)]
+    assert scraped["items"] == [("etl", "completed", 11), ("ocr", "completed", 1)]
+    with store.read() as conn:
+        calls = conn.scalar(select(func.count()).select_from(provider_calls))
+    assert sum(row[3] for row in scraped["spent"]) == calls == 3 * 4 + 3 + 2
+    assert scraped["queues"] == [("docs", "ready", 2)]
+
+    with store.write() as conn:  # what retention does to old finished pipelines: the detail goes
+        ids = [own.pipeline_id for own in done]
+        conn.execute(delete(provider_calls).where(provider_calls.c.pipeline_id.in_(ids)))
+        conn.execute(delete(node_items).where(node_items.c.pipeline_id.in_(ids)))
+    assert figures(store) == scraped
+
+
+def test_a_reopened_pipeline_leaves_the_roll_up_and_returns_judged_again(store):
+    own = worked(store, "etl", "first", 2, finish=True)
+    before = figures(store)
+    with store.write() as conn:  # what reopening for a redo does to the row: running again, a new epoch
+        conn.execute(pipelines.update().where(pipelines.c.id == own.pipeline_id)
+                     .values(status="running", epoch=2, owner="second"))
+    reopened = figures(store)
+    assert reopened["pipelines"] == [(("default", "etl", "running"), 1)]
+    assert reopened["items"] == before["items"]  # counted live now, not twice
+    assert reopened["costs"]["etl"]["calls"] == before["costs"]["etl"]["calls"] == 3
+    assert reopened["costs"]["etl"]["saved_calls"] == 2  # kept from epoch 1 by the epoch-2 owner
+    with store.write() as conn:
+        conn.execute(pipelines.update().where(pipelines.c.id == own.pipeline_id).values(status="completed"))
+    again = figures(store)
+    assert again["pipelines"] == before["pipelines"] and again["costs"]["etl"]["saved_calls"] == 2
+    assert again["costs"]["etl"]["calls"] == 3 and again["items"] == before["items"]
+
+
+def test_status_summaries_come_from_the_counts_kept_as_rows_change(store):
+    worked(store, "etl", "a", 1, finish=True)
+    worked(store, "etl", "b", 1, finish=False)
+    ids = store.enqueue("docs", [{"n": 1}, {"n": 2}, {"n": 3}])
+    item = store.claim("docs", "w:0", heartbeat_timeout=60)[0]
+    store.complete_item(item, {"ok": True})
+    with store.write() as conn:
+        conn.execute(delete(queue_items).where(queue_items.c.id == ids[-1]))
+    summary = {(r["deployment"], r["status"]): r for r in store.pipeline_summary()}
+    assert {k: r["count"] for k, r in summary.items()} == {("default", "completed"): 1, ("default", "running"): 1}
+    assert summary[("default", "completed")]["avg_seconds"] is not None
+    assert summary[("default", "running")]["avg_seconds"] is None
+    queues = {(r["queue"], r["status"]): r["count"] for r in store.queue_summary()}
+    assert queues == {("docs", "completed"): 1, ("docs", "ready"): 1}
+    assert store.pipeline_summary(deployment="elsewhere") == []
