@@ -33,6 +33,8 @@ ITEM_TIMES_LIMIT = 50_000
 
 RESUME_EVENTS: dict[str, str | None] = {"reclaimed": None, "taken_over": "re_execution",
                                         "reopened_for_degraded": "redo_degraded"}
+# Every pipeline transition a Prometheus counter counts: a prune keeps these (a counter never goes backwards).
+COUNTED_TRANSITION_EVENTS: tuple[str, ...] = (*RESUME_EVENTS, "given_up")
 
 
 @dataclass(frozen=True)
@@ -106,7 +108,7 @@ class ObservabilityOps(Database):
                 .where(p.status == PipelineStatus.RUNNING, p.heartbeat_at.isnot(None)))
             counted = conn.execute(
                 select(t.event, cause.label("cause"), func.count())
-                .where(t.entity_type == "pipeline", t.event.in_([*RESUME_EVENTS, "given_up"]))
+                .where(t.entity_type == "pipeline", t.event.in_(COUNTED_TRANSITION_EVENTS))
                 .group_by(t.event, cause)).all()
             items = conn.execute(
                 select(p.job_name, node_items.c.status, func.count())
