@@ -3,7 +3,8 @@
 A pipeline is prunable once its status is terminal (completed, failed, canceled) and it ended
 (``completed_at``) before the cut-off, ``now - older_than`` on the database clock. Pending and
 running pipelines (waiting, orphaned, awaiting their resume run) are never candidates, whatever
-their age; a finished pipeline without an end time is never one either.
+their age; a finished pipeline without an end time is never one either, nor is the newest pipeline (its id
+stays taken: SQLite would hand it out again).
 
 One batch is one short write transaction: it locks up to ``batch_size`` candidates
 ``FOR UPDATE SKIP LOCKED`` (SQLite: its single writer lock, ``BEGIN IMMEDIATE``), deletes
@@ -105,9 +106,12 @@ class PruneResult:
 
 
 def _prunable(cutoff: ColumnElement, status: str, deployment: str | None) -> list[ColumnElement]:
+    """The newest pipeline is never prunable: SQLite gives a new row the highest id plus one, so deleting the
+    newest would hand its id to the next pipeline, and a kept transition or an old run's tag would name it."""
     # The status inline, not bound, so PostgreSQL matches the partial indexes (rx_pipelines_finished for completed
     # and failed, rx_pipelines_live for canceled) under a generic plan too.
-    where = [p.status == literal_column(f"'{status}'"), p.completed_at.isnot(None), p.completed_at < cutoff]
+    where = [p.status == literal_column(f"'{status}'"), p.completed_at.isnot(None), p.completed_at < cutoff,
+             p.id < select(func.max(p.id)).scalar_subquery()]
     return [*where, p.deployment == deployment] if deployment is not None else where
 
 

@@ -12,7 +12,11 @@ import pytest
 from sqlalchemy import func, inspect, select, update
 
 from helpers import expire
-from recovery_ext._store.models import ItemCheckpoint, PassPlan, ProviderCall
+from recovery_ext import RecoveryResource
+from recovery_ext._recovery import retention as schedule
+from recovery_ext._recovery.protocol import LaunchNothing, RecoveryProtocol
+from recovery_ext._recovery.scan import RecoverySettings
+from recovery_ext._store.models import ItemCheckpoint, PassPlan, ProviderCall, Scope
 from recovery_ext._store.observability import COUNTED_TRANSITION_EVENTS
 from recovery_ext._store.retention import PRUNE_STEPS, kept_on_purpose
 from recovery_ext._store.schema import pipelines, transitions
@@ -53,6 +57,11 @@ def history(store: RecoveryStore, run: str, *, ending: str = "complete", items: 
     if ending is not None and ago_days:
         ended_ago(store, own.pipeline_id, ago_days)
     return own
+
+
+def newest(store: RecoveryStore, run: str = "newest"):
+    """A running pipeline newer than the others: the newest pipeline is never pruned (its id stays taken)."""
+    return store.create_pipeline("job", ["a"], owner=run, origin_run_id=run)
 
 
 def ended_ago(store: RecoveryStore, pipeline_id: int, days: float) -> None:
@@ -121,6 +130,7 @@ def test_the_transitions_prometheus_counts_stay_so_no_counter_goes_backwards(sto
     store.give_up_hopeless()
     for pipeline_id in (own.pipeline_id, given_up.pipeline_id):
         ended_ago(store, pipeline_id, 100)
+    newest(store)
     before = counters(store)
     assert before[0] and before[1] and before[2] == 1
 
@@ -165,6 +175,7 @@ def test_live_and_resumable_pipelines_are_never_touched_however_old(store):
 
 def test_batches_stop_at_each_boundary_and_a_second_run_finds_nothing(store):
     old = [history(store, f"old-{i}", items=1) for i in range(5)]
+    newest(store)
     seen: list[int] = []
 
     first = store.prune_finished_pipelines(DAY, batch_size=2, progress=lambda r: seen.append(r.pipelines))
@@ -175,6 +186,7 @@ def test_batches_stop_at_each_boundary_and_a_second_run_finds_nothing(store):
     assert (again.pipelines, again.batches, again.done, again.rows) == (0, 0, True, {})
 
     exact = [history(store, f"exact-{i}", items=1) for i in range(4)]  # a last batch exactly full
+    newest(store, "newest-again")
     limited = store.prune_finished_pipelines(DAY, batch_size=2, max_batches=1)
     assert (limited.pipelines, limited.done) == (2, False)
     rest = store.prune_finished_pipelines(DAY, batch_size=2)
@@ -211,6 +223,7 @@ def test_dry_run_counts_by_status_and_deployment_scopes(store):
     other = store.create_pipeline("job", ["a"], owner="elsewhere", origin_run_id="elsewhere", deployment="other")
     store.fail_run(other, "x")
     ended_ago(store, other.pipeline_id, 100)
+    newest(store)
     before = rows_of(store, range(1, 10))
 
     dry = store.prune_finished_pipelines(DAY, dry_run=True)
@@ -248,6 +261,7 @@ def test_postgres_skips_a_pipeline_another_transaction_holds_instead_of_waiting(
     try:
         held = history(store, "held", ending="fail")
         free = history(store, "free", ending="fail")
+        newest(store)
         with store.write() as conn:
             conn.execute(select(pipelines.c.id).where(pipelines.c.id == held.pipeline_id).with_for_update())
             result = store.prune_finished_pipelines(DAY)
@@ -284,6 +298,52 @@ def test_cli_prune_dry_run_then_prune_then_nothing_left(cli, store):
 ])
 def test_cli_prune_refuses_bad_input_with_one_line_and_exit_2(cli, store, args, message):
     history(store, "old", ending="complete")
+    newest(store)
     result = cli("prune", *args, code=2)
     assert message in result.output and "Traceback" not in result.output
     assert store.prune_finished_pipelines(DAY, dry_run=True).pipelines == 1  # nothing was deleted
+
+
+def test_the_orphan_sensor_prunes_at_most_hourly_and_a_pass_goes_on_while_pipelines_are_left(store, monkeypatch):
+    monkeypatch.setattr(schedule, "TICK_BUDGET_SECONDS", 0.0)  # one batch per tick
+    now = [0.0]
+    protocol = RecoveryProtocol(Scope(), clock=lambda: now[0])
+    protocol.retention = schedule.RetentionSchedule(lambda: now[0], batch_size=2)
+
+    def tick(retention=DAY):
+        outcome = protocol.tick(store, LaunchNothing(), RecoverySettings(), pipeline_retention_seconds=retention)
+        assert outcome.stats.error is None
+        return store.prune_finished_pipelines(DAY, dry_run=True).pipelines
+
+    for i in range(3):
+        history(store, f"old-{i}", items=1)
+    newest(store)
+    assert tick(retention=None) == 3  # retention off: kept for ever
+    assert tick() == 1  # a pass: one batch this tick
+    now[0] += 30
+    assert tick() == 0  # the pass goes on at the next tick and ends
+    history(store, "later", items=1)
+    newest(store, "newest-again")
+    now[0] += 60
+    assert tick() == 1  # the next pass waits for the hour
+    now[0] += 3600
+    assert tick() == 0
+
+
+@pytest.mark.parametrize("seconds", [3600.0, float("nan"), -1.0, 11 * 366 * DAY])
+def test_the_retention_setting_is_off_by_default_and_bounded(seconds):
+    assert RecoveryResource().finished_pipeline_retention_seconds is None
+    kept = RecoveryResource(finished_pipeline_retention_seconds=90 * DAY)
+    assert kept.finished_pipeline_retention_seconds == 90 * DAY
+    with pytest.raises(ValueError, match="finished_pipeline_retention_seconds must be"):
+        RecoveryResource(finished_pipeline_retention_seconds=seconds)
+
+
+def test_the_newest_pipeline_is_kept_so_sqlite_never_hands_its_id_out_again(store):
+    old = history(store, "old", ending="fail")
+    assert store.prune_finished_pipelines(DAY).pipelines == 0  # the newest: kept, with its history
+    assert rows_of(store, [old.pipeline_id])["rx_node_items.pipeline_id"] == 3
+    later = newest(store)
+    assert store.prune_finished_pipelines(DAY).pipelines == 1
+    again = newest(store, "after-the-prune")
+    assert again.pipeline_id > later.pipeline_id > old.pipeline_id
