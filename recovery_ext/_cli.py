@@ -28,7 +28,7 @@ from recovery_ext._store.migrations import LIBRARY, check_package
 from recovery_ext._store.ledger import CostFigures
 from recovery_ext._store.ledger_rows import SKIPPED_NOTE
 from recovery_ext._store.models import IN_PROCESS_DEPLOYMENT, PassPlan
-from recovery_ext._store.retention import DEFAULT_BATCH, PruneResult
+from recovery_ext._store.retention import PruneResult
 from recovery_ext._store.store import URL_ENV, RecoveryStore, default_database_url
 from recovery_ext._store.statuses import WAITING, BreakerState, PipelineStatus, QueueStatus
 from recovery_ext._store.interfaces import CliStore, SensorStore
@@ -489,11 +489,11 @@ def recover(store: SensorStore, out: Output, limit: int) -> None:
 @click.option("--older-than", "older_than", type=Age(), required=True, metavar="DURATION",
               help="Delete pipelines that finished (completed, failed, canceled) longer ago than this: 12h, 90d, ...")
 @click.option("--dry-run", is_flag=True, help="Count the pipelines that would go, by status; delete nothing.")
-@click.option("--batch-size", type=click.IntRange(1, 10_000), default=DEFAULT_BATCH, show_default=True,
-              help="Pipelines deleted per transaction.")
+@click.option("--batch-size", type=click.IntRange(1, 10_000),
+              help="Pipelines deleted per transaction [default: 200 on PostgreSQL, 50 on SQLite].")
 @click.option("--deployment", metavar="NAME", help="Only the pipelines of this deployment (one Dagster instance).")
 @command
-def prune(store: CliStore, out: Output, older_than: float, dry_run: bool, batch_size: int,
+def prune(store: CliStore, out: Output, older_than: float, dry_run: bool, batch_size: int | None,
           deployment: str | None) -> None:
     """Delete finished pipelines older than --older-than with their nodes, item checkpoints, queue items, call
     journal, events, ledger rows and transitions, in small batches beside live work. Kept: running, waiting and
@@ -514,7 +514,8 @@ def prune(store: CliStore, out: Output, older_than: float, dry_run: bool, batch_
                        "dry run: nothing was deleted")
             return
         rows = ", ".join(f"{table} {n}" for table, n in sorted(result.rows.items()) if n and table != "rx_pipelines")
-        click.echo(f"deleted {result.pipelines} pipeline(s) in {result.batches} batch(es)"
+        longest = f" (longest {result.longest_batch_seconds * 1000:.0f} ms)" if result.batches else ""
+        click.echo(f"deleted {result.pipelines} pipeline(s) in {result.batches} batch(es){longest}"
                    + (f"; rows: {rows}" if rows else ""))
 
     out.emit(result.as_dict(), human)

@@ -14,7 +14,6 @@ from collections.abc import Callable
 
 from recovery_ext._classify.redaction import redact
 from recovery_ext._store.interfaces import SensorStore
-from recovery_ext._store.retention import DEFAULT_BATCH
 
 log = logging.getLogger("recovery_ext.retention")
 
@@ -25,7 +24,7 @@ TICK_BUDGET_SECONDS = 5.0  # of batches per tick while a pass has prunable pipel
 class RetentionSchedule:
     """One sensor process's prune passes: when the last began, and whether it is still under way."""
 
-    def __init__(self, clock: Callable[[], float] = time.monotonic, *, batch_size: int = DEFAULT_BATCH) -> None:
+    def __init__(self, clock: Callable[[], float] = time.monotonic, *, batch_size: int | None = None) -> None:
         self._clock = clock
         self.batch_size = batch_size
         self._started_at: float | None = None

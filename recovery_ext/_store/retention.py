@@ -34,10 +34,6 @@ from recovery_ext._store.statuses import FINISHED_PIPELINE_STATUSES, FINISHED_QU
 
 p, t, q = pipelines.c, transitions.c, queue_items.c
 
-#: Pipelines one batch deletes: each batch is one transaction of a few thousand rows (tens of ms).
-DEFAULT_BATCH = 200
-
-
 @dataclass(frozen=True)
 class PruneStep:
     """One table of a pipeline's history, and which of its rows belong to a batch of pipelines."""
@@ -93,16 +89,21 @@ class PruneResult:
     done: bool = False
     dry_run: bool = False
     by_status: dict[str, int] = field(default_factory=dict)
+    last_batch_seconds: float = 0.0  # how long the last batch's transaction took (what a writer may wait on SQLite)
+    longest_batch_seconds: float = 0.0
 
-    def add(self, counts: dict[str, int]) -> None:
+    def add(self, counts: dict[str, int], seconds: float) -> None:
         self.batches += 1
+        self.last_batch_seconds = seconds
+        self.longest_batch_seconds = max(self.longest_batch_seconds, seconds)
         for table, n in counts.items():
             self.rows[table] = self.rows.get(table, 0) + n
         self.pipelines = self.rows.get(pipelines.name, 0)
 
     def as_dict(self) -> dict[str, object]:
         return {"pipelines": self.pipelines, "rows": dict(sorted(self.rows.items())), "batches": self.batches,
-                "done": self.done, "dry_run": self.dry_run, "by_status": dict(sorted(self.by_status.items()))}
+                "done": self.done, "dry_run": self.dry_run, "by_status": dict(sorted(self.by_status.items())),
+                "longest_batch_seconds": round(self.longest_batch_seconds, 4)}
 
 
 def _prunable(cutoff: ColumnElement, status: str, deployment: str | None) -> list[ColumnElement]:
@@ -116,15 +117,18 @@ def _prunable(cutoff: ColumnElement, status: str, deployment: str | None) -> lis
 
 
 class RetentionOps(Database):
-    def prune_finished_pipelines(self, older_than_seconds: float, *, batch_size: int = DEFAULT_BATCH,
+    def prune_finished_pipelines(self, older_than_seconds: float, *, batch_size: int | None = None,
                                  deployment: str | None = None, time_budget: float | None = None,
                                  max_batches: int | None = None, dry_run: bool = False,
                                  progress: Callable[[PruneResult], None] | None = None) -> PruneResult:
         """Delete pipelines that finished more than ``older_than_seconds`` ago with their history, batch by batch.
 
-        Stops when none is left, or after the batch that spends ``time_budget`` seconds or makes ``max_batches``.
+        ``batch_size`` pipelines per transaction (default: the dialect's, 200 on PostgreSQL, 50 on SQLite, each
+        batch a few thousand rows). Stops when none is left, or after the batch that spends ``time_budget`` seconds
+        or makes ``max_batches``.
         ``dry_run`` only counts the pipelines that would go, by status. ``progress`` is called after each batch.
         """
+        batch_size = self.dialect.prune_batch if batch_size is None else batch_size
         if not 1 <= batch_size <= 10_000:
             raise ValueError("batch_size must be from 1 to 10000")
         result = PruneResult(dry_run=dry_run)
@@ -134,11 +138,12 @@ class RetentionOps(Database):
             return result
         started = time.monotonic()
         while True:
+            batch_started = time.monotonic()
             counts = self._prune_batch(older_than_seconds, batch_size, deployment)
             if counts.get(pipelines.name, 0) == 0:
                 result.done = True
                 return result
-            result.add(counts)
+            result.add(counts, time.monotonic() - batch_started)
             if progress is not None:
                 progress(result)
             if counts[pipelines.name] < batch_size:
@@ -148,6 +153,7 @@ class RetentionOps(Database):
                 return result
             if max_batches is not None and result.batches >= max_batches:
                 return result
+            time.sleep(self.dialect.prune_pause(result.last_batch_seconds))
 
     @retried
     def _prunable_counts(self, older_than_seconds: float, deployment: str | None) -> dict[str, int]:

@@ -1,0 +1,173 @@
+"""Retention beside live work: ``prune_finished_pipelines`` deleting a history while a pipeline checkpoints items.
+
+For each database (SQLite, PostgreSQL): seed HISTORY finished pipelines that ended 100 days ago, each with
+3 nodes, 10 item checkpoints, 10 ledger rows, 8 transitions, 2 events and a completed queue item it held
+(about 35 rows a pipeline). Then a live pipeline checkpoints one item per call in a thread, as a node does:
+
+* **before**: the writer alone for SECONDS;
+* **during**: the writer while ``prune_finished_pipelines(90 days)`` deletes the whole history in batches of
+  200 pipelines (each its own transaction);
+* **after**: the writer alone again (the machine's noise, side by side).
+
+Prints, per phase, checkpoints per second and the checkpoint's latency (median, p95, p99, max), the ratio
+of during to before, and the prune's own figures: pipelines and rows deleted, wall time, batch time
+(median, p95, max). Nothing is asserted on time.
+
+Run: .venv/bin/python -m bench.retention_bench   (PostgreSQL at 127.0.0.1:5432; a scratch database is created
+and dropped). RX_RETENTION_BENCH_HISTORY sets the pipelines (default 20000 on PostgreSQL, a quarter on SQLite),
+RX_RETENTION_BENCH_SECONDS the baseline phases (default 5).
+
+Figures (2 shared cores, three other helpers' tests and a CI run beside it; 2026-11-27):
+see the note at the end of this file, filled in from a run of this command.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import tempfile
+import threading
+import time
+import uuid
+
+import psycopg
+from sqlalchemy import insert, select
+
+from recovery_ext._store.models import ItemCheckpoint, Ownership
+from recovery_ext._store.retention import PruneResult
+from recovery_ext._store.schema import events, node_items, nodes, pipelines, provider_calls, queue_items, transitions
+from recovery_ext._store.store import RecoveryStore
+
+ADMIN = os.environ.get("RECOVERY_TEST_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
+HISTORY = int(os.environ.get("RX_RETENTION_BENCH_HISTORY", "20000"))
+SECONDS = float(os.environ.get("RX_RETENTION_BENCH_SECONDS", "5"))
+DAY = 86400.0
+CHUNK = 500  # pipelines seeded per transaction
+
+
+def seed(store: RecoveryStore, n: int) -> None:
+    """``n`` finished pipelines with their history, inserted in chunks through the store's own tables."""
+    ended = store.dialect.now_plus(-100 * DAY)
+    for start in range(0, n, CHUNK):
+        runs = [f"h-{i}" for i in range(start, min(n, start + CHUNK))]
+        with store.write() as conn:
+            conn.execute(insert(pipelines).values(completed_at=ended, created_at=ended, updated_at=ended),
+                         [{"job_name": "history", "params": {}, "status": "completed" if i % 10 else "failed",
+                           "owner": r, "origin_run_id": r, "epoch": 1} for i, r in enumerate(runs)])
+            ids = list(conn.scalars(select(pipelines.c.id).where(pipelines.c.origin_run_id.in_(runs))))
+            conn.execute(insert(nodes), [{"pipeline_id": p, "name": f"n{k}", "position": k, "status": "completed"}
+                                         for p in ids for k in range(3)])
+            conn.execute(insert(node_items), [{"pipeline_id": p, "node_name": "n0", "item_key": f"k{k}",
+                                               "result": {"k": k}} for p in ids for k in range(10)])
+            conn.execute(insert(provider_calls), [
+                {"id": uuid.uuid4().hex, "pipeline_id": p, "node_name": "n0", "item_key": f"k{k}", "endpoint": "x",
+                 "model": "m", "tokens_in": 100, "tokens_out": 50, "outcome": "ok", "cost": 0.01,
+                 "reached_checkpoint": True} for p in ids for k in range(10)])
+            queued = conn.execute(insert(queue_items).returning(queue_items.c.id, queue_items.c.holder_pipeline_id),
+                                  [{"queue": "docs", "dedupe_key": f"d-{p}", "payload": {}, "status": "completed",
+                                    "holder_pipeline_id": p, "holder_epoch": 1} for p in ids]).all()
+            conn.execute(insert(transitions), [
+                {"entity_type": "node", "entity_id": p, "pipeline_id": p, "from_status": "pending",
+                 "to_status": "running", "event": f"e{k}"} for p in ids for k in range(6)]
+                + [{"entity_type": "pipeline", "entity_id": p, "pipeline_id": p, "from_status": "running",
+                    "to_status": "completed", "event": "completed"} for p in ids]
+                + [{"entity_type": "queue_item", "entity_id": q, "pipeline_id": p, "from_status": "ready",
+                    "to_status": "processing", "event": "claimed"} for q, p in queued])
+            conn.execute(insert(events), [{"kind": "note", "pipeline_id": p, "payload": {}}
+                                          for p in ids for _ in range(2)])
+
+
+class Writer(threading.Thread):
+    """A live node checkpointing one item per call, timing each; ``phase`` names where each sample goes."""
+
+    def __init__(self, store: RecoveryStore, own: Ownership) -> None:
+        super().__init__(daemon=True)
+        self.store, self.own = store, own
+        self.phase = "before"
+        self.samples: dict[str, list[float]] = {}
+        self.stop = threading.Event()
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        n = 0
+        try:
+            while not self.stop.is_set():
+                started = time.perf_counter()
+                self.store.checkpoint_item(self.own, "a", ItemCheckpoint(f"live-{n}", {"n": n}))
+                self.samples.setdefault(self.phase, []).append((time.perf_counter() - started) * 1000)
+                n += 1
+        except BaseException as exc:  # noqa: BLE001 - reported by the bench
+            self.error = exc
+
+
+def quantile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def line(label: str, samples: list[float], seconds: float) -> str:
+    return (f"  {label:<7} {len(samples) / seconds:8.0f} checkpoints/s   latency ms: median "
+            f"{statistics.median(samples):6.2f}  p95 {quantile(samples, 0.95):6.2f}  "
+            f"p99 {quantile(samples, 0.99):7.2f}  max {max(samples):7.2f}")
+
+
+def run(label: str, url: str, history: int) -> None:
+    store = RecoveryStore(url)
+    store.migrate()
+    try:
+        started = time.perf_counter()
+        seed(store, history)
+        print(f"{label}: seeded {history} finished pipelines in {time.perf_counter() - started:.1f} s")
+        own = store.create_pipeline("live", ["a"], owner="live", origin_run_id="live")  # also the newest
+        store.start_node(own, "a")
+        writer = Writer(store, own)
+        writer.start()
+        time.sleep(SECONDS)
+        writer.phase = "during"
+        batches: list[float] = []
+        began = time.perf_counter()
+
+        def progress(result: PruneResult) -> None:
+            batches.append(result.last_batch_seconds * 1000)
+
+        result = store.prune_finished_pipelines(90 * DAY, progress=progress)
+        pruning = time.perf_counter() - began
+        writer.phase = "after"
+        time.sleep(SECONDS)
+        writer.stop.set()
+        writer.join()
+        if writer.error is not None:
+            raise writer.error
+        print(f"{label}: pruned {result.pipelines} pipelines, {sum(result.rows.values())} rows, in "
+              f"{pruning:.1f} s ({result.pipelines / pruning:.0f} pipelines/s); {result.batches} batches, "
+              f"batch ms median {statistics.median(batches):.1f}  p95 {quantile(batches, 0.95):.1f}  "
+              f"max {max(batches):.1f}")
+        for phase, seconds in (("before", SECONDS), ("during", pruning), ("after", SECONDS)):
+            print(line(phase, writer.samples.get(phase, [0.0]), seconds))
+        before, during = writer.samples["before"], writer.samples.get("during", [])
+        if during:
+            print(f"  during/before: rate {len(during) / pruning / (len(before) / SECONDS):.2f}x, median latency "
+                  f"{statistics.median(during) / statistics.median(before):.2f}x, p99 "
+                  f"{quantile(during, 0.99) / quantile(before, 0.99):.2f}x")
+        assert store.get_pipeline(own.pipeline_id).status == "running"  # the live pipeline was never touched
+    finally:
+        store.close()
+
+
+def main() -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        run("SQLite", f"sqlite:///{tmp}/bench.sqlite3", max(1, HISTORY // 4))
+    name = f"rx_retention_bench_{uuid.uuid4().hex[:8]}"
+    admin = ADMIN.replace("postgresql+psycopg://", "postgresql://")
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    try:
+        run("PostgreSQL", admin.rsplit("/", 1)[0].replace("postgresql://", "postgresql+psycopg://") + f"/{name}",
+            HISTORY)
+    finally:
+        with psycopg.connect(admin, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+if __name__ == "__main__":
+    main()
