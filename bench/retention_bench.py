@@ -11,7 +11,8 @@ For each database (SQLite, PostgreSQL): seed HISTORY finished pipelines that end
 
 Prints, per phase, checkpoints per second and the checkpoint's latency (median, p95, p99, max), the ratio
 of during to before, and the prune's own figures: pipelines and rows deleted, wall time, batch time
-(median, p95, max). Nothing is asserted on time.
+(median, p95, max); on PostgreSQL also how often a session of the database was seen waiting on a lock
+during the prune (sampled every 10 ms). Nothing is asserted on time.
 
 Run: .venv/bin/python -m bench.retention_bench   (PostgreSQL at 127.0.0.1:5432; a scratch database is created
 and dropped). RX_RETENTION_BENCH_HISTORY sets the pipelines (default 20000 on PostgreSQL, a quarter on SQLite),
@@ -25,12 +26,13 @@ from __future__ import annotations
 
 import os
 import statistics
+import sys
 import tempfile
 import threading
 import time
 import uuid
+from pathlib import Path
 
-import psycopg
 from sqlalchemy import insert, select
 
 from recovery_ext._store.models import ItemCheckpoint, Ownership
@@ -38,7 +40,9 @@ from recovery_ext._store.retention import PruneResult
 from recovery_ext._store.schema import events, node_items, nodes, pipelines, provider_calls, queue_items, transitions
 from recovery_ext._store.store import RecoveryStore
 
-ADMIN = os.environ.get("RECOVERY_TEST_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "support"))
+from databases import pg_database  # noqa: E402 - the test suite's throw-away databases
+
 HISTORY = int(os.environ.get("RX_RETENTION_BENCH_HISTORY", "20000"))
 SECONDS = float(os.environ.get("RX_RETENTION_BENCH_SECONDS", "5"))
 DAY = 86400.0
@@ -100,6 +104,27 @@ class Writer(threading.Thread):
             self.error = exc
 
 
+class LockWaits(threading.Thread):
+    """PostgreSQL: samples ``pg_stat_activity`` every 10 ms for sessions of this database waiting on a lock (a
+    writer the prune would block); counts the samples that saw one."""
+
+    def __init__(self, store: RecoveryStore) -> None:
+        super().__init__(daemon=True)
+        self.store, self.samples, self.waiting = store, 0, 0
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        with self.store.engine.connect() as conn:
+            while not self.stop.is_set():
+                waiting = conn.exec_driver_sql(
+                    "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                    "AND wait_event_type = 'Lock'").scalar()
+                conn.rollback()
+                self.samples += 1
+                self.waiting += bool(waiting)
+                time.sleep(0.01)
+
+
 def quantile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
@@ -130,8 +155,14 @@ def run(label: str, url: str, history: int) -> None:
         def progress(result: PruneResult) -> None:
             batches.append(result.last_batch_seconds * 1000)
 
+        locks = LockWaits(store) if store.dialect.name == "postgresql" else None
+        if locks is not None:
+            locks.start()
         result = store.prune_finished_pipelines(90 * DAY, progress=progress)
         pruning = time.perf_counter() - began
+        if locks is not None:
+            locks.stop.set()
+            locks.join()
         writer.phase = "after"
         time.sleep(SECONDS)
         writer.stop.set()
@@ -142,6 +173,9 @@ def run(label: str, url: str, history: int) -> None:
               f"{pruning:.1f} s ({result.pipelines / pruning:.0f} pipelines/s); {result.batches} batches, "
               f"batch ms median {statistics.median(batches):.1f}  p95 {quantile(batches, 0.95):.1f}  "
               f"max {max(batches):.1f}")
+        if locks is not None:
+            print(f"  lock waits: {locks.waiting} of {locks.samples} samples of pg_stat_activity during the prune "
+                  "saw a session waiting on a lock")
         for phase, seconds in (("before", SECONDS), ("during", pruning), ("after", SECONDS)):
             print(line(phase, writer.samples.get(phase, [0.0]), seconds))
         before, during = writer.samples["before"], writer.samples.get("during", [])
@@ -157,16 +191,8 @@ def run(label: str, url: str, history: int) -> None:
 def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         run("SQLite", f"sqlite:///{tmp}/bench.sqlite3", max(1, HISTORY // 4))
-    name = f"rx_retention_bench_{uuid.uuid4().hex[:8]}"
-    admin = ADMIN.replace("postgresql+psycopg://", "postgresql://")
-    with psycopg.connect(admin, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    try:
-        run("PostgreSQL", admin.rsplit("/", 1)[0].replace("postgresql://", "postgresql+psycopg://") + f"/{name}",
-            HISTORY)
-    finally:
-        with psycopg.connect(admin, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    with pg_database() as url:
+        run("PostgreSQL", url.replace("postgresql://", "postgresql+psycopg://"), HISTORY)
 
 
 if __name__ == "__main__":
