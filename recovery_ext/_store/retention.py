@@ -50,7 +50,9 @@ def _queue_items_of(ids: Sequence[int]) -> ColumnElement:
     """Finished queue items a batch's pipelines held. Found through their transitions (every claim records one
     with its pipeline, and ``rx_transitions_pipeline`` indexes them), since only processing items have an index
     on their holder. Ready and processing items are live work whoever held them last: they stay."""
-    claimed = select(t.entity_id).where(t.pipeline_id.in_(ids), t.entity_type == "queue_item")
+    # Not narrowed to queue-item transitions: that would lure SQLite onto rx_transitions_entity (every queue item's
+    # transitions). A node's id among the candidates is harmless: only items the batch's pipelines held match.
+    claimed = select(t.entity_id).where(t.pipeline_id.in_(ids))
     return and_(q.id.in_(claimed), q.holder_pipeline_id.in_(ids), q.status.in_(FINISHED_QUEUE_STATUSES))
 
 
@@ -106,13 +108,23 @@ class PruneResult:
                 "longest_batch_seconds": round(self.longest_batch_seconds, 4)}
 
 
-def _prunable(cutoff: ColumnElement, status: str, deployment: str | None) -> list[ColumnElement]:
-    """The newest pipeline is never prunable: SQLite gives a new row the highest id plus one, so deleting the
-    newest would hand its id to the next pipeline, and a kept transition or an old run's tag would name it."""
+_ENDED = [literal_column("'completed'"), literal_column("'failed'")]
+# The partial index that serves each terminal status, by its own predicate, repeated verbatim in the query: SQLite
+# uses a partial index only when the query's WHERE holds the index's WHERE (it does not prove that status =
+# 'completed' implies status IN ('completed', 'failed')). Completed and failed: rx_pipelines_finished (status,
+# completed_at); canceled: rx_pipelines_live (status, id).
+_INDEXED_BY: dict[str, ColumnElement] = {"completed": p.status.in_(_ENDED), "failed": p.status.in_(_ENDED),
+                                         "canceled": p.status.not_in(_ENDED)}
+
+
+def _prunable(cutoff: ColumnElement, status: str, deployment: str | None, newest: int | None) -> list[ColumnElement]:
+    """The ``newest`` pipeline is never prunable: SQLite gives a new row the highest id plus one, so deleting the
+    newest would hand its id to the next pipeline, and a kept transition or an old run's tag would name it. It is
+    excluded by ``<>``, a condition no index range serves, so both planners keep to the status indexes."""
     # The status inline, not bound, so PostgreSQL matches the partial indexes (rx_pipelines_finished for completed
     # and failed, rx_pipelines_live for canceled) under a generic plan too.
-    where = [p.status == literal_column(f"'{status}'"), p.completed_at.isnot(None), p.completed_at < cutoff,
-             p.id < select(func.max(p.id)).scalar_subquery()]
+    where = [_INDEXED_BY[status], p.status == literal_column(f"'{status}'"), p.completed_at.isnot(None),
+             p.completed_at < cutoff, p.id != (newest or 0)]
     return [*where, p.deployment == deployment] if deployment is not None else where
 
 
@@ -159,8 +171,9 @@ class RetentionOps(Database):
     def _prunable_counts(self, older_than_seconds: float, deployment: str | None) -> dict[str, int]:
         cutoff = self.dialect.now_plus(-float(older_than_seconds))
         with self.read() as conn:
-            counts = {status: conn.scalar(select(func.count()).where(*_prunable(cutoff, status, deployment))) or 0
-                      for status in FINISHED_PIPELINE_STATUSES}
+            newest = conn.scalar(select(func.max(p.id)))
+            counts = {status: conn.scalar(select(func.count()).where(*_prunable(cutoff, status, deployment, newest)))
+                      or 0 for status in FINISHED_PIPELINE_STATUSES}
         return {str(status): n for status, n in counts.items() if n}
 
     @retried
@@ -168,7 +181,7 @@ class RetentionOps(Database):
         """One transaction: lock up to ``batch_size`` prunable pipelines, delete their rows, then them."""
         cutoff = self.dialect.now_plus(-float(older_than_seconds))
         with self.write() as conn:
-            ids = self._lock_prunable(conn, cutoff, batch_size, deployment)
+            ids = self._lock_prunable(conn, cutoff, batch_size, deployment, conn.scalar(select(func.max(p.id))))
             if not ids:
                 return {}
             counts = {step.table.name: conn.execute(delete(step.table).where(step.rows_of(ids))).rowcount or 0
@@ -178,14 +191,14 @@ class RetentionOps(Database):
                 delete(pipelines).where(p.id.in_(ids), finished, p.completed_at < cutoff)).rowcount or 0
         return counts
 
-    def _lock_prunable(self, conn: Connection, cutoff: ColumnElement, batch_size: int,
-                       deployment: str | None) -> list[int]:
+    def _lock_prunable(self, conn: Connection, cutoff: ColumnElement, batch_size: int, deployment: str | None,
+                       newest: int | None) -> list[int]:
         """Up to ``batch_size`` prunable pipeline ids, locked; one indexed range per terminal status (a lock
         clause cannot follow a UNION). Rows another transaction holds are skipped, never waited for."""
         ids: list[int] = []
         for status in FINISHED_PIPELINE_STATUSES:
             if len(ids) >= batch_size:
                 break
-            ids += conn.scalars(select(p.id).where(*_prunable(cutoff, status, deployment))
+            ids += conn.scalars(select(p.id).where(*_prunable(cutoff, status, deployment, newest))
                                 .limit(batch_size - len(ids)).with_for_update(skip_locked=True))
         return ids

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from sqlalchemy import func, inspect, select, update
+from sqlalchemy import delete, func, inspect, select, update
 
 from helpers import expire
 from recovery_ext import RecoveryResource
@@ -18,8 +18,9 @@ from recovery_ext._recovery.protocol import LaunchNothing, RecoveryProtocol
 from recovery_ext._recovery.scan import RecoverySettings
 from recovery_ext._store.models import ItemCheckpoint, PassPlan, ProviderCall, Scope
 from recovery_ext._store.observability import COUNTED_TRANSITION_EVENTS
-from recovery_ext._store.retention import PRUNE_STEPS, kept_on_purpose
+from recovery_ext._store.retention import PRUNE_STEPS, _prunable, kept_on_purpose
 from recovery_ext._store.schema import pipelines, transitions
+from recovery_ext._store.statuses import FINISHED_PIPELINE_STATUSES
 from recovery_ext._store.store import RecoveryStore
 
 DAY = 86400.0
@@ -347,3 +348,20 @@ def test_the_newest_pipeline_is_kept_so_sqlite_never_hands_its_id_out_again(stor
     assert store.prune_finished_pipelines(DAY).pipelines == 1
     again = newest(store, "after-the-prune")
     assert again.pipeline_id > later.pipeline_id > old.pipeline_id
+
+
+def test_every_prune_statement_reads_through_an_index(store):
+    """Each batch's candidate query and each table's DELETE is an indexed range on both databases: no full scan
+    (PostgreSQL with sequential scans priced out, so the plan shows what an index can serve on any table size)."""
+    cutoff = store.dialect.now_plus(-DAY)
+    statements = [select(pipelines.c.id).where(*_prunable(cutoff, status, "d", 7)).limit(200)
+                  for status in FINISHED_PIPELINE_STATUSES]
+    statements += [delete(step.table).where(step.rows_of([1, 2, 3])) for step in PRUNE_STEPS]
+    with store.write() as conn:
+        if store.dialect.name == "postgresql":
+            conn.exec_driver_sql("SET LOCAL enable_seqscan = off")
+        for statement in statements:
+            sql = str(statement.compile(store.engine, compile_kwargs={"literal_binds": True}))
+            explain = "EXPLAIN QUERY PLAN " if store.dialect.name == "sqlite" else "EXPLAIN "
+            plan = "\n".join(" ".join(map(str, row)) for row in conn.exec_driver_sql(explain + sql))
+            assert "Seq Scan" not in plan and " SCAN " not in f" {plan}", f"{sql}\n{plan}"
