@@ -19,7 +19,7 @@ from tabulate import tabulate
 
 from recovery_ext._conventions import jsonable
 from recovery_ext._errors import ConfigurationError, NotFound, RecoveryError, StoreUnavailable, install_hint
-from recovery_ext._settings import parse_duration
+from recovery_ext._settings import LONGEST, parse_duration
 from recovery_ext._recovery.protocol import scan
 from recovery_ext._recovery.scan import RecoverySettings
 from recovery_ext._classify.redaction import redact
@@ -28,6 +28,7 @@ from recovery_ext._store.migrations import LIBRARY, check_package
 from recovery_ext._store.ledger import CostFigures
 from recovery_ext._store.ledger_rows import SKIPPED_NOTE
 from recovery_ext._store.models import IN_PROCESS_DEPLOYMENT, PassPlan
+from recovery_ext._store.retention import PruneResult
 from recovery_ext._store.store import URL_ENV, RecoveryStore, default_database_url
 from recovery_ext._store.statuses import WAITING, BreakerState, PipelineStatus, QueueStatus
 from recovery_ext._store.interfaces import CliStore, SensorStore
@@ -65,6 +66,14 @@ class Duration(click.ParamType):
 class PollInterval(Duration):
     name = "seconds"
     minimum, maximum = 0.1, 60.0
+
+
+class Age(Duration):
+    """How long ago a pipeline finished: ``12h``, ``90d``, at least an hour (a pipeline that just failed may
+    still be taken over by Dagster's run retry, and late ledger writes may still arrive), at most a century."""
+
+    name = "duration"
+    minimum, maximum = 3600.0, LONGEST
 
 
 def _when(value: dt.datetime | None) -> str:
@@ -474,6 +483,42 @@ def recover(store: SensorStore, out: Output, limit: int) -> None:
             click.echo(f"  - pipeline {g.pipeline_id} given up: {g.reason}")
 
     out.emit(data, human)
+
+
+@main.command()
+@click.option("--older-than", "older_than", type=Age(), required=True, metavar="DURATION",
+              help="Delete pipelines that finished (completed, failed, canceled) longer ago than this: 12h, 90d, ...")
+@click.option("--dry-run", is_flag=True, help="Count the pipelines that would go, by status; delete nothing.")
+@click.option("--batch-size", type=click.IntRange(1, 10_000),
+              help="Pipelines deleted per transaction [default: 200 on PostgreSQL, 50 on SQLite].")
+@click.option("--deployment", metavar="NAME", help="Only the pipelines of this deployment (one Dagster instance).")
+@command
+def prune(store: CliStore, out: Output, older_than: float, dry_run: bool, batch_size: int | None,
+          deployment: str | None) -> None:
+    """Delete finished pipelines older than --older-than with their nodes, item checkpoints, queue items, call
+    journal, events, ledger rows and transitions, in small batches beside live work. Kept: running, waiting and
+    orphaned pipelines, cost totals, and the transitions the Prometheus counters count."""
+    out.progress(f"{'counting' if dry_run else 'deleting'} pipelines finished more than {_seconds(older_than)} ago ...")
+
+    def progress(result: PruneResult) -> None:
+        if result.batches % 50 == 0:
+            out.progress(f"  {result.pipelines} pipeline(s) deleted so far")
+
+    result = store.prune_finished_pipelines(older_than, batch_size=batch_size, deployment=deployment,
+                                            dry_run=dry_run, progress=progress)
+
+    def human() -> None:
+        if dry_run:
+            by_status = ", ".join(f"{n} {status}" for status, n in sorted(result.by_status.items()))
+            click.echo(f"would delete {result.pipelines} pipeline(s){f' ({by_status})' if by_status else ''}; "
+                       "dry run: nothing was deleted")
+            return
+        rows = ", ".join(f"{table} {n}" for table, n in sorted(result.rows.items()) if n and table != "rx_pipelines")
+        longest = f" (longest {result.longest_batch_seconds * 1000:.0f} ms)" if result.batches else ""
+        click.echo(f"deleted {result.pipelines} pipeline(s) in {result.batches} batch(es){longest}"
+                   + (f"; rows: {rows}" if rows else ""))
+
+    out.emit(result.as_dict(), human)
 
 
 @main.command("reset-stuck")

@@ -40,7 +40,8 @@ from dagster import (
 from recovery_ext._dagster.compat import EngineEventData, make_new_run_id
 from recovery_ext._conventions import in_process_origin, jsonable, resume_run_key, superseded_run_message
 from recovery_ext._dagster.fences import execute_steps
-from recovery_ext._errors import IllegalTransition, MissingRunLiveness, OwnershipLost, RecoveryError, StoreError
+from recovery_ext._errors import (IllegalTransition, MissingRunLiveness, NotFound, OwnershipLost, RecoveryError,
+                                  StoreError)
 from recovery_ext._liveness.heartbeat import HeartbeatSettings, Lease, registry_for
 from recovery_ext._liveness.parent import mark_run_worker
 from recovery_ext._liveness.watch import ProcessWatch
@@ -180,7 +181,12 @@ class RunScope:
                                                   or self.store.formerly_owned_by(root))
         if pipeline_id is None:
             return self._create()
-        pipeline = self.store.get_pipeline(pipeline_id)
+        try:
+            pipeline = self.store.get_pipeline(pipeline_id)
+        except NotFound:  # pruned by retention: nothing of it is left to reuse, so the re-execution is new work
+            own = self._create()
+            self.how += f" (re-execution of a run whose pipeline {pipeline_id} was pruned)"
+            return own
         if pipeline.status == PipelineStatus.COMPLETED:
             own = self._create()  # a finished logical run: re-running it is new work
             self.how += f" (re-execution of the completed pipeline {pipeline_id})"

@@ -158,6 +158,13 @@ class RecoveryResource(ConfigurableResource):
     event_retention_seconds: float = Field(
         default=30 * 86400.0, description="Events (rx_events) older than this are deleted by the orphan sensor "
         "(30 days by default; at least one hour).")
+    finished_pipeline_retention_seconds: float | None = Field(
+        default=None, description="Finished pipelines (completed, failed, canceled) that ended longer ago than this "
+        "are deleted with their nodes, item checkpoints, queue items, call journal, events, ledger rows and "
+        "uncounted transitions, by the orphan sensor at most once an hour, in small batches (see `recovery-ext "
+        "prune`). Cost totals and the counts behind the Prometheus counters are kept. None (the default) keeps "
+        "them for ever; at least one day, since a re-execution of a failed run reuses its pipeline's checkpoints "
+        "only while it is kept.")
     allow_long_durations: bool = Field(
         default=False, description="Allow timeouts and deadlines above one day (refused by default as a likely typo).")
     outage_pause_initial: float = Field(
@@ -203,6 +210,8 @@ class RecoveryResource(ConfigurableResource):
             raise ConfigurationError(f"retry_jitter must be between 0 and 1, got {self.retry_jitter!r}")
         check_seconds("event_retention_seconds", self.event_retention_seconds, minimum=3600.0,
                       maximum=10 * 366 * DAY)
+        check_seconds("finished_pipeline_retention_seconds", self.finished_pipeline_retention_seconds, minimum=DAY,
+                      maximum=10 * 366 * DAY, allow_none=True)
         check_count("max_resumes", self.max_resumes, maximum=1000)
         check_count("max_retries", self.max_retries, maximum=1000)
         self.pipeline_limits()

@@ -125,7 +125,8 @@ def make_orphan_sensor(
                                     stop_budget_seconds=stop_budget_seconds)
         outcome = protocol.tick(store, control, resource.recovery_settings(),
                                 trigger="startup" if startup else "sensor",
-                                event_retention_seconds=resource.event_retention_seconds)
+                                event_retention_seconds=resource.event_retention_seconds,
+                                pipeline_retention_seconds=resource.finished_pipeline_retention_seconds)
         message = f"startup recovery: {outcome.message}" if startup else outcome.message
         stats = outcome.stats
         if stats.found or outcome.requests or stats.error or outcome.notes:

@@ -20,6 +20,7 @@ from typing import Any, Protocol
 from recovery_ext._classify.redaction import redact
 from recovery_ext._classify.retry import RetryPolicy
 from recovery_ext._conventions import given_up_message, takeover_message
+from recovery_ext._recovery.retention import RetentionSchedule
 from recovery_ext._recovery.scan import RecoverySettings, default_outage_policy, summary_line
 from recovery_ext._store.models import GivenUp, PassPlan, PassResult, Reclaimed, ScanStats, Scope, TickSnapshot
 
@@ -92,7 +93,8 @@ def _plural(n: int, word: str) -> str:
 
 
 class RecoveryProtocol:
-    """One sensor's protocol state: its scope and when it last pruned old events."""
+    """One sensor's protocol state: its scope, when it last pruned old events and its prunes of finished
+    pipelines."""
 
     def __init__(self, scope: Scope, *, max_per_tick: int | None = None,
                  policy: RetryPolicy | None = None, clock: Callable[[], float] = time.monotonic) -> None:
@@ -101,13 +103,17 @@ class RecoveryProtocol:
         self.policy = policy or default_outage_policy()
         self._clock = clock
         self._pruned_at: float | None = None
+        self.retention = RetentionSchedule(clock)
 
     def tick(self, store, control: RunControl, settings: RecoverySettings, *, trigger: str = "sensor",
-             event_retention_seconds: float | None = None, plan: PassPlan | None = None) -> TickOutcome:
+             event_retention_seconds: float | None = None, plan: PassPlan | None = None,
+             pipeline_retention_seconds: float | None = None) -> TickOutcome:
         """One pass: read, ask ``control``, write once, launch and stop through ``control``.
 
         With ``plan`` (the CLI's and startup scan) the pass runs as that plan says, without the read that
         decides whether a sensor tick has anything to do; what it leaves ``None`` comes from ``settings``.
+        ``pipeline_retention_seconds``: finished pipelines older than this are pruned (see
+        :class:`RetentionSchedule`); ``None`` keeps them.
         """
         stats = ScanStats()
         notes: list[str] = []
@@ -119,7 +125,8 @@ class RecoveryProtocol:
             plan = settings.fill(plan)
             result = self._pass(store, plan, self.scope, stats, PassResult())
             return self._finish(store, control, self.scope, stats, result, ResumeStates(), notes, started,
-                                plan.trigger, event_retention_seconds, waiting=())
+                                plan.trigger, event_retention_seconds, waiting=(),
+                                pipeline_retention_seconds=pipeline_retention_seconds)
         try:
             snap: TickSnapshot = self.policy.call(store.tick_snapshot, self.scope,
                                                   grace_seconds=settings.launch_grace_seconds)
@@ -151,7 +158,8 @@ class RecoveryProtocol:
                             limit=self.max_per_tick, launching=True, trigger=trigger)
             result = self._pass(store, plan, scope, stats, result)
         return self._finish(store, control, scope, stats, result, resumes, notes, started, trigger,
-                            event_retention_seconds, waiting=snap.waiting)
+                            event_retention_seconds, waiting=snap.waiting,
+                            pipeline_retention_seconds=pipeline_retention_seconds)
 
     def _pass(self, store, plan: PassPlan, scope: Scope, stats: ScanStats, idle: PassResult) -> PassResult:
         """The pass's one write, retried through a database outage; a failure is reported in ``stats``."""
@@ -164,7 +172,8 @@ class RecoveryProtocol:
 
     def _finish(self, store, control: RunControl, scope: Scope, stats: ScanStats, result: PassResult,
                 resumes: ResumeStates, notes: list[str], started: float, trigger: str,
-                event_retention_seconds: float | None, waiting: Sequence[dict[str, Any]]) -> TickOutcome:
+                event_retention_seconds: float | None, waiting: Sequence[dict[str, Any]],
+                pipeline_retention_seconds: float | None = None) -> TickOutcome:
         """Count what the pass did, request the resume runs and stop the superseded runs through ``control``."""
         stats.reclaimed_pipelines = [*result.reclaimed, *result.claimed]
         stats.given_up_pipelines = [*result.corrupt, *result.given_up]
@@ -199,6 +208,7 @@ class RecoveryProtocol:
             except Exception as exc:  # noqa: BLE001
                 notes.append(f"could not record stopped runs: {redact(exc)}")
         self._prune(store, event_retention_seconds)
+        self.retention.run(store, pipeline_retention_seconds, deployment=scope.deployment)
         stats.duration_ms = (time.perf_counter() - started) * 1000
         message = "; ".join([summary_line(stats, launched=len(fresh)), *notes]) + _waiting_line(waiting)
         if stats.found or stats.error:

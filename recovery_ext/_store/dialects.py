@@ -46,6 +46,8 @@ class Dialect:
     node_functions = False
     # a read of one statement needs no transaction: each statement is its own snapshot (READ COMMITTED)
     autocommit_reads = False
+    # finished pipelines one retention batch deletes (one transaction)
+    prune_batch = 200
 
     def __init__(self, url: URL, *, connect_timeout: float | None = None, statement_timeout: float | None = None) -> None:
         self.url = url
@@ -125,6 +127,10 @@ class Dialect:
         (a failure the caller sees at once, instead of a wait as long as the store's statement timeout)."""
         raise NotImplementedError
         yield  # pragma: no cover
+
+    def prune_pause(self, batch_seconds: float) -> float:
+        """Seconds a retention prune rests after a batch that took ``batch_seconds``, so live writers get in."""
+        return 0.0
 
     @staticmethod
     def for_url(url: str | URL, **timeouts: float | None) -> "Dialect":
@@ -266,6 +272,7 @@ class SqliteDialect(Dialect):
 
     name = "sqlite"
     migrations_folder = "sqlite"
+    prune_batch = 50  # a writer waits for the whole batch: keep it to tens of milliseconds
 
     @property
     def busy_timeout_ms(self) -> int:
@@ -301,6 +308,12 @@ class SqliteDialect(Dialect):
         def _on_begin(conn):
             mode = "IMMEDIATE" if conn.get_execution_options().get("rx_write") else "DEFERRED"
             conn.exec_driver_sql(f"BEGIN {mode}")
+
+    def prune_pause(self, batch_seconds: float) -> float:
+        """One writer at a time, and a waiting writer's busy handler polls for the lock at most every 100 ms:
+        a prune that began its next batch at once would starve it. Resting that long (and at least as long as
+        the batch took) lets every waiting writer in between two batches."""
+        return max(batch_seconds, 0.1)
 
     def now(self) -> ColumnElement:
         return literal_column("((julianday('now') - 2440587.5) * 86400.0)", type_=Float)

@@ -35,6 +35,8 @@ ITEM_TIMES_LIMIT = 50_000
 
 RESUME_EVENTS: dict[str, str | None] = {"reclaimed": None, "taken_over": "re_execution",
                                         "reopened_for_degraded": "redo_degraded"}
+# Every pipeline transition a Prometheus counter counts: a prune keeps these (a counter never goes backwards).
+COUNTED_TRANSITION_EVENTS: tuple[str, ...] = (*RESUME_EVENTS, "given_up")
 
 
 @dataclass(frozen=True)

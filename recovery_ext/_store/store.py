@@ -14,6 +14,7 @@ from recovery_ext._store.ticks import TickOps
 from recovery_ext._store.queue import QueueOps
 from recovery_ext._store.observability import ObservabilityOps
 from recovery_ext._store.reports import ReportOps
+from recovery_ext._store.retention import RetentionOps
 from recovery_ext._store.vouch import VouchOps
 
 URL_ENV = "RECOVERY_DATABASE_URL"
@@ -21,9 +22,9 @@ URL_ENV = "RECOVERY_DATABASE_URL"
 
 class RecoveryStore(CheckpointOps, JournalOps, JobOps, TickOps, BudgetOps, QueueOps, ReportOps, ObservabilityOps,
                     AggregateOps,
-                    VouchOps):
+                    VouchOps, RetentionOps):
     """Pipelines, nodes, item checkpoints, the work queue, transitions, events, circuit breakers, the ledger of
-    provider calls, the call journal and the request and token budgets, and the reads behind metrics and reports.
+    provider calls, the call journal and the request and token budgets, the reads behind metrics and reports, and retention.
 
     Every public call that opens its own transaction is declared ``@retried`` where it is
     defined: re-run on transient database errors (a restart, a lost connection, a deadlock)

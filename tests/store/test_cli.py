@@ -17,18 +17,6 @@ from recovery_ext._store.migrations import load_migrations
 from recovery_ext._store.models import ItemCheckpoint
 
 
-@pytest.fixture
-def cli(store, db_url):
-    runner = CliRunner()
-
-    def invoke(*args, code=0):
-        result = runner.invoke(main, ["--database-url", db_url, *args], catch_exceptions=False)
-        assert result.exit_code == code, result.output
-        return result
-
-    return invoke
-
-
 def as_json(result):
     return json.loads(result.stdout)
 

@@ -102,6 +102,7 @@ CALLERS = {
     "_dagster/sensors.py": SensorStore,
     "_recovery/protocol.py": SensorStore,
     "_recovery/scan.py": SensorStore,
+    "_recovery/retention.py": SensorStore,
     "_cli.py": CliStore,
     "_observe/exporter.py": CliStore,
 }

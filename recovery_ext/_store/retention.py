@@ -1,0 +1,204 @@
+"""Retention: deleting the history of pipelines that finished long ago, in small batches beside live writers.
+
+A pipeline is prunable once its status is terminal (completed, failed, canceled) and it ended
+(``completed_at``) before the cut-off, ``now - older_than`` on the database clock. Pending and
+running pipelines (waiting, orphaned, awaiting their resume run) are never candidates, whatever
+their age; a finished pipeline without an end time is never one either, nor is the newest pipeline (its id
+stays taken: SQLite would hand it out again).
+
+One batch is one short write transaction: it locks up to ``batch_size`` candidates
+``FOR UPDATE SKIP LOCKED`` (SQLite: its single writer lock, ``BEGIN IMMEDIATE``), deletes
+their rows table by table as :data:`PRUNE_STEPS` lists them, then the pipelines. Live writers
+never wait on it for more than one batch: they lock only live pipelines' rows, which a batch
+never touches, and a re-execution that takes a finished pipeline over locks the same pipeline
+row, so either it waits for the batch (and then finds no pipeline) or the batch skips that row.
+
+Kept on purpose: every table whose name says ``total`` or ``aggregate`` (costs over time per
+pipeline and per day outlive the detail), and the pipeline transitions the Prometheus counters
+count (reclaims, resume runs, given up), so a counter never goes backwards after a prune.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from sqlalchemy import ColumnElement, Connection, Table, and_, delete, func, literal_column, not_, select
+
+from recovery_ext._store.database import Database, retried
+from recovery_ext._store.observability import COUNTED_TRANSITION_EVENTS
+from recovery_ext._store.schema import (call_journal, events, node_items, nodes, pipelines, provider_calls,
+                                        provider_jobs, queue_items, transitions)
+from recovery_ext._store.statuses import FINISHED_PIPELINE_STATUSES, FINISHED_QUEUE_STATUSES
+
+p, t, q = pipelines.c, transitions.c, queue_items.c
+
+@dataclass(frozen=True)
+class PruneStep:
+    """One table of a pipeline's history, and which of its rows belong to a batch of pipelines."""
+
+    table: Table
+    rows_of: Callable[[Sequence[int]], ColumnElement]
+
+
+def _by_pipeline(table: Table) -> PruneStep:
+    return PruneStep(table, lambda ids: table.c.pipeline_id.in_(ids))
+
+
+def _queue_items_of(ids: Sequence[int]) -> ColumnElement:
+    """Finished queue items a batch's pipelines held. Found through their transitions (every claim records one
+    with its pipeline, and ``rx_transitions_pipeline`` indexes them), since only processing items have an index
+    on their holder. Ready and processing items are live work whoever held them last: they stay."""
+    # Not narrowed to queue-item transitions: that would lure SQLite onto rx_transitions_entity (every queue item's
+    # transitions). A node's id among the candidates is harmless: only items the batch's pipelines held match.
+    claimed = select(t.entity_id).where(t.pipeline_id.in_(ids))
+    return and_(q.id.in_(claimed), q.holder_pipeline_id.in_(ids), q.status.in_(FINISHED_QUEUE_STATUSES))
+
+
+def _uncounted_transitions_of(ids: Sequence[int]) -> ColumnElement:
+    counted = and_(t.entity_type == "pipeline", t.event.in_(COUNTED_TRANSITION_EVENTS))
+    return and_(t.pipeline_id.in_(ids), not_(counted))
+
+
+#: What a prune deletes for each batch of pipelines, in this order, before the pipelines themselves: a row found
+#: through another table goes before that table (queue items through transitions). One line adds or keeps a table.
+PRUNE_STEPS: tuple[PruneStep, ...] = (
+    PruneStep(queue_items, _queue_items_of),
+    _by_pipeline(node_items),
+    _by_pipeline(call_journal),
+    _by_pipeline(provider_jobs),
+    _by_pipeline(provider_calls),  # the ledger's detail; per-pipeline and per-day totals stay
+    _by_pipeline(events),
+    PruneStep(transitions, _uncounted_transitions_of),
+    _by_pipeline(nodes),
+)
+
+
+def kept_on_purpose(table_name: str) -> bool:
+    """Aggregates (costs over time) outlive the pipelines they add up: a prune never deletes from them."""
+    return "total" in table_name or "aggregate" in table_name
+
+
+@dataclass
+class PruneResult:
+    """What a prune deleted (or, dry, would delete): pipelines, rows per table, batches; ``done`` when no
+    prunable pipeline was left (else a time budget or a batch limit ended it)."""
+
+    pipelines: int = 0
+    rows: dict[str, int] = field(default_factory=dict)
+    batches: int = 0
+    done: bool = False
+    dry_run: bool = False
+    by_status: dict[str, int] = field(default_factory=dict)
+    last_batch_seconds: float = 0.0  # how long the last batch's transaction took (what a writer may wait on SQLite)
+    longest_batch_seconds: float = 0.0
+
+    def add(self, counts: dict[str, int], seconds: float) -> None:
+        self.batches += 1
+        self.last_batch_seconds = seconds
+        self.longest_batch_seconds = max(self.longest_batch_seconds, seconds)
+        for table, n in counts.items():
+            self.rows[table] = self.rows.get(table, 0) + n
+        self.pipelines = self.rows.get(pipelines.name, 0)
+
+    def as_dict(self) -> dict[str, object]:
+        return {"pipelines": self.pipelines, "rows": dict(sorted(self.rows.items())), "batches": self.batches,
+                "done": self.done, "dry_run": self.dry_run, "by_status": dict(sorted(self.by_status.items())),
+                "longest_batch_seconds": round(self.longest_batch_seconds, 4)}
+
+
+_ENDED = [literal_column("'completed'"), literal_column("'failed'")]
+# The partial index that serves each terminal status, by its own predicate, repeated verbatim in the query: SQLite
+# uses a partial index only when the query's WHERE holds the index's WHERE (it does not prove that status =
+# 'completed' implies status IN ('completed', 'failed')). Completed and failed: rx_pipelines_finished (status,
+# completed_at); canceled: rx_pipelines_live (status, id).
+_INDEXED_BY: dict[str, ColumnElement] = {"completed": p.status.in_(_ENDED), "failed": p.status.in_(_ENDED),
+                                         "canceled": p.status.not_in(_ENDED)}
+
+
+def _prunable(cutoff: ColumnElement, status: str, deployment: str | None, newest: int | None) -> list[ColumnElement]:
+    """The ``newest`` pipeline is never prunable: SQLite gives a new row the highest id plus one, so deleting the
+    newest would hand its id to the next pipeline, and a kept transition or an old run's tag would name it. It is
+    excluded by ``<>``, a condition no index range serves, so both planners keep to the status indexes."""
+    # The status inline, not bound, so PostgreSQL matches the partial indexes (rx_pipelines_finished for completed
+    # and failed, rx_pipelines_live for canceled) under a generic plan too.
+    where = [_INDEXED_BY[status], p.status == literal_column(f"'{status}'"), p.completed_at.isnot(None),
+             p.completed_at < cutoff, p.id != (newest or 0)]
+    return [*where, p.deployment == deployment] if deployment is not None else where
+
+
+class RetentionOps(Database):
+    def prune_finished_pipelines(self, older_than_seconds: float, *, batch_size: int | None = None,
+                                 deployment: str | None = None, time_budget: float | None = None,
+                                 max_batches: int | None = None, dry_run: bool = False,
+                                 progress: Callable[[PruneResult], None] | None = None) -> PruneResult:
+        """Delete pipelines that finished more than ``older_than_seconds`` ago with their history, batch by batch.
+
+        ``batch_size`` pipelines per transaction (default: the dialect's, 200 on PostgreSQL, 50 on SQLite, each
+        batch a few thousand rows). Stops when none is left, or after the batch that spends ``time_budget`` seconds
+        or makes ``max_batches``.
+        ``dry_run`` only counts the pipelines that would go, by status. ``progress`` is called after each batch.
+        """
+        batch_size = self.dialect.prune_batch if batch_size is None else batch_size
+        if not 1 <= batch_size <= 10_000:
+            raise ValueError("batch_size must be from 1 to 10000")
+        result = PruneResult(dry_run=dry_run)
+        if dry_run:
+            result.by_status = self._prunable_counts(older_than_seconds, deployment)
+            result.pipelines, result.done = sum(result.by_status.values()), True
+            return result
+        started = time.monotonic()
+        while True:
+            batch_started = time.monotonic()
+            counts = self._prune_batch(older_than_seconds, batch_size, deployment)
+            if counts.get(pipelines.name, 0) == 0:
+                result.done = True
+                return result
+            result.add(counts, time.monotonic() - batch_started)
+            if progress is not None:
+                progress(result)
+            if counts[pipelines.name] < batch_size:
+                result.done = True
+                return result
+            if time_budget is not None and time.monotonic() - started >= time_budget:
+                return result
+            if max_batches is not None and result.batches >= max_batches:
+                return result
+            time.sleep(self.dialect.prune_pause(result.last_batch_seconds))
+
+    @retried
+    def _prunable_counts(self, older_than_seconds: float, deployment: str | None) -> dict[str, int]:
+        cutoff = self.dialect.now_plus(-float(older_than_seconds))
+        with self.read() as conn:
+            newest = conn.scalar(select(func.max(p.id)))
+            counts = {status: conn.scalar(select(func.count()).where(*_prunable(cutoff, status, deployment, newest)))
+                      or 0 for status in FINISHED_PIPELINE_STATUSES}
+        return {str(status): n for status, n in counts.items() if n}
+
+    @retried
+    def _prune_batch(self, older_than_seconds: float, batch_size: int, deployment: str | None) -> dict[str, int]:
+        """One transaction: lock up to ``batch_size`` prunable pipelines, delete their rows, then them."""
+        cutoff = self.dialect.now_plus(-float(older_than_seconds))
+        with self.write() as conn:
+            ids = self._lock_prunable(conn, cutoff, batch_size, deployment, conn.scalar(select(func.max(p.id))))
+            if not ids:
+                return {}
+            counts = {step.table.name: conn.execute(delete(step.table).where(step.rows_of(ids))).rowcount or 0
+                      for step in PRUNE_STEPS}
+            finished = p.status.in_([literal_column(f"'{s}'") for s in FINISHED_PIPELINE_STATUSES])
+            counts[pipelines.name] = conn.execute(
+                delete(pipelines).where(p.id.in_(ids), finished, p.completed_at < cutoff)).rowcount or 0
+        return counts
+
+    def _lock_prunable(self, conn: Connection, cutoff: ColumnElement, batch_size: int, deployment: str | None,
+                       newest: int | None) -> list[int]:
+        """Up to ``batch_size`` prunable pipeline ids, locked; one indexed range per terminal status (a lock
+        clause cannot follow a UNION). Rows another transaction holds are skipped, never waited for."""
+        ids: list[int] = []
+        for status in FINISHED_PIPELINE_STATUSES:
+            if len(ids) >= batch_size:
+                break
+            ids += conn.scalars(select(p.id).where(*_prunable(cutoff, status, deployment, newest))
+                                .limit(batch_size - len(ids)).with_for_update(skip_locked=True))
+        return ids

@@ -1,0 +1,37 @@
+"""A UI re-execution of a failed run whose pipeline retention pruned: new work under a new pipeline, not an error."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from dagster import ReexecutionOptions, build_reconstructable_job, execute_job
+from sqlalchemy import update
+
+from recovery_ext._dagster.tags import TAG_PIPELINE
+from recovery_ext._store.schema import pipelines
+from recovery_ext._store.store import RecoveryStore
+
+HERE = Path(__file__).resolve().parents[1] / "support"
+
+
+def test_a_reexecution_of_a_run_whose_pipeline_was_pruned_starts_a_new_pipeline(instance, monkeypatch, sqlite_url):
+    monkeypatch.setenv("RECOVERY_DATABASE_URL", sqlite_url)
+    store = RecoveryStore(sqlite_url)
+    store.migrate()
+    job = build_reconstructable_job("replay_defs", "bound", reconstructable_args=("mixed_inproc",),
+                                    reconstructor_working_directory=str(HERE))
+    run_config = {"ops": {"c": {"config": {"fail_first_run": True}}}}
+    with execute_job(job, instance=instance, run_config=run_config, raise_on_error=False) as first:
+        assert not first.success
+    (failed,) = store.list_pipelines()
+    assert failed.status == "failed" and instance.get_run_by_id(first.run_id).tags[TAG_PIPELINE] == str(failed.id)
+    with store.write() as conn:
+        conn.execute(update(pipelines).values(completed_at=store.dialect.now_plus(-100 * 86400.0)))
+    newer = store.create_pipeline("other", ["x"], owner="newer", origin_run_id="newer")  # the newest is kept
+    assert store.prune_finished_pipelines(86400.0).pipelines == 1
+
+    with execute_job(job, instance=instance, run_config=run_config,
+                     reexecution_options=ReexecutionOptions(parent_run_id=first.run_id)) as second:
+        assert second.success
+    (fresh,) = [p for p in store.list_pipelines() if p.id != newer.pipeline_id]
+    assert (fresh.id > newer.pipeline_id, fresh.status, fresh.owner) == (True, "completed", second.run_id)

@@ -1,0 +1,367 @@
+"""Retention: ``prune_finished_pipelines`` and ``recovery-ext prune`` on SQLite and PostgreSQL.
+
+Pipelines are made through the store's own calls (checkpoints, ledger rows, journal, a claimed queue item,
+events) and their end moved back in time with one UPDATE, so a cut-off of days needs no waiting.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from sqlalchemy import delete, func, inspect, select, update
+
+from helpers import expire
+from recovery_ext import RecoveryResource
+from recovery_ext._recovery import retention as schedule
+from recovery_ext._recovery.protocol import LaunchNothing, RecoveryProtocol
+from recovery_ext._recovery.scan import RecoverySettings
+from recovery_ext._store.models import ItemCheckpoint, PassPlan, ProviderCall, Scope
+from recovery_ext._store.observability import COUNTED_TRANSITION_EVENTS
+from recovery_ext._store.retention import PRUNE_STEPS, _prunable, kept_on_purpose
+from recovery_ext._store.schema import pipelines, transitions
+from recovery_ext._store.statuses import FINISHED_PIPELINE_STATUSES
+from recovery_ext._store.store import RecoveryStore
+
+DAY = 86400.0
+PIPELINE_COLUMNS = ("pipeline_id", "holder_pipeline_id")
+
+
+def history(store: RecoveryStore, run: str, *, ending: str = "complete", items: int = 3, ago_days: float = 100.0):
+    """A pipeline with a row in every table of its history, ended by ``ending`` ``ago_days`` ago (``None``: live)."""
+    own = store.create_pipeline("job", ["a", "b"], owner=run, origin_run_id=run, params={})
+    store.start_node(own, "a")
+    for i in range(items):
+        spent = ProviderCall(endpoint="http://127.0.0.1:9/v1", model="m", tokens_in=10, tokens_out=5, cost=0.5,
+                             pipeline_id=own.pipeline_id, node_name="a", item_key=f"k{i}", run_id=run, epoch=own.epoch)
+        store.record_provider_calls([spent])
+        store.checkpoint_item(own, "a", ItemCheckpoint(f"k{i}", {"n": i}, calls=(spent,)))
+    journaled = ProviderCall(endpoint="http://127.0.0.1:9/v1", model="m", pipeline_id=own.pipeline_id,
+                             node_name="a", item_key="j", run_id=run, epoch=own.epoch)
+    store.journal_begin(own, journaled, call_key="c1")
+    store.journal_answer(own, journaled, call_key="c1", answer="kept answer")
+    batch_call = ProviderCall(endpoint="http://127.0.0.1:9/v1", model="m", pipeline_id=own.pipeline_id,
+                              node_name="a", run_id=run, epoch=own.epoch)
+    store.job_submitting(own, "a", token=f"{run}-t", provider="openai", items=["k0"], attempt=1, call=batch_call)
+    store.job_finished(own, "a", f"{run}-t", "collected")
+    store.enqueue("docs", [{"run": run}], dedupe_keys=[f"{run}-doc"], own=own)
+    [item] = store.claim("docs", run, own=own)
+    store.complete_item(item, {"ok": True})
+    store.record_event("note", {"run": run}, pipeline_id=own.pipeline_id)
+    if ending == "complete":
+        store.complete_node(own, "a")
+        store.complete_run(own)
+    elif ending == "fail":
+        store.fail_run(own, "the step failed for good")
+    elif ending == "cancel":
+        store.cancel_run(own, "canceled by its user")
+    if ending is not None and ago_days:
+        ended_ago(store, own.pipeline_id, ago_days)
+    return own
+
+
+def newest(store: RecoveryStore, run: str = "newest"):
+    """A running pipeline newer than the others: the newest pipeline is never pruned (its id stays taken)."""
+    return store.create_pipeline("job", ["a"], owner=run, origin_run_id=run)
+
+
+def ended_ago(store: RecoveryStore, pipeline_id: int, days: float) -> None:
+    with store.write() as conn:
+        conn.execute(update(pipelines).where(pipelines.c.id == pipeline_id)
+                     .values(completed_at=store.dialect.now_plus(-days * DAY)))
+
+
+def rows_of(store: RecoveryStore, pipeline_ids) -> dict[str, int]:
+    """Rows of every table that points at one of ``pipeline_ids`` (and the pipelines themselves)."""
+    ids = list(pipeline_ids)
+    found = {}
+    with store.read() as conn:
+        for table in store_tables(store):
+            for column in PIPELINE_COLUMNS:
+                if column in table.c:
+                    found[f"{table.name}.{column}"] = conn.scalar(
+                        select(func.count()).select_from(table).where(table.c[column].in_(ids)))
+        found["rx_pipelines"] = conn.scalar(select(func.count()).where(pipelines.c.id.in_(ids)))
+    return found
+
+
+def store_tables(store: RecoveryStore):
+    from sqlalchemy import MetaData
+
+    meta = MetaData()
+    meta.reflect(store.engine)
+    return [t for name, t in sorted(meta.tables.items()) if name.startswith("rx_")]
+
+
+def counters(store: RecoveryStore):
+    snap = store.metrics_snapshot()
+    return snap.reclaims, snap.resume_runs, snap.given_up
+
+
+def test_prune_deletes_the_whole_history_of_old_finished_pipelines_and_only_theirs(store):
+    old = [history(store, f"old-{ending}", ending=ending) for ending in ("complete", "fail", "cancel")]
+    recent = history(store, "recent", ending="complete", ago_days=0.5)
+    before_recent = rows_of(store, [recent.pipeline_id])
+    # three checkpointed calls, a journaled one and a batch job's
+    assert before_recent["rx_node_items.pipeline_id"] == 3 and before_recent["rx_provider_calls.pipeline_id"] == 5
+    assert all(rows_of(store, [old[1].pipeline_id]).values())  # the failed one keeps its journal
+
+    result = store.prune_finished_pipelines(DAY)
+
+    assert (result.pipelines, result.done) == (3, True)
+    assert result.rows["rx_node_items"] == 9 and result.rows["rx_provider_calls"] == 15
+    assert result.rows["rx_queue_items"] == 3 and result.rows["rx_call_journal"] == 1  # the failed one's
+    gone = rows_of(store, [o.pipeline_id for o in old])
+    assert gone == dict.fromkeys(gone, 0), gone
+    assert rows_of(store, [recent.pipeline_id]) == before_recent
+    assert store.get_pipeline(recent.pipeline_id).status == "completed"
+
+
+def test_the_transitions_prometheus_counts_stay_so_no_counter_goes_backwards(store):
+    own = history(store, "reclaimed", ending=None)
+    expire(store, own.pipeline_id)
+    [reclaimed], _ = store.reclaim(PassPlan(limit=1, launching=True))
+    placeholder = store.get_pipeline(own.pipeline_id).owner
+    resumed = store.take_over(own.pipeline_id, "resume-run", owner_dead=[placeholder], heartbeat_timeout=60)
+    store.fail_run(resumed, "failed again")
+    given_up = history(store, "given-up", ending=None)
+    with store.write() as conn:  # hopeless: out of resumes
+        conn.execute(update(pipelines).where(pipelines.c.id == given_up.pipeline_id).values(max_resumes=0))
+    expire(store, given_up.pipeline_id)
+    store.give_up_hopeless()
+    for pipeline_id in (own.pipeline_id, given_up.pipeline_id):
+        ended_ago(store, pipeline_id, 100)
+    newest(store)
+    before = counters(store)
+    assert before[0] and before[1] and before[2] == 1
+
+    assert store.prune_finished_pipelines(DAY).pipelines == 2
+
+    assert counters(store) == before
+    with store.read() as conn:
+        kept = conn.execute(select(transitions.c.entity_type, transitions.c.event)
+                            .where(transitions.c.pipeline_id.in_([own.pipeline_id, given_up.pipeline_id]))).all()
+    assert kept and {(e, ev) for e, ev in kept} <= {("pipeline", ev) for ev in COUNTED_TRANSITION_EVENTS}
+
+
+def test_live_and_resumable_pipelines_are_never_touched_however_old(store):
+    running = history(store, "running", ending=None)
+    waiting = history(store, "waiting", ending=None)
+    store.set_waiting(waiting, 3600, "provider outage")
+    orphaned = history(store, "orphaned", ending=None)
+    expire(store, orphaned.pipeline_id)
+    awaiting = history(store, "awaiting", ending=None)
+    expire(store, awaiting.pipeline_id)
+    store.reclaim(PassPlan(limit=10, launching=False))  # reclaimed, awaiting a resume run (the CLI's scan)
+    orphaned_again = history(store, "orphaned-again", ending=None)
+    pending = history(store, "pending", ending=None)
+    live = [running, waiting, orphaned, awaiting, orphaned_again, pending]
+    with store.write() as conn:
+        conn.execute(update(pipelines).where(pipelines.c.id == pending.pipeline_id).values(status="pending"))
+        # As old as can be: created, updated and even (a stray value) ended long ago; only the status counts.
+        long_ago = store.dialect.now_plus(-3650 * DAY)
+        conn.execute(update(pipelines).where(pipelines.c.id.in_([o.pipeline_id for o in live]))
+                     .values(created_at=long_ago, updated_at=long_ago, completed_at=long_ago))
+    expire(store, orphaned_again.pipeline_id)
+    statuses = {p.id: p.status for p in store.list_pipelines(limit=100)}
+    assert {statuses[o.pipeline_id] for o in live} == {"running", "pending"}
+    before = rows_of(store, [o.pipeline_id for o in live])
+
+    result = store.prune_finished_pipelines(3600)
+
+    assert (result.pipelines, result.rows) == (0, {})
+    assert rows_of(store, [o.pipeline_id for o in live]) == before
+    assert {p.id: p.status for p in store.list_pipelines(limit=100)} == statuses
+
+
+def test_batches_stop_at_each_boundary_and_a_second_run_finds_nothing(store):
+    old = [history(store, f"old-{i}", items=1) for i in range(5)]
+    newest(store)
+    seen: list[int] = []
+
+    first = store.prune_finished_pipelines(DAY, batch_size=2, progress=lambda r: seen.append(r.pipelines))
+
+    assert (first.pipelines, first.batches, first.done, seen) == (5, 3, True, [2, 4, 5])
+    assert rows_of(store, [o.pipeline_id for o in old])["rx_pipelines"] == 0
+    again = store.prune_finished_pipelines(DAY, batch_size=2)
+    assert (again.pipelines, again.batches, again.done, again.rows) == (0, 0, True, {})
+
+    exact = [history(store, f"exact-{i}", items=1) for i in range(4)]  # a last batch exactly full
+    newest(store, "newest-again")
+    limited = store.prune_finished_pipelines(DAY, batch_size=2, max_batches=1)
+    assert (limited.pipelines, limited.done) == (2, False)
+    rest = store.prune_finished_pipelines(DAY, batch_size=2)
+    assert (rest.pipelines, rest.batches, rest.done) == (2, 1, True)
+    assert rows_of(store, [o.pipeline_id for o in exact])["rx_pipelines"] == 0
+
+
+def test_a_pipeline_that_finishes_or_is_taken_over_during_the_prune_is_kept(store):
+    for i in range(4):
+        history(store, f"old-{i}", items=1)
+    finishing = history(store, "finishing", ending=None)
+    reexecuted = history(store, "reexecuted", ending="fail")
+    with store.write() as conn:  # both older than the cut-off in every column but the end they are about to get
+        conn.execute(update(pipelines).where(pipelines.c.id == finishing.pipeline_id)
+                     .values(created_at=store.dialect.now_plus(-400 * DAY)))
+
+    def meanwhile(result):
+        if result.batches == 1:
+            store.complete_node(finishing, "a")
+            store.complete_run(finishing)
+            store.take_over(reexecuted.pipeline_id, "reexecution", heartbeat_timeout=60)
+
+    result = store.prune_finished_pipelines(DAY, batch_size=2, progress=meanwhile)
+
+    assert (result.pipelines, result.done) == (4, True)
+    assert store.get_pipeline(finishing.pipeline_id).status == "completed"
+    assert store.get_pipeline(reexecuted.pipeline_id).status == "running"
+    assert store.completed_items(reexecuted.pipeline_id, "a") == {"k0": {"n": 0}, "k1": {"n": 1}, "k2": {"n": 2}}
+
+
+def test_dry_run_counts_by_status_and_deployment_scopes(store):
+    history(store, "done", ending="complete")
+    history(store, "failed", ending="fail")
+    other = store.create_pipeline("job", ["a"], owner="elsewhere", origin_run_id="elsewhere", deployment="other")
+    store.fail_run(other, "x")
+    ended_ago(store, other.pipeline_id, 100)
+    newest(store)
+    before = rows_of(store, range(1, 10))
+
+    dry = store.prune_finished_pipelines(DAY, dry_run=True)
+
+    assert (dry.pipelines, dry.by_status, dry.rows) == (3, {"completed": 1, "failed": 2}, {})
+    assert rows_of(store, range(1, 10)) == before
+    assert store.prune_finished_pipelines(DAY, deployment="other").pipelines == 1
+    assert store.prune_finished_pipelines(DAY, dry_run=True).by_status == {"completed": 1, "failed": 1}
+
+
+def test_every_table_that_points_at_a_pipeline_is_pruned_or_kept_on_purpose(store):
+    """A new table with a pipeline column must be added to PRUNE_STEPS or be an aggregate kept on purpose; an
+    aggregate must not disappear with its pipeline through an ON DELETE CASCADE."""
+    pruned = {step.table.name for step in PRUNE_STEPS}
+    assert not {name for name in pruned if kept_on_purpose(name)}
+    inspector = inspect(store.engine)
+    for table in store_tables(store):
+        if table.name == "rx_pipelines":
+            continue
+        points = [c for c in PIPELINE_COLUMNS if c in table.c]
+        if kept_on_purpose(table.name):
+            for fk in inspector.get_foreign_keys(table.name):
+                assert not (fk["referred_table"] == "rx_pipelines"
+                            and (fk.get("options") or {}).get("ondelete", "").upper() == "CASCADE"), table.name
+        elif points:
+            assert table.name in pruned, f"{table.name} points at pipelines: prune it or keep it on purpose"
+
+
+def test_postgres_skips_a_pipeline_another_transaction_holds_instead_of_waiting(pg_url):
+    """PostgreSQL only (SQLite has one writer, no row locks): a pipeline another transaction holds (a re-execution
+    taking it over) is skipped, not waited
+    for; the next prune takes it."""
+    store = RecoveryStore(pg_url)
+    store.migrate()
+    try:
+        held = history(store, "held", ending="fail")
+        free = history(store, "free", ending="fail")
+        newest(store)
+        with store.write() as conn:
+            conn.execute(select(pipelines.c.id).where(pipelines.c.id == held.pipeline_id).with_for_update())
+            result = store.prune_finished_pipelines(DAY)
+            assert (result.pipelines, result.done) == (1, True)
+        assert store.get_pipeline(held.pipeline_id).status == "failed"
+        assert rows_of(store, [free.pipeline_id])["rx_pipelines"] == 0
+        assert store.prune_finished_pipelines(DAY).pipelines == 1
+    finally:
+        store.close()
+
+
+def test_cli_prune_dry_run_then_prune_then_nothing_left(cli, store):
+    old = history(store, "old", ending="complete")
+    recent = history(store, "recent", ending="complete", ago_days=0.1)
+
+    dry = cli("prune", "--older-than", "90d", "--dry-run")
+    assert "would delete 1 pipeline(s) (1 completed); dry run: nothing was deleted" in dry.stdout
+    assert store.get_pipeline(old.pipeline_id).status == "completed"
+    done = json.loads(cli("--json", "prune", "--older-than", "12h", "--batch-size", "1").stdout)
+    assert (done["pipelines"], done["batches"], done["done"], done["rows"]["rx_node_items"]) == (1, 1, True, 3)
+    assert rows_of(store, [old.pipeline_id])["rx_pipelines"] == 0
+    assert store.get_pipeline(recent.pipeline_id).status == "completed"
+    assert "deleted 0 pipeline(s) in 0 batch(es)" in cli("prune", "--older-than", "3h").stdout
+
+
+@pytest.mark.parametrize("args, message", [
+    ([], "Missing option '--older-than'"),
+    (["--older-than", "soon"], "not a duration: 'soon'"),
+    (["--older-than", "-3d"], "a duration must be positive"),
+    (["--older-than", "nan"], "a duration must be a finite number"),
+    (["--older-than", "30m"], "must be between 3600 and"),
+    (["--older-than", "1e300d"], "must be between 3600 and"),
+    (["--older-than", "90d", "--batch-size", "0"], "0 is not in the range 1<=x<=10000"),
+])
+def test_cli_prune_refuses_bad_input_with_one_line_and_exit_2(cli, store, args, message):
+    history(store, "old", ending="complete")
+    newest(store)
+    result = cli("prune", *args, code=2)
+    assert message in result.output and "Traceback" not in result.output
+    assert store.prune_finished_pipelines(DAY, dry_run=True).pipelines == 1  # nothing was deleted
+
+
+def test_the_orphan_sensor_prunes_at_most_hourly_and_a_pass_goes_on_while_pipelines_are_left(store, monkeypatch):
+    monkeypatch.setattr(schedule, "TICK_BUDGET_SECONDS", 0.0)  # one batch per tick
+    now = [0.0]
+    protocol = RecoveryProtocol(Scope(), clock=lambda: now[0])
+    protocol.retention = schedule.RetentionSchedule(lambda: now[0], batch_size=2)
+
+    def tick(retention=DAY):
+        outcome = protocol.tick(store, LaunchNothing(), RecoverySettings(), pipeline_retention_seconds=retention)
+        assert outcome.stats.error is None
+        return store.prune_finished_pipelines(DAY, dry_run=True).pipelines
+
+    for i in range(3):
+        history(store, f"old-{i}", items=1)
+    newest(store)
+    assert tick(retention=None) == 3  # retention off: kept for ever
+    assert tick() == 1  # a pass: one batch this tick
+    now[0] += 30
+    assert tick() == 0  # the pass goes on at the next tick and ends
+    history(store, "later", items=1)
+    newest(store, "newest-again")
+    now[0] += 60
+    assert tick() == 1  # the next pass waits for the hour
+    now[0] += 3600
+    assert tick() == 0
+
+
+@pytest.mark.parametrize("seconds", [3600.0, float("nan"), -1.0, 11 * 366 * DAY])
+def test_the_retention_setting_is_off_by_default_and_bounded(seconds):
+    assert RecoveryResource().finished_pipeline_retention_seconds is None
+    kept = RecoveryResource(finished_pipeline_retention_seconds=90 * DAY)
+    assert kept.finished_pipeline_retention_seconds == 90 * DAY
+    with pytest.raises(ValueError, match="finished_pipeline_retention_seconds must be"):
+        RecoveryResource(finished_pipeline_retention_seconds=seconds)
+
+
+def test_the_newest_pipeline_is_kept_so_sqlite_never_hands_its_id_out_again(store):
+    old = history(store, "old", ending="fail")
+    assert store.prune_finished_pipelines(DAY).pipelines == 0  # the newest: kept, with its history
+    assert rows_of(store, [old.pipeline_id])["rx_node_items.pipeline_id"] == 3
+    later = newest(store)
+    assert store.prune_finished_pipelines(DAY).pipelines == 1
+    again = newest(store, "after-the-prune")
+    assert again.pipeline_id > later.pipeline_id > old.pipeline_id
+
+
+def test_every_prune_statement_reads_through_an_index(store):
+    """Each batch's candidate query and each table's DELETE is an indexed range on both databases: no full scan
+    (PostgreSQL with sequential scans priced out, so the plan shows what an index can serve on any table size)."""
+    cutoff = store.dialect.now_plus(-DAY)
+    statements = [select(pipelines.c.id).where(*_prunable(cutoff, status, "d", 7)).limit(200)
+                  for status in FINISHED_PIPELINE_STATUSES]
+    statements += [delete(step.table).where(step.rows_of([1, 2, 3])) for step in PRUNE_STEPS]
+    with store.write() as conn:
+        if store.dialect.name == "postgresql":
+            conn.exec_driver_sql("SET LOCAL enable_seqscan = off")
+        for statement in statements:
+            sql = str(statement.compile(store.engine, compile_kwargs={"literal_binds": True}))
+            explain = "EXPLAIN QUERY PLAN " if store.dialect.name == "sqlite" else "EXPLAIN "
+            plan = "\n".join(" ".join(map(str, row)) for row in conn.exec_driver_sql(explain + sql))
+            assert "Seq Scan" not in plan and " SCAN " not in f" {plan}", f"{sql}\n{plan}"
