@@ -3,12 +3,17 @@ free port, served from a daemon thread."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 
 class QuietHandler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
+
+    def handle(self) -> None:
+        with contextlib.suppress(ConnectionResetError):  # a killed client's kept-alive connection: nothing to answer
+            super().handle()
 
     def _send_bytes(self, status: int, data: bytes, kind: str = "application/octet-stream",
                     headers: dict[str, str] | None = None) -> None:

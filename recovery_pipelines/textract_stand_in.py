@@ -8,7 +8,8 @@ real service does, a start repeated under the same ``ClientRequestToken`` answer
 starts nothing (with other parameters: ``IdempotentParameterMismatchException``). A job is ``IN_PROGRESS``
 for ``duration`` seconds, then ``SUCCEEDED`` with PAGE, LINE and WORD blocks, read ``MaxResults`` blocks at a
 time with ``NextToken``; ``fail_first`` names documents whose first job ends ``FAILED``; :meth:`forget`
-makes a job unknown (``InvalidJobIdException``), as its results are after 7 days.
+makes a job unknown (``InvalidJobIdException``), as its results are after 7 days; ``start_delay`` slows each
+start.
 
 Buckets are local folders (``buckets={"scans": folder}``); an object's text is what the test data was
 rendered from (the folder's ``expected.json`` manifest that ``create_scanned_pdfs`` writes), else its
@@ -103,9 +104,9 @@ def blocks_of(lines: list[str], pages: int) -> list[dict]:
 
 class TextractProvider(LocalServer):
     def __init__(self, buckets: Mapping[str, Path | str], *, duration: float = 1.0,
-                 fail_first: Iterable[str] = ()) -> None:
+                 fail_first: Iterable[str] = (), start_delay: float = 0.0) -> None:
         self.buckets = {name: Path(folder).resolve() for name, folder in buckets.items()}
-        self.duration, self.fail_first = duration, set(fail_first)
+        self.duration, self.fail_first, self.start_delay = duration, set(fail_first), start_delay
         self.jobs: dict[str, StandInJob] = {}
         self.by_token: dict[str, str] = {}
         self.starts: Counter[str] = Counter()  # Start requests per ClientRequestToken
@@ -169,6 +170,7 @@ class TextractProvider(LocalServer):
         return path
 
     def start(self, body: dict) -> dict:
+        time.sleep(self.start_delay)  # a slow service: a kill can fall between one document's start and the next
         token = body.get("ClientRequestToken")
         location = body.get("DocumentLocation")
         with self.lock:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -78,7 +79,6 @@ def assert_ledger_equals_the_provider(store, pipeline_id, provider: TextractProv
     f = store.provider_costs(pipeline_id).pipelines[pipeline_id]
     assert f.cost == pytest.approx(PRICE * sum(pages for _, pages in charged))
     assert sorted(name for name, _ in charged) == sorted(DOCS)  # each document paid once
-    assert set(provider.starts.values()) == {1}  # no job was started again, not even under its own token
 
 
 def assert_every_text_is_the_documents(store):
@@ -90,7 +90,7 @@ def assert_every_text_is_the_documents(store):
 def test_the_ocr_job_recognises_its_documents_as_one_textract_job(store, db_url, folder):
     with TextractProvider({"scans": folder}, duration=0.5) as provider:
         result = run(db_url, folder, textract_config(provider))
-        assert provider.submissions == len(DOCS)
+        assert provider.submissions == len(DOCS) and set(provider.starts.values()) == {1}
     (pipeline,) = store.list_pipelines()
     assert_every_document_completed_once_before_the_pipeline(store, pipeline.id, DOCS)
     assert_every_text_is_the_documents(store)
@@ -100,30 +100,29 @@ def test_the_ocr_job_recognises_its_documents_as_one_textract_job(store, db_url,
                                                        "items_dead": 0}
 
 
-def test_a_kill_during_the_textract_wait_is_reattached_not_resubmitted(store, db_url, folder, dagster_home):
-    with TextractProvider({"scans": folder}, duration=8.0) as provider:
-        config = textract_config(provider)
-        worker = subprocess.Popen([sys.executable, str(HERE / "ocr_run.py"), db_url, str(folder), "{}",
-                                   json.dumps(config)], cwd=HERE,
-                                  env={**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), str(HERE.parents[1])])},
-                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        try:
-            def waiting():
-                found = store.list_pipelines()
-                return (provider.submissions == len(DOCS) and found and found[0].shown_status == WAITING
-                        and "textract job" in found[0].waiting_reason)
+def kill_and_resume(store, db_url, folder, provider: TextractProvider, killed_when):
+    """Run the OCR job in a process, kill -9 it once ``killed_when()`` holds, take the pipeline over as the orphan
+    sensor would and resume it in this one; the pipeline and the resume's result."""
+    config = textract_config(provider)
+    worker = subprocess.Popen([sys.executable, str(HERE / "ocr_run.py"), db_url, str(folder), "{}",
+                               json.dumps(config)], cwd=HERE,
+                              env={**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), str(HERE.parents[1])])},
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_for(killed_when, timeout=240, interval=0.02, what="the point to kill the run at")
+        worker.send_signal(signal.SIGKILL)
+    finally:
+        worker.wait(30)
+    (pipeline,) = store.list_pipelines()
+    (reclaimed,), _ = store.reclaim(PassPlan(dead_owner_runs=[pipeline.owner]))
+    result = run(db_url, folder, config, {TAG_PIPELINE: str(reclaimed.pipeline_id),
+                                          TAG_RESUME_NUMBER: str(reclaimed.resume_number),
+                                          TAG_RESUMED_FROM: reclaimed.previous_owner})
+    return pipeline, result
 
-            wait_for(waiting, timeout=240, interval=0.05, what="the pipeline to show the Textract wait")
-            worker.send_signal(signal.SIGKILL)
-        finally:
-            worker.wait(30)
-        assert provider.statuses() == Counter({"IN_PROGRESS": len(DOCS)})  # killed while the jobs ran
-        (pipeline,) = store.list_pipelines()
-        (reclaimed,), _ = store.reclaim(PassPlan(dead_owner_runs=[pipeline.owner]))
-        result = run(db_url, folder, config, {TAG_PIPELINE: str(reclaimed.pipeline_id),
-                                              TAG_RESUME_NUMBER: str(reclaimed.resume_number),
-                                              TAG_RESUMED_FROM: reclaimed.previous_owner})
-        assert provider.submissions == len(DOCS)
+
+def assert_reattached_to_one_job_per_document(store, pipeline, result, provider: TextractProvider):
+    assert provider.submissions_per_document() == Counter(list(DOCS))  # one Textract job per document, no more
     (job,) = store.provider_jobs(pipeline.id)
     assert (job.status, job.attempt) == ("collected", 1) and json.loads(job.job_id).keys() == set(job.items)
     assert sorted(json.loads(job.job_id).values()) == sorted(provider.jobs)
@@ -135,6 +134,29 @@ def test_a_kill_during_the_textract_wait_is_reattached_not_resubmitted(store, db
     assert outcomes(store, pipeline.id) == Counter({"ok": len(DOCS), "submitted": 1})
     f = store.provider_costs(pipeline.id).pipelines[pipeline.id]
     assert (f.wasted_calls, f.in_flight_unknown_calls) == (0, 0)
+
+
+def test_a_kill_during_the_textract_wait_is_reattached_not_resubmitted(store, db_url, folder, dagster_home):
+    polls = random.randint(1, 30)  # a random point of the wait: after this many of the stand-in's answers to a poll
+    with TextractProvider({"scans": folder}, duration=8.0) as provider:
+        def waiting():
+            found = store.list_pipelines()
+            return (provider.gets >= polls and found and found[0].shown_status == WAITING
+                    and "textract job" in found[0].waiting_reason)
+
+        pipeline, result = kill_and_resume(store, db_url, folder, provider, waiting)
+        assert set(provider.starts.values()) == {1}  # the resume started nothing, not even under the same token
+    assert_reattached_to_one_job_per_document(store, pipeline, result, provider)
+
+
+def test_a_kill_between_two_documents_starts_is_reattached_by_the_same_tokens(store, db_url, folder, dagster_home):
+    """Killed after the first document's job started and before the job's ids were written: the resume submits
+    under the same token, and Textract answers the jobs already started instead of starting them again."""
+    with TextractProvider({"scans": folder}, duration=2.0, start_delay=1.0) as provider:
+        pipeline, result = kill_and_resume(store, db_url, folder, provider, lambda: provider.submissions == 1)
+        assert max(provider.starts.values()) == 2  # a start repeated under its token ...
+    assert provider.submissions == len(DOCS)  # ... started no job twice
+    assert_reattached_to_one_job_per_document(store, pipeline, result, provider)
 
 
 def test_a_failed_textract_job_is_resubmitted_for_its_document_only(store, db_url, folder):
