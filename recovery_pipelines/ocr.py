@@ -19,7 +19,8 @@ from typing import Any
 import pydantic
 from dagster import Config, Failure, Field, graph, multiprocess_executor
 
-from recovery_ext import HeartbeatSettings, ItemTakenOver, LEGACY_STALE_SECONDS, NodeContext, OwnershipLost, StopRequested, Watchdog, classify, recoverable_op, redact, validate_backoff, with_recovery
+from recovery_ext import (LEGACY_STALE_SECONDS, HeartbeatSettings, ItemTakenOver, NodeContext, OwnershipLost,
+                          StopRequested, Watchdog, classify, recoverable_op, redact, validate_backoff, with_recovery)
 from recovery_pipelines.ocr_engine import DOCUMENT_SUFFIXES, recognise
 
 DEFAULT_QUEUE = "ocr"
