@@ -9,7 +9,7 @@ starts nothing (with other parameters: ``IdempotentParameterMismatchException``)
 for ``duration`` seconds, then ``SUCCEEDED`` with PAGE, LINE and WORD blocks, read ``MaxResults`` blocks at a
 time with ``NextToken``; ``fail_first`` names documents whose first job ends ``FAILED``; :meth:`forget`
 makes a job unknown (``InvalidJobIdException``), as its results are after 7 days; ``start_delay`` slows each
-start.
+start, ``result_delay`` each read of a finished job's blocks.
 
 Buckets are local folders (``buckets={"scans": folder}``); an object's text is what the test data was
 rendered from (the folder's ``expected.json`` manifest that ``create_scanned_pdfs`` writes), else its
@@ -104,9 +104,10 @@ def blocks_of(lines: list[str], pages: int) -> list[dict]:
 
 class TextractProvider(LocalServer):
     def __init__(self, buckets: Mapping[str, Path | str], *, duration: float = 1.0,
-                 fail_first: Iterable[str] = (), start_delay: float = 0.0) -> None:
+                 fail_first: Iterable[str] = (), start_delay: float = 0.0, result_delay: float = 0.0) -> None:
         self.buckets = {name: Path(folder).resolve() for name, folder in buckets.items()}
-        self.duration, self.fail_first, self.start_delay = duration, set(fail_first), start_delay
+        self.duration, self.fail_first = duration, set(fail_first)
+        self.start_delay, self.result_delay = start_delay, result_delay
         self.jobs: dict[str, StandInJob] = {}
         self.by_token: dict[str, str] = {}
         self.starts: Counter[str] = Counter()  # Start requests per ClientRequestToken
@@ -190,6 +191,8 @@ class TextractProvider(LocalServer):
             return {"JobId": job.id}
 
     def get(self, body: dict) -> dict:
+        if int(body.get("MaxResults") or 1000) > 1:  # a read of the blocks, not a status poll (MaxResults=1)
+            time.sleep(self.result_delay)
         with self.lock:
             self.gets += 1
             job = self.jobs.get(str(body.get("JobId")))

@@ -159,6 +159,21 @@ def test_a_kill_between_two_documents_starts_is_reattached_by_the_same_tokens(st
     assert_reattached_to_one_job_per_document(store, pipeline, result, provider)
 
 
+def test_a_kill_between_two_documents_results_keeps_the_first_and_reattaches_for_the_rest(
+        store, db_url, folder, dagster_home):
+    """Killed once the job finished and its first document was kept: the resume re-attaches to the same job for
+    the other two, and nothing is started or paid again."""
+    with TextractProvider({"scans": folder}, duration=1.0, result_delay=1.5) as provider:
+        def first_kept():
+            return sum(1 for item in store.list_items("ocr") if item.status == "completed") == 1
+
+        pipeline, result = kill_and_resume(store, db_url, folder, provider, first_kept)
+        assert set(provider.starts.values()) == {1}
+    assert_reattached_to_one_job_per_document(store, pipeline, result, provider)
+    kept = [c for c in store.provider_calls(pipeline.id) if c.outcome == "ok"]
+    assert len({c.run_id for c in kept}) == 2  # one document's row from the killed run, two from the resume
+
+
 def test_a_failed_textract_job_is_resubmitted_for_its_document_only(store, db_url, folder):
     with TextractProvider({"scans": folder}, duration=0.3, fail_first={"doc2.pdf"}) as provider:
         run(db_url, folder, textract_config(provider))
