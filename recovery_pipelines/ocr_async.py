@@ -20,8 +20,8 @@ import os
 import threading
 from typing import Any
 
-from recovery_ext import (ClassifiedError, HeartbeatSettings, NodeContext, TextractJobs, Watchdog, redact,
-                          run_provider_job)
+from recovery_ext import (ClassifiedError, HeartbeatSettings, ItemStatus, NodeContext, TextractJobs, Watchdog,
+                          redact, run_provider_job)
 from recovery_pipelines.ocr_engine import boost
 
 
@@ -58,7 +58,11 @@ class TextractDrain:
             self.held = {str(item.id): item for item in claimed}
         checkpointed = ctx.completed_items()
         for key in [k for k in self.held if k in checkpointed]:  # killed between the checkpoint and the queue
-            self.complete(key, checkpointed[key])
+            kept = checkpointed[key]
+            if isinstance(kept, dict) and "raw_text" in kept:
+                self.complete(key, kept)
+            else:
+                self.fail(key, str((kept or {}).get("error") or "provider_job"))
         requests = {key: {"S3Object": {"Bucket": self.config.textract_bucket,
                                        "Name": f"{self.config.textract_prefix}{item.payload['name']}"}}
                     for key, item in self.held.items()}
@@ -72,10 +76,13 @@ class TextractDrain:
             if exc.category != "provider_job":
                 raise
             done = len([k for k in requests if k not in self.held])
-            for item in list(self.held.values()):
-                state = self.queue.fail(item, f"provider_job: {redact(exc)}", retryable=False)
-                ctx.log.warning(f"document {item.payload.get('name')} ({item.id}): Textract failed on it in every "
-                                f"attempt; now {state}")
+            error = f"provider_job: {redact(exc)}"
+            for key in list(self.held):
+                # the node's record of the document first (no text: degraded), so a kill before the queue's
+                # failure is finished from it; the node never waits for a document the queue gave up on
+                ctx.checkpoint(key, {"error": error}, status=ItemStatus.DEGRADED)
+                ctx.count_items("degraded", -1)
+                self.fail(key, error)
         # A document counts once, as its queue item: its checkpoint (the jobs API's own record) is not counted.
         ctx.count_items("done", -done)
 
@@ -91,6 +98,13 @@ class TextractDrain:
         self.queue.complete(item, result)
         self.ctx.log.info(f"document {item.payload.get('name')} ({item.id}) recognised by Textract: "
                           f"{result['pages']} page(s), confidence {result['confidence']:.2f}")
+
+    def fail(self, key: str, error: str) -> None:
+        with self.lock:
+            item = self.held.pop(key)
+        state = self.queue.fail(item, error, retryable=False)
+        self.ctx.log.warning(f"document {item.payload.get('name')} ({item.id}): Textract failed on it in every "
+                             f"attempt; now {state}")
 
     def beat(self) -> None:
         with self.lock:

@@ -186,3 +186,17 @@ def test_a_failed_textract_job_is_resubmitted_for_its_document_only(store, db_ur
                                                     "resubmitted": 1})
     jobs = store.provider_jobs(pipeline.id)
     assert [(j.status, j.attempt, len(j.items)) for j in jobs] == [("failed", 1, len(DOCS)), ("collected", 2, 1)]
+
+
+def test_a_document_textract_fails_on_in_every_attempt_fails_its_queue_item(store, db_url, folder):
+    with TextractProvider({"scans": folder}, duration=0.3, fail_first={"doc2.pdf"}) as provider:
+        result = run(db_url, folder, {**textract_config(provider), "provider_max_attempts": 1})
+    (pipeline,) = store.list_pipelines()
+    items = {item.payload["name"]: item for item in store.list_items("ocr")}
+    assert {name: item.status for name, item in items.items()} == {"doc1.pdf": "completed", "doc2.pdf": "failed",
+                                                                   "doc3.pdf": "completed"}
+    assert items["doc2.pdf"].last_error.startswith("provider_job")
+    assert outcomes(store, pipeline.id) == Counter({"ok": 2, "textract_failed": 1, "submitted": 1})
+    assert result.output_for_node("ocr_documents") == {"queue": "ocr", "items_done": 2, "items_failed": 1,
+                                                       "items_dead": 0}
+    assert store.get_pipeline(pipeline.id).status == "completed"
