@@ -26,6 +26,7 @@ from recovery_ext._providers.journal import journaled_call
 from recovery_ext._providers.openai_batch import OpenAIBatchJobs
 from recovery_ext._providers.ledger import record_provider_call
 from recovery_ext._providers.prices import Prices
+from recovery_ext._providers.textract_jobs import TextractJobs
 from recovery_ext._recovery.protocol import scan
 from recovery_ext._recovery.scan import RecoverySettings
 from recovery_ext._providers.usage import read_usage
@@ -149,6 +150,7 @@ __all__ = [
     "TAG_PIPELINE",
     "TAG_RESUMED_FROM",
     "TAG_RESUME_NUMBER",
+    "TextractJobs",
     "UnfinishedItems",
     "UnresumableSelection",
     "WAITING",

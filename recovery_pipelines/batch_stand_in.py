@@ -20,9 +20,9 @@ import uuid
 from dataclasses import dataclass, field
 from email.parser import BytesParser
 from email.policy import HTTP
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from recovery_pipelines.llm import heuristic_answer
+from recovery_pipelines.stand_in_server import LocalServer, QuietHandler
 
 
 def usage_of(prompt_text: str, answer_text: str) -> tuple[int, int]:
@@ -44,7 +44,9 @@ class StandInBatch:
     answered: list[tuple[str, int, int]] = field(default_factory=list)  # custom_id, tokens in, tokens out
 
 
-class BatchProvider:
+class BatchProvider(LocalServer):
+    url_path = "/v1"
+
     def __init__(self, *, duration: float = 1.0, expire_first: int | None = None) -> None:
         self.duration, self.expire_first = duration, expire_first
         self.files: dict[str, bytes] = {}
@@ -52,7 +54,6 @@ class BatchProvider:
         self.order: list[str] = []
         self.chat_calls = 0
         self.lock = threading.Lock()
-        self.server: ThreadingHTTPServer | None = None
 
     # -- what it counted ---------------------------------------------------------------------------
 
@@ -119,11 +120,12 @@ class BatchProvider:
     # -- serving -----------------------------------------------------------------------------------
 
     def start(self) -> str:
+        return self.start_server()
+
+    def handler(self) -> type[QuietHandler]:
         provider = self
 
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
+        class Handler(QuietHandler):
             def _body(self) -> bytes:
                 return self.rfile.read(int(self.headers.get("Content-Length", 0)))
 
@@ -178,32 +180,4 @@ class BatchProvider:
             def _send(self, status, payload):
                 self._send_bytes(status, json.dumps(payload).encode(), "application/json")
 
-            def _send_bytes(self, status, data, kind="application/octet-stream"):
-                try:
-                    self.send_response(status)
-                    self.send_header("Content-Type", kind)
-                    self.send_header("Content-Length", str(len(data)))
-                    self.end_headers()
-                    self.wfile.write(data)
-                except (BrokenPipeError, ConnectionResetError):
-                    pass
-
-            def log_message(self, *args):
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-        return f"http://127.0.0.1:{self.server.server_address[1]}/v1"
-
-    def stop(self) -> None:
-        if self.server is not None:
-            self.server.shutdown()
-            self.server.server_close()
-
-    def __enter__(self) -> BatchProvider:  # noqa: PYI034 - as tests/support/stand_in_llm.py
-        self.url = self.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
+        return Handler

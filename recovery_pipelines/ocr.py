@@ -16,12 +16,16 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from dagster import Field, graph, multiprocess_executor
+import pydantic
+from dagster import Config, Failure, Field, graph, multiprocess_executor
 
-from recovery_ext import HeartbeatSettings, ItemTakenOver, LEGACY_STALE_SECONDS, NodeContext, OwnershipLost, StopRequested, Watchdog, classify, recoverable_op, redact, validate_backoff, with_recovery
+from recovery_ext import (LEGACY_STALE_SECONDS, HeartbeatSettings, ItemTakenOver, NodeContext, OwnershipLost,
+                          StopRequested, Watchdog, classify, recoverable_op, redact, validate_backoff, with_recovery)
 from recovery_pipelines.ocr_engine import DOCUMENT_SUFFIXES, recognise
 
 DEFAULT_QUEUE = "ocr"
+LOCAL, TEXTRACT = "local", "textract"
+PROVIDERS = (LOCAL, TEXTRACT)
 
 
 def _digest(path: Path) -> str:
@@ -59,40 +63,66 @@ def enqueue_documents(ctx: NodeContext) -> dict[str, Any]:
     return {"queue": cfg["queue"], "documents": len(documents), "enqueued": len(added), "item_ids": item_ids}
 
 
-@recoverable_op(config_schema={
-    "workers": Field(int, default_value=1, description="Worker threads in this run."),
-    "item_heartbeat_interval": Field(float, default_value=10.0, description="Seconds between item heartbeats."),
-    "item_heartbeat_timeout": Field(float, default_value=60.0,
-                                    description="A processing document whose heartbeat is this old is stale."),
-    "legacy_stale_seconds": Field(float, default_value=LEGACY_STALE_SECONDS,
-                                  description="Stale threshold for rows without a heartbeat deadline (legacy rows)."),
-    "retry_initial_delay": Field(float, default_value=30.0,
-                                 description="Seconds a failed document waits before its first retry; doubles."),
-    "retry_max_delay": Field(float, default_value=1800.0, description="Upper bound of the retry delay."),
-    "retry_jitter": Field(float, default_value=0.1, description="Relative jitter of the retry delay (0 to 1)."),
-    "wait_poll_interval": Field(float, default_value=5.0,
-                                description="While its documents wait for a retry or another worker: check this often."),
-})
-def ocr_documents(ctx: NodeContext, enqueued: dict[str, Any]) -> dict[str, Any]:
-    """Claim documents (SKIP LOCKED), render pages (PDFium), recognise them (RapidOCR), store raw and boosted text.
+class OcrDocumentsConfig(Config):
+    """The OCR node's settings; ``provider`` picks who recognises the documents."""
+
+    workers: int = pydantic.Field(default=1, description="Worker threads in this run (local provider).")
+    item_heartbeat_interval: float = pydantic.Field(default=10.0, description="Seconds between item heartbeats.")
+    item_heartbeat_timeout: float = pydantic.Field(
+        default=60.0, description="A processing document whose heartbeat is this old is stale.")
+    legacy_stale_seconds: float = pydantic.Field(
+        default=LEGACY_STALE_SECONDS,
+        description="Stale threshold for rows without a heartbeat deadline (legacy rows).")
+    retry_initial_delay: float = pydantic.Field(
+        default=30.0, description="Seconds a failed document waits before its first retry; doubles.")
+    retry_max_delay: float = pydantic.Field(default=1800.0, description="Upper bound of the retry delay.")
+    retry_jitter: float = pydantic.Field(default=0.1, description="Relative jitter of the retry delay (0 to 1).")
+    wait_poll_interval: float = pydantic.Field(
+        default=5.0, description="While its documents wait for a retry or another worker: check this often.")
+    provider: str = pydantic.Field(
+        default=LOCAL, description="'local': RapidOCR in this process; 'textract': Amazon Textract's asynchronous "
+                                   "text detection as a provider job (the aws extra), re-attached after a crash.")
+    textract_region: str = pydantic.Field(default="us-east-1", description="Textract's AWS region.")
+    textract_endpoint_url: str = pydantic.Field(
+        default="", description="Textract's endpoint; empty: AWS's own for the region (a stand-in's URL in tests).")
+    textract_bucket: str = pydantic.Field(default="", description="The S3 bucket Textract reads the documents from.")
+    textract_prefix: str = pydantic.Field(default="", description="Each document's S3 key: this prefix + its name.")
+    textract_price_per_page: float | None = pydantic.Field(
+        default=None, description="What Textract charges per page, for the ledger's cost; empty: not priced.")
+    provider_poll_seconds: float = pydantic.Field(default=5.0, description="How often the provider job is polled.")
+    provider_max_attempts: int = pydantic.Field(
+        default=3, description="Provider jobs per document (a failed one is resubmitted) before it fails for good.")
+
+
+@recoverable_op
+def ocr_documents(ctx: NodeContext, enqueued: dict[str, Any], config: OcrDocumentsConfig) -> dict[str, Any]:
+    """Claim documents (SKIP LOCKED), render pages (PDFium), recognise them (RapidOCR), store raw and boosted text;
+    with ``provider: textract`` the claimed documents go to Textract as one asynchronous provider job.
 
     Completes only when every document of this pipeline is finished (completed, dead or
     failed): documents waiting for a retry, or held by another worker, are waited for, and
     taken over once their holder's heartbeat expires.
     """
-    cfg = ctx.op_config
+    if config.provider not in PROVIDERS:
+        raise Failure(description=f"ocr_documents: provider must be one of {', '.join(PROVIDERS)}, got "
+                                  f"{config.provider!r}", allow_retries=False)
     queue = enqueued["queue"]
     own_ids = list(enqueued.get("item_ids") or [])
-    item_settings = HeartbeatSettings(interval=cfg["item_heartbeat_interval"], timeout=cfg["item_heartbeat_timeout"])
-    backoff = validate_backoff(cfg["retry_initial_delay"], cfg["retry_max_delay"], cfg["retry_jitter"])
+    item_settings = HeartbeatSettings(interval=config.item_heartbeat_interval, timeout=config.item_heartbeat_timeout)
+    backoff = validate_backoff(config.retry_initial_delay, config.retry_max_delay, config.retry_jitter)
     handle = ctx.queue(queue)
     released = handle.release_superseded()
     handle.count_finished(own_ids)  # documents an earlier run finished: kept, not redone
     if released:
         ctx.log.info(f"released {len(released)} documents held by superseded runs of pipeline {ctx.pipeline_id}: "
                      f"{sorted(r.id for r in released)}")
-    drain = QueueDrain(ctx, queue, own_ids, item_settings, backoff, cfg)
-    drain.run()
+    drain = QueueDrain(ctx, queue, own_ids, item_settings, backoff, config)
+    if config.provider == TEXTRACT:
+        from recovery_pipelines.ocr_async import TextractDrain
+
+        TextractDrain(ctx, queue, own_ids, item_settings, config, drain.wait_for_documents).run()
+    else:
+        drain.run()
     # Done, failed, dead and released documents are the node's item counts (ctx.items_*), reported as
     # output metadata in the same words as every other node's items.
     ctx.metadata.update({"documents": len(own_ids),
@@ -105,7 +135,7 @@ class QueueDrain:
     """The worker threads of one OCR node: claim, recognise with an item heartbeat, complete or fail."""
 
     def __init__(self, ctx: NodeContext, queue: str, own_ids: list[int], item_settings: HeartbeatSettings,
-                 backoff, cfg: dict[str, Any]) -> None:
+                 backoff, cfg: OcrDocumentsConfig) -> None:
         self.ctx = ctx
         self.queue = ctx.queue(queue)
         self.own_ids = own_ids
@@ -117,7 +147,7 @@ class QueueDrain:
         self.idle = threading.Event()  # never set: its wait() is an interruptible sleep
 
     def run(self) -> None:
-        workers = max(1, self.cfg["workers"])
+        workers = max(1, self.cfg.workers)
         while True:
             with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="ocr") as pool:
                 for future in [pool.submit(self.work, slot) for slot in range(workers)]:
@@ -137,7 +167,7 @@ class QueueDrain:
         while True:
             ctx.check()
             claimed = self.queue.claim(worker, limit=1, heartbeat_timeout=self.item_settings.timeout,
-                                       legacy_stale_seconds=self.cfg["legacy_stale_seconds"])
+                                       legacy_stale_seconds=self.cfg.legacy_stale_seconds)
             if claimed:
                 self.process(claimed[0])
                 ctx.progress()
@@ -152,7 +182,7 @@ class QueueDrain:
         if not unfinished:
             return False
         until = self.queue.seconds_until_claimable()
-        pause = self.cfg["wait_poll_interval"] if until is None else min(self.cfg["wait_poll_interval"], until + 0.05)
+        pause = self.cfg.wait_poll_interval if until is None else min(self.cfg.wait_poll_interval, until + 0.05)
         # Waiting for a scheduled retry or a live holder is not a stall: report progress.
         self.ctx.progress()
         watchdog = self.ctx.watchdog

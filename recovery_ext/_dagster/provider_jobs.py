@@ -66,7 +66,8 @@ def run_provider_job(ctx: Any, adapter: JobAdapter, requests: Mapping[str, Any],
                 else:
                     job_id = found
                     store.job_submitted(own, node, token, job_id, outcome=_outcome(attempt))
-            ctx.log.info(f"{node}: re-attached to {adapter.provider} job {job_id} (submitted before the crash)")
+            ctx.log.info(f"{node}: re-attached to {adapter.provider} job {_shown(job_id)} "
+                         f"(submitted before the crash)")
             ctx.metadata["provider_job_reattached"] = job_id
         state = _wait(ctx, adapter, job_id, poll_seconds)
         done += _collect(ctx, adapter, adapter.results(job_id), [k for k in items if k in unfinished], keep, prices)
@@ -74,10 +75,16 @@ def run_provider_job(ctx: Any, adapter: JobAdapter, requests: Mapping[str, Any],
         finished = ctx.completed_items()
         unfinished = [k for k in unfinished if k not in finished]
         if unfinished:
-            ctx.log.warning(f"{node}: {adapter.provider} job {job_id} ended {state} with {len(unfinished)} item(s) "
-                            f"unfinished: resubmitting those only")
+            ctx.log.warning(f"{node}: {adapter.provider} job {_shown(job_id)} ended {state} with {len(unfinished)} "
+                            f"item(s) unfinished: resubmitting those only")
     ctx.flush_ledger()
     return done
+
+
+def _shown(job_id: str) -> str:
+    """A job id as logs and the waiting reason show it: a group's id (one per document, for Textract) can be
+    long, so past 80 characters it is cut (the full id is in the store and the output metadata)."""
+    return job_id if len(job_id) <= 80 else f"{job_id[:77]}..."
 
 
 def _outcome(attempt: int) -> str:
@@ -94,7 +101,7 @@ def _submit(ctx: Any, adapter: JobAdapter, requests: Mapping[str, Any], items: l
             attempt: int) -> str:
     job_id = adapter.submit({k: requests[k] for k in items}, token)
     ctx._store.job_submitted(ctx.ownership, ctx.node_name, token, job_id, outcome=_outcome(attempt))
-    ctx.log.info(f"{ctx.node_name}: submitted {adapter.provider} job {job_id} ({len(items)} items, "
+    ctx.log.info(f"{ctx.node_name}: submitted {adapter.provider} job {_shown(job_id)} ({len(items)} items, "
                  f"attempt {attempt})")
     return job_id
 
@@ -104,7 +111,7 @@ def _wait(ctx: Any, adapter: JobAdapter, job_id: str, poll_seconds: float) -> st
     on, and a lost ownership (or a stop) ends the wait at once."""
     store, own, node = ctx._store, ctx.ownership, ctx.node_name
     reporter = RunStateReporter(ctx.context, node)
-    reason = f"waiting for {adapter.provider} job {job_id}"
+    reason = f"waiting for {adapter.provider} job {_shown(job_id)}"
     superseded = ctx.watchdog.superseded if ctx.watchdog is not None else None
     shown = False
     try:
@@ -129,7 +136,7 @@ def _wait(ctx: Any, adapter: JobAdapter, job_id: str, poll_seconds: float) -> st
     finally:
         if shown:
             store.clear_waiting(own, node=node)
-            reporter.going_on(f"{adapter.provider} job {job_id} finished")
+            reporter.going_on(f"{adapter.provider} job {_shown(job_id)} finished")
 
 
 def _collect(ctx: Any, adapter: JobAdapter, results: Mapping[str, JobResult], keys: list[str],
@@ -140,7 +147,9 @@ def _collect(ctx: Any, adapter: JobAdapter, results: Mapping[str, JobResult], ke
         found = results.get(key)
         if found is None:
             continue
-        cost = prices.cost(found.model, found.tokens_in, found.tokens_out) if prices is not None else None
+        cost = found.cost
+        if cost is None and prices is not None:
+            cost = prices.cost(found.model, found.tokens_in, found.tokens_out)
         ctx.record_call(ProviderCall(endpoint=adapter.endpoint, model=found.model, tokens_in=found.tokens_in,
                                      tokens_out=found.tokens_out, outcome=found.error or "ok",
                                      cost=cost if found.error is None else None, operation="batch"), item=key)

@@ -15,13 +15,16 @@ RUNNING, COMPLETED, EXPIRED, CANCELLED, FAILED = (JobStatus.RUNNING, JobStatus.C
 
 @dataclass(frozen=True)
 class JobResult:
-    """One item's result in a finished job: its answer, or the error category that left it unfinished."""
+    """One item's result in a finished job: its answer, or the error category that left it unfinished.
+    ``cost``: what the provider charges for it when the adapter knows (e.g. per page), else the ``prices``
+    given to :func:`run_provider_job` price its tokens."""
 
     answer: Any = None
     error: str | None = None
     tokens_in: int = 0
     tokens_out: int = 0
     model: str | None = None
+    cost: float | None = None
 
 
 class JobAdapter(Protocol):

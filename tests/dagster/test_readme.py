@@ -30,7 +30,7 @@ EXPECTED_OUTPUT = {
     "docs/how-to/assets.md": [r"\bcompleted\b"],
     "docs/how-to/ledger.md": [],
     "docs/how-to/classifier.md": [],
-    "docs/how-to/journal.md": [r"(?m)^3$"],
+    "docs/how-to/journal.md": [r"(?m)^3$", r"INVOICE 101\nTotal due 11.10 EUR\njobs started: 1"],
     "docs/how-to/metrics.md": [r"chat claude-x"],
     "docs/how-to/kubernetes.md": [],
 }

@@ -64,6 +64,24 @@ def test_importing_the_package_does_not_import_dagster_or_opentelemetry():
     assert out.stdout.strip() == "[]"
 
 
+def test_botocore_is_an_extra_imported_only_by_the_textract_adapter_and_only_when_it_connects():
+    """``pip install recovery-ext`` does not pull botocore (only the ``aws`` extra does), and importing the
+    package, the Dagster layer or the adapter does not import it."""
+    from importlib.metadata import requires
+
+    declared = requires("recovery-ext") or []
+    botocore = [r.partition(";")[2] for r in declared if r.lower().startswith("botocore")]
+    assert botocore and all("extra ==" in marker for marker in botocore)  # never in the core
+    assert any("aws" in marker for marker in botocore)
+    importers = sorted(name for name, path in _library_modules().items()
+                       if any(m.split(".")[0] == "botocore" for m in _imports(path)))
+    assert importers == ["recovery_ext._providers.textract_jobs"]
+    code = ("import sys, recovery_ext; recovery_ext.run_provider_job; recovery_ext.TextractJobs; "
+            "print('botocore' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
+    assert out.stdout.strip() == "False"
+
+
 def test_only_the_opentelemetry_module_imports_opentelemetry():
     offenders = sorted(name for name, path in _library_modules().items() if name != "recovery_ext._observe.otel"
                        and any(m.split(".")[0] == "opentelemetry" for m in _imports(path)))

@@ -1,0 +1,162 @@
+"""Amazon Textract's asynchronous text detection as a provider job (see :func:`run_provider_job`).
+
+Textract runs one job per document (``StartDocumentTextDetection`` on an S3 object), so a provider job
+here is a group of them: one per item, started under a ``ClientRequestToken`` made from the job's
+idempotency token and the item's key. The group's id is the JSON of each item's Textract ``JobId``, written
+to the store once every document has one. Textract answers a start repeated under the same token with the
+same ``JobId`` and starts nothing: a resume whose crash came before the id was written submits again
+under the same token and gets the jobs already running (``find`` has nothing to look up). Results come
+from ``GetDocumentTextDetection``, page by page (``NextToken``), as the LINE blocks of each document.
+
+A document whose job ``FAILED`` or ended ``PARTIAL_SUCCESS`` comes back as an item error, and so does one
+whose ``JobId`` the service no longer knows (results are kept 7 days: ``InvalidJobIdException``); the
+jobs API resubmits those items only. ``botocore`` is imported only by :meth:`TextractJobs.connect`
+(the ``aws`` extra); an application that makes its own client passes it in.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from recovery_ext._classify.redaction import redact_url
+from recovery_ext._errors import ConfigurationError
+from recovery_ext._providers.jobs import COMPLETED, EXPIRED, FAILED, RUNNING, JobResult
+
+MODEL = "textract-detect-document-text"
+_FINISHED = {"SUCCEEDED", "FAILED", "PARTIAL_SUCCESS"}
+_GONE = "GONE"  # the service no longer knows the JobId (expired results): not one of Textract's statuses
+_ERRORS = {"FAILED": "textract_failed", "PARTIAL_SUCCESS": "textract_partial_success", _GONE: "job_expired"}
+
+
+def document_token(token: str, key: str) -> str:
+    """The ``ClientRequestToken`` of one item's document: at most 64 of ``[a-zA-Z0-9-_]``, the same for the
+    same job token and item, different for a resubmission (a new job token)."""
+    return f"{token[:32]}-{hashlib.sha256(key.encode()).hexdigest()[:24]}"
+
+
+class TextractJobs:
+    """Documents (each a Textract ``DocumentLocation``: ``{"S3Object": {"Bucket": ..., "Name": ...}}``) as
+    one Textract text detection job each, grouped as one provider job, through ``client`` (a botocore or
+    boto3 ``textract`` client). Each item's answer is ``{"text", "lines", "pages", "confidence", "job_id"}``
+    (``confidence`` the mean of its lines', 0 to 1). ``price_per_page`` prices each document in the ledger."""
+
+    provider = "textract"
+
+    def __init__(self, client: Any, *, max_results: int = 1000, price_per_page: float | None = None,
+                 start_options: Mapping[str, Any] | None = None) -> None:
+        if not 1 <= max_results <= 1000:
+            raise ConfigurationError(f"TextractJobs(max_results=...) must be 1 to 1000, got {max_results!r}")
+        self.client, self.max_results, self.price_per_page = client, max_results, price_per_page
+        self.start_options = dict(start_options or {})  # e.g. OutputConfig, KMSKeyId, NotificationChannel
+        self.endpoint = redact_url(str(client.meta.endpoint_url))
+        self._states: dict[str, str] = {}  # JobId -> a finished job's state: not asked again
+
+    @classmethod
+    def connect(cls, *, region_name: str, endpoint_url: str | None = None, **options: Any) -> TextractJobs:
+        """A client through botocore (the ``aws`` extra) with its standard retry mode; credentials from
+        botocore's own chain (environment, profile, instance role), never from here."""
+        try:
+            import botocore.session
+            from botocore.config import Config
+        except ImportError as exc:
+            raise ConfigurationError("TextractJobs.connect needs botocore: pip install 'recovery-ext[aws]'") from exc
+        client = botocore.session.get_session().create_client(
+            "textract", region_name=region_name, endpoint_url=endpoint_url or None,
+            config=Config(retries={"mode": "standard"}))
+        return cls(client, **options)
+
+    # -- the JobAdapter protocol --------------------------------------------------------------------
+
+    def submit(self, requests: Mapping[str, Any], token: str) -> str:
+        ids: dict[str, str] = {}
+        for key, location in requests.items():
+            started = self.client.start_document_text_detection(
+                DocumentLocation=location, ClientRequestToken=document_token(token, key), **self.start_options)
+            ids[key] = started["JobId"]
+        return json.dumps(ids, separators=(",", ":"))
+
+    def find(self, token: str) -> str | None:
+        """Nothing to look up: Textract lists no jobs by token. A submission under the same token is the
+        look-up (the service answers each document's running ``JobId`` and starts nothing)."""
+        return None
+
+    def status(self, job_id: str) -> str:
+        states = [self._state(document_job) for document_job in _jobs(job_id).values()]
+        if "IN_PROGRESS" in states:
+            return RUNNING
+        if all(state == "SUCCEEDED" for state in states):
+            return COMPLETED
+        if all(state in ("SUCCEEDED", _GONE) for state in states):
+            return EXPIRED
+        return FAILED
+
+    def results(self, job_id: str) -> dict[str, JobResult]:
+        found: dict[str, JobResult] = {}
+        for key, document_job in _jobs(job_id).items():
+            result = self._document(document_job)
+            if result is not None:
+                found[key] = result
+        return found
+
+    # -- one document's job -------------------------------------------------------------------------
+
+    def _get(self, document_job: str, **page: Any) -> dict[str, Any] | None:
+        """One page of the job's answer; None when the service no longer knows the job."""
+        try:
+            return self.client.get_document_text_detection(JobId=document_job, **page)
+        except Exception as exc:
+            if _error_code(exc) == "InvalidJobIdException":
+                return None
+            raise
+
+    def _state(self, document_job: str) -> str:
+        if document_job in self._states:
+            return self._states[document_job]
+        answer = self._get(document_job, MaxResults=1)
+        state = _GONE if answer is None else str(answer.get("JobStatus") or "IN_PROGRESS")
+        if state in _FINISHED or state == _GONE:
+            self._states[document_job] = state
+        return state
+
+    def _document(self, document_job: str) -> JobResult | None:
+        lines: list[dict[str, Any]] = []
+        pages, state, next_token = 0, "IN_PROGRESS", None
+        while True:
+            page = {"MaxResults": self.max_results, **({"NextToken": next_token} if next_token else {})}
+            answer = self._get(document_job, **page)
+            if answer is None:
+                return JobResult(error=_ERRORS[_GONE], model=MODEL)
+            state = str(answer.get("JobStatus") or "IN_PROGRESS")
+            if state != "SUCCEEDED":
+                break
+            pages = int((answer.get("DocumentMetadata") or {}).get("Pages") or pages)
+            lines.extend({"text": str(b.get("Text") or ""), "confidence": float(b.get("Confidence") or 0.0) / 100,
+                          "page": int(b.get("Page") or 1)}
+                         for b in answer.get("Blocks") or () if b.get("BlockType") == "LINE")
+            next_token = answer.get("NextToken")
+            if not next_token:
+                break
+        if state == "IN_PROGRESS":
+            return None
+        if state != "SUCCEEDED":
+            return JobResult(error=_ERRORS.get(state, f"textract_{state.lower()}"[:64]), model=MODEL)
+        confidence = sum(line["confidence"] for line in lines) / len(lines) if lines else 0.0
+        answer_of_item = {"text": "\n".join(line["text"] for line in lines), "lines": lines, "pages": pages,
+                          "confidence": confidence, "job_id": document_job}
+        cost = pages * self.price_per_page if self.price_per_page is not None else None
+        return JobResult(answer=answer_of_item, model=MODEL, cost=cost)
+
+
+def _jobs(job_id: str) -> dict[str, str]:
+    return {str(k): str(v) for k, v in json.loads(job_id).items()}
+
+
+def _error_code(exc: BaseException) -> str | None:
+    """The service's error code of a botocore ``ClientError`` (read from its response, so botocore need not
+    be imported here)."""
+    response = getattr(exc, "response", None)
+    error = response.get("Error") if isinstance(response, dict) else None
+    return str(error.get("Code")) if isinstance(error, dict) and error.get("Code") else None

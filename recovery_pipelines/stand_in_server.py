@@ -1,0 +1,62 @@
+"""What the providers' local stand-ins share: a quiet HTTP/1.1 handler and a threaded server on 127.0.0.1 at a
+free port, served from a daemon thread."""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+
+class QuietHandler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def handle(self) -> None:
+        with contextlib.suppress(ConnectionResetError):  # a killed client's kept-alive connection: nothing to answer
+            super().handle()
+
+    def _send_bytes(self, status: int, data: bytes, kind: str = "application/octet-stream",
+                    headers: dict[str, str] | None = None) -> None:
+        try:
+            self.send_response(status)
+            self.send_header("Content-Type", kind)
+            self.send_header("Content-Length", str(len(data)))
+            for name, value in (headers or {}).items():
+                self.send_header(name, value)
+            self.end_headers()
+            self.wfile.write(data)
+        except (BrokenPipeError, ConnectionResetError):  # the client went away (a killed run worker)
+            pass
+
+    def log_message(self, *args) -> None:
+        pass
+
+
+class LocalServer:
+    """``start_server`` serves ``handler()`` on 127.0.0.1; ``stop`` ends it. A context manager."""
+
+    server: ThreadingHTTPServer | None = None
+    url = ""
+    url_path = ""  # the API's root under the server's address (e.g. "/v1")
+
+    def handler(self) -> type[BaseHTTPRequestHandler]:
+        raise NotImplementedError
+
+    def start_server(self) -> str:
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), self.handler())
+        self.server.daemon_threads = True
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}{self.url_path}"
+        return self.url
+
+    def stop(self) -> None:
+        if self.server is not None:
+            self.server.shutdown()
+            self.server.server_close()
+
+    def __enter__(self):
+        self.start_server()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
