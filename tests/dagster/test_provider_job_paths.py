@@ -1,0 +1,129 @@
+"""Provider jobs on the paths a crash or the provider can take them (SQLite and PostgreSQL), against the stand-in
+of OpenAI's Batch API driven through the ``openai`` SDK:
+
+* a kill between the provider's creating the batch and the run's recording its id: the resume finds the
+  batch by its idempotency token and re-attaches (1 submission);
+* a cancelled batch and a batch whose requests partly failed: resubmitted for the unfinished items only,
+  and the ledger shows each item's error and the resubmission.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from batch_checks import assert_ledger_equals_the_provider as assert_ledger_equals
+from batch_checks import outcomes
+from batch_defs import job
+from dagster import DagsterInstance
+from ledger_defs import recovery_resource
+
+from recovery_ext import execute_in_process
+from recovery_ext._dagster.tags import TAG_PIPELINE, TAG_RESUME_NUMBER, TAG_RESUMED_FROM
+from recovery_ext._store.models import PassPlan
+from recovery_pipelines.batch_stand_in import BatchProvider
+from recovery_pipelines.devserver import wait_for
+
+pytestmark = pytest.mark.timeout(600)
+
+HERE = Path(__file__).resolve().parents[1] / "support"
+ITEMS = 6
+
+
+def config(**describe) -> dict:
+    return {"ops": {"describe": {"config": {"items": ITEMS, "poll_seconds": 0.2, **describe}}}}
+
+
+def start_worker(module: str, run_config: dict) -> subprocess.Popen:
+    """A run worker in its own process (tests/support/journal_run.py), so it can be killed -9."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), str(HERE.parents[1])])}
+    return subprocess.Popen([sys.executable, str(HERE / "journal_run.py"), module, json.dumps(run_config)],
+                            cwd=HERE, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def resume(store, the_job=job, run_config=None):
+    """Take the dead worker's pipeline over (as the orphan sensor does) and resume it in process."""
+    (pipeline,) = store.list_pipelines()
+    (reclaimed,), _ = store.reclaim(PassPlan(dead_owner_runs=[pipeline.owner]))
+    tags = {TAG_PIPELINE: str(reclaimed.pipeline_id), TAG_RESUME_NUMBER: str(reclaimed.resume_number),
+            TAG_RESUMED_FROM: reclaimed.previous_owner}
+    with DagsterInstance.ephemeral() as instance:
+        result = execute_in_process(the_job, instance=instance, tags=tags, run_config=run_config or config(),
+                                    resources={"recovery": recovery_resource()})
+    assert result.success
+    return pipeline, result
+
+
+def reattached_to(result) -> str:
+    (output,) = [e for e in result.all_events if e.step_key == "describe" and e.event_type_value == "STEP_OUTPUT"]
+    return output.step_output_data.metadata["provider_job_reattached"].value
+
+
+def assert_ledger_equals_the_provider(store, pipeline_id, provider: BatchProvider):
+    return assert_ledger_equals(store, pipeline_id, provider, ITEMS)
+
+
+def test_a_kill_before_the_batch_id_is_recorded_is_reattached_by_its_token(store, db_url, monkeypatch):
+    with BatchProvider(duration=0.5, hold_create=120.0) as provider:
+        monkeypatch.setenv("RECOVERY_DATABASE_URL", db_url)
+        monkeypatch.setenv("RECOVERY_BATCH_URL", provider.url)
+        worker = start_worker("batch_defs", config())
+        try:
+            # the provider created the batch; its answer (the id) is held, so the run has not recorded it
+            wait_for(lambda: provider.submissions == 1, timeout=240, interval=0.05, what="the batch's creation")
+            (pipeline,) = store.list_pipelines()
+            (submitting,) = store.provider_jobs(pipeline.id)
+            assert (submitting.status, submitting.job_id) == ("submitting", None)
+            worker.send_signal(signal.SIGKILL)
+        finally:
+            worker.wait(30)
+        (batch_id,) = provider.batches
+        assert provider.batches[batch_id].metadata == {"recovery_token": submitting.token}
+        provider.hold_create = 0.0
+        _, result = resume(store)
+        assert provider.submissions == 1  # found by its token at the provider, never submitted again
+    assert reattached_to(result) == batch_id
+    f = assert_ledger_equals_the_provider(store, pipeline.id, provider)
+    assert outcomes(store, pipeline.id) == Counter({"ok": ITEMS, "submitted": 1})
+    assert (f.wasted_calls, f.in_flight_unknown_calls) == (0, 0)
+    jobs = store.provider_jobs(pipeline.id)
+    assert [(j.token, j.job_id, j.status, j.attempt) for j in jobs] == [(submitting.token, batch_id, "collected", 1)]
+    assert len(store.completed_items(pipeline.id, "describe")) == ITEMS
+
+
+@pytest.mark.parametrize(("ending", "error", "status"), [
+    ("cancel_first", "batch_cancelled", "cancelled"),   # cancelled by its owner: the rest never ran
+    ("fail_first", "http_500", "collected"),            # completed, but some requests failed one by one
+])
+def test_a_cancelled_or_partly_failed_batch_is_resubmitted_for_its_unfinished_items_only(
+        store, db_url, monkeypatch, ending, error, status):
+    answered_first = 2
+    with BatchProvider(duration=0.3, **{ending: answered_first}) as provider:
+        monkeypatch.setenv("RECOVERY_DATABASE_URL", db_url)
+        monkeypatch.setenv("RECOVERY_BATCH_URL", provider.url)
+        with DagsterInstance.ephemeral() as instance:
+            result = execute_in_process(job, instance=instance, run_config=config(),
+                                        resources={"recovery": recovery_resource()})
+        assert result.success
+        assert provider.submissions == 2
+        first, second = provider.batches.values()
+        unfinished = [line["custom_id"] for line in first.lines[answered_first:]]
+        assert [line["custom_id"] for line in second.lines] == unfinished
+    (pipeline,) = store.list_pipelines()
+    f = assert_ledger_equals_the_provider(store, pipeline.id, provider)
+    assert outcomes(store, pipeline.id) == Counter({"ok": ITEMS, error: len(unfinished), "submitted": 1,
+                                                    "resubmitted": 1})
+    errored = [c.item_key for c in store.provider_calls(pipeline.id) if c.outcome == error]
+    assert sorted(errored) == unfinished  # the ledger names each item the first job left unfinished
+    # as the ledger counts any failed call: never checkpointed, so wasted, at no tokens (none were charged)
+    assert (f.wasted_calls, f.wasted_tokens, f.in_flight_unknown_calls) == (len(unfinished), 0, 0)
+    jobs = store.provider_jobs(pipeline.id)
+    assert [(j.status, j.attempt, list(j.items)) for j in jobs] == [
+        (status, 1, [f"t{i:02d}" for i in range(ITEMS)]), ("collected", 2, unfinished)]
+    assert len(store.completed_items(pipeline.id, "describe")) == ITEMS
