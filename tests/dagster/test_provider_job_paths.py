@@ -4,7 +4,9 @@ of OpenAI's Batch API driven through the ``openai`` SDK:
 * a kill between the provider's creating the batch and the run's recording its id: the resume finds the
   batch by its idempotency token and re-attaches (1 submission);
 * a cancelled batch and a batch whose requests partly failed: resubmitted for the unfinished items only,
-  and the ledger shows each item's error and the resubmission.
+  and the ledger shows each item's error and the resubmission;
+* a batch wait longer than the heartbeat timeout: the pipeline stays waiting, its heartbeat goes on, and
+  the orphan sensor's pass finds no orphan.
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ import os
 import signal
 import subprocess
 import sys
+import threading
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -21,12 +25,13 @@ import pytest
 from batch_checks import assert_ledger_equals_the_provider as assert_ledger_equals
 from batch_checks import outcomes
 from batch_defs import job
-from dagster import DagsterInstance
+from dagster import DagsterInstance, build_sensor_context, instance_for_test
 from ledger_defs import recovery_resource
 
-from recovery_ext import execute_in_process
+from recovery_ext import execute_in_process, make_orphan_sensor, scan
 from recovery_ext._dagster.tags import TAG_PIPELINE, TAG_RESUME_NUMBER, TAG_RESUMED_FROM
 from recovery_ext._store.models import PassPlan
+from recovery_ext._store.statuses import WAITING
 from recovery_pipelines.batch_stand_in import BatchProvider
 from recovery_pipelines.devserver import wait_for
 
@@ -34,6 +39,7 @@ pytestmark = pytest.mark.timeout(600)
 
 HERE = Path(__file__).resolve().parents[1] / "support"
 ITEMS = 6
+HEARTBEAT_TIMEOUT = 3.0  # ledger_defs.recovery_resource's
 
 
 def config(**describe) -> dict:
@@ -127,3 +133,47 @@ def test_a_cancelled_or_partly_failed_batch_is_resubmitted_for_its_unfinished_it
     assert [(j.status, j.attempt, list(j.items)) for j in jobs] == [
         (status, 1, [f"t{i:02d}" for i in range(ITEMS)]), ("collected", 2, unfinished)]
     assert len(store.completed_items(pipeline.id, "describe")) == ITEMS
+
+
+def test_a_batch_wait_longer_than_the_heartbeat_timeout_is_no_orphan(store, db_url, monkeypatch):
+    poll = HEARTBEAT_TIMEOUT + 1.0  # the job's status is read less often than the heartbeat must beat
+    with BatchProvider(duration=4 * HEARTBEAT_TIMEOUT) as provider, instance_for_test() as instance:
+        monkeypatch.setenv("RECOVERY_DATABASE_URL", db_url)
+        monkeypatch.setenv("RECOVERY_BATCH_URL", provider.url)
+        resource = recovery_resource()
+        results = []
+        runner = threading.Thread(target=lambda: results.append(execute_in_process(
+            job, instance=instance, run_config=config(poll_seconds=poll), resources={"recovery": resource})))
+        runner.start()
+        try:
+            def waiting():
+                found = store.list_pipelines()
+                return found and found[0].shown_status == WAITING and "openai-batch job" in found[0].waiting_reason
+
+            wait_for(waiting, timeout=120, interval=0.05, what="the pipeline to show the batch wait")
+            (pipeline,) = store.list_pipelines()
+            sensor = make_orphan_sensor([job], minimum_interval_seconds=5)
+            began, deadlines, ticks = time.monotonic(), set(), 0
+            # tick the orphan sensor, as the daemon would, until the wait has lasted twice the heartbeat timeout
+            while time.monotonic() - began < 2 * HEARTBEAT_TIMEOUT:
+                tick = sensor.evaluate_tick(build_sensor_context(instance=instance, resources={"recovery": resource}))
+                assert tick.run_requests == [] and "0 orphans" in tick.skip_message, tick.skip_message
+                assert store.get_pipeline(pipeline.id).shown_status == WAITING
+                (node,) = [n for n in store.list_nodes(pipeline.id) if n.name == "describe"]
+                deadlines.add(node.heartbeat_deadline)
+                ticks += 1
+                time.sleep(0.2)  # a tick's pace, not a wait for a condition
+            assert provider.batches[next(iter(provider.batches))].status == "in_progress"  # still pending
+            stats = scan(store)  # the store's pass on its own, as `recovery-ext scan` runs it
+            assert (stats.found, stats.reclaimed) == (0, 0)
+            # the heartbeat went on through the wait: renewed over more than a timeout's span
+            assert (max(deadlines) - min(deadlines)).total_seconds() > HEARTBEAT_TIMEOUT
+        finally:
+            runner.join(120)
+        assert not runner.is_alive() and results and results[0].success
+        assert provider.submissions == 1
+    assert ticks >= 5
+    done = store.get_pipeline(pipeline.id)
+    assert (done.status, done.epoch, done.resume_count) == ("completed", 1, 0)  # never taken over
+    assert [(j.status, j.attempt) for j in store.provider_jobs(pipeline.id)] == [("collected", 1)]
+    assert_ledger_equals_the_provider(store, pipeline.id, provider)
