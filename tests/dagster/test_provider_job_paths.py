@@ -6,13 +6,16 @@ of OpenAI's Batch API driven through the ``openai`` SDK:
 * a cancelled batch and a batch whose requests partly failed: resubmitted for the unfinished items only,
   and the ledger shows each item's error and the resubmission;
 * a batch wait longer than the heartbeat timeout: the pipeline stays waiting, its heartbeat goes on, and
-  the orphan sensor's pass finds no orphan.
+  the orphan sensor's pass finds no orphan;
+* a kill while the finished batch's results are checkpointed: the resume re-attaches, checkpoints only the
+  rest, and the ledger equals the stand-in's counts.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -21,6 +24,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
+import batch_kill_defs
 import pytest
 from batch_checks import assert_ledger_equals_the_provider as assert_ledger_equals
 from batch_checks import outcomes
@@ -177,3 +181,28 @@ def test_a_batch_wait_longer_than_the_heartbeat_timeout_is_no_orphan(store, db_u
     assert (done.status, done.epoch, done.resume_count) == ("completed", 1, 0)  # never taken over
     assert [(j.status, j.attempt) for j in store.provider_jobs(pipeline.id)] == [("collected", 1)]
     assert_ledger_equals_the_provider(store, pipeline.id, provider)
+
+
+def test_a_kill_while_results_are_checkpointed_resumes_with_the_rest_only(store, db_url, monkeypatch):
+    kill_after = random.Random().randint(1, ITEMS - 1)
+    run_config = config(kill_after=kill_after)
+    with BatchProvider(duration=0.5) as provider:
+        monkeypatch.setenv("RECOVERY_DATABASE_URL", db_url)
+        monkeypatch.setenv("RECOVERY_BATCH_URL", provider.url)
+        worker = start_worker("batch_kill_defs", run_config)
+        assert worker.wait(240) == -signal.SIGKILL, "the run should have killed itself mid-collection"
+        (pipeline,) = store.list_pipelines()
+        assert len(store.completed_items(pipeline.id, "describe")) == kill_after
+        assert [j.status for j in store.provider_jobs(pipeline.id)] == ["submitted"]  # not collected yet
+        _, result = resume(store, batch_kill_defs.job, run_config)
+        assert provider.submissions == 1
+        (batch_id,) = provider.batches
+    assert reattached_to(result) == batch_id
+    f = assert_ledger_equals_the_provider(store, pipeline.id, provider)
+    assert outcomes(store, pipeline.id) == Counter({"ok": ITEMS, "submitted": 1}), f"killed after {kill_after}"
+    assert (f.wasted_calls, f.in_flight_unknown_calls) == (0, 0)
+    resumed_rows = [c for c in store.provider_calls(pipeline.id) if c.outcome == "ok" and c.epoch == 2]
+    assert len(resumed_rows) == ITEMS - kill_after  # the resume checkpointed only the rest
+    assert [(j.job_id, j.status, j.attempt) for j in store.provider_jobs(pipeline.id)] == [
+        (batch_id, "collected", 1)]
+    assert len(store.completed_items(pipeline.id, "describe")) == ITEMS
