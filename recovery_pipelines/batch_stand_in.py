@@ -13,7 +13,8 @@ charges only the answered ones): ``expire_first=N`` ends it ``expired``, the res
 retrieval, then ``cancelled``), the rest in its error file as ``batch_cancelled``; ``fail_first=N`` ends
 it ``completed`` with the rest failed one by one (each an HTTP 500 ``server_error`` response in its error
 file). ``hold_create=S`` holds the answer to a batch creation for up to S seconds after the batch exists,
-so a test can kill the client between the provider's creating the job and the client's learning its id.
+so a test can kill the client between the provider's creating the job and the client's learning its id;
+``hold_upload=S`` holds the answer to a file upload likewise (the client dies before any batch exists).
 """
 
 from __future__ import annotations
@@ -68,8 +69,8 @@ _FAILED: Ending = ("completed", lambda: ({"status_code": 500, "request_id": uuid
 
 class BatchProvider:
     def __init__(self, *, duration: float = 1.0, expire_first: int | None = None, cancel_first: int | None = None,
-                 fail_first: int | None = None, hold_create: float = 0.0) -> None:
-        self.duration, self.hold_create = duration, hold_create
+                 fail_first: int | None = None, hold_create: float = 0.0, hold_upload: float = 0.0) -> None:
+        self.duration, self.hold_create, self.hold_upload = duration, hold_create, hold_upload
         told = ((expire_first, _EXPIRED), (cancel_first, _CANCELLED), (fail_first, _FAILED))
         early: list[tuple[int, Ending]] = [(n, ending) for n, ending in told if n is not None]
         if len(early) > 1:
@@ -80,6 +81,7 @@ class BatchProvider:
         self.batches: dict[str, StandInBatch] = {}
         self.order: list[str] = []
         self.chat_calls = 0
+        self.uploads = 0  # request files received
         self.lock = threading.Lock()
         self.server: ThreadingHTTPServer | None = None
 
@@ -168,6 +170,9 @@ class BatchProvider:
                     data = parts["file"].get_payload(decode=True)
                     with provider.lock:
                         file_id = provider._file(data)
+                        provider.uploads += 1
+                    if provider.hold_upload:
+                        provider.released.wait(provider.hold_upload)
                     return self._send(200, {"id": file_id, "object": "file", "bytes": len(data),
                                             "created_at": int(time.time()), "filename": "batch.jsonl",
                                             "purpose": "batch", "status": "processed"})

@@ -2,7 +2,8 @@
 of OpenAI's Batch API driven through the ``openai`` SDK:
 
 * a kill between the provider's creating the batch and the run's recording its id: the resume finds the
-  batch by its idempotency token and re-attaches (1 submission);
+  batch by its idempotency token and re-attaches (1 submission); a kill after the token was recorded but
+  before the batch existed: the resume finds none and submits it, once;
 * a cancelled batch and a batch whose requests partly failed: resubmitted for the unfinished items only,
   and the ledger shows each item's error and the resubmission;
 * a batch wait longer than the heartbeat timeout: the pipeline stays waiting, its heartbeat goes on, and
@@ -70,9 +71,10 @@ def resume(store, the_job=job, run_config=None):
     return pipeline, result
 
 
-def reattached_to(result) -> str:
+def reattached_to(result) -> str | None:
     (output,) = [e for e in result.all_events if e.step_key == "describe" and e.event_type_value == "STEP_OUTPUT"]
-    return output.step_output_data.metadata["provider_job_reattached"].value
+    found = output.step_output_data.metadata.get("provider_job_reattached")
+    return None if found is None else found.value
 
 
 def assert_ledger_equals_the_provider(store, pipeline_id, provider: BatchProvider):
@@ -87,24 +89,56 @@ def test_a_kill_before_the_batch_id_is_recorded_is_reattached_by_its_token(store
         try:
             # the provider created the batch; its answer (the id) is held, so the run has not recorded it
             wait_for(lambda: provider.submissions == 1, timeout=240, interval=0.05, what="the batch's creation")
-            (pipeline,) = store.list_pipelines()
-            (submitting,) = store.provider_jobs(pipeline.id)
-            assert (submitting.status, submitting.job_id) == ("submitting", None)
+            submitting = the_recorded_submission(store)
             worker.send_signal(signal.SIGKILL)
         finally:
             worker.wait(30)
         (batch_id,) = provider.batches
         assert provider.batches[batch_id].metadata == {"recovery_token": submitting.token}
         provider.hold_create = 0.0
-        _, result = resume(store)
+        pipeline, result = resume(store)
         assert provider.submissions == 1  # found by its token at the provider, never submitted again
     assert reattached_to(result) == batch_id
-    f = assert_ledger_equals_the_provider(store, pipeline.id, provider)
-    assert outcomes(store, pipeline.id) == Counter({"ok": ITEMS, "submitted": 1})
+    assert_submitted_once_and_collected(store, pipeline.id, provider, submitting.token, batch_id)
+
+
+def test_a_kill_before_the_batch_exists_submits_it_once_under_the_recorded_token(store, db_url, monkeypatch):
+    with BatchProvider(duration=0.5, hold_upload=120.0) as provider:
+        monkeypatch.setenv("RECOVERY_DATABASE_URL", db_url)
+        monkeypatch.setenv("RECOVERY_BATCH_URL", provider.url)
+        worker = start_worker("batch_defs", config())
+        try:
+            # the token is recorded and the requests uploaded; the run dies before it creates the batch
+            wait_for(lambda: provider.uploads == 1, timeout=240, interval=0.05, what="the requests' upload")
+            submitting = the_recorded_submission(store)
+            worker.send_signal(signal.SIGKILL)
+        finally:
+            worker.wait(30)
+        assert provider.submissions == 0
+        provider.hold_upload = 0.0
+        pipeline, result = resume(store)
+        assert provider.submissions == 1  # the token found nothing at the provider: submitted, once
+        (batch_id,) = provider.batches
+    assert provider.batches[batch_id].metadata == {"recovery_token": submitting.token}
+    assert reattached_to(result) is None  # nothing to re-attach to: the job was never submitted
+    assert_submitted_once_and_collected(store, pipeline.id, provider, submitting.token, batch_id)
+
+
+def the_recorded_submission(store):
+    """The job the run recorded before submitting it: its token, and no id yet."""
+    (pipeline,) = store.list_pipelines()
+    (submitting,) = store.provider_jobs(pipeline.id)
+    assert (submitting.status, submitting.job_id) == ("submitting", None)
+    return submitting
+
+
+def assert_submitted_once_and_collected(store, pipeline_id, provider, token, batch_id):
+    f = assert_ledger_equals_the_provider(store, pipeline_id, provider)
+    assert outcomes(store, pipeline_id) == Counter({"ok": ITEMS, "submitted": 1})
     assert (f.wasted_calls, f.in_flight_unknown_calls) == (0, 0)
-    jobs = store.provider_jobs(pipeline.id)
-    assert [(j.token, j.job_id, j.status, j.attempt) for j in jobs] == [(submitting.token, batch_id, "collected", 1)]
-    assert len(store.completed_items(pipeline.id, "describe")) == ITEMS
+    jobs = store.provider_jobs(pipeline_id)
+    assert [(j.token, j.job_id, j.status, j.attempt) for j in jobs] == [(token, batch_id, "collected", 1)]
+    assert len(store.completed_items(pipeline_id, "describe")) == ITEMS
 
 
 @pytest.mark.parametrize(("ending", "error", "status"), [
