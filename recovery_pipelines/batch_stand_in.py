@@ -5,9 +5,16 @@ It speaks the wire API the ``openai`` SDK uses: ``POST /v1/files`` (multipart, p
 of requests with ``custom_id``), ``POST /v1/batches``, ``GET /v1/batches/{id}``, ``GET /v1/batches``
 (list, for a lookup by metadata) and ``GET /v1/files/{id}/content`` (the output and error JSONL). A batch
 is ``in_progress`` for ``duration`` seconds, then ``completed``: each request line answered as the
-heuristic enricher would, with ``usage`` (a token per 4 characters, as tests/support/stand_in_llm.py charges). ``expire_first=N``: the first batch instead
-ends ``expired`` with only its first N requests answered; the rest are in its error file as
-``batch_expired``, as OpenAI reports them (and does not charge).
+heuristic enricher would, with ``usage`` (a token per 4 characters, as tests/support/stand_in_llm.py charges).
+
+The first batch can end otherwise, with only its first N requests answered, as OpenAI reports it (and
+charges only the answered ones): ``expire_first=N`` ends it ``expired``, the rest in its error file as
+``batch_expired``; ``cancel_first=N`` ends it as one its owner cancelled (``cancelling`` for one more
+retrieval, then ``cancelled``), the rest in its error file as ``batch_cancelled``; ``fail_first=N`` ends
+it ``completed`` with the rest failed one by one (each an HTTP 500 ``server_error`` response in its error
+file). ``hold_create=S`` holds the answer to a batch creation for up to S seconds after the batch exists,
+so a test can kill the client between the provider's creating the job and the client's learning its id;
+``hold_upload=S`` holds the answer to a file upload likewise (the client dies before any batch exists).
 """
 
 from __future__ import annotations
@@ -17,6 +24,7 @@ import re
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from email.parser import BytesParser
 from email.policy import HTTP
@@ -44,15 +52,38 @@ class StandInBatch:
     answered: list[tuple[str, int, int]] = field(default_factory=list)  # custom_id, tokens in, tokens out
 
 
+# How the first batch ends when told to end early: its final status and each unanswered request's
+# ``response`` and ``error``.
+Ending = tuple[str, Callable[[], tuple[dict | None, dict | None]]]
+_EXPIRED: Ending = ("expired", lambda: (None, {"code": "batch_expired",
+                                       "message": "This request could not be executed before the completion window "
+                                                  "expired."}))
+_CANCELLED: Ending = ("cancelled", lambda: (None, {"code": "batch_cancelled",
+                                           "message": "This request was not executed because the batch was "
+                                                      "cancelled."}))
+_FAILED: Ending = ("completed", lambda: ({"status_code": 500, "request_id": uuid.uuid4().hex,
+                                  "body": {"error": {"message": "The server had an error while processing your "
+                                                                "request.", "type": "server_error", "param": None,
+                                                     "code": None}}}, None))
+
+
 class BatchProvider(LocalServer):
     url_path = "/v1"
 
-    def __init__(self, *, duration: float = 1.0, expire_first: int | None = None) -> None:
-        self.duration, self.expire_first = duration, expire_first
+    def __init__(self, *, duration: float = 1.0, expire_first: int | None = None, cancel_first: int | None = None,
+                 fail_first: int | None = None, hold_create: float = 0.0, hold_upload: float = 0.0) -> None:
+        self.duration, self.hold_create, self.hold_upload = duration, hold_create, hold_upload
+        told = ((expire_first, _EXPIRED), (cancel_first, _CANCELLED), (fail_first, _FAILED))
+        early: list[tuple[int, Ending]] = [(n, ending) for n, ending in told if n is not None]
+        if len(early) > 1:
+            raise ValueError("the first batch ends one way: expire_first, cancel_first or fail_first")
+        self.first_ends = early[0] if early else None
+        self.released = threading.Event()  # set when the stand-in stops: a held answer goes out
         self.files: dict[str, bytes] = {}
         self.batches: dict[str, StandInBatch] = {}
         self.order: list[str] = []
         self.chat_calls = 0
+        self.uploads = 0  # request files received
         self.lock = threading.Lock()
 
     # -- what it counted ---------------------------------------------------------------------------
@@ -69,17 +100,20 @@ class BatchProvider(LocalServer):
     # -- the batch's life --------------------------------------------------------------------------
 
     def _advance(self, batch: StandInBatch) -> None:
+        if batch.status == "cancelling":  # OpenAI shows a cancelled batch cancelling for a while first
+            batch.status = "cancelled"
+            return
         if batch.status != "in_progress" or time.time() < batch.created + self.duration:
             return
-        expire = self.expire_first is not None and self.order and self.order[0] == batch.id
+        answered, (final, unanswered) = len(batch.lines), ("completed", None)
+        if self.first_ends is not None and self.order and self.order[0] == batch.id:
+            answered, (final, unanswered) = self.first_ends
         out, errors = [], []
         for n, line in enumerate(batch.lines):
-            if expire and n >= self.expire_first:
+            if n >= answered and unanswered is not None:
+                response, error = unanswered()
                 errors.append({"id": f"batch_req_{uuid.uuid4().hex[:8]}", "custom_id": line["custom_id"],
-                               "response": None,
-                               "error": {"code": "batch_expired",
-                                         "message": "This request could not be executed before the completion "
-                                                    "window expired."}})
+                               "response": response, "error": error})
                 continue
             completion = self._completion(line["body"])
             usage = completion["usage"]
@@ -88,7 +122,7 @@ class BatchProvider(LocalServer):
                         "response": {"status_code": 200, "request_id": uuid.uuid4().hex, "body": completion}})
         batch.output_file_id = self._file("\n".join(json.dumps(o) for o in out).encode()) if out else None
         batch.error_file_id = self._file("\n".join(json.dumps(e) for e in errors).encode()) if errors else None
-        batch.status = "expired" if expire else "completed"
+        batch.status = "cancelling" if final == "cancelled" else final
 
     @staticmethod
     def _completion(body: dict) -> dict:
@@ -138,6 +172,9 @@ class BatchProvider(LocalServer):
                     data = parts["file"].get_payload(decode=True)
                     with provider.lock:
                         file_id = provider._file(data)
+                        provider.uploads += 1
+                    if provider.hold_upload:
+                        provider.released.wait(provider.hold_upload)
                     return self._send(200, {"id": file_id, "object": "file", "bytes": len(data),
                                             "created_at": int(time.time()), "filename": "batch.jsonl",
                                             "purpose": "batch", "status": "processed"})
@@ -155,7 +192,10 @@ class BatchProvider(LocalServer):
                                              body["endpoint"], body.get("metadata") or {}, time.time(), lines)
                         provider.batches[batch.id] = batch
                         provider.order.append(batch.id)
-                        return self._send(200, provider._batch_json(batch))
+                        created = provider._batch_json(batch)
+                    if provider.hold_create:  # the job exists; its id reaches the client later (or never)
+                        provider.released.wait(provider.hold_create)
+                    return self._send(200, created)
                 self._send(404, {"error": {"message": "not found"}})
 
             def do_GET(self):
@@ -181,3 +221,7 @@ class BatchProvider(LocalServer):
                 self._send_bytes(status, json.dumps(payload).encode(), "application/json")
 
         return Handler
+
+    def stop(self) -> None:
+        self.released.set()  # a held answer goes out before the server stops
+        super().stop()

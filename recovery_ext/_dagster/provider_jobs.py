@@ -58,17 +58,17 @@ def run_provider_job(ctx: Any, adapter: JobAdapter, requests: Mapping[str, Any],
             job_id = _submit(ctx, adapter, requests, items, token, attempt)
         else:
             token, items, attempt = live.token, [k for k in live.items if k in requests], live.attempt
-            job_id = live.job_id
-            if job_id is None:  # the crash came between the token and the id: ask the provider by the token
-                found = adapter.find(token)
-                if found is None:
-                    job_id = _submit(ctx, adapter, requests, items, token, attempt)
-                else:
-                    job_id = found
-                    store.job_submitted(own, node, token, job_id, outcome=_outcome(attempt))
-            ctx.log.info(f"{node}: re-attached to {adapter.provider} job {_shown(job_id)} "
-                         f"(submitted before the crash)")
-            ctx.metadata["provider_job_reattached"] = job_id
+            known = live.job_id
+            if known is None:  # the crash came between the token and the id: ask the provider by the token
+                known = adapter.find(token)
+                if known is not None:
+                    store.job_submitted(own, node, token, known, outcome=_outcome(attempt))
+            if known is None:  # the crash came before the provider had the job: this is its submission
+                job_id = _submit(ctx, adapter, requests, items, token, attempt)
+            else:
+                job_id = known
+                ctx.log.info(f"{node}: re-attached to {adapter.provider} job {_shown(job_id)} (submitted before the crash)")
+                ctx.metadata["provider_job_reattached"] = job_id
         state = _wait(ctx, adapter, job_id, poll_seconds)
         done += _collect(ctx, adapter, adapter.results(job_id), [k for k in items if k in unfinished], keep, prices)
         store.job_finished(own, node, token, JobStatus.COLLECTED if state == COMPLETED else state)

@@ -1,0 +1,242 @@
+"""Provider jobs on the paths a crash or the provider can take them (SQLite and PostgreSQL), against the stand-in
+of OpenAI's Batch API driven through the ``openai`` SDK:
+
+* a kill between the provider's creating the batch and the run's recording its id: the resume finds the
+  batch by its idempotency token and re-attaches (1 submission); a kill after the token was recorded but
+  before the batch existed: the resume finds none and submits it, once;
+* a cancelled batch and a batch whose requests partly failed: resubmitted for the unfinished items only,
+  and the ledger shows each item's error and the resubmission;
+* a batch wait longer than the heartbeat timeout: the pipeline stays waiting, its heartbeat goes on, and
+  the orphan sensor's pass finds no orphan;
+* a kill while the finished batch's results are checkpointed: the resume re-attaches, checkpoints only the
+  rest, and the ledger equals the stand-in's counts.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+
+import batch_kill_defs
+import pytest
+from batch_checks import assert_ledger_equals_the_provider as assert_ledger_equals
+from batch_checks import outcomes
+from batch_defs import job
+from dagster import DagsterInstance, build_sensor_context, instance_for_test
+from ledger_defs import recovery_resource
+
+from recovery_ext import execute_in_process, make_orphan_sensor, scan
+from recovery_ext._dagster.tags import TAG_PIPELINE, TAG_RESUME_NUMBER, TAG_RESUMED_FROM
+from recovery_ext._store.models import PassPlan
+from recovery_ext._store.statuses import WAITING
+from recovery_pipelines.batch_stand_in import BatchProvider
+from recovery_pipelines.devserver import wait_for
+
+pytestmark = pytest.mark.timeout(600)
+
+HERE = Path(__file__).resolve().parents[1] / "support"
+ITEMS = 6
+HEARTBEAT_TIMEOUT = 3.0  # ledger_defs.recovery_resource's
+
+
+def config(**describe) -> dict:
+    return {"ops": {"describe": {"config": {"items": ITEMS, "poll_seconds": 0.2, **describe}}}}
+
+
+def start_worker(module: str, run_config: dict) -> subprocess.Popen:
+    """A run worker in its own process (tests/support/journal_run.py), so it can be killed -9."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), str(HERE.parents[1])])}
+    return subprocess.Popen([sys.executable, str(HERE / "journal_run.py"), module, json.dumps(run_config)],
+                            cwd=HERE, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def resume(store, the_job=job, run_config=None):
+    """Take the dead worker's pipeline over (as the orphan sensor does) and resume it in process."""
+    (pipeline,) = store.list_pipelines()
+    (reclaimed,), _ = store.reclaim(PassPlan(dead_owner_runs=[pipeline.owner]))
+    tags = {TAG_PIPELINE: str(reclaimed.pipeline_id), TAG_RESUME_NUMBER: str(reclaimed.resume_number),
+            TAG_RESUMED_FROM: reclaimed.previous_owner}
+    with DagsterInstance.ephemeral() as instance:
+        result = execute_in_process(the_job, instance=instance, tags=tags, run_config=run_config or config(),
+                                    resources={"recovery": recovery_resource()})
+    assert result.success
+    return pipeline, result
+
+
+def reattached_to(result) -> str | None:
+    (output,) = [e for e in result.all_events if e.step_key == "describe" and e.event_type_value == "STEP_OUTPUT"]
+    found = output.step_output_data.metadata.get("provider_job_reattached")
+    return None if found is None else found.value
+
+
+def assert_ledger_equals_the_provider(store, pipeline_id, provider: BatchProvider):
+    return assert_ledger_equals(store, pipeline_id, provider, ITEMS)
+
+
+def test_a_kill_before_the_batch_id_is_recorded_is_reattached_by_its_token(store, db_url, monkeypatch):
+    with BatchProvider(duration=0.5, hold_create=120.0) as provider:
+        monkeypatch.setenv("RECOVERY_DATABASE_URL", db_url)
+        monkeypatch.setenv("RECOVERY_BATCH_URL", provider.url)
+        worker = start_worker("batch_defs", config())
+        try:
+            # the provider created the batch; its answer (the id) is held, so the run has not recorded it
+            wait_for(lambda: provider.submissions == 1, timeout=240, interval=0.05, what="the batch's creation")
+            submitting = the_recorded_submission(store)
+            worker.send_signal(signal.SIGKILL)
+        finally:
+            worker.wait(30)
+        (batch_id,) = provider.batches
+        assert provider.batches[batch_id].metadata == {"recovery_token": submitting.token}
+        provider.hold_create = 0.0
+        pipeline, result = resume(store)
+        assert provider.submissions == 1  # found by its token at the provider, never submitted again
+    assert reattached_to(result) == batch_id
+    assert_submitted_once_and_collected(store, pipeline.id, provider, submitting.token, batch_id)
+
+
+def test_a_kill_before_the_batch_exists_submits_it_once_under_the_recorded_token(store, db_url, monkeypatch):
+    with BatchProvider(duration=0.5, hold_upload=120.0) as provider:
+        monkeypatch.setenv("RECOVERY_DATABASE_URL", db_url)
+        monkeypatch.setenv("RECOVERY_BATCH_URL", provider.url)
+        worker = start_worker("batch_defs", config())
+        try:
+            # the token is recorded and the requests uploaded; the run dies before it creates the batch
+            wait_for(lambda: provider.uploads == 1, timeout=240, interval=0.05, what="the requests' upload")
+            submitting = the_recorded_submission(store)
+            worker.send_signal(signal.SIGKILL)
+        finally:
+            worker.wait(30)
+        assert provider.submissions == 0
+        provider.hold_upload = 0.0
+        pipeline, result = resume(store)
+        assert provider.submissions == 1  # the token found nothing at the provider: submitted, once
+        (batch_id,) = provider.batches
+    assert provider.batches[batch_id].metadata == {"recovery_token": submitting.token}
+    assert reattached_to(result) is None  # nothing to re-attach to: the job was never submitted
+    assert_submitted_once_and_collected(store, pipeline.id, provider, submitting.token, batch_id)
+
+
+def the_recorded_submission(store):
+    """The job the run recorded before submitting it: its token, and no id yet."""
+    (pipeline,) = store.list_pipelines()
+    (submitting,) = store.provider_jobs(pipeline.id)
+    assert (submitting.status, submitting.job_id) == ("submitting", None)
+    return submitting
+
+
+def assert_submitted_once_and_collected(store, pipeline_id, provider, token, batch_id):
+    f = assert_ledger_equals_the_provider(store, pipeline_id, provider)
+    assert outcomes(store, pipeline_id) == Counter({"ok": ITEMS, "submitted": 1})
+    assert (f.wasted_calls, f.in_flight_unknown_calls) == (0, 0)
+    jobs = store.provider_jobs(pipeline_id)
+    assert [(j.token, j.job_id, j.status, j.attempt) for j in jobs] == [(token, batch_id, "collected", 1)]
+    assert len(store.completed_items(pipeline_id, "describe")) == ITEMS
+
+
+@pytest.mark.parametrize(("ending", "error", "status"), [
+    ("cancel_first", "batch_cancelled", "cancelled"),   # cancelled by its owner: the rest never ran
+    ("fail_first", "http_500", "collected"),            # completed, but some requests failed one by one
+])
+def test_a_cancelled_or_partly_failed_batch_is_resubmitted_for_its_unfinished_items_only(
+        store, db_url, monkeypatch, ending, error, status):
+    answered_first = 2
+    with BatchProvider(duration=0.3, **{ending: answered_first}) as provider:
+        monkeypatch.setenv("RECOVERY_DATABASE_URL", db_url)
+        monkeypatch.setenv("RECOVERY_BATCH_URL", provider.url)
+        with DagsterInstance.ephemeral() as instance:
+            result = execute_in_process(job, instance=instance, run_config=config(),
+                                        resources={"recovery": recovery_resource()})
+        assert result.success
+        assert provider.submissions == 2
+        first, second = provider.batches.values()
+        unfinished = [line["custom_id"] for line in first.lines[answered_first:]]
+        assert [line["custom_id"] for line in second.lines] == unfinished
+    (pipeline,) = store.list_pipelines()
+    f = assert_ledger_equals_the_provider(store, pipeline.id, provider)
+    assert outcomes(store, pipeline.id) == Counter({"ok": ITEMS, error: len(unfinished), "submitted": 1,
+                                                    "resubmitted": 1})
+    errored = [c.item_key for c in store.provider_calls(pipeline.id) if c.outcome == error]
+    assert sorted(errored) == unfinished  # the ledger names each item the first job left unfinished
+    # as the ledger counts any failed call: never checkpointed, so wasted, at no tokens (none were charged)
+    assert (f.wasted_calls, f.wasted_tokens, f.in_flight_unknown_calls) == (len(unfinished), 0, 0)
+    jobs = store.provider_jobs(pipeline.id)
+    assert [(j.status, j.attempt, list(j.items)) for j in jobs] == [
+        (status, 1, [f"t{i:02d}" for i in range(ITEMS)]), ("collected", 2, unfinished)]
+    assert len(store.completed_items(pipeline.id, "describe")) == ITEMS
+
+
+def test_a_batch_wait_longer_than_the_heartbeat_timeout_is_no_orphan(store, db_url, monkeypatch):
+    poll = HEARTBEAT_TIMEOUT + 1.0  # the job's status is read less often than the heartbeat must beat
+    with BatchProvider(duration=4 * HEARTBEAT_TIMEOUT) as provider, instance_for_test() as instance:
+        monkeypatch.setenv("RECOVERY_DATABASE_URL", db_url)
+        monkeypatch.setenv("RECOVERY_BATCH_URL", provider.url)
+        resource = recovery_resource()
+        results = []
+        runner = threading.Thread(target=lambda: results.append(execute_in_process(
+            job, instance=instance, run_config=config(poll_seconds=poll), resources={"recovery": resource})))
+        runner.start()
+        try:
+            def waiting():
+                found = store.list_pipelines()
+                return found and found[0].shown_status == WAITING and "openai-batch job" in found[0].waiting_reason
+
+            wait_for(waiting, timeout=120, interval=0.05, what="the pipeline to show the batch wait")
+            (pipeline,) = store.list_pipelines()
+            sensor = make_orphan_sensor([job], minimum_interval_seconds=5)
+            began, deadlines, ticks = time.monotonic(), set(), 0
+            # tick the orphan sensor, as the daemon would, until the wait has lasted twice the heartbeat timeout
+            while time.monotonic() - began < 2 * HEARTBEAT_TIMEOUT:
+                tick = sensor.evaluate_tick(build_sensor_context(instance=instance, resources={"recovery": resource}))
+                assert tick.run_requests == [] and "0 orphans" in tick.skip_message, tick.skip_message
+                assert store.get_pipeline(pipeline.id).shown_status == WAITING
+                (node,) = [n for n in store.list_nodes(pipeline.id) if n.name == "describe"]
+                deadlines.add(node.heartbeat_deadline)
+                ticks += 1
+                time.sleep(0.2)  # a tick's pace, not a wait for a condition
+            assert provider.batches[next(iter(provider.batches))].status == "in_progress"  # still pending
+            stats = scan(store)  # the store's pass on its own, as `recovery-ext scan` runs it
+            assert (stats.found, stats.reclaimed) == (0, 0)
+            # the heartbeat went on through the wait: renewed over more than a timeout's span
+            assert (max(deadlines) - min(deadlines)).total_seconds() > HEARTBEAT_TIMEOUT
+        finally:
+            runner.join(120)
+        assert not runner.is_alive() and results and results[0].success
+        assert provider.submissions == 1
+    assert ticks >= 5
+    done = store.get_pipeline(pipeline.id)
+    assert (done.status, done.epoch, done.resume_count) == ("completed", 1, 0)  # never taken over
+    assert [(j.status, j.attempt) for j in store.provider_jobs(pipeline.id)] == [("collected", 1)]
+    assert_ledger_equals_the_provider(store, pipeline.id, provider)
+
+
+def test_a_kill_while_results_are_checkpointed_resumes_with_the_rest_only(store, db_url, monkeypatch):
+    kill_after = random.Random().randint(1, ITEMS - 1)
+    run_config = config(kill_after=kill_after)
+    with BatchProvider(duration=0.5) as provider:
+        monkeypatch.setenv("RECOVERY_DATABASE_URL", db_url)
+        monkeypatch.setenv("RECOVERY_BATCH_URL", provider.url)
+        worker = start_worker("batch_kill_defs", run_config)
+        assert worker.wait(240) == -signal.SIGKILL, "the run should have killed itself mid-collection"
+        (pipeline,) = store.list_pipelines()
+        assert len(store.completed_items(pipeline.id, "describe")) == kill_after
+        assert [j.status for j in store.provider_jobs(pipeline.id)] == ["submitted"]  # not collected yet
+        _, result = resume(store, batch_kill_defs.job, run_config)
+        assert provider.submissions == 1
+        (batch_id,) = provider.batches
+    assert reattached_to(result) == batch_id
+    f = assert_ledger_equals_the_provider(store, pipeline.id, provider)
+    assert outcomes(store, pipeline.id) == Counter({"ok": ITEMS, "submitted": 1}), f"killed after {kill_after}"
+    assert (f.wasted_calls, f.in_flight_unknown_calls) == (0, 0)
+    resumed_rows = [c for c in store.provider_calls(pipeline.id) if c.outcome == "ok" and c.epoch == 2]
+    assert len(resumed_rows) == ITEMS - kill_after  # the resume checkpointed only the rest
+    assert [(j.job_id, j.status, j.attempt) for j in store.provider_jobs(pipeline.id)] == [
+        (batch_id, "collected", 1)]
+    assert len(store.completed_items(pipeline.id, "describe")) == ITEMS
