@@ -81,21 +81,31 @@ def assert_ledger_equals_the_provider(store, pipeline_id, provider: BatchProvide
     return assert_ledger_equals(store, pipeline_id, provider, ITEMS)
 
 
+def kill_while_submitting(store, provider: BatchProvider, db_url, monkeypatch, reached, what: str):
+    """Run the batch job in a worker process, kill it (-9) once ``reached()`` (the stand-in holds its answer)
+    and return the submission it recorded before submitting: its token, and no id yet."""
+    monkeypatch.setenv("RECOVERY_DATABASE_URL", db_url)
+    monkeypatch.setenv("RECOVERY_BATCH_URL", provider.url)
+    worker = start_worker("batch_defs", config())
+    try:
+        wait_for(reached, timeout=240, interval=0.05, what=what)
+        (pipeline,) = store.list_pipelines()
+        (submitting,) = store.provider_jobs(pipeline.id)
+        assert (submitting.status, submitting.job_id) == ("submitting", None)
+        worker.send_signal(signal.SIGKILL)
+    finally:
+        worker.wait(30)
+    provider.hold_create = provider.hold_upload = 0.0
+    return submitting
+
+
 def test_a_kill_before_the_batch_id_is_recorded_is_reattached_by_its_token(store, db_url, monkeypatch):
     with BatchProvider(duration=0.5, hold_create=120.0) as provider:
-        monkeypatch.setenv("RECOVERY_DATABASE_URL", db_url)
-        monkeypatch.setenv("RECOVERY_BATCH_URL", provider.url)
-        worker = start_worker("batch_defs", config())
-        try:
-            # the provider created the batch; its answer (the id) is held, so the run has not recorded it
-            wait_for(lambda: provider.submissions == 1, timeout=240, interval=0.05, what="the batch's creation")
-            submitting = the_recorded_submission(store)
-            worker.send_signal(signal.SIGKILL)
-        finally:
-            worker.wait(30)
+        # the provider created the batch; its answer (the id) is held, so the run has not recorded it
+        submitting = kill_while_submitting(store, provider, db_url, monkeypatch, lambda: provider.submissions == 1,
+                                           "the batch's creation")
         (batch_id,) = provider.batches
         assert provider.batches[batch_id].metadata == {"recovery_token": submitting.token}
-        provider.hold_create = 0.0
         pipeline, result = resume(store)
         assert provider.submissions == 1  # found by its token at the provider, never submitted again
     assert reattached_to(result) == batch_id
@@ -104,32 +114,16 @@ def test_a_kill_before_the_batch_id_is_recorded_is_reattached_by_its_token(store
 
 def test_a_kill_before_the_batch_exists_submits_it_once_under_the_recorded_token(store, db_url, monkeypatch):
     with BatchProvider(duration=0.5, hold_upload=120.0) as provider:
-        monkeypatch.setenv("RECOVERY_DATABASE_URL", db_url)
-        monkeypatch.setenv("RECOVERY_BATCH_URL", provider.url)
-        worker = start_worker("batch_defs", config())
-        try:
-            # the token is recorded and the requests uploaded; the run dies before it creates the batch
-            wait_for(lambda: provider.uploads == 1, timeout=240, interval=0.05, what="the requests' upload")
-            submitting = the_recorded_submission(store)
-            worker.send_signal(signal.SIGKILL)
-        finally:
-            worker.wait(30)
+        # the token is recorded and the requests uploaded; the run dies before it creates the batch
+        submitting = kill_while_submitting(store, provider, db_url, monkeypatch, lambda: provider.uploads == 1,
+                                           "the requests' upload")
         assert provider.submissions == 0
-        provider.hold_upload = 0.0
         pipeline, result = resume(store)
         assert provider.submissions == 1  # the token found nothing at the provider: submitted, once
         (batch_id,) = provider.batches
     assert provider.batches[batch_id].metadata == {"recovery_token": submitting.token}
     assert reattached_to(result) is None  # nothing to re-attach to: the job was never submitted
     assert_submitted_once_and_collected(store, pipeline.id, provider, submitting.token, batch_id)
-
-
-def the_recorded_submission(store):
-    """The job the run recorded before submitting it: its token, and no id yet."""
-    (pipeline,) = store.list_pipelines()
-    (submitting,) = store.provider_jobs(pipeline.id)
-    assert (submitting.status, submitting.job_id) == ("submitting", None)
-    return submitting
 
 
 def assert_submitted_once_and_collected(store, pipeline_id, provider, token, batch_id):
@@ -190,6 +184,8 @@ def test_a_batch_wait_longer_than_the_heartbeat_timeout_is_no_orphan(store, db_u
 
             wait_for(waiting, timeout=120, interval=0.05, what="the pipeline to show the batch wait")
             (pipeline,) = store.list_pipelines()
+            # the sensor's scope (its jobs, this deployment) holds the pipeline: its "0 orphans" is about it
+            assert (pipeline.job_name, pipeline.deployment) == (job.name, resource.deployment_name(instance))
             sensor = make_orphan_sensor([job], minimum_interval_seconds=5)
             began, deadlines, ticks = time.monotonic(), set(), 0
             # tick the orphan sensor, as the daemon would, until the wait has lasted twice the heartbeat timeout
@@ -202,7 +198,7 @@ def test_a_batch_wait_longer_than_the_heartbeat_timeout_is_no_orphan(store, db_u
                 ticks += 1
                 time.sleep(0.2)  # a tick's pace, not a wait for a condition
             assert provider.batches[next(iter(provider.batches))].status == "in_progress"  # still pending
-            stats = scan(store)  # the store's pass on its own, as `recovery-ext scan` runs it
+            stats = scan(store)  # the store's pass on its own over every job and deployment (`recovery-ext scan`)
             assert (stats.found, stats.reclaimed) == (0, 0)
             # the heartbeat went on through the wait: renewed over more than a timeout's span
             assert (max(deadlines) - min(deadlines)).total_seconds() > HEARTBEAT_TIMEOUT
