@@ -41,7 +41,7 @@ LATENCY = 0.2
 
 
 def _stand_in():
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "support"))
     import openai
     from stand_in_llm import StandInProvider
 

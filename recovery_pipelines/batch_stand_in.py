@@ -5,7 +5,7 @@ It speaks the wire API the ``openai`` SDK uses: ``POST /v1/files`` (multipart, p
 of requests with ``custom_id``), ``POST /v1/batches``, ``GET /v1/batches/{id}``, ``GET /v1/batches``
 (list, for a lookup by metadata) and ``GET /v1/files/{id}/content`` (the output and error JSONL). A batch
 is ``in_progress`` for ``duration`` seconds, then ``completed``: each request line answered as the
-heuristic enricher would, with ``usage`` (a token per 4 characters, as tests/stand_in_llm.py charges). ``expire_first=N``: the first batch instead
+heuristic enricher would, with ``usage`` (a token per 4 characters, as tests/support/stand_in_llm.py charges). ``expire_first=N``: the first batch instead
 ends ``expired`` with only its first N requests answered; the rest are in its error file as
 ``batch_expired``, as OpenAI reports them (and does not charge).
 """
@@ -26,7 +26,7 @@ from recovery_pipelines.stand_in_server import LocalServer, QuietHandler
 
 
 def usage_of(prompt_text: str, answer_text: str) -> tuple[int, int]:
-    """What the stand-in charges: a token per 4 characters (as tests/stand_in_llm.py does)."""
+    """What the stand-in charges: a token per 4 characters (as tests/support/stand_in_llm.py does)."""
     return len(prompt_text) // 4 + 1, len(answer_text) // 4 + 1
 
 

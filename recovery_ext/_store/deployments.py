@@ -7,7 +7,8 @@ Dagster instance whether it holds the pipeline's first run (``origin_run_id``):
 * a pipeline of this deployment whose first run this instance does not hold is another instance's:
   the tick stands aside (no reclaim, no give-up, no resume request) and says why;
 * an orphan of another deployment whose first run this instance holds was this instance's before a
-  rename: it is adopted into this deployment and resumed;
+  rename: it is adopted into this deployment and resumed; so is such a pipeline already reclaimed for a
+  resume run (by ``recovery-ext recover``), whose resume only its deployment's sensor would request;
 * an orphan of another deployment that nobody reclaims (its deployment's sensor is gone) is reported
   in the tick and in ``recovery-ext status``, never left silently.
 
@@ -62,9 +63,10 @@ class DeploymentOps(Database):
             return [], []
         # orphans, and pipelines reclaimed for a resume run (a launcher-less reclaim's, or one a sensor of the
         # same name reserved): an instance re-requests those when its Dagster has no such run yet
-        reserved = and_(p.deployment == scope.deployment, p.status == PipelineStatus.RUNNING, p.resume_count > 0,
-                        or_(p.owner.is_(None), p.owner == _placeholder(p.resume_count)),
-                        *([p.job_name.in_(list(scope.job_names))] if scope.job_names else []))
+        reserved_any = and_(p.status == PipelineStatus.RUNNING, p.resume_count > 0,
+                            or_(p.owner.is_(None), p.owner == _placeholder(p.resume_count)),
+                            *([p.job_name.in_(list(scope.job_names))] if scope.job_names else []))
+        reserved = and_(p.deployment == scope.deployment, reserved_any)
         actionable = or_(orphan_condition((), scope.job_names, (), scope.deployment), reserved)
         first = [FirstRun(r.id, r.origin_run_id, bool(r.actionable)) for r in conn.execute(
             select(p.id, p.origin_run_id, actionable.label("actionable"))
@@ -74,7 +76,9 @@ class DeploymentOps(Database):
         stale = and_(p.heartbeat_deadline.isnot(None), p.heartbeat_deadline < self.dialect.now_plus(-grace_seconds))
         foreign = [ForeignOrphan(r.id, r.deployment, r.origin_run_id, bool(r.stale)) for r in conn.execute(
             select(p.id, p.deployment, p.origin_run_id, stale.label("stale"))
-            .where(orphan_condition((), scope.job_names, (), None), p.origin_run_id.isnot(None),
+            # another deployment's reserved pipelines too: `recovery-ext recover`, run by hand after a rename,
+            # reclaims them for a resume run that only a sensor adopting them would ever request
+            .where(or_(orphan_condition((), scope.job_names, (), None), reserved_any), p.origin_run_id.isnot(None),
                    p.deployment.not_in([scope.deployment, LEGACY_DEPLOYMENT]))
             .order_by(p.id).limit(FIRST_RUNS_LIMIT))]
         return first, foreign

@@ -38,7 +38,7 @@ def test_the_store_refuses_a_bad_deployment_name_on_both_databases(store):
     assert store.create_pipeline("job", ["a"], owner="r", origin_run_id="r", deployment="blue-2.eu_1").epoch == 1
 
 
-# -- only the instance holding the first run acts (F17); a renamed deployment's orphans (F18) ----------------
+# -- only the instance holding the first run acts; a renamed deployment's orphans --------------------------
 
 def _crashed(store, instance, deployment, **tags):
     run = create_run_for_test(instance, job_name="items_job", status=DagsterRunStatus.STARTED, tags=tags)
@@ -79,6 +79,24 @@ def test_a_renamed_deployment_adopts_the_crashed_pipelines_whose_first_run_its_i
         assert request.tags["team"] == "search"
         adopted = store.get_pipeline(own.pipeline_id)
         assert (adopted.deployment, adopted.resume_count) == ("green", 1)
+
+
+def test_recover_after_a_rename_leaves_no_pipeline_without_a_launcher(store, db_url, monkeypatch):
+    """`recover` run by hand after blue -> green reclaims blue's crash; green's sensor, whose instance holds the
+    first run, then requests its resume with the first run's tags: nothing is stranded without a launcher."""
+    with instance_for_test() as mine:
+        own = _crashed(store, mine, "blue", team="search")
+        monkeypatch.setenv(DEPLOYMENT_ENV, "green")
+        recovered = CliRunner().invoke(main, ["--database-url", db_url, "--json", "recover"])
+        assert recovered.exit_code == 0, recovered.output
+        assert own.pipeline_id in json.loads(recovered.stdout)["reclaimed_pipelines"]
+        (request,) = tick(mine, db_url, "green").run_requests
+        assert request.tags["team"] == "search"
+        adopted = store.get_pipeline(own.pipeline_id)
+        assert adopted.deployment == "green" and adopted.resume_count == 1
+        # no run was launched here (evaluate_tick only asks), so the next tick asks again under the same run key,
+        # which Dagster launches once
+        assert [r.run_key for r in tick(mine, db_url, "green").run_requests] == [request.run_key]
 
 
 def test_a_stranded_orphan_of_another_deployment_is_reported_in_the_tick_and_in_status(store, db_url):

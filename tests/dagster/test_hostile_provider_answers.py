@@ -41,7 +41,7 @@ def test_a_superscript_retry_after_on_a_503_falls_back_to_backoff_through_the_gu
     assert fake.slept == [1.0] and len(seen) == 2  # the policy's own first backoff, not a ValueError
 
 
-# -- malformed usage (F12), NUL bytes (F14), absurd prices ----------------------------------------------
+# -- malformed usage, NUL bytes, absurd prices --------------------------------------------------------
 
 def usage_answer(prompt_tokens, completion_tokens=3):
     body = {"id": "1", "object": "chat.completion", "created": 0, "model": "m",
