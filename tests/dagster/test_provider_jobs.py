@@ -14,6 +14,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from batch_checks import assert_ledger_equals_the_provider, outcomes
 from batch_defs import job
 from dagster import DagsterInstance, in_process_executor
 from ledger_defs import recovery_resource
@@ -39,21 +40,6 @@ def run_in_process(tags=None, poll=0.2):
                                     resources={"recovery": recovery_resource()})
     assert result.success
     return result
-
-
-def outcomes(store, pipeline_id) -> Counter:
-    return Counter(c.outcome for c in store.provider_calls(pipeline_id))
-
-
-def assert_ledger_equals_the_provider(store, pipeline_id, provider: BatchProvider):
-    answered = provider.answered()
-    f = store.provider_costs(pipeline_id).pipelines[pipeline_id]
-    assert (f.tokens_in, f.tokens_out) == (sum(a[1] for a in answered), sum(a[2] for a in answered))
-    calls = outcomes(store, pipeline_id)
-    assert calls["ok"] == len(answered)
-    assert calls["submitted"] + calls["resubmitted"] == provider.submissions
-    assert Counter(a[0] for a in answered) == Counter(f"t{i:02d}" for i in range(ITEMS))  # each answered once
-    return f
 
 
 def test_a_kill_while_the_batch_is_pending_is_reattached_not_resubmitted(store, db_url, monkeypatch):
@@ -85,7 +71,7 @@ def test_a_kill_while_the_batch_is_pending_is_reattached_not_resubmitted(store, 
         (batch_id,) = provider.batches
     output = [e for e in result.all_events if e.step_key == "describe" and e.event_type_value == "STEP_OUTPUT"]
     assert output[0].step_output_data.metadata["provider_job_reattached"].value == batch_id
-    f = assert_ledger_equals_the_provider(store, pipeline.id, provider)
+    f = assert_ledger_equals_the_provider(store, pipeline.id, provider, ITEMS)
     assert outcomes(store, pipeline.id) == Counter({"ok": ITEMS, "submitted": 1})
     assert (f.wasted_calls, f.in_flight_unknown_calls) == (0, 0)
     jobs = store.provider_jobs(pipeline.id)
@@ -102,7 +88,7 @@ def test_an_expired_batch_is_resubmitted_for_its_unfinished_items_only(store, db
         first, second = provider.batches.values()
         assert (len(first.lines), len(second.lines)) == (ITEMS, ITEMS - 2)
     (pipeline,) = store.list_pipelines()
-    assert_ledger_equals_the_provider(store, pipeline.id, provider)
+    assert_ledger_equals_the_provider(store, pipeline.id, provider, ITEMS)
     assert outcomes(store, pipeline.id) == Counter({"ok": ITEMS, "batch_expired": ITEMS - 2, "submitted": 1,
                                                     "resubmitted": 1})
     jobs = store.provider_jobs(pipeline.id)
