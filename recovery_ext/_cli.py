@@ -104,13 +104,9 @@ def open_store(obj: dict, *, creates_database: bool = False) -> RecoveryStore:
 
 
 def _require_sqlite_file(dialect: Dialect) -> None:
-    if dialect.name != "sqlite":
-        return
-    database = dialect.url.database or ""
-    if database in ("", ":memory:") or database.startswith("file:") or dialect.url.query.get("uri"):
-        return
-    if not Path(database).is_file():
-        raise ConfigurationError(f"no SQLite database at {database} (check --database-url, or create it with "
+    missing = dialect.missing_database_file()
+    if missing is not None:
+        raise ConfigurationError(f"no SQLite database at {missing} (check --database-url, or create it with "
                                  "`recovery-ext migrate`)")
 
 

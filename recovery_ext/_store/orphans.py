@@ -13,7 +13,7 @@ from typing import Any
 
 import datetime as dt
 
-from sqlalchemy import (Connection, Text, and_, case, cast, exists, func, literal, literal_column, or_, select,
+from sqlalchemy import (Connection, Row, Text, and_, case, cast, exists, func, literal, literal_column, or_, select,
                         type_coerce, update)
 from sqlalchemy.sql.elements import ColumnElement
 
@@ -22,14 +22,15 @@ from recovery_ext._store.database import chunks, retried
 from recovery_ext._store.models import GivenUp, Orphan, PassPlan, Reclaimed, Scope
 from recovery_ext._store.pipelines import NEW_OWNER_RESETS, PipelineOps
 from recovery_ext._store.statuses import NodeStatus, PipelineStatus
-from recovery_ext._store.schema import (NODE_STATUSES, PIPELINE_STATUSES, CorruptJson, DbTime, nodes, pipelines,
+from recovery_ext._store.json_values import CorruptJson
+from recovery_ext._store.schema import (NODE_STATUSES, PIPELINE_STATUSES, DbTime, nodes, pipelines,
                                         transitions)
 
 p = pipelines.c
 
 # Inline constants, not bound parameters, so PostgreSQL can match the partial indexes
 # (rx_pipelines_live, rx_nodes_running) even under a generic plan.
-RUNNING = literal_column("'running'")
+RUNNING: ColumnElement[str] = literal_column("'running'")
 # INTEGER columns: one below PostgreSQL's maximum, so ``+ 1`` always fits.
 MAX_COUNTER = 2**31 - 1
 LIVE = p.status.not_in([literal_column("'completed'"), literal_column("'failed'")])
@@ -331,7 +332,7 @@ class OrphanOps(PipelineOps):
         silent = {r.id: _seconds_between(r.node_heartbeat_at if r.cause == "node_heartbeat" else r.heartbeat_at, r.now)
                   for r in found}
         new_owner = _placeholder(p.resume_count + 1) if launching else None
-        rows = []
+        rows: list[Row] = []
         for part in chunks(sorted(previous)):
             rows += conn.execute(
                 update(pipelines)
@@ -391,7 +392,7 @@ class OrphanOps(PipelineOps):
         )]
         if not ids:
             return []
-        rows = []
+        rows: list[Row] = []
         for part in chunks(ids):
             rows += conn.execute(
                 update(pipelines)
@@ -508,7 +509,7 @@ def _placeholder(resume_number: ColumnElement) -> ColumnElement:
 
 def _jobs(job_names: Sequence[str] | None, deployment: str | None = None) -> list[ColumnElement]:
     """The pipelines of these jobs in this deployment (``None``: any)."""
-    where = [] if job_names is None else [p.job_name.in_(list(job_names))]
+    where: list[ColumnElement] = [] if job_names is None else [p.job_name.in_(list(job_names))]
     return where if deployment is None else [*where, p.deployment == deployment]
 
 
