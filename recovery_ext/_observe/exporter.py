@@ -23,7 +23,7 @@ from recovery_ext._errors import RecoveryError
 from recovery_ext._store.observability import PIPELINE_LABELS, MetricsSnapshot
 from recovery_ext._store.schema import BREAKER_STATES
 from recovery_ext._store.statuses import QueueStatus
-from recovery_ext._store.store import RecoveryStore
+from recovery_ext._store.interfaces import CliStore
 
 log = logging.getLogger("recovery_ext.metrics")
 
@@ -97,7 +97,7 @@ METRICS: tuple[MetricSpec, ...] = (DATABASE_UP, SCRAPE_SECONDS, PIPELINES, WAITI
 class RecoveryCollector(Collector):
     """Reads ``store`` at each ``collect()`` (each scrape); a database it cannot read gives ``up 0``."""
 
-    def __init__(self, store: RecoveryStore) -> None:
+    def __init__(self, store: CliStore) -> None:
         self.store = store
 
     def describe(self) -> Iterator[Metric]:
@@ -205,7 +205,7 @@ def _text(value) -> str:
     return "" if value is None else str(value)
 
 
-def registry_for(store: RecoveryStore) -> CollectorRegistry:
+def registry_for(store: CliStore) -> CollectorRegistry:
     """A registry holding only the recovery collector (no process or platform metrics of the exporter)."""
     registry = CollectorRegistry(auto_describe=True)
     registry.register(RecoveryCollector(store))
@@ -215,7 +215,7 @@ def registry_for(store: RecoveryStore) -> CollectorRegistry:
 class MetricsServer:
     """The exporter's HTTP server on ``host:port`` (``port`` 0: any free port), in a background thread."""
 
-    def __init__(self, store: RecoveryStore, host: str, port: int) -> None:
+    def __init__(self, store: CliStore, host: str, port: int) -> None:
         self.server, self._thread = start_http_server(port, addr=host, registry=registry_for(store))
         self.host, self.port = host, self.server.server_port
 
