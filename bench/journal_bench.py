@@ -28,7 +28,6 @@ import uuid
 from pathlib import Path
 
 import psycopg
-from sqlalchemy import text
 
 from recovery_ext import ProviderCall
 from recovery_ext._providers.journal import decode_answer, encode_answer
@@ -126,9 +125,7 @@ def _checkpoint(key: str):
 def _table_bytes(store: RecoveryStore) -> int:
     """The journal table's bytes on disk: PostgreSQL's relation with its TOAST; SQLite's pages (dbstat)."""
     with store.read() as conn:
-        if store.dialect.name == "postgresql":
-            return int(conn.scalar(text("SELECT pg_total_relation_size('rx_call_journal')")))
-        return int(conn.scalar(text("SELECT coalesce(sum(pgsize), 0) FROM dbstat WHERE name = 'rx_call_journal'")))
+        return store.dialect.table_bytes(conn, "rx_call_journal")
 
 
 def run(label: str, url: str, client) -> None:

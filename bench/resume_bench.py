@@ -35,7 +35,7 @@ from sqlalchemy import update
 from bench.recovery_bench import drop_db, scratch_db
 from recovery_ext._dagster.executor import RecoveringExecutor
 from recovery_ext._dagster.tags import TAG_PIPELINE, TAG_RESUME_NUMBER
-from recovery_ext._store.models import PassPlan
+from recovery_ext._store.models import PassPlan, Scope
 from recovery_ext._store.schema import nodes, pipelines
 from recovery_ext._store.store import RecoveryStore
 
@@ -69,7 +69,7 @@ def last_left(store: RecoveryStore, pipeline_id: int, last: str) -> dict:
                      .values(status="pending", completed_at=None, output=None))
         conn.execute(update(pipelines).where(pipelines.c.id == pipeline_id).values(status="running", completed_at=None))
     expire(store, pipeline_id)
-    (reclaimed,), _ = store.reclaim(PassPlan(limit=1, launching=True))
+    (reclaimed,) = store.recovery_pass(PassPlan(limit=1, launching=True), Scope()).reclaimed
     return {TAG_PIPELINE: str(pipeline_id), TAG_RESUME_NUMBER: str(reclaimed.resume_number)}
 
 

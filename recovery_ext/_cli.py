@@ -113,13 +113,9 @@ def open_store(obj: dict, *, creates_database: bool = False) -> RecoveryStore:
 
 
 def _require_sqlite_file(dialect: Dialect) -> None:
-    if dialect.name != "sqlite":
-        return
-    database = dialect.url.database or ""
-    if database in ("", ":memory:") or database.startswith("file:") or dialect.url.query.get("uri"):
-        return
-    if not Path(database).is_file():
-        raise ConfigurationError(f"no SQLite database at {database} (check --database-url, or create it with "
+    missing = dialect.missing_database_file()
+    if missing is not None:
+        raise ConfigurationError(f"no SQLite database at {missing} (check --database-url, or create it with "
                                  "`recovery-ext migrate`)")
 
 
@@ -422,7 +418,7 @@ def show_pipeline(store: CliStore, out: Output, pipeline_id: int) -> None:
 @main.command()
 @click.argument("pipeline_id", type=ROW_ID, required=False, metavar="[PIPELINE]")
 @command
-def costs(store: RecoveryStore, out: Output, pipeline_id: int | None) -> None:
+def costs(store: CliStore, out: Output, pipeline_id: int | None) -> None:
     """Provider calls, tokens and cost: spent, saved by resume (kept from before a crash, at what they cost
     then; replayed: answers the call journal gave a resume), wasted (paid for, never checkpointed) and in
     flight at a crash (outcome unknown), for one pipeline by node, or for all by pipeline."""
@@ -658,7 +654,7 @@ def metrics() -> None:
 @click.option("--port", type=click.IntRange(0, 65535), default=9464, show_default=True,
               help="Port to listen on (0: any free port, printed at start).")
 @command
-def metrics_serve(store: RecoveryStore, out: Output, host: str, port: int) -> None:
+def metrics_serve(store: CliStore, out: Output, host: str, port: int) -> None:
     """Serve /metrics for Prometheus; each scrape reads the tables, nothing is kept between scrapes."""
     try:
         from recovery_ext._observe.exporter import MetricsServer
@@ -686,7 +682,7 @@ def metrics_serve(store: RecoveryStore, out: Output, host: str, port: int) -> No
 @click.option("--html", "html_path", required=True, type=click.Path(dir_okay=False, path_type=Path),
               help="Write the report to this file (one self-contained HTML page).")
 @command
-def report(store: RecoveryStore, out: Output, pipeline_id: int, html_path: Path) -> None:
+def report(store: CliStore, out: Output, pipeline_id: int, html_path: Path) -> None:
     """A pipeline across its runs: a timeline of runs, faults, reclaims, waits and the items each run did."""
     from recovery_ext._observe.report import render_html
     from recovery_ext._observe.timeline import build_timeline

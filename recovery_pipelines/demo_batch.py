@@ -77,7 +77,7 @@ def run(tags: dict[str, str] | None = None, items: int = 6) -> Any:
 
 def run_batch_demo(var: Path, say, *, items: int = 6, duration: float = 6.0) -> list[str]:
     """Kill a run while its batch is pending, resume it, and return what went wrong (empty: all shown)."""
-    from recovery_ext import TAG_PIPELINE, TAG_RESUME_NUMBER, TAG_RESUMED_FROM, PassPlan
+    from recovery_ext import TAG_PIPELINE, TAG_RESUME_NUMBER, TAG_RESUMED_FROM, PassPlan, Scope
     from recovery_pipelines.batch_stand_in import BatchProvider
 
     var.mkdir(parents=True, exist_ok=True)
@@ -101,7 +101,7 @@ def run_batch_demo(var: Path, say, *, items: int = 6, duration: float = 6.0) -> 
         finally:
             child.wait(30)
         say(f"batch: killed the run (-9) while its batch was pending ({len(provider.answered())} answered)")
-        (reclaimed,), _ = store.reclaim(PassPlan(dead_owner_runs=[pipeline.owner]))
+        (reclaimed,) = store.recovery_pass(PassPlan(dead_owner_runs=[pipeline.owner]), Scope()).reclaimed
         say(f"batch: pipeline {pipeline.id} taken over (as the orphan sensor does); resuming")
         os.environ["RECOVERY_DATABASE_URL"], os.environ[URL_ENV] = url, provider.url
         result = run({TAG_PIPELINE: str(reclaimed.pipeline_id), TAG_RESUME_NUMBER: str(reclaimed.resume_number),

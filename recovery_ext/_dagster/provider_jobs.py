@@ -67,7 +67,8 @@ def run_provider_job(ctx: Any, adapter: JobAdapter, requests: Mapping[str, Any],
                 job_id = _submit(ctx, adapter, requests, items, token, attempt)
             else:
                 job_id = known
-                ctx.log.info(f"{node}: re-attached to {adapter.provider} job {_shown(job_id)} (submitted before the crash)")
+                ctx.log.info(f"{node}: re-attached to {adapter.provider} job {_shown(job_id)} "
+                             "(submitted before the crash)")
                 ctx.metadata["provider_job_reattached"] = job_id
         state = _wait(ctx, adapter, job_id, poll_seconds)
         done += _collect(ctx, adapter, adapter.results(job_id), [k for k in items if k in unfinished], keep, prices)

@@ -23,6 +23,7 @@ from recovery_ext._errors import RecoveryError
 from recovery_ext._store.observability import PIPELINE_LABELS, MetricsSnapshot
 from recovery_ext._store.schema import BREAKER_STATES
 from recovery_ext._store.statuses import QueueStatus
+from recovery_ext._store.interfaces import CliStore
 from recovery_ext._store.store import RecoveryStore
 
 log = logging.getLogger("recovery_ext.metrics")
@@ -103,7 +104,7 @@ class RecoveryCollector(Collector):
     """Reads ``store`` at each ``collect()`` (each scrape); a database it cannot read within ``timeout``
     seconds gives ``up 0`` and no other sample: nothing read earlier is shown as if it were read now."""
 
-    def __init__(self, store: RecoveryStore, *, timeout: float = SCRAPE_TIMEOUT) -> None:
+    def __init__(self, store: CliStore, *, timeout: float = SCRAPE_TIMEOUT) -> None:
         self.timeout = timeout
         # Its own engine whose connect, statement and lock (SQLite busy) timeouts are the scrape's: opening a
         # connection waits for a lock too (SQLite's connect hook reads the journal mode), before any statement.
@@ -216,7 +217,7 @@ def _text(value) -> str:
     return "" if value is None else str(value)
 
 
-def registry_for(store: RecoveryStore) -> CollectorRegistry:
+def registry_for(store: CliStore) -> CollectorRegistry:
     """A registry holding only the recovery collector (no process or platform metrics of the exporter)."""
     registry = CollectorRegistry(auto_describe=True)
     registry.register(RecoveryCollector(store))
@@ -226,7 +227,7 @@ def registry_for(store: RecoveryStore) -> CollectorRegistry:
 class MetricsServer:
     """The exporter's HTTP server on ``host:port`` (``port`` 0: any free port), in a background thread."""
 
-    def __init__(self, store: RecoveryStore, host: str, port: int) -> None:
+    def __init__(self, store: CliStore, host: str, port: int) -> None:
         self.server, self._thread = start_http_server(port, addr=host, registry=registry_for(store))
         self.host, self.port = host, self.server.server_port
 

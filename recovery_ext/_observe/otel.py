@@ -163,6 +163,3 @@ def uninstrument_opentelemetry() -> None:
         set_observer(None)
         _emitter = None
 
-
-def instrumented() -> bool:
-    return _emitter is not None

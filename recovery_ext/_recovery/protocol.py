@@ -22,6 +22,7 @@ from recovery_ext._classify.retry import RetryPolicy
 from recovery_ext._conventions import given_up_message, takeover_message
 from recovery_ext._recovery.retention import RetentionSchedule
 from recovery_ext._recovery.scan import RecoverySettings, default_outage_policy, summary_line
+from recovery_ext._store.interfaces import SensorStore
 from recovery_ext._store.models import GivenUp, PassPlan, PassResult, Reclaimed, ScanStats, Scope, TickSnapshot
 
 log = logging.getLogger("recovery_ext.protocol")
@@ -105,7 +106,7 @@ class RecoveryProtocol:
         self._pruned_at: float | None = None
         self.retention = RetentionSchedule(clock)
 
-    def tick(self, store, control: RunControl, settings: RecoverySettings, *, trigger: str = "sensor",
+    def tick(self, store: SensorStore, control: RunControl, settings: RecoverySettings, *, trigger: str = "sensor",
              event_retention_seconds: float | None = None, plan: PassPlan | None = None,
              pipeline_retention_seconds: float | None = None) -> TickOutcome:
         """One pass: read, ask ``control``, write once, launch and stop through ``control``.
@@ -161,7 +162,7 @@ class RecoveryProtocol:
                             event_retention_seconds, waiting=snap.waiting,
                             pipeline_retention_seconds=pipeline_retention_seconds)
 
-    def _pass(self, store, plan: PassPlan, scope: Scope, stats: ScanStats, idle: PassResult) -> PassResult:
+    def _pass(self, store: SensorStore, plan: PassPlan, scope: Scope, stats: ScanStats, idle: PassResult) -> PassResult:
         """The pass's one write, retried through a database outage; a failure is reported in ``stats``."""
         try:
             return self.policy.call(store.recovery_pass, plan, scope)
@@ -170,7 +171,7 @@ class RecoveryProtocol:
             log.error("recovery pass failed: %s", stats.error)
             return idle
 
-    def _finish(self, store, control: RunControl, scope: Scope, stats: ScanStats, result: PassResult,
+    def _finish(self, store: SensorStore, control: RunControl, scope: Scope, stats: ScanStats, result: PassResult,
                 resumes: ResumeStates, notes: list[str], started: float, trigger: str,
                 event_retention_seconds: float | None, waiting: Sequence[dict[str, Any]],
                 pipeline_retention_seconds: float | None = None) -> TickOutcome:
@@ -259,7 +260,7 @@ class RecoveryProtocol:
         and those it adopts. A pipeline past the snapshot's limit waits for a later tick, never unchecked."""
         return replace(self.scope, acting_on=tuple(sorted({*(f.pipeline_id for f in first_runs), *adopt})))
 
-    def _prune(self, store, retention_seconds: float | None) -> None:
+    def _prune(self, store: SensorStore, retention_seconds: float | None) -> None:
         """Old events go at most once per ``EVENT_RETENTION_EVERY`` per process: an idle tick stays one read."""
         now = self._clock()
         if retention_seconds is None or (self._pruned_at is not None and now - self._pruned_at < EVENT_RETENTION_EVERY):
@@ -293,7 +294,8 @@ class LaunchNothing:
         return []
 
 
-def scan(store, plan: PassPlan = PassPlan(), scope: Scope = Scope(), *, settings: RecoverySettings | None = None,
+def scan(store: SensorStore, plan: PassPlan = PassPlan(), scope: Scope = Scope(), *,
+         settings: RecoverySettings | None = None,
          policy: RetryPolicy | None = None) -> ScanStats:
     """One recovery pass over ``scope`` in one transaction, as ``plan`` says: the sensor's pass, launching nothing.
 

@@ -89,18 +89,7 @@ class ProviderOps(PipelineOps):
     def _breaker_state(self, endpoint: str) -> Any:
         """Once per provider call, one round trip: on PostgreSQL a statement prepared once per connection;
         elsewhere a select built once per store (building it cost more than running it)."""
-        if self.dialect.node_functions:
-            with self.driver_autocommit() as raw:
-                return hot_path.breaker_state(raw, endpoint)
-        built = self.__dict__.get("_breaker_state_stmt")
-        if built is None:
-            now = self.dialect.now()
-            built = self.__dict__["_breaker_state_stmt"] = (
-                select(cb.state, cb.consecutive_failures, self._seconds(now, cb.open_until).label("open_left"),
-                       self._seconds(now, cb.probe_deadline).label("probe_left"))
-                .where(cb.endpoint == bindparam("endpoint")))
-        with self.read_statement() as conn:
-            return conn.execute(built, {"endpoint": endpoint}).first()
+        return self._transitions.breaker_state(endpoint)
 
     @retried
     def breaker_record_success(self, endpoint: str, who: str, decision: BreakerDecision) -> bool:
@@ -274,7 +263,7 @@ class ProviderOps(PipelineOps):
                              .where(pipelines.c.id == pipeline_id).with_for_update()).first()
             if p is None:
                 raise NotFound(f"no pipeline {pipeline_id}")
-            counts = dict(conn.execute(
+            counts: dict[str, int] = dict(conn.execute(
                 select(node_items.c.node_name, func.count())
                 .where(node_items.c.pipeline_id == pipeline_id, node_items.c.status == ItemStatus.DEGRADED,
                        *([node_items.c.node_name == node] if node else []))

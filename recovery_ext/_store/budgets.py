@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import datetime as dt
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -100,7 +101,7 @@ class ProviderLimits:
 class BudgetOps(Database):
     def _clock_now(self):
         """The database clock now (not at the transaction's start: the lock may have been waited for)."""
-        return type_coerce(func.clock_timestamp() if self.dialect.name == "postgresql" else self.dialect.now(), DbTime)
+        return type_coerce(self.dialect.statement_clock(), DbTime)
 
     def _clock(self, conn) -> dt.datetime:
         return conn.execute(select(self._clock_now())).scalar_one()
@@ -233,7 +234,7 @@ def _leaves(reservation: Any, span: float) -> tuple[dt.datetime, bool]:
     return reservation.reserved_at + dt.timedelta(seconds=IN_FLIGHT_WINDOWS * span), True
 
 
-def _wait_for_room(window: list[Any], now: dt.datetime, span: float, requests_per_minute: int | None,
+def _wait_for_room(window: Sequence[Any], now: dt.datetime, span: float, requests_per_minute: int | None,
                    tokens_per_minute: int | None, tokens: int) -> float:
     """Seconds until the window has room for one more request of ``tokens``; 0 when it has now. A request
     still in flight may be answered any moment: waiting on one is asked again after a short poll."""

@@ -65,34 +65,11 @@ class CheckpointOps(PipelineOps):
     def start_items(self, own: Ownership, node_name: str, total: int) -> dict[str, str]:
         """``set_items_total`` and the statuses of the node's checkpointed items, in one transaction
         (on PostgreSQL one autocommit statement: the fence, the update and the read as CTEs)."""
-        if self.dialect.dml_in_cte:
-            with self.driver_autocommit() as raw:
-                rows = hot_path.start_items(raw, pipeline_id=own.pipeline_id, epoch=own.epoch, node=node_name,
-                                            total=total)
-            if not rows[0].fenced:
-                self.check_ownership(own)  # raises OwnershipLost (or NotFound) with who owns it now
-                raise OwnershipLost(owner="(changed meanwhile)", pipeline_id=own.pipeline_id)
-            return {r.item_key: r.status for r in rows[1:]}
-        with self.write() as conn:
-            self._fence(conn, own)
-            conn.execute(update(nodes).where(nodes.c.pipeline_id == own.pipeline_id, nodes.c.name == node_name)
-                         .values(items_total=total))
-            rows = conn.execute(select(node_items.c.item_key, node_items.c.status).where(
-                node_items.c.pipeline_id == own.pipeline_id, node_items.c.node_name == node_name))
-            return {r.item_key: r.status for r in rows}
+        return self._transitions.start_items(own, node_name, total)
 
     @retried
     def completed_items(self, pipeline_id: int, node_name: str) -> dict[str, Any]:
-        if self.dialect.node_functions:
-            with self.driver_autocommit() as raw:
-                return hot_path.completed_items(raw, pipeline_id=pipeline_id, node=node_name)
-        with self.read_statement() as conn:
-            rows = conn.execute(
-                select(node_items.c.item_key, node_items.c.result).where(
-                    node_items.c.pipeline_id == pipeline_id, node_items.c.node_name == node_name
-                )
-            )
-            return {r.item_key: r.result for r in rows}
+        return self._transitions.completed_items(pipeline_id, node_name)
 
     @retried
     def pending_items(self, pipeline_id: int, node_name: str, keys: Iterable[str]) -> list[str]:

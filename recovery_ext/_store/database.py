@@ -181,6 +181,7 @@ class Database:
         except self.engine.dialect.loaded_dbapi.Error as exc:  # the pool's connect raises the driver's own error
             raise self.wrap_driver_error(exc) from exc
         raw = pooled.driver_connection
+        assert raw is not None, "a connection just checked out of the pool has its driver connection"
         try:
             raw.autocommit = True
             try:

@@ -6,22 +6,30 @@ these hooks and never asks which database it talks to.
 
 from __future__ import annotations
 
+import datetime as dt
+import json
 import math
 import sqlite3
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Float, Text, and_, bindparam, case, event, false, func, literal, literal_column, or_, text
-from sqlalchemy.engine import Engine, make_url
+from sqlalchemy import (DateTime, Float, Text, and_, bindparam, case, event, false, func, literal, literal_column, or_,
+                        text)
+from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.engine import Connection, Engine, make_url
+from sqlalchemy.engine.interfaces import Dialect as SqlAlchemyDialect
 from sqlalchemy.engine.url import URL
 from sqlalchemy.sql.elements import ColumnElement
+from sqlalchemy.types import TypeEngine
 
 from recovery_ext._classify.classifier import is_retryable
 from recovery_ext._errors import ConfigurationError
 from recovery_ext._classify.redaction import redact, redact_url
-from recovery_ext._store.schema import load_json
+from recovery_ext._store.json_values import load_json
+from recovery_ext._store.models import JsonText
 
 # SQLSTATE classes/codes a retry can fix: connection (08), serialization (40001),
 # deadlock (40P01), insufficient resources (53), operator intervention (57).
@@ -42,8 +50,12 @@ class Dialect:
     default_statement_timeout = 30.0
     # Data-modifying CTEs (INSERT/UPDATE inside WITH): several writes in one statement, one round trip.
     dml_in_cte = False
-    # rx_begin_node / rx_complete_node exist (migration 0008): a node's start and completion in one call
+    # rx_begin_node / rx_complete_node exist (migration 0008): a node's start and completion in one round trip
+    # (``node_transitions`` picks its strategy from this, once per store)
     node_functions = False
+    # Write many ledger rows through the driver's own executemany: SQLAlchemy's execute costs more than the
+    # rows themselves on an in-process database.
+    ledger_rows_via_driver = False
     # a read of one statement needs no transaction: each statement is its own snapshot (READ COMMITTED)
     autocommit_reads = False
     # finished pipelines one retention batch deletes (one transaction)
@@ -131,6 +143,49 @@ class Dialect:
     def prune_pause(self, batch_seconds: float) -> float:
         """Seconds a retention prune rests after a batch that took ``batch_seconds``, so live writers get in."""
         return 0.0
+
+    def statement_clock(self) -> ColumnElement:
+        """The database clock when this statement runs (not when its transaction began: a lock may have
+        been waited for)."""
+        return self.now()
+
+    def missing_database_file(self) -> str | None:
+        """The file the URL names when connecting would create it instead of opening it, else None."""
+        return None
+
+    def table_bytes(self, conn: Connection, table: str) -> int:
+        """A table's bytes on disk (with its indexes and out-of-line values)."""
+        raise NotImplementedError
+
+    # -- column encodings (class-level: SQLAlchemy's column types see only its own dialect) ---------
+
+    @classmethod
+    def time_type(cls) -> TypeEngine:
+        return DateTime(timezone=True)
+
+    @classmethod
+    def bind_time(cls, value: Any) -> Any:
+        return value
+
+    @classmethod
+    def load_time(cls, value: Any) -> Any:
+        return value.replace(tzinfo=dt.timezone.utc) if value.tzinfo is None else value
+
+    @classmethod
+    def json_type(cls) -> TypeEngine:
+        return Text()
+
+    @classmethod
+    def bind_json(cls, value: Any) -> Any:
+        if value is None:
+            return None
+        if isinstance(value, JsonText):
+            return str(value)  # encoded already
+        return json.dumps(value, separators=(",", ":"), default=str)
+
+    @classmethod
+    def load_json(cls, value: Any) -> Any:
+        return load_json(value)
 
     @staticmethod
     def for_url(url: str | URL, **timeouts: float | None) -> "Dialect":
@@ -262,6 +317,24 @@ class PostgresDialect(Dialect):
         conn.exec_driver_sql(f"SET LOCAL statement_timeout = {ms}")
         yield
 
+    def statement_clock(self) -> ColumnElement:
+        return func.clock_timestamp()
+
+    def table_bytes(self, conn: Connection, table: str) -> int:
+        return int(conn.scalar(text("SELECT pg_total_relation_size(:t)"), {"t": table}) or 0)
+
+    @classmethod
+    def json_type(cls) -> TypeEngine:
+        return JSONB()
+
+    @classmethod
+    def bind_json(cls, value: Any) -> Any:
+        return value
+
+    @classmethod
+    def load_json(cls, value: Any) -> Any:
+        return value  # the driver decoded it with load_json
+
 
 class SqliteDialect(Dialect):
     """SQLite: WAL, a busy timeout and foreign keys, set in one connect hook.
@@ -273,6 +346,7 @@ class SqliteDialect(Dialect):
     name = "sqlite"
     migrations_folder = "sqlite"
     prune_batch = 50  # a writer waits for the whole batch: keep it to tens of milliseconds
+    ledger_rows_via_driver = True
 
     @property
     def busy_timeout_ms(self) -> int:
@@ -359,6 +433,35 @@ class SqliteDialect(Dialect):
         finally:
             raw.execute(f"PRAGMA busy_timeout = {self.busy_timeout_ms}")
 
+    def missing_database_file(self) -> str | None:
+        database = self.url.database or ""
+        if database in ("", ":memory:") or database.startswith("file:") or self.url.query.get("uri"):
+            return None
+        return None if Path(database).is_file() else database
+
+    def table_bytes(self, conn: Connection, table: str) -> int:
+        return int(conn.scalar(text("SELECT coalesce(sum(pgsize), 0) FROM dbstat WHERE name = :t"), {"t": table}) or 0)
+
+    @classmethod
+    def time_type(cls) -> TypeEngine:
+        return Float()
+
+    @classmethod
+    def bind_time(cls, value: Any) -> Any:
+        if isinstance(value, dt.datetime):
+            if value.tzinfo is None:
+                value = value.replace(tzinfo=dt.timezone.utc)
+            return value.timestamp()
+        return float(value)
+
+    @classmethod
+    def load_time(cls, value: Any) -> Any:
+        try:
+            return dt.datetime.fromtimestamp(float(value), tz=dt.timezone.utc)
+        except (TypeError, ValueError, OverflowError, OSError):
+            # Text or an absurd number in a time column: readable, never a traceback; the scan fails the row.
+            return dt.datetime.min.replace(tzinfo=dt.timezone.utc)
+
     def is_transient(self, exc: BaseException) -> bool:
         orig = getattr(exc, "orig", exc)
         if not isinstance(orig, sqlite3.OperationalError):
@@ -368,6 +471,16 @@ class SqliteDialect(Dialect):
             return code in _SQLITE_BUSY_CODES
         message = str(orig).lower()
         return "database is locked" in message or "database is busy" in message
+
+
+# SQLAlchemy's dialect name -> ours, for the column types (any other, e.g. the default one str() compiles
+# with, gets the base class's plain encodings).
+_BY_SQLALCHEMY_NAME: dict[str, type[Dialect]] = {"postgresql": PostgresDialect, "sqlite": SqliteDialect}
+
+
+def column_codec(dialect: SqlAlchemyDialect) -> type[Dialect]:
+    """The :class:`Dialect` whose column encodings apply to a SQLAlchemy dialect."""
+    return _BY_SQLALCHEMY_NAME.get(dialect.name, Dialect)
 
 
 def _clamped_timestamptz_loader():

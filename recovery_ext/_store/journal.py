@@ -27,14 +27,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
 
-from sqlalchemy import and_, bindparam, delete, func, select, update
+from sqlalchemy import FromClause, and_, bindparam, delete, func, select, update
 
 from recovery_ext._errors import NotFound
 from recovery_ext._store.database import chunks, retried
 from recovery_ext._store.ledger import IN_FLIGHT, call_row
 from recovery_ext._store.models import Ownership, ProviderCall
 from recovery_ext._store.pipelines import PipelineOps
-from recovery_ext._store.pipelines import _lost as lost
+from recovery_ext._store.node_transitions import lost
 from recovery_ext._store.schema import call_journal, pipelines, provider_calls
 from recovery_ext._store.statuses import PipelineStatus
 
@@ -59,7 +59,7 @@ class JournalOps(PipelineOps):
         flush and the journal's look-up in one statement: a journaled call's writes are round trips."""
         p = pipelines.c
         columns = [p.epoch, p.owner, p.status, self.dialect.commit_without_flush().label("no_flush")]
-        source = pipelines
+        source: FromClause = pipelines
         if call_key is not None:
             columns += [jc.answer, jc.call_id]
             source = pipelines.outerjoin(call_journal, and_(

@@ -25,7 +25,7 @@ it is written at once, with its item's checkpoint, or late after the database ca
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
@@ -64,6 +64,14 @@ class CostFigures:
     wasted_cost: float = 0.0
     replayed_calls: int = 0           # of the saved calls: answers the journal handed to a later owner
     in_flight_unknown_calls: int = 0  # requests sent whose answer never arrived (a kill): outcome unknown
+
+    @classmethod
+    def from_row(cls, row: Mapping[Any, Any]) -> CostFigures:
+        """The figures of a row holding every :data:`COST_KEYS` column (sums come back as any number type)."""
+        figures = cls()
+        for key in COST_KEYS:
+            setattr(figures, key, float(row[key]) if key.endswith("cost") else int(row[key]))
+        return figures
 
     def add(self, other: "CostFigures") -> None:
         for f in fields(self):
@@ -136,7 +144,7 @@ class LedgerOps(Database):
         rows = [call_row(call, reached=reached) for call in calls]
         if not rows:
             return
-        if self.dialect.name == "sqlite":
+        if self.dialect.ledger_rows_via_driver:
             # Fixed SQL on the driver's cursor, in this transaction: a checkpoint's one or two calls cost a
             # SQLAlchemy execute (~100 us) more than the rows themselves on SQLite.
             with self.driver_of(conn) as raw:
@@ -239,8 +247,7 @@ class LedgerOps(Database):
         skipped = 0 if live_only else malformed_calls(conn, pipeline_id)
         report = CostReport(CostFigures(), {}, {}, {}, skipped_rows=skipped)
         for row in rows:
-            figures = CostFigures(**{key: (float(row._mapping[key]) if key.endswith("cost") else int(row._mapping[key]))
-                                     for key in COST_KEYS})
+            figures = CostFigures.from_row(row._mapping)
             report.total.add(figures)
             if row.pipeline_id is None:
                 continue

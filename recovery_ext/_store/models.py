@@ -6,7 +6,7 @@ import datetime as dt
 import json
 import math
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -354,7 +354,7 @@ class Scope:
     resume runs of the pipelines it reserved.
     """
 
-    job_names: tuple[str, ...] | None = None
+    job_names: Sequence[str] | None = None  # kept as a tuple
     deployment: str | None = None
     launcher: str | None = None
     # None: any pipeline. Else only these (and pipelines with no first run): the ones whose first run this

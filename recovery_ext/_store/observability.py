@@ -15,8 +15,8 @@ from typing import Any
 from sqlalchemy import Float, and_, case, cast, func, literal, or_, select
 
 from recovery_ext._store import aggregates
-from recovery_ext._store.database import Database, retried
-from recovery_ext._store.ledger import IN_FLIGHT, CostFigures
+from recovery_ext._store.database import retried
+from recovery_ext._store.ledger import IN_FLIGHT, CostFigures, LedgerOps
 from recovery_ext._store.statuses import PipelineStatus, QueueStatus
 from recovery_ext._store.ledger_rows import well_formed_call
 from recovery_ext._store.models import Node, Pipeline
@@ -89,7 +89,7 @@ class PipelineHistory:
     call_figures: list[dict[str, Any]] = field(default_factory=list)
 
 
-class ObservabilityOps(Database):
+class ObservabilityOps(LedgerOps):
     @retried
     def metrics_snapshot(self) -> MetricsSnapshot:
         return self.scrape_snapshot()
@@ -181,7 +181,7 @@ class ObservabilityOps(Database):
                 select(qi.holder_epoch, qi.completed_at).where(done)
                 .order_by(qi.completed_at).limit(ITEM_TIMES_LIMIT)) if r[1] is not None],
                 key=lambda t: t[1])[:ITEM_TIMES_LIMIT]
-            now = conn.scalar(select(self.dialect.now().label("now")))
+            now = conn.execute(select(self.dialect.now().label("now"))).scalar_one()
         if not isinstance(now, dt.datetime):  # SQLite's clock is epoch seconds
             now = dt.datetime.fromtimestamp(float(now), tz=dt.timezone.utc)
         calls, call_count, calls_step, call_figures = self._calls_of(pipeline_id)

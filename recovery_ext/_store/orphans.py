@@ -13,7 +13,7 @@ from typing import Any
 
 import datetime as dt
 
-from sqlalchemy import (Connection, Text, and_, case, cast, exists, func, literal, literal_column, or_, select,
+from sqlalchemy import (Connection, Row, Text, and_, case, cast, exists, func, literal, literal_column, or_, select,
                         type_coerce, update)
 from sqlalchemy.sql.elements import ColumnElement
 
@@ -22,14 +22,15 @@ from recovery_ext._store.database import chunks, retried
 from recovery_ext._store.models import GivenUp, Orphan, PassPlan, Reclaimed, Scope
 from recovery_ext._store.pipelines import NEW_OWNER_RESETS, PipelineOps
 from recovery_ext._store.statuses import NodeStatus, PipelineStatus
-from recovery_ext._store.schema import (NODE_STATUSES, PIPELINE_STATUSES, CorruptJson, DbTime, nodes, pipelines,
+from recovery_ext._store.json_values import CorruptJson
+from recovery_ext._store.schema import (NODE_STATUSES, PIPELINE_STATUSES, DbTime, nodes, pipelines,
                                         transitions)
 
 p = pipelines.c
 
 # Inline constants, not bound parameters, so PostgreSQL can match the partial indexes
 # (rx_pipelines_live, rx_nodes_running) even under a generic plan.
-RUNNING = literal_column("'running'")
+RUNNING: ColumnElement[str] = literal_column("'running'")
 # INTEGER columns: one below PostgreSQL's maximum, so ``+ 1`` always fits.
 MAX_COUNTER = 2**31 - 1
 LIVE = p.status.not_in([literal_column("'completed'"), literal_column("'failed'")])
@@ -151,26 +152,6 @@ class OrphanOps(PipelineOps):
                 .order_by(transitions.c.id.desc()).limit(1)).scalar()
         return data if isinstance(data, dict) else None
 
-    @retried
-    def running_owners(self, job_names: Sequence[str] | None = None, deployment: str | None = None) -> list[str]:
-        """Owners of running pipelines (run ids and resume placeholders), to ask Dagster which are dead.
-
-        No row limit: the sensor asks Dagster about them in batches (one ``get_runs`` per batch).
-        """
-        with self.read() as conn:
-            rows = conn.execute(
-                select(p.owner).where(LIVE, p.status == RUNNING, p.owner.isnot(None), ~self.dialect.not_text(p.owner),
-                                      *_jobs(job_names, deployment)).distinct()
-            )
-            # an owner that is not text is a bad row (failed by the scan), never a question for Dagster
-            return [r.owner for r in rows if isinstance(r.owner, str)]
-
-    @retried
-    def awaiting_resume(self, job_names: Sequence[str] | None = None, deployment: str | None = None) -> list[Reclaimed]:
-        """Pipelines reserved for a resume run that has not attached yet (owner ``resume-<id>-<n>``)."""
-        with self.read() as conn:
-            return self._awaiting(conn, Scope(job_names, deployment))
-
     def _awaiting(self, conn: Connection, scope: Scope, *, launcher_only: bool = False) -> list[Reclaimed]:
         where = [LIVE, p.status == RUNNING, p.owner == _placeholder(p.resume_count),
                  *_jobs(scope.job_names, scope.deployment)]
@@ -182,17 +163,6 @@ class OrphanOps(PipelineOps):
         ).all()
         return [Reclaimed(r.id, r.job_name, r.params, r.resumed_from, r.owner, r.epoch, r.resume_count,
                           origin_run_id=r.origin_run_id, launcher=r.launcher) for r in rows]
-
-    @retried
-    def extend_launch_grace(self, placeholders: Sequence[str], grace_seconds: float) -> int:
-        """The resume runs of these reservations are queued or starting: push their re-orphan deadline out.
-
-        Only rows past half their grace are written, so a long queue costs few writes per tick.
-        """
-        if not placeholders:
-            return 0
-        with self.write() as conn:
-            return self._extend_launch_grace(conn, placeholders, grace_seconds)
 
     def _extend_launch_grace(self, conn: Connection, placeholders: Sequence[str], grace_seconds: float) -> int:
         changed = 0
@@ -214,18 +184,6 @@ class OrphanOps(PipelineOps):
                                       for pipeline_id, payload in outcomes])
 
     # -- give up -------------------------------------------------------------------------------
-
-    @retried
-    def give_up_hopeless(
-        self, *, dead_owner_runs: Sequence[str] = (), max_age_seconds: float | None = None, limit: int = 10_000,
-        job_names: Sequence[str] | None = None, retrying_owner_runs: Sequence[str] = (),
-        deployment: str | None = None,
-    ) -> list[GivenUp]:
-        """Orphans past their maximum resumes, hard deadline or maximum age become failed."""
-        with self.write() as conn:
-            return self._give_up_hopeless(conn, dead_owner_runs, retrying_owner_runs, max_age_seconds,
-                                          Scope(job_names, deployment),
-                                          limit)
 
     def _give_up_hopeless(self, conn: Connection, dead_owner_runs: Sequence[str], retrying_owner_runs: Sequence[str],
                           max_age_seconds: float | None, scope: Scope, limit: int = 10_000) -> list[GivenUp]:
@@ -287,23 +245,6 @@ class OrphanOps(PipelineOps):
 
     # -- reclaim -------------------------------------------------------------------------------
 
-    @retried
-    def reclaim(self, plan: PassPlan, scope: Scope = Scope()) -> tuple[list[Reclaimed], list[GivenUp]]:
-        """Take over up to ``plan.limit`` orphans in ``scope`` (``None``: all of them), oldest first; exactly one
-        caller wins each.
-
-        ``plan.launching`` (a sensor that launches the resume runs at once) reserves each pipeline for
-        ``resume-<id>-<n>`` and records ``scope.launcher`` (the sensor that re-requests the run until it
-        attaches); without it (the CLI) the pipeline awaits a launcher. Either way it re-orphans after the
-        plan's launch grace if no resume run attaches. Of the plan, only the owner runs, the limits,
-        ``launching`` and ``trigger`` count here; :meth:`recovery_pass` runs all of it.
-        Returns the reclaimed pipelines and the corrupt ones that were failed instead.
-        """
-        if plan.limit is not None and plan.limit <= 0:
-            return [], []
-        with self.write() as conn:
-            return self._reclaim(conn, plan, scope)
-
     def _reclaim(self, conn: Connection, plan: PassPlan, scope: Scope) -> tuple[list[Reclaimed], list[GivenUp]]:
         dead_owner_runs, launching = plan.dead_owner_runs, plan.launching
         launcher = scope.launcher
@@ -331,7 +272,7 @@ class OrphanOps(PipelineOps):
         silent = {r.id: _seconds_between(r.node_heartbeat_at if r.cause == "node_heartbeat" else r.heartbeat_at, r.now)
                   for r in found}
         new_owner = _placeholder(p.resume_count + 1) if launching else None
-        rows = []
+        rows: list[Row] = []
         for part in chunks(sorted(previous)):
             rows += conn.execute(
                 update(pipelines)
@@ -371,16 +312,6 @@ class OrphanOps(PipelineOps):
         given_up = self._fail_corrupt(conn, corrupt, previous)
         return reclaimed, given_up
 
-    @retried
-    def claim_awaiting(self, *, limit: int | None, grace_seconds: float = 300.0,
-                       job_names: Sequence[str] | None = None, launcher: str | None = None,
-                       deployment: str | None = None) -> list[Reclaimed]:
-        """Reserve pipelines that a launcher-less reclaim (the CLI) left awaiting a resume run."""
-        if limit is not None and limit <= 0:
-            return []
-        with self.write() as conn:
-            return self._claim_awaiting(conn, limit, grace_seconds, Scope(job_names, deployment, launcher))
-
     def _claim_awaiting(self, conn: Connection, limit: int | None, grace_seconds: float,
                         scope: Scope) -> list[Reclaimed]:
         ids = [r.id for r in conn.execute(
@@ -391,7 +322,7 @@ class OrphanOps(PipelineOps):
         )]
         if not ids:
             return []
-        rows = []
+        rows: list[Row] = []
         for part in chunks(ids):
             rows += conn.execute(
                 update(pipelines)
@@ -460,14 +391,6 @@ class OrphanOps(PipelineOps):
         ])
         return given_up
 
-    @retried
-    def fail_unknown_statuses(self, deployment: str | None = None) -> list[GivenUp]:
-        """Live pipelines this version cannot work with become failed with a reason (one transition and
-        event each): an unknown status, a counter at the end of its range (the reclaim's ``epoch + 1``
-        would overflow), a time column that is not a finite time. Every other row is untouched."""
-        with self.write() as conn:
-            return self._fail_unknown_statuses(conn, deployment)
-
     def _corrupt_checks(self) -> list[tuple[ColumnElement, str]]:
         return [(p.status.not_in(PIPELINE_STATUSES), "unknown pipeline status"),
                 (self.dialect.not_text(p.owner), "owner is not text"),
@@ -508,7 +431,7 @@ def _placeholder(resume_number: ColumnElement) -> ColumnElement:
 
 def _jobs(job_names: Sequence[str] | None, deployment: str | None = None) -> list[ColumnElement]:
     """The pipelines of these jobs in this deployment (``None``: any)."""
-    where = [] if job_names is None else [p.job_name.in_(list(job_names))]
+    where: list[ColumnElement] = [] if job_names is None else [p.job_name.in_(list(job_names))]
     return where if deployment is None else [*where, p.deployment == deployment]
 
 

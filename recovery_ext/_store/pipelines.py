@@ -20,15 +20,16 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
+from functools import cached_property
 from typing import Any
 
 from sqlalchemy import Connection, func, insert, select, update
 from sqlalchemy.exc import IntegrityError
 
 from recovery_ext._conventions import placeholder_owner
-from recovery_ext._store import hot_path
 from recovery_ext._liveness.processes import this_process, watcher_of_this_process
 from recovery_ext._store.database import is_retry, retried
+from recovery_ext._store.node_transitions import NODE_TRANSITIONS, NodeTransitions, illegal, lost, transitions_for
 from recovery_ext._store.ledger import LedgerOps
 from recovery_ext._settings import check_deployment
 from recovery_ext._errors import IllegalTransition, NotFound, OwnershipLost, StoreError, UnfinishedItems
@@ -36,22 +37,10 @@ from recovery_ext._store.fenced import FencedTransaction
 from recovery_ext._store.models import (ErrorInfo, ItemCheckpoint, Node, NodeSpec, Ownership, Pipeline,
                                         PipelineLimits)
 from recovery_ext._classify.redaction import redact, redact_config
-from recovery_ext._store.schema import ITEM_STATUSES, node_items, nodes, pipelines
+from recovery_ext._store.schema import node_items, nodes, pipelines
 from recovery_ext._store.statuses import FINISHED_NODE_STATUSES, FINISHED_PIPELINE_STATUSES, NodeStatus, PipelineStatus
 
 __all__ = ["NODE_TRANSITIONS", "ItemCheckpoint", "PipelineOps"]  # ItemCheckpoint: its old home
-
-
-# Legal node transitions: target -> allowed sources.
-NODE_TRANSITIONS: dict[NodeStatus, tuple[NodeStatus, ...]] = {
-    NodeStatus.RUNNING: (NodeStatus.PENDING, NodeStatus.FAILED),
-    NodeStatus.COMPLETED: (NodeStatus.RUNNING,),
-    NodeStatus.FAILED: (NodeStatus.RUNNING,),
-    NodeStatus.DEGRADED: (NodeStatus.RUNNING, NodeStatus.FAILED, NodeStatus.PENDING),
-    NodeStatus.PENDING: (NodeStatus.RUNNING, NodeStatus.FAILED),
-    # the run succeeded without executing it (e.g. a branch not taken)
-    NodeStatus.SKIPPED: (NodeStatus.PENDING, NodeStatus.FAILED),
-}
 
 
 # What a pipeline's new owner (a reclaim's resume, a re-execution's or run retry's take-over) starts
@@ -61,6 +50,11 @@ NEW_OWNER_RESETS: dict[str, None] = {"waiting_until": None, "waiting_since": Non
 
 
 class PipelineOps(LedgerOps):
+    @cached_property
+    def _transitions(self) -> NodeTransitions:
+        """How this store's nodes start and complete: chosen once, from its dialect."""
+        return transitions_for(self)
+
     # -- creation and attachment ------------------------------------------------------------
 
     @retried
@@ -228,7 +222,7 @@ class PipelineOps(LedgerOps):
                 and row.status == PipelineStatus.COMPLETED):
             return row.status
         if row.epoch != own.epoch or row.status != PipelineStatus.RUNNING:
-            raise _lost(own, row.owner, row.epoch, row.status)
+            raise lost(own, row.owner, row.epoch, row.status)
         return row.status
 
     @contextmanager
@@ -278,7 +272,7 @@ class PipelineOps(LedgerOps):
 
     # -- node transitions --------------------------------------------------------------------
 
-    def _move_node(self, conn: Connection, own: Ownership, name: str, target: str, event: str,
+    def _move_node(self, conn: Connection, own: Ownership, name: str, target: NodeStatus, event: str,
                    extra: dict[str, Any] | None = None, **values) -> Node:
         sources = NODE_TRANSITIONS[target]
         before = conn.execute(
@@ -292,7 +286,7 @@ class PipelineOps(LedgerOps):
             row = conn.execute(select(nodes).where(nodes.c.id == before.id)).one()
             return Node.from_row(row._mapping)
         if before.status not in sources:
-            raise _illegal(own.pipeline_id, name, before.status, target)
+            raise illegal(own.pipeline_id, name, before.status, target)
         row = conn.execute(
             update(nodes)
             .where(nodes.c.id == before.id, nodes.c.status == before.status)
@@ -345,26 +339,7 @@ class PipelineOps(LedgerOps):
         pipeline (the caller asks why). The pipeline row is locked ``FOR NO KEY UPDATE``
         first, as :meth:`start_node` does, so nothing can take it over in between.
         """
-        if self.dialect.node_functions:
-            return self._begin_node_call(run_id, name, heartbeat_timeout, stall_timeout)
-        with self.write() as conn:
-            row = conn.execute(
-                select(pipelines.c.id, pipelines.c.epoch)
-                .where(pipelines.c.owner == run_id, pipelines.c.status == PipelineStatus.RUNNING)
-                .order_by(pipelines.c.id).limit(1).with_for_update(key_share=True)
-            ).first()
-            if row is None:
-                return None
-            own = Ownership(row.id, row.epoch, run_id)
-            current = conn.execute(select(nodes).where(nodes.c.pipeline_id == own.pipeline_id,
-                                                       nodes.c.name == name)).first()
-            if current is None:
-                raise NotFound(f"pipeline {own.pipeline_id} has no node {name!r}")
-            recorded = Node.from_row(current._mapping)
-            if recorded.finished:
-                return own, recorded, False
-            node = self._start_node_in(conn, own, name, heartbeat_timeout, stall_timeout)
-        return own, node, True
+        return self._transitions.begin(run_id, name, heartbeat_timeout, stall_timeout)
 
     @retried
     def complete_node(self, own: Ownership, name: str, output: Any = None, *, heartbeat_timeout: float | None = None,
@@ -376,80 +351,7 @@ class PipelineOps(LedgerOps):
         ``calls``: the provider calls (outside any item) whose answers the output keeps, marked
         reached_checkpoint in the ledger in the same transaction.
         """
-        if self.dialect.node_functions:
-            if not calls:
-                return self._complete_node_call(own, name, output, heartbeat_timeout)
-            with self.write() as conn:  # the ledger's writes, then the completion, then one COMMIT
-                self.write_calls(conn, calls, reached=True)
-                with self.driver_of(conn) as raw:
-                    return self._complete_node_call(own, name, output, heartbeat_timeout, raw=raw)
-        with self.write() as conn:
-            if self._fence(conn, own, for_update=True, finished_ok=True) != PipelineStatus.RUNNING:
-                return True
-            self._refuse_unfinished_items(conn, own, name)
-            if calls:
-                self.write_calls(conn, calls, reached=True)
-            self._move_node(
-                conn, own, name, NodeStatus.COMPLETED, NodeStatus.COMPLETED,
-                output=output, completed_at=self.dialect.now(), error=None, error_category=None,
-                error_status_code=None, stall_deadline=None, run_id=own.owner,
-            )
-            self._refresh_pipeline(conn, own, heartbeat_timeout)
-            return self._complete_pipeline_if_done(conn, own)
-
-    def _begin_node_call(self, run_id: str, name: str, heartbeat_timeout: float,
-                         stall_timeout: float | None) -> tuple[Ownership, Node, bool] | None:
-        """:meth:`begin_node` as one server-side call (``rx_begin_node``)."""
-        with self.driver_autocommit() as raw:
-            row = hot_path.begin_node(
-                raw, run_id=run_id, name=name, sources=list(NODE_TRANSITIONS[NodeStatus.RUNNING]),
-                heartbeat_timeout=float(heartbeat_timeout), stall_timeout=float(stall_timeout or 0.0), retry=is_retry(),
-                process=this_process(), watcher=watcher_of_this_process())
-        if row.outcome == "no_pipeline":
-            return None
-        own = Ownership(row.pipeline, row.pipeline_epoch, run_id)
-        if row.outcome == "no_node":
-            raise NotFound(f"pipeline {own.pipeline_id} has no node {name!r}")
-        if row.outcome == "illegal":
-            raise _illegal(own.pipeline_id, name, row.from_status, NodeStatus.RUNNING)
-        return own, Node.from_row(row._asdict()), row.outcome == "started"
-
-    def _complete_node_call(self, own: Ownership, name: str, output: Any, heartbeat_timeout: float | None,
-                            raw: Any = None) -> bool:
-        """:meth:`complete_node` as one server-side call (``rx_complete_node``); in autocommit mode, or in the
-        caller's transaction on ``raw`` (a refusal raises, so that transaction rolls back)."""
-        params = dict(pipeline_id=own.pipeline_id, epoch=own.epoch, owner=own.owner, name=name, output=output,
-                      sources=list(NODE_TRANSITIONS[NodeStatus.COMPLETED]), item_statuses=list(ITEM_STATUSES),
-                      heartbeat_timeout=None if heartbeat_timeout is None else float(heartbeat_timeout),
-                      retry=is_retry())
-        if raw is not None:
-            row = hot_path.complete_node(raw, **params)
-        else:
-            with self.driver_autocommit() as raw:
-                row = hot_path.complete_node(raw, **params)
-        if row.outcome == "no_pipeline":
-            raise NotFound(f"no pipeline {own.pipeline_id}")
-        if row.outcome == "lost":
-            raise _lost(own, row.owner, row.epoch, row.status)
-        if row.outcome == "no_node":
-            raise NotFound(f"pipeline {own.pipeline_id} has no node {name!r}")
-        if row.outcome == "unfinished":
-            raise _unfinished(own.pipeline_id, name, row.unfinished, row.total)
-        if row.outcome == "illegal":
-            raise _illegal(own.pipeline_id, name, row.status, NodeStatus.COMPLETED)
-        return row.outcome in ("pipeline_completed", "pipeline_finished")
-
-    @staticmethod
-    def _refuse_unfinished_items(conn: Connection, own: Ownership, name: str) -> None:
-        total = conn.scalar(select(nodes.c.items_total).where(nodes.c.pipeline_id == own.pipeline_id,
-                                                              nodes.c.name == name))
-        if not total:
-            return
-        finished = conn.scalar(select(func.count()).select_from(node_items).where(
-            node_items.c.pipeline_id == own.pipeline_id, node_items.c.node_name == name,
-            node_items.c.status.in_(ITEM_STATUSES)))
-        if finished < total:
-            raise _unfinished(own.pipeline_id, name, total - finished, total)
+        return self._transitions.complete(own, name, output, heartbeat_timeout, calls)
 
     @retried
     def degrade_node(self, own: Ownership, name: str, error: ErrorInfo, *, heartbeat_timeout: float | None = None) -> bool:
@@ -550,23 +452,6 @@ class PipelineOps(LedgerOps):
                        nodes.c.status == NodeStatus.RUNNING)
                 .values(stall_deadline=self.dialect.now_plus(stall_timeout))
             )
-
-
-def _lost(own: Ownership, owner: str | None, epoch: int, status: str) -> OwnershipLost:
-    who = owner if epoch != own.epoch else f"{owner} (pipeline {status})"
-    return OwnershipLost(owner=who or "(awaiting resume)", pipeline_id=own.pipeline_id)
-
-
-def _illegal(pipeline_id: int, name: str, before: str, target: str) -> IllegalTransition:
-    return IllegalTransition(f"node {name!r} of pipeline {pipeline_id}: {before} -> {target} is not allowed "
-                             f"(allowed from: {', '.join(NODE_TRANSITIONS[target])})")
-
-
-def _unfinished(pipeline_id: int, name: str, unfinished: int, total: int) -> UnfinishedItems:
-    return UnfinishedItems(
-        f"node {name!r} of pipeline {pipeline_id} cannot complete: {unfinished} of its {total} items are "
-        "unfinished (each must be completed or degraded); nothing was written",
-        pipeline_id=pipeline_id, node=name, unfinished=unfinished)
 
 
 def _error_values(error: ErrorInfo) -> dict[str, Any]:

@@ -31,8 +31,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import (Connection, Float, Text, and_, case, exists, func, literal, literal_column, or_, select,
+from sqlalchemy import (Connection, Float, Row, Text, and_, case, exists, func, literal, literal_column, or_, select,
                         type_coerce, update)
+from sqlalchemy.sql.elements import ColumnElement
 
 from recovery_ext._store.database import chunks, is_retry, retried
 from recovery_ext._errors import ConfigurationError, IllegalTransition, ItemTakenOver, NotFound
@@ -40,13 +41,14 @@ from recovery_ext._store.models import Ownership, QueueItem
 from recovery_ext._store.pipelines import PipelineOps
 from recovery_ext._classify.redaction import redact
 from recovery_ext._classify.retry import wait_jittered_exponential
-from recovery_ext._store.schema import CorruptJson, pipelines, queue_items
+from recovery_ext._store.json_values import CorruptJson
+from recovery_ext._store.schema import pipelines, queue_items
 from recovery_ext._store.statuses import UNFINISHED_QUEUE_STATUSES, QueueStatus
 
 q = queue_items.c
 # Inline constants, not bound parameters, so PostgreSQL matches the partial indexes.
-PROCESSING = literal_column(f"'{QueueStatus.PROCESSING}'")
-READY = literal_column(f"'{QueueStatus.READY}'")
+PROCESSING: ColumnElement[str] = literal_column(f"'{QueueStatus.PROCESSING}'")
+READY: ColumnElement[str] = literal_column(f"'{QueueStatus.READY}'")
 RESET_NOTE = "Reset by stale monitor"
 #: The legacy stale threshold (10 min); it applies only to rows without a heartbeat deadline.
 LEGACY_STALE_SECONDS = 600.0
@@ -180,7 +182,7 @@ class QueueOps(PipelineOps):
                 .order_by(q.id).limit(limit).with_for_update(skip_locked=True, of=queue_items)
             ).all()
             exhausted = [r for r in stale if r.attempts >= r.max_attempts]
-            taken = {r.id: r for r in stale if r.attempts < r.max_attempts}
+            taken: dict[int, Row] = {r.id: r for r in stale if r.attempts < r.max_attempts}
             if len(taken) < limit:
                 for r in conn.execute(
                     select(q.id, q.status, q.worker)

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from sqlalchemy import (BigInteger, Connection, Float, Integer, Text, and_, bindparam, exists, func, literal, or_, select,
                         tuple_, union_all, update)
+from sqlalchemy import CompoundSelect, Select
 from sqlalchemy.dialects.postgresql import ARRAY
 
 from recovery_ext._store.database import chunks, retried
@@ -63,7 +64,7 @@ class NodeBeat:
     timeout: float
 
 
-def _rows(columns: Sequence[tuple[str, type]], values: Sequence[tuple]) -> "select":
+def _rows(columns: Sequence[tuple[str, type]], values: Sequence[tuple]) -> Select | CompoundSelect:
     """``SELECT :a AS x, :b AS y UNION ALL ...``: a bound row list, linear in its size on both databases."""
     selects = [
         select(*[literal(v, type_=t()).label(name) for (name, t), v in zip(columns, row)])
@@ -107,10 +108,10 @@ class RunOps(PipelineOps):
                     )
                     alive.update(r.id for r in rows)
             node_by_timeout: dict[float, set[tuple[int, int, str]]] = {}
-            for b in node_beats:
-                node_by_timeout.setdefault(b.timeout, set()).add((b.own.pipeline_id, b.own.epoch, b.node))
-            for timeout, keys in node_by_timeout.items():
-                for part in chunks(sorted(keys), BEAT_CHUNK):
+            for nb in node_beats:
+                node_by_timeout.setdefault(nb.timeout, set()).add((nb.own.pipeline_id, nb.own.epoch, nb.node))
+            for timeout, node_keys in node_by_timeout.items():
+                for part in chunks(sorted(node_keys), BEAT_CHUNK):
                     beats = _rows((("id", Integer), ("epoch", Integer), ("node", Text)), part).subquery("beats")
                     fenced = select(beats.c.id, beats.c.node).where(
                         exists().where(p.id == beats.c.id, p.epoch == beats.c.epoch,

@@ -8,9 +8,6 @@ proves the two agree. Two column types hide the dialect differences: :class:`DbT
 
 from __future__ import annotations
 
-import datetime as dt
-import json
-from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import (
@@ -27,10 +24,9 @@ from sqlalchemy import (
     Text,
     UniqueConstraint,
 )
-from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.types import TypeDecorator
 
-from recovery_ext._store.models import JsonText
+from recovery_ext._store.dialects import column_codec
 from recovery_ext._store.statuses import BreakerState, ItemStatus, NodeStatus, PipelineStatus, QueueStatus
 
 # Every value a status column may hold (the scan reports any other as corrupt).
@@ -41,93 +37,21 @@ BREAKER_STATES = tuple(BreakerState)
 QUEUE_STATUSES = tuple(QueueStatus)
 
 
-@dataclass(frozen=True)
-class CorruptJson:
-    """A JSON column value that cannot be decoded: text that does not parse (SQLite), or a value
-    nested too deeply for Python (either database). The row is bad; the rest of the result is not."""
-
-    raw: str
-    error: str
-
-
-# Deeper values decode (or fail) only by recursion: one such row must not stop every query that reads it,
-# nor break whatever re-encodes it later (run config, CLI output, event payloads).
-MAX_JSON_DEPTH = 200
-
-
-def load_json(data: str | bytes | bytearray | memoryview) -> Any:
-    """Decode a JSON column; what cannot be decoded comes back as :class:`CorruptJson`, never raised.
-
-    Also the PostgreSQL driver's json/jsonb loader (see ``PostgresDialect.engine_options``).
-    """
-    if isinstance(data, memoryview):
-        data = bytes(data)
-    try:
-        value = json.loads(data)
-    except RecursionError:
-        return CorruptJson(raw=_preview(data), error=f"nested deeper than {MAX_JSON_DEPTH} levels")
-    except (TypeError, ValueError) as exc:
-        return CorruptJson(raw=_preview(data), error=str(exc))
-    if isinstance(value, (dict, list)) and _openers(data) > MAX_JSON_DEPTH and _too_deep(value):
-        return CorruptJson(raw=_preview(data), error=f"nested deeper than {MAX_JSON_DEPTH} levels")
-    return value
-
-
-def _preview(data: Any) -> str:
-    text = data.decode("utf-8", "replace") if isinstance(data, (bytes, bytearray)) else str(data)
-    return text[:200]
-
-
-def _openers(data: Any) -> int:
-    """An upper bound of the nesting depth, at C speed: most values are refused as deep without a walk."""
-    if isinstance(data, (bytes, bytearray)):
-        return data.count(b"[") + data.count(b"{")
-    return data.count("[") + data.count("{")
-
-
-def _too_deep(value: Any) -> bool:
-    stack = [(value, 1)]
-    while stack:
-        current, depth = stack.pop()
-        if depth > MAX_JSON_DEPTH:
-            return True
-        children = current.values() if isinstance(current, dict) else current
-        stack.extend((child, depth + 1) for child in children if isinstance(child, (dict, list)))
-    return False
-
-
 class DbTime(TypeDecorator):
-    """An aware UTC timestamp; epoch seconds on SQLite so the database clock can compare it."""
+    """An aware UTC timestamp; epoch seconds on SQLite so the database clock can compare it
+    (each database's encoding is its :class:`~recovery_ext._store.dialects.Dialect`'s)."""
 
     impl = DateTime(timezone=True)
     cache_ok = True
 
     def load_dialect_impl(self, dialect):
-        if dialect.name == "sqlite":
-            return dialect.type_descriptor(Float())
-        return dialect.type_descriptor(DateTime(timezone=True))
+        return dialect.type_descriptor(column_codec(dialect).time_type())
 
     def process_bind_param(self, value, dialect):
-        if value is None or dialect.name != "sqlite":
-            return value
-        if isinstance(value, dt.datetime):
-            if value.tzinfo is None:
-                value = value.replace(tzinfo=dt.timezone.utc)
-            return value.timestamp()
-        return float(value)
+        return None if value is None else column_codec(dialect).bind_time(value)
 
     def process_result_value(self, value, dialect):
-        if value is None:
-            return None
-        if dialect.name == "sqlite":
-            try:
-                return dt.datetime.fromtimestamp(float(value), tz=dt.timezone.utc)
-            except (TypeError, ValueError, OverflowError, OSError):
-                # Text or an absurd number in a time column: readable, never a traceback; the scan fails the row.
-                return dt.datetime.min.replace(tzinfo=dt.timezone.utc)
-        if value.tzinfo is None:
-            return value.replace(tzinfo=dt.timezone.utc)
-        return value
+        return None if value is None else column_codec(dialect).load_time(value)
 
 
 class DbJson(TypeDecorator):
@@ -137,23 +61,13 @@ class DbJson(TypeDecorator):
     cache_ok = True
 
     def load_dialect_impl(self, dialect):
-        if dialect.name == "postgresql":
-            return dialect.type_descriptor(JSONB())
-        return dialect.type_descriptor(Text())
+        return dialect.type_descriptor(column_codec(dialect).json_type())
 
     def process_bind_param(self, value, dialect):
-        if dialect.name == "postgresql":
-            return value
-        if value is None:
-            return None
-        if isinstance(value, JsonText):
-            return str(value)  # encoded already
-        return json.dumps(value, separators=(",", ":"), default=str)
+        return column_codec(dialect).bind_json(value)
 
     def process_result_value(self, value: Any, dialect):
-        if dialect.name == "postgresql" or value is None:
-            return value  # the driver decoded it with load_json
-        return load_json(value)
+        return None if value is None else column_codec(dialect).load_json(value)
 
 
 metadata = MetaData()

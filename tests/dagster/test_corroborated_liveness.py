@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from dataclasses import replace
 
 import pytest
+from helpers import reclaim
 from sqlalchemy import update
 
 from recovery_ext._liveness.heartbeat import HeartbeatRegistry, HeartbeatSettings
@@ -121,7 +122,7 @@ def test_a_killed_step_process_is_reported_dead_at_once_and_reclaimed_as_soon_as
     assert store.leave_to_recovery(own)  # its run ended: the pipeline is an orphan now, not after a timeout
     (orphan,) = store.find_orphans()
     assert (orphan.id, orphan.reason) == (own.pipeline_id, "node_died")
-    (reclaimed,), _ = store.reclaim(PassPlan(limit=5, launching=True))
+    (reclaimed,), _ = reclaim(store, PassPlan(limit=5, launching=True))
     assert (reclaimed.cause, reclaimed.reset_nodes) == ("node_died", ("a",))
     assert not store.leave_to_recovery(own)  # fenced: no longer this run's
 
@@ -135,9 +136,9 @@ def test_a_live_sibling_is_never_reset_for_a_dead_node_the_pipeline_waits_for_it
     expire_node_heartbeat(store, own, "a")
     expire_node_heartbeat(store, own, "b")  # the live sibling is late too: overloaded, not dead
     assert store.find_orphans() == []
-    assert store.reclaim(PassPlan(limit=5, launching=True)) == ([], [])
+    assert reclaim(store, PassPlan(limit=5, launching=True)) == ([], [])
     store.complete_node(own, "b", {"done": True})  # the sibling finishes its work under its own epoch
-    (reclaimed,), _ = store.reclaim(PassPlan(limit=5, launching=True))
+    (reclaimed,), _ = reclaim(store, PassPlan(limit=5, launching=True))
     assert (reclaimed.cause, reclaimed.reset_nodes) == ("node_heartbeat", ("a",))
     assert store.get_node(own.pipeline_id, "b").status == "completed"
 
@@ -176,7 +177,7 @@ def test_a_run_workers_pulse_vouches_for_its_live_steps_and_reports_its_dead_one
         lease.release()
         kill(live)
         assert store.leave_to_recovery(own)
-        (reclaimed,), _ = store.reclaim(PassPlan(limit=5, launching=True))
+        (reclaimed,), _ = reclaim(store, PassPlan(limit=5, launching=True))
         assert (reclaimed.cause, sorted(reclaimed.reset_nodes)) == ("node_died", ["a", "b"])
     finally:
         os.environ.pop(WATCHER_ENV, None)

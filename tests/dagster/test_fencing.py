@@ -20,7 +20,7 @@ import pytest
 from dagster import in_process_executor, job
 from sqlalchemy import Column, Integer, MetaData, Table, Text, func, insert, inspect, select
 
-from helpers import expire
+from helpers import expire, reclaim
 from recovery_ext._errors import OwnershipLost, StoreError
 from recovery_ext import RecoveryResource, execute_in_process, recoverable_op
 from recovery_ext._store.models import ItemCheckpoint, Ownership, PassPlan
@@ -71,7 +71,7 @@ def test_a_superseded_workers_write_through_the_op_api_is_refused(store, db_url)
     assert STEPS["wrote"].wait(120)
     (p,) = store.list_pipelines()
     expire(store, p.id)
-    (reclaimed,), _ = store.reclaim(PassPlan(limit=1, launching=True))
+    (reclaimed,), _ = reclaim(store, PassPlan(limit=1, launching=True))
     store.attach(p.id, "the-new-owner", resume_number=reclaimed.resume_number)
     STEPS["reclaimed"].set()
     thread.join(120)
@@ -91,7 +91,7 @@ def test_the_fenced_transaction_checks_the_epoch_inside_itself_and_ends_with_its
     with pytest.raises(StoreError, match="has ended"):
         tx.execute(insert(notes).values(what="after the block"))
     expire(store, own.pipeline_id)
-    store.reclaim(PassPlan(limit=1, launching=True))
+    reclaim(store, PassPlan(limit=1, launching=True))
     with pytest.raises(OwnershipLost):
         with store.fenced(own) as tx:
             tx.execute(insert(notes).values(what="zombie"))
@@ -119,7 +119,7 @@ def test_a_zombie_sigstopped_then_reclaimed_writes_no_row_after_sigcont(pg_url):
         deadline = time.monotonic() + 150  # a zombie frozen inside a transaction holds its lock until
         while not reclaimed:               # idle_in_transaction_session_timeout ends its session
             expire(store, p.id)
-            reclaimed, _ = store.reclaim(PassPlan(limit=1, launching=True))
+            reclaimed, _ = reclaim(store, PassPlan(limit=1, launching=True))
             assert time.monotonic() < deadline, "the frozen worker's pipeline was never reclaimed"
             time.sleep(0.5)
         store.attach(p.id, "the-resume-run", resume_number=reclaimed[0].resume_number)

@@ -13,7 +13,7 @@ from helpers import expire
 from recovery_ext._cli import main
 from recovery_ext import RecoveryResource, make_orphan_sensor, make_stuck_item_sensor
 from recovery_ext import scan
-from recovery_ext._store.models import ItemCheckpoint, PassPlan
+from recovery_ext._store.models import ItemCheckpoint, PassPlan, Scope
 from recovery_ext._store.schema import pipelines, queue_items
 
 
@@ -264,7 +264,7 @@ def set_json(store, table: str, column: str, row_id: int, raw: str) -> None:
 
 def test_json_nested_too_deep_marks_its_row_bad_and_the_scan_sensors_and_cli_serve_the_rest(store, db_url, instance):
     from e2e_defs import items_job
-    from recovery_ext._store.schema import CorruptJson
+    from recovery_ext._store.json_values import CorruptJson
 
     healthy = [orphan(store, f"healthy-{i}") for i in range(2)]
     deep = orphan(store, "deep-params")
@@ -319,7 +319,7 @@ def test_json_nested_too_deep_marks_its_row_bad_and_the_scan_sensors_and_cli_ser
 
 
 def test_a_value_just_under_the_depth_limit_still_decodes(store):
-    from recovery_ext._store.schema import MAX_JSON_DEPTH, CorruptJson
+    from recovery_ext._store.json_values import MAX_JSON_DEPTH, CorruptJson
 
     own = store.create_pipeline("job", ["a"], owner="r", params={"ok": 1})
     nested = "[" * MAX_JSON_DEPTH + "]" * MAX_JSON_DEPTH
@@ -372,7 +372,7 @@ def test_an_owner_that_is_not_text_is_a_bad_row_and_dagster_still_judges_the_oth
     blob = store.create_pipeline("items_job", ["a"], owner="blob", origin_run_id="blob").pipeline_id
     with store.write() as conn:
         conn.execute(text("UPDATE rx_pipelines SET owner = x'00ff10' WHERE id = :id"), {"id": blob})
-    assert store.running_owners() == [dead.run_id]
+    assert store.tick_snapshot(Scope(), grace_seconds=60).run_owners == [dead.run_id]
 
     sensor = make_orphan_sensor([items_job], minimum_interval_seconds=1)
     result = sensor.evaluate_tick(build_sensor_context(

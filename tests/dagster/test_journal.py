@@ -8,7 +8,7 @@ from dataclasses import replace
 
 import pytest
 from dagster import DagsterInstance, in_process_executor
-from helpers import expire
+from helpers import expire, reclaim
 from ledger_defs import llm_resource, recovery_resource
 from stand_in_llm import StandInProvider
 
@@ -46,7 +46,7 @@ def started(own, item="k1", **kw):
 
 def take_over(store, own, run="run-2"):
     expire(store, own.pipeline_id)
-    store.reclaim(PassPlan(limit=1))
+    reclaim(store, PassPlan(limit=1))
     new = store.attach(own.pipeline_id, run, resume_number=1)
     store.start_node(new, "a")
     return new

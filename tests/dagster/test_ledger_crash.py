@@ -26,6 +26,7 @@ from recovery_ext._store.models import PassPlan
 from recovery_ext._store.schema import node_items
 from recovery_pipelines.devserver import process_alive, wait_for
 from stand_in_llm import StandInProvider
+from helpers import reclaim
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -90,7 +91,7 @@ def test_kill_9_of_the_run_worker_mid_call_stops_its_step_and_the_ledger_agrees(
         (pipeline,) = store.list_pipelines()
         # The orphan sensor takes the pipeline over, while the old step's call is in flight or later.
         time.sleep(reclaim_after)
-        (reclaimed,), _ = store.reclaim(PassPlan(dead_owner_runs=[pipeline.owner]))
+        (reclaimed,), _ = reclaim(store, PassPlan(dead_owner_runs=[pipeline.owner]))
         wait_for(lambda: not process_alive(step_pid), timeout=60, what="the orphaned step process to stop")
         after_kill = [c for c in provider.calls if c.pid == step_pid and c.at > killed_at]
         assert after_kill == [], f"the old step called the provider {len(after_kill)} time(s) after the kill"
@@ -127,7 +128,7 @@ def test_a_crash_between_items_is_saved_by_the_resume_at_its_first_cost(store, d
                                   {"ops": {"ask": {"config": {"items": ITEMS, "kill_after": 2}}}}, inprocess=True)
         assert worker.wait(240) == -signal.SIGKILL  # the run worker killed itself (-9) after two checkpoints
         (pipeline,) = store.list_pipelines()
-        (reclaimed,), _ = store.reclaim(PassPlan(dead_owner_runs=[pipeline.owner]))
+        (reclaimed,), _ = reclaim(store, PassPlan(dead_owner_runs=[pipeline.owner]))
         first = list(provider.calls)
         result, _ = resume(store, db_url, provider.url, reclaimed)
         assert result.success

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 import recovery_pipelines
-from helpers import expire
+from helpers import expire, reclaim
 from recovery_ext._errors import ItemTakenOver, OwnershipLost
 from recovery_ext._dagster.context import NodeContext
 from recovery_ext._dagster.queue_handle import QueueHandle
@@ -64,7 +64,7 @@ def test_after_a_reclaim_every_write_through_the_old_handle_is_refused_and_chang
     old.enqueue([{"doc": d} for d in "ab"], dedupe_keys=["a", "b"])
     a, b = old.claim("run-1:0", limit=2, heartbeat_timeout=600)
     expire(store, own.pipeline_id)
-    (reclaimed,), _ = store.reclaim(PassPlan(limit=5, launching=True))
+    (reclaimed,), _ = reclaim(store, PassPlan(limit=5, launching=True))
     new_own = store.attach(own.pipeline_id, "run-2", resume_number=reclaimed.resume_number)
     before = {(i.id, i.status, i.worker, i.attempts) for i in store.list_items("ocr")}
     for write in (lambda: old.claim("run-1:0"), lambda: old.heartbeat(a, timeout=60),

@@ -12,7 +12,7 @@ from werkzeug import Response
 
 import e2e_defs
 from e2e_defs import calls, items_job_inprocess, optional_job
-from helpers import expire
+from helpers import expire, reclaim
 from recovery_ext._errors import RecoveryError
 from recovery_ext import RecoveryResource, execute_in_process
 from recovery_ext._dagster.recoverable import TAG_PIPELINE, TAG_RESUME_NUMBER
@@ -88,7 +88,7 @@ def test_resume_skips_completed_nodes_and_redoes_only_unfinished_items(store, db
     (p,) = store.list_pipelines()
     before = {n.name: n.output for n in store.list_nodes(p.id)}
     crash_state(store, p.id)
-    (reclaimed,), _ = store.reclaim(PassPlan(limit=5, launching=True))
+    (reclaimed,), _ = reclaim(store, PassPlan(limit=5, launching=True))
     assert reclaimed.reset_nodes == ("n3",)
     tags = {TAG_PIPELINE: str(p.id), TAG_RESUME_NUMBER: str(reclaimed.resume_number)}
     second = run(items_job_inprocess, db_url, config(), tags=tags)
@@ -108,7 +108,7 @@ def test_a_superseded_run_stops_without_writing(store, db_url):
     run(items_job_inprocess, db_url, config())
     (p,) = store.list_pipelines()
     crash_state(store, p.id)
-    (reclaimed,), _ = store.reclaim(PassPlan(limit=5, launching=True))
+    (reclaimed,), _ = reclaim(store, PassPlan(limit=5, launching=True))
     store.attach(p.id, "the-real-resume", resume_number=reclaimed.resume_number)
     tags = {TAG_PIPELINE: str(p.id), TAG_RESUME_NUMBER: str(reclaimed.resume_number)}
     with pytest.raises(RecoveryError, match="owned by the-real-resume"):

@@ -19,7 +19,7 @@ from sqlalchemy import delete, func, select, update
 
 import replay_defs
 from e2e_defs import calls
-from helpers import expire
+from helpers import expire, reclaim
 from recovery_ext._dagster.replay import UnresumableSelection, split_plan
 from recovery_ext._dagster.resume_runs import resume_request
 from recovery_ext._dagster.tags import TAG_OP_SELECTION, TAG_PIPELINE, TAG_RESUME_NUMBER
@@ -65,7 +65,7 @@ def interrupt(store, pipeline_id, *, running, pending=(), keep_items=1):
         conn.execute(delete(node_items).where(node_items.c.pipeline_id == pipeline_id, node_items.c.node_name == running,
                                               node_items.c.item_key >= f"{running}-{keep_items}"))
     expire(store, pipeline_id)
-    (reclaimed,), _ = store.reclaim(PassPlan(limit=5, launching=True))
+    (reclaimed,), _ = reclaim(store, PassPlan(limit=5, launching=True))
     return reclaimed
 
 

@@ -15,6 +15,7 @@ from sqlalchemy import select
 import e2e_defs
 from recovery_ext._store.models import PassPlan
 from recovery_ext._store.schema import transitions
+from helpers import reclaim
 
 NODES = ("n1", "n2", "n3", "n4")
 
@@ -39,6 +40,6 @@ def test_a_killed_step_process_leaves_the_pipeline_to_recovery_not_failed(store,
         assert "failed" not in conn.execute(select(transitions.c.to_status).where(
             transitions.c.pipeline_id == p.id)).scalars().all()
     # the dead owner makes it an orphan at once, and the reclaim resets the killed node
-    reclaimed, given_up = store.reclaim(PassPlan(dead_owner_runs=[result.run_id], launching=True))
+    reclaimed, given_up = reclaim(store, PassPlan(dead_owner_runs=[result.run_id], launching=True))
     assert [r.pipeline_id for r in reclaimed] == [p.id] and given_up == []
     assert reclaimed[0].reset_nodes == ("n2",)

@@ -24,6 +24,7 @@ from recovery_ext._errors import StoreError, StoreUnavailable
 from recovery_ext import RecoveryResource, execute_in_process, recoverable_op
 from recovery_ext._store.models import PassPlan
 from recovery_ext._store.store import RecoveryStore
+from helpers import reclaim
 
 ITEMS = 24
 CALLS: collections.Counter = collections.Counter()
@@ -168,7 +169,7 @@ def test_past_the_budget_an_optional_node_degrades_and_a_required_node_fails_unt
     assert "resumes once the database is back" in str(failure.event_specific_data.error)
     (p,) = store.list_pipelines()
     assert p.status == "running"  # nothing was marked permanent
-    (reclaimed,), _ = store.reclaim(PassPlan(limit=1, dead_owner_runs=[result.run_id], launching=True))
+    (reclaimed,), _ = reclaim(store, PassPlan(limit=1, dead_owner_runs=[result.run_id], launching=True))
     assert reclaimed.pipeline_id == p.id and reclaimed.reset_nodes == ("optional_writer",)
     store.close()
 

@@ -22,7 +22,7 @@ import pytest
 from dagster import Field, in_process_executor, job
 from sqlalchemy import Column, Integer, MetaData, Table, Text, func, insert, select
 
-from helpers import round_trips, sent_round_trips
+from helpers import reclaim, round_trips, sent_round_trips
 from recovery_ext._errors import IllegalTransition, OwnershipLost, StoreUnavailable
 from recovery_ext import RecoveryResource, execute_in_process, recoverable_op
 from recovery_ext._dagster.executor import with_recovery
@@ -129,7 +129,7 @@ def test_a_superseded_owner_writes_no_batch_and_no_single_checkpoint(store):
     from helpers import expire
 
     expire(store, own.pipeline_id)
-    store.reclaim(PassPlan(limit=1, launching=True))
+    reclaim(store, PassPlan(limit=1, launching=True))
     with pytest.raises(OwnershipLost):
         store.checkpoint_items(own, "a", [ItemCheckpoint("x", also=lambda tx: tx.execute(
             insert(side_effects).values(item="x")))])
@@ -173,7 +173,7 @@ def test_a_superseded_epoch_writes_no_checkpoint_on_any_path(store):
     from helpers import expire
 
     expire(store, own.pipeline_id)
-    store.reclaim(PassPlan(limit=1, launching=True))
+    reclaim(store, PassPlan(limit=1, launching=True))
     writes = [lambda: store.checkpoint_item(own, "a", ItemCheckpoint("single", 1), stall_timeout=30),
               lambda: store.checkpoint_items(own, "a", [ItemCheckpoint("b1"), ItemCheckpoint("b2")], stall_timeout=30),
               lambda: store.checkpoint_items(own, "a", [ItemCheckpoint("b3", also=lambda tx: tx.execute(
@@ -439,7 +439,7 @@ def test_a_reclaim_between_the_also_writes_and_the_checkpoint_rolls_the_writes_b
         def write_then_get_reclaimed(tx):
             tx.execute(insert(side_effects).values(item="x"))
             expire(other, own.pipeline_id)
-            reclaimed.extend(other.reclaim(PassPlan(limit=1, launching=True))[0])  # (reclaimed, given up)
+            reclaimed.extend(reclaim(other, PassPlan(limit=1, launching=True))[0])  # (reclaimed, given up)
 
         with pytest.raises(OwnershipLost):
             store.checkpoint_items(own, "a", [ItemCheckpoint("x", 1, also=write_then_get_reclaimed)])

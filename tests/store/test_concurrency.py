@@ -20,6 +20,7 @@ from recovery_ext._liveness.heartbeat import HeartbeatSettings, Watchdog, store_
 from recovery_ext._store.models import PassPlan, PipelineLimits
 from recovery_ext._store.schema import pipelines
 from recovery_ext._store.store import RecoveryStore
+from helpers import reclaim
 
 ORPHANS = 200
 
@@ -51,7 +52,7 @@ def test_eight_reclaimer_threads_race_and_each_orphan_is_reclaimed_once(store):
     def reclaimer(slot: int) -> None:
         barrier.wait()
         while True:
-            reclaimed, _ = store.reclaim(PassPlan(limit=7, grace_seconds=600, launching=True))
+            reclaimed, _ = reclaim(store, PassPlan(limit=7, grace_seconds=600, launching=True))
             if not reclaimed:
                 return
             results[slot].extend(r.pipeline_id for r in reclaimed)
@@ -153,7 +154,7 @@ def test_watchdog_stops_the_node_when_ownership_is_lost(store):
     with dog:
         with store.write() as conn:
             conn.execute(update(pipelines).values(heartbeat_deadline=store.dialect.now_plus(-1)))
-        store.reclaim(PassPlan(limit=5, launching=True))
+        reclaim(store, PassPlan(limit=5, launching=True))
         assert lost.wait(5)
     assert dog.lost is not None and "resume-" in str(dog.lost)
     with pytest.raises(Exception):

@@ -13,7 +13,7 @@ from recovery_ext._errors import ConfigurationError, IllegalTransition, Ownershi
 from recovery_ext._store.budgets import ProviderLimits
 from recovery_ext._store.models import ItemCheckpoint, PassPlan, ProviderCall
 
-from helpers import expire
+from helpers import expire, reclaim
 
 
 def make(store, owner="run-1"):
@@ -53,7 +53,7 @@ def test_a_refused_or_superseded_checkpoint_marks_nothing(store):
     with pytest.raises(IllegalTransition):
         store.checkpoint_item(own, "a", ItemCheckpoint("k1", 1, calls=(first,)))
     expire(store, own.pipeline_id)
-    store.reclaim(PassPlan(limit=1, launching=True))
+    reclaim(store, PassPlan(limit=1, launching=True))
     late = call()
     with pytest.raises(OwnershipLost):
         store.checkpoint_item(own, "a", ItemCheckpoint("k2", 2, calls=(late,)))
@@ -70,7 +70,7 @@ def test_saved_and_wasted_across_a_takeover(store):
     report = store.provider_costs(own.pipeline_id).pipelines[own.pipeline_id]
     assert (report.saved_calls, report.wasted_calls) == (0, 0)  # the live owner may still checkpoint it
     expire(store, own.pipeline_id)
-    store.reclaim(PassPlan(limit=1))
+    reclaim(store, PassPlan(limit=1))
     new = store.attach(own.pipeline_id, "run-2", resume_number=1)
     store.start_node(new, "a")
     again = call(tokens_in=100, tokens_out=10, cost=1.0)

@@ -9,6 +9,7 @@ from recovery_ext._errors import IllegalTransition, OwnershipLost
 from recovery_ext._classify.retry import wait_jittered_exponential
 from recovery_ext._store.models import PassPlan
 from recovery_ext._store.schema import queue_items
+from helpers import reclaim
 
 NO_DELAY = wait_jittered_exponential(0.0, max_delay=0.0, jitter=0.0)
 
@@ -227,7 +228,7 @@ def reclaim_and_attach(store, pipeline_id, run_id):
     from helpers import expire
 
     expire(store, pipeline_id)
-    (reclaimed,), _ = store.reclaim(PassPlan(limit=5, launching=True))
+    (reclaimed,), _ = reclaim(store, PassPlan(limit=5, launching=True))
     return store.attach(pipeline_id, run_id, resume_number=reclaimed.resume_number)
 
 

@@ -9,7 +9,7 @@ import time
 import pytest
 from sqlalchemy import select, update
 
-from helpers import expire
+from helpers import expire, reclaim
 from recovery_pipelines.devserver import wait_for
 from recovery_ext._errors import IllegalTransition, OwnershipLost
 from recovery_ext._liveness.heartbeat import HeartbeatRegistry, HeartbeatSettings
@@ -44,7 +44,7 @@ def test_a_node_whose_heartbeat_expired_is_an_orphan_even_while_the_run_heartbea
     expire_node(store, own.pipeline_id, "a")
     (orphan,) = store.find_orphans()
     assert (orphan.id, orphan.reason) == (own.pipeline_id, "node_heartbeat")
-    (reclaimed,), _ = store.reclaim(PassPlan(limit=5, launching=True))
+    (reclaimed,), _ = reclaim(store, PassPlan(limit=5, launching=True))
     assert reclaimed.reset_nodes == ("a",)
 
 
@@ -64,7 +64,7 @@ def test_an_owner_dagster_is_retrying_is_never_an_orphan(store):
     expire(store, own.pipeline_id)
     assert store.find_orphans(retrying_owner_runs=["run-1"]) == []
     plan = PassPlan(limit=5, dead_owner_runs=["run-1"], retrying_owner_runs=["run-1"], launching=True)
-    assert store.reclaim(plan) == ([], [])
+    assert reclaim(store, plan) == ([], [])
     assert len(store.find_orphans()) == 1
 
 
@@ -74,7 +74,7 @@ def test_pulse_is_one_transaction_fenced_by_epoch_and_reports_lost_pipelines(sto
         store.start_node(own, "a", heartbeat_timeout=60)
         expire(store, own.pipeline_id)
         expire_node(store, own.pipeline_id, "a")
-    store.reclaim(PassPlan(limit=1, launching=True))
+    reclaim(store, PassPlan(limit=1, launching=True))
     lost_one = next(o for o in owners if store.get_pipeline(o.pipeline_id).epoch != o.epoch)
     lost = store.pulse([PipelineBeat(o, 60) for o in owners], [NodeBeat(o, "a", 60) for o in owners])
     assert lost == {lost_one.pipeline_id}
@@ -95,7 +95,7 @@ def test_a_step_process_beats_only_its_node_and_the_registry_marks_leases_lost(s
     expire(store, own.pipeline_id)
     registry.pulse_once()
     assert [o.reason for o in store.find_orphans()] == ["heartbeat"]  # a node beat never keeps the run alive
-    store.reclaim(PassPlan(limit=5, launching=True))
+    reclaim(store, PassPlan(limit=5, launching=True))
     registry.pulse_once()
     assert node_lease.superseded.is_set()
     with pytest.raises(OwnershipLost):
@@ -203,7 +203,7 @@ def test_cancel_is_terminal_recorded_and_never_an_orphan(store):
     assert moves(store, own.pipeline_id)[-1] == ("running", "canceled", "canceled")
     expire(store, own.pipeline_id)
     assert store.find_orphans(dead_owner_runs=["run-1"]) == []
-    assert store.reclaim(PassPlan(limit=5, dead_owner_runs=["run-1"], launching=True)) == ([], [])
+    assert reclaim(store, PassPlan(limit=5, dead_owner_runs=["run-1"], launching=True)) == ([], [])
     assert {r["status"]: r["count"] for r in store.pipeline_summary()}["canceled"] == 1
 
 
@@ -212,7 +212,7 @@ def test_the_cancel_backstop_cancels_only_what_the_canceled_run_still_owns(store
     reclaimed = make(store, owner="run-2")
     expire(store, reclaimed.pipeline_id)
     # recovery moved run-2's pipeline on: terminating run-2 is not a user cancel
-    store.reclaim(PassPlan(limit=5, launching=True))
+    reclaim(store, PassPlan(limit=5, launching=True))
     assert store.cancel_owned_by(["run-1", "run-2"]) == [mine.pipeline_id]
     assert store.get_pipeline(mine.pipeline_id).status == "canceled"
     assert store.get_pipeline(reclaimed.pipeline_id).status == "running"

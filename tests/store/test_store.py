@@ -6,10 +6,10 @@ import pytest
 from sqlalchemy import func, insert, select, update
 
 from recovery_ext._errors import ConfigurationError, IllegalTransition, NotFound, OwnershipLost, StoreError
-from recovery_ext._store.models import ErrorInfo, ItemCheckpoint, NodeSpec, Ownership, PassPlan, PipelineLimits
+from recovery_ext._store.models import ErrorInfo, ItemCheckpoint, NodeSpec, Ownership, PassPlan, PipelineLimits, Scope
 from recovery_ext._store.schema import events, nodes, pipelines, transitions
 
-from helpers import expire
+from helpers import expire, reclaim
 
 
 def count(store, table, *where):
@@ -125,7 +125,7 @@ def test_item_checkpoint_rolls_back_the_callers_writes_when_fenced(store):
     own = make(store)
     store.start_node(own, "a")
     expire(store, own.pipeline_id)
-    store.reclaim(PassPlan(limit=10, launching=True))
+    reclaim(store, PassPlan(limit=10, launching=True))
 
     def probe(tx):
         tx.execute(insert(events).values(kind="superseded_write", payload={}))
@@ -145,7 +145,7 @@ def test_batched_heartbeat_extends_live_owners_and_reports_lost_ones(store):
         store.start_node(own, "a")
         expire(store, own.pipeline_id)
     expire(store, owners[0].pipeline_id)
-    store.reclaim(PassPlan(limit=1, launching=True))  # oldest first: one of them is superseded
+    reclaim(store, PassPlan(limit=1, launching=True))  # oldest first: one of them is superseded
     lost_before = [o for o in owners if store.get_pipeline(o.pipeline_id).epoch != o.epoch]
     assert len(lost_before) == 1
     lost = store.heartbeat([(o, "a") for o in owners], timeout=60)
@@ -193,7 +193,7 @@ def test_reclaim_takes_ownership_resets_running_nodes_and_records_history(store)
     store.complete_node(own, "a", 1)
     store.start_node(own, "b")
     expire(store, own.pipeline_id)
-    reclaimed, corrupt = store.reclaim(PassPlan(limit=10, launching=True))
+    reclaimed, corrupt = reclaim(store, PassPlan(limit=10, launching=True))
     assert corrupt == []
     (r,) = reclaimed
     assert (r.previous_owner, r.epoch, r.resume_number, r.reset_nodes) == ("run-1", 2, 1, ("b",))
@@ -203,7 +203,7 @@ def test_reclaim_takes_ownership_resets_running_nodes_and_records_history(store)
     assert count(store, events, events.c.kind == "pipeline_recovered") == 1
     assert count(store, transitions, transitions.c.event == "reset_by_recovery") == 1
     # a second reclaim finds nothing: the grace period keeps the new owner safe
-    assert store.reclaim(PassPlan(limit=10, launching=True)) == ([], [])
+    assert reclaim(store, PassPlan(limit=10, launching=True)) == ([], [])
     # the resume run attaches to the reservation
     resumed = store.attach(own.pipeline_id, "run-2", resume_number=1)
     assert resumed == Ownership(own.pipeline_id, 2, "run-2")
@@ -215,7 +215,7 @@ def test_superseded_owner_cannot_heartbeat_checkpoint_progress_or_complete(store
     own = make(store)
     store.start_node(own, "a")
     expire(store, own.pipeline_id)
-    store.reclaim(PassPlan(limit=10, launching=True))
+    reclaim(store, PassPlan(limit=10, launching=True))
     new = store.attach(own.pipeline_id, "run-2", resume_number=1)
     before = store.get_pipeline(own.pipeline_id)
     assert store.heartbeat([(own, "a")], timeout=60) == {own.pipeline_id}
@@ -246,7 +246,9 @@ def test_give_up_after_max_resumes_hard_deadline_and_max_age(store):
     expire(store, old.pipeline_id, column="created_at", ago=7200)
     fine = make(store, owner="f")
     expire(store, fine.pipeline_id)
-    given_up = {g.pipeline_id: g.reason for g in store.give_up_hopeless(max_age_seconds=3600)}
+    # a pass that reclaims nothing (limit 0): what the orphan sensor gives up first
+    passed = store.recovery_pass(PassPlan(max_age_seconds=3600, limit=0), Scope())
+    given_up = {g.pipeline_id: g.reason for g in passed.given_up}
     assert set(given_up) == {resumed_out.pipeline_id, past_deadline.pipeline_id, old.pipeline_id}
     assert "gave up after 0 resumes (maximum 0)" == given_up[resumed_out.pipeline_id]
     assert "hard deadline" in given_up[past_deadline.pipeline_id]

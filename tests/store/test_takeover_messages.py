@@ -10,6 +10,7 @@ from recovery_ext._recovery.protocol import superseded_message
 from recovery_ext._store.models import PassPlan
 from recovery_ext._store.runs import PipelineBeat
 from recovery_ext._store.schema import nodes
+from helpers import reclaim
 
 
 def test_a_node_heartbeat_take_over_quotes_the_nodes_silence_not_the_live_run_heartbeat(store):
@@ -19,7 +20,7 @@ def test_a_node_heartbeat_take_over_quotes_the_nodes_silence_not_the_live_run_he
         conn.execute(update(nodes).where(nodes.c.pipeline_id == own.pipeline_id, nodes.c.name == "a")
                      .values(heartbeat_at=store.dialect.now_plus(-40), heartbeat_deadline=store.dialect.now_plus(-10)))
     store.pulse([PipelineBeat(own, 60)])  # while the run worker beats on
-    (reclaimed,), _ = store.reclaim(PassPlan(limit=5, launching=True))
+    (reclaimed,), _ = reclaim(store, PassPlan(limit=5, launching=True))
     assert reclaimed.cause == "node_heartbeat"
     assert 39 <= reclaimed.heartbeat_age_seconds <= 60
     message = superseded_message(reclaimed)
@@ -34,6 +35,6 @@ def test_a_run_heartbeat_take_over_quotes_the_runs_silence(store):
     with store.write() as conn:
         conn.execute(update(nodes).values(heartbeat_at=store.dialect.now_plus(-1)))
     expire(store, own.pipeline_id)
-    (reclaimed,), _ = store.reclaim(PassPlan(limit=5, launching=True))
+    (reclaimed,), _ = reclaim(store, PassPlan(limit=5, launching=True))
     assert reclaimed.cause == "heartbeat"
     assert "its run worker stopped heartbeating for" in superseded_message(reclaimed)

@@ -55,3 +55,11 @@ def round_trips(store):
 def sent_round_trips(messages: list[str]) -> list[str]:
     """The messages of a libpq trace that end a round trip: Sync (extended protocol) or a simple Query."""
     return [m.split()[1] for m in messages if m.startswith("F") and m.split()[1] in ("Sync", "Query")]
+
+
+def reclaim(store: RecoveryStore, plan, scope=None):
+    """``(reclaimed, failed as corrupt)`` of one recovery pass: the path the orphan sensor and ``recover`` take."""
+    from recovery_ext._store.models import Scope
+
+    result = store.recovery_pass(plan, Scope() if scope is None else scope)
+    return result.reclaimed, result.corrupt

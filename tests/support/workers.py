@@ -6,6 +6,8 @@ import os
 import sys
 import threading
 
+from helpers import reclaim
+
 
 def reclaim_all(url: str, owner_tag: str, barrier, out_queue) -> None:
     from recovery_ext._store.models import PassPlan
@@ -15,7 +17,7 @@ def reclaim_all(url: str, owner_tag: str, barrier, out_queue) -> None:
     won: list[int] = []
     barrier.wait()
     while True:
-        reclaimed, _ = store.reclaim(PassPlan(limit=7, launching=True, grace_seconds=600))
+        reclaimed, _ = reclaim(store, PassPlan(limit=7, launching=True, grace_seconds=600))
         if not reclaimed:
             break
         won.extend(r.pipeline_id for r in reclaimed)

@@ -185,3 +185,36 @@ def test_every_exception_a_user_can_receive_derives_from_one_base_and_is_exporte
             "MissingRunLiveness"} <= set(exceptions)
     assert sorted(n for n, cls in exceptions.items() if not issubclass(cls, recovery_ext.RecoveryError)) == []
     assert sorted(n for n in exceptions if getattr(recovery_ext, n, None) is not exceptions[n]) == []
+
+
+def _compares_a_dialect_name(node: ast.Compare) -> bool:
+    """``<something>dialect.name == ...`` (or !=, in, not in), on either side."""
+    def is_dialect_name(expr: ast.expr) -> bool:
+        if not (isinstance(expr, ast.Attribute) and expr.attr == "name"):
+            return False
+        owner = expr.value
+        owner_name = owner.attr if isinstance(owner, ast.Attribute) else getattr(owner, "id", "")
+        return owner_name.lower().endswith("dialect")
+
+    return any(is_dialect_name(e) for e in [node.left, *node.comparators])
+
+
+def test_only_the_dialects_module_asks_which_database_it_talks_to():
+    """Each database's differences are methods and attributes of its Dialect subclass: no call site compares
+    a dialect's name (the library, the demo pipelines and the benchmarks alike)."""
+    dialects = LIBRARY / "_store" / "dialects.py"
+    files = [*LIBRARY.rglob("*.py"), *PIPELINES.rglob("*.py"), *(ROOT / "bench").rglob("*.py"), ROOT / "definitions.py"]
+    found = []
+    for path in files:
+        if path == dialects:
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Compare) and _compares_a_dialect_name(node):
+                found.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    assert found == []
+
+
+def test_the_dialect_name_check_sees_a_comparison():
+    tree = ast.parse("if self.dialect.name == 'sqlite': pass\nok = store.dialect.name\nx = nodes.c.name == 'a'")
+    hits = [n for n in ast.walk(tree) if isinstance(n, ast.Compare) and _compares_a_dialect_name(n)]
+    assert len(hits) == 1
