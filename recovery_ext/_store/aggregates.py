@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from sqlalchemy import Connection, func, literal_column, not_, select
+from sqlalchemy import Connection, func, literal_column, not_, null, select
 
 from recovery_ext._store.database import Database, retried
 from recovery_ext._store.ledger import COST_KEYS, CostFigures
@@ -51,7 +51,7 @@ def summary(conn: Connection, table, keys: tuple[str, ...], counted: str, where=
                                func.sum(c.seconds_sum).label("seconds"), func.sum(c.seconds_count).label("timed"))
                         .where(c[counted] != 0, *where).group_by(*[c[k] for k in keys])
                         .order_by(*[c[k] for k in keys]))
-    return [{**{k: r._mapping[k] for k in keys}, "count": int(r.count),
+    return [{**{k: r._mapping[k] for k in keys}, "count": int(r._mapping["count"]),
              "avg_seconds": float(r.seconds) / int(r.timed) if r.timed else None} for r in rows]
 
 
@@ -88,7 +88,7 @@ def provider_spent(conn: Connection) -> list[tuple]:
                         .select_from(provider_calls.join(pipelines, p.id == pc.pipeline_id))
                         .where(pc.pipeline_id.in_(live_pipeline_ids()), well_formed_call())
                         .group_by(p.job_name, pc.model, pc.outcome)).all()
-    unowned = conn.execute(select(None, pc.model, pc.outcome, *figures)
+    unowned = conn.execute(select(null(), pc.model, pc.outcome, *figures)
                            .where(pc.pipeline_id.is_(None), well_formed_call())
                            .group_by(pc.model, pc.outcome)).all()
     rolled = conn.execute(select(d.job_name, func.nullif(d.model, ""), d.outcome, func.sum(d.calls),
@@ -106,8 +106,9 @@ def rolled_up_costs(conn: Connection) -> tuple[dict[str, CostFigures], int]:
     by_job: dict[str, CostFigures] = {}
     skipped = 0
     for row in rows:
-        by_job[row.job_name] = CostFigures(**{k: float(row._mapping[k]) if k.endswith("cost")
-                                              else int(row._mapping[k]) for k in keys})
+        figures: dict[str, Any] = {k: float(row._mapping[k]) if k.endswith("cost") else int(row._mapping[k])
+                                   for k in keys}
+        by_job[row.job_name] = CostFigures(**figures)
         skipped += int(row.skipped_rows or 0)
     return by_job, skipped
 

@@ -24,6 +24,8 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from typing import Any
+
 from sqlalchemy import ColumnElement, Connection, Table, and_, delete, func, literal_column, not_, select
 
 from recovery_ext._store.database import Database, retried
@@ -108,7 +110,7 @@ class PruneResult:
                 "longest_batch_seconds": round(self.longest_batch_seconds, 4)}
 
 
-_ENDED = [literal_column("'completed'"), literal_column("'failed'")]
+_ENDED: list[ColumnElement[Any]] = [literal_column("'completed'"), literal_column("'failed'")]
 # The partial index that serves each terminal status, by its own predicate, repeated verbatim in the query: SQLite
 # uses a partial index only when the query's WHERE holds the index's WHERE (it does not prove that status =
 # 'completed' implies status IN ('completed', 'failed')). Completed and failed: rx_pipelines_finished (status,
