@@ -31,6 +31,7 @@ from batch_checks import assert_ledger_equals_the_provider as assert_ledger_equa
 from batch_checks import outcomes
 from batch_defs import job
 from dagster import DagsterInstance, build_sensor_context, instance_for_test
+from helpers import reclaim
 from ledger_defs import recovery_resource
 
 from recovery_ext import execute_in_process, make_orphan_sensor, scan
@@ -61,7 +62,7 @@ def start_worker(module: str, run_config: dict) -> subprocess.Popen:
 def resume(store, the_job=job, run_config=None):
     """Take the dead worker's pipeline over (as the orphan sensor does) and resume it in process."""
     (pipeline,) = store.list_pipelines()
-    (reclaimed,), _ = store.reclaim(PassPlan(dead_owner_runs=[pipeline.owner]))
+    (reclaimed,), _ = reclaim(store, PassPlan(dead_owner_runs=[pipeline.owner]))
     tags = {TAG_PIPELINE: str(reclaimed.pipeline_id), TAG_RESUME_NUMBER: str(reclaimed.resume_number),
             TAG_RESUMED_FROM: reclaimed.previous_owner}
     with DagsterInstance.ephemeral() as instance:

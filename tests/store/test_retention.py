@@ -9,9 +9,9 @@ from __future__ import annotations
 import json
 
 import pytest
+from helpers import expire, reclaim
 from sqlalchemy import delete, func, inspect, select, update
 
-from helpers import expire
 from recovery_ext import RecoveryResource
 from recovery_ext._recovery import retention as schedule
 from recovery_ext._recovery.protocol import LaunchNothing, RecoveryProtocol
@@ -120,7 +120,7 @@ def test_prune_deletes_the_whole_history_of_old_finished_pipelines_and_only_thei
 def test_the_transitions_prometheus_counts_stay_so_no_counter_goes_backwards(store):
     own = history(store, "reclaimed", ending=None)
     expire(store, own.pipeline_id)
-    [reclaimed], _ = store.reclaim(PassPlan(limit=1, launching=True))
+    [reclaimed], _ = reclaim(store, PassPlan(limit=1, launching=True))
     placeholder = store.get_pipeline(own.pipeline_id).owner
     resumed = store.take_over(own.pipeline_id, "resume-run", owner_dead=[placeholder], heartbeat_timeout=60)
     store.fail_run(resumed, "failed again")
@@ -128,7 +128,7 @@ def test_the_transitions_prometheus_counts_stay_so_no_counter_goes_backwards(sto
     with store.write() as conn:  # hopeless: out of resumes
         conn.execute(update(pipelines).where(pipelines.c.id == given_up.pipeline_id).values(max_resumes=0))
     expire(store, given_up.pipeline_id)
-    store.give_up_hopeless()
+    reclaim(store, PassPlan(limit=0))  # the pass gives up the hopeless ones
     for pipeline_id in (own.pipeline_id, given_up.pipeline_id):
         ended_ago(store, pipeline_id, 100)
     newest(store)
@@ -152,7 +152,7 @@ def test_live_and_resumable_pipelines_are_never_touched_however_old(store):
     expire(store, orphaned.pipeline_id)
     awaiting = history(store, "awaiting", ending=None)
     expire(store, awaiting.pipeline_id)
-    store.reclaim(PassPlan(limit=10, launching=False))  # reclaimed, awaiting a resume run (the CLI's scan)
+    reclaim(store, PassPlan(limit=10, launching=False))  # reclaimed, awaiting a resume run (the CLI's scan)
     orphaned_again = history(store, "orphaned-again", ending=None)
     pending = history(store, "pending", ending=None)
     live = [running, waiting, orphaned, awaiting, orphaned_again, pending]
