@@ -175,7 +175,7 @@ def run(label: str, url: str, history: int) -> None:
         def progress(result: PruneResult) -> None:
             batches.append(result.last_batch_seconds * 1000)
 
-        locks = LockWaits(store) if store.dialect.name == "postgresql" else None
+        locks = LockWaits(store) if store.dialect.row_locks else None
         if locks is not None:
             locks.start()
         result = store.prune_finished_pipelines(90 * DAY, progress=progress)

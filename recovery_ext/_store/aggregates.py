@@ -18,22 +18,12 @@ from sqlalchemy import Connection, func, literal_column, not_, null, select
 from recovery_ext._store.database import Database, retried
 from recovery_ext._store.ledger import COST_KEYS, CostFigures
 from recovery_ext._store.ledger_rows import well_formed_call
+from recovery_ext._store.rolled_up import ROLLED_UP, live_pipeline_ids
 from recovery_ext._store.schema import (finished_items, ledger_daily, node_items, pipeline_counts, pipelines,
                                         provider_calls, queue_counts, resume_counts)
 from recovery_ext._store.statuses import PipelineStatus
 
 pc, p = provider_calls.c, pipelines.c
-
-# What the roll-ups call finished: a pipeline in one of these is in them, any other is read live.
-ROLLED_UP = (PipelineStatus.COMPLETED, PipelineStatus.FAILED)
-
-
-def live_pipeline_ids():
-    """The ids of pipelines not rolled up yet: exactly those in the partial index rx_pipelines_live, whose
-    predicate the planner matches only against these literals (bound parameters make it scan the table)."""
-    live = pipelines.alias("live")
-    return select(live.c.id).where(live.c.status.not_in([literal_column(f"'{s}'") for s in ROLLED_UP]))
-
 
 def pipeline_counts_by(conn: Connection, labels: dict[str, str]) -> list[tuple[tuple[Any, ...], int]]:
     """Pipelines by the ``labels`` (label -> rx_pipelines column), from the counts the triggers keep."""

@@ -58,6 +58,9 @@ class Dialect:
     ledger_rows_via_driver = False
     # a read of one statement needs no transaction: each statement is its own snapshot (READ COMMITTED)
     autocommit_reads = False
+    # writers wait on row locks, visible in the server's own activity view (pg_stat_activity); SQLite has one
+    # writer lock, waited for inside the client
+    row_locks = False
     # finished pipelines one retention batch deletes (one transaction)
     prune_batch = 200
 
@@ -216,6 +219,7 @@ class PostgresDialect(Dialect):
     dml_in_cte = True
     node_functions = True
     autocommit_reads = True
+    row_locks = True
 
     def engine_options(self) -> dict[str, Any]:
         """Connect and statement timeouts, unless the URL sets its own.

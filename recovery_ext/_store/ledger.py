@@ -35,6 +35,7 @@ from recovery_ext._classify.redaction import redact
 from recovery_ext._store.database import Database, chunks, retried
 from recovery_ext._store.ledger_rows import malformed_calls, well_formed_call
 from recovery_ext._store.models import ProviderCall
+from recovery_ext._store.rolled_up import live_pipeline_ids
 from recovery_ext._store.schema import node_items, pipelines, provider_calls
 from recovery_ext._store.statuses import PipelineStatus
 
@@ -240,8 +241,6 @@ class LedgerOps(Database):
         if pipeline_id is not None:
             query = query.where(pc.pipeline_id == pipeline_id)
         if live_only:
-            from recovery_ext._store.aggregates import live_pipeline_ids
-
             query = query.where(pc.pipeline_id.in_(live_pipeline_ids()))
         rows = conn.execute(query).all()
         skipped = 0 if live_only else malformed_calls(conn, pipeline_id)

@@ -1,6 +1,7 @@
 """Retention: deleting the history of pipelines that finished long ago, in small batches beside live writers.
 
-A pipeline is prunable once its status is terminal (completed, failed, canceled) and it ended
+A pipeline is prunable once its status is completed or failed, the statuses whose figures the roll-ups of
+finished work hold (a canceled pipeline is read live by the cost counters, so its detail stays), and it ended
 (``completed_at``) before the cut-off, ``now - older_than`` on the database clock. Pending and
 running pipelines (waiting, orphaned, awaiting their resume run) are never candidates, whatever
 their age; a finished pipeline without an end time is never one either, nor is the newest pipeline (its id
@@ -32,7 +33,8 @@ from recovery_ext._store.database import Database, retried
 from recovery_ext._store.observability import COUNTED_TRANSITION_EVENTS
 from recovery_ext._store.schema import (call_journal, events, node_items, nodes, pipelines, provider_calls,
                                         provider_jobs, queue_items, transitions)
-from recovery_ext._store.statuses import FINISHED_PIPELINE_STATUSES, FINISHED_QUEUE_STATUSES
+from recovery_ext._store.rolled_up import ROLLED_UP
+from recovery_ext._store.statuses import FINISHED_QUEUE_STATUSES
 
 p, t, q = pipelines.c, transitions.c, queue_items.c
 
@@ -110,6 +112,9 @@ class PruneResult:
                 "longest_batch_seconds": round(self.longest_batch_seconds, 4)}
 
 
+# What a prune deletes: only pipelines whose ledger and items the roll-ups already hold, so the cost counters and
+# the item counts never go backwards.
+PRUNABLE_STATUSES = ROLLED_UP
 _ENDED: list[ColumnElement[Any]] = [literal_column("'completed'"), literal_column("'failed'")]
 # The partial index that serves each terminal status, by its own predicate, repeated verbatim in the query: SQLite
 # uses a partial index only when the query's WHERE holds the index's WHERE (it does not prove that status =
@@ -175,7 +180,7 @@ class RetentionOps(Database):
         with self.read() as conn:
             newest = conn.scalar(select(func.max(p.id)))
             counts = {status: conn.scalar(select(func.count()).where(*_prunable(cutoff, status, deployment, newest)))
-                      or 0 for status in FINISHED_PIPELINE_STATUSES}
+                      or 0 for status in PRUNABLE_STATUSES}
         return {str(status): n for status, n in counts.items() if n}
 
     @retried
@@ -188,7 +193,7 @@ class RetentionOps(Database):
                 return {}
             counts = {step.table.name: conn.execute(delete(step.table).where(step.rows_of(ids))).rowcount or 0
                       for step in PRUNE_STEPS}
-            finished = p.status.in_([literal_column(f"'{s}'") for s in FINISHED_PIPELINE_STATUSES])
+            finished = p.status.in_([literal_column(f"'{s}'") for s in PRUNABLE_STATUSES])
             counts[pipelines.name] = conn.execute(
                 delete(pipelines).where(p.id.in_(ids), finished, p.completed_at < cutoff)).rowcount or 0
         return counts
@@ -198,7 +203,7 @@ class RetentionOps(Database):
         """Up to ``batch_size`` prunable pipeline ids, locked; one indexed range per terminal status (a lock
         clause cannot follow a UNION). Rows another transaction holds are skipped, never waited for."""
         ids: list[int] = []
-        for status in FINISHED_PIPELINE_STATUSES:
+        for status in PRUNABLE_STATUSES:
             if len(ids) >= batch_size:
                 break
             ids += conn.scalars(select(p.id).where(*_prunable(cutoff, status, deployment, newest))
