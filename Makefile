@@ -78,6 +78,7 @@ bench: install
 	$(BIN)/python -m bench.overhead_bench
 	$(BIN)/python -m bench.ontology_overhead_bench
 	$(BIN)/python -m bench.ledger_bench
+	$(BIN)/python -m bench.history_bench
 	$(BIN)/python -m bench.dbos_bench    # DBOS runs in its own .venv-dbos, created on first use
 
 clean:

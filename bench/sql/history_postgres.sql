@@ -121,4 +121,10 @@ SELECT 'ocr', 'live-doc-' || g, '{"doc": "x.pdf"}'::jsonb, CASE WHEN g <= 20 THE
 SELECT setval('rx_pipelines_id_seq', (SELECT max(id) FROM rx_pipelines));
 
 -- section: maintain
+SET statement_timeout = 0;
+
+-- statement
 VACUUM ANALYZE;
+
+-- statement
+RESET statement_timeout;

@@ -109,7 +109,7 @@ class RecoveryCollector(Collector):
         # Its own engine whose connect, statement and lock (SQLite busy) timeouts are the scrape's: opening a
         # connection waits for a lock too (SQLite's connect hook reads the journal mode), before any statement.
         self.store = store if store.dialect.statement_timeout <= timeout else RecoveryStore(
-            store.url, retry_budget=0, statement_timeout=timeout,
+            store.url.render_as_string(hide_password=False), retry_budget=0, statement_timeout=timeout,
             connect_timeout=min(store.dialect.connect_timeout, timeout))
 
     def describe(self) -> Iterator[Metric]:

@@ -309,8 +309,7 @@ class Database:
             }
             for row in rows
         ]
-        for part in chunks(batch):
-            conn.execute(insert(transitions).values(at=self.dialect.now()), [_without_at(r) for r in part])
+        self.dialect.insert_many(conn, transitions, [_without_at(r) for r in batch], stamped="at")
 
     def record_events(self, conn: Connection, rows: Iterable[dict[str, Any]]) -> None:
         batch = [
@@ -322,8 +321,7 @@ class Database:
             }
             for row in rows
         ]
-        for part in chunks(batch):
-            conn.execute(insert(events).values(created_at=self.dialect.now()), list(part))
+        self.dialect.insert_many(conn, events, batch, stamped="created_at")
 
     def upsert(self, conn: Connection, table, rows: Sequence[dict[str, Any]], *, keys: Sequence[str]) -> None:
         """Insert or update by primary key, so re-running a node writes the same rows again."""

@@ -176,20 +176,21 @@ CREATE TRIGGER rx_queue_item_relabeled AFTER UPDATE OF status, queue, started_at
           OR OLD.started_at IS DISTINCT FROM NEW.started_at OR OLD.completed_at IS DISTINCT FROM NEW.completed_at)
     EXECUTE FUNCTION rx_queue_item_recounted();
 
-CREATE FUNCTION rx_resume_counted() RETURNS trigger LANGUAGE plpgsql AS $$
+CREATE FUNCTION rx_resumes_counted() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
     INSERT INTO rx_resume_counts AS c (event, cause, transitions)
-    VALUES (NEW.event, COALESCE(CASE WHEN jsonb_typeof(NEW.data) = 'object' THEN NEW.data ->> 'cause' END, ''), 1)
-    ON CONFLICT (event, cause) DO UPDATE SET transitions = c.transitions + 1;
+    SELECT event, COALESCE(CASE WHEN jsonb_typeof(data) = 'object' THEN data ->> 'cause' END, ''), count(*)
+      FROM rx_new
+     WHERE entity_type = 'pipeline' AND event IN ('reclaimed', 'taken_over', 'reopened_for_degraded', 'given_up')
+     GROUP BY 1, 2 ORDER BY 1, 2
+    ON CONFLICT (event, cause) DO UPDATE SET transitions = c.transitions + excluded.transitions;
     RETURN NULL;
 END
 $$;
 
--- Row by row, only for the rare events counted: the many node transitions never fire it.
-CREATE TRIGGER rx_resume_recorded AFTER INSERT ON rx_transitions FOR EACH ROW
-    WHEN (NEW.entity_type = 'pipeline'
-          AND NEW.event IN ('reclaimed', 'taken_over', 'reopened_for_degraded', 'given_up'))
-    EXECUTE FUNCTION rx_resume_counted();
+-- Once per statement: a mass reclaim's 10,000 transitions add to the counters in one upsert, not 10,000.
+CREATE TRIGGER rx_resumes_recorded AFTER INSERT ON rx_transitions REFERENCING NEW TABLE AS rx_new
+    FOR EACH STATEMENT EXECUTE FUNCTION rx_resumes_counted();
 
 -- The roll-up of the finished pipelines with ids p_lo..p_hi: their item checkpoints and their ledger,
 -- judged as the cost report judges a pipeline that no longer runs (no call of it is open any more).

@@ -270,13 +270,16 @@ BEGIN
 END
 $$;
 
-CREATE FUNCTION public.rx_resume_counted() RETURNS trigger
+CREATE FUNCTION public.rx_resumes_counted() RETURNS trigger
     LANGUAGE plpgsql
     AS $$
 BEGIN
     INSERT INTO rx_resume_counts AS c (event, cause, transitions)
-    VALUES (NEW.event, COALESCE(CASE WHEN jsonb_typeof(NEW.data) = 'object' THEN NEW.data ->> 'cause' END, ''), 1)
-    ON CONFLICT (event, cause) DO UPDATE SET transitions = c.transitions + 1;
+    SELECT event, COALESCE(CASE WHEN jsonb_typeof(data) = 'object' THEN data ->> 'cause' END, ''), count(*)
+      FROM rx_new
+     WHERE entity_type = 'pipeline' AND event IN ('reclaimed', 'taken_over', 'reopened_for_degraded', 'given_up')
+     GROUP BY 1, 2 ORDER BY 1, 2
+    ON CONFLICT (event, cause) DO UPDATE SET transitions = c.transitions + excluded.transitions;
     RETURN NULL;
 END
 $$;
@@ -817,7 +820,7 @@ CREATE TRIGGER rx_queue_item_relabeled AFTER UPDATE OF status, queue, started_at
 
 CREATE TRIGGER rx_queue_items_inserted AFTER INSERT ON public.rx_queue_items REFERENCING NEW TABLE AS rx_new FOR EACH STATEMENT EXECUTE FUNCTION public.rx_queue_items_counted();
 
-CREATE TRIGGER rx_resume_recorded AFTER INSERT ON public.rx_transitions FOR EACH ROW WHEN (((new.entity_type = 'pipeline'::text) AND (new.event = ANY (ARRAY['reclaimed'::text, 'taken_over'::text, 'reopened_for_degraded'::text, 'given_up'::text])))) EXECUTE FUNCTION public.rx_resume_counted();
+CREATE TRIGGER rx_resumes_recorded AFTER INSERT ON public.rx_transitions REFERENCING NEW TABLE AS rx_new FOR EACH STATEMENT EXECUTE FUNCTION public.rx_resumes_counted();
 
 ALTER TABLE ONLY public.rx_call_journal
     ADD CONSTRAINT rx_call_journal_pipeline_id_fkey FOREIGN KEY (pipeline_id) REFERENCES public.rx_pipelines(id) ON DELETE CASCADE;
