@@ -13,9 +13,8 @@ from __future__ import annotations
 import time
 
 import pytest
-from celery_cluster import CeleryDeployment
+from celery_cluster import module_deployment
 from dagster import DagsterEventType, DagsterRunStatus, RunsFilter
-from netns import leftovers
 from sqlalchemy import select, text
 
 from recovery_ext import TAG_PIPELINE, TAG_RESUME_NUMBER, TAG_RESUMED_FROM, RecoveryStore
@@ -32,17 +31,8 @@ SLACK = 4.0   # the daemon's tick scheduling and a loaded machine
 
 @pytest.fixture(scope="module")
 def dep(cpu_hog_module):
-    d = CeleryDeployment(worker_hosts=2, env={
-        "CELERY_E2E_HEARTBEAT_INTERVAL": str(HEARTBEAT_INTERVAL),
-        "CELERY_E2E_HEARTBEAT_TIMEOUT": str(HEARTBEAT_TIMEOUT),
-        "CELERY_E2E_SENSOR_INTERVAL": str(int(SENSOR_INTERVAL)),
-    })
-    d.start()
-    try:
+    with module_deployment(HEARTBEAT_INTERVAL, HEARTBEAT_TIMEOUT, SENSOR_INTERVAL, worker_hosts=2) as d:
         yield d
-    finally:
-        d.stop()
-        assert not [n for n in leftovers() if d.net.tag in n], "namespace hosts outlived the module"
 
 
 @pytest.fixture(scope="module")

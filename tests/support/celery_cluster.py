@@ -23,10 +23,12 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import psycopg
-from netns import Host, Network
+from netns import Host, Network, leftovers
 from pg_cluster import PrivateCluster, free_port
 
 from recovery_pipelines.devserver import DagsterDev, wait_for
@@ -106,8 +108,12 @@ class Redis:
 
 class CeleryDeployment:
     def __init__(self, *, worker_hosts: int = 2, run_concurrency: int = 4, env: dict[str, str] | None = None,
-                 defs_file: Path = HERE / "celery_defs.py") -> None:
+                 defs_file: Path = HERE / "celery_defs.py",
+                 start_servers: Callable[[str], dict[str, str]] | None = None) -> None:
+        """``start_servers(gateway)``: more servers the hosts reach (started once the bridge exists, listening
+        on 127.0.0.1 or the bridge address ``gateway`` only); returns environment for every process."""
         self.worker_count = worker_hosts
+        self.start_servers = start_servers
         self.run_concurrency = run_concurrency
         self.extra_env = dict(env or {})
         self.defs_file = defs_file
@@ -141,6 +147,8 @@ class CeleryDeployment:
             conn.execute("CREATE DATABASE app")
         self.redis = Redis(gw)
         self.redis.start()
+        if self.start_servers is not None:
+            self.extra_env.update(self.start_servers(gw))
         self.write_instance_yaml()
         self.migrate_app()
         self.start_worker(self.run_host, queue=RUN_QUEUE, concurrency=self.run_concurrency)
@@ -249,6 +257,23 @@ class CeleryDeployment:
     @property
     def app_url(self) -> str:
         return self.pg.url_at("127.0.0.1", "app")
+
+
+@contextmanager
+def module_deployment(heartbeat_interval: float, heartbeat_timeout: float, sensor_interval: float,
+                      **kwargs) -> Iterator[CeleryDeployment]:
+    """A started deployment with short liveness settings, for a test module; no namespace host outlives it."""
+    d = CeleryDeployment(**kwargs, env={
+        "CELERY_E2E_HEARTBEAT_INTERVAL": str(heartbeat_interval),
+        "CELERY_E2E_HEARTBEAT_TIMEOUT": str(heartbeat_timeout),
+        "CELERY_E2E_SENSOR_INTERVAL": str(int(sensor_interval)),
+    })
+    d.start()
+    try:
+        yield d
+    finally:
+        d.stop()
+        assert not [n for n in leftovers() if d.net.tag in n], "namespace hosts outlived the module"
 
 
 def signal_group(proc: subprocess.Popen, sig: int = signal.SIGTERM) -> None:

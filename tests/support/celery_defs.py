@@ -4,6 +4,9 @@ Three chained item nodes; every business-logic call is recorded with the host (`
 process that made it, in ``celery_calls`` beside the application tables, so tests see which
 worker host did which item and whether anything was done twice. Short liveness settings come
 from the environment (``CELERY_E2E_*``).
+
+``celery_llm_job``: one item node that asks the shipped LLM resource (journaled by default) two
+questions per item, at the stand-in provider of ``CELERY_E2E_LLM_URL`` (tests/e2e/test_celery_ledger.py).
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from sqlalchemy import Column, Float, Integer, MetaData, Table, Text, insert
 
 from recovery_ext import recoverable_celery_executor
 from recovery_ext import TAG_RESUME_NUMBER, RecoveryResource, make_orphan_sensor, recoverable_op, with_recovery
+from recovery_pipelines.llm import LLMResource
 
 calls_metadata = MetaData()
 calls = Table(
@@ -57,6 +61,23 @@ n2 = make_item_node("n2")
 n3 = make_item_node("n3")
 
 
+@recoverable_op(required_resource_keys={"llm"}, config_schema={"items": Field(int, default_value=5)})
+def ask_llm(ctx) -> dict:
+    llm = ctx.context.resources.llm.enricher(ctx)
+    for item in ctx.items(f"t{i:02d}" for i in range(ctx.op_config["items"])):
+        record_call(ctx._store, ctx.context.run_id, "ask_llm", item.key)
+        entity = llm.complete_json("describe_entity", {"table": item.key, "columns": []})
+        columns = llm.complete_json("describe_columns", {"table": item.key,
+                                                         "columns": [{"name": "id", "primary_key": True}]})
+        item.complete({"entity": entity, "columns": columns})
+    return {"items": sorted(ctx.completed_items())}
+
+
+@job(name="celery_llm_job", executor_def=recoverable_celery_executor())
+def celery_llm_job():
+    ask_llm()
+
+
 def _graph():
     n3(n2(n1()))
 
@@ -80,7 +101,14 @@ def _resource() -> RecoveryResource:
     )
 
 
-jobs = [celery_items_job, mp_items_job]
+def _llm() -> LLMResource:
+    """The stand-in provider; a timeout longer than any cut, so an answer held up by a partition arrives."""
+    return LLMResource(base_url=os.environ.get("CELERY_E2E_LLM_URL"), model="m", api_key="sk-test", timeout=300,
+                       initial_delay=0.05, max_delay=1.0, max_tokens=256,
+                       prices={"m": {"input": 1.5, "output": 6.0}})
+
+
+jobs = [celery_items_job, mp_items_job, celery_llm_job]
 sensor_interval = int(os.environ.get("CELERY_E2E_SENSOR_INTERVAL", "1"))
 defs = Definitions(jobs=jobs, sensors=[make_orphan_sensor(jobs, minimum_interval_seconds=sensor_interval)],
-                   resources={"recovery": _resource()})
+                   resources={"recovery": _resource(), "llm": _llm()})

@@ -6,7 +6,9 @@ when ``track_pids`` is on, the pid of the process that sent it (from /proc: the 
 inode). With a quota (``requests``/``tokens`` per ``window`` seconds, sliding) it answers 429 with
 Retry-After to a request that would exceed it, as providers do; a refused request is logged and
 charges nothing. ``fail_first=N`` answers the first N requests with ``fail_status`` (an outage that
-ends), charging nothing either.
+ends), charging nothing either. ``host`` is the address it listens on (127.0.0.1, or the bridge address
+of namespace hosts); each call keeps the client's address, and :meth:`in_progress` lists the requests
+received whose answer has not been sent yet (a test cuts a client off mid-call).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ class Call:
     tokens_in: int
     tokens_out: int
     pid: int | None
+    client: str | None = None
 
 
 def usage_of(prompt_text: str, answer_text: str) -> tuple[int, int]:
@@ -79,6 +82,7 @@ class StandInProvider:
         self.fail_first, self.fail_status = fail_first, fail_status
         self.track_pids = track_pids
         self.calls: list[Call] = []
+        self._answering: list[Call] = []
         self.lock = threading.Lock()
         self.server: ThreadingHTTPServer | None = None
 
@@ -96,6 +100,15 @@ class StandInProvider:
         """Every request it did not answer (refused by the quota or failed on purpose)."""
         with self.lock:
             return [c for c in self.calls if c.status != 200]
+
+    def in_progress(self) -> list[Call]:
+        """Requests received and charged whose answer is not sent yet (the stand-in's latency)."""
+        with self.lock:
+            return list(self._answering)
+
+    def reset(self) -> None:
+        with self.lock:
+            self.calls.clear()
 
     def totals(self) -> dict[str, int]:
         with self.lock:
@@ -124,7 +137,7 @@ class StandInProvider:
             return None
         return max(0.05, recent[0].at + self.window - now) if recent else self.window
 
-    def start(self) -> str:
+    def start(self, host: str = "127.0.0.1") -> str:
         provider = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -153,15 +166,24 @@ class StandInProvider:
                     return
                 with provider.lock:
                     wait = provider._admit(now, tokens_in + tokens_out)
-                    provider.calls.append(Call(now, 200 if wait is None else 429, item,
-                                               tokens_in if wait is None else 0, tokens_out if wait is None else 0,
-                                               pid))
+                    call = Call(now, 200 if wait is None else 429, item, tokens_in if wait is None else 0,
+                                tokens_out if wait is None else 0, pid, self.client_address[0])
+                    provider.calls.append(call)
+                    if wait is None:
+                        provider._answering.append(call)
                 if wait is not None:
                     self._send(429, {"error": {"message": "rate limit exceeded", "type": "requests"}},
                                {"Retry-After": f"{wait:.3f}"})
                     return
-                if provider.latency:
-                    time.sleep(provider.latency)
+                try:
+                    if provider.latency:
+                        time.sleep(provider.latency)
+                    self._answer(now, body, answer, tokens_in, tokens_out)
+                finally:
+                    with provider.lock:
+                        provider._answering.remove(call)
+
+            def _answer(self, now, body, answer, tokens_in, tokens_out):
                 self._send(200, {"id": "c", "object": "chat.completion", "created": int(now),
                                  "model": body.get("model", "m"),
                                  "choices": [{"index": 0, "finish_reason": "stop",
@@ -185,10 +207,10 @@ class StandInProvider:
             def log_message(self, *args):
                 pass
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server = ThreadingHTTPServer((host, 0), Handler)
         self.server.daemon_threads = True
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
-        return f"http://127.0.0.1:{self.server.server_address[1]}/v1"
+        return f"http://{host}:{self.server.server_address[1]}/v1"
 
     def stop(self) -> None:
         if self.server is not None:
