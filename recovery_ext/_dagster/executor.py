@@ -162,6 +162,11 @@ class RunScope:
             self._tag_run()
         return self.own
 
+    def _create_for_pruned(self, pipeline_id: int) -> Ownership:
+        own = self._create()
+        self.how += f" (re-execution of a run whose pipeline {pipeline_id} was pruned)"
+        return own
+
     def _create(self) -> Ownership:
         own = self.store.create_pipeline(
             self.job_def.name, pipeline_nodes(self.job_def), owner=self.run.run_id,
@@ -184,9 +189,7 @@ class RunScope:
         try:
             pipeline = self.store.get_pipeline(pipeline_id)
         except NotFound:  # pruned by retention: nothing of it is left to reuse, so the re-execution is new work
-            own = self._create()
-            self.how += f" (re-execution of a run whose pipeline {pipeline_id} was pruned)"
-            return own
+            return self._create_for_pruned(pipeline_id)
         if pipeline.status == PipelineStatus.COMPLETED:
             own = self._create()  # a finished logical run: re-running it is new work
             self.how += f" (re-execution of the completed pipeline {pipeline_id})"
@@ -197,8 +200,11 @@ class RunScope:
             if owner_run is not None and owner_run.status in DEAD_RUN_STATUSES:
                 dead.append(pipeline.owner)
         kind = "run retry" if tags.get(TAG_RETRY_NUMBER) else "re-execution"
-        own = self.store.take_over(pipeline_id, self.run.run_id, owner_dead=dead,
-                                   heartbeat_timeout=self.settings.timeout, reason=f"{kind} of {parent}")
+        try:
+            own = self.store.take_over(pipeline_id, self.run.run_id, owner_dead=dead,
+                                       heartbeat_timeout=self.settings.timeout, reason=f"{kind} of {parent}")
+        except NotFound:  # a prune took the finished pipeline between the read above and this take-over
+            return self._create_for_pruned(pipeline_id)
         why = CAUSES[takeover_cause(pipeline.status, pipeline.owner, dead)]
         self.how = (f"took over pipeline {pipeline_id} from run {pipeline.owner} as a {kind} of {parent} "
                     f"({why}); completed nodes and item checkpoints are reused")

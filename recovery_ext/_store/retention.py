@@ -34,7 +34,7 @@ from recovery_ext._store.observability import COUNTED_TRANSITION_EVENTS
 from recovery_ext._store.schema import (call_journal, events, node_items, nodes, pipelines, provider_calls,
                                         provider_jobs, queue_items, transitions)
 from recovery_ext._store.rolled_up import ROLLED_UP
-from recovery_ext._store.statuses import FINISHED_QUEUE_STATUSES
+from recovery_ext._store.statuses import QueueStatus
 
 p, t, q = pipelines.c, transitions.c, queue_items.c
 
@@ -51,13 +51,15 @@ def _by_pipeline(table: Table) -> PruneStep:
 
 
 def _queue_items_of(ids: Sequence[int]) -> ColumnElement:
-    """Finished queue items a batch's pipelines held. Found through their transitions (every claim records one
+    """Completed queue items a batch's pipelines held. Found through their transitions (every claim records one
     with its pipeline, and ``rx_transitions_pipeline`` indexes them), since only processing items have an index
     on their holder. Ready and processing items are live work whoever held them last: they stay."""
     # Not narrowed to queue-item transitions: that would lure SQLite onto rx_transitions_entity (every queue item's
     # transitions). A node's id among the candidates is harmless: only items the batch's pipelines held match.
     claimed = select(t.entity_id).where(t.pipeline_id.in_(ids))
-    return and_(q.id.in_(claimed), q.holder_pipeline_id.in_(ids), q.status.in_(FINISHED_QUEUE_STATUSES))
+    # Completed items only: a dead or failed item keeps its row and payload for `retry-dead`, however old.
+    completed = q.status == literal_column(f"'{QueueStatus.COMPLETED}'")
+    return and_(q.id.in_(claimed), q.holder_pipeline_id.in_(ids), completed)
 
 
 def _uncounted_transitions_of(ids: Sequence[int]) -> ColumnElement:

@@ -35,3 +35,38 @@ def test_a_reexecution_of_a_run_whose_pipeline_was_pruned_starts_a_new_pipeline(
         assert second.success
     (fresh,) = [p for p in store.list_pipelines() if p.id != newer.pipeline_id]
     assert (fresh.id > newer.pipeline_id, fresh.status, fresh.owner) == (True, "completed", second.run_id)
+
+
+def test_a_prune_between_the_reexecutions_read_and_its_take_over_starts_a_new_pipeline(instance, monkeypatch,
+                                                                                        sqlite_url):
+    """The race: the re-execution reads the failed pipeline, a prune deletes it, then the take-over finds nothing.
+    The prune runs inside the take-over call here, just before it, on the same database."""
+    monkeypatch.setenv("RECOVERY_DATABASE_URL", sqlite_url)
+    import replay_defs  # its resource reads the URL once per process: this module's first test may have set it
+
+    store = RecoveryStore(replay_defs.defs.resources["recovery"].database_url)
+    store.migrate()
+    job = build_reconstructable_job("replay_defs", "bound", reconstructable_args=("mixed_inproc",),
+                                    reconstructor_working_directory=str(HERE))
+    run_config = {"ops": {"c": {"config": {"fail_first_run": True}}}}
+    with execute_job(job, instance=instance, run_config=run_config, raise_on_error=False) as first:
+        assert not first.success
+    failed = store.find_pipeline(first.run_id)
+    assert failed is not None and failed.status == "failed"
+    with store.write() as conn:
+        conn.execute(update(pipelines).where(pipelines.c.id == failed.id)
+                     .values(completed_at=store.dialect.now_plus(-100 * 86400.0)))
+    store.create_pipeline("other", ["x"], owner="newest", origin_run_id="newest")  # the newest is kept
+    take_over, pruned = RecoveryStore.take_over, []
+
+    def pruned_first(self, pipeline_id, *args, **kwargs):
+        pruned.append(store.prune_finished_pipelines(86400.0).pipelines)
+        return take_over(self, pipeline_id, *args, **kwargs)
+
+    monkeypatch.setattr(RecoveryStore, "take_over", pruned_first)
+    with execute_job(job, instance=instance, run_config=run_config,
+                     reexecution_options=ReexecutionOptions(parent_run_id=first.run_id)) as second:
+        assert second.success
+    assert pruned == [1]
+    (fresh,) = [p for p in store.list_pipelines() if p.owner == second.run_id]
+    assert fresh.id != failed.id and fresh.status == "completed"

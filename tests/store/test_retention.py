@@ -183,6 +183,27 @@ def test_live_and_resumable_pipelines_are_never_touched_however_old(store):
     assert {p.id: p.status for p in store.list_pipelines(limit=100)} == statuses
 
 
+def test_a_dead_or_failed_queue_item_outlives_its_pruned_pipeline_so_retry_dead_can_revive_it(store):
+    own = history(store, "dead-docs", ending=None)
+    store.enqueue("scans", [{"d": 1}, {"d": 2}], dedupe_keys=["out-of-attempts", "permanent"], own=own,
+                  max_attempts=1)
+    items = {i.dedupe_key: i for i in store.claim("scans", "w", limit=2, own=own)}
+    assert store.fail_item(items["out-of-attempts"], "timed out") == "dead"
+    assert store.fail_item(items["permanent"], "not a PDF", retryable=False) == "failed"
+    store.complete_node(own, "a")
+    store.complete_run(own)
+    ended_ago(store, own.pipeline_id, 100)
+    newest(store)
+
+    result = store.prune_finished_pipelines(DAY)
+
+    assert result.pipelines == 1 and result.rows["rx_queue_items"] == 1  # only its completed item goes
+    assert {i.dedupe_key: i.status for i in store.list_items("scans")} == {"out-of-attempts": "dead",
+                                                                           "permanent": "failed"}
+    assert store.retry_dead(queue="scans") == [items["out-of-attempts"].id]
+    assert store.get_item(items["out-of-attempts"].id).status == "ready"
+
+
 def test_batches_stop_at_each_boundary_and_a_second_run_finds_nothing(store):
     old = [history(store, f"old-{i}", items=1) for i in range(5)]
     newest(store)
