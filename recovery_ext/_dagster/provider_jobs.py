@@ -63,10 +63,14 @@ def run_provider_job(ctx: Any, adapter: JobAdapter, requests: Mapping[str, Any],
                 known = adapter.find(token)
                 if known is not None:
                     store.job_submitted(own, node, token, known, outcome=_outcome(attempt))
-            if known is None:  # the crash came before the provider had the job: this is its submission
+            if known is None:  # the provider has no job under the token yet, or finds one only by a submission
                 job_id = _submit(ctx, adapter, requests, items, token, attempt)
+                # An adapter whose submission under a token already used answers the jobs the provider started
+                # (Textract's ClientRequestToken) re-attached by submitting; any other submitted the job just now.
+                reattached = bool(getattr(adapter, "submit_reattaches", False))
             else:
-                job_id = known
+                job_id, reattached = known, True
+            if reattached:
                 ctx.log.info(f"{node}: re-attached to {adapter.provider} job {_shown(job_id)} "
                              "(submitted before the crash)")
                 ctx.metadata["provider_job_reattached"] = job_id

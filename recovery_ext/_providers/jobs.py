@@ -29,7 +29,9 @@ class JobResult:
 
 class JobAdapter(Protocol):
     """A provider's asynchronous job API. ``status`` says one of running, completed, expired, cancelled, failed;
-    ``results`` holds what the job finished (also for an expired or cancelled one), by item key."""
+    ``results`` holds what the job finished (also for an expired or cancelled one), by item key. An adapter whose
+    ``submit`` under a token already used answers the provider's existing job instead of starting one (and whose
+    ``find`` therefore finds nothing) says so with a class attribute ``submit_reattaches = True``."""
 
     provider: str   # a short name, the key of its jobs in the store (e.g. "openai-batch")
     endpoint: str   # where it is sent (redacted in the ledger)

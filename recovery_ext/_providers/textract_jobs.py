@@ -44,6 +44,9 @@ class TextractJobs:
     (``confidence`` the mean of its lines', 0 to 1). ``price_per_page`` prices each document in the ledger."""
 
     provider = "textract"
+    # A start under a ClientRequestToken already used answers the job Textract started for it and starts none:
+    # a resume's submission under the recorded token is its re-attachment (Textract has no look-up by token).
+    submit_reattaches = True
 
     def __init__(self, client: Any, *, max_results: int = 1000, price_per_page: float | None = None,
                  start_options: Mapping[str, Any] | None = None) -> None:

@@ -33,6 +33,7 @@ EXPECTED_OUTPUT = {
     "docs/how-to/journal.md": [r"(?m)^3$", r"INVOICE 101\nTotal due 11.10 EUR\njobs started: 1"],
     "docs/how-to/metrics.md": [r"chat claude-x"],
     "docs/how-to/kubernetes.md": [],
+    "docs/how-to/retention.md": [r"(?m)^7776000(\.0)?$"],
 }
 SAVED = {"docs/how-to/assets.md": "my_assets.py"}
 NOT_RUN = re.compile(r"<!--\s*not run:\s*(.+?)\s*-->")

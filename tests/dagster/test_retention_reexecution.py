@@ -42,9 +42,9 @@ def test_a_prune_between_the_reexecutions_read_and_its_take_over_starts_a_new_pi
     """The race: the re-execution reads the failed pipeline, a prune deletes it, then the take-over finds nothing.
     The prune runs inside the take-over call here, just before it, on the same database."""
     monkeypatch.setenv("RECOVERY_DATABASE_URL", sqlite_url)
-    import replay_defs  # its resource reads the URL once per process: this module's first test may have set it
+    import replay_defs  # its resource took a URL when first imported (None: it reads the environment at run time)
 
-    store = RecoveryStore(replay_defs.defs.resources["recovery"].database_url)
+    store = RecoveryStore(replay_defs.defs.resources["recovery"].database_url or sqlite_url)
     store.migrate()
     job = build_reconstructable_job("replay_defs", "bound", reconstructable_args=("mixed_inproc",),
                                     reconstructor_working_directory=str(HERE))
