@@ -166,7 +166,9 @@ def test_a_kill_between_two_documents_results_keeps_the_first_and_reattaches_for
     the other two, and nothing is started or paid again."""
     with TextractProvider({"scans": folder}, duration=1.0, result_delay=1.5) as provider:
         def first_kept():
-            return sum(1 for item in store.list_items("ocr") if item.status == "completed") == 1
+            # at least one: a busy machine may read the queue only after a second document was kept too (each read
+            # of a result takes 1.5 s, so the third is still to come, and the resume re-attaches for it)
+            return sum(1 for item in store.list_items("ocr") if item.status == "completed") >= 1
 
         pipeline, result = kill_and_resume(store, db_url, folder, provider, first_kept)
         assert set(provider.starts.values()) == {1}
