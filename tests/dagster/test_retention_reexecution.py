@@ -14,13 +14,18 @@ from recovery_ext._store.store import RecoveryStore
 HERE = Path(__file__).resolve().parents[1] / "support"
 
 
+def failing_first_job():
+    """The in-process job whose node ``c`` fails its first run and succeeds when re-executed, with that config."""
+    job = build_reconstructable_job("replay_defs", "bound", reconstructable_args=("mixed_inproc",),
+                                    reconstructor_working_directory=str(HERE))
+    return job, {"ops": {"c": {"config": {"fail_first_run": True}}}}
+
+
 def test_a_reexecution_of_a_run_whose_pipeline_was_pruned_starts_a_new_pipeline(instance, monkeypatch, sqlite_url):
     monkeypatch.setenv("RECOVERY_DATABASE_URL", sqlite_url)
     store = RecoveryStore(sqlite_url)
     store.migrate()
-    job = build_reconstructable_job("replay_defs", "bound", reconstructable_args=("mixed_inproc",),
-                                    reconstructor_working_directory=str(HERE))
-    run_config = {"ops": {"c": {"config": {"fail_first_run": True}}}}
+    job, run_config = failing_first_job()
     with execute_job(job, instance=instance, run_config=run_config, raise_on_error=False) as first:
         assert not first.success
     (failed,) = store.list_pipelines()
@@ -46,9 +51,7 @@ def test_a_prune_between_the_reexecutions_read_and_its_take_over_starts_a_new_pi
 
     store = RecoveryStore(replay_defs.defs.resources["recovery"].database_url or sqlite_url)
     store.migrate()
-    job = build_reconstructable_job("replay_defs", "bound", reconstructable_args=("mixed_inproc",),
-                                    reconstructor_working_directory=str(HERE))
-    run_config = {"ops": {"c": {"config": {"fail_first_run": True}}}}
+    job, run_config = failing_first_job()
     with execute_job(job, instance=instance, run_config=run_config, raise_on_error=False) as first:
         assert not first.success
     failed = store.find_pipeline(first.run_id)
