@@ -42,11 +42,16 @@ def run_provider_job(ctx: Any, adapter: JobAdapter, requests: Mapping[str, Any],
     store, own, node = ctx._store, ctx.ownership, ctx.node_name
     unfinished = [item.key for item in ctx.items(list(requests))]
     done = 0
+    if not unfinished:
+        _close_kept(ctx, adapter)
     while unfinished:
         live = store.job_live(own, node, adapter.provider)
         if live is None:
+            # attempts count per item: a node that runs batch after batch (a queue drained in rounds) submits
+            # each new batch as its first attempt, and only the items a job left unfinished count up
             attempt = 1 + max((r.attempt for r in store.provider_jobs(own.pipeline_id, node)
-                               if r.provider == adapter.provider), default=0)
+                               if r.provider == adapter.provider and not set(r.items).isdisjoint(unfinished)),
+                              default=0)
             if attempt > max_attempts:
                 raise ClassifiedError(category="provider_job", retryable=False, endpoint=adapter.endpoint,
                                       message=f"{len(unfinished)} item(s) still unfinished after {max_attempts} "
@@ -76,14 +81,28 @@ def run_provider_job(ctx: Any, adapter: JobAdapter, requests: Mapping[str, Any],
                 ctx.metadata["provider_job_reattached"] = job_id
         state = _wait(ctx, adapter, job_id, poll_seconds)
         done += _collect(ctx, adapter, adapter.results(job_id), [k for k in items if k in unfinished], keep, prices)
-        store.job_finished(own, node, token, JobStatus.COLLECTED if state == COMPLETED else state)
         finished = ctx.completed_items()
         unfinished = [k for k in unfinished if k not in finished]
+        others = [k for k in (live.items if live is not None else ()) if k not in requests and k not in finished]
+        if state == COMPLETED and others and not unfinished:
+            # A resume given only some of a live job's items (a queue's claim): the job stays live, and the
+            # call given the others re-attaches to it for theirs instead of paying for them again.
+            break
+        store.job_finished(own, node, token, JobStatus.COLLECTED if state == COMPLETED else state)
         if unfinished:
             ctx.log.warning(f"{node}: {adapter.provider} job {_shown(job_id)} ended {state} with {len(unfinished)} "
                             f"item(s) unfinished: resubmitting those only")
     ctx.flush_ledger()
     return done
+
+
+def _close_kept(ctx: Any, adapter: JobAdapter) -> None:
+    """A live job every item of which is already checkpointed (a kill after the last item was kept and before
+    the job was marked) is collected: nothing is left to wait for."""
+    store, own = ctx._store, ctx.ownership
+    live = store.job_live(own, ctx.node_name, adapter.provider)
+    if live is not None and set(live.items) <= set(ctx.completed_items()):
+        store.job_finished(own, ctx.node_name, live.token, JobStatus.COLLECTED)
 
 
 def _shown(job_id: str) -> str:

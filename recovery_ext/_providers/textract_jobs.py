@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from recovery_ext._classify.redaction import redact_url
@@ -96,13 +96,10 @@ class TextractJobs:
             return EXPIRED
         return FAILED
 
-    def results(self, job_id: str) -> dict[str, JobResult]:
-        found: dict[str, JobResult] = {}
-        for key, document_job in _jobs(job_id).items():
-            result = self._document(document_job)
-            if result is not None:
-                found[key] = result
-        return found
+    def results(self, job_id: str) -> Mapping[str, JobResult]:
+        """Each document's answer, read from Textract when it is first asked for: a caller that keeps each
+        item as it reads it loses at most the document being read to a crash, not every one read before."""
+        return _DocumentResults(self, _jobs(job_id))
 
     # -- one document's job -------------------------------------------------------------------------
 
@@ -151,6 +148,31 @@ class TextractJobs:
                           "confidence": confidence, "job_id": document_job}
         cost = pages * self.price_per_page if self.price_per_page is not None else None
         return JobResult(answer=answer_of_item, model=MODEL, cost=cost)
+
+
+class _DocumentResults(Mapping[str, JobResult]):
+    """A group's results, one document read (all its pages) on first access and kept; a document still in
+    progress is absent."""
+
+    def __init__(self, jobs: TextractJobs, documents: dict[str, str]) -> None:
+        self._jobs, self._documents = jobs, documents
+        self._read: dict[str, JobResult | None] = {}
+
+    def __getitem__(self, key: str) -> JobResult:
+        if key not in self._read:
+            if key not in self._documents:
+                raise KeyError(key)
+            self._read[key] = self._jobs._document(self._documents[key])
+        found = self._read[key]
+        if found is None:
+            raise KeyError(key)
+        return found
+
+    def __iter__(self) -> Iterator[str]:
+        return (key for key in self._documents if key in self)
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
 
 
 def _jobs(job_id: str) -> dict[str, str]:

@@ -214,15 +214,22 @@ def test_a_batch_wait_longer_than_the_heartbeat_timeout_is_no_orphan(store, db_u
     assert_ledger_equals_the_provider(store, pipeline.id, provider)
 
 
+def killed_mid_collection(store, provider: BatchProvider, db_url, monkeypatch, run_config, what: str):
+    """Run batch_kill_defs' job in a process that kills itself (-9) after ``kill_after`` items were kept; its
+    pipeline."""
+    monkeypatch.setenv("RECOVERY_DATABASE_URL", db_url)
+    monkeypatch.setenv("RECOVERY_BATCH_URL", provider.url)
+    worker = start_worker("batch_kill_defs", run_config)
+    assert worker.wait(240) == -signal.SIGKILL, f"the run should have killed itself {what}"
+    (pipeline,) = store.list_pipelines()
+    return pipeline
+
+
 def test_a_kill_while_results_are_checkpointed_resumes_with_the_rest_only(store, db_url, monkeypatch):
     kill_after = random.Random().randint(1, ITEMS - 1)
     run_config = config(kill_after=kill_after)
     with BatchProvider(duration=0.5) as provider:
-        monkeypatch.setenv("RECOVERY_DATABASE_URL", db_url)
-        monkeypatch.setenv("RECOVERY_BATCH_URL", provider.url)
-        worker = start_worker("batch_kill_defs", run_config)
-        assert worker.wait(240) == -signal.SIGKILL, "the run should have killed itself mid-collection"
-        (pipeline,) = store.list_pipelines()
+        pipeline = killed_mid_collection(store, provider, db_url, monkeypatch, run_config, "mid-collection")
         assert len(store.completed_items(pipeline.id, "describe")) == kill_after
         assert [j.status for j in store.provider_jobs(pipeline.id)] == ["submitted"]  # not collected yet
         _, result = resume(store, batch_kill_defs.job, run_config)
@@ -236,4 +243,44 @@ def test_a_kill_while_results_are_checkpointed_resumes_with_the_rest_only(store,
     assert len(resumed_rows) == ITEMS - kill_after  # the resume checkpointed only the rest
     assert [(j.job_id, j.status, j.attempt) for j in store.provider_jobs(pipeline.id)] == [
         (batch_id, "collected", 1)]
+    assert len(store.completed_items(pipeline.id, "describe")) == ITEMS
+
+
+def test_a_kill_after_every_result_was_kept_collects_the_job_without_asking_the_provider(store, db_url, monkeypatch):
+    run_config = config(kill_after=ITEMS)  # killed after the last item's checkpoint, before the job was marked
+    with BatchProvider(duration=0.5) as provider:
+        pipeline = killed_mid_collection(store, provider, db_url, monkeypatch, run_config, "after its last item")
+        assert [j.status for j in store.provider_jobs(pipeline.id)] == ["submitted"]
+        _, result = resume(store, batch_kill_defs.job, run_config)
+        assert provider.submissions == 1
+        (batch_id,) = provider.batches
+    assert [(j.job_id, j.status) for j in store.provider_jobs(pipeline.id)] == [(batch_id, "collected")]
+    assert [c for c in store.provider_calls(pipeline.id) if c.epoch == 2] == []  # the resume paid nothing
+    assert outcomes(store, pipeline.id) == Counter({"ok": ITEMS, "submitted": 1})
+
+
+def test_a_node_submits_more_batches_than_max_attempts_each_as_its_first_attempt(store, db_url, monkeypatch):
+    with BatchProvider(duration=0.2) as provider:
+        monkeypatch.setenv("RECOVERY_DATABASE_URL", db_url)
+        monkeypatch.setenv("RECOVERY_BATCH_URL", provider.url)
+        with DagsterInstance.ephemeral() as instance:
+            result = execute_in_process(batch_kill_defs.rounds_job, instance=instance,
+                                        resources={"recovery": recovery_resource()})
+        assert result.success
+        assert provider.submissions == 4
+    (pipeline,) = store.list_pipelines()
+    assert [(j.status, j.attempt, len(j.items)) for j in store.provider_jobs(pipeline.id)] == [
+        ("collected", 1, 2)] * 4
+    assert len(store.completed_items(pipeline.id, "describe_in_rounds")) == 8
+
+
+def test_a_resume_given_a_live_batchs_items_in_two_calls_reattaches_for_both(store, db_url, monkeypatch):
+    run_config = config(kill_after=1, resume_in_halves=True)
+    with BatchProvider(duration=0.5) as provider:
+        pipeline = killed_mid_collection(store, provider, db_url, monkeypatch, run_config, "mid-collection")
+        _, result = resume(store, batch_kill_defs.job, run_config)
+        assert provider.submissions == 1  # the second call re-attached too: nothing submitted or paid again
+        (batch_id,) = provider.batches
+    assert [(j.job_id, j.status) for j in store.provider_jobs(pipeline.id)] == [(batch_id, "collected")]
+    assert outcomes(store, pipeline.id) == Counter({"ok": ITEMS, "submitted": 1})
     assert len(store.completed_items(pipeline.id, "describe")) == ITEMS

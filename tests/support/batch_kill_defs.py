@@ -16,7 +16,8 @@ from recovery_pipelines.demo_batch import URL_ENV, request
 
 
 @recoverable_op(config_schema={"items": Field(int, default_value=6), "poll_seconds": Field(float, default_value=0.2),
-                               "kill_after": Field(int, default_value=-1)})
+                               "kill_after": Field(int, default_value=-1),
+                               "resume_in_halves": Field(bool, default_value=False)})
 def describe(ctx: NodeContext) -> dict:
     import openai
 
@@ -31,10 +32,33 @@ def describe(ctx: NodeContext) -> dict:
         if len(kept) == ctx.op_config["kill_after"] and not resumed:
             os.kill(os.getpid(), signal.SIGKILL)
 
-    run_provider_job(ctx, OpenAIBatchJobs(client), requests, poll_seconds=ctx.op_config["poll_seconds"], keep=keep)
+    parts = [requests]
+    if resumed and ctx.op_config["resume_in_halves"]:  # a resume given a live job's items in two calls
+        keys = sorted(requests)
+        parts = [{k: requests[k] for k in keys[:len(keys) // 2]}, {k: requests[k] for k in keys[len(keys) // 2:]}]
+    for part in parts:
+        run_provider_job(ctx, OpenAIBatchJobs(client), part, poll_seconds=ctx.op_config["poll_seconds"], keep=keep)
     return {"items": len(ctx.completed_items())}
 
 
 @recoverable_job(name="batch_kill_job", executor_def=in_process_executor)
 def job():
     describe()
+
+
+@recoverable_op(config_schema={"rounds": Field(int, default_value=4), "items": Field(int, default_value=2)})
+def describe_in_rounds(ctx: NodeContext) -> dict:
+    """One node that submits batch after batch (as a queue drained in rounds does), more batches than the
+    jobs API's ``max_attempts``: each new batch is its items' first attempt."""
+    import openai
+
+    client = openai.OpenAI(base_url=os.environ[URL_ENV], api_key="sk-test")
+    for r in range(ctx.op_config["rounds"]):
+        requests = {f"r{r}t{i}": request(f"r{r}t{i}") for i in range(ctx.op_config["items"])}
+        run_provider_job(ctx, OpenAIBatchJobs(client), requests, poll_seconds=0.2, max_attempts=3)
+    return {"items": len(ctx.completed_items())}
+
+
+@recoverable_job(name="batch_rounds_job", executor_def=in_process_executor)
+def rounds_job():
+    describe_in_rounds()

@@ -41,7 +41,12 @@ def test_a_start_under_the_same_token_answers_the_same_jobs_and_results_come_pag
         wait_for(lambda: jobs.status(job_id) == COMPLETED, timeout=30, interval=0.05, what="the jobs")
         gets = provider.gets
         results = jobs.results(job_id)
+        assert provider.gets == gets  # nothing read until a document is asked for: each is kept as it is read
+        first = results["a.pdf"]
         assert provider.gets - gets >= 4  # a.pdf: PAGE, 2 LINEs and 5 WORDs read 2 blocks at a time
+        read = provider.gets
+        assert results["a.pdf"] is first and provider.gets == read  # kept, not read again
+        assert set(results) == {"a.pdf", "b.pdf"} and provider.gets > read  # b.pdf read once asked for
     assert results["a.pdf"].answer["text"] == "INVOICE 101\nTotal due 11.10 EUR"
     assert results["b.pdf"].answer["text"] == "LETTER 2"
     assert results["a.pdf"].answer["job_id"] == json.loads(job_id)["a.pdf"]
