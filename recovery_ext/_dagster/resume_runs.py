@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor, wait
 from datetime import UTC
 from typing import Any, overload
@@ -42,6 +42,9 @@ SYSTEM_PREFIXES = ("dagster/", ".dagster/", "recovery/", "dagster-")
 # to that decision. Dagster's daemon writes the tag within its next event-log pass if the failure
 # path did not.
 RETRY_DECISION_GRACE_SECONDS = 30.0
+# How long one tick spends writing the take-over's message into superseded runs that had already ended
+# (an engine event each: a few ms on PostgreSQL, more on Dagster's per-run SQLite event logs).
+EXPLAIN_BUDGET_SECONDS = 2.0
 
 LIVE_STATUSES = [DagsterRunStatus.STARTING, DagsterRunStatus.STARTED, DagsterRunStatus.CANCELING]
 # A resume run in these states has not had its chance to attach yet: its reservation is extended.
@@ -209,12 +212,15 @@ def resume_request(r: Reclaimed, origin: DagsterRun | None = None, job: JobDefin
 
 
 def stop_superseded(instance, reclaimed: Sequence[Reclaimed | GivenUp], message, *, budget_seconds: float = 20.0,
-                    workers: int = 8) -> list[StopOutcome]:
+                    workers: int = 8, explain_budget_seconds: float = EXPLAIN_BUDGET_SECONDS) -> list[StopOutcome]:
     """Ask the run launcher to terminate every superseded run Dagster still shows live, then mark it FAILURE.
 
     A superseded run Dagster already shows ended (its run worker was killed: the code server marked it
     failed) gets the same message as an engine event at once, so its own log names the recovery at the
-    tick that decided it, not only when the resume run starts.
+    tick that decided it, not only when the resume run starts. Those messages take at most
+    ``explain_budget_seconds``: after a mass kill, a tick that reclaims thousands of pipelines explains the
+    first ones and logs how many it left (each pipeline's events and its resume run's log say it too), so
+    writing into thousands of dead runs' logs never holds back their resume runs.
 
     Best effort: a launcher that cannot reach the run (its host is gone) or answers an error is
     recorded, never raised. The runs are looked up in one batched query; the terminations run
@@ -225,9 +231,8 @@ def stop_superseded(instance, reclaimed: Sequence[Reclaimed | GivenUp], message,
     if not previous:
         return []
     known = runs_by_id(instance, previous)
-    for run in known.values():
-        if run.status not in LIVE_STATUSES:
-            _explain_ended(instance, run, message(previous[run.run_id]))
+    ended = [run for run in known.values() if run.status not in LIVE_STATUSES]
+    _explain_ended(instance, ended, lambda run: message(previous[run.run_id]), explain_budget_seconds)
     live = {run_id: run for run_id, run in known.items() if run.status in LIVE_STATUSES}
     if not live:
         return []
@@ -265,11 +270,22 @@ def stop_superseded(instance, reclaimed: Sequence[Reclaimed | GivenUp], message,
     return outcomes
 
 
-def _explain_ended(instance, run: DagsterRun, message: str) -> None:
-    try:
-        instance.report_engine_event(message, run)
-    except Exception as exc:  # noqa: BLE001 - best effort: the pipeline row is the truth
-        log.warning("could not explain the take-over on run %s: %s", run.run_id, redact(exc))
+def _explain_ended(instance, runs: Sequence[DagsterRun], message: Callable[[DagsterRun], str],
+                   budget_seconds: float) -> int:
+    """The take-over's message as an engine event in each ended run's own log, until ``budget_seconds`` are
+    spent; how many runs got it."""
+    deadline = time.monotonic() + budget_seconds
+    for n, run in enumerate(runs):
+        if time.monotonic() >= deadline:
+            log.info("%d more superseded runs had already ended; the take-over is in their pipelines' events and "
+                     "their resume runs' logs, not in their own (this tick spent its %.1f s for that)",
+                     len(runs) - n, budget_seconds)
+            return n
+        try:
+            instance.report_engine_event(message(run), run)
+        except Exception as exc:  # noqa: BLE001 - best effort: the pipeline row is the truth
+            log.warning("could not explain the take-over on run %s: %s", run.run_id, redact(exc))
+    return len(runs)
 
 
 class DagsterRunControl:

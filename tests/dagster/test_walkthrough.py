@@ -115,3 +115,31 @@ def test_a_dead_runs_own_log_names_its_recovery_at_the_tick_that_reclaims_it(sto
     assert request.tags["recovery/pipeline_id"] == str(own.pipeline_id)
     assert (f"recovery-ext: pipeline {own.pipeline_id} was taken over because Dagster reported its run dead; "
             f"resumed as resume #1 (run key recovery-{own.pipeline_id}-1)") in messages
+
+
+def test_a_mass_take_over_explains_dead_runs_only_within_its_budget(caplog):
+    """After a mass kill the tick writes the take-over into the dead runs' own logs for at most its budget,
+    and says how many it left: the resume runs are never held back by thousands of engine events."""
+    from dagster import DagsterRunStatus, instance_for_test
+    from dagster._core.test_utils import create_run_for_test
+
+    from recovery_ext._dagster.resume_runs import stop_superseded
+    from recovery_ext._store.models import Reclaimed
+
+    def explained(instance, run_id):
+        return [e for e in instance.all_logs(run_id) if e.is_dagster_event
+                and e.dagster_event.event_type_value == "ENGINE_EVENT"]
+
+    with instance_for_test() as instance:
+        dead = [create_run_for_test(instance, job_name="items_job", status=DagsterRunStatus.FAILURE).run_id
+                for _ in range(3)]
+        taken = [Reclaimed(pipeline_id=n, job_name="items_job", params={}, previous_owner=run_id, owner=None,
+                           epoch=2, resume_number=1) for n, run_id in enumerate(dead, 1)]
+        with caplog.at_level("INFO", logger="recovery_ext"):
+            assert stop_superseded(instance, taken, lambda r: f"taken over: {r.pipeline_id}",
+                                   explain_budget_seconds=0) == []
+        assert [explained(instance, run_id) for run_id in dead] == [[], [], []]
+        assert "3 more superseded runs had already ended" in caplog.text
+        stop_superseded(instance, taken, lambda r: f"taken over: {r.pipeline_id}")
+        assert [[e.message for e in explained(instance, run_id)] for run_id in dead] == [
+            [f"taken over: {n}"] for n in (1, 2, 3)]
