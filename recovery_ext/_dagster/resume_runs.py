@@ -44,7 +44,7 @@ SYSTEM_PREFIXES = ("dagster/", ".dagster/", "recovery/", "dagster-")
 RETRY_DECISION_GRACE_SECONDS = 30.0
 # How long one tick spends writing the take-over's message into superseded runs that had already ended
 # (an engine event each: a few ms on PostgreSQL, more on Dagster's per-run SQLite event logs).
-EXPLAIN_BUDGET_SECONDS = 2.0
+EXPLAIN_BUDGET_SECONDS = 1.0
 
 LIVE_STATUSES = [DagsterRunStatus.STARTING, DagsterRunStatus.STARTED, DagsterRunStatus.CANCELING]
 # A resume run in these states has not had its chance to attach yet: its reservation is extended.
@@ -117,6 +117,13 @@ def runs_by_id(instance, run_ids: Iterable[str], statuses: Sequence[DagsterRunSt
         for run in instance.get_runs(filters=RunsFilter(run_ids=list(part), statuses=list(statuses))):
             found[run.run_id] = run
     return found
+
+
+def held_run_ids(instance, run_ids: Iterable[str]) -> set[str]:
+    """Which of ``run_ids`` this instance holds: ids only, no run deserialized (a tick after a mass kill
+    checks thousands)."""
+    return {run_id for part in chunks(sorted(set(run_ids)), BATCH)
+            for run_id in instance.get_run_ids(filters=RunsFilter(run_ids=list(part)))}
 
 
 def runs_by_run_key(instance, run_keys: Iterable[str]) -> dict[str, DagsterRun]:
@@ -230,10 +237,11 @@ def stop_superseded(instance, reclaimed: Sequence[Reclaimed | GivenUp], message,
     previous = {r.previous_owner: r for r in reclaimed if r.previous_owner and not is_placeholder(r.previous_owner)}
     if not previous:
         return []
-    known = runs_by_id(instance, previous)
-    ended = [run for run in known.values() if run.status not in LIVE_STATUSES]
+    # Only the live ones are read whole (a few); the ended ones (thousands after a mass kill) by id, each
+    # read only when its message is written.
+    live = runs_by_id(instance, previous, LIVE_STATUSES)
+    ended = sorted(held_run_ids(instance, previous) - set(live))
     _explain_ended(instance, ended, lambda run: message(previous[run.run_id]), explain_budget_seconds)
-    live = {run_id: run for run_id, run in known.items() if run.status in LIVE_STATUSES}
     if not live:
         return []
 
@@ -270,22 +278,24 @@ def stop_superseded(instance, reclaimed: Sequence[Reclaimed | GivenUp], message,
     return outcomes
 
 
-def _explain_ended(instance, runs: Sequence[DagsterRun], message: Callable[[DagsterRun], str],
+def _explain_ended(instance, run_ids: Sequence[str], message: Callable[[DagsterRun], str],
                    budget_seconds: float) -> int:
     """The take-over's message as an engine event in each ended run's own log, until ``budget_seconds`` are
     spent; how many runs got it."""
     deadline = time.monotonic() + budget_seconds
-    for n, run in enumerate(runs):
+    for n, run_id in enumerate(run_ids):
         if time.monotonic() >= deadline:
             log.info("%d more superseded runs had already ended; the take-over is in their pipelines' events and "
                      "their resume runs' logs, not in their own (this tick spent its %.1f s for that)",
-                     len(runs) - n, budget_seconds)
+                     len(run_ids) - n, budget_seconds)
             return n
         try:
-            instance.report_engine_event(message(run), run)
+            run = instance.get_run_by_id(run_id)
+            if run is not None:
+                instance.report_engine_event(message(run), run)
         except Exception as exc:  # noqa: BLE001 - best effort: the pipeline row is the truth
-            log.warning("could not explain the take-over on run %s: %s", run.run_id, redact(exc))
-    return len(runs)
+            log.warning("could not explain the take-over on run %s: %s", run_id, redact(exc))
+    return len(run_ids)
 
 
 class DagsterRunControl:
@@ -306,7 +316,7 @@ class DagsterRunControl:
         return watch_resume_runs(self.instance, placeholders)
 
     def known_runs(self, run_ids: Sequence[str]) -> set[str]:
-        return set(runs_by_id(self.instance, run_ids))
+        return held_run_ids(self.instance, run_ids)
 
     def resume_requests(self, awaiting: Sequence[Reclaimed]) -> list[RunRequest]:
         origins = self.origin_runs.get(self.instance, [a.origin_run_id for a in awaiting if a.origin_run_id])

@@ -30,7 +30,7 @@ from recovery_ext._store.statuses import PipelineStatus
 
 p = pipelines.c
 
-FIRST_RUNS_LIMIT = 1000     # pipelines a tick checks against its Dagster instance at most
+FIRST_RUNS_LIMIT = 10_000   # pipelines a tick checks against its Dagster instance at most (a mass kill's worth)
 STRANDED_AFTER = 600.0      # seconds an orphan may go unreclaimed before status calls it stranded
 
 
