@@ -5,11 +5,13 @@ from __future__ import annotations
 
 from functools import partial
 
+import psycopg
 import pytest
 from helpers import expire, reclaim, round_trips, sent_round_trips
 from sqlalchemy import select
 
 from recovery_ext._errors import NotFound, OwnershipLost
+from recovery_ext._store import hot_path
 from recovery_ext._store.ledger import IN_FLIGHT
 from recovery_ext._store.models import Ownership, PassPlan, ProviderCall
 from recovery_ext._store.schema import call_journal, provider_calls
@@ -126,5 +128,35 @@ def test_each_journal_write_is_one_round_trip_on_postgresql(pg_url):
                     assert sent_round_trips(messages) == ["Sync"], messages
                     assert messages[-1] == "B ReadyForQuery I", messages  # autocommit: nothing left open
         assert [(r[3], r[6], r[9]) for r in ledger(store, own.pipeline_id).values()] == [(4, "ok", 1)] * 2
+    finally:
+        store.close()
+
+
+def test_a_write_whose_commit_landed_before_its_connection_dropped_is_retried_quietly(pg_url, monkeypatch):
+    """The server ran the function (autocommit: committed), then the client lost the answer: the store retries,
+    and the second attempt finds its own first attempt's rows instead of writing them twice."""
+    store = RecoveryStore(pg_url)
+    try:
+        store.migrate()
+        own = store.create_pipeline("job", ["a"], owner="run-1", origin_run_id="run-1")
+        store.start_node(own, "a")
+        dropped: list[str] = []
+        run_for_real = hot_path._rows
+
+        def drop_once(raw, query, params):
+            rows = run_for_real(raw, query, params)  # the server ran and committed it
+            if query in ("journal_begin", "journal_answer") and query not in dropped:
+                dropped.append(query)
+                raw.close()  # the answer is lost with the connection
+                raise psycopg.OperationalError("server closed the connection unexpectedly")
+            return rows
+
+        monkeypatch.setattr(hot_path, "_rows", drop_once)
+        call = in_flight(own, "k1")
+        assert store.journal_begin(own, call, call_key="fp#1") is None
+        store.journal_answer(own, answered(call, tokens_in=6), call_key="fp#1", answer='"a"')
+        assert dropped == ["journal_begin", "journal_answer"]
+        assert [(r[3], r[6], r[9]) for r in ledger(store, own.pipeline_id).values()] == [(6, "ok", 0)]
+        assert journal(store, own.pipeline_id) == [("k1", "fp#1", call.id, own.epoch, '"a"')]
     finally:
         store.close()
