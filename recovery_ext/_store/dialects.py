@@ -55,6 +55,9 @@ class Dialect:
     # rx_begin_node / rx_complete_node exist (migration 0008): a node's start and completion in one round trip
     # (``node_transitions`` picks its strategy from this, once per store)
     node_functions = False
+    # rx_journal_begin / rx_journal_answer exist (migration 0018): a journaled provider call's two fenced writes in
+    # one round trip each (``journal_writes`` picks its strategy from this, once per store)
+    journal_functions = False
     # Write many ledger rows through the driver's own executemany: SQLAlchemy's execute costs more than the
     # rows themselves on an in-process database.
     ledger_rows_via_driver = False
@@ -226,6 +229,7 @@ class PostgresDialect(Dialect):
     migrations_folder = "postgres"
     dml_in_cte = True
     node_functions = True
+    journal_functions = True
     autocommit_reads = True
     row_locks = True
 

@@ -5,7 +5,8 @@ statements the store otherwise sends one by one inside a transaction (lock the p
 read the node, move it, record the transition, refresh or finish the pipeline), in the same
 order, in one autocommit round trip. ``start_items`` is ``ctx.items()``'s start as one statement;
 ``breaker_state`` is the circuit-breaker read before a provider call (a node reuses a closed one for
-``breaker_refresh`` seconds).
+``breaker_refresh`` seconds). ``journal_begin`` / ``journal_answer`` are a journaled provider call's two
+fenced writes, ``rx_journal_begin`` / ``rx_journal_answer`` (``sql/postgres/0018_journal_functions.sql``).
 
 The statements are fixed SQL (``sql/postgres/queries``) run on the pooled psycopg connection
 with ``prepare=True``: parsed and planned once per connection, then only bound and executed.
@@ -59,3 +60,14 @@ def breaker_state(raw: Any, endpoint: str):
     """The endpoint's breaker row (state, consecutive_failures, open_left, probe_left), or None."""
     rows = _rows(raw, "breaker_state", {"endpoint": endpoint})
     return rows[0] if rows else None
+
+
+def journal_begin(raw: Any, **params: Any):
+    """One row: ``verdict`` (no_pipeline, lost, hit, written), the pipeline's owner, epoch and status (to explain
+    a refusal), the journaled answer and the columns of the ledger row that paid for it (a hit)."""
+    return _rows(raw, "journal_begin", params)[0]
+
+
+def journal_answer(raw: Any, **params: Any):
+    """One row: ``verdict`` (no_pipeline, lost, written) and the pipeline's owner, epoch and status."""
+    return _rows(raw, "journal_answer", params)[0]

@@ -180,6 +180,114 @@ CREATE FUNCTION public.rx_duration(p_start timestamp with time zone, p_end times
     SELECT CASE WHEN isfinite(p_start) AND isfinite(p_end) THEN extract(epoch FROM p_end - p_start)::float8 END
 $$;
 
+CREATE FUNCTION public.rx_journal_answer(p_pipeline bigint, p_epoch integer, p_node text, p_item text, p_call_key text, p_call_id text, p_answer text, p_in_flight text, p_model text, p_tokens_in bigint, p_tokens_out bigint, p_latency double precision, p_outcome text, p_cost double precision, p_note text) RETURNS TABLE(verdict text, pipeline_owner text, pipeline_epoch integer, pipeline_status text)
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    v_fence RECORD;
+BEGIN
+    SELECT * INTO v_fence FROM rx_journal_fence(p_pipeline, p_epoch);
+    IF v_fence.verdict <> 'fenced' THEN
+        RETURN QUERY SELECT v_fence.verdict, v_fence.pipeline_owner, v_fence.pipeline_epoch, v_fence.pipeline_status;
+        RETURN;
+    END IF;
+    IF p_call_key IS NOT NULL AND p_answer IS NOT NULL THEN
+        -- fresh=True: the new answer replaces the old
+        INSERT INTO rx_call_journal AS j (pipeline_id, node_name, item_key, call_key, call_id, epoch, answer,
+                                          answered_at)
+        VALUES (p_pipeline, p_node, p_item, p_call_key, p_call_id, p_epoch, p_answer, now())
+        ON CONFLICT (pipeline_id, node_name, item_key, call_key) DO UPDATE
+           SET call_id = EXCLUDED.call_id, epoch = EXCLUDED.epoch, answer = EXCLUDED.answer,
+               answered_at = EXCLUDED.answered_at;
+    END IF;
+    UPDATE rx_provider_calls c
+       SET model = p_model, tokens_in = p_tokens_in, tokens_out = p_tokens_out, latency_seconds = p_latency,
+           outcome = p_outcome, cost = p_cost, note = p_note
+     WHERE c.id = p_call_id AND c.outcome = p_in_flight;
+    RETURN QUERY SELECT 'written'::TEXT, v_fence.pipeline_owner, v_fence.pipeline_epoch, v_fence.pipeline_status;
+END
+$$;
+
+CREATE TABLE public.rx_provider_calls (
+    id text NOT NULL,
+    pipeline_id bigint,
+    node_name text,
+    item_key text,
+    run_id text,
+    epoch integer,
+    endpoint text NOT NULL,
+    model text,
+    tokens_in bigint DEFAULT 0 NOT NULL,
+    tokens_out bigint DEFAULT 0 NOT NULL,
+    latency_seconds double precision DEFAULT 0 NOT NULL,
+    outcome text NOT NULL,
+    cost double precision,
+    reached_checkpoint boolean DEFAULT false NOT NULL,
+    recorded_at timestamp with time zone DEFAULT now() NOT NULL,
+    replays integer DEFAULT 0 NOT NULL,
+    note text
+);
+
+CREATE FUNCTION public.rx_journal_begin(p_pipeline bigint, p_epoch integer, p_node text, p_item text, p_call_key text, p_id text, p_call_pipeline bigint, p_call_node text, p_call_item text, p_run_id text, p_call_epoch integer, p_endpoint text, p_model text, p_tokens_in bigint, p_tokens_out bigint, p_latency double precision, p_outcome text, p_cost double precision, p_reached boolean, p_note text) RETURNS TABLE(verdict text, pipeline_owner text, pipeline_epoch integer, pipeline_status text, journaled_answer text, paid_call public.rx_provider_calls)
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    v_fence RECORD;
+    v_answer TEXT;
+    v_call_id TEXT;
+    v_call rx_provider_calls;
+BEGIN
+    SELECT * INTO v_fence FROM rx_journal_fence(p_pipeline, p_epoch);
+    IF v_fence.verdict <> 'fenced' THEN
+        RETURN QUERY SELECT v_fence.verdict, v_fence.pipeline_owner, v_fence.pipeline_epoch, v_fence.pipeline_status,
+                            NULL::TEXT, NULL::rx_provider_calls;
+        RETURN;
+    END IF;
+    IF p_call_key IS NOT NULL THEN
+        SELECT j.answer, j.call_id INTO v_answer, v_call_id FROM rx_call_journal j
+         WHERE j.pipeline_id = p_pipeline AND j.node_name = p_node AND j.item_key = p_item
+           AND j.call_key = p_call_key;
+        IF FOUND THEN
+            -- the answer is handed back: its paid call counts one more replay, no new ledger row
+            UPDATE rx_provider_calls c SET replays = c.replays + 1 WHERE c.id = v_call_id RETURNING * INTO v_call;
+            IF FOUND THEN
+                RETURN QUERY SELECT 'hit'::TEXT, v_fence.pipeline_owner, v_fence.pipeline_epoch, v_fence.pipeline_status,
+                                    v_answer, v_call;
+                RETURN;
+            END IF;
+        END IF;
+    END IF;
+    INSERT INTO rx_provider_calls (id, pipeline_id, node_name, item_key, run_id, epoch, endpoint, model, tokens_in,
+                                   tokens_out, latency_seconds, outcome, cost, reached_checkpoint, note, recorded_at)
+    VALUES (p_id, p_call_pipeline, p_call_node, p_call_item, p_run_id, p_call_epoch, p_endpoint, p_model, p_tokens_in,
+            p_tokens_out, p_latency, p_outcome, p_cost, p_reached, p_note, now())
+    ON CONFLICT (id) DO NOTHING;
+    RETURN QUERY SELECT 'written'::TEXT, v_fence.pipeline_owner, v_fence.pipeline_epoch, v_fence.pipeline_status,
+                        NULL::TEXT, NULL::rx_provider_calls;
+END
+$$;
+
+CREATE FUNCTION public.rx_journal_fence(p_pipeline bigint, p_epoch integer) RETURNS TABLE(verdict text, pipeline_owner text, pipeline_epoch integer, pipeline_status text)
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    v_epoch INTEGER;
+    v_owner TEXT;
+    v_status TEXT;
+BEGIN
+    PERFORM set_config('synchronous_commit', 'off', true);
+    SELECT p.epoch, p.owner, p.status INTO v_epoch, v_owner, v_status FROM rx_pipelines p
+     WHERE p.id = p_pipeline FOR KEY SHARE;
+    IF NOT FOUND THEN
+        RETURN QUERY SELECT 'no_pipeline'::TEXT, NULL::TEXT, NULL::INTEGER, NULL::TEXT;
+    ELSIF v_epoch <> p_epoch OR v_status <> 'running' THEN
+        RETURN QUERY SELECT 'lost'::TEXT, v_owner, v_epoch, v_status;
+    ELSE
+        RETURN QUERY SELECT 'fenced'::TEXT, v_owner, v_epoch, v_status;
+    END IF;
+END
+$$;
+
 CREATE FUNCTION public.rx_pipeline_finished() RETURNS trigger
     LANGUAGE plpgsql
     AS $$
@@ -545,26 +653,6 @@ CREATE SEQUENCE public.rx_pipelines_id_seq
     CACHE 1;
 
 ALTER SEQUENCE public.rx_pipelines_id_seq OWNED BY public.rx_pipelines.id;
-
-CREATE TABLE public.rx_provider_calls (
-    id text NOT NULL,
-    pipeline_id bigint,
-    node_name text,
-    item_key text,
-    run_id text,
-    epoch integer,
-    endpoint text NOT NULL,
-    model text,
-    tokens_in bigint DEFAULT 0 NOT NULL,
-    tokens_out bigint DEFAULT 0 NOT NULL,
-    latency_seconds double precision DEFAULT 0 NOT NULL,
-    outcome text NOT NULL,
-    cost double precision,
-    reached_checkpoint boolean DEFAULT false NOT NULL,
-    recorded_at timestamp with time zone DEFAULT now() NOT NULL,
-    replays integer DEFAULT 0 NOT NULL,
-    note text
-);
 
 CREATE TABLE public.rx_provider_jobs (
     pipeline_id bigint NOT NULL,

@@ -1,0 +1,3 @@
+-- PostgreSQL gains server-side functions for the call journal's two fenced writes here (one round
+-- trip each). SQLite runs in the worker's process, where a statement costs no round trip: the store
+-- keeps running those writes as statements of one transaction. Nothing to change.
