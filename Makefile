@@ -33,6 +33,7 @@ dev: install
 	@if [ -n "$$RECOVERY_LLM_BASE_URL" ]; then \
 	  exec $(BIN)/dagster dev -h 127.0.0.1 -p $(UI_PORT) -w workspace.yaml; \
 	fi; \
+	$(BIN)/python -m recovery_pipelines.demo_llm --port $(DEMO_LLM_PORT) --check || exit 1; \
 	$(BIN)/python -m recovery_pipelines.demo_llm --port $(DEMO_LLM_PORT) --latency $(DEMO_LLM_LATENCY) & llm=$$!; \
 	trap 'kill $$llm 2>/dev/null' EXIT INT TERM; \
 	RECOVERY_LLM_BASE_URL=http://127.0.0.1:$(DEMO_LLM_PORT)/v1 RECOVERY_LLM_MODEL=demo-llm \

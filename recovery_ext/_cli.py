@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 from collections.abc import Callable
 from importlib.metadata import entry_points
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 from tabulate import tabulate
@@ -32,6 +32,9 @@ from recovery_ext._store.retention import PruneResult
 from recovery_ext._store.store import URL_ENV, RecoveryStore, default_database_url
 from recovery_ext._store.statuses import WAITING, BreakerState, PipelineStatus, QueueStatus
 from recovery_ext._store.interfaces import CliStore, SensorStore
+
+if TYPE_CHECKING:  # the report's modules load only when a report is asked for
+    from recovery_ext._observe.timeline import Timeline
 
 RULE = "=" * 60
 CLI_RETRY_BUDGET = 3.0
@@ -679,15 +682,32 @@ def metrics_serve(store: CliStore, out: Output, host: str, port: int) -> None:
 
 @main.command()
 @click.argument("pipeline_id", type=ROW_ID)
-@click.option("--html", "html_path", required=True, type=click.Path(dir_okay=False, path_type=Path),
-              help="Write the report to this file (one self-contained HTML page).")
+@click.option("--html", "html_path", type=click.Path(dir_okay=False, path_type=Path),
+              help="Write the report to this file (one self-contained HTML page). Optional with --json.")
 @command
-def report(store: CliStore, out: Output, pipeline_id: int, html_path: Path) -> None:
-    """A pipeline across its runs: a timeline of runs, faults, reclaims, waits and the items each run did."""
-    from recovery_ext._observe.report import render_html
+def report(store: CliStore, out: Output, pipeline_id: int, html_path: Path | None) -> None:
+    """A pipeline across its runs: a timeline of runs, faults, reclaims, waits and the items each run did.
+
+    --html FILE writes the page; --json prints the timeline as data (with or without --html).
+    """
     from recovery_ext._observe.timeline import build_timeline
 
+    if html_path is None and not out.json:
+        raise BadArgument("give --html FILE (the page), --json (the timeline as data), or both")
     timeline = build_timeline(store.pipeline_history(pipeline_id))
+    if html_path is None:
+        out.emit(timeline.as_dict(), lambda: None)
+        return
+    _write_report_page(timeline, html_path)
+    data = {"file": str(html_path), **timeline.as_dict()}
+    out.emit(data, lambda: click.echo(
+        f"wrote {html_path}: pipeline {pipeline_id}, {len(timeline.runs)} run(s), "
+        f"{sum(r.items_done for r in timeline.runs)} item(s)"))
+
+
+def _write_report_page(timeline: Timeline, html_path: Path) -> None:
+    from recovery_ext._observe.report import render_html
+
     page = render_html(timeline)
     # Written beside the target and renamed over it: a failed write never leaves half a report.
     partial = html_path.with_name(f".{html_path.name}.partial")
@@ -696,10 +716,6 @@ def report(store: CliStore, out: Output, pipeline_id: int, html_path: Path) -> N
         partial.replace(html_path)
     finally:
         partial.unlink(missing_ok=True)
-    data = {"file": str(html_path), **timeline.as_dict()}
-    out.emit(data, lambda: click.echo(
-        f"wrote {html_path}: pipeline {pipeline_id}, {len(timeline.runs)} run(s), "
-        f"{sum(r.items_done for r in timeline.runs)} item(s)"))
 
 
 def _add_plugin_commands(group: click.Group) -> None:

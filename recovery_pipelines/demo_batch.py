@@ -68,11 +68,21 @@ def resources() -> dict[str, Any]:
                                          heartbeat_timeout=3.0)}
 
 
+# The resume runs inside `make demo-crash`'s own process: Dagster's console logger would interleave its
+# step-by-step DEBUG lines with the demo's narration; its INFO lines (the re-attachment) stay.
+QUIET_CONSOLE = {"console": {"config": {"log_level": "INFO"}}}
+
+
 def run(tags: dict[str, str] | None = None, items: int = 6) -> Any:
-    with tempfile.TemporaryDirectory() as home, DagsterInstance.local_temp(home) as instance:
-        return execute_in_process(job, instance=instance, tags=tags or {}, resources=resources(),
-                                  run_config={"ops": {"describe": {"config": {"items": items}}}},
-                                  raise_on_error=False)
+    with tempfile.TemporaryDirectory() as home:
+        # an empty dagster.yaml: without one Dagster warns that it defaults to storing everything in `home`,
+        # which is what this throw-away instance wants
+        (Path(home) / "dagster.yaml").write_text("", encoding="utf-8")
+        with DagsterInstance.local_temp(home) as instance:
+            return execute_in_process(job, instance=instance, tags=tags or {}, resources=resources(),
+                                      run_config={"ops": {"describe": {"config": {"items": items}}},
+                                                  "loggers": QUIET_CONSOLE},
+                                      raise_on_error=False)
 
 
 def run_batch_demo(var: Path, say, *, items: int = 6, duration: float = 6.0) -> list[str]:

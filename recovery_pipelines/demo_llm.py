@@ -58,13 +58,22 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="A local OpenAI-compatible LLM stand-in with latency.")
     parser.add_argument("--port", type=int, default=8765)
     parser.add_argument("--latency", type=float, default=1.0, help="Seconds per answer.")
+    parser.add_argument("--check", action="store_true",
+                        help="Only check that the port is free, then exit (0: free, 1: taken).")
     args = parser.parse_args(argv)
     if not 0 <= args.latency <= 60:
         parser.error("--latency must be between 0 and 60 seconds")
     try:
         server, url = serve(latency=args.latency, port=args.port)
     except OSError as exc:
-        parser.exit(1, f"demo LLM: cannot listen on 127.0.0.1:{args.port}: {exc.strerror or exc}\n")
+        # `make dev` checks first: started in the background, a stand-in that cannot listen would leave
+        # dagster dev pointed at whatever program holds the port
+        parser.exit(1, f"demo LLM: cannot listen on 127.0.0.1:{args.port}: {exc.strerror or exc} "
+                       f"(a free port: make dev DEMO_LLM_PORT=...)\n")
+    if args.check:
+        server.shutdown()
+        server.server_close()
+        return
     print(f"demo LLM stand-in at {url} ({args.latency:g} s per answer)", flush=True)
     try:
         threading.Event().wait()

@@ -148,3 +148,23 @@ def test_report_of_a_missing_pipeline_or_to_a_missing_folder_fails_clearly(store
                                         str(target)])
     assert nowhere.exit_code == 1 and "No such file or directory" in nowhere.output
     assert "Traceback" not in nowhere.output and not list(tmp_path.glob("**/*.partial"))
+
+
+def test_report_json_alone_prints_the_timeline_and_writes_no_page(store, db_url, tmp_path, monkeypatch):
+    # `--json` prints the timeline as data (docs/how-to/reports.md); it needs no --html page beside it.
+    crash = crash_and_resume(store, items_before=3, items_after=2)
+    workdir = tmp_path / "cwd"
+    workdir.mkdir()
+    monkeypatch.chdir(workdir)
+    result = CliRunner().invoke(main, ["--database-url", db_url, "report", str(crash.pipeline_id), "--json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.output)
+    expected = build_timeline(store.pipeline_history(crash.pipeline_id)).as_dict()
+    assert "file" not in data and set(data) == set(expected)
+    assert [(r["run_id"], r["outcome"], r["items"]) for r in data["runs"]] == [
+        (crash.first_run, "crashed", {"completed": 3}), (crash.resume_run, "completed", {"completed": 2})]
+    # Neither --html nor --json: one clear usage line (exit 2).
+    neither = CliRunner().invoke(main, ["--database-url", db_url, "report", str(crash.pipeline_id)])
+    assert neither.exit_code == 2 and "give --html FILE" in neither.output, neither.output
+    assert "Traceback" not in neither.output
+    assert list(workdir.iterdir()) == []  # no page, no partial file, no ./.dagster_home

@@ -60,3 +60,19 @@ def test_demo_crash_passes_its_own_check_on_a_busy_machine(tmp_path, cpu_hog):
         assert pasted.returncode == 0, (command, pasted.stderr)
     assert "completed" in subprocess.run(["bash", "-c", commands[1]], capture_output=True, text=True,
                                          timeout=60).stdout
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(300)
+def test_the_batch_part_narrates_without_dagster_debug_lines_or_a_missing_config_warning(tmp_path):
+    # Its resume runs in the demo's own process: Dagster's step-by-step DEBUG lines and its warning about
+    # a throw-away instance without dagster.yaml would drown the narration a newcomer reads.
+    env = {**os.environ, "RECOVERY_DEMO_CRASH_DIR": str(tmp_path / "demo-crash"), "RECOVERY_DEMO_ONLY": "batch"}
+    env.pop("RECOVERY_DATABASE_URL", None)
+    done = subprocess.run([sys.executable, "-m", "recovery_pipelines.demo_crash"], cwd=ROOT, env=env,
+                          stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=280)
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, output
+    assert "CHECK PASSED: the resume re-attached to the pending batch" in done.stdout
+    assert "re-attached to openai-batch job" in output  # the resume's own INFO line stays
+    assert " - DEBUG - " not in output and "No dagster instance configuration file" not in output, output
