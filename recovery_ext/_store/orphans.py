@@ -152,16 +152,24 @@ class OrphanOps(PipelineOps):
                 .order_by(transitions.c.id.desc()).limit(1)).scalar()
         return data if isinstance(data, dict) else None
 
-    def _awaiting(self, conn: Connection, scope: Scope, *, launcher_only: bool = False) -> list[Reclaimed]:
+    def _awaiting(self, conn: Connection, scope: Scope, *, launcher_only: bool = False,
+                  fresh: Sequence[Reclaimed] = ()) -> list[Reclaimed]:
+        """The pipelines reserved for a resume run that has not attached yet. ``fresh``: those this pass just
+        reserved, which already carry their params: only the others' params are read (after a mass kill,
+        decoding ten thousand params twice would be a good part of the tick)."""
         where = [LIVE, p.status == RUNNING, p.owner == _placeholder(p.resume_count),
                  *_jobs(scope.job_names, scope.deployment)]
         if launcher_only:  # only the sensor that reserved a pipeline re-requests its run (or nobody did)
             where.append(or_(p.launcher.is_(None), p.launcher == scope.launcher))
         rows = conn.execute(
-            select(p.id, p.job_name, p.params, p.resumed_from, p.owner, p.epoch, p.resume_count,
+            select(p.id, p.job_name, p.resumed_from, p.owner, p.epoch, p.resume_count,
                    p.origin_run_id, p.launcher).where(*where).order_by(p.id)
         ).all()
-        return [Reclaimed(r.id, r.job_name, r.params, r.resumed_from, r.owner, r.epoch, r.resume_count,
+        known = {r.pipeline_id: r.params for r in fresh}
+        params = dict(known)
+        for part in chunks([r.id for r in rows if r.id not in known]):
+            params.update(conn.execute(select(p.id, p.params).where(p.id.in_(list(part)))).tuples().all())
+        return [Reclaimed(r.id, r.job_name, params.get(r.id), r.resumed_from, r.owner, r.epoch, r.resume_count,
                           origin_run_id=r.origin_run_id, launcher=r.launcher) for r in rows]
 
     def _extend_launch_grace(self, conn: Connection, placeholders: Sequence[str], grace_seconds: float) -> int:

@@ -92,7 +92,8 @@ class TickOps(OrphanOps, RunOps, ProviderOps, DeploymentOps):
                 left = None if plan.limit is None else plan.limit - len(result.reclaimed)
                 if left is None or left > 0:
                     result.claimed = self._claim_awaiting(conn, left, plan.launch_grace_seconds, scope)
-                result.awaiting = self._awaiting(conn, scope, launcher_only=True)
+                result.awaiting = self._awaiting(conn, scope, launcher_only=True,
+                                                 fresh=[*result.reclaimed, *result.claimed])
             found = len(result.reclaimed) + len(result.given_up) + len(result.corrupt)
             if found:
                 self.record_events(conn, [{"kind": "recovery_completed", "payload": {
