@@ -220,7 +220,8 @@ class NodeContext:
 
     def queue(self, name: str) -> QueueHandle:
         """The work queue ``name``: claims, item heartbeats, completions and failures fenced by this run's epoch."""
-        return QueueHandle(self._store, self.ownership, name, on_count=self.count_items)
+        return QueueHandle(self._store, self.ownership, name, on_count=self.count_items,
+                           before_claim=self.check_calls)
 
     def count_items(self, outcome: str, number: int = 1) -> None:
         """Add ``number`` to ``items_<outcome>`` (thread-safe: queue workers count from their threads)."""

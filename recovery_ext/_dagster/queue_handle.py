@@ -24,10 +24,14 @@ class QueueHandle:
     """One queue, bound to one node's ownership (pipeline id and epoch)."""
 
     def __init__(self, store: QueueStore, own: Ownership, name: str, *,
-                 on_count: Callable[[str, int], None] | None = None) -> None:
+                 on_count: Callable[[str, int], None] | None = None,
+                 before_claim: Callable[[], None] | None = None) -> None:
         self._queue_store = store
         self._own = own
         self.name = name
+        # A claim is new work: like a new item or a provider call, a step process whose run worker died (or
+        # that was superseded) takes no more; what it holds it may still finish and keep.
+        self._before_claim = before_claim or (lambda: None)
         # Counts outcomes into the node's item metadata (done, failed, dead, released), so a queue
         # node reports its documents in the same words as any node reports its items.
         self._count = on_count or (lambda outcome, number: None)
@@ -42,7 +46,9 @@ class QueueHandle:
 
     def claim(self, worker: str, *, limit: int = 1, heartbeat_timeout: float = 600.0,
               legacy_stale_seconds: float | None = None) -> list[QueueItem]:
-        """Take up to ``limit`` items for ``worker`` (stale ones first), held for this run's epoch."""
+        """Take up to ``limit`` items for ``worker`` (stale ones first), held for this run's epoch. Raises
+        ``StopRequested`` instead once this step's run worker is gone (``OwnershipLost`` once superseded)."""
+        self._before_claim()
         return self._queue_store.claim(self.name, worker, limit=limit, heartbeat_timeout=heartbeat_timeout,
                                        own=self._own, legacy_stale_seconds=legacy_stale_seconds)
 

@@ -97,3 +97,23 @@ def test_an_item_not_claimed_for_this_epoch_or_queue_is_refused_before_any_write
     with pytest.raises(ItemTakenOver, match="in queue 'ocr'"):
         ctx.queue("ocr").complete(mine, {"raw": "x"})
     assert store.get_item(unfenced.id).status == "processing" and store.get_item(mine.id).status == "processing"
+
+
+def test_a_step_whose_run_worker_is_gone_claims_no_new_item_but_keeps_the_one_it_holds(store):
+    import threading
+
+    from recovery_ext._errors import StopRequested
+
+    own = store.create_pipeline("ocr_documents", ["ocr_documents"], owner="run-1")
+    gone = threading.Event()
+    ctx = NodeContext(None, store, own, "ocr_documents", settings=None, watchdog=None, resource=None,
+                      run_worker_gone=gone)
+    queue = ctx.queue("ocr")
+    ids = queue.enqueue([{"doc": d} for d in "ab"], dedupe_keys=list("ab"))
+    (held,) = queue.claim("run-1:0", limit=1, heartbeat_timeout=60)
+    gone.set()  # the run worker died: the step's parent watch says so
+    with pytest.raises(StopRequested, match="run worker is gone"):
+        queue.claim("run-1:0", limit=1, heartbeat_timeout=60)
+    assert queue.complete(held, {"raw": "text"}) == "processing"  # what it holds is still kept
+    assert {i.id: i.status for i in store.list_items("ocr")} == {held.id: "completed",
+                                                                 next(i for i in ids if i != held.id): "ready"}
