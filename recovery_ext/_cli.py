@@ -411,9 +411,15 @@ def show_pipeline(store: CliStore, out: Output, pipeline_id: int) -> None:
                               n.error_category or "", (n.error or "")[:60], n.run_id or "") for n in node_rows],
                             headers=["#", "node", "status", "attempts", "items", "category", "error", "run"]))
         click.echo("\nTransitions")
-        click.echo(tabulate([(_when(t["at"]), t["entity_type"], t["entity_id"], t["from_status"] or "",
-                              t["to_status"], t["event"]) for t in history],
-                            headers=["at", "entity", "id", "from", "to", "event"]))
+        names = {n.id: n.name for n in node_rows}  # a node's transition names the node, not its row id
+
+        def entity(t) -> str:
+            if t["entity_type"] == "node" and t["entity_id"] in names:
+                return f"node {names[t['entity_id']]}"
+            return f"{t['entity_type']} {t['entity_id']}"
+
+        click.echo(tabulate([(_when(t["at"]), entity(t), t["from_status"] or "", t["to_status"], t["event"])
+                             for t in history], headers=["at", "entity", "from", "to", "event"]))
 
     out.emit(data, human)
 

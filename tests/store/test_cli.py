@@ -73,6 +73,8 @@ def test_pipelines_show_and_list(cli, store):
     assert data["transitions"][0]["event"] == "created"
     human = cli("pipelines", "show", str(own.pipeline_id)).stdout
     assert "1/3" in human and "Transitions" in human
+    transitions = human.split("Transitions", 1)[1]
+    assert "node a " in transitions and f"pipeline {own.pipeline_id} " in transitions  # named, not row ids
     assert str(own.pipeline_id) in cli("pipelines", "list").stdout
     assert "no pipeline 999" in cli("pipelines", "show", "999", code=1).output
 
