@@ -6,7 +6,7 @@ raising the same exceptions with the same messages:
 * :class:`ServerFunctionJournalWrites` (PostgreSQL): ``rx_journal_begin`` / ``rx_journal_answer`` (migration
   0018), prepared once per connection (``hot_path``), one autocommit round trip per write. A journaled
   call's writes were a transaction of four or five round trips each, 2.5 % of a 200 ms call on the test
-  machine against a target of 2 % (issue 28);
+  machine, more than the 2 % a journal may add;
 * :class:`PortableJournalWrites` (any database): the fence and the writes as statements of one transaction.
 
 The store calls only :class:`JournalWrites`; nothing else asks which one it has.

@@ -1,5 +1,5 @@
--- The call journal's two fenced writes as ONE round trip each (issue 28: the journal's share of a
--- 200 ms provider call). Each function runs the statements JournalOps' transaction ran, in the same
+-- The call journal's two fenced writes as ONE round trip each: the journal may add at most
+-- 2 % to a 200 ms provider call, and round trips were most of its cost. Each function runs the statements JournalOps' transaction ran, in the same
 -- order: commit without waiting for the log flush (as commit_without_flush() did; see journal.py),
 -- lock the pipeline row FOR KEY SHARE and check the owner's epoch and status (the fence), then the
 -- writes. A PL/pgSQL statement takes a fresh snapshot in READ COMMITTED, so each write after the lock

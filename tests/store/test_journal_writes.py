@@ -1,17 +1,15 @@
 """A journaled provider call's two fenced writes: one server-side call each on PostgreSQL, the same rows and
-the same refusals as the transaction SQLite runs (issue 28). Store tests run on both databases."""
+the same refusals as the transaction SQLite runs. Store tests run on both databases."""
 
 from __future__ import annotations
 
 from functools import partial
 
-import psycopg
 import pytest
-from helpers import expire, reclaim, round_trips, sent_round_trips
+from helpers import drop_answers_once, expire, reclaim, round_trips, sent_round_trips
 from sqlalchemy import select
 
 from recovery_ext._errors import NotFound, OwnershipLost
-from recovery_ext._store import hot_path
 from recovery_ext._store.ledger import IN_FLIGHT
 from recovery_ext._store.models import Ownership, PassPlan, ProviderCall
 from recovery_ext._store.schema import call_journal, provider_calls
@@ -140,18 +138,7 @@ def test_a_write_whose_commit_landed_before_its_connection_dropped_is_retried_qu
         store.migrate()
         own = store.create_pipeline("job", ["a"], owner="run-1", origin_run_id="run-1")
         store.start_node(own, "a")
-        dropped: list[str] = []
-        run_for_real = hot_path._rows
-
-        def drop_once(raw, query, params):
-            rows = run_for_real(raw, query, params)  # the server ran and committed it
-            if query in ("journal_begin", "journal_answer") and query not in dropped:
-                dropped.append(query)
-                raw.close()  # the answer is lost with the connection
-                raise psycopg.OperationalError("server closed the connection unexpectedly")
-            return rows
-
-        monkeypatch.setattr(hot_path, "_rows", drop_once)
+        dropped = drop_answers_once(monkeypatch, "journal_begin", "journal_answer")
         call = in_flight(own, "k1")
         assert store.journal_begin(own, call, call_key="fp#1") is None
         store.journal_answer(own, answered(call, tokens_in=6), call_key="fp#1", answer='"a"')

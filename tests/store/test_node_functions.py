@@ -3,12 +3,10 @@ the multi-statement transaction SQLite runs (issue 11 item 6). Store tests run o
 
 from __future__ import annotations
 
-import psycopg
 import pytest
 from sqlalchemy import select
 
-from helpers import round_trips, sent_round_trips
-from recovery_ext._store import hot_path
+from helpers import drop_answers_once, round_trips, sent_round_trips
 from recovery_ext._errors import IllegalTransition, NotFound, OwnershipLost, UnfinishedItems
 from recovery_ext._store.models import ItemCheckpoint
 from recovery_ext._store.schema import transitions
@@ -69,18 +67,7 @@ def test_a_call_whose_commit_landed_before_its_connection_dropped_is_retried_qui
     try:
         store.migrate()
         own = store.create_pipeline("job", ["a"], owner="run-1", origin_run_id="run-1")
-        dropped: list[str] = []
-        run_for_real = hot_path._rows
-
-        def drop_once(raw, query, params):
-            rows = run_for_real(raw, query, params)  # the server ran and committed it
-            if query in ("begin_node", "complete_node") and query not in dropped:
-                dropped.append(query)
-                raw.close()  # the answer is lost with the connection
-                raise psycopg.OperationalError("server closed the connection unexpectedly")
-            return rows
-
-        monkeypatch.setattr(hot_path, "_rows", drop_once)
+        dropped = drop_answers_once(monkeypatch, "begin_node", "complete_node")
         _, node, started = store.begin_node("run-1", "a")
         assert started and node.attempts == 1  # counted once
         assert store.complete_node(own, "a", {"v": 1}) is True  # the pipeline it finished is reported finished

@@ -5,9 +5,11 @@ from __future__ import annotations
 import tempfile
 from contextlib import contextmanager
 
+import psycopg
 from psycopg import pq
 from sqlalchemy import event
 
+from recovery_ext._store import hot_path
 from recovery_ext._store.store import RecoveryStore
 
 
@@ -63,3 +65,21 @@ def reclaim(store: RecoveryStore, plan, scope=None):
 
     result = store.recovery_pass(plan, Scope() if scope is None else scope)
     return result.reclaimed, result.corrupt
+
+
+def drop_answers_once(monkeypatch, *queries: str) -> list[str]:
+    """Each of the prepared ``queries`` (hot_path) runs and commits on the server once, then its connection
+    drops before the answer arrives, as a network cut would; the names of those dropped, in order."""
+    dropped: list[str] = []
+    run_for_real = hot_path._rows
+
+    def drop_once(raw, query, params):
+        rows = run_for_real(raw, query, params)  # the server ran and committed it
+        if query in queries and query not in dropped:
+            dropped.append(query)
+            raw.close()  # the answer is lost with the connection
+            raise psycopg.OperationalError("server closed the connection unexpectedly")
+        return rows
+
+    monkeypatch.setattr(hot_path, "_rows", drop_once)
+    return dropped
