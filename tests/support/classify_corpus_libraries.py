@@ -1,12 +1,12 @@
 """A second labelled corpus: the libraries a pipeline calls besides the OpenAI SDK and PostgreSQL.
 
 Every case drives a real library (botocore, grpcio, google-api-core, the Anthropic, OpenAI,
-google-genai and Mistral SDKs, aiohttp, urllib3, websockets here; redis-py, PyMySQL, asyncpg, smtplib, kombu, Celery in
-tests/support/classify_corpus_stores.py) against a server on 127.0.0.1 that the corpus starts (scripted HTTP,
-a real gRPC server, line-protocol and MySQL wire fakes, websockets' own server) or against the local
-MariaDB, PostgreSQL, Redis and RabbitMQ, and keeps the exception it raised. Each case says how it was
-produced; the few a library cannot raise on its own (Dagster's RetryRequested as user code raises
-it) are marked ``constructed``.
+google-genai, Mistral and Cohere SDKs, LiteLLM, aiohttp, urllib3, websockets here; redis-py, PyMySQL,
+asyncpg, smtplib, kombu, Celery in tests/support/classify_corpus_stores.py) against a server on
+127.0.0.1 that the corpus starts (scripted HTTP, a real gRPC server, line-protocol and MySQL wire
+fakes, websockets' own server) or against the local MariaDB, PostgreSQL, Redis and RabbitMQ, and
+keeps the exception it raised. Each case says how it was produced; the few a library cannot raise
+on its own (Dagster's RetryRequested as user code raises it) are marked ``constructed``.
 
 The labels follow the project's policy: transient are connection loss, timeouts, 408/429/5xx,
 throttling, overload, deadlocks, too many connections, locks; everything else is permanent; explicit
@@ -280,6 +280,82 @@ def gemini_mistral_cases(http: ScriptedHTTP) -> list[LibCase]:
     return cases
 
 
+# -- Cohere and LiteLLM: no family of their own; their errors carry the HTTP status (Cohere) or extend the
+# OpenAI SDK's types and body (LiteLLM), which the classifier already reads --------------------------------
+
+COHERE_STATUSES = [(429, TRANSIENT), (500, TRANSIENT), (503, TRANSIENT), (504, TRANSIENT), (400, PERMANENT),
+                   (401, PERMANENT), (403, PERMANENT), (404, PERMANENT), (422, PERMANENT), (498, PERMANENT)]
+LITELLM_OPENAI_ERRORS = [(429, "rate_limit_exceeded", TRANSIENT), (500, "server_error", TRANSIENT),
+                         (503, None, TRANSIENT), (400, "invalid_request_error", PERMANENT),
+                         (401, "invalid_api_key", PERMANENT), (404, None, PERMANENT),
+                         (400, "context_length_exceeded", PERMANENT), (429, "insufficient_quota", PERMANENT)]
+LITELLM_ANTHROPIC_ERRORS = [(529, "overloaded_error", TRANSIENT), (429, "rate_limit_error", TRANSIENT),
+                            (500, "api_error", TRANSIENT), (400, "invalid_request_error", PERMANENT),
+                            (401, "authentication_error", PERMANENT)]
+
+
+def cohere_litellm_cases(http: ScriptedHTTP) -> list[LibCase]:
+    import os
+
+    import cohere
+
+    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # it would fetch its price list at import
+    import litellm
+
+    litellm.suppress_debug_info = True
+
+    def chat(client=None):
+        client = client or cohere.ClientV2(api_key="corpus-key", base_url=http.url, timeout=5)
+        return lambda: client.chat(model="command-r", messages=[{"role": "user", "content": "hi"}],
+                                   request_options={"max_retries": 0})
+
+    cases: list[LibCase] = []
+    for status, label in COHERE_STATUSES:
+        http.script(status, json.dumps({"message": f"corpus {status}"}), {"Content-Type": "application/json"})
+        cases.append(case(f"cohere-{status}", label, chat(), f"cohere ClientV2.chat; the server answered {status}"))
+    cases.append(case("cohere-refused", TRANSIENT, chat(cohere.ClientV2(
+        api_key="corpus-key", base_url=f"http://127.0.0.1:{_free_port()}", timeout=3)),
+        "cohere ClientV2.chat against a closed port: httpx.ConnectError"))
+    http.script(200, "{}", action="stall")
+    cases.append(case("cohere-timeout", TRANSIENT, chat(cohere.ClientV2(api_key="corpus-key", base_url=http.url,
+                                                                        timeout=0.3)),
+                      "cohere ClientV2.chat with a 0.3 s timeout; the server stalls: httpx.ReadTimeout"))
+    http.script(action="close")
+    cases.append(case("cohere-connection-closed", TRANSIENT, chat(),
+                      "cohere ClientV2.chat; the server closes without answering: httpx.RemoteProtocolError"))
+
+    def completion(model: str = "openai/gpt-x", base: str | None = None, timeout: float = 5, stream: bool = False):
+        def call():
+            answer = litellm.completion(model=model, api_base=base or f"{http.url}/v1", api_key="sk-corpus",
+                                        messages=[{"role": "user", "content": "hi"}], num_retries=0, max_retries=0,
+                                        timeout=timeout, stream=stream)
+            return list(answer) if stream else answer
+        return call
+
+    for status, code, label in LITELLM_OPENAI_ERRORS:
+        error = {"message": "This model's maximum context length is 8192 tokens" if code == "context_length_exceeded"
+                 else f"corpus {status}", "type": code, "code": code}
+        http.script(status, json.dumps({"error": error}), {"Content-Type": "application/json"})
+        cases.append(case(f"litellm-openai-{status}-{code or 'untyped'}", label, completion(),
+                          f"litellm.completion of an openai/ model; the server answered {status} with error code {code}"))
+    for status, kind, label in LITELLM_ANTHROPIC_ERRORS:
+        http.script(status, json.dumps({"type": "error", "error": {"type": kind, "message": f"corpus {kind}"}}),
+                    {"Content-Type": "application/json"})
+        cases.append(case(f"litellm-anthropic-{status}-{kind}", label,
+                          completion("anthropic/claude-x", base=http.url),
+                          f"litellm.completion of an anthropic/ model; the server answered {status} with type {kind}"))
+    cases.append(case("litellm-refused", TRANSIENT, completion(base=f"http://127.0.0.1:{_free_port()}/v1"),
+                      "litellm.completion against a closed port (LiteLLM reports it as an InternalServerError)"))
+    http.script(200, "{}", action="stall")
+    cases.append(case("litellm-timeout", TRANSIENT, completion(timeout=0.3),
+                      "litellm.completion with a 0.3 s timeout; the server stalls: litellm.Timeout"))
+    http.script(200, "data: " + json.dumps({"error": {"message": "corpus", "type": "server_error"}}) + "\n\n",
+                {"Content-Type": "text/event-stream"})
+    cases.append(case("litellm-stream-200-server-error", TRANSIENT, completion(stream=True),
+                      "litellm.completion(stream=True); HTTP 200, then a data event with error type server_error"))
+    return cases
+
+
 # -- aiohttp, urllib3, websockets ---------------------------------------------------------------
 
 def aiohttp_cases(http: ScriptedHTTP) -> list[LibCase]:
@@ -417,7 +493,7 @@ def build_http_corpus() -> list[LibCase]:
     try:
         with grpc_server() as grpc_port:
             return (botocore_cases(http) + grpc_cases(grpc_port, http) + llm_cases(http)
-                    + gemini_mistral_cases(http) + aiohttp_cases(http)
+                    + gemini_mistral_cases(http) + cohere_litellm_cases(http) + aiohttp_cases(http)
                     + urllib3_cases(http) + websockets_cases(http))
     finally:
         http.close()

@@ -33,8 +33,8 @@ def test_corpus_is_large_balanced_and_explained(corpus):
     constructed = [case.name for case in corpus if case.constructed]
     assert len(constructed) <= 5, constructed
     libraries = Counter(type(case.error).__module__.split(".")[0] for case in corpus)
-    for library in ("botocore", "grpc", "google", "anthropic", "openai", "mistralai", "aiohttp", "urllib3", "websockets",
-                    "redis", "pymysql", "asyncpg", "smtplib", "amqp", "celery", "dagster"):
+    for library in ("botocore", "grpc", "google", "anthropic", "openai", "mistralai", "cohere", "litellm", "aiohttp",
+                    "urllib3", "websockets", "redis", "pymysql", "asyncpg", "smtplib", "amqp", "celery", "dagster"):
         assert libraries[library] >= 2, (library, libraries)
 
 
@@ -106,6 +106,6 @@ def test_the_corpus_libraries_are_test_only_dependencies():
     project = tomllib.loads((Path(__file__).resolve().parents[2] / "pyproject.toml").read_text())["project"]
     core = " ".join(project["dependencies"]).lower()
     dev = " ".join(project["optional-dependencies"]["dev"]).lower()
-    for library in ("botocore", "grpcio", "google-api-core", "google-genai", "anthropic", "mistralai", "aiohttp",
-                    "urllib3", "websockets", "redis", "pymysql", "asyncpg", "kombu"):
+    for library in ("botocore", "grpcio", "google-api-core", "google-genai", "anthropic", "mistralai", "cohere",
+                    "litellm", "aiohttp", "urllib3", "websockets", "redis", "pymysql", "asyncpg", "kombu"):
         assert library in dev and library not in core, library
