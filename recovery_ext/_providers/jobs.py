@@ -25,6 +25,9 @@ class JobResult:
     tokens_out: int = 0
     model: str | None = None
     cost: float | None = None
+    # Why the token figures are not what the provider said (its usage was unreadable, recorded as 0;
+    # see :func:`read_usage`): the item is still kept, its cost unknown.
+    note: str | None = None
 
 
 class JobAdapter(Protocol):
