@@ -49,8 +49,13 @@ _PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
 
 
 def redact(text: object) -> str:
-    """Mask API keys, bearer tokens, passwords in URLs and ``password=``/``token=``-like parameters."""
+    """Mask API keys, bearer tokens, passwords in URLs and ``password=``/``token=``-like parameters.
+
+    A NUL byte becomes U+FFFD: what is redacted is stored (a pause reason, a breaker's or a node's error
+    quoting a provider's message), and PostgreSQL's text and JSON refuse NUL where SQLite keeps it."""
     value = str(text)
+    if "\x00" in value:
+        value = value.replace("\x00", "\ufffd")
     for pattern, replacement in _PATTERNS:
         value = pattern.sub(replacement, value)
     return value
