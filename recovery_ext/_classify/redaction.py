@@ -8,7 +8,7 @@ import functools
 import re
 from collections.abc import Mapping
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 MASK = "***"
 
@@ -19,8 +19,10 @@ _SECRET_NAME = (
     r"|credentials?|signature)|pwd|key|sig"
 )
 # Names that carry a secret only as a URL parameter (``?code=`` is an Azure Functions key or an OAuth
-# code, ``?auth=`` a Firebase token, ``;jsessionid=`` a session): in prose "code: 503" is no secret.
-_URL_SECRET_NAME = r"code|auth|authorization|jsessionid|phpsessid|sessionid|session[_\-]?id|client[_\-]?assertion"
+# code, ``?auth=`` a Firebase token, ``;jsessionid=`` a session, ``?user_key=``/``?app_key=`` an API
+# gateway's key, ``?sessionKey=``, ``?jwt=``): in prose "code: 503" or "item_key=doc-1" is no secret.
+_URL_SECRET_NAME = (r"code|auth|authorization|jsessionid|phpsessid|sessionid|session[_\-]?id|client[_\-]?assertion"
+                    r"|[\w.\-]*key|jwt|pass")
 _SECRET_NAME_RE = re.compile(rf"(?i)^(?:{_SECRET_NAME}|{_URL_SECRET_NAME})$")
 # a name that ends in one of these (``db_password``, ``openai_api_key``) holds a secret in config
 _SECRET_KEY_RE = re.compile(r"(?i)(?:password|passwd|passphrase|secret|token|api[_\-]?key|apikey|access[_\-]?key"
@@ -36,8 +38,6 @@ _PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
         re.compile(rf"""(?ix)(?P<pre>\b(?:{_SECRET_NAME})["']?\s*[=:]\s*["']?)(?P<val>[^\s&"',;}}]+)"""),
         rf"\g<pre>{MASK}",
     ),
-    # a URL-only secret parameter, in a query (?, &), a path parameter (;) or a fragment (#)
-    (re.compile(rf"(?i)(?P<pre>[?&;#](?:{_URL_SECRET_NAME})=)[^\s&#;?\"'<>]+"), rf"\g<pre>{MASK}"),
     # a Telegram bot token in a path: /bot<id>:<secret>/
     (re.compile(r"(?P<pre>/bot\d+:)[A-Za-z0-9_\-]+"), rf"\g<pre>{MASK}"),
     # well-known key shapes standing alone: OpenAI/Anthropic style sk-..., GitHub, Slack, AWS
@@ -49,11 +49,25 @@ _PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
 
 
 def redact(text: object) -> str:
-    """Mask API keys, bearer tokens, passwords in URLs and ``password=``/``token=``-like parameters."""
+    """Mask API keys, bearer tokens, passwords in URLs and ``password=``/``token=``-like parameters.
+
+    A NUL byte becomes U+FFFD: what is redacted is stored (a pause reason, a breaker's or a node's error
+    quoting a provider's message), and PostgreSQL's text and JSON refuse NUL where SQLite keeps it."""
     value = str(text)
+    if "\x00" in value:
+        value = value.replace("\x00", "\ufffd")
     for pattern, replacement in _PATTERNS:
         value = pattern.sub(replacement, value)
-    return value
+    return _URL_PARAMETER.sub(_mask_url_parameter, value)
+
+
+# A URL parameter in text, in a query (?, &), a path parameter (;) or a fragment (#): masked when its name,
+# percent-decoded as the server reads it, is a secret's (a URL-only one included).
+_URL_PARAMETER = re.compile(r"(?P<pre>[?&;#](?P<name>[^\s=&#;?\"'<>]{1,100})=)(?P<val>[^\s&#;?\"'<>]+)")
+
+
+def _mask_url_parameter(match: re.Match[str]) -> str:
+    return f"{match['pre']}{MASK}" if _SECRET_NAME_RE.match(unquote(match["name"])) else match[0]
 
 
 def redact_secret(text: object, secrets: tuple[str, ...] = ()) -> str:
@@ -101,7 +115,8 @@ def _redact_url_text(text: str) -> str:
 
 def _redact_parameter(parameter: str) -> str:
     name, sep, _value = parameter.partition("=")
-    return f"{name}={MASK}" if sep and _SECRET_NAME_RE.match(name) else parameter
+    # the server reads ``api%5Fkey`` as ``api_key``
+    return f"{name}={MASK}" if sep and _SECRET_NAME_RE.match(unquote(name)) else parameter
 
 
 def redact_config(config: Any) -> Any:

@@ -172,11 +172,12 @@ def _collect(ctx: Any, adapter: JobAdapter, results: Mapping[str, JobResult], ke
         if found is None:
             continue
         cost = found.cost
-        if cost is None and prices is not None:
+        if cost is None and prices is not None and found.note is None:  # unreadable usage: cost unknown
             cost = prices.cost(found.model, found.tokens_in, found.tokens_out)
         ctx.record_call(ProviderCall(endpoint=adapter.endpoint, model=found.model, tokens_in=found.tokens_in,
                                      tokens_out=found.tokens_out, outcome=found.error or "ok",
-                                     cost=cost if found.error is None else None, operation="batch"), item=key)
+                                     cost=cost if found.error is None else None, operation="batch",
+                                     note=found.note), item=key)
         if found.error is None:
             if keep is not None:
                 keep(key, found.answer)

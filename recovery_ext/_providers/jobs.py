@@ -17,7 +17,9 @@ RUNNING, COMPLETED, EXPIRED, CANCELLED, FAILED = (JobStatus.RUNNING, JobStatus.C
 class JobResult:
     """One item's result in a finished job: its answer, or the error category that left it unfinished.
     ``cost``: what the provider charges for it when the adapter knows (e.g. per page), else the ``prices``
-    given to :func:`run_provider_job` price its tokens."""
+    given to :func:`run_provider_job` price its tokens. ``note``: why the token figures are not what the
+    provider said (its usage was unreadable and is recorded as 0, as :func:`read_usage` says); the item is
+    kept and its cost is unknown."""
 
     answer: Any = None
     error: str | None = None
@@ -25,6 +27,7 @@ class JobResult:
     tokens_out: int = 0
     model: str | None = None
     cost: float | None = None
+    note: str | None = None
 
 
 class JobAdapter(Protocol):

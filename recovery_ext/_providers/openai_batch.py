@@ -16,6 +16,7 @@ from typing import Any
 
 from recovery_ext._classify.redaction import redact_url
 from recovery_ext._providers.jobs import CANCELLED, COMPLETED, EXPIRED, FAILED, RUNNING, JobResult
+from recovery_ext._providers.usage import read_usage
 
 TOKEN_KEY = "recovery_token"
 _STATES = {"validating": RUNNING, "in_progress": RUNNING, "finalizing": RUNNING, "completed": COMPLETED,
@@ -70,6 +71,7 @@ def _result(line: dict) -> tuple[str, JobResult]:
         code = (error or {}).get("code") or f"http_{response.get('status_code')}"
         return key, JobResult(error=str(code)[:64])
     body = response.get("body") or {}
-    usage = body.get("usage") or {}
-    return key, JobResult(answer=body, tokens_in=int(usage.get("prompt_tokens") or 0),
-                          tokens_out=int(usage.get("completion_tokens") or 0), model=body.get("model"))
+    # The answer is paid for: a usage it cannot read is recorded as 0 tokens with a note, never an error.
+    usage = read_usage(body.get("usage"))
+    return key, JobResult(answer=body, tokens_in=usage.tokens_in, tokens_out=usage.tokens_out, note=usage.note,
+                          model=body.get("model"))

@@ -13,7 +13,7 @@ from dagster import DagsterInstance, in_process_executor
 from werkzeug import Response
 
 from ledger_defs import llm_resource, make_ledger_job, recovery_resource
-from outage_kit import NOW, FakeTime, answer, enricher, plain_guard, serve
+from outage_kit import NOW, FakeTime, answer, enricher, plain_guard, serve, store_guard
 
 from recovery_ext import ConfigurationError, Prices, execute_in_process, read_usage
 from recovery_ext._classify.classifier import parse_retry_after
@@ -101,3 +101,34 @@ def test_prices_refuse_absurd_or_non_finite_prices(price):
     with pytest.raises(ConfigurationError, match="per million tokens"):
         Prices.parse({"m": {"input": price, "output": 1.0}})
     assert Prices.parse({"m": {"input": 1e6, "output": 0}}).cost("m", 2**62 - 1, 0) < float("inf")
+
+
+# -- a NUL byte in a provider's error text, stored as a pause reason, a breaker's error, a node's failure -------
+
+def test_a_nul_byte_in_any_stored_message_is_kept_on_both_databases(store):
+    from recovery_ext._store.models import ErrorInfo, NodeSpec
+
+    own = store.create_pipeline("job", [NodeSpec("n")], owner="run-1", origin_run_id="run-1")
+    store.start_node(own, "n")
+    store.set_waiting(own, 5, "Error code: 503 - upstream\x00busy", node="n")
+    assert store.get_pipeline(own.pipeline_id).waiting_reason == "Error code: 503 - upstream\ufffdbusy"
+    store.breaker_record_failure("http://llm.local/v1", "run-1", threshold=1, cooldown=lambda n: 5.0,
+                                 error="Error code: 503 - upstream\x00busy")
+    store.fail_node(own, "n", ErrorInfo("Error code: 400 - bad\x00request", "validation", 400), permanent=True)
+    failed = store.get_pipeline(own.pipeline_id)
+    assert failed.status == "failed" and "bad\ufffdrequest" in failed.error
+
+
+def test_a_503_whose_error_message_holds_a_nul_byte_pauses_the_pipeline_on_both_databases(store, httpserver):
+    from recovery_ext._store.models import NodeSpec
+
+    own = store.create_pipeline("job", [NodeSpec("n")], owner="run-1", origin_run_id="run-1")
+    store.start_node(own, "n")
+    busy = Response('{"error":{"message":"upstream busy\\u0000"}}', status=503, content_type="application/json")
+    seen = serve(httpserver, [busy, answer(200)])
+    fake = FakeTime()
+    build = store_guard(fake, store, own, pause_after=1, pause_initial=10, pause_max=60, budget_seconds=120)
+    assert enricher(httpserver, guard_for=build).complete_json("glossary", {}) == {"ok": True}
+    assert len(seen) == 2 and fake.slept == [10.0]
+    [paused] = store.recent_events(kinds=("pipeline_waiting",))
+    assert "upstream busy\ufffd" in paused["payload"]["reason"]

@@ -128,3 +128,30 @@ def test_the_ontology_describes_its_columns_as_one_batch(store, db_url, tmp_path
     assert described > tables and undescribed == 0
     batch_calls = [c for c in store.provider_calls(pipeline.id) if c.node_name == "enrich_columns"]
     assert Counter(c.outcome for c in batch_calls) == Counter({"ok": tables, "submitted": 1})
+
+
+ODD_USAGE = ["12abc", -5, float("nan"), 1e30]  # as F12's chat answers: a batch answer is paid for just the same
+
+
+def test_batch_answers_with_malformed_usage_are_kept_and_recorded_with_a_note(store, db_url, monkeypatch):
+    completion = BatchProvider._completion
+    odd = iter(ODD_USAGE)
+
+    def with_odd_usage(body):
+        answer = completion(body)
+        answer["usage"]["prompt_tokens"] = next(odd, answer["usage"]["prompt_tokens"])
+        return answer
+
+    monkeypatch.setattr(BatchProvider, "_completion", staticmethod(with_odd_usage))
+    with BatchProvider(duration=0.3) as provider:
+        monkeypatch.setenv("RECOVERY_DATABASE_URL", db_url)
+        monkeypatch.setenv("RECOVERY_BATCH_URL", provider.url)
+        run_in_process()
+        assert provider.submissions == 1
+    (pipeline,) = store.list_pipelines()
+    assert len(store.completed_items(pipeline.id, "describe")) == ITEMS
+    answered = [c for c in store.provider_calls(pipeline.id) if c.outcome == "ok"]
+    noted = [c for c in answered if c.note]
+    assert len(answered) == ITEMS and len(noted) == len(ODD_USAGE)
+    assert all(c.tokens_in == 0 and c.cost is None and "prompt_tokens" in c.note for c in noted)
+    assert all(c.tokens_in > 0 for c in answered if not c.note)

@@ -33,6 +33,14 @@ SHAPES = {
     "telegram /bot<id>:<token> at the end": f"https://api.telegram.org/bot123456789:{SECRET}",
     "fragment #access_token=": f"https://app.example.com/cb#access_token={SECRET}&state=1",
     "userinfo password": f"https://user:{SECRET}@h.example.com/v1",
+    "api gateway ?user_key=": f"https://api.example.com/v1/chat?user_key={SECRET}",
+    "api gateway ?app_id=&app_key=": f"https://api.example.com/v1?app_id=42&app_key={SECRET}",
+    "?application_key=": f"https://api.example.com/v1?api_key=x&application_key={SECRET}",
+    "?license_key=": f"https://api.example.com/v1?license_key={SECRET}",
+    "camelCase ?sessionKey=": f"https://api.example.com/v1?sessionKey={SECRET}",
+    "?jwt=": f"https://api.example.com/v1?jwt={SECRET}",
+    "?pass=": f"https://api.example.com/v1?user=u&pass={SECRET}",
+    "percent-encoded name ?api%5Fkey=": f"https://api.example.com/v1?api%5Fkey={SECRET}",
 }
 
 
@@ -45,6 +53,7 @@ def test_each_secret_bearing_url_shape_is_masked_as_a_url_and_in_text(url):
 
 def test_what_is_not_a_secret_stays_readable():
     assert redact("exit code: 503, status code=429, auth failed") == "exit code: 503, status code=429, auth failed"
+    assert redact("item_key=doc-1 failed, pass 2") == "item_key=doc-1 failed, pass 2"
     assert redact_url("https://h.example.com/app;jsessionid=x?page=2") .endswith("?page=2")
     assert redact_url("https://h.example.com/v1?model=m&code=1") == "https://h.example.com/v1?model=m&code=***"
 
