@@ -280,7 +280,10 @@ def test_g_healthy_runs_with_plain_ops_retry_delays_and_pool_waits_are_never_rec
     done = (DagsterRunStatus.SUCCESS, DagsterRunStatus.FAILURE, DagsterRunStatus.CANCELED)
     for run_id in run_ids:
         dev.wait_run(run_id, statuses=done, timeout=2400)  # generous: the shared machine may be very busy
-    assert [dev.run(r).status for r in run_ids] == [DagsterRunStatus.SUCCESS] * HEALTHY_RUNS
+    statuses = [dev.run(r).status for r in run_ids]
+    assert statuses == [DagsterRunStatus.SUCCESS] * HEALTHY_RUNS, [  # say what happened to a run that did not succeed
+        (run_id, status.value, (p := store.find_pipeline(run_id)) and history(dev, store, p.id))
+        for run_id, status in zip(run_ids, statuses, strict=True) if status != DagsterRunStatus.SUCCESS]
     pipelines = [store.find_pipeline(run_id) for run_id in run_ids]
     assert reclaims(store, [p.id for p in pipelines]) == 0
     assert [r for r in resume_runs(dev) if r.tags.get(TAG_PIPELINE) in {str(p.id) for p in pipelines}] == []
