@@ -4,7 +4,8 @@ network namespaces, a private PostgreSQL cluster restarted for real, Prometheus,
 A module that runs under `dagster dev` names its code location and may shape its instance and environment:
 
 - ``DEFS``: the defs file in tests/support (required);
-- ``dagster_yaml(request) -> str``: the instance's dagster.yaml (default: Dagster's);
+- ``dagster_yaml(request) -> str``: the instance's dagster.yaml (default: Dagster's, without telemetry); the
+  run queue looks for runs to launch every second in either;
 - ``dev_env(request) -> dict``: environment on top of ``RECOVERY_DATABASE_URL`` (the module's ``app_url``).
 """
 
@@ -16,6 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import yaml
 
 from recovery_ext._store.store import RecoveryStore
 from recovery_pipelines.devserver import DagsterDev
@@ -29,8 +31,13 @@ def dev(request, app_url, app_store, tmp_path_factory, cpu_hog_module) -> Iterat
     CPU hog per core."""
     module = request.module
     home = tmp_path_factory.mktemp("dagster_home")
-    if hasattr(module, "dagster_yaml"):
-        (home / "dagster.yaml").write_text(module.dagster_yaml(request))
+    instance = yaml.safe_load(module.dagster_yaml(request)) if hasattr(module, "dagster_yaml") else {
+        "telemetry": {"enabled": False}}
+    # Dagster's run queue looks for runs to launch every 5 s by default, so every launch and resume run of a
+    # test would wait up to that long in it. Each second instead: which runs it admits, and in what order, is
+    # unchanged.
+    instance.setdefault("run_queue", {}).setdefault("dequeue_interval_seconds", 1)
+    (home / "dagster.yaml").write_text(yaml.safe_dump(instance))
     env = {"RECOVERY_DATABASE_URL": app_url, **(module.dev_env(request) if hasattr(module, "dev_env") else {})}
     server = DagsterDev(SUPPORT / module.DEFS, home, env)
     server.start(timeout=240)

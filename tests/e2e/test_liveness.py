@@ -28,6 +28,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 # on 2 cores), which is a setting problem, not a liveness one. RX_LIVENESS_TIMEOUT overrides it.
 TIMEOUT = float(os.environ.get("RX_LIVENESS_TIMEOUT", "8"))
 HEALTHY_RUNS = 12  # 6 of each executor; 24 pooled ops queue on one slot, so most wait several timeouts
+POOL_HOLD = 0.25  # of the timeout, for test_g's pooled ops: 24 of them hold the slot one after another
 # PostgreSQL storage, as production runs Dagster: on SQLite, Dagster claims a pool slot with a SELECT
 # then an UPDATE (FOR UPDATE SKIP LOCKED is a no-op there), so two steps of a limit-1 pool can
 # occasionally run at once, which test_g would see.
@@ -272,11 +273,17 @@ def test_f_a_dagster_run_retry_after_a_crash_takes_the_pipeline_over_and_the_sen
 @pytest.mark.timeout(3600)
 def test_g_healthy_runs_with_plain_ops_retry_delays_and_pool_waits_are_never_reclaimed(dev, store):
     jobs = ["healthy_job"] * 6 + ["healthy_job_inprocess"] * (HEALTHY_RUNS - 6)
-    run_ids = [dev.launch(job, {}) for job in jobs]
+    # each pooled op holds the slot a quarter of the timeout (it runs after its step process starts, which
+    # holds the slot too); with a dozen runs queued on the slot, the waits still span the timeout, see below
+    pooled = {"ops": {name: {"config": {"hold_fraction": POOL_HOLD}} for name in ("pooled_a", "pooled_b")}}
+    run_ids = [dev.launch(job, pooled) for job in jobs]
     done = (DagsterRunStatus.SUCCESS, DagsterRunStatus.FAILURE, DagsterRunStatus.CANCELED)
     for run_id in run_ids:
         dev.wait_run(run_id, statuses=done, timeout=2400)  # generous: the shared machine may be very busy
-    assert [dev.run(r).status for r in run_ids] == [DagsterRunStatus.SUCCESS] * HEALTHY_RUNS
+    statuses = [dev.run(r).status for r in run_ids]
+    assert statuses == [DagsterRunStatus.SUCCESS] * HEALTHY_RUNS, [  # say what happened to a run that did not succeed
+        (run_id, status.value, (p := store.find_pipeline(run_id)) and history(dev, store, p.id))
+        for run_id, status in zip(run_ids, statuses, strict=True) if status != DagsterRunStatus.SUCCESS]
     pipelines = [store.find_pipeline(run_id) for run_id in run_ids]
     assert reclaims(store, [p.id for p in pipelines]) == 0
     assert [r for r in resume_runs(dev) if r.tags.get(TAG_PIPELINE) in {str(p.id) for p in pipelines}] == []

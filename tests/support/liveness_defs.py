@@ -64,16 +64,19 @@ def plain_wait(context, upstream):
 
 def _pooled_op(name: str):
     """A recoverable op in the concurrency pool (limit 1): with a dozen runs queued on it, the ops behind it
-    wait for the slot longer than the heartbeat timeout."""
+    wait for the slot longer than the heartbeat timeout. ``hold_fraction`` of the timeout is how long it holds
+    the slot once started: long enough by default for the step-kill test to kill it mid-way; a run that only
+    needs it to hold the slot passes less (a dozen runs queue on the slot either way)."""
     def body(ctx, upstream):
         started = time.time()
         record(ctx._store, ctx.context.run_id, name, "start", started)  # its pid, for the step-kill test
-        time.sleep(TIMEOUT * 0.6)
+        time.sleep(TIMEOUT * ctx.op_config["hold_fraction"])
         record(ctx._store, ctx.context.run_id, name, "slot", started)
         return {"node": name}
 
     body.__name__ = name
-    return recoverable_op(name=name, pool=POOL)(body)
+    return recoverable_op(name=name, pool=POOL,
+                          config_schema={"hold_fraction": Field(float, default_value=0.6)})(body)
 
 
 pooled_a = _pooled_op("pooled_a")
