@@ -49,8 +49,8 @@ BARE_ROW = ("INSERT INTO {table} (pipeline_id, node_name, item_key, status, resu
 
 
 def running_node(store: RecoveryStore, tag: str) -> Ownership:
-    own = store.create_pipeline("bench", ["items"], owner=tag)
-    store.start_node(own, "items")
+    own = store.pipelines.create_pipeline("bench", ["items"], owner=tag)
+    store.pipelines.start_node(own, "items")
     return own
 
 
@@ -69,7 +69,7 @@ def through_ctx_items(store: RecoveryStore, own: Ownership, count: int, batch: i
 def through_store(store: RecoveryStore, own: Ownership, count: int, batch: int) -> float:
     start = time.perf_counter()
     for first in range(0, count, batch):
-        store.checkpoint_items(own, "items", [ItemCheckpoint(f"item-{i}", result_of(i))
+        store.pipelines.checkpoint_items(own, "items", [ItemCheckpoint(f"item-{i}", result_of(i))
                                               for i in range(first, min(count, first + batch))])
     return time.perf_counter() - start
 

@@ -39,8 +39,8 @@ ROUNDS = int(os.environ.get("RX_LEDGER_BENCH_ROUNDS", "11"))
 
 
 def _pipeline(store: RecoveryStore, tag: str):
-    own = store.create_pipeline("bench", ["node"], owner=tag, origin_run_id=tag, params={})
-    store.start_node(own, "node")
+    own = store.pipelines.create_pipeline("bench", ["node"], owner=tag, origin_run_id=tag, params={})
+    store.pipelines.start_node(own, "node")
     return own
 
 
@@ -58,7 +58,7 @@ def _round(store: RecoveryStore, recorder: CallRecorder, *, ledger: bool, ask=No
                                 item_key=f"k{i}", run_id=own.owner, epoch=own.epoch)
             recorder.record(call)
             calls = (call,)
-        store.checkpoint_item(own, "node", ItemCheckpoint(f"k{i}", {"answer": i}, calls=calls))
+        store.pipelines.checkpoint_item(own, "node", ItemCheckpoint(f"k{i}", {"answer": i}, calls=calls))
         if ledger:
             recorder.written(calls)
     return (time.perf_counter() - start) / ITEMS * 1e6, (time.process_time() - cpu) / ITEMS * 1e6

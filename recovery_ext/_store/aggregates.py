@@ -22,6 +22,7 @@ from recovery_ext._store.rolled_up import ROLLED_UP, live_pipeline_ids
 from recovery_ext._store.schema import (finished_items, ledger_daily, node_items, pipeline_counts, pipelines,
                                         provider_calls, queue_counts, resume_counts)
 from recovery_ext._store.statuses import PipelineStatus
+from recovery_ext._store.ledger import LedgerOps
 
 pc, p = provider_calls.c, pipelines.c
 
@@ -127,7 +128,7 @@ def _summed(rows: Iterable[tuple], keys: int) -> list[tuple]:
             sorted(totals.items(), key=lambda kv: tuple("" if v is None else str(v) for v in kv[0]))]
 
 
-class AggregateOps(Database):
+class AggregateOps(LedgerOps):
     @retried
     def roll_up_finished(self, lo: int, hi: int) -> None:
         """Add the finished pipelines with ids ``lo``..``hi`` written in bulk (not finished through the store)

@@ -26,6 +26,7 @@ from recovery_ext._store.pipelines import PipelineOps
 from recovery_ext._classify.redaction import redact
 from recovery_ext._store.schema import circuit_breakers, node_items, nodes, pipelines
 from recovery_ext._store.statuses import WAITING, BreakerState, ItemStatus, NodeStatus, PipelineStatus
+from recovery_ext._store.pipelines import PipelineCore
 
 cb = circuit_breakers.c
 
@@ -50,7 +51,7 @@ class Reopened:
     resume_number: int
 
 
-class ProviderOps(PipelineOps):
+class ProviderOps(PipelineCore):
     def _seconds(self, start: Any, end: Any) -> Any:
         """``end - start`` in seconds as a plain number (on SQLite the difference of two times is not a time)."""
         return type_coerce(self.dialect.seconds_between(start, end), Float)

@@ -32,6 +32,7 @@ from recovery_ext._store.database import Database, retried
 from recovery_ext._store.models import Ownership
 from recovery_ext._store.schema import DbTime, pipelines, rate_budgets, rate_reservations
 from recovery_ext._store.statuses import WAITING, PipelineStatus
+from recovery_ext._store.journal import JournalOps
 
 rr = rate_reservations.c
 
@@ -98,7 +99,7 @@ class ProviderLimits:
         return self.margin_seconds if self.margin_seconds is not None else min(1.0, 0.02 * self.window_seconds)
 
 
-class BudgetOps(Database):
+class BudgetOps(JournalOps):
     def _clock_now(self):
         """The database clock now (not at the transaction's start: the lock may have been waited for)."""
         return type_coerce(self.dialect.statement_clock(), DbTime)

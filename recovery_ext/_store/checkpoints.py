@@ -37,6 +37,7 @@ from recovery_ext._store.models import ItemCheckpoint, JsonText, Ownership, Prov
 from recovery_ext._store.pipelines import PipelineOps
 from recovery_ext._store.schema import node_items, nodes
 from recovery_ext._store.statuses import ItemStatus, NodeStatus
+from recovery_ext._store.runs import RunOps
 
 UNIQUE_VIOLATION = "23505"
 SUPERSEDED = "RX409"  # raised by rx_superseded() (migration 0009) when a checkpoint's fence finds no row
@@ -51,7 +52,7 @@ class _Superseded(Exception):
     and its transaction rolls back."""
 
 
-class CheckpointOps(PipelineOps):
+class CheckpointOps(RunOps):
     # -- items of a node ---------------------------------------------------------------------
 
     @retried
@@ -191,7 +192,7 @@ class CheckpointOps(PipelineOps):
             raise StoreError(f"checkpoint batch of node {node_name!r}: {written} of {len(entries)} written")
 
     def _superseded(self, own: Ownership) -> NoReturn:
-        self.check_ownership(own)  # raises OwnershipLost (or NotFound) with who owns it now
+        self._check_ownership(own)  # raises OwnershipLost (or NotFound) with who owns it now
         raise OwnershipLost(owner="(changed during the checkpoint)", pipeline_id=own.pipeline_id) from None
 
     def _checkpoint_rows(self, own: Ownership, node_name: str, entries: list[ItemCheckpoint],

@@ -27,6 +27,7 @@ from recovery_ext._store.models import LEGACY_DEPLOYMENT, Scope
 from recovery_ext._store.orphans import _placeholder
 from recovery_ext._store.schema import pipelines
 from recovery_ext._store.statuses import PipelineStatus
+from recovery_ext._store.orphans import OrphanOps
 
 p = pipelines.c
 
@@ -53,7 +54,7 @@ class FirstRun:
     actionable: bool  # an orphan by the database clock, or reserved for a resume run: a tick would act on it
 
 
-class DeploymentOps(Database):
+class DeploymentOps(OrphanOps):
     def first_runs_to_check(self, conn: Connection, scope: Scope, grace_seconds: float,
                             orphan_condition) -> tuple[list[FirstRun], list[ForeignOrphan]]:
         """In the tick's read: this deployment's live pipelines with their first runs, the likeliest orphans

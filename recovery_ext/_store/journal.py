@@ -38,6 +38,7 @@ from recovery_ext._store.models import Ownership, ProviderCall
 from recovery_ext._store.pipelines import PipelineOps
 from recovery_ext._store.schema import call_journal, pipelines, provider_calls
 from recovery_ext._store.statuses import PipelineStatus
+from recovery_ext._store.breakers import ProviderOps
 
 __all__ = ["JournalHit", "JournalOps"]
 
@@ -48,7 +49,7 @@ ENDED = (PipelineStatus.COMPLETED, PipelineStatus.CANCELED)
 _COMPLETION = ("model", "tokens_in", "tokens_out", "latency_seconds", "outcome", "cost", "note")
 
 
-class JournalOps(PipelineOps):
+class JournalOps(ProviderOps):
     @cached_property
     def _journal_writes(self) -> JournalWrites:
         """How this store's journaled calls write: chosen once, from its dialect (journal_writes.py)."""
@@ -104,4 +105,12 @@ class JournalOps(PipelineOps):
         with self.read() as conn:
             entries, chars = conn.execute(query).one()
         return int(entries), int(chars)
+
+    @retried
+    def record_provider_calls(self, calls: Sequence[ProviderCall]) -> None:
+        """Write calls that have not reached a checkpoint (yet); a call already written is left as it is."""
+        if not calls:
+            return
+        with self.write() as conn:
+            self.write_calls(conn, calls, reached=False)
 

@@ -25,6 +25,7 @@ from recovery_ext._store.statuses import NodeStatus, PipelineStatus
 from recovery_ext._store.json_values import CorruptJson
 from recovery_ext._store.schema import (NODE_STATUSES, PIPELINE_STATUSES, DbTime, nodes, pipelines,
                                         transitions)
+from recovery_ext._store.pipelines import PipelineCore
 
 p = pipelines.c
 
@@ -36,7 +37,7 @@ MAX_COUNTER = 2**31 - 1
 LIVE = p.status.not_in([literal_column("'completed'"), literal_column("'failed'")])
 
 
-class OrphanOps(PipelineOps):
+class OrphanOps(PipelineCore):
     # -- conditions ---------------------------------------------------------------------------
 
     def _stalled(self, now: ColumnElement) -> ColumnElement:

@@ -44,6 +44,7 @@ from recovery_ext._classify.retry import wait_jittered_exponential
 from recovery_ext._store.json_values import CorruptJson
 from recovery_ext._store.schema import pipelines, queue_items
 from recovery_ext._store.statuses import UNFINISHED_QUEUE_STATUSES, QueueStatus
+from recovery_ext._store.pipelines import PipelineCore
 
 q = queue_items.c
 # Inline constants, not bound parameters, so PostgreSQL matches the partial indexes.
@@ -79,7 +80,7 @@ class StaleItem(QueueItem):
     stale_reason: str = ""
 
 
-class QueueOps(PipelineOps):
+class QueueOps(PipelineCore):
     # -- the one staleness rule -------------------------------------------------------------
 
     def _holder_superseded(self):

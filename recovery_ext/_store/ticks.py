@@ -21,7 +21,7 @@ from recovery_ext._store.schema import pipelines
 p = pipelines.c
 
 
-class TickOps(OrphanOps, RunOps, ProviderOps, DeploymentOps):
+class TickOps(DeploymentOps):
     @retried
     def tick_snapshot(self, scope: Scope, *, grace_seconds: float, waiting_limit: int = 4) -> TickSnapshot:
         """Owners to ask the orchestrator about, reservations to re-request, and whether a write is due."""

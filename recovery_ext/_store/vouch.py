@@ -20,6 +20,7 @@ from recovery_ext._store.models import Ownership
 from recovery_ext._store.pipelines import PipelineOps
 from recovery_ext._store.schema import nodes, pipelines
 from recovery_ext._store.statuses import NodeStatus, PipelineStatus
+from recovery_ext._store.jobs import JobOps
 
 n = nodes.c
 
@@ -43,7 +44,7 @@ class SlowNode:
     vouched_until: object
 
 
-class VouchOps(PipelineOps):
+class VouchOps(JobOps):
     @retried
     def watched_nodes(self, watcher: str) -> list[WatchedNode]:
         """The running nodes whose step process ``watcher`` watches (and has not yet reported dead)."""

@@ -73,7 +73,7 @@ def test_a_paid_answer_with_malformed_usage_completes_its_item_and_is_recorded_w
                                     resources={"recovery": recovery_resource(),
                                                "llm": llm_resource(httpserver.url_for("/v1"))})
     assert result.success
-    calls = store.provider_calls()
+    calls = store.reports.provider_calls()
     assert len(calls) == 5 and all(c.outcome == "ok" for c in calls)
     odd = [c for c in calls if c.note]
     assert len(odd) == 4 and all(c.tokens_in == 0 and c.cost is None and "prompt_tokens" in c.note for c in odd)
@@ -82,18 +82,18 @@ def test_a_paid_answer_with_malformed_usage_completes_its_item_and_is_recorded_w
 
 
 def test_a_nul_byte_in_a_calls_text_never_fails_the_checkpoint_on_either_database(store):
-    own = store.create_pipeline("job", ["a"], owner="run-1", origin_run_id="run-1", params={})
-    store.start_node(own, "a")
+    own = store.pipelines.create_pipeline("job", ["a"], owner="run-1", origin_run_id="run-1", params={})
+    store.pipelines.start_node(own, "a")
     nul = ProviderCall(endpoint="http://127.0.0.1:9/v\x001", model="m\x00", outcome="ok", tokens_in=1,
                        response_model="r\x00", pipeline_id=own.pipeline_id, node_name="a", item_key="k",
                        run_id="run-1", epoch=own.epoch)
     failed = ProviderCall(endpoint="http://127.0.0.1:9/v1", model="m", outcome="rate\x00limit",
                           pipeline_id=own.pipeline_id, node_name="a", item_key="k", run_id="run-1", epoch=own.epoch)
-    store.checkpoint_item(own, "a", ItemCheckpoint("k", 1, calls=(nul, failed)))
-    stored = {c.id: c for c in store.provider_calls(own.pipeline_id)}
+    store.pipelines.checkpoint_item(own, "a", ItemCheckpoint("k", 1, calls=(nul, failed)))
+    stored = {c.id: c for c in store.reports.provider_calls(own.pipeline_id)}
     assert stored[nul.id].model == "m\ufffd" and "\x00" not in stored[nul.id].endpoint
     assert stored[failed.id].outcome == "rate\ufffdlimit"
-    assert store.reached_checkpoint([nul.id, failed.id]) == {nul.id: True, failed.id: False}
+    assert store.reports.reached_checkpoint([nul.id, failed.id]) == {nul.id: True, failed.id: False}
 
 
 @pytest.mark.parametrize("price", [1e308, 1e7, float("inf"), -1.0])

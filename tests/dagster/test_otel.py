@@ -108,7 +108,7 @@ def ledger_rows(db_url: str, expected: int) -> list[ProviderCall]:
     """The ledger's calls, once all ``expected`` are written (an unanswered one goes by the background writer)."""
     store = RecoveryStore(db_url)
     try:
-        return wait_for(lambda: (rows := store.provider_calls()) and len(rows) == expected and rows,
+        return wait_for(lambda: (rows := store.reports.provider_calls()) and len(rows) == expected and rows,
                         timeout=30, what=f"{expected} calls in the ledger")
     finally:
         store.close()
