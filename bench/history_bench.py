@@ -154,8 +154,8 @@ def run(dialect: str, sizes: list[int], repeat: int) -> None:
             for lo in range(seeded, size, 50_000):
                 hi = min(size, lo + 50_000)
                 seed(store, seeds["history"], lo=FIRST_FINISHED + lo, hi=FIRST_FINISHED + hi - 1)
-                if hasattr(store, "roll_up_finished"):  # what finishing them through the store would have kept
-                    store.reports.roll_up_finished(FIRST_FINISHED + lo, FIRST_FINISHED + hi - 1)
+                with store.write() as conn:  # what finishing them through the store would have kept
+                    store.dialect.roll_up_finished(conn, FIRST_FINISHED + lo, FIRST_FINISHED + hi - 1)
                 print(f"  seeded {hi:,} finished pipelines ({time.perf_counter() - started:.0f} s)",
                       file=sys.stderr, flush=True)
             maintain(store, seeds["maintain"])

@@ -21,7 +21,7 @@ SQLite writes a batch with one multi-row INSERT in a ``BEGIN IMMEDIATE`` transac
 from __future__ import annotations
 
 from dataclasses import replace
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from typing import Any, NoReturn
 
 from sqlalchemy import Connection, select, update
@@ -34,7 +34,6 @@ from recovery_ext._store.fenced import FencedTransaction
 from recovery_ext._store.migrations import load_query
 from recovery_ext._store.ledger import call_row
 from recovery_ext._store.models import ItemCheckpoint, JsonText, Ownership, ProviderCall, encode_json
-from recovery_ext._store.pipelines import PipelineOps
 from recovery_ext._store.schema import node_items, nodes
 from recovery_ext._store.statuses import ItemStatus, NodeStatus
 from recovery_ext._store.runs import RunOps
@@ -56,26 +55,14 @@ class CheckpointOps(RunOps):
     # -- items of a node ---------------------------------------------------------------------
 
     @retried
-    def set_items_total(self, own: Ownership, node_name: str, total: int) -> None:
-        with self.write() as conn:
-            self._fence(conn, own)
-            conn.execute(update(nodes).where(nodes.c.pipeline_id == own.pipeline_id, nodes.c.name == node_name)
-                         .values(items_total=total))
-
-    @retried
     def start_items(self, own: Ownership, node_name: str, total: int) -> dict[str, str]:
-        """``set_items_total`` and the statuses of the node's checkpointed items, in one transaction
+        """Record the node's item total and read the statuses of its checkpointed items, in one transaction
         (on PostgreSQL one autocommit statement: the fence, the update and the read as CTEs)."""
         return self._transitions.start_items(own, node_name, total)
 
     @retried
     def completed_items(self, pipeline_id: int, node_name: str) -> dict[str, Any]:
         return self._transitions.completed_items(pipeline_id, node_name)
-
-    @retried
-    def pending_items(self, pipeline_id: int, node_name: str, keys: Iterable[str]) -> list[str]:
-        done = self.completed_items(pipeline_id, node_name)
-        return [k for k in keys if k not in done]
 
     # -- checkpoints -------------------------------------------------------------------------
 

@@ -22,7 +22,7 @@ from typing import Any
 
 from sqlalchemy import Connection, and_, or_, select
 
-from recovery_ext._store.database import Database, retried
+from recovery_ext._store.database import retried
 from recovery_ext._store.models import LEGACY_DEPLOYMENT, Scope
 from recovery_ext._store.orphans import _placeholder
 from recovery_ext._store.schema import pipelines
@@ -55,7 +55,7 @@ class FirstRun:
 
 
 class DeploymentOps(OrphanOps):
-    def first_runs_to_check(self, conn: Connection, scope: Scope, grace_seconds: float,
+    def _first_runs_to_check(self, conn: Connection, scope: Scope, grace_seconds: float,
                             orphan_condition) -> tuple[list[FirstRun], list[ForeignOrphan]]:
         """In the tick's read: this deployment's live pipelines with their first runs, the likeliest orphans
         first (a tick acts only on the ones it checked: see ``Scope.acting_on``), and the orphans of other

@@ -19,7 +19,6 @@ from sqlalchemy import insert, select, update
 from recovery_ext._store.database import retried
 from recovery_ext._store.ledger import IN_FLIGHT
 from recovery_ext._store.models import Ownership, ProviderCall
-from recovery_ext._store.pipelines import PipelineOps
 from recovery_ext._store.schema import provider_calls, provider_jobs
 from recovery_ext._store.statuses import JobStatus
 from recovery_ext._store.checkpoints import CheckpointOps

@@ -29,13 +29,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from functools import cached_property
 
-from sqlalchemy import bindparam, delete, func, select, update
+from sqlalchemy import bindparam, delete, select, update
 
 from recovery_ext._store.database import chunks, retried
 from recovery_ext._store.journal_writes import JournalHit, JournalWrites, journal_writes_for
 from recovery_ext._store.ledger import IN_FLIGHT, call_row
 from recovery_ext._store.models import Ownership, ProviderCall
-from recovery_ext._store.pipelines import PipelineOps
 from recovery_ext._store.schema import call_journal, pipelines, provider_calls
 from recovery_ext._store.statuses import PipelineStatus
 from recovery_ext._store.breakers import ProviderOps
@@ -74,9 +73,9 @@ class JournalOps(ProviderOps):
         answer), whoever owns their pipeline now. A row already completed is left as it is."""
         if calls:
             with self.write() as conn:
-                self.complete_calls_in(conn, calls)
+                self._complete_calls_in(conn, calls)
 
-    def complete_calls_in(self, conn, calls: Sequence[ProviderCall]) -> None:
+    def _complete_calls_in(self, conn, calls: Sequence[ProviderCall]) -> None:
         """:meth:`complete_calls` in the caller's transaction."""
         stmt = (update(provider_calls).where(pc.id == bindparam("b_id"), pc.outcome == IN_FLIGHT)
                 .values({name: bindparam(f"b_{name}") for name in _COMPLETION}))
@@ -95,16 +94,6 @@ class JournalOps(ProviderOps):
             query = query.where(jc.pipeline_id.in_(select(pipelines.c.id).where(pipelines.c.status.in_(ENDED))))
         with self.write() as conn:
             return conn.execute(query).rowcount or 0
-
-    @retried
-    def call_journal_size(self, pipeline_id: int | None = None) -> tuple[int, int]:
-        """How many entries the journal holds (of one pipeline) and the characters of their answers."""
-        query = select(func.count(), func.coalesce(func.sum(func.length(jc.answer)), 0))
-        if pipeline_id is not None:
-            query = query.where(jc.pipeline_id == pipeline_id)
-        with self.read() as conn:
-            entries, chars = conn.execute(query).one()
-        return int(entries), int(chars)
 
     @retried
     def record_provider_calls(self, calls: Sequence[ProviderCall]) -> None:

@@ -25,7 +25,7 @@ it is written at once, with its item's checkpoint, or late after the database ca
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
@@ -224,27 +224,6 @@ class LedgerOps(LedgerWrites):
     # -- recording --------------------------------------------------------------------------------
 
     # -- reading ----------------------------------------------------------------------------------
-
-    @retried
-    def provider_calls(self, pipeline_id: int | None = None) -> list[ProviderCall]:
-        """The ledger's rows (of one pipeline), oldest first; ``reached_checkpoint`` is in :meth:`call_outcomes`."""
-        query = select(provider_calls).where(well_formed_call()).order_by(pc.recorded_at, pc.id)
-        if pipeline_id is not None:
-            query = query.where(pc.pipeline_id == pipeline_id)
-        with self.read() as conn:
-            rows = conn.execute(query).all()
-        names = {f.name for f in fields(ProviderCall)}
-        return [ProviderCall(**{k: v for k, v in r._mapping.items() if k in names}) for r in rows]
-
-    @retried
-    def reached_checkpoint(self, call_ids: Sequence[str]) -> dict[str, bool]:
-        """Whether each written call reached a checkpoint (calls not written are missing)."""
-        found: dict[str, bool] = {}
-        with self.read() as conn:
-            for part in chunks(list(call_ids)):
-                found.update({r.id: bool(r.reached_checkpoint) for r in conn.execute(
-                    select(pc.id, pc.reached_checkpoint).where(pc.id.in_(list(part))))})
-        return found
 
     @retried
     def provider_costs(self, pipeline_id: int | None = None) -> CostReport:

@@ -38,7 +38,7 @@ from recovery_ext._store.models import (ErrorInfo, ItemCheckpoint, Node, NodeSpe
                                         PipelineLimits)
 from recovery_ext._classify.redaction import redact, redact_config
 from recovery_ext._store.schema import node_items, nodes, pipelines
-from recovery_ext._store.statuses import FINISHED_NODE_STATUSES, FINISHED_PIPELINE_STATUSES, NodeStatus, PipelineStatus
+from recovery_ext._store.statuses import FINISHED_NODE_STATUSES, NodeStatus, PipelineStatus
 
 __all__ = ["NODE_TRANSITIONS", "ItemCheckpoint", "PipelineOps"]  # ItemCheckpoint: its old home
 
@@ -184,7 +184,8 @@ class PipelineCore(LedgerWrites):
         canceled: list[int] = []
         for part in chunks(list(run_ids)):
             rows = conn.execute(
-                select(pipelines.c.id, pipelines.c.epoch, pipelines.c.owner).where(pipelines.c.status == PipelineStatus.RUNNING, pipelines.c.owner.in_(list(part)))
+                select(pipelines.c.id, pipelines.c.epoch, pipelines.c.owner)
+                .where(pipelines.c.status == PipelineStatus.RUNNING, pipelines.c.owner.in_(list(part)))
                 .order_by(pipelines.c.id).with_for_update(skip_locked=True)
             ).all()
             for r in rows:
@@ -453,27 +454,6 @@ class PipelineOps(PipelineCore):
                 self._finish_pipeline(conn, own, PipelineStatus.FAILED, error=redact(error.message))
             else:
                 self._refresh_pipeline(conn, own, None)
-
-    @retried
-    def fail_pipeline(self, pipeline_id: int, reason: str) -> bool:
-        """Operator or scan decision: a live pipeline becomes failed with a reason."""
-        with self.write() as conn:
-            row = conn.execute(
-                update(pipelines)
-                .where(pipelines.c.id == pipeline_id, pipelines.c.status.not_in(FINISHED_PIPELINE_STATUSES))
-                .values(status=PipelineStatus.FAILED, gave_up_reason=redact(reason), completed_at=self.dialect.now(),
-                        updated_at=self.dialect.now(), heartbeat_deadline=None)
-                .returning(pipelines.c.id)
-            ).first()
-            if row is None:
-                return False
-            self.record_transitions(conn, [{"entity_type": "pipeline", "entity_id": pipeline_id,
-                                            "pipeline_id": pipeline_id, "from_status": None,
-                                            "to_status": PipelineStatus.FAILED,
-                                            "event": "failed_by_operator", "data": {"reason": redact(reason)}}])
-            self.record_events(conn, [{"kind": "pipeline_stuck", "pipeline_id": pipeline_id,
-                                       "payload": {"reason": redact(reason)}}])
-        return True
 
     # -- liveness ----------------------------------------------------------------------------
 

@@ -29,7 +29,7 @@ from typing import Any
 
 from sqlalchemy import ColumnElement, Connection, Table, and_, delete, func, literal_column, not_, select
 
-from recovery_ext._store.database import Database, retried
+from recovery_ext._store.database import retried
 from recovery_ext._store.observability import COUNTED_TRANSITION_EVENTS
 from recovery_ext._store.schema import (call_journal, events, node_items, nodes, pipelines, provider_calls,
                                         provider_jobs, queue_items, transitions)

@@ -15,8 +15,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from sqlalchemy import (BigInteger, Connection, Float, Integer, Text, and_, bindparam, exists, func, literal, or_, select,
-                        tuple_, union_all, update)
+from sqlalchemy import (BigInteger, Float, Integer, Text, and_, bindparam, exists, func, literal, or_, select, tuple_, union_all, update)
 from sqlalchemy import CompoundSelect, Select
 from sqlalchemy.dialects.postgresql import ARRAY
 
@@ -308,15 +307,3 @@ class RunOps(PipelineOps):
             self._finish_pipeline(conn, own, PipelineStatus.CANCELED, reason=redact(reason))
             self.record_events(conn, [{"kind": "pipeline_canceled", "pipeline_id": own.pipeline_id,
                                        "payload": {"owner": own.owner, "reason": redact(reason)}}])
-
-    @retried
-    def cancel_owned_by(self, run_ids: Sequence[str], reason: str = "the owning run was canceled") -> list[int]:
-        """Backstop for the sensor: running pipelines whose owner Dagster shows CANCELED become canceled.
-
-        The owner itself is the fence: a reclaim replaces it under ``FOR UPDATE`` first, so a run
-        that recovery terminated after a reclaim no longer owns anything and cancels nothing.
-        """
-        if not run_ids:
-            return []
-        with self.write() as conn:
-            return self._cancel_owned_by(conn, run_ids, reason)

@@ -12,6 +12,7 @@ from dagster import in_process_executor
 from ledger_defs import llm_resource, make_ledger_job, recovery_resource
 from recovery_ext import execute_in_process
 from stand_in_llm import StandInProvider
+import store_rows
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -80,7 +81,7 @@ def test_without_limits_the_same_pipelines_meet_429s(store, db_url, monkeypatch)
                            breaker_max_cooldown=4.0, outage_pause_initial=1.0, outage_pause_max=4.0)
     assert provider.refused(), "five pipelines without limits never hit the quota"
     assert len(results) == PIPELINES and all(r.success for r in results)  # Retry-After still applies
-    outcomes = {c.outcome for c in store.reports.provider_calls()}
+    outcomes = {c.outcome for c in store_rows.provider_calls(store)}
     assert "rate_limit" in outcomes and "ok" in outcomes  # the refused calls are in the ledger, unpaid
 
 

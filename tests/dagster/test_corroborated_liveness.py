@@ -29,6 +29,7 @@ STEP = """
 import sys, time
 from recovery_ext._store.models import Ownership
 from recovery_ext._store.store import RecoveryStore
+import store_rows
 url, pipeline, epoch, owner, name = sys.argv[1:]
 RecoveryStore(url).pipelines.start_node(Ownership(int(pipeline), int(epoch), owner), name, heartbeat_timeout=60)
 print("started", flush=True)
@@ -95,7 +96,7 @@ def test_a_node_whose_process_lives_is_vouched_for_and_never_an_orphan_on_its_he
     assert abs((node.vouched_until - node.heartbeat_deadline).total_seconds()) < 20
     expire_node_heartbeat(store, own, "a")  # an overloaded step process missed its own deadline
     assert store.recovery.find_orphans() == []
-    assert [(s.pipeline_id, s.name) for s in store.pipelines.slow_nodes()] == [(own.pipeline_id, "a")]
+    assert [(s.pipeline_id, s.name) for s in store_rows.slow_nodes(store)] == [(own.pipeline_id, "a")]
     # once nobody vouches any more (the watcher stopped pulsing), the expired heartbeat decides again
     with store.write() as conn:
         conn.execute(update(nodes).where(nodes.c.pipeline_id == own.pipeline_id)

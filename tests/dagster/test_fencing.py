@@ -160,7 +160,7 @@ def test_sibling_nodes_started_and_completed_in_parallel_never_deadlock(pg_url, 
         for own in owns:
             try:
                 store.pipelines.start_node(own, name, heartbeat_timeout=60)
-                store.pipelines.set_items_total(own, name, 2)
+                store.pipelines.start_items(own, name, 2)
                 store.pipelines.checkpoint_item(own, name, ItemCheckpoint("a", {"x": 1}), stall_timeout=30)
                 store.pipelines.heartbeat([(own, name)], 60)
                 store.pipelines.checkpoint_item(own, name, ItemCheckpoint("b", {"x": 2}))

@@ -18,6 +18,7 @@ from outage_kit import NOW, FakeTime, answer, enricher, plain_guard, serve
 from recovery_ext import ConfigurationError, Prices, execute_in_process, read_usage
 from recovery_ext._classify.classifier import parse_retry_after
 from recovery_ext._store.models import ItemCheckpoint, ProviderCall
+import store_rows
 
 
 @pytest.mark.parametrize("value", ["\u00b2", "\u0661\u0662", "\uff13", "1.5", "-3", "+3", " 3 0", "9" * 400,
@@ -73,7 +74,7 @@ def test_a_paid_answer_with_malformed_usage_completes_its_item_and_is_recorded_w
                                     resources={"recovery": recovery_resource(),
                                                "llm": llm_resource(httpserver.url_for("/v1"))})
     assert result.success
-    calls = store.reports.provider_calls()
+    calls = store_rows.provider_calls(store)
     assert len(calls) == 5 and all(c.outcome == "ok" for c in calls)
     odd = [c for c in calls if c.note]
     assert len(odd) == 4 and all(c.tokens_in == 0 and c.cost is None and "prompt_tokens" in c.note for c in odd)
@@ -90,10 +91,10 @@ def test_a_nul_byte_in_a_calls_text_never_fails_the_checkpoint_on_either_databas
     failed = ProviderCall(endpoint="http://127.0.0.1:9/v1", model="m", outcome="rate\x00limit",
                           pipeline_id=own.pipeline_id, node_name="a", item_key="k", run_id="run-1", epoch=own.epoch)
     store.pipelines.checkpoint_item(own, "a", ItemCheckpoint("k", 1, calls=(nul, failed)))
-    stored = {c.id: c for c in store.reports.provider_calls(own.pipeline_id)}
+    stored = {c.id: c for c in store_rows.provider_calls(store, own.pipeline_id)}
     assert stored[nul.id].model == "m\ufffd" and "\x00" not in stored[nul.id].endpoint
     assert stored[failed.id].outcome == "rate\ufffdlimit"
-    assert store.reports.reached_checkpoint([nul.id, failed.id]) == {nul.id: True, failed.id: False}
+    assert store_rows.reached_checkpoint(store, [nul.id, failed.id]) == {nul.id: True, failed.id: False}
 
 
 @pytest.mark.parametrize("price", [1e308, 1e7, float("inf"), -1.0])

@@ -29,6 +29,7 @@ from recovery_ext._errors import OwnershipLost
 from recovery_ext._providers.journal import decode_answer, encode_answer, fingerprint
 from recovery_ext._store.ledger import IN_FLIGHT
 from recovery_ext._store.models import ItemCheckpoint, PassPlan
+import store_rows
 
 ENDPOINT = "http://127.0.0.1:9/v1"
 
@@ -61,13 +62,13 @@ def test_an_answer_kept_before_a_crash_is_replayed_to_the_next_owner_and_counted
     first = started(own)
     assert store.providers.journal_begin(own, first, call_key="fp#1") is None
     # before the answer: the ledger already has the call, in flight
-    (row,) = store.reports.provider_calls(own.pipeline_id)
+    (row,) = store_rows.provider_calls(store, own.pipeline_id)
     assert (row.id, row.outcome) == (first.id, IN_FLIGHT)
     answered = ProviderCall(endpoint=ENDPOINT, model="m", tokens_in=40, tokens_out=9, latency_seconds=0.2,
                             cost=0.5, pipeline_id=own.pipeline_id, node_name="a", item_key="k1", run_id=own.owner,
                             epoch=own.epoch, id=first.id)
     store.providers.journal_answer(own, answered, call_key="fp#1", answer=encode_answer({"name": "Order"}))
-    assert store.providers.call_journal_size(own.pipeline_id)[0] == 1
+    assert store_rows.call_journal_size(store, own.pipeline_id)[0] == 1
     # the worker dies before its item's checkpoint; the next owner asks the same
     new = take_over(store, own)
     with pytest.raises(OwnershipLost):
@@ -109,16 +110,16 @@ def test_entries_go_when_the_pipeline_completes_and_the_ledger_rows_stay(store):
         c = started(own, item=f"k{i}")
         store.providers.journal_begin(own, c, call_key=f"fp{i}#1")
         store.providers.journal_answer(own, c, call_key=f"fp{i}#1", answer=encode_answer({"i": i, "text": "x" * 1000}))
-    entries, chars = store.providers.call_journal_size(own.pipeline_id)
+    entries, chars = store_rows.call_journal_size(store, own.pipeline_id)
     assert entries == 3 and chars > 3000
     for i in range(3):
         store.pipelines.checkpoint_item(own, "a", ItemCheckpoint(f"k{i}", i))
     store.pipelines.complete_node(own, "a")
-    assert store.providers.call_journal_size(own.pipeline_id)[0] == 3  # the pipeline is still running (node b)
+    assert store_rows.call_journal_size(store, own.pipeline_id)[0] == 3  # the pipeline is still running (node b)
     store.pipelines.start_node(own, "b")
     assert store.pipelines.complete_node(own, "b")
-    assert store.providers.call_journal_size(own.pipeline_id) == (0, 0)
-    assert len(store.reports.provider_calls(own.pipeline_id)) == 3
+    assert store_rows.call_journal_size(store, own.pipeline_id) == (0, 0)
+    assert len(store_rows.provider_calls(store, own.pipeline_id)) == 3
     assert store.providers.prune_call_journal() == 0
 
 
@@ -127,7 +128,7 @@ def test_prune_removes_what_a_trigger_could_not_and_keeps_a_failed_pipelines_ent
     c = started(own)
     store.providers.journal_begin(own, c, call_key="fp#1")
     store.providers.journal_answer(own, c, call_key="fp#1", answer=encode_answer(1))
-    store.pipelines.fail_pipeline(own.pipeline_id, "gave up")
+    store_rows.fail_pipeline(store, own.pipeline_id, "gave up")
     assert store.providers.prune_call_journal() == 0  # a redo may still use them
     assert store.providers.prune_call_journal(own.pipeline_id) == 1
 
@@ -190,12 +191,12 @@ def test_a_node_journals_each_call_and_fresh_asks_again(store, db_url, monkeypat
         assert result.success
         assert len(provider.calls) == 4  # two calls per item, each a request (fresh or a second occurrence)
     (pipeline,) = store.reports.list_pipelines()
-    calls = store.reports.provider_calls(pipeline.id)
+    calls = store_rows.provider_calls(store, pipeline.id)
     assert len(calls) == 6 and all(c.outcome == "ok" for c in calls)
     assert sum(c.tokens_in for c in calls) == provider.totals()["tokens_in"] + 6
     assert result.output_for_node("by_hand") == {"sent": 2}
-    assert store.providers.call_journal_size(pipeline.id) == (0, 0)  # the pipeline completed: pruned
-    assert all(store.reports.reached_checkpoint([c.id for c in calls]).values())
+    assert store_rows.call_journal_size(store, pipeline.id) == (0, 0)  # the pipeline completed: pruned
+    assert all(store_rows.reached_checkpoint(store, [c.id for c in calls]).values())
 
 
 def test_outside_a_node_the_journal_is_just_the_call():
@@ -278,7 +279,7 @@ def test_the_guard_journals_by_default_and_a_step_retry_does_not_pay_again(store
     assert result.success
     assert ASKED == ["x", "y"]  # y was answered once; the retry replayed it
     (pipeline,) = store.reports.list_pipelines()
-    calls = store.reports.provider_calls(pipeline.id)
+    calls = store_rows.provider_calls(store, pipeline.id)
     assert len(calls) == 2 and {c.outcome for c in calls} == {"ok"}
     from sqlalchemy import select
 

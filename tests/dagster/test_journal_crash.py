@@ -25,6 +25,7 @@ from recovery_ext._dagster.tags import TAG_PIPELINE, TAG_RESUME_NUMBER, TAG_RESU
 from recovery_ext._store.models import PassPlan
 from recovery_pipelines.devserver import wait_for
 from helpers import reclaim
+import store_rows
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -76,7 +77,7 @@ def test_a_kill_after_answers_arrived_pays_none_of_them_again(store, db_url, mon
     checkpointed_before = (kill_after - 1) // CALLS_PER_ITEM * CALLS_PER_ITEM
     assert (f.saved_calls, f.replayed_calls) == (kill_after, kill_after - checkpointed_before)
     assert (f.wasted_calls, f.in_flight_unknown_calls) == (0, 0)
-    assert store.providers.call_journal_size(pipeline_id) == (0, 0)  # the pipeline completed: pruned
+    assert store_rows.call_journal_size(store, pipeline_id) == (0, 0)  # the pipeline completed: pruned
 
 
 def test_a_kill_mid_call_pays_only_the_call_in_flight_again(store, db_url, monkeypatch):

@@ -40,6 +40,7 @@ from recovery_ext._store.models import PassPlan
 from recovery_ext._store.statuses import WAITING
 from recovery_pipelines.batch_stand_in import BatchProvider
 from recovery_pipelines.devserver import wait_for
+import store_rows
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -158,7 +159,7 @@ def test_a_cancelled_or_partly_failed_batch_is_resubmitted_for_its_unfinished_it
     f = assert_ledger_equals_the_provider(store, pipeline.id, provider)
     assert outcomes(store, pipeline.id) == Counter({"ok": ITEMS, error: len(unfinished), "submitted": 1,
                                                     "resubmitted": 1})
-    errored = [c.item_key for c in store.reports.provider_calls(pipeline.id) if c.outcome == error]
+    errored = [c.item_key for c in store_rows.provider_calls(store, pipeline.id) if c.outcome == error]
     assert sorted(errored) == unfinished  # the ledger names each item the first job left unfinished
     # as the ledger counts any failed call: never checkpointed, so wasted, at no tokens (none were charged)
     assert (f.wasted_calls, f.wasted_tokens, f.in_flight_unknown_calls) == (len(unfinished), 0, 0)
@@ -239,7 +240,7 @@ def test_a_kill_while_results_are_checkpointed_resumes_with_the_rest_only(store,
     f = assert_ledger_equals_the_provider(store, pipeline.id, provider)
     assert outcomes(store, pipeline.id) == Counter({"ok": ITEMS, "submitted": 1}), f"killed after {kill_after}"
     assert (f.wasted_calls, f.in_flight_unknown_calls) == (0, 0)
-    resumed_rows = [c for c in store.reports.provider_calls(pipeline.id) if c.outcome == "ok" and c.epoch == 2]
+    resumed_rows = [c for c in store_rows.provider_calls(store, pipeline.id) if c.outcome == "ok" and c.epoch == 2]
     assert len(resumed_rows) == ITEMS - kill_after  # the resume checkpointed only the rest
     assert [(j.job_id, j.status, j.attempt) for j in store.pipelines.provider_jobs(pipeline.id)] == [
         (batch_id, "collected", 1)]
@@ -255,7 +256,7 @@ def test_a_kill_after_every_result_was_kept_collects_the_job_without_asking_the_
         assert provider.submissions == 1
         (batch_id,) = provider.batches
     assert [(j.job_id, j.status) for j in store.pipelines.provider_jobs(pipeline.id)] == [(batch_id, "collected")]
-    assert [c for c in store.reports.provider_calls(pipeline.id) if c.epoch == 2] == []  # the resume paid nothing
+    assert [c for c in store_rows.provider_calls(store, pipeline.id) if c.epoch == 2] == []  # the resume paid nothing
     assert outcomes(store, pipeline.id) == Counter({"ok": ITEMS, "submitted": 1})
 
 

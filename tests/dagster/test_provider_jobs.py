@@ -26,6 +26,7 @@ from recovery_ext._store.statuses import WAITING
 from recovery_pipelines.batch_stand_in import BatchProvider
 from recovery_pipelines.devserver import wait_for
 from helpers import reclaim
+import store_rows
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -126,5 +127,5 @@ def test_the_ontology_describes_its_columns_as_one_batch(store, db_url, tmp_path
     finally:
         engine.dispose()
     assert described > tables and undescribed == 0
-    batch_calls = [c for c in store.reports.provider_calls(pipeline.id) if c.node_name == "enrich_columns"]
+    batch_calls = [c for c in store_rows.provider_calls(store, pipeline.id) if c.node_name == "enrich_columns"]
     assert Counter(c.outcome for c in batch_calls) == Counter({"ok": tables, "submitted": 1})

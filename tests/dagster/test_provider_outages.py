@@ -31,6 +31,7 @@ from recovery_pipelines.ontology_schema import MIGRATIONS, ont_entities
 from recovery_pipelines.llm import LLMResource, heuristic_answer
 from recovery_pipelines.ontology import SourceDatabase, make_ontology_job
 from recovery_pipelines.sample_data import create_sample_database
+import store_rows
 
 
 class Provider:
@@ -205,7 +206,7 @@ def test_degraded_items_are_redone_by_redo_degraded_through_a_resume_run(store, 
     assert first.success
     (p,) = store.reports.list_pipelines()
     assert p.status == "completed" and store.providers.degraded_counts(p.id) == {"enrich_entities": 2}
-    statuses = store.providers.item_statuses(p.id, "enrich_entities")
+    statuses = store_rows.item_statuses(store, p.id, "enrich_entities")
     assert {k for k, s in statuses.items() if s == "degraded"} == refused
     assert "2 degraded" in cli(db_url, "pipelines", "show", str(p.id))
 

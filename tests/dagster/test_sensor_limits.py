@@ -27,6 +27,7 @@ from recovery_ext._dagster.recoverable import TAG_PIPELINE, TAG_RESUME_NUMBER
 from recovery_ext._dagster.sensors import TAG_QUEUE
 from recovery_pipelines.assembly import build_definitions
 from recovery_pipelines.ocr import make_ocr_job
+import store_rows
 
 
 @recoverable_op(required_resource_keys={"source"})
@@ -114,6 +115,6 @@ def test_the_stuck_item_sensor_leaves_a_crashed_pipelines_queue_to_its_resume_ru
         result = sensor.evaluate_tick(context)
         assert result.run_requests == []
         assert f"pipeline {own.pipeline_id} of ocr_documents is running or awaits its resume run" in result.skip_message
-        store.pipelines.fail_pipeline(own.pipeline_id, "given up by the operator")  # nobody will drain it now
+        store_rows.fail_pipeline(store, own.pipeline_id, "given up by the operator")  # nobody will drain it now
         (request,) = sensor.evaluate_tick(context).run_requests
         assert request.tags[TAG_QUEUE] == "ocr"

@@ -28,6 +28,7 @@ from recovery_pipelines.devserver import wait_for
 from recovery_pipelines.ocr import make_ocr_job
 from recovery_pipelines.sample_data import create_scanned_pdfs
 from recovery_pipelines.textract_stand_in import STAND_IN_CREDENTIALS, TextractProvider
+import store_rows
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -68,7 +69,7 @@ def run(db_url, folder, config, tags=None):
 
 
 def outcomes(store, pipeline_id) -> Counter:
-    return Counter(c.outcome for c in store.reports.provider_calls(pipeline_id) if c.node_name == "ocr_documents")
+    return Counter(c.outcome for c in store_rows.provider_calls(store, pipeline_id) if c.node_name == "ocr_documents")
 
 
 def assert_ledger_equals_the_provider(store, pipeline_id, provider: TextractProvider) -> None:
@@ -173,7 +174,7 @@ def test_a_kill_between_two_documents_results_keeps_the_first_and_reattaches_for
         pipeline, result = kill_and_resume(store, db_url, folder, provider, first_kept)
         assert set(provider.starts.values()) == {1}
     assert_reattached_to_one_job_per_document(store, pipeline, result, provider)
-    kept = [c for c in store.reports.provider_calls(pipeline.id) if c.outcome == "ok"]
+    kept = [c for c in store_rows.provider_calls(store, pipeline.id) if c.outcome == "ok"]
     assert len({c.run_id for c in kept}) == 2  # one document's row from the killed run, two from the resume
 
 

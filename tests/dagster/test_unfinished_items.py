@@ -29,7 +29,7 @@ def completions(store, pipeline_id):
 def test_a_node_with_unfinished_items_cannot_complete_and_nothing_is_written(store):
     own = make(store)
     store.pipelines.start_node(own, "a")
-    store.pipelines.set_items_total(own, "a", 3)
+    store.pipelines.start_items(own, "a", 3)
     store.pipelines.checkpoint_item(own, "a", ItemCheckpoint("k1", {"r": 1}))
     # explicitly degraded counts as finished
     store.pipelines.checkpoint_item(own, "a", ItemCheckpoint("k2", {"r": 2}, status="degraded"))
@@ -54,7 +54,7 @@ def test_a_node_that_never_asked_for_items_completes_as_before(store):
 def test_the_last_node_refused_leaves_the_pipeline_running_not_completed(store):
     own = make(store, nodes_=(NodeSpec("a", optional=True),))
     store.pipelines.start_node(own, "a")
-    store.pipelines.set_items_total(own, "a", 2)
+    store.pipelines.start_items(own, "a", 2)
     with pytest.raises(UnfinishedItems):
         store.pipelines.complete_node(own, "a")
     assert store.pipelines.get_pipeline(own.pipeline_id).status == "running"

@@ -39,6 +39,7 @@ from test_celery_e2e import (HEARTBEAT_INTERVAL, HEARTBEAT_TIMEOUT, SENSOR_INTER
 from recovery_ext import RecoveryStore
 from recovery_ext._store.schema import node_items, provider_calls
 from recovery_pipelines.devserver import wait_for
+import store_rows
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 
@@ -172,7 +173,7 @@ def assert_ledger_equals_the_provider(store, provider, pipeline_id, first_run):
     assert not {(r.item_key, r.tokens_in) for r in replayed} & {(c.item, c.tokens_in) for c in twice}
     assert f.replayed_calls == len(replayed) and f.saved_calls == len(old) - len(crash)
     assert sorted(done) == [f"t{i:02d}" for i in range(ITEMS)]
-    assert store.providers.call_journal_size(pipeline_id) == (0, 0)  # the pipeline completed: pruned
+    assert store_rows.call_journal_size(store, pipeline_id) == (0, 0)  # the pipeline completed: pruned
     return twice[0] if twice else None
 
 

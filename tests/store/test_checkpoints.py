@@ -30,6 +30,7 @@ from recovery_ext._store.models import PassPlan
 from recovery_ext._store.pipelines import ItemCheckpoint
 from recovery_ext._store.schema import node_items
 from recovery_ext._store.store import RecoveryStore
+import store_rows
 
 HERE = Path(__file__).resolve().parent  # the batch worker imports this module
 meta = MetaData()
@@ -118,7 +119,7 @@ def test_a_batch_commits_all_or_nothing_and_redoes_degraded_items(store):
     assert _side_effect_rows(store) == ["x", "y"]  # z's write rolled back with its batch
     store.pipelines.checkpoint_items(own, "a", [ItemCheckpoint("y", 2), ItemCheckpoint("z", 3)])  # a fallback answer is redone
     assert store.pipelines.completed_items(own.pipeline_id, "a") == {"x": 1, "y": 2, "z": 3}
-    assert store.providers.item_statuses(own.pipeline_id, "a") == {"x": "completed", "y": "completed", "z": "completed"}
+    assert store_rows.item_statuses(store, own.pipeline_id, "a") == {"x": "completed", "y": "completed", "z": "completed"}
     with pytest.raises(IllegalTransition, match="twice"):
         store.pipelines.checkpoint_items(own, "a", [ItemCheckpoint("w"), ItemCheckpoint("w")])
 
@@ -145,7 +146,7 @@ def test_a_batch_mixing_new_and_degraded_keys_writes_them_all(store):
     store.pipelines.checkpoint_items(own, "a", [ItemCheckpoint("n1", 1), ItemCheckpoint("d1", 11), ItemCheckpoint("n2", 2),
                                       ItemCheckpoint("d2", 12)], stall_timeout=30)
     assert store.pipelines.completed_items(own.pipeline_id, "a") == {"n1": 1, "d1": 11, "n2": 2, "d2": 12}
-    assert set(store.providers.item_statuses(own.pipeline_id, "a").values()) == {"completed"}
+    assert set(store_rows.item_statuses(store, own.pipeline_id, "a").values()) == {"completed"}
     with store.read() as conn:
         assert set(conn.execute(select(node_items.c.run_id, node_items.c.epoch))) == {(own.owner, own.epoch)}
     assert store.pipelines.get_node(own.pipeline_id, "a").stall_deadline is not None
@@ -162,7 +163,7 @@ def test_a_batch_naming_a_completed_key_writes_nothing(store, with_also):
         store.pipelines.checkpoint_items(own, "a", [ItemCheckpoint("new1", 1, also=also), ItemCheckpoint("fallback", "new"),
                                           ItemCheckpoint("done", 2), ItemCheckpoint("new2", 3)], stall_timeout=30)
     assert store.pipelines.completed_items(own.pipeline_id, "a") == {"done": 1, "fallback": "old"}
-    assert store.providers.item_statuses(own.pipeline_id, "a") == {"done": "completed", "fallback": "degraded"}
+    assert store_rows.item_statuses(store, own.pipeline_id, "a") == {"done": "completed", "fallback": "degraded"}
     assert _side_effect_rows(store) == []
     assert store.pipelines.get_node(own.pipeline_id, "a").stall_deadline is None  # the stall push went with the batch
 

@@ -65,7 +65,7 @@ def test_status_reports_orphans_stuck_dead_and_recovered(cli, store):
 def test_pipelines_show_and_list(cli, store):
     own = store.pipelines.create_pipeline("job", ["a", "b"], owner="r1", origin_run_id="r1")
     store.pipelines.start_node(own, "a")
-    store.pipelines.set_items_total(own, "a", 3)
+    store.pipelines.start_items(own, "a", 3)
     store.pipelines.checkpoint_item(own, "a", ItemCheckpoint("k1", 1))
     data = as_json(cli("pipelines", "show", str(own.pipeline_id), "--json"))
     assert [(n["name"], n["status"], n["items_done"], n["items_total"]) for n in data["nodes"]] == [

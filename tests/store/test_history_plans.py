@@ -20,6 +20,7 @@ from recovery_ext._store.store import RecoveryStore
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the bench package, for its history seed
 from bench import history_bench  # noqa: E402
+import store_rows
 
 HISTORY_TABLES = ("rx_pipelines", "rx_nodes", "rx_node_items", "rx_provider_calls", "rx_transitions", "rx_events",
                   "rx_queue_items")
@@ -35,7 +36,7 @@ def history(pg_url) -> RecoveryStore:
     history_bench.seed(store, seeds["live"])
     first, last = history_bench.FIRST_FINISHED, history_bench.FIRST_FINISHED + FINISHED - 1
     history_bench.seed(store, seeds["history"], lo=first, hi=last)
-    store.reports.roll_up_finished(first, last)
+    store_rows.roll_up_finished(store, first, last)
     history_bench.maintain(store, seeds["maintain"])
     yield store
     store.close()

@@ -14,6 +14,7 @@ from recovery_ext import ConfigurationError, RecoveryResource
 from recovery_ext._settings import LONGEST
 from recovery_ext._store.budgets import LIMIT_MAXIMUM, ProviderLimits
 from recovery_ext._store.models import PipelineLimits
+import store_rows
 
 
 @pytest.mark.parametrize("limits", [dict(requests_per_minute=2**31), dict(requests_per_minute=sys.maxsize + 1),
@@ -31,7 +32,7 @@ def test_the_largest_accepted_limits_reserve_and_settle_on_both_databases(store)
                                    limits=limits) for _ in range(3)]
     assert [g.granted for g in grants] == [True, True, False]  # the third would pass the limit, no overflow
     store.providers.budget_settle(grants[0].reservation, 2**40)
-    [budget] = store.providers.budgets()
+    [budget] = store_rows.budgets(store)
     assert budget["requests_per_minute"] == 2**31 - 1
 
 

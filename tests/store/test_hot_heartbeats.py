@@ -12,6 +12,7 @@ from sqlalchemy import event
 from pg_cluster import PrivateCluster
 from recovery_ext._store.runs import NodeBeat, PipelineBeat
 from recovery_ext._store.store import RecoveryStore
+import store_rows
 
 
 def _update_counts(pg_url: str) -> dict[str, tuple[int, int]]:
@@ -59,7 +60,7 @@ def _owned_pipelines(store: RecoveryStore):
         store.pipelines.start_node(own, "a")
         owned.append(own)
     lost = store.pipelines.create_pipeline("job", ["a"], owner="gone")
-    store.pipelines.fail_pipeline(lost.pipeline_id, "for the test")
+    store_rows.fail_pipeline(store, lost.pipeline_id, "for the test")
     return owned, lost
 
 

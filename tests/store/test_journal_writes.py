@@ -14,6 +14,7 @@ from recovery_ext._store.ledger import IN_FLIGHT
 from recovery_ext._store.models import Ownership, PassPlan, ProviderCall
 from recovery_ext._store.schema import call_journal, provider_calls
 from recovery_ext._store.store import RecoveryStore
+import store_rows
 
 ENDPOINT = "http://127.0.0.1:9/v1"
 
@@ -99,7 +100,7 @@ def test_a_stale_owner_is_refused_and_writes_nothing(store):
     # the new owner's writes go through; a pipeline that is not running refuses its own owner too
     hit = store.providers.journal_begin(new, in_flight(new, "k1"), call_key="fp#1")
     assert hit is not None and hit.answer == '"old"'
-    store.pipelines.fail_pipeline(own.pipeline_id, "operator said so")
+    store_rows.fail_pipeline(store, own.pipeline_id, "operator said so")
     with pytest.raises(OwnershipLost, match=r"run-2 \(pipeline failed\)"):
         store.providers.journal_begin(new, in_flight(new, "k4"), call_key=None)
     with pytest.raises(NotFound, match="no pipeline 987654"):

@@ -14,6 +14,7 @@ from recovery_ext._store.budgets import ProviderLimits
 from recovery_ext._store.models import ItemCheckpoint, PassPlan, ProviderCall
 
 from helpers import expire, reclaim
+import store_rows
 
 
 def make(store, owner="run-1"):
@@ -35,9 +36,9 @@ def test_a_checkpoint_marks_the_calls_it_keeps_in_its_own_transaction(store):
     store.pipelines.checkpoint_item(own, "a", ItemCheckpoint("k1", {"v": 1}, calls=(kept,)))
     late = call(cost=1.0)  # never written before: the checkpoint writes it
     store.pipelines.checkpoint_items(own, "a", [ItemCheckpoint("k2", 2, calls=(late,)), ItemCheckpoint("k3", 3)])
-    assert store.reports.reached_checkpoint([kept.id, retried.id, late.id]) == {kept.id: True, retried.id: False,
+    assert store_rows.reached_checkpoint(store, [kept.id, retried.id, late.id]) == {kept.id: True, retried.id: False,
                                                                         late.id: True}
-    rows = {c.id: c for c in store.reports.provider_calls(own.pipeline_id)}
+    rows = {c.id: c for c in store_rows.provider_calls(store, own.pipeline_id)}
     assert (rows[late.id].item_key, rows[late.id].node_name, rows[late.id].run_id, rows[late.id].epoch) == \
         ("k2", "a", "run-1", 1)
     figures = store.reports.provider_costs(own.pipeline_id).pipelines[own.pipeline_id]
@@ -57,7 +58,7 @@ def test_a_refused_or_superseded_checkpoint_marks_nothing(store):
     late = call()
     with pytest.raises(OwnershipLost):
         store.pipelines.checkpoint_item(own, "a", ItemCheckpoint("k2", 2, calls=(late,)))
-    assert store.reports.reached_checkpoint([first.id, late.id]) == {first.id: False}
+    assert store_rows.reached_checkpoint(store, [first.id, late.id]) == {first.id: False}
 
 
 def test_saved_and_wasted_across_a_takeover(store):
@@ -95,7 +96,7 @@ def test_the_endpoint_is_redacted_and_bad_calls_are_refused_clearly(store):
     own = make(store)
     c = call(endpoint="https://user:hunter22@api.example.com/v1?api_key=sk-abcdefghijklmnop")
     store.pipelines.checkpoint_item(own, "a", ItemCheckpoint("k", 1, calls=(c,)))
-    stored = store.reports.provider_calls(own.pipeline_id)[0].endpoint
+    stored = store_rows.provider_calls(store, own.pipeline_id)[0].endpoint
     assert "hunter22" not in stored and "sk-abcdefghijklmnop" not in stored and "api.example.com" in stored
     for bad in ({"tokens_in": -1}, {"tokens_out": 1.5}, {"latency_seconds": float("nan")}, {"cost": -2.0},
                 {"outcome": ""}, {"endpoint": " "}):
@@ -123,7 +124,7 @@ def test_budget_grants_until_the_window_is_full_then_says_how_long_to_wait(store
     per_model = ProviderLimits(requests_per_minute=3, tokens_per_minute=100, window_seconds=1.0, margin_seconds=0.0,
                                per_model=True)
     assert store.providers.budget_reserve("http://e/v1", "big", tokens=90, limits=per_model).granted
-    assert sorted((b["endpoint"], b["model"]) for b in store.providers.budgets()) == [("http://e/v1", ""), ("http://e/v1", "big")]
+    assert sorted((b["endpoint"], b["model"]) for b in store_rows.budgets(store)) == [("http://e/v1", ""), ("http://e/v1", "big")]
 
 
 def test_a_request_in_flight_holds_its_room_until_one_window_after_its_answer(store):
@@ -144,7 +145,7 @@ def test_a_budget_is_the_whole_endpoints_unless_its_limits_are_per_model(store):
     limits = ProviderLimits(requests_per_minute=1, window_seconds=30.0)
     assert store.providers.budget_reserve("http://e/v1", "small", tokens=1, limits=limits).granted
     assert not store.providers.budget_reserve("http://e/v1", "big", tokens=1, limits=limits).granted  # the same budget
-    assert [b["model"] for b in store.providers.budgets()] == [""]
+    assert [b["model"] for b in store_rows.budgets(store)] == [""]
 
 
 def test_tokens_free_up_when_usage_corrects_the_reservation(store):
@@ -207,7 +208,7 @@ def test_calls_recorded_while_the_database_is_away_wait_in_memory_and_go_with_th
         store.pipelines.checkpoint_item(own, "a", ItemCheckpoint("k1", 1, calls=(answered,)))
         recorder.written([answered])
         wait_for(lambda: recorder.pending == 0, timeout=30, what="the writer to write the other call")
-        assert store.reports.reached_checkpoint([answered.id, refused.id]) == {answered.id: True, refused.id: False}
+        assert store_rows.reached_checkpoint(store, [answered.id, refused.id]) == {answered.id: True, refused.id: False}
         assert recorder.failures >= 1
         store.close()
     finally:

@@ -11,6 +11,7 @@ from recovery_ext._errors import IllegalTransition, NotFound, OwnershipLost, Unf
 from recovery_ext._store.models import ItemCheckpoint
 from recovery_ext._store.schema import transitions
 from recovery_ext._store.store import RecoveryStore
+import store_rows
 
 
 def history(store, pipeline_id):
@@ -45,14 +46,14 @@ def test_refusals_raise_the_same_errors_and_write_nothing(store):
     with pytest.raises(IllegalTransition, match=r"node 'a' of pipeline \d+: pending -> completed is not allowed"):
         store.pipelines.complete_node(own, "a", 1)
     store.pipelines.begin_node("run-1", "a")
-    store.pipelines.set_items_total(own, "a", 2)
+    store.pipelines.start_items(own, "a", 2)
     store.pipelines.checkpoint_item(own, "a", ItemCheckpoint("k1", 1))
     with pytest.raises(UnfinishedItems, match="1 of its 2 items are unfinished"):
         store.pipelines.complete_node(own, "a", 1)
     with pytest.raises(NotFound, match="has no node .zzz."):
         store.pipelines.complete_node(own, "zzz", 1)
     before = history(store, own.pipeline_id)
-    store.pipelines.fail_pipeline(own.pipeline_id, "operator said so")
+    store_rows.fail_pipeline(store, own.pipeline_id, "operator said so")
     with pytest.raises(OwnershipLost, match=r"run-1 \(pipeline failed\)"):
         store.pipelines.complete_node(own, "a", 1)
     assert store.pipelines.get_node(own.pipeline_id, "a").status == "running"
@@ -116,7 +117,7 @@ def test_starting_items_sets_the_count_returns_the_checkpoints_and_is_fenced(sto
     store.pipelines.checkpoint_item(own, "a", ItemCheckpoint("k2", None, status="degraded"))
     assert store.pipelines.start_items(own, "a", 4) == {"k1": "completed", "k2": "degraded"}
     assert store.pipelines.get_node(own.pipeline_id, "a").items_total == 4
-    store.pipelines.fail_pipeline(own.pipeline_id, "operator said so")
+    store_rows.fail_pipeline(store, own.pipeline_id, "operator said so")
     with pytest.raises(OwnershipLost):
         store.pipelines.start_items(own, "a", 9)
     assert store.pipelines.get_node(own.pipeline_id, "a").items_total == 4  # the refused call changed nothing

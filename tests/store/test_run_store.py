@@ -13,7 +13,7 @@ from helpers import expire, reclaim
 from recovery_pipelines.devserver import wait_for
 from recovery_ext._errors import IllegalTransition, OwnershipLost
 from recovery_ext._liveness.heartbeat import HeartbeatRegistry, HeartbeatSettings
-from recovery_ext._store.models import ErrorInfo, ItemCheckpoint, PassPlan
+from recovery_ext._store.models import ErrorInfo, ItemCheckpoint, PassPlan, Scope
 from recovery_ext._store.runs import NodeBeat, PipelineBeat
 from recovery_ext._store.schema import nodes, transitions
 
@@ -213,7 +213,8 @@ def test_the_cancel_backstop_cancels_only_what_the_canceled_run_still_owns(store
     expire(store, reclaimed.pipeline_id)
     # recovery moved run-2's pipeline on: terminating run-2 is not a user cancel
     reclaim(store, PassPlan(limit=5, launching=True))
-    assert store.pipelines.cancel_owned_by(["run-1", "run-2"]) == [mine.pipeline_id]
+    canceling = PassPlan(limit=0, canceled_owner_runs=("run-1", "run-2"))
+    assert store.recovery.recovery_pass(canceling, Scope()).canceled == [mine.pipeline_id]
     assert store.pipelines.get_pipeline(mine.pipeline_id).status == "canceled"
     assert store.pipelines.get_pipeline(reclaimed.pipeline_id).status == "running"
     with pytest.raises(OwnershipLost):

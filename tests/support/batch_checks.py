@@ -6,10 +6,11 @@ from __future__ import annotations
 from collections import Counter
 
 from recovery_pipelines.batch_stand_in import BatchProvider
+import store_rows
 
 
 def outcomes(store, pipeline_id) -> Counter:
-    return Counter(c.outcome for c in store.reports.provider_calls(pipeline_id))
+    return Counter(c.outcome for c in store_rows.provider_calls(store, pipeline_id))
 
 
 def assert_ledger_equals_the_provider(store, pipeline_id, provider: BatchProvider, items: int):
