@@ -6,7 +6,7 @@ Each round times, one after the other (so load changes hit every side alike), fo
 - ``ctx.items(keys, batch=N)``: what an op body runs; a :class:`NodeContext` completes each item
   and flushes every N into one fenced checkpoint transaction (the op's Dagster context is not
   involved: this loop never touches it);
-- ``store.checkpoint_items``: the store call under it, given ready :class:`ItemCheckpoint` values;
+- ``store.pipelines.checkpoint_items``: the store call under it, given ready :class:`ItemCheckpoint` values;
 - a bare INSERT of the same rows (the same keys, statuses, JSON results, owner and epoch) into a
   copy of ``rx_node_items`` with the same columns, primary key and foreign key, one autocommit
   statement per N rows, prepared: once as ``INSERT ... SELECT FROM unnest`` of bound arrays and

@@ -3,7 +3,7 @@
 For each database (SQLite, PostgreSQL) an item is measured two ways, interleaved in rounds so both
 see the same machine load:
 
-* **checkpoint**: the item's checkpoint alone (``store.checkpoint_item``), what a node pays per item
+* **checkpoint**: the item's checkpoint alone (``store.pipelines.checkpoint_item``), what a node pays per item
   without the ledger (and without a provider: the strictest comparison);
 * **with ledger**: the call recorded (``CallRecorder.record``: it waits in memory) and written in
   the same checkpoint, as ``ctx.record_call`` + ``item.complete`` do;

@@ -172,7 +172,7 @@ def _compute(context: Any, resource: RecoveryResource, inputs: dict[str, Any], d
 
 
 def _begin(context: OpExecutionContext, store: OpStore, settings: HeartbeatSettings, op_name: str):
-    """``store.begin_node`` for this run, after refusing a job without run-level liveness."""
+    """``store.pipelines.begin_node`` for this run, after refusing a job without run-level liveness."""
     _require_run_liveness(context, op_name)
     try:
         return store.pipelines.begin_node(context.run_id, op_name, heartbeat_timeout=settings.timeout,

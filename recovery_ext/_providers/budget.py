@@ -3,7 +3,7 @@
 :class:`ProviderLimits` (beside the store's budget table, which takes them whole) says how many
 requests and tokens a provider allows per minute (per endpoint, or per model of it).
 :class:`RateBudget` reserves one request and a call's estimated tokens before the call
-(``store.budget_reserve``, on the database clock) and waits while the window is full. The wait is a
+(``store.providers.budget_reserve``, on the database clock) and waits while the window is full. The wait is a
 visible state, not a failure: the pipeline shows ``waiting`` with a ``rate budget`` reason, its
 heartbeats go on (the waiting thread is not the heartbeat thread), and a stop (superseded, run
 worker gone, shutdown) ends the wait at once. The response's usage corrects the reservation

@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def evaluate(sensor, instance, db_url, **resource):
-    """One tick; the deployment is the one `store.create_pipeline` writes by default unless a test names another."""
+    """One tick; the deployment is the one `store.pipelines.create_pipeline` writes by default unless a test names another."""
     resource.setdefault("deployment", "default")
     ctx = build_sensor_context(instance=instance,
                                resources={"recovery": RecoveryResource(database_url=db_url, **resource)})

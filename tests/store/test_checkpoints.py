@@ -415,12 +415,12 @@ url, pid, epoch, owner = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.ar
 store = RecoveryStore(url)
 own = Ownership(pid, epoch, owner)
 note = lambda key: (lambda tx: tx.execute(insert(side_effects).values(item=key)))
-store.checkpoint_items(own, "a", [ItemCheckpoint(f"k{i}", i, also=note(f"k{i}")) for i in range(4)])
+store.pipelines.checkpoint_items(own, "a", [ItemCheckpoint(f"k{i}", i, also=note(f"k{i}")) for i in range(4)])
 def stall(tx):  # the last also= of batch 2: its other writes are done, its checkpoints not yet
     print("mid-batch", flush=True)
     time.sleep(600)
-store.checkpoint_items(own, "a", [ItemCheckpoint("k4", 4, also=note("k4")), ItemCheckpoint("k5", 5, also=note("k5")),
-                                  ItemCheckpoint("k6", 6, also=stall)])
+store.pipelines.checkpoint_items(own, "a", [ItemCheckpoint("k4", 4, also=note("k4")),
+                                            ItemCheckpoint("k5", 5, also=note("k5")), ItemCheckpoint("k6", 6, also=stall)])
 """
 
 
