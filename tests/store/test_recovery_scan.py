@@ -97,6 +97,10 @@ def test_the_scan_takes_what_its_plan_leaves_open_from_its_settings_and_keeps_th
     seen = []
 
     class Recorder:
+        @property
+        def recovery(self):  # the scan reaches the pass through the store's recovery component
+            return self
+
         def recovery_pass(self, plan, scope):
             seen.append((plan, scope))
             return PassResult()
