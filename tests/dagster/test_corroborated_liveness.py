@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from dataclasses import replace
 
 import pytest
+import store_rows
 from helpers import reclaim
 from sqlalchemy import update
 
@@ -29,7 +30,6 @@ STEP = """
 import sys, time
 from recovery_ext._store.models import Ownership
 from recovery_ext._store.store import RecoveryStore
-import store_rows
 url, pipeline, epoch, owner, name = sys.argv[1:]
 RecoveryStore(url).pipelines.start_node(Ownership(int(pipeline), int(epoch), owner), name, heartbeat_timeout=60)
 print("started", flush=True)

@@ -57,7 +57,7 @@ def call_journal_size(store, pipeline_id: int | None = None) -> tuple[int, int]:
 
 
 def item_statuses(store, pipeline_id: int, node_name: str) -> dict[str, str]:
-    with store.read() as conn:
+    with store.read_statement() as conn:
         rows = conn.execute(select(node_items.c.item_key, node_items.c.status).where(
             node_items.c.pipeline_id == pipeline_id, node_items.c.node_name == node_name))
         return {r.item_key: r.status for r in rows}
@@ -81,7 +81,7 @@ def slow_nodes(store) -> list[SlowNode]:
     """Running nodes past their own heartbeat deadline that their watcher still vouches for: slow, not dead."""
     n = nodes.c
     now = store.dialect.now()
-    with store.read() as conn:
+    with store.read_statement() as conn:
         rows = conn.execute(
             select(n.pipeline_id, n.name, n.process, n.heartbeat_deadline, n.vouched_until)
             .where(n.status == NodeStatus.RUNNING, n.heartbeat_deadline < now, n.vouched_until >= now,
