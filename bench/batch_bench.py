@@ -6,7 +6,7 @@ Each round times, one after the other (so load changes hit every side alike), fo
 - ``ctx.items(keys, batch=N)``: what an op body runs; a :class:`NodeContext` completes each item
   and flushes every N into one fenced checkpoint transaction (the op's Dagster context is not
   involved: this loop never touches it);
-- ``store.checkpoint_items``: the store call under it, given ready :class:`ItemCheckpoint` values;
+- ``store.pipelines.checkpoint_items``: the store call under it, given ready :class:`ItemCheckpoint` values;
 - a bare INSERT of the same rows (the same keys, statuses, JSON results, owner and epoch) into a
   copy of ``rx_node_items`` with the same columns, primary key and foreign key, one autocommit
   statement per N rows, prepared: once as ``INSERT ... SELECT FROM unnest`` of bound arrays and
@@ -49,8 +49,8 @@ BARE_ROW = ("INSERT INTO {table} (pipeline_id, node_name, item_key, status, resu
 
 
 def running_node(store: RecoveryStore, tag: str) -> Ownership:
-    own = store.create_pipeline("bench", ["items"], owner=tag)
-    store.start_node(own, "items")
+    own = store.pipelines.create_pipeline("bench", ["items"], owner=tag)
+    store.pipelines.start_node(own, "items")
     return own
 
 
@@ -69,7 +69,7 @@ def through_ctx_items(store: RecoveryStore, own: Ownership, count: int, batch: i
 def through_store(store: RecoveryStore, own: Ownership, count: int, batch: int) -> float:
     start = time.perf_counter()
     for first in range(0, count, batch):
-        store.checkpoint_items(own, "items", [ItemCheckpoint(f"item-{i}", result_of(i))
+        store.pipelines.checkpoint_items(own, "items", [ItemCheckpoint(f"item-{i}", result_of(i))
                                               for i in range(first, min(count, first + batch))])
     return time.perf_counter() - start
 

@@ -65,11 +65,11 @@ def reclaim_times(store, pipeline_id):
 
 
 def pipeline_of(store, run_id):
-    return wait_for(lambda: store.find_pipeline(run_id), timeout=180, what=f"the pipeline of {run_id}")
+    return wait_for(lambda: store.pipelines.find_pipeline(run_id), timeout=180, what=f"the pipeline of {run_id}")
 
 
 def wait_completed(store, pipeline_ids, timeout=600):
-    wait_for(lambda: all(store.get_pipeline(p).status == "completed" for p in pipeline_ids), timeout=timeout,
+    wait_for(lambda: all(store.pipelines.get_pipeline(p).status == "completed" for p in pipeline_ids), timeout=timeout,
              interval=0.5, what=f"pipelines {pipeline_ids} to complete")
 
 

@@ -136,7 +136,7 @@ def per_item_beside_one_commit(store: RecoveryStore, url: str, count: int, round
     every item pays at least; under CPU load its WAL flush, then the wait to be scheduled again, is most of
     an item's time."""
     own = running_node(store, f"per-item-{round_no}")
-    store.checkpoint_item(own, "items", ItemCheckpoint("warm-up", 0))
+    store.pipelines.checkpoint_item(own, "items", ItemCheckpoint("warm-up", 0))
     ours = bare = 0.0
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute("CREATE TABLE IF NOT EXISTS rx_bench_one_commit (item_key text PRIMARY KEY)")
@@ -146,7 +146,7 @@ def per_item_beside_one_commit(store: RecoveryStore, url: str, count: int, round
             keys = range(first, min(count, first + chunk))
             start = time.perf_counter()
             for i in keys:
-                store.checkpoint_item(own, "items", ItemCheckpoint(f"item-{i}", {"i": i}))
+                store.pipelines.checkpoint_item(own, "items", ItemCheckpoint(f"item-{i}", {"i": i}))
             ours += time.perf_counter() - start
             start = time.perf_counter()
             for i in keys:

@@ -110,12 +110,12 @@ def operations(store: RecoveryStore, url: str, report_file: Path) -> dict[str, C
         call = ProviderCall(endpoint="https://api.example.com/v1/chat", model="model-a", tokens_in=500,
                             tokens_out=200, latency_seconds=1.5, cost=0.0007, item_key=f"bench-{n}",
                             pipeline_id=LIVE.pipeline_id, node_name="llm", run_id=LIVE.owner, epoch=LIVE.epoch)
-        store.checkpoint_item(LIVE, "llm", ItemCheckpoint(key=f"bench-{n}", result={"text": "x"}, calls=(call,)))
+        store.pipelines.checkpoint_item(LIVE, "llm", ItemCheckpoint(key=f"bench-{n}", result={"text": "x"}, calls=(call,)))
 
     def stuck_tick() -> None:
-        store.reset_stale(queue="ocr", older_than_seconds=600, reason="history bench")
-        store.count_ready("ocr")
-        store.count_ready("ocr", waiting=True)
+        store.queue.reset_stale(queue="ocr", older_than_seconds=600, reason="history bench")
+        store.queue.count_ready("ocr")
+        store.queue.count_ready("ocr", waiting=True)
 
     def scrape() -> None:
         families = list(collector.collect())
@@ -123,15 +123,15 @@ def operations(store: RecoveryStore, url: str, report_file: Path) -> dict[str, C
             raise AssertionError("the scrape could not read the database")
 
     return {
-        "orphan tick: read (idle tick)": lambda: store.tick_snapshot(scope, grace_seconds=300),
-        "orphan tick: pass, nothing reclaimed": lambda: store.recovery_pass(
+        "orphan tick: read (idle tick)": lambda: store.recovery.tick_snapshot(scope, grace_seconds=300),
+        "orphan tick: pass, nothing reclaimed": lambda: store.recovery.recovery_pass(
             PassPlan(limit=0, trigger="history bench"), scope),
         "stuck-item tick": stuck_tick,
         "metrics scrape": scrape,
         "recovery-ext status": cli_call(url, "status", "--json"),
         "recovery-ext costs PIPELINE": cli_call(url, "costs", str(finished), "--json"),
         "recovery-ext report PIPELINE": cli_call(url, "report", str(finished), "--html", str(report_file)),
-        "resume start (completed items)": lambda: store.completed_items(LIVE.pipeline_id, "llm"),
+        "resume start (completed items)": lambda: store.pipelines.completed_items(LIVE.pipeline_id, "llm"),
         "checkpoint (1 item, 1 call)": checkpoint,
     }
 
@@ -154,8 +154,8 @@ def run(dialect: str, sizes: list[int], repeat: int) -> None:
             for lo in range(seeded, size, 50_000):
                 hi = min(size, lo + 50_000)
                 seed(store, seeds["history"], lo=FIRST_FINISHED + lo, hi=FIRST_FINISHED + hi - 1)
-                if hasattr(store, "roll_up_finished"):  # what finishing them through the store would have kept
-                    store.roll_up_finished(FIRST_FINISHED + lo, FIRST_FINISHED + hi - 1)
+                with store.write() as conn:  # what finishing them through the store would have kept
+                    store.dialect.roll_up_finished(conn, FIRST_FINISHED + lo, FIRST_FINISHED + hi - 1)
                 print(f"  seeded {hi:,} finished pipelines ({time.perf_counter() - started:.0f} s)",
                       file=sys.stderr, flush=True)
             maintain(store, seeds["maintain"])

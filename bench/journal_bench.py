@@ -39,6 +39,14 @@ CALLS = int(os.environ.get("RX_JOURNAL_BENCH_CALLS", "100"))
 LATENCY = 0.2
 
 
+def _rows():
+    """The tests' reads of the journal's and the ledger's rows (the store offers only what the library calls)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "support"))
+    import store_rows
+
+    return store_rows
+
+
 def _stand_in():
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "support"))
     import openai
@@ -51,8 +59,8 @@ def _stand_in():
 
 def _pipeline(store: RecoveryStore):
     tag = uuid.uuid4().hex
-    own = store.create_pipeline("bench", ["node"], owner=tag, origin_run_id=tag, params={})
-    store.start_node(own, "node")
+    own = store.pipelines.create_pipeline("bench", ["node"], owner=tag, origin_run_id=tag, params={})
+    store.pipelines.start_node(own, "node")
     return own
 
 
@@ -70,7 +78,7 @@ def overhead(store: RecoveryStore, client) -> tuple[float, float, float]:
         body = {"task": "describe_entity", "input": {"table": f"t{i}", "columns": []}}
         call = _in_flight(own, f"k{i}")
         start, cpu_start = time.perf_counter(), time.process_time()
-        store.journal_begin(own, call, call_key=f"fp{i}#1")
+        store.providers.journal_begin(own, call, call_key=f"fp{i}#1")
         sent, cpu_sent = time.perf_counter(), time.process_time()
         response = client.chat.completions.create(model="m", messages=[{"role": "user", "content": json.dumps(body)}])
         answered, cpu_answered = time.perf_counter(), time.process_time()
@@ -78,7 +86,7 @@ def overhead(store: RecoveryStore, client) -> tuple[float, float, float]:
                             tokens_out=response.usage.completion_tokens, latency_seconds=answered - sent,
                             pipeline_id=own.pipeline_id, node_name="node", item_key=f"k{i}", run_id=own.owner,
                             epoch=own.epoch, id=call.id)
-        store.journal_answer(own, done, call_key=f"fp{i}#1", answer=encode_answer(response))
+        store.providers.journal_answer(own, done, call_key=f"fp{i}#1", answer=encode_answer(response))
         end, cpu_end = time.perf_counter(), time.process_time()
         writes.append((sent - start) + (end - answered))
         cpu.append((cpu_sent - cpu_start) + (cpu_end - cpu_answered))
@@ -97,23 +105,23 @@ def big_answer(store: RecoveryStore) -> dict:
     own = _pipeline(store)
     before = _table_bytes(store)
     call = _in_flight(own, "big")
-    store.journal_begin(own, call, call_key="big#1")
+    store.providers.journal_begin(own, call, call_key="big#1")
     start = time.perf_counter()
-    store.journal_answer(own, call, call_key="big#1", answer=encoded)
+    store.providers.journal_answer(own, call, call_key="big#1", answer=encoded)
     kept_seconds = time.perf_counter() - start
-    entries, chars = store.call_journal_size(own.pipeline_id)
+    entries, chars = _rows().call_journal_size(store, own.pipeline_id)
     on_disk = _table_bytes(store) - before
     start = time.perf_counter()
-    hit = store.journal_begin(own, _in_flight(own, "big"), call_key="big#1")
+    hit = store.providers.journal_begin(own, _in_flight(own, "big"), call_key="big#1")
     replayed = decode_answer(hit.answer)
     replay_seconds = time.perf_counter() - start
     assert replayed == answer
-    store.checkpoint_item(own, "node", _checkpoint("big"))
-    store.complete_node(own, "node")  # the pipeline completes: the trigger prunes its entries
+    store.pipelines.checkpoint_item(own, "node", _checkpoint("big"))
+    store.pipelines.complete_node(own, "node")  # the pipeline completes: the trigger prunes its entries
     return {"answer_json_bytes": len(json.dumps(answer)), "kept_chars": chars, "entries": entries,
             "table_bytes_added": on_disk, "keep_ms": kept_seconds * 1000, "replay_ms": replay_seconds * 1000,
-            "entries_after_completion": store.call_journal_size(own.pipeline_id)[0],
-            "ledger_rows_after_completion": len(store.provider_calls(own.pipeline_id))}
+            "entries_after_completion": _rows().call_journal_size(store, own.pipeline_id)[0],
+            "ledger_rows_after_completion": len(_rows().provider_calls(store, own.pipeline_id))}
 
 
 def _checkpoint(key: str):

@@ -3,7 +3,7 @@
 For each database (SQLite, PostgreSQL) an item is measured two ways, interleaved in rounds so both
 see the same machine load:
 
-* **checkpoint**: the item's checkpoint alone (``store.checkpoint_item``), what a node pays per item
+* **checkpoint**: the item's checkpoint alone (``store.pipelines.checkpoint_item``), what a node pays per item
   without the ledger (and without a provider: the strictest comparison);
 * **with ledger**: the call recorded (``CallRecorder.record``: it waits in memory) and written in
   the same checkpoint, as ``ctx.record_call`` + ``item.complete`` do;
@@ -39,8 +39,8 @@ ROUNDS = int(os.environ.get("RX_LEDGER_BENCH_ROUNDS", "11"))
 
 
 def _pipeline(store: RecoveryStore, tag: str):
-    own = store.create_pipeline("bench", ["node"], owner=tag, origin_run_id=tag, params={})
-    store.start_node(own, "node")
+    own = store.pipelines.create_pipeline("bench", ["node"], owner=tag, origin_run_id=tag, params={})
+    store.pipelines.start_node(own, "node")
     return own
 
 
@@ -58,7 +58,7 @@ def _round(store: RecoveryStore, recorder: CallRecorder, *, ledger: bool, ask=No
                                 item_key=f"k{i}", run_id=own.owner, epoch=own.epoch)
             recorder.record(call)
             calls = (call,)
-        store.checkpoint_item(own, "node", ItemCheckpoint(f"k{i}", {"answer": i}, calls=calls))
+        store.pipelines.checkpoint_item(own, "node", ItemCheckpoint(f"k{i}", {"answer": i}, calls=calls))
         if ledger:
             recorder.written(calls)
     return (time.perf_counter() - start) / ITEMS * 1e6, (time.process_time() - cpu) / ITEMS * 1e6

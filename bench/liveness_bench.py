@@ -73,7 +73,7 @@ def healthy_runs(dev, store: RecoveryStore, count: int, item_seconds: float, res
             finish(store, launched[-2:], timeout)
     finish(store, launched[-(count % 2):] if count % 2 else [], timeout)
     for run_id in launched:
-        pipeline = store.find_pipeline(run_id)
+        pipeline = store.pipelines.find_pipeline(run_id)
         reclaims = len(reclaim_times(store, pipeline.id)) if pipeline else 0
         result.healthy += 1
         result.false_orphans += reclaims > 0
@@ -82,8 +82,8 @@ def healthy_runs(dev, store: RecoveryStore, count: int, item_seconds: float, res
 
 def finish(store: RecoveryStore, run_ids: list[str], timeout: float) -> None:
     for run_id in run_ids:
-        pipeline = wait_for(lambda r=run_id: store.find_pipeline(r), timeout=timeout, what=f"the pipeline of {run_id}")
-        wait_for(lambda p=pipeline: store.get_pipeline(p.id).status in ("completed", "failed", "canceled"),
+        pipeline = wait_for(lambda r=run_id: store.pipelines.find_pipeline(r), timeout=timeout, what=f"the pipeline of {run_id}")
+        wait_for(lambda p=pipeline: store.pipelines.get_pipeline(p.id).status in ("completed", "failed", "canceled"),
                  timeout=timeout, interval=1.0, what=f"pipeline {pipeline.id} to finish")
 
 
@@ -93,7 +93,7 @@ def one_fault(dev, store: RecoveryStore, kind: str, item_seconds: float, timeout
     rows = wait_for(lambda: len(calls(store, [run_id])) > ITEMS + 1 and calls(store, [run_id]), timeout=timeout,
                     what="n2 to be mid-way")
     step = next(r for r in rows if r.node == "n2")
-    pipeline = store.find_pipeline(run_id)
+    pipeline = store.pipelines.find_pipeline(run_id)
     if kind == "worker":
         victims, sig = [step.ppid], signal.SIGKILL
     elif kind == "step":
@@ -119,7 +119,7 @@ def one_fault(dev, store: RecoveryStore, kind: str, item_seconds: float, timeout
     finally:
         if kind == "sigstop" and process_alive(step.pid):
             os.kill(step.pid, signal.SIGCONT)
-    wait_for(lambda: store.get_pipeline(pipeline.id).status in ("completed", "failed"), timeout=timeout,
+    wait_for(lambda: store.pipelines.get_pipeline(pipeline.id).status in ("completed", "failed"), timeout=timeout,
              interval=1.0, what="the resumed pipeline to finish")
     return detected - faulted
 
@@ -127,7 +127,7 @@ def one_fault(dev, store: RecoveryStore, kind: str, item_seconds: float, timeout
 def ended_unreclaimed(store: RecoveryStore, pipeline_id: int) -> str | None:
     """Why the fault failed, when the pipeline ended without ever being reclaimed: the fault then
     fails at once with the pipeline's error (waiting out the whole timeout would only hide why)."""
-    pipeline = store.get_pipeline(pipeline_id)
+    pipeline = store.pipelines.get_pipeline(pipeline_id)
     if pipeline.status in ("completed", "failed", "canceled") and not reclaim_times(store, pipeline_id):
         return f"pipeline {pipeline_id} ended {pipeline.status} without a reclaim: {pipeline.error}"
     return None

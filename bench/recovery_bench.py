@@ -81,7 +81,7 @@ def one_crash(dev, store, kind: str) -> dict:
         grpc = parent_of(step.ppid)
         proxy = parent_of(grpc)
         victims = [step.pid, step.ppid, grpc] + ([proxy] if "code-server" in cmdline(proxy) else [])
-    pipeline = store.find_pipeline(run_id)
+    pipeline = store.pipelines.find_pipeline(run_id)
     killed = time.time()
     for pid in victims:
         os.kill(pid, signal.SIGKILL)
@@ -96,7 +96,7 @@ def one_crash(dev, store, kind: str) -> dict:
                        and dev.instance.get_run_records(filters=RunsFilter(run_ids=[resume.run_id]))[0],
                        timeout=120, what="the resume run to start")
     dev.wait_run(resume.run_id, timeout=180)
-    wait_for(lambda: store.get_pipeline(pipeline.id).status == "completed", timeout=60, what="completion")
+    wait_for(lambda: store.pipelines.get_pipeline(pipeline.id).status == "completed", timeout=60, what="completion")
     time.sleep(1.0)  # let the superseded step finish refusing its writes before counting calls
     all_calls = calls(store, [run_id, resume.run_id])
     unique = {(c.node, c.item) for c in all_calls}
@@ -145,7 +145,7 @@ def creation_rate(home_root: Path, app_url: str) -> list[str]:
     try:
         owners = [f"dead-{uuid.uuid4().hex[:6]}-{i}" for i in range(100)]
         for owner in owners:
-            store.create_pipeline("items_job", list(NODES), owner=owner, origin_run_id=owner,
+            store.pipelines.create_pipeline("items_job", list(NODES), owner=owner, origin_run_id=owner,
                                   limits=PipelineLimits(heartbeat_timeout=0.001),
                                   params=config())
         made = time.time()

@@ -69,7 +69,7 @@ def last_left(store: RecoveryStore, pipeline_id: int, last: str) -> dict:
                      .values(status="pending", completed_at=None, output=None))
         conn.execute(update(pipelines).where(pipelines.c.id == pipeline_id).values(status="running", completed_at=None))
     expire(store, pipeline_id)
-    (reclaimed,) = store.recovery_pass(PassPlan(limit=1, launching=True), Scope()).reclaimed
+    (reclaimed,) = store.recovery.recovery_pass(PassPlan(limit=1, launching=True), Scope()).reclaimed
     return {TAG_PIPELINE: str(pipeline_id), TAG_RESUME_NUMBER: str(reclaimed.resume_number)}
 
 
@@ -83,7 +83,7 @@ def bench_executor(job_name: str, store: RecoveryStore, instance, rounds: int) -
     replay_events = RecoveringExecutor._events
     previous_path = lambda self, scope, ctx, plan: self.inner.execute(ctx, plan)  # noqa: E731
     run_ok(job, instance)  # warm-up, and the pipeline whose last node every resume below redoes
-    pipeline_id = max(p.id for p in store.list_pipelines())
+    pipeline_id = max(p.id for p in store.reports.list_pipelines())
     times: dict[str, list[float]] = {"a": [], "b": [], "c": []}
     for _ in range(rounds):
         times["a"].append(timed(lambda: run_ok(job, instance, op_selection=[last], run_config=only_last)))
@@ -94,7 +94,7 @@ def bench_executor(job_name: str, store: RecoveryStore, instance, rounds: int) -
                 times[case].append(timed(lambda: run_ok(job, instance, tags=tags)))
             finally:
                 RecoveringExecutor._events = replay_events
-            assert store.get_pipeline(pipeline_id).status == "completed"
+            assert store.pipelines.get_pipeline(pipeline_id).status == "completed"
     return {case: statistics.median(values) for case, values in times.items()}
 
 

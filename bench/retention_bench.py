@@ -117,7 +117,7 @@ class Writer(threading.Thread):
         try:
             while not self.stop.is_set():
                 started = time.perf_counter()
-                self.store.checkpoint_item(self.own, "a", ItemCheckpoint(f"live-{n}", {"n": n}))
+                self.store.pipelines.checkpoint_item(self.own, "a", ItemCheckpoint(f"live-{n}", {"n": n}))
                 self.samples.setdefault(self.phase, []).append((time.perf_counter() - started) * 1000)
                 n += 1
         except BaseException as exc:  # noqa: BLE001 - reported by the bench
@@ -163,8 +163,8 @@ def run(label: str, url: str, history: int) -> None:
         started = time.perf_counter()
         seed(store, history)
         print(f"{label}: seeded {history} finished pipelines in {time.perf_counter() - started:.1f} s")
-        own = store.create_pipeline("live", ["a"], owner="live", origin_run_id="live")  # also the newest
-        store.start_node(own, "a")
+        own = store.pipelines.create_pipeline("live", ["a"], owner="live", origin_run_id="live")  # also the newest
+        store.pipelines.start_node(own, "a")
         writer = Writer(store, own)
         writer.start()
         time.sleep(SECONDS)
@@ -178,7 +178,7 @@ def run(label: str, url: str, history: int) -> None:
         locks = LockWaits(store) if store.dialect.row_locks else None
         if locks is not None:
             locks.start()
-        result = store.prune_finished_pipelines(90 * DAY, progress=progress)
+        result = store.reports.prune_finished_pipelines(90 * DAY, progress=progress)
         pruning = time.perf_counter() - began
         if locks is not None:
             locks.stop.set()
@@ -203,7 +203,7 @@ def run(label: str, url: str, history: int) -> None:
             print(f"  during/before: rate {len(during) / pruning / (len(before) / SECONDS):.2f}x, median latency "
                   f"{statistics.median(during) / statistics.median(before):.2f}x, p99 "
                   f"{quantile(during, 0.99) / quantile(before, 0.99):.2f}x")
-        assert store.get_pipeline(own.pipeline_id).status == "running"  # the live pipeline was never touched
+        assert store.pipelines.get_pipeline(own.pipeline_id).status == "running"  # the live pipeline was never touched
     finally:
         store.close()
 

@@ -55,13 +55,13 @@ def seed_crashed(store: RecoveryStore, instance, count: int) -> list[int]:
     ids = []
     for _ in range(count):
         first = create_run_for_test(instance, job_name=JOB, run_config=CONFIG, status=DagsterRunStatus.STARTED)
-        own = store.create_pipeline(JOB, list(NODES), owner=first.run_id, origin_run_id=first.run_id,
+        own = store.pipelines.create_pipeline(JOB, list(NODES), owner=first.run_id, origin_run_id=first.run_id,
                                     params=CONFIG, limits=PipelineLimits(heartbeat_timeout=3600))
-        store.start_node(own, "n1")
-        store.complete_node(own, "n1", {"node": "n1", "items": []})
-        store.start_node(own, "n2")
-        store.start_items(own, "n2", 2)
-        store.checkpoint_item(own, "n2", ItemCheckpoint("n2-0", {"item": "n2-0", "run": first.run_id}))
+        store.pipelines.start_node(own, "n1")
+        store.pipelines.complete_node(own, "n1", {"node": "n1", "items": []})
+        store.pipelines.start_node(own, "n2")
+        store.pipelines.start_items(own, "n2", 2)
+        store.pipelines.checkpoint_item(own, "n2", ItemCheckpoint("n2-0", {"item": "n2-0", "run": first.run_id}))
         ids.append(own.pipeline_id)
     return ids
 
@@ -119,7 +119,7 @@ def outcome(instance, store: RecoveryStore, ids: list[int], t0: float) -> dict:
     running, created, ended = [], [], []
     for pipeline_id, (record,) in ((p, rs) for p, rs in by_pipeline.items() if len(rs) == 1):
         run = record.dagster_run
-        pipeline = store.get_pipeline(pipeline_id)
+        pipeline = store.pipelines.get_pipeline(pipeline_id)
         since = running_since(instance, run.run_id, pipeline_id)
         if (run.status != DagsterRunStatus.SUCCESS or since is None or pipeline.status != "completed"
                 or pipeline.owner != run.run_id or pipeline.resume_count != 1):

@@ -85,21 +85,21 @@ def main() -> None:
                 seed_orphans(conn, n, f"dead{n}")
                 conn.execute("ANALYZE rx_pipelines")
                 conn.execute("ANALYZE rx_nodes")
-            found, find_ms = timed(lambda: store.find_orphans())
+            found, find_ms = timed(lambda: store.recovery.find_orphans())
             stats, scan_ms = timed(lambda: scan(store, PassPlan(launching=True, trigger="bench"), settings=settings))
             assert len(found) == n and stats.reclaimed == n, (len(found), stats.as_dict())
             assert sum(len(r.reset_nodes) for r in stats.reclaimed_pipelines) == n
             rows.append((f"{n:,} orphans x 8 nodes: find", find_ms[0]))
             rows.append((f"{n:,} orphans x 8 nodes: whole scan (find, reclaim, reset, history, events)", scan_ms[0]))
-        _, empty_query = timed(lambda: store.find_orphans(), repeat=50)
+        _, empty_query = timed(lambda: store.recovery.find_orphans(), repeat=50)
         _, empty_scan = timed(lambda: scan(store, PassPlan(trigger="bench"), settings=settings), repeat=30)
         rows.append(("orphan query, no orphans (median of 50)", statistics.median(empty_query)))
         rows.append(("whole recovery scan, no orphans (median of 30)", statistics.median(empty_scan)))
-        live = store.list_pipelines(status="running", job_name="bench", limit=100)
+        live = store.reports.list_pipelines(status="running", job_name="bench", limit=100)
         beats = [(Ownership(p.id, p.epoch, p.owner), "node3") for p in live]
-        store.heartbeat(beats, timeout=90)
-        _, hb = timed(lambda: store.heartbeat(beats, timeout=90), repeat=50)
-        assert not store.heartbeat(beats, timeout=90)
+        store.pipelines.heartbeat(beats, timeout=90)
+        _, hb = timed(lambda: store.pipelines.heartbeat(beats, timeout=90), repeat=50)
+        assert not store.pipelines.heartbeat(beats, timeout=90)
         rows.append(("batched heartbeat, 100 nodes (median of 50)", statistics.median(hb)))
         with store.engine.connect() as conn:
             plan = conn.exec_driver_sql(

@@ -257,27 +257,27 @@ def migrate(store: CliStore, out: Output, print_only: bool, packages: tuple[str,
 def status(store: CliStore, out: Output, threshold: float, deployment: str | None) -> None:
     """Pipelines by deployment and status, orphans and stuck items now, auto-recovered in 24 h, dead items."""
     data: dict[str, Any] = {
-        "pipelines": store.pipeline_summary(deployment=deployment),
-        "orphans": [o.__dict__ for o in store.find_orphans(deployment=deployment)],
-        "stuck_items": [_stuck(i) for i in store.stale_items(older_than_seconds=threshold)],
+        "pipelines": store.reports.pipeline_summary(deployment=deployment),
+        "orphans": [o.__dict__ for o in store.recovery.find_orphans(deployment=deployment)],
+        "stuck_items": [_stuck(i) for i in store.queue.stale_items(older_than_seconds=threshold)],
         "waiting_items": [{"id": i.id, "queue": i.queue, "attempts": i.attempts, "available_at": i.available_at,
-                           "last_error": i.last_error} for i in store.waiting_items()],
-        "auto_recovered_24h": {"pipelines": store.count_events("pipeline_recovered", within_seconds=86400),
-                               "items": store.count_events("item_reset", within_seconds=86400)},
+                           "last_error": i.last_error} for i in store.queue.waiting_items()],
+        "auto_recovered_24h": {"pipelines": store.reports.count_events("pipeline_recovered", within_seconds=86400),
+                               "items": store.reports.count_events("item_reset", within_seconds=86400)},
         "dead_items": [{"id": i.id, "queue": i.queue, "attempts": i.attempts, "last_error": i.last_error}
-                       for i in store.dead_items()],
-        "queues": store.queue_summary(),
-        "waiting": store.waiting_pipelines(),
-        "circuit_breakers": [b for b in store.breakers()
+                       for i in store.reports.dead_items()],
+        "queues": store.reports.queue_summary(),
+        "waiting": store.providers.waiting_pipelines(),
+        "circuit_breakers": [b for b in store.providers.breakers()
                              if b["state"] != BreakerState.CLOSED or b["consecutive_failures"]],
-        "unwatched_pipelines": store.unwatched_pipelines(),
-        "stranded_pipelines": store.stranded_pipelines(),
-        "unknown_status_items": store.items_with_unknown_status(),
-        "bad_items": store.items_with_bad_values(),
-        "dangling_rows": store.dangling_rows(),
+        "unwatched_pipelines": store.reports.unwatched_pipelines(),
+        "stranded_pipelines": store.recovery.stranded_pipelines(),
+        "unknown_status_items": store.reports.items_with_unknown_status(),
+        "bad_items": store.reports.items_with_bad_values(),
+        "dangling_rows": store.reports.dangling_rows(),
     }
     for orphan in data["orphans"]:
-        orphan["deployment"] = store.get_pipeline(orphan["id"]).deployment
+        orphan["deployment"] = store.pipelines.get_pipeline(orphan["id"]).deployment
         orphan["recovered_by"] = _recovered_by(orphan["deployment"])
 
     def human() -> None:
@@ -365,7 +365,7 @@ def pipelines() -> None:
 @command
 def list_pipelines(store: CliStore, out: Output, status_: str | None, limit: int, deployment: str | None) -> None:
     """The most recent pipelines."""
-    rows = store.list_pipelines(status=status_, limit=limit, deployment=deployment)
+    rows = store.reports.list_pipelines(status=status_, limit=limit, deployment=deployment)
     out.emit([r.__dict__ for r in rows], lambda: click.echo(tabulate(
         [(p.id, p.job_name, p.deployment, p.shown_status, p.owner, p.resume_count, _when(p.created_at),
           p.gave_up_reason or "") for p in rows],
@@ -377,11 +377,11 @@ def list_pipelines(store: CliStore, out: Output, status_: str | None, limit: int
 @command
 def show_pipeline(store: CliStore, out: Output, pipeline_id: int) -> None:
     """Nodes, items done/total, attempts, errors and transitions of one pipeline."""
-    p = store.get_pipeline(pipeline_id)
-    node_rows = store.list_nodes(pipeline_id)
-    done = store.node_item_totals(pipeline_id)
-    history = store.transitions_for(pipeline_id=pipeline_id)
-    degraded = store.degraded_counts(pipeline_id)
+    p = store.pipelines.get_pipeline(pipeline_id)
+    node_rows = store.pipelines.list_nodes(pipeline_id)
+    done = store.reports.node_item_totals(pipeline_id)
+    history = store.reports.transitions_for(pipeline_id=pipeline_id)
+    degraded = store.providers.degraded_counts(pipeline_id)
     data = {"pipeline": {**p.__dict__, "shown_status": p.shown_status},
             "nodes": [{**n.__dict__, "items_done": done.get(n.name, 0), "items_degraded": degraded.get(n.name, 0)}
                       for n in node_rows],
@@ -432,8 +432,8 @@ def costs(store: CliStore, out: Output, pipeline_id: int | None) -> None:
     then; replayed: answers the call journal gave a resume), wasted (paid for, never checkpointed) and in
     flight at a crash (outcome unknown), for one pipeline by node, or for all by pipeline."""
     if pipeline_id is not None:
-        store.get_pipeline(pipeline_id)  # NotFound: one clear error
-    report = store.provider_costs(pipeline_id)
+        store.pipelines.get_pipeline(pipeline_id)  # NotFound: one clear error
+    report = store.reports.provider_costs(pipeline_id)
     if pipeline_id is not None:
         figures = report.pipelines.get(pipeline_id) or CostFigures()
         nodes = report.nodes.get(pipeline_id, {})
@@ -509,7 +509,7 @@ def prune(store: CliStore, out: Output, older_than: float, dry_run: bool, batch_
         if result.batches % 50 == 0:
             out.progress(f"  {result.pipelines} pipeline(s) deleted so far")
 
-    result = store.prune_finished_pipelines(older_than, batch_size=batch_size, deployment=deployment,
+    result = store.reports.prune_finished_pipelines(older_than, batch_size=batch_size, deployment=deployment,
                                             dry_run=dry_run, progress=progress)
 
     def human() -> None:
@@ -538,12 +538,12 @@ def reset_stuck(store: CliStore, out: Output, threshold: float, queue: str | Non
                 dry_run: bool) -> None:
     """Reset stuck queue items back to ready (manual recovery)."""
     if item_id is not None:
-        item = store.get_item(item_id)
+        item = store.queue.get_item(item_id)
         out.progress(f"Item {item.id} ({item.queue}): {item.status}, worker {item.worker or '-'}, "
                      f"started {_when(item.started_at)}, attempts {item.attempts}/{item.max_attempts}")
     out.progress(f"Checking for stuck items (threshold {_seconds(threshold)}) ...")
-    stuck = store.stale_items(queue=queue, older_than_seconds=threshold, item_id=item_id)
-    reset = [] if dry_run else store.reset_stale(queue=queue, older_than_seconds=threshold, item_id=item_id,
+    stuck = store.queue.stale_items(queue=queue, older_than_seconds=threshold, item_id=item_id)
+    reset = [] if dry_run else store.queue.reset_stale(queue=queue, older_than_seconds=threshold, item_id=item_id,
                                                  reason="reset-stuck command")
     data = {"dry_run": dry_run, "stuck": [_stuck(i) for i in stuck],
             "reset": [{"id": r.id, "new_status": r.new_status} for r in reset]}
@@ -581,7 +581,7 @@ def retry_dead(store: CliStore, out: Output, item_ids: tuple[int, ...], retry_al
     """Put dead items back to ready with their attempts cleared (recorded as a transition)."""
     if bool(item_ids) == retry_all:
         raise click.UsageError("give item IDs or --all (not both)")
-    retried = store.retry_dead(None if retry_all else list(item_ids), queue=queue)
+    retried = store.queue.retry_dead(None if retry_all else list(item_ids), queue=queue)
     out.emit({"retried": retried}, lambda: click.echo(f"retried {len(retried)} dead item(s): "
                                                        f"{', '.join(map(str, retried)) or '-'}"))
 
@@ -600,7 +600,7 @@ def redo_degraded(store: CliStore, out: Output, pipeline_id: int, node: str | No
         grace = RecoverySettings.from_env().launch_grace_seconds
     except ConfigurationError as exc:
         raise click.ClickException(str(exc)) from None
-    reopened = store.reopen_degraded(pipeline_id, node, grace_seconds=grace)
+    reopened = store.providers.reopen_degraded(pipeline_id, node, grace_seconds=grace)
     data = {"pipeline_id": pipeline_id, "nodes": list(reopened.nodes), "items": reopened.items,
             "resume_number": reopened.resume_number}
 
@@ -629,9 +629,9 @@ def events(store: CliStore, out: Output, follow: bool, kind: tuple[str, ...], li
     if kinds and len(kinds) > MAX_KINDS:
         raise BadArgument(f"at most {MAX_KINDS} different --kind values, got {len(kinds)}")
     if follow:
-        recent, cursor = store.start_following(kinds=kinds, limit=limit)
+        recent, cursor = store.reports.start_following(kinds=kinds, limit=limit)
     else:
-        recent = store.recent_events(kinds=kinds, limit=limit, newest=True)
+        recent = store.reports.recent_events(kinds=kinds, limit=limit, newest=True)
 
     def show(rows: list[dict]) -> None:
         for e in rows:
@@ -648,7 +648,7 @@ def events(store: CliStore, out: Output, follow: bool, kind: tuple[str, ...], li
     while follow:
         try:
             time.sleep(interval)
-            show(store.follow_events(cursor, kinds=kinds))
+            show(store.reports.follow_events(cursor, kinds=kinds))
         except KeyboardInterrupt:
             return
 
@@ -672,7 +672,7 @@ def metrics_serve(store: CliStore, out: Output, host: str, port: int) -> None:
             raise
         raise click.ClickException(f"the metrics exporter needs prometheus-client: {install_hint('metrics')}") from None
     try:
-        store.metrics_snapshot()
+        store.reports.metrics_snapshot()
     except RecoveryError as exc:
         click.echo(f"warning: cannot read the database now ({redact(exc)}); scrapes report "
                    "recovery_database_up 0 until it can", err=True)
@@ -700,7 +700,7 @@ def report(store: CliStore, out: Output, pipeline_id: int, html_path: Path | Non
 
     if html_path is None and not out.json:
         raise BadArgument("give --html FILE (the page), --json (the timeline as data), or both")
-    timeline = build_timeline(store.pipeline_history(pipeline_id))
+    timeline = build_timeline(store.reports.pipeline_history(pipeline_id))
     if html_path is None:
         out.emit(timeline.as_dict(), lambda: None)
         return

@@ -103,24 +103,24 @@ def run_batch_demo(var: Path, say, *, items: int = 6, duration: float = 6.0) -> 
                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
             wait_for(lambda: provider.submissions == 1 and any(p.shown_status == WAITING
-                                                               for p in store.list_pipelines()),
+                                                               for p in store.reports.list_pipelines()),
                      timeout=180, interval=0.05, what="the batch to be pending")
-            (pipeline,) = store.list_pipelines()
+            (pipeline,) = store.reports.list_pipelines()
             say(f"batch: pipeline {pipeline.id} is {pipeline.shown_status}: {pipeline.waiting_reason}")
             child.send_signal(signal.SIGKILL)
         finally:
             child.wait(30)
         say(f"batch: killed the run (-9) while its batch was pending ({len(provider.answered())} answered)")
-        (reclaimed,) = store.recovery_pass(PassPlan(dead_owner_runs=[pipeline.owner]), Scope()).reclaimed
+        (reclaimed,) = store.recovery.recovery_pass(PassPlan(dead_owner_runs=[pipeline.owner]), Scope()).reclaimed
         say(f"batch: pipeline {pipeline.id} taken over (as the orphan sensor does); resuming")
         os.environ["RECOVERY_DATABASE_URL"], os.environ[URL_ENV] = url, provider.url
         result = run({TAG_PIPELINE: str(reclaimed.pipeline_id), TAG_RESUME_NUMBER: str(reclaimed.resume_number),
                       TAG_RESUMED_FROM: reclaimed.previous_owner}, items)
         submissions, answered = provider.submissions, provider.answered()
     paid_twice = sum(n - 1 for n in Counter(a[0] for a in answered).values())
-    jobs = store.provider_jobs(pipeline.id)
+    jobs = store.pipelines.provider_jobs(pipeline.id)
     reattached = [j.job_id for j in jobs] == list(provider.batches)
-    status = store.get_pipeline(pipeline.id).status
+    status = store.pipelines.get_pipeline(pipeline.id).status
     store.close()
     say(f"batch: the resume re-attached to {jobs[0].job_id if jobs else '?'}: {submissions} submission, "
         f"{paid_twice} paid twice; pipeline {status}")

@@ -88,7 +88,7 @@ class Watcher:
         self.pipeline_status: dict[int, str] = {}
 
     def poll(self, pipelines: dict[int, str]) -> None:
-        for e in self.store.recent_events(kinds=EVENT_KINDS, after_id=self.last_event):
+        for e in self.store.reports.recent_events(kinds=EVENT_KINDS, after_id=self.last_event):
             self.last_event = e["id"]
             self.t.say(describe_event(e, pipelines))
         for run in self.dev.runs():
@@ -99,7 +99,7 @@ class Watcher:
                         if TAG_RESUME_NUMBER in run.tags else "run")
                 self.t.say(f"{run.job_name} {role} {run.run_id[:8]}: {status}")
         for pipeline_id, job in pipelines.items():
-            status = self.store.get_pipeline(pipeline_id).status
+            status = self.store.pipelines.get_pipeline(pipeline_id).status
             if self.pipeline_status.get(pipeline_id) != status:
                 self.pipeline_status[pipeline_id] = status
                 self.t.say(f"pipeline {pipeline_id} ({job}): {status}")
@@ -174,7 +174,7 @@ def run_demo(root: Path, var: Path, t: Timeline, *, keep_ui: bool, timeout: floa
         t.say(f"Dagster UI: http://127.0.0.1:{dev.port}  (application tables: {app_url})")
         runs = {job: dev.launch(job, {}) for job in JOBS}
         t.say(f"launched {', '.join(f'{job} run {run[:8]}' for job, run in runs.items())}")
-        found = {job: wait_for(lambda r=run: store.find_pipeline(r), timeout=180, what=f"the {job} pipeline")
+        found = {job: wait_for(lambda r=run: store.pipelines.find_pipeline(r), timeout=180, what=f"the {job} pipeline")
                  for job, run in runs.items()}
         pipelines = {p.id: job for job, p in found.items()}
         ontology, ocr = found["ontology_extraction"], found["ocr_documents"]
@@ -182,7 +182,7 @@ def run_demo(root: Path, var: Path, t: Timeline, *, keep_ui: bool, timeout: floa
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             watcher.poll(pipelines)
-            live = {job: store.get_pipeline(p.id) for job, p in found.items()}
+            live = {job: store.pipelines.get_pipeline(p.id) for job, p in found.items()}
             first_run_owns = {job: p.status == "running" and p.owner == runs[job] for job, p in live.items()}
             if "ontology_extraction" not in outcome.killed and first_run_owns["ontology_extraction"]:
                 done = items_done(store, ontology.id, "enrich_columns")
@@ -192,7 +192,7 @@ def run_demo(root: Path, var: Path, t: Timeline, *, keep_ui: bool, timeout: floa
                         t, dev, runs["ontology_extraction"], "ontology_extraction",
                         f"enrich_columns had {done}/10 tables done")
             if "ocr_documents" not in outcome.killed and first_run_owns["ocr_documents"]:
-                items = store.list_items("ocr")
+                items = store.queue.list_items("ocr")
                 done = sum(i.status == "completed" for i in items)
                 if done:
                     outcome.killed["ocr_documents"] = kill_run_worker(
@@ -202,7 +202,7 @@ def run_demo(root: Path, var: Path, t: Timeline, *, keep_ui: bool, timeout: floa
             time.sleep(0.3)
         watcher.poll(pipelines)
         for job, p in found.items():
-            outcome.final_status[job] = store.get_pipeline(p.id).status
+            outcome.final_status[job] = store.pipelines.get_pipeline(p.id).status
             resumes = [r for r in dev.runs(tags={TAG_PIPELINE: str(p.id)}) if TAG_RESUME_NUMBER in r.tags]
             outcome.resumes[job] = len(resumes)
             outcome.runs[job] = len(dev.runs(job_name=job))

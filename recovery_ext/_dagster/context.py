@@ -147,7 +147,7 @@ class NodeContext:
         first statement, so after a reclaim it raises ``OwnershipLost`` and writes nothing.
         """
         self.check()
-        with self._store.fenced(self.ownership) as tx:
+        with self._store.pipelines.fenced(self.ownership) as tx:
             yield tx
 
     def check_calls(self) -> None:
@@ -216,7 +216,7 @@ class NodeContext:
     def write(self, work: Callable[[FencedTransaction], Any]) -> Any:
         """``work(tx)`` in a fenced transaction, re-run as a whole on transient database errors."""
         self.check()
-        return self._store.write_fenced(self.ownership, work)
+        return self._store.pipelines.write_fenced(self.ownership, work)
 
     def queue(self, name: str) -> QueueHandle:
         """The work queue ``name``: claims, item heartbeats, completions and failures fenced by this run's epoch."""
@@ -242,16 +242,17 @@ class NodeContext:
 
     def node_statuses(self) -> dict[str, str]:
         """Status of every node of this pipeline, by name."""
-        return {n.name: n.status for n in self._store.list_nodes(self.pipeline_id)}
+        return {n.name: n.status for n in self._store.pipelines.list_nodes(self.pipeline_id)}
 
     def progress(self) -> None:
         """The body moved forward: resets the stall timer (and checks ownership)."""
         self.check()
         if self.settings.stall_timeout:
-            self._store.report_progress(self.ownership, self.node_name, stall_timeout=self.settings.stall_timeout)
+            self._store.pipelines.report_progress(self.ownership, self.node_name,
+                                                  stall_timeout=self.settings.stall_timeout)
 
     def completed_items(self) -> dict[str, Any]:
-        return self._store.completed_items(self.pipeline_id, self.node_name)
+        return self._store.pipelines.completed_items(self.pipeline_id, self.node_name)
 
     def items(self, keys: Iterable[str], *, batch: int = 1, flush_seconds: float | None = None) -> Iterator[Item]:
         """Yield only the items a previous run did not finish, in the given order; degraded items
@@ -269,7 +270,7 @@ class NodeContext:
         if flush_seconds is not None:
             check_seconds("ctx.items(flush_seconds=...)", flush_seconds, minimum=0.0)
         keys = list(dict.fromkeys(str(k) for k in keys))  # a key given twice is one item (and counts once)
-        statuses = self._store.start_items(self.ownership, self.node_name, len(keys))
+        statuses = self._store.pipelines.start_items(self.ownership, self.node_name, len(keys))
         done = {k for k, status in statuses.items() if status != ItemStatus.DEGRADED}
         self.count_items(ItemOutcome.RESUMED, sum(1 for k in keys if k in done))
         if self.items_resumed:
@@ -305,7 +306,8 @@ class NodeContext:
             self._pending[key] = entry
             self._flush_if_due()
             return
-        self._store.checkpoint_item(self.ownership, self.node_name, entry, stall_timeout=self.settings.stall_timeout)
+        self._store.pipelines.checkpoint_item(self.ownership, self.node_name, entry,
+                                              stall_timeout=self.settings.stall_timeout)
         self._count([entry])
 
     def flush(self) -> None:
@@ -315,7 +317,7 @@ class NodeContext:
         self.check()
         pending = list(self._pending.values())
         self._pending = {}
-        self._store.checkpoint_items(self.ownership, self.node_name, pending,
+        self._store.pipelines.checkpoint_items(self.ownership, self.node_name, pending,
                                      stall_timeout=self.settings.stall_timeout)
         self._count(pending)
 

@@ -132,7 +132,7 @@ class RunScope:
             if parent:
                 self.own = self._reexecution(tags, parent)
             elif TAG_PIPELINE in tags and TAG_RESUME_NUMBER in tags:
-                self.own = self.store.attach(int(tags[TAG_PIPELINE]), run_id,
+                self.own = self.store.pipelines.attach(int(tags[TAG_PIPELINE]), run_id,
                                              resume_number=int(tags[TAG_RESUME_NUMBER]),
                                              heartbeat_timeout=self.settings.timeout)
                 self.how = f"attached to pipeline {self.own.pipeline_id} as resume #{tags[TAG_RESUME_NUMBER]}"
@@ -168,7 +168,7 @@ class RunScope:
         return own
 
     def _create(self) -> Ownership:
-        own = self.store.create_pipeline(
+        own = self.store.pipelines.create_pipeline(
             self.job_def.name, pipeline_nodes(self.job_def), owner=self.run.run_id,
             origin_run_id=self.origin_run_id or self.run.run_id, params=jsonable(self.run.run_config or {}),
             limits=self.resource.pipeline_limits(), deployment=self.deployment,
@@ -181,13 +181,13 @@ class RunScope:
         root = tags.get(TAG_ROOT_RUN) or self.run.root_run_id or parent
         pipeline_id: int | None = int(tags[TAG_PIPELINE]) if TAG_PIPELINE in tags else None
         if pipeline_id is None:
-            found = self.store.find_pipeline(root)
-            pipeline_id = found.id if found else (self.store.formerly_owned_by(parent)
-                                                  or self.store.formerly_owned_by(root))
+            found = self.store.pipelines.find_pipeline(root)
+            pipeline_id = found.id if found else (self.store.pipelines.formerly_owned_by(parent)
+                                                  or self.store.pipelines.formerly_owned_by(root))
         if pipeline_id is None:
             return self._create()
         try:
-            pipeline = self.store.get_pipeline(pipeline_id)
+            pipeline = self.store.pipelines.get_pipeline(pipeline_id)
         except NotFound:  # pruned by retention: nothing of it is left to reuse, so the re-execution is new work
             return self._create_for_pruned(pipeline_id)
         if pipeline.status == PipelineStatus.COMPLETED:
@@ -201,7 +201,7 @@ class RunScope:
                 dead.append(pipeline.owner)
         kind = "run retry" if tags.get(TAG_RETRY_NUMBER) else "re-execution"
         try:
-            own = self.store.take_over(pipeline_id, self.run.run_id, owner_dead=dead,
+            own = self.store.pipelines.take_over(pipeline_id, self.run.run_id, owner_dead=dead,
                                        heartbeat_timeout=self.settings.timeout, reason=f"{kind} of {parent}")
         except NotFound:  # a prune took the finished pipeline between the read above and this take-over
             return self._create_for_pruned(pipeline_id)
@@ -217,7 +217,7 @@ class RunScope:
     def _reclaim_cause(self, pipeline_id: int) -> str:
         """Why the pipeline was reclaimed, as the reclaim recorded it (for the superseded run's tag and event)."""
         try:
-            data = self.store.last_reclaim(pipeline_id) or {}
+            data = self.store.recovery.last_reclaim(pipeline_id) or {}
         except Exception as exc:  # noqa: BLE001 - best effort: it only words the pointer
             return f"orphaned (cause unknown: {redact(exc)})"
         cause = str(data.get("cause") or "orphaned")
@@ -265,7 +265,7 @@ class RunScope:
         if self.lease is None or self.lease.lost is None or self.own is None:
             return False
         try:
-            current = self.store.get_pipeline(self.own.pipeline_id)
+            current = self.store.pipelines.get_pipeline(self.own.pipeline_id)
         except StoreError:
             return False  # asked again at the next check
         self._superseded = current.epoch != self.own.epoch or current.owner != self.own.owner
@@ -299,7 +299,7 @@ class RunScope:
         if self.own is None:
             return
         try:
-            figures = self.store.provider_costs(self.own.pipeline_id).pipelines.get(self.own.pipeline_id)
+            figures = self.store.reports.provider_costs(self.own.pipeline_id).pipelines.get(self.own.pipeline_id)
             if figures is None or not figures.calls:
                 return
             self.instance.report_engine_event(
@@ -316,7 +316,7 @@ class RunScope:
         own = self.ownership
         current = self.instance.get_run_by_id(self.run.run_id)
         if current is not None and current.status in CANCEL_STATUSES:
-            self.store.cancel_run(own, f"run {own.owner} was canceled by its user")
+            self.store.pipelines.cancel_run(own, f"run {own.owner} was canceled by its user")
             return f"pipeline {own.pipeline_id} canceled with its run"
         if self.lease is not None and self.lease.lost is not None:
             raise self.lease.lost
@@ -328,17 +328,18 @@ class RunScope:
             return self._leave_to_recovery(f"step process(es) died ({_crashed_children(error)}); pipeline "
                                            f"{own.pipeline_id} is left to recovery")
         if error is not None:
-            self.store.fail_run(own, f"{type(error).__name__}: {error}")
+            self.store.pipelines.fail_run(own, f"{type(error).__name__}: {error}")
             return f"pipeline {own.pipeline_id} failed: the executor raised {type(error).__name__}"
         if failures:
             crashed = [f.step_key for f in failures if _is_crash(f)]
-            running = [n.name for n in self.store.list_nodes(own.pipeline_id) if n.status == NodeStatus.RUNNING]
+            running = [n.name for n in self.store.pipelines.list_nodes(own.pipeline_id)
+                       if n.status == NodeStatus.RUNNING]
             if crashed or running:
                 return self._leave_to_recovery(f"step process(es) {', '.join(crashed or running)} died; pipeline "
                                                f"{own.pipeline_id} is left to recovery")
-            self.store.fail_run(own, _failure_message(failures[0]))
+            self.store.pipelines.fail_run(own, _failure_message(failures[0]))
             return f"pipeline {own.pipeline_id} failed: {_failure_message(failures[0])}"
-        skipped = self.store.complete_run(own)
+        skipped = self.store.pipelines.complete_run(own)
         return (f"pipeline {own.pipeline_id} completed" +
                 (f"; not executed by this run, recorded as skipped: {', '.join(skipped)}" if skipped else ""))
 
@@ -348,14 +349,14 @@ class RunScope:
         The heartbeat stops first, so no pulse extends it again; only then is the pipeline marked."""
         if self.lease is not None:
             self.lease.release()
-        if self.store.leave_to_recovery(self.ownership):
+        if self.store.pipelines.leave_to_recovery(self.ownership):
             return outcome + " at once"
         return outcome
 
     def _already_ended(self, exc: OwnershipLost) -> str:
         own = self.ownership
         try:
-            current = self.store.get_pipeline(own.pipeline_id)
+            current = self.store.pipelines.get_pipeline(own.pipeline_id)
         except StoreError:
             return f"pipeline {own.pipeline_id}: ownership lost ({exc.owner}); nothing written"
         if current.owner == own.owner and current.epoch == own.epoch:
@@ -519,7 +520,7 @@ def explain_supersession(scope: RunScope, instance: DagsterInstance, wait_second
 
     own = scope.ownership
     try:
-        pipeline = scope.store.get_pipeline(own.pipeline_id)
+        pipeline = scope.store.pipelines.get_pipeline(own.pipeline_id)
     except Exception:  # noqa: BLE001 - the store may be out of reach from here
         return superseded_run_message(scope.run.run_id, own.pipeline_id, unknown=True)
     if pipeline.resume_count <= 0 or pipeline.epoch <= own.epoch:

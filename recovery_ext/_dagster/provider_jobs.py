@@ -45,11 +45,11 @@ def run_provider_job(ctx: Any, adapter: JobAdapter, requests: Mapping[str, Any],
     if not unfinished:
         _close_kept(ctx, adapter)
     while unfinished:
-        live = store.job_live(own, node, adapter.provider)
+        live = store.pipelines.job_live(own, node, adapter.provider)
         if live is None:
             # attempts count per item: a node that runs batch after batch (a queue drained in rounds) submits
             # each new batch as its first attempt, and only the items a job left unfinished count up
-            attempt = 1 + max((r.attempt for r in store.provider_jobs(own.pipeline_id, node)
+            attempt = 1 + max((r.attempt for r in store.pipelines.provider_jobs(own.pipeline_id, node)
                                if r.provider == adapter.provider and not set(r.items).isdisjoint(unfinished)),
                               default=0)
             if attempt > max_attempts:
@@ -58,8 +58,8 @@ def run_provider_job(ctx: Any, adapter: JobAdapter, requests: Mapping[str, Any],
                                               f"{adapter.provider} jobs")
             token, items = uuid.uuid4().hex, unfinished
             ctx.check_calls()
-            store.job_submitting(own, node, token=token, provider=adapter.provider, items=items, attempt=attempt,
-                                 call=_submission(ctx, adapter))
+            store.pipelines.job_submitting(own, node, token=token, provider=adapter.provider, items=items,
+                                           attempt=attempt, call=_submission(ctx, adapter))
             job_id = _submit(ctx, adapter, requests, items, token, attempt)
         else:
             token, items, attempt = live.token, [k for k in live.items if k in requests], live.attempt
@@ -67,7 +67,7 @@ def run_provider_job(ctx: Any, adapter: JobAdapter, requests: Mapping[str, Any],
             if known is None:  # the crash came between the token and the id: ask the provider by the token
                 known = adapter.find(token)
                 if known is not None:
-                    store.job_submitted(own, node, token, known, outcome=_outcome(attempt))
+                    store.pipelines.job_submitted(own, node, token, known, outcome=_outcome(attempt))
             if known is None:  # the provider has no job under the token yet, or finds one only by a submission
                 job_id = _submit(ctx, adapter, requests, items, token, attempt)
                 # An adapter whose submission under a token already used answers the jobs the provider started
@@ -88,7 +88,7 @@ def run_provider_job(ctx: Any, adapter: JobAdapter, requests: Mapping[str, Any],
             # A resume given only some of a live job's items (a queue's claim): the job stays live, and the
             # call given the others re-attaches to it for theirs instead of paying for them again.
             break
-        store.job_finished(own, node, token, JobStatus.COLLECTED if state == COMPLETED else state)
+        store.pipelines.job_finished(own, node, token, JobStatus.COLLECTED if state == COMPLETED else state)
         if unfinished:
             ctx.log.warning(f"{node}: {adapter.provider} job {_shown(job_id)} ended {state} with {len(unfinished)} "
                             f"item(s) unfinished: resubmitting those only")
@@ -100,9 +100,9 @@ def _close_kept(ctx: Any, adapter: JobAdapter) -> None:
     """A live job every item of which is already checkpointed (a kill after the last item was kept and before
     the job was marked) is collected: nothing is left to wait for."""
     store, own = ctx._store, ctx.ownership
-    live = store.job_live(own, ctx.node_name, adapter.provider)
+    live = store.pipelines.job_live(own, ctx.node_name, adapter.provider)
     if live is not None and set(live.items) <= set(ctx.completed_items()):
-        store.job_finished(own, ctx.node_name, live.token, JobStatus.COLLECTED)
+        store.pipelines.job_finished(own, ctx.node_name, live.token, JobStatus.COLLECTED)
 
 
 def _shown(job_id: str) -> str:
@@ -124,7 +124,7 @@ def _submission(ctx: Any, adapter: JobAdapter) -> ProviderCall:
 def _submit(ctx: Any, adapter: JobAdapter, requests: Mapping[str, Any], items: list[str], token: str,
             attempt: int) -> str:
     job_id = adapter.submit({k: requests[k] for k in items}, token)
-    ctx._store.job_submitted(ctx.ownership, ctx.node_name, token, job_id, outcome=_outcome(attempt))
+    ctx._store.pipelines.job_submitted(ctx.ownership, ctx.node_name, token, job_id, outcome=_outcome(attempt))
     ctx.log.info(f"{ctx.node_name}: submitted {adapter.provider} job {_shown(job_id)} ({len(items)} items, "
                  f"attempt {attempt})")
     return job_id
@@ -148,7 +148,7 @@ def _wait(ctx: Any, adapter: JobAdapter, job_id: str, poll_seconds: float) -> st
                 state = RUNNING
             if state != RUNNING:
                 return state
-            until = store.set_waiting(own, poll_seconds * 2, reason, node=node)
+            until = store.providers.set_waiting(own, poll_seconds * 2, reason, node=node)
             if not shown:
                 reporter.waiting(poll_seconds, reason, until=until)
                 shown = True
@@ -159,7 +159,7 @@ def _wait(ctx: Any, adapter: JobAdapter, job_id: str, poll_seconds: float) -> st
             ctx.check_calls()
     finally:
         if shown:
-            store.clear_waiting(own, node=node)
+            store.providers.clear_waiting(own, node=node)
             reporter.going_on(f"{adapter.provider} job {_shown(job_id)} finished")
 
 

@@ -77,12 +77,12 @@ def provider_guard(ctx: NodeContext, endpoint: str, policy: RetryPolicy, *,
 def _show_budget_wait(store, own: Ownership, ctx: NodeContext, reporter: RunStateReporter, seconds: float,
                       reason: str) -> None:
     """A wait for the provider's budget, shown on the pipeline row and on the Dagster run."""
-    if store.show_budget_wait(own, seconds, reason, node=ctx.node_name):
+    if store.providers.show_budget_wait(own, seconds, reason, node=ctx.node_name):
         reporter.waiting(seconds, f"rate budget: {reason}")
 
 
 def _end_budget_wait(store, own: Ownership, ctx: NodeContext, reporter: RunStateReporter) -> None:
-    if store.clear_budget_wait(own, node=ctx.node_name):
+    if store.providers.clear_budget_wait(own, node=ctx.node_name):
         reporter.going_on("the provider's rate budget has room again")
 
 
@@ -96,7 +96,7 @@ def node_outage_pause(run: NodeRun, own: Ownership, err: ClassifiedError,
     """
     context, store, op_name = run.context, run.store, run.name
     settings = run.resource.outage_settings()
-    elapsed = store.waiting_seconds(own.pipeline_id) or 0.0
+    elapsed = store.providers.waiting_seconds(own.pipeline_id) or 0.0
     if elapsed >= settings.budget_seconds:
         err = ClassifiedError(err, category=err.category, status_code=err.status_code, retryable=False,
                               model=err.model, endpoint=err.endpoint,
@@ -113,7 +113,7 @@ def node_outage_pause(run: NodeRun, own: Ownership, err: ClassifiedError,
         delay = max(delay, min(asked, settings.pause_max))
     reason = redact(f"{repeated} {err.category} errors in a row in {op_name}: {err.detail}")[:400]
     try:
-        until = store.set_waiting(own, delay, reason, node=op_name)
+        until = store.providers.set_waiting(own, delay, reason, node=op_name)
     except OwnershipLost as lost:
         raise Failure(description=f"superseded by run {lost.owner}; stopped without writing",
                       allow_retries=False) from None

@@ -16,14 +16,14 @@ from recovery_ext._errors import ItemTakenOver
 from recovery_ext._store.models import Ownership, QueueItem
 from recovery_ext._store.queue import ResetItem
 from recovery_ext._classify.retry import wait_jittered_exponential
-from recovery_ext._store.interfaces import QueueStore
+from recovery_ext._store.interfaces import QueueHandleStore
 from recovery_ext._store.statuses import ItemOutcome, QueueStatus
 
 
 class QueueHandle:
     """One queue, bound to one node's ownership (pipeline id and epoch)."""
 
-    def __init__(self, store: QueueStore, own: Ownership, name: str, *,
+    def __init__(self, store: QueueHandleStore, own: Ownership, name: str, *,
                  on_count: Callable[[str, int], None] | None = None,
                  before_claim: Callable[[], None] | None = None) -> None:
         self._queue_store = store
@@ -41,7 +41,7 @@ class QueueHandle:
     def enqueue(self, payloads: Iterable[Any], *, dedupe_keys: Sequence[str | None] | None = None,
                 max_attempts: int = 3) -> list[int]:
         """Add items (an item whose dedupe key is already queued is not added again); the ids added."""
-        return self._queue_store.enqueue(self.name, payloads, dedupe_keys=dedupe_keys, max_attempts=max_attempts,
+        return self._queue_store.queue.enqueue(self.name, payloads, dedupe_keys=dedupe_keys, max_attempts=max_attempts,
                                          own=self._own)
 
     def claim(self, worker: str, *, limit: int = 1, heartbeat_timeout: float = 600.0,
@@ -49,28 +49,28 @@ class QueueHandle:
         """Take up to ``limit`` items for ``worker`` (stale ones first), held for this run's epoch. Raises
         ``StopRequested`` instead once this step's run worker is gone (``OwnershipLost`` once superseded)."""
         self._before_claim()
-        return self._queue_store.claim(self.name, worker, limit=limit, heartbeat_timeout=heartbeat_timeout,
+        return self._queue_store.queue.claim(self.name, worker, limit=limit, heartbeat_timeout=heartbeat_timeout,
                                        own=self._own, legacy_stale_seconds=legacy_stale_seconds)
 
     def heartbeat(self, item: QueueItem, *, timeout: float) -> None:
-        self._queue_store.heartbeat_item(self._held(item), timeout=timeout)
+        self._queue_store.queue.heartbeat_item(self._held(item), timeout=timeout)
 
     def complete(self, item: QueueItem, result: Any = None) -> str:
         """Completed with its result; returns the status it came from (see ``QueueOps.complete_item``)."""
-        came_from = self._queue_store.complete_item(self._held(item), result)
+        came_from = self._queue_store.queue.complete_item(self._held(item), result)
         self._count(ItemOutcome.DONE, 1)
         return came_from
 
     def fail(self, item: QueueItem, error: str, *, retryable: bool = True,
              backoff: wait_jittered_exponential | None = None) -> str:
         """A failed attempt: ready again later, dead at max attempts, failed if permanent; the new status."""
-        status = self._queue_store.fail_item(self._held(item), error, retryable=retryable, backoff=backoff)
+        status = self._queue_store.queue.fail_item(self._held(item), error, retryable=retryable, backoff=backoff)
         self._count(ItemOutcome.DEAD if status == QueueStatus.DEAD else ItemOutcome.FAILED, 1)
         return status
 
     def release_superseded(self) -> list[ResetItem]:
         """Items held by any earlier epoch of this pipeline go back to ``ready``."""
-        released = self._queue_store.release_superseded(self._own, queue=self.name)
+        released = self._queue_store.queue.release_superseded(self._own, queue=self.name)
         self._count(ItemOutcome.RELEASED, len(released))
         return released
 
@@ -83,14 +83,14 @@ class QueueHandle:
     # -- reads ----------------------------------------------------------------------------------
 
     def item_ids(self, dedupe_keys: Sequence[str]) -> list[int]:
-        return self._queue_store.item_ids(self.name, dedupe_keys)
+        return self._queue_store.queue.item_ids(self.name, dedupe_keys)
 
     def unfinished(self, ids: Sequence[int]) -> list[QueueItem]:
         """Those of ``ids`` that still need work."""
-        return self._queue_store.unfinished_items(ids)
+        return self._queue_store.queue.unfinished_items(ids)
 
     def seconds_until_claimable(self) -> float | None:
-        return self._queue_store.seconds_until_claimable(self.name)
+        return self._queue_store.queue.seconds_until_claimable(self.name)
 
     def _held(self, item: QueueItem) -> QueueItem:
         """Only items claimed for this ownership: the store fences them by the holder's epoch."""

@@ -44,14 +44,14 @@ def _owned(context: OpExecutionContext, store: OpStore, op_name: str) -> tuple[i
     """
     run_id = context.run_id
     _require_run_liveness(context, op_name)
-    own = store.owned_by(run_id)
+    own = store.pipelines.owned_by(run_id)
     if own is not None:
         return own.pipeline_id, own, ""
-    pipeline_id = store.formerly_owned_by(run_id)
+    pipeline_id = store.pipelines.formerly_owned_by(run_id)
     if pipeline_id is None:
         raise Failure(description=f"run {run_id} owns no pipeline: its run scope did not start",
                       allow_retries=False)
-    current = store.get_pipeline(pipeline_id)
+    current = store.pipelines.get_pipeline(pipeline_id)
     if current.owner == run_id:  # still this run's, but it ended (e.g. another node failed it for good)
         return pipeline_id, None, f"pipeline {pipeline_id} is already {current.status}"
     return pipeline_id, None, f"superseded by run {current.owner or f'(none; pipeline {current.status})'}"
@@ -69,7 +69,7 @@ def _require_run_liveness(context: OpExecutionContext, op_name: str) -> None:
 
 def _consecutive_same(store: OpStore, pipeline_id: int, node: str, category: str, limit: int) -> int:
     count = 0
-    for previous in store.recent_failure_categories(pipeline_id, node, limit=limit):
+    for previous in store.reports.recent_failure_categories(pipeline_id, node, limit=limit):
         if previous != category:
             break
         count += 1
@@ -159,7 +159,7 @@ def _compute(context: Any, resource: RecoveryResource, inputs: dict[str, Any], d
         pipeline_id = own.pipeline_id
     else:
         pipeline_id, own, owner = _owned(context, store, op_name)
-        node, started = store.get_node(pipeline_id, op_name), False
+        node, started = store.pipelines.get_node(pipeline_id, op_name), False
     if node is not None and node.finished:
         metadata = skipped_metadata(node, pipeline_id)
         context.log.info(f"{op_name} {metadata['recovery']}")
@@ -172,10 +172,10 @@ def _compute(context: Any, resource: RecoveryResource, inputs: dict[str, Any], d
 
 
 def _begin(context: OpExecutionContext, store: OpStore, settings: HeartbeatSettings, op_name: str):
-    """``store.begin_node`` for this run, after refusing a job without run-level liveness."""
+    """``store.pipelines.begin_node`` for this run, after refusing a job without run-level liveness."""
     _require_run_liveness(context, op_name)
     try:
-        return store.begin_node(context.run_id, op_name, heartbeat_timeout=settings.timeout,
+        return store.pipelines.begin_node(context.run_id, op_name, heartbeat_timeout=settings.timeout,
                                 stall_timeout=settings.stall_timeout)
     except IllegalTransition as exc:
         raise Failure(description=str(exc), allow_retries=False) from exc
@@ -185,7 +185,7 @@ def _run_node(run: NodeRun, own: Ownership, inputs: dict[str, Any], node: Node |
     context, store, settings, op_name = run.context, run.store, run.settings, run.name
     try:
         if node is None:  # not started by begin_node
-            node = store.start_node(own, op_name, heartbeat_timeout=settings.timeout,
+            node = store.pipelines.start_node(own, op_name, heartbeat_timeout=settings.timeout,
                                     stall_timeout=settings.stall_timeout)
     except OwnershipLost as exc:
         raise Failure(description=f"superseded by run {exc.owner}", allow_retries=False) from exc
@@ -207,7 +207,7 @@ def _run_node(run: NodeRun, own: Ownership, inputs: dict[str, Any], node: Node |
 def _run_body(run: NodeRun, own: Ownership, inputs: dict[str, Any], node: Node, ctx: NodeContext, watchdog) -> Any:
     context, store, settings, op_name = run.context, run.store, run.settings, run.name
     if context.retry_number:  # a retry after an outage pause: running again, the outage clock keeps going
-        store.clear_waiting(own, node=op_name, keep_outage_clock=True, event="outage_retry")
+        store.providers.clear_waiting(own, node=op_name, keep_outage_clock=True, event="outage_retry")
         RunStateReporter(context, op_name).going_on(f"retry {context.retry_number} of {op_name} started")
     try:
         output = replayable_output(run.node.body(ctx, **inputs))
@@ -229,8 +229,8 @@ def _run_body(run: NodeRun, own: Ownership, inputs: dict[str, Any], node: Node, 
     node_calls = ctx._take_calls(None)
     try:
         if context.retry_number:
-            store.clear_waiting(own, node=op_name)
-        store.complete_node(own, op_name, output, heartbeat_timeout=settings.timeout, calls=node_calls)
+            store.providers.clear_waiting(own, node=op_name)
+        store.pipelines.complete_node(own, op_name, output, heartbeat_timeout=settings.timeout, calls=node_calls)
     except OwnershipLost as exc:
         raise Failure(description=f"superseded by run {exc.owner}; result discarded", allow_retries=False) from exc
     except UnfinishedItems as exc:  # a body that returned before finishing its items: fails (or degrades)
@@ -251,7 +251,7 @@ def ledger_metadata(store: OpStore, ctx: NodeContext) -> dict[str, Any]:
         return {}
     ctx.flush_ledger()
     try:
-        figures = store.provider_costs(ctx.pipeline_id).nodes.get(ctx.pipeline_id, {}).get(ctx.node_name)
+        figures = store.reports.provider_costs(ctx.pipeline_id).nodes.get(ctx.pipeline_id, {}).get(ctx.node_name)
     except Exception as exc:  # noqa: BLE001 - a report never fails the node
         ctx.log.warning(f"provider ledger not read: {redact(exc)}")
         return {}
@@ -304,19 +304,19 @@ def _handle_error(run: NodeRun, own: Ownership, exc: Exception, ctx: NodeContext
     info = error_info(err)
     try:
         if isinstance(decision, RetryRequested):
-            store.fail_node(own, op_name, info, permanent=False, data={"node": op_name, "category": category})
+            store.pipelines.fail_node(own, op_name, info, permanent=False, data={"node": op_name, "category": category})
             context.log.warning(f"{op_name}: retryable {err}; retry {context.retry_number + 1} of "
                                 f"{resource.max_retries} in {decision.seconds_to_wait:.1f} s")
             # from None: Dagster serializes the cause chain into its event log, unredacted.
             raise decision from None
         if run.node.optional:
-            store.fail_node(own, op_name, info, permanent=False, data={"node": op_name, "category": category})
-            store.degrade_node(own, op_name, info)
+            store.pipelines.fail_node(own, op_name, info, permanent=False, data={"node": op_name, "category": category})
+            store.pipelines.degrade_node(own, op_name, info)
             context.log.warning(f"optional node {op_name} degraded, the pipeline continues without it: {err}")
             context.add_output_metadata({"recovery": NodeStatus.DEGRADED.value, "attempts": attempts,
                                          **failure_metadata(err)})
             return None
-        store.fail_node(own, op_name, info, permanent=True, data={"node": op_name, "category": category})
+        store.pipelines.fail_node(own, op_name, info, permanent=True, data={"node": op_name, "category": category})
     except OwnershipLost as lost:
         raise Failure(description=f"superseded by run {lost.owner}; stopped without writing",
                       allow_retries=False) from exc

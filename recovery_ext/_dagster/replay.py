@@ -126,7 +126,7 @@ def split_plan(job_def: JobDefinition, plan: ExecutionPlan, store: OpStore, pipe
             raise UnresumableSelection("a resume of an op-selected run of a job with dynamic outputs is not "
                                        "supported; re-execute the original run from the UI")
         return None
-    finished = {n.name: n for n in store.list_nodes(pipeline_id) if n.status in REPLAYED_STATUSES}
+    finished = {n.name: n for n in store.pipelines.list_nodes(pipeline_id) if n.status in REPLAYED_STATUSES}
     chosen = set(selection or ())
     split = Split()
     for step in plan.get_steps_to_execute_in_topo_order():

@@ -228,7 +228,7 @@ class RecoveryResource(ConfigurableResource):
     def enforce_event_retention(self, store: RecoveryStore) -> int:
         """Delete a batch of events past the retention; never raises (the sensor's tick goes on)."""
         try:
-            return store.prune_events(self.event_retention_seconds)
+            return store.reports.prune_events(self.event_retention_seconds)
         except Exception as exc:  # noqa: BLE001 - retention is housekeeping; it is retried next tick
             log.warning("could not delete old events: %s", redact(exc))
             return 0

@@ -152,7 +152,7 @@ def make_stuck_item_sensor(
     """The queue's stale monitor: reset stuck ``processing`` items, mark exhausted ones ``dead``,
     and launch a queue run when items are claimable and no run for the queue is active.
 
-    Stuck means the store's one rule (:meth:`QueueOps.stale_condition`, shared with
+    Stuck means the store's one rule (:meth:`QueueOps._stale_condition`, shared with
     ``reset-stuck`` and ``status``): the item's heartbeat deadline passed, or the pipeline
     holding it was reclaimed; ``stale_after_seconds`` applies only to rows that have no
     heartbeat deadline (legacy rows). A document that keeps heartbeating is never reset,
@@ -168,16 +168,16 @@ def make_stuck_item_sensor(
             description=f"Resets stuck items of queue {queue!r} and launches {job_name} when items wait.")
     def stuck_item_sensor(context: SensorEvaluationContext):
         store = getattr(context.resources, resource_key).get_store()
-        reset = store.reset_stale(queue=queue, older_than_seconds=stale_after_seconds, reason="stale item sensor")
+        reset = store.queue.reset_stale(queue=queue, older_than_seconds=stale_after_seconds, reason="stale item sensor")
         dead = [r.id for r in reset if r.new_status == QueueStatus.DEAD]
-        ready = store.count_ready(queue)
-        waiting = store.count_ready(queue, waiting=True)
+        ready = store.queue.count_ready(queue)
+        waiting = store.queue.count_ready(queue, waiting=True)
         parts = [f"queue {queue}: {len(reset) - len(dead)} reset, {len(dead)} dead, {ready} ready"
                  + (f", {waiting} waiting for their retry delay" if waiting else "")]
         active = _draining_runs(context.instance, job_name, queue)
         # A running pipeline of the job with no live run has crashed: its resume run (the orphan sensor's,
         # launched within a tick) drains the queue. A run launched here meanwhile would only race it.
-        crashed = [] if active or not ready else store.list_pipelines(status=PipelineStatus.RUNNING,
+        crashed = [] if active or not ready else store.reports.list_pipelines(status=PipelineStatus.RUNNING,
                                                                        job_name=job_name, limit=1)
         if reset:
             context.log.info(parts[0] + "; " + "; ".join(f"item {r.id}: {r.reason}" for r in reset[:20]))

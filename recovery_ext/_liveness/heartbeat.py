@@ -154,8 +154,8 @@ def store_pulse(store: LivenessStore, own: Ownership, node_name: str | None, tim
     """A pulse that extends one node's and its pipeline's heartbeat, fenced by ``own``."""
 
     def pulse() -> None:
-        if store.heartbeat([(own, node_name)], timeout):
-            current = store.get_pipeline(own.pipeline_id)
+        if store.pipelines.heartbeat([(own, node_name)], timeout):
+            current = store.pipelines.get_pipeline(own.pipeline_id)
             raise OwnershipLost(owner=current.owner or f"(pipeline {current.status})", pipeline_id=own.pipeline_id)
 
     return pulse
@@ -291,7 +291,7 @@ class HeartbeatRegistry:
         timeout = min(lease.settings.timeout for lease in live)
         gap = self.clock() - self._last_ok
         try:
-            lost = self.store.pulse(
+            lost = self.store.pipelines.pulse(
                 [PipelineBeat(lease.own, lease.settings.timeout) for lease in live if lease.node is None],
                 [NodeBeat(lease.own, lease.node, lease.settings.timeout) for lease in live if lease.node is not None],
             )
@@ -311,7 +311,7 @@ class HeartbeatRegistry:
             self.watch.check_quietly(min(lease.settings.timeout for lease in live if lease.node is None))
         for pipeline_id in lost:
             try:
-                current = self.store.get_pipeline(pipeline_id)
+                current = self.store.pipelines.get_pipeline(pipeline_id)
                 owner = current.owner or f"(pipeline {current.status})"
                 ended = f"pipeline {current.status}" if current.owner else None
             except Exception:  # noqa: BLE001 - the message is best effort; the loss is not

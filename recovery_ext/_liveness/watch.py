@@ -43,13 +43,13 @@ class ProcessWatch:
             report = WatchReport()
             alive: list[WatchedNode] = []
             dead: list[WatchedNode] = []
-            for node in self.store.watched_nodes(self.key):
+            for node in self.store.pipelines.watched_nodes(self.key):
                 verdict = is_alive(node.process)
                 if verdict is None:  # another host's process: not ours to judge
                     continue
                 (alive if verdict else dead).append(node)
             if alive or dead:
-                self.store.vouch_nodes(self.key, alive, dead, timeout)
+                self.store.pipelines.vouch_nodes(self.key, alive, dead, timeout)
             report.alive = [f"{n.pipeline_id}/{n.name}" for n in alive]
             report.dead = [f"{n.pipeline_id}/{n.name}" for n in dead]
             if dead:

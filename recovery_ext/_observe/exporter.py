@@ -120,7 +120,8 @@ class RecoveryCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         started = time.perf_counter()
         try:
-            snapshot = self.store.scrape_snapshot(timeout=self.timeout)  # once: a retry would outlast the scrape
+            # once: a retry would outlast the scrape
+            snapshot = self.store.reports.scrape_snapshot(timeout=self.timeout)
         except RecoveryError as exc:
             log.warning("metrics scrape could not read the database: %s", redact(exc))
             snapshot = None

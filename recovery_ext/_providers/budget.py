@@ -3,7 +3,7 @@
 :class:`ProviderLimits` (beside the store's budget table, which takes them whole) says how many
 requests and tokens a provider allows per minute (per endpoint, or per model of it).
 :class:`RateBudget` reserves one request and a call's estimated tokens before the call
-(``store.budget_reserve``, on the database clock) and waits while the window is full. The wait is a
+(``store.providers.budget_reserve``, on the database clock) and waits while the window is full. The wait is a
 visible state, not a failure: the pipeline shows ``waiting`` with a ``rate budget`` reason, its
 heartbeats go on (the waiting thread is not the heartbeat thread), and a stop (superseded, run
 worker gone, shutdown) ends the wait at once. The response's usage corrects the reservation
@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 
 from recovery_ext._classify.redaction import redact, redact_url
-from recovery_ext._store.interfaces import ProviderStore
+from recovery_ext._store.interfaces import GuardStore
 from recovery_ext._errors import StopRequested
 from recovery_ext._store.budgets import ProviderLimits
 
@@ -28,28 +28,28 @@ SHOW_AFTER = 0.25
 class Reservation:
     """One granted request; :meth:`settle` replaces its estimated tokens with the response's usage."""
 
-    def __init__(self, store: ProviderStore, reservation_id: int) -> None:
+    def __init__(self, store: GuardStore, reservation_id: int) -> None:
         self.store, self.id = store, reservation_id
         self.settled: int | None = None
 
     def release(self) -> None:
         """Give the request back to the window: it was never sent."""
-        self.store.budget_release(self.id)
+        self.store.providers.budget_release(self.id)
 
     def answered(self) -> None:
         """Its answer arrived (or it failed): its room is held one window from now, then given back."""
-        self.store.budget_answered(self.id)
+        self.store.providers.budget_answered(self.id)
 
     def settle(self, tokens: int) -> None:
         total = tokens if self.settled is None else self.settled + tokens  # several recorded parts of one call
-        self.store.budget_settle(self.id, total)
+        self.store.providers.budget_settle(self.id, total)
         self.settled = total
 
 
 class RateBudget:
     """The shared budget of one endpoint, as one caller uses it."""
 
-    def __init__(self, store: ProviderStore, endpoint: str, limits: ProviderLimits, *, who: str | None = None,
+    def __init__(self, store: GuardStore, endpoint: str, limits: ProviderLimits, *, who: str | None = None,
                  show_wait: Callable[[float, str], None] | None = None, end_wait: Callable[[], None] | None = None,
                  stop: threading.Event | None = None, check: Callable[[], None] | None = None,
                  log: Callable[[str], None] | None = None) -> None:
@@ -70,8 +70,8 @@ class RateBudget:
             while True:
                 if self.check is not None:
                     self.check()
-                grant = self.store.budget_reserve(self.endpoint, model, tokens=max(0, int(tokens)), limits=limits,
-                                                  holder=self.who)
+                grant = self.store.providers.budget_reserve(self.endpoint, model, tokens=max(0, int(tokens)),
+                                                            limits=limits, holder=self.who)
                 if grant.reservation is not None:  # granted: the id of the request it holds
                     return Reservation(self.store, grant.reservation)
                 wait = grant.wait_seconds

@@ -44,7 +44,7 @@ from recovery_ext._classify.redaction import redact, redact_url
 from recovery_ext._classify.retry import (RetryPolicy, event_sleep, retry_if_retryable, stop_on_event,
                                           wait_jittered_exponential)
 from recovery_ext._store.statuses import BreakerState
-from recovery_ext._store.interfaces import ProviderStore
+from recovery_ext._store.interfaces import GuardStore
 
 T = TypeVar("T")
 TRUSTED_CLOSED = BreakerDecision(True, BreakerState.CLOSED)  # what a recent read of a closed breaker said
@@ -111,31 +111,31 @@ class PauseTarget(Protocol):
 class StorePause:
     """Shows the pause on the pipeline (``waiting``, reason, next try) through fenced writes."""
 
-    def __init__(self, store: ProviderStore, own: Ownership, node: str | None = None) -> None:
+    def __init__(self, store: GuardStore, own: Ownership, node: str | None = None) -> None:
         self.store, self.own, self.node = store, own, node
         self.waiting = False  # this node started an outage on the pipeline that is not over
         self.paused = False   # ... and is sleeping through a pause right now
         self.until: Any = None  # the next try of the current pause, on the database clock
 
     def begin(self, seconds: float, reason: str) -> None:
-        self.until = self.store.set_waiting(self.own, seconds, reason, node=self.node)
+        self.until = self.store.providers.set_waiting(self.own, seconds, reason, node=self.node)
         self.waiting = True
         self.paused = True
 
     def retrying(self) -> None:
         """The pause is over and the provider is asked again: running, but the outage clock keeps going."""
         if self.paused:
-            self.store.clear_waiting(self.own, node=self.node, keep_outage_clock=True, event="outage_retry")
+            self.store.providers.clear_waiting(self.own, node=self.node, keep_outage_clock=True, event="outage_retry")
             self.paused = False
 
     def end(self, *, outage_over: bool) -> None:
         if self.waiting:
-            self.store.clear_waiting(self.own, node=self.node, keep_outage_clock=not outage_over,
+            self.store.providers.clear_waiting(self.own, node=self.node, keep_outage_clock=not outage_over,
                                      event=None if outage_over else "outage_budget_spent")
             self.waiting = self.paused = False
 
     def elapsed(self) -> float | None:
-        return self.store.waiting_seconds(self.own.pipeline_id)
+        return self.store.providers.waiting_seconds(self.own.pipeline_id)
 
 
 @dataclass
@@ -162,7 +162,7 @@ class ProviderGuard:
     """Calls a provider through the breaker, the retry policy and the outage pause; see the module doc."""
 
     def __init__(self, endpoint: str, *, policy: RetryPolicy | None = None, settings: OutageSettings | None = None,
-                 store: ProviderStore | None = None, pause: PauseTarget | None = None, who: str | None = None,
+                 store: GuardStore | None = None, pause: PauseTarget | None = None, who: str | None = None,
                  sleep: Callable[[float], None] | None = None, clock: Callable[[], float] | None = None,
                  shutdown: threading.Event | None = None, rng: random.Random | None = None,
                  log: Callable[[str], None] | None = None, budget: RateBudget | None = None,
@@ -229,11 +229,13 @@ class ProviderGuard:
             self._closed_until = None  # the next call reads the breaker again
             found = classify(exc)
             if store is not None and found.retryable:
-                if store.breaker_record_failure(self.endpoint, self.who, threshold=self.settings.breaker_threshold,
-                                                cooldown=self.cooldown.delay, error=str(exc)) == "opened":
+                if store.providers.breaker_record_failure(self.endpoint, self.who,
+                                                          threshold=self.settings.breaker_threshold,
+                                                          cooldown=self.cooldown.delay, error=str(exc)) == "opened":
                     self.log(f"circuit breaker for {redact(self.endpoint)} opened: {redact(exc)}")
             elif store is not None and decision is not None and found.status_code is not None:
-                store.breaker_record_success(self.endpoint, self.who, decision)  # it answered, if only to refuse
+                # it answered, if only to refuse
+                store.providers.breaker_record_success(self.endpoint, self.who, decision)
             raise
         else:
             if pending is not None:
@@ -243,7 +245,7 @@ class ProviderGuard:
             if reservation is not None:
                 self._answered(reservation)
         if (store is not None and decision is not None
-                and store.breaker_record_success(self.endpoint, self.who, decision)):
+                and store.providers.breaker_record_success(self.endpoint, self.who, decision)):
             self.log(f"circuit breaker for {redact(self.endpoint)} closed: the probe succeeded")
         return result
 
@@ -255,13 +257,14 @@ class ProviderGuard:
         except Exception as exc:  # noqa: BLE001 - never masks the call's own result or error
             self.log(f"could not mark a rate budget reservation answered: {redact(exc)}")
 
-    def _breaker_decision(self, store: ProviderStore) -> BreakerDecision:
+    def _breaker_decision(self, store: GuardStore) -> BreakerDecision:
         """The shared breaker's say, read from the store unless a read showed it closed with no failures
         less than ``breaker_refresh`` seconds ago (only then: an open, half-open or failing breaker is
         read before every call, so probes and cool-downs are exactly as the store decides)."""
         if self._closed_until is not None and self.clock() < self._closed_until:
             return TRUSTED_CLOSED
-        decision = store.breaker_before_call(self.endpoint, self.who, probe_timeout=self.settings.probe_timeout)
+        decision = store.providers.breaker_before_call(self.endpoint, self.who,
+                                                       probe_timeout=self.settings.probe_timeout)
         trusted = decision.allowed and decision.state == BreakerState.CLOSED and not decision.failures
         self._closed_until = self.clock() + self.settings.breaker_refresh if trusted else None
         return decision

@@ -153,13 +153,13 @@ class PendingCall:
                             node_name=scope.node_name, item_key=self.item_key, run_id=own.owner, epoch=own.epoch)
         lookup = not self._looked
         self._looked = True
-        hit = scope._store.journal_begin(own, call, call_key=self.call_key if lookup else None)
+        hit = scope._store.providers.journal_begin(own, call, call_key=self.call_key if lookup else None)
         if hit is not None:
             try:
                 answer = decode_answer(hit.answer)
             except Exception as exc:  # noqa: BLE001 - an answer that no longer decodes is asked again
                 log.warning("journaled answer not usable, asking again: %s", redact(exc))
-                scope._store.journal_begin(own, call, call_key=None)
+                scope._store.providers.journal_begin(own, call, call_key=None)
             else:
                 scope.keep_call(hit.call)  # its checkpoint marks the paid call as kept: saved by resume
                 return answer
@@ -188,10 +188,10 @@ class PendingCall:
         call = self._end("ok")
         store, own = self.journal.scope._store, self.journal.scope.ownership
         try:
-            store.journal_answer(own, call, call_key=self.call_key,
+            store.providers.journal_answer(own, call, call_key=self.call_key,
                                  answer=None if self.call_key is None else encode_answer(result))
         except OwnershipLost:
-            store.complete_calls([call])
+            store.providers.complete_calls([call])
             raise
 
     def failed(self, exc: BaseException) -> None:
@@ -205,7 +205,7 @@ class PendingCall:
             return
         call = self._end(classify(exc).category)
         try:
-            self.journal.scope._store.complete_calls([call])
+            self.journal.scope._store.providers.complete_calls([call])
         except Exception as err:  # noqa: BLE001 - the caller's error is what matters; the row stays in flight
             log.warning("could not complete a failed call in the ledger: %s", redact(err))
 

@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
 from recovery_ext._classify.redaction import redact
-from recovery_ext._store.interfaces import ProviderStore
+from recovery_ext._store.interfaces import GuardStore
 from recovery_ext._store.models import ProviderCall
 
 log = logging.getLogger("recovery_ext._providers.ledger")
@@ -104,7 +104,7 @@ def settle(call: ProviderCall) -> None:
 class CallRecorder:
     """Unwritten calls of one store in this process, and the thread that writes the ones no checkpoint took."""
 
-    def __init__(self, store: ProviderStore, *, linger: float = DEFAULT_LINGER) -> None:
+    def __init__(self, store: GuardStore, *, linger: float = DEFAULT_LINGER) -> None:
         self.store = store
         self.linger = linger
         self._pending: dict[str, tuple[float, ProviderCall]] = {}
@@ -145,7 +145,7 @@ class CallRecorder:
         if not due:
             return True
         try:
-            self.store.record_provider_calls(due)
+            self.store.providers.record_provider_calls(due)
         except Exception as exc:  # noqa: BLE001 - recording never fails the work; the calls stay buffered
             self.failures += 1
             log.warning("provider ledger: %d call(s) not written yet, kept in memory: %s", len(due), redact(exc))
@@ -174,7 +174,7 @@ _recorders: weakref.WeakKeyDictionary[object, CallRecorder] = weakref.WeakKeyDic
 _recorders_lock = threading.Lock()
 
 
-def recorder_for(store: ProviderStore) -> CallRecorder:
+def recorder_for(store: GuardStore) -> CallRecorder:
     """The process-wide call recorder of ``store``."""
     with _recorders_lock:
         recorder = _recorders.get(store)

@@ -129,7 +129,7 @@ class RecoveryProtocol:
                                 plan.trigger, event_retention_seconds, waiting=(),
                                 pipeline_retention_seconds=pipeline_retention_seconds)
         try:
-            snap: TickSnapshot = self.policy.call(store.tick_snapshot, self.scope,
+            snap: TickSnapshot = self.policy.call(store.recovery.tick_snapshot, self.scope,
                                                   grace_seconds=settings.launch_grace_seconds)
         except Exception as exc:  # noqa: BLE001 - reported in the tick, never raised into the sensor
             stats.failed, stats.error = 1, redact(f"{type(exc).__name__}: {exc}")
@@ -165,7 +165,7 @@ class RecoveryProtocol:
     def _pass(self, store: SensorStore, plan: PassPlan, scope: Scope, stats: ScanStats, idle: PassResult) -> PassResult:
         """The pass's one write, retried through a database outage; a failure is reported in ``stats``."""
         try:
-            return self.policy.call(store.recovery_pass, plan, scope)
+            return self.policy.call(store.recovery.recovery_pass, plan, scope)
         except Exception as exc:  # noqa: BLE001 - the pass reports; it never crashes its caller
             stats.failed, stats.error = 1, redact(f"{type(exc).__name__}: {exc}")
             log.error("recovery pass failed: %s", stats.error)
@@ -205,7 +205,7 @@ class RecoveryProtocol:
             notes.append(f"{_plural(len(stopped), 'superseded run')} still live in Dagster: "
                          f"{terminated} terminated, {sum(s.marked_failed for s in stopped)} marked failed")
             try:
-                store.record_superseded_runs([(s.pipeline_id, s.as_payload()) for s in stopped])
+                store.recovery.record_superseded_runs([(s.pipeline_id, s.as_payload()) for s in stopped])
             except Exception as exc:  # noqa: BLE001
                 notes.append(f"could not record stopped runs: {redact(exc)}")
         self._prune(store, event_retention_seconds)
@@ -267,7 +267,7 @@ class RecoveryProtocol:
             return
         self._pruned_at = now
         try:
-            store.prune_events(retention_seconds)
+            store.reports.prune_events(retention_seconds)
         except Exception as exc:  # noqa: BLE001 - housekeeping; tried again next time
             log.warning("could not delete old events: %s", redact(exc))
 

@@ -41,7 +41,7 @@ class RetentionSchedule:
                 return 0
             self._started_at = now
         try:
-            result = store.prune_finished_pipelines(older_than_seconds, deployment=deployment,
+            result = store.reports.prune_finished_pipelines(older_than_seconds, deployment=deployment,
                                                     batch_size=self.batch_size, time_budget=TICK_BUDGET_SECONDS)
         except Exception as exc:  # noqa: BLE001 - the tick goes on; every batch that committed stays done
             self._under_way = False

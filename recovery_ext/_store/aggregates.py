@@ -15,7 +15,6 @@ from typing import Any
 
 from sqlalchemy import Connection, func, literal_column, not_, null, select
 
-from recovery_ext._store.database import Database, retried
 from recovery_ext._store.ledger import COST_KEYS, CostFigures
 from recovery_ext._store.ledger_rows import well_formed_call
 from recovery_ext._store.rolled_up import ROLLED_UP, live_pipeline_ids
@@ -125,12 +124,3 @@ def _summed(rows: Iterable[tuple], keys: int) -> list[tuple]:
                 into[n] += value
     return [(*key, *values) for key, values in
             sorted(totals.items(), key=lambda kv: tuple("" if v is None else str(v) for v in kv[0]))]
-
-
-class AggregateOps(Database):
-    @retried
-    def roll_up_finished(self, lo: int, hi: int) -> None:
-        """Add the finished pipelines with ids ``lo``..``hi`` written in bulk (not finished through the store)
-        to the roll-ups; a pipeline that finishes through the store is rolled up by its own transaction."""
-        with self.write() as conn:
-            self.dialect.roll_up_finished(conn, lo, hi)

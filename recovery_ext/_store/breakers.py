@@ -22,10 +22,10 @@ from recovery_ext._store.database import retried
 from recovery_ext._store import hot_path
 from recovery_ext._errors import IllegalTransition, NotFound
 from recovery_ext._store.models import Ownership
-from recovery_ext._store.pipelines import PipelineOps
 from recovery_ext._classify.redaction import redact
 from recovery_ext._store.schema import circuit_breakers, node_items, nodes, pipelines
 from recovery_ext._store.statuses import WAITING, BreakerState, ItemStatus, NodeStatus, PipelineStatus
+from recovery_ext._store.pipelines import PipelineCore
 
 cb = circuit_breakers.c
 
@@ -50,7 +50,7 @@ class Reopened:
     resume_number: int
 
 
-class ProviderOps(PipelineOps):
+class ProviderOps(PipelineCore):
     def _seconds(self, start: Any, end: Any) -> Any:
         """``end - start`` in seconds as a plain number (on SQLite the difference of two times is not a time)."""
         return type_coerce(self.dialect.seconds_between(start, end), Float)
@@ -233,13 +233,6 @@ class ProviderOps(PipelineOps):
         return [dict(r._mapping) for r in rows]
 
     # -- degraded items --------------------------------------------------------------------------
-
-    @retried
-    def item_statuses(self, pipeline_id: int, node_name: str) -> dict[str, str]:
-        with self.read_statement() as conn:
-            rows = conn.execute(select(node_items.c.item_key, node_items.c.status).where(
-                node_items.c.pipeline_id == pipeline_id, node_items.c.node_name == node_name))
-            return {r.item_key: r.status for r in rows}
 
     @retried
     def degraded_counts(self, pipeline_id: int) -> dict[str, int]:

@@ -24,14 +24,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import delete, func, or_, select, type_coerce, update
+from sqlalchemy import delete, or_, select, type_coerce, update
 
 from recovery_ext._classify.redaction import redact
 from recovery_ext._errors import ConfigurationError
-from recovery_ext._store.database import Database, retried
+from recovery_ext._store.database import retried
 from recovery_ext._store.models import Ownership
 from recovery_ext._store.schema import DbTime, pipelines, rate_budgets, rate_reservations
 from recovery_ext._store.statuses import WAITING, PipelineStatus
+from recovery_ext._store.journal import JournalOps
 
 rr = rate_reservations.c
 
@@ -98,7 +99,7 @@ class ProviderLimits:
         return self.margin_seconds if self.margin_seconds is not None else min(1.0, 0.02 * self.window_seconds)
 
 
-class BudgetOps(Database):
+class BudgetOps(JournalOps):
     def _clock_now(self):
         """The database clock now (not at the transaction's start: the lock may have been waited for)."""
         return type_coerce(self.dialect.statement_clock(), DbTime)
@@ -160,19 +161,6 @@ class BudgetOps(Database):
         """The reserved request was never sent (the breaker refused it): the window gets its room back."""
         with self.write() as conn:
             conn.execute(delete(rate_reservations).where(rr.id == reservation))
-
-    @retried
-    def budgets(self) -> list[dict[str, Any]]:
-        """Every budget with what its window holds now: requests and tokens reserved."""
-        with self.read() as conn:
-            rows = conn.execute(select(rate_budgets).order_by(rate_budgets.c.endpoint, rate_budgets.c.model)).all()
-            now = self._clock(conn)
-            result = []
-            for row in rows:
-                count, spent = conn.execute(select(func.count(), func.coalesce(func.sum(rr.tokens), 0)).where(
-                    rr.endpoint == row.endpoint, rr.model == row.model, _holding(now, row.window_seconds))).one()
-                result.append({**dict(row._mapping), "requests_in_window": int(count), "tokens_in_window": int(spent)})
-        return result
 
     # -- a pipeline waiting for budget ---------------------------------------------------------------
 

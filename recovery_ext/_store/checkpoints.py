@@ -21,7 +21,7 @@ SQLite writes a batch with one multi-row INSERT in a ``BEGIN IMMEDIATE`` transac
 from __future__ import annotations
 
 from dataclasses import replace
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from typing import Any, NoReturn
 
 from sqlalchemy import Connection, select, update
@@ -34,9 +34,9 @@ from recovery_ext._store.fenced import FencedTransaction
 from recovery_ext._store.migrations import load_query
 from recovery_ext._store.ledger import call_row
 from recovery_ext._store.models import ItemCheckpoint, JsonText, Ownership, ProviderCall, encode_json
-from recovery_ext._store.pipelines import PipelineOps
 from recovery_ext._store.schema import node_items, nodes
 from recovery_ext._store.statuses import ItemStatus, NodeStatus
+from recovery_ext._store.runs import RunOps
 
 UNIQUE_VIOLATION = "23505"
 SUPERSEDED = "RX409"  # raised by rx_superseded() (migration 0009) when a checkpoint's fence finds no row
@@ -51,30 +51,18 @@ class _Superseded(Exception):
     and its transaction rolls back."""
 
 
-class CheckpointOps(PipelineOps):
+class CheckpointOps(RunOps):
     # -- items of a node ---------------------------------------------------------------------
 
     @retried
-    def set_items_total(self, own: Ownership, node_name: str, total: int) -> None:
-        with self.write() as conn:
-            self._fence(conn, own)
-            conn.execute(update(nodes).where(nodes.c.pipeline_id == own.pipeline_id, nodes.c.name == node_name)
-                         .values(items_total=total))
-
-    @retried
     def start_items(self, own: Ownership, node_name: str, total: int) -> dict[str, str]:
-        """``set_items_total`` and the statuses of the node's checkpointed items, in one transaction
+        """Record the node's item total and read the statuses of its checkpointed items, in one transaction
         (on PostgreSQL one autocommit statement: the fence, the update and the read as CTEs)."""
         return self._transitions.start_items(own, node_name, total)
 
     @retried
     def completed_items(self, pipeline_id: int, node_name: str) -> dict[str, Any]:
         return self._transitions.completed_items(pipeline_id, node_name)
-
-    @retried
-    def pending_items(self, pipeline_id: int, node_name: str, keys: Iterable[str]) -> list[str]:
-        done = self.completed_items(pipeline_id, node_name)
-        return [k for k in keys if k not in done]
 
     # -- checkpoints -------------------------------------------------------------------------
 
@@ -191,7 +179,7 @@ class CheckpointOps(PipelineOps):
             raise StoreError(f"checkpoint batch of node {node_name!r}: {written} of {len(entries)} written")
 
     def _superseded(self, own: Ownership) -> NoReturn:
-        self.check_ownership(own)  # raises OwnershipLost (or NotFound) with who owns it now
+        self._check_ownership(own)  # raises OwnershipLost (or NotFound) with who owns it now
         raise OwnershipLost(owner="(changed during the checkpoint)", pipeline_id=own.pipeline_id) from None
 
     def _checkpoint_rows(self, own: Ownership, node_name: str, entries: list[ItemCheckpoint],

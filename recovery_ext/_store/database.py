@@ -50,7 +50,7 @@ def retried(method: Callable[..., T]) -> Callable[..., T]:
     """
 
     @functools.wraps(method)
-    def wrapper(self: "Database", *args: Any, **kwargs: Any) -> T:
+    def wrapper(self: "Transactions", *args: Any, **kwargs: Any) -> T:
         if getattr(_retry_state, "active", False) or self.retry_budget <= 0:
             return method(self, *args, **kwargs)
         deadline = time.monotonic() + self.retry_budget
@@ -96,24 +96,15 @@ def chunks(values: Sequence[Any], size: int = CHUNK) -> Iterator[Sequence[Any]]:
         yield values[start : start + size]
 
 
-class Database:
-    """Owns the engine; every store operation runs in one of its transactions."""
+class Transactions:
+    """The transactions and write helpers of one database: shared by the store and each of its components.
 
-    def __init__(self, url: str, *, echo: bool = False, engine: Engine | None = None,
-                 retry_budget: float = DEFAULT_RETRY_BUDGET, connect_timeout: float | None = None,
-                 statement_timeout: float | None = None) -> None:
-        self.dialect = Dialect.for_url(url, connect_timeout=connect_timeout, statement_timeout=statement_timeout)
-        self.url = self.dialect.url
-        self.retry_budget = validate_retry_budget(retry_budget)
-        if engine is None:
-            try:
-                engine = create_engine(self.url, echo=echo, **self.dialect.engine_options())
-            except (ImportError, SQLAlchemyError, ValueError, TypeError) as exc:
-                # e.g. postgresql+nodriver://: never echo the URL, it may carry a password.
-                raise ConfigurationError(
-                    f"cannot use database URL {self.dialect.safe_url()}: {redact(exc)}") from None
-            self.dialect.configure(engine)
-        self.engine = engine
+    A subclass sets ``dialect``, ``url``, ``engine`` and ``retry_budget``."""
+
+    dialect: Dialect
+    url: Any
+    engine: Engine
+    retry_budget: float
 
     def _retrying(self, what: str, *, deadline: float | None = None) -> tenacity.Retrying:
         """Tenacity's loop for a store call; ``deadline`` (monotonic) when the call started earlier
@@ -134,17 +125,6 @@ class Database:
             wait=wait_jittered_exponential(0.2, max_delay=3.0, jitter=0.5), before_sleep=before_sleep, reraise=True,
         )
 
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}({self.dialect.safe_url()!r})"
-
-    def close(self) -> None:
-        self.engine.dispose()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc_info) -> None:
-        self.close()
 
     # -- transactions ---------------------------------------------------------------------
 
@@ -269,29 +249,6 @@ class Database:
             return StoreUnavailable(f"database unavailable: {message}")
         return StoreError(f"database error: {message}")
 
-    # -- schema ---------------------------------------------------------------------------
-
-    def migrate(self, package: str = migrations.LIBRARY) -> list[migrations.Migration]:
-        """Apply the library's pending migrations, or those of an application ``package`` (after the library's)."""
-        if package != migrations.LIBRARY:
-            try:
-                migrations.check_package(package)
-            except ConfigurationError as exc:
-                raise MigrationError(str(exc)) from None
-        with self._wrap_errors():
-            if package != migrations.LIBRARY:
-                migrations.apply_migrations(self.engine, self.dialect)
-            return migrations.apply_migrations(self.engine, self.dialect, package)
-
-    @retried
-    def check_schema(self) -> None:
-        """Raise MigrationError when a newer release migrated this database (its tables are not this code's)."""
-        with self._wrap_errors():
-            migrations.check_not_newer(self.engine, self.dialect)
-
-    def pending_migrations(self, package: str = migrations.LIBRARY) -> list[migrations.Migration]:
-        with self._wrap_errors():
-            return migrations.pending_migrations(self.engine, self.dialect, package)
 
     # -- history helpers (always inside the caller's transaction) -------------------------
 
@@ -337,6 +294,88 @@ class Database:
             self.record_events(conn, [{"kind": kind, "payload": payload, "pipeline_id": pipeline_id}])
 
 
+
+class Database(Transactions):
+    """Owns the engine; every store operation runs in one of its transactions."""
+
+    def __init__(self, url: str, *, echo: bool = False, engine: Engine | None = None,
+                 retry_budget: float = DEFAULT_RETRY_BUDGET, connect_timeout: float | None = None,
+                 statement_timeout: float | None = None) -> None:
+        self.dialect = Dialect.for_url(url, connect_timeout=connect_timeout, statement_timeout=statement_timeout)
+        self.url = self.dialect.url
+        self.retry_budget = validate_retry_budget(retry_budget)
+        if engine is None:
+            try:
+                engine = create_engine(self.url, echo=echo, **self.dialect.engine_options())
+            except (ImportError, SQLAlchemyError, ValueError, TypeError) as exc:
+                # e.g. postgresql+nodriver://: never echo the URL, it may carry a password.
+                raise ConfigurationError(
+                    f"cannot use database URL {self.dialect.safe_url()}: {redact(exc)}") from None
+            self.dialect.configure(engine)
+        self.engine = engine
+
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.dialect.safe_url()!r})"
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
+
+    # -- schema ---------------------------------------------------------------------------
+
+    def migrate(self, package: str = migrations.LIBRARY) -> list[migrations.Migration]:
+        """Apply the library's pending migrations, or those of an application ``package`` (after the library's)."""
+        if package != migrations.LIBRARY:
+            try:
+                migrations.check_package(package)
+            except ConfigurationError as exc:
+                raise MigrationError(str(exc)) from None
+        with self._wrap_errors():
+            if package != migrations.LIBRARY:
+                migrations.apply_migrations(self.engine, self.dialect)
+            return migrations.apply_migrations(self.engine, self.dialect, package)
+
+    @retried
+    def check_schema(self) -> None:
+        """Raise MigrationError when a newer release migrated this database (its tables are not this code's)."""
+        with self._wrap_errors():
+            migrations.check_not_newer(self.engine, self.dialect)
+
+    def pending_migrations(self, package: str = migrations.LIBRARY) -> list[migrations.Migration]:
+        with self._wrap_errors():
+            return migrations.pending_migrations(self.engine, self.dialect, package)
+
+
+
 def _without_at(row: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in row.items() if k != "at"}
 
+
+
+class Component(Transactions):
+    """One part of the store: it runs its transactions on the store's one :class:`Database` (its engine,
+    dialect and retry budget), so every component shares the pool and the budget, and none owns them."""
+
+    def __init__(self, db: Database) -> None:
+        self._db = db
+        self.dialect = db.dialect
+        self.url = db.url
+        self.engine = db.engine
+
+    @property
+    def retry_budget(self) -> float:
+        return self._db.retry_budget
+
+    @retry_budget.setter
+    def retry_budget(self, value: float) -> None:
+        self._db.retry_budget = value
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.dialect.safe_url()!r})"

@@ -18,13 +18,13 @@ from recovery_ext._errors import StoreError
 from recovery_ext._store.models import Ownership
 
 if TYPE_CHECKING:  # pragma: no cover
-    from recovery_ext._store.database import Database
+    from recovery_ext._store.database import Transactions
 
 
 class FencedTransaction:
     """One fenced write transaction; usable only inside its ``with`` block."""
 
-    def __init__(self, db: "Database", conn: Connection, own: Ownership) -> None:
+    def __init__(self, db: "Transactions", conn: Connection, own: Ownership) -> None:
         self._db = db
         self._conn: Connection | None = conn
         self.ownership = own

@@ -19,9 +19,9 @@ from sqlalchemy import insert, select, update
 from recovery_ext._store.database import retried
 from recovery_ext._store.ledger import IN_FLIGHT
 from recovery_ext._store.models import Ownership, ProviderCall
-from recovery_ext._store.pipelines import PipelineOps
 from recovery_ext._store.schema import provider_calls, provider_jobs
 from recovery_ext._store.statuses import JobStatus
+from recovery_ext._store.checkpoints import CheckpointOps
 
 j = provider_jobs.c
 pc = provider_calls.c
@@ -45,7 +45,7 @@ def _row(r) -> ProviderJobRow:
     return ProviderJobRow(r.token, r.provider, r.job_id, r.status, tuple(json.loads(r.items)), r.attempt, r.call_id)
 
 
-class JobOps(PipelineOps):
+class JobOps(CheckpointOps):
     @retried
     def provider_jobs(self, pipeline_id: int, node_name: str | None = None) -> list[ProviderJobRow]:
         """The jobs of a pipeline (of one node), oldest first."""

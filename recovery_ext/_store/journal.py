@@ -29,15 +29,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 from functools import cached_property
 
-from sqlalchemy import bindparam, delete, func, select, update
+from sqlalchemy import bindparam, delete, select, update
 
 from recovery_ext._store.database import chunks, retried
 from recovery_ext._store.journal_writes import JournalHit, JournalWrites, journal_writes_for
 from recovery_ext._store.ledger import IN_FLIGHT, call_row
 from recovery_ext._store.models import Ownership, ProviderCall
-from recovery_ext._store.pipelines import PipelineOps
 from recovery_ext._store.schema import call_journal, pipelines, provider_calls
 from recovery_ext._store.statuses import PipelineStatus
+from recovery_ext._store.breakers import ProviderOps
 
 __all__ = ["JournalHit", "JournalOps"]
 
@@ -48,7 +48,7 @@ ENDED = (PipelineStatus.COMPLETED, PipelineStatus.CANCELED)
 _COMPLETION = ("model", "tokens_in", "tokens_out", "latency_seconds", "outcome", "cost", "note")
 
 
-class JournalOps(PipelineOps):
+class JournalOps(ProviderOps):
     @cached_property
     def _journal_writes(self) -> JournalWrites:
         """How this store's journaled calls write: chosen once, from its dialect (journal_writes.py)."""
@@ -73,9 +73,9 @@ class JournalOps(PipelineOps):
         answer), whoever owns their pipeline now. A row already completed is left as it is."""
         if calls:
             with self.write() as conn:
-                self.complete_calls_in(conn, calls)
+                self._complete_calls_in(conn, calls)
 
-    def complete_calls_in(self, conn, calls: Sequence[ProviderCall]) -> None:
+    def _complete_calls_in(self, conn, calls: Sequence[ProviderCall]) -> None:
         """:meth:`complete_calls` in the caller's transaction."""
         stmt = (update(provider_calls).where(pc.id == bindparam("b_id"), pc.outcome == IN_FLIGHT)
                 .values({name: bindparam(f"b_{name}") for name in _COMPLETION}))
@@ -96,12 +96,10 @@ class JournalOps(PipelineOps):
             return conn.execute(query).rowcount or 0
 
     @retried
-    def call_journal_size(self, pipeline_id: int | None = None) -> tuple[int, int]:
-        """How many entries the journal holds (of one pipeline) and the characters of their answers."""
-        query = select(func.count(), func.coalesce(func.sum(func.length(jc.answer)), 0))
-        if pipeline_id is not None:
-            query = query.where(jc.pipeline_id == pipeline_id)
-        with self.read() as conn:
-            entries, chars = conn.execute(query).one()
-        return int(entries), int(chars)
+    def record_provider_calls(self, calls: Sequence[ProviderCall]) -> None:
+        """Write calls that have not reached a checkpoint (yet); a call already written is left as it is."""
+        if not calls:
+            return
+        with self.write() as conn:
+            self.write_calls(conn, calls, reached=False)
 

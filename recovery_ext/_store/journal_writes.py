@@ -50,7 +50,7 @@ class JournalHost(Protocol):
     def write(self) -> AbstractContextManager[Connection]: ...
     def driver_autocommit(self) -> AbstractContextManager[Any]: ...
     def write_calls(self, conn: Connection, calls: Sequence[ProviderCall], *, reached: bool) -> None: ...
-    def complete_calls_in(self, conn: Connection, calls: Sequence[ProviderCall]) -> None: ...
+    def _complete_calls_in(self, conn: Connection, calls: Sequence[ProviderCall]) -> None: ...
 
 
 class JournalWrites:
@@ -108,7 +108,7 @@ class PortableJournalWrites(JournalWrites):
                     index_elements=[jc.pipeline_id, jc.node_name, jc.item_key, jc.call_key],
                     set_={"call_id": stmt.excluded.call_id, "epoch": stmt.excluded.epoch,
                           "answer": stmt.excluded.answer, "answered_at": stmt.excluded.answered_at}))
-            self.db.complete_calls_in(conn, [call])
+            self.db._complete_calls_in(conn, [call])
 
 
 class ServerFunctionJournalWrites(JournalWrites):

@@ -25,14 +25,14 @@ it is written at once, with its item's checkpoint, or late after the database ca
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from sqlalchemy import Connection, and_, case, func, literal, or_, select
 
 from recovery_ext._classify.redaction import redact
-from recovery_ext._store.database import Database, chunks, retried
+from recovery_ext._store.database import Component, chunks, retried
 from recovery_ext._store.ledger_rows import malformed_calls, well_formed_call
 from recovery_ext._store.models import ProviderCall
 from recovery_ext._store.rolled_up import live_pipeline_ids
@@ -128,16 +128,9 @@ _SQLITE_RECORD = _SQLITE_INSERT + "ON CONFLICT (id) DO NOTHING"
 _SQLITE_REACHED = _SQLITE_INSERT + "ON CONFLICT (id) DO UPDATE SET reached_checkpoint = excluded.reached_checkpoint"
 
 
-class LedgerOps(Database):
-    # -- recording --------------------------------------------------------------------------------
-
-    @retried
-    def record_provider_calls(self, calls: Sequence[ProviderCall]) -> None:
-        """Write calls that have not reached a checkpoint (yet); a call already written is left as it is."""
-        if not calls:
-            return
-        with self.write() as conn:
-            self.write_calls(conn, calls, reached=False)
+class LedgerWrites(Component):
+    """The ledger's writes and cost query, inside a caller's transaction: shared by the components that record
+    or report provider calls."""
 
     def write_calls(self, conn: Connection, calls: Iterable[ProviderCall], *, reached: bool) -> None:
         """In the caller's transaction: insert ``calls``; with ``reached`` (the checkpoint of their item or node)
@@ -169,35 +162,6 @@ class LedgerOps(Database):
                 built = stmt.on_conflict_do_nothing(index_elements=[pc.id])
             self.__dict__[key] = built
         return built
-
-    # -- reading ----------------------------------------------------------------------------------
-
-    @retried
-    def provider_calls(self, pipeline_id: int | None = None) -> list[ProviderCall]:
-        """The ledger's rows (of one pipeline), oldest first; ``reached_checkpoint`` is in :meth:`call_outcomes`."""
-        query = select(provider_calls).where(well_formed_call()).order_by(pc.recorded_at, pc.id)
-        if pipeline_id is not None:
-            query = query.where(pc.pipeline_id == pipeline_id)
-        with self.read() as conn:
-            rows = conn.execute(query).all()
-        names = {f.name for f in fields(ProviderCall)}
-        return [ProviderCall(**{k: v for k, v in r._mapping.items() if k in names}) for r in rows]
-
-    @retried
-    def reached_checkpoint(self, call_ids: Sequence[str]) -> dict[str, bool]:
-        """Whether each written call reached a checkpoint (calls not written are missing)."""
-        found: dict[str, bool] = {}
-        with self.read() as conn:
-            for part in chunks(list(call_ids)):
-                found.update({r.id: bool(r.reached_checkpoint) for r in conn.execute(
-                    select(pc.id, pc.reached_checkpoint).where(pc.id.in_(list(part))))})
-        return found
-
-    @retried
-    def provider_costs(self, pipeline_id: int | None = None) -> CostReport:
-        """Spent, saved by resume and wasted, per node and per pipeline (one pipeline, or all of them)."""
-        with self.read() as conn:
-            return self.costs_in(conn, pipeline_id)
 
     def costs_in(self, conn: Connection, pipeline_id: int | None = None, *, live_only: bool = False) -> CostReport:
         """:meth:`provider_costs` in the caller's transaction; ``live_only``: only the pipelines the roll-ups of
@@ -254,3 +218,15 @@ class LedgerOps(Database):
             report.nodes.setdefault(row.pipeline_id, {})[row.node or ""] = figures
             report.jobs[row.pipeline_id] = row.job
         return report
+
+
+class LedgerOps(LedgerWrites):
+    # -- recording --------------------------------------------------------------------------------
+
+    # -- reading ----------------------------------------------------------------------------------
+
+    @retried
+    def provider_costs(self, pipeline_id: int | None = None) -> CostReport:
+        """Spent, saved by resume and wasted, per node and per pipeline (one pipeline, or all of them)."""
+        with self.read() as conn:
+            return self.costs_in(conn, pipeline_id)

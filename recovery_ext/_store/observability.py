@@ -16,13 +16,14 @@ from sqlalchemy import Float, and_, case, cast, func, literal, or_, select
 
 from recovery_ext._store import aggregates
 from recovery_ext._store.database import retried
-from recovery_ext._store.ledger import IN_FLIGHT, CostFigures, LedgerOps
+from recovery_ext._store.ledger import IN_FLIGHT, CostFigures
 from recovery_ext._store.statuses import PipelineStatus, QueueStatus
 from recovery_ext._store.ledger_rows import well_formed_call
 from recovery_ext._store.models import Node, Pipeline
 from recovery_ext._errors import NotFound
 from recovery_ext._store.schema import (circuit_breakers, events, node_items, nodes, pipelines, provider_calls,
                                         queue_items, transitions)
+from recovery_ext._store.reports import ReportOps
 
 # Pipeline columns that label the pipeline gauges: Prometheus label -> column, one entry per label (not
 # "job" or "instance": Prometheus sets those on every target).
@@ -89,7 +90,7 @@ class PipelineHistory:
     call_figures: list[dict[str, Any]] = field(default_factory=list)
 
 
-class ObservabilityOps(LedgerOps):
+class ObservabilityOps(ReportOps):
     @retried
     def metrics_snapshot(self) -> MetricsSnapshot:
         return self.scrape_snapshot()

@@ -20,11 +20,12 @@ from sqlalchemy.sql.elements import ColumnElement
 from recovery_ext._conventions import PLACEHOLDER_PREFIX
 from recovery_ext._store.database import chunks, retried
 from recovery_ext._store.models import GivenUp, Orphan, PassPlan, Reclaimed, Scope
-from recovery_ext._store.pipelines import NEW_OWNER_RESETS, PipelineOps
+from recovery_ext._store.pipelines import NEW_OWNER_RESETS
 from recovery_ext._store.statuses import NodeStatus, PipelineStatus
 from recovery_ext._store.json_values import CorruptJson
 from recovery_ext._store.schema import (NODE_STATUSES, PIPELINE_STATUSES, DbTime, nodes, pipelines,
                                         transitions)
+from recovery_ext._store.pipelines import PipelineCore
 
 p = pipelines.c
 
@@ -36,7 +37,7 @@ MAX_COUNTER = 2**31 - 1
 LIVE = p.status.not_in([literal_column("'completed'"), literal_column("'failed'")])
 
 
-class OrphanOps(PipelineOps):
+class OrphanOps(PipelineCore):
     # -- conditions ---------------------------------------------------------------------------
 
     def _stalled(self, now: ColumnElement) -> ColumnElement:
@@ -48,7 +49,7 @@ class OrphanOps(PipelineOps):
     def _node_heartbeat_expired(self, now: ColumnElement) -> ColumnElement:
         """A running node whose own heartbeat expired and whom no watcher vouches for: its step
         process died (or its host did) while the run worker may still be alive. A node its watcher
-        still vouches for is slow, not dead (see :meth:`slow_nodes`); one its watcher reported dead
+        still vouches for is slow, not dead (its ``vouched_until`` is ahead); one its watcher reported dead
         waits for its run worker to let go (:meth:`_node_died`), however late its heartbeat."""
         return and_(exists().where(
             nodes.c.pipeline_id == p.id, nodes.c.status == RUNNING,

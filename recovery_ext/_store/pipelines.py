@@ -28,9 +28,9 @@ from sqlalchemy.exc import IntegrityError
 
 from recovery_ext._conventions import placeholder_owner
 from recovery_ext._liveness.processes import this_process, watcher_of_this_process
-from recovery_ext._store.database import is_retry, retried
+from recovery_ext._store.database import chunks, is_retry, retried
 from recovery_ext._store.node_transitions import NODE_TRANSITIONS, NodeTransitions, illegal, lost, transitions_for
-from recovery_ext._store.ledger import LedgerOps
+from recovery_ext._store.ledger import LedgerWrites
 from recovery_ext._settings import check_deployment
 from recovery_ext._errors import IllegalTransition, NotFound, OwnershipLost, StoreError, UnfinishedItems
 from recovery_ext._store.fenced import FencedTransaction
@@ -38,7 +38,7 @@ from recovery_ext._store.models import (ErrorInfo, ItemCheckpoint, Node, NodeSpe
                                         PipelineLimits)
 from recovery_ext._classify.redaction import redact, redact_config
 from recovery_ext._store.schema import node_items, nodes, pipelines
-from recovery_ext._store.statuses import FINISHED_NODE_STATUSES, FINISHED_PIPELINE_STATUSES, NodeStatus, PipelineStatus
+from recovery_ext._store.statuses import FINISHED_NODE_STATUSES, NodeStatus, PipelineStatus
 
 __all__ = ["NODE_TRANSITIONS", "ItemCheckpoint", "PipelineOps"]  # ItemCheckpoint: its old home
 
@@ -49,11 +49,169 @@ __all__ = ["NODE_TRANSITIONS", "ItemCheckpoint", "PipelineOps"]  # ItemCheckpoin
 NEW_OWNER_RESETS: dict[str, None] = {"waiting_until": None, "waiting_since": None, "waiting_reason": None}
 
 
-class PipelineOps(LedgerOps):
+class PipelineCore(LedgerWrites):
+    """The fence and the node and pipeline moves every component that writes for an owner shares: each
+    component is one of these over the store's one database, so all of them fence the same way."""
+
     @cached_property
     def _transitions(self) -> NodeTransitions:
         """How this store's nodes start and complete: chosen once, from its dialect."""
         return transitions_for(self)
+
+    def _fence(self, conn: Connection, own: Ownership, *, for_update: bool = False,
+               finished_ok: bool = False, completed_ok: bool = False) -> str:
+        """Lock the pipeline row against reclaim and check that ``own`` still holds it.
+
+        ``for_update=True`` when this transaction will UPDATE the pipeline row: it takes
+        that UPDATE's lock (``FOR NO KEY UPDATE``) now instead of upgrading a share lock
+        later, which is what deadlocked sibling nodes. ``finished_ok``: on a retried call,
+        a pipeline this owner already finished (the first attempt's commit landed) is
+        returned as its status instead of raising. ``completed_ok``: a pipeline this owner
+        and epoch completed is returned as ``"completed"`` on any call.
+        """
+        query = select(pipelines.c.epoch, pipelines.c.owner, pipelines.c.status).where(
+            pipelines.c.id == own.pipeline_id)
+        query = query.with_for_update(key_share=True) if for_update else query.with_for_update(read=True, key_share=True)
+        row = conn.execute(query).first()
+        if row is None:
+            raise NotFound(f"no pipeline {own.pipeline_id}")
+        if (finished_ok and is_retry() and row.epoch == own.epoch and row.owner == own.owner
+                and row.status in (PipelineStatus.COMPLETED, PipelineStatus.FAILED)):
+            return row.status
+        if (completed_ok and row.epoch == own.epoch and row.owner == own.owner
+                and row.status == PipelineStatus.COMPLETED):
+            return row.status
+        if row.epoch != own.epoch or row.status != PipelineStatus.RUNNING:
+            raise lost(own, row.owner, row.epoch, row.status)
+        return row.status
+
+    def _refresh_pipeline(self, conn: Connection, own: Ownership, heartbeat_timeout: float | None, **values) -> None:
+        if heartbeat_timeout is not None:
+            values["heartbeat_at"] = self.dialect.now()
+            values["heartbeat_deadline"] = self.dialect.now_plus(heartbeat_timeout)
+        conn.execute(
+            update(pipelines)
+            .where(pipelines.c.id == own.pipeline_id, pipelines.c.epoch == own.epoch)
+            .values(updated_at=self.dialect.now(), **values)
+        )
+
+    @retried
+    def _check_ownership(self, own: Ownership) -> None:
+        with self.write() as conn:
+            self._fence(conn, own)
+
+    def _move_node(self, conn: Connection, own: Ownership, name: str, target: NodeStatus, event: str,
+                   extra: dict[str, Any] | None = None, **values) -> Node:
+        sources = NODE_TRANSITIONS[target]
+        before = conn.execute(
+            select(nodes.c.id, nodes.c.status, nodes.c.run_id)
+            .where(nodes.c.pipeline_id == own.pipeline_id, nodes.c.name == name)
+        ).first()
+        if before is None:
+            raise NotFound(f"pipeline {own.pipeline_id} has no node {name!r}")
+        if is_retry() and before.status == target and before.run_id == own.owner:
+            # The first attempt committed before its connection dropped: the move is done.
+            row = conn.execute(select(nodes).where(nodes.c.id == before.id)).one()
+            return Node.from_row(row._mapping)
+        if before.status not in sources:
+            raise illegal(own.pipeline_id, name, before.status, target)
+        row = conn.execute(
+            update(nodes)
+            .where(nodes.c.id == before.id, nodes.c.status == before.status)
+            .values(status=target, updated_at=self.dialect.now(), **values)
+            .returning(*nodes.c)
+        ).one()
+        data = {"epoch": own.epoch, "owner": own.owner, **(extra or {})}
+        if "error" in values and values["error"]:
+            data["error"] = values["error"]
+        self.record_transitions(
+            conn,
+            [{"entity_type": "node", "entity_id": before.id, "pipeline_id": own.pipeline_id,
+              "from_status": before.status, "to_status": target, "event": event, "data": data}],
+        )
+        return Node.from_row(row._mapping)
+
+    def _start_node_in(self, conn: Connection, own: Ownership, name: str, heartbeat_timeout: float,
+                       stall_timeout: float | None) -> Node:
+        node = self._move_node(
+            conn, own, name, NodeStatus.RUNNING, "started",
+            attempts=nodes.c.attempts + 1,
+            run_id=own.owner,
+            started_at=self.dialect.now(),
+            completed_at=None,
+            heartbeat_at=self.dialect.now(),
+            heartbeat_deadline=self.dialect.now_plus(heartbeat_timeout),
+            stall_deadline=self.dialect.now_plus(stall_timeout) if stall_timeout else None,
+            # who runs it and who can vouch for it (the process that started it), for the orphan scan
+            process=this_process(), watcher=watcher_of_this_process(), vouched_until=None, died_at=None,
+        )
+        self._refresh_pipeline(conn, own, heartbeat_timeout, current_node=name)
+        return node
+
+    def _complete_pipeline_if_done(self, conn: Connection, own: Ownership) -> bool:
+        unfinished = conn.scalar(
+            select(func.count()).where(
+                nodes.c.pipeline_id == own.pipeline_id, nodes.c.status.not_in(FINISHED_NODE_STATUSES)
+            )
+        )
+        if unfinished:
+            return False
+        self._finish_pipeline(conn, own, PipelineStatus.COMPLETED)
+        return True
+
+    def _finish_pipeline(self, conn: Connection, own: Ownership, status: str, *, error: str | None = None,
+                         reason: str | None = None) -> None:
+        conn.execute(
+            update(pipelines)
+            .where(pipelines.c.id == own.pipeline_id, pipelines.c.epoch == own.epoch,
+                   pipelines.c.status == PipelineStatus.RUNNING)
+            .values(status=status, completed_at=self.dialect.now(), updated_at=self.dialect.now(),
+                    current_node=None, heartbeat_deadline=None, error=error, gave_up_reason=reason,
+                    waiting_until=None, waiting_since=None, waiting_reason=None)
+        )
+        self.record_transitions(
+            conn,
+            [{"entity_type": "pipeline", "entity_id": own.pipeline_id, "pipeline_id": own.pipeline_id,
+              "from_status": PipelineStatus.RUNNING, "to_status": status, "event": status,
+              "data": {"epoch": own.epoch, "owner": own.owner, **({"error": error} if error else {})}}],
+        )
+        if status == PipelineStatus.FAILED:
+            self.record_events(conn, [{"kind": "pipeline_failed", "pipeline_id": own.pipeline_id,
+                                       "payload": {"error": error, "owner": own.owner}}])
+
+    def _cancel_owned_by(self, conn: Connection, run_ids: Sequence[str],
+                         reason: str = "the owning run was canceled") -> list[int]:
+        canceled: list[int] = []
+        for part in chunks(list(run_ids)):
+            rows = conn.execute(
+                select(pipelines.c.id, pipelines.c.epoch, pipelines.c.owner)
+                .where(pipelines.c.status == PipelineStatus.RUNNING, pipelines.c.owner.in_(list(part)))
+                .order_by(pipelines.c.id).with_for_update(skip_locked=True)
+            ).all()
+            for r in rows:
+                own = Ownership(r.id, r.epoch, r.owner)
+                self._fail_running_nodes_of(conn, own, "pipeline canceled")
+                self._finish_pipeline(conn, own, PipelineStatus.CANCELED, reason=reason)
+                self.record_events(conn, [{"kind": "pipeline_canceled", "pipeline_id": r.id,
+                                           "payload": {"owner": r.owner, "reason": reason}}])
+                canceled.append(r.id)
+        return canceled
+
+    def _fail_running_nodes_of(self, conn: Connection, own: Ownership, error: str) -> None:
+        rows = conn.execute(
+            update(nodes).where(nodes.c.pipeline_id == own.pipeline_id, nodes.c.status == NodeStatus.RUNNING)
+            .values(status=NodeStatus.FAILED, error=error, stall_deadline=None, updated_at=self.dialect.now())
+            .returning(nodes.c.id)
+        ).all()
+        self.record_transitions(conn, [
+            {"entity_type": "node", "entity_id": r.id, "pipeline_id": own.pipeline_id,
+             "from_status": NodeStatus.RUNNING,
+             "to_status": NodeStatus.FAILED, "event": error.replace(" ", "_"),
+             "data": {"epoch": own.epoch}} for r in rows
+        ])
+
+
+class PipelineOps(PipelineCore):
 
     # -- creation and attachment ------------------------------------------------------------
 
@@ -198,33 +356,6 @@ class PipelineOps(LedgerOps):
 
     # -- fencing -----------------------------------------------------------------------------
 
-    def _fence(self, conn: Connection, own: Ownership, *, for_update: bool = False,
-               finished_ok: bool = False, completed_ok: bool = False) -> str:
-        """Lock the pipeline row against reclaim and check that ``own`` still holds it.
-
-        ``for_update=True`` when this transaction will UPDATE the pipeline row: it takes
-        that UPDATE's lock (``FOR NO KEY UPDATE``) now instead of upgrading a share lock
-        later, which is what deadlocked sibling nodes. ``finished_ok``: on a retried call,
-        a pipeline this owner already finished (the first attempt's commit landed) is
-        returned as its status instead of raising. ``completed_ok``: a pipeline this owner
-        and epoch completed is returned as ``"completed"`` on any call.
-        """
-        query = select(pipelines.c.epoch, pipelines.c.owner, pipelines.c.status).where(
-            pipelines.c.id == own.pipeline_id)
-        query = query.with_for_update(key_share=True) if for_update else query.with_for_update(read=True, key_share=True)
-        row = conn.execute(query).first()
-        if row is None:
-            raise NotFound(f"no pipeline {own.pipeline_id}")
-        if (finished_ok and is_retry() and row.epoch == own.epoch and row.owner == own.owner
-                and row.status in (PipelineStatus.COMPLETED, PipelineStatus.FAILED)):
-            return row.status
-        if (completed_ok and row.epoch == own.epoch and row.owner == own.owner
-                and row.status == PipelineStatus.COMPLETED):
-            return row.status
-        if row.epoch != own.epoch or row.status != PipelineStatus.RUNNING:
-            raise lost(own, row.owner, row.epoch, row.status)
-        return row.status
-
     @contextmanager
     def fenced(self, own: Ownership) -> Iterator[FencedTransaction]:
         """A write transaction that belongs to ``own``: fenced by its epoch before the caller's first statement.
@@ -255,53 +386,7 @@ class PipelineOps(LedgerOps):
         with self.fenced(own) as tx:
             return work(tx)
 
-    def _refresh_pipeline(self, conn: Connection, own: Ownership, heartbeat_timeout: float | None, **values) -> None:
-        if heartbeat_timeout is not None:
-            values["heartbeat_at"] = self.dialect.now()
-            values["heartbeat_deadline"] = self.dialect.now_plus(heartbeat_timeout)
-        conn.execute(
-            update(pipelines)
-            .where(pipelines.c.id == own.pipeline_id, pipelines.c.epoch == own.epoch)
-            .values(updated_at=self.dialect.now(), **values)
-        )
-
-    @retried
-    def check_ownership(self, own: Ownership) -> None:
-        with self.write() as conn:
-            self._fence(conn, own)
-
     # -- node transitions --------------------------------------------------------------------
-
-    def _move_node(self, conn: Connection, own: Ownership, name: str, target: NodeStatus, event: str,
-                   extra: dict[str, Any] | None = None, **values) -> Node:
-        sources = NODE_TRANSITIONS[target]
-        before = conn.execute(
-            select(nodes.c.id, nodes.c.status, nodes.c.run_id)
-            .where(nodes.c.pipeline_id == own.pipeline_id, nodes.c.name == name)
-        ).first()
-        if before is None:
-            raise NotFound(f"pipeline {own.pipeline_id} has no node {name!r}")
-        if is_retry() and before.status == target and before.run_id == own.owner:
-            # The first attempt committed before its connection dropped: the move is done.
-            row = conn.execute(select(nodes).where(nodes.c.id == before.id)).one()
-            return Node.from_row(row._mapping)
-        if before.status not in sources:
-            raise illegal(own.pipeline_id, name, before.status, target)
-        row = conn.execute(
-            update(nodes)
-            .where(nodes.c.id == before.id, nodes.c.status == before.status)
-            .values(status=target, updated_at=self.dialect.now(), **values)
-            .returning(*nodes.c)
-        ).one()
-        data = {"epoch": own.epoch, "owner": own.owner, **(extra or {})}
-        if "error" in values and values["error"]:
-            data["error"] = values["error"]
-        self.record_transitions(
-            conn,
-            [{"entity_type": "node", "entity_id": before.id, "pipeline_id": own.pipeline_id,
-              "from_status": before.status, "to_status": target, "event": event, "data": data}],
-        )
-        return Node.from_row(row._mapping)
 
     @retried
     def start_node(
@@ -311,23 +396,6 @@ class PipelineOps(LedgerOps):
         with self.write() as conn:
             self._fence(conn, own, for_update=True)
             return self._start_node_in(conn, own, name, heartbeat_timeout, stall_timeout)
-
-    def _start_node_in(self, conn: Connection, own: Ownership, name: str, heartbeat_timeout: float,
-                       stall_timeout: float | None) -> Node:
-        node = self._move_node(
-            conn, own, name, NodeStatus.RUNNING, "started",
-            attempts=nodes.c.attempts + 1,
-            run_id=own.owner,
-            started_at=self.dialect.now(),
-            completed_at=None,
-            heartbeat_at=self.dialect.now(),
-            heartbeat_deadline=self.dialect.now_plus(heartbeat_timeout),
-            stall_deadline=self.dialect.now_plus(stall_timeout) if stall_timeout else None,
-            # who runs it and who can vouch for it (the process that started it), for the orphan scan
-            process=this_process(), watcher=watcher_of_this_process(), vouched_until=None, died_at=None,
-        )
-        self._refresh_pipeline(conn, own, heartbeat_timeout, current_node=name)
-        return node
 
     @retried
     def begin_node(self, run_id: str, name: str, *, heartbeat_timeout: float = 90.0,
@@ -386,58 +454,6 @@ class PipelineOps(LedgerOps):
                 self._finish_pipeline(conn, own, PipelineStatus.FAILED, error=redact(error.message))
             else:
                 self._refresh_pipeline(conn, own, None)
-
-    def _complete_pipeline_if_done(self, conn: Connection, own: Ownership) -> bool:
-        unfinished = conn.scalar(
-            select(func.count()).where(
-                nodes.c.pipeline_id == own.pipeline_id, nodes.c.status.not_in(FINISHED_NODE_STATUSES)
-            )
-        )
-        if unfinished:
-            return False
-        self._finish_pipeline(conn, own, PipelineStatus.COMPLETED)
-        return True
-
-    def _finish_pipeline(self, conn: Connection, own: Ownership, status: str, *, error: str | None = None,
-                         reason: str | None = None) -> None:
-        conn.execute(
-            update(pipelines)
-            .where(pipelines.c.id == own.pipeline_id, pipelines.c.epoch == own.epoch,
-                   pipelines.c.status == PipelineStatus.RUNNING)
-            .values(status=status, completed_at=self.dialect.now(), updated_at=self.dialect.now(),
-                    current_node=None, heartbeat_deadline=None, error=error, gave_up_reason=reason,
-                    waiting_until=None, waiting_since=None, waiting_reason=None)
-        )
-        self.record_transitions(
-            conn,
-            [{"entity_type": "pipeline", "entity_id": own.pipeline_id, "pipeline_id": own.pipeline_id,
-              "from_status": PipelineStatus.RUNNING, "to_status": status, "event": status,
-              "data": {"epoch": own.epoch, "owner": own.owner, **({"error": error} if error else {})}}],
-        )
-        if status == PipelineStatus.FAILED:
-            self.record_events(conn, [{"kind": "pipeline_failed", "pipeline_id": own.pipeline_id,
-                                       "payload": {"error": error, "owner": own.owner}}])
-
-    @retried
-    def fail_pipeline(self, pipeline_id: int, reason: str) -> bool:
-        """Operator or scan decision: a live pipeline becomes failed with a reason."""
-        with self.write() as conn:
-            row = conn.execute(
-                update(pipelines)
-                .where(pipelines.c.id == pipeline_id, pipelines.c.status.not_in(FINISHED_PIPELINE_STATUSES))
-                .values(status=PipelineStatus.FAILED, gave_up_reason=redact(reason), completed_at=self.dialect.now(),
-                        updated_at=self.dialect.now(), heartbeat_deadline=None)
-                .returning(pipelines.c.id)
-            ).first()
-            if row is None:
-                return False
-            self.record_transitions(conn, [{"entity_type": "pipeline", "entity_id": pipeline_id,
-                                            "pipeline_id": pipeline_id, "from_status": None,
-                                            "to_status": PipelineStatus.FAILED,
-                                            "event": "failed_by_operator", "data": {"reason": redact(reason)}}])
-            self.record_events(conn, [{"kind": "pipeline_stuck", "pipeline_id": pipeline_id,
-                                       "payload": {"reason": redact(reason)}}])
-        return True
 
     # -- liveness ----------------------------------------------------------------------------
 

@@ -14,7 +14,7 @@ Two fences guard every write a worker makes, both checked in the write's own tra
   reset but that nobody took over is still accepted from its last worker, so a slow
   worker's result is never thrown away for nothing.
 
-One rule decides staleness (:meth:`QueueOps.stale_condition`), used by claims, the
+One rule decides staleness (:meth:`QueueOps._stale_condition`), used by claims, the
 stuck-item sensor, ``reset-stuck`` and ``status``: a ``processing`` item is stale when its
 heartbeat deadline passed, when the pipeline holding it was superseded or finished, or,
 for rows with no heartbeat deadline at all (legacy rows written before heartbeats existed), when it started
@@ -38,12 +38,12 @@ from sqlalchemy.sql.elements import ColumnElement
 from recovery_ext._store.database import chunks, is_retry, retried
 from recovery_ext._errors import ConfigurationError, IllegalTransition, ItemTakenOver, NotFound
 from recovery_ext._store.models import Ownership, QueueItem
-from recovery_ext._store.pipelines import PipelineOps
 from recovery_ext._classify.redaction import redact
 from recovery_ext._classify.retry import wait_jittered_exponential
 from recovery_ext._store.json_values import CorruptJson
 from recovery_ext._store.schema import pipelines, queue_items
 from recovery_ext._store.statuses import UNFINISHED_QUEUE_STATUSES, QueueStatus
+from recovery_ext._store.pipelines import PipelineCore
 
 q = queue_items.c
 # Inline constants, not bound parameters, so PostgreSQL matches the partial indexes.
@@ -79,7 +79,7 @@ class StaleItem(QueueItem):
     stale_reason: str = ""
 
 
-class QueueOps(PipelineOps):
+class QueueOps(PipelineCore):
     # -- the one staleness rule -------------------------------------------------------------
 
     def _holder_superseded(self):
@@ -90,7 +90,7 @@ class QueueOps(PipelineOps):
         return and_(q.holder_pipeline_id.isnot(None), ~live)
 
     @retried
-    def stale_condition(self, legacy_seconds: float | None = None):
+    def _stale_condition(self, legacy_seconds: float | None = None):
         """``processing`` and: heartbeat expired, holder superseded, or (no heartbeat deadline
         at all) started more than ``legacy_seconds`` (default 10 min) ago."""
         legacy = LEGACY_STALE_SECONDS if legacy_seconds is None else float(legacy_seconds)
@@ -178,7 +178,7 @@ class QueueOps(PipelineOps):
             stale = conn.execute(
                 select(q.id, q.status, q.worker, q.attempts, q.max_attempts, q.queue, q.started_at, q.payload,
                        self._stale_reason(legacy_stale_seconds).label("reason"))
-                .where(q.queue == queue, self.stale_condition(legacy_stale_seconds))
+                .where(q.queue == queue, self._stale_condition(legacy_stale_seconds))
                 .order_by(q.id).limit(limit).with_for_update(skip_locked=True, of=queue_items)
             ).all()
             exhausted = [r for r in stale if r.attempts >= r.max_attempts]
@@ -364,7 +364,7 @@ class QueueOps(PipelineOps):
 
     def _stale_query(self, columns, *, queue: str | None, older_than_seconds: float | None,
                      item_id: int | None, holder: int | None):
-        query = select(*columns).where(self.stale_condition(older_than_seconds))
+        query = select(*columns).where(self._stale_condition(older_than_seconds))
         if queue is not None:
             query = query.where(q.queue == queue)
         if item_id is not None:

@@ -9,11 +9,12 @@ from typing import Any
 from sqlalchemy import Float, case, cast, delete, exists, func, literal, or_, select, union_all
 
 from recovery_ext._store import aggregates
-from recovery_ext._store.database import Database, retried
+from recovery_ext._store.database import retried
 from recovery_ext._store.models import Pipeline, QueueItem
 from recovery_ext._store.schema import (QUEUE_STATUSES, events, node_items, nodes, pipeline_counts, pipelines,
                                         queue_counts, queue_items, transitions)
 from recovery_ext._store.statuses import UNFINISHED_QUEUE_STATUSES, NodeStatus, PipelineStatus, QueueStatus
+from recovery_ext._store.ledger import LedgerOps
 
 
 # Ids below the highest one seen that are still tracked as possibly in flight.
@@ -22,7 +23,7 @@ GAP_WINDOW = 10_000
 _FAR = 2**62
 
 
-class ReportOps(Database):
+class ReportOps(LedgerOps):
     @retried
     def pipeline_summary(self, *, deployment: str | None = None) -> list[dict[str, Any]]:
         """Pipelines by deployment and status, with their average duration (from the counts kept as they change)."""

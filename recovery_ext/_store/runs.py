@@ -15,8 +15,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from sqlalchemy import (BigInteger, Connection, Float, Integer, Text, and_, bindparam, exists, func, literal, or_, select,
-                        tuple_, union_all, update)
+from sqlalchemy import (BigInteger, Float, Integer, Text, and_, bindparam, exists, func, literal, or_, select, tuple_, union_all, update)
 from sqlalchemy import CompoundSelect, Select
 from sqlalchemy.dialects.postgresql import ARRAY
 
@@ -308,45 +307,3 @@ class RunOps(PipelineOps):
             self._finish_pipeline(conn, own, PipelineStatus.CANCELED, reason=redact(reason))
             self.record_events(conn, [{"kind": "pipeline_canceled", "pipeline_id": own.pipeline_id,
                                        "payload": {"owner": own.owner, "reason": redact(reason)}}])
-
-    @retried
-    def cancel_owned_by(self, run_ids: Sequence[str], reason: str = "the owning run was canceled") -> list[int]:
-        """Backstop for the sensor: running pipelines whose owner Dagster shows CANCELED become canceled.
-
-        The owner itself is the fence: a reclaim replaces it under ``FOR UPDATE`` first, so a run
-        that recovery terminated after a reclaim no longer owns anything and cancels nothing.
-        """
-        if not run_ids:
-            return []
-        with self.write() as conn:
-            return self._cancel_owned_by(conn, run_ids, reason)
-
-    def _cancel_owned_by(self, conn: Connection, run_ids: Sequence[str],
-                         reason: str = "the owning run was canceled") -> list[int]:
-        canceled: list[int] = []
-        for part in chunks(list(run_ids)):
-            rows = conn.execute(
-                select(p.id, p.epoch, p.owner).where(p.status == PipelineStatus.RUNNING, p.owner.in_(list(part)))
-                .order_by(p.id).with_for_update(skip_locked=True)
-            ).all()
-            for r in rows:
-                own = Ownership(r.id, r.epoch, r.owner)
-                self._fail_running_nodes_of(conn, own, "pipeline canceled")
-                self._finish_pipeline(conn, own, PipelineStatus.CANCELED, reason=reason)
-                self.record_events(conn, [{"kind": "pipeline_canceled", "pipeline_id": r.id,
-                                           "payload": {"owner": r.owner, "reason": reason}}])
-                canceled.append(r.id)
-        return canceled
-
-    def _fail_running_nodes_of(self, conn: Connection, own: Ownership, error: str) -> None:
-        rows = conn.execute(
-            update(nodes).where(nodes.c.pipeline_id == own.pipeline_id, nodes.c.status == NodeStatus.RUNNING)
-            .values(status=NodeStatus.FAILED, error=error, stall_deadline=None, updated_at=self.dialect.now())
-            .returning(nodes.c.id)
-        ).all()
-        self.record_transitions(conn, [
-            {"entity_type": "node", "entity_id": r.id, "pipeline_id": own.pipeline_id,
-             "from_status": NodeStatus.RUNNING,
-             "to_status": NodeStatus.FAILED, "event": error.replace(" ", "_"),
-             "data": {"epoch": own.epoch}} for r in rows
-        ])

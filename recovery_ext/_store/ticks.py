@@ -10,18 +10,16 @@ from __future__ import annotations
 
 from sqlalchemy import and_, exists, or_, select, update
 
-from recovery_ext._store.breakers import ProviderOps
 from recovery_ext._store.database import chunks, retried
 from recovery_ext._store.deployments import DeploymentOps
 from recovery_ext._store.models import LEGACY_DEPLOYMENT, PassPlan, PassResult, Scope, TickSnapshot
-from recovery_ext._store.orphans import LIVE, RUNNING, OrphanOps, _jobs, _placeholder
-from recovery_ext._store.runs import RunOps
+from recovery_ext._store.orphans import LIVE, RUNNING, _jobs, _placeholder
 from recovery_ext._store.schema import pipelines
 
 p = pipelines.c
 
 
-class TickOps(OrphanOps, RunOps, ProviderOps, DeploymentOps):
+class TickOps(DeploymentOps):
     @retried
     def tick_snapshot(self, scope: Scope, *, grace_seconds: float, waiting_limit: int = 4) -> TickSnapshot:
         """Owners to ask the orchestrator about, reservations to re-request, and whether a write is due."""
@@ -48,7 +46,7 @@ class TickOps(OrphanOps, RunOps, ProviderOps, DeploymentOps):
                     select(p.id, p.origin_run_id).where(LIVE, p.status == RUNNING, p.origin_run_id.isnot(None),
                                                         p.deployment == LEGACY_DEPLOYMENT,
                                                         *_jobs(scope.job_names)))}
-            first_runs, foreign = self.first_runs_to_check(conn, scope, grace_seconds, self._orphan_condition)
+            first_runs, foreign = self._first_runs_to_check(conn, scope, grace_seconds, self._orphan_condition)
             waiting = [dict(r._mapping) for r in conn.execute(
                 select(p.id, p.job_name, p.waiting_until, p.waiting_since, p.waiting_reason)
                 .where(live, p.waiting_until.isnot(None)).order_by(p.waiting_until).limit(waiting_limit))]

@@ -17,9 +17,9 @@ from sqlalchemy import exists, func, select, tuple_, update
 
 from recovery_ext._store.database import chunks, retried
 from recovery_ext._store.models import Ownership
-from recovery_ext._store.pipelines import PipelineOps
 from recovery_ext._store.schema import nodes, pipelines
 from recovery_ext._store.statuses import NodeStatus, PipelineStatus
+from recovery_ext._store.jobs import JobOps
 
 n = nodes.c
 
@@ -43,7 +43,7 @@ class SlowNode:
     vouched_until: object
 
 
-class VouchOps(PipelineOps):
+class VouchOps(JobOps):
     @retried
     def watched_nodes(self, watcher: str) -> list[WatchedNode]:
         """The running nodes whose step process ``watcher`` watches (and has not yet reported dead)."""
@@ -79,18 +79,6 @@ class VouchOps(PipelineOps):
                                tuple_(n.id, n.process).in_(list(part)), held)
                         .values(**values)).rowcount
         return written
-
-    @retried
-    def slow_nodes(self) -> list[SlowNode]:
-        """Running nodes past their own heartbeat deadline that their watcher still vouches for: slow, not dead."""
-        now = self.dialect.now()
-        with self.read_statement() as conn:
-            rows = conn.execute(
-                select(n.pipeline_id, n.name, n.process, n.heartbeat_deadline, n.vouched_until)
-                .where(n.status == NodeStatus.RUNNING, n.heartbeat_deadline < now, n.vouched_until >= now,
-                       n.died_at.is_(None))
-                .order_by(n.pipeline_id, n.name))
-            return [SlowNode(*r) for r in rows]
 
     @retried
     def leave_to_recovery(self, own: Ownership) -> bool:

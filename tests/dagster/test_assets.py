@@ -54,9 +54,9 @@ def test_config_class_and_typed_resource_reach_an_asset_body_and_metadata_lands_
     assert left.metadata["side"].value == "left" and "side" not in right.metadata
     assert left.metadata["items_done"].value == right.metadata["items_done"].value == 2
     assert result.asset_value("left") == ["hi-0"] and result.asset_value("right") == ["hi-1"]
-    (pipeline,) = store.list_pipelines()
+    (pipeline,) = store.reports.list_pipelines()
     assert pipeline.status == "completed"
-    assert {n.name: n.status for n in store.list_nodes(pipeline.id)} == {
+    assert {n.name: n.status for n in store.pipelines.list_nodes(pipeline.id)} == {
         "words": "completed", "word_report": "completed", "pair": "completed"}
 
 
@@ -86,8 +86,8 @@ def test_a_finished_asset_is_not_run_again_in_its_pipeline_nor_materialized_twic
             **config["ops"], "word_report": {"config": {"fail": True}}}}, raise_on_error=False) as first:
         assert not first.success
         first_id = first.run_id
-    (pipeline,) = store.list_pipelines()
-    assert store.get_pipeline(pipeline.id).status == "failed"
+    (pipeline,) = store.reports.list_pipelines()
+    assert store.pipelines.get_pipeline(pipeline.id).status == "failed"
     asset_defs.SEEN.clear()
     # in-process re-execution leaves out the tags the UI's re-execution carries: set them as it does
     parent = {"dagster/parent_run_id": first_id, "dagster/root_run_id": first_id}
@@ -96,7 +96,7 @@ def test_a_finished_asset_is_not_run_again_in_its_pipeline_nor_materialized_twic
         assert second.success
         second_id = second.run_id
     assert not [s for s in asset_defs.SEEN if "item" in s]  # nothing recomputed
-    assert store.get_pipeline(pipeline.id).status == "completed" and len(store.list_pipelines()) == 1
+    assert store.pipelines.get_pipeline(pipeline.id).status == "completed" and len(store.reports.list_pipelines()) == 1
     (words,) = materializations(instance, "words")
     assert words.metadata["recovery"].value == f"completed in run {first_id}"
     started = {e.step_key for e in instance.all_logs(second_id, of_type=DagsterEventType.STEP_START)}
@@ -114,8 +114,8 @@ def test_retry_policy_and_a_permanent_error_mean_no_retry(defs, instance, store)
     (failure,) = step_events(result, DagsterEventType.STEP_FAILURE)
     assert failure.step_failure_data.user_failure_data.metadata["category"].value == "client_error" or \
         "400" in failure.step_failure_data.user_failure_data.description
-    (pipeline,) = store.list_pipelines()
-    assert store.get_pipeline(pipeline.id).status == "failed"
+    (pipeline,) = store.reports.list_pipelines()
+    assert store.pipelines.get_pipeline(pipeline.id).status == "failed"
 
 
 @pytest.mark.timeout(120)
@@ -146,9 +146,9 @@ def test_the_implicit_asset_job_runs_under_the_definitions_executor(db_url, monk
     with execute_job(job.get_subset(asset_selection={AssetKey("words"), AssetKey("word_report")}),
                      instance=instance) as result:
         assert result.success
-    (pipeline,) = store.list_pipelines()
+    (pipeline,) = store.reports.list_pipelines()
     assert pipeline.status == "completed" and pipeline.job_name == "__ASSET_JOB"
-    assert sorted(n.name for n in store.list_nodes(pipeline.id)) == ["word_report", "words"]
+    assert sorted(n.name for n in store.pipelines.list_nodes(pipeline.id)) == ["word_report", "words"]
     (words,) = materializations(instance, "words")
     assert words.metadata["items_done"].value == 3
 
@@ -173,10 +173,10 @@ def test_each_partition_is_its_own_pipeline_with_its_own_checkpoints(
     results = {key: execute_in_process(job_def, instance=instance, partition_key=key)
                for key in ("batch-001", "batch-000")}
     assert all(r.success for r in results.values())
-    by_run = {p.origin_run_id: p for p in store.list_pipelines()}
+    by_run = {p.origin_run_id: p for p in store.reports.list_pipelines()}
     assert len(by_run) == 2
     for key, result in results.items():
-        items = store.completed_items(by_run[result.run_id].id, "ocr_batches")
+        items = store.pipelines.completed_items(by_run[result.run_id].id, "ocr_batches")
         assert sorted(items) == (["scan-0.pdf", "scan-1.pdf"] if key == "batch-000" else ["scan-2.pdf"])
         assert "Invoice" in result.asset_value("ocr_batches")[sorted(items)[0]]
     stats = {m.partition: m.metadata for m in materializations(instance, "ocr_batch_stats")}
@@ -223,7 +223,7 @@ def test_the_docs_asset_example_runs_as_written(db_url, monkeypatch, instance, s
         f"batch-1/doc-{i}": f"summary of batch-1/doc-{i}" for i in range(4)}
     (stats,) = materializations(instance, "summary_stats")
     assert stats.partition == "batch-1" and stats.metadata["documents"].value == 4
-    (pipeline,) = store.list_pipelines()
+    (pipeline,) = store.reports.list_pipelines()
     assert pipeline.status == "completed"
 
 
@@ -248,8 +248,8 @@ def test_the_asset_orphan_sensor_resumes_an_asset_backfill_run_with_its_selectio
         dead = create_run_for_test(instance, job_name=ASSET_JOB, status=DagsterRunStatus.FAILURE,
                                    asset_selection={AssetKey("ranged")},
                                    tags={"dagster/partition": "b", "dagster/backfill": "bf", "team": "ocr"})
-        own = store.create_pipeline(ASSET_JOB, ["ranged"], owner=dead.run_id, origin_run_id=dead.run_id, params={})
-        store.start_node(own, "ranged")
+        own = store.pipelines.create_pipeline(ASSET_JOB, ["ranged"], owner=dead.run_id, origin_run_id=dead.run_id, params={})
+        store.pipelines.start_node(own, "ranged")
         expire(store, own.pipeline_id)
         context = build_sensor_context(instance=instance, repository_def=repository,
                                        resources={"recovery": RecoveryResource(database_url=db_url)})

@@ -12,6 +12,7 @@ from dagster import in_process_executor
 from ledger_defs import llm_resource, make_ledger_job, recovery_resource
 from recovery_ext import execute_in_process
 from stand_in_llm import StandInProvider
+import store_rows
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -59,14 +60,14 @@ def run_five_within_the_quota(db_url: str, margin: float) -> StandInProvider:
 def test_with_limits_five_pipelines_never_exceed_the_quota_and_wait_visibly(store, db_url, monkeypatch):
     monkeypatch.setenv("RECOVERY_DATABASE_URL", db_url)
     provider = run_five_within_the_quota(db_url, MARGIN)
-    pipelines = store.list_pipelines()
-    history = [t for p in pipelines for t in store.transitions_for(pipeline_id=p.id)]
+    pipelines = store.reports.list_pipelines()
+    history = [t for p in pipelines for t in store.reports.transitions_for(pipeline_id=p.id)]
     waits = [t for t in history if t["event"] == "budget_wait"]
     assert waits and all(t["data"]["reason"].startswith("rate budget: ") for t in waits)  # a visible state
     assert not [t for t in history if t["event"] in ("reclaimed", "outage_pause")]  # not an orphan, not a failure
     assert all(p.status == "completed" and p.waiting_until is None for p in pipelines)
     # the ledger agrees with the stand-in here too
-    total = store.provider_costs().total
+    total = store.reports.provider_costs().total
     assert (total.calls, total.tokens_in + total.tokens_out) == \
         (len(provider.calls), sum(c.tokens_in + c.tokens_out for c in provider.calls))
 
@@ -80,7 +81,7 @@ def test_without_limits_the_same_pipelines_meet_429s(store, db_url, monkeypatch)
                            breaker_max_cooldown=4.0, outage_pause_initial=1.0, outage_pause_max=4.0)
     assert provider.refused(), "five pipelines without limits never hit the quota"
     assert len(results) == PIPELINES and all(r.success for r in results)  # Retry-After still applies
-    outcomes = {c.outcome for c in store.provider_calls()}
+    outcomes = {c.outcome for c in store_rows.provider_calls(store)}
     assert "rate_limit" in outcomes and "ok" in outcomes  # the refused calls are in the ledger, unpaid
 
 

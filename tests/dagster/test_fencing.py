@@ -69,10 +69,10 @@ def test_a_superseded_workers_write_through_the_op_api_is_refused(store, db_url)
         two_writes_job, resources={"recovery": resource}, raise_on_error=False)), daemon=True)
     thread.start()
     assert STEPS["wrote"].wait(120)
-    (p,) = store.list_pipelines()
+    (p,) = store.reports.list_pipelines()
     expire(store, p.id)
     (reclaimed,), _ = reclaim(store, PassPlan(limit=1, launching=True))
-    store.attach(p.id, "the-new-owner", resume_number=reclaimed.resume_number)
+    store.pipelines.attach(p.id, "the-new-owner", resume_number=reclaimed.resume_number)
     STEPS["reclaimed"].set()
     thread.join(120)
     result = box["result"]
@@ -85,18 +85,18 @@ def test_a_superseded_workers_write_through_the_op_api_is_refused(store, db_url)
 
 def test_the_fenced_transaction_checks_the_epoch_inside_itself_and_ends_with_its_block(store):
     meta.create_all(store.engine)
-    own = store.create_pipeline("job", ["a"], owner="run-1")
-    with store.fenced(own) as tx:
+    own = store.pipelines.create_pipeline("job", ["a"], owner="run-1")
+    with store.pipelines.fenced(own) as tx:
         tx.execute(insert(notes).values(what="owner"))
     with pytest.raises(StoreError, match="has ended"):
         tx.execute(insert(notes).values(what="after the block"))
     expire(store, own.pipeline_id)
     reclaim(store, PassPlan(limit=1, launching=True))
     with pytest.raises(OwnershipLost):
-        with store.fenced(own) as tx:
+        with store.pipelines.fenced(own) as tx:
             tx.execute(insert(notes).values(what="zombie"))
     with pytest.raises(OwnershipLost):
-        store.write_fenced(Ownership(own.pipeline_id, own.epoch, own.owner),
+        store.pipelines.write_fenced(Ownership(own.pipeline_id, own.epoch, own.owner),
                            lambda tx: tx.execute(insert(notes).values(what="zombie")))
     with store.read() as conn:
         assert conn.execute(select(notes.c.what)).scalars().all() == ["owner"]
@@ -110,11 +110,11 @@ def test_a_zombie_sigstopped_then_reclaimed_writes_no_row_after_sigcont(pg_url):
         cwd=TESTS, stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(TESTS)})
     try:
         deadline = time.monotonic() + 180
-        while not (store.list_pipelines() and table_counts(store).get("zombie_writes", 0) >= 6):
+        while not (store.reports.list_pipelines() and table_counts(store).get("zombie_writes", 0) >= 6):
             assert time.monotonic() < deadline and child.poll() is None, "the writer never got going"
             time.sleep(0.1)
         os.kill(child.pid, signal.SIGSTOP)
-        (p,) = store.list_pipelines()
+        (p,) = store.reports.list_pipelines()
         reclaimed = []
         deadline = time.monotonic() + 150  # a zombie frozen inside a transaction holds its lock until
         while not reclaimed:               # idle_in_transaction_session_timeout ends its session
@@ -122,14 +122,14 @@ def test_a_zombie_sigstopped_then_reclaimed_writes_no_row_after_sigcont(pg_url):
             reclaimed, _ = reclaim(store, PassPlan(limit=1, launching=True))
             assert time.monotonic() < deadline, "the frozen worker's pipeline was never reclaimed"
             time.sleep(0.5)
-        store.attach(p.id, "the-resume-run", resume_number=reclaimed[0].resume_number)
+        store.pipelines.attach(p.id, "the-resume-run", resume_number=reclaimed[0].resume_number)
         before = table_counts(store)
-        row_before = store.get_pipeline(p.id)
+        row_before = store.pipelines.get_pipeline(p.id)
         os.kill(child.pid, signal.SIGCONT)
         out, _ = child.communicate(timeout=180)
         assert "success=False" in out and "superseded" in out, out
         assert table_counts(store) == before
-        after = store.get_pipeline(p.id)
+        after = store.pipelines.get_pipeline(p.id)
         assert (after.owner, after.epoch, after.heartbeat_at) == (row_before.owner, row_before.epoch,
                                                                    row_before.heartbeat_at)
     finally:
@@ -151,7 +151,7 @@ def test_sibling_nodes_started_and_completed_in_parallel_never_deadlock(pg_url, 
     store = RecoveryStore(pg_url, retry_budget=0)  # a deadlock would surface, not be retried away
     store.migrate()
     siblings = [f"s{i}" for i in range(4)]
-    owns = [store.create_pipeline("siblings", siblings, owner=f"run-{n}") for n in range(30)]
+    owns = [store.pipelines.create_pipeline("siblings", siblings, owner=f"run-{n}") for n in range(30)]
     errors: list[BaseException] = []
     barrier = threading.Barrier(len(siblings))
 
@@ -159,12 +159,12 @@ def test_sibling_nodes_started_and_completed_in_parallel_never_deadlock(pg_url, 
         barrier.wait()
         for own in owns:
             try:
-                store.start_node(own, name, heartbeat_timeout=60)
-                store.set_items_total(own, name, 2)
-                store.checkpoint_item(own, name, ItemCheckpoint("a", {"x": 1}), stall_timeout=30)
-                store.heartbeat([(own, name)], 60)
-                store.checkpoint_item(own, name, ItemCheckpoint("b", {"x": 2}))
-                store.complete_node(own, name, {"done": name}, heartbeat_timeout=60)
+                store.pipelines.start_node(own, name, heartbeat_timeout=60)
+                store.pipelines.start_items(own, name, 2)
+                store.pipelines.checkpoint_item(own, name, ItemCheckpoint("a", {"x": 1}), stall_timeout=30)
+                store.pipelines.heartbeat([(own, name)], 60)
+                store.pipelines.checkpoint_item(own, name, ItemCheckpoint("b", {"x": 2}))
+                store.pipelines.complete_node(own, name, {"done": name}, heartbeat_timeout=60)
             except BaseException as exc:  # noqa: BLE001 - collected and asserted below
                 errors.append(exc)
 
@@ -219,5 +219,5 @@ def test_the_real_ontology_job_with_the_multiprocess_executor_never_deadlocks(pg
     assert not failed, failed[:2]
     assert deadlocks(pg_url) == before
     store = RecoveryStore(pg_url)
-    assert [p.status for p in store.list_pipelines(limit=100)] == ["completed"] * runs
+    assert [p.status for p in store.reports.list_pipelines(limit=100)] == ["completed"] * runs
     store.close()

@@ -33,18 +33,18 @@ def test_a_bad_deployment_name_is_refused_in_one_line_when_built(name, monkeypat
 
 def test_the_store_refuses_a_bad_deployment_name_on_both_databases(store):
     with pytest.raises(ConfigurationError, match="deployment must be"):
-        store.create_pipeline("job", ["a"], owner="r", origin_run_id="r", deployment="blue\x00")
-    assert store.list_pipelines() == []
-    assert store.create_pipeline("job", ["a"], owner="r", origin_run_id="r", deployment="blue-2.eu_1").epoch == 1
+        store.pipelines.create_pipeline("job", ["a"], owner="r", origin_run_id="r", deployment="blue\x00")
+    assert store.reports.list_pipelines() == []
+    assert store.pipelines.create_pipeline("job", ["a"], owner="r", origin_run_id="r", deployment="blue-2.eu_1").epoch == 1
 
 
 # -- only the instance holding the first run acts; a renamed deployment's orphans --------------------------
 
 def _crashed(store, instance, deployment, **tags):
     run = create_run_for_test(instance, job_name="items_job", status=DagsterRunStatus.STARTED, tags=tags)
-    own = store.create_pipeline("items_job", ["a", "b"], owner=run.run_id, origin_run_id=run.run_id,
+    own = store.pipelines.create_pipeline("items_job", ["a", "b"], owner=run.run_id, origin_run_id=run.run_id,
                                 deployment=deployment, params={"ops": {"a": {"config": {"api_key": "sk-real-key"}}}})
-    store.start_node(own, "a")
+    store.pipelines.start_node(own, "a")
     expire(store, own.pipeline_id)
     return own
 
@@ -63,13 +63,13 @@ def test_two_instances_sharing_a_deployment_name_resume_a_crash_once_from_the_on
         assert not aside.run_requests
         assert f"stands aside for 1 pipeline of deployment 'blue' whose first run this Dagster instance does not " \
                f"hold" in aside.skip_message and f"pipeline {own.pipeline_id}" in aside.skip_message
-        assert (store.get_pipeline(own.pipeline_id).epoch, store.get_pipeline(own.pipeline_id).resume_count) == (1, 0)
+        assert (store.pipelines.get_pipeline(own.pipeline_id).epoch, store.pipelines.get_pipeline(own.pipeline_id).resume_count) == (1, 0)
         (request,) = tick(mine, db_url, "blue").run_requests
         assert request.tags["team"] == "search"
         # reserved for a sensor of the same name: the other instance, with no such run, never re-requests it
         again = tick(theirs, db_url, "blue")
         assert not again.run_requests and "stands aside" in again.skip_message
-        assert store.get_pipeline(own.pipeline_id).resume_count == 1
+        assert store.pipelines.get_pipeline(own.pipeline_id).resume_count == 1
 
 
 def test_a_renamed_deployment_adopts_the_crashed_pipelines_whose_first_run_its_instance_holds(store, db_url):
@@ -77,7 +77,7 @@ def test_a_renamed_deployment_adopts_the_crashed_pipelines_whose_first_run_its_i
         own = _crashed(store, mine, "blue", team="search")
         (request,) = tick(mine, db_url, "green").run_requests  # RECOVERY_DEPLOYMENT renamed blue -> green
         assert request.tags["team"] == "search"
-        adopted = store.get_pipeline(own.pipeline_id)
+        adopted = store.pipelines.get_pipeline(own.pipeline_id)
         assert (adopted.deployment, adopted.resume_count) == ("green", 1)
 
 
@@ -92,7 +92,7 @@ def test_recover_after_a_rename_leaves_no_pipeline_without_a_launcher(store, db_
         assert own.pipeline_id in json.loads(recovered.stdout)["reclaimed_pipelines"]
         (request,) = tick(mine, db_url, "green").run_requests
         assert request.tags["team"] == "search"
-        adopted = store.get_pipeline(own.pipeline_id)
+        adopted = store.pipelines.get_pipeline(own.pipeline_id)
         assert adopted.deployment == "green" and adopted.resume_count == 1
         # no run was launched here (evaluate_tick only asks), so the next tick asks again under the same run key,
         # which Dagster launches once
@@ -104,7 +104,7 @@ def test_a_stranded_orphan_of_another_deployment_is_reported_in_the_tick_and_in_
         own = _crashed(store, mine, "blue")
         expire(store, own.pipeline_id, ago=700)  # nobody reclaimed it for longer than any launch grace
         told = tick(other, db_url, "green", launch_grace_seconds=60)
-        assert not told.run_requests and store.get_pipeline(own.pipeline_id).deployment == "blue"
+        assert not told.run_requests and store.pipelines.get_pipeline(own.pipeline_id).deployment == "blue"
         assert f"1 orphaned pipeline of other deployments" in told.skip_message
         assert f"{own.pipeline_id} (blue)" in told.skip_message
         status = CliRunner().invoke(main, ["--database-url", db_url, "status"])
@@ -120,9 +120,9 @@ def test_a_pipeline_past_the_ticks_check_limit_waits_for_a_later_tick_and_is_nev
     with instance_for_test() as mine, instance_for_test() as theirs:
         crashed = [_crashed(store, mine, "blue").pipeline_id for _ in range(3)]
         assert not tick(theirs, db_url, "blue").run_requests  # checks 2, the third is not acted on either
-        assert [store.get_pipeline(i).resume_count for i in crashed] == [0, 0, 0]
+        assert [store.pipelines.get_pipeline(i).resume_count for i in crashed] == [0, 0, 0]
         first = tick(mine, db_url, "blue").run_requests
-        assert len(first) == 2 and sorted(store.get_pipeline(i).resume_count for i in crashed) == [0, 1, 1]
+        assert len(first) == 2 and sorted(store.pipelines.get_pipeline(i).resume_count for i in crashed) == [0, 1, 1]
         second = tick(mine, db_url, "blue").run_requests  # the third, checked now (and a re-request)
         assert {r.run_key for r in [*first, *second]} == {f"recovery-{i}-1" for i in crashed}
-        assert [store.get_pipeline(i).resume_count for i in crashed] == [1, 1, 1]
+        assert [store.pipelines.get_pipeline(i).resume_count for i in crashed] == [1, 1, 1]

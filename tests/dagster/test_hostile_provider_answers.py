@@ -18,6 +18,7 @@ from outage_kit import NOW, FakeTime, answer, enricher, plain_guard, serve, stor
 from recovery_ext import ConfigurationError, Prices, execute_in_process, read_usage
 from recovery_ext._classify.classifier import parse_retry_after
 from recovery_ext._store.models import ItemCheckpoint, ProviderCall
+import store_rows
 
 
 @pytest.mark.parametrize("value", ["\u00b2", "\u0661\u0662", "\uff13", "1.5", "-3", "+3", " 3 0", "9" * 400,
@@ -73,7 +74,7 @@ def test_a_paid_answer_with_malformed_usage_completes_its_item_and_is_recorded_w
                                     resources={"recovery": recovery_resource(),
                                                "llm": llm_resource(httpserver.url_for("/v1"))})
     assert result.success
-    calls = store.provider_calls()
+    calls = store_rows.provider_calls(store)
     assert len(calls) == 5 and all(c.outcome == "ok" for c in calls)
     odd = [c for c in calls if c.note]
     assert len(odd) == 4 and all(c.tokens_in == 0 and c.cost is None and "prompt_tokens" in c.note for c in odd)
@@ -82,18 +83,18 @@ def test_a_paid_answer_with_malformed_usage_completes_its_item_and_is_recorded_w
 
 
 def test_a_nul_byte_in_a_calls_text_never_fails_the_checkpoint_on_either_database(store):
-    own = store.create_pipeline("job", ["a"], owner="run-1", origin_run_id="run-1", params={})
-    store.start_node(own, "a")
+    own = store.pipelines.create_pipeline("job", ["a"], owner="run-1", origin_run_id="run-1", params={})
+    store.pipelines.start_node(own, "a")
     nul = ProviderCall(endpoint="http://127.0.0.1:9/v\x001", model="m\x00", outcome="ok", tokens_in=1,
                        response_model="r\x00", pipeline_id=own.pipeline_id, node_name="a", item_key="k",
                        run_id="run-1", epoch=own.epoch)
     failed = ProviderCall(endpoint="http://127.0.0.1:9/v1", model="m", outcome="rate\x00limit",
                           pipeline_id=own.pipeline_id, node_name="a", item_key="k", run_id="run-1", epoch=own.epoch)
-    store.checkpoint_item(own, "a", ItemCheckpoint("k", 1, calls=(nul, failed)))
-    stored = {c.id: c for c in store.provider_calls(own.pipeline_id)}
+    store.pipelines.checkpoint_item(own, "a", ItemCheckpoint("k", 1, calls=(nul, failed)))
+    stored = {c.id: c for c in store_rows.provider_calls(store, own.pipeline_id)}
     assert stored[nul.id].model == "m\ufffd" and "\x00" not in stored[nul.id].endpoint
     assert stored[failed.id].outcome == "rate\ufffdlimit"
-    assert store.reached_checkpoint([nul.id, failed.id]) == {nul.id: True, failed.id: False}
+    assert store_rows.reached_checkpoint(store, [nul.id, failed.id]) == {nul.id: True, failed.id: False}
 
 
 @pytest.mark.parametrize("price", [1e308, 1e7, float("inf"), -1.0])
@@ -108,27 +109,27 @@ def test_prices_refuse_absurd_or_non_finite_prices(price):
 def test_a_nul_byte_in_any_stored_message_is_kept_on_both_databases(store):
     from recovery_ext._store.models import ErrorInfo, NodeSpec
 
-    own = store.create_pipeline("job", [NodeSpec("n")], owner="run-1", origin_run_id="run-1")
-    store.start_node(own, "n")
-    store.set_waiting(own, 5, "Error code: 503 - upstream\x00busy", node="n")
-    assert store.get_pipeline(own.pipeline_id).waiting_reason == "Error code: 503 - upstream\ufffdbusy"
-    store.breaker_record_failure("http://llm.local/v1", "run-1", threshold=1, cooldown=lambda n: 5.0,
+    own = store.pipelines.create_pipeline("job", [NodeSpec("n")], owner="run-1", origin_run_id="run-1")
+    store.pipelines.start_node(own, "n")
+    store.providers.set_waiting(own, 5, "Error code: 503 - upstream\x00busy", node="n")
+    assert store.pipelines.get_pipeline(own.pipeline_id).waiting_reason == "Error code: 503 - upstream\ufffdbusy"
+    store.providers.breaker_record_failure("http://llm.local/v1", "run-1", threshold=1, cooldown=lambda n: 5.0,
                                  error="Error code: 503 - upstream\x00busy")
-    store.fail_node(own, "n", ErrorInfo("Error code: 400 - bad\x00request", "validation", 400), permanent=True)
-    failed = store.get_pipeline(own.pipeline_id)
+    store.pipelines.fail_node(own, "n", ErrorInfo("Error code: 400 - bad\x00request", "validation", 400), permanent=True)
+    failed = store.pipelines.get_pipeline(own.pipeline_id)
     assert failed.status == "failed" and "bad\ufffdrequest" in failed.error
 
 
 def test_a_503_whose_error_message_holds_a_nul_byte_pauses_the_pipeline_on_both_databases(store, httpserver):
     from recovery_ext._store.models import NodeSpec
 
-    own = store.create_pipeline("job", [NodeSpec("n")], owner="run-1", origin_run_id="run-1")
-    store.start_node(own, "n")
+    own = store.pipelines.create_pipeline("job", [NodeSpec("n")], owner="run-1", origin_run_id="run-1")
+    store.pipelines.start_node(own, "n")
     busy = Response('{"error":{"message":"upstream busy\\u0000"}}', status=503, content_type="application/json")
     seen = serve(httpserver, [busy, answer(200)])
     fake = FakeTime()
     build = store_guard(fake, store, own, pause_after=1, pause_initial=10, pause_max=60, budget_seconds=120)
     assert enricher(httpserver, guard_for=build).complete_json("glossary", {}) == {"ok": True}
     assert len(seen) == 2 and fake.slept == [10.0]
-    [paused] = store.recent_events(kinds=("pipeline_waiting",))
+    [paused] = store.reports.recent_events(kinds=("pipeline_waiting",))
     assert "upstream busy\ufffd" in paused["payload"]["reason"]

@@ -19,8 +19,8 @@ from recovery_ext._store.schema import pipelines, queue_items
 
 
 def orphan(store, name):
-    own = store.create_pipeline("job", ["a", "b"], owner=name, origin_run_id=name)
-    store.start_node(own, "a")
+    own = store.pipelines.create_pipeline("job", ["a", "b"], owner=name, origin_run_id=name)
+    store.pipelines.start_node(own, "a")
     expire(store, own.pipeline_id)
     return own.pipeline_id
 
@@ -39,9 +39,9 @@ def test_one_corrupt_row_of_each_kind_and_the_healthy_orphans_are_still_reclaime
     with store.write() as conn:  # a time column that is not a time: '-infinity' / text
         value = "'-infinity'" if store.dialect.name == "postgresql" else "'soon'"
         conn.execute(text(f"UPDATE rx_pipelines SET created_at = {value} WHERE id = {bad['time']}"))
-    unwatched = store.create_pipeline("job", ["a"], owner="no-deadlines", origin_run_id="no-deadlines")
+    unwatched = store.pipelines.create_pipeline("job", ["a"], owner="no-deadlines", origin_run_id="no-deadlines")
     corrupt(store, unwatched.pipeline_id, {"heartbeat_deadline": None})
-    store.enqueue("ocr", [{"n": 1}, {"n": 2}])
+    store.queue.enqueue("ocr", [{"n": 1}, {"n": 2}])
     with store.write() as conn:
         conn.execute(update(queue_items).where(queue_items.c.id == 1).values(status="sideways"))
     with store.write() as conn:  # and a '-infinity'/text time on a queue item
@@ -58,9 +58,9 @@ def test_one_corrupt_row_of_each_kind_and_the_healthy_orphans_are_still_reclaime
     assert "created_at is not a finite time" in reasons[bad["time"]]
     assert "unknown pipeline status" in reasons[bad["status"]]
     for pipeline_id in bad.values():
-        assert store.get_pipeline(pipeline_id).status == "failed"
-        assert any(t["event"] == "corrupt" for t in store.transitions_for(pipeline_id=pipeline_id))
-    kinds = [e["kind"] for e in store.recent_events(limit=100) if e["pipeline_id"] in bad.values()]
+        assert store.pipelines.get_pipeline(pipeline_id).status == "failed"
+        assert any(t["event"] == "corrupt" for t in store.reports.transitions_for(pipeline_id=pipeline_id))
+    kinds = [e["kind"] for e in store.reports.recent_events(limit=100) if e["pipeline_id"] in bad.values()]
     assert kinds.count("pipeline_stuck") == len(bad)
 
     runner = CliRunner()
@@ -95,7 +95,7 @@ def node_id(store, pipeline_id, name="a"):
 def test_infinite_or_mistyped_pipeline_and_node_times_and_counters_are_failed_and_the_rest_reclaimed(store, db_url):
     healthy = [orphan(store, f"healthy-{i}") for i in range(2)]
     # running, heartbeat deadline that never expires: nothing would ever find it dead
-    forever = store.create_pipeline("job", ["a"], owner="forever", origin_run_id="forever").pipeline_id
+    forever = store.pipelines.create_pipeline("job", ["a"], owner="forever", origin_run_id="forever").pipeline_id
     not_a_time(store, "rx_pipelines", "heartbeat_deadline", forever)
     bad_nodes = {}
     for column in ("heartbeat_deadline", "stall_deadline", "started_at"):
@@ -120,8 +120,8 @@ def test_infinite_or_mistyped_pipeline_and_node_times_and_counters_are_failed_an
         assert f"a running node's {column} is not a finite time" in reasons[pipeline_id]
     assert "a running node's attempts out of range" in reasons[attempts]
     for pipeline_id in reasons:
-        assert store.get_pipeline(pipeline_id).status == "failed"
-        assert [t["event"] for t in store.transitions_for(pipeline_id=pipeline_id)].count("corrupt") == 1
+        assert store.pipelines.get_pipeline(pipeline_id).status == "failed"
+        assert [t["event"] for t in store.reports.transitions_for(pipeline_id=pipeline_id)].count("corrupt") == 1
     assert scan(store, PassPlan(trigger="sensor")).found == 0  # failed once; the next tick is idle
 
     runner = CliRunner()
@@ -149,12 +149,12 @@ def drop_pipeline_behind_the_foreign_keys(store, db_url, pipeline_id: int) -> No
 def test_dangling_references_are_reported_and_never_stop_the_scan_the_stuck_item_sensor_or_the_cli(
         store, db_url, instance):
     healthy = [orphan(store, f"healthy-{i}") for i in range(2)]
-    gone = store.create_pipeline("job", ["a", "b"], owner="gone", origin_run_id="gone")
-    store.start_node(gone, "a")
-    store.checkpoint_item(gone, "a", ItemCheckpoint("k1", {"r": 1}))
-    store.enqueue("ocr", [{"n": 1}, {"n": 2}])
-    held_by_gone = store.claim("ocr", "gone:0", own=gone, heartbeat_timeout=600)[0]
-    stale_healthy = store.claim("ocr", "crashed:0", heartbeat_timeout=600)[0]
+    gone = store.pipelines.create_pipeline("job", ["a", "b"], owner="gone", origin_run_id="gone")
+    store.pipelines.start_node(gone, "a")
+    store.pipelines.checkpoint_item(gone, "a", ItemCheckpoint("k1", {"r": 1}))
+    store.queue.enqueue("ocr", [{"n": 1}, {"n": 2}])
+    held_by_gone = store.queue.claim("ocr", "gone:0", own=gone, heartbeat_timeout=600)[0]
+    stale_healthy = store.queue.claim("ocr", "crashed:0", heartbeat_timeout=600)[0]
     with store.write() as conn:
         conn.execute(update(queue_items).where(queue_items.c.id == stale_healthy.id)
                      .values(heartbeat_deadline=store.dialect.now_plus(-5)))
@@ -175,7 +175,7 @@ def test_dangling_references_are_reported_and_never_stop_the_scan_the_stuck_item
     result = sensor.evaluate_tick(build_sensor_context(
         instance=instance, resources={"recovery": RecoveryResource(database_url=db_url, deployment="default")}))
     assert len(result.run_requests) == 1  # both reset and claimable again: a queue run is launched
-    assert {store.get_item(i).status for i in (held_by_gone.id, stale_healthy.id)} == {"ready"}
+    assert {store.queue.get_item(i).status for i in (held_by_gone.id, stale_healthy.id)} == {"ready"}
     for args in (["pipelines", "list"], ["pipelines", "show", str(gone.pipeline_id)], ["events"],
                  ["reset-stuck", "--dry-run"], ["recover"]):
         result = CliRunner().invoke(main, ["--database-url", db_url, *args])
@@ -184,8 +184,8 @@ def test_dangling_references_are_reported_and_never_stop_the_scan_the_stuck_item
 
 
 def test_the_stuck_item_sensor_and_status_serve_every_other_item_beside_bad_ones(store, db_url, instance):
-    store.enqueue("ocr", [{"n": n} for n in range(6)], max_attempts=3)
-    items = store.claim("ocr", "w", limit=4, heartbeat_timeout=600)
+    store.queue.enqueue("ocr", [{"n": n} for n in range(6)], max_attempts=3)
+    items = store.queue.claim("ocr", "w", limit=4, heartbeat_timeout=600)
     never, mistyped_retry, unknown, stale = (i.id for i in items)
     not_a_time(store, "rx_queue_items", "heartbeat_deadline", never)  # held, and never expires
     with store.write() as conn:
@@ -204,8 +204,8 @@ def test_the_stuck_item_sensor_and_status_serve_every_other_item_beside_bad_ones
     result = sensor.evaluate_tick(build_sensor_context(
         instance=instance, resources={"recovery": RecoveryResource(database_url=db_url, deployment="default")}))
     assert len(result.run_requests) == 1
-    assert store.get_item(stale).status == "ready"  # the healthy stale item was reset
-    assert store.get_item(unknown).status == "sideways" and store.get_item(never).status == "processing"
+    assert store.queue.get_item(stale).status == "ready"  # the healthy stale item was reset
+    assert store.queue.get_item(unknown).status == "sideways" and store.queue.get_item(never).status == "processing"
     status = json.loads(CliRunner().invoke(main, ["--database-url", db_url, "status", "--json"]).output)
     assert status["unknown_status_items"] == [{"id": unknown, "queue": "ocr", "status": "sideways"}]
     bad = {i["id"]: i["reason"] for i in status["bad_items"]}
@@ -214,7 +214,7 @@ def test_the_stuck_item_sensor_and_status_serve_every_other_item_beside_bad_ones
     assert "heartbeat_deadline is not a finite time" in bad[never]
     assert "available_at is not a finite time" in bad[mistyped_retry]
     assert "attempts out of range" in bad[5]
-    claimed = store.claim("ocr", "next", limit=10, heartbeat_timeout=60)
+    claimed = store.queue.claim("ocr", "next", limit=10, heartbeat_timeout=60)
     assert {i.id for i in claimed} == {stale, 6}  # every claimable item, none of the bad ones
     for args in (["status"], ["reset-stuck", "--dry-run"], ["reset-stuck"], ["events"], ["retry-dead", "--all"]):
         result = CliRunner().invoke(main, ["--database-url", db_url, *args])
@@ -230,8 +230,8 @@ def test_the_orphan_sensor_serves_healthy_orphans_beside_an_unknown_owner_and_a_
     dead = [create_run_for_test(instance, job_name="items_job", status=DagsterRunStatus.FAILURE) for _ in range(2)]
     healthy = []
     for run in dead:  # heartbeat still live: only Dagster's FAILURE makes them orphans
-        own = store.create_pipeline("items_job", ["a"], owner=run.run_id, origin_run_id=run.run_id)
-        store.start_node(own, "a")
+        own = store.pipelines.create_pipeline("items_job", ["a"], owner=run.run_id, origin_run_id=run.run_id)
+        store.pipelines.start_node(own, "a")
         healthy.append(own.pipeline_id)
     # a pipeline whose first run (a Dagster run id) this Dagster instance has never heard of: another
     # instance's, which it stands aside for
@@ -245,8 +245,8 @@ def test_the_orphan_sensor_serves_healthy_orphans_beside_an_unknown_owner_and_a_
         instance=instance, resources={"recovery": RecoveryResource(database_url=db_url, deployment="default")}))
     keys = sorted(r.run_key for r in result.run_requests)
     assert keys == sorted(f"recovery-{i}-1" for i in healthy)
-    assert (store.get_pipeline(stranger).epoch, store.get_pipeline(stranger).resume_count) == (1, 0)
-    failed = store.get_pipeline(corrupt_id)
+    assert (store.pipelines.get_pipeline(stranger).epoch, store.pipelines.get_pipeline(stranger).resume_count) == (1, 0)
+    failed = store.pipelines.get_pipeline(corrupt_id)
     assert failed.status == "failed" and "epoch out of range" in (failed.gave_up_reason or "")
 
 
@@ -271,8 +271,8 @@ def test_json_nested_too_deep_marks_its_row_bad_and_the_scan_sensors_and_cli_ser
     set_json(store, "rx_pipelines", "params", deep, DEEP)
     with store.write() as conn:
         conn.execute(update(pipelines).values(job_name="items_job"))
-    store.enqueue("ocr", [{"n": 1}, {"n": 2}, {"n": 3}])
-    stale = store.claim("ocr", "crashed:0", limit=2, heartbeat_timeout=600)
+    store.queue.enqueue("ocr", [{"n": 1}, {"n": 2}, {"n": 3}])
+    stale = store.queue.claim("ocr", "crashed:0", limit=2, heartbeat_timeout=600)
     with store.write() as conn:
         conn.execute(update(queue_items).where(queue_items.c.id.in_([i.id for i in stale]))
                      .values(heartbeat_deadline=store.dialect.now_plus(-5)))
@@ -283,8 +283,8 @@ def test_json_nested_too_deep_marks_its_row_bad_and_the_scan_sensors_and_cli_ser
         event_id = conn.scalar(text("SELECT max(id) FROM rx_events"))
     set_json(store, "rx_events", "payload", event_id, DEEP)
 
-    assert isinstance(store.get_pipeline(deep).params, CorruptJson)
-    assert "nested deeper" in store.get_pipeline(deep).params.error
+    assert isinstance(store.pipelines.get_pipeline(deep).params, CorruptJson)
+    assert "nested deeper" in store.pipelines.get_pipeline(deep).params.error
     cli = CliRunner()
     for args in (["status"], ["status", "--json"], ["events"], ["events", "--json"], ["pipelines", "list", "--json"],
                  ["pipelines", "show", str(deep), "--json"], ["reset-stuck", "--dry-run"]):
@@ -296,7 +296,7 @@ def test_json_nested_too_deep_marks_its_row_bad_and_the_scan_sensors_and_cli_ser
     result = sensor.evaluate_tick(build_sensor_context(
         instance=instance, resources={"recovery": RecoveryResource(database_url=db_url, deployment="default")}))
     assert sorted(r.run_key for r in result.run_requests) == sorted(f"recovery-{i}-1" for i in healthy)
-    failed = store.get_pipeline(deep)
+    failed = store.pipelines.get_pipeline(deep)
     assert failed.status == "failed" and "params is not valid JSON (nested deeper" in failed.gave_up_reason
 
     from recovery_pipelines.ocr import make_ocr_job
@@ -305,50 +305,50 @@ def test_json_nested_too_deep_marks_its_row_bad_and_the_scan_sensors_and_cli_ser
     result = stuck_sensor.evaluate_tick(build_sensor_context(
         instance=instance, resources={"recovery": RecoveryResource(database_url=db_url, deployment="default")}))
     assert len(result.run_requests) == 1  # both stale items reset, the deep one too: nothing stopped the rest
-    assert {store.get_item(i.id).status for i in stale} == {"ready"}
-    claimed = store.claim("ocr", "next", limit=10, heartbeat_timeout=60)
+    assert {store.queue.get_item(i.id).status for i in stale} == {"ready"}
+    claimed = store.queue.claim("ocr", "next", limit=10, heartbeat_timeout=60)
     # the two undecodable payloads are dead with their reason, in the claim; the healthy item is handed out
     healthy_item = next(i.id for i in stale if i.id != stale[0].id)
     assert [i.id for i in claimed] == [healthy_item] and not isinstance(claimed[0].payload, CorruptJson)
     for dead_id in (stale[0].id, 3):
-        dead = store.get_item(dead_id)
+        dead = store.queue.get_item(dead_id)
         assert dead.status == "dead" and dead.last_error.startswith("payload is not valid JSON (nested deeper")
         assert dead.worker is None and isinstance(dead.payload, CorruptJson)  # the row and its raw payload stay
-    assert store.claim("ocr", "again", limit=10, heartbeat_timeout=60) == []  # dead: never handed out again
+    assert store.queue.claim("ocr", "again", limit=10, heartbeat_timeout=60) == []  # dead: never handed out again
     assert CliRunner().invoke(main, ["--database-url", db_url, "recover"]).exit_code == 0
 
 
 def test_a_value_just_under_the_depth_limit_still_decodes(store):
     from recovery_ext._store.json_values import MAX_JSON_DEPTH, CorruptJson
 
-    own = store.create_pipeline("job", ["a"], owner="r", params={"ok": 1})
+    own = store.pipelines.create_pipeline("job", ["a"], owner="r", params={"ok": 1})
     nested = "[" * MAX_JSON_DEPTH + "]" * MAX_JSON_DEPTH
     set_json(store, "rx_pipelines", "params", own.pipeline_id, nested)
-    assert not isinstance(store.get_pipeline(own.pipeline_id).params, CorruptJson)
+    assert not isinstance(store.pipelines.get_pipeline(own.pipeline_id).params, CorruptJson)
     set_json(store, "rx_pipelines", "params", own.pipeline_id, "[" + nested + "]")
-    assert isinstance(store.get_pipeline(own.pipeline_id).params, CorruptJson)
+    assert isinstance(store.pipelines.get_pipeline(own.pipeline_id).params, CorruptJson)
 
 
 def test_infinite_finish_times_have_no_duration_and_every_read_serves_the_rest(store, db_url):
-    done = store.create_pipeline("job", ["a"], owner="done", origin_run_id="done")
+    done = store.pipelines.create_pipeline("job", ["a"], owner="done", origin_run_id="done")
     with store.write() as conn:
         conn.execute(update(pipelines).where(pipelines.c.id == done.pipeline_id).values(status="completed"))
-    normal = store.create_pipeline("job", ["a"], owner="normal", origin_run_id="normal")
+    normal = store.pipelines.create_pipeline("job", ["a"], owner="normal", origin_run_id="normal")
     with store.write() as conn:
         conn.execute(update(pipelines).where(pipelines.c.id == normal.pipeline_id)
                      .values(status="completed", completed_at=store.dialect.now_plus(10)))
     not_a_time(store, "rx_pipelines", "completed_at", done.pipeline_id)
-    store.enqueue("ocr", [{"n": 1}, {"n": 2}, {"n": 3}])
-    first, second = store.claim("ocr", "w", limit=2, heartbeat_timeout=600)
-    store.complete_item(first, {"ok": True})
+    store.queue.enqueue("ocr", [{"n": 1}, {"n": 2}, {"n": 3}])
+    first, second = store.queue.claim("ocr", "w", limit=2, heartbeat_timeout=600)
+    store.queue.complete_item(first, {"ok": True})
     not_a_time(store, "rx_queue_items", "completed_at", first.id)
-    store.fail_item(second, "later")
+    store.queue.fail_item(second, "later")
     not_a_time(store, "rx_queue_items", "available_at", second.id)
 
-    summary = {r["status"]: r for r in store.pipeline_summary()}
+    summary = {r["status"]: r for r in store.reports.pipeline_summary()}
     assert summary["completed"]["count"] == 2 and 9 < summary["completed"]["avg_seconds"] < 60  # the finite one
-    assert {(r["status"], r["count"]) for r in store.queue_summary()} >= {("completed", 1)}
-    assert store.seconds_until_claimable("ocr") is None  # no finite wait: nothing to sleep for
+    assert {(r["status"], r["count"]) for r in store.reports.queue_summary()} >= {("completed", 1)}
+    assert store.queue.seconds_until_claimable("ocr") is None  # no finite wait: nothing to sleep for
     runner = CliRunner()
     for args in (["status"], ["status", "--json"], ["pipelines", "list", "--json"],
                  ["pipelines", "show", str(done.pipeline_id)], ["reset-stuck", "--dry-run"], ["recover"]):
@@ -367,18 +367,18 @@ def test_an_owner_that_is_not_text_is_a_bad_row_and_dagster_still_judges_the_oth
     store = RecoveryStore(sqlite_url)
     store.migrate()
     dead = create_run_for_test(instance, job_name="items_job", status=DagsterRunStatus.FAILURE)
-    own = store.create_pipeline("items_job", ["a"], owner=dead.run_id, origin_run_id=dead.run_id)
-    store.start_node(own, "a")  # heartbeat still live: only Dagster's FAILURE makes it an orphan
-    blob = store.create_pipeline("items_job", ["a"], owner="blob", origin_run_id="blob").pipeline_id
+    own = store.pipelines.create_pipeline("items_job", ["a"], owner=dead.run_id, origin_run_id=dead.run_id)
+    store.pipelines.start_node(own, "a")  # heartbeat still live: only Dagster's FAILURE makes it an orphan
+    blob = store.pipelines.create_pipeline("items_job", ["a"], owner="blob", origin_run_id="blob").pipeline_id
     with store.write() as conn:
         conn.execute(text("UPDATE rx_pipelines SET owner = x'00ff10' WHERE id = :id"), {"id": blob})
-    assert store.tick_snapshot(Scope(), grace_seconds=60).run_owners == [dead.run_id]
+    assert store.recovery.tick_snapshot(Scope(), grace_seconds=60).run_owners == [dead.run_id]
 
     sensor = make_orphan_sensor([items_job], minimum_interval_seconds=1)
     result = sensor.evaluate_tick(build_sensor_context(
         instance=instance, resources={"recovery": RecoveryResource(database_url=sqlite_url, deployment="default")}))
     assert [r.run_key for r in result.run_requests] == [f"recovery-{own.pipeline_id}-1"]
-    failed = store.get_pipeline(blob)
+    failed = store.pipelines.get_pipeline(blob)
     assert failed.status == "failed" and "owner is not text" in failed.gave_up_reason
     for args in (["status", "--json"], ["pipelines", "list", "--json"], ["pipelines", "show", str(blob), "--json"]):
         result = CliRunner().invoke(main, ["--database-url", sqlite_url, *args])

@@ -97,7 +97,7 @@ def status(db_url: str) -> str:
 def test_status_says_an_orphan_of_a_run_without_dagster_home_is_resumed_by_no_sensor(store, db_url):
     from helpers import expire
 
-    own = store.create_pipeline("my_pipeline", ["summarise"], owner="run-1", origin_run_id="run-1",
+    own = store.pipelines.create_pipeline("my_pipeline", ["summarise"], owner="run-1", origin_run_id="run-1",
                                 deployment=IN_PROCESS_DEPLOYMENT)
     expire(store, own.pipeline_id)
     out = status(db_url)
@@ -112,7 +112,7 @@ def test_in_process_runs_belong_to_dagster_homes_deployment_or_the_named_one(sto
         execute_in_process(module.my_pipeline, resources={"recovery": RecoveryResource(database_url=db_url)})
     named = home_deployment()
     assert named.startswith("dagster-")
-    assert [p.deployment for p in store.list_pipelines()] == [named, named]
+    assert [p.deployment for p in store.reports.list_pipelines()] == [named, named]
     execute_in_process(module.my_pipeline,
                        resources={"recovery": RecoveryResource(database_url=db_url, deployment="blue")})
     monkeypatch.setenv("RECOVERY_DEPLOYMENT", "green")
@@ -120,7 +120,7 @@ def test_in_process_runs_belong_to_dagster_homes_deployment_or_the_named_one(sto
     monkeypatch.delenv("RECOVERY_DEPLOYMENT")
     monkeypatch.delenv("DAGSTER_HOME")
     execute_in_process(module.my_pipeline, resources={"recovery": RecoveryResource(database_url=db_url)})
-    deployments = sorted(p.deployment for p in store.list_pipelines())
+    deployments = sorted(p.deployment for p in store.reports.list_pipelines())
     assert deployments == sorted([named, named, "blue", "green", IN_PROCESS_DEPLOYMENT])
 
 
@@ -132,13 +132,13 @@ def test_a_killed_python_my_job_py_is_resumed_by_the_orphan_sensor_of_the_same_d
     proc = subprocess.Popen([sys.executable, str(path)], cwd=path.parent, env=env, stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE)
     try:
-        pipeline = wait_for(lambda: next(iter(store.list_pipelines()), None), timeout=120, what="the pipeline")
+        pipeline = wait_for(lambda: next(iter(store.reports.list_pipelines()), None), timeout=120, what="the pipeline")
         wait_for(lambda: items_done(store, pipeline.id) >= 7, timeout=120, what="7 of 20 items done")
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.wait()
     done_at_kill = items_done(store, pipeline.id)
-    assert done_at_kill < ITEMS and store.get_pipeline(pipeline.id).status == "running"
+    assert done_at_kill < ITEMS and store.pipelines.get_pipeline(pipeline.id).status == "running"
     # once its heartbeat expired, `status` says who resumes it
     where = f"resumed by the orphan sensor of deployment {home_deployment()}"
     wait_for(lambda: where in status(db_url), timeout=30, what="status to name the orphan's deployment")
@@ -159,7 +159,7 @@ def test_a_killed_python_my_job_py_is_resumed_by_the_orphan_sensor_of_the_same_d
     finally:
         instance.dispose()
     assert result.output_for_node("summarise") == ITEMS
-    (only,) = store.list_pipelines()  # resumed, not started again
+    (only,) = store.reports.list_pipelines()  # resumed, not started again
     assert only.id == pipeline.id and only.status == "completed" and only.epoch == 2
     # the resume did only what the killed run had not finished
     assert items_done(store, pipeline.id, epoch=2) == ITEMS - done_at_kill

@@ -29,13 +29,14 @@ from recovery_ext._errors import OwnershipLost
 from recovery_ext._providers.journal import decode_answer, encode_answer, fingerprint
 from recovery_ext._store.ledger import IN_FLIGHT
 from recovery_ext._store.models import ItemCheckpoint, PassPlan
+import store_rows
 
 ENDPOINT = "http://127.0.0.1:9/v1"
 
 
 def make(store, owner="run-1"):
-    own = store.create_pipeline("job", ["a", "b"], owner=owner, origin_run_id=owner, params={})
-    store.start_node(own, "a")
+    own = store.pipelines.create_pipeline("job", ["a", "b"], owner=owner, origin_run_id=owner, params={})
+    store.pipelines.start_node(own, "a")
     return own
 
 
@@ -47,35 +48,35 @@ def started(own, item="k1", **kw):
 def take_over(store, own, run="run-2"):
     expire(store, own.pipeline_id)
     reclaim(store, PassPlan(limit=1))
-    new = store.attach(own.pipeline_id, run, resume_number=1)
-    store.start_node(new, "a")
+    new = store.pipelines.attach(own.pipeline_id, run, resume_number=1)
+    store.pipelines.start_node(new, "a")
     return new
 
 
 def figures(store, pipeline_id):
-    return store.provider_costs(pipeline_id).pipelines[pipeline_id]
+    return store.reports.provider_costs(pipeline_id).pipelines[pipeline_id]
 
 
 def test_an_answer_kept_before_a_crash_is_replayed_to_the_next_owner_and_counted_saved(store):
     own = make(store)
     first = started(own)
-    assert store.journal_begin(own, first, call_key="fp#1") is None
+    assert store.providers.journal_begin(own, first, call_key="fp#1") is None
     # before the answer: the ledger already has the call, in flight
-    (row,) = store.provider_calls(own.pipeline_id)
+    (row,) = store_rows.provider_calls(store, own.pipeline_id)
     assert (row.id, row.outcome) == (first.id, IN_FLIGHT)
     answered = ProviderCall(endpoint=ENDPOINT, model="m", tokens_in=40, tokens_out=9, latency_seconds=0.2,
                             cost=0.5, pipeline_id=own.pipeline_id, node_name="a", item_key="k1", run_id=own.owner,
                             epoch=own.epoch, id=first.id)
-    store.journal_answer(own, answered, call_key="fp#1", answer=encode_answer({"name": "Order"}))
-    assert store.call_journal_size(own.pipeline_id)[0] == 1
+    store.providers.journal_answer(own, answered, call_key="fp#1", answer=encode_answer({"name": "Order"}))
+    assert store_rows.call_journal_size(store, own.pipeline_id)[0] == 1
     # the worker dies before its item's checkpoint; the next owner asks the same
     new = take_over(store, own)
     with pytest.raises(OwnershipLost):
-        store.journal_begin(own, started(own), call_key="fp#1")  # the old worker sends nothing
-    hit = store.journal_begin(new, started(new), call_key="fp#1")
+        store.providers.journal_begin(own, started(own), call_key="fp#1")  # the old worker sends nothing
+    hit = store.providers.journal_begin(new, started(new), call_key="fp#1")
     assert hit is not None and decode_answer(hit.answer) == {"name": "Order"} and hit.call.id == first.id
-    assert store.journal_begin(new, started(new), call_key="fp#2") is None  # another call is a new request
-    store.checkpoint_item(new, "a", ItemCheckpoint("k1", {"name": "Order"}, calls=(hit.call,)))
+    assert store.providers.journal_begin(new, started(new), call_key="fp#2") is None  # another call is a new request
+    store.pipelines.checkpoint_item(new, "a", ItemCheckpoint("k1", {"name": "Order"}, calls=(hit.call,)))
     f = figures(store, own.pipeline_id)
     assert (f.calls, f.tokens_in, f.saved_calls, f.replayed_calls, f.wasted_calls) == (2, 40, 1, 1, 0)
     assert f.saved_cost == 0.5
@@ -85,7 +86,7 @@ def test_an_answer_kept_before_a_crash_is_replayed_to_the_next_owner_and_counted
 def test_a_call_in_flight_at_a_crash_is_neither_lost_nor_wasted(store):
     own = make(store)
     lost = started(own)
-    store.journal_begin(own, lost, call_key="fp#1")
+    store.providers.journal_begin(own, lost, call_key="fp#1")
     f = figures(store, own.pipeline_id)
     assert (f.calls, f.in_flight_unknown_calls, f.wasted_calls) == (1, 0, 0)  # still under way
     new = take_over(store, own)
@@ -95,10 +96,10 @@ def test_a_call_in_flight_at_a_crash_is_neither_lost_nor_wasted(store):
     late = ProviderCall(endpoint=ENDPOINT, tokens_in=7, tokens_out=3, pipeline_id=own.pipeline_id, node_name="a",
                         item_key="k1", run_id=own.owner, epoch=own.epoch, id=lost.id)
     with pytest.raises(OwnershipLost):
-        store.journal_answer(own, late, call_key="fp#1", answer=encode_answer("x"))
-    assert store.journal_begin(new, started(new), call_key="fp#1") is None  # nothing was kept
-    store.complete_calls([late])
-    store.complete_calls([ProviderCall(endpoint=ENDPOINT, tokens_in=99, id=lost.id)])  # completed once only
+        store.providers.journal_answer(own, late, call_key="fp#1", answer=encode_answer("x"))
+    assert store.providers.journal_begin(new, started(new), call_key="fp#1") is None  # nothing was kept
+    store.providers.complete_calls([late])
+    store.providers.complete_calls([ProviderCall(endpoint=ENDPOINT, tokens_in=99, id=lost.id)])  # completed once only
     f = figures(store, own.pipeline_id)
     assert (f.calls, f.tokens_in, f.in_flight_unknown_calls, f.wasted_calls) == (2, 7, 0, 1)
 
@@ -107,29 +108,29 @@ def test_entries_go_when_the_pipeline_completes_and_the_ledger_rows_stay(store):
     own = make(store)
     for i in range(3):
         c = started(own, item=f"k{i}")
-        store.journal_begin(own, c, call_key=f"fp{i}#1")
-        store.journal_answer(own, c, call_key=f"fp{i}#1", answer=encode_answer({"i": i, "text": "x" * 1000}))
-    entries, chars = store.call_journal_size(own.pipeline_id)
+        store.providers.journal_begin(own, c, call_key=f"fp{i}#1")
+        store.providers.journal_answer(own, c, call_key=f"fp{i}#1", answer=encode_answer({"i": i, "text": "x" * 1000}))
+    entries, chars = store_rows.call_journal_size(store, own.pipeline_id)
     assert entries == 3 and chars > 3000
     for i in range(3):
-        store.checkpoint_item(own, "a", ItemCheckpoint(f"k{i}", i))
-    store.complete_node(own, "a")
-    assert store.call_journal_size(own.pipeline_id)[0] == 3  # the pipeline is still running (node b)
-    store.start_node(own, "b")
-    assert store.complete_node(own, "b")
-    assert store.call_journal_size(own.pipeline_id) == (0, 0)
-    assert len(store.provider_calls(own.pipeline_id)) == 3
-    assert store.prune_call_journal() == 0
+        store.pipelines.checkpoint_item(own, "a", ItemCheckpoint(f"k{i}", i))
+    store.pipelines.complete_node(own, "a")
+    assert store_rows.call_journal_size(store, own.pipeline_id)[0] == 3  # the pipeline is still running (node b)
+    store.pipelines.start_node(own, "b")
+    assert store.pipelines.complete_node(own, "b")
+    assert store_rows.call_journal_size(store, own.pipeline_id) == (0, 0)
+    assert len(store_rows.provider_calls(store, own.pipeline_id)) == 3
+    assert store.providers.prune_call_journal() == 0
 
 
 def test_prune_removes_what_a_trigger_could_not_and_keeps_a_failed_pipelines_entries(store):
     own = make(store)
     c = started(own)
-    store.journal_begin(own, c, call_key="fp#1")
-    store.journal_answer(own, c, call_key="fp#1", answer=encode_answer(1))
-    store.fail_pipeline(own.pipeline_id, "gave up")
-    assert store.prune_call_journal() == 0  # a redo may still use them
-    assert store.prune_call_journal(own.pipeline_id) == 1
+    store.providers.journal_begin(own, c, call_key="fp#1")
+    store.providers.journal_answer(own, c, call_key="fp#1", answer=encode_answer(1))
+    store_rows.fail_pipeline(store, own.pipeline_id, "gave up")
+    assert store.providers.prune_call_journal() == 0  # a redo may still use them
+    assert store.providers.prune_call_journal(own.pipeline_id) == 1
 
 
 def test_fingerprints_and_answers():
@@ -189,13 +190,13 @@ def test_a_node_journals_each_call_and_fresh_asks_again(store, db_url, monkeypat
                                     resources={"recovery": recovery_resource(), "llm": llm_resource(provider.url)})
         assert result.success
         assert len(provider.calls) == 4  # two calls per item, each a request (fresh or a second occurrence)
-    (pipeline,) = store.list_pipelines()
-    calls = store.provider_calls(pipeline.id)
+    (pipeline,) = store.reports.list_pipelines()
+    calls = store_rows.provider_calls(store, pipeline.id)
     assert len(calls) == 6 and all(c.outcome == "ok" for c in calls)
     assert sum(c.tokens_in for c in calls) == provider.totals()["tokens_in"] + 6
     assert result.output_for_node("by_hand") == {"sent": 2}
-    assert store.call_journal_size(pipeline.id) == (0, 0)  # the pipeline completed: pruned
-    assert all(store.reached_checkpoint([c.id for c in calls]).values())
+    assert store_rows.call_journal_size(store, pipeline.id) == (0, 0)  # the pipeline completed: pruned
+    assert all(store_rows.reached_checkpoint(store, [c.id for c in calls]).values())
 
 
 def test_outside_a_node_the_journal_is_just_the_call():
@@ -205,18 +206,18 @@ def test_outside_a_node_the_journal_is_just_the_call():
 def test_a_re_execution_that_takes_over_replays_the_answer_and_fences_the_old_worker(store):
     own = make(store)
     first = started(own)
-    store.journal_begin(own, first, call_key="fp#1")
-    store.journal_answer(own, replace(first, outcome="ok", tokens_in=5), call_key="fp#1", answer=encode_answer([1]))
+    store.providers.journal_begin(own, first, call_key="fp#1")
+    store.providers.journal_answer(own, replace(first, outcome="ok", tokens_in=5), call_key="fp#1", answer=encode_answer([1]))
     pending = started(own, item="k2")
-    store.journal_begin(own, pending, call_key="fp2#1")  # in flight when the run failed
-    new = store.take_over(own.pipeline_id, "run-2", owner_dead=[own.owner])
-    store.start_node(new, "a")
+    store.providers.journal_begin(own, pending, call_key="fp2#1")  # in flight when the run failed
+    new = store.pipelines.take_over(own.pipeline_id, "run-2", owner_dead=[own.owner])
+    store.pipelines.start_node(new, "a")
     with pytest.raises(OwnershipLost):
-        store.journal_answer(own, replace(pending, outcome="ok"), call_key="fp2#1", answer=encode_answer([2]))
-    hit = store.journal_begin(new, started(new), call_key="fp#1")
+        store.providers.journal_answer(own, replace(pending, outcome="ok"), call_key="fp2#1", answer=encode_answer([2]))
+    hit = store.providers.journal_begin(new, started(new), call_key="fp#1")
     assert hit is not None and decode_answer(hit.answer) == [1]
-    assert store.journal_begin(new, started(new, item="k2"), call_key="fp2#1") is None  # not kept: asked again
-    store.checkpoint_item(new, "a", ItemCheckpoint("k1", [1], calls=(hit.call,)))
+    assert store.providers.journal_begin(new, started(new, item="k2"), call_key="fp2#1") is None  # not kept: asked again
+    store.pipelines.checkpoint_item(new, "a", ItemCheckpoint("k1", [1], calls=(hit.call,)))
     f = figures(store, own.pipeline_id)
     assert (f.calls, f.saved_calls, f.replayed_calls, f.in_flight_unknown_calls, f.wasted_calls) == (3, 1, 1, 1, 0)
 
@@ -230,12 +231,12 @@ def test_costs_shows_replayed_answers_as_saved_and_in_flight_calls_apart(store, 
 
     own = make(store)
     c = started(own)
-    store.journal_begin(own, c, call_key="fp#1")
-    store.journal_answer(own, replace(c, outcome="ok", tokens_in=4), call_key="fp#1", answer=encode_answer("a"))
-    store.journal_begin(own, started(own, item="k2"), call_key="fp2#1")  # in flight at the crash
+    store.providers.journal_begin(own, c, call_key="fp#1")
+    store.providers.journal_answer(own, replace(c, outcome="ok", tokens_in=4), call_key="fp#1", answer=encode_answer("a"))
+    store.providers.journal_begin(own, started(own, item="k2"), call_key="fp2#1")  # in flight at the crash
     new = take_over(store, own)
-    hit = store.journal_begin(new, started(new), call_key="fp#1")
-    store.checkpoint_item(new, "a", ItemCheckpoint("k1", "a", calls=(hit.call,)))
+    hit = store.providers.journal_begin(new, started(new), call_key="fp#1")
+    store.pipelines.checkpoint_item(new, "a", ItemCheckpoint("k1", "a", calls=(hit.call,)))
     shown = CliRunner().invoke(main, ["--database-url", db_url, "costs", str(own.pipeline_id), "--json"])
     assert shown.exit_code == 0, shown.output
     data = json.loads(shown.stdout)
@@ -277,8 +278,8 @@ def test_the_guard_journals_by_default_and_a_step_retry_does_not_pay_again(store
         result = execute_in_process(guarded_job, instance=instance, resources={"recovery": recovery_resource()})
     assert result.success
     assert ASKED == ["x", "y"]  # y was answered once; the retry replayed it
-    (pipeline,) = store.list_pipelines()
-    calls = store.provider_calls(pipeline.id)
+    (pipeline,) = store.reports.list_pipelines()
+    calls = store_rows.provider_calls(store, pipeline.id)
     assert len(calls) == 2 and {c.outcome for c in calls} == {"ok"}
     from sqlalchemy import select
 

@@ -25,6 +25,7 @@ from recovery_ext._dagster.tags import TAG_PIPELINE, TAG_RESUME_NUMBER, TAG_RESU
 from recovery_ext._store.models import PassPlan
 from recovery_pipelines.devserver import wait_for
 from helpers import reclaim
+import store_rows
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -42,7 +43,7 @@ def start_run(db_url: str, llm_url: str, config: dict) -> subprocess.Popen:
 
 
 def reclaim_and_resume(store, db_url: str, llm_url: str):
-    (pipeline,) = store.list_pipelines()
+    (pipeline,) = store.reports.list_pipelines()
     (reclaimed,), _ = reclaim(store, PassPlan(dead_owner_runs=[pipeline.owner]))
     tags = {TAG_PIPELINE: str(reclaimed.pipeline_id), TAG_RESUME_NUMBER: str(reclaimed.resume_number),
             TAG_RESUMED_FROM: reclaimed.previous_owner}
@@ -70,13 +71,13 @@ def test_a_kill_after_answers_arrived_pays_none_of_them_again(store, db_url, mon
         pipeline_id = reclaim_and_resume(store, db_url, provider.url)
         assert len(provider.calls) == CALLS, f"killed after call {kill_after}: requests were sent again"
     assert asked_twice(provider) == 0
-    f = store.provider_costs(pipeline_id).pipelines[pipeline_id]
+    f = store.reports.provider_costs(pipeline_id).pipelines[pipeline_id]
     counted = provider.totals()
     assert (f.calls, f.tokens_in, f.tokens_out) == (counted["calls"], counted["tokens_in"], counted["tokens_out"])
     checkpointed_before = (kill_after - 1) // CALLS_PER_ITEM * CALLS_PER_ITEM
     assert (f.saved_calls, f.replayed_calls) == (kill_after, kill_after - checkpointed_before)
     assert (f.wasted_calls, f.in_flight_unknown_calls) == (0, 0)
-    assert store.call_journal_size(pipeline_id) == (0, 0)  # the pipeline completed: pruned
+    assert store_rows.call_journal_size(store, pipeline_id) == (0, 0)  # the pipeline completed: pruned
 
 
 def test_a_kill_mid_call_pays_only_the_call_in_flight_again(store, db_url, monkeypatch):
@@ -96,7 +97,7 @@ def test_a_kill_mid_call_pays_only_the_call_in_flight_again(store, db_url, monke
         pipeline_id = reclaim_and_resume(store, db_url, provider.url)
         assert len(provider.calls) == CALLS + 1, f"killed at call {kill_at}"
     assert asked_twice(provider) == 1  # exactly the call in flight at the kill
-    f = store.provider_costs(pipeline_id).pipelines[pipeline_id]
+    f = store.reports.provider_costs(pipeline_id).pipelines[pipeline_id]
     counted = provider.totals()
     assert f.calls == counted["calls"]
     # the one call whose answer never arrived: the ledger knows it was sent, not what it cost

@@ -27,6 +27,7 @@ from recovery_ext._store.schema import node_items
 from recovery_pipelines.devserver import process_alive, wait_for
 from stand_in_llm import StandInProvider
 from helpers import reclaim
+import store_rows
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -61,7 +62,7 @@ def expected_cost(calls) -> float:
 
 
 def assert_ledger_agrees_with_the_provider(store, pipeline_id: int, provider: StandInProvider):
-    figures = store.provider_costs(pipeline_id).pipelines[pipeline_id]
+    figures = store.reports.provider_costs(pipeline_id).pipelines[pipeline_id]
     counted = provider.totals()
     assert (figures.calls, figures.tokens_in, figures.tokens_out) == \
         (counted["calls"], counted["tokens_in"], counted["tokens_out"])
@@ -88,7 +89,7 @@ def test_kill_9_of_the_run_worker_mid_call_stops_its_step_and_the_ledger_agrees(
             worker.wait(30)
         step_pid = provider.calls[-1].pid
         assert step_pid is not None and step_pid != worker.pid  # a step process, a child of the run worker
-        (pipeline,) = store.list_pipelines()
+        (pipeline,) = store.reports.list_pipelines()
         # The orphan sensor takes the pipeline over, while the old step's call is in flight or later.
         time.sleep(reclaim_after)
         (reclaimed,), _ = reclaim(store, PassPlan(dead_owner_runs=[pipeline.owner]))
@@ -127,7 +128,7 @@ def test_a_crash_between_items_is_saved_by_the_resume_at_its_first_cost(store, d
         worker = start_run_worker(db_url, provider.url,
                                   {"ops": {"ask": {"config": {"items": ITEMS, "kill_after": 2}}}}, inprocess=True)
         assert worker.wait(240) == -signal.SIGKILL  # the run worker killed itself (-9) after two checkpoints
-        (pipeline,) = store.list_pipelines()
+        (pipeline,) = store.reports.list_pipelines()
         (reclaimed,), _ = reclaim(store, PassPlan(dead_owner_runs=[pipeline.owner]))
         first = list(provider.calls)
         result, _ = resume(store, db_url, provider.url, reclaimed)
@@ -137,9 +138,9 @@ def test_a_crash_between_items_is_saved_by_the_resume_at_its_first_cost(store, d
     assert (figures.saved_calls, figures.saved_tokens) == (2, sum(c.tokens_in + c.tokens_out for c in first))
     assert figures.saved_cost == pytest.approx(expected_cost(first), rel=1e-12)
     assert (figures.wasted_calls, figures.wasted_tokens, figures.wasted_cost) == (0, 0, 0.0)
-    nodes = store.provider_costs(pipeline.id).nodes[pipeline.id]
+    nodes = store.reports.provider_costs(pipeline.id).nodes[pipeline.id]
     assert (nodes["ask"].calls, nodes["summarize"].calls) == (ITEMS, 1)
-    assert all(store.reached_checkpoint([c.id for c in store.provider_calls(pipeline.id)]).values())
+    assert all(store_rows.reached_checkpoint(store, [c.id for c in store_rows.provider_calls(store, pipeline.id)]).values())
 
     shown = json.loads(cli(db_url, "costs", str(pipeline.id), "--json"))
     assert {k: shown[k] for k in figures.as_dict()} == figures.as_dict()

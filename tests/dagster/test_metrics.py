@@ -38,25 +38,25 @@ def scrape(store) -> dict[tuple[str, tuple], float]:
 def test_every_metric_counts_what_the_tables_hold(store):
     crash = crash_and_resume(store, items_before=3, items_after=2)
     # A running pipeline paused by an outage, and one whose heartbeat expired (an orphan not reclaimed yet).
-    waiting = store.create_pipeline("ocr", ["a"], owner="w", origin_run_id="w", deployment="eu")
-    store.set_waiting(waiting, 60, "429 Too Many Requests")
-    orphan = store.create_pipeline("ocr", ["a"], owner="o", origin_run_id="o")
+    waiting = store.pipelines.create_pipeline("ocr", ["a"], owner="w", origin_run_id="w", deployment="eu")
+    store.providers.set_waiting(waiting, 60, "429 Too Many Requests")
+    orphan = store.pipelines.create_pipeline("ocr", ["a"], owner="o", origin_run_id="o")
     expire(store, orphan.pipeline_id, ago=50)
     expire(store, orphan.pipeline_id, column="heartbeat_at", ago=50)
     # A pipeline with no resumes left is given up by the scan; the orphan above is reclaimed by it.
-    hopeless = store.create_pipeline("ocr", ["a"], owner="h", origin_run_id="h",
+    hopeless = store.pipelines.create_pipeline("ocr", ["a"], owner="h", origin_run_id="h",
                                     limits=PipelineLimits(max_resumes=0))
     expire(store, hopeless.pipeline_id)
     before_scan = scrape(store)
     stats = scan(store)
     assert (stats.reclaimed, stats.given_up) == (1, 1)
     # A re-execution takes the failed pipeline over.
-    store.take_over(hopeless.pipeline_id, "h-again")
-    store.enqueue("pages", [{"p": 1}, {"p": 2}, {"p": 3}], max_attempts=1)
-    [item] = store.claim("pages", "worker-1")
-    assert store.fail_item(item, "boom") == "dead"
+    store.pipelines.take_over(hopeless.pipeline_id, "h-again")
+    store.queue.enqueue("pages", [{"p": 1}, {"p": 2}, {"p": 3}], max_attempts=1)
+    [item] = store.queue.claim("pages", "worker-1")
+    assert store.queue.fail_item(item, "boom") == "dead"
     endpoint = "https://user:hunter2@llm.example/v1"
-    assert store.breaker_record_failure(endpoint, "x", threshold=1, cooldown=lambda n: 60, error="503") == "opened"
+    assert store.providers.breaker_record_failure(endpoint, "x", threshold=1, cooldown=lambda n: 60, error="503") == "opened"
 
     m = scrape(store)
     assert m[("recovery_database_up", ())] == 1

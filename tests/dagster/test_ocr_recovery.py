@@ -69,7 +69,7 @@ def test_a_crash_then_a_second_reclaim_before_the_resumes_ocr_step_loses_no_docu
                              cwd=HERE, env={**os.environ, "PYTHONPATH": str(HERE)}, stdout=subprocess.PIPE, text=True)
     try:
         def mid_document():
-            items = store.list_items("ocr")
+            items = store.queue.list_items("ocr")
             return any(i.status == "completed" for i in items) and [i for i in items if i.status == "processing"]
 
         (held,) = wait_for(mid_document, timeout=240, interval=0.05, what="the first run to be mid-document")
@@ -77,13 +77,13 @@ def test_a_crash_then_a_second_reclaim_before_the_resumes_ocr_step_loses_no_docu
     finally:
         first.kill()
         first.wait(30)
-    (pipeline,) = store.list_pipelines()
+    (pipeline,) = store.reports.list_pipelines()
     run_1 = pipeline.owner
     (first_reclaim,), _ = reclaim(store, PassPlan(limit=5, dead_owner_runs=[run_1], launching=True))
     expire(store, pipeline.id)  # resume #1 never attached (its worker died at once): re-orphaned
     (second_reclaim,), _ = reclaim(store, PassPlan(limit=5, launching=True))
     assert (second_reclaim.epoch, second_reclaim.previous_owner) == (3, first_reclaim.owner)
-    assert store.get_item(held.id).status == "processing"  # still held by the dead first run
+    assert store.queue.get_item(held.id).status == "processing"  # still held by the dead first run
     tags = {TAG_PIPELINE: str(pipeline.id), TAG_RESUME_NUMBER: str(second_reclaim.resume_number),
             TAG_RESUMED_FROM: second_reclaim.previous_owner}
     job = make_ocr_job(str(folder), executor_def=in_process_executor, ocr_config=slow)
@@ -91,9 +91,9 @@ def test_a_crash_then_a_second_reclaim_before_the_resumes_ocr_step_loses_no_docu
         result = execute_in_process(job, instance=instance, tags=tags, resources={"recovery": resource(db_url)})
     assert result.success
     assert_every_document_completed_once_before_the_pipeline(store, pipeline.id, DOCS)
-    again = store.get_item(held.id)
+    again = store.queue.get_item(held.id)
     assert again.worker.startswith(result.run_id) and again.attempts == 2
-    resets = [t for t in store.transitions_for(entity_type="queue_item", entity_id=held.id)
+    resets = [t for t in store.reports.transitions_for(entity_type="queue_item", entity_id=held.id)
               if t["event"] == "reset_stale"]
     assert len(resets) == 1 and "reclaimed" in resets[0]["data"]["stale"]
 
@@ -121,7 +121,7 @@ def test_a_document_slower_than_the_stale_threshold_keeps_heartbeating_and_compl
             while not stop.wait(0.5):
                 ctx = build_sensor_context(instance=instance, resources={"recovery": resource(db_url)})
                 ticks.append(sensor.evaluate_tick(ctx))
-                store.reset_stale(queue="ocr", older_than_seconds=1, reason="reset-stuck command")
+                store.queue.reset_stale(queue="ocr", older_than_seconds=1, reason="reset-stuck command")
 
     watcher = threading.Thread(target=monitor)
     watcher.start()
@@ -131,12 +131,12 @@ def test_a_document_slower_than_the_stale_threshold_keeps_heartbeating_and_compl
         stop.set()
         watcher.join(60)
     assert result.success and len(ticks) >= 10
-    (slow,) = [i for i in store.list_items("ocr") if i.payload["name"] == "doc1.pdf"]
-    events = [t["event"] for t in store.transitions_for(entity_type="queue_item", entity_id=slow.id)]
+    (slow,) = [i for i in store.queue.list_items("ocr") if i.payload["name"] == "doc1.pdf"]
+    events = [t["event"] for t in store.reports.transitions_for(entity_type="queue_item", entity_id=slow.id)]
     assert events == ["claimed", "completed"] and slow.attempts == 1
     assert (slow.completed_at - slow.started_at).total_seconds() >= 20
-    assert store.count_events("item_reset") == 0
-    assert_every_document_completed_once_before_the_pipeline(store, store.list_pipelines()[0].id, DOCS)
+    assert store.reports.count_events("item_reset") == 0
+    assert_every_document_completed_once_before_the_pipeline(store, store.reports.list_pipelines()[0].id, DOCS)
     assert result.output_for_node("ocr_documents") == {"queue": "ocr", "items_done": len(DOCS), "items_failed": 0, "items_dead": 0}
 
 
@@ -155,12 +155,12 @@ def test_a_failing_document_waits_before_its_retry_and_the_node_waits_for_it(
                        ocr_config={**FAST, "retry_initial_delay": 4.0, "retry_max_delay": 60.0})
     result = execute_in_process(job, resources={"recovery": resource(db_url)})
     assert result.success
-    (doc,) = [i for i in store.list_items("ocr") if i.payload["name"] == "doc2.pdf"]
-    history = store.transitions_for(entity_type="queue_item", entity_id=doc.id)
+    (doc,) = [i for i in store.queue.list_items("ocr") if i.payload["name"] == "doc2.pdf"]
+    history = store.reports.transitions_for(entity_type="queue_item", entity_id=doc.id)
     assert [(t["from_status"], t["to_status"]) for t in history] == [
         ("ready", "processing"), ("processing", "ready"), ("ready", "processing"), ("processing", "completed")]
     failed, retried = history[1], history[2]
     assert failed["data"]["retry_in_seconds"] == 4.0 and "timeout" in failed["data"]["error"]
     assert (retried["at"] - failed["at"]).total_seconds() >= 4.0  # on the database clock
     assert doc.attempts == 2 and doc.available_at is None
-    assert_every_document_completed_once_before_the_pipeline(store, store.list_pipelines()[0].id, DOCS)
+    assert_every_document_completed_once_before_the_pipeline(store, store.reports.list_pipelines()[0].id, DOCS)

@@ -29,6 +29,7 @@ from recovery_ext._errors import install_hint
 from recovery_ext._observe.otel import DURATION_BUCKETS, TOKEN_BUCKETS, server_of
 from recovery_ext._store.store import RecoveryStore
 from recovery_pipelines.devserver import wait_for
+import store_rows
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -108,7 +109,7 @@ def ledger_rows(db_url: str, expected: int) -> list[ProviderCall]:
     """The ledger's calls, once all ``expected`` are written (an unanswered one goes by the background writer)."""
     store = RecoveryStore(db_url)
     try:
-        return wait_for(lambda: (rows := store.provider_calls()) and len(rows) == expected and rows,
+        return wait_for(lambda: (rows := store_rows.provider_calls(store)) and len(rows) == expected and rows,
                         timeout=30, what=f"{expected} calls in the ledger")
     finally:
         store.close()

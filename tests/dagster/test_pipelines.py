@@ -91,7 +91,7 @@ def llm_for(httpserver, fake):
 def test_ontology_job_completes_and_finds_declared_and_conventional_relationships(store, db_url, shop_url):
     result = run_ontology(store, db_url, shop_url)
     assert result.success
-    (p,) = store.list_pipelines()
+    (p,) = store.reports.list_pipelines()
     assert p.status == "completed"
     with store.read() as conn:
         rels = {(r.from_table, r.from_column, r.to_table, r.to_column): r.kind
@@ -125,8 +125,8 @@ def test_llm_answering_503_and_429_for_a_while_still_completes(store, db_url, sh
     fake = FakeLLM(failures=[503, 503, 429, 503])
     result = run_ontology(store, db_url, shop_url, llm_for(httpserver, fake))
     assert result.success
-    (p,) = store.list_pipelines()
-    assert store.get_pipeline(p.id).status == "completed"
+    (p,) = store.reports.list_pipelines()
+    assert store.pipelines.get_pipeline(p.id).status == "completed"
     assert len(fake.requests) > 4 and all(h == f"Bearer {API_KEY}" for h in fake.requests)
     with store.read() as conn:
         by = conn.execute(select(ont_columns.c.described_by).where(ont_columns.c.table_name == "orders")).scalars()
@@ -141,8 +141,8 @@ def test_llm_401_fails_the_node_with_context_and_the_key_appears_nowhere(store, 
     assert failure.step_key == "enrich_columns"
     message = str(failure.event_specific_data.error)
     assert "auth HTTP 401 model=test-model endpoint=http://" in message
-    (p,) = store.list_pipelines()
-    assert store.get_pipeline(p.id).status == "failed"
+    (p,) = store.reports.list_pipelines()
+    assert store.pipelines.get_pipeline(p.id).status == "failed"
     with store.read() as conn:
         dumped = " ".join(str(r) for t in (pipelines, nodes, events, transitions, ont_entities)
                           for r in conn.execute(select(t)))
@@ -163,9 +163,9 @@ def test_failing_optional_glossary_nodes_degrade_and_the_pipeline_completes(stor
     llm = llm_for(httpserver, GlossaryDown())
     result = run_ontology(store, db_url, shop_url, llm)
     assert result.success
-    (p,) = store.list_pipelines()
-    statuses = {n.name: n.status for n in store.list_nodes(p.id)}
-    assert store.get_pipeline(p.id).status == "completed"
+    (p,) = store.reports.list_pipelines()
+    statuses = {n.name: n.status for n in store.pipelines.list_nodes(p.id)}
+    assert store.pipelines.get_pipeline(p.id).status == "completed"
     assert statuses["discover_glossary"] == "degraded" and statuses["enrich_glossary"] in ("degraded", "completed")
     assert statuses["finalize"] == "completed"
     assert result.output_for_node("finalize")["degraded"] == [n for n, s in statuses.items() if s == "degraded"]
@@ -201,14 +201,14 @@ def test_ocr_job_recognises_the_scans_offline(store, db_url, scans, no_network):
     assert {p.name for p in model_files()} >= {"ch_PP-OCRv4_det_infer.onnx", "ch_PP-OCRv4_rec_infer.onnx"}
     result = execute_in_process(ocr_job_for(folder, workers=2), resources={"recovery": recovery(db_url)})
     assert result.success and no_network == []
-    items = store.list_items("ocr")
+    items = store.queue.list_items("ocr")
     assert len(items) == len(expected) and {i.status for i in items} == {"completed"}
     for item in items:
         ratio = difflib.SequenceMatcher(None, expected[item.payload["name"]].lower(),
                                         item.result["boosted_text"].lower()).ratio()
         assert ratio >= 0.85, (item.payload["name"], item.result["boosted_text"])
         assert item.result["raw_text"] and item.completed_at is not None and item.last_error is None
-    assert store.list_pipelines()[0].status == "completed"
+    assert store.reports.list_pipelines()[0].status == "completed"
 
 
 def test_several_runs_drain_one_queue_and_no_document_completes_twice(store, db_url, scans, monkeypatch):
@@ -231,8 +231,8 @@ def test_several_runs_drain_one_queue_and_no_document_completes_twice(store, db_
         t.join(300)
     assert len(results) == 2 and all(r.success for r in results)
     assert sorted(calls) == sorted(expected)  # each document recognised exactly once
-    assert {i.status for i in store.list_items("ocr")} == {"completed"}
-    claims = [t for t in store.transitions_for(entity_type="queue_item") if t["event"] == "claimed"]
+    assert {i.status for i in store.queue.list_items("ocr")} == {"completed"}
+    claims = [t for t in store.reports.transitions_for(entity_type="queue_item") if t["event"] == "claimed"]
     assert len(claims) == len(expected)
 
 
@@ -248,7 +248,7 @@ def test_ocr_failures_are_classified_retried_and_dead_at_max_attempts(store, db_
     monkeypatch.setattr(ocr_module, "recognise", failing)
     result = execute_in_process(ocr_job_for(folder), resources={"recovery": recovery(db_url)})
     assert result.success
-    items = {i.payload["name"]: i for i in store.list_items("ocr")}
+    items = {i.payload["name"]: i for i in store.queue.list_items("ocr")}
     assert (items["flaky.pdf"].status, items["flaky.pdf"].attempts) == ("dead", 3)
     assert "timeout" in items["flaky.pdf"].last_error
     assert (items["broken.pdf"].status, items["broken.pdf"].attempts) == ("failed", 1)

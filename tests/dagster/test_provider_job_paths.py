@@ -40,6 +40,7 @@ from recovery_ext._store.models import PassPlan
 from recovery_ext._store.statuses import WAITING
 from recovery_pipelines.batch_stand_in import BatchProvider
 from recovery_pipelines.devserver import wait_for
+import store_rows
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -61,7 +62,7 @@ def start_worker(module: str, run_config: dict) -> subprocess.Popen:
 
 def resume(store, the_job=job, run_config=None):
     """Take the dead worker's pipeline over (as the orphan sensor does) and resume it in process."""
-    (pipeline,) = store.list_pipelines()
+    (pipeline,) = store.reports.list_pipelines()
     (reclaimed,), _ = reclaim(store, PassPlan(dead_owner_runs=[pipeline.owner]))
     tags = {TAG_PIPELINE: str(reclaimed.pipeline_id), TAG_RESUME_NUMBER: str(reclaimed.resume_number),
             TAG_RESUMED_FROM: reclaimed.previous_owner}
@@ -90,8 +91,8 @@ def kill_while_submitting(store, provider: BatchProvider, db_url, monkeypatch, r
     worker = start_worker("batch_defs", config())
     try:
         wait_for(reached, timeout=240, interval=0.05, what=what)
-        (pipeline,) = store.list_pipelines()
-        (submitting,) = store.provider_jobs(pipeline.id)
+        (pipeline,) = store.reports.list_pipelines()
+        (submitting,) = store.pipelines.provider_jobs(pipeline.id)
         assert (submitting.status, submitting.job_id) == ("submitting", None)
         worker.send_signal(signal.SIGKILL)
     finally:
@@ -131,9 +132,9 @@ def assert_submitted_once_and_collected(store, pipeline_id, provider, token, bat
     f = assert_ledger_equals_the_provider(store, pipeline_id, provider)
     assert outcomes(store, pipeline_id) == Counter({"ok": ITEMS, "submitted": 1})
     assert (f.wasted_calls, f.in_flight_unknown_calls) == (0, 0)
-    jobs = store.provider_jobs(pipeline_id)
+    jobs = store.pipelines.provider_jobs(pipeline_id)
     assert [(j.token, j.job_id, j.status, j.attempt) for j in jobs] == [(token, batch_id, "collected", 1)]
-    assert len(store.completed_items(pipeline_id, "describe")) == ITEMS
+    assert len(store.pipelines.completed_items(pipeline_id, "describe")) == ITEMS
 
 
 @pytest.mark.parametrize(("ending", "error", "status"), [
@@ -154,18 +155,18 @@ def test_a_cancelled_or_partly_failed_batch_is_resubmitted_for_its_unfinished_it
         first, second = provider.batches.values()
         unfinished = [line["custom_id"] for line in first.lines[answered_first:]]
         assert [line["custom_id"] for line in second.lines] == unfinished
-    (pipeline,) = store.list_pipelines()
+    (pipeline,) = store.reports.list_pipelines()
     f = assert_ledger_equals_the_provider(store, pipeline.id, provider)
     assert outcomes(store, pipeline.id) == Counter({"ok": ITEMS, error: len(unfinished), "submitted": 1,
                                                     "resubmitted": 1})
-    errored = [c.item_key for c in store.provider_calls(pipeline.id) if c.outcome == error]
+    errored = [c.item_key for c in store_rows.provider_calls(store, pipeline.id) if c.outcome == error]
     assert sorted(errored) == unfinished  # the ledger names each item the first job left unfinished
     # as the ledger counts any failed call: never checkpointed, so wasted, at no tokens (none were charged)
     assert (f.wasted_calls, f.wasted_tokens, f.in_flight_unknown_calls) == (len(unfinished), 0, 0)
-    jobs = store.provider_jobs(pipeline.id)
+    jobs = store.pipelines.provider_jobs(pipeline.id)
     assert [(j.status, j.attempt, list(j.items)) for j in jobs] == [
         (status, 1, [f"t{i:02d}" for i in range(ITEMS)]), ("collected", 2, unfinished)]
-    assert len(store.completed_items(pipeline.id, "describe")) == ITEMS
+    assert len(store.pipelines.completed_items(pipeline.id, "describe")) == ITEMS
 
 
 def test_a_batch_wait_longer_than_the_heartbeat_timeout_is_no_orphan(store, db_url, monkeypatch):
@@ -180,11 +181,11 @@ def test_a_batch_wait_longer_than_the_heartbeat_timeout_is_no_orphan(store, db_u
         runner.start()
         try:
             def waiting():
-                found = store.list_pipelines()
+                found = store.reports.list_pipelines()
                 return found and found[0].shown_status == WAITING and "openai-batch job" in found[0].waiting_reason
 
             wait_for(waiting, timeout=120, interval=0.05, what="the pipeline to show the batch wait")
-            (pipeline,) = store.list_pipelines()
+            (pipeline,) = store.reports.list_pipelines()
             # the sensor's scope (its jobs, this deployment) holds the pipeline: its "0 orphans" is about it
             assert (pipeline.job_name, pipeline.deployment) == (job.name, resource.deployment_name(instance))
             sensor = make_orphan_sensor([job], minimum_interval_seconds=5)
@@ -193,8 +194,8 @@ def test_a_batch_wait_longer_than_the_heartbeat_timeout_is_no_orphan(store, db_u
             while time.monotonic() - began < 2 * HEARTBEAT_TIMEOUT:
                 tick = sensor.evaluate_tick(build_sensor_context(instance=instance, resources={"recovery": resource}))
                 assert tick.run_requests == [] and "0 orphans" in tick.skip_message, tick.skip_message
-                assert store.get_pipeline(pipeline.id).shown_status == WAITING
-                (node,) = [n for n in store.list_nodes(pipeline.id) if n.name == "describe"]
+                assert store.pipelines.get_pipeline(pipeline.id).shown_status == WAITING
+                (node,) = [n for n in store.pipelines.list_nodes(pipeline.id) if n.name == "describe"]
                 deadlines.add(node.heartbeat_deadline)
                 ticks += 1
                 time.sleep(0.2)  # a tick's pace, not a wait for a condition
@@ -208,9 +209,9 @@ def test_a_batch_wait_longer_than_the_heartbeat_timeout_is_no_orphan(store, db_u
         assert not runner.is_alive() and results and results[0].success
         assert provider.submissions == 1
     assert ticks >= 5
-    done = store.get_pipeline(pipeline.id)
+    done = store.pipelines.get_pipeline(pipeline.id)
     assert (done.status, done.epoch, done.resume_count) == ("completed", 1, 0)  # never taken over
-    assert [(j.status, j.attempt) for j in store.provider_jobs(pipeline.id)] == [("collected", 1)]
+    assert [(j.status, j.attempt) for j in store.pipelines.provider_jobs(pipeline.id)] == [("collected", 1)]
     assert_ledger_equals_the_provider(store, pipeline.id, provider)
 
 
@@ -221,7 +222,7 @@ def killed_mid_collection(store, provider: BatchProvider, db_url, monkeypatch, r
     monkeypatch.setenv("RECOVERY_BATCH_URL", provider.url)
     worker = start_worker("batch_kill_defs", run_config)
     assert worker.wait(240) == -signal.SIGKILL, f"the run should have killed itself {what}"
-    (pipeline,) = store.list_pipelines()
+    (pipeline,) = store.reports.list_pipelines()
     return pipeline
 
 
@@ -230,8 +231,8 @@ def test_a_kill_while_results_are_checkpointed_resumes_with_the_rest_only(store,
     run_config = config(kill_after=kill_after)
     with BatchProvider(duration=0.5) as provider:
         pipeline = killed_mid_collection(store, provider, db_url, monkeypatch, run_config, "mid-collection")
-        assert len(store.completed_items(pipeline.id, "describe")) == kill_after
-        assert [j.status for j in store.provider_jobs(pipeline.id)] == ["submitted"]  # not collected yet
+        assert len(store.pipelines.completed_items(pipeline.id, "describe")) == kill_after
+        assert [j.status for j in store.pipelines.provider_jobs(pipeline.id)] == ["submitted"]  # not collected yet
         _, result = resume(store, batch_kill_defs.job, run_config)
         assert provider.submissions == 1
         (batch_id,) = provider.batches
@@ -239,23 +240,23 @@ def test_a_kill_while_results_are_checkpointed_resumes_with_the_rest_only(store,
     f = assert_ledger_equals_the_provider(store, pipeline.id, provider)
     assert outcomes(store, pipeline.id) == Counter({"ok": ITEMS, "submitted": 1}), f"killed after {kill_after}"
     assert (f.wasted_calls, f.in_flight_unknown_calls) == (0, 0)
-    resumed_rows = [c for c in store.provider_calls(pipeline.id) if c.outcome == "ok" and c.epoch == 2]
+    resumed_rows = [c for c in store_rows.provider_calls(store, pipeline.id) if c.outcome == "ok" and c.epoch == 2]
     assert len(resumed_rows) == ITEMS - kill_after  # the resume checkpointed only the rest
-    assert [(j.job_id, j.status, j.attempt) for j in store.provider_jobs(pipeline.id)] == [
+    assert [(j.job_id, j.status, j.attempt) for j in store.pipelines.provider_jobs(pipeline.id)] == [
         (batch_id, "collected", 1)]
-    assert len(store.completed_items(pipeline.id, "describe")) == ITEMS
+    assert len(store.pipelines.completed_items(pipeline.id, "describe")) == ITEMS
 
 
 def test_a_kill_after_every_result_was_kept_collects_the_job_without_asking_the_provider(store, db_url, monkeypatch):
     run_config = config(kill_after=ITEMS)  # killed after the last item's checkpoint, before the job was marked
     with BatchProvider(duration=0.5) as provider:
         pipeline = killed_mid_collection(store, provider, db_url, monkeypatch, run_config, "after its last item")
-        assert [j.status for j in store.provider_jobs(pipeline.id)] == ["submitted"]
+        assert [j.status for j in store.pipelines.provider_jobs(pipeline.id)] == ["submitted"]
         _, result = resume(store, batch_kill_defs.job, run_config)
         assert provider.submissions == 1
         (batch_id,) = provider.batches
-    assert [(j.job_id, j.status) for j in store.provider_jobs(pipeline.id)] == [(batch_id, "collected")]
-    assert [c for c in store.provider_calls(pipeline.id) if c.epoch == 2] == []  # the resume paid nothing
+    assert [(j.job_id, j.status) for j in store.pipelines.provider_jobs(pipeline.id)] == [(batch_id, "collected")]
+    assert [c for c in store_rows.provider_calls(store, pipeline.id) if c.epoch == 2] == []  # the resume paid nothing
     assert outcomes(store, pipeline.id) == Counter({"ok": ITEMS, "submitted": 1})
 
 
@@ -268,10 +269,10 @@ def test_a_node_submits_more_batches_than_max_attempts_each_as_its_first_attempt
                                         resources={"recovery": recovery_resource()})
         assert result.success
         assert provider.submissions == 4
-    (pipeline,) = store.list_pipelines()
-    assert [(j.status, j.attempt, len(j.items)) for j in store.provider_jobs(pipeline.id)] == [
+    (pipeline,) = store.reports.list_pipelines()
+    assert [(j.status, j.attempt, len(j.items)) for j in store.pipelines.provider_jobs(pipeline.id)] == [
         ("collected", 1, 2)] * 4
-    assert len(store.completed_items(pipeline.id, "describe_in_rounds")) == 8
+    assert len(store.pipelines.completed_items(pipeline.id, "describe_in_rounds")) == 8
 
 
 def test_a_resume_given_a_live_batchs_items_in_two_calls_reattaches_for_both(store, db_url, monkeypatch):
@@ -281,6 +282,6 @@ def test_a_resume_given_a_live_batchs_items_in_two_calls_reattaches_for_both(sto
         _, result = resume(store, batch_kill_defs.job, run_config)
         assert provider.submissions == 1  # the second call re-attached too: nothing submitted or paid again
         (batch_id,) = provider.batches
-    assert [(j.job_id, j.status) for j in store.provider_jobs(pipeline.id)] == [(batch_id, "collected")]
+    assert [(j.job_id, j.status) for j in store.pipelines.provider_jobs(pipeline.id)] == [(batch_id, "collected")]
     assert outcomes(store, pipeline.id) == Counter({"ok": ITEMS, "submitted": 1})
-    assert len(store.completed_items(pipeline.id, "describe")) == ITEMS
+    assert len(store.pipelines.completed_items(pipeline.id, "describe")) == ITEMS

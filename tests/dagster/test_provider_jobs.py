@@ -26,6 +26,7 @@ from recovery_ext._store.statuses import WAITING
 from recovery_pipelines.batch_stand_in import BatchProvider
 from recovery_pipelines.devserver import wait_for
 from helpers import reclaim
+import store_rows
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -55,7 +56,7 @@ def test_a_kill_while_the_batch_is_pending_is_reattached_not_resubmitted(store, 
             wait_for(lambda: provider.submissions == 1, timeout=240, interval=0.05, what="the batch's submission")
 
             def waiting():
-                found = store.list_pipelines()
+                found = store.reports.list_pipelines()
                 return found and found[0].shown_status == WAITING and "openai-batch job" in found[0].waiting_reason
 
             wait_for(waiting, timeout=60, interval=0.05, what="the pipeline to show the batch wait")
@@ -63,7 +64,7 @@ def test_a_kill_while_the_batch_is_pending_is_reattached_not_resubmitted(store, 
         finally:
             worker.wait(30)
         assert provider.answered() == []  # killed while the batch was pending
-        (pipeline,) = store.list_pipelines()
+        (pipeline,) = store.reports.list_pipelines()
         (reclaimed,), _ = reclaim(store, PassPlan(dead_owner_runs=[pipeline.owner]))
         result = run_in_process({TAG_PIPELINE: str(reclaimed.pipeline_id),
                                  TAG_RESUME_NUMBER: str(reclaimed.resume_number),
@@ -75,9 +76,9 @@ def test_a_kill_while_the_batch_is_pending_is_reattached_not_resubmitted(store, 
     f = assert_ledger_equals_the_provider(store, pipeline.id, provider, ITEMS)
     assert outcomes(store, pipeline.id) == Counter({"ok": ITEMS, "submitted": 1})
     assert (f.wasted_calls, f.in_flight_unknown_calls) == (0, 0)
-    jobs = store.provider_jobs(pipeline.id)
+    jobs = store.pipelines.provider_jobs(pipeline.id)
     assert [(j.job_id, j.status, j.attempt) for j in jobs] == [(batch_id, "collected", 1)]
-    assert len(store.completed_items(pipeline.id, "describe")) == ITEMS
+    assert len(store.pipelines.completed_items(pipeline.id, "describe")) == ITEMS
 
 
 def test_an_expired_batch_is_resubmitted_for_its_unfinished_items_only(store, db_url, monkeypatch):
@@ -88,11 +89,11 @@ def test_an_expired_batch_is_resubmitted_for_its_unfinished_items_only(store, db
         assert provider.submissions == 2
         first, second = provider.batches.values()
         assert (len(first.lines), len(second.lines)) == (ITEMS, ITEMS - 2)
-    (pipeline,) = store.list_pipelines()
+    (pipeline,) = store.reports.list_pipelines()
     assert_ledger_equals_the_provider(store, pipeline.id, provider, ITEMS)
     assert outcomes(store, pipeline.id) == Counter({"ok": ITEMS, "batch_expired": ITEMS - 2, "submitted": 1,
                                                     "resubmitted": 1})
-    jobs = store.provider_jobs(pipeline.id)
+    jobs = store.pipelines.provider_jobs(pipeline.id)
     assert [(j.status, j.attempt, len(j.items)) for j in jobs] == [("expired", 1, ITEMS), ("collected", 2, ITEMS - 2)]
 
 
@@ -114,8 +115,8 @@ def test_the_ontology_describes_its_columns_as_one_batch(store, db_url, tmp_path
                                                "llm": llm, "source": SourceDatabase(url=shop)})
         assert result.success
     assert provider.submissions == 1 and provider.chat_calls > 0  # the columns went as a batch, the rest not
-    (pipeline,) = store.list_pipelines()
-    tables = len(store.completed_items(pipeline.id, "enrich_columns"))
+    (pipeline,) = store.reports.list_pipelines()
+    tables = len(store.pipelines.completed_items(pipeline.id, "enrich_columns"))
     assert tables == len(provider.answered()) > 0
     engine = create_engine(db_url)
     try:
@@ -126,7 +127,7 @@ def test_the_ontology_describes_its_columns_as_one_batch(store, db_url, tmp_path
     finally:
         engine.dispose()
     assert described > tables and undescribed == 0
-    batch_calls = [c for c in store.provider_calls(pipeline.id) if c.node_name == "enrich_columns"]
+    batch_calls = [c for c in store_rows.provider_calls(store, pipeline.id) if c.node_name == "enrich_columns"]
     assert Counter(c.outcome for c in batch_calls) == Counter({"ok": tables, "submitted": 1})
 
 
@@ -148,8 +149,8 @@ def test_batch_answers_with_malformed_usage_are_kept_and_recorded_with_a_note(st
         monkeypatch.setenv("RECOVERY_BATCH_URL", provider.url)
         run_in_process()
         assert provider.submissions == 1
-    (pipeline,) = store.list_pipelines()
-    assert len(store.completed_items(pipeline.id, "describe")) == ITEMS
+    (pipeline,) = store.reports.list_pipelines()
+    assert len(store.pipelines.completed_items(pipeline.id, "describe")) == ITEMS
     answered = [c for c in store.provider_calls(pipeline.id) if c.outcome == "ok"]
     noted = [c for c in answered if c.note]
     assert len(answered) == ITEMS and len(noted) == len(ODD_USAGE)

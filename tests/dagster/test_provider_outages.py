@@ -31,6 +31,7 @@ from recovery_pipelines.ontology_schema import MIGRATIONS, ont_entities
 from recovery_pipelines.llm import LLMResource, heuristic_answer
 from recovery_pipelines.ontology import SourceDatabase, make_ontology_job
 from recovery_pipelines.sample_data import create_sample_database
+import store_rows
 
 
 class Provider:
@@ -97,7 +98,7 @@ def test_a_compressed_outage_shows_the_pipeline_waiting_then_it_completes(store,
     seen_waiting, shown, status = None, None, None
     deadline = time.monotonic() + 120
     while (shown is None or status is None) and time.monotonic() < deadline:
-        pipelines = store.list_pipelines()
+        pipelines = store.reports.list_pipelines()
         if pipelines:  # pauses come and go while the outage lasts: look until each view caught one
             seen_waiting = pipelines[0].id
             view = json.loads(cli(db_url, "--json", "pipelines", "show", str(seen_waiting)))
@@ -110,21 +111,21 @@ def test_a_compressed_outage_shows_the_pipeline_waiting_then_it_completes(store,
     assert shown is not None and status is not None, "the pipeline never showed as waiting during the outage"
     assert shown["pipeline"]["waiting_reason"] and shown["pipeline"]["waiting_until"]
     def pauses():
-        return sum(e["kind"] == "pipeline_waiting" for e in store.recent_events(limit=10_000))
+        return sum(e["kind"] == "pipeline_waiting" for e in store.reports.recent_events(limit=10_000))
 
     more = pauses() + 3  # the outage goes on: the pipeline pauses again and again, it does not fail
     while pauses() < more and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert pauses() >= more and store.get_pipeline(seen_waiting).status == "running"
+    assert pauses() >= more and store.pipelines.get_pipeline(seen_waiting).status == "running"
     with provider.lock:
         provider.down = False
     runner.join(180)
     (result,) = results
     assert result.success
-    p = store.get_pipeline(seen_waiting)
+    p = store.pipelines.get_pipeline(seen_waiting)
     assert p.status == "completed" and p.waiting_until is None
-    assert store.degraded_counts(p.id) == {}  # every entity was named by the LLM, none by a fallback
-    kinds = [e["kind"] for e in store.recent_events(limit=10_000)]
+    assert store.providers.degraded_counts(p.id) == {}  # every entity was named by the LLM, none by a fallback
+    kinds = [e["kind"] for e in store.reports.recent_events(limit=10_000)]
     assert "pipeline_waiting" in kinds and "breaker_opened" in kinds and "breaker_closed" in kinds
     assert "pipeline_failed" not in kinds
 
@@ -156,7 +157,7 @@ def test_five_pipelines_share_one_breaker_that_keeps_calls_away_while_open(store
         t.start()
 
     def events(kind):
-        return [e for e in store.recent_events(limit=10_000) if e["kind"] == kind]
+        return [e for e in store.reports.recent_events(limit=10_000) if e["kind"] == kind]
 
     deadline = time.monotonic() + 120
     while len(events("breaker_opened")) < 3 and time.monotonic() < deadline:
@@ -167,11 +168,11 @@ def test_five_pipelines_share_one_breaker_that_keeps_calls_away_while_open(store
     for t in threads:
         t.join(180)
     assert len(results) == 5 and all(r.success for r in results)
-    assert all(p.status == "completed" for p in store.list_pipelines()) and len(store.list_pipelines()) == 5
-    (breaker,) = store.breakers()
+    assert all(p.status == "completed" for p in store.reports.list_pipelines()) and len(store.reports.list_pipelines()) == 5
+    (breaker,) = store.providers.breakers()
     assert breaker["state"] == "closed" and breaker["consecutive_failures"] == 0
 
-    history = sorted([(e["created_at"].timestamp(), e["kind"]) for e in store.recent_events(limit=10_000)
+    history = sorted([(e["created_at"].timestamp(), e["kind"]) for e in store.reports.recent_events(limit=10_000)
                       if e["kind"].startswith("breaker_")])
     calls = [at for at, _, _ in provider.calls]
     opened = [at for at, kind in history if kind == "breaker_opened"]
@@ -184,7 +185,7 @@ def test_five_pipelines_share_one_breaker_that_keeps_calls_away_while_open(store
         assert quiet == [], f"{len(quiet)} calls reached the provider while its breaker was open"
         nxt = min([at for at, _ in history if at > probe] + [float("inf")])
         assert len([at for at in calls if probe - 0.05 <= at < nxt]) >= 1  # the probe itself
-    waited = {t["pipeline_id"] for p in store.list_pipelines() for t in store.transitions_for(pipeline_id=p.id)
+    waited = {t["pipeline_id"] for p in store.reports.list_pipelines() for t in store.reports.transitions_for(pipeline_id=p.id)
               if t["to_status"] == "waiting"}
     assert len(waited) == 5  # every pipeline showed as waiting while the endpoint was down
     status = cli(db_url, "status")
@@ -203,18 +204,18 @@ def test_degraded_items_are_redone_by_redo_degraded_through_a_resume_run(store, 
     instance = DagsterInstance.ephemeral()
     first = execute_in_process(ontology, resources=resources, raise_on_error=False, instance=instance)
     assert first.success
-    (p,) = store.list_pipelines()
-    assert p.status == "completed" and store.degraded_counts(p.id) == {"enrich_entities": 2}
-    statuses = store.item_statuses(p.id, "enrich_entities")
+    (p,) = store.reports.list_pipelines()
+    assert p.status == "completed" and store.providers.degraded_counts(p.id) == {"enrich_entities": 2}
+    statuses = store_rows.item_statuses(store, p.id, "enrich_entities")
     assert {k for k, s in statuses.items() if s == "degraded"} == refused
     assert "2 degraded" in cli(db_url, "pipelines", "show", str(p.id))
 
     provider.refuse_tables = frozenset()  # the provider answers these tables now
     out = cli(db_url, "redo-degraded", str(p.id), "--node", "enrich_entities")
     assert "2 degraded item(s) in enrich_entities" in out
-    reopened = store.get_pipeline(p.id)
+    reopened = store.pipelines.get_pipeline(p.id)
     assert (reopened.status, reopened.owner) == ("running", None)
-    assert store.get_node(p.id, "enrich_entities").status == "pending"
+    assert store.pipelines.get_node(p.id, "enrich_entities").status == "pending"
 
     sensor = make_orphan_sensor([ontology])
     tick = sensor.evaluate_tick(build_sensor_context(instance=instance, resources={"recovery": recovery(db_url)}))
@@ -226,8 +227,8 @@ def test_degraded_items_are_redone_by_redo_degraded_through_a_resume_run(store, 
     redone = provider.calls[before:]
     assert sorted((task, table) for _, task, table in redone) == [("describe_entity", "customers"),
                                                                  ("describe_entity", "orders")]
-    done = store.get_pipeline(p.id)
-    assert done.status == "completed" and store.degraded_counts(p.id) == {}
+    done = store.pipelines.get_pipeline(p.id)
+    assert done.status == "completed" and store.providers.degraded_counts(p.id) == {}
     with store.read() as conn:
         names = dict(conn.execute(select(ont_entities.c.table_name, ont_entities.c.name)).all())
     assert names["customers"] == "LLM customers" and names["orders"] == "LLM orders"

@@ -49,9 +49,9 @@ def run(job, url, run_config, tags=None, **kw):
 def test_fresh_run_completes_the_pipeline_in_process(store, db_url):
     result = run(items_job_inprocess, db_url, config())
     assert result.success
-    (p,) = store.list_pipelines()
+    (p,) = store.reports.list_pipelines()
     assert (p.status, p.owner, p.job_name) == ("completed", result.run_id, "items_job_inprocess")
-    assert [n.status for n in store.list_nodes(p.id)] == ["completed"] * 4
+    assert [n.status for n in store.pipelines.list_nodes(p.id)] == ["completed"] * 4
     assert call_counts(store) == {n: 3 for n in NODES}
     assert result.output_for_node("n4") == {"node": "n4", "items": ["n4-0", "n4-1", "n4-2"]}
 
@@ -63,7 +63,7 @@ def test_fresh_run_completes_under_the_multiprocess_executor(store, db_url, monk
             "e2e_defs", "bound_items_job", reconstructor_working_directory=str(Path(e2e_defs.__file__).parent)),
             instance=instance, run_config=config(2))
         assert result.success
-    (p,) = store.list_pipelines()
+    (p,) = store.reports.list_pipelines()
     assert p.status == "completed" and call_counts(store) == {n: 2 for n in NODES}
 
 
@@ -85,8 +85,8 @@ def crash_state(store, pipeline_id, *, running="n3", keep_items=1):
 
 def test_resume_skips_completed_nodes_and_redoes_only_unfinished_items(store, db_url):
     first = run(items_job_inprocess, db_url, config())
-    (p,) = store.list_pipelines()
-    before = {n.name: n.output for n in store.list_nodes(p.id)}
+    (p,) = store.reports.list_pipelines()
+    before = {n.name: n.output for n in store.pipelines.list_nodes(p.id)}
     crash_state(store, p.id)
     (reclaimed,), _ = reclaim(store, PassPlan(limit=5, launching=True))
     assert reclaimed.reset_nodes == ("n3",)
@@ -94,27 +94,27 @@ def test_resume_skips_completed_nodes_and_redoes_only_unfinished_items(store, db
     second = run(items_job_inprocess, db_url, config(), tags=tags)
     assert second.success
     assert call_counts(store) == {"n3": 2, "n4": 3}  # n1, n2 skipped; n3 redid items 1 and 2 only
-    after = store.get_pipeline(p.id)
+    after = store.pipelines.get_pipeline(p.id)
     assert (after.status, after.owner, after.epoch) == ("completed", second.run_id, 2)
-    assert {n.name: n.output for n in store.list_nodes(p.id)} == before
+    assert {n.name: n.output for n in store.pipelines.list_nodes(p.id)} == before
     assert second.output_for_node("n2") == first.output_for_node("n2")  # downstream sees the recorded output
     n1_meta = second.events_for_node("n1")
     assert any("skipped: completed in run" in str(e.event_specific_data) for e in n1_meta)
-    n3 = store.get_node(p.id, "n3")
+    n3 = store.pipelines.get_node(p.id, "n3")
     assert n3.attempts == 2 and n3.run_id == second.run_id
 
 
 def test_a_superseded_run_stops_without_writing(store, db_url):
     run(items_job_inprocess, db_url, config())
-    (p,) = store.list_pipelines()
+    (p,) = store.reports.list_pipelines()
     crash_state(store, p.id)
     (reclaimed,), _ = reclaim(store, PassPlan(limit=5, launching=True))
-    store.attach(p.id, "the-real-resume", resume_number=reclaimed.resume_number)
+    store.pipelines.attach(p.id, "the-real-resume", resume_number=reclaimed.resume_number)
     tags = {TAG_PIPELINE: str(p.id), TAG_RESUME_NUMBER: str(reclaimed.resume_number)}
     with pytest.raises(RecoveryError, match="owned by the-real-resume"):
         run(items_job_inprocess, db_url, config(), tags=tags)  # refused at run start, before any step
     assert call_counts(store) == {}
-    assert store.get_node(p.id, "n3").status == "pending"
+    assert store.pipelines.get_node(p.id, "n3").status == "pending"
 
 
 def test_transient_errors_are_retried_in_run_and_the_node_completes(store, db_url, httpserver):
@@ -123,8 +123,8 @@ def test_transient_errors_are_retried_in_run_and_the_node_completes(store, db_ur
     httpserver.expect_ordered_request("/fault").respond_with_data("ok", status=200)
     result = run(items_job_inprocess, db_url, config(1, n2={"fault_url": httpserver.url_for("/fault")}))
     assert result.success
-    (p,) = store.list_pipelines()
-    n2 = store.get_node(p.id, "n2")
+    (p,) = store.reports.list_pipelines()
+    n2 = store.pipelines.get_node(p.id, "n2")
     assert n2.status == "completed" and n2.attempts == 3
     retries = [e for e in result.all_events if e.event_type_value == "STEP_UP_FOR_RETRY"]
     assert len(retries) == 2
@@ -139,9 +139,9 @@ def test_permanent_error_fails_with_context_and_no_secret_anywhere(store, db_url
     text = str(failure.event_specific_data.error)
     assert "auth HTTP 401 model=test-model endpoint=" in text and "sk-secret" not in text
     assert failure.event_specific_data.user_failure_data.metadata["category"].value == "auth"
-    (p,) = store.list_pipelines()
-    assert store.get_pipeline(p.id).status == "failed"
-    n2 = store.get_node(p.id, "n2")
+    (p,) = store.reports.list_pipelines()
+    assert store.pipelines.get_pipeline(p.id).status == "failed"
+    n2 = store.pipelines.get_node(p.id, "n2")
     assert (n2.status, n2.error_category, n2.error_status_code) == ("failed", "auth", 401)
     with store.read() as conn:
         dumped = " ".join(str(r) for t in (pipelines, nodes, events) for r in conn.execute(select(t)))
@@ -156,9 +156,9 @@ def test_optional_node_failure_degrades_and_the_pipeline_completes(store, db_url
     result = run(optional_job, db_url, cfg, max_retries=1, outage_pause_initial=0.05, outage_pause_max=0.1,
                  outage_budget_seconds=0.5)
     assert result.success
-    (p,) = store.list_pipelines()
-    assert store.get_pipeline(p.id).status == "completed"
-    opt = store.get_node(p.id, "optional_node")
+    (p,) = store.reports.list_pipelines()
+    assert store.pipelines.get_pipeline(p.id).status == "completed"
+    opt = store.pipelines.get_node(p.id, "optional_node")
     assert (opt.status, opt.error_category, opt.error_status_code) == ("degraded", "server_error", 503)
 
 
@@ -173,9 +173,9 @@ def test_the_same_transient_error_again_and_again_pauses_the_pipeline_until_the_
     assert "longer than the outage budget of 1.5 s" in str(failure.event_specific_data.error)
     retries = len([e for e in result.all_events if e.event_type_value == "STEP_UP_FOR_RETRY"])
     assert retries > 3  # seed 002's escalation after 3 no longer fails: the node keeps pausing
-    (p,) = store.list_pipelines()
-    assert store.get_pipeline(p.id).status == "failed" and store.get_node(p.id, "n2").attempts == retries + 1
-    kinds = [e["kind"] for e in store.recent_events(limit=1000)]
+    (p,) = store.reports.list_pipelines()
+    assert store.pipelines.get_pipeline(p.id).status == "failed" and store.pipelines.get_node(p.id, "n2").attempts == retries + 1
+    kinds = [e["kind"] for e in store.reports.recent_events(limit=1000)]
     assert kinds.count("pipeline_waiting") == retries - 2  # two plain retries, then one pause per retry
 
 
@@ -190,10 +190,10 @@ def test_a_node_outage_that_ends_completes_and_the_pipeline_was_visibly_waiting(
     result = run(items_job_inprocess, db_url, config(1, n2={"fault_url": httpserver.url_for("/fault")}),
                  max_retries=2, same_error_limit=3, outage_pause_initial=0.05, outage_pause_max=0.2)
     assert result.success
-    (p,) = store.list_pipelines()
-    p = store.get_pipeline(p.id)
-    assert p.status == "completed" and p.waiting_since is None and store.get_node(p.id, "n2").attempts == 7
-    waits = [t for t in store.transitions_for(pipeline_id=p.id) if t["to_status"] == "waiting"]
+    (p,) = store.reports.list_pipelines()
+    p = store.pipelines.get_pipeline(p.id)
+    assert p.status == "completed" and p.waiting_since is None and store.pipelines.get_node(p.id, "n2").attempts == 7
+    waits = [t for t in store.reports.transitions_for(pipeline_id=p.id) if t["to_status"] == "waiting"]
     assert len(waits) == 4 and all("server_error errors in a row in n2" in t["data"]["reason"] for t in waits)
 
 
@@ -208,7 +208,7 @@ def test_a_recoverable_op_without_run_level_liveness_fails_loudly_and_writes_not
         assert not result.success
         failure = next(e for e in result.all_events if e.event_type_value == "STEP_FAILURE")
         assert "does not keep its pipeline alive for the whole run" in str(failure.event_specific_data.error)
-    assert store.list_pipelines() == []
+    assert store.reports.list_pipelines() == []
     assert not inspect(store.engine).has_table("e2e_calls")  # no business logic ran
 
 

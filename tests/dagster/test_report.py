@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_the_timeline_shows_each_run_its_crash_reclaim_wait_items_and_provider_calls(store):
     with stand_in() as provider:
         crash = crash_and_resume(store, items_before=3, items_after=2, provider=provider)
-    t = build_timeline(store.pipeline_history(crash.pipeline_id)).as_dict()
+    t = build_timeline(store.reports.pipeline_history(crash.pipeline_id)).as_dict()
     runs = [(r["epoch"], r["run_id"], r["began"], r["cause"], r["outcome"], r["items"]) for r in t["runs"]]
     assert runs == [(1, crash.first_run, "created", None, "crashed", {"completed": 3}),
                     (2, crash.resume_run, "reclaimed", "heartbeat", "completed", {"completed": 2})]
@@ -47,14 +47,14 @@ def test_the_timeline_shows_each_run_its_crash_reclaim_wait_items_and_provider_c
 
 
 def test_a_running_pipeline_taken_over_and_waiting_is_drawn_as_it_stands(store):
-    own = store.create_pipeline("ocr", ["a"], owner="r1", origin_run_id="r1")
-    store.start_node(own, "a")
+    own = store.pipelines.create_pipeline("ocr", ["a"], owner="r1", origin_run_id="r1")
+    store.pipelines.start_node(own, "a")
     expire(store, own.pipeline_id)
-    store.take_over(own.pipeline_id, "r2")
-    again = store.owned_by("r2")
-    store.start_node(again, "a")
-    store.set_waiting(again, 30, "429 Too Many Requests")
-    t = build_timeline(store.pipeline_history(own.pipeline_id))
+    store.pipelines.take_over(own.pipeline_id, "r2")
+    again = store.pipelines.owned_by("r2")
+    store.pipelines.start_node(again, "a")
+    store.providers.set_waiting(again, 30, "429 Too Many Requests")
+    t = build_timeline(store.reports.pipeline_history(own.pipeline_id))
     assert [(r.epoch, r.run_id, r.began, r.outcome) for r in t.runs] == [
         (1, "r1", "created", "superseded"), (2, "r2", "taken_over", "running")]
     lanes = {(i.lane, i.epoch, i.outcome) for i in t.intervals}
@@ -159,7 +159,7 @@ def test_report_json_alone_prints_the_timeline_and_writes_no_page(store, db_url,
     result = CliRunner().invoke(main, ["--database-url", db_url, "report", str(crash.pipeline_id), "--json"])
     assert result.exit_code == 0, result.output
     data = json.loads(result.output)
-    expected = build_timeline(store.pipeline_history(crash.pipeline_id)).as_dict()
+    expected = build_timeline(store.reports.pipeline_history(crash.pipeline_id)).as_dict()
     assert "file" not in data and set(data) == set(expected)
     assert [(r["run_id"], r["outcome"], r["items"]) for r in data["runs"]] == [
         (crash.first_run, "crashed", {"completed": 3}), (crash.resume_run, "completed", {"completed": 2})]

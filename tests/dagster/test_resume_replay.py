@@ -91,8 +91,8 @@ def test_a_resume_replays_finished_nodes_and_ends_with_the_outputs_of_an_uninter
     with execute_job(recon(job_name), instance=instance) as first:
         assert first.success
         expected = final_output(first)
-    (p,) = store.list_pipelines()
-    recorded = {n.name: n.output for n in store.list_nodes(p.id)}
+    (p,) = store.reports.list_pipelines()
+    recorded = {n.name: n.output for n in store.pipelines.list_nodes(p.id)}
     with store.write() as conn:
         conn.execute(delete(calls))
     reclaimed = interrupt(store, p.id, running="b", pending=("c",))
@@ -102,8 +102,8 @@ def test_a_resume_replays_finished_nodes_and_ends_with_the_outputs_of_an_uninter
         assert final_output(second) == expected == {"chain": ["a", "plain", "b", "c"], "items": ["c-0", "c-1"]}
     # a replayed, the plain op ran again (no node row), b redid its one unfinished item, c ran
     assert call_counts(store) == {"plain": 1, "b": 1, "c": 2}
-    assert {n.name: n.output for n in store.list_nodes(p.id)} == recorded
-    after = store.get_pipeline(p.id)
+    assert {n.name: n.output for n in store.pipelines.list_nodes(p.id)} == recorded
+    after = store.pipelines.get_pipeline(p.id)
     assert (after.status, after.owner) == ("completed", second.run_id)
 
     started = {e.step_key for e in step_events(instance, second.run_id, DagsterEventType.STEP_START)}
@@ -124,7 +124,7 @@ def test_a_ui_reexecution_that_takes_the_pipeline_over_replays_its_finished_node
     run_config = {"ops": {"c": {"config": {"fail_first_run": True}}}}
     with execute_job(recon("mixed_mp"), instance=instance, run_config=run_config, raise_on_error=False) as first:
         assert not first.success
-    (p,) = store.list_pipelines()
+    (p,) = store.reports.list_pipelines()
     assert p.status == "failed"
     with store.write() as conn:
         conn.execute(delete(calls))
@@ -135,8 +135,8 @@ def test_a_ui_reexecution_that_takes_the_pipeline_over_replays_its_finished_node
         assert second.success
         assert final_output(second) == {"chain": ["a", "plain", "b", "c"], "items": ["c-0", "c-1"]}
     assert call_counts(store) == {"plain": 1, "c": 2}
-    after = store.get_pipeline(p.id)
-    assert (after.status, after.owner) == ("completed", second.run_id) and len(store.list_pipelines()) == 1
+    after = store.pipelines.get_pipeline(p.id)
+    assert (after.status, after.owner) == ("completed", second.run_id) and len(store.reports.list_pipelines()) == 1
     workers = {e.step_key for e in step_events(instance, second.run_id, DagsterEventType.STEP_WORKER_STARTING)}
     assert workers == {"plain", "c"}
 
@@ -145,8 +145,8 @@ def test_an_op_selected_run_resumes_only_its_selected_ops(instance, monkeypatch,
     store = use_store(pg_url, monkeypatch)
     with execute_job(recon("mixed_inproc"), instance=instance, op_selection=["a", "plain", "b"]) as first:
         assert first.success
-    (p,) = store.list_pipelines()
-    assert [n.name for n in store.list_nodes(p.id)] == ["a", "b"]
+    (p,) = store.reports.list_pipelines()
+    assert [n.name for n in store.pipelines.list_nodes(p.id)] == ["a", "b"]
     with store.write() as conn:
         conn.execute(delete(calls))
     reclaimed = interrupt(store, p.id, running="b")
@@ -160,7 +160,7 @@ def test_an_op_selected_run_resumes_only_its_selected_ops(instance, monkeypatch,
     assert call_counts(store) == {"plain": 1, "b": 1}  # c, outside the selection, never ran
     started = {e.step_key for e in step_events(instance, second.run_id, DagsterEventType.STEP_START)}
     assert started == {"a", "plain", "b"}
-    assert store.get_pipeline(p.id).status == "completed"
+    assert store.pipelines.get_pipeline(p.id).status == "completed"
 
 
 def test_a_selection_whose_input_comes_from_an_unselected_op_fails_the_resume_with_a_clear_message(
@@ -168,7 +168,7 @@ def test_a_selection_whose_input_comes_from_an_unselected_op_fails_the_resume_wi
     store = use_store(sqlite_url, monkeypatch)
     with execute_job(recon("mixed_inproc"), instance=instance) as first:
         assert first.success
-    (p,) = store.list_pipelines()
+    (p,) = store.reports.list_pipelines()
     reclaimed = interrupt(store, p.id, running="c")
     tags = {**resume_tags(reclaimed), TAG_OP_SELECTION: '["c"]'}
     with execute_job(recon("mixed_inproc"), instance=instance, tags=tags, raise_on_error=False) as second:
@@ -178,7 +178,7 @@ def test_a_selection_whose_input_comes_from_an_unselected_op_fails_the_resume_wi
     messages += " ".join(str(r.dagster_event.event_specific_data) for r in instance.all_logs(second.run_id)
                          if r.dagster_event and r.dagster_event.event_specific_data)
     assert "takes input from unselected step(s) ['b']" in messages
-    assert store.get_pipeline(p.id).status == "failed"
+    assert store.pipelines.get_pipeline(p.id).status == "failed"
 
 
 def test_a_resume_request_of_an_asset_run_keeps_its_asset_selection_and_partition(instance):
@@ -219,11 +219,11 @@ def test_only_finished_nodes_a_remaining_step_reads_are_replayed_the_rest_are_le
     """8 of 9 chained ops done: only r8 (r9 reads it) is replayed; r1..r7 cost nothing at all."""
     store = use_store(sqlite_url, monkeypatch)
     job_def = replay_defs.chain9_inproc
-    own = store.create_pipeline(job_def.name, list(replay_defs.CHAIN), owner="run-1", origin_run_id="run-1",
+    own = store.pipelines.create_pipeline(job_def.name, list(replay_defs.CHAIN), owner="run-1", origin_run_id="run-1",
                                 params={})
     for name in replay_defs.CHAIN[:-1]:
-        store.start_node(own, name)
-        store.complete_node(own, name, {"chain": [name]})
+        store.pipelines.start_node(own, name)
+        store.pipelines.complete_node(own, name, {"chain": [name]})
     split = split_plan(job_def, create_execution_plan(job_def), store, own.pipeline_id, selection=None)
     assert list(split.replay) == ["r8"]
     assert split.left_out == [f"r{i}" for i in range(1, 8)] and split.ready == []
@@ -240,7 +240,7 @@ def test_a_replay_stores_through_its_io_manager_and_initializes_only_what_storin
         assert first.success
         expected = first.output_for_node("stored_second")
     assert ("body_only", first.run_id) in replay_defs.INITIALIZED  # in-process: this process
-    (p,) = store.list_pipelines()
+    (p,) = store.reports.list_pipelines()
     with store.write() as conn:
         conn.execute(delete(calls))
     reclaimed = interrupt(store, p.id, running="stored_second")

@@ -9,7 +9,7 @@ from sqlalchemy import update
 
 from recovery_ext._dagster.tags import TAG_PIPELINE
 from recovery_ext._store.schema import pipelines
-from recovery_ext._store.store import RecoveryStore
+from recovery_ext._store.store import Pipelines, RecoveryStore
 
 HERE = Path(__file__).resolve().parents[1] / "support"
 
@@ -28,17 +28,17 @@ def test_a_reexecution_of_a_run_whose_pipeline_was_pruned_starts_a_new_pipeline(
     job, run_config = failing_first_job()
     with execute_job(job, instance=instance, run_config=run_config, raise_on_error=False) as first:
         assert not first.success
-    (failed,) = store.list_pipelines()
+    (failed,) = store.reports.list_pipelines()
     assert failed.status == "failed" and instance.get_run_by_id(first.run_id).tags[TAG_PIPELINE] == str(failed.id)
     with store.write() as conn:
         conn.execute(update(pipelines).values(completed_at=store.dialect.now_plus(-100 * 86400.0)))
-    newer = store.create_pipeline("other", ["x"], owner="newer", origin_run_id="newer")  # the newest is kept
-    assert store.prune_finished_pipelines(86400.0).pipelines == 1
+    newer = store.pipelines.create_pipeline("other", ["x"], owner="newer", origin_run_id="newer")  # the newest is kept
+    assert store.reports.prune_finished_pipelines(86400.0).pipelines == 1
 
     with execute_job(job, instance=instance, run_config=run_config,
                      reexecution_options=ReexecutionOptions(parent_run_id=first.run_id)) as second:
         assert second.success
-    (fresh,) = [p for p in store.list_pipelines() if p.id != newer.pipeline_id]
+    (fresh,) = [p for p in store.reports.list_pipelines() if p.id != newer.pipeline_id]
     assert (fresh.id > newer.pipeline_id, fresh.status, fresh.owner) == (True, "completed", second.run_id)
 
 
@@ -54,22 +54,22 @@ def test_a_prune_between_the_reexecutions_read_and_its_take_over_starts_a_new_pi
     job, run_config = failing_first_job()
     with execute_job(job, instance=instance, run_config=run_config, raise_on_error=False) as first:
         assert not first.success
-    failed = store.find_pipeline(first.run_id)
+    failed = store.pipelines.find_pipeline(first.run_id)
     assert failed is not None and failed.status == "failed"
     with store.write() as conn:
         conn.execute(update(pipelines).where(pipelines.c.id == failed.id)
                      .values(completed_at=store.dialect.now_plus(-100 * 86400.0)))
-    store.create_pipeline("other", ["x"], owner="newest", origin_run_id="newest")  # the newest is kept
-    take_over, pruned = RecoveryStore.take_over, []
+    store.pipelines.create_pipeline("other", ["x"], owner="newest", origin_run_id="newest")  # the newest is kept
+    take_over, pruned = Pipelines.take_over, []
 
     def pruned_first(self, pipeline_id, *args, **kwargs):
-        pruned.append(store.prune_finished_pipelines(86400.0).pipelines)
+        pruned.append(store.reports.prune_finished_pipelines(86400.0).pipelines)
         return take_over(self, pipeline_id, *args, **kwargs)
 
-    monkeypatch.setattr(RecoveryStore, "take_over", pruned_first)
+    monkeypatch.setattr(Pipelines, "take_over", pruned_first)
     with execute_job(job, instance=instance, run_config=run_config,
                      reexecution_options=ReexecutionOptions(parent_run_id=first.run_id)) as second:
         assert second.success
     assert pruned == [1]
-    (fresh,) = [p for p in store.list_pipelines() if p.owner == second.run_id]
+    (fresh,) = [p for p in store.reports.list_pipelines() if p.owner == second.run_id]
     assert fresh.id != failed.id and fresh.status == "completed"

@@ -128,7 +128,7 @@ def test_a_takeover_by_re_execution_is_an_event_and_shows_on_the_new_run(store, 
         again = execute_in_process(fragile_job, instance=instance, resources={"recovery": resource},
                                    tags={TAG_PARENT_RUN: first.run_id, TAG_ROOT_RUN: first.run_id})
         assert again.success
-        (event,) = store.recent_events(kinds=("pipeline_taken_over",))
+        (event,) = store.reports.recent_events(kinds=("pipeline_taken_over",))
         assert event["payload"]["previous_owner"] == first.run_id and event["payload"]["owner"] == again.run_id
         assert event["payload"]["cause"] == "pipeline_failed"
         assert event["payload"]["reason"] == f"re-execution of {first.run_id}"

@@ -69,7 +69,7 @@ def test_planted_passwords_and_api_key_appear_nowhere(source_port, source_db, pg
         result = execute_in_process(defs.get_job_def("ontology_extraction"), instance=instance, raise_on_error=False)
     assert result.success == (source_port == "5432")
     store = RecoveryStore(app_url)
-    (p,) = store.list_pipelines()
+    (p,) = store.reports.list_pipelines()
     cli_output = "".join(CliRunner().invoke(main, ["--database-url", app_url, *args]).output for args in (
         ["status"], ["pipelines", "list"], ["pipelines", "show", str(p.id)], ["pipelines", "show", str(p.id),
                                                                                 "--json"], ["events", "--json"]))
@@ -120,8 +120,8 @@ def test_run_config_secrets_are_masked_in_params_and_the_resume_gets_the_real_co
     config = {"resources": {"llm": {"config": {"api_key": API_KEY, "model": "m",
                                                "base_url": f"http://u:{APP_PASSWORD}@h/v1"}}},
               "ops": {"a": {"config": {"client_secret": "cs-" + SOURCE_PASSWORD, "limit": 3}}}}
-    own = store.create_pipeline("job", ["a"], owner="r1", origin_run_id="r1", params=config)
-    stored = store.get_pipeline(own.pipeline_id).params
+    own = store.pipelines.create_pipeline("job", ["a"], owner="r1", origin_run_id="r1", params=config)
+    stored = store.pipelines.get_pipeline(own.pipeline_id).params
     assert stored["resources"]["llm"]["config"] == {"api_key": "***", "model": "m", "base_url": "http://u:***@h/v1"}
     assert stored["ops"]["a"]["config"] == {"client_secret": "***", "limit": 3}
     with instance_for_test() as instance:
@@ -181,7 +181,7 @@ def test_llm_url_credentials_source_query_password_and_run_config_api_key_appear
     tables = every_table_as_text(pg_url)
     assert "llmuser:***@127.0.0.1" in tables  # described_by names the endpoint, redacted
     store = RecoveryStore(pg_url)
-    (p,) = store.list_pipelines()
+    (p,) = store.reports.list_pipelines()
     store.close()
     runner = CliRunner()
     cli_output = "".join(runner.invoke(main, ["--database-url", pg_url, *args]).output for args in (

@@ -27,6 +27,7 @@ from recovery_ext._dagster.recoverable import TAG_PIPELINE, TAG_RESUME_NUMBER
 from recovery_ext._dagster.sensors import TAG_QUEUE
 from recovery_pipelines.assembly import build_definitions
 from recovery_pipelines.ocr import make_ocr_job
+import store_rows
 
 
 @recoverable_op(required_resource_keys={"source"})
@@ -83,7 +84,7 @@ def test_the_demo_refuses_a_sensor_interval_under_the_floor(tmp_path, monkeypatc
 
 def test_the_stuck_item_sensor_launches_no_queue_run_beside_a_resume_of_a_launchpad_run(store, db_url):
     """A Launchpad run carries no queue tag, nor does its resume run: it drains the queue all the same."""
-    store.enqueue("ocr", [{"n": 1}], max_attempts=3)
+    store.queue.enqueue("ocr", [{"n": 1}], max_attempts=3)
     sensor = make_stuck_item_sensor(make_ocr_job(), "ocr", stale_after_seconds=600, run_config={"ops": {}})
     with instance_for_test() as instance:
         def tick():
@@ -104,9 +105,9 @@ def test_the_stuck_item_sensor_launches_no_queue_run_beside_a_resume_of_a_launch
 def test_the_stuck_item_sensor_leaves_a_crashed_pipelines_queue_to_its_resume_run(store, db_url):
     """Between a killed run's FAILURE and its resume run (the orphan sensor's next tick) no run of the job
     is active, yet its pipeline is running: a queue run launched then would race the resume run."""
-    own = store.create_pipeline("ocr_documents", ["enqueue_documents", "ocr_documents"], owner="dead-run",
+    own = store.pipelines.create_pipeline("ocr_documents", ["enqueue_documents", "ocr_documents"], owner="dead-run",
                                 origin_run_id="dead-run")
-    store.enqueue("ocr", [{"n": 1}, {"n": 2}], max_attempts=3, own=own)
+    store.queue.enqueue("ocr", [{"n": 1}, {"n": 2}], max_attempts=3, own=own)
     sensor = make_stuck_item_sensor(make_ocr_job(), "ocr", stale_after_seconds=600, run_config={"ops": {}})
     with instance_for_test() as instance:
         create_run_for_test(instance, job_name="ocr_documents", status=DagsterRunStatus.FAILURE)
@@ -114,6 +115,6 @@ def test_the_stuck_item_sensor_leaves_a_crashed_pipelines_queue_to_its_resume_ru
         result = sensor.evaluate_tick(context)
         assert result.run_requests == []
         assert f"pipeline {own.pipeline_id} of ocr_documents is running or awaits its resume run" in result.skip_message
-        store.fail_pipeline(own.pipeline_id, "given up by the operator")  # nobody will drain it now
+        store_rows.fail_pipeline(store, own.pipeline_id, "given up by the operator")  # nobody will drain it now
         (request,) = sensor.evaluate_tick(context).run_requests
         assert request.tags[TAG_QUEUE] == "ocr"

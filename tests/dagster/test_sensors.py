@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def evaluate(sensor, instance, db_url, **resource):
-    """One tick; the deployment is the one `store.create_pipeline` writes by default unless a test names another."""
+    """One tick; the deployment is the one `store.pipelines.create_pipeline` writes by default unless a test names another."""
     resource.setdefault("deployment", "default")
     ctx = build_sensor_context(instance=instance,
                                resources={"recovery": RecoveryResource(database_url=db_url, **resource)})
@@ -40,9 +40,9 @@ def launch(instance, request, status=DagsterRunStatus.NOT_STARTED):
 
 
 def orphan(store, owner, job="items_job", **kw):
-    own = store.create_pipeline(job, ["a", "b"], owner=owner, origin_run_id=owner,
+    own = store.pipelines.create_pipeline(job, ["a", "b"], owner=owner, origin_run_id=owner,
                                 params={"ops": {"a": {"config": {"x": 1}}}}, **kw)
-    store.start_node(own, "a")
+    store.pipelines.start_node(own, "a")
     expire(store, own.pipeline_id)
     return own
 
@@ -106,12 +106,12 @@ def test_a_failed_owner_awaiting_dagsters_retry_decision_is_left_to_it_for_a_gra
         own = orphan(store, deciding.run_id)
         long_ago = create_run_for_test(inst, job_name="items_job", status=DagsterRunStatus.STARTED)
         fail_without_decision(inst, long_ago, ago=RETRY_DECISION_GRACE_SECONDS + 5)
-        stale = store.create_pipeline("items_job", ["a"], owner=long_ago.run_id, origin_run_id=long_ago.run_id)
+        stale = store.pipelines.create_pipeline("items_job", ["a"], owner=long_ago.run_id, origin_run_id=long_ago.run_id)
         assert inst.get_run_by_id(deciding.run_id).status == DagsterRunStatus.FAILURE
         (request,) = evaluate(sensor, inst, db_url)[0].run_requests
         # the run whose decision is overdue is dead; the other one is left to Dagster, though its heartbeat expired
         assert request.tags[TAG_PIPELINE] == str(stale.pipeline_id)
-        assert store.get_pipeline(own.pipeline_id).epoch == 1
+        assert store.pipelines.get_pipeline(own.pipeline_id).epoch == 1
         launch(inst, request)
         inst.add_run_tags(deciding.run_id, {"dagster/will_retry": "false"})  # Dagster decided: no retry
         (request,) = evaluate(sensor, inst, db_url)[0].run_requests
@@ -126,7 +126,7 @@ def test_a_tick_that_failed_after_its_reclaim_is_made_good_by_the_next_tick(stor
     second, _ = evaluate(sensor, instance, db_url)
     (again,) = second.run_requests
     assert again.run_key == lost.run_key and again.tags == lost.tags
-    assert store.get_pipeline(own.pipeline_id).epoch == 2  # re-requested, not reclaimed again
+    assert store.pipelines.get_pipeline(own.pipeline_id).epoch == 2  # re-requested, not reclaimed again
     launch(instance, again)
     third, _ = evaluate(sensor, instance, db_url)
     assert third.run_requests == []
@@ -149,7 +149,7 @@ def test_a_queued_resume_run_keeps_its_reservation_past_the_grace(store, db_url,
     expire(store, own.pipeline_id)  # the grace ran out while the run waited in the queue
     result, _ = evaluate(sensor, instance, db_url, launch_grace_seconds=60)
     assert result.run_requests == []
-    pipeline = store.get_pipeline(own.pipeline_id)
+    pipeline = store.pipelines.get_pipeline(own.pipeline_id)
     assert pipeline.epoch == 2 and pipeline.owner == f"resume-{own.pipeline_id}-1" and pipeline.status == "running"
 
 
@@ -160,14 +160,14 @@ def test_a_resume_run_that_ends_before_attaching_is_dead_at_once(store, db_url, 
     launch(instance, request, status=DagsterRunStatus.FAILURE)  # e.g. its run worker could not start
     (second,) = evaluate(sensor, instance, db_url, launch_grace_seconds=600)[0].run_requests
     assert second.tags[TAG_RESUME_NUMBER] == "2" and second.tags[TAG_RESUMED_FROM] == f"resume-{own.pipeline_id}-1"
-    assert store.get_pipeline(own.pipeline_id).epoch == 3
+    assert store.pipelines.get_pipeline(own.pipeline_id).epoch == 3
 
 
 def test_a_resume_run_keeps_what_the_user_launched(store, db_url, instance):
     run = create_run_for_test(instance, job_name="items_job", status=DagsterRunStatus.FAILURE, op_selection=["n2"],
                               tags={"team": "ocr", "dagster/priority": "7", "dagster/partition": "2026-01-01",
                                     "dagster/sensor_name": "someone", ".dagster/repository": "x"})
-    own = store.create_pipeline("items_job", ["n2"], owner=run.run_id, origin_run_id=run.run_id,
+    own = store.pipelines.create_pipeline("items_job", ["n2"], owner=run.run_id, origin_run_id=run.run_id,
                                 params={"ops": {"n2": {"config": {"items": 2}}}})
     (request,) = evaluate(make_orphan_sensor([items_job]), instance, db_url)[0].run_requests
     assert request.run_config == {"ops": {"n2": {"config": {"items": 2}}}}
@@ -179,9 +179,9 @@ def test_a_resume_run_keeps_what_the_user_launched(store, db_url, instance):
 
 def test_a_failed_owner_run_is_an_orphan_at_once(store, db_url, instance):
     run = create_run_for_test(instance, job_name="items_job", status=DagsterRunStatus.FAILURE)
-    own = store.create_pipeline("items_job", ["a"], owner=run.run_id, origin_run_id=run.run_id)
+    own = store.pipelines.create_pipeline("items_job", ["a"], owner=run.run_id, origin_run_id=run.run_id)
     live = create_run_for_test(instance, job_name="items_job", status=DagsterRunStatus.STARTED)
-    store.create_pipeline("items_job", ["a"], owner=live.run_id, origin_run_id=live.run_id)
+    store.pipelines.create_pipeline("items_job", ["a"], owner=live.run_id, origin_run_id=live.run_id)
     result, _ = evaluate(make_orphan_sensor([items_job]), instance, db_url)
     assert [r.tags[TAG_PIPELINE] for r in result.run_requests] == [str(own.pipeline_id)]
 
@@ -197,7 +197,7 @@ def test_launches_at_most_k_per_tick_oldest_first_and_reclaims_only_those(store,
     sensor = make_orphan_sensor([items_job], max_resumes_per_tick=2)
     result, _ = evaluate(sensor, instance, db_url)
     assert [int(r.tags[TAG_PIPELINE]) for r in result.run_requests] == [o.pipeline_id for o in owns[:2]]
-    assert [store.get_pipeline(o.pipeline_id).epoch for o in owns] == [2, 2, 1, 1, 1]
+    assert [store.pipelines.get_pipeline(o.pipeline_id).epoch for o in owns] == [2, 2, 1, 1, 1]
 
 
 def test_gives_up_and_ignores_other_jobs(store, db_url, instance):
@@ -205,8 +205,8 @@ def test_gives_up_and_ignores_other_jobs(store, db_url, instance):
     other = orphan(store, "dead-o", job="another_job")
     result, _ = evaluate(make_orphan_sensor([items_job]), instance, db_url)
     assert isinstance(result.skip_message, str) and "1 given up" in result.skip_message
-    assert store.get_pipeline(hopeless.pipeline_id).status == "failed"
-    assert store.get_pipeline(other.pipeline_id).epoch == 1
+    assert store.pipelines.get_pipeline(hopeless.pipeline_id).status == "failed"
+    assert store.pipelines.get_pipeline(other.pipeline_id).epoch == 1
 
 
 def test_cli_reclaimed_pipelines_are_launched_by_the_sensor(store, db_url, instance):
@@ -214,17 +214,17 @@ def test_cli_reclaimed_pipelines_are_launched_by_the_sensor(store, db_url, insta
 
     own = orphan(store, "dead-cli")
     assert scan(store, PassPlan(trigger="cli")).reclaimed == 1
-    assert store.get_pipeline(own.pipeline_id).owner is None
+    assert store.pipelines.get_pipeline(own.pipeline_id).owner is None
     result, _ = evaluate(make_orphan_sensor([items_job]), instance, db_url)
     (request,) = result.run_requests
     assert request.tags[TAG_RESUMED_FROM] == "dead-cli" and request.tags[TAG_RESUME_NUMBER] == "1"
-    assert store.get_pipeline(own.pipeline_id).owner == f"resume-{own.pipeline_id}-1"
+    assert store.pipelines.get_pipeline(own.pipeline_id).owner == f"resume-{own.pipeline_id}-1"
 
 
 def test_stuck_item_sensor_resets_marks_dead_and_launches_a_queue_run(store, db_url, instance):
-    store.enqueue("ocr", [{"n": 1}, {"n": 2}], max_attempts=1)
-    store.enqueue("ocr", [{"n": 3}], max_attempts=3)
-    items = store.claim("ocr", "gone", limit=3, heartbeat_timeout=600)
+    store.queue.enqueue("ocr", [{"n": 1}, {"n": 2}], max_attempts=1)
+    store.queue.enqueue("ocr", [{"n": 3}], max_attempts=3)
+    items = store.queue.claim("ocr", "gone", limit=3, heartbeat_timeout=600)
     from sqlalchemy import update
 
     from recovery_ext._store.schema import queue_items
@@ -233,7 +233,7 @@ def test_stuck_item_sensor_resets_marks_dead_and_launches_a_queue_run(store, db_
         conn.execute(update(queue_items).values(started_at=store.dialect.now_plus(-1200), heartbeat_deadline=None))
     sensor = make_stuck_item_sensor(make_ocr_job(), "ocr", stale_after_seconds=600, run_config={"ops": {}})
     result, _ = evaluate(sensor, instance, db_url)
-    statuses = sorted(store.get_item(i.id).status for i in items)
+    statuses = sorted(store.queue.get_item(i.id).status for i in items)
     assert statuses == ["dead", "dead", "ready"]
     (request,) = result.run_requests
     assert request.job_name == "ocr_documents" and request.tags[TAG_QUEUE] == "ocr"
@@ -294,27 +294,27 @@ def test_invalid_resource_settings_fail_when_definitions_load(bad, words):
 def test_owners_dagster_is_retrying_are_left_to_the_retry_and_canceled_owners_cancel(store, db_url, instance):
     retried = create_run_for_test(instance, job_name="items_job", status=DagsterRunStatus.FAILURE,
                                   tags={"dagster/will_retry": "true"})
-    retried_own = store.create_pipeline("items_job", ["a"], owner=retried.run_id, origin_run_id=retried.run_id)
+    retried_own = store.pipelines.create_pipeline("items_job", ["a"], owner=retried.run_id, origin_run_id=retried.run_id)
     retry_over = create_run_for_test(instance, job_name="items_job", status=DagsterRunStatus.FAILURE,
                                      tags={"dagster/will_retry": "true"})
     create_run_for_test(instance, job_name="items_job", status=DagsterRunStatus.FAILURE,
                         tags={"dagster/parent_run_id": retry_over.run_id})
-    over_own = store.create_pipeline("items_job", ["a"], owner=retry_over.run_id, origin_run_id=retry_over.run_id)
+    over_own = store.pipelines.create_pipeline("items_job", ["a"], owner=retry_over.run_id, origin_run_id=retry_over.run_id)
     canceled = create_run_for_test(instance, job_name="items_job", status=DagsterRunStatus.CANCELED)
-    canceled_own = store.create_pipeline("items_job", ["a"], owner=canceled.run_id, origin_run_id=canceled.run_id)
+    canceled_own = store.pipelines.create_pipeline("items_job", ["a"], owner=canceled.run_id, origin_run_id=canceled.run_id)
     result, _ = evaluate(make_orphan_sensor([items_job]), instance, db_url)
     assert [r.tags[TAG_PIPELINE] for r in result.run_requests] == [str(over_own.pipeline_id)]
-    assert store.get_pipeline(retried_own.pipeline_id).epoch == 1
-    assert store.get_pipeline(canceled_own.pipeline_id).status == "canceled"
+    assert store.pipelines.get_pipeline(retried_own.pipeline_id).epoch == 1
+    assert store.pipelines.get_pipeline(canceled_own.pipeline_id).status == "canceled"
 
 
 def test_a_stalled_run_whose_worker_still_heartbeats_is_terminated_through_the_run_launcher(store, db_url, instance):
     from recovery_ext._store.schema import nodes
 
     run = create_run_for_test(instance, job_name="items_job", status=DagsterRunStatus.STARTED)
-    own = store.create_pipeline("items_job", ["a", "b"], owner=run.run_id, origin_run_id=run.run_id,
+    own = store.pipelines.create_pipeline("items_job", ["a", "b"], owner=run.run_id, origin_run_id=run.run_id,
                                 limits=PipelineLimits(heartbeat_timeout=600))
-    store.start_node(own, "a", heartbeat_timeout=600, stall_timeout=600)
+    store.pipelines.start_node(own, "a", heartbeat_timeout=600, stall_timeout=600)
     with store.write() as conn:
         conn.execute(update(nodes).where(nodes.c.pipeline_id == own.pipeline_id)
                      .values(stall_deadline=store.dialect.now_plus(-5)))
@@ -342,11 +342,11 @@ def test_an_idle_tick_costs_one_store_transaction(store, db_url, instance):
     from recovery_ext._dagster.resources import shared_store
 
     run = create_run_for_test(instance, job_name="items_job", status=DagsterRunStatus.STARTED)
-    store.create_pipeline("items_job", ["a"], owner=run.run_id, origin_run_id=run.run_id,
+    store.pipelines.create_pipeline("items_job", ["a"], owner=run.run_id, origin_run_id=run.run_id,
                           limits=PipelineLimits(heartbeat_timeout=600))
-    done = store.create_pipeline("items_job", ["a"], owner="finished", origin_run_id="finished")
-    store.start_node(done, "a")
-    assert store.complete_node(done, "a", output=None)
+    done = store.pipelines.create_pipeline("items_job", ["a"], owner="finished", origin_run_id="finished")
+    store.pipelines.start_node(done, "a")
+    assert store.pipelines.complete_node(done, "a", output=None)
     sensor = make_orphan_sensor([items_job], minimum_interval_seconds=1)
     evaluate(sensor, instance, db_url)  # the first tick also prunes old events (once per hour per process)
     shared = shared_store(db_url)
@@ -374,7 +374,7 @@ def test_a_tick_with_an_orphan_writes_once(store, db_url, instance):
     finally:
         stop()
     assert [r.run_key for r in result.run_requests] == [f"recovery-{second.pipeline_id}-1"]
-    assert store.get_pipeline(first.pipeline_id).resume_count == 1
+    assert store.pipelines.get_pipeline(first.pipeline_id).resume_count == 1
     assert len(counted) == 2  # the snapshot read, then the one write
 
 
@@ -383,20 +383,20 @@ def test_two_deployments_sharing_the_tables_resume_a_crash_once_in_its_own(store
     with instance_for_test() as mine, instance_for_test() as theirs:
         run = create_run_for_test(mine, job_name="items_job", status=DagsterRunStatus.STARTED,
                                   tags={"team": "search", "dagster/priority": "5"})
-        own = store.create_pipeline("items_job", ["a", "b"], owner=run.run_id, origin_run_id=run.run_id,
+        own = store.pipelines.create_pipeline("items_job", ["a", "b"], owner=run.run_id, origin_run_id=run.run_id,
                                     deployment="blue")
-        store.start_node(own, "a")
+        store.pipelines.start_node(own, "a")
         expire(store, own.pipeline_id)
         sensor = make_orphan_sensor([items_job], minimum_interval_seconds=1)
         foreign, _ = evaluate(sensor, theirs, db_url, deployment="green")
         assert not foreign.run_requests
-        assert store.get_pipeline(own.pipeline_id).resume_count == 0
+        assert store.pipelines.get_pipeline(own.pipeline_id).resume_count == 0
         result, _ = evaluate(sensor, mine, db_url, deployment="blue")
         (request,) = result.run_requests
         assert request.tags["team"] == "search" and request.tags["dagster/priority"] == "5"
         again, _ = evaluate(sensor, theirs, db_url, deployment="green")
         assert not again.run_requests
-        assert store.get_pipeline(own.pipeline_id).resume_count == 1
+        assert store.pipelines.get_pipeline(own.pipeline_id).resume_count == 1
 
 
 def test_a_legacy_pipeline_is_adopted_by_the_deployment_that_knows_its_run(store, db_url):

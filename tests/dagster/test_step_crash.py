@@ -32,9 +32,9 @@ def test_a_killed_step_process_leaves_the_pipeline_to_recovery_not_failed(store,
         logged = " ".join(e.message or "" for e in instance.all_logs(result.run_id))
     assert "step process(es) died (1); pipeline" in logged  # one crashed child inside the executor's error
     assert "is left to recovery" in logged
-    (p,) = store.list_pipelines()
+    (p,) = store.reports.list_pipelines()
     assert (p.status, p.error) == ("running", None)
-    statuses = {n.name: n.status for n in store.list_nodes(p.id)}
+    statuses = {n.name: n.status for n in store.pipelines.list_nodes(p.id)}
     assert statuses == {"n1": "completed", "n2": "running", "n3": "pending", "n4": "pending"}
     with store.read() as conn:
         assert "failed" not in conn.execute(select(transitions.c.to_status).where(

@@ -28,6 +28,7 @@ from recovery_pipelines.devserver import wait_for
 from recovery_pipelines.ocr import make_ocr_job
 from recovery_pipelines.sample_data import create_scanned_pdfs
 from recovery_pipelines.textract_stand_in import STAND_IN_CREDENTIALS, TextractProvider
+import store_rows
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -68,7 +69,7 @@ def run(db_url, folder, config, tags=None):
 
 
 def outcomes(store, pipeline_id) -> Counter:
-    return Counter(c.outcome for c in store.provider_calls(pipeline_id) if c.node_name == "ocr_documents")
+    return Counter(c.outcome for c in store_rows.provider_calls(store, pipeline_id) if c.node_name == "ocr_documents")
 
 
 def assert_ledger_equals_the_provider(store, pipeline_id, provider: TextractProvider) -> None:
@@ -76,14 +77,14 @@ def assert_ledger_equals_the_provider(store, pipeline_id, provider: TextractProv
     calls = outcomes(store, pipeline_id)
     assert calls["ok"] == len(charged)
     assert calls["submitted"] + calls["resubmitted"] == len({t.split("-")[0] for t in provider.starts})
-    assert sum(len(j.items) for j in store.provider_jobs(pipeline_id)) == provider.submissions
-    f = store.provider_costs(pipeline_id).pipelines[pipeline_id]
+    assert sum(len(j.items) for j in store.pipelines.provider_jobs(pipeline_id)) == provider.submissions
+    f = store.reports.provider_costs(pipeline_id).pipelines[pipeline_id]
     assert f.cost == pytest.approx(PRICE * sum(pages for _, pages in charged))
     assert sorted(name for name, _ in charged) == sorted(DOCS)  # each document paid once
 
 
 def assert_every_text_is_the_documents(store):
-    for item in store.list_items("ocr"):
+    for item in store.queue.list_items("ocr"):
         assert item.result["raw_text"] == "\n".join(DOCS[item.payload["name"]])
         assert item.result["pages"] == 1 and item.result["provider_job"]
 
@@ -92,7 +93,7 @@ def test_the_ocr_job_recognises_its_documents_as_one_textract_job(store, db_url,
     with TextractProvider({"scans": folder}, duration=0.5) as provider:
         result = run(db_url, folder, textract_config(provider))
         assert provider.submissions == len(DOCS) and set(provider.starts.values()) == {1}
-    (pipeline,) = store.list_pipelines()
+    (pipeline,) = store.reports.list_pipelines()
     assert_every_document_completed_once_before_the_pipeline(store, pipeline.id, DOCS)
     assert_every_text_is_the_documents(store)
     assert_ledger_equals_the_provider(store, pipeline.id, provider)
@@ -114,7 +115,7 @@ def kill_and_resume(store, db_url, folder, provider: TextractProvider, killed_wh
         worker.send_signal(signal.SIGKILL)
     finally:
         worker.wait(30)
-    (pipeline,) = store.list_pipelines()
+    (pipeline,) = store.reports.list_pipelines()
     (reclaimed,), _ = reclaim(store, PassPlan(dead_owner_runs=[pipeline.owner]))
     result = run(db_url, folder, config, {TAG_PIPELINE: str(reclaimed.pipeline_id),
                                           TAG_RESUME_NUMBER: str(reclaimed.resume_number),
@@ -124,7 +125,7 @@ def kill_and_resume(store, db_url, folder, provider: TextractProvider, killed_wh
 
 def assert_reattached_to_one_job_per_document(store, pipeline, result, provider: TextractProvider):
     assert provider.submissions_per_document() == Counter(list(DOCS))  # one Textract job per document, no more
-    (job,) = store.provider_jobs(pipeline.id)
+    (job,) = store.pipelines.provider_jobs(pipeline.id)
     assert (job.status, job.attempt) == ("collected", 1) and json.loads(job.job_id).keys() == set(job.items)
     assert sorted(json.loads(job.job_id).values()) == sorted(provider.jobs)
     output = [e for e in result.all_events if e.step_key == "ocr_documents" and e.event_type_value == "STEP_OUTPUT"]
@@ -133,7 +134,7 @@ def assert_reattached_to_one_job_per_document(store, pipeline, result, provider:
     assert_every_text_is_the_documents(store)
     assert_ledger_equals_the_provider(store, pipeline.id, provider)
     assert outcomes(store, pipeline.id) == Counter({"ok": len(DOCS), "submitted": 1})
-    f = store.provider_costs(pipeline.id).pipelines[pipeline.id]
+    f = store.reports.provider_costs(pipeline.id).pipelines[pipeline.id]
     assert (f.wasted_calls, f.in_flight_unknown_calls) == (0, 0)
 
 
@@ -141,7 +142,7 @@ def test_a_kill_during_the_textract_wait_is_reattached_not_resubmitted(store, db
     polls = random.randint(1, 30)  # a random point of the wait: after this many of the stand-in's answers to a poll
     with TextractProvider({"scans": folder}, duration=8.0) as provider:
         def waiting():
-            found = store.list_pipelines()
+            found = store.reports.list_pipelines()
             return (provider.gets >= polls and found and found[0].shown_status == WAITING
                     and "textract job" in found[0].waiting_reason)
 
@@ -168,12 +169,12 @@ def test_a_kill_between_two_documents_results_keeps_the_first_and_reattaches_for
         def first_kept():
             # at least one: a busy machine may read the queue only after a second document was kept too (each read
             # of a result takes 1.5 s, so the third is still to come, and the resume re-attaches for it)
-            return sum(1 for item in store.list_items("ocr") if item.status == "completed") >= 1
+            return sum(1 for item in store.queue.list_items("ocr") if item.status == "completed") >= 1
 
         pipeline, result = kill_and_resume(store, db_url, folder, provider, first_kept)
         assert set(provider.starts.values()) == {1}
     assert_reattached_to_one_job_per_document(store, pipeline, result, provider)
-    kept = [c for c in store.provider_calls(pipeline.id) if c.outcome == "ok"]
+    kept = [c for c in store_rows.provider_calls(store, pipeline.id) if c.outcome == "ok"]
     assert len({c.run_id for c in kept}) == 2  # one document's row from the killed run, two from the resume
 
 
@@ -182,24 +183,24 @@ def test_a_failed_textract_job_is_resubmitted_for_its_document_only(store, db_ur
         run(db_url, folder, textract_config(provider))
         assert provider.submissions_per_document() == Counter({"doc1.pdf": 1, "doc2.pdf": 2, "doc3.pdf": 1})
         assert provider.statuses() == Counter({"SUCCEEDED": len(DOCS), "FAILED": 1})
-    (pipeline,) = store.list_pipelines()
+    (pipeline,) = store.reports.list_pipelines()
     assert_every_document_completed_once_before_the_pipeline(store, pipeline.id, DOCS)
     assert_ledger_equals_the_provider(store, pipeline.id, provider)
     assert outcomes(store, pipeline.id) == Counter({"ok": len(DOCS), "textract_failed": 1, "submitted": 1,
                                                     "resubmitted": 1})
-    jobs = store.provider_jobs(pipeline.id)
+    jobs = store.pipelines.provider_jobs(pipeline.id)
     assert [(j.status, j.attempt, len(j.items)) for j in jobs] == [("failed", 1, len(DOCS)), ("collected", 2, 1)]
 
 
 def test_a_document_textract_fails_on_in_every_attempt_fails_its_queue_item(store, db_url, folder):
     with TextractProvider({"scans": folder}, duration=0.3, fail_first={"doc2.pdf"}) as provider:
         result = run(db_url, folder, {**textract_config(provider), "provider_max_attempts": 1})
-    (pipeline,) = store.list_pipelines()
-    items = {item.payload["name"]: item for item in store.list_items("ocr")}
+    (pipeline,) = store.reports.list_pipelines()
+    items = {item.payload["name"]: item for item in store.queue.list_items("ocr")}
     assert {name: item.status for name, item in items.items()} == {"doc1.pdf": "completed", "doc2.pdf": "failed",
                                                                    "doc3.pdf": "completed"}
     assert items["doc2.pdf"].last_error.startswith("provider_job")
     assert outcomes(store, pipeline.id) == Counter({"ok": 2, "textract_failed": 1, "submitted": 1})
     assert result.output_for_node("ocr_documents") == {"queue": "ocr", "items_done": 2, "items_failed": 1,
                                                        "items_dead": 0}
-    assert store.get_pipeline(pipeline.id).status == "completed"
+    assert store.pipelines.get_pipeline(pipeline.id).status == "completed"

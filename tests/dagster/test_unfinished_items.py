@@ -17,7 +17,7 @@ from recovery_ext._store.schema import transitions
 
 
 def make(store, nodes_=("a", "b")):
-    return store.create_pipeline("job", list(nodes_), owner="run-1", origin_run_id="run-1")
+    return store.pipelines.create_pipeline("job", list(nodes_), owner="run-1", origin_run_id="run-1")
 
 
 def completions(store, pipeline_id):
@@ -28,38 +28,38 @@ def completions(store, pipeline_id):
 
 def test_a_node_with_unfinished_items_cannot_complete_and_nothing_is_written(store):
     own = make(store)
-    store.start_node(own, "a")
-    store.set_items_total(own, "a", 3)
-    store.checkpoint_item(own, "a", ItemCheckpoint("k1", {"r": 1}))
+    store.pipelines.start_node(own, "a")
+    store.pipelines.start_items(own, "a", 3)
+    store.pipelines.checkpoint_item(own, "a", ItemCheckpoint("k1", {"r": 1}))
     # explicitly degraded counts as finished
-    store.checkpoint_item(own, "a", ItemCheckpoint("k2", {"r": 2}, status="degraded"))
+    store.pipelines.checkpoint_item(own, "a", ItemCheckpoint("k2", {"r": 2}, status="degraded"))
     with pytest.raises(UnfinishedItems, match="1 of its 3 items are unfinished"):
-        store.complete_node(own, "a", {"done": True})
-    node = store.get_node(own.pipeline_id, "a")
+        store.pipelines.complete_node(own, "a", {"done": True})
+    node = store.pipelines.get_node(own.pipeline_id, "a")
     assert (node.status, node.output) == ("running", None)
     assert completions(store, own.pipeline_id) == 0
 
-    store.checkpoint_item(own, "a", ItemCheckpoint("k3", {"r": 3}))
-    assert store.complete_node(own, "a", {"done": True}) is False
-    assert store.get_node(own.pipeline_id, "a").status == "completed"
+    store.pipelines.checkpoint_item(own, "a", ItemCheckpoint("k3", {"r": 3}))
+    assert store.pipelines.complete_node(own, "a", {"done": True}) is False
+    assert store.pipelines.get_node(own.pipeline_id, "a").status == "completed"
 
 
 def test_a_node_that_never_asked_for_items_completes_as_before(store):
     own = make(store, nodes_=("a",))
-    store.start_node(own, "a")
-    assert store.complete_node(own, "a", 1) is True
-    assert store.get_pipeline(own.pipeline_id).status == "completed"
+    store.pipelines.start_node(own, "a")
+    assert store.pipelines.complete_node(own, "a", 1) is True
+    assert store.pipelines.get_pipeline(own.pipeline_id).status == "completed"
 
 
 def test_the_last_node_refused_leaves_the_pipeline_running_not_completed(store):
     own = make(store, nodes_=(NodeSpec("a", optional=True),))
-    store.start_node(own, "a")
-    store.set_items_total(own, "a", 2)
+    store.pipelines.start_node(own, "a")
+    store.pipelines.start_items(own, "a", 2)
     with pytest.raises(UnfinishedItems):
-        store.complete_node(own, "a")
-    assert store.get_pipeline(own.pipeline_id).status == "running"
-    store.degrade_node(own, "a", ErrorInfo("gave up on its items", "permanent"))  # the explicit way out
-    assert store.get_pipeline(own.pipeline_id).status == "completed"
+        store.pipelines.complete_node(own, "a")
+    assert store.pipelines.get_pipeline(own.pipeline_id).status == "running"
+    store.pipelines.degrade_node(own, "a", ErrorInfo("gave up on its items", "permanent"))  # the explicit way out
+    assert store.pipelines.get_pipeline(own.pipeline_id).status == "completed"
 
 
 @recoverable_op(ins={})
@@ -109,20 +109,20 @@ def test_an_op_that_returns_before_finishing_its_items_fails_with_a_clear_error(
     assert failure.step_key == "quits_early"
     assert "node 'quits_early'" in str(failure.event_specific_data.error)
     assert "1 of its 3 items are unfinished" in str(failure.event_specific_data.error)
-    (pipeline,) = store.list_pipelines()
+    (pipeline,) = store.reports.list_pipelines()
     assert pipeline.status == "failed" and "1 of its 3 items are unfinished" in (pipeline.error or "")
-    (node,) = store.list_nodes(pipeline.id)
+    (node,) = store.pipelines.list_nodes(pipeline.id)
     assert (node.status, node.output) == ("failed", None)
-    assert sorted(store.completed_items(pipeline.id, "quits_early")) == ["d1", "d2"]
+    assert sorted(store.pipelines.completed_items(pipeline.id, "quits_early")) == ["d1", "d2"]
     assert completions(store, pipeline.id) == 0
 
 
 def test_an_optional_op_that_returns_before_finishing_its_items_degrades(store, db_url):
     result = run(optional_early_job, db_url)
     assert result.success
-    (pipeline,) = store.list_pipelines()
+    (pipeline,) = store.reports.list_pipelines()
     assert pipeline.status == "completed"
-    statuses = {n.name: n.status for n in store.list_nodes(pipeline.id)}
+    statuses = {n.name: n.status for n in store.pipelines.list_nodes(pipeline.id)}
     assert statuses == {"quits_early_optional": "degraded", "finishes_all": "completed"}
-    degraded = store.get_node(pipeline.id, "quits_early_optional")
+    degraded = store.pipelines.get_node(pipeline.id, "quits_early_optional")
     assert "1 of its 2 items are unfinished" in (degraded.error or "")

@@ -104,8 +104,8 @@ def test_a_dead_runs_own_log_names_its_recovery_at_the_tick_that_reclaims_it(sto
 
     with instance_for_test() as instance:
         dead = create_run_for_test(instance, job_name="items_job", status=DagsterRunStatus.FAILURE)
-        own = store.create_pipeline("items_job", ["a"], owner=dead.run_id, origin_run_id=dead.run_id)
-        store.start_node(own, "a")
+        own = store.pipelines.create_pipeline("items_job", ["a"], owner=dead.run_id, origin_run_id=dead.run_id)
+        store.pipelines.start_node(own, "a")
         sensor = make_orphan_sensor([items_job], minimum_interval_seconds=5)
         context = build_sensor_context(instance=instance, resources={
             "recovery": RecoveryResource(database_url=db_url, deployment="default")})

@@ -48,7 +48,7 @@ def launch_backfill(dev, params=None) -> str:
 
 
 def items_done(store, pipeline_id: int) -> list[str]:
-    return sorted(store.completed_items(pipeline_id, "batch"))
+    return sorted(store.pipelines.completed_items(pipeline_id, "batch"))
 
 
 def calls_by_run(store) -> dict[str, list[str]]:
@@ -66,7 +66,7 @@ def test_backfill_killed_mid_way_resumes_only_the_interrupted_partition(dev, app
 
     def victim():
         """A partition mid-way (some items done, not all) while others already completed."""
-        pipelines = store.list_pipelines()
+        pipelines = store.reports.list_pipelines()
         if sum(p.status == "completed" for p in pipelines) < 2:
             return None
         for p in pipelines:
@@ -83,14 +83,14 @@ def test_backfill_killed_mid_way_resumes_only_the_interrupted_partition(dev, app
     assert 1 <= len(done_at_kill) < ITEMS
 
     def all_partitions_completed():
-        pipelines = store.list_pipelines()
+        pipelines = store.reports.list_pipelines()
         return len(pipelines) == len(PARTITIONS) and all(p.status == "completed" for p in pipelines)
 
     wait_for(all_partitions_completed, timeout=400, interval=0.5, what="every partition's pipeline to complete")
     resumes = [r for r in dev.runs(tags={TAG_PIPELINE: str(pipeline.id)}) if TAG_RESUME_NUMBER in r.tags]
     (resume,) = resumes
     assert resume.tags[PARTITION_TAG] == partition
-    assert store.get_pipeline(pipeline.id).resume_count == 1
+    assert store.pipelines.get_pipeline(pipeline.id).resume_count == 1
     # no other partition resumed: one resume run in the whole deployment
     assert [r.run_id for r in dev.runs() if TAG_RESUME_NUMBER in r.tags] == [resume.run_id]
     dev.wait_run(resume.run_id, timeout=120)
@@ -126,20 +126,20 @@ def test_asset_backfill_killed_mid_way_resumes_only_the_interrupted_partition_in
                           "partitionNames": BOOKS})
 
     def asset_pipelines():
-        return [p for p in store.list_pipelines() if p.job_name == "__ASSET_JOB"]
+        return [p for p in store.reports.list_pipelines() if p.job_name == "__ASSET_JOB"]
 
     def victim():
         for p in asset_pipelines():
-            nodes = {n.name: n.status for n in store.list_nodes(p.id)}
+            nodes = {n.name: n.status for n in store.pipelines.list_nodes(p.id)}
             if p.status == "running" and nodes.get("pages") == "completed" and \
-                    1 <= len(store.completed_items(p.id, "page_index")) < PAGES:
+                    1 <= len(store.pipelines.completed_items(p.id, "page_index")) < PAGES:
                 return p
         return None
 
     pipeline = wait_for(victim, timeout=240, interval=0.05, what="a partition mid-way through page_index")
     killed_run = pipeline.owner
     os.kill(dev.run_worker_pid(killed_run), signal.SIGKILL)
-    indexed_at_kill = sorted(store.completed_items(pipeline.id, "page_index"))
+    indexed_at_kill = sorted(store.pipelines.completed_items(pipeline.id, "page_index"))
     partition = dev.run(killed_run).tags[PARTITION_TAG]
     assert 1 <= len(indexed_at_kill) < PAGES
 
@@ -152,7 +152,7 @@ def test_asset_backfill_killed_mid_way_resumes_only_the_interrupted_partition_in
     dev.wait_run(resume.run_id, timeout=120)
     assert resume.job_name == "__ASSET_JOB" and resume.tags[PARTITION_TAG] == partition
     assert resume.asset_selection == {AssetKey("pages"), AssetKey("page_index")}
-    assert store.get_pipeline(pipeline.id).resume_count == 1
+    assert store.pipelines.get_pipeline(pipeline.id).resume_count == 1
     # no other book resumed
     assert [p.id for p in asset_pipelines() if p.resume_count] == [pipeline.id]
     # the resume ran only page_index, and only its items the killed run had not finished

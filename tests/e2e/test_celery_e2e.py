@@ -65,7 +65,7 @@ def calls(store, run_id=None, node=None):
 
 
 def pipeline_of(store, run_id):
-    return wait_for(lambda: store.find_pipeline(run_id), timeout=120, what=f"the pipeline of run {run_id}")
+    return wait_for(lambda: store.pipelines.find_pipeline(run_id), timeout=120, what=f"the pipeline of run {run_id}")
 
 
 def resume_runs(dep, pipeline_id):
@@ -93,7 +93,7 @@ def recovered_causes(store, pipeline_id):
 
 
 def wait_completed(store, pipeline_id, timeout=240):
-    return wait_for(lambda: store.get_pipeline(pipeline_id).status == "completed", timeout=timeout,
+    return wait_for(lambda: store.pipelines.get_pipeline(pipeline_id).status == "completed", timeout=timeout,
                     what=f"pipeline {pipeline_id} to complete")
 
 
@@ -122,7 +122,7 @@ def mid_step(store, run_id, node, at_least=2, timeout=180):
 def assert_one_resume_that_succeeded(dep, store, pipeline_id, first_run):
     (resume,) = resume_runs(dep, pipeline_id)
     assert resume.tags[TAG_RESUMED_FROM] == first_run
-    assert store.get_pipeline(pipeline_id).resume_count == 1
+    assert store.pipelines.get_pipeline(pipeline_id).resume_count == 1
     dep.dev.wait_run(resume.run_id, timeout=120)
     return resume
 
@@ -208,7 +208,7 @@ def test_c_a_broker_restart_mid_run_makes_no_orphan(dep, store):
     run = dep.dev.wait_run(run_id, statuses=(DagsterRunStatus.SUCCESS, DagsterRunStatus.FAILURE), timeout=180)
     pipeline = pipeline_of(store, run_id)
     assert run.status == DagsterRunStatus.SUCCESS, run_failure_message(dep, run_id)
-    assert store.get_pipeline(pipeline.id).status == "completed"
+    assert store.pipelines.get_pipeline(pipeline.id).status == "completed"
     assert reclaims(store, pipeline.id) == [] and resume_runs(dep, pipeline.id) == []
 
 
@@ -224,7 +224,7 @@ def test_d_the_run_worker_host_killed_while_a_step_runs_elsewhere(dep, store):
         wait_for(lambda: reclaims(store, pipeline.id), timeout=60, what="the pipeline to be reclaimed")
         # a node that completes on a live host refreshes the pipeline's heartbeat once (node start and
         # completion extend it): the run's heartbeat is silent from the kill or that completion on
-        completed = [n.completed_at.timestamp() for n in store.list_nodes(pipeline.id)
+        completed = [n.completed_at.timestamp() for n in store.pipelines.list_nodes(pipeline.id)
                      if n.completed_at is not None and n.completed_at.timestamp() > killed_at]
         silent_from = max([killed_at, *completed])
         latency = reclaims(store, pipeline.id)[0] - silent_from
@@ -264,6 +264,6 @@ def test_e_a_step_waiting_in_a_queue_backlog_is_no_orphan(dep, store):
     assert waited > HEARTBEAT_TIMEOUT, "the premise failed: the step did not wait in a backlog longer than the timeout"
     for run_id in runs:
         pipeline = pipeline_of(store, run_id)
-        assert store.get_pipeline(pipeline.id).status == "completed"
+        assert store.pipelines.get_pipeline(pipeline.id).status == "completed"
         assert reclaims(store, pipeline.id) == [] and resume_runs(dep, pipeline.id) == []
     assert not dep.dev.instance.get_runs(filters=RunsFilter(statuses=[DagsterRunStatus.QUEUED]))

@@ -39,6 +39,7 @@ from test_celery_e2e import (HEARTBEAT_INTERVAL, HEARTBEAT_TIMEOUT, SENSOR_INTER
 from recovery_ext import RecoveryStore
 from recovery_ext._store.schema import node_items, provider_calls
 from recovery_pipelines.devserver import wait_for
+import store_rows
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 
@@ -140,7 +141,7 @@ def assert_ledger_equals_the_provider(store, provider, pipeline_id, first_run):
     asked = Counter((c.item, c.tokens_in) for c in paid)
     twice = [next(c for c in paid if (c.item, c.tokens_in) == key) for key, n in asked.items() for _ in range(n - 1)]
     rows = ledger_rows(store, pipeline_id)
-    f = store.provider_costs(pipeline_id).pipelines[pipeline_id]
+    f = store.reports.provider_costs(pipeline_id).pipelines[pipeline_id]
     old = [r for r in rows if r.run_id == first_run]
     # in flight at the crash: sent by the superseded step, its answer never kept for a resume
     crash = [r for r in old if not r.reached_checkpoint]
@@ -172,13 +173,13 @@ def assert_ledger_equals_the_provider(store, provider, pipeline_id, first_run):
     assert not {(r.item_key, r.tokens_in) for r in replayed} & {(c.item, c.tokens_in) for c in twice}
     assert f.replayed_calls == len(replayed) and f.saved_calls == len(old) - len(crash)
     assert sorted(done) == [f"t{i:02d}" for i in range(ITEMS)]
-    assert store.call_journal_size(pipeline_id) == (0, 0)  # the pipeline completed: pruned
+    assert store_rows.call_journal_size(store, pipeline_id) == (0, 0)  # the pipeline completed: pruned
     return twice[0] if twice else None
 
 
 def assert_cut_call_paid_twice_and_its_item_replayed(store, provider, pipeline_id, first_run, cut_call):
     assert assert_ledger_equals_the_provider(store, provider, pipeline_id, first_run) == cut_call
-    f = store.provider_costs(pipeline_id).pipelines[pipeline_id]
+    f = store.reports.provider_costs(pipeline_id).pipelines[pipeline_id]
     assert f.replayed_calls == 1  # the cut call was an item's second question: the first one's answer
     assert checkpointed_by(store, pipeline_id)[cut_call.item] != first_run
 
@@ -218,7 +219,7 @@ def test_b_a_step_terminated_mid_call_leaves_the_ledger_equal_to_the_provider(de
     assert_one_resume_that_succeeded(dep, store, pipeline.id, run_id)
     wait_for(lambda: old_step_ended(dep, victim, run_id), timeout=120, interval=1.0, what="the old step to end")
     assert_cut_call_paid_twice_and_its_item_replayed(store, provider, pipeline.id, run_id, call)
-    f = store.provider_costs(pipeline.id).pipelines[pipeline.id]
+    f = store.reports.provider_costs(pipeline.id).pipelines[pipeline.id]
     assert (f.in_flight_unknown_calls, f.wasted_calls) == (1, 0)  # the terminated step never got its answer
 
 

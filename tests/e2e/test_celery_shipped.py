@@ -83,8 +83,8 @@ def test_both_shipped_jobs_run_every_step_on_celery_workers(deployment):
     for job, run_id in runs.items():
         run = dev.wait_run(run_id, statuses=(DagsterRunStatus.SUCCESS, DagsterRunStatus.FAILURE), timeout=420)
         assert run.status == DagsterRunStatus.SUCCESS, f"{job}: {[e.message for e in dev.instance.all_logs(run_id)][-5:]}"
-        pipeline = wait_for(lambda r=run_id: store.find_pipeline(r), timeout=30, what=f"the pipeline of {job}")
-        assert store.get_pipeline(pipeline.id).status == "completed"
+        pipeline = wait_for(lambda r=run_id: store.pipelines.find_pipeline(r), timeout=30, what=f"the pipeline of {job}")
+        assert store.pipelines.get_pipeline(pipeline.id).status == "completed"
         started = {e.step_key for e in dev.instance.all_logs(run_id, of_type=DagsterEventType.STEP_START)}
         on_celery = {e.step_key for e in dev.instance.all_logs(run_id, of_type=DagsterEventType.ENGINE_EVENT)
                      if "in celery worker" in (e.message or "")}

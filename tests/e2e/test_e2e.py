@@ -58,7 +58,7 @@ def calls(store, run_id=None, node=None):
 
 
 def pipeline_of(store, run_id):
-    return wait_for(lambda: store.find_pipeline(run_id), timeout=60, what=f"the pipeline of run {run_id}")
+    return wait_for(lambda: store.pipelines.find_pipeline(run_id), timeout=60, what=f"the pipeline of run {run_id}")
 
 
 def resume_runs(dev, pipeline_id):
@@ -67,7 +67,7 @@ def resume_runs(dev, pipeline_id):
 
 
 def wait_completed(store, pipeline_id, timeout=150):
-    return wait_for(lambda: store.get_pipeline(pipeline_id).status == "completed", timeout=timeout,
+    return wait_for(lambda: store.pipelines.get_pipeline(pipeline_id).status == "completed", timeout=timeout,
                     what=f"pipeline {pipeline_id} to complete")
 
 
@@ -86,7 +86,7 @@ def reclaimed_at(store, pipeline_id):
 def assert_exactly_one_resume(dev, store, pipeline_id, expected=1):
     runs = resume_runs(dev, pipeline_id)
     assert [int(r.tags[TAG_RESUME_NUMBER]) for r in runs] == list(range(1, expected + 1))
-    assert store.get_pipeline(pipeline_id).resume_count == expected
+    assert store.pipelines.get_pipeline(pipeline_id).resume_count == expected
     return runs
 
 
@@ -174,7 +174,7 @@ def test_c_sigstop_of_the_run_worker_is_detected_and_its_writes_refused_after_si
     # the old worker wakes up, finds its next write refused, fails its step and exits
     wait_for(lambda: not process_alive(worker), timeout=60, what="the superseded run worker to stop")
     assert items_by(store, pipeline.id, "n2") == before
-    assert store.get_pipeline(pipeline.id).owner == resume.run_id
+    assert store.pipelines.get_pipeline(pipeline.id).owner == resume.run_id
     assert all(rid == resume.run_id for rid, _ in items_by(store, pipeline.id, "n3").values())
 
 
@@ -229,7 +229,7 @@ def test_f_a_pipeline_that_keeps_crashing_is_given_up_after_its_maximum_resumes(
             runs = wait_for(lambda: len(resume_runs(dev, pipeline.id)) == attempt + 1 and resume_runs(dev, pipeline.id),
                             timeout=90, what=f"resume #{attempt + 1}")
             owner = runs[-1].run_id
-    failed = wait_for(lambda: (p := store.get_pipeline(pipeline.id)).status == "failed" and p, timeout=90,
+    failed = wait_for(lambda: (p := store.pipelines.get_pipeline(pipeline.id)).status == "failed" and p, timeout=90,
                       what="the pipeline to be given up")
     assert failed.gave_up_reason == f"gave up after {MAX_RESUMES} resumes (maximum {MAX_RESUMES})"
     assert len(resume_runs(dev, pipeline.id)) == MAX_RESUMES

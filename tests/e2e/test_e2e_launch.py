@@ -84,11 +84,11 @@ def test_a_tick_that_fails_after_its_reclaim_still_launches_exactly_one_resume_r
     wait_for(lambda: not flag.exists(), timeout=120, what="the sensor to reclaim and call terminate")
     wait_for(lambda: len(failed_ticks(dev)) > failures_before, timeout=120,
              what="the daemon to fail the tick that reclaimed (sensor gRPC timeout)")
-    assert store.get_pipeline(pipeline.id).resume_count == 1
+    assert store.pipelines.get_pipeline(pipeline.id).resume_count == 1
     wait_completed(store, pipeline.id, timeout=300)
     (resume,) = assert_exactly_one_resume(dev, store, pipeline.id)
     dev.wait_run(resume.run_id, timeout=180)
-    assert store.get_pipeline(pipeline.id).owner == resume.run_id
+    assert store.pipelines.get_pipeline(pipeline.id).owner == resume.run_id
     # the hung terminate gets through in the end; the superseded run does not stay "running"
     wait_for(lambda: dev.run(run_id).status in (DagsterRunStatus.FAILURE, DagsterRunStatus.CANCELED),
              timeout=HANG + 120, what="the superseded run to be stopped")
@@ -124,12 +124,12 @@ def test_a_resume_run_held_in_the_queue_past_the_grace_is_still_the_only_resume(
     wait_for(lambda: time.monotonic() - held_since > 3 * GRACE and dev.run(resume.run_id).status
              == DagsterRunStatus.QUEUED, timeout=180, what=f"{3 * GRACE} s with the resume run queued")
     assert len(resume_runs(dev, pipeline.id)) == 1
-    waiting = store.get_pipeline(pipeline.id)
+    waiting = store.pipelines.get_pipeline(pipeline.id)
     assert waiting.resume_count == 1 and waiting.owner == f"resume-{pipeline.id}-1" and waiting.status == "running"
     dev.client.terminate_run(blocker)
     wait_completed(store, pipeline.id, timeout=300)
     (only,) = assert_exactly_one_resume(dev, store, pipeline.id)
-    assert only.run_id == resume.run_id and store.get_pipeline(pipeline.id).owner == resume.run_id
+    assert only.run_id == resume.run_id and store.pipelines.get_pipeline(pipeline.id).owner == resume.run_id
 
 
 def test_a_resume_run_its_user_cancels_while_queued_cancels_the_pipeline_and_nothing_resumes_it(dev, store):
@@ -140,12 +140,12 @@ def test_a_resume_run_its_user_cancels_while_queued_cancels_the_pipeline_and_not
         pipeline, resume = a_queued_resume(dev, store)
         dev.client.terminate_run(resume.run_id)
         dev.wait_run(resume.run_id, statuses=(DagsterRunStatus.CANCELED,), timeout=60)
-        wait_for(lambda: store.get_pipeline(pipeline.id).status == "canceled", timeout=60,
+        wait_for(lambda: store.pipelines.get_pipeline(pipeline.id).status == "canceled", timeout=60,
                  what="the pipeline to be canceled with its queued resume run")
         since = time.time()
         wait_for(lambda: sensor_ticks_since(dev, since) >= 3, timeout=120, what="three more sensor ticks")
         assert len(resume_runs(dev, pipeline.id)) == 1
-        after = store.get_pipeline(pipeline.id)
+        after = store.pipelines.get_pipeline(pipeline.id)
         assert (after.status, after.resume_count, after.owner) == ("canceled", 1, f"resume-{pipeline.id}-1")
     finally:
         dev.client.terminate_run(blocker)

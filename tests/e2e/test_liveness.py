@@ -101,10 +101,10 @@ def history(dev, store, pipeline_id: int) -> str:
                                     transitions.c.to_status, transitions.c.event, transitions.c.data)
                              .where(transitions.c.pipeline_id == pipeline_id).order_by(transitions.c.id)).all()
     nodes_now = [(n.name, n.status, n.died_at, n.vouched_until, n.heartbeat_deadline)
-                 for n in store.list_nodes(pipeline_id)]
+                 for n in store.pipelines.list_nodes(pipeline_id)]
     runs = [(r.run_id, r.status.value, r.tags.get(TAG_RESUME_NUMBER)) for r in dev.runs()
             if r.tags.get(TAG_PIPELINE) == str(pipeline_id)]
-    return f"pipeline {store.get_pipeline(pipeline_id)}; moves {[tuple(m) for m in moves]}; nodes {nodes_now}; runs {runs}"
+    return f"pipeline {store.pipelines.get_pipeline(pipeline_id)}; moves {[tuple(m) for m in moves]}; nodes {nodes_now}; runs {runs}"
 
 
 def resume_runs(dev):
@@ -131,9 +131,9 @@ def sensor_ticks_since(dev, since: float) -> int:
 def test_b_a_conditional_branch_not_taken_is_skipped_and_the_pipeline_completes(dev, store):
     run_id = dev.launch("branch_job", {})
     dev.wait_run(run_id, timeout=300)
-    pipeline = wait_for(lambda: (p := store.find_pipeline(run_id)) and p.status == "completed" and p, timeout=60,
+    pipeline = wait_for(lambda: (p := store.pipelines.find_pipeline(run_id)) and p.status == "completed" and p, timeout=60,
                         what="the branch pipeline to complete")
-    assert {n.name: n.status for n in store.list_nodes(pipeline.id)} == {"left_branch": "completed",
+    assert {n.name: n.status for n in store.pipelines.list_nodes(pipeline.id)} == {"left_branch": "completed",
                                                                          "right_branch": "skipped"}
     with store.read() as conn:
         skipped = conn.execute(select(transitions.c.from_status, transitions.c.event).where(
@@ -147,11 +147,11 @@ def test_c_a_users_cancel_cancels_the_pipeline_and_it_is_never_resumed(dev, stor
     wait_for(lambda: trace_rows(store, run_id, "work"), timeout=300, what="work to be mid-way")
     dev.client.terminate_run(run_id)
     dev.wait_run(run_id, statuses=(DagsterRunStatus.CANCELED,), timeout=120)
-    pipeline = wait_for(lambda: (p := store.find_pipeline(run_id)).status == "canceled" and p, timeout=60,
+    pipeline = wait_for(lambda: (p := store.pipelines.find_pipeline(run_id)).status == "canceled" and p, timeout=60,
                         what="the pipeline to be canceled")
     canceled_at = time.time()
     wait_for(lambda: sensor_ticks_since(dev, canceled_at) >= 3, timeout=120, what="three more sensor ticks")
-    assert store.get_pipeline(pipeline.id).status == "canceled"
+    assert store.pipelines.get_pipeline(pipeline.id).status == "canceled"
     assert [r for r in resume_runs(dev) if r.tags.get(TAG_PIPELINE) == str(pipeline.id)] == []
     with store.read() as conn:
         moves = conn.execute(select(transitions.c.to_status, transitions.c.event).where(
@@ -177,7 +177,7 @@ def test_d_a_ui_reexecution_from_failure_takes_the_same_pipeline_over_and_redoes
     fail_flag.write_text("fail once")
     first = dev.launch("items_job", {})
     dev.wait_run(first, statuses=(DagsterRunStatus.FAILURE,), timeout=300)
-    pipeline = wait_for(lambda: (p := store.find_pipeline(first)).status == "failed" and p, timeout=60,
+    pipeline = wait_for(lambda: (p := store.pipelines.find_pipeline(first)).status == "failed" and p, timeout=60,
                         what="the pipeline to fail with the step's error")
     assert "bad input at work-3" in (pipeline.error or "")
     assert [r.item for r in trace_rows(store, first, "work")] == ["work-0", "work-1", "work-2"]
@@ -186,13 +186,13 @@ def test_d_a_ui_reexecution_from_failure_takes_the_same_pipeline_over_and_redoes
     assert answer["__typename"] == "LaunchRunSuccess", answer
     second = answer["run"]["runId"]
     dev.wait_run(second, timeout=300)
-    after = store.get_pipeline(pipeline.id)
+    after = store.pipelines.get_pipeline(pipeline.id)
     assert (after.status, after.owner, after.epoch) == ("completed", second, pipeline.epoch + 1)
-    assert store.find_pipeline(second) is None  # no second pipeline row for the same logical run
+    assert store.pipelines.find_pipeline(second) is None  # no second pipeline row for the same logical run
     assert [r.item for r in trace_rows(store, second, "work")] == [f"work-{i}" for i in range(3, 8)]
     done = [r.item for run in (first, second) for r in trace_rows(store, run, "work")]
     assert sorted(done) == [f"work-{i}" for i in range(8)]  # every item done exactly once across both runs
-    assert {n.name: n.status for n in store.list_nodes(pipeline.id)} == {"work": "completed",
+    assert {n.name: n.status for n in store.pipelines.list_nodes(pipeline.id)} == {"work": "completed",
                                                                          "after_work": "completed"}
     with store.read() as conn:
         taken = conn.execute(select(transitions.c.from_status, transitions.c.data).where(
@@ -209,13 +209,13 @@ def test_e_a_step_process_killed_while_its_run_worker_lives_is_reported_dead_by_
     sibling = "pooled_b" if victim.node == "pooled_a" else "pooled_a"
     killed = time.time()
     os.kill(victim.pid, signal.SIGKILL)
-    pipeline = store.find_pipeline(run_id)
-    died = wait_for(lambda: store.get_node(pipeline.id, victim.node).died_at, timeout=120, interval=0.05,
+    pipeline = store.pipelines.find_pipeline(run_id)
+    died = wait_for(lambda: store.pipelines.get_node(pipeline.id, victim.node).died_at, timeout=120, interval=0.05,
                     what="the run worker to report the killed step dead")
     print(f"\nstep {victim.node} killed; reported dead by its run worker after {died.timestamp() - killed:.2f} s "
           f"(node heartbeat timeout {TIMEOUT:g} s)")
     try:
-        wait_for(lambda: store.get_pipeline(pipeline.id).status == "completed", timeout=400,
+        wait_for(lambda: store.pipelines.get_pipeline(pipeline.id).status == "completed", timeout=400,
                  what="the resumed pipeline to complete")
     except AssertionError as exc:
         raise AssertionError(f"{exc}; {history(dev, store, pipeline.id)}") from exc
@@ -239,7 +239,7 @@ def test_f_a_dagster_run_retry_after_a_crash_takes_the_pipeline_over_and_the_sen
     rows = wait_for(lambda: len(trace_rows(store, run_id, "work")) >= 2 and trace_rows(store, run_id, "work"),
                     timeout=300, what="work to be mid-way")
     os.kill(parent_of(rows[0].pid), signal.SIGKILL)  # the run worker; Dagster retries the run
-    pipeline = store.find_pipeline(run_id)
+    pipeline = store.pipelines.find_pipeline(run_id)
     try:
         retry = wait_for(lambda: [r for r in dev.runs(tags={"dagster/parent_run_id": run_id})][:1], timeout=180,
                          what="Dagster's retry run")[0]
@@ -250,7 +250,7 @@ def test_f_a_dagster_run_retry_after_a_crash_takes_the_pipeline_over_and_the_sen
                 transitions.c.pipeline_id == pipeline.id, transitions.c.entity_type == "pipeline")).all()
         raise AssertionError(f"{exc}; old run {dev.run(run_id).status.value}, "
                              f"pipeline history {[(h.event, h.data) for h in history]}") from exc
-    after = wait_for(lambda: (p := store.get_pipeline(pipeline.id)).status == "completed" and p, timeout=60,
+    after = wait_for(lambda: (p := store.pipelines.get_pipeline(pipeline.id)).status == "completed" and p, timeout=60,
                      what="the pipeline to complete")
     assert after.owner == retry.run_id and after.resume_count == 0
     assert [r for r in resume_runs(dev) if r.tags.get(TAG_PIPELINE) == str(pipeline.id)] == []
@@ -282,13 +282,13 @@ def test_g_healthy_runs_with_plain_ops_retry_delays_and_pool_waits_are_never_rec
         dev.wait_run(run_id, statuses=done, timeout=2400)  # generous: the shared machine may be very busy
     statuses = [dev.run(r).status for r in run_ids]
     assert statuses == [DagsterRunStatus.SUCCESS] * HEALTHY_RUNS, [  # say what happened to a run that did not succeed
-        (run_id, status.value, (p := store.find_pipeline(run_id)) and history(dev, store, p.id))
+        (run_id, status.value, (p := store.pipelines.find_pipeline(run_id)) and history(dev, store, p.id))
         for run_id, status in zip(run_ids, statuses, strict=True) if status != DagsterRunStatus.SUCCESS]
-    pipelines = [store.find_pipeline(run_id) for run_id in run_ids]
+    pipelines = [store.pipelines.find_pipeline(run_id) for run_id in run_ids]
     assert reclaims(store, [p.id for p in pipelines]) == 0
     assert [r for r in resume_runs(dev) if r.tags.get(TAG_PIPELINE) in {str(p.id) for p in pipelines}] == []
     for run_id in run_ids:
-        pipeline = store.find_pipeline(run_id)
+        pipeline = store.pipelines.find_pipeline(run_id)
         assert (pipeline.status, pipeline.resume_count, pipeline.epoch) == ("completed", 0, 1)
         attempts = trace_rows(store, run_id, "finish")
         assert [r.item for r in attempts] == ["attempt-0", "attempt-1"]

@@ -78,8 +78,8 @@ def run_in_thread(url: str, item_seconds: float):
 
 def wait_for_items(store: RecoveryStore, at_least: int, timeout: float = 120) -> None:
     def checkpointed() -> bool:
-        pipelines = store.list_pipelines()
-        return bool(pipelines) and sum(store.node_item_totals(pipelines[0].id).values()) >= at_least
+        pipelines = store.reports.list_pipelines()
+        return bool(pipelines) and sum(store.reports.node_item_totals(pipelines[0].id).values()) >= at_least
 
     wait_for(checkpointed, timeout=timeout, interval=0.1, what=f"{at_least} items to be checkpointed")
 
@@ -88,9 +88,9 @@ def assert_nothing_lost_or_doubled(store: RecoveryStore, box) -> None:
     result = box["result"]
     assert result.success, [str(e.event_specific_data) for e in result.all_events
                             if e.event_type_value == "STEP_FAILURE"]
-    (p,) = store.list_pipelines()
+    (p,) = store.reports.list_pipelines()
     assert p.status == "completed" and p.epoch == 1  # finished by its first owner: no resume needed
-    assert store.node_item_totals(p.id) == {"slow_items": ITEMS}
+    assert store.reports.node_item_totals(p.id) == {"slow_items": ITEMS}
     assert CALLS == {f"item-{i}": 1 for i in range(ITEMS)}
     assert result.output_for_node("after") == ITEMS
 
@@ -153,7 +153,7 @@ def test_past_the_budget_an_optional_node_degrades_and_a_required_node_fails_unt
     thread = threading.Thread(target=lambda: box.update(result=execute_in_process(
         budget_job, resources={"recovery": resource}, raise_on_error=False)), daemon=True)
     thread.start()
-    wait_for(lambda: store.list_pipelines() and store.get_node(store.list_pipelines()[0].id, "optional_writer").status
+    wait_for(lambda: store.reports.list_pipelines() and store.pipelines.get_node(store.reports.list_pipelines()[0].id, "optional_writer").status
              == "running", timeout=120, interval=0.1, what="optional_writer to run")
     cluster.stop("fast")
     RELEASE.set()
@@ -167,7 +167,7 @@ def test_past_the_budget_an_optional_node_degrades_and_a_required_node_fails_unt
     failure = next(e for e in result.all_events if e.event_type_value == "STEP_FAILURE")
     assert failure.step_key == "required_writer"
     assert "resumes once the database is back" in str(failure.event_specific_data.error)
-    (p,) = store.list_pipelines()
+    (p,) = store.reports.list_pipelines()
     assert p.status == "running"  # nothing was marked permanent
     (reclaimed,), _ = reclaim(store, PassPlan(limit=1, dead_owner_runs=[result.run_id], launching=True))
     assert reclaimed.pipeline_id == p.id and reclaimed.reset_nodes == ("optional_writer",)
@@ -189,10 +189,10 @@ def test_a_server_that_stops_answering_new_connections_is_an_outage_retried_unti
     try:
         with RecoveryStore(url, retry_budget=2, connect_timeout=1) as short:
             with pytest.raises(StoreUnavailable, match="database unavailable: connection timeout expired"):
-                short.list_pipelines()
+                short.reports.list_pipelines()
         store = RecoveryStore(url, retry_budget=60, connect_timeout=1)  # a new pool: its first call must connect
         retried_before = sum("retrying" in r.getMessage() for r in caplog.records)
-        thread = threading.Thread(target=lambda: box.update(pipelines=store.list_pipelines()), daemon=True)
+        thread = threading.Thread(target=lambda: box.update(pipelines=store.reports.list_pipelines()), daemon=True)
         thread.start()
         wait_for(lambda: sum("retrying" in r.getMessage() for r in caplog.records) > retried_before,
                  timeout=60, interval=0.1, what="a connect timeout to be retried")
@@ -209,7 +209,7 @@ def test_a_database_that_does_not_exist_fails_at_once_with_a_clear_error(cluster
     caplog.set_level(logging.WARNING, logger="recovery_ext._store.store")
     store = RecoveryStore(f"postgresql://postgres@127.0.0.1:{cluster.port}/rx_no_such_database", retry_budget=60)
     with pytest.raises(StoreError) as raised:
-        store.list_pipelines()
+        store.reports.list_pipelines()
     assert not isinstance(raised.value, StoreUnavailable)
     assert 'database "rx_no_such_database" does not exist' in str(raised.value)
     assert not [r for r in caplog.records if "retrying" in r.getMessage()]

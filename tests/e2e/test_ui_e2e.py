@@ -78,8 +78,8 @@ def test_a_waiting_run_shows_its_state_and_the_next_try_then_running(ui):
 def test_demo_kill_crashes_the_run_and_a_re_execution_takes_the_pipeline_over(ui):
     dev, store = ui
     run_id = dev.launch("slow_job", {})
-    pipeline = wait_for(lambda: store.find_pipeline(run_id), timeout=120, what="the pipeline of the run")
-    wait_for(lambda: len(store.completed_items(pipeline.id, "slow_items")) >= 3, timeout=120,
+    pipeline = wait_for(lambda: store.pipelines.find_pipeline(run_id), timeout=120, what="the pipeline of the run")
+    wait_for(lambda: len(store.pipelines.completed_items(pipeline.id, "slow_items")) >= 3, timeout=120,
              what="a few items done")
     # what the README says about finding the pid: the run announced it, and it is a multiprocessing
     # child of the code server whose command line names no run
@@ -94,7 +94,7 @@ def test_demo_kill_crashes_the_run_and_a_re_execution_takes_the_pipeline_over(ui
     assert pid == worker.pid
     wait_for(lambda: not process_alive(pid), timeout=30, what="the run worker to die")
     wait_for(lambda: status_of(dev, run_id) == "FAILURE", timeout=60, what="the killed run to fail")
-    kept = len(store.completed_items(pipeline.id, "slow_items"))
+    kept = len(store.pipelines.completed_items(pipeline.id, "slow_items"))
     again = subprocess.run([sys.executable, "-m", "recovery_ext._cli", "demo", "kill", run_id], env=env,
                            capture_output=True, text=True, timeout=60)
     assert again.returncode == 1 and "is FAILURE, not running" in again.stderr  # one clear line, nothing killed
@@ -106,8 +106,8 @@ def test_demo_kill_crashes_the_run_and_a_re_execution_takes_the_pipeline_over(ui
     takeover = [m for m in messages_of(dev, new_run) if "took over pipeline" in m]
     assert takeover and f"from run {run_id} as a re-execution of {run_id}" in takeover[0]
     assert "its run is FAILURE or CANCELED in Dagster" in takeover[0]
-    (event,) = store.recent_events(kinds=("pipeline_taken_over",))
+    (event,) = store.reports.recent_events(kinds=("pipeline_taken_over",))
     assert (event["pipeline_id"], event["payload"]["owner"], event["payload"]["cause"]) == (
         pipeline.id, new_run, "owner_run_dead")
-    assert store.get_pipeline(pipeline.id).status == "completed"
-    assert sum(1 for _ in store.completed_items(pipeline.id, "slow_items")) == 30 and kept >= 3
+    assert store.pipelines.get_pipeline(pipeline.id).status == "completed"
+    assert sum(1 for _ in store.pipelines.completed_items(pipeline.id, "slow_items")) == 30 and kept >= 3

@@ -30,6 +30,7 @@ from recovery_ext._store.models import PassPlan
 from recovery_ext._store.pipelines import ItemCheckpoint
 from recovery_ext._store.schema import node_items
 from recovery_ext._store.store import RecoveryStore
+import store_rows
 
 HERE = Path(__file__).resolve().parent  # the batch worker imports this module
 meta = MetaData()
@@ -81,7 +82,7 @@ def test_a_batch_that_fails_midway_is_redone_once_and_only_once(store, db_url):
     assert result.output_for_node("batched") == sorted(KEYS)
     rows = _side_effect_rows(store)
     assert sorted(rows) == sorted(KEYS) and len(rows) == len(set(rows))  # every also= write exactly once
-    (p,) = store.list_pipelines()
+    (p,) = store.reports.list_pipelines()
     assert p.status == "completed"
     with store.read() as conn:
         assert conn.scalar(select(func.count()).select_from(node_items).where(node_items.c.pipeline_id == p.id)) == 10
@@ -99,8 +100,8 @@ def test_batched_completions_are_flushed_when_the_keys_run_out_and_flush_seconds
 
 
 def _running_node(store):
-    own = store.create_pipeline("job", ["a"], owner="run-1")
-    store.start_node(own, "a")
+    own = store.pipelines.create_pipeline("job", ["a"], owner="run-1")
+    store.pipelines.start_node(own, "a")
     return own
 
 
@@ -111,16 +112,16 @@ def test_a_batch_commits_all_or_nothing_and_redoes_degraded_items(store):
     def note(key):
         return lambda tx: tx.execute(insert(side_effects).values(item=key))
 
-    store.checkpoint_items(own, "a", [ItemCheckpoint("x", 1, "completed", note("x")),
+    store.pipelines.checkpoint_items(own, "a", [ItemCheckpoint("x", 1, "completed", note("x")),
                                       ItemCheckpoint("y", None, "degraded", note("y"))])
     with pytest.raises(IllegalTransition, match="'x'.*already checkpointed"):
-        store.checkpoint_items(own, "a", [ItemCheckpoint("z", 3, also=note("z")), ItemCheckpoint("x", 9)])
+        store.pipelines.checkpoint_items(own, "a", [ItemCheckpoint("z", 3, also=note("z")), ItemCheckpoint("x", 9)])
     assert _side_effect_rows(store) == ["x", "y"]  # z's write rolled back with its batch
-    store.checkpoint_items(own, "a", [ItemCheckpoint("y", 2), ItemCheckpoint("z", 3)])  # a fallback answer is redone
-    assert store.completed_items(own.pipeline_id, "a") == {"x": 1, "y": 2, "z": 3}
-    assert store.item_statuses(own.pipeline_id, "a") == {"x": "completed", "y": "completed", "z": "completed"}
+    store.pipelines.checkpoint_items(own, "a", [ItemCheckpoint("y", 2), ItemCheckpoint("z", 3)])  # a fallback answer is redone
+    assert store.pipelines.completed_items(own.pipeline_id, "a") == {"x": 1, "y": 2, "z": 3}
+    assert store_rows.item_statuses(store, own.pipeline_id, "a") == {"x": "completed", "y": "completed", "z": "completed"}
     with pytest.raises(IllegalTransition, match="twice"):
-        store.checkpoint_items(own, "a", [ItemCheckpoint("w"), ItemCheckpoint("w")])
+        store.pipelines.checkpoint_items(own, "a", [ItemCheckpoint("w"), ItemCheckpoint("w")])
 
 
 def test_a_superseded_owner_writes_no_batch_and_no_single_checkpoint(store):
@@ -131,40 +132,40 @@ def test_a_superseded_owner_writes_no_batch_and_no_single_checkpoint(store):
     expire(store, own.pipeline_id)
     reclaim(store, PassPlan(limit=1, launching=True))
     with pytest.raises(OwnershipLost):
-        store.checkpoint_items(own, "a", [ItemCheckpoint("x", also=lambda tx: tx.execute(
+        store.pipelines.checkpoint_items(own, "a", [ItemCheckpoint("x", also=lambda tx: tx.execute(
             insert(side_effects).values(item="x")))])
     with pytest.raises(OwnershipLost):
-        store.checkpoint_item(own, "a", ItemCheckpoint("y"), stall_timeout=30)
-    assert _side_effect_rows(store) == [] and store.completed_items(own.pipeline_id, "a") == {}
+        store.pipelines.checkpoint_item(own, "a", ItemCheckpoint("y"), stall_timeout=30)
+    assert _side_effect_rows(store) == [] and store.pipelines.completed_items(own.pipeline_id, "a") == {}
 
 
 def test_a_batch_mixing_new_and_degraded_keys_writes_them_all(store):
     own = _running_node(store)
-    store.checkpoint_item(own, "a", ItemCheckpoint("d1", None, status="degraded"))
-    store.checkpoint_items(own, "a", [ItemCheckpoint("d2", "fallback", "degraded")])
-    store.checkpoint_items(own, "a", [ItemCheckpoint("n1", 1), ItemCheckpoint("d1", 11), ItemCheckpoint("n2", 2),
+    store.pipelines.checkpoint_item(own, "a", ItemCheckpoint("d1", None, status="degraded"))
+    store.pipelines.checkpoint_items(own, "a", [ItemCheckpoint("d2", "fallback", "degraded")])
+    store.pipelines.checkpoint_items(own, "a", [ItemCheckpoint("n1", 1), ItemCheckpoint("d1", 11), ItemCheckpoint("n2", 2),
                                       ItemCheckpoint("d2", 12)], stall_timeout=30)
-    assert store.completed_items(own.pipeline_id, "a") == {"n1": 1, "d1": 11, "n2": 2, "d2": 12}
-    assert set(store.item_statuses(own.pipeline_id, "a").values()) == {"completed"}
+    assert store.pipelines.completed_items(own.pipeline_id, "a") == {"n1": 1, "d1": 11, "n2": 2, "d2": 12}
+    assert set(store_rows.item_statuses(store, own.pipeline_id, "a").values()) == {"completed"}
     with store.read() as conn:
         assert set(conn.execute(select(node_items.c.run_id, node_items.c.epoch))) == {(own.owner, own.epoch)}
-    assert store.get_node(own.pipeline_id, "a").stall_deadline is not None
+    assert store.pipelines.get_node(own.pipeline_id, "a").stall_deadline is not None
 
 
 @pytest.mark.parametrize("with_also", [False, True], ids=["one-statement", "with-also"])
 def test_a_batch_naming_a_completed_key_writes_nothing(store, with_also):
     meta.create_all(store.engine)
     own = _running_node(store)
-    store.checkpoint_item(own, "a", ItemCheckpoint("done", 1))
-    store.checkpoint_item(own, "a", ItemCheckpoint("fallback", "old", status="degraded"))
+    store.pipelines.checkpoint_item(own, "a", ItemCheckpoint("done", 1))
+    store.pipelines.checkpoint_item(own, "a", ItemCheckpoint("fallback", "old", status="degraded"))
     also = (lambda tx: tx.execute(insert(side_effects).values(item="x"))) if with_also else None
     with pytest.raises(IllegalTransition, match="'done'.*already checkpointed"):
-        store.checkpoint_items(own, "a", [ItemCheckpoint("new1", 1, also=also), ItemCheckpoint("fallback", "new"),
+        store.pipelines.checkpoint_items(own, "a", [ItemCheckpoint("new1", 1, also=also), ItemCheckpoint("fallback", "new"),
                                           ItemCheckpoint("done", 2), ItemCheckpoint("new2", 3)], stall_timeout=30)
-    assert store.completed_items(own.pipeline_id, "a") == {"done": 1, "fallback": "old"}
-    assert store.item_statuses(own.pipeline_id, "a") == {"done": "completed", "fallback": "degraded"}
+    assert store.pipelines.completed_items(own.pipeline_id, "a") == {"done": 1, "fallback": "old"}
+    assert store_rows.item_statuses(store, own.pipeline_id, "a") == {"done": "completed", "fallback": "degraded"}
     assert _side_effect_rows(store) == []
-    assert store.get_node(own.pipeline_id, "a").stall_deadline is None  # the stall push went with the batch
+    assert store.pipelines.get_node(own.pipeline_id, "a").stall_deadline is None  # the stall push went with the batch
 
 
 def test_a_superseded_epoch_writes_no_checkpoint_on_any_path(store):
@@ -174,15 +175,15 @@ def test_a_superseded_epoch_writes_no_checkpoint_on_any_path(store):
 
     expire(store, own.pipeline_id)
     reclaim(store, PassPlan(limit=1, launching=True))
-    writes = [lambda: store.checkpoint_item(own, "a", ItemCheckpoint("single", 1), stall_timeout=30),
-              lambda: store.checkpoint_items(own, "a", [ItemCheckpoint("b1"), ItemCheckpoint("b2")], stall_timeout=30),
-              lambda: store.checkpoint_items(own, "a", [ItemCheckpoint("b3", also=lambda tx: tx.execute(
+    writes = [lambda: store.pipelines.checkpoint_item(own, "a", ItemCheckpoint("single", 1), stall_timeout=30),
+              lambda: store.pipelines.checkpoint_items(own, "a", [ItemCheckpoint("b1"), ItemCheckpoint("b2")], stall_timeout=30),
+              lambda: store.pipelines.checkpoint_items(own, "a", [ItemCheckpoint("b3", also=lambda tx: tx.execute(
                   insert(side_effects).values(item="b3")))])]
     for write in writes:
         with pytest.raises(OwnershipLost):
             write()
-    assert store.completed_items(own.pipeline_id, "a") == {} and _side_effect_rows(store) == []
-    node = store.get_node(own.pipeline_id, "a")
+    assert store.pipelines.completed_items(own.pipeline_id, "a") == {} and _side_effect_rows(store) == []
+    node = store.pipelines.get_node(own.pipeline_id, "a")
     assert node.status == "pending" and node.stall_deadline is None
 
 
@@ -197,13 +198,13 @@ def test_a_batch_with_also_commits_its_writes_and_checkpoints_together_or_not_at
         raise RuntimeError("the side effect failed")
 
     with pytest.raises(RuntimeError, match="side effect failed"):
-        store.checkpoint_items(own, "a", [ItemCheckpoint("a1", 1, also=note("a1")), ItemCheckpoint("a2", 2, also=boom)])
-    assert store.completed_items(own.pipeline_id, "a") == {} and _side_effect_rows(store) == []
-    store.checkpoint_items(own, "a", [ItemCheckpoint("a1", 1, also=note("a1")), ItemCheckpoint("a2", 2),
+        store.pipelines.checkpoint_items(own, "a", [ItemCheckpoint("a1", 1, also=note("a1")), ItemCheckpoint("a2", 2, also=boom)])
+    assert store.pipelines.completed_items(own.pipeline_id, "a") == {} and _side_effect_rows(store) == []
+    store.pipelines.checkpoint_items(own, "a", [ItemCheckpoint("a1", 1, also=note("a1")), ItemCheckpoint("a2", 2),
                                       ItemCheckpoint("a3", 3, also=note("a3"))], stall_timeout=30)
-    assert store.completed_items(own.pipeline_id, "a") == {"a1": 1, "a2": 2, "a3": 3}
+    assert store.pipelines.completed_items(own.pipeline_id, "a") == {"a1": 1, "a2": 2, "a3": 3}
     assert _side_effect_rows(store) == ["a1", "a3"]
-    assert store.get_node(own.pipeline_id, "a").stall_deadline is not None
+    assert store.pipelines.get_node(own.pipeline_id, "a").stall_deadline is not None
 
 
 def test_a_checkpoint_without_also_is_one_round_trip_on_postgresql(pg_url):
@@ -211,10 +212,10 @@ def test_a_checkpoint_without_also_is_one_round_trip_on_postgresql(pg_url):
     try:
         store.migrate()
         own = _running_node(store)
-        store.checkpoint_item(own, "a", ItemCheckpoint("warm", 0), stall_timeout=30)  # psycopg prepares on first use
-        store.checkpoint_items(own, "a", [ItemCheckpoint("warm1"), ItemCheckpoint("warm2")], stall_timeout=30)
-        for write in (lambda: store.checkpoint_item(own, "a", ItemCheckpoint("k1", {"v": 1}), stall_timeout=30),
-                      lambda: store.checkpoint_items(own, "a", [ItemCheckpoint(f"b{i}", i) for i in range(100)],
+        store.pipelines.checkpoint_item(own, "a", ItemCheckpoint("warm", 0), stall_timeout=30)  # psycopg prepares on first use
+        store.pipelines.checkpoint_items(own, "a", [ItemCheckpoint("warm1"), ItemCheckpoint("warm2")], stall_timeout=30)
+        for write in (lambda: store.pipelines.checkpoint_item(own, "a", ItemCheckpoint("k1", {"v": 1}), stall_timeout=30),
+                      lambda: store.pipelines.checkpoint_items(own, "a", [ItemCheckpoint(f"b{i}", i) for i in range(100)],
                                                      stall_timeout=30)):
             with round_trips(store) as messages:
                 write()
@@ -222,8 +223,8 @@ def test_a_checkpoint_without_also_is_one_round_trip_on_postgresql(pg_url):
             # one Sync (one round trip), no simple Query (BEGIN/COMMIT), idle (committed) afterwards
             assert [m.split()[1] for m in sent if m.split()[1] in ("Sync", "Query")] == ["Sync"], messages
             assert messages[-1] == "B ReadyForQuery I", messages
-        assert len(store.completed_items(own.pipeline_id, "a")) == 104
-        assert store.get_node(own.pipeline_id, "a").stall_deadline is not None
+        assert len(store.pipelines.completed_items(own.pipeline_id, "a")) == 104
+        assert store.pipelines.get_node(own.pipeline_id, "a").stall_deadline is not None
     finally:
         store.close()
 
@@ -241,18 +242,18 @@ def test_a_checkpoint_with_also_writes_sends_its_commit_in_the_same_round_trip_o
         def note(key):
             return lambda tx: tx.execute(insert(side_effects).values(item=key))
 
-        store.checkpoint_item(own, "a", ItemCheckpoint("warm", 0, also=note("warm")))  # psycopg prepares on first use
+        store.pipelines.checkpoint_item(own, "a", ItemCheckpoint("warm", 0, also=note("warm")))  # psycopg prepares on first use
         with round_trips(store) as messages:
-            store.checkpoint_item(own, "a", ItemCheckpoint("k1", {"v": 1}, also=note("k1")), stall_timeout=30)
+            store.pipelines.checkpoint_item(own, "a", ItemCheckpoint("k1", {"v": 1}, also=note("k1")), stall_timeout=30)
         sent = [m.split()[1] for m in messages if m.startswith("F")]
         assert sent_round_trips(messages) == ["Query", "Sync", "Sync"], messages  # BEGIN, the write, both
         last_sync = len(sent) - 1 - sent[::-1].index("Sync")
         previous_sync = last_sync - 1 - sent[last_sync - 1::-1].index("Sync")
         assert sent[previous_sync + 1:last_sync].count("Execute") == 2, messages  # the checkpoint and COMMIT
         assert messages[-1] == "B ReadyForQuery I", messages  # committed: nothing left for the pool's reset
-        assert store.completed_items(own.pipeline_id, "a") == {"warm": 0, "k1": {"v": 1}}
+        assert store.pipelines.completed_items(own.pipeline_id, "a") == {"warm": 0, "k1": {"v": 1}}
         assert _side_effect_rows(store) == ["warm", "k1"]
-        assert store.get_node(own.pipeline_id, "a").stall_deadline is not None
+        assert store.pipelines.get_node(own.pipeline_id, "a").stall_deadline is not None
     finally:
         store.close()
 
@@ -270,16 +271,16 @@ def test_a_connection_killed_between_checkpoints_is_replaced_by_a_retry(pg_url, 
     try:
         store.migrate()
         own = _running_node(store)
-        store.checkpoint_item(own, "a", ItemCheckpoint("k1", 1))
-        store.checkpoint_items(own, "a", [ItemCheckpoint("k2", 2)])
-        for write in (lambda: store.checkpoint_item(own, "a", ItemCheckpoint("k3", 3)),
-                      lambda: store.checkpoint_items(own, "a", [ItemCheckpoint("k4", 4), ItemCheckpoint("k5", 5)])):
+        store.pipelines.checkpoint_item(own, "a", ItemCheckpoint("k1", 1))
+        store.pipelines.checkpoint_items(own, "a", [ItemCheckpoint("k2", 2)])
+        for write in (lambda: store.pipelines.checkpoint_item(own, "a", ItemCheckpoint("k3", 3)),
+                      lambda: store.pipelines.checkpoint_items(own, "a", [ItemCheckpoint("k4", 4), ItemCheckpoint("k5", 5)])):
             assert _terminate_other_backends(pg_url) >= 1  # the pooled connection(s) of the store
             caplog.clear()
             with caplog.at_level(logging.WARNING, logger="recovery_ext._store.store"):
                 write()
             assert any("retrying" in r.getMessage() for r in caplog.records)  # no pre-ping hid the dead connection
-        assert store.completed_items(own.pipeline_id, "a") == {f"k{i}": i for i in range(1, 6)}
+        assert store.pipelines.completed_items(own.pipeline_id, "a") == {f"k{i}": i for i in range(1, 6)}
         assert _terminate_other_backends(pg_url) >= 1
         with store.read_only() as conn:  # what ctx.read() opens: its start is retried too
             assert conn.scalar(select(func.count()).select_from(node_items)) == 5
@@ -306,11 +307,11 @@ def test_a_connection_killed_between_the_also_writes_and_the_checkpoint_redoes_t
                 with psycopg.connect(pg_url.replace("postgresql+psycopg://", "postgresql://"), autocommit=True) as other:
                     other.execute("SELECT pg_terminate_backend(%s)", (pid,))
 
-        store.checkpoint_item(own, "a", ItemCheckpoint("k1", {"v": 1}, also=write_then_lose_the_session))
+        store.pipelines.checkpoint_item(own, "a", ItemCheckpoint("k1", {"v": 1}, also=write_then_lose_the_session))
         assert attempts == [1, 2]
-        assert store.completed_items(own.pipeline_id, "a") == {"k1": {"v": 1}}
+        assert store.pipelines.completed_items(own.pipeline_id, "a") == {"k1": {"v": 1}}
         assert _side_effect_rows(store) == ["k1"]
-        store.checkpoint_item(own, "a", ItemCheckpoint("k2", 2, also=lambda tx: tx.execute(
+        store.pipelines.checkpoint_item(own, "a", ItemCheckpoint("k2", 2, also=lambda tx: tx.execute(
             insert(side_effects).values(item="k2"))))
         assert _side_effect_rows(store) == ["k1", "k2"]  # the pool replaced the dead connection
     finally:
@@ -336,7 +337,7 @@ def test_a_checkpoint_retried_after_its_commit_landed_returns_quietly(pg_url, ca
     try:
         store.migrate()
         own = _running_node(store)
-        real, drops = store.driver_autocommit, []
+        real, drops = store.pipelines.driver_autocommit, []
 
         @contextmanager
         def dropping_once():
@@ -347,16 +348,16 @@ def test_a_checkpoint_retried_after_its_commit_landed_returns_quietly(pg_url, ca
                     drops.append(raw.info.backend_pid)
                     yield _DropsAfterCommit(raw, pg_url.replace("postgresql+psycopg://", "postgresql://"))
 
-        monkeypatch.setattr(store, "driver_autocommit", dropping_once)
+        monkeypatch.setattr(store.pipelines, "driver_autocommit", dropping_once)
         with caplog.at_level(logging.WARNING, logger="recovery_ext._store.store"):
             if batch:
-                store.checkpoint_items(own, "a", [ItemCheckpoint("k1", 1), ItemCheckpoint("k2", 2)], stall_timeout=30)
+                store.pipelines.checkpoint_items(own, "a", [ItemCheckpoint("k1", 1), ItemCheckpoint("k2", 2)], stall_timeout=30)
             else:
-                store.checkpoint_item(own, "a", ItemCheckpoint("k1", 1), stall_timeout=30)
+                store.pipelines.checkpoint_item(own, "a", ItemCheckpoint("k1", 1), stall_timeout=30)
         assert len(drops) == 1 and any("retrying" in r.getMessage() for r in caplog.records)
-        assert store.completed_items(own.pipeline_id, "a") == ({"k1": 1, "k2": 2} if batch else {"k1": 1})
+        assert store.pipelines.completed_items(own.pipeline_id, "a") == ({"k1": 1, "k2": 2} if batch else {"k1": 1})
         with pytest.raises(IllegalTransition, match="already checkpointed"):  # a fresh call is no retry
-            store.checkpoint_items(own, "a", [ItemCheckpoint("k1", 9)])
+            store.pipelines.checkpoint_items(own, "a", [ItemCheckpoint("k1", 9)])
     finally:
         store.close()
 
@@ -364,7 +365,7 @@ def test_a_checkpoint_retried_after_its_commit_landed_returns_quietly(pg_url, ca
 def test_a_batch_with_also_retried_after_its_commit_landed_runs_its_writes_once(store, monkeypatch):
     meta.create_all(store.engine)
     own = _running_node(store)
-    real, lost = store.write, []
+    real, lost = store.pipelines.write, []
 
     @contextmanager
     def losing_the_first_commit_reply():
@@ -374,11 +375,11 @@ def test_a_batch_with_also_retried_after_its_commit_landed_runs_its_writes_once(
             lost.append(1)  # committed; the caller sees the error a dropped connection gives
             raise StoreUnavailable("database unavailable: server closed the connection unexpectedly")
 
-    monkeypatch.setattr(store, "write", losing_the_first_commit_reply)
-    store.checkpoint_items(own, "a", [ItemCheckpoint("k1", 1, also=lambda tx: tx.execute(
+    monkeypatch.setattr(store.pipelines, "write", losing_the_first_commit_reply)
+    store.pipelines.checkpoint_items(own, "a", [ItemCheckpoint("k1", 1, also=lambda tx: tx.execute(
         insert(side_effects).values(item="k1")))])
     assert lost == [1]
-    assert _side_effect_rows(store) == ["k1"] and store.completed_items(own.pipeline_id, "a") == {"k1": 1}
+    assert _side_effect_rows(store) == ["k1"] and store.pipelines.completed_items(own.pipeline_id, "a") == {"k1": 1}
 
 
 def test_a_kill_9_mid_batch_redoes_that_batch_only(pg_url):
@@ -396,7 +397,7 @@ def test_a_kill_9_mid_batch_redoes_that_batch_only(pg_url):
             os.kill(worker.pid, signal.SIGKILL)
         finally:
             worker.wait(30)
-        assert set(store.completed_items(own.pipeline_id, "a")) == {"k0", "k1", "k2", "k3"}
+        assert set(store.pipelines.completed_items(own.pipeline_id, "a")) == {"k0", "k1", "k2", "k3"}
         assert sorted(_side_effect_rows(store)) == ["k0", "k1", "k2", "k3"]
     finally:
         store.close()
@@ -414,12 +415,12 @@ url, pid, epoch, owner = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.ar
 store = RecoveryStore(url)
 own = Ownership(pid, epoch, owner)
 note = lambda key: (lambda tx: tx.execute(insert(side_effects).values(item=key)))
-store.checkpoint_items(own, "a", [ItemCheckpoint(f"k{i}", i, also=note(f"k{i}")) for i in range(4)])
+store.pipelines.checkpoint_items(own, "a", [ItemCheckpoint(f"k{i}", i, also=note(f"k{i}")) for i in range(4)])
 def stall(tx):  # the last also= of batch 2: its other writes are done, its checkpoints not yet
     print("mid-batch", flush=True)
     time.sleep(600)
-store.checkpoint_items(own, "a", [ItemCheckpoint("k4", 4, also=note("k4")), ItemCheckpoint("k5", 5, also=note("k5")),
-                                  ItemCheckpoint("k6", 6, also=stall)])
+store.pipelines.checkpoint_items(own, "a", [ItemCheckpoint("k4", 4, also=note("k4")),
+                                            ItemCheckpoint("k5", 5, also=note("k5")), ItemCheckpoint("k6", 6, also=stall)])
 """
 
 
@@ -442,9 +443,9 @@ def test_a_reclaim_between_the_also_writes_and_the_checkpoint_rolls_the_writes_b
             reclaimed.extend(reclaim(other, PassPlan(limit=1, launching=True))[0])  # (reclaimed, given up)
 
         with pytest.raises(OwnershipLost):
-            store.checkpoint_items(own, "a", [ItemCheckpoint("x", 1, also=write_then_get_reclaimed)])
-        assert len(reclaimed) == 1 and store.get_pipeline(own.pipeline_id).epoch == own.epoch + 1
-        assert _side_effect_rows(store) == [] and store.completed_items(own.pipeline_id, "a") == {}
+            store.pipelines.checkpoint_items(own, "a", [ItemCheckpoint("x", 1, also=write_then_get_reclaimed)])
+        assert len(reclaimed) == 1 and store.pipelines.get_pipeline(own.pipeline_id).epoch == own.epoch + 1
+        assert _side_effect_rows(store) == [] and store.pipelines.completed_items(own.pipeline_id, "a") == {}
     finally:
         other.close()
         store.close()

@@ -39,11 +39,11 @@ def test_migrate_print_and_apply(tmp_path):
 
 
 def test_status_reports_orphans_stuck_dead_and_recovered(cli, store):
-    own = store.create_pipeline("job", ["a"], owner="r1", origin_run_id="r1")
+    own = store.pipelines.create_pipeline("job", ["a"], owner="r1", origin_run_id="r1")
     expire(store, own.pipeline_id)
-    store.enqueue("ocr", [{"name": "a.pdf"}, {"name": "b.pdf"}], max_attempts=1)
-    stuck, dead = store.claim("ocr", "w", limit=2, heartbeat_timeout=600)
-    store.fail_item(dead, "boom")
+    store.queue.enqueue("ocr", [{"name": "a.pdf"}, {"name": "b.pdf"}], max_attempts=1)
+    stuck, dead = store.queue.claim("ocr", "w", limit=2, heartbeat_timeout=600)
+    store.queue.fail_item(dead, "boom")
     from sqlalchemy import update
 
     from recovery_ext._store.schema import queue_items
@@ -63,10 +63,10 @@ def test_status_reports_orphans_stuck_dead_and_recovered(cli, store):
 
 
 def test_pipelines_show_and_list(cli, store):
-    own = store.create_pipeline("job", ["a", "b"], owner="r1", origin_run_id="r1")
-    store.start_node(own, "a")
-    store.set_items_total(own, "a", 3)
-    store.checkpoint_item(own, "a", ItemCheckpoint("k1", 1))
+    own = store.pipelines.create_pipeline("job", ["a", "b"], owner="r1", origin_run_id="r1")
+    store.pipelines.start_node(own, "a")
+    store.pipelines.start_items(own, "a", 3)
+    store.pipelines.checkpoint_item(own, "a", ItemCheckpoint("k1", 1))
     data = as_json(cli("pipelines", "show", str(own.pipeline_id), "--json"))
     assert [(n["name"], n["status"], n["items_done"], n["items_total"]) for n in data["nodes"]] == [
         ("a", "running", 1, 3), ("b", "pending", 0, None)]
@@ -80,8 +80,8 @@ def test_pipelines_show_and_list(cli, store):
 
 
 def test_reset_stuck_dry_run_job_id_and_summary(cli, store):
-    store.enqueue("ocr", [{"name": "a.pdf"}, {"name": "b.pdf"}])
-    a, b = store.claim("ocr", "worker-1", limit=2, heartbeat_timeout=600)
+    store.queue.enqueue("ocr", [{"name": "a.pdf"}, {"name": "b.pdf"}])
+    a, b = store.queue.claim("ocr", "worker-1", limit=2, heartbeat_timeout=600)
     from sqlalchemy import update
 
     from recovery_ext._store.schema import queue_items
@@ -90,20 +90,20 @@ def test_reset_stuck_dry_run_job_id_and_summary(cli, store):
         conn.execute(update(queue_items).values(started_at=store.dialect.now_plus(-1200), heartbeat_deadline=None))
     dry = cli("reset-stuck", "--dry-run")
     assert "Found 2 stuck item(s)" in dry.stdout and "Dry run" in dry.stdout
-    assert store.get_item(a.id).status == "processing"
+    assert store.queue.get_item(a.id).status == "processing"
     one = cli("reset-stuck", "--job-id", str(a.id))
     assert f"Item {a.id} (ocr): processing" in one.output and "Total stuck items reset: 1" in one.stdout
-    assert store.get_item(a.id).status == "ready" and store.get_item(b.id).status == "processing"
+    assert store.queue.get_item(a.id).status == "ready" and store.queue.get_item(b.id).status == "processing"
     assert as_json(cli("reset-stuck", "--threshold", "25m", "--json"))["reset"] == []
     rest = as_json(cli("reset-stuck", "--threshold", "15m", "--json"))
     assert rest["reset"] == [{"id": b.id, "new_status": "ready"}]
 
 
 def test_retry_dead(cli, store):
-    store.enqueue("ocr", [{"n": 1}, {"n": 2}], max_attempts=1)
-    for item in store.claim("ocr", "w", limit=2):
-        store.fail_item(item, "boom")
-    first, second = [i.id for i in store.list_items("ocr")]
+    store.queue.enqueue("ocr", [{"n": 1}, {"n": 2}], max_attempts=1)
+    for item in store.queue.claim("ocr", "w", limit=2):
+        store.queue.fail_item(item, "boom")
+    first, second = [i.id for i in store.queue.list_items("ocr")]
     assert as_json(cli("retry-dead", str(first), "--json")) == {"retried": [first]}
     assert "not dead" in cli("retry-dead", str(first), code=1).output
     assert as_json(cli("retry-dead", "--all", "--json")) == {"retried": [second]}
@@ -145,24 +145,24 @@ def test_status_reset_stuck_and_the_sensor_never_call_a_heartbeating_item_stuck(
 
     from recovery_ext._store.schema import queue_items
 
-    store.enqueue("ocr", [{"name": "slow.pdf"}])
-    (slow,) = store.claim("ocr", "worker-1", heartbeat_timeout=600)
+    store.queue.enqueue("ocr", [{"name": "slow.pdf"}])
+    (slow,) = store.queue.claim("ocr", "worker-1", heartbeat_timeout=600)
     with store.write() as conn:  # started an hour ago, still heartbeating
         conn.execute(update(queue_items).values(started_at=store.dialect.now_plus(-3600)))
     assert as_json(cli("status", "--json", "--threshold", "1m"))["stuck_items"] == []
-    store.enqueue("ocr", [{"name": "flaky.pdf"}])
-    (flaky,) = store.claim("ocr", "worker-2")
-    store.fail_item(flaky, "timeout: OCR engine timed out")
+    store.queue.enqueue("ocr", [{"name": "flaky.pdf"}])
+    (flaky,) = store.queue.claim("ocr", "worker-2")
+    store.queue.fail_item(flaky, "timeout: OCR engine timed out")
     (waiting,) = as_json(cli("status", "--json"))["waiting_items"]
     assert (waiting["id"], waiting["attempts"]) == (flaky.id, 1) and waiting["available_at"]
     assert "Items waiting for their retry delay: 1" in cli("status").stdout
     assert as_json(cli("reset-stuck", "--threshold", "1m", "--json"))["reset"] == []
-    assert store.get_item(slow.id).status == "processing"
+    assert store.queue.get_item(slow.id).status == "processing"
 
 
 def test_status_and_pipelines_list_show_and_filter_by_deployment(cli, store):
-    blue = store.create_pipeline("job", ["a"], owner="r-blue", origin_run_id="r-blue", deployment="blue")
-    green = store.create_pipeline("job", ["a"], owner="r-green", origin_run_id="r-green", deployment="green")
+    blue = store.pipelines.create_pipeline("job", ["a"], owner="r-blue", origin_run_id="r-blue", deployment="blue")
+    green = store.pipelines.create_pipeline("job", ["a"], owner="r-green", origin_run_id="r-green", deployment="green")
     listed = as_json(cli("pipelines", "list", "--deployment", "blue", "--json"))
     assert [(p["id"], p["deployment"]) for p in listed] == [(blue.pipeline_id, "blue")]
     every = {p["id"]: p["deployment"] for p in as_json(cli("pipelines", "list", "--json"))}

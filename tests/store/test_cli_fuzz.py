@@ -34,11 +34,11 @@ def seeded_store(tmp_path_factory) -> tuple[str, RecoveryStore]:
     url = f"sqlite:///{tmp_path_factory.mktemp('fuzz') / 'r.sqlite3'}"
     store = RecoveryStore(url)
     store.migrate()
-    store.enqueue("ocr", [{"n": i} for i in range(4)], max_attempts=1)
-    for item in store.claim("ocr", "w", limit=2):
-        store.fail_item(item, "boom")
-    own = store.create_pipeline("job", ["a", "b"], owner="run-1")
-    store.start_node(own, "a")
+    store.queue.enqueue("ocr", [{"n": i} for i in range(4)], max_attempts=1)
+    for item in store.queue.claim("ocr", "w", limit=2):
+        store.queue.fail_item(item, "boom")
+    own = store.pipelines.create_pipeline("job", ["a", "b"], owner="run-1")
+    store.pipelines.start_node(own, "a")
     store.record_event("item_dead", {"queue": "ocr"})
     return url, store
 
@@ -71,7 +71,7 @@ def test_fuzzed_arguments_never_give_a_traceback_or_a_partial_write(fuzz_store, 
 
 def test_retry_dead_with_one_unknown_id_changes_nothing(tmp_path_factory):
     url, store = seeded_store(tmp_path_factory)
-    dead = [i.id for i in store.list_items("ocr", status="dead")]
+    dead = [i.id for i in store.queue.list_items("ocr", status="dead")]
     before = snapshot(store)
     result = CliRunner().invoke(main, ["--database-url", url, "retry-dead", str(dead[0]), "99999"])
     assert result.exit_code == 1 and "nothing was changed" in result.output

@@ -28,8 +28,8 @@ ORPHANS = 200
 def seed_orphans(store: RecoveryStore, n: int = ORPHANS) -> set[int]:
     ids = set()
     for i in range(n):
-        own = store.create_pipeline("job", ["a", "b"], owner=f"dead-{i}", origin_run_id=f"dead-{i}")
-        store.start_node(own, "a")
+        own = store.pipelines.create_pipeline("job", ["a", "b"], owner=f"dead-{i}", origin_run_id=f"dead-{i}")
+        store.pipelines.start_node(own, "a")
         ids.add(own.pipeline_id)
     with store.write() as conn:
         conn.execute(update(pipelines).values(heartbeat_deadline=store.dialect.now_plus(-10)))
@@ -40,8 +40,8 @@ def assert_each_once(ids: set[int], results: list[list[int]], store: RecoverySto
     won = Counter(pid for r in results for pid in r)
     assert set(won) == ids
     assert max(won.values()) == 1
-    assert all(store.get_pipeline(pid).epoch == 2 for pid in ids)
-    assert store.count_events("pipeline_recovered") == len(ids)
+    assert all(store.pipelines.get_pipeline(pid).epoch == 2 for pid in ids)
+    assert store.reports.count_events("pipeline_recovered") == len(ids)
 
 
 def test_eight_reclaimer_threads_race_and_each_orphan_is_reclaimed_once(store):
@@ -95,30 +95,30 @@ def test_eight_reclaimer_processes_race_and_each_orphan_is_reclaimed_once(store,
 def test_four_processes_claiming_one_queue_never_share_an_item(store, db_url):
     from workers import claim_all
 
-    ids = set(store.enqueue("q", [{"n": i} for i in range(120)]))
+    ids = set(store.queue.enqueue("q", [{"n": i} for i in range(120)]))
     results = race_in_processes(claim_all, db_url, 4)
     claimed = Counter(i for r in results for i in r)
     assert set(claimed) == ids and max(claimed.values()) == 1
-    items = store.list_items("q")
+    items = store.queue.list_items("q")
     assert {i.status for i in items} == {"completed"} and {i.attempts for i in items} == {1}
 
 
 def test_a_pulsing_watchdog_is_never_an_orphan(store):
-    own = store.create_pipeline("job", ["a"], owner="live", origin_run_id="live",
+    own = store.pipelines.create_pipeline("job", ["a"], owner="live", origin_run_id="live",
                                 limits=PipelineLimits(heartbeat_timeout=1.0))
-    store.start_node(own, "a", heartbeat_timeout=1.0)
+    store.pipelines.start_node(own, "a", heartbeat_timeout=1.0)
     settings = HeartbeatSettings(interval=0.2, timeout=1.0)
     with Watchdog(store_pulse(store, own, "a", settings.timeout), settings) as dog:
         deadline = time.monotonic() + 3.0  # three full timeouts
         while time.monotonic() < deadline:
-            assert store.find_orphans() == []
+            assert store.recovery.find_orphans() == []
             time.sleep(0.1)
         assert dog.pulses >= 5 and dog.lost is None
 
 
 def test_kill_9_of_a_watchdog_process_makes_an_orphan_within_timeout_plus_one_scan(store, db_url):
     timeout, interval = 2.0, 0.5
-    own = store.create_pipeline("job", ["work"], owner="child", origin_run_id="child",
+    own = store.pipelines.create_pipeline("job", ["work"], owner="child", origin_run_id="child",
                                 limits=PipelineLimits(heartbeat_timeout=timeout))
     child = subprocess.Popen(
         [sys.executable, str((Path(__file__).resolve().parents[1] / "support" / "workers.py")), db_url, str(own.pipeline_id), str(own.epoch),
@@ -128,17 +128,17 @@ def test_kill_9_of_a_watchdog_process_makes_an_orphan_within_timeout_plus_one_sc
     try:
         assert child.stdout.readline().strip() == "ready"
         time.sleep(timeout * 1.5)  # alive for longer than one timeout: the watchdog keeps it live
-        assert store.find_orphans() == []
+        assert store.recovery.find_orphans() == []
         os.kill(child.pid, signal.SIGKILL)
         killed_at = time.monotonic()
         child.wait(10)
         scan_interval = 0.25
-        while not store.find_orphans():
+        while not store.recovery.find_orphans():
             assert time.monotonic() - killed_at < timeout + scan_interval + 1.0, "orphan not detected in time"
             time.sleep(scan_interval)
         detected = time.monotonic() - killed_at
         assert detected <= timeout + scan_interval + 1.0
-        (orphan,) = store.find_orphans()
+        (orphan,) = store.recovery.find_orphans()
         assert orphan.id == own.pipeline_id and orphan.reason == "heartbeat"
     finally:
         if child.poll() is None:
@@ -146,8 +146,8 @@ def test_kill_9_of_a_watchdog_process_makes_an_orphan_within_timeout_plus_one_sc
 
 
 def test_watchdog_stops_the_node_when_ownership_is_lost(store):
-    own = store.create_pipeline("job", ["a"], owner="old", origin_run_id="old")
-    store.start_node(own, "a")
+    own = store.pipelines.create_pipeline("job", ["a"], owner="old", origin_run_id="old")
+    store.pipelines.start_node(own, "a")
     settings = HeartbeatSettings(interval=0.1, timeout=0.5)
     lost = threading.Event()
     dog = Watchdog(store_pulse(store, own, "a", settings.timeout), settings, on_lost=lambda exc: lost.set())
@@ -162,8 +162,8 @@ def test_watchdog_stops_the_node_when_ownership_is_lost(store):
 
 
 def test_watchdog_survives_database_errors_and_rechecks_ownership_after_a_long_gap(store):
-    own = store.create_pipeline("job", ["a"], owner="w", origin_run_id="w")
-    store.start_node(own, "a")
+    own = store.pipelines.create_pipeline("job", ["a"], owner="w", origin_run_id="w")
+    store.pipelines.start_node(own, "a")
     calls = {"pulse": 0, "verify": 0}
     real = store_pulse(store, own, "a", 1.0)
 

@@ -19,19 +19,19 @@ def call(own, key: str, tokens: int, *, model: str = "m-1", outcome: str = "ok")
 
 def worked(store, job: str, owner: str, items: int, *, finish: bool):
     """A pipeline of one node that checkpointed ``items`` items (one call each) and made one wasted call."""
-    own = store.create_pipeline(job, ["n"], owner=owner)
-    store.start_node(own, "n")
-    store.checkpoint_items(own, "n", [ItemCheckpoint(f"k{i}", {"i": i}, calls=(call(own, f"k{i}", 10 + i),))
+    own = store.pipelines.create_pipeline(job, ["n"], owner=owner)
+    store.pipelines.start_node(own, "n")
+    store.pipelines.checkpoint_items(own, "n", [ItemCheckpoint(f"k{i}", {"i": i}, calls=(call(own, f"k{i}", 10 + i),))
                                       for i in range(items)])
-    store.record_provider_calls([call(own, "retried", 7, outcome="rate_limited")])
+    store.providers.record_provider_calls([call(own, "retried", 7, outcome="rate_limited")])
     if finish:
-        store.complete_node(own, "n")
-        assert store.get_pipeline(own.pipeline_id).status == "completed"
+        store.pipelines.complete_node(own, "n")
+        assert store.pipelines.get_pipeline(own.pipeline_id).status == "completed"
     return own
 
 
 def figures(store) -> dict:
-    s = store.metrics_snapshot()
+    s = store.reports.metrics_snapshot()
     return {"pipelines": sorted(s.pipelines), "items": sorted(s.items), "spent": sorted(s.provider_calls),
             "costs": {job: {k: round(v, 9) for k, v in f.items()} for job, f in sorted(s.provider_costs.items())},
             "resumes": s.resume_runs, "skipped": s.skipped_ledger_rows, "queues": sorted(s.queue_items)}
@@ -41,10 +41,10 @@ def test_the_scrape_sums_finished_and_live_work_as_the_detail_does_and_keeps_it_
     done = [worked(store, "etl", f"done-{i}", 3, finish=True) for i in range(3)]
     worked(store, "etl", "live-1", 2, finish=False)
     worked(store, "ocr", "live-2", 1, finish=False)
-    store.enqueue("docs", [{"n": 1}, {"n": 2}])
+    store.queue.enqueue("docs", [{"n": 1}, {"n": 2}])
 
     scraped = figures(store)
-    detail = store.provider_costs()  # computed from every ledger row
+    detail = store.reports.provider_costs()  # computed from every ledger row
     by_job: dict[str, dict] = {}
     for pipeline_id, f in detail.pipelines.items():
         into = by_job.setdefault(detail.jobs[pipeline_id], dict.fromkeys(f.as_dict(), 0))
@@ -87,15 +87,15 @@ def test_a_reopened_pipeline_leaves_the_roll_up_and_returns_judged_again(store):
 def test_status_summaries_come_from_the_counts_kept_as_rows_change(store):
     worked(store, "etl", "a", 1, finish=True)
     worked(store, "etl", "b", 1, finish=False)
-    ids = store.enqueue("docs", [{"n": 1}, {"n": 2}, {"n": 3}])
-    item = store.claim("docs", "w:0", heartbeat_timeout=60)[0]
-    store.complete_item(item, {"ok": True})
+    ids = store.queue.enqueue("docs", [{"n": 1}, {"n": 2}, {"n": 3}])
+    item = store.queue.claim("docs", "w:0", heartbeat_timeout=60)[0]
+    store.queue.complete_item(item, {"ok": True})
     with store.write() as conn:
         conn.execute(delete(queue_items).where(queue_items.c.id == ids[-1]))
-    summary = {(r["deployment"], r["status"]): r for r in store.pipeline_summary()}
+    summary = {(r["deployment"], r["status"]): r for r in store.reports.pipeline_summary()}
     assert {k: r["count"] for k, r in summary.items()} == {("default", "completed"): 1, ("default", "running"): 1}
     assert summary[("default", "completed")]["avg_seconds"] is not None
     assert summary[("default", "running")]["avg_seconds"] is None
-    queues = {(r["queue"], r["status"]): r["count"] for r in store.queue_summary()}
+    queues = {(r["queue"], r["status"]): r["count"] for r in store.reports.queue_summary()}
     assert queues == {("docs", "completed"): 1, ("docs", "ready"): 1}
-    assert store.pipeline_summary(deployment="elsewhere") == []
+    assert store.reports.pipeline_summary(deployment="elsewhere") == []

@@ -20,6 +20,7 @@ from recovery_ext._store.store import RecoveryStore
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the bench package, for its history seed
 from bench import history_bench  # noqa: E402
+import store_rows
 
 HISTORY_TABLES = ("rx_pipelines", "rx_nodes", "rx_node_items", "rx_provider_calls", "rx_transitions", "rx_events",
                   "rx_queue_items")
@@ -35,7 +36,7 @@ def history(pg_url) -> RecoveryStore:
     history_bench.seed(store, seeds["live"])
     first, last = history_bench.FIRST_FINISHED, history_bench.FIRST_FINISHED + FINISHED - 1
     history_bench.seed(store, seeds["history"], lo=first, hi=last)
-    store.roll_up_finished(first, last)
+    store_rows.roll_up_finished(store, first, last)
     history_bench.maintain(store, seeds["maintain"])
     yield store
     store.close()
@@ -85,12 +86,12 @@ def test_ticks_costs_and_the_report_of_one_pipeline_use_indexes(history):
     finished = history_bench.FIRST_FINISHED + 10
 
     def work():
-        history.tick_snapshot(scope, grace_seconds=300)
-        history.recovery_pass(PassPlan(limit=0, trigger="plans"), scope)
-        history.reset_stale(queue="ocr", older_than_seconds=600, reason="plans")
-        history.count_ready("ocr")
-        history.provider_costs(finished)
-        history.pipeline_history(finished)
+        history.recovery.tick_snapshot(scope, grace_seconds=300)
+        history.recovery.recovery_pass(PassPlan(limit=0, trigger="plans"), scope)
+        history.queue.reset_stale(queue="ocr", older_than_seconds=600, reason="plans")
+        history.queue.count_ready("ocr")
+        history.reports.provider_costs(finished)
+        history.reports.pipeline_history(finished)
 
     planned = plans(history, work)
     assert scans_of_history(planned) == []
@@ -100,19 +101,19 @@ def test_ticks_costs_and_the_report_of_one_pipeline_use_indexes(history):
 
 def test_status_reads_use_indexes_or_the_counts(history):
     def work():
-        history.pipeline_summary()
-        history.queue_summary()
-        history.find_orphans()
-        history.stale_items(older_than_seconds=600)
-        history.waiting_items()
-        history.count_events("pipeline_recovered", within_seconds=86400)
-        history.dead_items()
-        history.waiting_pipelines()
-        history.unwatched_pipelines()
-        history.stranded_pipelines()
-        history.items_with_unknown_status()
-        history.items_with_bad_values()
-        history.dangling_rows()
+        history.reports.pipeline_summary()
+        history.reports.queue_summary()
+        history.recovery.find_orphans()
+        history.queue.stale_items(older_than_seconds=600)
+        history.queue.waiting_items()
+        history.reports.count_events("pipeline_recovered", within_seconds=86400)
+        history.reports.dead_items()
+        history.providers.waiting_pipelines()
+        history.reports.unwatched_pipelines()
+        history.recovery.stranded_pipelines()
+        history.reports.items_with_unknown_status()
+        history.reports.items_with_bad_values()
+        history.reports.dangling_rows()
 
     planned = plans(history, work)
     assert scans_of_history(planned) == []

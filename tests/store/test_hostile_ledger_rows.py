@@ -13,14 +13,15 @@ from recovery_ext._cli import main
 from recovery_ext._observe.exporter import registry_for
 from recovery_ext._store.models import ItemCheckpoint, ProviderCall
 from recovery_ext._store.schema import provider_calls
+import store_rows
 
 
 def _pipeline_with_calls(store, job, n, tokens_in=10):
-    own = store.create_pipeline(job, ["a"], owner=f"run-{job}", origin_run_id=f"run-{job}", params={})
-    store.start_node(own, "a")
+    own = store.pipelines.create_pipeline(job, ["a"], owner=f"run-{job}", origin_run_id=f"run-{job}", params={})
+    store.pipelines.start_node(own, "a")
     calls = [ProviderCall(endpoint="http://127.0.0.1:9/v1", model="m", tokens_in=tokens_in, tokens_out=1, cost=0.5)
              for _ in range(n)]
-    store.checkpoint_item(own, "a", ItemCheckpoint("k", 1, calls=tuple(calls)))
+    store.pipelines.checkpoint_item(own, "a", ItemCheckpoint("k", 1, calls=tuple(calls)))
     return own, calls
 
 
@@ -62,7 +63,7 @@ def test_corrupt_ledger_rows_are_left_out_counted_and_shown_never_fail_costs_or_
     assert "recovery_database_up 1.0" in scraped
     assert "recovery_ledger_rows_skipped 4.0" in scraped
     assert 'recovery_provider_tokens_total{dagster_job="good",model="m",type="input"} 20.0' in scraped
-    assert len(store.provider_calls()) == 3  # the readable rows; the corrupt ones are counted, not raised
+    assert len(store_rows.provider_calls(store)) == 3  # the readable rows; the corrupt ones are counted, not raised
 
     page = CliRunner().invoke(main, ["--database-url", db_url, "report", str(bad.pipeline_id), "--html",
                                      str(tmp_path / "report.html")])

@@ -14,6 +14,7 @@ from recovery_ext import ConfigurationError, RecoveryResource
 from recovery_ext._settings import LONGEST
 from recovery_ext._store.budgets import LIMIT_MAXIMUM, ProviderLimits
 from recovery_ext._store.models import PipelineLimits
+import store_rows
 
 
 @pytest.mark.parametrize("limits", [dict(requests_per_minute=2**31), dict(requests_per_minute=sys.maxsize + 1),
@@ -27,11 +28,11 @@ def test_provider_limits_beyond_what_the_columns_hold_are_refused_when_built(lim
 def test_the_largest_accepted_limits_reserve_and_settle_on_both_databases(store):
     limits = ProviderLimits(requests_per_minute=LIMIT_MAXIMUM["requests_per_minute"],
                             tokens_per_minute=LIMIT_MAXIMUM["tokens_per_minute"])
-    grants = [store.budget_reserve("http://e/v1", "m", tokens=LIMIT_MAXIMUM["tokens_per_minute"] // 2,
+    grants = [store.providers.budget_reserve("http://e/v1", "m", tokens=LIMIT_MAXIMUM["tokens_per_minute"] // 2,
                                    limits=limits) for _ in range(3)]
     assert [g.granted for g in grants] == [True, True, False]  # the third would pass the limit, no overflow
-    store.budget_settle(grants[0].reservation, 2**40)
-    [budget] = store.budgets()
+    store.providers.budget_settle(grants[0].reservation, 2**40)
+    [budget] = store_rows.budgets(store)
     assert budget["requests_per_minute"] == 2**31 - 1
 
 
@@ -48,10 +49,10 @@ def test_a_deadline_past_what_both_databases_store_is_refused_even_when_long_dur
 
 def test_the_longest_accepted_deadline_keeps_a_live_pipeline_on_both_databases(store):
     assert RecoveryResource(hard_deadline_seconds=LONGEST, allow_long_durations=True).hard_deadline_seconds == LONGEST
-    own = store.create_pipeline("job", ["a"], owner="run-1", origin_run_id="run-1",
+    own = store.pipelines.create_pipeline("job", ["a"], owner="run-1", origin_run_id="run-1",
                                 limits=PipelineLimits(heartbeat_timeout=LONGEST, deadline_seconds=LONGEST))
-    assert store.find_orphans() == []  # no corrupt row on SQLite, no orphan on PostgreSQL: both agree
-    pipeline = store.get_pipeline(own.pipeline_id)
+    assert store.recovery.find_orphans() == []  # no corrupt row on SQLite, no orphan on PostgreSQL: both agree
+    pipeline = store.pipelines.get_pipeline(own.pipeline_id)
     assert pipeline.status == "running" and pipeline.deadline.year > 2100
 
 

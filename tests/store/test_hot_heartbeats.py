@@ -12,6 +12,7 @@ from sqlalchemy import event
 from pg_cluster import PrivateCluster
 from recovery_ext._store.runs import NodeBeat, PipelineBeat
 from recovery_ext._store.store import RecoveryStore
+import store_rows
 
 
 def _update_counts(pg_url: str) -> dict[str, tuple[int, int]]:
@@ -55,16 +56,16 @@ def _rows(conn, table: str, columns: set[str]) -> list[tuple]:
 def _owned_pipelines(store: RecoveryStore):
     owned = []
     for i in range(20):
-        own = store.create_pipeline("job", ["a", "b"], owner=f"run-{i}")
-        store.start_node(own, "a")
+        own = store.pipelines.create_pipeline("job", ["a", "b"], owner=f"run-{i}")
+        store.pipelines.start_node(own, "a")
         owned.append(own)
-    lost = store.create_pipeline("job", ["a"], owner="gone")
-    store.fail_pipeline(lost.pipeline_id, "for the test")
+    lost = store.pipelines.create_pipeline("job", ["a"], owner="gone")
+    store_rows.fail_pipeline(store, lost.pipeline_id, "for the test")
     return owned, lost
 
 
 def _pulse(store: RecoveryStore, owned, lost) -> None:
-    assert store.pulse([PipelineBeat(o, 30) for o in owned] + [PipelineBeat(lost, 30)],
+    assert store.pipelines.pulse([PipelineBeat(o, 30) for o in owned] + [PipelineBeat(lost, 30)],
                        [NodeBeat(o, "a", 30) for o in owned]) == {lost.pipeline_id}
 
 
@@ -93,8 +94,8 @@ def test_a_pulse_is_one_statement_that_changes_no_indexed_column_on_pages_with_r
         with psycopg.connect(pg_url, autocommit=True) as conn:  # a watcher's vouch and death report, too
             conn.execute("UPDATE rx_nodes SET watcher = 'w', process = 'h/1/1' WHERE status = 'running'")
             before["rx_nodes"] = _rows(conn, "rx_nodes", indexed["rx_nodes"])
-        watched = store.watched_nodes("w")
-        assert store.vouch_nodes("w", watched[:10], watched[10:], 30) == len(owned)
+        watched = store.pipelines.watched_nodes("w")
+        assert store.pipelines.vouch_nodes("w", watched[:10], watched[10:], 30) == len(owned)
         with psycopg.connect(pg_url, autocommit=True) as conn:
             after = {t: _rows(conn, t, indexed[t]) for t in indexed}
             assert conn.execute("SELECT max(heartbeat_at) FROM rx_nodes").fetchone()[0] > beats_before  # it did beat

@@ -14,6 +14,7 @@ from recovery_ext._store.ledger import IN_FLIGHT
 from recovery_ext._store.models import Ownership, PassPlan, ProviderCall
 from recovery_ext._store.schema import call_journal, provider_calls
 from recovery_ext._store.store import RecoveryStore
+import store_rows
 
 ENDPOINT = "http://127.0.0.1:9/v1"
 
@@ -44,66 +45,66 @@ def journal(store: RecoveryStore, pipeline_id: int) -> list[tuple]:
 
 
 def test_a_call_is_written_in_flight_completed_with_its_answer_and_replayed(store):
-    own = store.create_pipeline("job", ["a"], owner="run-1", origin_run_id="run-1")
-    store.start_node(own, "a")
+    own = store.pipelines.create_pipeline("job", ["a"], owner="run-1", origin_run_id="run-1")
+    store.pipelines.start_node(own, "a")
     first = in_flight(own, "k1")
-    assert store.journal_begin(own, first, call_key="fp#1") is None
+    assert store.providers.journal_begin(own, first, call_key="fp#1") is None
     assert ledger(store, own.pipeline_id) == {
         first.id: ("k1", own.epoch, "m", 0, 0, 0.0, IN_FLIGHT, None, False, 0, None)}
     done = answered(first, tokens_in=12, tokens_out=7, latency_seconds=0.25, cost=0.5, note="usage read")
-    store.journal_answer(own, done, call_key="fp#1", answer='{"a":1}')
+    store.providers.journal_answer(own, done, call_key="fp#1", answer='{"a":1}')
     assert journal(store, own.pipeline_id) == [("k1", "fp#1", first.id, own.epoch, '{"a":1}')]
     paid = ("k1", own.epoch, "m-2", 12, 7, 0.25, "ok", 0.5, False, 0, "usage read")
     assert ledger(store, own.pipeline_id) == {first.id: paid}
 
     # the same call again: the journaled answer and the row that paid for it, one more replay, no new row
-    hit = store.journal_begin(own, in_flight(own, "k1"), call_key="fp#1")
+    hit = store.providers.journal_begin(own, in_flight(own, "k1"), call_key="fp#1")
     assert hit is not None and hit.answer == '{"a":1}'
     assert (hit.call.id, hit.call.tokens_in, hit.call.outcome, hit.call.cost) == (first.id, 12, "ok", 0.5)
     assert ledger(store, own.pipeline_id) == {first.id: paid[:-2] + (1, "usage read")}
 
     # no call key (a retry's attempt, an item-less call): a ledger row only; an answer without a key is not kept
     second = in_flight(own, None)
-    assert store.journal_begin(own, second, call_key=None) is None
-    store.journal_answer(own, answered(second, tokens_in=3), call_key=None, answer=None)
+    assert store.providers.journal_begin(own, second, call_key=None) is None
+    store.providers.journal_answer(own, answered(second, tokens_in=3), call_key=None, answer=None)
     assert ledger(store, own.pipeline_id)[second.id][:7] == (None, own.epoch, "m-2", 3, 0, 0.0, "ok")
     # a fresh answer replaces the kept one; a row already completed stays as it was
-    store.journal_answer(own, answered(first, tokens_in=99), call_key="fp#1", answer='{"a":2}')
+    store.providers.journal_answer(own, answered(first, tokens_in=99), call_key="fp#1", answer='{"a":2}')
     assert journal(store, own.pipeline_id) == [("k1", "fp#1", first.id, own.epoch, '{"a":2}')]
     assert ledger(store, own.pipeline_id)[first.id][3] == 12
 
 
 def test_a_stale_owner_is_refused_and_writes_nothing(store):
-    own = store.create_pipeline("job", ["a"], owner="run-1", origin_run_id="run-1")
-    store.start_node(own, "a")
+    own = store.pipelines.create_pipeline("job", ["a"], owner="run-1", origin_run_id="run-1")
+    store.pipelines.start_node(own, "a")
     kept = in_flight(own, "k1")
-    store.journal_begin(own, kept, call_key="fp#1")
-    store.journal_answer(own, answered(kept, tokens_in=5), call_key="fp#1", answer='"old"')
+    store.providers.journal_begin(own, kept, call_key="fp#1")
+    store.providers.journal_answer(own, answered(kept, tokens_in=5), call_key="fp#1", answer='"old"')
     waiting = in_flight(own, "k2")
-    store.journal_begin(own, waiting, call_key="fp#1")
+    store.providers.journal_begin(own, waiting, call_key="fp#1")
     expire(store, own.pipeline_id)
     reclaim(store, PassPlan(limit=10, launching=True))
-    new = store.attach(own.pipeline_id, "run-2", resume_number=1)
+    new = store.pipelines.attach(own.pipeline_id, "run-2", resume_number=1)
     rows, entries = ledger(store, own.pipeline_id), journal(store, own.pipeline_id)
 
     stale = in_flight(own, "k3")
-    for write in (lambda: store.journal_begin(own, stale, call_key="fp#1"),
-                  lambda: store.journal_begin(own, stale, call_key=None),
-                  lambda: store.journal_begin(own, in_flight(own, "k1"), call_key="fp#1"),  # would be a hit
-                  lambda: store.journal_answer(own, answered(waiting, tokens_in=8), call_key="fp#1", answer='"x"')):
+    for write in (lambda: store.providers.journal_begin(own, stale, call_key="fp#1"),
+                  lambda: store.providers.journal_begin(own, stale, call_key=None),
+                  lambda: store.providers.journal_begin(own, in_flight(own, "k1"), call_key="fp#1"),  # would be a hit
+                  lambda: store.providers.journal_answer(own, answered(waiting, tokens_in=8), call_key="fp#1", answer='"x"')):
         with pytest.raises(OwnershipLost, match=r"superseded by run run-2$"):
             write()
     assert ledger(store, own.pipeline_id) == rows  # no row written, no replay counted, nothing completed
     assert journal(store, own.pipeline_id) == entries
 
     # the new owner's writes go through; a pipeline that is not running refuses its own owner too
-    hit = store.journal_begin(new, in_flight(new, "k1"), call_key="fp#1")
+    hit = store.providers.journal_begin(new, in_flight(new, "k1"), call_key="fp#1")
     assert hit is not None and hit.answer == '"old"'
-    store.fail_pipeline(own.pipeline_id, "operator said so")
+    store_rows.fail_pipeline(store, own.pipeline_id, "operator said so")
     with pytest.raises(OwnershipLost, match=r"run-2 \(pipeline failed\)"):
-        store.journal_begin(new, in_flight(new, "k4"), call_key=None)
+        store.providers.journal_begin(new, in_flight(new, "k4"), call_key=None)
     with pytest.raises(NotFound, match="no pipeline 987654"):
-        store.journal_answer(Ownership(987654, 1, "run-1"), answered(waiting), call_key=None, answer=None)
+        store.providers.journal_answer(Ownership(987654, 1, "run-1"), answered(waiting), call_key=None, answer=None)
 
 
 def test_each_journal_write_is_one_round_trip_on_postgresql(pg_url):
@@ -112,13 +113,13 @@ def test_each_journal_write_is_one_round_trip_on_postgresql(pg_url):
     store = RecoveryStore(pg_url)
     try:
         store.migrate()
-        own = store.create_pipeline("job", ["a"], owner="run-1", origin_run_id="run-1")
-        store.start_node(own, "a")
+        own = store.pipelines.create_pipeline("job", ["a"], owner="run-1", origin_run_id="run-1")
+        store.pipelines.start_node(own, "a")
         for item in ("k1", "k2"):  # k1 prepares the statements on the pooled connections
             call = in_flight(own, item)
-            writes = [partial(store.journal_begin, own, call, call_key="fp#1"),  # a miss
-                      partial(store.journal_answer, own, answered(call, tokens_in=4), call_key="fp#1", answer="1"),
-                      partial(store.journal_begin, own, in_flight(own, item), call_key="fp#1")]  # a hit
+            writes = [partial(store.providers.journal_begin, own, call, call_key="fp#1"),  # a miss
+                      partial(store.providers.journal_answer, own, answered(call, tokens_in=4), call_key="fp#1", answer="1"),
+                      partial(store.providers.journal_begin, own, in_flight(own, item), call_key="fp#1")]  # a hit
             for write in writes:
                 with round_trips(store) as messages:
                     write()
@@ -136,12 +137,12 @@ def test_a_write_whose_commit_landed_before_its_connection_dropped_is_retried_qu
     store = RecoveryStore(pg_url)
     try:
         store.migrate()
-        own = store.create_pipeline("job", ["a"], owner="run-1", origin_run_id="run-1")
-        store.start_node(own, "a")
+        own = store.pipelines.create_pipeline("job", ["a"], owner="run-1", origin_run_id="run-1")
+        store.pipelines.start_node(own, "a")
         dropped = drop_answers_once(monkeypatch, "journal_begin", "journal_answer")
         call = in_flight(own, "k1")
-        assert store.journal_begin(own, call, call_key="fp#1") is None
-        store.journal_answer(own, answered(call, tokens_in=6), call_key="fp#1", answer='"a"')
+        assert store.providers.journal_begin(own, call, call_key="fp#1") is None
+        store.providers.journal_answer(own, answered(call, tokens_in=6), call_key="fp#1", answer='"a"')
         assert dropped == ["journal_begin", "journal_answer"]
         assert [(r[3], r[6], r[9]) for r in ledger(store, own.pipeline_id).values()] == [(6, "ok", 0)]
         assert journal(store, own.pipeline_id) == [("k1", "fp#1", call.id, own.epoch, '"a"')]

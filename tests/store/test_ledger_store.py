@@ -14,11 +14,12 @@ from recovery_ext._store.budgets import ProviderLimits
 from recovery_ext._store.models import ItemCheckpoint, PassPlan, ProviderCall
 
 from helpers import expire, reclaim
+import store_rows
 
 
 def make(store, owner="run-1"):
-    own = store.create_pipeline("job", ["a", "b"], owner=owner, origin_run_id=owner, params={})
-    store.start_node(own, "a")
+    own = store.pipelines.create_pipeline("job", ["a", "b"], owner=owner, origin_run_id=owner, params={})
+    store.pipelines.start_node(own, "a")
     return own
 
 
@@ -31,51 +32,51 @@ def test_a_checkpoint_marks_the_calls_it_keeps_in_its_own_transaction(store):
     own = make(store)
     kept = replace_ctx(call(cost=0.5), own, "a", "k1")
     retried = replace_ctx(call(cost=0.25, outcome="rate_limit", tokens_in=0, tokens_out=0), own, "a", "k1")
-    store.record_provider_calls([kept, retried])
-    store.checkpoint_item(own, "a", ItemCheckpoint("k1", {"v": 1}, calls=(kept,)))
+    store.providers.record_provider_calls([kept, retried])
+    store.pipelines.checkpoint_item(own, "a", ItemCheckpoint("k1", {"v": 1}, calls=(kept,)))
     late = call(cost=1.0)  # never written before: the checkpoint writes it
-    store.checkpoint_items(own, "a", [ItemCheckpoint("k2", 2, calls=(late,)), ItemCheckpoint("k3", 3)])
-    assert store.reached_checkpoint([kept.id, retried.id, late.id]) == {kept.id: True, retried.id: False,
+    store.pipelines.checkpoint_items(own, "a", [ItemCheckpoint("k2", 2, calls=(late,)), ItemCheckpoint("k3", 3)])
+    assert store_rows.reached_checkpoint(store, [kept.id, retried.id, late.id]) == {kept.id: True, retried.id: False,
                                                                         late.id: True}
-    rows = {c.id: c for c in store.provider_calls(own.pipeline_id)}
+    rows = {c.id: c for c in store_rows.provider_calls(store, own.pipeline_id)}
     assert (rows[late.id].item_key, rows[late.id].node_name, rows[late.id].run_id, rows[late.id].epoch) == \
         ("k2", "a", "run-1", 1)
-    figures = store.provider_costs(own.pipeline_id).pipelines[own.pipeline_id]
+    figures = store.reports.provider_costs(own.pipeline_id).pipelines[own.pipeline_id]
     assert (figures.calls, figures.tokens_in, figures.tokens_out, figures.cost) == (3, 20, 10, 1.75)
     assert (figures.wasted_calls, figures.wasted_cost, figures.saved_calls) == (1, 0.25, 0)
 
 
 def test_a_refused_or_superseded_checkpoint_marks_nothing(store):
     own = make(store)
-    store.checkpoint_item(own, "a", ItemCheckpoint("k1", 1))
+    store.pipelines.checkpoint_item(own, "a", ItemCheckpoint("k1", 1))
     first = replace_ctx(call(), own, "a", "k1")
-    store.record_provider_calls([first])
+    store.providers.record_provider_calls([first])
     with pytest.raises(IllegalTransition):
-        store.checkpoint_item(own, "a", ItemCheckpoint("k1", 1, calls=(first,)))
+        store.pipelines.checkpoint_item(own, "a", ItemCheckpoint("k1", 1, calls=(first,)))
     expire(store, own.pipeline_id)
     reclaim(store, PassPlan(limit=1, launching=True))
     late = call()
     with pytest.raises(OwnershipLost):
-        store.checkpoint_item(own, "a", ItemCheckpoint("k2", 2, calls=(late,)))
-    assert store.reached_checkpoint([first.id, late.id]) == {first.id: False}
+        store.pipelines.checkpoint_item(own, "a", ItemCheckpoint("k2", 2, calls=(late,)))
+    assert store_rows.reached_checkpoint(store, [first.id, late.id]) == {first.id: False}
 
 
 def test_saved_and_wasted_across_a_takeover(store):
     own = make(store)
     kept = [call(tokens_in=100, tokens_out=10, cost=1.0) for _ in range(3)]
     for i, c in enumerate(kept):
-        store.checkpoint_item(own, "a", ItemCheckpoint(f"k{i}", i, calls=(c,)))
+        store.pipelines.checkpoint_item(own, "a", ItemCheckpoint(f"k{i}", i, calls=(c,)))
     in_flight = call(tokens_in=100, tokens_out=10, cost=1.0)  # answered, then the worker died
-    store.record_provider_calls([replace_ctx(in_flight, own, "a", "k3")])
-    report = store.provider_costs(own.pipeline_id).pipelines[own.pipeline_id]
+    store.providers.record_provider_calls([replace_ctx(in_flight, own, "a", "k3")])
+    report = store.reports.provider_costs(own.pipeline_id).pipelines[own.pipeline_id]
     assert (report.saved_calls, report.wasted_calls) == (0, 0)  # the live owner may still checkpoint it
     expire(store, own.pipeline_id)
     reclaim(store, PassPlan(limit=1))
-    new = store.attach(own.pipeline_id, "run-2", resume_number=1)
-    store.start_node(new, "a")
+    new = store.pipelines.attach(own.pipeline_id, "run-2", resume_number=1)
+    store.pipelines.start_node(new, "a")
     again = call(tokens_in=100, tokens_out=10, cost=1.0)
-    store.checkpoint_item(new, "a", ItemCheckpoint("k3", 3, calls=(again,)))
-    report = store.provider_costs(own.pipeline_id)
+    store.pipelines.checkpoint_item(new, "a", ItemCheckpoint("k3", 3, calls=(again,)))
+    report = store.reports.provider_costs(own.pipeline_id)
     figures = report.pipelines[own.pipeline_id]
     assert figures.as_dict() == {"calls": 5, "tokens_in": 500, "tokens_out": 50, "cost": 5.0,
                                  "saved_calls": 3, "saved_tokens": 330, "saved_cost": 3.0,
@@ -94,8 +95,8 @@ def replace_ctx(c, own, node, item):
 def test_the_endpoint_is_redacted_and_bad_calls_are_refused_clearly(store):
     own = make(store)
     c = call(endpoint="https://user:hunter22@api.example.com/v1?api_key=sk-abcdefghijklmnop")
-    store.checkpoint_item(own, "a", ItemCheckpoint("k", 1, calls=(c,)))
-    stored = store.provider_calls(own.pipeline_id)[0].endpoint
+    store.pipelines.checkpoint_item(own, "a", ItemCheckpoint("k", 1, calls=(c,)))
+    stored = store_rows.provider_calls(store, own.pipeline_id)[0].endpoint
     assert "hunter22" not in stored and "sk-abcdefghijklmnop" not in stored and "api.example.com" in stored
     for bad in ({"tokens_in": -1}, {"tokens_out": 1.5}, {"latency_seconds": float("nan")}, {"cost": -2.0},
                 {"outcome": ""}, {"endpoint": " "}):
@@ -105,54 +106,54 @@ def test_the_endpoint_is_redacted_and_bad_calls_are_refused_clearly(store):
 
 def test_budget_grants_until_the_window_is_full_then_says_how_long_to_wait(store):
     limits = ProviderLimits(requests_per_minute=3, tokens_per_minute=100, window_seconds=1.0, margin_seconds=0.0)
-    grants = [store.budget_reserve("http://e/v1", None, tokens=30, limits=limits) for _ in range(3)]
+    grants = [store.providers.budget_reserve("http://e/v1", None, tokens=30, limits=limits) for _ in range(3)]
     for g in grants:
-        store.budget_answered(g.reservation)
-    grants.append(store.budget_reserve("http://e/v1", None, tokens=30, limits=limits))
+        store.providers.budget_answered(g.reservation)
+    grants.append(store.providers.budget_reserve("http://e/v1", None, tokens=30, limits=limits))
     assert [g.granted for g in grants] == [True, True, True, False]
     assert 0 < grants[3].wait_seconds <= 1.0
-    store.budget_settle(grants[0].reservation, 5)  # the usage was smaller than the estimate
-    assert not store.budget_reserve("http://e/v1", None, tokens=30, limits=limits).granted  # 3 requests still
+    store.providers.budget_settle(grants[0].reservation, 5)  # the usage was smaller than the estimate
+    assert not store.providers.budget_reserve("http://e/v1", None, tokens=30, limits=limits).granted  # 3 requests still
     time.sleep(grants[3].wait_seconds + 0.05)
-    assert store.budget_reserve("http://e/v1", None, tokens=30, limits=limits).granted
+    assert store.providers.budget_reserve("http://e/v1", None, tokens=30, limits=limits).granted
     with pytest.raises(ConfigurationError):
-        store.budget_reserve("http://e/v1", None, tokens=101, limits=limits)
+        store.providers.budget_reserve("http://e/v1", None, tokens=101, limits=limits)
     with pytest.raises(ConfigurationError):
         ProviderLimits(requests_per_minute=0)
     # A model's own budget is apart from the endpoint's.
     per_model = ProviderLimits(requests_per_minute=3, tokens_per_minute=100, window_seconds=1.0, margin_seconds=0.0,
                                per_model=True)
-    assert store.budget_reserve("http://e/v1", "big", tokens=90, limits=per_model).granted
-    assert sorted((b["endpoint"], b["model"]) for b in store.budgets()) == [("http://e/v1", ""), ("http://e/v1", "big")]
+    assert store.providers.budget_reserve("http://e/v1", "big", tokens=90, limits=per_model).granted
+    assert sorted((b["endpoint"], b["model"]) for b in store_rows.budgets(store)) == [("http://e/v1", ""), ("http://e/v1", "big")]
 
 
 def test_a_request_in_flight_holds_its_room_until_one_window_after_its_answer(store):
     limits = ProviderLimits(requests_per_minute=1, window_seconds=0.5, margin_seconds=0.0)
-    first = store.budget_reserve("http://e/v1", None, tokens=1, limits=limits)
+    first = store.providers.budget_reserve("http://e/v1", None, tokens=1, limits=limits)
     assert first.granted
     time.sleep(0.8)  # longer than the window: the request is still on its way to the provider
-    waiting = store.budget_reserve("http://e/v1", None, tokens=1, limits=limits)
+    waiting = store.providers.budget_reserve("http://e/v1", None, tokens=1, limits=limits)
     assert not waiting.granted and waiting.wait_seconds <= 0.05  # asked again soon: it may be answered any moment
-    store.budget_answered(first.reservation)  # the provider counted it somewhere before now
-    assert not store.budget_reserve("http://e/v1", None, tokens=1, limits=limits).granted
-    later = wait_for(lambda: store.budget_reserve("http://e/v1", None, tokens=1, limits=limits).granted, timeout=5,
+    store.providers.budget_answered(first.reservation)  # the provider counted it somewhere before now
+    assert not store.providers.budget_reserve("http://e/v1", None, tokens=1, limits=limits).granted
+    later = wait_for(lambda: store.providers.budget_reserve("http://e/v1", None, tokens=1, limits=limits).granted, timeout=5,
                      interval=0.05, what="the room one window after the answer")
     assert later
 
 
 def test_a_budget_is_the_whole_endpoints_unless_its_limits_are_per_model(store):
     limits = ProviderLimits(requests_per_minute=1, window_seconds=30.0)
-    assert store.budget_reserve("http://e/v1", "small", tokens=1, limits=limits).granted
-    assert not store.budget_reserve("http://e/v1", "big", tokens=1, limits=limits).granted  # the same budget
-    assert [b["model"] for b in store.budgets()] == [""]
+    assert store.providers.budget_reserve("http://e/v1", "small", tokens=1, limits=limits).granted
+    assert not store.providers.budget_reserve("http://e/v1", "big", tokens=1, limits=limits).granted  # the same budget
+    assert [b["model"] for b in store_rows.budgets(store)] == [""]
 
 
 def test_tokens_free_up_when_usage_corrects_the_reservation(store):
     limits = ProviderLimits(tokens_per_minute=100, per_model=True, window_seconds=30.0, margin_seconds=0.0)
-    first = store.budget_reserve("http://e/v1", "m", tokens=80, limits=limits)
-    assert first.granted and not store.budget_reserve("http://e/v1", "m", tokens=80, limits=limits).granted
-    store.budget_settle(first.reservation, 10)
-    assert store.budget_reserve("http://e/v1", "m", tokens=80, limits=limits).granted
+    first = store.providers.budget_reserve("http://e/v1", "m", tokens=80, limits=limits)
+    assert first.granted and not store.providers.budget_reserve("http://e/v1", "m", tokens=80, limits=limits).granted
+    store.providers.budget_settle(first.reservation, 10)
+    assert store.providers.budget_reserve("http://e/v1", "m", tokens=80, limits=limits).granted
 
 
 def test_concurrent_reservers_never_share_the_last_request(db_url):
@@ -166,7 +167,7 @@ def test_concurrent_reservers_never_share_the_last_request(db_url):
     def ask(s):
         barrier.wait()
         for _ in range(10):
-            g = s.budget_reserve("http://e/v1", None, tokens=1,
+            g = s.providers.budget_reserve("http://e/v1", None, tokens=1,
                                  limits=ProviderLimits(requests_per_minute=7, window_seconds=60.0, margin_seconds=0.0))
             if g.granted:
                 granted.append(g.reservation)
@@ -204,10 +205,10 @@ def test_calls_recorded_while_the_database_is_away_wait_in_memory_and_go_with_th
         cluster.start()
         cluster.wait_ready()
         # the next checkpoint writes its call
-        store.checkpoint_item(own, "a", ItemCheckpoint("k1", 1, calls=(answered,)))
+        store.pipelines.checkpoint_item(own, "a", ItemCheckpoint("k1", 1, calls=(answered,)))
         recorder.written([answered])
         wait_for(lambda: recorder.pending == 0, timeout=30, what="the writer to write the other call")
-        assert store.reached_checkpoint([answered.id, refused.id]) == {answered.id: True, refused.id: False}
+        assert store_rows.reached_checkpoint(store, [answered.id, refused.id]) == {answered.id: True, refused.id: False}
         assert recorder.failures >= 1
         store.close()
     finally:

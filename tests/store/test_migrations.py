@@ -118,6 +118,6 @@ def test_existing_pipelines_migrate_into_the_default_deployment(db_url):
                              "3, CURRENT_TIMESTAMP, CURRENT_TIMESTAMP)")
     applied = apply_migrations(store.engine, store.dialect)
     assert [m.name for m in applied][0] == "deployment"
-    (old,) = store.list_pipelines()
+    (old,) = store.reports.list_pipelines()
     assert old.job_name == "old_job" and old.deployment == "default"
     store.close()

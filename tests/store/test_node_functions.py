@@ -11,6 +11,7 @@ from recovery_ext._errors import IllegalTransition, NotFound, OwnershipLost, Unf
 from recovery_ext._store.models import ItemCheckpoint
 from recovery_ext._store.schema import transitions
 from recovery_ext._store.store import RecoveryStore
+import store_rows
 
 
 def history(store, pipeline_id):
@@ -20,42 +21,42 @@ def history(store, pipeline_id):
 
 
 def test_begin_and_complete_record_the_same_history_on_both_databases(store):
-    own = store.create_pipeline("job", ["a", "b"], owner="run-1", origin_run_id="run-1")
-    begun_own, node, started = store.begin_node("run-1", "a", heartbeat_timeout=30, stall_timeout=60)
+    own = store.pipelines.create_pipeline("job", ["a", "b"], owner="run-1", origin_run_id="run-1")
+    begun_own, node, started = store.pipelines.begin_node("run-1", "a", heartbeat_timeout=30, stall_timeout=60)
     assert started and begun_own == own and (node.status, node.attempts, node.run_id) == ("running", 1, "run-1")
     assert node.heartbeat_deadline is not None and node.stall_deadline is not None
-    assert store.get_pipeline(own.pipeline_id).current_node == "a"
-    assert store.complete_node(own, "a", {"out": [1, 2]}, heartbeat_timeout=30) is False
-    assert store.get_node(own.pipeline_id, "a").output == {"out": [1, 2]}
-    again = store.begin_node("run-1", "a")
+    assert store.pipelines.get_pipeline(own.pipeline_id).current_node == "a"
+    assert store.pipelines.complete_node(own, "a", {"out": [1, 2]}, heartbeat_timeout=30) is False
+    assert store.pipelines.get_node(own.pipeline_id, "a").output == {"out": [1, 2]}
+    again = store.pipelines.begin_node("run-1", "a")
     assert again is not None and again[2] is False and again[1].status == "completed"  # finished: skipped
-    store.begin_node("run-1", "b")
-    assert store.complete_node(own, "b", None) is True
-    assert store.get_pipeline(own.pipeline_id).status == "completed"
+    store.pipelines.begin_node("run-1", "b")
+    assert store.pipelines.complete_node(own, "b", None) is True
+    assert store.pipelines.get_pipeline(own.pipeline_id).status == "completed"
     owner = {"epoch": own.epoch, "owner": "run-1"}
     assert history(store, own.pipeline_id)[-5:] == [
         ("node", "pending", "running", "started", owner), ("node", "running", "completed", "completed", owner),
         ("node", "pending", "running", "started", owner), ("node", "running", "completed", "completed", owner),
         ("pipeline", "running", "completed", "completed", owner)]
-    assert store.begin_node("run-1", "a") is None  # no running pipeline owned by run-1 any more
+    assert store.pipelines.begin_node("run-1", "a") is None  # no running pipeline owned by run-1 any more
 
 
 def test_refusals_raise_the_same_errors_and_write_nothing(store):
-    own = store.create_pipeline("job", ["a", "b"], owner="run-1", origin_run_id="run-1")
+    own = store.pipelines.create_pipeline("job", ["a", "b"], owner="run-1", origin_run_id="run-1")
     with pytest.raises(IllegalTransition, match=r"node 'a' of pipeline \d+: pending -> completed is not allowed"):
-        store.complete_node(own, "a", 1)
-    store.begin_node("run-1", "a")
-    store.set_items_total(own, "a", 2)
-    store.checkpoint_item(own, "a", ItemCheckpoint("k1", 1))
+        store.pipelines.complete_node(own, "a", 1)
+    store.pipelines.begin_node("run-1", "a")
+    store.pipelines.start_items(own, "a", 2)
+    store.pipelines.checkpoint_item(own, "a", ItemCheckpoint("k1", 1))
     with pytest.raises(UnfinishedItems, match="1 of its 2 items are unfinished"):
-        store.complete_node(own, "a", 1)
+        store.pipelines.complete_node(own, "a", 1)
     with pytest.raises(NotFound, match="has no node .zzz."):
-        store.complete_node(own, "zzz", 1)
+        store.pipelines.complete_node(own, "zzz", 1)
     before = history(store, own.pipeline_id)
-    store.fail_pipeline(own.pipeline_id, "operator said so")
+    store_rows.fail_pipeline(store, own.pipeline_id, "operator said so")
     with pytest.raises(OwnershipLost, match=r"run-1 \(pipeline failed\)"):
-        store.complete_node(own, "a", 1)
-    assert store.get_node(own.pipeline_id, "a").status == "running"
+        store.pipelines.complete_node(own, "a", 1)
+    assert store.pipelines.get_node(own.pipeline_id, "a").status == "running"
     assert history(store, own.pipeline_id)[: len(before)] == before
     assert [h[3] for h in history(store, own.pipeline_id)[len(before):]] == ["failed_by_operator"]
 
@@ -66,11 +67,11 @@ def test_a_call_whose_commit_landed_before_its_connection_dropped_is_retried_qui
     store = RecoveryStore(pg_url)
     try:
         store.migrate()
-        own = store.create_pipeline("job", ["a"], owner="run-1", origin_run_id="run-1")
+        own = store.pipelines.create_pipeline("job", ["a"], owner="run-1", origin_run_id="run-1")
         dropped = drop_answers_once(monkeypatch, "begin_node", "complete_node")
-        _, node, started = store.begin_node("run-1", "a")
+        _, node, started = store.pipelines.begin_node("run-1", "a")
         assert started and node.attempts == 1  # counted once
-        assert store.complete_node(own, "a", {"v": 1}) is True  # the pipeline it finished is reported finished
+        assert store.pipelines.complete_node(own, "a", {"v": 1}) is True  # the pipeline it finished is reported finished
         assert dropped == ["begin_node", "complete_node"]
         events_ = [h[3] for h in history(store, own.pipeline_id) if h[3] != "created"]
         assert events_ == ["started", "completed", "completed"]  # node started once, node and pipeline completed once
@@ -84,39 +85,39 @@ def test_each_is_one_round_trip_on_postgresql(pg_url):
     store = RecoveryStore(pg_url)
     try:
         store.migrate()
-        own = store.create_pipeline("job", ["a", "b"], owner="run-1", origin_run_id="run-1")
+        own = store.pipelines.create_pipeline("job", ["a", "b"], owner="run-1", origin_run_id="run-1")
         for name in ("a", "b"):
-            calls = [lambda: store.begin_node("run-1", name, stall_timeout=30),
-                     lambda: store.start_items(own, name, 1),
-                     lambda: store.completed_items(own.pipeline_id, name),
-                     lambda: store.breaker_before_call("http://127.0.0.1:1/v1", "run-1", probe_timeout=30)]
+            calls = [lambda: store.pipelines.begin_node("run-1", name, stall_timeout=30),
+                     lambda: store.pipelines.start_items(own, name, 1),
+                     lambda: store.pipelines.completed_items(own.pipeline_id, name),
+                     lambda: store.providers.breaker_before_call("http://127.0.0.1:1/v1", "run-1", probe_timeout=30)]
             for call in calls:
                 with round_trips(store) as messages:
                     call()
                 if name == "b":  # "a" prepared them
                     assert sent_round_trips(messages) == ["Sync"], messages
                     assert messages[-1] == "B ReadyForQuery I", messages  # autocommit: nothing left open
-            store.checkpoint_item(own, name, ItemCheckpoint("k1", 1))
+            store.pipelines.checkpoint_item(own, name, ItemCheckpoint("k1", 1))
             with round_trips(store) as messages:
-                assert store.complete_node(own, name, {"v": name}, heartbeat_timeout=30) is (name == "b")
+                assert store.pipelines.complete_node(own, name, {"v": name}, heartbeat_timeout=30) is (name == "b")
             if name == "b":
                 assert sent_round_trips(messages) == ["Sync"], messages
                 assert messages[-1] == "B ReadyForQuery I", messages
-        assert [(n.status, n.output) for n in (store.get_node(own.pipeline_id, x) for x in "ab")] == [
+        assert [(n.status, n.output) for n in (store.pipelines.get_node(own.pipeline_id, x) for x in "ab")] == [
             ("completed", {"v": "a"}), ("completed", {"v": "b"})]
     finally:
         store.close()
 
 
 def test_starting_items_sets_the_count_returns_the_checkpoints_and_is_fenced(store):
-    own = store.create_pipeline("job", ["a"], owner="run-1", origin_run_id="run-1")
-    store.begin_node("run-1", "a")
-    assert store.start_items(own, "a", 3) == {}
-    store.checkpoint_item(own, "a", ItemCheckpoint("k1", 1))
-    store.checkpoint_item(own, "a", ItemCheckpoint("k2", None, status="degraded"))
-    assert store.start_items(own, "a", 4) == {"k1": "completed", "k2": "degraded"}
-    assert store.get_node(own.pipeline_id, "a").items_total == 4
-    store.fail_pipeline(own.pipeline_id, "operator said so")
+    own = store.pipelines.create_pipeline("job", ["a"], owner="run-1", origin_run_id="run-1")
+    store.pipelines.begin_node("run-1", "a")
+    assert store.pipelines.start_items(own, "a", 3) == {}
+    store.pipelines.checkpoint_item(own, "a", ItemCheckpoint("k1", 1))
+    store.pipelines.checkpoint_item(own, "a", ItemCheckpoint("k2", None, status="degraded"))
+    assert store.pipelines.start_items(own, "a", 4) == {"k1": "completed", "k2": "degraded"}
+    assert store.pipelines.get_node(own.pipeline_id, "a").items_total == 4
+    store_rows.fail_pipeline(store, own.pipeline_id, "operator said so")
     with pytest.raises(OwnershipLost):
-        store.start_items(own, "a", 9)
-    assert store.get_node(own.pipeline_id, "a").items_total == 4  # the refused call changed nothing
+        store.pipelines.start_items(own, "a", 9)
+    assert store.pipelines.get_node(own.pipeline_id, "a").items_total == 4  # the refused call changed nothing

@@ -61,8 +61,8 @@ def test_the_plain_retry_policy_honours_retry_after_too(httpserver):
 # -- pauses and the outage budget -------------------------------------------------------------------------
 
 def _pipeline(store):
-    own = store.create_pipeline("job", [NodeSpec("n")], owner="run-1")
-    store.start_node(own, "n")
+    own = store.pipelines.create_pipeline("job", [NodeSpec("n")], owner="run-1")
+    store.pipelines.start_node(own, "n")
     return own
 
 
@@ -70,17 +70,17 @@ def test_n_errors_of_one_category_pause_the_pipeline_which_shows_waiting_then_ru
     own = _pipeline(store)
     seen = serve(httpserver, [answer(503)] * 7 + [answer(200)])
     shown = []
-    fake = FakeTime(on_sleep=lambda s: shown.append(store.get_pipeline(own.pipeline_id).shown_status))
+    fake = FakeTime(on_sleep=lambda s: shown.append(store.pipelines.get_pipeline(own.pipeline_id).shown_status))
 
     build = store_guard(fake, store, own, pause_after=3, pause_initial=10, pause_max=60)
     assert enricher(httpserver, guard_for=build).complete_json("glossary", {}) == {"ok": True}
     assert fake.slept == [1.0, 2.0, 10.0, 1.0, 2.0, 20.0, 1.0] and len(seen) == 8
     assert shown == ["running", "running", "waiting", "running", "running", "waiting", "running"]
-    p = store.get_pipeline(own.pipeline_id)
+    p = store.pipelines.get_pipeline(own.pipeline_id)
     assert p.status == "running" and p.waiting_until is None and p.waiting_since is None
-    kinds = [e["kind"] for e in store.recent_events()]
+    kinds = [e["kind"] for e in store.reports.recent_events()]
     assert kinds.count("pipeline_waiting") == 2 and "pipeline_waiting_over" in kinds
-    waiting = next(e for e in store.recent_events() if e["kind"] == "pipeline_waiting")
+    waiting = next(e for e in store.reports.recent_events() if e["kind"] == "pipeline_waiting")
     assert "3 server_error errors in a row" in waiting["payload"]["reason"] and waiting["payload"]["next_try_at"]
 
 
@@ -95,7 +95,7 @@ def test_the_outage_budget_gives_up_with_a_clear_reason(store, httpserver):
         llm.complete_json("glossary", {})
     assert "longer than the outage budget of 120 s" in str(info.value) and info.value.retryable is False
     assert sum(fake.slept) >= 120 and classify(info.value).retryable is False
-    p = store.get_pipeline(own.pipeline_id)
+    p = store.pipelines.get_pipeline(own.pipeline_id)
     assert p.shown_status == "running" and p.waiting_since is not None  # the budget is spent for this pipeline
     calls = len(seen)
     expire(store, own.pipeline_id, column="waiting_since", ago=200)  # the outage clock is the database's
@@ -120,7 +120,7 @@ def test_breaker_opens_once_under_concurrent_failures_and_one_probe_closes_it(st
 
     def fail(i):
         barrier.wait()
-        opened.append(store.breaker_record_failure(endpoint, f"w{i}", threshold=5, cooldown=lambda n: 0.3,
+        opened.append(store.providers.breaker_record_failure(endpoint, f"w{i}", threshold=5, cooldown=lambda n: 0.3,
                                                    error="HTTP 503"))
 
     threads = [threading.Thread(target=fail, args=(i,)) for i in range(8)]
@@ -129,36 +129,36 @@ def test_breaker_opens_once_under_concurrent_failures_and_one_probe_closes_it(st
     for t in threads:
         t.join()
     assert opened.count("opened") == 1
-    (row,) = store.breakers()
+    (row,) = store.providers.breakers()
     assert row["state"] == "open" and row["consecutive_failures"] == 5
-    decision = store.breaker_before_call(endpoint, "x", probe_timeout=5)
+    decision = store.providers.breaker_before_call(endpoint, "x", probe_timeout=5)
     assert not decision.allowed and 0 < decision.wait_seconds <= 0.3
     wait_for(lambda: _cooled_down(store, endpoint), timeout=30, interval=0.05, what="the breaker's cool-down")
-    decisions = [store.breaker_before_call(endpoint, f"p{i}", probe_timeout=5) for i in range(4)]
+    decisions = [store.providers.breaker_before_call(endpoint, f"p{i}", probe_timeout=5) for i in range(4)]
     probes = [d for d in decisions if d.probe]
     assert len(probes) == 1 and not any(d.allowed for d in decisions if not d.probe)
     prober = f"p{decisions.index(probes[0])}"
-    assert store.breaker_record_success(endpoint, "p-other", decisions[-1] if not decisions[-1].probe else
+    assert store.providers.breaker_record_success(endpoint, "p-other", decisions[-1] if not decisions[-1].probe else
                                         decisions[0]) is False
-    assert store.breaker_record_success(endpoint, prober, probes[0]) is True
-    assert store.breakers()[0]["state"] == "closed"
-    assert store.breaker_before_call(endpoint, "y", probe_timeout=5).allowed
-    kinds = [e["kind"] for e in store.recent_events()]
+    assert store.providers.breaker_record_success(endpoint, prober, probes[0]) is True
+    assert store.providers.breakers()[0]["state"] == "closed"
+    assert store.providers.breaker_before_call(endpoint, "y", probe_timeout=5).allowed
+    kinds = [e["kind"] for e in store.reports.recent_events()]
     assert kinds.count("breaker_opened") == 1 and kinds.count("breaker_half_open") == 1 and "breaker_closed" in kinds
 
 
 def test_a_failed_probe_reopens_with_a_longer_cooldown(store):
     endpoint = "http://llm.local/v1"
     cooldowns = {1: 0.05, 2: 30.0}
-    assert store.breaker_record_failure(endpoint, "a", threshold=1, cooldown=cooldowns.get, error="503") == "opened"
-    probe = wait_for(lambda: (d := store.breaker_before_call(endpoint, "a", probe_timeout=5)).probe and d,
+    assert store.providers.breaker_record_failure(endpoint, "a", threshold=1, cooldown=cooldowns.get, error="503") == "opened"
+    probe = wait_for(lambda: (d := store.providers.breaker_before_call(endpoint, "a", probe_timeout=5)).probe and d,
                      timeout=10, interval=0.02, what="the 0.05 s cooldown to end")
     assert probe.probe
-    assert store.breaker_record_failure(endpoint, "b", threshold=1, cooldown=cooldowns.get, error="503") is None
-    assert store.breaker_record_failure(endpoint, "a", threshold=1, cooldown=cooldowns.get, error="503") == "opened"
-    decision = store.breaker_before_call(endpoint, "c", probe_timeout=5)
+    assert store.providers.breaker_record_failure(endpoint, "b", threshold=1, cooldown=cooldowns.get, error="503") is None
+    assert store.providers.breaker_record_failure(endpoint, "a", threshold=1, cooldown=cooldowns.get, error="503") == "opened"
+    decision = store.providers.breaker_before_call(endpoint, "c", probe_timeout=5)
     assert not decision.allowed and decision.wait_seconds > 20
-    assert store.breakers()[0]["open_count"] == 2
+    assert store.providers.breakers()[0]["open_count"] == 2
 
 
 def test_a_closed_breaker_is_read_once_per_refresh_and_again_after_any_failure(store, monkeypatch):
@@ -166,14 +166,14 @@ def test_a_closed_breaker_is_read_once_per_refresh_and_again_after_any_failure(s
     breaker closed with no failures for ``breaker_refresh`` seconds of its clock, and no longer."""
     endpoint = "http://llm.local/v1"
     reads = []
-    read_for_real = store.breaker_before_call
+    read_for_real = store.providers.breaker_before_call
 
     def counted(*args, **kwargs):
         decision = read_for_real(*args, **kwargs)
         reads.append(decision.state)
         return decision
 
-    monkeypatch.setattr(store, "breaker_before_call", counted)
+    monkeypatch.setattr(store.providers, "breaker_before_call", counted)
     fake = FakeTime()
     guard = ProviderGuard(endpoint, policy=RetryPolicy(initial_delay=1.0, jitter=0.0), store=store, sleep=fake.sleep,
                           clock=fake.clock, settings=OutageSettings(jitter=0.0, breaker_refresh=5.0,
@@ -200,7 +200,7 @@ def test_a_closed_breaker_is_read_once_per_refresh_and_again_after_any_failure(s
     guard.call(provider)
     assert reads == ["closed"] * 3  # the success reset the count: trusted again
     # another process opens the breaker: seen at the next read, within breaker_refresh of the last one
-    assert store.breaker_record_failure(endpoint, "elsewhere", threshold=1, cooldown=lambda n: 600,
+    assert store.providers.breaker_record_failure(endpoint, "elsewhere", threshold=1, cooldown=lambda n: 600,
                                         error="503") == "opened"
     fake.now += 5.0
     before = len(calls)
@@ -230,8 +230,8 @@ def test_a_waiting_pipeline_is_named_in_the_sensor_tick_and_status_and_stays_an_
     from recovery_ext._cli import main
     from recovery_ext import RecoveryResource, make_orphan_sensor
 
-    own = store.create_pipeline("items_job", [NodeSpec("n")], owner="run-w")
-    store.set_waiting(own, 60, "5 server_error errors in a row from http://llm.local/v1")
+    own = store.pipelines.create_pipeline("items_job", [NodeSpec("n")], owner="run-w")
+    store.providers.set_waiting(own, 60, "5 server_error errors in a row from http://llm.local/v1")
     with DagsterInstance.ephemeral() as instance:
         tick = make_orphan_sensor([items_job]).evaluate_tick(
             build_sensor_context(instance=instance, resources={"recovery": RecoveryResource(database_url=db_url, deployment="default")}))
@@ -241,4 +241,4 @@ def test_a_waiting_pipeline_is_named_in_the_sensor_tick_and_status_and_stays_an_
     assert f"pipeline {own.pipeline_id} (items_job) waiting, next try" in status
     # its process dies: the heartbeat expires and it is an orphan like any live pipeline
     expire(store, own.pipeline_id)
-    assert [o.id for o in store.find_orphans()] == [own.pipeline_id]
+    assert [o.id for o in store.recovery.find_orphans()] == [own.pipeline_id]

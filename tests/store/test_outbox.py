@@ -24,7 +24,7 @@ def add_events(store, n, kind="k"):
 
 def test_limit_shows_the_newest_events(store, db_url):
     add_events(store, 2500)
-    ids = [e["id"] for e in store.recent_events(limit=3, newest=True)]
+    ids = [e["id"] for e in store.reports.recent_events(limit=3, newest=True)]
     with store.read() as conn:
         top = conn.scalar(select(events.c.id).order_by(events.c.id.desc()).limit(1))
     assert ids == [top - 2, top - 1, top]
@@ -37,23 +37,23 @@ def test_follow_shows_an_event_that_commits_after_a_higher_id(pg_url):
     store = RecoveryStore(pg_url, retry_budget=0)
     store.migrate()
     add_events(store, 2)
-    shown, cursor = store.start_following(limit=10)
+    shown, cursor = store.reports.start_following(limit=10)
     assert len(shown) == 2
     slow = store.engine.connect()
     slow_tx = slow.begin()
     slow.execute(insert(events).values(kind="late", payload={}, created_at=store.dialect.now()))  # takes id 3
     store.record_event("early")                                                                # id 4, commits first
-    seen = [e["kind"] for e in store.follow_events(cursor)]
+    seen = [e["kind"] for e in store.reports.follow_events(cursor)]
     assert seen == ["early"]
     for _ in range(3):
-        assert store.follow_events(cursor) == []  # the gap waits while its transaction is open
+        assert store.reports.follow_events(cursor) == []  # the gap waits while its transaction is open
     slow_tx.commit()
     slow.close()
-    assert [e["kind"] for e in store.follow_events(cursor)] == ["late"]
+    assert [e["kind"] for e in store.reports.follow_events(cursor)] == ["late"]
     store.record_event("after")
-    assert [e["kind"] for e in store.follow_events(cursor)] == ["after"]
+    assert [e["kind"] for e in store.reports.follow_events(cursor)] == ["after"]
     for _ in range(3):
-        store.follow_events(cursor)
+        store.reports.follow_events(cursor)
     assert cursor.gaps == {}  # closed once every transaction that could fill it ended
     store.close()
 
@@ -74,8 +74,8 @@ def test_retention_deletes_only_old_events_and_the_sensor_setting_is_bounded(sto
     with store.write() as conn:
         conn.execute(update(events).values(created_at=store.dialect.now_plus(-40 * 86400)))
     add_events(store, 3, kind="new")
-    assert store.prune_events(30 * 86400) == 5
-    assert {e["kind"] for e in store.recent_events(limit=100)} == {"new"}
+    assert store.reports.prune_events(30 * 86400) == 5
+    assert {e["kind"] for e in store.reports.recent_events(limit=100)} == {"new"}
     resource = RecoveryResource(database_url=str(store.engine.url), event_retention_seconds=7200)
     assert resource.enforce_event_retention(store) == 0
 
@@ -84,4 +84,4 @@ def test_an_idle_scan_records_no_event(store):
     for _ in range(3):
         stats = scan(store, PassPlan(trigger="sensor"))
         assert stats.error is None and stats.found == 0
-    assert store.recent_events(limit=100) == []
+    assert store.reports.recent_events(limit=100) == []

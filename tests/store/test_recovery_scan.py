@@ -18,8 +18,8 @@ from helpers import expire
 
 
 def orphan(store, owner, **kw):
-    own = store.create_pipeline("job", ["a", "b"], owner=owner, origin_run_id=owner, **kw)
-    store.start_node(own, "a")
+    own = store.pipelines.create_pipeline("job", ["a", "b"], owner=owner, origin_run_id=owner, **kw)
+    store.pipelines.start_node(own, "a")
     expire(store, own.pipeline_id)
     return own
 
@@ -27,14 +27,14 @@ def orphan(store, owner, **kw):
 def test_scan_reclaims_gives_up_and_reports_with_events(store):
     a = orphan(store, "a")
     b = orphan(store, "b", limits=PipelineLimits(max_resumes=0))
-    live = store.create_pipeline("job", ["a"], owner="live", origin_run_id="live")
+    live = store.pipelines.create_pipeline("job", ["a"], owner="live", origin_run_id="live")
     stats = scan(store, PassPlan(trigger="startup"))
     assert (stats.found, stats.reclaimed, stats.given_up, stats.failed, stats.error) == (2, 1, 1, 0, None)
     assert stats.reclaimed_pipelines[0].pipeline_id == a.pipeline_id
     assert stats.given_up_pipelines[0].pipeline_id == b.pipeline_id
     assert stats.duration_ms > 0
-    assert store.get_pipeline(live.pipeline_id).epoch == 1
-    kinds = [e["kind"] for e in store.recent_events()]
+    assert store.pipelines.get_pipeline(live.pipeline_id).epoch == 1
+    kinds = [e["kind"] for e in store.reports.recent_events()]
     assert kinds[-1] == "recovery_completed" and "recovery_started" not in kinds
     assert "pipeline_recovered" in kinds and "pipeline_stuck" in kinds
     assert summary_line(stats) == "2 orphans: 1 resumed, 1 given up"
@@ -46,7 +46,7 @@ def test_corrupt_rows_fail_with_a_reason_and_do_not_stop_the_scan(store):
     with store.write() as conn:
         conn.execute(update(nodes).where(nodes.c.pipeline_id == bad_node.pipeline_id, nodes.c.name == "b")
                      .values(status="exploded"))
-    weird = store.create_pipeline("job", ["a"], owner="weird", origin_run_id="weird")
+    weird = store.pipelines.create_pipeline("job", ["a"], owner="weird", origin_run_id="weird")
     with store.write() as conn:
         conn.execute(update(pipelines).where(pipelines.c.id == weird.pipeline_id).values(status="paused"))
     if store.dialect.name == "sqlite":
@@ -61,7 +61,7 @@ def test_corrupt_rows_fail_with_a_reason_and_do_not_stop_the_scan(store):
     if store.dialect.name == "sqlite":
         assert "not valid JSON" in reasons[bad_json.pipeline_id]
     for pid in reasons:
-        assert store.get_pipeline(pid).status == "failed"
+        assert store.pipelines.get_pipeline(pid).status == "failed"
     assert stats.corrupt == len(reasons) and stats.error is None
 
 
@@ -78,7 +78,7 @@ def test_database_outage_is_retried_with_backoff_then_reported_not_raised(pg_adm
 def test_database_going_away_mid_scan_is_reported(store, monkeypatch):
     orphan(store, "x")
     calls = {"n": 0}
-    real = store.recovery_pass
+    real = store.recovery.recovery_pass
 
     def flaky(*args, **kw):
         calls["n"] += 1
@@ -88,7 +88,7 @@ def test_database_going_away_mid_scan_is_reported(store, monkeypatch):
             raise StoreUnavailable("database unavailable: server closed the connection unexpectedly")
         return real(*args, **kw)
 
-    monkeypatch.setattr(store, "recovery_pass", flaky)
+    monkeypatch.setattr(store.recovery, "recovery_pass", flaky)
     stats = scan(store, policy=default_outage_policy(sleep=lambda s: None))
     assert calls["n"] == 2 and stats.reclaimed == 1 and stats.error is None
 
@@ -97,6 +97,10 @@ def test_the_scan_takes_what_its_plan_leaves_open_from_its_settings_and_keeps_th
     seen = []
 
     class Recorder:
+        @property
+        def recovery(self):  # the scan reaches the pass through the store's recovery component
+            return self
+
         def recovery_pass(self, plan, scope):
             seen.append((plan, scope))
             return PassResult()

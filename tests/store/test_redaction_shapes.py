@@ -9,6 +9,7 @@ import pytest
 
 from recovery_ext import redact, redact_url
 from recovery_ext._store.models import ProviderCall
+import store_rows
 
 SECRET = "S3cr3tV4lue9"
 
@@ -59,9 +60,9 @@ def test_what_is_not_a_secret_stays_readable():
 
 
 def test_a_recorded_endpoint_with_an_azure_functions_key_keeps_no_key(store):
-    own = store.create_pipeline("job", ["a"], owner="run-1", origin_run_id="run-1", params={})
-    store.start_node(own, "a")
+    own = store.pipelines.create_pipeline("job", ["a"], owner="run-1", origin_run_id="run-1", params={})
+    store.pipelines.start_node(own, "a")
     call = ProviderCall(endpoint=SHAPES["azure functions ?code="], model="m")
-    store.record_provider_calls([ProviderCall(**{**call.__dict__, "pipeline_id": own.pipeline_id})])
-    [stored] = store.provider_calls(own.pipeline_id)
+    store.providers.record_provider_calls([ProviderCall(**{**call.__dict__, "pipeline_id": own.pipeline_id})])
+    [stored] = store_rows.provider_calls(store, own.pipeline_id)
     assert SECRET not in stored.endpoint and "fn.azurewebsites.net" in stored.endpoint

@@ -24,21 +24,21 @@ def call(own, item: str, **kw) -> ProviderCall:
 
 
 def test_a_call_in_flight_at_a_crash_is_reported_as_in_flight_not_wasted(store, db_url, tmp_path):
-    first = store.create_pipeline("job", ["a"], owner="run-1", origin_run_id="run-1")
-    store.start_node(first, "a")
-    store.checkpoint_item(first, "a", ItemCheckpoint("k0", {"n": 0}, calls=(call(first, "k0", tokens_in=10,
+    first = store.pipelines.create_pipeline("job", ["a"], owner="run-1", origin_run_id="run-1")
+    store.pipelines.start_node(first, "a")
+    store.pipelines.checkpoint_item(first, "a", ItemCheckpoint("k0", {"n": 0}, calls=(call(first, "k0", tokens_in=10,
                                                                                   tokens_out=5),)))
     # the next item's request is journaled as it leaves (its ledger row in flight); the worker dies before
     # the answer arrives
-    assert store.journal_begin(first, call(first, "k1", outcome=IN_FLIGHT), call_key="fp#1") is None
+    assert store.providers.journal_begin(first, call(first, "k1", outcome=IN_FLIGHT), call_key="fp#1") is None
     expire(store, first.pipeline_id)
     assert [r.pipeline_id for r in scan(store).reclaimed_pipelines] == [first.pipeline_id]
-    second = store.attach(first.pipeline_id, "run-2", resume_number=1)
-    store.start_node(second, "a")
-    store.checkpoint_item(second, "a", ItemCheckpoint("k1", {"n": 1}, calls=(call(second, "k1", tokens_in=12,
+    second = store.pipelines.attach(first.pipeline_id, "run-2", resume_number=1)
+    store.pipelines.start_node(second, "a")
+    store.pipelines.checkpoint_item(second, "a", ItemCheckpoint("k1", {"n": 1}, calls=(call(second, "k1", tokens_in=12,
                                                                                     tokens_out=6),)))
-    store.complete_node(second, "a")
-    f = store.provider_costs(first.pipeline_id).pipelines[first.pipeline_id]
+    store.pipelines.complete_node(second, "a")
+    f = store.reports.provider_costs(first.pipeline_id).pipelines[first.pipeline_id]
     assert (f.calls, f.in_flight_unknown_calls, f.wasted_calls) == (3, 1, 0)
 
     page = tmp_path / "report.html"

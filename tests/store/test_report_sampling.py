@@ -18,21 +18,21 @@ from recovery_ext._store.models import ItemCheckpoint, ProviderCall
 def _checkpoint(store, own, keys):
     for key in keys:
         call = ProviderCall(endpoint="http://127.0.0.1:9/v1", model="m", tokens_in=2, tokens_out=1)
-        store.checkpoint_item(own, "a", ItemCheckpoint(key, 1, calls=(call,)))
+        store.pipelines.checkpoint_item(own, "a", ItemCheckpoint(key, 1, calls=(call,)))
 
 
 def test_past_the_limit_every_run_is_drawn_counts_are_exact_and_the_page_says_it_sampled(store, db_url, tmp_path,
                                                                                           monkeypatch):
     monkeypatch.setattr(observability, "ITEM_TIMES_LIMIT", 50)  # the same cut as 50,000 of 80,000, smaller
-    own = store.create_pipeline("job", ["a"], owner="r1", origin_run_id="r1")
-    store.start_node(own, "a")
+    own = store.pipelines.create_pipeline("job", ["a"], owner="r1", origin_run_id="r1")
+    store.pipelines.start_node(own, "a")
     _checkpoint(store, own, [f"first-{i:03d}" for i in range(120)])
     expire(store, own.pipeline_id)
-    again = store.take_over(own.pipeline_id, "r2")
-    store.start_node(again, "a")
+    again = store.pipelines.take_over(own.pipeline_id, "r2")
+    store.pipelines.start_node(again, "a")
     _checkpoint(store, again, [f"second-{i:03d}" for i in range(80)])
 
-    history = store.pipeline_history(own.pipeline_id)
+    history = store.reports.pipeline_history(own.pipeline_id)
     assert history.item_count == 200 and len(history.item_times) <= 51 and history.item_times_step == 4
     assert history.item_times[-1][0] == 2  # the resume run's items are drawn, up to the last one
     assert history.call_count == 200 and history.calls_step == 4

@@ -29,32 +29,32 @@ PIPELINE_COLUMNS = ("pipeline_id", "holder_pipeline_id")
 
 def history(store: RecoveryStore, run: str, *, ending: str = "complete", items: int = 3, ago_days: float = 100.0):
     """A pipeline with a row in every table of its history, ended by ``ending`` ``ago_days`` ago (``None``: live)."""
-    own = store.create_pipeline("job", ["a", "b"], owner=run, origin_run_id=run, params={})
-    store.start_node(own, "a")
+    own = store.pipelines.create_pipeline("job", ["a", "b"], owner=run, origin_run_id=run, params={})
+    store.pipelines.start_node(own, "a")
     for i in range(items):
         spent = ProviderCall(endpoint="http://127.0.0.1:9/v1", model="m", tokens_in=10, tokens_out=5, cost=0.5,
                              pipeline_id=own.pipeline_id, node_name="a", item_key=f"k{i}", run_id=run, epoch=own.epoch)
-        store.record_provider_calls([spent])
-        store.checkpoint_item(own, "a", ItemCheckpoint(f"k{i}", {"n": i}, calls=(spent,)))
+        store.providers.record_provider_calls([spent])
+        store.pipelines.checkpoint_item(own, "a", ItemCheckpoint(f"k{i}", {"n": i}, calls=(spent,)))
     journaled = ProviderCall(endpoint="http://127.0.0.1:9/v1", model="m", pipeline_id=own.pipeline_id,
                              node_name="a", item_key="j", run_id=run, epoch=own.epoch)
-    store.journal_begin(own, journaled, call_key="c1")
-    store.journal_answer(own, journaled, call_key="c1", answer="kept answer")
+    store.providers.journal_begin(own, journaled, call_key="c1")
+    store.providers.journal_answer(own, journaled, call_key="c1", answer="kept answer")
     batch_call = ProviderCall(endpoint="http://127.0.0.1:9/v1", model="m", pipeline_id=own.pipeline_id,
                               node_name="a", run_id=run, epoch=own.epoch)
-    store.job_submitting(own, "a", token=f"{run}-t", provider="openai", items=["k0"], attempt=1, call=batch_call)
-    store.job_finished(own, "a", f"{run}-t", "collected")
-    store.enqueue("docs", [{"run": run}], dedupe_keys=[f"{run}-doc"], own=own)
-    [item] = store.claim("docs", run, own=own)
-    store.complete_item(item, {"ok": True})
+    store.pipelines.job_submitting(own, "a", token=f"{run}-t", provider="openai", items=["k0"], attempt=1, call=batch_call)
+    store.pipelines.job_finished(own, "a", f"{run}-t", "collected")
+    store.queue.enqueue("docs", [{"run": run}], dedupe_keys=[f"{run}-doc"], own=own)
+    [item] = store.queue.claim("docs", run, own=own)
+    store.queue.complete_item(item, {"ok": True})
     store.record_event("note", {"run": run}, pipeline_id=own.pipeline_id)
     if ending == "complete":
-        store.complete_node(own, "a")
-        store.complete_run(own)
+        store.pipelines.complete_node(own, "a")
+        store.pipelines.complete_run(own)
     elif ending == "fail":
-        store.fail_run(own, "the step failed for good")
+        store.pipelines.fail_run(own, "the step failed for good")
     elif ending == "cancel":
-        store.cancel_run(own, "canceled by its user")
+        store.pipelines.cancel_run(own, "canceled by its user")
     if ending is not None and ago_days:
         ended_ago(store, own.pipeline_id, ago_days)
     return own
@@ -62,7 +62,7 @@ def history(store: RecoveryStore, run: str, *, ending: str = "complete", items: 
 
 def newest(store: RecoveryStore, run: str = "newest"):
     """A running pipeline newer than the others: the newest pipeline is never pruned (its id stays taken)."""
-    return store.create_pipeline("job", ["a"], owner=run, origin_run_id=run)
+    return store.pipelines.create_pipeline("job", ["a"], owner=run, origin_run_id=run)
 
 
 def ended_ago(store: RecoveryStore, pipeline_id: int, days: float) -> None:
@@ -97,7 +97,7 @@ def store_tables(store: RecoveryStore):
 
 
 def counters(store: RecoveryStore):
-    snap = store.metrics_snapshot()
+    snap = store.reports.metrics_snapshot()
     return snap.reclaims, snap.resume_runs, snap.given_up
 
 
@@ -111,9 +111,9 @@ def test_prune_deletes_the_whole_history_of_old_finished_pipelines_and_only_thei
     # three checkpointed calls, a journaled one and a batch job's
     assert before_recent["rx_node_items.pipeline_id"] == 3 and before_recent["rx_provider_calls.pipeline_id"] == 5
     assert all(rows_of(store, [old[1].pipeline_id]).values())  # the failed one keeps its journal
-    costs_before = store.metrics_snapshot().provider_calls
+    costs_before = store.reports.metrics_snapshot().provider_calls
 
-    result = store.prune_finished_pipelines(DAY)
+    result = store.reports.prune_finished_pipelines(DAY)
 
     assert (result.pipelines, result.done) == (2, True)
     assert result.rows["rx_node_items"] == 6 and result.rows["rx_provider_calls"] == 10
@@ -122,17 +122,17 @@ def test_prune_deletes_the_whole_history_of_old_finished_pipelines_and_only_thei
     assert gone == dict.fromkeys(gone, 0), gone
     assert rows_of(store, [recent.pipeline_id]) == before_recent
     assert rows_of(store, [canceled.pipeline_id]) == before_canceled
-    assert store.get_pipeline(recent.pipeline_id).status == "completed"
-    assert store.metrics_snapshot().provider_calls == costs_before  # the cost counters read the roll-ups, kept
+    assert store.pipelines.get_pipeline(recent.pipeline_id).status == "completed"
+    assert store.reports.metrics_snapshot().provider_calls == costs_before  # the cost counters read the roll-ups, kept
 
 
 def test_the_transitions_prometheus_counts_stay_so_no_counter_goes_backwards(store):
     own = history(store, "reclaimed", ending=None)
     expire(store, own.pipeline_id)
     [reclaimed], _ = reclaim(store, PassPlan(limit=1, launching=True))
-    placeholder = store.get_pipeline(own.pipeline_id).owner
-    resumed = store.take_over(own.pipeline_id, "resume-run", owner_dead=[placeholder], heartbeat_timeout=60)
-    store.fail_run(resumed, "failed again")
+    placeholder = store.pipelines.get_pipeline(own.pipeline_id).owner
+    resumed = store.pipelines.take_over(own.pipeline_id, "resume-run", owner_dead=[placeholder], heartbeat_timeout=60)
+    store.pipelines.fail_run(resumed, "failed again")
     given_up = history(store, "given-up", ending=None)
     with store.write() as conn:  # hopeless: out of resumes
         conn.execute(update(pipelines).where(pipelines.c.id == given_up.pipeline_id).values(max_resumes=0))
@@ -144,7 +144,7 @@ def test_the_transitions_prometheus_counts_stay_so_no_counter_goes_backwards(sto
     before = counters(store)
     assert before[0] and before[1] and before[2] == 1
 
-    assert store.prune_finished_pipelines(DAY).pipelines == 2
+    assert store.reports.prune_finished_pipelines(DAY).pipelines == 2
 
     assert counters(store) == before
     with store.read() as conn:
@@ -156,7 +156,7 @@ def test_the_transitions_prometheus_counts_stay_so_no_counter_goes_backwards(sto
 def test_live_and_resumable_pipelines_are_never_touched_however_old(store):
     running = history(store, "running", ending=None)
     waiting = history(store, "waiting", ending=None)
-    store.set_waiting(waiting, 3600, "provider outage")
+    store.providers.set_waiting(waiting, 3600, "provider outage")
     orphaned = history(store, "orphaned", ending=None)
     expire(store, orphaned.pipeline_id)
     awaiting = history(store, "awaiting", ending=None)
@@ -172,36 +172,36 @@ def test_live_and_resumable_pipelines_are_never_touched_however_old(store):
         conn.execute(update(pipelines).where(pipelines.c.id.in_([o.pipeline_id for o in live]))
                      .values(created_at=long_ago, updated_at=long_ago, completed_at=long_ago))
     expire(store, orphaned_again.pipeline_id)
-    statuses = {p.id: p.status for p in store.list_pipelines(limit=100)}
+    statuses = {p.id: p.status for p in store.reports.list_pipelines(limit=100)}
     assert {statuses[o.pipeline_id] for o in live} == {"running", "pending"}
     before = rows_of(store, [o.pipeline_id for o in live])
 
-    result = store.prune_finished_pipelines(3600)
+    result = store.reports.prune_finished_pipelines(3600)
 
     assert (result.pipelines, result.rows) == (0, {})
     assert rows_of(store, [o.pipeline_id for o in live]) == before
-    assert {p.id: p.status for p in store.list_pipelines(limit=100)} == statuses
+    assert {p.id: p.status for p in store.reports.list_pipelines(limit=100)} == statuses
 
 
 def test_a_dead_or_failed_queue_item_outlives_its_pruned_pipeline_so_retry_dead_can_revive_it(store):
     own = history(store, "dead-docs", ending=None)
-    store.enqueue("scans", [{"d": 1}, {"d": 2}], dedupe_keys=["out-of-attempts", "permanent"], own=own,
+    store.queue.enqueue("scans", [{"d": 1}, {"d": 2}], dedupe_keys=["out-of-attempts", "permanent"], own=own,
                   max_attempts=1)
-    items = {i.dedupe_key: i for i in store.claim("scans", "w", limit=2, own=own)}
-    assert store.fail_item(items["out-of-attempts"], "timed out") == "dead"
-    assert store.fail_item(items["permanent"], "not a PDF", retryable=False) == "failed"
-    store.complete_node(own, "a")
-    store.complete_run(own)
+    items = {i.dedupe_key: i for i in store.queue.claim("scans", "w", limit=2, own=own)}
+    assert store.queue.fail_item(items["out-of-attempts"], "timed out") == "dead"
+    assert store.queue.fail_item(items["permanent"], "not a PDF", retryable=False) == "failed"
+    store.pipelines.complete_node(own, "a")
+    store.pipelines.complete_run(own)
     ended_ago(store, own.pipeline_id, 100)
     newest(store)
 
-    result = store.prune_finished_pipelines(DAY)
+    result = store.reports.prune_finished_pipelines(DAY)
 
     assert result.pipelines == 1 and result.rows["rx_queue_items"] == 1  # only its completed item goes
-    assert {i.dedupe_key: i.status for i in store.list_items("scans")} == {"out-of-attempts": "dead",
+    assert {i.dedupe_key: i.status for i in store.queue.list_items("scans")} == {"out-of-attempts": "dead",
                                                                            "permanent": "failed"}
-    assert store.retry_dead(queue="scans") == [items["out-of-attempts"].id]
-    assert store.get_item(items["out-of-attempts"].id).status == "ready"
+    assert store.queue.retry_dead(queue="scans") == [items["out-of-attempts"].id]
+    assert store.queue.get_item(items["out-of-attempts"].id).status == "ready"
 
 
 def test_batches_stop_at_each_boundary_and_a_second_run_finds_nothing(store):
@@ -209,18 +209,18 @@ def test_batches_stop_at_each_boundary_and_a_second_run_finds_nothing(store):
     newest(store)
     seen: list[int] = []
 
-    first = store.prune_finished_pipelines(DAY, batch_size=2, progress=lambda r: seen.append(r.pipelines))
+    first = store.reports.prune_finished_pipelines(DAY, batch_size=2, progress=lambda r: seen.append(r.pipelines))
 
     assert (first.pipelines, first.batches, first.done, seen) == (5, 3, True, [2, 4, 5])
     assert rows_of(store, [o.pipeline_id for o in old])["rx_pipelines"] == 0
-    again = store.prune_finished_pipelines(DAY, batch_size=2)
+    again = store.reports.prune_finished_pipelines(DAY, batch_size=2)
     assert (again.pipelines, again.batches, again.done, again.rows) == (0, 0, True, {})
 
     exact = [history(store, f"exact-{i}", items=1) for i in range(4)]  # a last batch exactly full
     newest(store, "newest-again")
-    limited = store.prune_finished_pipelines(DAY, batch_size=2, max_batches=1)
+    limited = store.reports.prune_finished_pipelines(DAY, batch_size=2, max_batches=1)
     assert (limited.pipelines, limited.done) == (2, False)
-    rest = store.prune_finished_pipelines(DAY, batch_size=2)
+    rest = store.reports.prune_finished_pipelines(DAY, batch_size=2)
     assert (rest.pipelines, rest.batches, rest.done) == (2, 1, True)
     assert rows_of(store, [o.pipeline_id for o in exact])["rx_pipelines"] == 0
 
@@ -236,33 +236,33 @@ def test_a_pipeline_that_finishes_or_is_taken_over_during_the_prune_is_kept(stor
 
     def meanwhile(result):
         if result.batches == 1:
-            store.complete_node(finishing, "a")
-            store.complete_run(finishing)
-            store.take_over(reexecuted.pipeline_id, "reexecution", heartbeat_timeout=60)
+            store.pipelines.complete_node(finishing, "a")
+            store.pipelines.complete_run(finishing)
+            store.pipelines.take_over(reexecuted.pipeline_id, "reexecution", heartbeat_timeout=60)
 
-    result = store.prune_finished_pipelines(DAY, batch_size=2, progress=meanwhile)
+    result = store.reports.prune_finished_pipelines(DAY, batch_size=2, progress=meanwhile)
 
     assert (result.pipelines, result.done) == (4, True)
-    assert store.get_pipeline(finishing.pipeline_id).status == "completed"
-    assert store.get_pipeline(reexecuted.pipeline_id).status == "running"
-    assert store.completed_items(reexecuted.pipeline_id, "a") == {"k0": {"n": 0}, "k1": {"n": 1}, "k2": {"n": 2}}
+    assert store.pipelines.get_pipeline(finishing.pipeline_id).status == "completed"
+    assert store.pipelines.get_pipeline(reexecuted.pipeline_id).status == "running"
+    assert store.pipelines.completed_items(reexecuted.pipeline_id, "a") == {"k0": {"n": 0}, "k1": {"n": 1}, "k2": {"n": 2}}
 
 
 def test_dry_run_counts_by_status_and_deployment_scopes(store):
     history(store, "done", ending="complete")
     history(store, "failed", ending="fail")
-    other = store.create_pipeline("job", ["a"], owner="elsewhere", origin_run_id="elsewhere", deployment="other")
-    store.fail_run(other, "x")
+    other = store.pipelines.create_pipeline("job", ["a"], owner="elsewhere", origin_run_id="elsewhere", deployment="other")
+    store.pipelines.fail_run(other, "x")
     ended_ago(store, other.pipeline_id, 100)
     newest(store)
     before = rows_of(store, range(1, 10))
 
-    dry = store.prune_finished_pipelines(DAY, dry_run=True)
+    dry = store.reports.prune_finished_pipelines(DAY, dry_run=True)
 
     assert (dry.pipelines, dry.by_status, dry.rows) == (3, {"completed": 1, "failed": 2}, {})
     assert rows_of(store, range(1, 10)) == before
-    assert store.prune_finished_pipelines(DAY, deployment="other").pipelines == 1
-    assert store.prune_finished_pipelines(DAY, dry_run=True).by_status == {"completed": 1, "failed": 1}
+    assert store.reports.prune_finished_pipelines(DAY, deployment="other").pipelines == 1
+    assert store.reports.prune_finished_pipelines(DAY, dry_run=True).by_status == {"completed": 1, "failed": 1}
 
 
 def test_every_table_that_points_at_a_pipeline_is_pruned_or_kept_on_purpose(store):
@@ -295,11 +295,11 @@ def test_postgres_skips_a_pipeline_another_transaction_holds_instead_of_waiting(
         newest(store)
         with store.write() as conn:
             conn.execute(select(pipelines.c.id).where(pipelines.c.id == held.pipeline_id).with_for_update())
-            result = store.prune_finished_pipelines(DAY)
+            result = store.reports.prune_finished_pipelines(DAY)
             assert (result.pipelines, result.done) == (1, True)
-        assert store.get_pipeline(held.pipeline_id).status == "failed"
+        assert store.pipelines.get_pipeline(held.pipeline_id).status == "failed"
         assert rows_of(store, [free.pipeline_id])["rx_pipelines"] == 0
-        assert store.prune_finished_pipelines(DAY).pipelines == 1
+        assert store.reports.prune_finished_pipelines(DAY).pipelines == 1
     finally:
         store.close()
 
@@ -310,11 +310,11 @@ def test_cli_prune_dry_run_then_prune_then_nothing_left(cli, store):
 
     dry = cli("prune", "--older-than", "90d", "--dry-run")
     assert "would delete 1 pipeline(s) (1 completed); dry run: nothing was deleted" in dry.stdout
-    assert store.get_pipeline(old.pipeline_id).status == "completed"
+    assert store.pipelines.get_pipeline(old.pipeline_id).status == "completed"
     done = json.loads(cli("--json", "prune", "--older-than", "12h", "--batch-size", "1").stdout)
     assert (done["pipelines"], done["batches"], done["done"], done["rows"]["rx_node_items"]) == (1, 1, True, 3)
     assert rows_of(store, [old.pipeline_id])["rx_pipelines"] == 0
-    assert store.get_pipeline(recent.pipeline_id).status == "completed"
+    assert store.pipelines.get_pipeline(recent.pipeline_id).status == "completed"
     assert "deleted 0 pipeline(s) in 0 batch(es)" in cli("prune", "--older-than", "3h").stdout
 
 
@@ -332,7 +332,7 @@ def test_cli_prune_refuses_bad_input_with_one_line_and_exit_2(cli, store, args, 
     newest(store)
     result = cli("prune", *args, code=2)
     assert message in result.output and "Traceback" not in result.output
-    assert store.prune_finished_pipelines(DAY, dry_run=True).pipelines == 1  # nothing was deleted
+    assert store.reports.prune_finished_pipelines(DAY, dry_run=True).pipelines == 1  # nothing was deleted
 
 
 def test_the_orphan_sensor_prunes_at_most_hourly_and_a_pass_goes_on_while_pipelines_are_left(store, monkeypatch):
@@ -344,7 +344,7 @@ def test_the_orphan_sensor_prunes_at_most_hourly_and_a_pass_goes_on_while_pipeli
     def tick(retention=DAY):
         outcome = protocol.tick(store, LaunchNothing(), RecoverySettings(), pipeline_retention_seconds=retention)
         assert outcome.stats.error is None
-        return store.prune_finished_pipelines(DAY, dry_run=True).pipelines
+        return store.reports.prune_finished_pipelines(DAY, dry_run=True).pipelines
 
     for i in range(3):
         history(store, f"old-{i}", items=1)
@@ -372,10 +372,10 @@ def test_the_retention_setting_is_off_by_default_and_bounded(seconds):
 
 def test_the_newest_pipeline_is_kept_so_sqlite_never_hands_its_id_out_again(store):
     old = history(store, "old", ending="fail")
-    assert store.prune_finished_pipelines(DAY).pipelines == 0  # the newest: kept, with its history
+    assert store.reports.prune_finished_pipelines(DAY).pipelines == 0  # the newest: kept, with its history
     assert rows_of(store, [old.pipeline_id])["rx_node_items.pipeline_id"] == 3
     later = newest(store)
-    assert store.prune_finished_pipelines(DAY).pipelines == 1
+    assert store.reports.prune_finished_pipelines(DAY).pipelines == 1
     again = newest(store, "after-the-prune")
     assert again.pipeline_id > later.pipeline_id > old.pipeline_id
 

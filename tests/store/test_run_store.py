@@ -13,13 +13,13 @@ from helpers import expire, reclaim
 from recovery_pipelines.devserver import wait_for
 from recovery_ext._errors import IllegalTransition, OwnershipLost
 from recovery_ext._liveness.heartbeat import HeartbeatRegistry, HeartbeatSettings
-from recovery_ext._store.models import ErrorInfo, ItemCheckpoint, PassPlan
+from recovery_ext._store.models import ErrorInfo, ItemCheckpoint, PassPlan, Scope
 from recovery_ext._store.runs import NodeBeat, PipelineBeat
 from recovery_ext._store.schema import nodes, transitions
 
 
 def make(store, owner="run-1", nodes_=("a", "b", "c")):
-    return store.create_pipeline("job", list(nodes_), owner=owner, origin_run_id=owner, params={})
+    return store.pipelines.create_pipeline("job", list(nodes_), owner=owner, origin_run_id=owner, params={})
 
 
 def expire_node(store, pipeline_id, name, ago=5.0):
@@ -38,11 +38,11 @@ def moves(store, pipeline_id, entity="pipeline"):
 
 def test_a_node_whose_heartbeat_expired_is_an_orphan_even_while_the_run_heartbeat_is_alive(store):
     own = make(store)
-    store.start_node(own, "a", heartbeat_timeout=60)
-    store.pulse([PipelineBeat(own, 60)])
-    assert store.find_orphans() == []
+    store.pipelines.start_node(own, "a", heartbeat_timeout=60)
+    store.pipelines.pulse([PipelineBeat(own, 60)])
+    assert store.recovery.find_orphans() == []
     expire_node(store, own.pipeline_id, "a")
-    (orphan,) = store.find_orphans()
+    (orphan,) = store.recovery.find_orphans()
     assert (orphan.id, orphan.reason) == (own.pipeline_id, "node_heartbeat")
     (reclaimed,), _ = reclaim(store, PassPlan(limit=5, launching=True))
     assert reclaimed.reset_nodes == ("a",)
@@ -50,51 +50,51 @@ def test_a_node_whose_heartbeat_expired_is_an_orphan_even_while_the_run_heartbea
 
 def test_a_live_run_heartbeat_with_no_node_running_is_not_an_orphan(store):
     own = make(store)
-    store.start_node(own, "a", heartbeat_timeout=60)
-    store.complete_node(own, "a", 1)
+    store.pipelines.start_node(own, "a", heartbeat_timeout=60)
+    store.pipelines.complete_node(own, "a", 1)
     expire_node(store, own.pipeline_id, "a")  # a finished node's old deadline means nothing
-    store.pulse([PipelineBeat(own, 60)])
-    assert store.find_orphans() == []
+    store.pipelines.pulse([PipelineBeat(own, 60)])
+    assert store.recovery.find_orphans() == []
     expire(store, own.pipeline_id)  # the run heartbeat itself expired: orphan
-    assert [o.reason for o in store.find_orphans()] == ["heartbeat"]
+    assert [o.reason for o in store.recovery.find_orphans()] == ["heartbeat"]
 
 
 def test_an_owner_dagster_is_retrying_is_never_an_orphan(store):
     own = make(store)
     expire(store, own.pipeline_id)
-    assert store.find_orphans(retrying_owner_runs=["run-1"]) == []
+    assert store.recovery.find_orphans(retrying_owner_runs=["run-1"]) == []
     plan = PassPlan(limit=5, dead_owner_runs=["run-1"], retrying_owner_runs=["run-1"], launching=True)
     assert reclaim(store, plan) == ([], [])
-    assert len(store.find_orphans()) == 1
+    assert len(store.recovery.find_orphans()) == 1
 
 
 def test_pulse_is_one_transaction_fenced_by_epoch_and_reports_lost_pipelines(store):
     owners = [make(store, owner=f"run-{i}") for i in range(3)]
     for own in owners:
-        store.start_node(own, "a", heartbeat_timeout=60)
+        store.pipelines.start_node(own, "a", heartbeat_timeout=60)
         expire(store, own.pipeline_id)
         expire_node(store, own.pipeline_id, "a")
     reclaim(store, PassPlan(limit=1, launching=True))
-    lost_one = next(o for o in owners if store.get_pipeline(o.pipeline_id).epoch != o.epoch)
-    lost = store.pulse([PipelineBeat(o, 60) for o in owners], [NodeBeat(o, "a", 60) for o in owners])
+    lost_one = next(o for o in owners if store.pipelines.get_pipeline(o.pipeline_id).epoch != o.epoch)
+    lost = store.pipelines.pulse([PipelineBeat(o, 60) for o in owners], [NodeBeat(o, "a", 60) for o in owners])
     assert lost == {lost_one.pipeline_id}
     live = [o for o in owners if o is not lost_one]
-    assert store.find_orphans() == []
+    assert store.recovery.find_orphans() == []
     for own in live:
-        assert store.get_node(own.pipeline_id, "a").heartbeat_deadline > store.get_pipeline(own.pipeline_id).updated_at
+        assert store.pipelines.get_node(own.pipeline_id, "a").heartbeat_deadline > store.pipelines.get_pipeline(own.pipeline_id).updated_at
     # the superseded owner's node beat changed nothing: the reclaim reset its node to pending
-    assert store.get_node(lost_one.pipeline_id, "a").heartbeat_deadline is None
+    assert store.pipelines.get_node(lost_one.pipeline_id, "a").heartbeat_deadline is None
 
 
 def test_a_step_process_beats_only_its_node_and_the_registry_marks_leases_lost(store):
     own = make(store)
-    store.start_node(own, "a", heartbeat_timeout=60)
+    store.pipelines.start_node(own, "a", heartbeat_timeout=60)
     registry = HeartbeatRegistry(store)
     settings = HeartbeatSettings(interval=0.1, timeout=60)
     node_lease = registry.register(own, settings, node="a")
     expire(store, own.pipeline_id)
     registry.pulse_once()
-    assert [o.reason for o in store.find_orphans()] == ["heartbeat"]  # a node beat never keeps the run alive
+    assert [o.reason for o in store.recovery.find_orphans()] == ["heartbeat"]  # a node beat never keeps the run alive
     reclaim(store, PassPlan(limit=5, launching=True))
     registry.pulse_once()
     assert node_lease.superseded.is_set()
@@ -109,14 +109,14 @@ def test_the_registry_thread_keeps_a_pipeline_alive_and_stops_when_released(stor
     lease = registry.register(own, HeartbeatSettings(interval=0.1, timeout=1.0))
     deadline = time.monotonic() + 3
     while time.monotonic() < deadline:
-        assert store.find_orphans() == []
+        assert store.recovery.find_orphans() == []
         time.sleep(0.1)
     assert registry.pulses >= 5
     lease.release()
     released = time.monotonic()
-    wait_for(lambda: store.find_orphans(), timeout=10, interval=0.1, what="the released pipeline to expire")
+    wait_for(lambda: store.recovery.find_orphans(), timeout=10, interval=0.1, what="the released pipeline to expire")
     assert time.monotonic() - released >= 0.9  # not before its 1 s timeout: the lease really stopped pulsing
-    assert [o.id for o in store.find_orphans()] == [own.pipeline_id]
+    assert [o.id for o in store.recovery.find_orphans()] == [own.pipeline_id]
 
 
 def test_the_registry_thread_is_woken_only_to_shorten_its_tick_or_to_end(store):
@@ -148,14 +148,14 @@ def test_the_registry_thread_is_woken_only_to_shorten_its_tick_or_to_end(store):
 
 def test_a_successful_run_skips_the_nodes_it_did_not_execute_and_completes(store):
     own = make(store)
-    store.start_node(own, "a")
-    store.complete_node(own, "a", 1)
-    store.start_node(own, "b")
-    store.fail_node(own, "b", ErrorInfo("transient", "timeout"), permanent=False)
-    assert store.complete_run(own) == ["b", "c"]
-    p = store.get_pipeline(own.pipeline_id)
+    store.pipelines.start_node(own, "a")
+    store.pipelines.complete_node(own, "a", 1)
+    store.pipelines.start_node(own, "b")
+    store.pipelines.fail_node(own, "b", ErrorInfo("transient", "timeout"), permanent=False)
+    assert store.pipelines.complete_run(own) == ["b", "c"]
+    p = store.pipelines.get_pipeline(own.pipeline_id)
     assert (p.status, p.heartbeat_deadline) == ("completed", None)
-    assert [n.status for n in store.list_nodes(own.pipeline_id)] == ["completed", "skipped", "skipped"]
+    assert [n.status for n in store.pipelines.list_nodes(own.pipeline_id)] == ["completed", "skipped", "skipped"]
     assert ("failed", "skipped", "skipped") in moves(store, own.pipeline_id, "node")
     assert ("pending", "skipped", "skipped") in moves(store, own.pipeline_id, "node")
     assert moves(store, own.pipeline_id)[-1] == ("running", "completed", "completed")
@@ -166,45 +166,45 @@ def test_a_run_whose_last_node_completed_the_pipeline_ends_quietly_but_a_taken_o
     writes nothing more and raises nothing; a pipeline another epoch completed is still not this run's."""
     own = make(store)
     for name in ("a", "b", "c"):
-        store.start_node(own, name)
-        store.complete_node(own, name, name)
+        store.pipelines.start_node(own, name)
+        store.pipelines.complete_node(own, name, name)
     before = moves(store, own.pipeline_id)
-    assert store.complete_run(own) == []
+    assert store.pipelines.complete_run(own) == []
     assert moves(store, own.pipeline_id) == before  # no second completion recorded
-    assert store.get_pipeline(own.pipeline_id).status == "completed"
+    assert store.pipelines.get_pipeline(own.pipeline_id).status == "completed"
     superseded = own.__class__(own.pipeline_id, own.epoch - 1, own.owner)
     with pytest.raises(OwnershipLost):
-        store.complete_run(superseded)
+        store.pipelines.complete_run(superseded)
 
 
 def test_a_run_ending_with_a_node_still_running_is_not_completed(store):
     own = make(store)
-    store.start_node(own, "a")
+    store.pipelines.start_node(own, "a")
     with pytest.raises(IllegalTransition, match="still running: a"):
-        store.complete_run(own)
-    assert store.get_pipeline(own.pipeline_id).status == "running"
-    assert store.get_node(own.pipeline_id, "b").status == "pending"
+        store.pipelines.complete_run(own)
+    assert store.pipelines.get_pipeline(own.pipeline_id).status == "running"
+    assert store.pipelines.get_node(own.pipeline_id, "b").status == "pending"
 
 
 def test_a_failed_run_fails_the_pipeline_with_the_steps_error(store):
     own = make(store)
-    store.fail_run(own, "step plain failed: bad token sk-abcdefghijklmnopqrstuvwx")
-    p = store.get_pipeline(own.pipeline_id)
+    store.pipelines.fail_run(own, "step plain failed: bad token sk-abcdefghijklmnopqrstuvwx")
+    p = store.pipelines.get_pipeline(own.pipeline_id)
     assert p.status == "failed" and "step plain failed" in p.error and "sk-abcdef" not in p.error
 
 
 def test_cancel_is_terminal_recorded_and_never_an_orphan(store):
     own = make(store)
-    store.start_node(own, "a")
-    store.cancel_run(own, "run run-1 was canceled by its user")
-    p = store.get_pipeline(own.pipeline_id)
+    store.pipelines.start_node(own, "a")
+    store.pipelines.cancel_run(own, "run run-1 was canceled by its user")
+    p = store.pipelines.get_pipeline(own.pipeline_id)
     assert (p.status, p.gave_up_reason) == ("canceled", "run run-1 was canceled by its user")
-    assert store.get_node(own.pipeline_id, "a").status == "failed"
+    assert store.pipelines.get_node(own.pipeline_id, "a").status == "failed"
     assert moves(store, own.pipeline_id)[-1] == ("running", "canceled", "canceled")
     expire(store, own.pipeline_id)
-    assert store.find_orphans(dead_owner_runs=["run-1"]) == []
+    assert store.recovery.find_orphans(dead_owner_runs=["run-1"]) == []
     assert reclaim(store, PassPlan(limit=5, dead_owner_runs=["run-1"], launching=True)) == ([], [])
-    assert {r["status"]: r["count"] for r in store.pipeline_summary()}["canceled"] == 1
+    assert {r["status"]: r["count"] for r in store.reports.pipeline_summary()}["canceled"] == 1
 
 
 def test_the_cancel_backstop_cancels_only_what_the_canceled_run_still_owns(store):
@@ -213,36 +213,37 @@ def test_the_cancel_backstop_cancels_only_what_the_canceled_run_still_owns(store
     expire(store, reclaimed.pipeline_id)
     # recovery moved run-2's pipeline on: terminating run-2 is not a user cancel
     reclaim(store, PassPlan(limit=5, launching=True))
-    assert store.cancel_owned_by(["run-1", "run-2"]) == [mine.pipeline_id]
-    assert store.get_pipeline(mine.pipeline_id).status == "canceled"
-    assert store.get_pipeline(reclaimed.pipeline_id).status == "running"
+    canceling = PassPlan(limit=0, canceled_owner_runs=("run-1", "run-2"))
+    assert store.recovery.recovery_pass(canceling, Scope()).canceled == [mine.pipeline_id]
+    assert store.pipelines.get_pipeline(mine.pipeline_id).status == "canceled"
+    assert store.pipelines.get_pipeline(reclaimed.pipeline_id).status == "running"
     with pytest.raises(OwnershipLost):
-        store.cancel_run(reclaimed, "late interrupt of the superseded run")  # fenced by its old epoch
-    assert store.get_pipeline(reclaimed.pipeline_id).status == "running"
+        store.pipelines.cancel_run(reclaimed, "late interrupt of the superseded run")  # fenced by its old epoch
+    assert store.pipelines.get_pipeline(reclaimed.pipeline_id).status == "running"
 
 
 def test_take_over_needs_a_dead_owner_or_a_failed_or_canceled_pipeline(store):
     own = make(store)
-    store.start_node(own, "a")
-    store.checkpoint_item(own, "a", ItemCheckpoint("k1", 1))
+    store.pipelines.start_node(own, "a")
+    store.pipelines.checkpoint_item(own, "a", ItemCheckpoint("k1", 1))
     with pytest.raises(OwnershipLost):
-        store.take_over(own.pipeline_id, "reexec-1")  # the owner is alive
-    new = store.take_over(own.pipeline_id, "reexec-1", owner_dead=["run-1"])
+        store.pipelines.take_over(own.pipeline_id, "reexec-1")  # the owner is alive
+    new = store.pipelines.take_over(own.pipeline_id, "reexec-1", owner_dead=["run-1"])
     assert (new.epoch, new.owner) == (own.epoch + 1, "reexec-1")
-    assert store.get_node(own.pipeline_id, "a").status == "pending"
-    assert store.completed_items(own.pipeline_id, "a") == {"k1": 1}  # checkpoints are reused
+    assert store.pipelines.get_node(own.pipeline_id, "a").status == "pending"
+    assert store.pipelines.completed_items(own.pipeline_id, "a") == {"k1": 1}  # checkpoints are reused
     with pytest.raises(OwnershipLost):
-        store.checkpoint_item(own, "a", ItemCheckpoint("k2", 2))  # the old owner is fenced out
-    store.fail_run(new, "permanent")
-    again = store.take_over(own.pipeline_id, "reexec-2")
-    assert again.epoch == new.epoch + 1 and store.get_pipeline(own.pipeline_id).status == "running"
+        store.pipelines.checkpoint_item(own, "a", ItemCheckpoint("k2", 2))  # the old owner is fenced out
+    store.pipelines.fail_run(new, "permanent")
+    again = store.pipelines.take_over(own.pipeline_id, "reexec-2")
+    assert again.epoch == new.epoch + 1 and store.pipelines.get_pipeline(own.pipeline_id).status == "running"
     expire(store, own.pipeline_id)
-    third = store.take_over(own.pipeline_id, "reexec-3")  # heartbeat expired on the database clock
+    third = store.pipelines.take_over(own.pipeline_id, "reexec-3")  # heartbeat expired on the database clock
     assert third.epoch == again.epoch + 1
     assert [m[2] for m in moves(store, own.pipeline_id)] == ["created", "taken_over", "failed", "taken_over",
                                                               "taken_over"]
     # each takeover is an event, as a reclaim is: who, from whom, why
-    taken = [e for e in store.recent_events(kinds=["pipeline_taken_over"], limit=10)]
+    taken = [e for e in store.reports.recent_events(kinds=["pipeline_taken_over"], limit=10)]
     assert [(e["payload"]["owner"], e["payload"]["previous_owner"], e["payload"]["cause"]) for e in taken] == [
         ("reexec-1", "run-1", "owner_run_dead"), ("reexec-2", "reexec-1", "pipeline_failed"),
         ("reexec-3", "reexec-2", "heartbeat")]
@@ -251,6 +252,6 @@ def test_take_over_needs_a_dead_owner_or_a_failed_or_canceled_pipeline(store):
 
 def test_a_completed_pipeline_is_not_taken_over(store):
     own = make(store, nodes_=("a",))
-    store.complete_run(own)
+    store.pipelines.complete_run(own)
     with pytest.raises(OwnershipLost):
-        store.take_over(own.pipeline_id, "reexec-1", owner_dead=["run-1"])
+        store.pipelines.take_over(own.pipeline_id, "reexec-1", owner_dead=["run-1"])

@@ -41,7 +41,7 @@ def locked(store, collector: RecoveryCollector) -> Iterator[None]:
 
 
 def test_a_locked_database_is_up_zero_within_the_scrape_timeout_with_no_stale_sample(store):
-    store.create_pipeline("etl", ["n"], owner="run-1")
+    store.pipelines.create_pipeline("etl", ["n"], owner="run-1")
     collector = RecoveryCollector(store, timeout=1.0)
     fresh = samples(collector)
     assert fresh["recovery_database_up"] == 1.0 and fresh["recovery_pipelines"] == 1.0

@@ -11,7 +11,11 @@ import pytest
 
 import recovery_ext
 from recovery_ext._store import interfaces, schema, statuses
-from recovery_ext._store.interfaces import CliStore, LivenessStore, OpStore, ProviderStore, QueueStore, SensorStore
+from recovery_ext._store.database import Component, Transactions
+from recovery_ext._store.interfaces import (CliStore, GuardStore, LivenessStore, OpStore, PipelineStore, ProviderStore,
+                                            QueueHandleStore, QueueStore, RecoveryPassStore, ReportStore, SensorStore)
+from recovery_ext._store.ledger import LedgerWrites
+from recovery_ext._store.pipelines import PipelineCore
 from recovery_ext._store.statuses import BreakerState, ItemStatus, NodeStatus, PipelineStatus, QueueStatus
 
 LIBRARY = Path(recovery_ext.__file__).resolve().parent
@@ -74,16 +78,16 @@ def test_the_enums_are_public_and_their_members_are_their_strings(enum):
 
 
 def test_a_status_written_as_an_enum_reads_back_as_its_string(store):
-    own = store.create_pipeline("shape", ["a"], owner="run-1")
-    store.start_node(own, "a")
-    store.checkpoint_items(own, "a", [recovery_ext._store.models.ItemCheckpoint("k", 1, ItemStatus.DEGRADED)])
-    pipeline, node = store.get_pipeline(own.pipeline_id), store.get_node(own.pipeline_id, "a")
+    own = store.pipelines.create_pipeline("shape", ["a"], owner="run-1")
+    store.pipelines.start_node(own, "a")
+    store.pipelines.checkpoint_items(own, "a", [recovery_ext._store.models.ItemCheckpoint("k", 1, ItemStatus.DEGRADED)])
+    pipeline, node = store.pipelines.get_pipeline(own.pipeline_id), store.pipelines.get_node(own.pipeline_id, "a")
     assert (type(pipeline.status), pipeline.status) == (str, "running")
     assert (type(node.status), node.status) == (str, "running")
-    assert store.start_items(own, "a", 1) == {"k": "degraded"}
+    assert store.pipelines.start_items(own, "a", 1) == {"k": "degraded"}
 
 
-# Each module that calls the store, and the interface it is given.
+# Each module that calls the store, and the view of the store it is given.
 CALLERS = {
     "_dagster/context.py": OpStore,
     "_dagster/recoverable.py": OpStore,
@@ -92,13 +96,13 @@ CALLERS = {
     "_dagster/providers.py": OpStore,
     "_dagster/provider_jobs.py": OpStore,
     "_dagster/assets.py": OpStore,
-    "_dagster/queue_handle.py": QueueStore,
+    "_dagster/queue_handle.py": QueueHandleStore,
     "_liveness/heartbeat.py": LivenessStore,
     "_liveness/watch.py": LivenessStore,
-    "_providers/guard.py": ProviderStore,
-    "_providers/budget.py": ProviderStore,
-    "_providers/ledger.py": ProviderStore,
-    "_providers/journal.py": ProviderStore,
+    "_providers/guard.py": GuardStore,
+    "_providers/budget.py": GuardStore,
+    "_providers/ledger.py": GuardStore,
+    "_providers/journal.py": GuardStore,
     "_dagster/sensors.py": SensorStore,
     "_recovery/protocol.py": SensorStore,
     "_recovery/scan.py": SensorStore,
@@ -108,19 +112,39 @@ CALLERS = {
 }
 # Builds the store (migrations, pool, retry budget) and hands it out: it holds the whole RecoveryStore.
 OWNERS = {"_dagster/resources.py"}
-PROTOCOLS = (LivenessStore, ProviderStore, QueueStore, OpStore, SensorStore, CliStore)
+VIEWS = (LivenessStore, GuardStore, QueueHandleStore, OpStore, SensorStore, CliStore)
+# Each component of the store, and the one protocol it is.
+COMPONENTS = {"pipelines": PipelineStore, "providers": ProviderStore, "queue": QueueStore,
+              "recovery": RecoveryPassStore, "reports": ReportStore}
+# The helpers every component shares over the one Database (its transactions, the fence, the ledger's writes):
+# not part of any component's surface.
+SHARED = (PipelineCore, LedgerWrites, Component, Transactions, object)
+# What RecoveryStore itself offers besides its components (documented in docs/reference/api.md): the schema,
+# closing, a read-only connection, and the database's identity and retry budget.
+STORE_SURFACE = {"migrate", "check_schema", "pending_migrations", "close", "read_only", "url", "dialect", "engine",
+                 "retry_budget", *COMPONENTS}
+# The transaction helpers of the one Database: the components' building blocks, which tests also use to set
+# up and inspect rows. They are internal (not in the reference), though spelled without an underscore.
+TRANSACTION_HELPERS = {name for name in vars(Transactions) if not name.startswith("_")}
 STORE_NAMES = {"store", "_store", "_queue_store"}
 
 
+def is_store(node: ast.expr) -> bool:
+    return ((isinstance(node, ast.Name) and node.id in STORE_NAMES)
+            or (isinstance(node, ast.Attribute) and node.attr in STORE_NAMES))
+
+
 def store_members_used(path: Path) -> set[str]:
-    """Every attribute a module reads off a store: ``store.x``, ``self._store.x``, ``scope.store.x``..."""
+    """Every member a module reaches through a store: ``store.x`` and, through a component, ``store.queue.claim``
+    as ``queue.claim`` (``self._store.x``, ``scope.store.x``... alike)."""
     used = set()
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
         if isinstance(node, ast.Attribute):
-            owner = node.value
-            if ((isinstance(owner, ast.Name) and owner.id in STORE_NAMES)
-                    or (isinstance(owner, ast.Attribute) and owner.attr in STORE_NAMES)):
-                used.add(node.attr)
+            if is_store(node.value):
+                if node.attr not in COMPONENTS:
+                    used.add(node.attr)
+            elif isinstance(node.value, ast.Attribute) and node.value.attr in COMPONENTS and is_store(node.value.value):
+                used.add(f"{node.value.attr}.{node.attr}")
     return used
 
 
@@ -130,15 +154,28 @@ def protocol_members(protocol: type) -> set[str]:
             if not name.startswith("_")}
 
 
+def view_members(view: type) -> set[str]:
+    """What a caller given ``view`` may use: its own members, and each component it names with that component's
+    protocol (as ``component.method``)."""
+    members = protocol_members(view)
+    return ({name for name in members if name not in COMPONENTS}
+            | {f"{name}.{method}" for name in members & set(COMPONENTS) for method in protocol_members(COMPONENTS[name])})
+
+
+def component_surface(component: object) -> set[str]:
+    return {name for klass in type(component).__mro__ if klass not in SHARED for name in vars(klass)
+            if not name.startswith("_")}
+
+
 @pytest.mark.parametrize("module", sorted(CALLERS))
-def test_each_caller_uses_only_the_store_members_its_interface_lists(module):
+def test_each_caller_uses_only_the_store_members_its_view_lists(module):
     path = LIBRARY / module
     assert path.is_file()
-    outside = store_members_used(path) - protocol_members(CALLERS[module])
+    outside = store_members_used(path) - view_members(CALLERS[module])
     assert outside == set(), f"{module} calls store members its {CALLERS[module].__name__} does not list"
 
 
-def test_every_module_that_calls_the_store_has_an_interface():
+def test_every_module_that_calls_the_store_has_a_view():
     callers = {str(path.relative_to(LIBRARY)) for path in LIBRARY.rglob("*.py")
                if path.parent.name != "_store" and store_members_used(path)}
     assert callers - set(CALLERS) - OWNERS == set()
@@ -146,19 +183,52 @@ def test_every_module_that_calls_the_store_has_an_interface():
 
 def test_the_caller_check_sees_store_calls_however_the_store_is_reached(tmp_path):
     sample = tmp_path / "sample.py"
-    sample.write_text("store.a()\nself._store.b\nscope.store.c(1)\nself._queue_store.d()\nstored.e()\n")
-    assert store_members_used(sample) == {"a", "b", "c", "d"}
+    sample.write_text("store.a()\nself._store.queue.b\nscope.store.pipelines.c(1)\nself._queue_store.d()\n"
+                      "stored.e()\nqueue.f()\n")
+    assert store_members_used(sample) == {"a", "queue.b", "pipelines.c", "d"}
 
 
-@pytest.mark.parametrize("protocol", PROTOCOLS, ids=lambda p: p.__name__)
-def test_the_store_satisfies_each_interface_with_the_same_signatures(store, protocol):
-    assert isinstance(store, protocol)
-    for name in protocol_members(protocol):
-        declared = getattr(protocol, name, None)
-        if not callable(declared):
-            assert hasattr(store, name)  # an attribute, such as the store's url
-            continue
-        wanted = [(p.name, p.kind, p.default is p.empty) for p in inspect.signature(declared).parameters.values()]
+@pytest.mark.parametrize("view", VIEWS, ids=lambda p: p.__name__)
+def test_the_store_satisfies_each_view(store, view):
+    assert isinstance(store, view)
+    for name in protocol_members(view) - set(COMPONENTS):
+        assert hasattr(store, name)
+
+
+@pytest.mark.parametrize("name", sorted(COMPONENTS))
+def test_each_component_is_exactly_its_protocol_with_the_same_signatures(store, name):
+    component, protocol = getattr(store, name), COMPONENTS[name]
+    assert isinstance(component, protocol)
+    assert component_surface(component) == protocol_members(protocol)
+    for member in protocol_members(protocol):
+        wanted = [(p.name, p.kind, p.default is p.empty)
+                  for p in inspect.signature(getattr(protocol, member)).parameters.values()]
         actual = [(p.name, p.kind, p.default is p.empty)
-                  for p in inspect.signature(getattr(type(store), name)).parameters.values()]
-        assert actual == wanted, f"{protocol.__name__}.{name} differs from RecoveryStore.{name}"
+                  for p in inspect.signature(getattr(type(component), member)).parameters.values()]
+        assert actual == wanted, f"{protocol.__name__}.{member} differs from store.{name}.{member}"
+
+
+def test_no_method_belongs_to_two_components(store):
+    surfaces = [component_surface(getattr(store, name)) for name in COMPONENTS]
+    assert sum(map(len, surfaces)) == len(set().union(*surfaces))
+
+
+def test_the_store_and_its_components_inherit_in_one_line(store):
+    """No diamond: every class of the store and of each component has one base, and no component is built on
+    another component (one that needs another would be handed it)."""
+    for klass in [type(store), *(type(getattr(store, name)) for name in COMPONENTS)]:
+        assert all(len(base.__bases__) <= 1 for base in klass.__mro__), klass
+    component_types = {type(getattr(store, name)) for name in COMPONENTS}
+    for klass in component_types:
+        assert component_types & set(klass.__mro__[1:]) == set()
+    assert {getattr(store, name)._db for name in COMPONENTS} == {store}  # one Database: one engine, one budget
+
+
+def test_the_store_offers_its_components_and_the_documented_members_only(store):
+    public = {name for name in dir(store) if not name.startswith("_")}
+    assert public - (TRANSACTION_HELPERS - STORE_SURFACE) == STORE_SURFACE
+
+
+def test_the_components_share_the_stores_retry_budget(store):
+    store.retry_budget = 7.0
+    assert {getattr(store, name).retry_budget for name in COMPONENTS} == {7.0}

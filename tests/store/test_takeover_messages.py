@@ -14,12 +14,12 @@ from helpers import reclaim
 
 
 def test_a_node_heartbeat_take_over_quotes_the_nodes_silence_not_the_live_run_heartbeat(store):
-    own = store.create_pipeline("job", ["a"], owner="run-1", origin_run_id="run-1")
-    store.start_node(own, "a", heartbeat_timeout=60)
+    own = store.pipelines.create_pipeline("job", ["a"], owner="run-1", origin_run_id="run-1")
+    store.pipelines.start_node(own, "a", heartbeat_timeout=60)
     with store.write() as conn:  # the step's last pulse was 40 s ago; its deadline passed 10 s ago
         conn.execute(update(nodes).where(nodes.c.pipeline_id == own.pipeline_id, nodes.c.name == "a")
                      .values(heartbeat_at=store.dialect.now_plus(-40), heartbeat_deadline=store.dialect.now_plus(-10)))
-    store.pulse([PipelineBeat(own, 60)])  # while the run worker beats on
+    store.pipelines.pulse([PipelineBeat(own, 60)])  # while the run worker beats on
     (reclaimed,), _ = reclaim(store, PassPlan(limit=5, launching=True))
     assert reclaimed.cause == "node_heartbeat"
     assert 39 <= reclaimed.heartbeat_age_seconds <= 60
@@ -30,8 +30,8 @@ def test_a_node_heartbeat_take_over_quotes_the_nodes_silence_not_the_live_run_he
 def test_a_run_heartbeat_take_over_quotes_the_runs_silence(store):
     from helpers import expire
 
-    own = store.create_pipeline("job", ["a"], owner="run-1", origin_run_id="run-1")
-    store.start_node(own, "a", heartbeat_timeout=600)
+    own = store.pipelines.create_pipeline("job", ["a"], owner="run-1", origin_run_id="run-1")
+    store.pipelines.start_node(own, "a", heartbeat_timeout=600)
     with store.write() as conn:
         conn.execute(update(nodes).values(heartbeat_at=store.dialect.now_plus(-1)))
     expire(store, own.pipeline_id)

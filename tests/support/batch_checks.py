@@ -6,16 +6,17 @@ from __future__ import annotations
 from collections import Counter
 
 from recovery_pipelines.batch_stand_in import BatchProvider
+import store_rows
 
 
 def outcomes(store, pipeline_id) -> Counter:
-    return Counter(c.outcome for c in store.provider_calls(pipeline_id))
+    return Counter(c.outcome for c in store_rows.provider_calls(store, pipeline_id))
 
 
 def assert_ledger_equals_the_provider(store, pipeline_id, provider: BatchProvider, items: int):
     """Tokens, answered calls and submissions as the stand-in counted them; each of ``items`` answered once."""
     answered = provider.answered()
-    f = store.provider_costs(pipeline_id).pipelines[pipeline_id]
+    f = store.reports.provider_costs(pipeline_id).pipelines[pipeline_id]
     assert (f.tokens_in, f.tokens_out) == (sum(a[1] for a in answered), sum(a[2] for a in answered))
     calls = outcomes(store, pipeline_id)
     assert calls["ok"] == len(answered)

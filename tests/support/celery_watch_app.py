@@ -14,5 +14,5 @@ app = make_celery_app()
 
 @app.task(name="rx_test.start_node")
 def start_node(url: str, pipeline: int, epoch: int, owner: str, name: str) -> None:
-    RecoveryStore(url).start_node(Ownership(pipeline, epoch, owner), name, heartbeat_timeout=60)
+    RecoveryStore(url).pipelines.start_node(Ownership(pipeline, epoch, owner), name, heartbeat_timeout=60)
     time.sleep(600)

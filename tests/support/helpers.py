@@ -63,7 +63,7 @@ def reclaim(store: RecoveryStore, plan, scope=None):
     """``(reclaimed, failed as corrupt)`` of one recovery pass: the path the orphan sensor and ``recover`` take."""
     from recovery_ext._store.models import Scope
 
-    result = store.recovery_pass(plan, Scope() if scope is None else scope)
+    result = store.recovery.recovery_pass(plan, Scope() if scope is None else scope)
     return result.reclaimed, result.corrupt
 
 

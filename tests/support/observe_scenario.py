@@ -102,35 +102,35 @@ def crash_and_resume(store: RecoveryStore, *, name: str = "crashy", items_before
     later: list[ProviderCall] = []
     first, second = f"{name}-run-1", f"{name}-run-2"
     total = items_before + items_after
-    own = store.create_pipeline("ontology", NODES, owner=first, origin_run_id=first)
-    store.start_node(own, "extract")
-    store.complete_node(own, "extract")
-    store.start_node(own, "enrich")
-    store.start_items(own, "enrich", total)
+    own = store.pipelines.create_pipeline("ontology", NODES, owner=first, origin_run_id=first)
+    store.pipelines.start_node(own, "extract")
+    store.pipelines.complete_node(own, "extract")
+    store.pipelines.start_node(own, "enrich")
+    store.pipelines.start_items(own, "enrich", total)
     for i in range(items_before):
         calls = (provider.ask(f"item-{i}"),) if provider else ()
         saved += calls
-        store.checkpoint_item(own, "enrich", ItemCheckpoint(f"item-{i}", {"n": i}, calls=calls))
+        store.pipelines.checkpoint_item(own, "enrich", ItemCheckpoint(f"item-{i}", {"n": i}, calls=calls))
         if wait and i == 0:
-            store.set_waiting(own, 0.01, "503 Service Unavailable", node="enrich")
-            store.clear_waiting(own, node="enrich")
+            store.providers.set_waiting(own, 0.01, "503 Service Unavailable", node="enrich")
+            store.providers.clear_waiting(own, node="enrich")
     if provider:
         in_flight = provider.ask(f"item-{items_before}")
         in_flight = ProviderCall(**{**in_flight.__dict__, "pipeline_id": own.pipeline_id, "node_name": "enrich",
                                     "item_key": f"item-{items_before}", "run_id": first, "epoch": own.epoch})
-        store.record_provider_calls([in_flight])
+        store.providers.record_provider_calls([in_flight])
         wasted.append(in_flight)
     expire(store, own.pipeline_id)
     stats = scan(store)
     assert [r.pipeline_id for r in stats.reclaimed_pipelines] == [own.pipeline_id]
-    resumed = store.attach(own.pipeline_id, second, resume_number=1)
-    store.start_node(resumed, "enrich")
+    resumed = store.pipelines.attach(own.pipeline_id, second, resume_number=1)
+    store.pipelines.start_node(resumed, "enrich")
     for i in range(items_before, total):
         calls = (provider.ask(f"item-{i}"),) if provider else ()
         later.extend(calls)
-        store.checkpoint_item(resumed, "enrich", ItemCheckpoint(f"item-{i}", {"n": i}, calls=calls))
-    store.complete_node(resumed, "enrich")
-    store.start_node(resumed, "assemble")
-    store.complete_node(resumed, "assemble")
-    assert store.get_pipeline(own.pipeline_id).status == "completed"
+        store.pipelines.checkpoint_item(resumed, "enrich", ItemCheckpoint(f"item-{i}", {"n": i}, calls=calls))
+    store.pipelines.complete_node(resumed, "enrich")
+    store.pipelines.start_node(resumed, "assemble")
+    store.pipelines.complete_node(resumed, "assemble")
+    assert store.pipelines.get_pipeline(own.pipeline_id).status == "completed"
     return CrashAndResume(own.pipeline_id, first, second, items_before, items_after, saved, wasted, later)

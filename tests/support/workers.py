@@ -32,11 +32,11 @@ def claim_all(url: str, worker: str, barrier, out_queue) -> None:
     got: list[int] = []
     barrier.wait()
     while True:
-        items = store.claim("q", worker, limit=3, heartbeat_timeout=600)
+        items = store.queue.claim("q", worker, limit=3, heartbeat_timeout=600)
         if not items:
             break
         for item in items:
-            store.complete_item(item, {"by": worker})
+            store.queue.complete_item(item, {"by": worker})
             got.append(item.id)
     out_queue.put((worker, got))
     store.close()
@@ -50,7 +50,7 @@ def run_watchdog_forever(url: str, pipeline_id: int, epoch: int, owner: str, int
 
     store = RecoveryStore(url)
     own = Ownership(pipeline_id, epoch, owner)
-    store.start_node(own, "work", heartbeat_timeout=timeout)
+    store.pipelines.start_node(own, "work", heartbeat_timeout=timeout)
     dog = Watchdog(store_pulse(store, own, "work", timeout), HeartbeatSettings(interval=interval, timeout=timeout))
     dog.start()
     sys.stdout.write("ready\n")
