@@ -151,7 +151,7 @@ def test_batch_answers_with_malformed_usage_are_kept_and_recorded_with_a_note(st
         assert provider.submissions == 1
     (pipeline,) = store.reports.list_pipelines()
     assert len(store.pipelines.completed_items(pipeline.id, "describe")) == ITEMS
-    answered = [c for c in store.provider_calls(pipeline.id) if c.outcome == "ok"]
+    answered = [c for c in store_rows.provider_calls(store, pipeline.id) if c.outcome == "ok"]
     noted = [c for c in answered if c.note]
     assert len(answered) == ITEMS and len(noted) == len(ODD_USAGE)
     assert all(c.tokens_in == 0 and c.cost is None and "prompt_tokens" in c.note for c in noted)

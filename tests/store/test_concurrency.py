@@ -175,7 +175,8 @@ def test_watchdog_survives_database_errors_and_rechecks_ownership_after_a_long_g
 
     def verify():
         calls["verify"] += 1
-        store.check_ownership(own)
+        pipeline = store.pipelines.get_pipeline(own.pipeline_id)
+        assert (pipeline.owner, pipeline.epoch) == (own.owner, own.epoch)
 
     settings = HeartbeatSettings(interval=0.1, timeout=0.2)
     with Watchdog(flaky_pulse, settings, verify=verify) as dog:
