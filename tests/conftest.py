@@ -11,7 +11,7 @@ from collections.abc import Iterator
 
 import psycopg
 import pytest
-from databases import PG_ADMIN_URL, pg_conninfo, pg_database
+from databases import PG_ADMIN_URL, MigratedPostgres, MigratedSqlite, pg_conninfo, pg_database
 from hog import cpu_hog as _cpu_hog
 
 from recovery_ext._store.store import RecoveryStore
@@ -52,10 +52,30 @@ def sqlite_url(tmp_path) -> str:
     return f"sqlite:///{tmp_path / 'recovery.sqlite3'}"
 
 
+@pytest.fixture(scope="session")
+def migrated_postgres(pg_admin) -> Iterator[MigratedPostgres]:
+    pool = MigratedPostgres(pg_admin)
+    yield pool
+    pool.close()
+
+
+@pytest.fixture(scope="session")
+def migrated_sqlite(tmp_path_factory) -> MigratedSqlite:
+    return MigratedSqlite(tmp_path_factory.mktemp("migrated_sqlite"))
+
+
 @pytest.fixture(params=["sqlite", "postgresql"])
 def db_url(request, tmp_path) -> Iterator[str]:
+    """The test's database on each dialect: empty, or already migrated when the test uses the ``store`` (a copy
+    of a migrated SQLite file, an emptied migrated PostgreSQL database), since migrating costs more than the
+    test itself."""
+    migrated = "store" in request.fixturenames
     if request.param == "sqlite":
-        yield f"sqlite:///{tmp_path / 'recovery.sqlite3'}"
+        path = tmp_path / "recovery.sqlite3"
+        yield request.getfixturevalue("migrated_sqlite").copy_to(path) if migrated else f"sqlite:///{path}"
+    elif migrated:
+        with request.getfixturevalue("migrated_postgres").lend() as url:
+            yield url
     else:
         with pg_database(request.getfixturevalue("pg_admin")) as url:
             yield url
@@ -64,7 +84,7 @@ def db_url(request, tmp_path) -> Iterator[str]:
 @pytest.fixture
 def store(db_url) -> Iterator[RecoveryStore]:
     s = RecoveryStore(db_url)
-    s.migrate()
+    s.migrate()  # nothing left to apply; it still checks the lent database is this code's
     try:
         yield s
     finally:
