@@ -1,7 +1,7 @@
 """Fixtures every folder shares: a fresh store on SQLite and on a real PostgreSQL database per test, CPU hogs.
 
 Each folder's own conftest.py holds what only its tests use and marks its tests with the folder's cost
-(``unit``, ``store``, ``dagster``, ``e2e``), so ``pytest -m 'not e2e'`` selects by cost as well as by path.
+(``unit``, ``store``, ``dagster``, ``process``, ``e2e``), so ``pytest -m 'not e2e'`` selects by cost as well as by path.
 """
 
 from __future__ import annotations
@@ -124,7 +124,7 @@ def app_store(app_url) -> Iterator[RecoveryStore]:
 
 
 
-COSTS = ("unit", "store", "dagster", "e2e")
+COSTS = ("unit", "store", "dagster", "process", "e2e")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
