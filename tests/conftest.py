@@ -7,6 +7,7 @@ Each folder's own conftest.py holds what only its tests use and marks its tests 
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Iterator
 
 import psycopg
@@ -76,9 +77,23 @@ def db_url(request, tmp_path) -> Iterator[str]:
     elif migrated:
         with request.getfixturevalue("migrated_postgres").lend() as url:
             yield url
+            forget_shared_store(url)
     else:
         with pg_database(request.getfixturevalue("pg_admin")) as url:
             yield url
+
+
+def forget_shared_store(url: str) -> None:
+    """Close the store this process's ops and sensors shared over ``url`` (one per URL per process): the next
+    test that borrows the database starts with no pool, settings or migrated packages left from this one."""
+    resources = sys.modules.get("recovery_ext._dagster.resources")
+    if resources is None:
+        return
+    with resources._stores_lock:
+        shared = resources._stores.pop(url, None)
+        resources._migrated_packages.difference_update({key for key in resources._migrated_packages if key[0] == url})
+    if shared is not None:
+        shared.close()
 
 
 @pytest.fixture
