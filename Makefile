@@ -48,9 +48,12 @@ lint: install
 test: install
 	$(BIN)/pytest -q -p no:cacheprovider
 
-## Everything that needs no `dagster dev` or other real server processes: tests/unit, tests/store, tests/dagster.
+## What takes seconds, not minutes: tests/unit, tests/store, tests/dagster — no `dagster dev`, no killed run
+## processes (tests/process), no servers (tests/e2e); a test file per worker process, one worker per core
+## (TEST_WORKERS=0 runs them in this process).
+TEST_WORKERS ?= auto
 test-fast: install
-	$(BIN)/pytest -q -p no:cacheprovider tests/unit tests/store tests/dagster
+	$(BIN)/pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile tests/unit tests/store tests/dagster
 
 ## Rewrite sql/<dialect>/schema.sql from freshly migrated databases (after adding a migration).
 schema: install

@@ -1,17 +1,18 @@
 """Fixtures every folder shares: a fresh store on SQLite and on a real PostgreSQL database per test, CPU hogs.
 
 Each folder's own conftest.py holds what only its tests use and marks its tests with the folder's cost
-(``unit``, ``store``, ``dagster``, ``e2e``), so ``pytest -m 'not e2e'`` selects by cost as well as by path.
+(``unit``, ``store``, ``dagster``, ``process``, ``e2e``), so ``pytest -m 'not e2e'`` selects by cost as well as by path.
 """
 
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Iterator
 
 import psycopg
 import pytest
-from databases import PG_ADMIN_URL, pg_conninfo, pg_database
+from databases import PG_ADMIN_URL, MigratedPostgres, MigratedSqlite, pg_conninfo, pg_database
 from hog import cpu_hog as _cpu_hog
 
 from recovery_ext._store.store import RecoveryStore
@@ -52,19 +53,53 @@ def sqlite_url(tmp_path) -> str:
     return f"sqlite:///{tmp_path / 'recovery.sqlite3'}"
 
 
+@pytest.fixture(scope="session")
+def migrated_postgres(pg_admin) -> Iterator[MigratedPostgres]:
+    pool = MigratedPostgres(pg_admin)
+    yield pool
+    pool.close()
+
+
+@pytest.fixture(scope="session")
+def migrated_sqlite(tmp_path_factory) -> MigratedSqlite:
+    return MigratedSqlite(tmp_path_factory.mktemp("migrated_sqlite"))
+
+
 @pytest.fixture(params=["sqlite", "postgresql"])
 def db_url(request, tmp_path) -> Iterator[str]:
+    """The test's database on each dialect: empty, or already migrated when the test uses the ``store`` (a copy
+    of a migrated SQLite file, an emptied migrated PostgreSQL database), since migrating costs more than the
+    test itself."""
+    migrated = "store" in request.fixturenames
     if request.param == "sqlite":
-        yield f"sqlite:///{tmp_path / 'recovery.sqlite3'}"
+        path = tmp_path / "recovery.sqlite3"
+        yield request.getfixturevalue("migrated_sqlite").copy_to(path) if migrated else f"sqlite:///{path}"
+    elif migrated:
+        with request.getfixturevalue("migrated_postgres").lend() as url:
+            yield url
+            forget_shared_store(url)
     else:
         with pg_database(request.getfixturevalue("pg_admin")) as url:
             yield url
 
 
+def forget_shared_store(url: str) -> None:
+    """Close the store this process's ops and sensors shared over ``url`` (one per URL per process): the next
+    test that borrows the database starts with no pool, settings or migrated packages left from this one."""
+    resources = sys.modules.get("recovery_ext._dagster.resources")
+    if resources is None:
+        return
+    with resources._stores_lock:
+        shared = resources._stores.pop(url, None)
+        resources._migrated_packages.difference_update({key for key in resources._migrated_packages if key[0] == url})
+    if shared is not None:
+        shared.close()
+
+
 @pytest.fixture
 def store(db_url) -> Iterator[RecoveryStore]:
     s = RecoveryStore(db_url)
-    s.migrate()
+    s.migrate()  # nothing left to apply; it still checks the lent database is this code's
     try:
         yield s
     finally:
@@ -104,7 +139,7 @@ def app_store(app_url) -> Iterator[RecoveryStore]:
 
 
 
-COSTS = ("unit", "store", "dagster", "e2e")
+COSTS = ("unit", "store", "dagster", "process", "e2e")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
