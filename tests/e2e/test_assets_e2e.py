@@ -47,6 +47,15 @@ def launch_backfill(dev, params=None) -> str:
     return answer["backfillId"]
 
 
+def learn_workers(dev, pipelines, workers: dict[str, int]) -> None:
+    """Each running pipeline's run worker pid, looked up (from the run's event log) while the pipeline is still
+    early: the kill then follows the mid-way check at once. Looked up after the check, on a loaded machine
+    the partition could finish its last items before the kill landed."""
+    for p in pipelines:
+        if p.status == "running" and p.owner and p.owner not in workers and (pid := dev.run_worker_pid(p.owner)):
+            workers[p.owner] = pid
+
+
 def items_done(store, pipeline_id: int) -> list[str]:
     return sorted(store.pipelines.completed_items(pipeline_id, "batch"))
 
@@ -64,20 +73,22 @@ def test_backfill_killed_mid_way_resumes_only_the_interrupted_partition(dev, app
     store = app_store
     backfill_id = launch_backfill(dev)
 
+    workers: dict[str, int] = {}
+
     def victim():
         """A partition mid-way (some items done, not all) while others already completed."""
         pipelines = store.reports.list_pipelines()
+        learn_workers(dev, pipelines, workers)
         if sum(p.status == "completed" for p in pipelines) < 2:
             return None
         for p in pipelines:
-            if p.status == "running" and 1 <= len(items_done(store, p.id)) < ITEMS:
+            if p.status == "running" and p.owner in workers and 1 <= len(items_done(store, p.id)) < ITEMS:
                 return p
         return None
 
     pipeline = wait_for(victim, timeout=300, interval=0.05, what="a partition mid-way after two completed ones")
     killed_run = pipeline.owner
-    worker = dev.run_worker_pid(killed_run)
-    os.kill(worker, signal.SIGKILL)
+    os.kill(workers[killed_run], signal.SIGKILL)
     done_at_kill = items_done(store, pipeline.id)
     partition = dev.run(killed_run).tags[PARTITION_TAG]
     assert 1 <= len(done_at_kill) < ITEMS
@@ -128,17 +139,21 @@ def test_asset_backfill_killed_mid_way_resumes_only_the_interrupted_partition_in
     def asset_pipelines():
         return [p for p in store.reports.list_pipelines() if p.job_name == "__ASSET_JOB"]
 
+    workers: dict[str, int] = {}
+
     def victim():
-        for p in asset_pipelines():
+        pipelines = asset_pipelines()
+        learn_workers(dev, pipelines, workers)
+        for p in pipelines:
             nodes = {n.name: n.status for n in store.pipelines.list_nodes(p.id)}
-            if p.status == "running" and nodes.get("pages") == "completed" and \
+            if p.status == "running" and p.owner in workers and nodes.get("pages") == "completed" and \
                     1 <= len(store.pipelines.completed_items(p.id, "page_index")) < PAGES:
                 return p
         return None
 
     pipeline = wait_for(victim, timeout=240, interval=0.05, what="a partition mid-way through page_index")
     killed_run = pipeline.owner
-    os.kill(dev.run_worker_pid(killed_run), signal.SIGKILL)
+    os.kill(workers[killed_run], signal.SIGKILL)
     indexed_at_kill = sorted(store.pipelines.completed_items(pipeline.id, "page_index"))
     partition = dev.run(killed_run).tags[PARTITION_TAG]
     assert 1 <= len(indexed_at_kill) < PAGES

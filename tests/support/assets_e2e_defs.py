@@ -30,12 +30,14 @@ from recovery_ext import (
 
 PARTITIONS = StaticPartitionsDefinition([f"part-{i}" for i in range(10)])
 BOOKS = StaticPartitionsDefinition([f"book-{i}" for i in range(4)])
-ITEM_SECONDS = 0.4
+# Long enough that a partition stays mid-way (some items done, not all) for seconds even on a loaded machine,
+# where the test's kill must land inside that window.
+ITEM_SECONDS = 1.0
 
 
 class BatchConfig(Config):
     items: int = 4
-    item_seconds: float = 0.5
+    item_seconds: float = 1.0  # see ITEM_SECONDS
 
 
 @recoverable_asset(partitions_def=PARTITIONS)
