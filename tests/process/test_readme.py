@@ -34,6 +34,7 @@ EXPECTED_OUTPUT = {
     "docs/how-to/metrics.md": [r"chat claude-x"],
     "docs/how-to/kubernetes.md": [],
     "docs/how-to/retention.md": [r"(?m)^7776000(\.0)?$"],
+    "docs/reference/api.md": [r"'status': 'running', 'count': 1", r"'queue': 'ocr', 'status': 'ready', 'count': 1"],
 }
 SAVED = {"docs/how-to/assets.md": "my_assets.py"}
 NOT_RUN = re.compile(r"<!--\s*not run:\s*(.+?)\s*-->")
