@@ -53,9 +53,7 @@ def redact(text: object) -> str:
 
     A NUL byte becomes U+FFFD: what is redacted is stored (a pause reason, a breaker's or a node's error
     quoting a provider's message), and PostgreSQL's text and JSON refuse NUL where SQLite keeps it."""
-    value = str(text)
-    if "\x00" in value:
-        value = value.replace("\x00", "\ufffd")
+    value = str(text).replace("\x00", "\ufffd")
     for pattern, replacement in _PATTERNS:
         value = pattern.sub(replacement, value)
     return _URL_PARAMETER.sub(_mask_url_parameter, value)
