@@ -1,4 +1,5 @@
-"""Fixtures every folder shares: a fresh store on SQLite and on a real PostgreSQL database per test, CPU hogs.
+"""Fixtures every folder shares: a fresh store on SQLite and on a real PostgreSQL database per test, a local
+Dagster instance per test, CPU hogs.
 
 Each folder's own conftest.py holds what only its tests use and marks its tests with the folder's cost
 (``unit``, ``store``, ``dagster``, ``process``, ``e2e``), so ``pytest -m 'not e2e'`` selects by cost as well as by path.
@@ -7,11 +8,14 @@ Each folder's own conftest.py holds what only its tests use and marks its tests 
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import psycopg
 import pytest
+from dagster import DagsterInstance, instance_for_test
 from databases import PG_ADMIN_URL, MigratedPostgres, MigratedSqlite, pg_conninfo, pg_database
 from hog import cpu_hog as _cpu_hog
 
@@ -148,3 +152,21 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         cost = item.path.parent.name
         if cost in COSTS:
             item.add_marker(getattr(pytest.mark, cost))
+
+
+@pytest.fixture(scope="session")
+def instance_home(tmp_path_factory) -> Path:
+    """A Dagster home whose SQLite storages are created once: creating them takes seconds, copying them none."""
+    home = tmp_path_factory.mktemp("instance_home")
+    with instance_for_test(temp_dir=str(home)):
+        pass
+    return home
+
+
+@pytest.fixture
+def instance(instance_home, tmp_path_factory) -> Iterator[DagsterInstance]:
+    """A real local Dagster instance in a home of the test's own: SQLite storage and the DefaultRunLauncher."""
+    home = tmp_path_factory.mktemp("dagster_home")
+    shutil.copytree(instance_home, home, dirs_exist_ok=True)
+    with instance_for_test(temp_dir=str(home)) as inst:
+        yield inst

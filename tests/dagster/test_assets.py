@@ -153,36 +153,6 @@ def test_the_implicit_asset_job_runs_under_the_definitions_executor(db_url, monk
     assert words.metadata["items_done"].value == 3
 
 
-def test_each_partition_is_its_own_pipeline_with_its_own_checkpoints(
-        db_url, instance, store, tmp_path):
-    from dagster import Definitions
-
-    from recovery_ext import with_recovery
-    from recovery_pipelines import ocr_assets
-    from recovery_pipelines.sample_data import create_scanned_pdfs
-
-    create_scanned_pdfs(tmp_path, {f"scan-{i}.pdf": [f"Invoice {i}", "Total 12 EUR"] for i in range(3)})
-    partitions = ocr_assets.batch_partitions(tmp_path, batch_size=2)
-    assert partitions.get_partition_keys() == ["batch-000", "batch-001"]
-    assets, job = ocr_assets.make_ocr_assets(partitions)
-    assert assets[0].op.pool == "ocr" and assets[0].op.retry_policy.max_retries == 3  # passed through to Dagster
-    recovery = RecoveryResource(database_url=db_url, heartbeat_interval=0.5, heartbeat_timeout=5.0)
-    defs = Definitions(assets=assets, jobs=[job], resources={
-        "recovery": recovery, "scans": ocr_assets.ScanFolder(folder=str(tmp_path), batch_size=2)})
-    job_def = defs.resolve_job_def("ocr_batches_job")
-    results = {key: execute_in_process(job_def, instance=instance, partition_key=key)
-               for key in ("batch-001", "batch-000")}
-    assert all(r.success for r in results.values())
-    by_run = {p.origin_run_id: p for p in store.reports.list_pipelines()}
-    assert len(by_run) == 2
-    for key, result in results.items():
-        items = store.pipelines.completed_items(by_run[result.run_id].id, "ocr_batches")
-        assert sorted(items) == (["scan-0.pdf", "scan-1.pdf"] if key == "batch-000" else ["scan-2.pdf"])
-        assert "Invoice" in result.asset_value("ocr_batches")[sorted(items)[0]]
-    stats = {m.partition: m.metadata for m in materializations(instance, "ocr_batch_stats")}
-    assert stats["batch-000"]["documents"].value == 2 and stats["batch-001"]["documents"].value == 1
-
-
 def test_a_resume_of_a_single_run_backfill_keeps_its_partition_range(defs, instance, store):
     from dagster import DagsterRun
 

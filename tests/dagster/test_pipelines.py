@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import difflib
 import json
-import socket
 import threading
 
 import pytest
@@ -17,7 +15,6 @@ from recovery_pipelines.ontology_schema import MIGRATIONS, ont_columns, ont_enti
 from recovery_pipelines import ocr as ocr_module
 from recovery_pipelines.llm import LLMResource, heuristic_answer
 from recovery_pipelines.ocr import make_ocr_job
-from recovery_pipelines.ocr_engine import model_files
 from recovery_pipelines.ontology import SourceDatabase, make_ontology_job
 from recovery_pipelines.sample_data import (
     CONVENTIONAL_RELATIONSHIPS,
@@ -35,12 +32,6 @@ def shop_url(tmp_path_factory):
     url = f"sqlite:///{tmp_path_factory.mktemp('shop') / 'shop.sqlite3'}"
     create_sample_database(url)
     return url
-
-
-@pytest.fixture(scope="module")
-def scans(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("scans")
-    return folder, create_scanned_pdfs(folder)
 
 
 def recovery(url, **kw):
@@ -171,69 +162,12 @@ def test_failing_optional_glossary_nodes_degrade_and_the_pipeline_completes(stor
     assert result.output_for_node("finalize")["degraded"] == [n for n, s in statuses.items() if s == "degraded"]
 
 
-@pytest.fixture
-def no_network(monkeypatch):
-    """Refuse every connection that is not to this machine, to prove nothing is downloaded."""
-    real = socket.socket.connect
-    attempts = []
-
-    def guarded(sock, address):
-        host = address[0] if isinstance(address, tuple) else str(address)
-        if sock.family in (socket.AF_INET, socket.AF_INET6) and host not in ("127.0.0.1", "::1", "localhost"):
-            attempts.append(host)
-            raise OSError(f"network disabled in this test: {host}")
-        return real(sock, address)
-
-    monkeypatch.setattr(socket.socket, "connect", guarded)
-    return attempts
-
-
 FAST_RETRIES = {"retry_initial_delay": 0.2, "retry_max_delay": 0.5, "retry_jitter": 0.0, "wait_poll_interval": 0.2}
 
 
 def ocr_job_for(folder, workers=1, **ocr_config):
     return make_ocr_job(str(folder), workers=workers, executor_def=in_process_executor,
                         ocr_config={**FAST_RETRIES, **ocr_config})
-
-
-def test_ocr_job_recognises_the_scans_offline(store, db_url, scans, no_network):
-    folder, expected = scans
-    assert {p.name for p in model_files()} >= {"ch_PP-OCRv4_det_infer.onnx", "ch_PP-OCRv4_rec_infer.onnx"}
-    result = execute_in_process(ocr_job_for(folder, workers=2), resources={"recovery": recovery(db_url)})
-    assert result.success and no_network == []
-    items = store.queue.list_items("ocr")
-    assert len(items) == len(expected) and {i.status for i in items} == {"completed"}
-    for item in items:
-        ratio = difflib.SequenceMatcher(None, expected[item.payload["name"]].lower(),
-                                        item.result["boosted_text"].lower()).ratio()
-        assert ratio >= 0.85, (item.payload["name"], item.result["boosted_text"])
-        assert item.result["raw_text"] and item.completed_at is not None and item.last_error is None
-    assert store.reports.list_pipelines()[0].status == "completed"
-
-
-def test_several_runs_drain_one_queue_and_no_document_completes_twice(store, db_url, scans, monkeypatch):
-    folder, expected = scans
-    calls = []
-    real = ocr_module.recognise
-
-    def counting(path, **kw):
-        calls.append(path.name)
-        return real(path, **kw)
-
-    monkeypatch.setattr(ocr_module, "recognise", counting)
-    job = ocr_job_for(folder, workers=2)
-    results = []
-    threads = [threading.Thread(target=lambda: results.append(
-        execute_in_process(job, resources={"recovery": recovery(db_url)}))) for _ in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(300)
-    assert len(results) == 2 and all(r.success for r in results)
-    assert sorted(calls) == sorted(expected)  # each document recognised exactly once
-    assert {i.status for i in store.queue.list_items("ocr")} == {"completed"}
-    claims = [t for t in store.reports.transitions_for(entity_type="queue_item") if t["event"] == "claimed"]
-    assert len(claims) == len(expected)
 
 
 def test_ocr_failures_are_classified_retried_and_dead_at_max_attempts(store, db_url, tmp_path, monkeypatch):

@@ -1,12 +1,10 @@
-"""@recoverable_op under a real Dagster instance: skip, items, fencing, classifier mapping, executors."""
+"""@recoverable_op under a real Dagster instance, in process: skip, items, fencing, classifier mapping, executors
+(the multiprocess executor's run: tests/process/test_multiprocess_runs.py)."""
 
 from __future__ import annotations
 
-import tempfile
-from pathlib import Path
-
 import pytest
-from dagster import DagsterInstance, build_reconstructable_job, execute_job
+from dagster import DagsterInstance
 from sqlalchemy import delete, func, inspect, select, update
 from werkzeug import Response
 
@@ -54,17 +52,6 @@ def test_fresh_run_completes_the_pipeline_in_process(store, db_url):
     assert [n.status for n in store.pipelines.list_nodes(p.id)] == ["completed"] * 4
     assert call_counts(store) == {n: 3 for n in NODES}
     assert result.output_for_node("n4") == {"node": "n4", "items": ["n4-0", "n4-1", "n4-2"]}
-
-
-def test_fresh_run_completes_under_the_multiprocess_executor(store, db_url, monkeypatch):
-    monkeypatch.setenv("RECOVERY_DATABASE_URL", db_url)
-    with tempfile.TemporaryDirectory() as home, DagsterInstance.local_temp(home) as instance:
-        result = execute_job(build_reconstructable_job(
-            "e2e_defs", "bound_items_job", reconstructor_working_directory=str(Path(e2e_defs.__file__).parent)),
-            instance=instance, run_config=config(2))
-        assert result.success
-    (p,) = store.reports.list_pipelines()
-    assert p.status == "completed" and call_counts(store) == {n: 2 for n in NODES}
 
 
 def crash_state(store, pipeline_id, *, running="n3", keep_items=1):
