@@ -6,7 +6,7 @@ import pytest
 from click.testing import CliRunner
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from sqlalchemy import MetaData, select
+from sqlalchemy import MetaData, inspect, select
 
 from recovery_ext._cli import main
 from recovery_ext._store.store import RecoveryStore
@@ -22,12 +22,20 @@ token = st.one_of(st.sampled_from(OPTIONS + NASTY), st.integers(min_value=-(2**7
                   st.text(max_size=8))
 
 
+_reflected: dict[tuple[str, tuple[str, ...]], MetaData] = {}
+
+
 def snapshot(store: RecoveryStore) -> dict[str, list]:
-    meta = MetaData()
-    meta.reflect(store.engine)
+    """Every row of every table. The tables are reflected again only when their names change (reflecting
+    them is most of the cost of a fuzzed call); a table a command added or dropped changes the names."""
+    names = tuple(sorted(inspect(store.engine).get_table_names()))
+    key = (str(store.engine.url), names)
+    if key not in _reflected:
+        _reflected[key] = MetaData()
+        _reflected[key].reflect(store.engine)
     with store.engine.connect() as conn:
         return {name: sorted(map(tuple, conn.execute(select(table)).all()), key=repr)
-                for name, table in meta.tables.items()}
+                for name, table in _reflected[key].tables.items()}
 
 
 def seeded_store(tmp_path_factory) -> tuple[str, RecoveryStore]:
