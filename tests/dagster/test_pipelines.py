@@ -7,14 +7,14 @@ import threading
 
 import pytest
 from dagster import in_process_executor
+from shipped_jobs import ocr_job_for, recovery
 from sqlalchemy import select
 from werkzeug import Response
 
-from recovery_ext import RecoveryResource, execute_in_process
-from recovery_pipelines.ontology_schema import MIGRATIONS, ont_columns, ont_entities, ont_glossary_terms, ont_relationships
+from recovery_ext import execute_in_process
+from recovery_pipelines.ontology_schema import ont_columns, ont_entities, ont_glossary_terms, ont_relationships
 from recovery_pipelines import ocr as ocr_module
 from recovery_pipelines.llm import LLMResource, heuristic_answer
-from recovery_pipelines.ocr import make_ocr_job
 from recovery_pipelines.ontology import SourceDatabase, make_ontology_job
 from recovery_pipelines.sample_data import (
     CONVENTIONAL_RELATIONSHIPS,
@@ -32,13 +32,6 @@ def shop_url(tmp_path_factory):
     url = f"sqlite:///{tmp_path_factory.mktemp('shop') / 'shop.sqlite3'}"
     create_sample_database(url)
     return url
-
-
-def recovery(url, **kw):
-    settings = dict(outage_pause_initial=0.05, outage_pause_max=0.1, outage_budget_seconds=3.0,
-                    breaker_cooldown=0.05, breaker_max_cooldown=0.1)
-    return RecoveryResource(database_url=url, migration_packages=[MIGRATIONS], heartbeat_interval=0.5, heartbeat_timeout=5, max_retries=2,
-                            retry_initial_delay=0.01, retry_max_delay=0.02, **{**settings, **kw})
 
 
 def run_ontology(store, db_url, shop_url, llm=None):
@@ -160,14 +153,6 @@ def test_failing_optional_glossary_nodes_degrade_and_the_pipeline_completes(stor
     assert statuses["discover_glossary"] == "degraded" and statuses["enrich_glossary"] in ("degraded", "completed")
     assert statuses["finalize"] == "completed"
     assert result.output_for_node("finalize")["degraded"] == [n for n, s in statuses.items() if s == "degraded"]
-
-
-FAST_RETRIES = {"retry_initial_delay": 0.2, "retry_max_delay": 0.5, "retry_jitter": 0.0, "wait_poll_interval": 0.2}
-
-
-def ocr_job_for(folder, workers=1, **ocr_config):
-    return make_ocr_job(str(folder), workers=workers, executor_def=in_process_executor,
-                        ocr_config={**FAST_RETRIES, **ocr_config})
 
 
 def test_ocr_failures_are_classified_retried_and_dead_at_max_attempts(store, db_url, tmp_path, monkeypatch):

@@ -1,8 +1,7 @@
 """The OCR job and assets with their real ONNX models (RapidOCR) on scanned PDFs, on SQLite and PostgreSQL: the
 text they recognise offline, several runs draining one queue with each document recognised once, and each asset
-partition its own pipeline. Seconds of model
-inference per document, so these live here, not in tests/dagster (whose OCR test replaces the engine with a
-function that fails)."""
+partition its own pipeline. Seconds of model inference per document, so these live here, not in tests/dagster
+(whose OCR test replaces the engine with a function that fails)."""
 
 from __future__ import annotations
 
@@ -11,35 +10,20 @@ import socket
 import threading
 
 import pytest
-from dagster import AssetKey, Definitions, in_process_executor
+from dagster import AssetKey, Definitions
+from shipped_jobs import ocr_job_for, recovery
 
 from recovery_ext import RecoveryResource, execute_in_process
 from recovery_pipelines import ocr as ocr_module
 from recovery_pipelines import ocr_assets
-from recovery_pipelines.ocr import make_ocr_job
 from recovery_pipelines.ocr_engine import model_files
-from recovery_pipelines.ontology_schema import MIGRATIONS
 from recovery_pipelines.sample_data import create_scanned_pdfs
-
-FAST_RETRIES = {"retry_initial_delay": 0.2, "retry_max_delay": 0.5, "retry_jitter": 0.0, "wait_poll_interval": 0.2}
 
 
 @pytest.fixture(scope="module")
 def scans(tmp_path_factory):
     folder = tmp_path_factory.mktemp("scans")
     return folder, create_scanned_pdfs(folder)
-
-
-def recovery(url):
-    """The settings of tests/dagster/test_pipelines.py's jobs."""
-    return RecoveryResource(database_url=url, migration_packages=[MIGRATIONS], heartbeat_interval=0.5,
-                            heartbeat_timeout=5, max_retries=2, retry_initial_delay=0.01, retry_max_delay=0.02,
-                            outage_pause_initial=0.05, outage_pause_max=0.1, outage_budget_seconds=3.0,
-                            breaker_cooldown=0.05, breaker_max_cooldown=0.1)
-
-
-def ocr_job_for(folder, workers):
-    return make_ocr_job(str(folder), workers=workers, executor_def=in_process_executor, ocr_config=FAST_RETRIES)
 
 
 @pytest.fixture
