@@ -23,7 +23,9 @@ Rule = Callable[[BaseException], "Classification | bool | None"]
 log = logging.getLogger("recovery_ext.classify")
 _registered: list[Rule] = []
 _from_entry_points: list[Rule] | None = None
-_complained: set[int] = set()
+# Keyed by id, and holding the rule: a rule that was freed could leave its id to a new rule, whose
+# complaint would then never be logged.
+_complained: dict[int, Rule] = {}
 _lock = threading.Lock()
 
 
@@ -104,7 +106,7 @@ def _ask(rule: Rule, exc: BaseException) -> Classification | None:
         answer = rule(exc)
     except Exception as failure:  # noqa: BLE001 - a failing rule is ignored, never fatal
         if id(rule) not in _complained:
-            _complained.add(id(rule))
+            _complained[id(rule)] = rule
             log.warning("classifier rule %s raised %s; ignored", getattr(rule, "__qualname__", rule),
                         type(failure).__name__)
         return None

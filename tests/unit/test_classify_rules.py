@@ -85,6 +85,24 @@ def test_a_rule_that_raises_is_ignored_and_logged_once(registered, caplog):
     assert len(complaints) == 1 and "KeyError" in complaints[0].getMessage()
 
 
+def test_each_failing_rule_is_complained_of_once_even_after_earlier_ones_were_freed(caplog):
+    """A freed rule's id is soon another rule's: remembering complaints by id alone left later rules unlogged."""
+    with caplog.at_level(logging.WARNING, logger="recovery_ext.classify"):
+        for n in range(20):
+            def failing(exc, n=n):
+                raise RuntimeError(f"plugin bug {n}")
+
+            register_rule(failing)
+            try:
+                assert classify(QuotaWall("x")).retryable is False
+                assert classify(QuotaWall("x")).retryable is False
+            finally:
+                rules.unregister_rule(failing)
+            del failing
+    complaints = [r for r in caplog.records if "raised RuntimeError" in r.getMessage()]
+    assert len(complaints) == 20, [r.getMessage() for r in complaints]
+
+
 def test_bad_registrations_say_what_is_wrong(registered):
     with pytest.raises(ConfigurationError, match="retryable=True or False"):
         registered(QuotaWall)
