@@ -149,8 +149,10 @@ def applied_versions(engine: Engine, package: str = LIBRARY) -> set[int]:
 
 def check_not_newer(engine: Engine, dialect: Dialect, package: str = LIBRARY) -> None:
     """Refuse a database that a newer release migrated: its tables are not what this code reads and writes."""
-    known = load_migrations(dialect, package)
-    done = applied_versions(engine, package)
+    _refuse_newer(load_migrations(dialect, package), applied_versions(engine, package), package)
+
+
+def _refuse_newer(known: list[Migration], done: set[int], package: str) -> None:
     unknown = sorted(done - {m.version for m in known})
     if unknown:
         of = "" if package == LIBRARY else f" of {package}"
@@ -176,13 +178,21 @@ def pending_migrations(engine: Engine, dialect: Dialect, package: str = LIBRARY)
 def apply_migrations(engine: Engine, dialect: Dialect, package: str = LIBRARY) -> list[Migration]:
     """Apply what is not yet applied; safe to call from several processes at once."""
     table, mine, key = _tracking(package)
-    check_not_newer(engine, dialect, package)
+    known = load_migrations(dialect, package)
+    done = applied_versions(engine, package)
+    _refuse_newer(known, done, package)
+    if {m.version for m in known} <= done:
+        # Every store and every run's resource migrates on open: an up-to-date database is one read, with no
+        # lock and no write transaction. An applied migration is never unapplied, so nothing can be missed.
+        return []
     with engine.connect().execution_options(rx_write=True) as conn:
         with conn.begin():
             dialect.migration_lock(conn)
             table.create(conn, checkfirst=True)
     applied: list[Migration] = []
-    for migration in load_migrations(dialect, package):
+    for migration in known:
+        if migration.version in done:
+            continue
         with engine.connect().execution_options(rx_write=True) as conn:
             with conn.begin():
                 dialect.migration_lock(conn)

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
-import zipfile
 
 from sqlalchemy import inspect
 
@@ -54,6 +51,33 @@ def test_migrate_is_recorded_and_idempotent(store):
     with store.read() as conn:
         versions = [r[0] for r in conn.exec_driver_sql("SELECT version FROM rx_schema_migrations")]
     assert versions == [m.version for m in load_migrations(store.dialect)]
+
+
+def test_migrating_an_up_to_date_database_only_reads(store):
+    """Every store and every run's resource migrates when it opens: on an up-to-date database that must take no
+    lock and open no write transaction (it took one locked transaction per migration)."""
+    from sqlalchemy import event
+
+    statements: list[str] = []
+    begins: list[object] = []
+
+    def seen(conn, cursor, statement, *args):
+        statements.append(statement)
+
+    def began(conn):
+        begins.append(conn.get_execution_options().get("rx_write"))
+
+    event.listen(store.engine, "before_cursor_execute", seen)
+    event.listen(store.engine, "begin", began)
+    try:
+        assert store.migrate() == []
+    finally:
+        event.remove(store.engine, "before_cursor_execute", seen)
+        event.remove(store.engine, "begin", began)
+    reads = ("SELECT", "PRAGMA", "BEGIN DEFERRED")
+    assert statements and all(s.lstrip().upper().startswith(reads) for s in statements), statements
+    assert not any("lock" in s.lower() for s in statements), statements
+    assert not any(begins), begins  # no write transaction (BEGIN IMMEDIATE on SQLite)
 
 
 def test_concurrent_migrators_apply_once(db_url):
