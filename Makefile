@@ -2,6 +2,10 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 BIN := $(VENV)/bin
 export DAGSTER_HOME ?= $(CURDIR)/.dagster_home
+# The tests start Python hundreds of times (xdist workers, CLI and run processes) and pytest rewrites every test
+# module: both keep their bytecode in __pycache__ even where the environment asks Python not to write it, so a
+# module is compiled once, not at every start.
+unexport PYTHONDONTWRITEBYTECODE
 
 .PHONY: install dev lint test test-fast schema demo-crash docs docs-build bench clean
 
