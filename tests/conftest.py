@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import shutil
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,6 +21,29 @@ from databases import PG_ADMIN_URL, MigratedPostgres, MigratedSqlite, pg_conninf
 from hog import cpu_hog as _cpu_hog
 
 from recovery_ext._store.store import RecoveryStore
+
+
+@pytest.fixture(scope="session", autouse=True)
+def alembic_scripts_read_once() -> Iterator[None]:
+    """Dagster reads its alembic revision files again for every SQLite storage it opens and for every run's event
+    log shard: a sixth of an in-process run's time here. The files cannot change during a session, so each test
+    process reads them once. What Dagster then does with them (check, stamp, migrate) is unchanged."""
+    from alembic.script import ScriptDirectory
+
+    read = ScriptDirectory.from_config.__func__  # type: ignore[attr-defined]
+    directories: dict[tuple[str | None, str | None], ScriptDirectory] = {}
+    lock = threading.Lock()
+
+    def from_config(cls, config):
+        key = (config.get_main_option("script_location"), config.get_main_option("version_locations"))
+        with lock:
+            if key not in directories:
+                directories[key] = read(cls, config)
+            return directories[key]
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(ScriptDirectory, "from_config", classmethod(from_config))
+        yield
 
 
 @pytest.fixture(scope="session", autouse=True)
