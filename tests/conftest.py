@@ -16,10 +16,12 @@ from pathlib import Path
 
 import psycopg
 import pytest
+from click.testing import CliRunner
 from dagster import DagsterInstance, instance_for_test
 from databases import PG_ADMIN_URL, MigratedPostgres, MigratedSqlite, pg_conninfo, pg_database
 from hog import cpu_hog as _cpu_hog
 
+from recovery_ext._cli import main
 from recovery_ext._store.store import RecoveryStore
 
 
@@ -132,6 +134,19 @@ def store(db_url) -> Iterator[RecoveryStore]:
         yield s
     finally:
         s.close()
+
+
+@pytest.fixture
+def cli(store, db_url):
+    """``cli(*args, code=0)``: run ``recovery-ext`` on the test's database and check its exit status."""
+    runner = CliRunner()
+
+    def invoke(*args, code=0):
+        result = runner.invoke(main, ["--database-url", db_url, *args], catch_exceptions=False)
+        assert result.exit_code == code, result.output
+        return result
+
+    return invoke
 
 
 @pytest.fixture

@@ -1,5 +1,5 @@
-"""Hostile CLI input and schemas, round three: ``migrate --package`` typos, and a database a newer release
-migrated."""
+"""Hostile CLI input and schemas, round three: ``migrate --package`` (its typos, run as a separate process, are in
+tests/process/test_cli_processes.py), and a database a newer release migrated."""
 
 from __future__ import annotations
 
@@ -7,29 +7,12 @@ import pytest
 from click.testing import CliRunner
 from sqlalchemy import insert
 
-from test_cli import run_cli
-
 from recovery_ext._cli import main
 from recovery_ext._errors import MigrationError
 from recovery_ext._store.migrations import load_migrations
 from recovery_ext._store.schema import migrations_table
 from recovery_ext._store.store import RecoveryStore
 from recovery_pipelines.ontology_schema import MIGRATIONS
-
-
-@pytest.mark.parametrize("package, says", [
-    ("typo_pkg", "no migrations package 'typo_pkg': no such package is installed"),
-    ("", "a migrations package must be a dotted Python package name, got ''"),
-    ("os", "'os' is a module, not a package"),
-    ("json", "package 'json' has no sql/ folder of migrations"),
-    ("a..b", "must be a dotted Python package name"),
-])
-def test_a_bad_migrations_package_is_a_usage_error_that_creates_nothing(package, says, tmp_path):
-    result = run_cli("migrate", "--package", package, cwd=tmp_path)
-    assert result.returncode == 2, result.stderr
-    assert says in result.stderr and "unexpected error" not in result.stderr
-    assert "run `recovery-ext migrate`" not in result.stderr and "Traceback" not in result.stderr
-    assert list(tmp_path.iterdir()) == []  # no ./.dagster_home, no database
 
 
 def test_a_good_migrations_package_still_migrates(tmp_path):
