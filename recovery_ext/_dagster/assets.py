@@ -27,7 +27,7 @@ from dagster import AssetExecutionContext, AssetKey, MaterializeResult, Output, 
 
 from recovery_ext._liveness.heartbeat import HeartbeatSettings
 from recovery_ext._dagster.context import NodeContext
-from recovery_ext._dagster.node_run import NodeDefinition, RecoveryOptions
+from recovery_ext._dagster.node_run import NodeDefinition, RecoveryOptions, call_body
 from recovery_ext._dagster.recoverable import run_node
 from recovery_ext._dagster.signature import BodySignature, OutputMetadata, resource_for_policy
 from recovery_ext._dagster.tags import TAG_NODE, TAG_OPTIONAL
@@ -65,7 +65,7 @@ def _execute(context: AssetExecutionContext, body: Callable[..., Any], signature
     returned: list[Any] = []
 
     def unrecorded_body(ctx: NodeContext, **inputs: Any) -> None:
-        result = body(ctx, **inputs)
+        result = call_body(body, ctx, inputs)
         returned.append(_Events(result) if inspect.isgenerator(result) else result)  # its events, inside the node
 
     collecting = OutputMetadata(context)

@@ -3,10 +3,12 @@ checkpoints, fenced transactions and progress) and :class:`Item`."""
 
 from __future__ import annotations
 
+import asyncio
+import contextvars
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import Any
@@ -21,6 +23,8 @@ from recovery_ext._errors import StopRequested
 from recovery_ext._providers.journal import CallJournal, current_attempt
 from recovery_ext._providers.ledger import observe, recorder_for
 from recovery_ext._store.models import ItemCheckpoint, JsonText, Ownership, ProviderCall, encode_json
+from recovery_ext._dagster.group_commit import GroupCommitter
+from recovery_ext._dagster.parallel import MapResult, map_in_tasks, map_in_threads, unique_keys
 from recovery_ext._dagster.queue_handle import QueueHandle
 from recovery_ext._conventions import json_exact
 from recovery_ext._dagster.resources import RecoveryResource
@@ -28,6 +32,12 @@ from recovery_ext._store.statuses import ItemOutcome, ItemStatus
 from recovery_ext._store.interfaces import OpStore
 
 log = logging.getLogger("recovery_ext._dagster.context")
+
+# The item the current thread or task works on, with the node it belongs to. A context variable, not a
+# slot on the node: items worked in parallel (ctx.map threads, ctx.amap tasks, tasks the body creates)
+# each see their own, so every provider call, journal entry and ledger row goes to the item it was made for.
+current_item: contextvars.ContextVar[tuple[NodeContext, str] | None] = contextvars.ContextVar(
+    "rx_current_item", default=None)
 
 def replayable_output(value: Any) -> Any:
     """Round-trip through JSON so the first run's downstream ops see exactly what a resume run replays."""
@@ -57,19 +67,56 @@ def _json_text(result: Any) -> JsonText | None:
 
 @dataclass(slots=True)
 class Item:
-    """One unfinished sub-item; ``complete`` commits its result together with its checkpoint."""
+    """One unfinished sub-item; ``complete`` commits its result together with its checkpoint.
+
+    An item of ``ctx.map``/``ctx.amap``/``ctx.aitems`` checkpoints through its node's group commit (with
+    the completions of its siblings, in one fenced transaction); ``await item.acomplete(...)`` is the
+    same without blocking the event loop.
+    """
 
     node: NodeContext
     key: str
+    committer: GroupCommitter | None = None
+    finished: bool = False
 
     def complete(self, result: Any = None, *, also: Callable[[FencedTransaction], None] | None = None) -> None:
         """Checkpoint this item; ``also(tx)`` writes in the same fenced transaction."""
-        self.node.checkpoint(self.key, result, also=also)
+        self._finish(result, also, ItemStatus.COMPLETED)
 
     def degrade(self, result: Any = None, *, also: Callable[[Any], None] | None = None) -> None:
         """Record a fallback answer: kept as the item's result, but ``degraded``, so the next run of this
         node (a crash resume or ``recovery-ext redo-degraded``) asks the provider again."""
-        self.node.checkpoint(self.key, result, also=also, status=ItemStatus.DEGRADED)
+        self._finish(result, also, ItemStatus.DEGRADED)
+
+    async def acomplete(self, result: Any = None, *, also: Callable[[FencedTransaction], None] | None = None) -> None:
+        """``complete`` for async code: the event loop goes on while the checkpoint commits."""
+        await self._afinish(result, also, ItemStatus.COMPLETED)
+
+    async def adegrade(self, result: Any = None, *, also: Callable[[Any], None] | None = None) -> None:
+        """``degrade`` for async code."""
+        await self._afinish(result, also, ItemStatus.DEGRADED)
+
+    def _finish(self, result: Any, also: Callable[[Any], None] | None, status: str) -> None:
+        self._refuse_twice()
+        if self.committer is None:
+            self.node.checkpoint(self.key, result, also=also, status=status)
+        else:
+            self.committer.submit(self.node._entry(self.key, result, also, status)).result()
+        self.finished = True
+
+    async def _afinish(self, result: Any, also: Callable[[Any], None] | None, status: str) -> None:
+        self._refuse_twice()
+        if self.committer is None:
+            await asyncio.to_thread(contextvars.copy_context().run, self.node.checkpoint, self.key, result,
+                                    also=also, status=status)
+        else:
+            await asyncio.wrap_future(self.committer.submit(self.node._entry(self.key, result, also, status)))
+        self.finished = True
+
+    def _refuse_twice(self) -> None:
+        if self.finished:
+            raise Failure(description=f"item {self.key!r} of node {self.node.node_name} completed twice",
+                          allow_retries=False)
 
 
 class NodeContext:
@@ -110,7 +157,6 @@ class NodeContext:
         self._recorder = recorder_for(store)
         self._calls: dict[str | None, list[ProviderCall]] = {}
         self._calls_lock = threading.Lock()
-        self._item: str | None = None
         self.calls_recorded = 0
         # Set in a step process once its run worker is gone: no new provider call or item may start.
         self.run_worker_gone = run_worker_gone
@@ -180,7 +226,7 @@ class NodeContext:
             elif item is not None:
                 key = str(item)
             else:
-                key = call.item_key if call.item_key is not None else self._item
+                key = call.item_key if call.item_key is not None else self.current_item
             own = self.ownership
             bound = replace(call, pipeline_id=own.pipeline_id, node_name=self.node_name, item_key=key,
                             run_id=own.owner, epoch=own.epoch)
@@ -196,8 +242,12 @@ class NodeContext:
 
     @property
     def current_item(self) -> str | None:
-        """The key of the item ``ctx.items()`` yielded last (None: between items)."""
-        return self._item
+        """The key of the item this thread or task works on (None: outside any item of this node)."""
+        working = current_item.get()
+        return working[1] if working is not None and working[0] is self else None
+
+    def _enter_item(self, key: str | None) -> None:
+        current_item.set(None if key is None else (self, key))
 
     def keep_call(self, call: ProviderCall) -> None:
         """A call already in the ledger whose answer this node uses: its item's checkpoint (or the node's
@@ -207,7 +257,10 @@ class NodeContext:
 
     def _take_calls(self, key: str | None) -> tuple[ProviderCall, ...]:
         with self._calls_lock:
-            return tuple(self._calls.pop(key, ()))
+            calls = self._calls.pop(key, ())
+        # an item retried after its answer arrived holds that call twice (kept when answered, kept again when
+        # the retry got it back from the journal): one row, its latest form
+        return tuple({call.id: call for call in calls}.values())
 
     def flush_ledger(self) -> bool:
         """Write every recorded call no checkpoint took (best effort; they stay buffered if the database is away)."""
@@ -270,25 +323,85 @@ class NodeContext:
         if flush_seconds is not None:
             check_seconds("ctx.items(flush_seconds=...)", flush_seconds, minimum=0.0)
         keys = list(dict.fromkeys(str(k) for k in keys))  # a key given twice is one item (and counts once)
-        statuses = self._store.pipelines.start_items(self.ownership, self.node_name, len(keys))
-        done = {k for k, status in statuses.items() if status != ItemStatus.DEGRADED}
-        self.count_items(ItemOutcome.RESUMED, sum(1 for k in keys if k in done))
-        if self.items_resumed:
-            self.log.info(f"resuming node {self.node_name}: {self.items_resumed}/{len(keys)} items already done")
+        todo, _ = self._unfinished("ctx.items", keys, unique=False)
         self._batch, self._flush_seconds = batch, flush_seconds
         try:
-            for key in keys:
-                if key in done:
-                    continue
+            for key in todo:
                 self._flush_if_due()
                 self.check_calls()
-                self._item = key
+                self._enter_item(key)
                 yield Item(self, key)
-            self._item = None
+            self._enter_item(None)
             self.flush()
         finally:
-            self._item = None
+            self._enter_item(None)
             self._batch, self._flush_seconds = 1, None
+
+    async def aitems(self, keys: Iterable[str]) -> AsyncIterator[Item]:
+        """``async for item in ctx.aitems(keys)``: ``items()`` for an ``async def`` body, one item at a time.
+
+        Checkpoint with ``await item.acomplete(result)``: the commit runs off the event loop (with any
+        other completions of this node under way, in one fenced transaction). For items in parallel use
+        ``await ctx.amap(fn, keys, concurrency=N)``.
+        """
+        todo, _ = await asyncio.to_thread(self._unfinished, "ctx.aitems", keys, unique=False)
+        committer = self._group_committer()
+        try:
+            for key in todo:
+                self.check_calls()
+                self._enter_item(key)
+                yield Item(self, key, committer)
+            self._enter_item(None)
+        finally:
+            self._enter_item(None)
+            await asyncio.to_thread(committer.close)
+
+    def map(self, fn: Callable[[Item], Any], keys: Iterable[Any], *, concurrency: int = 8,
+            retries: int | None = None) -> MapResult:
+        """Work the unfinished items of ``keys`` with ``fn(item)``, up to ``concurrency`` at once in threads.
+
+        ``fn`` returns the item's result (a JSON value), checkpointed as soon as it returns, with the
+        completions of other items finishing at the same moment (one fenced transaction); or it calls
+        ``item.complete(...)``/``item.degrade(...)`` itself. Each item's provider calls belong to it. A
+        failing item is retried on its own (transient errors, ``retries`` times, default the resource's
+        ``max_retries``) and never stops its siblings; failed items are named in one ``ItemsFailed``
+        at the end. Returns a :class:`MapResult`; results are read back with ``ctx.completed_items()``.
+        """
+        return map_in_threads(self, fn, keys, concurrency=concurrency, retries=retries)
+
+    async def amap(self, fn: Callable[[Item], Awaitable[Any]], keys: Iterable[Any], *, concurrency: int = 8,
+                   retries: int | None = None) -> MapResult:
+        """``map`` for ``async def fn(item)``: up to ``concurrency`` items at once as asyncio tasks."""
+        return await map_in_tasks(self, fn, keys, concurrency=concurrency, retries=retries)
+
+    def _unfinished(self, name: str, keys: Iterable[Any], *, unique: bool = True) -> tuple[Iterator[str], int]:
+        """Record the node's item total; (the keys not finished before, lazily; how many were)."""
+        listed = unique_keys(name, keys) if unique else [str(k) for k in keys]
+        statuses = self._store.pipelines.start_items(self.ownership, self.node_name, len(listed))
+        done = {k for k, status in statuses.items() if status != ItemStatus.DEGRADED}
+        resumed = sum(1 for k in listed if k in done)
+        self.count_items(ItemOutcome.RESUMED, resumed)
+        if resumed:
+            self.log.info(f"resuming node {self.node_name}: {resumed}/{len(listed)} items already done")
+        return (k for k in listed if k not in done), resumed
+
+    def _item_for(self, key: str, committer: GroupCommitter) -> Item:
+        return Item(self, key, committer)
+
+    def _group_committer(self) -> GroupCommitter:
+        """A writer that commits the completions of this node's items in batches (see group_commit)."""
+        own, node, stall = self.ownership, self.node_name, self.settings.stall_timeout
+
+        def commit(entries: Any) -> None:
+            self.check()
+            self._store.pipelines.checkpoint_items(own, node, entries, stall_timeout=stall)
+
+        return GroupCommitter(commit, committed=self._count, name=f"rx-commit-{node}")
+
+    def _entry(self, key: str, result: Any, also: Callable[[Any], None] | None, status: str) -> ItemCheckpoint:
+        """An item's checkpoint as the store writes it, with the provider calls made for it."""
+        self.check()
+        return ItemCheckpoint(key, _json_text(result), status, also, self._take_calls(key))
 
     def checkpoint(self, key: str, result: Any = None, *, also: Callable[[Any], None] | None = None,
                    status: str = ItemStatus.COMPLETED) -> None:
@@ -328,7 +441,9 @@ class NodeContext:
         if len(self._pending) >= self._batch or (self._flush_seconds is not None and waited >= self._flush_seconds):
             self.flush()
 
-    def _count(self, entries: list[ItemCheckpoint]) -> None:
+    def _count(self, entries: Sequence[ItemCheckpoint]) -> None:
+        for entry in entries:  # a finished item's call numbering is done with (100,000 items: no growth)
+            self.journal.restart_item(entry.key)
         self._recorder.written(call for entry in entries for call in entry.calls)
         degraded = sum(1 for e in entries if e.status == ItemStatus.DEGRADED)
         self.count_items(ItemOutcome.DEGRADED, degraded)

@@ -28,7 +28,7 @@ from recovery_ext._dagster.replay import skipped_metadata
 from recovery_ext._dagster.run_state import RunStateReporter
 from recovery_ext._dagster.context import Item, NodeContext, replayable_output  # noqa: F401 - Item is re-exported
 from recovery_ext._dagster.errors import error_info, failure_metadata, to_dagster
-from recovery_ext._dagster.node_run import NodeDefinition, NodeRun
+from recovery_ext._dagster.node_run import NodeDefinition, NodeRun, call_body
 from recovery_ext._dagster.resources import RecoveryResource
 from recovery_ext._dagster.signature import BodySignature, recordable, resource_for_policy
 from recovery_ext._dagster.tags import TAG_NODE, TAG_OPTIONAL, TAG_PIPELINE, TAG_RESUME_NUMBER, TAG_RESUMED_FROM  # noqa: F401
@@ -115,7 +115,7 @@ def recoverable_op(
             returned: list[Any] = []
 
             def recorded_body(ctx: NodeContext, **inputs: Any) -> Any:
-                returned.append(body(ctx, **inputs))
+                returned.append(call_body(body, ctx, inputs))
                 return recordable(returned[0])
 
             output = run_node(context, resource, kwargs,

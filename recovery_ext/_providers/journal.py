@@ -215,8 +215,15 @@ class CallJournal:
 
     def __init__(self, scope: JournalScope) -> None:
         self.scope = scope
-        self._seen: dict[tuple[str | None, str], int] = {}
+        # per item: how many times each call key was asked in this attempt at the item
+        self._seen: dict[str | None, dict[str, int]] = {}
         self._lock = threading.Lock()
+
+    def restart_item(self, item_key: str | None) -> None:
+        """The item starts over (an item retry, or it finished): its calls count from one again, so a retry
+        asks its journaled calls under the same keys and gets the answers already paid for."""
+        with self._lock:
+            self._seen.pop(item_key, None)
 
     def open(self, *, endpoint: str, request: Any = None, key: str | None = None, fresh: bool = False,
              item: Any = None, fingerprinted: str | None = None) -> PendingCall:
@@ -236,7 +243,8 @@ class CallJournal:
         call_key = None
         if base is not None:
             with self._lock:
-                n = self._seen[(item_key, base)] = self._seen.get((item_key, base), 0) + 1
+                seen = self._seen.setdefault(item_key, {})
+                n = seen[base] = seen.get(base, 0) + 1
             call_key = f"{base}#{n}"
         return PendingCall(self, call_key, item_key, fresh)
 

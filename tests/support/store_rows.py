@@ -117,3 +117,11 @@ def roll_up_finished(store, lo: int, hi: int) -> None:
     the roll-ups; a pipeline that finishes through the store is rolled up by its own transaction."""
     with store.write() as conn:
         store.dialect.roll_up_finished(conn, lo, hi)
+
+
+def replays_by_item(store, pipeline_id: int, node_name: str) -> dict[str | None, int]:
+    """How many times the journal gave back each item's paid answers instead of asking again."""
+    query = (select(pc.item_key, func.sum(pc.replays)).where(pc.pipeline_id == pipeline_id, pc.node_name == node_name)
+             .group_by(pc.item_key))
+    with store.read() as conn:
+        return {key: int(n) for key, n in conn.execute(query).all() if n}

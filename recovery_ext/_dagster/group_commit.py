@@ -1,0 +1,133 @@
+"""Group commit: the checkpoints of items that finish together commit together, in one fenced transaction.
+
+Items worked in parallel (``ctx.map`` threads, ``ctx.amap`` tasks) each hand their checkpoint to one
+:class:`GroupCommitter` per node and wait for its future. One writer thread takes every checkpoint
+queued at that moment and commits them in ONE transaction fenced by the node's epoch; what arrives
+while that commit runs goes into the next one. So 64 parallel items are one writer, never 64
+competing ones (SQLite has one write lock), and a completion waits at most one commit's duration
+(plus ``max_wait``, 0 by default) before its own commit starts: nobody waits for a batch to fill.
+
+A batch the database refuses for one entry (a value it cannot store, an ``also`` write that raises) is
+committed again one entry at a time, so only that entry fails; a refusal that concerns the node as a
+whole (ownership lost, a stop, the database away) fails every entry of the batch.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+
+from recovery_ext._errors import OwnershipLost, StopRequested, StoreUnavailable
+from recovery_ext._store.models import ItemCheckpoint
+
+log = logging.getLogger("recovery_ext._dagster.group_commit")
+
+# Refusals that concern the node, not one entry: committing the entries one by one would only repeat them.
+NODE_WIDE = (OwnershipLost, StopRequested, StoreUnavailable)
+
+_CLOSE = object()
+
+
+class GroupCommitter:
+    """One writer thread committing queued checkpoints in batches through ``commit(entries)``.
+
+    ``commit`` is the node's fenced batch write (``store.pipelines.checkpoint_items`` bound to its
+    ownership); ``committed(entries)`` runs after each successful commit (counts, the ledger's bookkeeping).
+    """
+
+    def __init__(self, commit: Callable[[Sequence[ItemCheckpoint]], None], *,
+                 committed: Callable[[Sequence[ItemCheckpoint]], None] | None = None,
+                 max_batch: int = 512, max_wait: float = 0.0, name: str = "rx-group-commit") -> None:
+        self._commit = commit
+        self._committed = committed
+        self._max_batch = max_batch
+        self._max_wait = max_wait
+        self._queue: queue.SimpleQueue[object] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._closed = False
+        self._name = name
+        self.commits = 0  # transactions committed (a batch retried entry by entry counts each)
+        self.entries = 0  # entries committed
+
+    def submit(self, entry: ItemCheckpoint) -> Future[None]:
+        """Queue ``entry``; the future resolves once it is durably committed (or fails with the reason)."""
+        done: Future[None] = Future()
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("the group committer is closed")
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
+                self._thread.start()
+            self._queue.put((entry, done))
+        return done
+
+    def close(self) -> None:
+        """Commit what is queued, then stop the writer thread."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            thread = self._thread
+            if thread is not None:
+                self._queue.put(_CLOSE)
+        if thread is not None:
+            thread.join()
+
+    def _take(self) -> tuple[list[tuple[ItemCheckpoint, Future[None]]], bool]:
+        """The next batch: everything queued now (blocking for the first), and whether close was asked."""
+        first = self._queue.get()
+        if first is _CLOSE:
+            return [], True
+        batch = [first]
+        deadline = time.monotonic() + self._max_wait
+        closing = False
+        while len(batch) < self._max_batch:
+            try:
+                left = deadline - time.monotonic()
+                nxt = self._queue.get(timeout=left) if left > 0 else self._queue.get_nowait()
+            except queue.Empty:
+                break
+            if nxt is _CLOSE:
+                closing = True
+                break
+            batch.append(nxt)
+        return batch, closing  # type: ignore[return-value]
+
+    def _run(self) -> None:
+        while True:
+            batch, closing = self._take()
+            if batch:
+                self._write(batch)
+            if closing:
+                return
+
+    def _write(self, batch: list[tuple[ItemCheckpoint, Future[None]]]) -> None:
+        entries = [entry for entry, _ in batch]
+        try:
+            self._commit(entries)
+        except NODE_WIDE as exc:
+            for _, done in batch:
+                done.set_exception(exc)
+            return
+        except BaseException as exc:  # noqa: BLE001 - one entry's refusal must not fail its siblings
+            if len(batch) == 1:
+                batch[0][1].set_exception(exc)
+                return
+            log.debug("a batch of %d checkpoints was refused; committing them one by one", len(batch))
+            for one in batch:
+                self._write([one])
+            return
+        self.commits += 1
+        self.entries += len(entries)
+        if self._committed is not None:
+            try:
+                self._committed(entries)
+            except Exception as exc:  # noqa: BLE001 - bookkeeping after a durable commit never undoes it
+                log.warning("after a group commit: %s", exc)
+        for _, done in batch:
+            done.set_result(None)

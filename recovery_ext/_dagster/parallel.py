@@ -1,0 +1,303 @@
+"""Items worked in parallel: ``ctx.map`` (threads) and ``await ctx.amap`` (asyncio tasks).
+
+Both keep at most ``concurrency`` items in flight and create nothing per key up front: the keys are
+read as the window frees (100,000 keys cost the keys, not 100,000 futures). Each item runs in a
+context of its own (:data:`recovery_ext._dagster.context.current_item` is set there), so its provider
+calls, journal entries, ledger rows and budget reservations belong to it, whichever thread or task
+runs it. Each item is retried on its own under the resource's policy (transient errors only, through
+the shared classifier) and checkpoints through one :class:`GroupCommitter` as it finishes.
+
+A failed item never stops its siblings. The map stops starting items when this worker is superseded
+or its run worker died (nothing new is sent: tasks in flight are cancelled, threads stop before their
+next call), and when ``same_error_limit`` items in a row failed the same way (a bad key or an outage
+fails every item alike: the node's own error path then fails or pauses the pipeline). Items that
+failed are named in one :class:`ItemsFailed` at the end; a resume redoes only the unfinished ones.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import functools
+import inspect
+import logging
+import threading
+from collections import Counter
+from collections.abc import Awaitable, Callable, Iterable
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import tenacity
+
+from recovery_ext._classify.classifier import ClassifiedError, classify
+from recovery_ext._classify.redaction import redact
+from recovery_ext._classify.retry import RetryPolicy, retry_if_retryable
+from recovery_ext._errors import ConfigurationError, OwnershipLost, StopRequested, StoreUnavailable
+from recovery_ext._settings import check_count
+
+if TYPE_CHECKING:
+    from recovery_ext._dagster.context import Item, NodeContext
+
+log = logging.getLogger("recovery_ext._dagster.parallel")
+
+MAX_CONCURRENCY = 1024
+NAMED_FAILURES = 1000  # failed keys kept by name; past that only counted
+LOGGED_FAILURES = 20  # item failures logged one by one; past that only summed up at the end
+
+# Errors that end the whole map at once: this worker may not go on (or was told to stop).
+STOPPING = (OwnershipLost, StopRequested, StoreUnavailable)
+
+
+class ItemsFailed(ClassifiedError):
+    """Some items of a ``ctx.map``/``ctx.amap`` failed after their retries; the others are checkpointed.
+
+    Permanent if any item failed permanently, else transient (its category is the commonest of the
+    items'), so the node fails, retries or pauses as for one error; a resume redoes only these items.
+    """
+
+    def __init__(self, node: str, failed: dict[str, ClassifiedError], total_failed: int, stopped_early: bool) -> None:
+        self.failed = failed
+        self.total_failed = total_failed
+        permanent = [e for e in failed.values() if not e.retryable]
+        pool = permanent or list(failed.values())
+        category = Counter(e.category for e in pool).most_common(1)[0][0] if pool else "unknown"
+        shown = "; ".join(f"{key}: {err}" for key, err in list(failed.items())[:5])
+        more = f" (and {total_failed - 5} more)" if total_failed > 5 else ""
+        why = " - stopped starting items after repeated failures" if stopped_early else ""
+        super().__init__(category=category, retryable=not permanent,
+                         message=f"{total_failed} item(s) of node {node} failed{why}: {shown}{more}")
+
+
+@dataclass
+class MapResult:
+    """What one ``ctx.map``/``ctx.amap`` did: items finished by it, skipped as done before, and failed."""
+
+    done: int = 0
+    resumed: int = 0
+    failed: dict[str, str] = field(default_factory=dict)  # key -> reason (the first NAMED_FAILURES)
+
+
+class _Tally:
+    """Outcomes as items end (called from the scheduling thread or task only)."""
+
+    def __init__(self, node: NodeContext, limit: int) -> None:
+        self.node = node
+        self.limit = limit
+        self.result = MapResult()
+        self.failed: dict[str, ClassifiedError] = {}
+        self.failed_count = 0
+        self.streak: tuple[str | None, int] = (None, 0)
+        self.fatal: BaseException | None = None
+        self.stopped_early = False
+
+    @property
+    def stop(self) -> bool:
+        return self.fatal is not None or self.stopped_early
+
+    def ended(self, key: str, exc: BaseException | None) -> None:
+        if exc is None:
+            self.result.done += 1
+            self.streak = (None, 0)
+            return
+        if isinstance(exc, STOPPING) or not isinstance(exc, Exception):
+            if self.fatal is None:
+                self.fatal = exc
+            return
+        err = exc if isinstance(exc, ClassifiedError) else _classified(exc)
+        self.failed_count += 1
+        self.node.count_items("failed")
+        if len(self.failed) < NAMED_FAILURES:
+            self.failed[key] = err
+            self.result.failed[key] = str(err)
+        if self.failed_count <= LOGGED_FAILURES:
+            self.node.log.warning(f"{self.node.node_name}: item {key!r} failed "
+                                  f"({'transient' if err.retryable else 'permanent'}): {err}")
+        kind = f"{err.category}/{err.retryable}"
+        count = self.streak[1] + 1 if self.streak[0] == kind else 1
+        self.streak = (kind, count)
+        if count >= self.limit:
+            self.stopped_early = True
+
+    def outcome(self) -> MapResult:
+        if self.fatal is not None:
+            raise self.fatal
+        if self.failed_count:
+            raise ItemsFailed(self.node.node_name, self.failed, self.failed_count, self.stopped_early)
+        return self.result
+
+
+def _classified(exc: Exception) -> ClassifiedError:
+    found = classify(exc)
+    return ClassifiedError(exc, category=found.category, retryable=found.retryable, message=redact(str(exc)))
+
+
+def check_concurrency(name: str, concurrency: object) -> int:
+    return check_count(f"{name}(concurrency=...)", concurrency, minimum=1, maximum=MAX_CONCURRENCY)
+
+
+def unique_keys(name: str, keys: Iterable[Any]) -> list[str]:
+    """The keys as strings, refused whole (before any work) when one is given twice."""
+    if isinstance(keys, (str, bytes)):
+        raise ConfigurationError(f"{name}: keys must be an iterable of keys, not one {type(keys).__name__}")
+    listed = [str(k) for k in keys]
+    seen: set[str] = set()
+    for key in listed:
+        if key in seen:
+            raise ConfigurationError(f"{name}: key {key!r} is given twice; each item needs a key of its own")
+        seen.add(key)
+    return listed
+
+
+def _is_async_callable(fn: Any) -> bool:
+    while isinstance(fn, functools.partial):
+        fn = fn.func
+    if inspect.iscoroutinefunction(fn):
+        return True
+    call = None if inspect.isfunction(fn) or inspect.ismethod(fn) else type(fn).__dict__.get("__call__")
+    return call is not None and inspect.iscoroutinefunction(call)
+
+
+def _policy(node: NodeContext, retries: int | None, stop: threading.Event | None) -> RetryPolicy:
+    overrides: dict[str, Any] = {"shutdown": stop}
+    if retries is not None:
+        overrides["max_attempts"] = retries + 1
+    return node.resource.retry_policy(**overrides)
+
+
+# -- threads ------------------------------------------------------------------------------------------------
+
+def _run_item(node: NodeContext, item: Item, fn: Callable[[Item], Any], policy: RetryPolicy) -> None:
+    """One item in a pool thread, in a context of its own: its calls, its retries, then its checkpoint."""
+    node._enter_item(item.key)
+    node.check_calls()
+    result: Any = None
+    for attempt in policy:
+        with attempt:
+            node.check_calls()
+            node.journal.restart_item(item.key)  # a retry replays the answers its first attempt paid for
+            result = fn(item)
+    if inspect.isawaitable(result):
+        close = getattr(result, "close", None)
+        if close is not None:
+            close()
+        raise ConfigurationError(f"ctx.map: the item function returned an awaitable for item {item.key!r}; "
+                                 "an async function is mapped with `await ctx.amap(...)`")
+    if not item.finished:
+        item.complete(result)
+
+
+def map_in_threads(node: NodeContext, fn: Callable[[Item], Any], keys: Iterable[Any], *, concurrency: int,
+                   retries: int | None) -> MapResult:
+    if _is_async_callable(fn):
+        raise ConfigurationError("ctx.map: the item function is async; map it with `await ctx.amap(...)`")
+    if not callable(fn):
+        raise ConfigurationError(f"ctx.map: the item function must be callable, got {type(fn).__name__}")
+    concurrency = check_concurrency("ctx.map", concurrency)
+    if retries is not None:
+        check_count("ctx.map(retries=...)", retries, minimum=0, maximum=100)
+    todo, resumed = node._unfinished("ctx.map", keys)
+    stop = threading.Event()
+    policy = _policy(node, retries, stop)
+    tally = _Tally(node, node.resource.same_error_limit)
+    tally.result.resumed = resumed
+    committer = node._group_committer()
+    running: dict[Future[None], str] = {}
+
+    def settle(finished: Iterable[Future[None]]) -> None:
+        for future in finished:
+            tally.ended(running.pop(future), future.exception())
+        if tally.stop:
+            stop.set()
+
+    pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix=f"rx-{node.node_name}")
+    try:
+        for key in todo:
+            while len(running) >= concurrency and not tally.stop:
+                settle(wait(running, return_when=FIRST_COMPLETED)[0])
+            if tally.stop or _stop_now(node, tally):
+                break
+            item = node._item_for(key, committer)
+            running[pool.submit(contextvars.copy_context().run, _run_item, node, item, fn, policy)] = key
+        settle(wait(running)[0])
+    except BaseException:
+        stop.set()
+        raise
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+        committer.close()
+    return tally.outcome()
+
+
+def _stop_now(node: NodeContext, tally: _Tally) -> bool:
+    """Checked before each new item: a superseded worker or a dead run worker starts nothing more."""
+    try:
+        node.check_calls()
+    except STOPPING as exc:
+        tally.fatal = tally.fatal or exc
+        return True
+    return False
+
+
+# -- asyncio tasks ------------------------------------------------------------------------------------------
+
+async def _run_item_async(node: NodeContext, item: Item, fn: Callable[[Item], Awaitable[Any]],
+                          policy: RetryPolicy) -> None:
+    node._enter_item(item.key)  # a task runs in its own copy of the context
+    node.check_calls()
+    retrying = tenacity.AsyncRetrying(
+        stop=tenacity.stop_after_attempt(policy.max_attempts) | policy.same_error, wait=policy.retry_after,
+        retry=retry_if_retryable(), sleep=asyncio.sleep, retry_error_callback=policy._give_up,
+    )
+    result: Any = None
+    async for attempt in retrying:
+        with attempt:
+            node.check_calls()
+            node.journal.restart_item(item.key)
+            result = await fn(item)
+    if not item.finished:
+        await item.acomplete(result)
+
+
+async def map_in_tasks(node: NodeContext, fn: Callable[[Item], Awaitable[Any]], keys: Iterable[Any], *,
+                       concurrency: int, retries: int | None) -> MapResult:
+    if not _is_async_callable(fn):
+        raise ConfigurationError("ctx.amap: the item function must be an `async def` function (a coroutine "
+                                 "function); map a plain function with ctx.map(...), which runs it in threads")
+    concurrency = check_concurrency("ctx.amap", concurrency)
+    if retries is not None:
+        check_count("ctx.amap(retries=...)", retries, minimum=0, maximum=100)
+    todo, resumed = await asyncio.to_thread(node._unfinished, "ctx.amap", keys)
+    policy = _policy(node, retries, None)
+    tally = _Tally(node, node.resource.same_error_limit)
+    tally.result.resumed = resumed
+    committer = node._group_committer()
+    running: dict[asyncio.Task[None], str] = {}
+
+    def settle(finished: Iterable[asyncio.Task[None]]) -> None:
+        for task in finished:
+            key = running.pop(task)
+            tally.ended(key, StopRequested("cancelled") if task.cancelled() else task.exception())
+
+    try:
+        for key in todo:
+            while len(running) >= concurrency and not tally.stop:
+                settle((await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED))[0])
+            if tally.stop or _stop_now(node, tally):
+                break
+            item = node._item_for(key, committer)
+            running[asyncio.create_task(_run_item_async(node, item, fn, policy))] = key
+        if tally.fatal is not None:
+            for task in running:
+                task.cancel()  # nothing new leaves: a superseded op's answers would be refused anyway
+        if running:
+            settle((await asyncio.wait(running))[0])
+    except BaseException:
+        for task in running:
+            task.cancel()
+        if running:
+            await asyncio.wait(running)
+        raise
+    finally:
+        await asyncio.to_thread(committer.close)
+    return tally.outcome()

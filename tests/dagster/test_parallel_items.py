@@ -1,0 +1,132 @@
+"""Items worked in parallel inside one recoverable node: ``ctx.map`` in threads, ``await ctx.amap`` in asyncio
+tasks, ``async for ... ctx.aitems`` in an ``async def`` body, on SQLite and PostgreSQL, against a real local
+stand-in provider that counts what it is paid for.
+
+Each item's call must belong to that item: its ledger row names it, and an item retried after its answer
+arrived gets that answer back from the journal (the stand-in is paid once) and checkpoints it as its own.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+from dagster import Failure
+
+import parallel_defs
+import store_rows
+from echo_provider import EchoProvider
+from recovery_ext import RecoveryResource, execute_in_process
+
+pytestmark = pytest.mark.timeout(240)
+
+
+@pytest.fixture
+def provider():
+    with EchoProvider(latency=0.15) as running:
+        yield running
+
+
+def recovery(db_url: str, **kw) -> RecoveryResource:
+    settings = dict(database_url=db_url, heartbeat_interval=0.5, heartbeat_timeout=5, max_retries=2,
+                    retry_initial_delay=0.01, retry_max_delay=0.02)
+    settings.update(kw)
+    return RecoveryResource(**settings)
+
+
+def run(job, db_url: str, node: str, instance=None, **config):
+    return execute_in_process(job, run_config={"ops": {node: {"config": config}}}, instance=instance,
+                              resources={"recovery": recovery(db_url)}, raise_on_error=False)
+
+
+def only_pipeline(store):
+    (pipeline,) = store.reports.list_pipelines()
+    return pipeline
+
+
+def assert_each_item_got_its_own_answer(store, node: str, keys: list[str], provider: EchoProvider) -> None:
+    pipeline = only_pipeline(store)
+    results = store.pipelines.completed_items(pipeline.id, node)
+    assert sorted(results) == keys
+    for key, result in results.items():
+        assert result == {"key": key, "answer": f"answer-{key}", "asked_for": key}
+    paid = [c for c in store_rows.provider_calls(store, pipeline.id) if c.outcome == "ok"]
+    assert Counter(c.item_key for c in paid) == Counter(keys)  # one paid call per item, recorded as that item's
+    assert all(c.tokens_in == 10 and c.tokens_out == 5 for c in paid)
+    assert provider.paid == Counter(keys)
+
+
+@pytest.mark.parametrize("job, node", [(parallel_defs.threaded_job, "threaded"),
+                                       (parallel_defs.tasks_job, "tasks")])
+def test_items_in_parallel_each_keep_their_own_calls_and_answers(store, db_url, provider, job, node):
+    keys = [f"k{i:05d}" for i in range(24)]
+    flaky = keys[3:9]  # these fail once after their answer arrived: the retry must replay, not pay again
+    result = run(job, db_url, node, url=provider.url, keys=24, concurrency=8, flaky=flaky)
+    assert result.success, result.all_events
+    assert result.output_for_node(node) == {"done": 24, "resumed": 0}
+    assert 2 <= provider.peak <= 8  # worked in parallel, never more at once than asked
+    assert_each_item_got_its_own_answer(store, node, keys, provider)
+    pipeline = only_pipeline(store)
+    assert pipeline.status == "completed"
+    assert store_rows.replays_by_item(store, pipeline.id, node) == {key: 1 for key in flaky}
+
+
+def test_an_async_body_iterates_its_items_and_checkpoints_without_blocking(store, db_url, provider):
+    keys = [f"k{i:05d}" for i in range(6)]
+    result = run(parallel_defs.sequential_async_job, db_url, "sequential_async", url=provider.url, keys=6)
+    assert result.success
+    assert result.output_for_node("sequential_async") == {"done": 6}
+    assert provider.peak == 1
+    assert_each_item_got_its_own_answer(store, "sequential_async", keys, provider)
+
+
+def test_an_async_asset_maps_its_items_in_tasks(store, db_url, provider, instance):
+    defs = parallel_defs.asset_definitions(recovery(db_url))
+    result = execute_in_process(defs.resolve_job_def("summaries_job"), instance=instance,
+                                run_config={"ops": {"summaries": {"config": {"url": provider.url, "keys": 12,
+                                                                             "concurrency": 4}}}})
+    assert result.success
+    assert result.asset_value("summaries") == {"done": 12}
+    assert 2 <= provider.peak <= 4
+    assert_each_item_got_its_own_answer(store, "summaries", [f"k{i:05d}" for i in range(12)], provider)
+
+
+def test_a_failing_item_fails_alone_and_the_rerun_redoes_only_it(store, db_url):
+    keys = [f"k{i:05d}" for i in range(10)]
+    with EchoProvider(latency=0.05, fail={"k00004": [400] * 3}) as provider:
+        first = run(parallel_defs.threaded_job, db_url, "threaded", url=provider.url, keys=10, concurrency=4)
+        assert not first.success
+        failure = first.failure_data_for_node("threaded")
+        assert "1 item(s) of node threaded failed" in failure.error.message
+        assert "k00004" in failure.error.message
+        pipeline = only_pipeline(store)
+        done = store.pipelines.completed_items(pipeline.id, "threaded")
+        assert sorted(done) == [k for k in keys if k != "k00004"]  # its siblings finished and checkpointed
+        assert provider.refused == Counter({"k00004": 1})  # a 400 is permanent: not retried
+        assert provider.paid == Counter({k: 1 for k in keys if k != "k00004"})
+
+
+def test_a_result_that_is_not_json_fails_its_item_with_a_clear_error_and_keeps_the_others(store, db_url, provider):
+    result = run(parallel_defs.threaded_job, db_url, "threaded", url=provider.url, keys=6, concurrency=3,
+                 bad_result=["k00002"])
+    assert not result.success
+    message = result.failure_data_for_node("threaded").error.message
+    assert "k00002" in message and "JSON-serializable" in message
+    pipeline = only_pipeline(store)
+    assert len(store.pipelines.completed_items(pipeline.id, "threaded")) == 5
+
+
+@pytest.mark.parametrize("concurrency", [0, -3])
+def test_a_concurrency_below_one_is_refused_before_any_call(store, db_url, provider, concurrency):
+    result = run(parallel_defs.threaded_job, db_url, "threaded", url=provider.url, keys=3, concurrency=concurrency)
+    assert not result.success
+    assert "ctx.map(concurrency=...) must be a whole number from 1" in \
+        result.failure_data_for_node("threaded").error.message
+    assert provider.paid == Counter()
+
+
+def test_a_sync_function_given_to_amap_is_refused_clearly(store, db_url, provider):
+    result = run(parallel_defs.wrong_kind_job, db_url, "wrong_kind", url=provider.url, keys=3)
+    assert not result.success
+    assert "ctx.amap: the item function must be an `async def` function" in \
+        result.failure_data_for_node("wrong_kind").error.message

@@ -1,0 +1,92 @@
+"""A stand-in provider on 127.0.0.1 for items worked in parallel: it answers each POST with the item it names.
+
+``POST /answer`` with ``{"item": KEY, ...}`` answers ``{"item": KEY, "answer": "answer-KEY", "usage": ...}``
+after ``latency`` seconds. It counts what it was paid for, per item, and the most requests it ever
+held at once (``peak``), and can fail chosen items: ``fail={KEY: [503, 503]}`` answers that item's
+first two requests 503, then 200; ``fail={KEY: [400] * 100}`` fails it for good. A ``ThreadingHTTPServer``:
+every request has its own thread, so ``latency`` overlaps as a provider's would.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections import Counter
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+
+class EchoProvider:
+    def __init__(self, *, latency: float = 0.0, fail: dict[str, list[int]] | None = None) -> None:
+        self.latency = latency
+        self.fail = {k: list(v) for k, v in (fail or {}).items()}
+        self.lock = threading.Lock()
+        self.paid: Counter[str] = Counter()  # answered 200, per item
+        self.refused: Counter[str] = Counter()  # answered an error, per item
+        self.in_flight = 0
+        self.peak = 0
+        self.server: ThreadingHTTPServer | None = None
+        self.url = ""
+        self.started = threading.Event()  # set at the first request (a test kills mid-way)
+
+    def start(self) -> str:
+        provider = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+            disable_nagle_algorithm = True
+
+            def do_POST(self):  # noqa: N802 - http.server's naming
+                raw = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                item = str(json.loads(raw or b"{}").get("item"))
+                with provider.lock:
+                    provider.in_flight += 1
+                    provider.peak = max(provider.peak, provider.in_flight)
+                    failures = provider.fail.get(item)
+                    status = failures.pop(0) if failures else 200
+                provider.started.set()
+                try:
+                    if provider.latency:
+                        time.sleep(provider.latency)
+                    with provider.lock:
+                        (provider.paid if status == 200 else provider.refused)[item] += 1
+                    body = ({"item": item, "answer": f"answer-{item}", "usage": {"prompt_tokens": 10,
+                                                                             "completion_tokens": 5}}
+                            if status == 200 else {"error": {"message": f"status {status}"}})
+                    self._send(status, body)
+                finally:
+                    with provider.lock:
+                        provider.in_flight -= 1
+
+            def _send(self, status: int, payload: dict) -> None:
+                data = json.dumps(payload).encode()
+                try:
+                    self.send_response(status)
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Length", str(len(data)))
+                    self.end_headers()
+                    self.wfile.write(data)
+                except (BrokenPipeError, ConnectionResetError):
+                    pass  # the client died mid-request: the answer was paid for all the same
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.server.request_queue_size = 256
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/answer"
+        return self.url
+
+    def stop(self) -> None:
+        if self.server is not None:
+            self.server.shutdown()
+            self.server.server_close()
+
+    def __enter__(self) -> EchoProvider:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
