@@ -22,7 +22,7 @@ from recovery_ext._liveness.heartbeat import HeartbeatSettings, Watchdog
 from recovery_ext._observe.otel import instrument_opentelemetry, uninstrument_opentelemetry
 from recovery_ext._providers.guard import CircuitOpen, OutageBudgetExceeded, OutageSettings, ProviderGuard
 from recovery_ext._providers.jobs import JobAdapter, JobResult
-from recovery_ext._providers.journal import journaled_call
+from recovery_ext._providers.journal import ajournaled_call, journaled_call
 from recovery_ext._providers.openai_batch import OpenAIBatchJobs
 from recovery_ext._providers.ledger import record_provider_call
 from recovery_ext._providers.prices import Prices
@@ -45,6 +45,8 @@ _DAGSTER_API = {
     "ASSET_JOB": "sensors",
     "ExecutorFence": "fences",
     "Item": "context",
+    "ItemsFailed": "parallel",
+    "MapResult": "parallel",
     "NodeContext": "context",
     "QueueHandle": "queue_handle",
     "RecoveryResource": "resources",
@@ -73,6 +75,7 @@ if TYPE_CHECKING:
     from recovery_ext._dagster.celery_exec import (celery_executor_config, celery_settings, make_celery_app,
                                                    recoverable_celery_executor)
     from recovery_ext._dagster.context import Item, NodeContext
+    from recovery_ext._dagster.parallel import ItemsFailed, MapResult
     from recovery_ext._dagster.executor import execute_in_process, recoverable_job, with_recovery
     from recovery_ext._dagster.fences import ExecutorFence, register_executor_fence
     from recovery_ext._dagster.provider_jobs import run_provider_job
@@ -115,9 +118,11 @@ __all__ = [
     "ItemOutcome",
     "ItemStatus",
     "ItemTakenOver",
+    "ItemsFailed",
     "JobAdapter",
     "JobResult",
     "LEGACY_STALE_SECONDS",
+    "MapResult",
     "MigrationError",
     "MissingRunLiveness",
     "NodeContext",
@@ -164,6 +169,7 @@ __all__ = [
     "instrument_opentelemetry",
     "is_retryable",
     "journaled_call",
+    "ajournaled_call",
     "make_celery_app",
     "make_orphan_sensor",
     "make_stuck_item_sensor",

@@ -14,6 +14,7 @@ same :class:`CallJournal` (see ``provider_guard``). Outside a recoverable node n
 
 from __future__ import annotations
 
+import asyncio
 import contextvars
 import hashlib
 import importlib
@@ -21,7 +22,7 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
@@ -274,4 +275,36 @@ def journaled_call(send: Callable[[], Any], *, endpoint: str, model: str | None 
         pending.failed(exc)
         raise
     pending.answered(answer)
+    return answer
+
+
+async def ajournaled_call(send: Callable[[], Awaitable[Any]], *, endpoint: str, model: str | None = None,
+                          request: Any = None, key: str | None = None, fresh: bool = False, item: Any = None) -> Any:
+    """:func:`journaled_call` for async code: ``await send()`` once, its answer journaled.
+
+    The journal's reads and writes run in a worker thread (with this task's context), so the event loop
+    goes on while they commit; the item is this task's (``ctx.amap`` sets it per task).
+    """
+    scope = current_scope.get()
+    journal = getattr(scope, "journal", None)
+    if journal is None:
+        return await send()
+    journal.scope.check_calls()
+    pending = journal.open(endpoint=endpoint, request=request, key=key, fresh=fresh, item=item)
+    found = await asyncio.to_thread(contextvars.copy_context().run, pending.start, endpoint, model)
+    if found is not MISS:
+        return found
+    pending._token = None  # start() set the attempt in the worker thread's context; this task sets its own
+    token = current_attempt.set(pending._attempt)  # record_provider_call in send() completes this request's row
+    try:
+        answer = await send()
+    except BaseException as exc:
+        current_attempt.reset(token)
+        if isinstance(exc, Exception):
+            await asyncio.to_thread(pending.failed, exc)
+        else:  # cancelled or interrupted: the row stays in flight (whether the provider answered is unknown)
+            pending.failed(exc)
+        raise
+    current_attempt.reset(token)
+    await asyncio.to_thread(pending.answered, answer)
     return answer

@@ -16,6 +16,11 @@ from collections import Counter
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    request_queue_size = 512  # listen() backlog: 64 clients connecting at once are all accepted
+
+
 class EchoProvider:
     def __init__(self, *, latency: float = 0.0, fail: dict[str, list[int]] | None = None) -> None:
         self.latency = latency
@@ -72,9 +77,7 @@ class EchoProvider:
             def log_message(self, *args):
                 pass
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        self.server.request_queue_size = 256
+        self.server = _Server(("127.0.0.1", 0), Handler)
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}/answer"
         return self.url

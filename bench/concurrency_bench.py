@@ -1,0 +1,235 @@
+"""Items in parallel: a recoverable op (``ctx.map`` threads, ``ctx.amap`` tasks; every call journaled, ledgered
+and checkpointed) against a plain Dagster op making the same calls at the same concurrency with no recovery.
+
+Each item is one POST to a local stand-in answering after ``RX_CONC_LATENCY`` s (0.2). The plain op is the
+limit: the figure to read is ``ratio`` = recoverable items/s over plain items/s, per database, mode and
+concurrency. The two ops run in turn (plain, recoverable, plain, ...), ``RX_CONC_REPEAT`` times each, on
+a fresh database each; the medians are printed.
+
+    python -m bench.concurrency_bench                      # 1,000 items at 8, 32 and 64; 100 at 1
+    RX_CONC_ITEMS=200 RX_CONC_LEVELS=64 python -m bench.concurrency_bench
+    RX_CONC_MEMORY=100000 python -m bench.concurrency_bench  # peak memory for 100,000 keys at 64 (asyncio, SQLite)
+
+Needs PostgreSQL at 127.0.0.1:5432 (``RECOVERY_TEST_PG``) for the PostgreSQL rows.
+"""
+
+
+
+import asyncio
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+from dagster import Config, OpExecutionContext, in_process_executor, job, op
+
+from recovery_ext import NodeContext, RecoveryResource, ajournaled_call, execute_in_process, journaled_call
+from recovery_ext import recoverable_job, recoverable_op
+
+ADMIN = os.environ.get("RECOVERY_TEST_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
+LATENCY = float(os.environ.get("RX_CONC_LATENCY", "0.2"))
+ITEMS = int(os.environ.get("RX_CONC_ITEMS", "1000"))
+ITEMS_AT_ONE = int(os.environ.get("RX_CONC_ITEMS_AT_1", "100"))
+LEVELS = [int(x) for x in os.environ.get("RX_CONC_LEVELS", "1,8,32,64").split(",")]
+REPEAT = int(os.environ.get("RX_CONC_REPEAT", "1"))
+DATABASES = os.environ.get("RX_CONC_DATABASES", "sqlite,postgresql").split(",")
+MODES = os.environ.get("RX_CONC_MODES", "threads,asyncio").split(",")
+SUPPORT = Path(__file__).resolve().parents[1] / "tests" / "support"
+
+
+class Load(Config):
+    url: str
+    items: int
+    concurrency: int
+    mode: str
+
+
+# Wall seconds of the last op body (the calls, and for the recoverable op every checkpoint): what is compared,
+# without the run's own start-up, the same for both.
+BODY_SECONDS: list[float] = []
+
+
+def _keys(n: int) -> list[str]:
+    return [f"doc-{i:06d}" for i in range(n)]
+
+
+_limits = httpx.Limits(max_connections=256, max_keepalive_connections=256)
+_client: httpx.Client | None = None
+_aclient: httpx.AsyncClient | None = None
+
+
+def _sync_client() -> httpx.Client:
+    global _client
+    if _client is None:
+        _client = httpx.Client(limits=_limits, timeout=60)
+    return _client
+
+
+def _post(url: str, key: str) -> dict:
+    return _sync_client().post(url, json={"item": key}).raise_for_status().json()
+
+
+async def _apost(client: httpx.AsyncClient, url: str, key: str) -> dict:
+    return (await client.post(url, json={"item": key})).raise_for_status().json()
+
+
+# -- the limit: a plain op, no recovery ---------------------------------------------------------------------
+
+@op
+def plain(context: OpExecutionContext, config: Load) -> int:
+    started = time.perf_counter()
+    try:
+        return _plain(config)
+    finally:
+        BODY_SECONDS.append(time.perf_counter() - started)
+
+
+def _plain(config: Load) -> int:
+    keys = _keys(config.items)
+    if config.mode == "threads":
+        with ThreadPoolExecutor(config.concurrency) as pool:
+            return len(list(pool.map(lambda k: _post(config.url, k)["answer"], keys)))
+
+    async def main() -> int:
+        gate = asyncio.Semaphore(config.concurrency)
+        async with httpx.AsyncClient(limits=_limits, timeout=60) as client:
+            async def one(key: str) -> str:
+                async with gate:
+                    return (await _apost(client, config.url, key))["answer"]
+            return len(await asyncio.gather(*(one(k) for k in keys)))
+
+    return asyncio.run(main())
+
+
+@job(executor_def=in_process_executor)
+def plain_job():
+    plain()
+
+
+# -- recoverable: journaled, ledgered, checkpointed ----------------------------------------------------------
+
+@recoverable_op
+async def recoverable(ctx: NodeContext, config: Load) -> int:
+    started = time.perf_counter()
+    try:
+        return await _recoverable(ctx, config)
+    finally:
+        BODY_SECONDS.append(time.perf_counter() - started)
+
+
+async def _recoverable(ctx: NodeContext, config: Load) -> int:
+    keys = _keys(config.items)
+    if config.mode == "threads":
+        def one(item) -> str:
+            body = {"item": item.key}
+            return journaled_call(lambda: _post(config.url, item.key), endpoint=config.url, request=body)["answer"]
+
+        return ctx.map(one, keys, concurrency=config.concurrency).done
+
+    async with httpx.AsyncClient(limits=_limits, timeout=60) as client:
+        async def aone(item) -> str:
+            body = {"item": item.key}
+            answer = await ajournaled_call(lambda: _apost(client, config.url, item.key), endpoint=config.url,
+                                           request=body)
+            return answer["answer"]
+
+        return (await ctx.amap(aone, keys, concurrency=config.concurrency)).done
+
+
+@recoverable_job(executor_def=in_process_executor)
+def recoverable_bench_job():
+    recoverable()
+
+
+def _database(kind: str) -> tuple:
+    if kind == "sqlite":
+        folder = tempfile.mkdtemp(prefix="rx-conc-")
+        return f"sqlite:///{folder}/rx.db", lambda: None
+    import psycopg
+
+    name = f"rx_bench_{uuid.uuid4().hex[:10]}"
+    with psycopg.connect(ADMIN, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+
+    def drop() -> None:
+        with psycopg.connect(ADMIN, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+    return ADMIN.rsplit("/", 1)[0] + f"/{name}", drop
+
+
+def _timed(job_def, op_name: str, config: dict, resources: dict | None) -> float:
+    run_config = {"ops": {op_name: {"config": config}}}
+    if resources is not None:
+        result = execute_in_process(job_def, run_config=run_config, resources=resources)
+    else:
+        result = job_def.execute_in_process(run_config=run_config)
+    assert result.success
+    assert result.output_for_node(op_name) == config["items"]
+    return BODY_SECONDS[-1]
+
+
+def _bench(url: str) -> list[tuple]:
+    rows = []
+    for kind in DATABASES:
+        for mode in MODES:
+            for level in LEVELS:
+                items = ITEMS_AT_ONE if level == 1 else ITEMS
+                config = {"url": url, "items": items, "concurrency": level, "mode": mode}
+                plain_s, recov_s = [], []
+                for _ in range(REPEAT):
+                    plain_s.append(_timed(plain_job, "plain", config, None))
+                    db_url, drop = _database(kind)
+                    try:
+                        recov_s.append(_timed(recoverable_bench_job, "recoverable", config,
+                                              {"recovery": RecoveryResource(database_url=db_url)}))
+                    finally:
+                        drop()
+                p, r = statistics.median(plain_s), statistics.median(recov_s)
+                rows.append((kind, mode, level, items, items / p, items / r, p / r))
+                print(f"{kind:10} {mode:8} c={level:<3} items={items:<5} plain {items / p:7.1f}/s  "
+                      f"recoverable {items / r:7.1f}/s  ratio {p / r:.2f}", flush=True)
+    return rows
+
+
+def _memory(url: str, keys: int) -> None:
+    """Peak memory of one process working ``keys`` items at 64 (asyncio, SQLite), beside the same run of 1,000."""
+    for n in (1000, keys):
+        code = (f"import bench.concurrency_bench as b; b._memory_child({url!r}, {n})")
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                             cwd=Path(__file__).resolve().parents[1])
+        print(out.stdout.strip(), flush=True)
+
+
+def _memory_child(url: str, n: int) -> None:
+    db_url, drop = _database("sqlite")
+    config = {"url": url, "items": n, "concurrency": 64, "mode": "asyncio"}
+    seconds = _timed(recoverable_bench_job, "recoverable", config, {"recovery": RecoveryResource(database_url=db_url)})
+    peak_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(f"memory: {n} keys at 64 (asyncio, SQLite): peak RSS {peak_mib:.0f} MiB, {n / seconds:.0f} items/s")
+    drop()
+
+
+def main() -> None:
+    sys.path.insert(0, str(SUPPORT))
+    from echo_provider import EchoProvider
+
+    with EchoProvider(latency=LATENCY) as provider:
+        memory = os.environ.get("RX_CONC_MEMORY")
+        if memory:
+            _memory(provider.url, int(memory))
+            return
+        print(f"{ITEMS} items (at concurrency 1: {ITEMS_AT_ONE}), each a {LATENCY * 1000:.0f} ms call; "
+              f"{REPEAT} run(s) each, medians", flush=True)
+        _bench(provider.url)
+
+
+if __name__ == "__main__":
+    main()
