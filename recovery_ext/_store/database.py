@@ -131,7 +131,7 @@ class Transactions:
     @contextmanager
     def write(self) -> Iterator[Connection]:
         """A write transaction (BEGIN IMMEDIATE on SQLite); commits on success."""
-        with self._wrap_errors():
+        with self.dialect.write_gate(), self._wrap_errors():
             with self.engine.connect().execution_options(rx_write=True) as conn:
                 with conn.begin():
                     yield conn

@@ -8,15 +8,19 @@ arrived gets that answer back from the journal (the stand-in is paid once) and c
 
 from __future__ import annotations
 
+import threading
+import time
 from collections import Counter
 
 import pytest
-from dagster import Failure
 
 import parallel_defs
 import store_rows
 from echo_provider import EchoProvider
+from helpers import reclaim
 from recovery_ext import RecoveryResource, execute_in_process
+from recovery_ext._store.models import PassPlan
+from recovery_pipelines.devserver import wait_for
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -130,3 +134,28 @@ def test_a_sync_function_given_to_amap_is_refused_clearly(store, db_url, provide
     assert not result.success
     assert "ctx.amap: the item function must be an `async def` function" in \
         result.failure_data_for_node("wrong_kind").error.message
+
+
+@pytest.mark.parametrize("job, node", [(parallel_defs.threaded_job, "threaded"),
+                                       (parallel_defs.tasks_job, "tasks")])
+def test_a_superseded_op_sends_no_new_request_from_any_of_its_items(store, db_url, job, node):
+    """Every request first writes its in-flight ledger row, fenced by the epoch: once the take-over commits, at
+    most the requests already past that fence (one per item in flight) reach the provider."""
+    concurrency = 4
+    with EchoProvider(latency=0.3) as provider:
+        outcome = {}
+        runner = threading.Thread(target=lambda: outcome.setdefault("result", run(
+            job, db_url, node, url=provider.url, keys=60, concurrency=concurrency)))
+        runner.start()
+        wait_for(lambda: len(provider.arrivals) >= 8, timeout=60)
+        pipeline = only_pipeline(store)
+        reclaim(store, PassPlan(dead_owner_runs=[pipeline.owner]))
+        taken_over = time.monotonic()
+        runner.join(120)
+        assert not runner.is_alive()
+        result = outcome["result"]
+        assert not result.success
+        assert "superseded" in result.failure_data_for_node(node).error.message
+        late = [item for at, item in provider.arrivals if at > taken_over]
+        assert len(late) <= concurrency, late
+        assert len(provider.arrivals) < 60

@@ -33,6 +33,7 @@ class EchoProvider:
         self.server: ThreadingHTTPServer | None = None
         self.url = ""
         self.started = threading.Event()  # set at the first request (a test kills mid-way)
+        self.arrivals: list[tuple[float, str]] = []  # (time.monotonic(), item) of every request, as it arrived
 
     def start(self) -> str:
         provider = self
@@ -45,6 +46,7 @@ class EchoProvider:
                 raw = self.rfile.read(int(self.headers.get("Content-Length", 0)))
                 item = str(json.loads(raw or b"{}").get("item"))
                 with provider.lock:
+                    provider.arrivals.append((time.monotonic(), item))
                     provider.in_flight += 1
                     provider.peak = max(provider.peak, provider.in_flight)
                     failures = provider.fail.get(item)

@@ -18,7 +18,8 @@ import threading
 import httpx
 from dagster import Config, Definitions, define_asset_job, in_process_executor
 
-from recovery_ext import ProviderCall, journaled_call, record_provider_call, recoverable_asset, recoverable_job
+from recovery_ext import ProviderCall, ajournaled_call, journaled_call, record_provider_call, recoverable_asset
+from recovery_ext import recoverable_job
 from recovery_ext import recoverable_op, with_recovery
 from recovery_ext._dagster.context import Item, NodeContext
 from recovery_ext._dagster.tags import TAG_RESUME_NUMBER
@@ -75,6 +76,20 @@ def ask(url: str, key: str) -> dict:
     return journaled_call(send, endpoint=url, model="echo", request=body)
 
 
+async def aask(client: httpx.AsyncClient, url: str, key: str) -> dict:
+    """``ask`` for async code: the request awaited, the journal's writes off the event loop."""
+    body = {"item": key}
+
+    async def send() -> dict:
+        answer = (await client.post(url, json=body, timeout=60)).raise_for_status().json()
+        usage = answer["usage"]
+        record_provider_call(ProviderCall(endpoint=url, model="echo", tokens_in=usage["prompt_tokens"],
+                                          tokens_out=usage["completion_tokens"]))
+        return answer
+
+    return await ajournaled_call(send, endpoint=url, model="echo", request=body)
+
+
 def keys_of(config: ParallelConfig) -> list[str]:
     return [f"k{i:05d}" for i in range(config.keys)]
 
@@ -98,13 +113,14 @@ def threaded(ctx: NodeContext, config: ParallelConfig) -> dict:
 
 @recoverable_op
 async def tasks(ctx: NodeContext, config: ParallelConfig) -> dict:
-    async def one(item: Item) -> object:
-        # the request runs in a worker thread; the item travels with the task's context into it
-        answer = await asyncio.to_thread(ask, _url(config), item.key)
-        _after_answer(ctx, config, item.key)
-        return result_of(config, item.key, answer)
+    limits = httpx.Limits(max_connections=256, max_keepalive_connections=256)
+    async with httpx.AsyncClient(limits=limits) as client:
+        async def one(item: Item) -> object:
+            answer = await aask(client, _url(config), item.key)  # the item travels with the task
+            _after_answer(ctx, config, item.key)
+            return result_of(config, item.key, answer)
 
-    result = await ctx.amap(one, keys_of(config), concurrency=config.concurrency, retries=config.retries)
+        result = await ctx.amap(one, keys_of(config), concurrency=config.concurrency, retries=config.retries)
     return {"done": result.done, "resumed": result.resumed}
 
 
@@ -150,6 +166,7 @@ def wrong_kind_job():
 @recoverable_asset
 async def summaries(ctx: NodeContext, config: ParallelConfig) -> dict:
     async def one(item: Item) -> object:
+        # a request in a worker thread: the item travels with the task's context into it
         answer = await asyncio.to_thread(ask, _url(config), item.key)
         return result_of(config, item.key, answer)
 
