@@ -54,13 +54,6 @@ GuardFor = Callable[[Any, Any], "ProviderGuard | None"]
 Tee = Callable[[Any, Callable[..., Steps[None]]], Any]
 
 
-class StreamCut(Exception):
-    """The caller stopped reading a streamed answer before its end (or it broke off): not journaled."""
-
-    retryable = False
-    category = "protocol"
-
-
 class JournalingCore:
     """What both transports share: the settings, and one attempt of a request as steps."""
 
@@ -209,10 +202,11 @@ def _sync_classes(http: ModuleType) -> type:
         def __init__(self, inner: Any, finish: Callable[..., Steps[None]]) -> None:
             self.inner, self.finish, self.done = inner, finish, False
             self.chunks: list[bytes] = []
+            self.chunks_left = iter(inner)
 
         def __iter__(self) -> Iterator[bytes]:
             try:
-                for chunk in self.inner:
+                for chunk in self.chunks_left:
                     self.chunks.append(chunk)
                     yield chunk
             except BaseException as exc:
@@ -226,10 +220,18 @@ def _sync_classes(http: ModuleType) -> type:
                 drive(self.finish(b"".join(self.chunks), error))
 
         def close(self) -> None:
+            # An SDK closes the stream once it has read the last event it wants: the rest is read here, so the
+            # answer the provider finished (and billed) is kept.
             try:
-                self.inner.close()
+                if not self.done:
+                    try:
+                        self.chunks.extend(self.chunks_left)
+                    except Exception as exc:
+                        self._end(exc)
+                        raise
+                    self._end(None)
             finally:
-                self._end(StreamCut("the stream was closed before its end"))
+                self.inner.close()
 
     class JournalingTransport(http.BaseTransport):  # type: ignore[name-defined]
         """A synchronous httpx transport that journals, budgets, records and retries each provider request
@@ -279,10 +281,11 @@ def _async_classes(http: ModuleType) -> type:
         def __init__(self, inner: Any, finish: Callable[..., Steps[None]], context: contextvars.Context) -> None:
             self.inner, self.finish, self.context, self.done = inner, finish, context, False
             self.chunks: list[bytes] = []
+            self.chunks_left = inner.__aiter__()
 
         async def __aiter__(self) -> Any:
             try:
-                async for chunk in self.inner:
+                async for chunk in self.chunks_left:
                     self.chunks.append(chunk)
                     yield chunk
             except BaseException as exc:
@@ -297,9 +300,15 @@ def _async_classes(http: ModuleType) -> type:
 
         async def aclose(self) -> None:
             try:
-                await self.inner.aclose()
+                if not self.done:
+                    try:
+                        self.chunks.extend([chunk async for chunk in self.chunks_left])
+                    except Exception as exc:
+                        await self._end(exc)
+                        raise
+                    await self._end(None)
             finally:
-                await self._end(StreamCut("the stream was closed before its end"))
+                await self.inner.aclose()
 
     class AsyncJournalingTransport(http.AsyncBaseTransport):  # type: ignore[name-defined]
         """The asynchronous twin of ``JournalingTransport``: every store call in a worker thread, every wait
