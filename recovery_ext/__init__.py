@@ -47,6 +47,7 @@ _DAGSTER_API = {
     "Item": "context",
     "ItemsFailed": "parallel",
     "MapResult": "parallel",
+    "LLMResource": "llm",
     "NodeContext": "context",
     "QueueHandle": "queue_handle",
     "RecoveryResource": "resources",
@@ -55,7 +56,9 @@ _DAGSTER_API = {
     "TAG_RESUMED_FROM": "tags",
     "celery_executor_config": "celery_exec",
     "celery_settings": "celery_exec",
+    "async_journaling_http_client": "llm",
     "execute_in_process": "executor",
+    "journaling_http_client": "llm",
     "make_celery_app": "celery_exec",
     "make_orphan_sensor": "sensors",
     "make_stuck_item_sensor": "sensors",
@@ -78,6 +81,7 @@ if TYPE_CHECKING:
     from recovery_ext._dagster.parallel import ItemsFailed, MapResult
     from recovery_ext._dagster.executor import execute_in_process, recoverable_job, with_recovery
     from recovery_ext._dagster.fences import ExecutorFence, register_executor_fence
+    from recovery_ext._dagster.llm import LLMResource, async_journaling_http_client, journaling_http_client
     from recovery_ext._dagster.provider_jobs import run_provider_job
     from recovery_ext._dagster.providers import provider_guard
     from recovery_ext._dagster.queue_handle import QueueHandle
@@ -121,6 +125,7 @@ __all__ = [
     "ItemsFailed",
     "JobAdapter",
     "JobResult",
+    "LLMResource",
     "LEGACY_STALE_SECONDS",
     "MapResult",
     "MigrationError",
@@ -166,10 +171,12 @@ __all__ = [
     "env_bool",
     "env_seconds",
     "execute_in_process",
+    "async_journaling_http_client",
     "instrument_opentelemetry",
     "is_retryable",
     "journaled_call",
     "ajournaled_call",
+    "journaling_http_client",
     "make_celery_app",
     "make_orphan_sensor",
     "make_stuck_item_sensor",

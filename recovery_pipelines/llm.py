@@ -12,10 +12,10 @@ import re
 import time
 from typing import Any, Optional, Protocol
 
-from dagster import ConfigurableResource
 from pydantic import Field
 
-from recovery_ext import (ClassifiedError, NodeContext, Prices, ProviderCall, ProviderGuard, ProviderLimits, RetryPolicy,
+from recovery_ext import LLMResource as LibraryLLMResource
+from recovery_ext import (ClassifiedError, NodeContext, Prices, ProviderCall, ProviderGuard, RetryPolicy,
                           provider_guard, read_usage, record_provider_call, redact, redact_secret, redact_url,
                           with_context)
 
@@ -238,52 +238,22 @@ class OpenAICompatibleEnricher:
                                   model=self.model, fresh=fresh)
 
 
-class LLMResource(ConfigurableResource):
-    """The LLM the ontology job asks; leave ``base_url`` empty to run offline with the heuristic enricher."""
+class LLMResource(LibraryLLMResource):
+    """The library's ``LLMResource`` (its SDK clients and settings) with the ontology job's enricher; leave
+    ``base_url`` empty to run offline with the heuristic enricher."""
 
-    base_url: Optional[str] = Field(
-        default=None, description="OpenAI-compatible base URL (e.g. https://api.openai.com/v1). Empty: heuristic."
-    )
-    model: str = Field(default="gpt-4o-mini", description="Model name sent with every request.")
-    api_key: Optional[str] = Field(default=None, description="API key; pass EnvVar('OPENAI_API_KEY'). Never logged.")
-    timeout: float = Field(default=60.0, description="Seconds before one request times out.")
-    initial_delay: float = Field(default=1.0, description="First backoff delay in seconds; doubles, with jitter.")
-    max_delay: float = Field(
-        default=30.0, description="Upper bound of one backoff delay in seconds, and of an honoured Retry-After.")
-    max_tokens: Optional[int] = Field(
-        default=1024, description="Most tokens one answer may hold (sent as max_tokens; bounds a budget reservation).")
-    requests_per_minute: Optional[int] = Field(
-        default=None, description="Requests per minute the endpoint allows, shared by every run and process.")
-    tokens_per_minute: Optional[int] = Field(
-        default=None, description="Tokens per minute the endpoint allows, shared by every run and process.")
-    budget_per_model: bool = Field(
-        default=False, description="Each model of the endpoint has its own requests/tokens per minute budget.")
-    budget_window_seconds: float = Field(
-        default=60.0, description="The window the per-minute limits count over (60; smaller only to test).")
-    budget_margin_seconds: Optional[float] = Field(
-        default=None, description="Added to the window after a request's answer, for clock differences (default 2 %, "
-                                 "at most 1 s). A request holds its room from its reservation until one window after "
-                                 "its answer, however long it takes to reach the provider.")
     batch: bool = Field(
         default=False, description="Column enrichment as one Batch API job (half the price, results within 24 h).")
     batch_poll_seconds: float = Field(default=30.0, description="Seconds between two looks at a pending batch.")
-    journal: bool = Field(
-        default=True, description="Keep each answer (fenced) before it is used, so a resume never pays for it again.")
-    prices: dict[str, dict[str, float]] = Field(
-        default_factory=dict, description='Price per million tokens per model, e.g. {"gpt-4o-mini": {"input": 0.15, '
-                                          '"output": 0.6}}: the ledger turns tokens into cost. Unlisted: no cost.')
 
     def enricher(self, node: Optional[NodeContext] = None) -> Enricher:
         """The enricher for ``node``: its calls share the endpoint's breaker and pause the node's pipeline
         during outages (settings on the ``recovery`` resource). Without a node: in-call retries only."""
         if not self.base_url:
             return HeuristicEnricher()
-        policy = RetryPolicy(initial_delay=self.initial_delay, max_delay=self.max_delay)
+        policy = self.policy()
         base = self.base_url.rstrip("/")
-        limits = ProviderLimits(requests_per_minute=self.requests_per_minute, tokens_per_minute=self.tokens_per_minute,
-                                per_model=self.budget_per_model, window_seconds=self.budget_window_seconds,
-                                margin_seconds=self.budget_margin_seconds)
-        guard = provider_guard(node, redact_url(base), policy, limits=limits,
+        guard = provider_guard(node, redact_url(base), policy, limits=self.limits(),
                                journal=self.journal) if node is not None else None
         return OpenAICompatibleEnricher(base, self.model, self.api_key, self.timeout, policy, guard,
                                         max_tokens=self.max_tokens, prices=Prices.parse(self.prices))

@@ -18,8 +18,8 @@ from collections.abc import Callable
 
 from recovery_ext._classify.redaction import redact, redact_url
 from recovery_ext._store.interfaces import GuardStore
-from recovery_ext._errors import StopRequested
-from recovery_ext._store.budgets import ProviderLimits
+from recovery_ext._store.budgets import BudgetGrant, ProviderLimits
+from recovery_ext._providers.steps import Blocking, Sleep, Steps, drive
 
 # A wait at least this long is shown on the pipeline (shorter ones would only add writes).
 SHOW_AFTER = 0.25
@@ -63,6 +63,10 @@ class RateBudget:
 
     def acquire(self, tokens: int, model: str | None = None) -> Reservation:
         """Wait until the window has room for one request of ``tokens``, then hold it."""
+        return drive(self.acquire_steps(tokens, model))
+
+    def acquire_steps(self, tokens: int, model: str | None = None) -> Steps[Reservation]:
+        """:meth:`acquire` as steps, for a thread (:func:`drive`) or an event loop (:func:`drive_async`)."""
         limits = self.limits
         shown = False
         started = time.monotonic()
@@ -70,8 +74,7 @@ class RateBudget:
             while True:
                 if self.check is not None:
                     self.check()
-                grant = self.store.providers.budget_reserve(self.endpoint, model, tokens=max(0, int(tokens)),
-                                                            limits=limits, holder=self.who)
+                grant = yield Blocking(self._reserve, (tokens, model))
                 if grant.reservation is not None:  # granted: the id of the request it holds
                     return Reservation(self.store, grant.reservation)
                 wait = grant.wait_seconds
@@ -80,21 +83,22 @@ class RateBudget:
                               f"{grant.requests_in_window} requests and {grant.tokens_in_window} tokens in the last "
                               f"{limits.window_seconds:g} s")
                     self.log(f"waiting {wait:.1f} s for the rate budget of {reason}")
-                    self.show_wait(wait, reason)
+                    yield Blocking(self.show_wait, (wait, reason))
                     shown = True
-                self._sleep(wait)
+                yield Sleep(wait, self.stop, self.check, "stopped while waiting for the provider's rate budget")
         finally:
             self.waited += time.monotonic() - started
             if shown and self.end_wait is not None:
-                self.end_wait()
+                yield Blocking(self.end_wait)
 
-    def _sleep(self, seconds: float) -> None:
-        """Sleep, in slices short enough that a stop or a check ends the wait at once."""
-        deadline = time.monotonic() + seconds
-        while (left := deadline - time.monotonic()) > 0:
-            if self.stop is not None and self.stop.wait(min(left, 0.2)):
-                raise StopRequested("stopped while waiting for the provider's rate budget")
-            if self.stop is None:
-                time.sleep(min(left, 0.2))
-            if self.check is not None:
-                self.check()
+    def _reserve(self, tokens: int, model: str | None) -> BudgetGrant:
+        return self.store.providers.budget_reserve(self.endpoint, model, tokens=max(0, int(tokens)),
+                                                   limits=self.limits, holder=self.who)
+
+    def back_off(self, model: str | None, retry_after: float | None) -> None:
+        """The provider refused for its rate (a 429): nobody sharing this budget, in any process, sends for a
+        while (``retry_after`` when the provider said it). Never raises: the caller's own retry still waits."""
+        try:
+            self.store.providers.budget_back_off(self.endpoint, model, limits=self.limits, retry_after=retry_after)
+        except Exception as exc:  # noqa: BLE001 - the shared back-off is a courtesy to the others
+            self.log(f"could not share a rate limit back-off: {redact(exc)}")

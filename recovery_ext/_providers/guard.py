@@ -139,7 +139,7 @@ class StorePause:
 
 
 @dataclass
-class _Call:
+class GuardedCall:
     """The state of one guarded call across its attempts."""
 
     first_failure: float | None = None
@@ -192,7 +192,7 @@ class ProviderGuard:
 
     # -- one attempt ---------------------------------------------------------------------------
 
-    def _attempt(self, call: _Call, fn: Callable[..., T], args: tuple, kwargs: dict) -> T:
+    def _attempt(self, call: GuardedCall, fn: Callable[..., T], args: tuple, kwargs: dict) -> T:
         if self.check is not None:
             self.check()
         if self.pause is not None:
@@ -224,18 +224,8 @@ class ProviderGuard:
         except BaseException as exc:
             if pending is not None:
                 pending.failed(exc)
-            if not isinstance(exc, Exception):
-                raise
-            self._closed_until = None  # the next call reads the breaker again
-            found = classify(exc)
-            if store is not None and found.retryable:
-                if store.providers.breaker_record_failure(self.endpoint, self.who,
-                                                          threshold=self.settings.breaker_threshold,
-                                                          cooldown=self.cooldown.delay, error=str(exc)) == "opened":
-                    self.log(f"circuit breaker for {redact(self.endpoint)} opened: {redact(exc)}")
-            elif store is not None and decision is not None and found.status_code is not None:
-                # it answered, if only to refuse
-                store.providers.breaker_record_success(self.endpoint, self.who, decision)
+            if isinstance(exc, Exception):
+                self.failed(exc, decision)
             raise
         else:
             if pending is not None:
@@ -244,10 +234,28 @@ class ProviderGuard:
             current_reservation.reset(held)
             if reservation is not None:
                 self._answered(reservation)
-        if (store is not None and decision is not None
-                and store.providers.breaker_record_success(self.endpoint, self.who, decision)):
-            self.log(f"circuit breaker for {redact(self.endpoint)} closed: the probe succeeded")
+        self.succeeded(decision)
         return result
+
+    def failed(self, exc: Exception, decision: BreakerDecision | None) -> None:
+        """An attempt failed: a transient failure counts towards the shared breaker; a refusal is an answer."""
+        store = self.store
+        self._closed_until = None  # the next call reads the breaker again
+        found = classify(exc)
+        if store is not None and found.retryable:
+            if store.providers.breaker_record_failure(self.endpoint, self.who,
+                                                      threshold=self.settings.breaker_threshold,
+                                                      cooldown=self.cooldown.delay, error=str(exc)) == "opened":
+                self.log(f"circuit breaker for {redact(self.endpoint)} opened: {redact(exc)}")
+        elif store is not None and decision is not None and found.status_code is not None:
+            # it answered, if only to refuse
+            store.providers.breaker_record_success(self.endpoint, self.who, decision)
+
+    def succeeded(self, decision: BreakerDecision | None) -> None:
+        """An attempt was answered: a half-open breaker closes."""
+        if (self.store is not None and decision is not None
+                and self.store.providers.breaker_record_success(self.endpoint, self.who, decision)):
+            self.log(f"circuit breaker for {redact(self.endpoint)} closed: the probe succeeded")
 
     def _answered(self, reservation: Reservation) -> None:
         """The request's room in the budget is held until one window after now. A failed write leaves it
@@ -271,7 +279,7 @@ class ProviderGuard:
 
     # -- tenacity strategies ---------------------------------------------------------------------
 
-    def _wait(self, call: _Call) -> Callable[[RetryCallState], float]:
+    def _wait(self, call: GuardedCall) -> Callable[[RetryCallState], float]:
         def wait(retry_state: RetryCallState) -> float:
             exc = _failure(retry_state)
             if call.first_failure is None:
@@ -295,7 +303,7 @@ class ProviderGuard:
 
         return wait
 
-    def _stop(self, call: _Call) -> stop_base:
+    def _stop(self, call: GuardedCall) -> stop_base:
         guard = self
 
         class stop_after_outage_budget(stop_base):
@@ -307,12 +315,12 @@ class ProviderGuard:
             stop = stop | stop_on_event(self.shutdown)
         return stop
 
-    def _outage_seconds(self, call: _Call) -> float:
+    def _outage_seconds(self, call: GuardedCall) -> float:
         local = 0.0 if call.first_failure is None else self.clock() - call.first_failure
         shared = self.pause.elapsed() if self.pause is not None else None
         return max(local, shared or 0.0)
 
-    def _before_sleep(self, call: _Call) -> Callable[[RetryCallState], None]:
+    def _before_sleep(self, call: GuardedCall) -> Callable[[RetryCallState], None]:
         def before_sleep(retry_state: RetryCallState) -> None:
             seconds = retry_state.upcoming_sleep
             if call.pause_reason is None:
@@ -323,7 +331,7 @@ class ProviderGuard:
 
         return before_sleep
 
-    def _give_up(self, call: _Call) -> Callable[[RetryCallState], Any]:
+    def _give_up(self, call: GuardedCall) -> Callable[[RetryCallState], Any]:
         def give_up(retry_state: RetryCallState) -> Any:
             exc = _failure(retry_state)
             if self.shutdown is not None and self.shutdown.is_set():
@@ -356,7 +364,7 @@ class ProviderGuard:
         if self.journal is not None:
             pending = self.journal.open(endpoint=self.endpoint, fingerprinted=function_fingerprint(
                 self.endpoint, model, fn, args, kwargs))
-        return self._guarded(_Call(estimated_tokens=max(0, int(estimated_tokens)), model=model, pending=pending),
+        return self._guarded(GuardedCall(estimated_tokens=max(0, int(estimated_tokens)), model=model, pending=pending),
                              fn, args, kwargs)
 
     def request(self, request: Any, fn: Callable[..., T], *args: Any, estimated_tokens: int = 0,
@@ -366,14 +374,16 @@ class ProviderGuard:
         pending = None
         if self.journal is not None:
             pending = self.journal.open(endpoint=self.endpoint, request=request, key=key, fresh=fresh)
-        return self._guarded(_Call(estimated_tokens=max(0, int(estimated_tokens)), model=model, pending=pending),
+        return self._guarded(GuardedCall(estimated_tokens=max(0, int(estimated_tokens)), model=model, pending=pending),
                              fn, args, kwargs)
 
-    def _guarded(self, call: _Call, fn: Callable[..., T], args: tuple, kwargs: dict) -> T:
-        retrying = tenacity.Retrying(
-            retry=retry_if_retryable(), wait=self._wait(call), stop=self._stop(call), sleep=self.sleep,
-            before_sleep=self._before_sleep(call), retry_error_callback=self._give_up(call), reraise=True,
-        )
+    def strategies(self, call: GuardedCall) -> dict[str, Any]:
+        """tenacity's strategies for ``call``: the same for a thread (``Retrying``) and an event loop."""
+        return dict(retry=retry_if_retryable(), wait=self._wait(call), stop=self._stop(call),
+                    before_sleep=self._before_sleep(call), retry_error_callback=self._give_up(call), reraise=True)
+
+    def _guarded(self, call: GuardedCall, fn: Callable[..., T], args: tuple, kwargs: dict) -> T:
+        retrying = tenacity.Retrying(sleep=self.sleep, **self.strategies(call))
         try:
             result = retrying(self._attempt, call, fn, args, kwargs)
         except (OutageBudgetExceeded, StopRequested):

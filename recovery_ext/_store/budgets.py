@@ -130,6 +130,10 @@ class BudgetOps(JournalOps):
                 set_={"requests_per_minute": requests_per_minute, "tokens_per_minute": tokens_per_minute,
                       "window_seconds": float(window_seconds), "updated_at": self.dialect.now()}))
             now = self._clock(conn)
+            backoff_until = conn.execute(select(rate_budgets.c.backoff_until).where(
+                rate_budgets.c.endpoint == key[0], rate_budgets.c.model == key[1])).scalar_one()
+            if backoff_until is not None and backoff_until > now:  # a 429 made everybody back off
+                return BudgetGrant(False, wait_seconds=max((backoff_until - now).total_seconds(), 0.001))
             mine = (rr.endpoint == key[0]) & (rr.model == key[1])
             conn.execute(delete(rate_reservations).where(mine, ~_holding(now, span)))
             window = conn.execute(select(rr.reserved_at, rr.answered_at, rr.tokens).where(mine, _holding(now, span))
@@ -142,6 +146,33 @@ class BudgetOps(JournalOps):
                 endpoint=key[0], model=key[1], holder=holder, tokens=int(tokens), reserved_at=now)
                 .returning(rr.id)).scalar_one()
         return BudgetGrant(True, reservation, requests_in_window=count + 1, tokens_in_window=spent + tokens)
+
+    @retried
+    def budget_back_off(self, endpoint: str, model: str | None, *, limits: ProviderLimits,
+                        retry_after: float | None = None) -> float:
+        """The provider answered 429: nobody reserves from this budget for a while, in any process. The
+        while is ``retry_after`` when the provider said it, else half a second doubled per 429 in a row (a
+        429 more than one window after the last back-off ended starts again), at most one window. Returns
+        the seconds the budget now stays closed."""
+        key = (redact(endpoint)[:500], (model if limits.per_model else None) or "")
+        b = rate_budgets.c
+        mine = (b.endpoint == key[0]) & (b.model == key[1])
+        with self.write() as conn:
+            # the row's lock first (the reservation takes it the same way), then the clock
+            conn.execute(update(rate_budgets).where(mine).values(updated_at=self.dialect.now()))
+            row = conn.execute(select(b.backoff_until, b.backoff_streak).where(mine)).first()
+            if row is None:  # no reservation ever made the row: nothing to hold back
+                return 0.0
+            now = self._clock(conn)
+            recent = row.backoff_until is not None and (now - row.backoff_until).total_seconds() < limits.window_seconds
+            streak = (row.backoff_streak if recent else 0) + 1
+            seconds = retry_after if retry_after is not None else 0.5 * 2 ** min(streak - 1, 16)
+            seconds = min(max(float(seconds), 0.0), float(limits.window_seconds))
+            until = now + dt.timedelta(seconds=seconds)
+            if row.backoff_until is not None and row.backoff_until > until:
+                until = row.backoff_until
+            conn.execute(update(rate_budgets).where(mine).values(backoff_until=until, backoff_streak=streak))
+        return (until - now).total_seconds()
 
     @retried
     def budget_settle(self, reservation: int, tokens: int) -> None:

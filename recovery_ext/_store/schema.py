@@ -294,6 +294,8 @@ rate_budgets = Table(
     Column("tokens_per_minute", BigInteger),
     Column("window_seconds", Float, nullable=False),
     Column("updated_at", DbTime, nullable=False),
+    Column("backoff_until", DbTime),
+    Column("backoff_streak", Integer, nullable=False, server_default="0"),
 )
 
 rate_reservations = Table(

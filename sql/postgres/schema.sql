@@ -714,7 +714,9 @@ CREATE TABLE public.rx_rate_budgets (
     requests_per_minute integer,
     tokens_per_minute bigint,
     window_seconds double precision DEFAULT 60 NOT NULL,
-    updated_at timestamp with time zone DEFAULT now() NOT NULL
+    updated_at timestamp with time zone DEFAULT now() NOT NULL,
+    backoff_until timestamp with time zone,
+    backoff_streak integer DEFAULT 0 NOT NULL
 );
 
 CREATE TABLE public.rx_rate_reservations (

@@ -231,7 +231,7 @@ CREATE TABLE rx_rate_budgets (
     requests_per_minute  INTEGER,
     tokens_per_minute    INTEGER,
     window_seconds       REAL NOT NULL DEFAULT 60,
-    updated_at           REAL NOT NULL DEFAULT ((julianday('now') - 2440587.5) * 86400.0),
+    updated_at           REAL NOT NULL DEFAULT ((julianday('now') - 2440587.5) * 86400.0), backoff_until REAL, backoff_streak INTEGER NOT NULL DEFAULT 0,
     PRIMARY KEY (endpoint, model)
 );
 

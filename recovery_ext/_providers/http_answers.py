@@ -1,0 +1,152 @@
+"""What an HTTP request to a provider is (its journal key, model, token estimate) and what its answer says
+(usage, model), read from the bytes an SDK sends and receives, whatever the SDK.
+
+Usage is read in the two shapes the LLM APIs use: OpenAI's ``prompt_tokens``/``completion_tokens`` (chat
+completions, and Groq, Mistral, Together and other compatible servers) and ``input_tokens``/``output_tokens``
+(Anthropic's messages, OpenAI's responses). Anthropic counts cache reads and writes apart from
+``input_tokens``; they are input the provider bills, so they are added to it (OpenAI's ``prompt_tokens``
+already holds its cached tokens). A streamed answer (server-sent events) carries its usage in its events:
+OpenAI's last chunk (with ``stream_options.include_usage``), Anthropic's ``message_start`` and
+``message_delta``.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from recovery_ext._providers.journal import fingerprint
+from recovery_ext._providers.prices import Prices
+from recovery_ext._providers.usage import read_usage, token_count
+from recovery_ext._store.models import ProviderCall
+
+# The answer headers a replay gives back: the body's type and the provider's request ids (SDKs show them).
+KEPT_HEADERS = ("content-type", "x-request-id", "request-id", "openai-model", "anthropic-organization-id")
+IDEMPOTENCY_HEADER = "idempotency-key"
+# Stainless-generated SDKs may send a random key per call (a new one in every process): not a stable key.
+RANDOM_KEY_PREFIX = "stainless-python-retry-"
+ANTHROPIC_CACHE_FIELDS = ("cache_read_input_tokens", "cache_creation_input_tokens")
+
+
+@dataclass(frozen=True)
+class RequestFacts:
+    """One request as the journal and the budget see it."""
+
+    key: str | None          # the caller's idempotency key, when it sent a stable one
+    fingerprinted: str       # else: method, URL and body, hashed
+    model: str | None
+    estimated_tokens: int    # an upper bound: the body at 3 characters a token plus the most the answer may hold
+    streamed: bool
+
+
+def request_facts(method: str, url: str, headers: Any, body: bytes, *, answer_tokens: int) -> RequestFacts:
+    """The facts of a request; ``answer_tokens`` bounds the answer when the body does not say (``max_tokens``)."""
+    try:
+        data = json.loads(body) if body else None
+    except ValueError:
+        data = None
+    if isinstance(data, dict):
+        model = data.get("model") if isinstance(data.get("model"), str) else None
+        most = next((data[k] for k in ("max_tokens", "max_completion_tokens", "max_output_tokens")
+                     if isinstance(data.get(k), int) and not isinstance(data.get(k), bool)), None)
+        streamed = data.get("stream") is True
+    else:
+        model, most, streamed = None, None, False
+    shown: Any = data if data is not None else {"sha256": hashlib.sha256(body).hexdigest()}
+    found = fingerprint("http", method.upper(), url, shown)
+    if found is None:  # a body with a NaN in it: hashed as bytes
+        found = fingerprint("http", method.upper(), url, {"sha256": hashlib.sha256(body).hexdigest()})
+    assert found is not None
+    key = headers.get(IDEMPOTENCY_HEADER)
+    if key is not None and (key.startswith(RANDOM_KEY_PREFIX) or not 0 < len(key) <= 200):
+        key = None
+    estimate = len(body) // 3 + 8 + (most if most is not None else answer_tokens)
+    return RequestFacts(key, found, model, max(0, estimate), streamed)
+
+
+def is_event_stream(headers: Any) -> bool:
+    return str(headers.get("content-type", "")).split(";")[0].strip().lower() == "text/event-stream"
+
+
+def encode_body(body: bytes) -> dict[str, str]:
+    try:
+        return {"text": body.decode("utf-8")}
+    except UnicodeDecodeError:
+        return {"base64": base64.b64encode(body).decode("ascii")}
+
+
+def decode_body(kept: dict[str, str]) -> bytes:
+    if "text" in kept:
+        return kept["text"].encode("utf-8")
+    return base64.b64decode(kept["base64"])
+
+
+def kept_answer(status: int, headers: Any, body: bytes) -> dict[str, Any]:
+    """The answer as the journal keeps it (a JSON value): status, the headers that matter, the body."""
+    return {"http": 1, "status": status, "headers": [[name, headers[name]] for name in KEPT_HEADERS if name in headers],
+            "body": encode_body(body)}
+
+
+def _events(body: bytes) -> list[Any]:
+    """The JSON payloads of a server-sent event stream's ``data:`` lines."""
+    found = []
+    for line in body.decode("utf-8", errors="replace").splitlines():
+        if not line.startswith("data:"):
+            continue
+        payload = line[5:].strip()
+        if not payload or payload == "[DONE]":
+            continue
+        try:
+            found.append(json.loads(payload))
+        except ValueError:
+            continue
+    return found
+
+
+def answer_usage(body: bytes, streamed: bool) -> tuple[dict[str, Any] | None, str | None]:
+    """The usage figures of an answer (the last value of each, over a stream's events) and the model that
+    answered; (None, None) when the answer says nothing."""
+    if streamed:
+        payloads = _events(body)
+    else:
+        try:
+            payloads = [json.loads(body)]
+        except ValueError:
+            return None, None
+    usage: dict[str, Any] = {}
+    model = None
+    for payload in payloads:
+        if not isinstance(payload, dict):
+            continue
+        for holder in (payload, payload.get("message"), payload.get("response")):
+            if not isinstance(holder, dict):
+                continue
+            if isinstance(holder.get("usage"), dict):
+                usage.update({k: v for k, v in holder["usage"].items() if v is not None})
+            if isinstance(holder.get("model"), str):
+                model = holder["model"]
+    return (usage or None), model
+
+
+def answered_call(endpoint: str, model: str | None, body: bytes, *, streamed: bool, latency: float,
+                  prices: Prices, provider: str | None) -> ProviderCall:
+    """The ledger's record of an answer: its usage in tokens, its cost when priced; an answer without usage
+    is recorded as 0 tokens with a note, and no cost."""
+    usage, answered_by = answer_usage(body, streamed)
+    note = None
+    if usage is None:
+        tokens_in, tokens_out, note = 0, 0, "the answer held no usage: recorded as 0 tokens"
+    elif "prompt_tokens" in usage or "completion_tokens" in usage:
+        tokens_in, tokens_out, note = read_usage(usage)
+    else:
+        tokens_in, tokens_out, note = read_usage(usage, names=("input_tokens", "output_tokens"))
+        for name in ANTHROPIC_CACHE_FIELDS:
+            tokens_in += token_count(usage.get(name)) or 0
+    shown_model = answered_by[:200] if answered_by else None
+    cost = None if note else prices.cost(model or answered_by, tokens_in, tokens_out)
+    return ProviderCall(endpoint=endpoint, model=model or shown_model, tokens_in=tokens_in, tokens_out=tokens_out,
+                        latency_seconds=latency, outcome="ok", cost=cost, operation="chat", provider=provider,
+                        response_model=shown_model, note=note)

@@ -1,0 +1,378 @@
+"""A journaling transport for httpx: provider SDKs (OpenAI, Anthropic, Groq, Mistral, Together, ...) used
+as they are, each request journaled, budgeted, recorded and retried.
+
+Every request made through it from inside a recoverable node:
+
+* is keyed by the caller's ``Idempotency-Key`` header, else by a fingerprint of its method, URL and body,
+  and looked up in the node's call journal: an answer already paid for (by a crashed run) is rebuilt from
+  the journal and the request is not sent;
+* reserves one request and its estimated tokens from the endpoint's shared budget before it leaves (a
+  429 closes that budget for everybody for a while: the whole deployment backs off);
+* goes through the endpoint's shared breaker and the shared retry policy (``Retry-After`` respected,
+  outage pauses shown on the pipeline); the SDK's own retries must be off (``max_retries=0``);
+* is recorded in the ledger with the usage its answer reports, and its answer kept before the SDK sees
+  it. A streamed answer (server-sent events) reaches the caller as it arrives and is kept once it ends;
+  a replay gives it back as a stream.
+
+The node (and its item) are read when the request is made, in the calling thread or task: one client may
+serve every node and item of a process. Outside a recoverable node the transport only passes requests on.
+The logic of one attempt is written once as steps (:mod:`recovery_ext._providers.steps`): the synchronous
+transport runs them in the caller's thread; the asynchronous one runs every store call in a worker thread
+and waits with ``asyncio.sleep``.
+
+httpx is imported by the caller, never here: the classes are made for the module handed in (``httpx``, or
+its fork ``httpx2`` that current OpenAI and Anthropic SDKs require).
+"""
+
+from __future__ import annotations
+
+import contextvars
+import functools
+import time
+from collections.abc import Callable, Iterator
+from types import ModuleType
+from typing import Any
+
+import tenacity
+
+from recovery_ext._classify.classifier import retry_after_of
+from recovery_ext._providers.guard import CircuitOpen, GuardedCall, ProviderGuard
+from recovery_ext._providers.http_answers import (RequestFacts, answered_call, decode_body, is_event_stream,
+                                                  kept_answer, request_facts)
+from recovery_ext._providers.journal import MISS
+from recovery_ext._providers.budget import Reservation
+from recovery_ext._providers.ledger import current_scope
+from recovery_ext._providers.prices import Prices
+from recovery_ext._providers.steps import Blocking, Io, Sleep, Steps, drive, drive_async, in_thread
+from recovery_ext._store.breakers import BreakerDecision
+
+# Hop-by-hop and body-framing headers: the answer handed on is the decoded body, framed anew.
+FRAMING_HEADERS = ("content-encoding", "content-length", "transfer-encoding")
+
+# The guard of a node for a request's URL (the Dagster layer binds it to the node); None: not guarded.
+GuardFor = Callable[[Any, Any], "ProviderGuard | None"]
+Tee = Callable[[Any, Callable[..., Steps[None]]], Any]
+
+
+class JournalingCore:
+    """What both transports share: the settings, and one attempt of a request as steps."""
+
+    def __init__(self, http: ModuleType, guard_for: GuardFor, *, prices: Prices | None = None,
+                 provider: str | None = None, answer_tokens: int = 1024, journal: bool = True) -> None:
+        self.http = http
+        self.guard_for = guard_for
+        self.prices = prices or Prices.parse(None)
+        self.provider = provider
+        self.answer_tokens = answer_tokens
+        self.journal = journal  # False: each request is budgeted, retried and recorded, its answer not kept
+
+    def plan(self, request: Any) -> tuple[ProviderGuard, GuardedCall, RequestFacts] | None:
+        """The guard and journal entry of ``request`` for the node (and item) of the calling thread or task;
+        None outside a recoverable node."""
+        scope = current_scope.get()
+        journal = getattr(scope, "journal", None)
+        if journal is None:
+            return None
+        guard = self.guard_for(journal.scope, request.url)
+        if guard is None:
+            return None
+        journal.scope.check_calls()  # superseded, or its run worker gone: nothing leaves
+        facts = request_facts(request.method, str(request.url), request.headers, request.content,
+                              answer_tokens=self.answer_tokens)
+        pending = journal.open(endpoint=guard.endpoint, key=facts.key if self.journal else None,
+                               fingerprinted=facts.fingerprinted if self.journal else None)
+        return guard, GuardedCall(estimated_tokens=facts.estimated_tokens, model=facts.model, pending=pending), facts
+
+    def attempt(self, guard: ProviderGuard, call: GuardedCall, facts: RequestFacts, request: Any,
+                send: Io, read: Callable[[Any], Io], tee: Tee) -> Steps[Any]:
+        """One attempt: budget, breaker, journal, the request, its answer kept and recorded."""
+        pending = call.pending
+        assert pending is not None
+        pending.journal.scope.check_calls()
+        if guard.pause is not None:
+            yield Blocking(guard.pause.retrying)
+        reservation: Reservation | None = None
+        if guard.budget is not None:
+            reservation = yield from guard.budget.acquire_steps(call.estimated_tokens, call.model)
+        try:
+            decision = None
+            if guard.store is not None:
+                decision = yield Blocking(guard._breaker_decision, (guard.store,))
+                if not decision.allowed:
+                    raise CircuitOpen(guard.endpoint, decision.wait_seconds, decision.state)
+            pending.journal.scope.check_calls()  # the budget wait may have been long
+            found = yield Blocking(pending.start, (guard.endpoint, call.model))
+        except BaseException:
+            if reservation is not None:
+                yield Blocking(reservation.release)  # nothing was sent
+            raise
+        if found is not MISS:
+            if reservation is not None:
+                yield Blocking(reservation.release)  # answered from the journal: nothing was sent
+            return self.replayed(found, request)
+        started = time.monotonic()
+        try:
+            response = yield send
+            if response.status_code >= 400:  # refused: classified (and maybe retried) with its body read
+                yield read(response)
+                raise self.http.HTTPStatusError(f"{guard.endpoint} answered HTTP {response.status_code}",
+                                                request=request, response=response)
+            if is_event_stream(response.headers):
+                finish = functools.partial(self.finish_steps, guard, call, decision, reservation, response, started)
+                return tee(response, finish)
+            body = yield read(response)
+        except BaseException as exc:
+            yield Blocking(self.failed, (guard, call, decision, reservation, exc))
+            raise
+        yield from self.finish_steps(guard, call, decision, reservation, response, started, body, None)
+        return self.http.Response(response.status_code, headers=self.plain_headers(response.headers), content=body,
+                                  extensions=response.extensions)
+
+    def finish_steps(self, guard: ProviderGuard, call: GuardedCall, decision: BreakerDecision | None,
+                     reservation: Reservation | None, response: Any, started: float, body: bytes,
+                     error: BaseException | None) -> Steps[None]:
+        """The answer is complete (``error`` None): recorded with its usage and kept; else the attempt failed."""
+        if error is not None:
+            yield Blocking(self.failed, (guard, call, decision, reservation, error))
+            return
+        yield Blocking(self.answered, (guard, call, decision, reservation, response, started, body))
+
+    def answered(self, guard: ProviderGuard, call: GuardedCall, decision: BreakerDecision | None,
+                 reservation: Reservation | None, response: Any, started: float, body: bytes) -> None:
+        pending = call.pending
+        assert pending is not None
+        streamed = is_event_stream(response.headers)
+        encoding = response.headers.get("content-encoding") if streamed else None
+        if encoding:  # a stream's chunks are teed as they came: decoded here, for its usage and its replay
+            body = self.http.Response(200, headers=[("content-encoding", encoding)],
+                                      stream=self.http.ByteStream(body)).read()
+        record = answered_call(guard.endpoint, call.model, body, streamed=streamed,
+                               latency=time.monotonic() - started, prices=self.prices, provider=self.provider)
+        try:
+            pending.journal.scope.record_call(record)  # completes the attempt's ledger row with the usage
+            if reservation is not None:
+                reservation.settle(record.tokens_in + record.tokens_out)
+            pending.answered(kept_answer(response.status_code, response.headers, body))
+        finally:
+            if reservation is not None:
+                guard._answered(reservation)
+        guard.succeeded(decision)
+
+    def failed(self, guard: ProviderGuard, call: GuardedCall, decision: BreakerDecision | None,
+               reservation: Reservation | None, exc: BaseException) -> None:
+        assert call.pending is not None
+        call.pending.failed(exc)
+        if reservation is not None:
+            guard._answered(reservation)
+        if not isinstance(exc, Exception):
+            return
+        if guard.budget is not None and isinstance(exc, self.http.HTTPStatusError) \
+                and exc.response.status_code == 429:
+            guard.budget.back_off(call.model, retry_after_of(exc))
+        guard.failed(exc, decision)
+
+    def replayed(self, kept: Any, request: Any) -> Any:
+        """The journaled answer as a fresh response (a stream again, for a streamed one)."""
+        return self.http.Response(kept["status"], headers=[tuple(pair) for pair in kept["headers"]],
+                                  content=decode_body(kept["body"]), request=request)
+
+    @staticmethod
+    def plain_headers(headers: Any) -> list[tuple[str, str]]:
+        return [(name, value) for name, value in headers.multi_items() if name.lower() not in FRAMING_HEADERS]
+
+    def refused(self, exc: BaseException) -> Any | None:
+        """The provider's own refusal behind ``exc`` (given up on, or permanent), for the SDK to raise as it
+        does; None: not an answer (a connection error, a stop), raised as it is."""
+        current: BaseException | None = exc
+        for _ in range(8):
+            if current is None:
+                return None
+            if isinstance(current, self.http.HTTPStatusError):
+                response = current.response
+                return self.http.Response(response.status_code, headers=self.plain_headers(response.headers),
+                                          content=response.content, request=current.request)
+            current = current.__cause__
+        return None
+
+
+def _sync_classes(http: ModuleType) -> type:
+    class TeeStream(http.SyncByteStream):  # type: ignore[name-defined]
+        """The answer's chunks to the caller as they arrive; kept once the stream ends."""
+
+        def __init__(self, inner: Any, finish: Callable[..., Steps[None]]) -> None:
+            self.inner, self.finish, self.done = inner, finish, False
+            self.chunks: list[bytes] = []
+            self.chunks_left = iter(inner)
+
+        def __iter__(self) -> Iterator[bytes]:
+            try:
+                for chunk in self.chunks_left:
+                    self.chunks.append(chunk)
+                    yield chunk
+            except BaseException as exc:
+                self._end(exc)
+                raise
+            self._end(None)
+
+        def _end(self, error: BaseException | None) -> None:
+            if not self.done:
+                self.done = True
+                drive(self.finish(b"".join(self.chunks), error))
+
+        def close(self) -> None:
+            # An SDK closes the stream once it has read the last event it wants: the rest is read here, so the
+            # answer the provider finished (and billed) is kept.
+            try:
+                if not self.done:
+                    try:
+                        self.chunks.extend(self.chunks_left)
+                    except Exception as exc:
+                        self._end(exc)
+                        raise
+                    self._end(None)
+            finally:
+                self.inner.close()
+
+    class JournalingTransport(http.BaseTransport):  # type: ignore[name-defined]
+        """A synchronous httpx transport that journals, budgets, records and retries each provider request
+        made inside a recoverable node (see :mod:`recovery_ext._providers.transport`)."""
+
+        def __init__(self, core: JournalingCore, inner: Any = None) -> None:
+            self.core = core
+            self.inner = inner if inner is not None else http.HTTPTransport()
+
+        def handle_request(self, request: Any) -> Any:
+            request.read()
+            planned = self.core.plan(request)
+            if planned is None:
+                return self.inner.handle_request(request)
+            guard, call, facts = planned
+            send = Io(lambda: self.inner.handle_request(request), None)
+
+            def tee(response: Any, finish: Callable[..., Steps[None]]) -> Any:
+                return http.Response(response.status_code, headers=response.headers.multi_items(),
+                                     stream=TeeStream(response.stream, finish), extensions=response.extensions)
+
+            def attempt() -> Any:
+                return drive(self.core.attempt(guard, call, facts, request, send,
+                                               lambda response: Io(response.read, None), tee))
+
+            try:
+                response = tenacity.Retrying(sleep=guard.sleep, **guard.strategies(call))(attempt)
+            except Exception as exc:
+                if guard.pause is not None:
+                    guard.pause.end(outage_over=True)
+                refused = self.core.refused(exc)
+                if refused is None:
+                    raise
+                return refused
+            if guard.pause is not None:
+                guard.pause.end(outage_over=True)
+            return response
+
+        def close(self) -> None:
+            self.inner.close()
+
+    return JournalingTransport
+
+
+def _async_classes(http: ModuleType) -> type:
+    class AsyncTeeStream(http.AsyncByteStream):  # type: ignore[name-defined]
+        def __init__(self, inner: Any, finish: Callable[..., Steps[None]], context: contextvars.Context) -> None:
+            self.inner, self.finish, self.context, self.done = inner, finish, context, False
+            self.chunks: list[bytes] = []
+            self.chunks_left = inner.__aiter__()
+
+        async def __aiter__(self) -> Any:
+            try:
+                async for chunk in self.chunks_left:
+                    self.chunks.append(chunk)
+                    yield chunk
+            except BaseException as exc:
+                await self._end(exc)
+                raise
+            await self._end(None)
+
+        async def _end(self, error: BaseException | None) -> None:
+            if not self.done:
+                self.done = True
+                await drive_async(self.finish(b"".join(self.chunks), error), self.context)
+
+        async def aclose(self) -> None:
+            try:
+                if not self.done:
+                    try:
+                        self.chunks.extend([chunk async for chunk in self.chunks_left])
+                    except Exception as exc:
+                        await self._end(exc)
+                        raise
+                    await self._end(None)
+            finally:
+                await self.inner.aclose()
+
+    class AsyncJournalingTransport(http.AsyncBaseTransport):  # type: ignore[name-defined]
+        """The asynchronous twin of ``JournalingTransport``: every store call in a worker thread, every wait
+        an ``asyncio.sleep``; the event loop is never held by the database."""
+
+        def __init__(self, core: JournalingCore, inner: Any = None) -> None:
+            self.core = core
+            self.inner = inner if inner is not None else http.AsyncHTTPTransport()
+
+        async def handle_async_request(self, request: Any) -> Any:
+            await request.aread()
+            planned = self.core.plan(request)
+            if planned is None:
+                return await self.inner.handle_async_request(request)
+            guard, call, facts = planned
+            # one context for every store call of this request: the journal's attempt variable lives there
+            context = contextvars.copy_context()
+            send = Io(None, lambda: self.inner.handle_async_request(request))
+
+            def tee(response: Any, finish: Callable[..., Steps[None]]) -> Any:
+                return http.Response(response.status_code, headers=response.headers.multi_items(),
+                                     stream=AsyncTeeStream(response.stream, finish, context),
+                                     extensions=response.extensions)
+
+            async def attempt() -> Any:
+                return await drive_async(self.core.attempt(guard, call, facts, request, send,
+                                                           lambda response: Io(None, response.aread), tee), context)
+
+            def threaded(fn: Callable[..., Any]) -> Callable[..., Any]:
+                async def run(retry_state: Any) -> Any:
+                    return await in_thread(context, fn, retry_state)
+                return run
+
+            strategies = guard.strategies(call)
+            for name in ("wait", "stop", "before_sleep", "retry_error_callback"):
+                strategies[name] = threaded(strategies[name])
+
+            async def sleep(seconds: float) -> None:
+                await drive_async(_sleep_steps(seconds, guard), context)
+
+            try:
+                response: Any = await tenacity.AsyncRetrying(sleep=sleep, **strategies)(attempt)
+            except Exception as exc:
+                if guard.pause is not None:
+                    await in_thread(context, functools.partial(guard.pause.end, outage_over=True))
+                refused = self.core.refused(exc)
+                if refused is None:
+                    raise
+                return refused
+            if guard.pause is not None:
+                await in_thread(context, functools.partial(guard.pause.end, outage_over=True))
+            return response
+
+        async def aclose(self) -> None:
+            await self.inner.aclose()
+
+    return AsyncJournalingTransport
+
+
+def _sleep_steps(seconds: float, guard: ProviderGuard) -> Steps[None]:
+    yield Sleep(seconds, guard.shutdown, None, "shutdown requested while waiting to retry")
+
+
+@functools.cache
+def transport_classes(http: ModuleType) -> tuple[type, type]:
+    """The synchronous and asynchronous journaling transports for ``http`` (``httpx`` or ``httpx2``)."""
+    return _sync_classes(http), _async_classes(http)

@@ -1,0 +1,48 @@
+"""A 429 closes the endpoint's shared budget for everybody (SQLite and PostgreSQL): no reservation is granted,
+in any process, until the back-off ends; 429s in a row double it; afterwards the budget grants again."""
+
+from __future__ import annotations
+
+import time
+
+from recovery_ext import ProviderLimits
+
+LIMITS = ProviderLimits(requests_per_minute=100, window_seconds=5.0, margin_seconds=0.0)
+ENDPOINT = "http://e/v1"
+
+
+def reserve(store, model=None):
+    return store.providers.budget_reserve(ENDPOINT, model, tokens=1, limits=LIMITS, holder="someone-else")
+
+
+def test_a_429_closes_the_shared_budget_until_the_back_off_ends_then_it_grants_again(store):
+    assert reserve(store).granted
+    assert store.providers.budget_back_off(ENDPOINT, None, limits=LIMITS, retry_after=3.0) == 3.0
+    refused = reserve(store, model="another-model")  # one budget for the whole endpoint: every caller waits
+    assert not refused.granted and 2.0 < refused.wait_seconds <= 3.0
+    # a shorter back-off asked later never shortens the one in force
+    assert 2.0 < store.providers.budget_back_off(ENDPOINT, None, limits=LIMITS, retry_after=0.1) <= 3.0
+
+
+def test_429s_in_a_row_without_retry_after_double_the_back_off_up_to_the_window(store):
+    assert reserve(store).granted
+    first = store.providers.budget_back_off(ENDPOINT, None, limits=LIMITS)
+    second = store.providers.budget_back_off(ENDPOINT, None, limits=LIMITS)
+    assert first == 0.5 and 0.9 < second <= 1.0
+    waits = [store.providers.budget_back_off(ENDPOINT, None, limits=LIMITS) for _ in range(6)]
+    assert max(waits) <= LIMITS.window_seconds
+
+
+def test_the_budget_recovers_once_the_back_off_is_over(store):
+    assert reserve(store).granted
+    store.providers.budget_back_off(ENDPOINT, None, limits=LIMITS, retry_after=0.3)
+    assert not reserve(store).granted
+    deadline = time.monotonic() + 10
+    while not (grant := reserve(store)).granted and time.monotonic() < deadline:
+        time.sleep(min(grant.wait_seconds, 0.1))
+    assert grant.granted
+
+
+def test_a_back_off_before_any_reservation_holds_nothing_back(store):
+    assert store.providers.budget_back_off(ENDPOINT, None, limits=LIMITS, retry_after=3.0) == 0.0
+    assert reserve(store).granted

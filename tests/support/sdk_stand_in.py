@@ -1,0 +1,179 @@
+"""A stand-in for OpenAI's chat completions and Anthropic's messages on 127.0.0.1, for the real SDKs.
+
+It answers JSON or a server-sent event stream (``"stream": true``) in each API's own shapes, with usage:
+a token per 4 characters of the request's messages, and of the answer. It counts every request. ``script``
+is a list of statuses the next requests get instead of an answer (a 503 then a 200: ``[503]``), with
+``Retry-After: retry_after``; ``tokens``/``window`` is a token quota over a sliding window, refused with a
+429 and Retry-After as providers do (a refused request charges nothing).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+
+@dataclass(frozen=True)
+class Request:
+    at: float
+    path: str
+    status: int
+    streamed: bool
+    tokens_in: int
+    tokens_out: int
+    question: str
+
+
+def _question(body: dict) -> str:
+    messages = body.get("messages") or [{}]
+    content = messages[-1].get("content", "")
+    return content if isinstance(content, str) else json.dumps(content)
+
+
+class SdkStandIn:
+    def __init__(self, *, latency: float = 0.0, tokens: int | None = None, window: float = 60.0,
+                 retry_after: float = 0.1) -> None:
+        self.latency, self.quota_tokens, self.window, self.retry_after = latency, tokens, window, retry_after
+        self.script: list[int] = []
+        self.requests: list[Request] = []
+        self.lock = threading.Lock()
+        self.server: ThreadingHTTPServer | None = None
+
+    def answered(self) -> list[Request]:
+        with self.lock:
+            return [r for r in self.requests if r.status == 200]
+
+    def statuses(self) -> list[int]:
+        with self.lock:
+            return [r.status for r in self.requests]
+
+    def max_tokens_in_window(self) -> int:
+        answered = sorted(self.answered(), key=lambda r: r.at)
+        return max((sum(r.tokens_in + r.tokens_out for r in answered[i:] if r.at < first.at + self.window)
+                    for i, first in enumerate(answered)), default=0)
+
+    def _admit(self, now: float, tokens: int) -> int:
+        """200, or the status a scripted fault or the quota answers instead."""
+        if self.script:
+            return self.script.pop(0)
+        if self.quota_tokens is not None:
+            spent = sum(r.tokens_in + r.tokens_out for r in self.requests if r.status == 200 and r.at > now - self.window)
+            if spent + tokens > self.quota_tokens:
+                return 429
+        return 200
+
+    def start(self) -> str:
+        stand_in = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+            disable_nagle_algorithm = True
+
+            def log_message(self, *args) -> None:  # quiet
+                pass
+
+            def do_POST(self) -> None:  # noqa: N802 - http.server's naming
+                raw = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                body = json.loads(raw or b"{}")
+                question = _question(body)
+                answer = f"answer to {question}"[:200]
+                tokens_in = len(json.dumps(body.get("messages", []))) // 4 + 1
+                tokens_out = len(answer) // 4 + 1
+                streamed = body.get("stream") is True
+                if stand_in.latency:
+                    time.sleep(stand_in.latency)
+                with stand_in.lock:
+                    now = time.time()
+                    status = stand_in._admit(now, tokens_in + tokens_out)
+                    stand_in.requests.append(Request(now, self.path, status, streamed, tokens_in if status == 200 else 0,
+                                                     tokens_out if status == 200 else 0, question))
+                if status != 200:
+                    self._send(status, {"error": {"type": "rate_limit_error" if status == 429 else "overloaded",
+                                                  "message": f"stand-in says {status}"}},
+                               {"Retry-After": f"{stand_in.retry_after:g}"})
+                    return
+                anthropic = self.path.endswith("/messages")
+                model = body.get("model", "m")
+                if not streamed:
+                    self._send(200, _anthropic(model, answer, tokens_in, tokens_out) if anthropic
+                               else _openai(model, answer, tokens_in, tokens_out))
+                    return
+                events = _anthropic_events(model, answer, tokens_in, tokens_out) if anthropic \
+                    else _openai_events(model, answer, tokens_in, tokens_out)
+                self.send_response(200)
+                self.send_header("Content-Type", "text/event-stream")
+                self.send_header("Transfer-Encoding", "chunked")
+                self.end_headers()
+                for event in events:
+                    data = event.encode()
+                    self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+                    self.wfile.flush()
+                self.wfile.write(b"0\r\n\r\n")
+
+            def _send(self, status: int, payload: dict, headers: dict | None = None) -> None:
+                data = json.dumps(payload).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.send_header("x-request-id", f"req-{len(stand_in.requests)}")
+                for name, value in (headers or {}).items():
+                    self.send_header(name, value)
+                self.end_headers()
+                self.wfile.write(data)
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        return f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def stop(self) -> None:
+        if self.server is not None:
+            self.server.shutdown()
+            self.server.server_close()
+
+
+def _openai(model: str, answer: str, tokens_in: int, tokens_out: int) -> dict:
+    return {"id": "chatcmpl-1", "object": "chat.completion", "created": 0, "model": model,
+            "choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": answer}}],
+            "usage": {"prompt_tokens": tokens_in, "completion_tokens": tokens_out, "total_tokens": tokens_in + tokens_out,
+                      "prompt_tokens_details": {"cached_tokens": 0}, "completion_tokens_details": {"reasoning_tokens": 0}}}
+
+
+def _anthropic(model: str, answer: str, tokens_in: int, tokens_out: int) -> dict:
+    return {"id": "msg_1", "type": "message", "role": "assistant", "model": model,
+            "content": [{"type": "text", "text": answer}], "stop_reason": "end_turn", "stop_sequence": None,
+            "usage": {"input_tokens": tokens_in, "output_tokens": tokens_out, "cache_read_input_tokens": 0,
+                      "cache_creation_input_tokens": 0}}
+
+
+def _sse(data: dict, event: str | None = None) -> str:
+    return (f"event: {event}\n" if event else "") + f"data: {json.dumps(data)}\n\n"
+
+
+def _openai_events(model: str, answer: str, tokens_in: int, tokens_out: int) -> list[str]:
+    half = len(answer) // 2
+    chunk = {"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 0, "model": model}
+    return [_sse({**chunk, "choices": [{"index": 0, "delta": {"role": "assistant", "content": part},
+                                        "finish_reason": None}]}) for part in (answer[:half], answer[half:])] + [
+        _sse({**chunk, "choices": [], "usage": {"prompt_tokens": tokens_in, "completion_tokens": tokens_out,
+                                                "total_tokens": tokens_in + tokens_out}}),
+        "data: [DONE]\n\n"]
+
+
+def _anthropic_events(model: str, answer: str, tokens_in: int, tokens_out: int) -> list[str]:
+    start = {"type": "message_start", "message": {"id": "msg_1", "type": "message", "role": "assistant", "model": model,
+                                                  "content": [], "stop_reason": None, "stop_sequence": None,
+                                                  "usage": {"input_tokens": tokens_in, "output_tokens": 1}}}
+    half = len(answer) // 2
+    return [_sse(start, "message_start"),
+            _sse({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}},
+                 "content_block_start"),
+            *[_sse({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": part}},
+                   "content_block_delta") for part in (answer[:half], answer[half:])],
+            _sse({"type": "content_block_stop", "index": 0}, "content_block_stop"),
+            _sse({"type": "message_delta", "delta": {"stop_reason": "end_turn", "stop_sequence": None},
+                  "usage": {"output_tokens": tokens_out}}, "message_delta"),
+            _sse({"type": "message_stop"}, "message_stop")]
