@@ -23,21 +23,54 @@ import inspect
 import logging
 import threading
 from collections import Counter
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import tenacity
 
 from recovery_ext._classify.classifier import ClassifiedError, classify
 from recovery_ext._classify.redaction import redact
 from recovery_ext._classify.retry import RetryPolicy, retry_if_retryable
+from recovery_ext._dagster.group_commit import GroupCommitter
 from recovery_ext._errors import ConfigurationError, OwnershipLost, StopRequested, StoreUnavailable
 from recovery_ext._settings import check_count
 
-if TYPE_CHECKING:
-    from recovery_ext._dagster.context import Item, NodeContext
+
+
+class Item(Protocol):
+    """What a map hands each item's function (``recovery_ext.Item``)."""
+
+    key: str
+    finished: bool
+
+    def complete(self, result: Any = None) -> None: ...
+
+    async def acomplete(self, result: Any = None) -> None: ...
+
+
+class NodeContext(Protocol):
+    """What a map needs of its node (``recovery_ext.NodeContext``; this module cannot import it: it imports us)."""
+
+    node_name: str
+    resource: Any
+    journal: Any
+
+    @property
+    def log(self) -> Any: ...
+
+    def check_calls(self) -> None: ...
+
+    def count_items(self, outcome: str, number: int = 1) -> None: ...
+
+    def _enter_item(self, key: str | None) -> None: ...
+
+    def _unfinished(self, name: str, keys: Iterable[Any], *, unique: bool = True) -> tuple[Iterator[str], int]: ...
+
+    def _item_for(self, key: str, committer: GroupCommitter) -> Item: ...
+
+    def _group_committer(self) -> GroupCommitter: ...
 
 log = logging.getLogger("recovery_ext._dagster.parallel")
 
@@ -167,7 +200,7 @@ def _policy(node: NodeContext, retries: int | None, stop: threading.Event | None
 
 # -- threads ------------------------------------------------------------------------------------------------
 
-def _run_item(node: NodeContext, item: Item, fn: Callable[[Item], Any], policy: RetryPolicy) -> None:
+def _run_item(node: NodeContext, item: Item, fn: Callable[[Any], Any], policy: RetryPolicy) -> None:
     """One item in a pool thread, in a context of its own: its calls, its retries, then its checkpoint."""
     node._enter_item(item.key)
     node.check_calls()
@@ -187,7 +220,7 @@ def _run_item(node: NodeContext, item: Item, fn: Callable[[Item], Any], policy: 
         item.complete(result)
 
 
-def map_in_threads(node: NodeContext, fn: Callable[[Item], Any], keys: Iterable[Any], *, concurrency: int,
+def map_in_threads(node: NodeContext, fn: Callable[[Any], Any], keys: Iterable[Any], *, concurrency: int,
                    retries: int | None) -> MapResult:
     if _is_async_callable(fn):
         raise ConfigurationError("ctx.map: the item function is async; map it with `await ctx.amap(...)`")
@@ -241,7 +274,7 @@ def _stop_now(node: NodeContext, tally: _Tally) -> bool:
 
 # -- asyncio tasks ------------------------------------------------------------------------------------------
 
-async def _run_item_async(node: NodeContext, item: Item, fn: Callable[[Item], Awaitable[Any]],
+async def _run_item_async(node: NodeContext, item: Item, fn: Callable[[Any], Awaitable[Any]],
                           policy: RetryPolicy) -> None:
     node._enter_item(item.key)  # a task runs in its own copy of the context
     node.check_calls()
@@ -259,7 +292,7 @@ async def _run_item_async(node: NodeContext, item: Item, fn: Callable[[Item], Aw
         await item.acomplete(result)
 
 
-async def map_in_tasks(node: NodeContext, fn: Callable[[Item], Awaitable[Any]], keys: Iterable[Any], *,
+async def map_in_tasks(node: NodeContext, fn: Callable[[Any], Awaitable[Any]], keys: Iterable[Any], *,
                        concurrency: int, retries: int | None) -> MapResult:
     if not _is_async_callable(fn):
         raise ConfigurationError("ctx.amap: the item function must be an `async def` function (a coroutine "
