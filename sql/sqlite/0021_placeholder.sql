@@ -1,0 +1,2 @@
+-- Placeholder: another branch's migration 0021 takes this number at merge (this file is dropped then).
+SELECT 1;
