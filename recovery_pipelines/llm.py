@@ -283,7 +283,8 @@ class LLMResource(ConfigurableResource):
         limits = ProviderLimits(requests_per_minute=self.requests_per_minute, tokens_per_minute=self.tokens_per_minute,
                                 per_model=self.budget_per_model, window_seconds=self.budget_window_seconds,
                                 margin_seconds=self.budget_margin_seconds)
-        guard = provider_guard(node, redact_url(base), policy, limits=limits,
-                               journal=self.journal) if node is not None else None
+        prices = Prices.parse(self.prices)
+        guard = provider_guard(node, redact_url(base), policy, limits=limits, journal=self.journal,
+                               prices=prices) if node is not None else None
         return OpenAICompatibleEnricher(base, self.model, self.api_key, self.timeout, policy, guard,
-                                        max_tokens=self.max_tokens, prices=Prices.parse(self.prices))
+                                        max_tokens=self.max_tokens, prices=prices)

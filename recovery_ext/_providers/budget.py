@@ -40,7 +40,7 @@ class Reservation:
         """Its answer arrived (or it failed): its room is held one window from now, then given back."""
         self.store.providers.budget_answered(self.id)
 
-    def settle(self, tokens: int) -> None:
+    def settle(self, tokens: int, cost: float | None = None) -> None:
         total = tokens if self.settled is None else self.settled + tokens  # several recorded parts of one call
         self.store.providers.budget_settle(self.id, total)
         self.settled = total
@@ -89,12 +89,17 @@ class RateBudget:
                 self.end_wait()
 
     def _sleep(self, seconds: float) -> None:
-        """Sleep, in slices short enough that a stop or a check ends the wait at once."""
-        deadline = time.monotonic() + seconds
-        while (left := deadline - time.monotonic()) > 0:
-            if self.stop is not None and self.stop.wait(min(left, 0.2)):
-                raise StopRequested("stopped while waiting for the provider's rate budget")
-            if self.stop is None:
-                time.sleep(min(left, 0.2))
-            if self.check is not None:
-                self.check()
+        sleep_or_stop(seconds, self.stop, self.check, "stopped while waiting for the provider's rate budget")
+
+
+def sleep_or_stop(seconds: float, stop: threading.Event | None, check: Callable[[], None] | None, why: str) -> None:
+    """Sleep, in slices short enough that a stop (raising :class:`StopRequested` with ``why``) or a ``check``
+    ends the wait at once."""
+    deadline = time.monotonic() + seconds
+    while (left := deadline - time.monotonic()) > 0:
+        if stop is not None and stop.wait(min(left, 0.2)):
+            raise StopRequested(why)
+        if stop is None:
+            time.sleep(min(left, 0.2))
+        if check is not None:
+            check()

@@ -35,11 +35,10 @@ from recovery_ext._store.database import retried
 from recovery_ext._store.models import Ownership
 from recovery_ext._store.schema import pipelines, spend_caps, spend_reservations
 from recovery_ext._store.statuses import WAITING, PipelineStatus
+from recovery_ext._store.waits import SPEND_REASON
 
 sc, sr = spend_caps.c, spend_reservations.c
 
-# A pipeline paused at its cap shows this reason prefix (see waits.py).
-SPEND_REASON = "spend cap"
 # Token caps stay far below what BIGINT sums hold; a money cap is any finite amount up to this.
 MAX_TOKENS = 2**53
 MAX_COST = 1e12
