@@ -59,11 +59,13 @@ def node_spend_cap(ctx: NodeContext, prices: Any = None) -> SpendCap | None:
     watchdog = ctx.watchdog
 
     def show(seconds: float, reason: str, first: bool) -> None:
-        if store.providers.show_spend_wait(own, seconds, reason, node=ctx.node_name, first=first) and first:
-            reporter.waiting(seconds, reason, kind=WaitKind.SPEND_CAP)
+        until = store.providers.show_wait(own, seconds, reason, kind=WaitKind.SPEND_CAP, node=ctx.node_name,
+                                          first=first)
+        if until is not None and first:
+            reporter.waiting(seconds, reason, until=until, kind=WaitKind.SPEND_CAP)
 
     def end() -> None:
-        if store.providers.clear_spend_wait(own, node=ctx.node_name):
+        if store.providers.clear_wait(own, kind=WaitKind.SPEND_CAP, node=ctx.node_name):
             reporter.going_on("the spend cap has room again")
 
     return SpendCap(store, own, caps, prices=prices, show_wait=show, end_wait=end,

@@ -100,3 +100,9 @@ class RunStateReporter:
         report(self.instance, self.run_id, self.job_name,
                f"recovery-ext: waiting over in {self.node}: {why}",
                metadata={"recovery_state": RUNNING, "node": self.node}, step_key=self.step_key, log=self.log)
+
+    def left(self, why: str) -> None:
+        """The node stopped waiting without the wait being over (a stop, a lost ownership): an event says so;
+        the tag is left to the run's own end."""
+        report(self.instance, self.run_id, self.job_name, f"recovery-ext: {why} ({self.node})",
+               metadata={"node": self.node}, step_key=self.step_key, log=self.log)

@@ -21,6 +21,7 @@ configuration itself changes; in between, an operator's change (``recovery-ext s
 
 from __future__ import annotations
 
+import datetime as dt
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -35,7 +36,7 @@ from recovery_ext._store.database import retried
 from recovery_ext._store.models import Ownership
 from recovery_ext._store.schema import pipelines, spend_caps, spend_reservations
 from recovery_ext._store.statuses import WAITING, PipelineStatus
-from recovery_ext._store.waits import SPEND_REASON
+from recovery_ext._store.waits import WaitKind
 
 sc, sr = spend_caps.c, spend_reservations.c
 
@@ -312,14 +313,16 @@ class SpendCapOps(BudgetOps):
                 "scope": scope, "max_tokens": row.max_tokens, "max_cost": row.max_cost, "by": values["changed_by"]}}])
         return CapState.from_row(row)
 
-    # -- a pipeline paused at its cap ------------------------------------------------------------
+    # -- a pipeline paused at its cap, or waiting on a provider job ------------------------------
 
     @retried
-    def show_spend_wait(self, own: Ownership, seconds: float, reason: str, *, node: str | None = None,
-                        first: bool = True) -> bool:
-        """Show the live pipeline as waiting at its spend cap, looking again in ``seconds``. ``first``: the pause
-        begins (a transition and an event are recorded); later looks only move the next look."""
-        reason = f"{SPEND_REASON}: {redact(reason)}"[:500]
+    def show_wait(self, own: Ownership, seconds: float, reason: str, *, kind: WaitKind, node: str | None = None,
+                  first: bool = True) -> dt.datetime | None:
+        """Show the live pipeline as waiting on ``kind`` (a spend cap, a provider job), its next look ``seconds``
+        from now; returns that time (database clock), or None when ``own`` no longer holds the pipeline.
+        ``first``: the wait begins (a transition and an event are recorded); later looks only move the next look.
+        The outage clock (``waiting_since``) is left alone: this is no outage."""
+        reason = f"{kind.value}: {redact(reason)}"[:500]
         p = pipelines.c
         with self.write() as conn:
             row = conn.execute(
@@ -329,35 +332,42 @@ class SpendCapOps(BudgetOps):
                         updated_at=self.dialect.now())
                 .returning(p.waiting_until)).first()
             if row is None:
-                return False
+                return None
             if first:
                 self.record_transitions(conn, [{"entity_type": "pipeline", "entity_id": own.pipeline_id,
                                                 "pipeline_id": own.pipeline_id, "from_status": PipelineStatus.RUNNING,
-                                                "to_status": WAITING, "event": "spend_cap_wait",
+                                                "to_status": WAITING, "event": WAIT_EVENTS[kind][0],
                                                 "data": {"reason": reason, "node": node}}])
                 self.record_events(conn, [{"kind": "pipeline_waiting", "pipeline_id": own.pipeline_id, "payload": {
-                    "reason": reason, "node": node, "seconds": round(seconds, 3),
-                    "next_try_at": row.waiting_until.isoformat() if row.waiting_until else None}}])
-        return True
+                    "reason": reason, "node": node, "waiting_on": kind.value, "seconds": round(seconds, 3),
+                    "next_check_at": row.waiting_until.isoformat() if row.waiting_until else None}}])
+        return row.waiting_until
 
     @retried
-    def clear_spend_wait(self, own: Ownership, *, node: str | None = None) -> bool:
+    def clear_wait(self, own: Ownership, *, kind: WaitKind, node: str | None = None) -> bool:
+        """The wait on ``kind`` is over (a wait of another kind on the pipeline is left alone)."""
         p = pipelines.c
         with self.write() as conn:
             row = conn.execute(
                 update(pipelines)
-                .where(p.id == own.pipeline_id, p.epoch == own.epoch, p.waiting_reason.startswith(SPEND_REASON))
+                .where(p.id == own.pipeline_id, p.epoch == own.epoch, p.waiting_reason.startswith(kind.value))
                 .values(waiting_until=None, waiting_reason=None, updated_at=self.dialect.now())
                 .returning(p.id)).first()
             if row is None:
                 return False
+            event = WAIT_EVENTS[kind][1]
             self.record_transitions(conn, [{"entity_type": "pipeline", "entity_id": own.pipeline_id,
                                             "pipeline_id": own.pipeline_id, "from_status": WAITING,
-                                            "to_status": PipelineStatus.RUNNING, "event": "spend_cap_raised",
+                                            "to_status": PipelineStatus.RUNNING, "event": event,
                                             "data": {"node": node}}])
             self.record_events(conn, [{"kind": "pipeline_waiting_over", "pipeline_id": own.pipeline_id,
-                                       "payload": {"node": node, "outcome": "spend_cap_raised"}}])
+                                       "payload": {"node": node, "outcome": event}}])
         return True
+
+
+# The transitions a wait records when it begins and when it ends, by what it waits on.
+WAIT_EVENTS = {WaitKind.SPEND_CAP: ("spend_cap_wait", "spend_cap_room"),
+               WaitKind.PROVIDER_JOB: ("provider_job_wait", "provider_job_ended")}
 
 
 def _pipeline_of(scope: str) -> int | None:

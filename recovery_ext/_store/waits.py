@@ -10,14 +10,10 @@ from __future__ import annotations
 
 from enum import StrEnum
 
-from recovery_ext._store.budgets import BUDGET_REASON
-
-# The prefixes of the waits that are not outages (spend_caps.py and provider_jobs.py write them).
-SPEND_REASON = "spend cap"
-JOB_REASON = "provider job"
-
 
 class WaitKind(StrEnum):
+    """What a pipeline waits on; each value but the outage's is its reasons' prefix (budgets.BUDGET_REASON, ...)."""
+
     OUTAGE = "provider outage"
     RATE_BUDGET = "rate budget"
     SPEND_CAP = "spend cap"
@@ -43,14 +39,10 @@ class WaitKind(StrEnum):
         return "next try" if self in (WaitKind.OUTAGE, WaitKind.RATE_BUDGET) else "next check"
 
 
-_PREFIXES = ((BUDGET_REASON, WaitKind.RATE_BUDGET), (SPEND_REASON, WaitKind.SPEND_CAP),
-             (JOB_REASON, WaitKind.PROVIDER_JOB))
-
-
 def wait_kind(reason: str | None) -> WaitKind:
     """The kind of wait ``reason`` (a pipeline's ``waiting_reason``) describes."""
     text = reason or ""
-    for prefix, kind in _PREFIXES:
-        if text.startswith(prefix):
+    for kind in (WaitKind.RATE_BUDGET, WaitKind.SPEND_CAP, WaitKind.PROVIDER_JOB):
+        if text.startswith(kind.value):
             return kind
     return WaitKind.OUTAGE

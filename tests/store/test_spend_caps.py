@@ -9,6 +9,7 @@ from sqlalchemy import update
 from recovery_ext._errors import ConfigurationError, NotFound, OwnershipLost
 from recovery_ext._store.schema import pipelines
 from recovery_ext._store.spend_caps import SpendCaps, deployment_scope, pipeline_scope
+from recovery_ext._store.waits import WaitKind
 
 
 def _pipeline(store, run="run-1"):
@@ -84,10 +85,12 @@ def test_a_jobs_reservation_is_settled_by_whoever_collects_it(store):
 
 def test_the_pause_at_the_cap_is_shown_and_cleared(store):
     own = _pipeline(store)
-    assert store.providers.show_spend_wait(own, 5.0, "pipeline:1: 100 of 100 tokens spent", node="n")
+    assert store.providers.show_wait(own, 5.0, "pipeline:1: 100 of 100 tokens spent", kind=WaitKind.SPEND_CAP,
+                                     node="n")
     row = store.pipelines.get_pipeline(own.pipeline_id)
     assert row.shown_status == "waiting" and row.waiting_reason.startswith("spend cap: ")
-    assert store.providers.clear_spend_wait(own, node="n")
+    assert not store.providers.clear_wait(own, kind=WaitKind.PROVIDER_JOB, node="n")  # not that wait
+    assert store.providers.clear_wait(own, kind=WaitKind.SPEND_CAP, node="n")
     assert store.pipelines.get_pipeline(own.pipeline_id).waiting_until is None
 
 
