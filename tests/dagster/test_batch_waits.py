@@ -6,6 +6,7 @@ stand-in of OpenAI's Batch API (the ``openai`` SDK), in process, on both databas
 from __future__ import annotations
 
 import datetime as dt
+import json
 import threading
 
 from click.testing import CliRunner
@@ -76,8 +77,12 @@ def test_a_pending_batch_shows_as_waiting_on_that_job_with_one_next_check(store,
     assert abs(distance - said) < POLL / 2, (distance, said)
     (over,) = [e.message for e in events if "waiting over in describe" in e.message]
     assert f"openai-batch job {batch_id} ended: completed" in over
-    transitions = [t["event"] for t in store.reports.transitions_for(pipeline_id=store.reports.list_pipelines()[0].id)]
+    pipeline_id = store.reports.list_pipelines()[0].id
+    transitions = [t["event"] for t in store.reports.transitions_for(pipeline_id=pipeline_id)]
     assert "provider_job_wait" in transitions and "outage_pause" not in transitions
+    # the report counts the wait as the job's, not an outage's
+    report = json.loads(CliRunner().invoke(main, ["--database-url", db_url, "--json", "report", str(pipeline_id)]).output)
+    assert set(report["waited_on"]) == {"provider job"} and report["waited_on"]["provider job"] > 0
 
 
 def test_a_run_that_stops_waiting_before_the_batch_ends_never_says_it_finished(store, db_url, monkeypatch, tmp_path):

@@ -128,3 +128,6 @@ def test_raising_the_cap_resumes_a_paused_pipeline(store, db_url, monkeypatch):
     costs = CliRunner().invoke(main, ["--database-url", db_url, "--json", "costs", str(pipeline.id)])
     (shown,) = json.loads(costs.output)["spend_caps"]
     assert shown["left_tokens"] == 100000 - cap.spent_tokens
+    report = json.loads(CliRunner().invoke(main, ["--database-url", db_url, "--json", "report",
+                                                  str(pipeline.id)]).output)
+    assert report["spend_caps"] == [shown] and set(report["waited_on"]) == {"spend cap"}
