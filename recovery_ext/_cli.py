@@ -317,7 +317,7 @@ def costs(store: CliStore, out: Output, pipeline_id: int | None) -> None:
     scopes = None
     if pipeline_id is not None:
         shown = store.pipelines.get_pipeline(pipeline_id)  # NotFound: one clear error
-        scopes = [pipeline_scope(pipeline_id), deployment_scope(shown.deployment)]
+        scopes = [pipeline_scope(pipeline_id), deployment_scope(shown.deployment or "")]
     report = store.reports.provider_costs(pipeline_id)
     caps = store.providers.spend_caps(scopes)
     if pipeline_id is not None:

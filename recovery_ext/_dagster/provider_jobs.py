@@ -163,7 +163,7 @@ def _wait(ctx: Any, adapter: JobAdapter, job_id: str, poll_seconds: float, items
     reason = f"{adapter.provider} job {_shown(job_id)} ({items} items)"
     superseded = ctx.watchdog.superseded if ctx.watchdog is not None else None
     shown = False
-    state = RUNNING
+    state: str = RUNNING
     try:
         while True:
             try:

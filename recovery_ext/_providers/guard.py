@@ -27,7 +27,7 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar, cast
 
 import tenacity
 from tenacity import RetryCallState
@@ -252,13 +252,13 @@ class ProviderGuard:
             if self.check is not None:
                 self.check()  # the budget wait may have been long
             pending = call.pending
-            found = pending.start(self.endpoint, call.model) if pending is not None else MISS
+            found: Any = pending.start(self.endpoint, call.model) if pending is not None else MISS
         except BaseException:
             reservation.release()
             raise
         if found is not MISS:
             reservation.release()  # answered from the journal: no request was made
-            return found
+            return cast(T, found)
         held = current_reservation.set(reservation if reservation.holds else None)
         try:
             result = fn(*args, **kwargs)
