@@ -244,7 +244,10 @@ class ProviderGuard:
         if self.pause is not None:
             self.pause.retrying()
         store = self.store
-        reservation = self._reserve(call)
+        # a journaled request's ledger row is named now: the spend cap's reservation names it, so that after a
+        # kill the row's recorded usage (if its answer was kept) settles the reservation
+        call_id = uuid.uuid4().hex if call.pending is not None else None
+        reservation = self._reserve(call, call_id)
         try:
             decision = self._breaker_decision(store) if store is not None else None
             if store is not None and decision is not None and not decision.allowed:
@@ -252,7 +255,7 @@ class ProviderGuard:
             if self.check is not None:
                 self.check()  # the budget wait may have been long
             pending = call.pending
-            found: Any = pending.start(self.endpoint, call.model) if pending is not None else MISS
+            found: Any = pending.start(self.endpoint, call.model, call_id=call_id) if pending is not None else MISS
         except BaseException:
             reservation.release()
             raise
@@ -292,10 +295,10 @@ class ProviderGuard:
             self.log(f"circuit breaker for {redact(self.endpoint)} closed: the probe succeeded")
         return result
 
-    def _reserve(self, call: _Call) -> AttemptHold:
+    def _reserve(self, call: _Call, call_id: str | None) -> AttemptHold:
         """The attempt's room under the spend caps, then in the rate budget (a pause at the cap holds no rate
         budget room meanwhile)."""
-        spend = self.spend.acquire(call.estimated_tokens, call.model) if self.spend is not None else None
+        spend = self.spend.acquire(call.estimated_tokens, call.model, ref=call_id) if self.spend is not None else None
         try:
             rate = self.budget.acquire(call.estimated_tokens, call.model) if self.budget is not None else None
         except BaseException:

@@ -34,7 +34,8 @@ from recovery_ext._errors import ConfigurationError, NotFound
 from recovery_ext._store.budgets import BudgetOps
 from recovery_ext._store.database import retried
 from recovery_ext._store.models import Ownership
-from recovery_ext._store.schema import pipelines, spend_caps, spend_reservations
+from recovery_ext._store.ledger import IN_FLIGHT
+from recovery_ext._store.schema import pipelines, provider_calls, spend_caps, spend_reservations
 from recovery_ext._store.statuses import WAITING, PipelineStatus
 from recovery_ext._store.waits import WaitKind
 
@@ -203,7 +204,29 @@ class SpendCapOps(BudgetOps):
                     "configured_tokens": stmt.excluded.configured_tokens,
                     "configured_cost": stmt.excluded.configured_cost,
                     "updated_at": case((changed, stmt.excluded.updated_at), else_=sc.updated_at)}))
+            self._settle_from_ledger(conn, own.pipeline_id)
         return [scope for scope, _, _ in scopes]
+
+    def _settle_from_ledger(self, conn, pipeline_id: int) -> None:
+        """Reservations an earlier owner of the pipeline left (a kill, a take-over) whose call the ledger knows
+        the outcome of: settled with what the ledger recorded. A call still in flight in the ledger (its answer
+        never arrived: the provider may have charged it) stays reserved."""
+        p = pipelines.c
+        left = conn.execute(
+            select(sr.id, sr.scope, sr.tokens, sr.cost, provider_calls.c.tokens_in, provider_calls.c.tokens_out,
+                   provider_calls.c.cost.label("spent_cost"), provider_calls.c.outcome)
+            .select_from(spend_reservations.join(provider_calls, provider_calls.c.id == sr.ref))
+            .where(sr.pipeline_id == pipeline_id, provider_calls.c.outcome != IN_FLIGHT,
+                   sr.epoch < select(p.epoch).where(p.id == pipeline_id).scalar_subquery())).all()
+        for row in left:
+            if not conn.execute(delete(spend_reservations).where(sr.id == row.id)).rowcount:
+                continue
+            if row.outcome == "ok":
+                self._settle_in(conn, [row], int(row.tokens_in + row.tokens_out), float(row.spent_cost or 0.0))
+            elif row.outcome == "timeout":  # it may have been charged: at its estimate, as a live call counts it
+                self._settle_in(conn, [row], int(row.tokens), float(row.cost))
+            else:  # refused by the provider: nothing was charged
+                self._settle_in(conn, [row], 0, 0.0)
 
     @retried
     def spend_reserve(self, own: Ownership, scopes: Sequence[str], *, tokens: int, cost: float | None = 0.0,

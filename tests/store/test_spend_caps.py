@@ -3,10 +3,14 @@ configuration against an operator's change, and the pause shown on the pipeline.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from sqlalchemy import update
 
 from recovery_ext._errors import ConfigurationError, NotFound, OwnershipLost
+from recovery_ext._store.ledger import IN_FLIGHT
+from recovery_ext._store.models import ProviderCall
 from recovery_ext._store.schema import pipelines
 from recovery_ext._store.spend_caps import SpendCaps, deployment_scope, pipeline_scope
 from recovery_ext._store.waits import WaitKind
@@ -99,3 +103,27 @@ def test_the_pause_at_the_cap_is_shown_and_cleared(store):
 def test_bad_caps_are_refused_with_a_clear_error(bad):
     with pytest.raises(ConfigurationError):
         SpendCaps(**bad)
+
+
+def test_a_dead_owners_reservation_is_settled_by_the_ledger_once_its_outcome_is_known(store):
+    own = _pipeline(store)
+    scope = store.providers.spend_configure(own, SpendCaps(pipeline_tokens=10_000))[0]
+    # three reservations of a process later killed, each naming its call's ledger row (as the guard does)
+    answered, refused, unknown = (ProviderCall(endpoint="https://llm.example", model="m", tokens_in=300,
+                                               tokens_out=100, cost=0.5),
+                                  ProviderCall(endpoint="https://llm.example", model="m", outcome="server_error"),
+                                  ProviderCall(endpoint="https://llm.example", model="m", outcome=IN_FLIGHT))
+    for call in (answered, refused, unknown):
+        assert store.providers.spend_reserve(own, [scope], tokens=1000, cost=2.0, ref=call.id).granted
+    rows = [replace(c, pipeline_id=own.pipeline_id, node_name="a", run_id=own.owner, epoch=own.epoch)
+            for c in (answered, refused, unknown)]
+    store.providers.record_provider_calls(rows)
+    store.providers.spend_configure(own, SpendCaps(pipeline_tokens=10_000))  # the live owner: nothing settled
+    assert store.providers.spend_cap(scope).reserved_tokens == 3000
+    with store.write() as conn:  # taken over: the reservations' owner is dead
+        conn.execute(update(pipelines).where(pipelines.c.id == own.pipeline_id).values(epoch=own.epoch + 1))
+    resumed = replace(own, epoch=own.epoch + 1)
+    store.providers.spend_configure(resumed, SpendCaps(pipeline_tokens=10_000))  # the resume's node starts
+    cap = store.providers.spend_cap(scope)
+    # the answered call counts what the ledger recorded, the refused one nothing, the unknown one stays reserved
+    assert (cap.spent_tokens, cap.spent_cost, cap.reserved_tokens, cap.reserved_cost) == (400, 0.5, 1000, 2.0)
