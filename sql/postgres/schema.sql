@@ -930,6 +930,8 @@ CREATE INDEX rx_queue_unknown_status ON public.rx_queue_items USING btree (id) W
 
 CREATE INDEX rx_rate_reservations_window ON public.rx_rate_reservations USING btree (endpoint, model, reserved_at);
 
+CREATE INDEX rx_spend_reservations_pipeline ON public.rx_spend_reservations USING btree (pipeline_id);
+
 CREATE INDEX rx_spend_reservations_ref ON public.rx_spend_reservations USING btree (ref) WHERE (ref IS NOT NULL);
 
 CREATE INDEX rx_spend_reservations_scope ON public.rx_spend_reservations USING btree (scope);

@@ -32,4 +32,6 @@ CREATE TABLE rx_spend_reservations (
 );
 
 CREATE INDEX rx_spend_reservations_scope ON rx_spend_reservations (scope);
+-- a prune deletes a finished pipeline's reservations by its id
+CREATE INDEX rx_spend_reservations_pipeline ON rx_spend_reservations (pipeline_id);
 CREATE INDEX rx_spend_reservations_ref ON rx_spend_reservations (ref) WHERE ref IS NOT NULL;

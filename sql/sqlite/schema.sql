@@ -339,6 +339,8 @@ CREATE INDEX rx_queue_unknown_status ON rx_queue_items (id)
 
 CREATE INDEX rx_rate_reservations_window ON rx_rate_reservations (endpoint, model, reserved_at);
 
+CREATE INDEX rx_spend_reservations_pipeline ON rx_spend_reservations (pipeline_id);
+
 CREATE INDEX rx_spend_reservations_ref ON rx_spend_reservations (ref) WHERE ref IS NOT NULL;
 
 CREATE INDEX rx_spend_reservations_scope ON rx_spend_reservations (scope);
