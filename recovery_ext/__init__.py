@@ -29,7 +29,7 @@ from recovery_ext._providers.prices import Prices
 from recovery_ext._providers.textract_jobs import TextractJobs
 from recovery_ext._recovery.protocol import scan
 from recovery_ext._recovery.scan import RecoverySettings
-from recovery_ext._providers.usage import read_usage
+from recovery_ext._providers.usage import UsageDetails, read_usage, read_usage_details
 from recovery_ext._settings import env_bool, env_seconds
 from recovery_ext._store.budgets import ProviderLimits
 from recovery_ext._store.models import (ItemCheckpoint, NodeSpec, Ownership, PassPlan, PipelineLimits, ProviderCall,
@@ -163,6 +163,7 @@ __all__ = [
     "TextractJobs",
     "UnfinishedItems",
     "UnresumableSelection",
+    "UsageDetails",
     "WAITING",
     "Watchdog",
     "celery_executor_config",
@@ -182,6 +183,7 @@ __all__ = [
     "make_stuck_item_sensor",
     "provider_guard",
     "read_usage",
+    "read_usage_details",
     "record_provider_call",
     "recoverable_asset",
     "recoverable_celery_executor",

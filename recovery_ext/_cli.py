@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import datetime as dt
 import errno
 import functools
 import json
@@ -10,7 +9,6 @@ import os
 import sys
 import time
 from pathlib import Path
-from collections.abc import Callable
 from importlib.metadata import entry_points
 from typing import TYPE_CHECKING, Any
 
@@ -18,149 +16,27 @@ import click
 from tabulate import tabulate
 
 from recovery_ext._conventions import jsonable
-from recovery_ext._errors import ConfigurationError, NotFound, RecoveryError, StoreUnavailable, install_hint
-from recovery_ext._settings import LONGEST, parse_duration
+from recovery_ext._errors import ConfigurationError, RecoveryError, install_hint
 from recovery_ext._recovery.protocol import scan
 from recovery_ext._recovery.scan import RecoverySettings
 from recovery_ext._classify.redaction import redact
-from recovery_ext._store.dialects import Dialect
 from recovery_ext._store.migrations import LIBRARY, check_package
 from recovery_ext._store.ledger import CostFigures
 from recovery_ext._store.ledger_rows import SKIPPED_NOTE
 from recovery_ext._store.models import IN_PROCESS_DEPLOYMENT, PassPlan
 from recovery_ext._store.retention import PruneResult
-from recovery_ext._store.store import URL_ENV, RecoveryStore, default_database_url
+from recovery_ext._store.store import URL_ENV
 from recovery_ext._store.statuses import WAITING, BreakerState, PipelineStatus, QueueStatus
 from recovery_ext._store.interfaces import CliStore, SensorStore
+from recovery_ext._store.waits import WaitKind, wait_kind
+from recovery_ext._store.spend_caps import deployment_scope, pipeline_scope
+
+from recovery_ext._cli_spend import CAP_HEADERS, cap_rows, spend_cap
+from recovery_ext._cli_common import (MAX_KINDS, ROW_ID, RULE, Age, BadArgument, Duration, Output, PollInterval,
+                                      _when, command, open_store)
 
 if TYPE_CHECKING:  # the report's modules load only when a report is asked for
     from recovery_ext._observe.timeline import Timeline
-
-RULE = "=" * 60
-CLI_RETRY_BUDGET = 3.0
-# Row ids are BIGINT: a larger number is a usage error (exit 2), never a driver overflow.
-ROW_ID = click.IntRange(min=1, max=2**63 - 1)
-# More distinct --kind values than any query should bind (PostgreSQL takes at most 65535 parameters).
-MAX_KINDS = 1000
-
-
-class BadArgument(click.ClickException):
-    """A bad argument found after parsing (a database URL, a missing SQLite file): one line, exit 2."""
-
-    exit_code = 2
-
-
-class Duration(click.ParamType):
-    """``90``, ``90s``, ``10m``, ``1h``, ``1d``: finite and within bounds (else exit 2)."""
-
-    name = "duration"
-    minimum, maximum = 1.0, 366 * 86400.0
-
-    def convert(self, value, param, ctx):
-        try:
-            seconds = parse_duration(value)
-        except ValueError as exc:
-            self.fail(str(exc), param, ctx)
-        if not self.minimum <= seconds <= self.maximum:
-            self.fail(f"must be between {self.minimum:g} and {self.maximum:g} seconds, got {value!r}", param, ctx)
-        return seconds
-
-
-class PollInterval(Duration):
-    name = "seconds"
-    minimum, maximum = 0.1, 60.0
-
-
-class Age(Duration):
-    """How long ago a pipeline finished: ``12h``, ``90d``, at least an hour (a pipeline that just failed may
-    still be taken over by Dagster's run retry, and late ledger writes may still arrive), at most a century."""
-
-    name = "duration"
-    minimum, maximum = 3600.0, LONGEST
-
-
-def _when(value: dt.datetime | None) -> str:
-    return value.astimezone(dt.UTC).strftime("%Y-%m-%d %H:%M:%S") if value else "-"
-
-
-class Output:
-    def __init__(self, as_json: bool) -> None:
-        self.json = as_json
-
-    def emit(self, data: Any, human: Callable[[], None]) -> None:
-        if self.json:
-            click.echo(json.dumps(jsonable(data), indent=2, sort_keys=True))
-        else:
-            human()
-
-    def progress(self, message: str) -> None:
-        if not self.json:
-            click.echo(message, err=True)
-
-
-def open_store(obj: dict, *, creates_database: bool = False) -> RecoveryStore:
-    """The store of ``--database-url`` (or the default), opened only once the arguments were accepted.
-
-    Only a command that creates the database (``migrate``) may create a SQLite file or its folder:
-    anywhere else a missing file is a mistyped path, and opening it would leave an empty database.
-    """
-    url = obj["url"] or default_database_url(create=creates_database)
-    try:
-        dialect = Dialect.for_url(url)
-        if not creates_database:
-            _require_sqlite_file(dialect)
-        # An operator waits a few seconds at most for an unreachable database, not a heartbeat timeout.
-        return RecoveryStore(url, retry_budget=CLI_RETRY_BUDGET, connect_timeout=5)
-    except ConfigurationError as exc:
-        raise BadArgument(redact(str(exc))) from None
-
-
-def _require_sqlite_file(dialect: Dialect) -> None:
-    missing = dialect.missing_database_file()
-    if missing is not None:
-        raise ConfigurationError(f"no SQLite database at {missing} (check --database-url, or create it with "
-                                 "`recovery-ext migrate`)")
-
-
-def command(fn=None, *, creates_database: bool = False):
-    """Open the store, map our errors to a clear message and exit status 1 (a bad argument: 2)."""
-    if fn is None:
-        return functools.partial(command, creates_database=creates_database)
-
-    @click.option("--json", "as_json", is_flag=True, help="Machine-readable JSON output.")
-    @click.pass_obj
-    @functools.wraps(fn)
-    def wrapper(obj, as_json, **kwargs):
-        out = Output(as_json or obj["json"])
-        store = open_store(obj, creates_database=creates_database)
-        try:
-            store.check_schema()  # a newer release's tables: one clear line, not a raw SQL error later
-            return fn(store, out, **kwargs)
-        except BrokenPipeError:
-            raise
-        except StoreUnavailable as exc:
-            raise click.ClickException(f"cannot reach the database at {store.dialect.safe_url()}: {exc}") from None
-        except NotFound as exc:
-            raise click.ClickException(str(exc)) from None
-        except RecoveryError as exc:
-            hint = ""
-            try:
-                if store.pending_migrations():
-                    hint = " (the schema is not up to date: run `recovery-ext migrate`)"
-            except RecoveryError:
-                pass
-            raise click.ClickException(redact(str(exc)) + hint) from None
-        except (click.ClickException, click.exceptions.Exit, click.exceptions.Abort, KeyboardInterrupt):
-            raise
-        except OSError as exc:  # e.g. demo setup --folder /proc/x
-            raise click.ClickException(redact(f"{exc.strerror or exc}: {exc.filename or ''}".rstrip(": "))) from None
-        except Exception as exc:  # noqa: BLE001 - no traceback reaches a user, whatever the input
-            raise click.ClickException(f"unexpected error ({type(exc).__name__}): {redact(exc)}") from None
-        finally:
-            store.close()
-
-    return wrapper
-
 
 class RedactingGroup(click.Group):
     """Usage errors quote the arguments; an argument may be a URL with a password.
@@ -212,6 +88,9 @@ def main(ctx: click.Context, database_url: str | None, as_json: bool) -> None:
     # Plugin commands open the store through ``open_store`` too.
     ctx.obj = {"url": database_url, "json": as_json}
     ctx.obj["open_store"] = functools.partial(open_store, ctx.obj)
+
+
+main.add_command(spend_cap)
 
 
 def _migration_packages(ctx, param, packages: tuple[str, ...]) -> tuple[str, ...]:
@@ -267,7 +146,8 @@ def status(store: CliStore, out: Output, threshold: float, deployment: str | Non
         "dead_items": [{"id": i.id, "queue": i.queue, "attempts": i.attempts, "last_error": i.last_error}
                        for i in store.reports.dead_items()],
         "queues": store.reports.queue_summary(),
-        "waiting": store.providers.waiting_pipelines(),
+        "waiting": [{**w, "waiting_on": wait_kind(w["waiting_reason"]).value}
+                    for w in store.providers.waiting_pipelines()],
         "circuit_breakers": [b for b in store.providers.breakers()
                              if b["state"] != BreakerState.CLOSED or b["consecutive_failures"]],
         "unwatched_pipelines": store.reports.unwatched_pipelines(),
@@ -302,10 +182,13 @@ def status(store: CliStore, out: Output, threshold: float, deployment: str | Non
         click.echo(f"Dead items: {len(data['dead_items'])}")
         for i in data["dead_items"]:
             click.echo(f"  - item {i['id']} ({i['queue']}) after {i['attempts']} attempts: {i['last_error']}")
-        click.echo(f"Waiting on a provider outage: {len(data['waiting'])}")
-        for w in data["waiting"]:
-            click.echo(f"  - pipeline {w['id']} ({w['job_name']}) waiting, next try {_when(w['waiting_until'])}: "
-                       f"{w['waiting_reason']}")
+        for kind in WaitKind:
+            waits = [w for w in data["waiting"] if w["waiting_on"] == kind]
+            if waits or kind == WaitKind.OUTAGE:
+                click.echo(f"{kind.heading}: {len(waits)}")
+            for w in waits:
+                click.echo(f"  - pipeline {w['id']} ({w['job_name']}) waiting, {kind.next_label} "
+                           f"{_when(w['waiting_until'])}: {w['waiting_reason']}")
         click.echo(f"Circuit breakers not closed: {sum(b['state'] != 'closed' for b in data['circuit_breakers'])}")
         for b in data["circuit_breakers"]:
             until = f" until {_when(b['open_until'])}" if b["state"] == BreakerState.OPEN else ""
@@ -431,9 +314,12 @@ def costs(store: CliStore, out: Output, pipeline_id: int | None) -> None:
     """Provider calls, tokens and cost: spent, saved by resume (kept from before a crash, at what they cost
     then; replayed: answers the call journal gave a resume), wasted (paid for, never checkpointed) and in
     flight at a crash (outcome unknown), for one pipeline by node, or for all by pipeline."""
+    scopes = None
     if pipeline_id is not None:
-        store.pipelines.get_pipeline(pipeline_id)  # NotFound: one clear error
+        shown = store.pipelines.get_pipeline(pipeline_id)  # NotFound: one clear error
+        scopes = [pipeline_scope(pipeline_id), deployment_scope(shown.deployment or "")]
     report = store.reports.provider_costs(pipeline_id)
+    caps = store.providers.spend_caps(scopes)
     if pipeline_id is not None:
         figures = report.pipelines.get(pipeline_id) or CostFigures()
         nodes = report.nodes.get(pipeline_id, {})
@@ -455,7 +341,11 @@ def costs(store: CliStore, out: Output, pipeline_id: int | None) -> None:
                             headers=[first, "calls", "tokens in", "tokens out", "cost",
                                      "saved calls/tokens/cost", "wasted calls/tokens/cost", "replayed",
                                      "in flight at a crash (unknown)"]))
+        if caps:
+            click.echo("\nSpend caps")
+            click.echo(tabulate(cap_rows(caps), headers=CAP_HEADERS))
 
+    data["spend_caps"] = [c.as_dict() for c in caps]
     out.emit(data, human)
     if report.skipped_rows:
         click.echo(f"warning: {report.skipped_rows} {SKIPPED_NOTE}", err=True)

@@ -16,7 +16,8 @@ from pydantic import Field
 
 from recovery_ext import LLMResource as LibraryLLMResource
 from recovery_ext import (ClassifiedError, NodeContext, Prices, ProviderCall, ProviderGuard, RetryPolicy,
-                          provider_guard, read_usage, record_provider_call, redact, redact_secret, redact_url,
+                          UsageDetails, provider_guard, read_usage, read_usage_details, record_provider_call, redact,
+                          redact_secret, redact_url,
                           with_context)
 
 SYSTEM_PROMPT = (
@@ -167,7 +168,7 @@ class OpenAICompatibleEnricher:
         return prompt + (self.max_tokens or 0)
 
     def _record(self, started: float, outcome: str, usage: tuple[int, int, str | None] = (0, 0, None),
-                response_model: str | None = None) -> None:
+                response_model: str | None = None, details: UsageDetails | None = None) -> None:
         """Every attempt, answered or not, goes into the ledger of the node (and item) it was made for.
 
         Named for OpenTelemetry as OpenAI's own instrumentation names it, whatever the base URL: a chat
@@ -178,7 +179,7 @@ class OpenAICompatibleEnricher:
         record_provider_call(ProviderCall(
             endpoint=self.endpoint, model=self.model, tokens_in=tokens_in, tokens_out=tokens_out,
             latency_seconds=time.monotonic() - started, outcome=outcome, cost=cost, operation="chat",
-            provider="openai", response_model=response_model, note=note))
+            provider="openai", response_model=response_model, note=note, **(details or UsageDetails())._asdict()))
 
     def _call(self, task: str, payload: dict[str, Any]) -> dict[str, Any]:
         started = time.monotonic()
@@ -199,7 +200,8 @@ class OpenAICompatibleEnricher:
         usage = getattr(response, "usage", None)
         answered_by = getattr(response, "model", None)
         self._record(started, "ok", read_usage(usage),
-                     answered_by[:200] if isinstance(answered_by, str) and answered_by else None)
+                     answered_by[:200] if isinstance(answered_by, str) and answered_by else None,
+                     read_usage_details(usage))
         return self._parsed(response.choices[0].message.content or "")
 
     def _parsed(self, content: str) -> dict[str, Any]:
@@ -253,7 +255,8 @@ class LLMResource(LibraryLLMResource):
             return HeuristicEnricher()
         policy = self.policy()
         base = self.base_url.rstrip("/")
-        guard = provider_guard(node, redact_url(base), policy, limits=self.limits(),
-                               journal=self.journal) if node is not None else None
+        prices = Prices.parse(self.prices)
+        guard = provider_guard(node, redact_url(base), policy, limits=self.limits(), journal=self.journal,
+                               prices=prices) if node is not None else None
         return OpenAICompatibleEnricher(base, self.model, self.api_key, self.timeout, policy, guard,
-                                        max_tokens=self.max_tokens, prices=Prices.parse(self.prices))
+                                        max_tokens=self.max_tokens, prices=prices)

@@ -5,8 +5,10 @@ a :class:`JobAdapter`:
 
 * the submission's idempotency token, its items and its ledger row are written (fenced) **before** the
   job is submitted; the provider's job id is written as soon as it is known;
-* while the job runs the pipeline shows ``waiting`` (the reason names the job), the node's heartbeat goes
-  on, so it is no orphan; a lost ownership ends the wait at once;
+* while the job runs the pipeline shows ``waiting`` on that job (the reason names it; apart from outages in
+  the CLI, the metrics and the report), the node's heartbeat goes on, so it is no orphan; a lost ownership
+  ends the wait at once;
+* under a spend cap each submission reserves its estimate first; the job's results settle it;
 * after a crash the resume finds the job in the store and **re-attaches** by its id (with no id yet, by
   the token at the provider: ``adapter.find``), and never submits again;
 * results are checkpointed per item, each with its ledger row (the tokens the provider reported);
@@ -22,24 +24,34 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from recovery_ext._classify.classifier import ClassifiedError, classify
+from recovery_ext._errors import OwnershipLost
+from recovery_ext._dagster.providers import node_spend_cap
 from recovery_ext._dagster.run_state import RunStateReporter
 from recovery_ext._providers.jobs import COMPLETED, RUNNING, JobAdapter, JobResult
 from recovery_ext._settings import check_count, check_seconds
 from recovery_ext._store.ledger import IN_FLIGHT
 from recovery_ext._store.models import ProviderCall
 from recovery_ext._store.statuses import JobStatus
+from recovery_ext._store.waits import WaitKind
 
 
 def run_provider_job(ctx: Any, adapter: JobAdapter, requests: Mapping[str, Any], *, poll_seconds: float = 30.0,
                      max_attempts: int = 3, keep: Callable[[str, Any], None] | None = None,
-                     prices: Any = None) -> int:
+                     prices: Any = None, estimated_tokens: int | Callable[[str, Any], int] | None = None,
+                     model: str | None = None) -> int:
     """Run the unfinished ones of ``requests`` (item key -> the request) as provider jobs until each item is
     checkpointed or ``max_attempts`` submissions of it failed. ``keep(key, answer)`` checkpoints an item
     (``ctx.checkpoint(key, result, also=...)``; default: the answer is its result). ``prices``
-    (:class:`Prices`) turns each item's tokens into cost. Returns how many items this call checkpointed."""
+    (:class:`Prices`) turns each item's tokens into cost. Returns how many items this call checkpointed.
+
+    Under a spend cap (the ``recovery`` resource's ``spend_cap_*``) each submission first reserves the sum of
+    its items' ``estimated_tokens`` (a number per item, or ``estimated_tokens(key, request)``; of ``model``
+    under ``prices`` for a cap in money); without an estimate a submission starts only while the cap has room.
+    The job's results settle the reservation, whichever run collects them."""
     check_seconds("run_provider_job(poll_seconds=...)", poll_seconds, minimum=0.01)
     check_count("run_provider_job(max_attempts=...)", max_attempts, minimum=1)
     store, own, node = ctx._store, ctx.ownership, ctx.node_name
+    spend = node_spend_cap(ctx, prices)
     unfinished = [item.key for item in ctx.items(list(requests))]
     done = 0
     if not unfinished:
@@ -58,8 +70,15 @@ def run_provider_job(ctx: Any, adapter: JobAdapter, requests: Mapping[str, Any],
                                               f"{adapter.provider} jobs")
             token, items = uuid.uuid4().hex, unfinished
             ctx.check_calls()
-            store.pipelines.job_submitting(own, node, token=token, provider=adapter.provider, items=items,
-                                           attempt=attempt, call=_submission(ctx, adapter))
+            held = None if spend is None else spend.acquire(_estimate(estimated_tokens, requests, items), model,
+                                                            ref=token)
+            try:
+                store.pipelines.job_submitting(own, node, token=token, provider=adapter.provider, items=items,
+                                               attempt=attempt, call=_submission(ctx, adapter))
+            except Exception:
+                if held is not None:
+                    held.release()  # nothing was submitted
+                raise
             job_id = _submit(ctx, adapter, requests, items, token, attempt)
         else:
             token, items, attempt = live.token, [k for k in live.items if k in requests], live.attempt
@@ -79,8 +98,13 @@ def run_provider_job(ctx: Any, adapter: JobAdapter, requests: Mapping[str, Any],
                 ctx.log.info(f"{node}: re-attached to {adapter.provider} job {_shown(job_id)} "
                              "(submitted before the crash)")
                 ctx.metadata["provider_job_reattached"] = job_id
-        state = _wait(ctx, adapter, job_id, poll_seconds)
-        done += _collect(ctx, adapter, adapter.results(job_id), [k for k in items if k in unfinished], keep, prices)
+        state = _wait(ctx, adapter, job_id, poll_seconds, len(items))
+        results = adapter.results(job_id)
+        done += _collect(ctx, adapter, results, [k for k in items if k in unfinished], keep, prices)
+        if spend is not None:  # the whole job's usage, also of the items a run before this one collected
+            found = [results[k] for k in items if k in results]
+            store.providers.spend_settle_ref(token, tokens=sum(r.tokens_in + r.tokens_out for r in found),
+                                             cost=sum(_cost(r, prices) or 0.0 for r in found))
         finished = ctx.completed_items()
         unfinished = [k for k in unfinished if k not in finished]
         others = [k for k in (live.items if live is not None else ()) if k not in requests and k not in finished]
@@ -130,14 +154,16 @@ def _submit(ctx: Any, adapter: JobAdapter, requests: Mapping[str, Any], items: l
     return job_id
 
 
-def _wait(ctx: Any, adapter: JobAdapter, job_id: str, poll_seconds: float) -> str:
-    """Poll until the job is no longer running, the pipeline shown as waiting meanwhile; the heartbeat goes
-    on, and a lost ownership (or a stop) ends the wait at once."""
+def _wait(ctx: Any, adapter: JobAdapter, job_id: str, poll_seconds: float, items: int) -> str:
+    """Poll until the job is no longer running, the pipeline shown as waiting on the job meanwhile (its next
+    check one poll ahead, on the pipeline row and in the run's event alike); the heartbeat goes on, and a lost
+    ownership (or a stop) ends the wait at once. Only a job seen ending is said to have ended."""
     store, own, node = ctx._store, ctx.ownership, ctx.node_name
     reporter = RunStateReporter(ctx.context, node)
-    reason = f"waiting for {adapter.provider} job {_shown(job_id)}"
+    reason = f"{adapter.provider} job {_shown(job_id)} ({items} items)"
     superseded = ctx.watchdog.superseded if ctx.watchdog is not None else None
     shown = False
+    state: str = RUNNING
     try:
         while True:
             try:
@@ -148,9 +174,14 @@ def _wait(ctx: Any, adapter: JobAdapter, job_id: str, poll_seconds: float) -> st
                 state = RUNNING
             if state != RUNNING:
                 return state
-            until = store.providers.set_waiting(own, poll_seconds * 2, reason, node=node)
+            until = store.providers.show_wait(own, poll_seconds, reason, kind=WaitKind.PROVIDER_JOB, node=node,
+                                              first=not shown)
+            if until is None:  # taken over (or finished by another run): not this run's wait any more
+                ctx.check()
+                raise OwnershipLost(owner="(another run)", pipeline_id=own.pipeline_id)
             if not shown:
-                reporter.waiting(poll_seconds, reason, until=until)
+                reporter.waiting(poll_seconds, reason, until=until, kind=WaitKind.PROVIDER_JOB,
+                                 metadata={"provider": adapter.provider, "job_id": job_id, "items": items})
                 shown = True
             if superseded is not None:
                 superseded.wait(poll_seconds)
@@ -159,8 +190,29 @@ def _wait(ctx: Any, adapter: JobAdapter, job_id: str, poll_seconds: float) -> st
             ctx.check_calls()
     finally:
         if shown:
-            store.providers.clear_waiting(own, node=node)
-            reporter.going_on(f"{adapter.provider} job {_shown(job_id)} finished")
+            store.providers.clear_wait(own, kind=WaitKind.PROVIDER_JOB, node=node)
+            if state != RUNNING:
+                reporter.going_on(f"{adapter.provider} job {_shown(job_id)} ended: {state}")
+            else:  # stopped, superseded, the run worker gone: the job goes on at the provider
+                reporter.left(f"stopped waiting on {adapter.provider} job {_shown(job_id)}, which is still running "
+                              "at the provider: a resume re-attaches to it")
+
+
+def _estimate(estimated: int | Callable[[str, Any], int] | None, requests: Mapping[str, Any],
+              items: list[str]) -> int:
+    """A submission's estimated tokens: the sum of its items' (1 without an estimate: it needs room left)."""
+    if estimated is None:
+        return 1
+    if callable(estimated):
+        return sum(max(0, int(estimated(k, requests[k]))) for k in items)
+    return max(0, int(estimated)) * len(items)
+
+
+def _cost(found: JobResult, prices: Any) -> float | None:
+    """An item's cost: the adapter's, else its tokens under ``prices`` (unknown when its usage was unreadable)."""
+    if found.cost is not None or prices is None or found.note is not None:
+        return found.cost
+    return prices.cost(found.model, found.tokens_in, found.tokens_out)
 
 
 def _collect(ctx: Any, adapter: JobAdapter, results: Mapping[str, JobResult], keys: list[str],
@@ -171,9 +223,7 @@ def _collect(ctx: Any, adapter: JobAdapter, results: Mapping[str, JobResult], ke
         found = results.get(key)
         if found is None:
             continue
-        cost = found.cost
-        if cost is None and prices is not None and found.note is None:  # unreadable usage: cost unknown
-            cost = prices.cost(found.model, found.tokens_in, found.tokens_out)
+        cost = _cost(found, prices)
         ctx.record_call(ProviderCall(endpoint=adapter.endpoint, model=found.model, tokens_in=found.tokens_in,
                                      tokens_out=found.tokens_out, outcome=found.error or "ok",
                                      cost=cost if found.error is None else None, operation="batch",

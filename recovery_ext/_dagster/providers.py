@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import math
+from collections.abc import Callable
+from typing import Any
 
 from dagster import Failure, RetryRequested
 
@@ -13,12 +13,14 @@ from recovery_ext._errors import OwnershipLost
 from recovery_ext._providers.budget import RateBudget
 from recovery_ext._store.budgets import ProviderLimits
 from recovery_ext._providers.guard import ProviderGuard, StorePause
+from recovery_ext._providers.spend import SpendCap
 from recovery_ext._classify.redaction import redact
 from recovery_ext._classify.retry import RetryPolicy, wait_jittered_exponential
 from recovery_ext._dagster.errors import to_failure
 from recovery_ext._dagster.context import NodeContext
 from recovery_ext._dagster.node_run import NodeRun
 from recovery_ext._dagster.run_state import RunStateReporter
+from recovery_ext._store.waits import WaitKind
 from recovery_ext._store.models import Ownership
 
 
@@ -46,11 +48,38 @@ class RunVisiblePause(StorePause):
             self.reporter.going_on("the provider answered" if outage_over else "the outage budget is spent")
 
 
+def node_spend_cap(ctx: NodeContext, prices: Any = None) -> SpendCap | None:
+    """The spend caps of this node's pipeline (the ``recovery`` resource's ``spend_cap_*`` settings), or None
+    when it has none. A pause at a cap is shown on the pipeline and on the Dagster run."""
+    caps = ctx.resource.spend_caps()
+    if not caps.enabled:
+        return None
+    store, own = ctx._store, ctx.ownership
+    reporter = RunStateReporter(ctx.context, ctx.node_name)
+    watchdog = ctx.watchdog
+
+    def show(seconds: float, reason: str, first: bool) -> None:
+        until = store.providers.show_wait(own, seconds, reason, kind=WaitKind.SPEND_CAP, node=ctx.node_name,
+                                          first=first)
+        if until is not None and first:
+            reporter.waiting(seconds, reason, until=until, kind=WaitKind.SPEND_CAP)
+
+    def end() -> None:
+        if store.providers.clear_wait(own, kind=WaitKind.SPEND_CAP, node=ctx.node_name):
+            reporter.going_on("the spend cap has room again")
+
+    return SpendCap(store, own, caps, prices=prices, show_wait=show, end_wait=end,
+                    stop=watchdog.superseded if watchdog is not None else None, check=ctx.check_calls,
+                    log=ctx.log.warning)
+
+
 def provider_guard(ctx: NodeContext, endpoint: str, policy: RetryPolicy, *,
                    sleep: Callable[[float], None] | None = None, limits: ProviderLimits | None = None,
-                   journal: bool = True) -> ProviderGuard:
+                   journal: bool = True, prices: Any = None) -> ProviderGuard:
     """Calls to ``endpoint`` from this node: the shared breaker, Retry-After, pauses shown on the pipeline,
-    and with ``limits`` the endpoint's request and token budget shared by every process.
+    and with ``limits`` the endpoint's request and token budget shared by every process. Each call first
+    reserves its estimated tokens under the pipeline's spend caps, if the ``recovery`` resource sets any
+    (``prices``, a :class:`Prices`, turns them into the most they can cost, for a cap in money).
 
     A pause or a budget wait sleeps in the node while its heartbeat goes on; losing ownership wakes it at
     once. No attempt starts once this worker is superseded or its run worker died. With ``journal`` (the
@@ -70,7 +99,7 @@ def provider_guard(ctx: NodeContext, endpoint: str, policy: RetryPolicy, *,
         endpoint, policy=policy, settings=ctx.resource.outage_settings(), store=store,
         pause=RunVisiblePause(store, own, ctx.node_name, RunStateReporter(ctx.context, ctx.node_name)), who=who,
         shutdown=shutdown, sleep=sleep, log=ctx.log.warning, budget=budget, check=ctx.check_calls,
-        journal=ctx.journal if journal else None,
+        journal=ctx.journal if journal else None, spend=node_spend_cap(ctx, prices),
     )
 
 

@@ -22,6 +22,7 @@ from recovery_ext._classify.redaction import redact
 from recovery_ext._classify.retry import RetryPolicy, wait_jittered_exponential
 from recovery_ext._store.migrations import check_package
 from recovery_ext._store.models import IN_PROCESS_DEPLOYMENT, PipelineLimits
+from recovery_ext._store.spend_caps import SpendCaps
 from recovery_ext._store.store import RecoveryStore, default_database_url
 
 log = logging.getLogger("recovery_ext.resources")
@@ -189,6 +190,22 @@ class RecoveryResource(ConfigurableResource):
         "reading it again (0: before every provider call). Another process's opening of the breaker reaches this "
         "node at most this much later; any failure in this node drops the trust at once.")
 
+    spend_cap_tokens: int | None = Field(
+        default=None, description="Most tokens one pipeline may spend on provider calls and jobs, across its runs, "
+        "resumes and take-overs. Each request and job submission reserves its estimate first; at the cap the "
+        "pipeline pauses (waiting, reason 'spend cap') until an operator raises it (`recovery-ext spend-cap set`). "
+        "None: no cap.")
+    spend_cap_cost: float | None = Field(
+        default=None, description="Most money one pipeline may spend, in the currency of the price table the calls "
+        "are priced with (a call of an unpriced model counts 0 here, as in the ledger). None: no cap.")
+    deployment_spend_cap_tokens: int | None = Field(
+        default=None, description="Most tokens all the pipelines of this deployment may spend together, over the "
+        "life of the application tables (an operator raises or resets it). None: no cap.")
+    deployment_spend_cap_cost: float | None = Field(
+        default=None, description="Most money all the pipelines of this deployment may spend together. None: no cap.")
+    spend_cap_poll_seconds: float = Field(
+        default=30.0, description="How often a pipeline paused at a spend cap looks whether it was raised.")
+
     @model_validator(mode="after")
     def _validate(self) -> RecoveryResource:
         """Refuse NaN, infinities, out-of-bounds and contradictory settings when the definitions load."""
@@ -223,6 +240,7 @@ class RecoveryResource(ConfigurableResource):
         check_count("breaker_failure_threshold", self.breaker_failure_threshold, minimum=1, maximum=1000)
         check_seconds("breaker_refresh_seconds", self.breaker_refresh_seconds, minimum=0.0, maximum=60.0)
         self.outage_settings()
+        self.spend_caps()
         return self
 
     def enforce_event_retention(self, store: RecoveryStore) -> int:
@@ -270,6 +288,11 @@ class RecoveryResource(ConfigurableResource):
             breaker_threshold=self.breaker_failure_threshold, breaker_cooldown=self.breaker_cooldown,
             breaker_max_cooldown=self.breaker_max_cooldown, probe_timeout=self.breaker_probe_timeout,
             breaker_refresh=self.breaker_refresh_seconds)
+
+    def spend_caps(self) -> SpendCaps:
+        return SpendCaps(pipeline_tokens=self.spend_cap_tokens, pipeline_cost=self.spend_cap_cost,
+                         deployment_tokens=self.deployment_spend_cap_tokens,
+                         deployment_cost=self.deployment_spend_cap_cost, poll_seconds=self.spend_cap_poll_seconds)
 
     def retry_wait(self) -> wait_jittered_exponential:
         return wait_jittered_exponential(self.retry_initial_delay, max_delay=self.retry_max_delay,

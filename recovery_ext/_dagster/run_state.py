@@ -19,6 +19,7 @@ from recovery_ext._dagster.compat import EngineEventData
 from recovery_ext._classify.redaction import redact
 from recovery_ext._dagster.tags import TAG_STATE
 from recovery_ext._store.statuses import WAITING, PipelineStatus
+from recovery_ext._store.waits import WaitKind, wait_kind
 
 # The values of the run's recovery/state tag: a tag holds plain strings.
 RUNNING = PipelineStatus.RUNNING.value
@@ -74,16 +75,21 @@ class RunStateReporter:
         self.step_key = _step_key(context)
         self.log = getattr(context, "log", None)
 
-    def waiting(self, seconds: float, reason: str, *, until: dt.datetime | None = None) -> None:
-        """The pipeline pauses: ``recovery/state=waiting`` and an event with the reason and the next try."""
-        next_try = until or (dt.datetime.now(dt.UTC) + dt.timedelta(seconds=seconds))
-        when = next_try.astimezone(dt.UTC).strftime("%H:%M:%S UTC")
+    def waiting(self, seconds: float, reason: str, *, until: dt.datetime | None = None,
+                kind: WaitKind | None = None, metadata: Mapping[str, Any] | None = None) -> None:
+        """The pipeline pauses: ``recovery/state=waiting`` and an event with what it waits on (``kind``, default:
+        told from ``reason``), the reason and the next try or check, ``until`` (the pipeline row's, on the
+        database clock) being ``seconds`` from now."""
+        kind = kind or wait_kind(reason)
+        next_at = until or (dt.datetime.now(dt.UTC) + dt.timedelta(seconds=seconds))
+        when = next_at.astimezone(dt.UTC).strftime("%H:%M:%S UTC")
         set_state(self.instance, self.run_id, WAITING, log=self.log)
         report(self.instance, self.run_id, self.job_name,
-               f"recovery-ext: waiting out a provider outage in {self.node}: next try at {when} "
+               f"recovery-ext: {kind.doing} in {self.node}: {kind.next_label} at {when} "
                f"(in {seconds:.1f} s); reason: {reason}",
-               metadata={"recovery_state": WAITING, "node": self.node, "next_try": next_try.isoformat(),
-                         "wait_seconds": f"{seconds:.1f}", "reason": reason},
+               metadata={"recovery_state": WAITING, "waiting_on": kind.value, "node": self.node,
+                         kind.next_label.replace(" ", "_"): next_at.isoformat(), "wait_seconds": f"{seconds:.1f}",
+                         "reason": reason, **(metadata or {})},
                step_key=self.step_key, log=self.log)
 
     def going_on(self, why: str) -> None:
@@ -94,3 +100,9 @@ class RunStateReporter:
         report(self.instance, self.run_id, self.job_name,
                f"recovery-ext: waiting over in {self.node}: {why}",
                metadata={"recovery_state": RUNNING, "node": self.node}, step_key=self.step_key, log=self.log)
+
+    def left(self, why: str) -> None:
+        """The node stopped waiting without the wait being over (a stop, a lost ownership): an event says so;
+        the tag is left to the run's own end."""
+        report(self.instance, self.run_id, self.job_name, f"recovery-ext: {why} ({self.node})",
+               metadata={"node": self.node}, step_key=self.step_key, log=self.log)

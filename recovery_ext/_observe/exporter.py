@@ -49,7 +49,8 @@ SCRAPE_SECONDS = MetricSpec("recovery_scrape_duration_seconds", "gauge",
 PIPELINES = MetricSpec("recovery_pipelines", "gauge", "Pipelines by deployment, Dagster job and status (rx_pipelines)",
                        tuple(PIPELINE_LABELS))
 WAITING = MetricSpec("recovery_pipelines_waiting", "gauge",
-                     "Running pipelines paused by a provider outage (shown as waiting)", ("dagster_job",))
+                     "Running pipelines shown as waiting, by what they wait on (a provider outage, a rate budget, "
+                     "a spend cap, a provider job)", ("dagster_job", "waiting_on"))
 EXPIRED = MetricSpec("recovery_pipelines_heartbeat_expired", "gauge",
                      "Running pipelines whose heartbeat deadline passed: orphans not reclaimed yet", ("dagster_job",))
 OLDEST_HEARTBEAT = MetricSpec("recovery_oldest_heartbeat_age_seconds", "gauge",
@@ -88,11 +89,20 @@ FATES = {fate: {what: MetricSpec(f"recovery_provider_{fate}_{what}", "counter", 
 LEDGER_SKIPPED = MetricSpec("recovery_ledger_rows_skipped", "gauge",
                             "Corrupt ledger rows (e.g. an infinite token count) left out of the provider metrics")
 
+# Spend caps (per deployment, and per running pipeline): each cap and what is left of it (spent and reserved
+# taken off). A cap of one kind only (tokens or money) shows only that kind.
+SPEND_CAPS = {(kind, what): MetricSpec(f"recovery_spend_cap_{kind}{suffix}", "gauge", f"{help_} ({unit})", ("scope",))
+              for kind, unit in (("tokens", "tokens"), ("cost", "in the price table's currency"))
+              for what, suffix, help_ in (("cap", "", "A spend cap"),
+                                          ("left", "_left", "What a spend cap leaves: the cap less spent and "
+                                                            "reserved"))}
+
 METRICS: tuple[MetricSpec, ...] = (DATABASE_UP, SCRAPE_SECONDS, PIPELINES, WAITING, EXPIRED, OLDEST_HEARTBEAT,
                                    RECLAIMS, RESUME_RUNS, GIVEN_UP, ITEMS, QUEUE_ITEMS, QUEUE_DEPTH, QUEUE_DEAD,
                                    BREAKER_STATE, BREAKER_FAILURES, PROVIDER_CALLS, PROVIDER_TOKENS, PROVIDER_COST,
                                    LEDGER_SKIPPED,
-                                   *(spec for fate in FATES.values() for spec in fate.values()))
+                                   *(spec for fate in FATES.values() for spec in fate.values()),
+                                   *SPEND_CAPS.values())
 
 
 # Seconds a scrape may spend on any statement or lock wait: with the CLI's 5 s connect timeout, a scrape of a
@@ -141,7 +151,10 @@ def snapshot_families(s: MetricsSnapshot) -> Iterator[Metric]:
     for values, n in s.pipelines:
         pipelines.add_metric([_text(v) for v in values], n)
     yield pipelines
-    yield _by_one(WAITING, s.waiting_pipelines)
+    waiting = WAITING.family()
+    for job, kind, n in s.waiting_pipelines:
+        waiting.add_metric([_text(job), kind], n)
+    yield waiting
     yield _by_one(EXPIRED, s.expired_pipelines)
     oldest = OLDEST_HEARTBEAT.family()
     oldest.add_metric([], s.oldest_heartbeat_age_seconds or 0.0)
@@ -175,6 +188,17 @@ def snapshot_families(s: MetricsSnapshot) -> Iterator[Metric]:
     yield state
     yield failures
     yield from _provider_families(s)
+    yield from _spend_cap_families(s)
+
+
+def _spend_cap_families(s: MetricsSnapshot) -> Iterator[Metric]:
+    for (kind, what), spec in SPEND_CAPS.items():
+        family = spec.family()
+        for cap in s.spend_caps:
+            value = getattr(cap, f"max_{kind}" if what == "cap" else f"left_{kind}")
+            if value is not None:
+                family.add_metric([_text(cap.scope)], float(value))
+        yield family
 
 
 def _provider_families(s: MetricsSnapshot) -> Iterator[Metric]:

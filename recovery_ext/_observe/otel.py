@@ -9,7 +9,19 @@ imports OpenTelemetry and a provider call costs one global read (see
   ERROR with ``error.type`` when the call failed;
 * ``gen_ai.client.operation.duration`` (histogram, ``s``), every call, ``error.type`` on failures;
 * ``gen_ai.client.token.usage`` (histogram, ``{token}``), once per ``gen_ai.token.type`` (``input``,
-  ``output``), for answered calls only: the conventions keep failed operations out of it.
+  ``output``), for answered calls only: the conventions keep failed operations out of it;
+* the inference token metrics (the conventions' ``gen-ai-token-metrics``), for answered calls only: the
+  counters ``gen_ai.client.inference.usage.input_tokens`` and ``.output_tokens`` (cached and reasoning
+  tokens included) and ``.cache_read.input_tokens``, ``.cache_write.input_tokens`` and
+  ``.reasoning.output_tokens`` (when the provider said them), each with ``gen_ai.token.modality``
+  (``unknown``: no provider call here breaks its usage down by modality), and the per-operation histograms
+  ``gen_ai.client.inference.operation.input_tokens`` and ``.output_tokens``.
+
+The span carries ``gen_ai.usage.input_tokens`` and ``gen_ai.usage.output_tokens`` (cached and reasoning
+tokens included, as the conventions count them) and, when the provider said them,
+``gen_ai.usage.cache_read.input_tokens``, ``gen_ai.usage.cache_creation.input_tokens`` and
+``gen_ai.usage.reasoning.output_tokens``. The conventions' deprecated names (``gen_ai.system``,
+``gen_ai.usage.prompt_tokens``, ``gen_ai.usage.completion_tokens``) are never emitted.
 
 Telemetry goes through the tracer and meter providers given, else OpenTelemetry's global ones, so
 the application's own SDK setup (exporters, sampling, views) applies, as with any instrumentation.
@@ -42,6 +54,18 @@ UNKNOWN_PROVIDER = "unknown"
 TOKEN_BUCKETS = (1, 4, 16, 64, 256, 1024, 4096, 16384, 65536, 262144, 1048576, 4194304, 16777216, 67108864)
 DURATION_BUCKETS = (0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48, 40.96, 81.92)
 DEFAULT_PORTS = {"http": 80, "https": 443}
+# The provider reports no breakdown of its tokens by modality: the conventions' value for that.
+UNKNOWN_MODALITY = "unknown"
+# The parts of a call's tokens the provider may report: (ProviderCall field, span attribute, usage counter).
+TOKEN_PARTS = (("cache_read_tokens", "gen_ai.usage.cache_read.input_tokens",
+                "gen_ai.client.inference.usage.cache_read.input_tokens",
+                "The number of input tokens served from a provider-managed cache."),
+               ("cache_write_tokens", "gen_ai.usage.cache_creation.input_tokens",
+                "gen_ai.client.inference.usage.cache_write.input_tokens",
+                "The number of input tokens written to a provider-managed cache."),
+               ("reasoning_tokens", "gen_ai.usage.reasoning.output_tokens",
+                "gen_ai.client.inference.usage.reasoning.output_tokens",
+                "The number of output tokens used for reasoning (e.g. chain-of-thought, extended thinking)."))
 
 _lock = threading.Lock()
 _emitter: _Emitter | None = None
@@ -84,6 +108,20 @@ class _Emitter:
         self.duration = meter.create_histogram(
             "gen_ai.client.operation.duration", unit="s", description="GenAI operation duration.",
             explicit_bucket_boundaries_advisory=DURATION_BUCKETS)
+        usage = "gen_ai.client.inference.usage"
+        self.used = {
+            "input": meter.create_counter(f"{usage}.input_tokens", unit="{token}", description=(
+                "The number of input (prompt) tokens used, including cached tokens.")),
+            "output": meter.create_counter(f"{usage}.output_tokens", unit="{token}", description=(
+                "The number of output (completion) tokens used, including reasoning tokens.")),
+            **{field: meter.create_counter(counter, unit="{token}", description=text)
+               for field, _, counter, text in TOKEN_PARTS}}
+        operation = "gen_ai.client.inference.operation"
+        self.per_operation = {
+            side: meter.create_histogram(f"{operation}.{side}_tokens", unit="{token}",
+                                         description=f"The number of {side} tokens used per inference operation.",
+                                         explicit_bucket_boundaries_advisory=TOKEN_BUCKETS)
+            for side in ("input", "output")}
 
     def __call__(self, call: ProviderCall) -> None:
         end = time.time_ns()
@@ -110,12 +148,17 @@ class _Emitter:
         if error is not None:
             measured["error.type"] = error
         self.duration.record(call.latency_seconds, measured)
+        parts = {field: getattr(call, field) for field, _, _, _ in TOKEN_PARTS}
         if not failed:
             self.token_usage.record(call.tokens_in, {**measured, "gen_ai.token.type": "input"})
             self.token_usage.record(call.tokens_out, {**measured, "gen_ai.token.type": "output"})
+            self._record_usage(call, measured, parts)
 
         attributes = {**measured, "gen_ai.usage.input_tokens": call.tokens_in,
                       "gen_ai.usage.output_tokens": call.tokens_out, "recovery.call_id": call.id}
+        for field, attribute, _, _ in TOKEN_PARTS:
+            if parts[field] is not None:
+                attributes[attribute] = parts[field]
         for key, value in (("recovery.pipeline_id", call.pipeline_id), ("recovery.item", call.item_key),
                            ("recovery.run_id", call.run_id), ("recovery.epoch", call.epoch),
                            ("recovery.cost", call.cost)):
@@ -127,6 +170,19 @@ class _Emitter:
             status, code = self.status
             span.set_status(status(code.ERROR, error))
         span.end(end_time=end)
+
+
+    def _record_usage(self, call: ProviderCall, measured: dict[str, Any], parts: dict[str, int | None]) -> None:
+        """The inference token metrics of an answered call: the usage counters (by modality, each part the
+        provider reported) and the per-operation histograms (no modality: their percentiles must add up)."""
+        by_modality = {**measured, "gen_ai.token.modality": UNKNOWN_MODALITY}
+        self.used["input"].add(call.tokens_in, by_modality)
+        self.used["output"].add(call.tokens_out, by_modality)
+        for field, value in parts.items():
+            if value is not None:
+                self.used[field].add(value, by_modality)
+        self.per_operation["input"].record(call.tokens_in, measured)
+        self.per_operation["output"].record(call.tokens_out, measured)
 
 
 def instrument_opentelemetry(*, tracer_provider: Any = None, meter_provider: Any = None) -> bool:

@@ -75,9 +75,12 @@ def render_html(t: Timeline) -> str:
         ("items done", str(items_total), " + ".join(str(r.items_done) for r in t.runs) + " by run"),
         ("kept across crashes", str(kept), "items not redone by a later run"),
         ("time without a run", _duration(down), "faults and resume launches"),
-        ("waited on providers", _duration(t.waited_seconds), "outage pauses"),
+        ("waited on providers", _duration(t.waited_seconds),
+         " · ".join(f"{kind} {_duration(seconds)}" for kind, seconds in sorted(t.waited_on.items()))
+         or "outages, rate budgets, spend caps, provider jobs"),
     ]
     cards += _cost_cards(t.costs)
+    cards += _cap_cards(t.spend_caps)
     card_html = "".join(f'<div class="card" data-card="{escape(k)}"><div class="k">{escape(k)}</div>'
                         f'<div class="v">{escape(v)}</div><div class="d">{escape(d)}</div></div>' for k, v, d in cards)
     title = f"Pipeline {p.id} · {p.job_name}"
@@ -347,7 +350,7 @@ def _legend(with_calls: bool = False, in_flight: bool = False) -> str:
     entries = [(f"background:{RUN_COLOURS[0]}", "a run (one colour per epoch)"),
                (f"background:{FAULT}", "crash: the run's last write, then nothing until the reclaim"),
                (f"background:{RECLAIM}", "reclaim / takeover"),
-               (f"background:{WAIT}", "waiting on a provider outage"),
+               (f"background:{WAIT}", "waiting (a provider outage, a rate budget, a spend cap, a provider job)"),
                (f"background:{DONE}", "pipeline finished"), *fates]
     return '<div class="legend">' + "".join(
         f'<span><span class="swatch" style="{style}"></span>{escape(text)}</span>' for style, text in entries) \
@@ -443,6 +446,20 @@ def _cost_cards(costs: dict[str, Any]) -> list[tuple[str, str, str]]:
 
     return [("provider spent", *figure("")), ("saved by resume", *figure("saved_")),
             ("wasted", *figure("wasted_"))]
+
+
+def _cap_cards(caps: list[dict[str, Any]]) -> list[tuple[str, str, str]]:
+    """Each spend cap over the pipeline (its own, its deployment's): what is left, of what, spent and reserved."""
+    cards = []
+    for cap in caps:
+        for kind, shown in (("tokens", lambda v: f"{v:,} tok"), ("cost", _money)):
+            limit = cap.get(f"max_{kind}")
+            if limit is None:
+                continue
+            cards.append((f"spend cap ({cap['scope']})", f"{shown(cap[f'left_{kind}'])} left",
+                          f"of {shown(limit)}: {shown(cap[f'spent_{kind}'])} spent, "
+                          f"{shown(cap[f'reserved_{kind}'])} reserved"))
+    return cards
 
 
 def _payload(value: Any) -> str:

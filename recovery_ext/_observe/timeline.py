@@ -15,12 +15,18 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from recovery_ext._store.observability import PipelineHistory
+from recovery_ext._store.waits import wait_kind
 
 # Pipeline transitions that start a new epoch, and how the report names the run they start.
 EPOCH_STARTS = {"created": "first run", "reclaimed": "resume after a crash", "taken_over": "re-execution",
                 "reopened_for_degraded": "redo of degraded items"}
 FINISHED = ("completed", "failed", "canceled")
 
+
+
+# The pipeline transitions that begin a wait: an outage's pause, a wait for the rate budget, a pause at the
+# spend cap, a wait on a provider job (their reasons say which: see waits.py).
+WAIT_BEGINS = frozenset({"outage_pause", "budget_wait", "spend_cap_wait", "provider_job_wait"})
 
 @dataclass
 class Run:
@@ -85,6 +91,8 @@ class Timeline:
     call_count: int = 0
     calls_step: int = 1
     call_fates: dict[str, int] = field(default_factory=dict)    # fate -> calls, all of them
+    waited_on: dict[str, float] = field(default_factory=dict)   # seconds waited, by what it waited on
+    spend_caps: list[dict[str, Any]] = field(default_factory=list)  # the pipeline's and its deployment's caps
 
     def as_dict(self) -> dict[str, Any]:
         """The timeline as plain values (``report --json``)."""
@@ -92,6 +100,7 @@ class Timeline:
             "pipeline": {"id": self.pipeline.id, "job": self.pipeline.job_name, "status": self.pipeline.shown_status,
                          "resumes": self.pipeline.resume_count, "epoch": self.pipeline.epoch},
             "start": self.start, "end": self.end, "waited_seconds": round(self.waited_seconds, 3),
+            "waited_on": {k: round(v, 3) for k, v in self.waited_on.items()}, "spend_caps": self.spend_caps,
             "runs": [{"epoch": r.epoch, "run_id": r.run_id, "began": r.began, "cause": r.cause,
                       "started_at": r.started_at, "ended_at": r.ended_at, "outcome": r.outcome,
                       "items": dict(r.items), "items_by_node": dict(r.items_by_node), "calls": r.calls}
@@ -153,7 +162,7 @@ def build_timeline(h: PipelineHistory) -> Timeline:
                 by_epoch[epoch] = run
                 if event in ("created", "taken_over"):  # these name the run that owns the new epoch
                     seen(epoch, data.get("owner"), at)
-            elif event == "outage_pause":
+            elif event in WAIT_BEGINS:
                 waiting_from = waiting_from or (at, data)
                 seen(None, None, at)
             elif t["from_status"] == "waiting" and waiting_from is not None:
@@ -232,12 +241,18 @@ def build_timeline(h: PipelineHistory) -> Timeline:
     moments = [end, *(m.at for m in markers), *(i.end for i in intervals), *(t for _, t in h.item_times),
                *(c["recorded_at"] for c in h.calls)]
     waited = sum((i.end - i.start).total_seconds() for i in intervals if i.lane == "waiting")
+    waited_on: dict[str, float] = {}
+    for i in intervals:
+        if i.lane == "waiting":
+            kind = wait_kind(i.note).value
+            waited_on[kind] = waited_on.get(kind, 0.0) + (i.end - i.start).total_seconds()
     return Timeline(pipeline=p, start=start, end=max(moments), runs=runs, intervals=intervals,
                     markers=sorted(markers, key=lambda m: m.at), item_times=list(h.item_times),
                     node_names=[n.name for n in h.nodes], events=h.events, waited_seconds=waited,
                     calls=list(h.calls), costs=dict(h.costs), item_count=h.item_count or len(h.item_times),
                     item_times_step=h.item_times_step, call_count=h.call_count or len(h.calls),
-                    calls_step=h.calls_step, call_fates=fates)
+                    calls_step=h.calls_step, call_fates=fates, waited_on=waited_on,
+                    spend_caps=[c.as_dict() for c in h.spend_caps])
 
 
 def _epoch_of(run: Run | None) -> int | None:

@@ -18,6 +18,7 @@ from collections.abc import Callable
 
 from recovery_ext._classify.redaction import redact, redact_url
 from recovery_ext._store.interfaces import GuardStore
+from recovery_ext._errors import StopRequested
 from recovery_ext._store.budgets import BudgetGrant, ProviderLimits
 from recovery_ext._providers.steps import Blocking, Sleep, Steps, drive
 
@@ -40,7 +41,7 @@ class Reservation:
         """Its answer arrived (or it failed): its room is held one window from now, then given back."""
         self.store.providers.budget_answered(self.id)
 
-    def settle(self, tokens: int) -> None:
+    def settle(self, tokens: int, cost: float | None = None) -> None:
         total = tokens if self.settled is None else self.settled + tokens  # several recorded parts of one call
         self.store.providers.budget_settle(self.id, total)
         self.settled = total
@@ -102,3 +103,16 @@ class RateBudget:
             self.store.providers.budget_back_off(self.endpoint, model, limits=self.limits, retry_after=retry_after)
         except Exception as exc:  # noqa: BLE001 - the shared back-off is a courtesy to the others
             self.log(f"could not share a rate limit back-off: {redact(exc)}")
+
+
+def sleep_or_stop(seconds: float, stop: threading.Event | None, check: Callable[[], None] | None, why: str) -> None:
+    """Sleep, in slices short enough that a stop (raising :class:`StopRequested` with ``why``) or a ``check``
+    ends the wait at once."""
+    deadline = time.monotonic() + seconds
+    while (left := deadline - time.monotonic()) > 0:
+        if stop is not None and stop.wait(min(left, 0.2)):
+            raise StopRequested(why)
+        if stop is None:
+            time.sleep(min(left, 0.2))
+        if check is not None:
+            check()

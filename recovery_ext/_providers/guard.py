@@ -27,7 +27,7 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar, cast
 
 import tenacity
 from tenacity import RetryCallState
@@ -38,6 +38,7 @@ from recovery_ext._errors import ConfigurationError, StopRequested
 from recovery_ext._store.models import Ownership
 from recovery_ext._store.breakers import BreakerDecision
 from recovery_ext._providers.budget import RateBudget, Reservation
+from recovery_ext._providers.spend import SpendCap, SpendReservation
 from recovery_ext._providers.journal import MISS, CallJournal, PendingCall, function_fingerprint
 from recovery_ext._providers.ledger import current_reservation
 from recovery_ext._classify.redaction import redact, redact_url
@@ -151,6 +152,48 @@ class GuardedCall:
     pending: PendingCall | None = None  # the call's journal entry (None: not journaled)
 
 
+class AttemptHold:
+    """What one attempt holds: its room in the rate budget and under the spend caps. The answer's usage
+    (:func:`record_provider_call`) settles both; an answer without usage, or a timeout (the provider may have
+    charged it), counts at its estimate; any other error gives the cap its room back (nothing was charged)."""
+
+    def __init__(self, rate: Reservation | None, spend: SpendReservation | None,
+                 log: Callable[[str], None]) -> None:
+        self.rate, self.spend, self.log = rate, spend, log
+
+    @property
+    def holds(self) -> bool:
+        return self.rate is not None or self.spend is not None
+
+    def settle(self, tokens: int, cost: float | None = None) -> None:
+        if self.rate is not None:
+            self.rate.settle(tokens)
+        if self.spend is not None:
+            self.spend.settle(tokens, cost)
+
+    def release(self) -> None:
+        if self.rate is not None:
+            self.rate.release()
+        if self.spend is not None:
+            self.spend.release()
+
+    def answered_without_usage(self) -> None:
+        self._safely(lambda spend: spend.settle_estimate())
+
+    def spent_unknown(self, exc: BaseException) -> None:
+        charged = not isinstance(exc, Exception) or classify(exc).category == "timeout"
+        self._safely(lambda spend: spend.settle_estimate() if charged else spend.release())
+
+    def _safely(self, action: Callable[[SpendReservation], None]) -> None:
+        """Never masks the call's own result or error; a failed write leaves the reservation counted (safe)."""
+        if self.spend is None:
+            return
+        try:
+            action(self.spend)
+        except Exception as exc:  # noqa: BLE001
+            self.log(f"could not settle a spend cap reservation (it stays counted): {redact(exc)}")
+
+
 def _failure(retry_state: RetryCallState) -> BaseException:
     """The error tenacity waits after or gives up on: retry_if_retryable retries failed attempts only."""
     exc = retry_state.outcome.exception() if retry_state.outcome is not None else None
@@ -166,7 +209,8 @@ class ProviderGuard:
                  sleep: Callable[[float], None] | None = None, clock: Callable[[], float] | None = None,
                  shutdown: threading.Event | None = None, rng: random.Random | None = None,
                  log: Callable[[str], None] | None = None, budget: RateBudget | None = None,
-                 check: Callable[[], None] | None = None, journal: CallJournal | None = None) -> None:
+                 check: Callable[[], None] | None = None, journal: CallJournal | None = None,
+                 spend: SpendCap | None = None) -> None:
         # the breaker key and every message name the endpoint without its credentials
         self.endpoint = redact_url(endpoint)
         self.policy = policy or RetryPolicy()
@@ -184,6 +228,8 @@ class ProviderGuard:
         self._closed_until: float | None = None  # the clock() up to which a closed breaker read is trusted
         # The shared request/token budget each attempt reserves from; None: no limits.
         self.budget = budget if budget is not None and budget.limits.enabled else None
+        # The pipeline's spend caps each attempt reserves from first; None: no cap.
+        self.spend = spend
         # Raises when no new call may start (superseded, the run worker gone); checked before each attempt.
         self.check = check
         # The node's call journal: each attempt's ledger row is written before its request, each answer is
@@ -198,42 +244,42 @@ class ProviderGuard:
         if self.pause is not None:
             self.pause.retrying()
         store = self.store
-        reservation = self.budget.acquire(call.estimated_tokens, call.model) if self.budget is not None else None
-        decision = self._breaker_decision(store) if store is not None else None
-        if store is not None and decision is not None and not decision.allowed:
-            if reservation is not None:
-                reservation.release()  # no request was made
-            raise CircuitOpen(self.endpoint, decision.wait_seconds, decision.state)
-        if self.check is not None:
-            self.check()  # the budget wait may have been long
-        pending = call.pending
-        if pending is not None:
-            try:
-                found = pending.start(self.endpoint, call.model)
-            except BaseException:
-                if reservation is not None:
-                    reservation.release()
-                raise
-            if found is not MISS:
-                if reservation is not None:
-                    reservation.release()  # answered from the journal: no request was made
-                return found
-        held = current_reservation.set(reservation)
+        # a journaled request's ledger row is named now: the spend cap's reservation names it, so that after a
+        # kill the row's recorded usage (if its answer was kept) settles the reservation
+        call_id = uuid.uuid4().hex if call.pending is not None else None
+        reservation = self._reserve(call, call_id)
+        try:
+            decision = self._breaker_decision(store) if store is not None else None
+            if store is not None and decision is not None and not decision.allowed:
+                raise CircuitOpen(self.endpoint, decision.wait_seconds, decision.state)  # no request was made
+            if self.check is not None:
+                self.check()  # the budget wait may have been long
+            pending = call.pending
+            found: Any = pending.start(self.endpoint, call.model, call_id=call_id) if pending is not None else MISS
+        except BaseException:
+            reservation.release()
+            raise
+        if found is not MISS:
+            reservation.release()  # answered from the journal: no request was made
+            return cast(T, found)
+        held = current_reservation.set(reservation if reservation.holds else None)
         try:
             result = fn(*args, **kwargs)
         except BaseException as exc:
+            reservation.spent_unknown(exc)
             if pending is not None:
                 pending.failed(exc)
             if isinstance(exc, Exception):
                 self.failed(exc, decision)
             raise
         else:
+            reservation.answered_without_usage()
             if pending is not None:
                 pending.answered(result)  # kept before anything else happens to it
         finally:
             current_reservation.reset(held)
-            if reservation is not None:
-                self._answered(reservation)
+            if reservation.rate is not None:
+                self._answered(reservation.rate)
         self.succeeded(decision)
         return result
 
@@ -256,6 +302,18 @@ class ProviderGuard:
         if (self.store is not None and decision is not None
                 and self.store.providers.breaker_record_success(self.endpoint, self.who, decision)):
             self.log(f"circuit breaker for {redact(self.endpoint)} closed: the probe succeeded")
+
+    def _reserve(self, call: GuardedCall, call_id: str | None) -> AttemptHold:
+        """The attempt's room under the spend caps, then in the rate budget (a pause at the cap holds no rate
+        budget room meanwhile)."""
+        spend = self.spend.acquire(call.estimated_tokens, call.model, ref=call_id) if self.spend is not None else None
+        try:
+            rate = self.budget.acquire(call.estimated_tokens, call.model) if self.budget is not None else None
+        except BaseException:
+            if spend is not None:
+                spend.release()
+            raise
+        return AttemptHold(rate, spend, self.log)
 
     def _answered(self, reservation: Reservation) -> None:
         """The request's room in the budget is held until one window after now. A failed write leaves it

@@ -146,14 +146,17 @@ class PendingCall:
         self.endpoint: str = ""
         self.model: str | None = None
 
-    def start(self, endpoint: str, model: str | None) -> Any:
+    def start(self, endpoint: str, model: str | None, *, call_id: str | None = None) -> Any:
         """Before a request: the journaled answer (first attempt only), or MISS once the request's ledger row is
-        written in flight. Fenced: a superseded worker raises here and sends nothing."""
+        written in flight (under ``call_id``, when the caller chose it: a spend cap's reservation names it).
+        Fenced: a superseded worker raises here and sends nothing."""
         scope = self.journal.scope
         own = scope.ownership
         self.endpoint, self.model = endpoint, model
         call = ProviderCall(endpoint=endpoint, model=model, outcome=IN_FLIGHT, pipeline_id=own.pipeline_id,
                             node_name=scope.node_name, item_key=self.item_key, run_id=own.owner, epoch=own.epoch)
+        if call_id is not None:
+            call = replace(call, id=call_id)
         lookup = not self._looked
         self._looked = True
         hit = scope._store.providers.journal_begin(own, call, call_key=self.call_key if lookup else None)

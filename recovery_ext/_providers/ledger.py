@@ -44,7 +44,7 @@ class CallScope(Protocol):
 
 
 class Settlement(Protocol):
-    def settle(self, tokens: int) -> None: ...
+    def settle(self, tokens: int, cost: float | None = None) -> None: ...
 
 
 # The node (and item) the current code runs in; set by the node around its body and its items.
@@ -96,7 +96,7 @@ def settle(call: ProviderCall) -> None:
     if reservation is None:
         return
     try:
-        reservation.settle(call.tokens)
+        reservation.settle(call.tokens, call.cost)
     except Exception as exc:  # noqa: BLE001 - the reservation stays at its estimate: safe, never a failure
         log.warning("could not correct a budget reservation: %s", redact(exc))
 

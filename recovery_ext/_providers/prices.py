@@ -49,3 +49,12 @@ class Prices:
             return None
         cost = (tokens_in * price[0] + tokens_out * price[1]) / PER
         return cost if math.isfinite(cost) else None
+
+    def most(self, model: str | None, tokens: int) -> float | None:
+        """The most ``tokens`` of ``model`` can cost, split between prompt and answer in any way: every token at
+        the dearer of its two prices (what a spend cap reserves before the call); None: the model has no price."""
+        price = self.table.get(model or "")
+        if price is None:
+            return None
+        cost = tokens * max(price) / PER
+        return cost if math.isfinite(cost) else None

@@ -59,3 +59,49 @@ def read_usage(usage: Any, *, names: tuple[str, str] = ("prompt_tokens", "comple
         figures.append(count or 0)
     note = f"unreadable usage recorded as 0 tokens: {', '.join(odd)}" if odd else None
     return Usage(figures[0], figures[1], note)
+
+
+class UsageDetails(NamedTuple):
+    """Parts of a usage's input and output tokens (None: the provider did not say)."""
+
+    cache_read_tokens: int | None = None
+    cache_write_tokens: int | None = None
+    reasoning_tokens: int | None = None
+
+
+# Where each provider's usage names them: OpenAI (prompt_tokens_details.cached_tokens,
+# completion_tokens_details.reasoning_tokens), Anthropic (cache_read_input_tokens,
+# cache_creation_input_tokens) and Gemini (cached_content_token_count, thoughts_token_count).
+_DETAIL_PATHS = {
+    "cache_read_tokens": (("prompt_tokens_details", "cached_tokens"), ("input_tokens_details", "cached_tokens"),
+                          ("cache_read_input_tokens",), ("cached_content_token_count",),
+                          ("cachedContentTokenCount",)),
+    "cache_write_tokens": (("cache_creation_input_tokens",),),
+    "reasoning_tokens": (("completion_tokens_details", "reasoning_tokens"),
+                         ("output_tokens_details", "reasoning_tokens"), ("thoughts_token_count",),
+                         ("thoughtsTokenCount",)),
+}
+
+
+def _field(value: Any, name: str) -> Any:
+    try:
+        return value.get(name) if isinstance(value, dict) else getattr(value, name, None)
+    except Exception:  # noqa: BLE001 - an attribute that raises: not said
+        return None
+
+
+def read_usage_details(usage: Any) -> UsageDetails:
+    """The cached (read and written) and reasoning tokens ``usage`` reports, wherever its provider puts them;
+    a figure that is absent or not a token count is None (never an error: the answer is already paid for)."""
+    found: dict[str, int | None] = {}
+    for key, paths in _DETAIL_PATHS.items():
+        found[key] = None
+        for path in paths:
+            value = usage
+            for name in path:
+                value = _field(value, name) if value is not None else None
+            if value is not None:
+                count = token_count(value)
+                found[key] = count
+                break
+    return UsageDetails(**found)

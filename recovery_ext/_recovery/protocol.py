@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
+from recovery_ext._store.waits import WaitKind, wait_kind
 from recovery_ext._classify.redaction import redact
 from recovery_ext._classify.retry import RetryPolicy
 from recovery_ext._conventions import given_up_message, takeover_message
@@ -321,9 +322,14 @@ def _ids(ids: Sequence[int], limit: int = 5) -> str:
 
 
 def _waiting_line(waiting: Sequence[dict[str, Any]], limit: int = 3) -> str:
-    if not waiting:
-        return ""
-    shown = [f"pipeline {w['id']} next try {w['waiting_until']:%H:%M:%S} UTC ({(w['waiting_reason'] or '')[:80]})"
-             for w in waiting[:limit]]
-    more = ", and more" if len(waiting) > limit else ""
-    return f"; waiting on provider outages: {'; '.join(shown)}{more}"
+    """The waiting pipelines of a tick's message, by what they wait on (an outage, a job, a cap, a budget)."""
+    line = ""
+    for kind in WaitKind:
+        waits = [w for w in waiting if wait_kind(w["waiting_reason"]) == kind]
+        if not waits:
+            continue
+        shown = [f"pipeline {w['id']} {kind.next_label} {w['waiting_until']:%H:%M:%S} UTC "
+                 f"({(w['waiting_reason'] or '')[:80]})" for w in waits[:limit]]
+        more = ", and more" if len(waits) > limit else ""
+        line += f"; waiting on {kind.value}s: {'; '.join(shown)}{more}"
+    return line

@@ -104,6 +104,10 @@ class ProviderCall:
     ``operation`` (``"chat"`` when not given), ``provider`` and ``response_model`` only name the
     call in OpenTelemetry (``gen_ai.operation.name``, ``gen_ai.provider.name``,
     ``gen_ai.response.model``; see :func:`instrument_opentelemetry`); the ledger does not store them.
+    Nor does it store ``cache_read_tokens``, ``cache_write_tokens`` (input tokens served from and written to
+    the provider's prompt cache) and ``reasoning_tokens`` (output tokens spent reasoning): parts of
+    ``tokens_in`` and ``tokens_out``, which include them, as the GenAI conventions count them
+    (:func:`read_usage_details` reads them from OpenAI's, Anthropic's and Gemini's usage).
     """
 
     endpoint: str
@@ -124,6 +128,11 @@ class ProviderCall:
     response_model: str | None = field(default=None, kw_only=True)
     # Why a figure is not what the provider said (its usage was unreadable, recorded as 0), else None.
     note: str | None = field(default=None, kw_only=True)
+    # Parts of tokens_in and tokens_out the provider reported (None: it did not say), for OpenTelemetry
+    # (gen_ai.usage.cache_read.input_tokens, ...cache_creation.input_tokens, ...reasoning.output_tokens).
+    cache_read_tokens: int | None = field(default=None, kw_only=True)
+    cache_write_tokens: int | None = field(default=None, kw_only=True)
+    reasoning_tokens: int | None = field(default=None, kw_only=True)
 
     def __post_init__(self) -> None:
         # PostgreSQL's text refuses NUL, SQLite's keeps it: the same call must be recordable on both.
@@ -158,6 +167,12 @@ class ProviderCall:
             value = getattr(self, name)
             if value is not None and (not isinstance(value, str) or not 0 < len(value) <= 200):
                 raise ConfigurationError(f"ProviderCall.{name} must be a short name or None, got {value!r}")
+        for name in ("cache_read_tokens", "cache_write_tokens", "reasoning_tokens"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                                      or not 0 <= value < _MAX_TOKENS):
+                raise ConfigurationError(f"ProviderCall.{name} must be a whole number of tokens >= 0 or None, "
+                                         f"got {value!r}")
         if self.note is not None and (not isinstance(self.note, str) or len(self.note) > 500):
             raise ConfigurationError(f"ProviderCall.note must be a short text or None, got {self.note!r:.80}")
 

@@ -12,7 +12,7 @@ from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import Float, and_, case, cast, func, literal, or_, select
+from sqlalchemy import Float, Text, and_, case, cast, func, literal, or_, select
 
 from recovery_ext._store import aggregates
 from recovery_ext._store.database import retried
@@ -21,9 +21,11 @@ from recovery_ext._store.statuses import PipelineStatus, QueueStatus
 from recovery_ext._store.ledger_rows import well_formed_call
 from recovery_ext._store.models import Node, Pipeline
 from recovery_ext._errors import NotFound
-from recovery_ext._store.schema import (circuit_breakers, events, node_items, nodes, pipelines, provider_calls,
+from recovery_ext._store.schema import (spend_caps, circuit_breakers, events, node_items, nodes, pipelines, provider_calls,
                                         queue_items, transitions)
 from recovery_ext._store.reports import ReportOps
+from recovery_ext._store.spend_caps import CapState, deployment_scope, pipeline_scope
+from recovery_ext._store.waits import wait_kind
 
 # Pipeline columns that label the pipeline gauges: Prometheus label -> column, one entry per label (not
 # "job" or "instance": Prometheus sets those on every target).
@@ -46,7 +48,7 @@ class MetricsSnapshot:
 
     pipeline_labels: tuple[str, ...]
     pipelines: list[tuple[tuple[str, ...], int]]          # (label values in pipeline_labels order, count)
-    waiting_pipelines: list[tuple[str, int]]              # (job, count) running but paused by an outage
+    waiting_pipelines: list[tuple[str, str, int]]         # (job, what it waits on, count): shown as waiting
     expired_pipelines: list[tuple[str, int]]              # (job, count) running with an expired heartbeat
     oldest_heartbeat_age_seconds: float | None            # among running pipelines; None: none running
     reclaims: list[tuple[str, int]]                       # (cause, count)
@@ -61,6 +63,8 @@ class MetricsSnapshot:
     provider_costs: dict[str, dict[str, Any]] = field(default_factory=dict)
     # corrupt ledger rows left out of the provider figures above
     skipped_ledger_rows: int = 0
+    # the spend caps of every deployment and of the running pipelines
+    spend_caps: list[CapState] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -88,6 +92,8 @@ class PipelineHistory:
     calls_step: int = 1
     # (epoch, fate) -> calls, tokens, cost of every well-formed call, summed by the database
     call_figures: list[dict[str, Any]] = field(default_factory=list)
+    # the pipeline's spend cap and its deployment's, where set
+    spend_caps: list[CapState] = field(default_factory=list)
 
 
 class ObservabilityOps(ReportOps):
@@ -103,8 +109,12 @@ class ObservabilityOps(ReportOps):
         with self.read() as conn, (self.dialect.bounded(conn, timeout) if timeout else nullcontext()):
             by_labels = aggregates.pipeline_counts_by(conn, PIPELINE_LABELS)
             waiting = conn.execute(
-                select(p.job_name, func.count()).where(p.status == PipelineStatus.RUNNING, p.waiting_until.isnot(None))
-                .group_by(p.job_name).order_by(p.job_name)).all()
+                select(p.job_name, p.waiting_reason).where(p.status == PipelineStatus.RUNNING,
+                                                           p.waiting_until.isnot(None))).all()
+            caps = [CapState.from_row(r) for r in conn.execute(
+                select(spend_caps).where(or_(spend_caps.c.scope.startswith("deployment:"), spend_caps.c.scope.in_(
+                    select(literal("pipeline:") + cast(p.id, Text)).where(p.status == PipelineStatus.RUNNING))))
+                .order_by(spend_caps.c.scope))]
             expired = conn.execute(
                 select(p.job_name, func.count()).where(p.status == PipelineStatus.RUNNING, p.heartbeat_deadline < now)
                 .group_by(p.job_name).order_by(p.job_name)).all()
@@ -138,11 +148,11 @@ class ObservabilityOps(ReportOps):
                 reclaims[why] = reclaims.get(why, 0) + n
         return MetricsSnapshot(
             pipeline_labels=tuple(PIPELINE_LABELS), pipelines=by_labels,
-            waiting_pipelines=[tuple(r) for r in waiting], expired_pipelines=[tuple(r) for r in expired],
+            waiting_pipelines=_waiting_by_kind(waiting), expired_pipelines=[tuple(r) for r in expired],
             oldest_heartbeat_age_seconds=None if oldest is None else max(0.0, float(oldest)),
             reclaims=sorted(reclaims.items()), resume_runs=sorted(resumes.items()), given_up=given_up,
             items=items, queue_items=queued, breakers=breakers,
-            provider_calls=spent, provider_costs=by_job, skipped_ledger_rows=skipped)
+            provider_calls=spent, provider_costs=by_job, skipped_ledger_rows=skipped, spend_caps=caps)
 
     @retried
     def pipeline_history(self, pipeline_id: int) -> PipelineHistory:
@@ -154,6 +164,8 @@ class ObservabilityOps(ReportOps):
                 raise NotFound(f"no pipeline {pipeline_id}")
             node_rows = [Node.from_row(r._mapping) for r in conn.execute(
                 select(nodes).where(nodes.c.pipeline_id == pipeline_id).order_by(nodes.c.position))]
+            caps = [CapState.from_row(r) for r in conn.execute(select(spend_caps).where(spend_caps.c.scope.in_(
+                [pipeline_scope(pipeline_id), deployment_scope(row.deployment or "")])).order_by(spend_caps.c.scope))]
             history = [dict(r._mapping) for r in conn.execute(
                 select(transitions).where(transitions.c.pipeline_id == pipeline_id).order_by(transitions.c.id))]
             happened = [dict(r._mapping) for r in conn.execute(
@@ -192,7 +204,7 @@ class ObservabilityOps(ReportOps):
                                calls=calls, costs={**(costs.as_dict() if costs is not None else {}),
                                                    "skipped_rows": report.skipped_rows},
                                item_count=item_count, item_times_step=item_step, call_count=call_count,
-                               calls_step=calls_step, call_figures=call_figures)
+                               calls_step=calls_step, call_figures=call_figures, spend_caps=caps)
 
     def _calls_of(self, pipeline_id: int) -> tuple[list[dict[str, Any]], int, int, list[dict[str, Any]]]:
         """The pipeline's provider calls with their fate, as the ledger's cost report judges it (every step-th
@@ -237,3 +249,11 @@ def _every(query, order, step: int, count: int):
     return (select(*kept).where((numbered.c.rx_n % step == 0) | (numbered.c.rx_n == count))
             .order_by(numbered.c.rx_n))
 
+
+def _waiting_by_kind(rows) -> list[tuple[str, str, int]]:
+    """(job, what it waits on, count) of the waiting pipelines' (job, reason) rows."""
+    counts: dict[tuple[str, str], int] = {}
+    for job, reason in rows:
+        key = (job, wait_kind(reason).value)
+        counts[key] = counts.get(key, 0) + 1
+    return [(job, kind, n) for (job, kind), n in sorted(counts.items())]

@@ -32,8 +32,9 @@ from sqlalchemy import ColumnElement, Connection, Table, and_, delete, func, lit
 from recovery_ext._store.database import retried
 from recovery_ext._store.observability import COUNTED_TRANSITION_EVENTS
 from recovery_ext._store.schema import (call_journal, events, node_items, nodes, pipelines, provider_calls,
-                                        provider_jobs, queue_items, transitions)
+                                        provider_jobs, queue_items, spend_caps, spend_reservations, transitions)
 from recovery_ext._store.rolled_up import ROLLED_UP
+from recovery_ext._store.spend_caps import pipeline_scope
 from recovery_ext._store.statuses import QueueStatus
 from recovery_ext._store.observability import ObservabilityOps
 
@@ -76,6 +77,10 @@ PRUNE_STEPS: tuple[PruneStep, ...] = (
     _by_pipeline(call_journal),
     _by_pipeline(provider_jobs),
     _by_pipeline(provider_calls),  # the ledger's detail; per-pipeline and per-day totals stay
+    # a finished pipeline's own spend cap; a deployment cap's reservations it left stay counted there
+    PruneStep(spend_reservations, lambda ids: and_(spend_reservations.c.pipeline_id.in_(ids),
+                                                   spend_reservations.c.scope.startswith("pipeline:"))),
+    PruneStep(spend_caps, lambda ids: spend_caps.c.scope.in_([pipeline_scope(i) for i in ids])),
     _by_pipeline(events),
     PruneStep(transitions, _uncounted_transitions_of),
     _by_pipeline(nodes),

@@ -310,9 +310,40 @@ rate_reservations = Table(
     Column("answered_at", DbTime),
 )
 
+# Spend caps per pipeline and per deployment (see spend_caps.py): the cap's row is what a reservation's
+# conditional UPDATE takes room from; a reservation is held until its answer's usage settles it.
+spend_caps = Table(
+    "rx_spend_caps",
+    metadata,
+    Column("scope", Text, primary_key=True),
+    Column("max_tokens", BigInteger),
+    Column("max_cost", Float),
+    Column("configured_tokens", BigInteger),
+    Column("configured_cost", Float),
+    Column("spent_tokens", BigInteger, nullable=False, server_default="0"),
+    Column("spent_cost", Float, nullable=False, server_default="0"),
+    Column("reserved_tokens", BigInteger, nullable=False, server_default="0"),
+    Column("reserved_cost", Float, nullable=False, server_default="0"),
+    Column("changed_by", Text),
+    Column("updated_at", DbTime, nullable=False),
+)
+
+spend_reservations = Table(
+    "rx_spend_reservations",
+    metadata,
+    Column("id", BigInteger().with_variant(Integer, "sqlite"), primary_key=True),
+    Column("scope", Text, nullable=False),
+    Column("pipeline_id", BigInteger, nullable=False),
+    Column("epoch", Integer, nullable=False),
+    Column("ref", Text),
+    Column("tokens", BigInteger, nullable=False, server_default="0"),
+    Column("cost", Float, nullable=False, server_default="0"),
+    Column("reserved_at", DbTime, nullable=False),
+)
+
 APPLICATION_TABLES = (pipelines, nodes, node_items, queue_items, transitions, events, circuit_breakers,
                       provider_calls, rate_budgets, rate_reservations, call_journal,
-                      provider_jobs)
+                      provider_jobs, spend_caps, spend_reservations)
 
 
 # Figures kept as the work happens (migration 0017, see aggregates.py): what the metrics and `status` read

@@ -8,9 +8,9 @@ from pathlib import Path
 from sqlalchemy.engine import Engine
 
 from recovery_ext._store.retention import RetentionOps
-from recovery_ext._store.budgets import BudgetOps
 from recovery_ext._store.database import DEFAULT_RETRY_BUDGET, Database
 from recovery_ext._store.queue import QueueOps
+from recovery_ext._store.spend_caps import SpendCapOps
 from recovery_ext._store.ticks import TickOps
 from recovery_ext._store.vouch import VouchOps
 
@@ -22,9 +22,9 @@ class Pipelines(VouchOps):
     heartbeat thread call (:class:`~recovery_ext._store.interfaces.PipelineStore`)."""
 
 
-class Providers(BudgetOps):
-    """Circuit breakers, the outage pause, the request and token budgets, the call journal and the ledger's
-    writes: what a provider guard calls (:class:`~recovery_ext._store.interfaces.ProviderStore`)."""
+class Providers(SpendCapOps):
+    """Circuit breakers, the outage pause, the request and token budgets, the spend caps, the call journal and
+    the ledger's writes: what a provider guard calls (:class:`~recovery_ext._store.interfaces.ProviderStore`)."""
 
 
 class Queue(QueueOps):

@@ -750,6 +750,40 @@ CREATE TABLE public.rx_schema_migrations (
     applied_at timestamp with time zone NOT NULL
 );
 
+CREATE TABLE public.rx_spend_caps (
+    scope text NOT NULL,
+    max_tokens bigint,
+    max_cost double precision,
+    configured_tokens bigint,
+    configured_cost double precision,
+    spent_tokens bigint DEFAULT 0 NOT NULL,
+    spent_cost double precision DEFAULT 0 NOT NULL,
+    reserved_tokens bigint DEFAULT 0 NOT NULL,
+    reserved_cost double precision DEFAULT 0 NOT NULL,
+    changed_by text,
+    updated_at timestamp with time zone DEFAULT now() NOT NULL
+);
+
+CREATE TABLE public.rx_spend_reservations (
+    id bigint NOT NULL,
+    scope text NOT NULL,
+    pipeline_id bigint NOT NULL,
+    epoch integer NOT NULL,
+    ref text,
+    tokens bigint DEFAULT 0 NOT NULL,
+    cost double precision DEFAULT 0 NOT NULL,
+    reserved_at timestamp with time zone DEFAULT now() NOT NULL
+);
+
+CREATE SEQUENCE public.rx_spend_reservations_id_seq
+    START WITH 1
+    INCREMENT BY 1
+    NO MINVALUE
+    NO MAXVALUE
+    CACHE 1;
+
+ALTER SEQUENCE public.rx_spend_reservations_id_seq OWNED BY public.rx_spend_reservations.id;
+
 CREATE TABLE public.rx_transitions (
     id bigint NOT NULL,
     entity_type text NOT NULL,
@@ -780,6 +814,8 @@ ALTER TABLE ONLY public.rx_pipelines ALTER COLUMN id SET DEFAULT nextval('public
 ALTER TABLE ONLY public.rx_queue_items ALTER COLUMN id SET DEFAULT nextval('public.rx_queue_items_id_seq'::regclass);
 
 ALTER TABLE ONLY public.rx_rate_reservations ALTER COLUMN id SET DEFAULT nextval('public.rx_rate_reservations_id_seq'::regclass);
+
+ALTER TABLE ONLY public.rx_spend_reservations ALTER COLUMN id SET DEFAULT nextval('public.rx_spend_reservations_id_seq'::regclass);
 
 ALTER TABLE ONLY public.rx_transitions ALTER COLUMN id SET DEFAULT nextval('public.rx_transitions_id_seq'::regclass);
 
@@ -849,6 +885,12 @@ ALTER TABLE ONLY public.rx_resume_counts
 ALTER TABLE ONLY public.rx_schema_migrations
     ADD CONSTRAINT rx_schema_migrations_pkey PRIMARY KEY (version);
 
+ALTER TABLE ONLY public.rx_spend_caps
+    ADD CONSTRAINT rx_spend_caps_pkey PRIMARY KEY (scope);
+
+ALTER TABLE ONLY public.rx_spend_reservations
+    ADD CONSTRAINT rx_spend_reservations_pkey PRIMARY KEY (id);
+
 ALTER TABLE ONLY public.rx_transitions
     ADD CONSTRAINT rx_transitions_pkey PRIMARY KEY (id);
 
@@ -889,6 +931,12 @@ CREATE INDEX rx_queue_unfinished ON public.rx_queue_items USING btree (id) WHERE
 CREATE INDEX rx_queue_unknown_status ON public.rx_queue_items USING btree (id) WHERE (status <> ALL (ARRAY['ready'::text, 'processing'::text, 'completed'::text, 'failed'::text, 'dead'::text]));
 
 CREATE INDEX rx_rate_reservations_window ON public.rx_rate_reservations USING btree (endpoint, model, reserved_at);
+
+CREATE INDEX rx_spend_reservations_pipeline ON public.rx_spend_reservations USING btree (pipeline_id);
+
+CREATE INDEX rx_spend_reservations_ref ON public.rx_spend_reservations USING btree (ref) WHERE (ref IS NOT NULL);
+
+CREATE INDEX rx_spend_reservations_scope ON public.rx_spend_reservations USING btree (scope);
 
 CREATE INDEX rx_transitions_entity ON public.rx_transitions USING btree (entity_type, entity_id, id);
 

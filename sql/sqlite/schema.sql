@@ -258,6 +258,31 @@ CREATE TABLE rx_schema_migrations (
 	PRIMARY KEY (version)
 );
 
+CREATE TABLE rx_spend_caps (
+    scope              TEXT PRIMARY KEY,
+    max_tokens         INTEGER,
+    max_cost           REAL,
+    configured_tokens  INTEGER,
+    configured_cost    REAL,
+    spent_tokens       INTEGER NOT NULL DEFAULT 0,
+    spent_cost         REAL NOT NULL DEFAULT 0,
+    reserved_tokens    INTEGER NOT NULL DEFAULT 0,
+    reserved_cost      REAL NOT NULL DEFAULT 0,
+    changed_by         TEXT,
+    updated_at         REAL NOT NULL DEFAULT ((julianday('now') - 2440587.5) * 86400.0)
+);
+
+CREATE TABLE rx_spend_reservations (
+    id           INTEGER PRIMARY KEY,
+    scope        TEXT NOT NULL,
+    pipeline_id  INTEGER NOT NULL,
+    epoch        INTEGER NOT NULL,
+    ref          TEXT,
+    tokens       INTEGER NOT NULL DEFAULT 0,
+    cost         REAL NOT NULL DEFAULT 0,
+    reserved_at  REAL NOT NULL DEFAULT ((julianday('now') - 2440587.5) * 86400.0)
+);
+
 CREATE TABLE rx_transitions (
     id                  INTEGER PRIMARY KEY,
     entity_type         TEXT NOT NULL,
@@ -313,6 +338,12 @@ CREATE INDEX rx_queue_unknown_status ON rx_queue_items (id)
     WHERE status NOT IN ('ready', 'processing', 'completed', 'failed', 'dead');
 
 CREATE INDEX rx_rate_reservations_window ON rx_rate_reservations (endpoint, model, reserved_at);
+
+CREATE INDEX rx_spend_reservations_pipeline ON rx_spend_reservations (pipeline_id);
+
+CREATE INDEX rx_spend_reservations_ref ON rx_spend_reservations (ref) WHERE ref IS NOT NULL;
+
+CREATE INDEX rx_spend_reservations_scope ON rx_spend_reservations (scope);
 
 CREATE INDEX rx_transitions_entity ON rx_transitions (entity_type, entity_id, id);
 

@@ -15,7 +15,9 @@ from observe_scenario import crash_and_resume, stand_in
 from recovery_ext._observe.exporter import METRICS, registry_for
 from recovery_ext import scan
 from recovery_ext._store.models import PipelineLimits
+from recovery_ext._store.spend_caps import SpendCaps
 from recovery_ext._store.store import RecoveryStore
+from recovery_ext._store.waits import WaitKind
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -51,16 +53,28 @@ def test_every_metric_counts_what_the_tables_hold(store):
     opened = store.providers.breaker_record_failure(endpoint, "x", threshold=1, cooldown=lambda n: 60, error="503")
     assert opened == "opened"
 
+    # A pipeline waiting on a provider job (apart from outages), and the spend caps of the waiting pipeline
+    batch = store.pipelines.create_pipeline("ocr", ["a"], owner="b", origin_run_id="b", deployment="eu")
+    store.providers.show_wait(batch, 30, "openai-batch job b-1 (3 items)", kind=WaitKind.PROVIDER_JOB)
+    scopes = store.providers.spend_configure(waiting, SpendCaps(pipeline_tokens=1000, deployment_cost=2.0))
+    assert store.providers.spend_reserve(waiting, scopes, tokens=300, cost=0.5).granted
+
     m = scrape(store)
     assert m[("recovery_database_up", ())] == 1
+    assert m[("recovery_pipelines_waiting", (("dagster_job", "ocr"), ("waiting_on", "provider job")))] == 1
+    mine = (("scope", f"pipeline:{waiting.pipeline_id}"),)
+    assert (m[("recovery_spend_cap_tokens", mine)], m[("recovery_spend_cap_tokens_left", mine)]) == (1000, 700)
+    assert (m[("recovery_spend_cap_cost", (("scope", "deployment:eu"),))],
+            m[("recovery_spend_cap_cost_left", (("scope", "deployment:eu"),))]) == (2.0, 1.5)
+    assert ("recovery_spend_cap_cost", mine) not in m  # no cap in money on the pipeline
     assert before_scan[("recovery_pipelines_heartbeat_expired", (("dagster_job", "ocr"),))] == 2
     assert before_scan[("recovery_oldest_heartbeat_age_seconds", ())] >= 50
     done = ("recovery_pipelines", (("dagster_job", "ontology"), ("deployment", "default"), ("status", "completed")))
     assert m[done] == 1
     running = ("recovery_pipelines", (("dagster_job", "ocr"), ("deployment", "default"), ("status", "running")))
     assert m[running] == 2
-    assert m[("recovery_pipelines", (("dagster_job", "ocr"), ("deployment", "eu"), ("status", "running")))] == 1
-    assert m[("recovery_pipelines_waiting", (("dagster_job", "ocr"),))] == 1
+    assert m[("recovery_pipelines", (("dagster_job", "ocr"), ("deployment", "eu"), ("status", "running")))] == 2
+    assert m[("recovery_pipelines_waiting", (("dagster_job", "ocr"), ("waiting_on", "provider outage")))] == 1
     assert ("recovery_pipelines_heartbeat_expired", (("dagster_job", "ocr"),)) not in m
     assert m[("recovery_reclaims_total", (("cause", "heartbeat"),))] == 2
     assert m[("recovery_resume_runs_total", (("cause", "heartbeat"),))] == 2

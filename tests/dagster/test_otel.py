@@ -23,8 +23,9 @@ from ledger_defs import llm_resource, make_ledger_job, recovery_resource
 from stand_in_llm import StandInProvider
 
 import recovery_ext
-from recovery_ext import (ConfigurationError, ProviderCall, RecoveryError, execute_in_process,
-                          instrument_opentelemetry, record_provider_call, uninstrument_opentelemetry)
+from recovery_ext import (ConfigurationError, ProviderCall, RecoveryError, UsageDetails, execute_in_process,
+                          instrument_opentelemetry, read_usage_details, record_provider_call,
+                          uninstrument_opentelemetry)
 from recovery_ext._errors import install_hint
 from recovery_ext._observe.otel import DURATION_BUCKETS, TOKEN_BUCKETS, server_of
 from recovery_ext._store.store import RecoveryStore
@@ -166,6 +167,14 @@ def test_each_call_of_a_run_is_one_client_span_and_the_token_histogram_equals_wh
         assert set(point.attributes) == {"gen_ai.operation.name", "gen_ai.provider.name", "gen_ai.request.model",
                                          "gen_ai.response.model", "server.address", "server.port",
                                          "recovery.node", "gen_ai.token.type"}
+    # the inference token metrics say the same: counters by modality (unknown: no breakdown), histograms per call
+    used = {side: [p for _, p in points[f"gen_ai.client.inference.usage.{side}_tokens"]]
+            for side in ("input", "output")}
+    assert {side: sum(p.value for p in found) for side, found in used.items()} == \
+        {"input": counted["tokens_in"], "output": counted["tokens_out"]}
+    assert {p.attributes["gen_ai.token.modality"] for found in used.values() for p in found} == {"unknown"}
+    per_call = [p for _, p in points["gen_ai.client.inference.operation.input_tokens"]]
+    assert sum(p.count for p in per_call) == 4 and "gen_ai.token.modality" not in per_call[0].attributes
     [(unit, *_)] = {(u,) for u, _ in points["gen_ai.client.operation.duration"]}
     assert unit == "s"
     durations = [p for _, p in points["gen_ai.client.operation.duration"]]
@@ -327,8 +336,10 @@ print(json.dumps({"spans": [s.name for s in spans.get_finished_spans()], "metric
 """
     done = _python(code)
     assert done.returncode == 0, done.stderr
-    assert json.loads(done.stdout) == {"spans": ["chat gpt-4o"],
-                                       "metrics": ["gen_ai.client.operation.duration", "gen_ai.client.token.usage"]}
+    assert json.loads(done.stdout) == {"spans": ["chat gpt-4o"], "metrics": [
+        "gen_ai.client.inference.operation.input_tokens", "gen_ai.client.inference.operation.output_tokens",
+        "gen_ai.client.inference.usage.input_tokens", "gen_ai.client.inference.usage.output_tokens",
+        "gen_ai.client.operation.duration", "gen_ai.client.token.usage"]}
 
 
 def test_without_the_extra_switching_on_says_what_to_install_and_calls_go_on():
@@ -355,3 +366,39 @@ def test_provider_call_names_are_checked():
         ProviderCall(endpoint="https://x.example", operation="")
     with pytest.raises(ConfigurationError):
         ProviderCall(endpoint="https://x.example", response_model=42)  # type: ignore[arg-type]
+
+
+def test_cached_and_reasoning_tokens_are_the_conventions_usage_attributes_and_counters(telemetry):
+    from openai.types import CompletionUsage
+
+    usage = CompletionUsage(prompt_tokens=120, completion_tokens=60, total_tokens=180,
+                            prompt_tokens_details={"cached_tokens": 100},
+                            completion_tokens_details={"reasoning_tokens": 40})
+    details = read_usage_details(usage)  # OpenAI's SDK object
+    assert details == UsageDetails(cache_read_tokens=100, cache_write_tokens=None, reasoning_tokens=40)
+    # Anthropic's and Gemini's names, and a figure that is no token count (not said, never an error)
+    assert read_usage_details({"input_tokens": 5, "cache_read_input_tokens": 30, "cache_creation_input_tokens": 20}) \
+        == UsageDetails(30, 20, None)
+    assert read_usage_details({"cached_content_token_count": 7, "thoughts_token_count": 9}) == UsageDetails(7, None, 9)
+    assert read_usage_details({"cache_read_input_tokens": -3}) == UsageDetails(None, None, None)
+    record_provider_call(ProviderCall(endpoint="https://api.openai.com/v1", model="o4-mini", tokens_in=120,
+                                      tokens_out=60, provider="openai", **details._asdict()))
+    record_provider_call(ProviderCall(endpoint="https://api.anthropic.com", model="claude", tokens_in=55,
+                                      tokens_out=5, provider="anthropic", cache_read_tokens=30, cache_write_tokens=20))
+    spans = {s.attributes["gen_ai.request.model"]: s.attributes for s in telemetry.finished()}
+    assert (spans["o4-mini"]["gen_ai.usage.input_tokens"], spans["o4-mini"]["gen_ai.usage.cache_read.input_tokens"],
+            spans["o4-mini"]["gen_ai.usage.reasoning.output_tokens"]) == (120, 100, 40)
+    assert "gen_ai.usage.cache_creation.input_tokens" not in spans["o4-mini"]  # not said: not invented
+    assert spans["claude"]["gen_ai.usage.cache_creation.input_tokens"] == 20
+    for attributes in spans.values():  # the conventions' deprecated names are never emitted
+        assert not {"gen_ai.system", "gen_ai.usage.prompt_tokens", "gen_ai.usage.completion_tokens"} & set(attributes)
+    points = telemetry.points()
+
+    def total(name: str) -> int:
+        return sum(p.value for _, p in points[f"gen_ai.client.inference.usage.{name}"])
+
+    assert (total("input_tokens"), total("output_tokens")) == (175, 65)  # cached and reasoning included
+    assert (total("cache_read.input_tokens"), total("cache_write.input_tokens"),
+            total("reasoning.output_tokens")) == (130, 20, 40)
+    with pytest.raises(ConfigurationError):
+        ProviderCall(endpoint="https://x", reasoning_tokens=-1)

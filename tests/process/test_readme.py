@@ -34,6 +34,8 @@ EXPECTED_OUTPUT = {
     "docs/how-to/metrics.md": [r"chat claude-x"],
     "docs/how-to/kubernetes.md": [],
     "docs/how-to/retention.md": [r"(?m)^7776000(\.0)?$"],
+    "docs/how-to/spend-caps.md": [r"(?m)^True$", r"pipeline:1\s+1000\s+240\s+0\s+760\b",
+                                  r"pipeline:1\s+5000\s+240\s+0\s+4760\b"],
     "docs/reference/api.md": [r"'status': 'running', 'count': 1", r"'queue': 'ocr', 'status': 'ready', 'count': 1"],
 }
 SAVED = {"docs/how-to/assets.md": "my_assets.py"}

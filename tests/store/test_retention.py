@@ -12,6 +12,7 @@ import pytest
 from helpers import expire, reclaim
 from sqlalchemy import delete, func, inspect, select, update
 
+from recovery_ext._store.spend_caps import SpendCaps
 from recovery_ext import RecoveryResource
 from recovery_ext._recovery import retention as schedule
 from recovery_ext._recovery.protocol import LaunchNothing, RecoveryProtocol
@@ -48,6 +49,9 @@ def history(store: RecoveryStore, run: str, *, ending: str = "complete", items: 
     [item] = store.queue.claim("docs", run, own=own)
     store.queue.complete_item(item, {"ok": True})
     store.record_event("note", {"run": run}, pipeline_id=own.pipeline_id)
+    # its spend cap, holding a reservation its process never settled (a kill)
+    capped = store.providers.spend_configure(own, SpendCaps(pipeline_tokens=1000))
+    assert store.providers.spend_reserve(own, capped, tokens=10).granted
     if ending == "complete":
         store.pipelines.complete_node(own, "a")
         store.pipelines.complete_run(own)

@@ -101,6 +101,7 @@ CALLERS = {
     "_liveness/watch.py": LivenessStore,
     "_providers/guard.py": GuardStore,
     "_providers/budget.py": GuardStore,
+    "_providers/spend.py": GuardStore,
     "_providers/ledger.py": GuardStore,
     "_providers/journal.py": GuardStore,
     "_dagster/sensors.py": SensorStore,
@@ -108,6 +109,8 @@ CALLERS = {
     "_recovery/scan.py": SensorStore,
     "_recovery/retention.py": SensorStore,
     "_cli.py": CliStore,
+    "_cli_common.py": CliStore,
+    "_cli_spend.py": CliStore,
     "_observe/exporter.py": CliStore,
 }
 # Builds the store (migrations, pool, retry budget) and hands it out: it holds the whole RecoveryStore.

@@ -1,0 +1,144 @@
+"""What every `recovery-ext` command shares: argument types, the output (human or JSON), and opening the store
+with one clear error per failure (the commands live in _cli.py and the modules it adds)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import functools
+import json
+from collections.abc import Callable
+from typing import Any
+
+import click
+
+from recovery_ext._conventions import jsonable
+from recovery_ext._errors import ConfigurationError, NotFound, RecoveryError, StoreUnavailable
+from recovery_ext._settings import LONGEST, parse_duration
+from recovery_ext._classify.redaction import redact
+from recovery_ext._store.dialects import Dialect
+from recovery_ext._store.store import RecoveryStore, default_database_url
+
+RULE = "=" * 60
+CLI_RETRY_BUDGET = 3.0
+# Row ids are BIGINT: a larger number is a usage error (exit 2), never a driver overflow.
+ROW_ID = click.IntRange(min=1, max=2**63 - 1)
+# More distinct --kind values than any query should bind (PostgreSQL takes at most 65535 parameters).
+MAX_KINDS = 1000
+
+
+class BadArgument(click.ClickException):
+    """A bad argument found after parsing (a database URL, a missing SQLite file): one line, exit 2."""
+
+    exit_code = 2
+
+
+class Duration(click.ParamType):
+    """``90``, ``90s``, ``10m``, ``1h``, ``1d``: finite and within bounds (else exit 2)."""
+
+    name = "duration"
+    minimum, maximum = 1.0, 366 * 86400.0
+
+    def convert(self, value, param, ctx):
+        try:
+            seconds = parse_duration(value)
+        except ValueError as exc:
+            self.fail(str(exc), param, ctx)
+        if not self.minimum <= seconds <= self.maximum:
+            self.fail(f"must be between {self.minimum:g} and {self.maximum:g} seconds, got {value!r}", param, ctx)
+        return seconds
+
+
+class PollInterval(Duration):
+    name = "seconds"
+    minimum, maximum = 0.1, 60.0
+
+
+class Age(Duration):
+    """How long ago a pipeline finished: ``12h``, ``90d``, at least an hour (a pipeline that just failed may
+    still be taken over by Dagster's run retry, and late ledger writes may still arrive), at most a century."""
+
+    name = "duration"
+    minimum, maximum = 3600.0, LONGEST
+
+
+def _when(value: dt.datetime | None) -> str:
+    return value.astimezone(dt.UTC).strftime("%Y-%m-%d %H:%M:%S") if value else "-"
+
+
+class Output:
+    def __init__(self, as_json: bool) -> None:
+        self.json = as_json
+
+    def emit(self, data: Any, human: Callable[[], None]) -> None:
+        if self.json:
+            click.echo(json.dumps(jsonable(data), indent=2, sort_keys=True))
+        else:
+            human()
+
+    def progress(self, message: str) -> None:
+        if not self.json:
+            click.echo(message, err=True)
+
+
+def open_store(obj: dict, *, creates_database: bool = False) -> RecoveryStore:
+    """The store of ``--database-url`` (or the default), opened only once the arguments were accepted.
+
+    Only a command that creates the database (``migrate``) may create a SQLite file or its folder:
+    anywhere else a missing file is a mistyped path, and opening it would leave an empty database.
+    """
+    url = obj["url"] or default_database_url(create=creates_database)
+    try:
+        dialect = Dialect.for_url(url)
+        if not creates_database:
+            _require_sqlite_file(dialect)
+        # An operator waits a few seconds at most for an unreachable database, not a heartbeat timeout.
+        return RecoveryStore(url, retry_budget=CLI_RETRY_BUDGET, connect_timeout=5)
+    except ConfigurationError as exc:
+        raise BadArgument(redact(str(exc))) from None
+
+
+def _require_sqlite_file(dialect: Dialect) -> None:
+    missing = dialect.missing_database_file()
+    if missing is not None:
+        raise ConfigurationError(f"no SQLite database at {missing} (check --database-url, or create it with "
+                                 "`recovery-ext migrate`)")
+
+
+def command(fn=None, *, creates_database: bool = False):
+    """Open the store, map our errors to a clear message and exit status 1 (a bad argument: 2)."""
+    if fn is None:
+        return functools.partial(command, creates_database=creates_database)
+
+    @click.option("--json", "as_json", is_flag=True, help="Machine-readable JSON output.")
+    @click.pass_obj
+    @functools.wraps(fn)
+    def wrapper(obj, as_json, **kwargs):
+        out = Output(as_json or obj["json"])
+        store = open_store(obj, creates_database=creates_database)
+        try:
+            store.check_schema()  # a newer release's tables: one clear line, not a raw SQL error later
+            return fn(store, out, **kwargs)
+        except BrokenPipeError:
+            raise
+        except StoreUnavailable as exc:
+            raise click.ClickException(f"cannot reach the database at {store.dialect.safe_url()}: {exc}") from None
+        except NotFound as exc:
+            raise click.ClickException(str(exc)) from None
+        except RecoveryError as exc:
+            hint = ""
+            try:
+                if store.pending_migrations():
+                    hint = " (the schema is not up to date: run `recovery-ext migrate`)"
+            except RecoveryError:
+                pass
+            raise click.ClickException(redact(str(exc)) + hint) from None
+        except (click.ClickException, click.exceptions.Exit, click.exceptions.Abort, KeyboardInterrupt):
+            raise
+        except OSError as exc:  # e.g. demo setup --folder /proc/x
+            raise click.ClickException(redact(f"{exc.strerror or exc}: {exc.filename or ''}".rstrip(": "))) from None
+        except Exception as exc:  # noqa: BLE001 - no traceback reaches a user, whatever the input
+            raise click.ClickException(f"unexpected error ({type(exc).__name__}): {redact(exc)}") from None
+        finally:
+            store.close()
+
+    return wrapper

@@ -1,0 +1,398 @@
+"""Spend caps: at most so many tokens, or so much money, per pipeline and per deployment.
+
+A cap is one row of ``rx_spend_caps`` (scope ``pipeline:<id>`` or ``deployment:<name>``) holding the cap,
+what was spent (settled) and what is reserved (requests and job submissions under way). A request or a job
+submission first reserves its estimate with one conditional UPDATE of each of its caps' rows, in a
+transaction fenced by the caller's epoch (the pipeline row share-locked against a reclaim)::
+
+    UPDATE rx_spend_caps SET reserved_tokens = reserved_tokens + :t ...
+     WHERE scope = :s AND (max_tokens IS NULL OR spent_tokens + reserved_tokens + :t <= max_tokens) ...
+
+so of many processes asking at once (PostgreSQL re-checks the condition on the row it waited for; SQLite
+holds the writer lock), none is granted room another took. The reservation's row is inserted in the same
+transaction. The answer's usage moves it from reserved to spent (:meth:`SpendCapOps.spend_settle`): the
+cap is exceeded by at most what answers cost beyond their estimates. A reservation whose process was
+killed stays reserved: the cap never forgets money that may have been spent. A job's reservation carries
+the job's token (``ref``) and is settled by whoever collects the job's results (a resume, a take-over).
+
+The configuration (the ``recovery`` resource) sets a cap when its row is first made and whenever the
+configuration itself changes; in between, an operator's change (``recovery-ext spend-cap set``) stands.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import and_, case, delete, or_, select, update
+
+from recovery_ext._classify.redaction import redact
+from recovery_ext._errors import ConfigurationError, NotFound
+from recovery_ext._store.budgets import BudgetOps
+from recovery_ext._store.database import retried
+from recovery_ext._store.models import Ownership
+from recovery_ext._store.ledger import IN_FLIGHT
+from recovery_ext._store.schema import pipelines, provider_calls, spend_caps, spend_reservations
+from recovery_ext._store.statuses import WAITING, PipelineStatus
+from recovery_ext._store.waits import WaitKind
+
+sc, sr = spend_caps.c, spend_reservations.c
+
+# Token caps stay far below what BIGINT sums hold; a money cap is any finite amount up to this.
+MAX_TOKENS = 2**53
+MAX_COST = 1e12
+# Float sums of costs: a reservation that fits up to rounding fits.
+COST_SLACK = 1e-9
+
+
+def pipeline_scope(pipeline_id: int) -> str:
+    return f"pipeline:{int(pipeline_id)}"
+
+
+def deployment_scope(deployment: str) -> str:
+    return f"deployment:{deployment}"
+
+
+def check_cap(name: str, value: object, *, money: bool) -> None:
+    """A cap is unset (None), a whole number of tokens from 0, or a finite amount of money from 0."""
+    if value is None:
+        return
+    if money:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= MAX_COST:
+            raise ConfigurationError(f"{name} must be an amount from 0 to {MAX_COST:g} (or unset), got {value!r}")
+    elif isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_TOKENS:
+        raise ConfigurationError(f"{name} must be a whole number of tokens from 0 to {MAX_TOKENS} (or unset), "
+                                 f"got {value!r}")
+
+
+@dataclass(frozen=True)
+class SpendCaps:
+    """The caps a pipeline is held to (any may be None: no cap of that kind), and how often a pipeline paused at
+    a cap looks whether it was raised."""
+
+    pipeline_tokens: int | None = None
+    pipeline_cost: float | None = None
+    deployment_tokens: int | None = None
+    deployment_cost: float | None = None
+    poll_seconds: float = 30.0
+
+    def __post_init__(self) -> None:
+        for name in ("pipeline_tokens", "deployment_tokens"):
+            check_cap(f"spend cap {name}", getattr(self, name), money=False)
+        for name in ("pipeline_cost", "deployment_cost"):
+            check_cap(f"spend cap {name}", getattr(self, name), money=True)
+        poll = self.poll_seconds
+        if isinstance(poll, bool) or not isinstance(poll, (int, float)) or not 0.01 <= poll <= 3600:
+            raise ConfigurationError(f"spend_cap_poll_seconds must be between 0.01 and 3600, got {poll!r}")
+
+    @property
+    def enabled(self) -> bool:
+        return any(v is not None for v in (self.pipeline_tokens, self.pipeline_cost, self.deployment_tokens,
+                                           self.deployment_cost))
+
+    def scopes(self, pipeline_id: int, deployment: str) -> list[tuple[str, int | None, float | None]]:
+        """Each cap's scope with its tokens and money, in the order reservations take them (pipeline first:
+        every process takes the rows in one order, so none waits for another in a circle)."""
+        found = []
+        if self.pipeline_tokens is not None or self.pipeline_cost is not None:
+            found.append((pipeline_scope(pipeline_id), self.pipeline_tokens, self.pipeline_cost))
+        if self.deployment_tokens is not None or self.deployment_cost is not None:
+            found.append((deployment_scope(deployment), self.deployment_tokens, self.deployment_cost))
+        return found
+
+
+@dataclass(frozen=True)
+class CapState:
+    """One cap as it stands: its limits, what was spent, what is reserved, and what is left."""
+
+    scope: str
+    max_tokens: int | None
+    max_cost: float | None
+    spent_tokens: int
+    spent_cost: float
+    reserved_tokens: int
+    reserved_cost: float
+    changed_by: str | None = None
+
+    @classmethod
+    def from_row(cls, row: Any) -> CapState:
+        return cls(row.scope, None if row.max_tokens is None else int(row.max_tokens),
+                   None if row.max_cost is None else float(row.max_cost), int(row.spent_tokens),
+                   float(row.spent_cost), int(row.reserved_tokens), float(row.reserved_cost), row.changed_by)
+
+    @property
+    def left_tokens(self) -> int | None:
+        return None if self.max_tokens is None else self.max_tokens - self.spent_tokens - self.reserved_tokens
+
+    @property
+    def left_cost(self) -> float | None:
+        return None if self.max_cost is None else self.max_cost - self.spent_cost - self.reserved_cost
+
+    def describe(self, tokens: int = 0, cost: float = 0.0) -> str:
+        """Why a request of ``tokens`` (``cost``) does not fit, in one line."""
+        parts = []
+        if self.max_tokens is not None:
+            parts.append(f"{self.spent_tokens} of {self.max_tokens} tokens spent, {self.reserved_tokens} reserved"
+                         + (f", this request needs {tokens}" if tokens else ""))
+        if self.max_cost is not None:
+            parts.append(f"{self.spent_cost:.6g} of {self.max_cost:.6g} spent, {self.reserved_cost:.6g} reserved"
+                         + (f", this request needs {cost:.6g}" if cost else ""))
+        return f"{self.scope}: {'; '.join(parts)}; raise it with `recovery-ext spend-cap set`"
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"scope": self.scope, "max_tokens": self.max_tokens, "max_cost": self.max_cost,
+                "spent_tokens": self.spent_tokens, "spent_cost": round(self.spent_cost, 9),
+                "reserved_tokens": self.reserved_tokens, "reserved_cost": round(self.reserved_cost, 9),
+                "left_tokens": self.left_tokens,
+                "left_cost": None if self.left_cost is None else round(self.left_cost, 9),
+                "changed_by": self.changed_by}
+
+
+@dataclass(frozen=True)
+class SpendGrant:
+    """A reservation's answer: its rows' ids (granted), or the cap that has no room for it."""
+
+    reservations: tuple[int, ...] = ()
+    full: CapState | None = None
+
+    @property
+    def granted(self) -> bool:
+        return self.full is None
+
+
+class _NoRoom(Exception):
+    """Internal: a cap had no room; the transaction rolls back what the caps before it granted."""
+
+    def __init__(self, scope: str) -> None:
+        super().__init__(scope)
+        self.scope = scope
+
+
+def _fits(tokens: int, cost: float):
+    return and_(or_(sc.max_tokens.is_(None), sc.spent_tokens + sc.reserved_tokens + tokens <= sc.max_tokens),
+                or_(sc.max_cost.is_(None), sc.spent_cost + sc.reserved_cost + cost <= sc.max_cost + COST_SLACK))
+
+
+def _amounts(tokens: int, cost: float | None) -> tuple[int, float]:
+    cost = 0.0 if cost is None or not math.isfinite(cost) else max(0.0, float(cost))
+    return max(0, int(tokens)), cost
+
+
+class SpendCapOps(BudgetOps):
+    @retried
+    def spend_configure(self, own: Ownership, caps: SpendCaps) -> list[str]:
+        """Make (or bring up to date with a changed configuration) the caps of ``own``'s pipeline; returns their
+        scopes in the order reservations take them."""
+        p = pipelines.c
+        with self.write() as conn:
+            self._fence(conn, own)
+            deployment = conn.scalar(select(p.deployment).where(p.id == own.pipeline_id))
+            scopes = caps.scopes(own.pipeline_id, deployment or "")
+            for scope, tokens, cost in scopes:
+                stmt = self.dialect.insert(spend_caps).values(
+                    scope=scope, max_tokens=tokens, max_cost=cost, configured_tokens=tokens, configured_cost=cost,
+                    changed_by="configuration", updated_at=self.dialect.now())
+                changed = or_(sc.configured_tokens.is_distinct_from(stmt.excluded.configured_tokens),
+                              sc.configured_cost.is_distinct_from(stmt.excluded.configured_cost))
+                conn.execute(stmt.on_conflict_do_update(index_elements=[sc.scope], set_={
+                    "max_tokens": case((changed, stmt.excluded.max_tokens), else_=sc.max_tokens),
+                    "max_cost": case((changed, stmt.excluded.max_cost), else_=sc.max_cost),
+                    "changed_by": case((changed, stmt.excluded.changed_by), else_=sc.changed_by),
+                    "configured_tokens": stmt.excluded.configured_tokens,
+                    "configured_cost": stmt.excluded.configured_cost,
+                    "updated_at": case((changed, stmt.excluded.updated_at), else_=sc.updated_at)}))
+            self._settle_from_ledger(conn, own.pipeline_id)
+        return [scope for scope, _, _ in scopes]
+
+    def _settle_from_ledger(self, conn, pipeline_id: int) -> None:
+        """Reservations an earlier owner of the pipeline left (a kill, a take-over) whose call the ledger knows
+        the outcome of: settled with what the ledger recorded. A call still in flight in the ledger (its answer
+        never arrived: the provider may have charged it) stays reserved."""
+        p = pipelines.c
+        left = conn.execute(
+            select(sr.id, sr.scope, sr.tokens, sr.cost, provider_calls.c.tokens_in, provider_calls.c.tokens_out,
+                   provider_calls.c.cost.label("spent_cost"), provider_calls.c.outcome)
+            .select_from(spend_reservations.join(provider_calls, provider_calls.c.id == sr.ref))
+            .where(sr.pipeline_id == pipeline_id, provider_calls.c.outcome != IN_FLIGHT,
+                   sr.epoch < select(p.epoch).where(p.id == pipeline_id).scalar_subquery())).all()
+        for row in left:
+            if not conn.execute(delete(spend_reservations).where(sr.id == row.id)).rowcount:
+                continue
+            if row.outcome == "ok":
+                self._settle_in(conn, [row], int(row.tokens_in + row.tokens_out), float(row.spent_cost or 0.0))
+            elif row.outcome == "timeout":  # it may have been charged: at its estimate, as a live call counts it
+                self._settle_in(conn, [row], int(row.tokens), float(row.cost))
+            else:  # refused by the provider: nothing was charged
+                self._settle_in(conn, [row], 0, 0.0)
+
+    @retried
+    def spend_reserve(self, own: Ownership, scopes: Sequence[str], *, tokens: int, cost: float | None = 0.0,
+                      ref: str | None = None) -> SpendGrant:
+        """Reserve ``tokens`` and ``cost`` under every cap of ``scopes`` (all or none), fenced by ``own``'s epoch;
+        or say which cap has no room. ``ref``: the job whose results will settle it (its token)."""
+        tokens, cost = _amounts(tokens, cost)
+        try:
+            with self.write() as conn:
+                self._fence(conn, own)
+                ids = []
+                for scope in scopes:
+                    took = conn.execute(update(spend_caps).where(sc.scope == scope, _fits(tokens, cost))
+                                        .values(reserved_tokens=sc.reserved_tokens + tokens,
+                                                reserved_cost=sc.reserved_cost + cost)
+                                        .returning(sc.scope)).first()
+                    if took is None:
+                        raise _NoRoom(scope)
+                    ids.append(conn.execute(spend_reservations.insert().values(
+                        scope=scope, pipeline_id=own.pipeline_id, epoch=own.epoch, ref=ref, tokens=tokens, cost=cost,
+                        reserved_at=self.dialect.now()).returning(sr.id)).scalar_one())
+        except _NoRoom as full:
+            state = self.spend_cap(full.scope)
+            if state is None:
+                raise NotFound(f"no spend cap {full.scope!r}: it was deleted while the pipeline ran") from None
+            return SpendGrant(full=state)
+        return SpendGrant(tuple(ids))
+
+    def _settle_in(self, conn, rows: Iterable[Any], tokens: int, cost: float) -> None:
+        for row in rows:
+            conn.execute(update(spend_caps).where(sc.scope == row.scope).values(
+                reserved_tokens=sc.reserved_tokens - row.tokens, reserved_cost=sc.reserved_cost - row.cost,
+                spent_tokens=sc.spent_tokens + tokens, spent_cost=sc.spent_cost + cost))
+
+    @retried
+    def spend_settle(self, reservations: Sequence[int], *, tokens: int, cost: float | None) -> None:
+        """The answer's usage: each reservation leaves ``reserved`` and its cap has spent ``tokens`` and ``cost``.
+        A reservation already settled (or released) changes nothing: settling twice never counts twice."""
+        tokens, spent = _amounts(tokens, cost)
+        with self.write() as conn:
+            rows = conn.execute(delete(spend_reservations).where(sr.id.in_(list(reservations)))
+                                .returning(sr.scope, sr.tokens, sr.cost)).all()
+            self._settle_in(conn, rows, tokens, spent)
+
+    @retried
+    def spend_settle_ref(self, ref: str, *, tokens: int, cost: float | None) -> int:
+        """Settle every reservation made for the job ``ref`` (whichever process or epoch made it) with what the
+        job's results cost; returns how many there were."""
+        tokens, spent = _amounts(tokens, cost)
+        with self.write() as conn:
+            rows = conn.execute(delete(spend_reservations).where(sr.ref == ref)
+                                .returning(sr.scope, sr.tokens, sr.cost)).all()
+            self._settle_in(conn, rows, tokens, spent)
+        return len(rows)
+
+    @retried
+    def spend_add(self, scopes: Sequence[str], *, tokens: int, cost: float | None) -> None:
+        """More usage of a call already settled (a call recorded in several parts)."""
+        tokens, spent = _amounts(tokens, cost)
+        with self.write() as conn:
+            conn.execute(update(spend_caps).where(sc.scope.in_(list(scopes))).values(
+                spent_tokens=sc.spent_tokens + tokens, spent_cost=sc.spent_cost + spent))
+
+    @retried
+    def spend_release(self, reservations: Sequence[int]) -> None:
+        """The request was never sent (the breaker refused it, the journal answered it): its room comes back."""
+        with self.write() as conn:
+            rows = conn.execute(delete(spend_reservations).where(sr.id.in_(list(reservations)))
+                                .returning(sr.scope, sr.tokens, sr.cost)).all()
+            self._settle_in(conn, rows, 0, 0.0)
+
+    # -- reading and changing caps ---------------------------------------------------------------
+
+    @retried
+    def spend_cap(self, scope: str) -> CapState | None:
+        with self.read() as conn:
+            row = conn.execute(select(spend_caps).where(sc.scope == scope)).first()
+        return None if row is None else CapState.from_row(row)
+
+    @retried
+    def spend_caps(self, scopes: Sequence[str] | None = None) -> list[CapState]:
+        """Every cap (or those of ``scopes``), deployments first."""
+        query = select(spend_caps).order_by(sc.scope.startswith("pipeline:"), sc.scope)
+        if scopes is not None:
+            query = query.where(sc.scope.in_(list(scopes)))
+        with self.read() as conn:
+            return [CapState.from_row(r) for r in conn.execute(query)]
+
+    @retried
+    def spend_cap_set(self, scope: str, *, tokens: int | None | bool = False, cost: float | None | bool = False,
+                      who: str = "operator") -> CapState:
+        """Change a cap: ``tokens``/``cost`` a new limit, None for no limit of that kind, False to leave it."""
+        values: dict[str, Any] = {"changed_by": redact(who)[:200], "updated_at": self.dialect.now()}
+        if tokens is not False:
+            check_cap("--tokens", tokens, money=False)
+            values["max_tokens"] = tokens
+        if cost is not False:
+            check_cap("--cost", cost, money=True)
+            values["max_cost"] = cost
+        with self.write() as conn:
+            row = conn.execute(update(spend_caps).where(sc.scope == scope).values(**values)
+                               .returning(*spend_caps.c)).first()
+            if row is None:
+                raise NotFound(f"no spend cap {scope!r}: a cap exists once a pipeline configured with one has made "
+                               f"its first request (see `recovery-ext spend-cap list`)")
+            self.record_events(conn, [{"kind": "spend_cap_changed", "pipeline_id": _pipeline_of(scope), "payload": {
+                "scope": scope, "max_tokens": row.max_tokens, "max_cost": row.max_cost, "by": values["changed_by"]}}])
+        return CapState.from_row(row)
+
+    # -- a pipeline paused at its cap, or waiting on a provider job ------------------------------
+
+    @retried
+    def show_wait(self, own: Ownership, seconds: float, reason: str, *, kind: WaitKind, node: str | None = None,
+                  first: bool = True) -> dt.datetime | None:
+        """Show the live pipeline as waiting on ``kind`` (a spend cap, a provider job), its next look ``seconds``
+        from now; returns that time (database clock), or None when ``own`` no longer holds the pipeline.
+        ``first``: the wait begins (a transition and an event are recorded); later looks only move the next look.
+        The outage clock (``waiting_since``) is left alone: this is no outage."""
+        reason = f"{kind.value}: {redact(reason)}"[:500]
+        p = pipelines.c
+        with self.write() as conn:
+            row = conn.execute(
+                update(pipelines)
+                .where(p.id == own.pipeline_id, p.epoch == own.epoch, p.status == PipelineStatus.RUNNING)
+                .values(waiting_until=self.dialect.now_plus(seconds), waiting_reason=reason,
+                        updated_at=self.dialect.now())
+                .returning(p.waiting_until)).first()
+            if row is None:
+                return None
+            if first:
+                self.record_transitions(conn, [{"entity_type": "pipeline", "entity_id": own.pipeline_id,
+                                                "pipeline_id": own.pipeline_id, "from_status": PipelineStatus.RUNNING,
+                                                "to_status": WAITING, "event": WAIT_EVENTS[kind][0],
+                                                "data": {"reason": reason, "node": node}}])
+                self.record_events(conn, [{"kind": "pipeline_waiting", "pipeline_id": own.pipeline_id, "payload": {
+                    "reason": reason, "node": node, "waiting_on": kind.value, "seconds": round(seconds, 3),
+                    "next_check_at": row.waiting_until.isoformat() if row.waiting_until else None}}])
+        return row.waiting_until
+
+    @retried
+    def clear_wait(self, own: Ownership, *, kind: WaitKind, node: str | None = None) -> bool:
+        """The wait on ``kind`` is over (a wait of another kind on the pipeline is left alone)."""
+        p = pipelines.c
+        with self.write() as conn:
+            row = conn.execute(
+                update(pipelines)
+                .where(p.id == own.pipeline_id, p.epoch == own.epoch, p.waiting_reason.startswith(kind.value))
+                .values(waiting_until=None, waiting_reason=None, updated_at=self.dialect.now())
+                .returning(p.id)).first()
+            if row is None:
+                return False
+            event = WAIT_EVENTS[kind][1]
+            self.record_transitions(conn, [{"entity_type": "pipeline", "entity_id": own.pipeline_id,
+                                            "pipeline_id": own.pipeline_id, "from_status": WAITING,
+                                            "to_status": PipelineStatus.RUNNING, "event": event,
+                                            "data": {"node": node}}])
+            self.record_events(conn, [{"kind": "pipeline_waiting_over", "pipeline_id": own.pipeline_id,
+                                       "payload": {"node": node, "outcome": event}}])
+        return True
+
+
+# The transitions a wait records when it begins and when it ends, by what it waits on.
+WAIT_EVENTS = {WaitKind.SPEND_CAP: ("spend_cap_wait", "spend_cap_room"),
+               WaitKind.PROVIDER_JOB: ("provider_job_wait", "provider_job_ended")}
+
+
+def _pipeline_of(scope: str) -> int | None:
+    kind, _, rest = scope.partition(":")
+    return int(rest) if kind == "pipeline" and rest.isdigit() else None
