@@ -133,3 +133,73 @@ def test_a_503_whose_error_message_holds_a_nul_byte_pauses_the_pipeline_on_both_
     assert len(seen) == 2 and fake.slept == [10.0]
     [paused] = store.reports.recent_events(kinds=("pipeline_waiting",))
     assert "upstream busy\ufffd" in paused["payload"]["reason"]
+
+
+# -- answers JSON accepts and a database does not: NUL, a lone surrogate, NaN (round four) ------------------------
+
+def content_answer(content: str):
+    body = {"id": "1", "object": "chat.completion", "created": 0, "model": "m",
+            "choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": content}}],
+            "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}}
+    return Response(json.dumps(body), content_type="application/json")
+
+
+# What json.loads accepts in an answer, and what both databases keep in its place (docs/how-to/journal.md).
+UNSTORABLE = {"nul": ('{"name": "a\\u0000b", "n\\u0000": 1}', {"name": "a\ufffdb", "n\ufffd": 1}),
+              "surrogate": ('{"name": "a\\ud800b", "pair": "\\ud83d\\ude00"}', {"name": "a\ufffdb", "pair": "\U0001f600"}),
+              "nan": ('{"name": NaN, "all": [Infinity, -Infinity, 1.5]}', {"name": None, "all": [None, None, 1.5]})}
+
+
+@pytest.mark.parametrize("kind", sorted(UNSTORABLE))
+def test_an_answer_json_accepts_is_stored_in_the_agreed_form_on_both_databases(kind, httpserver, db_url, store,
+                                                                               monkeypatch):
+    monkeypatch.setenv("RECOVERY_DATABASE_URL", db_url)
+    content, stored = UNSTORABLE[kind]
+    seen = serve(httpserver, [content_answer(content), answer(200)])  # one item, then the glossary call
+    with DagsterInstance.ephemeral() as instance:
+        result = execute_in_process(make_ledger_job(in_process_executor), instance=instance, raise_on_error=False,
+                                    run_config={"ops": {"ask": {"config": {"items": 1}}}},
+                                    resources={"recovery": recovery_resource(),
+                                               "llm": llm_resource(httpserver.url_for("/v1"))})
+    assert result.success and len(seen) == 2  # paid once, checkpointed, completed
+    [pipeline] = store.reports.list_pipelines()
+    assert store.pipelines.completed_items(pipeline.id, "ask") == {"t00": stored}
+
+
+@pytest.mark.parametrize("kind", sorted(UNSTORABLE))
+def test_a_journaled_answer_replays_exactly_what_was_paid_for(kind):
+    from recovery_ext._providers.journal import decode_answer, encode_answer
+
+    paid = json.loads(UNSTORABLE[kind][0])
+    text = encode_answer(paid)
+    assert text is not None and text.isascii()  # both databases' text columns keep it as it is
+    replayed = decode_answer(text)
+    assert json.dumps(replayed) == json.dumps(paid)  # NaN included: journaled, so a re-execution never pays again
+
+
+@pytest.mark.parametrize("kind", sorted(UNSTORABLE))
+def test_an_item_result_and_an_op_output_are_stored_in_the_agreed_form(kind, store):
+    from recovery_ext._dagster.context import replayable_output
+
+    content, stored = UNSTORABLE[kind]
+    value = json.loads(content)
+    assert replayable_output(value) == stored  # what the first run's downstream ops see is what a resume replays
+    own = store.pipelines.create_pipeline("job", ["a"], owner="run-1", origin_run_id="run-1", params={"p": value})
+    store.pipelines.start_node(own, "a")
+    store.pipelines.checkpoint_item(own, "a", ItemCheckpoint("k", value))
+    store.pipelines.complete_node(own, "a", output=value)
+    assert store.pipelines.completed_items(own.pipeline_id, "a") == {"k": stored}
+    assert store.pipelines.get_pipeline(own.pipeline_id).params == {"p": stored}
+    assert store.pipelines.get_node(own.pipeline_id, "a").output == stored
+
+
+def test_the_agreed_form_changes_only_what_a_database_cannot_keep():
+    from recovery_ext._store.json_values import agreed_json
+
+    kept = {"text": "a backslash then u0000: \\u0000, \\ud800 and \\\\u0000", "emoji": "\U0001f600", "n": [1.5, -0.0],
+            "deep": [[{"k": "\u00e9\u4e2d"}]]}
+    assert agreed_json(kept) == kept
+    assert agreed_json({"\x00": ["\udc00\ud800", "\ud800\udc00", float("-inf")]}) == {"\ufffd": ["\ufffd\ufffd",
+                                                                                         "\U00010000", None]}
+    with pytest.raises(TypeError):
+        agreed_json({"not json": object()})
