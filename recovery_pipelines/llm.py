@@ -13,7 +13,7 @@ import time
 from typing import Any, Optional, Protocol
 
 from dagster import ConfigurableResource
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from recovery_ext import (ClassifiedError, NodeContext, Prices, ProviderCall, ProviderGuard, ProviderLimits, RetryPolicy,
                           provider_guard, read_usage, record_provider_call, redact, redact_secret, redact_url,
@@ -272,6 +272,12 @@ class LLMResource(ConfigurableResource):
     prices: dict[str, dict[str, float]] = Field(
         default_factory=dict, description='Price per million tokens per model, e.g. {"gpt-4o-mini": {"input": 0.15, '
                                           '"output": 0.6}}: the ledger turns tokens into cost. Unlisted: no cost.')
+
+    @model_validator(mode="after")
+    def _validate(self) -> LLMResource:
+        """Refuse a price out of range when the definitions load, before any run pays for a call it would price."""
+        Prices.parse(self.prices)
+        return self
 
     def enricher(self, node: Optional[NodeContext] = None) -> Enricher:
         """The enricher for ``node``: its calls share the endpoint's breaker and pause the node's pipeline

@@ -104,6 +104,17 @@ def test_prices_refuse_absurd_or_non_finite_prices(price):
     assert Prices.parse({"m": {"input": 1e6, "output": 0}}).cost("m", 2**62 - 1, 0) < float("inf")
 
 
+@pytest.mark.parametrize("price", [1e7, float("inf"), float("nan"), -1.0])
+def test_a_price_out_of_range_is_refused_when_the_resource_is_built_before_any_run(price):
+    """Issue 27: at definitions load, with the setting named, not as a permanent error inside the first op."""
+    # pydantic's ValidationError carries it (a ValueError, as ConfigurationError is): the definitions make it one line
+    with pytest.raises(ValueError, match=r"the input price of model 'm' must be a number from 0 to 1e\+06"):
+        llm_resource("http://127.0.0.1:9/v1", prices={"m": {"input": price, "output": 1.0}})
+    with pytest.raises(ValueError, match="must be {'input': ..., 'output': ...}"):
+        llm_resource("http://127.0.0.1:9/v1", prices={"m": {"input": 1.0, "dollars": 2.0}})
+    assert llm_resource("http://127.0.0.1:9/v1", prices={"m": {"input": 1e6, "output": 0}}).prices["m"]["input"] == 1e6
+
+
 # -- a NUL byte in a provider's error text, stored as a pause reason, a breaker's error, a node's failure -------
 
 def test_a_nul_byte_in_any_stored_message_is_kept_on_both_databases(store):
