@@ -288,6 +288,27 @@ BEGIN
 END
 $$;
 
+CREATE FUNCTION public.rx_ledger_rows_landed_late() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    v_finished RECORD;
+BEGIN
+    -- Locked in id order, so two late writers judge one pipeline one after the other, and a take-over
+    -- (which reopens it, and locks it first) is either waited for and then seen as running, or waits.
+    FOR v_finished IN
+        SELECT p.id, p.job_name FROM rx_pipelines p
+         WHERE p.id IN (SELECT DISTINCT pipeline_id FROM rx_new WHERE pipeline_id IS NOT NULL)
+           AND p.status IN ('completed', 'failed')
+         ORDER BY p.id FOR UPDATE OF p
+    LOOP
+        PERFORM rx_roll_back_finished(v_finished.id, v_finished.job_name);
+        PERFORM rx_roll_up_finished(v_finished.id, v_finished.id);
+    END LOOP;
+    RETURN NULL;
+END
+$$;
+
 CREATE FUNCTION public.rx_pipeline_finished() RETURNS trigger
     LANGUAGE plpgsql
     AS $$
@@ -893,6 +914,10 @@ CREATE INDEX rx_transitions_entity ON public.rx_transitions USING btree (entity_
 CREATE INDEX rx_transitions_pipeline ON public.rx_transitions USING btree (pipeline_id, id) WHERE (pipeline_id IS NOT NULL);
 
 CREATE TRIGGER rx_call_journal_pipeline_ended AFTER UPDATE OF status ON public.rx_pipelines FOR EACH ROW WHEN (((new.status = ANY (ARRAY['completed'::text, 'canceled'::text])) AND (old.status IS DISTINCT FROM new.status))) EXECUTE FUNCTION public.rx_prune_call_journal();
+
+CREATE TRIGGER rx_ledger_rows_inserted_late AFTER INSERT ON public.rx_provider_calls REFERENCING NEW TABLE AS rx_new FOR EACH STATEMENT EXECUTE FUNCTION public.rx_ledger_rows_landed_late();
+
+CREATE TRIGGER rx_ledger_rows_updated_late AFTER UPDATE ON public.rx_provider_calls REFERENCING NEW TABLE AS rx_new FOR EACH STATEMENT EXECUTE FUNCTION public.rx_ledger_rows_landed_late();
 
 CREATE TRIGGER rx_pipeline_deleted AFTER DELETE ON public.rx_pipelines FOR EACH ROW EXECUTE FUNCTION public.rx_pipeline_recounted();
 
