@@ -1,24 +1,24 @@
 -- A ledger row that lands or changes after its pipeline finished is taken into the roll-ups (0017), which
 -- judged the pipeline once, when it finished. A failed op's last paid call is written by the ledger's
 -- thread up to half a second after the pipeline failed; a call in flight at the failure is completed when
--- its answer arrives. Each such statement judges its finished pipelines again: their figures leave the
+-- its answer arrives. Such a statement judges its finished pipelines again: their figures leave the
 -- roll-up and return judged with every row, as `costs` computes them from the detail. A prune's deletes
 -- fire nothing: the figures of pruned work stay.
-CREATE FUNCTION rx_ledger_rows_landed_late() RETURNS trigger LANGUAGE plpgsql AS $$
-DECLARE
-    v_finished RECORD;
+CREATE FUNCTION rx_judge_again(p_pipeline BIGINT, p_job TEXT) RETURNS void LANGUAGE plpgsql AS $$
 BEGIN
-    -- Locked in id order, so two late writers judge one pipeline one after the other, and a take-over
-    -- (which reopens it, and locks it first) is either waited for and then seen as running, or waits.
-    FOR v_finished IN
-        SELECT p.id, p.job_name FROM rx_pipelines p
-         WHERE p.id IN (SELECT DISTINCT pipeline_id FROM rx_new WHERE pipeline_id IS NOT NULL)
-           AND p.status IN ('completed', 'failed')
-         ORDER BY p.id FOR UPDATE OF p
-    LOOP
-        PERFORM rx_roll_back_finished(v_finished.id, v_finished.job_name);
-        PERFORM rx_roll_up_finished(v_finished.id, v_finished.id);
-    END LOOP;
+    PERFORM rx_roll_back_finished(p_pipeline, p_job);
+    PERFORM rx_roll_up_finished(p_pipeline, p_pipeline);
+END
+$$;
+
+-- The finished pipelines are locked in id order, so two late writers judge one pipeline one after the
+-- other, and a take-over that reopens it (locking it first) is waited for and then seen running.
+CREATE FUNCTION rx_ledger_rows_landed_late() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM rx_judge_again(finished.id, finished.job_name)
+       FROM (SELECT p.id, p.job_name FROM rx_pipelines p
+              WHERE p.id IN (SELECT pipeline_id FROM rx_new) AND p.status IN ('completed', 'failed')
+              ORDER BY p.id FOR UPDATE OF p) AS finished;
     RETURN NULL;
 END
 $$;
@@ -29,14 +29,11 @@ CREATE TRIGGER rx_ledger_rows_inserted_late AFTER INSERT ON rx_provider_calls RE
 CREATE TRIGGER rx_ledger_rows_updated_late AFTER UPDATE ON rx_provider_calls REFERENCING NEW TABLE AS rx_new
     FOR EACH STATEMENT EXECUTE FUNCTION rx_ledger_rows_landed_late();
 
--- Rows that landed late before this migration: every finished pipeline judged again, once.
-DO $$
-DECLARE
-    v_finished RECORD;
-BEGIN
-    FOR v_finished IN SELECT id, job_name FROM rx_pipelines WHERE status IN ('completed', 'failed') ORDER BY id LOOP
-        PERFORM rx_roll_back_finished(v_finished.id, v_finished.job_name);
-    END LOOP;
-    PERFORM rx_roll_up_finished(min(id), max(id)) FROM rx_pipelines;
-END
-$$;
+-- What landed late before this migration: finished pipelines with more ledger rows than their roll-up
+-- judged, or with a call judged in flight (it may have been answered since), judged again.
+SELECT rx_judge_again(p.id, p.job_name) FROM rx_pipelines p
+ WHERE p.status IN ('completed', 'failed')
+   AND ((SELECT count(*) FROM rx_provider_calls c WHERE c.pipeline_id = p.id)
+        <> (SELECT COALESCE(sum(t.calls + t.skipped_rows), 0) FROM rx_ledger_pipeline_totals t WHERE t.pipeline_id = p.id)
+        OR EXISTS (SELECT 1 FROM rx_ledger_pipeline_totals t WHERE t.pipeline_id = p.id AND t.outcome = 'in_flight'))
+ ORDER BY p.id;

@@ -288,23 +288,23 @@ BEGIN
 END
 $$;
 
+CREATE FUNCTION public.rx_judge_again(p_pipeline bigint, p_job text) RETURNS void
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    PERFORM rx_roll_back_finished(p_pipeline, p_job);
+    PERFORM rx_roll_up_finished(p_pipeline, p_pipeline);
+END
+$$;
+
 CREATE FUNCTION public.rx_ledger_rows_landed_late() RETURNS trigger
     LANGUAGE plpgsql
     AS $$
-DECLARE
-    v_finished RECORD;
 BEGIN
-    -- Locked in id order, so two late writers judge one pipeline one after the other, and a take-over
-    -- (which reopens it, and locks it first) is either waited for and then seen as running, or waits.
-    FOR v_finished IN
-        SELECT p.id, p.job_name FROM rx_pipelines p
-         WHERE p.id IN (SELECT DISTINCT pipeline_id FROM rx_new WHERE pipeline_id IS NOT NULL)
-           AND p.status IN ('completed', 'failed')
-         ORDER BY p.id FOR UPDATE OF p
-    LOOP
-        PERFORM rx_roll_back_finished(v_finished.id, v_finished.job_name);
-        PERFORM rx_roll_up_finished(v_finished.id, v_finished.id);
-    END LOOP;
+    PERFORM rx_judge_again(finished.id, finished.job_name)
+       FROM (SELECT p.id, p.job_name FROM rx_pipelines p
+              WHERE p.id IN (SELECT pipeline_id FROM rx_new) AND p.status IN ('completed', 'failed')
+              ORDER BY p.id FOR UPDATE OF p) AS finished;
     RETURN NULL;
 END
 $$;

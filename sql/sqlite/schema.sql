@@ -323,23 +323,26 @@ CREATE TRIGGER rx_call_journal_pipeline_ended
     FOR EACH ROW WHEN NEW.status IN ('completed', 'canceled') AND OLD.status IS NOT NEW.status
     BEGIN DELETE FROM rx_call_journal WHERE pipeline_id = NEW.id; END;
 
-CREATE TRIGGER rx_ledger_row_inserted_late AFTER INSERT ON rx_provider_calls FOR EACH ROW
-    WHEN NEW.pipeline_id IS NOT NULL
-         AND EXISTS (SELECT 1 FROM rx_pipelines WHERE id = NEW.pipeline_id AND status IN ('completed', 'failed'))
+CREATE TRIGGER rx_judge_again INSTEAD OF INSERT ON rx_judge_again_requests FOR EACH ROW
 BEGIN
     INSERT INTO rx_roll_up_requests (lo, hi, undo_job)
-    SELECT id, id, job_name FROM rx_pipelines WHERE id = NEW.pipeline_id;
+    SELECT id, id, job_name FROM rx_pipelines WHERE id = NEW.pipeline_id AND status IN ('completed', 'failed');
     INSERT INTO rx_roll_up_requests (lo, hi, undo_job) VALUES (NEW.pipeline_id, NEW.pipeline_id, NULL);
+END;
+
+CREATE VIEW rx_judge_again_requests (pipeline_id) AS SELECT NULL WHERE 0;
+
+CREATE TRIGGER rx_ledger_row_inserted_late AFTER INSERT ON rx_provider_calls FOR EACH ROW
+    WHEN EXISTS (SELECT 1 FROM rx_pipelines WHERE id = NEW.pipeline_id AND status IN ('completed', 'failed'))
+BEGIN
+    INSERT INTO rx_judge_again_requests (pipeline_id) VALUES (NEW.pipeline_id);
 END;
 
 CREATE TRIGGER rx_ledger_row_updated_late AFTER UPDATE OF pipeline_id, node_name, epoch, model, tokens_in, tokens_out,
     latency_seconds, outcome, cost, reached_checkpoint, replays ON rx_provider_calls FOR EACH ROW
-    WHEN NEW.pipeline_id IS NOT NULL
-         AND EXISTS (SELECT 1 FROM rx_pipelines WHERE id = NEW.pipeline_id AND status IN ('completed', 'failed'))
+    WHEN EXISTS (SELECT 1 FROM rx_pipelines WHERE id = NEW.pipeline_id AND status IN ('completed', 'failed'))
 BEGIN
-    INSERT INTO rx_roll_up_requests (lo, hi, undo_job)
-    SELECT id, id, job_name FROM rx_pipelines WHERE id = NEW.pipeline_id;
-    INSERT INTO rx_roll_up_requests (lo, hi, undo_job) VALUES (NEW.pipeline_id, NEW.pipeline_id, NULL);
+    INSERT INTO rx_judge_again_requests (pipeline_id) VALUES (NEW.pipeline_id);
 END;
 
 CREATE TRIGGER rx_pipeline_finished AFTER UPDATE OF status ON rx_pipelines FOR EACH ROW

@@ -134,3 +134,33 @@ def test_a_ledger_row_that_lands_after_its_pipeline_failed_reaches_the_scrape(st
     assert after["etl"]["wasted_calls"] == before["wasted_calls"] + 2 == 3  # the in-flight one was unknown before
     assert after["etl"]["cost"] == round(before["cost"] + 0.009 + 0.005, 9)
     assert store.pipelines.get_pipeline(own.pipeline_id).status == "failed"
+
+
+def test_rows_that_landed_late_before_migration_0023_are_judged_again_by_it(db_url):
+    from recovery_ext._store.migrations import apply_migrations, load_migrations
+    from recovery_ext._store.schema import migrations_table
+    from recovery_ext._store.store import RecoveryStore
+
+    store = RecoveryStore(db_url)
+    try:
+        with store.engine.begin() as conn:  # the database as it was before 0023
+            migrations_table.create(conn)
+            for m in load_migrations(store.dialect):
+                if m.version < 23:
+                    for statement in m.statements():
+                        conn.exec_driver_sql(statement)
+                    conn.execute(migrations_table.insert().values(version=m.version, name=m.name,
+                                                                  applied_at=store.dialect.now()))
+        own = worked(store, "etl", "failing", 1, finish=False)
+        untouched = worked(store, "etl", "done", 2, finish=True)
+        store.pipelines.fail_run(own, "the step failed for good")
+        store.providers.record_provider_calls([call(own, "late", 9)])
+        assert figures(store)["costs"] != detail_by_job(store)  # what 0017 alone left behind
+        untouched_before = store.reports.provider_costs().pipelines[untouched.pipeline_id]
+
+        assert [m.version for m in apply_migrations(store.engine, store.dialect)][0] == 23
+
+        assert figures(store)["costs"] == detail_by_job(store)
+        assert store.reports.provider_costs().pipelines[untouched.pipeline_id] == untouched_before
+    finally:
+        store.close()
