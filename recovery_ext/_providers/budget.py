@@ -20,6 +20,7 @@ from recovery_ext._classify.redaction import redact, redact_url
 from recovery_ext._store.interfaces import GuardStore
 from recovery_ext._errors import StopRequested
 from recovery_ext._store.budgets import ProviderLimits
+from recovery_ext._store.models import Ownership
 
 # A wait at least this long is shown on the pipeline (shorter ones would only add writes).
 SHOW_AFTER = 0.25
@@ -52,10 +53,10 @@ class RateBudget:
     def __init__(self, store: GuardStore, endpoint: str, limits: ProviderLimits, *, who: str | None = None,
                  show_wait: Callable[[float, str], None] | None = None, end_wait: Callable[[], None] | None = None,
                  stop: threading.Event | None = None, check: Callable[[], None] | None = None,
-                 log: Callable[[str], None] | None = None) -> None:
+                 log: Callable[[str], None] | None = None, own: Ownership | None = None) -> None:
         # the budget key names the endpoint without its credentials, as the breaker's does
         self.store, self.endpoint, self.limits = store, redact_url(endpoint), limits
-        self.who = who
+        self.who, self.own = who, own
         self.show_wait, self.end_wait = show_wait, end_wait
         self.stop, self.check = stop, check
         self.log = log or (lambda message: None)
@@ -71,7 +72,7 @@ class RateBudget:
                 if self.check is not None:
                     self.check()
                 grant = self.store.providers.budget_reserve(self.endpoint, model, tokens=max(0, int(tokens)),
-                                                            limits=limits, holder=self.who)
+                                                            limits=limits, holder=self.who, own=self.own)
                 if grant.reservation is not None:  # granted: the id of the request it holds
                     return Reservation(self.store, grant.reservation)
                 wait = grant.wait_seconds

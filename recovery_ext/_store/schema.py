@@ -306,6 +306,8 @@ rate_reservations = Table(
     Column("tokens", BigInteger, nullable=False),
     Column("reserved_at", DbTime, nullable=False),
     Column("answered_at", DbTime),
+    Column("pipeline_id", BigInteger),  # the holder's pipeline and epoch (migration 0023)
+    Column("epoch", Integer),
 )
 
 APPLICATION_TABLES = (pipelines, nodes, node_items, queue_items, transitions, events, circuit_breakers,

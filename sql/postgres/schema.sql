@@ -399,6 +399,17 @@ BEGIN
 END
 $$;
 
+CREATE FUNCTION public.rx_reservations_holder_gone() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    UPDATE rx_rate_reservations SET answered_at = clock_timestamp()
+     WHERE pipeline_id = NEW.id AND answered_at IS NULL
+       AND (epoch IS DISTINCT FROM NEW.epoch OR NEW.status IN ('completed', 'failed', 'canceled'));
+    RETURN NULL;
+END
+$$;
+
 CREATE FUNCTION public.rx_resumes_counted() RETURNS trigger
     LANGUAGE plpgsql
     AS $$
@@ -745,7 +756,9 @@ CREATE TABLE public.rx_rate_reservations (
     holder text,
     tokens bigint DEFAULT 0 NOT NULL,
     reserved_at timestamp with time zone DEFAULT now() NOT NULL,
-    answered_at timestamp with time zone
+    answered_at timestamp with time zone,
+    pipeline_id bigint,
+    epoch integer
 );
 
 CREATE SEQUENCE public.rx_rate_reservations_id_seq
@@ -907,6 +920,8 @@ CREATE INDEX rx_queue_unfinished ON public.rx_queue_items USING btree (id) WHERE
 
 CREATE INDEX rx_queue_unknown_status ON public.rx_queue_items USING btree (id) WHERE (status <> ALL (ARRAY['ready'::text, 'processing'::text, 'completed'::text, 'failed'::text, 'dead'::text]));
 
+CREATE INDEX rx_rate_reservations_in_flight ON public.rx_rate_reservations USING btree (pipeline_id) WHERE ((answered_at IS NULL) AND (pipeline_id IS NOT NULL));
+
 CREATE INDEX rx_rate_reservations_window ON public.rx_rate_reservations USING btree (endpoint, model, reserved_at);
 
 CREATE INDEX rx_transitions_entity ON public.rx_transitions USING btree (entity_type, entity_id, id);
@@ -932,6 +947,8 @@ CREATE TRIGGER rx_queue_item_deleted AFTER DELETE ON public.rx_queue_items FOR E
 CREATE TRIGGER rx_queue_item_relabeled AFTER UPDATE OF status, queue, started_at, completed_at ON public.rx_queue_items FOR EACH ROW WHEN (((old.status IS DISTINCT FROM new.status) OR (old.queue IS DISTINCT FROM new.queue) OR (old.started_at IS DISTINCT FROM new.started_at) OR (old.completed_at IS DISTINCT FROM new.completed_at))) EXECUTE FUNCTION public.rx_queue_item_recounted();
 
 CREATE TRIGGER rx_queue_items_inserted AFTER INSERT ON public.rx_queue_items REFERENCING NEW TABLE AS rx_new FOR EACH STATEMENT EXECUTE FUNCTION public.rx_queue_items_counted();
+
+CREATE TRIGGER rx_reservations_holder_gone AFTER UPDATE OF epoch, status ON public.rx_pipelines FOR EACH ROW WHEN (((old.epoch IS DISTINCT FROM new.epoch) OR ((new.status = ANY (ARRAY['completed'::text, 'failed'::text, 'canceled'::text])) AND (old.status IS DISTINCT FROM new.status)))) EXECUTE FUNCTION public.rx_reservations_holder_gone();
 
 CREATE TRIGGER rx_resumes_recorded AFTER INSERT ON public.rx_transitions REFERENCING NEW TABLE AS rx_new FOR EACH STATEMENT EXECUTE FUNCTION public.rx_resumes_counted();
 

@@ -242,7 +242,7 @@ CREATE TABLE rx_rate_reservations (
     holder       TEXT,
     tokens       INTEGER NOT NULL DEFAULT 0,
     reserved_at  REAL NOT NULL DEFAULT ((julianday('now') - 2440587.5) * 86400.0)
-, answered_at REAL);
+, answered_at REAL, pipeline_id INTEGER, epoch INTEGER);
 
 CREATE TABLE rx_resume_counts (
     event TEXT NOT NULL,
@@ -311,6 +311,9 @@ CREATE INDEX rx_queue_unfinished ON rx_queue_items (id) WHERE status IN ('ready'
 
 CREATE INDEX rx_queue_unknown_status ON rx_queue_items (id)
     WHERE status NOT IN ('ready', 'processing', 'completed', 'failed', 'dead');
+
+CREATE INDEX rx_rate_reservations_in_flight ON rx_rate_reservations (pipeline_id)
+    WHERE answered_at IS NULL AND pipeline_id IS NOT NULL;
 
 CREATE INDEX rx_rate_reservations_window ON rx_rate_reservations (endpoint, model, reserved_at);
 
@@ -406,6 +409,15 @@ BEGIN
     VALUES (NEW.queue, NEW.status, 1, 1 * COALESCE((CASE WHEN typeof(NEW.started_at) IN ('real', 'integer') AND typeof(NEW.completed_at) IN ('real', 'integer') THEN NEW.completed_at - NEW.started_at END), 0), CASE WHEN (CASE WHEN typeof(NEW.started_at) IN ('real', 'integer') AND typeof(NEW.completed_at) IN ('real', 'integer') THEN NEW.completed_at - NEW.started_at END) IS NULL THEN 0 ELSE 1 END)
     ON CONFLICT (queue, status) DO UPDATE SET items = items + excluded.items,
         seconds_sum = seconds_sum + excluded.seconds_sum, seconds_count = seconds_count + excluded.seconds_count;
+END;
+
+CREATE TRIGGER rx_reservations_holder_gone AFTER UPDATE OF epoch, status ON rx_pipelines FOR EACH ROW
+    WHEN OLD.epoch IS NOT NEW.epoch
+         OR (NEW.status IN ('completed', 'failed', 'canceled') AND OLD.status IS NOT NEW.status)
+BEGIN
+    UPDATE rx_rate_reservations SET answered_at = (julianday('now') - 2440587.5) * 86400.0
+     WHERE pipeline_id = NEW.id AND answered_at IS NULL
+       AND (epoch IS NOT NEW.epoch OR NEW.status IN ('completed', 'failed', 'canceled'));
 END;
 
 CREATE TRIGGER rx_resume_recorded AFTER INSERT ON rx_transitions FOR EACH ROW

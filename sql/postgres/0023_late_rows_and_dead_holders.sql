@@ -37,3 +37,27 @@ SELECT rx_judge_again(p.id, p.job_name) FROM rx_pipelines p
         <> (SELECT COALESCE(sum(t.calls + t.skipped_rows), 0) FROM rx_ledger_pipeline_totals t WHERE t.pipeline_id = p.id)
         OR EXISTS (SELECT 1 FROM rx_ledger_pipeline_totals t WHERE t.pipeline_id = p.id AND t.outcome = 'in_flight'))
  ORDER BY p.id;
+
+-- A budget reservation (0013) knows its holder's pipeline and epoch. A reservation never answered counts
+-- while its holder may still be waiting for the answer, however long, and stops being in flight when its
+-- holder is superseded (a reclaim or a take-over moves the epoch on) or its pipeline ends: from then on it
+-- holds its room as if answered at that moment, one window more, since the provider counted the request
+-- before its holder died. A reservation made outside any pipeline keeps the old bound (five windows).
+ALTER TABLE rx_rate_reservations ADD COLUMN pipeline_id BIGINT, ADD COLUMN epoch INTEGER;
+CREATE INDEX rx_rate_reservations_in_flight ON rx_rate_reservations (pipeline_id)
+    WHERE answered_at IS NULL AND pipeline_id IS NOT NULL;
+
+CREATE FUNCTION rx_reservations_holder_gone() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    UPDATE rx_rate_reservations SET answered_at = clock_timestamp()
+     WHERE pipeline_id = NEW.id AND answered_at IS NULL
+       AND (epoch IS DISTINCT FROM NEW.epoch OR NEW.status IN ('completed', 'failed', 'canceled'));
+    RETURN NULL;
+END
+$$;
+
+-- Row by row, and only when the epoch moves or the pipeline ends: heartbeats and progress never fire it.
+CREATE TRIGGER rx_reservations_holder_gone AFTER UPDATE OF epoch, status ON rx_pipelines FOR EACH ROW
+    WHEN (OLD.epoch IS DISTINCT FROM NEW.epoch
+          OR (NEW.status IN ('completed', 'failed', 'canceled') AND OLD.status IS DISTINCT FROM NEW.status))
+    EXECUTE FUNCTION rx_reservations_holder_gone();
