@@ -12,13 +12,15 @@ END
 $$;
 
 -- The finished pipelines are locked in id order, so two late writers judge one pipeline one after the
--- other, and a take-over that reopens it (locking it first) is waited for and then seen running.
+-- other, and a take-over that reopens it (locking it first) is waited for and then seen running. NO KEY
+-- UPDATE, the lock an UPDATE of the row takes: the KEY SHARE lock each writer's foreign key check already
+-- holds on it does not conflict with it, so two writers never deadlock upgrading theirs.
 CREATE FUNCTION rx_ledger_rows_landed_late() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
     PERFORM rx_judge_again(finished.id, finished.job_name)
        FROM (SELECT p.id, p.job_name FROM rx_pipelines p
               WHERE p.id IN (SELECT pipeline_id FROM rx_new) AND p.status IN ('completed', 'failed')
-              ORDER BY p.id FOR UPDATE OF p) AS finished;
+              ORDER BY p.id FOR NO KEY UPDATE OF p) AS finished;
     RETURN NULL;
 END
 $$;

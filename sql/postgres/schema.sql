@@ -304,7 +304,7 @@ BEGIN
     PERFORM rx_judge_again(finished.id, finished.job_name)
        FROM (SELECT p.id, p.job_name FROM rx_pipelines p
               WHERE p.id IN (SELECT pipeline_id FROM rx_new) AND p.status IN ('completed', 'failed')
-              ORDER BY p.id FOR UPDATE OF p) AS finished;
+              ORDER BY p.id FOR NO KEY UPDATE OF p) AS finished;
     RETURN NULL;
 END
 $$;

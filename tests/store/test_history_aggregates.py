@@ -164,3 +164,15 @@ def test_rows_that_landed_late_before_migration_0023_are_judged_again_by_it(db_u
         assert store.reports.provider_costs().pipelines[untouched.pipeline_id] == untouched_before
     finally:
         store.close()
+
+
+def test_late_rows_written_at_once_by_many_writers_are_each_counted_once(store):
+    from concurrent.futures import ThreadPoolExecutor
+
+    own = worked(store, "etl", "failing", 1, finish=False)
+    store.pipelines.fail_run(own, "the step failed for good")
+    late = [call(own, f"late-{n}", n) for n in range(24)]
+    with ThreadPoolExecutor(4) as pool:  # each its own transaction, on the same finished pipeline
+        list(pool.map(lambda c: store.providers.record_provider_calls([c]), late))
+    assert figures(store)["costs"] == detail_by_job(store)
+    assert figures(store)["costs"]["etl"]["calls"] == 2 + 24
