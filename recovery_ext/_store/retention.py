@@ -32,7 +32,7 @@ from sqlalchemy import ColumnElement, Connection, Table, and_, delete, func, lit
 from recovery_ext._store.database import retried
 from recovery_ext._store.observability import COUNTED_TRANSITION_EVENTS
 from recovery_ext._store.schema import (call_journal, events, node_items, nodes, pipelines, provider_calls,
-                                        provider_jobs, queue_items, transitions)
+                                        provider_jobs, queue_items, rate_reservations, transitions)
 from recovery_ext._store.rolled_up import ROLLED_UP
 from recovery_ext._store.statuses import QueueStatus
 from recovery_ext._store.observability import ObservabilityOps
@@ -44,19 +44,23 @@ class PruneStep:
     """One table of a pipeline's history, and which of its rows belong to a batch of pipelines.
 
     ``kept_as``: rows that ``identity`` selects are not deleted but updated to these values (a compact record of
-    what was done, with nothing left pointing at the pipeline), before the rest is deleted."""
+    what was done, with nothing left pointing at the pipeline), before the rest is deleted; with ``deletes``
+    False every row is kept so."""
 
     table: Table
     rows_of: Callable[[Sequence[int]], ColumnElement]
     identity: ColumnElement | None = None
     kept_as: dict[str, Any] = field(default_factory=dict)
+    deletes: bool = True
 
     def apply(self, conn: Connection, ids: Sequence[int]) -> tuple[int, int]:
         """(rows deleted, rows compacted) of this table for a batch of pipelines."""
         compacted = 0
-        if self.identity is not None:
-            compacted = conn.execute(update(self.table).where(self.rows_of(ids), self.identity)
-                                     .values(**self.kept_as)).rowcount or 0
+        if self.kept_as:
+            kept = self.rows_of(ids) if self.identity is None else and_(self.rows_of(ids), self.identity)
+            compacted = conn.execute(update(self.table).where(kept).values(**self.kept_as)).rowcount or 0
+        if not self.deletes:
+            return 0, compacted
         return conn.execute(delete(self.table).where(self.rows_of(ids))).rowcount or 0, compacted
 
 
@@ -93,6 +97,10 @@ PRUNE_STEPS: tuple[PruneStep, ...] = (
     _by_pipeline(call_journal),
     _by_pipeline(provider_jobs),
     _by_pipeline(provider_calls),  # the ledger's detail; per-pipeline and per-day totals stay
+    # A budget reservation may still hold its room (a window can be a day, a prune's cut-off an hour): it is only
+    # detached from the pipeline, and goes when its window has passed, as every reservation does.
+    PruneStep(rate_reservations, lambda ids: rate_reservations.c.pipeline_id.in_(ids),
+              kept_as={"pipeline_id": None, "epoch": None}, deletes=False),
     _by_pipeline(events),
     PruneStep(transitions, _uncounted_transitions_of),
     _by_pipeline(nodes),

@@ -46,8 +46,8 @@ SELECT rx_judge_again(p.id, p.job_name) FROM rx_pipelines p
 -- holds its room as if answered at that moment, one window more, since the provider counted the request
 -- before its holder died. A reservation made outside any pipeline keeps the old bound (five windows).
 ALTER TABLE rx_rate_reservations ADD COLUMN pipeline_id BIGINT, ADD COLUMN epoch INTEGER;
-CREATE INDEX rx_rate_reservations_in_flight ON rx_rate_reservations (pipeline_id)
-    WHERE answered_at IS NULL AND pipeline_id IS NOT NULL;
+-- The trigger below and a prune (which detaches a pruned pipeline's reservations) find them by pipeline.
+CREATE INDEX rx_rate_reservations_pipeline ON rx_rate_reservations (pipeline_id) WHERE pipeline_id IS NOT NULL;
 
 CREATE FUNCTION rx_reservations_holder_gone() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN

@@ -920,7 +920,7 @@ CREATE INDEX rx_queue_unfinished ON public.rx_queue_items USING btree (id) WHERE
 
 CREATE INDEX rx_queue_unknown_status ON public.rx_queue_items USING btree (id) WHERE (status <> ALL (ARRAY['ready'::text, 'processing'::text, 'completed'::text, 'failed'::text, 'dead'::text]));
 
-CREATE INDEX rx_rate_reservations_in_flight ON public.rx_rate_reservations USING btree (pipeline_id) WHERE ((answered_at IS NULL) AND (pipeline_id IS NOT NULL));
+CREATE INDEX rx_rate_reservations_pipeline ON public.rx_rate_reservations USING btree (pipeline_id) WHERE (pipeline_id IS NOT NULL);
 
 CREATE INDEX rx_rate_reservations_window ON public.rx_rate_reservations USING btree (endpoint, model, reserved_at);
 

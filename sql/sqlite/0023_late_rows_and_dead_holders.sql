@@ -47,8 +47,8 @@ SELECT p.id FROM rx_pipelines p
 -- before its holder died. A reservation made outside any pipeline keeps the old bound (five windows).
 ALTER TABLE rx_rate_reservations ADD COLUMN pipeline_id INTEGER;
 ALTER TABLE rx_rate_reservations ADD COLUMN epoch INTEGER;
-CREATE INDEX rx_rate_reservations_in_flight ON rx_rate_reservations (pipeline_id)
-    WHERE answered_at IS NULL AND pipeline_id IS NOT NULL;
+-- The trigger below and a prune (which detaches a pruned pipeline's reservations) find them by pipeline.
+CREATE INDEX rx_rate_reservations_pipeline ON rx_rate_reservations (pipeline_id) WHERE pipeline_id IS NOT NULL;
 
 -- Row by row, and only when the epoch moves or the pipeline ends: heartbeats and progress never fire it.
 CREATE TRIGGER rx_reservations_holder_gone AFTER UPDATE OF epoch, status ON rx_pipelines FOR EACH ROW

@@ -312,8 +312,7 @@ CREATE INDEX rx_queue_unfinished ON rx_queue_items (id) WHERE status IN ('ready'
 CREATE INDEX rx_queue_unknown_status ON rx_queue_items (id)
     WHERE status NOT IN ('ready', 'processing', 'completed', 'failed', 'dead');
 
-CREATE INDEX rx_rate_reservations_in_flight ON rx_rate_reservations (pipeline_id)
-    WHERE answered_at IS NULL AND pipeline_id IS NOT NULL;
+CREATE INDEX rx_rate_reservations_pipeline ON rx_rate_reservations (pipeline_id) WHERE pipeline_id IS NOT NULL;
 
 CREATE INDEX rx_rate_reservations_window ON rx_rate_reservations (endpoint, model, reserved_at);
 

@@ -16,6 +16,7 @@ from recovery_ext import RecoveryResource
 from recovery_ext._recovery import retention as schedule
 from recovery_ext._recovery.protocol import LaunchNothing, RecoveryProtocol
 from recovery_ext._recovery.scan import RecoverySettings
+from recovery_ext._store.budgets import ProviderLimits
 from recovery_ext._store.models import ItemCheckpoint, PassPlan, ProviderCall, Scope
 from recovery_ext._store.observability import COUNTED_TRANSITION_EVENTS
 from recovery_ext._store.retention import PRUNE_STEPS, _prunable, kept_on_purpose
@@ -48,6 +49,8 @@ def history(store: RecoveryStore, run: str, *, ending: str = "complete", items: 
     [item] = store.queue.claim("docs", run, own=own)
     store.queue.complete_item(item, {"ok": True})
     store.record_event("note", {"run": run}, pipeline_id=own.pipeline_id)
+    assert store.providers.budget_reserve("http://127.0.0.1:9/v1", None, tokens=1, own=own,
+                                          limits=ProviderLimits(requests_per_minute=1000)).granted
     if ending == "complete":
         store.pipelines.complete_node(own, "a")
         store.pipelines.complete_run(own)
@@ -119,7 +122,8 @@ def test_prune_deletes_the_whole_history_of_old_finished_pipelines_and_only_thei
     assert (result.pipelines, result.done) == (2, True)
     assert result.rows["rx_node_items"] == 6 and result.rows["rx_provider_calls"] == 10
     assert result.rows["rx_call_journal"] == 1  # the failed one's
-    assert result.rows["rx_queue_items"] == 0 and result.compacted == {"rx_queue_items": 2}  # their dedupe stays
+    assert result.rows["rx_queue_items"] == 0 and result.compacted["rx_queue_items"] == 2  # their dedupe stays
+    assert result.compacted["rx_rate_reservations"] == 2  # detached: each goes when its window has passed
     gone = rows_of(store, [o.pipeline_id for o in old])
     assert gone == dict.fromkeys(gone, 0), gone
     assert rows_of(store, [recent.pipeline_id]) == before_recent
@@ -201,7 +205,7 @@ def test_a_dead_or_failed_queue_item_outlives_its_pruned_pipeline_so_retry_dead_
 
     result = store.reports.prune_finished_pipelines(DAY)
 
-    assert result.pipelines == 1 and result.compacted == {"rx_queue_items": 1}  # only its completed item is compacted
+    assert result.pipelines == 1 and result.compacted["rx_queue_items"] == 1  # only its completed item is compacted
     assert {i.dedupe_key: i.status for i in store.queue.list_items("scans")} == {"out-of-attempts": "dead",
                                                                            "permanent": "failed"}
     assert store.queue.retry_dead(queue="scans") == [items["out-of-attempts"].id]
@@ -222,7 +226,7 @@ def test_a_pruned_pipelines_completed_queue_items_keep_their_dedupe_so_a_rescan_
 
     result = store.reports.prune_finished_pipelines(DAY)
 
-    assert result.pipelines == 1 and result.rows["rx_queue_items"] == 1 and result.compacted == {"rx_queue_items": 1}
+    assert result.pipelines == 1 and result.rows["rx_queue_items"] == 1 and result.compacted["rx_queue_items"] == 1
     assert store.queue.enqueue("docs", [{"run": "rescan"}], dedupe_keys=["old-doc"]) == []  # known: not added
     [kept] = store.queue.list_items("docs")
     assert (kept.dedupe_key, kept.status, kept.attempts) == ("old-doc", "completed", 1)
