@@ -214,3 +214,32 @@ def test_the_agreed_form_changes_only_what_a_database_cannot_keep():
                                                                                          "\U00010000", None]}
     with pytest.raises(TypeError):
         agreed_json({"not json": object()})
+
+
+@pytest.mark.parametrize("kind", sorted(UNSTORABLE))
+def test_a_re_execution_replays_the_journaled_answer_and_completes_the_item_on_both_databases(kind, store):
+    """Before: NUL and surrogate answers were journaled and failed every re-execution's checkpoint on PostgreSQL;
+    a NaN answer was not journaled, so every re-execution paid again."""
+    from dataclasses import replace
+
+    from recovery_ext._providers.journal import decode_answer, encode_answer
+    from recovery_ext._store.ledger import IN_FLIGHT
+
+    content, stored = UNSTORABLE[kind]
+    own = store.pipelines.create_pipeline("job", ["a"], owner="run-1", origin_run_id="run-1", params={})
+    store.pipelines.start_node(own, "a")
+    paid = ProviderCall(endpoint="http://127.0.0.1:9/v1", model="m", outcome=IN_FLIGHT, pipeline_id=own.pipeline_id,
+                        node_name="a", item_key="k", run_id=own.owner, epoch=own.epoch)
+    assert store.providers.journal_begin(own, paid, call_key="fp#1") is None  # sent: nothing journaled yet
+    store.providers.journal_answer(own, replace(paid, outcome="ok", tokens_in=3), call_key="fp#1",
+                                   answer=encode_answer(json.loads(content)))
+    new = store.pipelines.take_over(own.pipeline_id, "run-2", owner_dead=[own.owner])  # the step failed; re-execute
+    store.pipelines.start_node(new, "a")
+    again = replace(paid, id="second", run_id="run-2", epoch=new.epoch)
+    hit = store.providers.journal_begin(new, again, call_key="fp#1")
+    assert hit is not None  # replayed from the journal: not sent, not paid again
+    replayed = decode_answer(hit.answer)
+    assert json.dumps(replayed) == json.dumps(json.loads(content))
+    store.pipelines.checkpoint_item(new, "a", ItemCheckpoint("k", replayed, calls=(hit.call,)))
+    assert store.pipelines.completed_items(own.pipeline_id, "a") == {"k": stored}
+    assert len(store_rows.provider_calls(store, own.pipeline_id)) == 1  # one paid call, replayed once
