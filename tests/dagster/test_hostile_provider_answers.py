@@ -115,6 +115,16 @@ def test_a_price_out_of_range_is_refused_when_the_resource_is_built_before_any_r
     assert llm_resource("http://127.0.0.1:9/v1", prices={"m": {"input": 1e6, "output": 0}}).prices["m"]["input"] == 1e6
 
 
+def test_the_definitions_refuse_a_bad_price_in_one_line_naming_the_model(monkeypatch):
+    import recovery_pipelines.assembly as assembly
+
+    monkeypatch.setattr(assembly, "DEMO_PRICES", {"demo-llm": {"input": -1.0, "output": 0.6}})
+    with pytest.raises(ConfigurationError) as refused:
+        assembly.build_definitions()
+    assert str(refused.value) == ("invalid LLMResource settings: the input price of model 'demo-llm' must be a number "
+                                  "from 0 to 1e+06 per million tokens, got -1.0")
+
+
 # -- a NUL byte in a provider's error text, stored as a pause reason, a breaker's error, a node's failure -------
 
 def test_a_nul_byte_in_any_stored_message_is_kept_on_both_databases(store):
