@@ -382,7 +382,8 @@ def recover(store: SensorStore, out: Output, limit: int) -> None:
 
 @main.command()
 @click.option("--older-than", "older_than", type=Age(), required=True, metavar="DURATION",
-              help="Delete pipelines that finished (completed, failed, canceled) longer ago than this: 12h, 90d, ...")
+              help="Delete pipelines that completed or failed longer ago than this (canceled ones are kept): "
+                   "12h, 90d, ...")
 @click.option("--dry-run", is_flag=True, help="Count the pipelines that would go, by status; delete nothing.")
 @click.option("--batch-size", type=click.IntRange(1, 10_000),
               help="Pipelines deleted per transaction [default: 200 on PostgreSQL, 50 on SQLite].")
@@ -390,9 +391,10 @@ def recover(store: SensorStore, out: Output, limit: int) -> None:
 @command
 def prune(store: CliStore, out: Output, older_than: float, dry_run: bool, batch_size: int | None,
           deployment: str | None) -> None:
-    """Delete finished pipelines older than --older-than with their nodes, item checkpoints, queue items, call
-    journal, events, ledger rows and transitions, in small batches beside live work. Kept: running, waiting and
-    orphaned pipelines, cost totals, and the transitions the Prometheus counters count."""
+    """Delete completed and failed pipelines older than --older-than with their nodes, item checkpoints, completed
+    queue items, call journal, events, ledger rows and transitions, in small batches beside live work. Kept: canceled,
+    running, waiting and orphaned pipelines, cost totals, the transitions the Prometheus counters count, and each
+    completed queue item's dedupe key (so a rescan never does that work again)."""
     out.progress(f"{'counting' if dry_run else 'deleting'} pipelines finished more than {_seconds(older_than)} ago ...")
 
     def progress(result: PruneResult) -> None:
@@ -410,8 +412,10 @@ def prune(store: CliStore, out: Output, older_than: float, dry_run: bool, batch_
             return
         rows = ", ".join(f"{table} {n}" for table, n in sorted(result.rows.items()) if n and table != "rx_pipelines")
         longest = f" (longest {result.longest_batch_seconds * 1000:.0f} ms)" if result.batches else ""
+        compact = ", ".join(f"{table} {n}" for table, n in sorted(result.compacted.items()))
         click.echo(f"deleted {result.pipelines} pipeline(s) in {result.batches} batch(es){longest}"
-                   + (f"; rows: {rows}" if rows else ""))
+                   + (f"; rows: {rows}" if rows else "")
+                   + (f"; kept as dedupe records: {compact}" if compact else ""))
 
     out.emit(result.as_dict(), human)
 

@@ -15,6 +15,8 @@ import json
 import re
 from typing import Any
 
+from recovery_ext._store.json_values import agreed_json
+
 PLACEHOLDER_PREFIX = "resume-"
 _PLACEHOLDER = re.compile(rf"^{PLACEHOLDER_PREFIX}(\d+)-(\d+)$")
 
@@ -88,8 +90,9 @@ def superseded_run_message(run_id: str, pipeline_id: int, *, owner: str | None =
 
 
 def json_exact(value: Any) -> Any:
-    """``value`` as JSON gives it back (raises TypeError/ValueError when it is not JSON): what a replay returns."""
-    return json.loads(json.dumps(value))
+    """``value`` as the database gives it back (raises TypeError/ValueError when it is not JSON): what a replay
+    returns, in the agreed form of :func:`~recovery_ext._store.json_values.storable_json`."""
+    return agreed_json(value)
 
 
 def jsonable(value: Any) -> Any:

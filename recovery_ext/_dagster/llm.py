@@ -15,7 +15,7 @@ from types import ModuleType
 from typing import Any, Literal
 
 from dagster import ConfigurableResource
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from recovery_ext._classify.redaction import redact_url
 from recovery_ext._classify.retry import RetryPolicy
@@ -146,6 +146,12 @@ class LLMResource(ConfigurableResource):
     prices: dict[str, dict[str, float]] = Field(
         default_factory=dict, description='Price per million tokens per model, e.g. {"gpt-4o-mini": {"input": 0.15, '
                                           '"output": 0.6}}: the ledger turns tokens into cost. Unlisted: no cost.')
+
+    @model_validator(mode="after")
+    def _refuse_bad_prices(self) -> LLMResource:
+        """Refuse a price out of range when the definitions load, before any run pays for a call it would price."""
+        Prices.parse(self.prices)
+        return self
 
     def limits(self) -> ProviderLimits:
         return ProviderLimits(requests_per_minute=self.requests_per_minute, tokens_per_minute=self.tokens_per_minute,

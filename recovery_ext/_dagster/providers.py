@@ -92,7 +92,7 @@ def provider_guard(ctx: NodeContext, endpoint: str, policy: RetryPolicy, *,
     reporter = RunStateReporter(ctx.context, ctx.node_name)
     if limits is not None and limits.enabled:
         budget = RateBudget(
-            store, endpoint, limits, who=who, stop=shutdown, check=ctx.check_calls, log=ctx.log.info,
+            store, endpoint, limits, who=who, own=own, stop=shutdown, check=ctx.check_calls, log=ctx.log.info,
             show_wait=lambda seconds, reason: _show_budget_wait(store, own, ctx, reporter, seconds, reason),
             end_wait=lambda: _end_budget_wait(store, own, ctx, reporter))
     return ProviderGuard(

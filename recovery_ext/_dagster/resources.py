@@ -160,8 +160,9 @@ class RecoveryResource(ConfigurableResource):
         default=30 * 86400.0, description="Events (rx_events) older than this are deleted by the orphan sensor "
         "(30 days by default; at least one hour).")
     finished_pipeline_retention_seconds: float | None = Field(
-        default=None, description="Finished pipelines (completed, failed, canceled) that ended longer ago than this "
-        "are deleted with their nodes, item checkpoints, queue items, call journal, events, ledger rows and "
+        default=None, description="Completed and failed pipelines that ended longer ago than this (canceled ones are "
+        "kept) are deleted with their nodes, item checkpoints, completed queue items (a dedupe key stays), call "
+        "journal, events, ledger rows and "
         "uncounted transitions, by the orphan sensor at most once an hour, in small batches (see `recovery-ext "
         "prune`). Cost totals and the counts behind the Prometheus counters are kept. None (the default) keeps "
         "them for ever; at least one day, since a re-execution of a failed run reuses its pipeline's checkpoints "

@@ -20,6 +20,7 @@ from recovery_ext._classify.redaction import redact, redact_url
 from recovery_ext._store.interfaces import GuardStore
 from recovery_ext._errors import StopRequested
 from recovery_ext._store.budgets import BudgetGrant, ProviderLimits
+from recovery_ext._store.models import Ownership
 from recovery_ext._providers.steps import Blocking, Sleep, Steps, drive
 
 # A wait at least this long is shown on the pipeline (shorter ones would only add writes).
@@ -53,10 +54,10 @@ class RateBudget:
     def __init__(self, store: GuardStore, endpoint: str, limits: ProviderLimits, *, who: str | None = None,
                  show_wait: Callable[[float, str], None] | None = None, end_wait: Callable[[], None] | None = None,
                  stop: threading.Event | None = None, check: Callable[[], None] | None = None,
-                 log: Callable[[str], None] | None = None) -> None:
+                 log: Callable[[str], None] | None = None, own: Ownership | None = None) -> None:
         # the budget key names the endpoint without its credentials, as the breaker's does
         self.store, self.endpoint, self.limits = store, redact_url(endpoint), limits
-        self.who = who
+        self.who, self.own = who, own
         self.show_wait, self.end_wait = show_wait, end_wait
         self.stop, self.check = stop, check
         self.log = log or (lambda message: None)
@@ -94,7 +95,7 @@ class RateBudget:
 
     def _reserve(self, tokens: int, model: str | None) -> BudgetGrant:
         return self.store.providers.budget_reserve(self.endpoint, model, tokens=max(0, int(tokens)),
-                                                   limits=self.limits, holder=self.who)
+                                                   limits=self.limits, holder=self.who, own=self.own)
 
     def back_off(self, model: str | None, retry_after: float | None) -> None:
         """The provider refused for its rate (a 429): nobody sharing this budget, in any process, sends for a

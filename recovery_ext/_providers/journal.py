@@ -81,9 +81,13 @@ def function_fingerprint(endpoint: str, model: str | None, fn: Callable[..., Any
 
 def encode_answer(value: Any) -> str | None:
     """The answer as the journal keeps it: a JSON value, or a pydantic model (an SDK's response) with its
-    class. None: it cannot be kept (the call still goes into the ledger, it is just not replayable)."""
+    class. None: it cannot be kept (the call still goes into the ledger, it is just not replayable).
+
+    Exactly as it was paid for, NUL, lone surrogates and NaN included: ASCII text (the escapes and NaN's token
+    are ASCII) that both databases' text columns keep as it is, so a replay returns what the first call did.
+    What the item then stores of it takes the agreed form (:func:`~recovery_ext._store.json_values.storable_json`)."""
     try:
-        return json.dumps({"json": value}, separators=(",", ":"), allow_nan=False)
+        return json.dumps({"json": value}, separators=(",", ":"))
     except (TypeError, ValueError):
         pass
     dump = getattr(value, "model_dump", None)
@@ -91,7 +95,7 @@ def encode_answer(value: Any) -> str | None:
         cls = type(value)
         try:
             return json.dumps({"model": f"{cls.__module__}:{cls.__qualname__}", "json": dump(mode="json")},
-                              separators=(",", ":"), allow_nan=False)
+                              separators=(",", ":"))
         except (TypeError, ValueError):
             return None
     return None

@@ -2,8 +2,8 @@
 
 What grows with history is summed as the work happens, by triggers in the transaction of the write that
 changes it (migration 0017): pipelines and queue items by label with their durations, the resume and
-give-up counters, and, when a pipeline finishes, its item checkpoints and its ledger judged once (per
-pipeline and node, and per day and job). A reader adds the live pipelines' detail (found through the
+give-up counters, and, when a pipeline finishes, its item checkpoints and its ledger judged (per pipeline
+and node, and per day and job), judged again when a ledger row of it lands or changes later (migration 0021). A reader adds the live pipelines' detail (found through the
 partial indexes on live statuses) to those roll-ups, and never reads the finished pipelines' detail, which
 retention may prune: the roll-ups have their own tables and survive it.
 """

@@ -109,10 +109,13 @@ class BudgetOps(JournalOps):
 
     @retried
     def budget_reserve(self, endpoint: str, model: str | None, *, tokens: int, limits: ProviderLimits,
-                       holder: str | None = None) -> BudgetGrant:
+                       holder: str | None = None, own: Ownership | None = None) -> BudgetGrant:
         """Reserve one request and ``tokens`` in the budget of ``endpoint`` (and of ``model`` when
         ``limits.per_model``, else of the whole endpoint), or say how long until the window has room.
-        The limits are the caller's configuration; the row keeps the last ones given, for reports."""
+        The limits are the caller's configuration; the row keeps the last ones given, for reports.
+
+        ``own``: the pipeline the request is made for. Unanswered, the reservation then counts until that
+        owner is superseded or the pipeline ends, and one window from then (see :func:`_holding`)."""
         requests_per_minute, tokens_per_minute = limits.requests_per_minute, limits.tokens_per_minute
         window_seconds = limits.window_seconds
         if tokens_per_minute is not None and tokens > tokens_per_minute:
@@ -143,7 +146,8 @@ class BudgetOps(JournalOps):
             if wait > 0:
                 return BudgetGrant(False, wait_seconds=wait, requests_in_window=count, tokens_in_window=spent)
             reservation = conn.execute(rate_reservations.insert().values(
-                endpoint=key[0], model=key[1], holder=holder, tokens=int(tokens), reserved_at=now)
+                endpoint=key[0], model=key[1], holder=holder, tokens=int(tokens), reserved_at=now,
+                pipeline_id=None if own is None else own.pipeline_id, epoch=None if own is None else own.epoch)
                 .returning(rr.id)).scalar_one()
         return BudgetGrant(True, reservation, requests_in_window=count + 1, tokens_in_window=spent + tokens)
 
@@ -182,10 +186,13 @@ class BudgetOps(JournalOps):
 
     @retried
     def budget_answered(self, reservation: int) -> None:
-        """The reserved request got its answer (or failed): from now its room is held one window more."""
+        """The reserved request got its answer (or failed): from now its room is held one window more, also
+        when its holder was superseded meanwhile (then the provider may have counted it later than that)."""
+        now = self._clock_now()
         with self.write() as conn:
-            conn.execute(update(rate_reservations).where(rr.id == reservation, rr.answered_at.is_(None))
-                         .values(answered_at=self._clock_now()))
+            conn.execute(update(rate_reservations)
+                         .where(rr.id == reservation, or_(rr.answered_at.is_(None), rr.answered_at < now))
+                         .values(answered_at=now))
 
     @retried
     def budget_release(self, reservation: int) -> None:
@@ -235,15 +242,19 @@ class BudgetOps(JournalOps):
         return True
 
 
-# A reservation never answered (its process died mid-call) stops holding room after this many windows.
+# A reservation made outside any pipeline and never answered (its process died mid-call) stops holding room
+# after this many windows: nothing else can tell that its holder is gone. A pipeline's reservation is let go
+# by the reclaim that supersedes its holder (migration 0021), and counts until then.
 IN_FLIGHT_WINDOWS = 5
 
 
 def _holding(now: dt.datetime, span: float):
     """A reservation holds room in the window while its request is in flight, and for ``span`` seconds after
-    its answer: the provider counted it at its arrival, somewhere between its reservation and its answer."""
-    return or_(rr.answered_at > now - dt.timedelta(seconds=span),
-               (rr.answered_at.is_(None)) & (rr.reserved_at > now - dt.timedelta(seconds=IN_FLIGHT_WINDOWS * span)))
+    its answer: the provider counted it at its arrival, somewhere between its reservation and its answer. A
+    pipeline's reservation is in flight until answered, or until its holder is superseded or its pipeline ends,
+    which stands for its answer (a trigger sets ``answered_at`` then)."""
+    unbounded = rr.pipeline_id.isnot(None) | (rr.reserved_at > now - dt.timedelta(seconds=IN_FLIGHT_WINDOWS * span))
+    return or_(rr.answered_at > now - dt.timedelta(seconds=span), rr.answered_at.is_(None) & unbounded)
 
 
 def _leaves(reservation: Any, span: float) -> tuple[dt.datetime, bool]:

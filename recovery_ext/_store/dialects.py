@@ -30,7 +30,7 @@ from sqlalchemy.types import TypeEngine
 from recovery_ext._classify.classifier import is_retryable
 from recovery_ext._errors import ConfigurationError
 from recovery_ext._classify.redaction import redact, redact_url
-from recovery_ext._store.json_values import load_json
+from recovery_ext._store.json_values import load_json, storable_json
 from recovery_ext._store.models import JsonText
 
 # SQLSTATE classes/codes a retry can fix: connection (08), serialization (40001),
@@ -201,7 +201,7 @@ class Dialect:
             return None
         if isinstance(value, JsonText):
             return str(value)  # encoded already
-        return json.dumps(value, separators=(",", ":"), default=str)
+        return storable_json(value, default=str)
 
     @classmethod
     def load_json(cls, value: Any) -> Any:
@@ -262,9 +262,11 @@ class PostgresDialect(Dialect):
         # A small pool: a run worker needs one connection for its work and one for the heartbeat
         # thread; the overflow covers bursts (sensors, parallel threads) and is closed when idle.
         # json/jsonb decode through load_json: a value Python cannot decode (nested thousands deep) is a
-        # CorruptJson of its row, not an error of the whole query.
+        # CorruptJson of its row, not an error of the whole query. They encode in the form SQLite stores too
+        # (storable_json): jsonb refuses a NUL, a lone surrogate and NaN, which json.loads accepts in an answer.
         return {"pool_size": POOL_SIZE, "max_overflow": POOL_OVERFLOW, "pool_recycle": 1800,
-                "connect_args": connect_args, "json_deserializer": load_json}
+                "connect_args": connect_args, "json_deserializer": load_json,
+                "json_serializer": storable_json}
 
     @contextmanager
     def read_only(self, conn) -> Iterator[None]:
@@ -341,7 +343,7 @@ class PostgresDialect(Dialect):
         types = ", ".join(f"{n} {table.c[n].type.compile(dialect=postgresql.dialect())}" for n in names)
         conn.execute(text(f"INSERT INTO {table.name} ({', '.join(names)}, {stamped}) SELECT {', '.join(names)}, now() "
                           f"FROM jsonb_to_recordset(CAST(:rows AS jsonb)) AS r({types})"),
-                     {"rows": json.dumps(rows, separators=(",", ":"), default=str)})
+                     {"rows": storable_json(rows, default=str)})
 
     def roll_up_finished(self, conn, lo: int, hi: int) -> None:
         conn.execute(text("SELECT rx_roll_up_finished(:lo, :hi)"), {"lo": lo, "hi": hi})

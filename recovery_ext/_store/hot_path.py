@@ -24,6 +24,7 @@ from typing import Any
 from psycopg.rows import namedtuple_row
 from psycopg.types.json import Jsonb
 
+from recovery_ext._store.json_values import storable_json
 from recovery_ext._store.migrations import load_query
 
 FOLDER = "postgres"
@@ -44,7 +45,7 @@ def begin_node(raw: Any, **params: Any):
 def complete_node(raw: Any, *, output: Any, **params: Any):
     """One row: ``outcome`` (no_pipeline, pipeline_finished, lost, no_node, unfinished, illegal, completed,
     pipeline_completed) and what the store needs to explain a refusal."""
-    return _rows(raw, "complete_node", {**params, "output": Jsonb(output)})[0]
+    return _rows(raw, "complete_node", {**params, "output": Jsonb(output, dumps=storable_json)})[0]
 
 
 def start_items(raw: Any, **params: Any) -> list[Any]:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,6 +21,46 @@ class CorruptJson:
 # Deeper values decode (or fail) only by recursion: one such row must not stop every query that reads it,
 # nor break whatever re-encodes it later (run config, CLI output, event payloads).
 MAX_JSON_DEPTH = 200
+
+
+# The agreed form of a JSON value, the same on both databases (docs/how-to/journal.md, "What the databases keep").
+# json.loads accepts what PostgreSQL's jsonb refuses and SQLite's text keeps: a NUL character, a lone UTF-16
+# surrogate, NaN and the infinities. Each is stored as what JSON itself offers in its place: U+FFFD, the
+# replacement character, for the first two (as every stored text column does with a NUL), and null for the
+# numbers (as JavaScript's JSON.stringify writes them). A value is never refused for them: it was paid for.
+REPLACEMENT = "\\ufffd"
+# In ASCII JSON text, left to right: an escaped backslash (kept: a backslash then "u0000" is text, not a NUL),
+# a surrogate pair (kept: a character beyond U+FFFF), then what is replaced: a NUL, or a surrogate left alone.
+_ESCAPES = re.compile(r"\\\\|\\ud[89ab][0-9a-f]{2}\\ud[c-f][0-9a-f]{2}|\\u0000|\\ud[89a-f][0-9a-f]{2}")
+_strict = json.JSONEncoder(separators=(",", ":"), allow_nan=False).encode
+
+
+def _agreed_escape(match: re.Match[str]) -> str:
+    found = match.group()
+    return found if found == "\\\\" or len(found) == 12 else REPLACEMENT
+
+
+def storable_json(value: Any, *, default: Callable[[Any], Any] | None = None) -> str:
+    """``value`` as compact ASCII JSON text in the agreed form both databases store alike: NUL characters and lone
+    surrogates as U+FFFD, NaN and the infinities as null. ``TypeError``/``ValueError`` when it is not JSON
+    (``default`` converts what JSON does not know, as ``json.dumps`` does)."""
+    encode = _strict if default is None else json.JSONEncoder(separators=(",", ":"), allow_nan=False,
+                                                              default=default).encode
+    try:
+        text = encode(value)
+    except ValueError:
+        # NaN or an infinity (anything else not JSON raises again here): written as the tokens json.loads
+        # reads, then read back with null in their place
+        lenient = json.dumps(value, separators=(",", ":"), default=default)
+        text = encode(json.loads(lenient, parse_constant=lambda _token: None))
+    if "\\u0000" in text or "\\ud" in text:  # rare: found at C speed, replaced by one regex pass
+        text = _ESCAPES.sub(_agreed_escape, text)
+    return text
+
+
+def agreed_json(value: Any) -> Any:
+    """``value`` as a database gives it back after storing it (see :func:`storable_json`)."""
+    return json.loads(storable_json(value))
 
 
 def load_json(data: str | bytes | bytearray | memoryview) -> Any:

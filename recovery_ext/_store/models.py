@@ -13,6 +13,7 @@ from typing import Any
 from recovery_ext._classify.redaction import redact_url
 from recovery_ext._errors import ConfigurationError
 from recovery_ext._settings import LONGEST
+from recovery_ext._store.json_values import storable_json
 from recovery_ext._store.statuses import FINISHED_NODE_STATUSES, WAITING, ItemStatus, PipelineStatus
 
 
@@ -79,11 +80,10 @@ class JsonText(str):
 
 
 def encode_json(value: Any) -> JsonText:
-    """``value`` as compact JSON text; ``TypeError`` or ``ValueError`` when it is not JSON."""
-    return JsonText(_compact(value))
+    """``value`` as compact JSON text in the form both databases store alike (NUL and lone surrogates as U+FFFD,
+    NaN and the infinities as null: see :func:`storable_json`); ``TypeError`` or ``ValueError`` when it is not JSON."""
+    return JsonText(storable_json(value))
 
-
-_compact = json.JSONEncoder(separators=(",", ":")).encode
 # A trillion tokens, beyond any real call: a column of them sums within 64 bits (SQLite's SUM fails on
 # an overflow, and every report sums the ledger).
 MAX_TOKENS = 2**40

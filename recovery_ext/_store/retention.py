@@ -27,12 +27,13 @@ from dataclasses import dataclass, field
 
 from typing import Any
 
-from sqlalchemy import ColumnElement, Connection, Table, and_, delete, func, literal_column, not_, select
+from sqlalchemy import ColumnElement, Connection, Table, and_, delete, func, literal_column, not_, select, update
 
 from recovery_ext._store.database import retried
 from recovery_ext._store.observability import COUNTED_TRANSITION_EVENTS
 from recovery_ext._store.schema import (call_journal, events, node_items, nodes, pipelines, provider_calls,
-                                        provider_jobs, queue_items, spend_caps, spend_reservations, transitions)
+                                        provider_jobs, queue_items, rate_reservations, spend_caps, spend_reservations,
+                                        transitions)
 from recovery_ext._store.rolled_up import ROLLED_UP
 from recovery_ext._store.spend_caps import pipeline_scope
 from recovery_ext._store.statuses import QueueStatus
@@ -42,10 +43,27 @@ p, t, q = pipelines.c, transitions.c, queue_items.c
 
 @dataclass(frozen=True)
 class PruneStep:
-    """One table of a pipeline's history, and which of its rows belong to a batch of pipelines."""
+    """One table of a pipeline's history, and which of its rows belong to a batch of pipelines.
+
+    ``kept_as``: rows that ``identity`` selects are not deleted but updated to these values (a compact record of
+    what was done, with nothing left pointing at the pipeline), before the rest is deleted; with ``deletes``
+    False every row is kept so."""
 
     table: Table
     rows_of: Callable[[Sequence[int]], ColumnElement]
+    identity: ColumnElement | None = None
+    kept_as: dict[str, Any] = field(default_factory=dict)
+    deletes: bool = True
+
+    def apply(self, conn: Connection, ids: Sequence[int]) -> tuple[int, int]:
+        """(rows deleted, rows compacted) of this table for a batch of pipelines."""
+        compacted = 0
+        if self.kept_as:
+            kept = self.rows_of(ids) if self.identity is None else and_(self.rows_of(ids), self.identity)
+            compacted = conn.execute(update(self.table).where(kept).values(**self.kept_as)).rowcount or 0
+        if not self.deletes:
+            return 0, compacted
+        return conn.execute(delete(self.table).where(self.rows_of(ids))).rowcount or 0, compacted
 
 
 def _by_pipeline(table: Table) -> PruneStep:
@@ -71,8 +89,12 @@ def _uncounted_transitions_of(ids: Sequence[int]) -> ColumnElement:
 
 #: What a prune deletes for each batch of pipelines, in this order, before the pipelines themselves: a row found
 #: through another table goes before that table (queue items through transitions). One line adds or keeps a table.
+#: A completed queue item with a dedupe key stays, compact: the queue's dedupe is what keeps a rescan of the same
+#: documents from processing and paying for them again, so retention must never make that done work look undone.
 PRUNE_STEPS: tuple[PruneStep, ...] = (
-    PruneStep(queue_items, _queue_items_of),
+    PruneStep(queue_items, _queue_items_of, identity=q.dedupe_key.isnot(None),
+              kept_as={"payload": {}, "result": None, "worker": None, "last_error": None, "last_error_at": None,
+                       "heartbeat_deadline": None, "holder_pipeline_id": None, "holder_epoch": None}),
     _by_pipeline(node_items),
     _by_pipeline(call_journal),
     _by_pipeline(provider_jobs),
@@ -81,6 +103,10 @@ PRUNE_STEPS: tuple[PruneStep, ...] = (
     PruneStep(spend_reservations, lambda ids: and_(spend_reservations.c.pipeline_id.in_(ids),
                                                    spend_reservations.c.scope.startswith("pipeline:"))),
     PruneStep(spend_caps, lambda ids: spend_caps.c.scope.in_([pipeline_scope(i) for i in ids])),
+    # A budget reservation may still hold its room (a window can be a day, a prune's cut-off an hour): it is only
+    # detached from the pipeline, and goes when its window has passed, as every reservation does.
+    PruneStep(rate_reservations, lambda ids: rate_reservations.c.pipeline_id.in_(ids),
+              kept_as={"pipeline_id": None, "epoch": None}, deletes=False),
     _by_pipeline(events),
     PruneStep(transitions, _uncounted_transitions_of),
     _by_pipeline(nodes),
@@ -99,6 +125,7 @@ class PruneResult:
 
     pipelines: int = 0
     rows: dict[str, int] = field(default_factory=dict)
+    compacted: dict[str, int] = field(default_factory=dict)  # rows kept as a compact record (dedupe keys), per table
     batches: int = 0
     done: bool = False
     dry_run: bool = False
@@ -106,16 +133,20 @@ class PruneResult:
     last_batch_seconds: float = 0.0  # how long the last batch's transaction took (what a writer may wait on SQLite)
     longest_batch_seconds: float = 0.0
 
-    def add(self, counts: dict[str, int], seconds: float) -> None:
+    def add(self, counts: dict[str, int], seconds: float, compacted: dict[str, int]) -> None:
         self.batches += 1
         self.last_batch_seconds = seconds
         self.longest_batch_seconds = max(self.longest_batch_seconds, seconds)
         for table, n in counts.items():
             self.rows[table] = self.rows.get(table, 0) + n
+        for table, n in compacted.items():
+            if n:
+                self.compacted[table] = self.compacted.get(table, 0) + n
         self.pipelines = self.rows.get(pipelines.name, 0)
 
     def as_dict(self) -> dict[str, object]:
-        return {"pipelines": self.pipelines, "rows": dict(sorted(self.rows.items())), "batches": self.batches,
+        return {"pipelines": self.pipelines, "rows": dict(sorted(self.rows.items())),
+                "compacted": dict(sorted(self.compacted.items())), "batches": self.batches,
                 "done": self.done, "dry_run": self.dry_run, "by_status": dict(sorted(self.by_status.items())),
                 "longest_batch_seconds": round(self.longest_batch_seconds, 4)}
 
@@ -166,11 +197,11 @@ class RetentionOps(ObservabilityOps):
         started = time.monotonic()
         while True:
             batch_started = time.monotonic()
-            counts = self._prune_batch(older_than_seconds, batch_size, deployment)
+            counts, compacted = self._prune_batch(older_than_seconds, batch_size, deployment)
             if counts.get(pipelines.name, 0) == 0:
                 result.done = True
                 return result
-            result.add(counts, time.monotonic() - batch_started)
+            result.add(counts, time.monotonic() - batch_started, compacted)
             if progress is not None:
                 progress(result)
             if counts[pipelines.name] < batch_size:
@@ -192,19 +223,22 @@ class RetentionOps(ObservabilityOps):
         return {str(status): n for status, n in counts.items() if n}
 
     @retried
-    def _prune_batch(self, older_than_seconds: float, batch_size: int, deployment: str | None) -> dict[str, int]:
-        """One transaction: lock up to ``batch_size`` prunable pipelines, delete their rows, then them."""
+    def _prune_batch(self, older_than_seconds: float, batch_size: int,
+                     deployment: str | None) -> tuple[dict[str, int], dict[str, int]]:
+        """One transaction: lock up to ``batch_size`` prunable pipelines, delete their rows, then them.
+        Returns the rows deleted and the rows compacted, per table."""
         cutoff = self.dialect.now_plus(-float(older_than_seconds))
         with self.write() as conn:
             ids = self._lock_prunable(conn, cutoff, batch_size, deployment, conn.scalar(select(func.max(p.id))))
             if not ids:
-                return {}
-            counts = {step.table.name: conn.execute(delete(step.table).where(step.rows_of(ids))).rowcount or 0
-                      for step in PRUNE_STEPS}
+                return {}, {}
+            counts, compacted = {}, {}
+            for step in PRUNE_STEPS:
+                counts[step.table.name], compacted[step.table.name] = step.apply(conn, ids)
             finished = p.status.in_([literal_column(f"'{s}'") for s in PRUNABLE_STATUSES])
             counts[pipelines.name] = conn.execute(
                 delete(pipelines).where(p.id.in_(ids), finished, p.completed_at < cutoff)).rowcount or 0
-        return counts
+        return counts, compacted
 
     def _lock_prunable(self, conn: Connection, cutoff: ColumnElement, batch_size: int, deployment: str | None,
                        newest: int | None) -> list[int]:

@@ -308,6 +308,8 @@ rate_reservations = Table(
     Column("tokens", BigInteger, nullable=False),
     Column("reserved_at", DbTime, nullable=False),
     Column("answered_at", DbTime),
+    Column("pipeline_id", BigInteger),  # the holder's pipeline and epoch (migration 0021)
+    Column("epoch", Integer),
 )
 
 # Spend caps per pipeline and per deployment (see spend_caps.py): the cap's row is what a reservation's

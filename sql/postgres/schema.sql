@@ -288,6 +288,27 @@ BEGIN
 END
 $$;
 
+CREATE FUNCTION public.rx_judge_again(p_pipeline bigint, p_job text) RETURNS void
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    PERFORM rx_roll_back_finished(p_pipeline, p_job);
+    PERFORM rx_roll_up_finished(p_pipeline, p_pipeline);
+END
+$$;
+
+CREATE FUNCTION public.rx_ledger_rows_landed_late() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    PERFORM rx_judge_again(finished.id, finished.job_name)
+       FROM (SELECT p.id, p.job_name FROM rx_pipelines p
+              WHERE p.id IN (SELECT pipeline_id FROM rx_new) AND p.status IN ('completed', 'failed')
+              ORDER BY p.id FOR NO KEY UPDATE OF p) AS finished;
+    RETURN NULL;
+END
+$$;
+
 CREATE FUNCTION public.rx_pipeline_finished() RETURNS trigger
     LANGUAGE plpgsql
     AS $$
@@ -374,6 +395,17 @@ BEGIN
     ON CONFLICT (queue, status) DO UPDATE
        SET items = c.items + excluded.items, seconds_sum = c.seconds_sum + excluded.seconds_sum,
            seconds_count = c.seconds_count + excluded.seconds_count;
+    RETURN NULL;
+END
+$$;
+
+CREATE FUNCTION public.rx_reservations_holder_gone() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    UPDATE rx_rate_reservations SET answered_at = clock_timestamp()
+     WHERE pipeline_id = NEW.id AND answered_at IS NULL
+       AND (epoch IS DISTINCT FROM NEW.epoch OR NEW.status IN ('completed', 'failed', 'canceled'));
     RETURN NULL;
 END
 $$;
@@ -726,7 +758,9 @@ CREATE TABLE public.rx_rate_reservations (
     holder text,
     tokens bigint DEFAULT 0 NOT NULL,
     reserved_at timestamp with time zone DEFAULT now() NOT NULL,
-    answered_at timestamp with time zone
+    answered_at timestamp with time zone,
+    pipeline_id bigint,
+    epoch integer
 );
 
 CREATE SEQUENCE public.rx_rate_reservations_id_seq
@@ -930,6 +964,8 @@ CREATE INDEX rx_queue_unfinished ON public.rx_queue_items USING btree (id) WHERE
 
 CREATE INDEX rx_queue_unknown_status ON public.rx_queue_items USING btree (id) WHERE (status <> ALL (ARRAY['ready'::text, 'processing'::text, 'completed'::text, 'failed'::text, 'dead'::text]));
 
+CREATE INDEX rx_rate_reservations_pipeline ON public.rx_rate_reservations USING btree (pipeline_id) WHERE (pipeline_id IS NOT NULL);
+
 CREATE INDEX rx_rate_reservations_window ON public.rx_rate_reservations USING btree (endpoint, model, reserved_at);
 
 CREATE INDEX rx_spend_reservations_pipeline ON public.rx_spend_reservations USING btree (pipeline_id);
@@ -944,6 +980,10 @@ CREATE INDEX rx_transitions_pipeline ON public.rx_transitions USING btree (pipel
 
 CREATE TRIGGER rx_call_journal_pipeline_ended AFTER UPDATE OF status ON public.rx_pipelines FOR EACH ROW WHEN (((new.status = ANY (ARRAY['completed'::text, 'canceled'::text])) AND (old.status IS DISTINCT FROM new.status))) EXECUTE FUNCTION public.rx_prune_call_journal();
 
+CREATE TRIGGER rx_ledger_rows_inserted_late AFTER INSERT ON public.rx_provider_calls REFERENCING NEW TABLE AS rx_new FOR EACH STATEMENT EXECUTE FUNCTION public.rx_ledger_rows_landed_late();
+
+CREATE TRIGGER rx_ledger_rows_updated_late AFTER UPDATE ON public.rx_provider_calls REFERENCING NEW TABLE AS rx_new FOR EACH STATEMENT EXECUTE FUNCTION public.rx_ledger_rows_landed_late();
+
 CREATE TRIGGER rx_pipeline_deleted AFTER DELETE ON public.rx_pipelines FOR EACH ROW EXECUTE FUNCTION public.rx_pipeline_recounted();
 
 CREATE TRIGGER rx_pipeline_finished AFTER UPDATE OF status ON public.rx_pipelines FOR EACH ROW WHEN (((old.status = ANY (ARRAY['completed'::text, 'failed'::text])) IS DISTINCT FROM (new.status = ANY (ARRAY['completed'::text, 'failed'::text])))) EXECUTE FUNCTION public.rx_pipeline_finished();
@@ -957,6 +997,8 @@ CREATE TRIGGER rx_queue_item_deleted AFTER DELETE ON public.rx_queue_items FOR E
 CREATE TRIGGER rx_queue_item_relabeled AFTER UPDATE OF status, queue, started_at, completed_at ON public.rx_queue_items FOR EACH ROW WHEN (((old.status IS DISTINCT FROM new.status) OR (old.queue IS DISTINCT FROM new.queue) OR (old.started_at IS DISTINCT FROM new.started_at) OR (old.completed_at IS DISTINCT FROM new.completed_at))) EXECUTE FUNCTION public.rx_queue_item_recounted();
 
 CREATE TRIGGER rx_queue_items_inserted AFTER INSERT ON public.rx_queue_items REFERENCING NEW TABLE AS rx_new FOR EACH STATEMENT EXECUTE FUNCTION public.rx_queue_items_counted();
+
+CREATE TRIGGER rx_reservations_holder_gone AFTER UPDATE OF epoch, status ON public.rx_pipelines FOR EACH ROW WHEN (((old.epoch IS DISTINCT FROM new.epoch) OR ((new.status = ANY (ARRAY['completed'::text, 'failed'::text, 'canceled'::text])) AND (old.status IS DISTINCT FROM new.status)))) EXECUTE FUNCTION public.rx_reservations_holder_gone();
 
 CREATE TRIGGER rx_resumes_recorded AFTER INSERT ON public.rx_transitions REFERENCING NEW TABLE AS rx_new FOR EACH STATEMENT EXECUTE FUNCTION public.rx_resumes_counted();
 

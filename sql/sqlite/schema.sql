@@ -242,7 +242,7 @@ CREATE TABLE rx_rate_reservations (
     holder       TEXT,
     tokens       INTEGER NOT NULL DEFAULT 0,
     reserved_at  REAL NOT NULL DEFAULT ((julianday('now') - 2440587.5) * 86400.0)
-, answered_at REAL);
+, answered_at REAL, pipeline_id INTEGER, epoch INTEGER);
 
 CREATE TABLE rx_resume_counts (
     event TEXT NOT NULL,
@@ -337,6 +337,8 @@ CREATE INDEX rx_queue_unfinished ON rx_queue_items (id) WHERE status IN ('ready'
 CREATE INDEX rx_queue_unknown_status ON rx_queue_items (id)
     WHERE status NOT IN ('ready', 'processing', 'completed', 'failed', 'dead');
 
+CREATE INDEX rx_rate_reservations_pipeline ON rx_rate_reservations (pipeline_id) WHERE pipeline_id IS NOT NULL;
+
 CREATE INDEX rx_rate_reservations_window ON rx_rate_reservations (endpoint, model, reserved_at);
 
 CREATE INDEX rx_spend_reservations_pipeline ON rx_spend_reservations (pipeline_id);
@@ -353,6 +355,28 @@ CREATE TRIGGER rx_call_journal_pipeline_ended
     AFTER UPDATE OF status ON rx_pipelines
     FOR EACH ROW WHEN NEW.status IN ('completed', 'canceled') AND OLD.status IS NOT NEW.status
     BEGIN DELETE FROM rx_call_journal WHERE pipeline_id = NEW.id; END;
+
+CREATE TRIGGER rx_judge_again INSTEAD OF INSERT ON rx_judge_again_requests FOR EACH ROW
+BEGIN
+    INSERT INTO rx_roll_up_requests (lo, hi, undo_job)
+    SELECT id, id, job_name FROM rx_pipelines WHERE id = NEW.pipeline_id AND status IN ('completed', 'failed');
+    INSERT INTO rx_roll_up_requests (lo, hi, undo_job) VALUES (NEW.pipeline_id, NEW.pipeline_id, NULL);
+END;
+
+CREATE VIEW rx_judge_again_requests (pipeline_id) AS SELECT NULL WHERE 0;
+
+CREATE TRIGGER rx_ledger_row_inserted_late AFTER INSERT ON rx_provider_calls FOR EACH ROW
+    WHEN EXISTS (SELECT 1 FROM rx_pipelines WHERE id = NEW.pipeline_id AND status IN ('completed', 'failed'))
+BEGIN
+    INSERT INTO rx_judge_again_requests (pipeline_id) VALUES (NEW.pipeline_id);
+END;
+
+CREATE TRIGGER rx_ledger_row_updated_late AFTER UPDATE OF pipeline_id, node_name, epoch, model, tokens_in, tokens_out,
+    latency_seconds, outcome, cost, reached_checkpoint, replays ON rx_provider_calls FOR EACH ROW
+    WHEN EXISTS (SELECT 1 FROM rx_pipelines WHERE id = NEW.pipeline_id AND status IN ('completed', 'failed'))
+BEGIN
+    INSERT INTO rx_judge_again_requests (pipeline_id) VALUES (NEW.pipeline_id);
+END;
 
 CREATE TRIGGER rx_pipeline_finished AFTER UPDATE OF status ON rx_pipelines FOR EACH ROW
     WHEN (OLD.status IN ('completed', 'failed')) IS NOT (NEW.status IN ('completed', 'failed'))
@@ -415,6 +439,15 @@ BEGIN
     VALUES (NEW.queue, NEW.status, 1, 1 * COALESCE((CASE WHEN typeof(NEW.started_at) IN ('real', 'integer') AND typeof(NEW.completed_at) IN ('real', 'integer') THEN NEW.completed_at - NEW.started_at END), 0), CASE WHEN (CASE WHEN typeof(NEW.started_at) IN ('real', 'integer') AND typeof(NEW.completed_at) IN ('real', 'integer') THEN NEW.completed_at - NEW.started_at END) IS NULL THEN 0 ELSE 1 END)
     ON CONFLICT (queue, status) DO UPDATE SET items = items + excluded.items,
         seconds_sum = seconds_sum + excluded.seconds_sum, seconds_count = seconds_count + excluded.seconds_count;
+END;
+
+CREATE TRIGGER rx_reservations_holder_gone AFTER UPDATE OF epoch, status ON rx_pipelines FOR EACH ROW
+    WHEN OLD.epoch IS NOT NEW.epoch
+         OR (NEW.status IN ('completed', 'failed', 'canceled') AND OLD.status IS NOT NEW.status)
+BEGIN
+    UPDATE rx_rate_reservations SET answered_at = (julianday('now') - 2440587.5) * 86400.0
+     WHERE pipeline_id = NEW.id AND answered_at IS NULL
+       AND (epoch IS NOT NEW.epoch OR NEW.status IN ('completed', 'failed', 'canceled'));
 END;
 
 CREATE TRIGGER rx_resume_recorded AFTER INSERT ON rx_transitions FOR EACH ROW

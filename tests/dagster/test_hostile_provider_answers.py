@@ -104,6 +104,27 @@ def test_prices_refuse_absurd_or_non_finite_prices(price):
     assert Prices.parse({"m": {"input": 1e6, "output": 0}}).cost("m", 2**62 - 1, 0) < float("inf")
 
 
+@pytest.mark.parametrize("price", [1e7, float("inf"), float("nan"), -1.0])
+def test_a_price_out_of_range_is_refused_when_the_resource_is_built_before_any_run(price):
+    """Issue 27: at definitions load, with the setting named, not as a permanent error inside the first op."""
+    # pydantic's ValidationError carries it (a ValueError, as ConfigurationError is): the definitions make it one line
+    with pytest.raises(ValueError, match=r"the input price of model 'm' must be a number from 0 to 1e\+06"):
+        llm_resource("http://127.0.0.1:9/v1", prices={"m": {"input": price, "output": 1.0}})
+    with pytest.raises(ValueError, match="must be {'input': ..., 'output': ...}"):
+        llm_resource("http://127.0.0.1:9/v1", prices={"m": {"input": 1.0, "dollars": 2.0}})
+    assert llm_resource("http://127.0.0.1:9/v1", prices={"m": {"input": 1e6, "output": 0}}).prices["m"]["input"] == 1e6
+
+
+def test_the_definitions_refuse_a_bad_price_in_one_line_naming_the_model(monkeypatch):
+    import recovery_pipelines.assembly as assembly
+
+    monkeypatch.setattr(assembly, "DEMO_PRICES", {"demo-llm": {"input": -1.0, "output": 0.6}})
+    with pytest.raises(ConfigurationError) as refused:
+        assembly.build_definitions()
+    assert str(refused.value) == ("invalid LLMResource settings: the input price of model 'demo-llm' must be a number "
+                                  "from 0 to 1e+06 per million tokens, got -1.0")
+
+
 # -- a NUL byte in a provider's error text, stored as a pause reason, a breaker's error, a node's failure -------
 
 def test_a_nul_byte_in_any_stored_message_is_kept_on_both_databases(store):
@@ -133,3 +154,102 @@ def test_a_503_whose_error_message_holds_a_nul_byte_pauses_the_pipeline_on_both_
     assert len(seen) == 2 and fake.slept == [10.0]
     [paused] = store.reports.recent_events(kinds=("pipeline_waiting",))
     assert "upstream busy\ufffd" in paused["payload"]["reason"]
+
+
+# -- answers JSON accepts and a database does not: NUL, a lone surrogate, NaN (round four) ------------------------
+
+def content_answer(content: str):
+    body = {"id": "1", "object": "chat.completion", "created": 0, "model": "m",
+            "choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": content}}],
+            "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}}
+    return Response(json.dumps(body), content_type="application/json")
+
+
+# What json.loads accepts in an answer, and what both databases keep in its place (docs/how-to/journal.md).
+UNSTORABLE = {"nul": ('{"name": "a\\u0000b", "n\\u0000": 1}', {"name": "a\ufffdb", "n\ufffd": 1}),
+              "surrogate": ('{"name": "a\\ud800b", "pair": "\\ud83d\\ude00"}', {"name": "a\ufffdb", "pair": "\U0001f600"}),
+              "nan": ('{"name": NaN, "all": [Infinity, -Infinity, 1.5]}', {"name": None, "all": [None, None, 1.5]})}
+
+
+@pytest.mark.parametrize("kind", sorted(UNSTORABLE))
+def test_an_answer_json_accepts_is_stored_in_the_agreed_form_on_both_databases(kind, httpserver, db_url, store,
+                                                                               monkeypatch):
+    monkeypatch.setenv("RECOVERY_DATABASE_URL", db_url)
+    content, stored = UNSTORABLE[kind]
+    seen = serve(httpserver, [content_answer(content), answer(200)])  # one item, then the glossary call
+    with DagsterInstance.ephemeral() as instance:
+        result = execute_in_process(make_ledger_job(in_process_executor), instance=instance, raise_on_error=False,
+                                    run_config={"ops": {"ask": {"config": {"items": 1}}}},
+                                    resources={"recovery": recovery_resource(),
+                                               "llm": llm_resource(httpserver.url_for("/v1"))})
+    assert result.success and len(seen) == 2  # paid once, checkpointed, completed
+    [pipeline] = store.reports.list_pipelines()
+    assert store.pipelines.completed_items(pipeline.id, "ask") == {"t00": stored}
+
+
+@pytest.mark.parametrize("kind", sorted(UNSTORABLE))
+def test_a_journaled_answer_replays_exactly_what_was_paid_for(kind):
+    from recovery_ext._providers.journal import decode_answer, encode_answer
+
+    paid = json.loads(UNSTORABLE[kind][0])
+    text = encode_answer(paid)
+    assert text is not None and text.isascii()  # both databases' text columns keep it as it is
+    replayed = decode_answer(text)
+    assert json.dumps(replayed) == json.dumps(paid)  # NaN included: journaled, so a re-execution never pays again
+
+
+@pytest.mark.parametrize("kind", sorted(UNSTORABLE))
+def test_an_item_result_and_an_op_output_are_stored_in_the_agreed_form(kind, store):
+    from recovery_ext._dagster.context import replayable_output
+
+    content, stored = UNSTORABLE[kind]
+    value = json.loads(content)
+    assert replayable_output(value) == stored  # what the first run's downstream ops see is what a resume replays
+    own = store.pipelines.create_pipeline("job", ["a"], owner="run-1", origin_run_id="run-1", params={"p": value})
+    store.pipelines.start_node(own, "a")
+    store.pipelines.checkpoint_item(own, "a", ItemCheckpoint("k", value))
+    store.pipelines.complete_node(own, "a", output=value)
+    assert store.pipelines.completed_items(own.pipeline_id, "a") == {"k": stored}
+    assert store.pipelines.get_pipeline(own.pipeline_id).params == {"p": stored}
+    assert store.pipelines.get_node(own.pipeline_id, "a").output == stored
+
+
+def test_the_agreed_form_changes_only_what_a_database_cannot_keep():
+    from recovery_ext._store.json_values import agreed_json
+
+    kept = {"text": "a backslash then u0000: \\u0000, \\ud800 and \\\\u0000", "emoji": "\U0001f600", "n": [1.5, -0.0],
+            "deep": [[{"k": "\u00e9\u4e2d"}]]}
+    assert agreed_json(kept) == kept
+    assert agreed_json({"\x00": ["\udc00\ud800", "\ud800\udc00", float("-inf")]}) == {"\ufffd": ["\ufffd\ufffd",
+                                                                                         "\U00010000", None]}
+    with pytest.raises(TypeError):
+        agreed_json({"not json": object()})
+
+
+@pytest.mark.parametrize("kind", sorted(UNSTORABLE))
+def test_a_re_execution_replays_the_journaled_answer_and_completes_the_item_on_both_databases(kind, store):
+    """Before: NUL and surrogate answers were journaled and failed every re-execution's checkpoint on PostgreSQL;
+    a NaN answer was not journaled, so every re-execution paid again."""
+    from dataclasses import replace
+
+    from recovery_ext._providers.journal import decode_answer, encode_answer
+    from recovery_ext._store.ledger import IN_FLIGHT
+
+    content, stored = UNSTORABLE[kind]
+    own = store.pipelines.create_pipeline("job", ["a"], owner="run-1", origin_run_id="run-1", params={})
+    store.pipelines.start_node(own, "a")
+    paid = ProviderCall(endpoint="http://127.0.0.1:9/v1", model="m", outcome=IN_FLIGHT, pipeline_id=own.pipeline_id,
+                        node_name="a", item_key="k", run_id=own.owner, epoch=own.epoch)
+    assert store.providers.journal_begin(own, paid, call_key="fp#1") is None  # sent: nothing journaled yet
+    store.providers.journal_answer(own, replace(paid, outcome="ok", tokens_in=3), call_key="fp#1",
+                                   answer=encode_answer(json.loads(content)))
+    new = store.pipelines.take_over(own.pipeline_id, "run-2", owner_dead=[own.owner])  # the step failed; re-execute
+    store.pipelines.start_node(new, "a")
+    again = replace(paid, id="second", run_id="run-2", epoch=new.epoch)
+    hit = store.providers.journal_begin(new, again, call_key="fp#1")
+    assert hit is not None  # replayed from the journal: not sent, not paid again
+    replayed = decode_answer(hit.answer)
+    assert json.dumps(replayed) == json.dumps(json.loads(content))
+    store.pipelines.checkpoint_item(new, "a", ItemCheckpoint("k", replayed, calls=(hit.call,)))
+    assert store.pipelines.completed_items(own.pipeline_id, "a") == {"k": stored}
+    assert len(store_rows.provider_calls(store, own.pipeline_id)) == 1  # one paid call, replayed once

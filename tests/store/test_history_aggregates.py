@@ -3,6 +3,8 @@ the detail of finished pipelines is pruned, and read by the scrape and `status` 
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from sqlalchemy import delete, func, select
 
 from recovery_ext._store.models import ItemCheckpoint, ProviderCall
@@ -99,3 +101,78 @@ def test_status_summaries_come_from_the_counts_kept_as_rows_change(store):
     queues = {(r["queue"], r["status"]): r["count"] for r in store.reports.queue_summary()}
     assert queues == {("docs", "completed"): 1, ("docs", "ready"): 1}
     assert store.reports.pipeline_summary(deployment="elsewhere") == []
+
+
+def detail_by_job(store) -> dict:
+    """The ledger figures per job as `costs` computes them, from every ledger row."""
+    detail = store.reports.provider_costs()
+    by_job: dict[str, dict] = {}
+    for pipeline_id, f in detail.pipelines.items():
+        into = by_job.setdefault(detail.jobs[pipeline_id], dict.fromkeys(f.as_dict(), 0))
+        for key, value in f.as_dict().items():
+            into[key] += value
+    return {job: {k: round(v, 9) for k, v in f.items()} for job, f in sorted(by_job.items())}
+
+
+def test_a_ledger_row_that_lands_after_its_pipeline_failed_reaches_the_scrape(store):
+    """A failed op's last paid call is written by the ledger's thread after the pipeline failed (issue 40, 7):
+    the roll-up, judged at the finish, takes it in when it lands, as `costs` does."""
+    own = worked(store, "etl", "failing", 1, finish=False)
+    answered = call(own, "asked", 5)
+    in_flight = replace(answered, tokens_in=0, tokens_out=0, cost=None, outcome="in_flight")  # answered after it
+    store.providers.journal_begin(own, in_flight, call_key="c1")
+    store.pipelines.fail_run(own, "the step failed for good")
+    before = figures(store)["costs"]["etl"]
+
+    late = call(own, "late", 9)  # paid, never checkpointed: wasted
+    store.providers.record_provider_calls([late])
+    store.providers.complete_calls([answered])  # its answer: the in-flight row becomes a paid call
+
+    after = figures(store)["costs"]
+    assert after == detail_by_job(store)
+    assert after["etl"]["calls"] == before["calls"] + 1 == 4  # one checkpointed, one rate-limited, two late
+    assert after["etl"]["wasted_calls"] == before["wasted_calls"] + 2 == 3  # the in-flight one was unknown before
+    assert after["etl"]["cost"] == round(before["cost"] + 0.009 + 0.005, 9)
+    assert store.pipelines.get_pipeline(own.pipeline_id).status == "failed"
+
+
+def test_rows_that_landed_late_before_migration_0021_are_judged_again_by_it(db_url):
+    from recovery_ext._store.migrations import apply_migrations, load_migrations
+    from recovery_ext._store.schema import migrations_table
+    from recovery_ext._store.store import RecoveryStore
+
+    store = RecoveryStore(db_url)
+    try:
+        with store.engine.begin() as conn:  # the database as it was before 0021
+            migrations_table.create(conn)
+            for m in load_migrations(store.dialect):
+                if m.version < 21:
+                    for statement in m.statements():
+                        conn.exec_driver_sql(statement)
+                    conn.execute(migrations_table.insert().values(version=m.version, name=m.name,
+                                                                  applied_at=store.dialect.now()))
+        own = worked(store, "etl", "failing", 1, finish=False)
+        untouched = worked(store, "etl", "done", 2, finish=True)
+        store.pipelines.fail_run(own, "the step failed for good")
+        store.providers.record_provider_calls([call(own, "late", 9)])
+        assert figures(store)["costs"] != detail_by_job(store)  # what 0017 alone left behind
+        untouched_before = store.reports.provider_costs().pipelines[untouched.pipeline_id]
+
+        assert [m.version for m in apply_migrations(store.engine, store.dialect)][0] == 23
+
+        assert figures(store)["costs"] == detail_by_job(store)
+        assert store.reports.provider_costs().pipelines[untouched.pipeline_id] == untouched_before
+    finally:
+        store.close()
+
+
+def test_late_rows_written_at_once_by_many_writers_are_each_counted_once(store):
+    from concurrent.futures import ThreadPoolExecutor
+
+    own = worked(store, "etl", "failing", 1, finish=False)
+    store.pipelines.fail_run(own, "the step failed for good")
+    late = [call(own, f"late-{n}", n) for n in range(24)]
+    with ThreadPoolExecutor(4) as pool:  # each its own transaction, on the same finished pipeline
+        list(pool.map(lambda c: store.providers.record_provider_calls([c]), late))
+    assert figures(store)["costs"] == detail_by_job(store)
+    assert figures(store)["costs"]["etl"]["calls"] == 2 + 24

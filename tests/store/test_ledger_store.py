@@ -141,6 +141,40 @@ def test_a_request_in_flight_holds_its_room_until_one_window_after_its_answer(st
     assert later
 
 
+def test_a_dead_holders_reservation_counts_until_its_pipeline_is_reclaimed_then_one_window_more(store):
+    """Issue 40, 5: a holder killed mid-call held its room for five windows whatever the recovery pass knew, and
+    stopped counting after them even while its holder was alive. Now it counts until the reclaim supersedes its
+    holder, and then as if answered at the reclaim: the provider counted it before the kill, so at most one
+    window after the reclaim."""
+    from sqlalchemy import select, update
+
+    from recovery_ext._store.schema import rate_reservations
+
+    rr = rate_reservations.c
+    limits = ProviderLimits(requests_per_minute=1, window_seconds=60.0, margin_seconds=1.0)
+    own = make(store)
+    held = store.providers.budget_reserve("http://e/v1", None, tokens=1, limits=limits, holder="run-1/1/a", own=own)
+    assert held.granted
+
+    def moved_back(column, seconds: float) -> None:
+        with store.write() as conn:
+            conn.execute(update(rate_reservations).where(rr.id == held.reservation)
+                         .values({column: store.dialect.now_plus(-seconds)}))
+
+    moved_back("reserved_at", 10 * 61.0)  # in flight for ten windows: its holder may still be waiting for it
+    asking = store.providers.budget_reserve("http://e/v1", None, tokens=1, limits=limits)
+    assert not asking.granted and asking.wait_seconds <= 3.05  # held, and asked again soon
+    expire(store, own.pipeline_id)
+    [reclaimed], _ = reclaim(store, PassPlan(limit=1))  # a real reclaim: the holder's epoch is superseded
+    assert reclaimed.pipeline_id == own.pipeline_id
+    with store.read() as conn:
+        assert conn.scalar(select(rr.answered_at).where(rr.id == held.reservation)) is not None
+    after = store.providers.budget_reserve("http://e/v1", None, tokens=1, limits=limits)
+    assert not after.granted and 55.0 < after.wait_seconds <= 61.0  # one window from the reclaim, no longer
+    moved_back("answered_at", 61.5)
+    assert store.providers.budget_reserve("http://e/v1", None, tokens=1, limits=limits).granted
+
+
 def test_a_budget_is_the_whole_endpoints_unless_its_limits_are_per_model(store):
     limits = ProviderLimits(requests_per_minute=1, window_seconds=30.0)
     assert store.providers.budget_reserve("http://e/v1", "small", tokens=1, limits=limits).granted

@@ -17,6 +17,7 @@ from recovery_ext import RecoveryResource
 from recovery_ext._recovery import retention as schedule
 from recovery_ext._recovery.protocol import LaunchNothing, RecoveryProtocol
 from recovery_ext._recovery.scan import RecoverySettings
+from recovery_ext._store.budgets import ProviderLimits
 from recovery_ext._store.models import ItemCheckpoint, PassPlan, ProviderCall, Scope
 from recovery_ext._store.observability import COUNTED_TRANSITION_EVENTS
 from recovery_ext._store.retention import PRUNE_STEPS, _prunable, kept_on_purpose
@@ -52,6 +53,8 @@ def history(store: RecoveryStore, run: str, *, ending: str = "complete", items: 
     # its spend cap, holding a reservation its process never settled (a kill)
     capped = store.providers.spend_configure(own, SpendCaps(pipeline_tokens=1000))
     assert store.providers.spend_reserve(own, capped, tokens=10).granted
+    assert store.providers.budget_reserve("http://127.0.0.1:9/v1", None, tokens=1, own=own,
+                                          limits=ProviderLimits(requests_per_minute=1000)).granted
     if ending == "complete":
         store.pipelines.complete_node(own, "a")
         store.pipelines.complete_run(own)
@@ -116,18 +119,23 @@ def test_prune_deletes_the_whole_history_of_old_finished_pipelines_and_only_thei
     assert before_recent["rx_node_items.pipeline_id"] == 3 and before_recent["rx_provider_calls.pipeline_id"] == 5
     assert all(rows_of(store, [old[1].pipeline_id]).values())  # the failed one keeps its journal
     costs_before = store.reports.metrics_snapshot().provider_calls
+    ledger_counters_before = store.reports.metrics_snapshot().provider_costs  # spent, saved, wasted, replayed
 
     result = store.reports.prune_finished_pipelines(DAY)
 
     assert (result.pipelines, result.done) == (2, True)
     assert result.rows["rx_node_items"] == 6 and result.rows["rx_provider_calls"] == 10
-    assert result.rows["rx_queue_items"] == 2 and result.rows["rx_call_journal"] == 1  # the failed one's
+    assert result.rows["rx_call_journal"] == 1  # the failed one's
+    assert result.rows["rx_queue_items"] == 0 and result.compacted["rx_queue_items"] == 2  # their dedupe stays
+    assert result.compacted["rx_rate_reservations"] == 2  # detached: each goes when its window has passed
     gone = rows_of(store, [o.pipeline_id for o in old])
     assert gone == dict.fromkeys(gone, 0), gone
     assert rows_of(store, [recent.pipeline_id]) == before_recent
     assert rows_of(store, [canceled.pipeline_id]) == before_canceled
     assert store.pipelines.get_pipeline(recent.pipeline_id).status == "completed"
-    assert store.reports.metrics_snapshot().provider_calls == costs_before  # the cost counters read the roll-ups, kept
+    after = store.reports.metrics_snapshot()
+    assert after.provider_calls == costs_before  # the cost counters read the roll-ups, kept: none goes down
+    assert after.provider_costs == ledger_counters_before
 
 
 def test_the_transitions_prometheus_counts_stay_so_no_counter_goes_backwards(store):
@@ -201,11 +209,45 @@ def test_a_dead_or_failed_queue_item_outlives_its_pruned_pipeline_so_retry_dead_
 
     result = store.reports.prune_finished_pipelines(DAY)
 
-    assert result.pipelines == 1 and result.rows["rx_queue_items"] == 1  # only its completed item goes
+    assert result.pipelines == 1 and result.compacted["rx_queue_items"] == 1  # only its completed item is compacted
     assert {i.dedupe_key: i.status for i in store.queue.list_items("scans")} == {"out-of-attempts": "dead",
                                                                            "permanent": "failed"}
     assert store.queue.retry_dead(queue="scans") == [items["out-of-attempts"].id]
     assert store.queue.get_item(items["out-of-attempts"].id).status == "ready"
+
+
+def test_a_pruned_pipelines_completed_queue_items_keep_their_dedupe_so_a_rescan_adds_nothing(store):
+    """Retention never makes done work look undone: a folder rescan enqueues the same documents again, and every
+    one a pruned pipeline completed is found done, not processed and paid for a second time."""
+    old = history(store, "old", ending=None)  # completed its document "old-doc"
+    keyless = store.queue.enqueue("docs", [{"no": "key"}], own=old)  # completed without a dedupe key: nothing to keep
+    [item] = store.queue.claim("docs", "w", own=old)
+    store.queue.complete_item(item, {"ok": True})
+    store.pipelines.complete_node(old, "a")
+    store.pipelines.complete_run(old)
+    ended_ago(store, old.pipeline_id, 100)
+    newest(store)
+
+    result = store.reports.prune_finished_pipelines(DAY)
+
+    assert result.pipelines == 1 and result.rows["rx_queue_items"] == 1 and result.compacted["rx_queue_items"] == 1
+    assert store.queue.enqueue("docs", [{"run": "rescan"}], dedupe_keys=["old-doc"]) == []  # known: not added
+    [kept] = store.queue.list_items("docs")
+    assert (kept.dedupe_key, kept.status, kept.attempts) == ("old-doc", "completed", 1)
+    assert store.queue.item_ids("docs", ["old-doc"]) == [kept.id] and keyless[0] != kept.id
+    # compact: its payload, result and holder (a pipeline that is gone) are not kept
+    assert (kept.payload, kept.result, kept.holder_pipeline_id, kept.worker) == ({}, None, None, None)
+    assert rows_of(store, [old.pipeline_id]) == dict.fromkeys(rows_of(store, [old.pipeline_id]), 0)
+    assert {(r["queue"], r["status"]): r["count"] for r in store.reports.queue_summary()} == {("docs", "completed"): 1}
+    assert store.reports.prune_finished_pipelines(DAY).rows == {}  # a second prune finds nothing left to do
+
+
+def test_prune_help_says_what_it_deletes_and_what_it_keeps(cli):
+    text = " ".join(cli("prune", "--help").output.split())
+    assert "Delete pipelines that completed or failed longer ago than this" in text
+    assert "(completed, failed, canceled)" not in text and "Kept: canceled, running, waiting and orphaned" in text
+    described = RecoveryResource.model_fields["finished_pipeline_retention_seconds"].description
+    assert "Completed and failed pipelines" in described and "canceled ones are kept" in described
 
 
 def test_batches_stop_at_each_boundary_and_a_second_run_finds_nothing(store):
