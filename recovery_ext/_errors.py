@@ -86,3 +86,15 @@ class StopRequested(RecoveryError):
     """The work was asked to stop before it finished."""
 
     retryable = False
+
+
+def in_chain(exc: BaseException, kinds: type[BaseException] | tuple[type[BaseException], ...]) -> BaseException | None:
+    """The first exception of ``kinds`` in ``exc``'s cause chain (``exc`` itself included), if any: a client
+    library may wrap ours (an SDK's connection error around the journaling transport's ``OwnershipLost``)."""
+    seen = 0
+    current: BaseException | None = exc
+    while current is not None and seen < 32:
+        if isinstance(current, kinds):
+            return current
+        current, seen = current.__cause__ or current.__context__, seen + 1
+    return None

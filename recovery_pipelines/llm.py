@@ -248,12 +248,6 @@ class LLMResource(LibraryLLMResource):
         default=False, description="Column enrichment as one Batch API job (half the price, results within 24 h).")
     batch_poll_seconds: float = Field(default=30.0, description="Seconds between two looks at a pending batch.")
 
-    @model_validator(mode="after")
-    def _validate(self) -> LLMResource:
-        """Refuse a price out of range when the definitions load, before any run pays for a call it would price."""
-        Prices.parse(self.prices)
-        return self
-
     def enricher(self, node: Optional[NodeContext] = None) -> Enricher:
         """The enricher for ``node``: its calls share the endpoint's breaker and pause the node's pipeline
         during outages (settings on the ``recovery`` resource). Without a node: in-call retries only."""

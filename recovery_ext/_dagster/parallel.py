@@ -34,7 +34,7 @@ from recovery_ext._classify.classifier import ClassifiedError, classify
 from recovery_ext._classify.redaction import redact
 from recovery_ext._classify.retry import RetryPolicy, retry_if_retryable
 from recovery_ext._dagster.group_commit import GroupCommitter
-from recovery_ext._errors import ConfigurationError, OwnershipLost, StopRequested, StoreUnavailable
+from recovery_ext._errors import ConfigurationError, OwnershipLost, StopRequested, StoreUnavailable, in_chain
 from recovery_ext._settings import check_count
 
 
@@ -133,9 +133,9 @@ class _Tally:
             self.result.done += 1
             self.streak = (None, 0)
             return
-        if isinstance(exc, STOPPING) or not isinstance(exc, Exception):
+        if not isinstance(exc, Exception) or in_chain(exc, STOPPING) is not None:
             if self.fatal is None:
-                self.fatal = exc
+                self.fatal = in_chain(exc, STOPPING) or exc
             return
         err = exc if isinstance(exc, ClassifiedError) else _classified(exc)
         self.failed_count += 1

@@ -16,7 +16,8 @@ from typing import Any
 from dagster import Failure, In, OpExecutionContext, Out, Output, RetryPolicy, RetryRequested, op
 
 from recovery_ext._classify.classifier import ClassifiedError, classify, with_context
-from recovery_ext._errors import IllegalTransition, OwnershipLost, StopRequested, StoreUnavailable, UnfinishedItems
+from recovery_ext._errors import (IllegalTransition, OwnershipLost, StopRequested, StoreUnavailable, UnfinishedItems,
+                                  in_chain)
 from recovery_ext._liveness.heartbeat import HeartbeatSettings, registry_for
 from recovery_ext._store.models import Node, Ownership
 from recovery_ext._classify.redaction import redact
@@ -223,6 +224,11 @@ def _run_body(run: NodeRun, own: Ownership, inputs: dict[str, Any], node: Node, 
     except (Failure, RetryRequested):
         raise
     except Exception as exc:  # noqa: BLE001 - every error goes through the shared classifier
+        stopped = in_chain(exc, (OwnershipLost, StopRequested))
+        if stopped is not None:  # a client library wrapped it (an SDK's connection error around the transport's)
+            lost = watchdog.lost or stopped
+            raise Failure(description=f"superseded by run {getattr(lost, 'owner', None) or 'another run'}; "
+                                      "stopped without writing", allow_retries=False) from exc
         return _handle_error(run, own, exc, ctx, node.attempts)
     finally:
         watchdog.release()
@@ -259,13 +265,8 @@ def ledger_metadata(store: OpStore, ctx: NodeContext) -> dict[str, Any]:
 
 
 def _store_outage(exc: BaseException) -> StoreUnavailable | None:
-    seen = 0
-    current: BaseException | None = exc
-    while current is not None and seen < 32:
-        if isinstance(current, StoreUnavailable):
-            return current
-        current, seen = current.__cause__ or current.__context__, seen + 1
-    return None
+    found = in_chain(exc, StoreUnavailable)
+    return found if isinstance(found, StoreUnavailable) else None
 
 
 def _outage(context: Any, resource: RecoveryResource, node: NodeDefinition, exc: StoreUnavailable) -> Any:

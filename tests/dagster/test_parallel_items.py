@@ -17,6 +17,7 @@ import pytest
 import parallel_defs
 import store_rows
 from echo_provider import EchoProvider
+from sdk_stand_in import SdkStandIn
 from helpers import reclaim
 from recovery_ext import RecoveryResource, execute_in_process
 from recovery_ext._store.models import PassPlan
@@ -159,3 +160,32 @@ def test_a_superseded_op_sends_no_new_request_from_any_of_its_items(store, db_ur
         late = [item for at, item in provider.arrivals if at > taken_over]
         assert len(late) <= concurrency, late
         assert len(provider.arrivals) < 60
+
+
+def test_a_take_over_wrapped_by_the_sdk_still_stops_every_task(store, db_url):
+    """The OpenAI SDK wraps what its transport raises (APIConnectionError): the op still stops as superseded and
+    no task sends past the fence."""
+    concurrency = 4
+    latency = 0.3
+    stand_in = SdkStandIn(latency=latency)
+    url = stand_in.start() + "/v1"
+    try:
+        outcome = {}
+        runner = threading.Thread(target=lambda: outcome.setdefault("result", run(
+            parallel_defs.sdk_tasks_job, db_url, "sdk_tasks", url=url, keys=60, concurrency=concurrency,
+            retries=0)))
+        runner.start()
+        wait_for(lambda: len(stand_in.requests) >= 8, timeout=60)
+        pipeline = only_pipeline(store)
+        reclaim(store, PassPlan(dead_owner_runs=[pipeline.owner]))
+        taken_over = time.time()
+        runner.join(120)
+        assert not runner.is_alive()
+        result = outcome["result"]
+        assert not result.success
+        assert "superseded" in result.failure_data_for_node("sdk_tasks").error.message
+        late = [r for r in stand_in.requests if r.at - latency > taken_over]
+        assert len(late) <= concurrency, late
+        assert len(stand_in.requests) < 60
+    finally:
+        stand_in.stop()

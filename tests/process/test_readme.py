@@ -28,6 +28,7 @@ EXPECTED_OUTPUT = {
     "docs/get-started/quickstart.md": [r"'summaries': \{'doc-0': \{'summary': 'a summary of doc-0'\}",
                                        r"(?m)^10000$", r"\bcompleted\b"],
     "docs/how-to/assets.md": [r"\bcompleted\b"],
+    "docs/how-to/parallel-items.md": [r"(?m)^40$"],
     "docs/how-to/ledger.md": [],
     "docs/how-to/classifier.md": [],
     "docs/how-to/journal.md": [r"(?m)^3$", r"INVOICE 101\nTotal due 11.10 EUR\njobs started: 1"],

@@ -19,7 +19,7 @@ import httpx
 from dagster import Config, Definitions, define_asset_job, in_process_executor
 
 from recovery_ext import ProviderCall, ajournaled_call, journaled_call, record_provider_call, recoverable_asset
-from recovery_ext import recoverable_job
+from recovery_ext import LLMResource, recoverable_job
 from recovery_ext import recoverable_op, with_recovery
 from recovery_ext._dagster.context import Item, NodeContext
 from recovery_ext._dagster.tags import TAG_RESUME_NUMBER
@@ -180,3 +180,22 @@ summaries_job = define_asset_job("summaries_job", selection=[summaries])
 def asset_definitions(recovery) -> Definitions:
     return Definitions(assets=[summaries], jobs=[summaries_job], executor=with_recovery(in_process_executor),
                        resources={"recovery": recovery})
+
+
+@recoverable_op
+async def sdk_tasks(ctx: NodeContext, config: ParallelConfig) -> dict:
+    """Items through the OpenAI SDK's async client and the journaling transport (an SDK wraps what the transport
+    raises: a take-over reaches the op inside the SDK's connection error)."""
+    client = LLMResource(base_url=_url(config), api_key="stand-in", model="m").get_async_client()
+
+    async def one(item: Item) -> object:
+        answer = await client.chat.completions.create(model="m", messages=[{"role": "user", "content": item.key}])
+        return {"key": item.key, "answer": answer.choices[0].message.content}
+
+    result = await ctx.amap(one, keys_of(config), concurrency=config.concurrency, retries=config.retries)
+    return {"done": result.done}
+
+
+@recoverable_job(executor_def=in_process_executor)
+def sdk_tasks_job():
+    sdk_tasks()
