@@ -36,6 +36,7 @@ from recovery_ext._classify.retry import RetryPolicy, retry_if_retryable
 from recovery_ext._dagster.group_commit import GroupCommitter
 from recovery_ext._errors import ConfigurationError, OwnershipLost, StopRequested, StoreUnavailable, in_chain
 from recovery_ext._settings import check_count
+from recovery_ext._store.statuses import ItemOutcome
 
 
 
@@ -139,7 +140,7 @@ class _Tally:
             return
         err = exc if isinstance(exc, ClassifiedError) else _classified(exc)
         self.failed_count += 1
-        self.node.count_items("failed")
+        self.node.count_items(ItemOutcome.FAILED)
         if len(self.failed) < NAMED_FAILURES:
             self.failed[key] = err
             self.result.failed[key] = str(err)
