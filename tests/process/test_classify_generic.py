@@ -1,0 +1,47 @@
+"""The classifier against the third corpus: real exceptions from libraries it has no family for
+(tests/support/classify_corpus_generic.py and tests/support/classify_corpus_local.py), raised against
+servers this test starts on 127.0.0.1, the local RabbitMQ and NATS, and this machine's own resources."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+from classify_corpus_generic import build_http_generic_corpus
+from classify_corpus_local import build_local_generic_corpus
+
+from recovery_ext import classify
+from recovery_ext._classify.families import _REGISTRY
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    return build_http_generic_corpus() + build_local_generic_corpus(tmp_path_factory.mktemp("generic-corpus"))
+
+
+def test_the_corpus_is_large_balanced_explained_and_from_libraries_without_a_family(corpus):
+    labels = Counter(case.retryable for case in corpus)
+    assert len(corpus) >= 150, len(corpus)
+    assert labels[True] >= 50 and labels[False] >= 50, labels
+    assert len({case.name for case in corpus}) == len(corpus), "case names must be unique"
+    assert all(len(case.how) > 20 for case in corpus), "every case says how it was produced"
+    libraries = Counter(type(case.error).__module__.split(".")[0] for case in corpus)
+    for library in ("groq", "ollama", "huggingface_hub", "elasticsearch", "opensearchpy", "meilisearch", "typesense",
+                    "pika", "paho", "nats", "ftplib", "paramiko", "pymongo", "pytesseract", "pydantic_core"):
+        assert libraries[library] >= 2, (library, libraries)
+    families_for = {library.split(".")[0] for libraries in _REGISTRY.values() for library in libraries}
+    assert not families_for & set(libraries) - {"builtins", "subprocess", "json", "requests", "urllib", "httpx"}, \
+        families_for & set(libraries)
+
+
+def test_classifier_accuracy_on_the_generic_corpus(corpus):
+    wrong = []
+    for case in corpus:
+        found = classify(case.error)
+        if found.retryable is not case.retryable:
+            wrong.append(f"{case.name}: expected {'transient' if case.retryable else 'permanent'}, got "
+                         f"{found.category} ({found.reason}) for {type(case.error).__name__}: {str(case.error)[:160]}"
+                         f" [{case.how}]")
+    accuracy = 1 - len(wrong) / len(corpus)
+    print(f"\nclassifier accuracy on {len(corpus)} real exceptions from libraries without a family: {accuracy:.3f}")
+    assert accuracy >= 0.98, "\n".join(wrong)
