@@ -56,9 +56,11 @@ def groq_cases(http: ScriptedHTTP) -> list[LibCase]:
         client = groq.Groq(api_key="gsk-corpus", base_url=url, max_retries=0, timeout=1)
         return lambda: client.chat.completions.create(model="llama-3.1-8b", messages=[{"role": "user", "content": "x"}])
 
-    body = lambda status: json.dumps({"error": {"message": f"corpus {status}", "type": "corpus_error"}})
+    def body(status):
+        return json.dumps({"error": {"message": f"corpus {status}", "type": "corpus_error"}})
     cases = _each_status(http, "groq", at(http.url), body, JSON, "groq SDK chat.completions.create, max_retries 0")
-    http.script(200, "data: {\"error\": {\"message\": \"Service Unavailable\", \"type\": \"internal_server_error\"}}\n\n",
+    event = {"error": {"message": "Service Unavailable", "type": "internal_server_error"}}
+    http.script(200, f"data: {json.dumps(event)}\n\n",
                 {"Content-Type": "text/event-stream"})
     client = groq.Groq(api_key="gsk-corpus", base_url=http.url, max_retries=0, timeout=2)
     cases.append(case("groq-stream-error-event", TRANSIENT,
@@ -89,7 +91,8 @@ def ollama_cases(http: ScriptedHTTP) -> list[LibCase]:
         cases.append(case(f"ollama-stream-{name}", label,
                           lambda: list(client.chat(model="llama3", messages=[], stream=True)),
                           f"ollama Client.chat stream=True; HTTP 200 NDJSON whose first line is an error: {message}"))
-    return cases + _transport(http, "ollama", at, "ollama Client.chat")
+    # Ollama's timeouts and cut connections are httpx's own exceptions (httpx has a family): only its refusal is its own
+    return cases + [case("ollama-refused", TRANSIENT, at(CLOSED), "ollama Client.chat against a closed port")]
 
 
 def hub_cases(http: ScriptedHTTP) -> list[LibCase]:
@@ -108,7 +111,7 @@ def hub_cases(http: ScriptedHTTP) -> list[LibCase]:
         http.script(status, f"corpus {code or status}", {"X-Error-Code": code} if code else {})
         cases.append(case(f"hub-{status}-{code or 'plain'}", label, at(http.url),
                           f"huggingface_hub HfApi.model_info; HTTP {status} X-Error-Code {code or '(none)'}"))
-    return cases + _transport(http, "hub", at, "huggingface_hub HfApi.model_info")
+    return cases  # its transport errors are httpx2's own (a family has them)
 
 
 def elastic_cases(http: ScriptedHTTP) -> list[LibCase]:
@@ -123,7 +126,8 @@ def elastic_cases(http: ScriptedHTTP) -> list[LibCase]:
              504: "timeout_exception", 502: "proxy_error", 400: "parsing_exception", 401: "security_exception",
              403: "security_exception", 404: "index_not_found_exception", 409: "version_conflict_engine_exception",
              413: "content_too_long_exception"}
-    body = lambda status: json.dumps({"error": {"type": kinds.get(status, "x"), "reason": "corpus"}, "status": status})
+    def body(status):
+        return json.dumps({"error": {"type": kinds.get(status, "x"), "reason": "corpus"}, "status": status})
     cases = _each_status(http, "elastic", at(http.url), body, ELASTIC, "elasticsearch-py search",
                          {s: STATUSES[s] for s in kinds})
     client = elasticsearch.Elasticsearch(http.url, max_retries=0, request_timeout=2)
@@ -152,7 +156,8 @@ def opensearch_cases(http: ScriptedHTTP) -> list[LibCase]:
         client = opensearchpy.OpenSearch([url], max_retries=0, timeout=1)
         return lambda: client.search(index="docs", body={"query": {"match_all": {}}})
 
-    body = lambda status: json.dumps({"error": {"type": "corpus_exception", "reason": "corpus"}, "status": status})
+    def body(status):
+        return json.dumps({"error": {"type": "corpus_exception", "reason": "corpus"}, "status": status})
     statuses = {s: STATUSES[s] for s in (400, 401, 403, 404, 409, 429, 500, 502, 503, 504)}
     return (_each_status(http, "opensearch", at(http.url), body, JSON, "opensearch-py search", statuses)
             + _transport(http, "opensearch", at, "opensearch-py search"))
@@ -186,9 +191,9 @@ def typesense_cases(http: ScriptedHTTP) -> list[LibCase]:
         return lambda: client.collections["docs"].documents.search({"q": "invoice", "query_by": "text"})
 
     statuses = {s: STATUSES[s] for s in (400, 401, 404, 409, 422, 429, 500, 503)}
-    return (_each_status(http, "typesense", at(http.url), lambda status: json.dumps({"message": f"corpus {status}"}),
-                         JSON, "typesense documents.search", statuses)
-            + _transport(http, "typesense", at, "typesense documents.search"))
+    # its transport errors are httpx's own (a family has them): only its status errors are its own
+    return _each_status(http, "typesense", at(http.url), lambda status: json.dumps({"message": f"corpus {status}"}),
+                        JSON, "typesense documents.search", statuses)
 
 
 def build_http_generic_corpus() -> list[LibCase]:

@@ -17,6 +17,7 @@ import mmap
 import os
 import resource
 import socket
+import sqlite3
 import stat
 import struct
 import subprocess
@@ -81,7 +82,8 @@ def pika_cases() -> list[LibCase]:
     try:
         owner.channel().queue_declare("corpus-exclusive", exclusive=True)
         owner.channel().queue_declare("corpus-transient-q", durable=False, auto_delete=True)
-        channel = lambda: other.channel()
+        def channel():
+            return other.channel()
         cases += [
             case("pika-queue-missing", PERMANENT, lambda: channel().queue_declare("corpus-missing", passive=True),
                  "pika passive queue_declare of a queue that does not exist (404)"),
@@ -191,7 +193,7 @@ def nats_cases() -> list[LibCase]:
     for name, line, label in [("auth", b"-ERR 'Authorization Violation'\r\n", PERMANENT),
                               ("max-connections", b"-ERR 'maximum connections exceeded'\r\n", TRANSIENT),
                               ("not-nats", b"SSH-2.0-OpenSSH_9.6\r\n", PERMANENT)]:
-        listener, port = serve_lines(lambda line=line: info + line if name != "not-nats" else line,
+        listener, port = serve_lines(lambda line=line, name=name: info + line if name != "not-nats" else line,
                                      lambda received: b"")
         cases.append(case(f"nats-{name}", label, run(lambda port=port: connect(port)),
                           f"nats-py connect; the peer greets with {line.strip().decode()!r}"))
@@ -449,7 +451,7 @@ def parser_cases() -> list[LibCase]:
         case("parse-pydantic-json", PERMANENT, lambda: Invoice.model_validate_json(cut),
              "pydantic model_validate_json of a cut answer"),
         case("parse-jsonschema", PERMANENT,
-             lambda: jsonschema.validate({"total": "x"}, {"type": "object", "properties": {"total": {"type": "number"}}}),
+             lambda: jsonschema.validate({"total": "x"}, {"properties": {"total": {"type": "number"}}}),
              "jsonschema.validate of an answer against its schema"),
         case("parse-yaml", PERMANENT, lambda: yaml.safe_load("total: [1, 2\ncurrency: EUR"),
              "yaml.safe_load of an unclosed flow sequence"),
@@ -500,7 +502,7 @@ def resource_cases(folder: Path) -> list[LibCase]:
     http.script(200, "{}")
     try:
         calls = {
-            "emfile-open": (lambda: open(folder / "page.txt", "w"), "open() for writing"),
+            "emfile-open": (lambda: (folder / "page.txt").open("w").close(), "open() for writing"),
             "emfile-socket": (lambda: socket.socket(), "socket.socket()"),
             "emfile-pipe": (lambda: os.pipe(), "os.pipe()"),
             "emfile-subprocess": (lambda: subprocess.run(["true"]), "subprocess.run(['true'])"),
@@ -513,8 +515,8 @@ def resource_cases(folder: Path) -> list[LibCase]:
             "emfile-ftplib": (lambda: ftplib.FTP("127.0.0.1", timeout=2), "ftplib.FTP connect"),
             "emfile-pika": (lambda: pika.BlockingConnection(pika.ConnectionParameters(
                 "127.0.0.1", 5672, connection_attempts=1, socket_timeout=1)), "pika BlockingConnection to RabbitMQ"),
-            "emfile-asyncio": (lambda: asyncio.run(asyncio.open_connection("127.0.0.1", http.port)),
-                               "asyncio.run(open_connection) to a live local server"),
+            "emfile-sqlite": (lambda: sqlite3.connect(folder / "journal.db").execute("create table t (x)"),
+                              "sqlite3.connect of a new database file"),
         }
         raised_here = _without_file_descriptors({name: call for name, (call, _) in calls.items()})
     finally:
