@@ -175,8 +175,7 @@ def _guarded(call: Callable[[], object]) -> tuple[object, BaseException | None]:
 def _ask(rule: Rule, exc: BaseException) -> Classification | None:
     token = _inside_a_rule.set(True)
     try:
-        with _interrupts_held():
-            answer, failure = _guarded(lambda: rule(exc))
+        answer, failure = _guarded(lambda: rule(exc))
     finally:
         _inside_a_rule.reset(token)
     if failure is not None:
@@ -201,9 +200,10 @@ def user_verdict(chain: list[BaseException]) -> Classification | None:
     active = rules()
     if not active:
         return None
-    for link in chain:
-        for rule in active:
-            verdict = _ask(rule, link)
-            if verdict is not None:
-                return verdict
+    with _interrupts_held():  # once per classification: swapping the handler costs a system call
+        for link in chain:
+            for rule in active:
+                verdict = _ask(rule, link)
+                if verdict is not None:
+                    return verdict
     return None

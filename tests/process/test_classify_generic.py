@@ -50,3 +50,15 @@ def test_classifier_accuracy_on_the_generic_corpus(corpus):
     accuracy = 1 - len(wrong) / len(corpus)
     print(f"\nclassifier accuracy on {len(corpus)} real exceptions from libraries without a family: {accuracy:.3f}")
     assert accuracy >= 0.98, "\n".join(wrong)
+
+
+def test_the_corpus_libraries_are_test_only_dependencies():
+    import tomllib
+    from pathlib import Path
+
+    project = tomllib.loads((Path(__file__).resolve().parents[2] / "pyproject.toml").read_text())["project"]
+    core = " ".join(project["dependencies"]).lower()
+    dev = " ".join(project["optional-dependencies"]["dev"]).lower()
+    for library in ("groq", "ollama", "huggingface_hub", "elasticsearch", "opensearch-py", "meilisearch", "typesense",
+                    "pika", "paho-mqtt", "nats-py", "paramiko", "pymongo", "pytesseract", "orjson", "jsonschema"):
+        assert library in dev and library not in core, library
