@@ -8,6 +8,7 @@ from collections import Counter
 
 import pytest
 from classify_corpus_generic import build_http_generic_corpus
+from classify_corpus_libraries import assert_test_only_dependencies
 from classify_corpus_local import build_local_generic_corpus
 
 from recovery_ext import classify
@@ -53,12 +54,6 @@ def test_classifier_accuracy_on_the_generic_corpus(corpus):
 
 
 def test_the_corpus_libraries_are_test_only_dependencies():
-    import tomllib
-    from pathlib import Path
-
-    project = tomllib.loads((Path(__file__).resolve().parents[2] / "pyproject.toml").read_text())["project"]
-    core = " ".join(project["dependencies"]).lower()
-    dev = " ".join(project["optional-dependencies"]["dev"]).lower()
-    for library in ("groq", "ollama", "huggingface_hub", "elasticsearch", "opensearch-py", "meilisearch", "typesense",
-                    "pika", "paho-mqtt", "nats-py", "paramiko", "pymongo", "pytesseract", "orjson", "jsonschema"):
-        assert library in dev and library not in core, library
+    assert_test_only_dependencies(("groq", "ollama", "huggingface_hub", "elasticsearch", "opensearch-py", "meilisearch",
+                                   "typesense", "pika", "paho-mqtt", "nats-py", "paramiko", "pymongo", "pytesseract",
+                                   "orjson", "jsonschema"))
