@@ -230,13 +230,17 @@ def test_a_real_ctrl_c_while_a_rule_runs_still_interrupts(registered):
     if threading.current_thread() is not threading.main_thread():
         pytest.fail("this test sends SIGINT to its own process: it must run on the main thread")
 
+    finished: list[bool] = []
+
     @registered
     def slow_rule(exc: BaseException):
         signal.raise_signal(signal.SIGINT)  # delivered while the rule runs, as a user's Ctrl-C would be
+        finished.append(True)
         return None
 
     with pytest.raises(KeyboardInterrupt):
         classify(TimeoutError("slow"))
+    assert finished == [True], "the rule was interrupted halfway"
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
 
 
