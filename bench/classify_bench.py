@@ -3,7 +3,7 @@
 Targets: a typed classification under 20 us, one decided by the message's words under 50 us. The
 cases run twice: with only httpx imported, then with every library that has a family imported
 (botocore, grpc, google-api-core, redis, PyMySQL, asyncpg, aiohttp, urllib3, websockets, anthropic,
-kombu, smtplib, dagster), so each family's judges are active.
+kombu, smtplib, dagster, pika, ftplib, pymongo, nats), so each family's judges are active.
 
 Run: .venv/bin/python -m bench.classify_bench
 """
@@ -20,7 +20,8 @@ import httpx
 from recovery_ext._classify.classifier import classify
 
 FAMILY_LIBRARIES = ("botocore.exceptions", "grpc", "google.api_core.exceptions", "redis", "pymysql", "asyncpg",
-                    "aiohttp", "urllib3", "websockets", "anthropic", "kombu", "smtplib", "dagster", "sqlalchemy")
+                    "aiohttp", "urllib3", "websockets", "anthropic", "kombu", "smtplib", "dagster", "sqlalchemy",
+                    "pika", "ftplib", "pymongo", "nats.errors")
 
 
 def make_cases():

@@ -1,24 +1,28 @@
 """The one retry classifier every op, sensor, watchdog and CLI uses.
 
-How it decides, in this order:
+How it decides, in this order (docs/how-to/classifier.md), for the exceptions of the chain
+(``__cause__``/``__context__`` and what one holds in ``args``, ``.exception``, ``.errors``,
+``.exceptions``), outermost first:
 
-1. **Users' rules** (:func:`recovery_ext.register_rule`, the ``recovery_ext.classifier_rules`` entry
-   points) for each exception of the ``__cause__``/``__context__`` chain, outermost first.
-2. **An explicit flag wins** over everything built in: a bool ``retryable`` attribute or an
-   ``is_retryable()`` method on an exception of the chain; the outermost one counts.
-3. **Structured facts decide** when an exception of the chain carries one (the outermost): an
-   exception group (transient only when every member is), a provider's error code or type (botocore,
-   Anthropic, OpenAI, gRPC, google-api-core, MySQL errno, SMTP reply, Dagster), then an HTTP status
-   of 300 or more on the exception or its ``response``. The words of a message never overrule them.
-4. **Otherwise the chain is transient if any exception in it is transient.** Each exception is judged
-   on its own, in three tiers, and a higher tier of the whole chain beats a lower one:
+1. **Users' rules** (:func:`recovery_ext.register_rule`, the ``recovery_ext.classifier_rules`` entry points).
+2. **This machine's resources**: EMFILE/ENFILE, ENOMEM or ``MemoryError``, ENOSPC/EDQUOT, EROFS anywhere
+   in the chain is permanent for the node, whatever wraps it; a remote server's overload is not this.
+3. **An explicit flag** (``retryable``, ``retriable``, ``is_retryable``, ``temporary``, ``transient``;
+   attribute or method) wins over everything below.
+4. **Family codes** (botocore, the LLM SDKs, gRPC, MySQL errno, SMTP/FTP/AMQP replies, MongoDB ...) and
+   exception groups (transient only when every member is), then 5. **generic facts** any exception may
+   carry (error labels, ``timeout=True``, a named ``code``, an ``errno``, bulk per-item statuses), then
+   6. **an HTTP status** of 300 or more: the outermost exception that carries one of these decides.
+7. **Otherwise the chain is transient if any exception in it is transient.** Each exception is judged
+   on its own, in tiers, and a higher tier of the whole chain beats a lower one:
 
    * *structure*: SQLSTATE codes, sqlite error types, the library families' types, ``ssl``/DNS/``errno``,
      timeout types, logic errors (``ValueError``, ``KeyError`` ...);
    * *message*: word-bounded phrases; words inside identifiers (``lock_timeout``,
      ``x-ratelimit-remaining``) are not messages, and a number is a status only where the text says so;
    * *wrapper*: generic transport wrappers (``httpx.TransportError``, ``requests.ConnectionError``,
-     a driver's ``OperationalError``) that mean "it did not get through" only when nothing they wrap says why.
+     a driver's ``OperationalError``) that mean "it did not get through" only when nothing they wrap says why;
+   * *name*: the weakest signal, a class whose own name says ``Timeout`` or ``Reconnect``.
 
    What a library's errors mean lives in its family (``recovery_ext/_classify/families``), loaded only
    once the library is in ``sys.modules``: an exception cannot come from a library nobody imported.
@@ -38,6 +42,8 @@ import time
 from collections.abc import Iterator
 
 from recovery_ext._classify import families
+from recovery_ext._classify.families.grpc import GRPC_CODES
+from recovery_ext._classify.families.llm_errors import PROVIDER_ERROR_TYPES
 from recovery_ext._classify.redaction import redact
 from recovery_ext._classify.rules import user_verdict
 from recovery_ext._classify.verdict import CATEGORIES, RETRYABLE_HTTP, Classification, http_classification
@@ -46,9 +52,9 @@ from recovery_ext._errors import RecoveryError
 __all__ = ["CATEGORIES", "RETRYABLE_HTTP", "Classification", "ClassifiedError", "classify", "http_classification",
            "is_retryable", "retry_after_header", "retry_after_of", "with_context"]
 
-def _chain(exc: BaseException) -> Iterator[BaseException]:
+def _chain(exc: BaseException, seen: set[int] | None = None) -> Iterator[BaseException]:
     """The exception, then what caused it, outermost first; cycles and depth are bounded."""
-    seen: set[int] = set()
+    seen = set() if seen is None else seen
     current: BaseException | None = exc
     while current is not None and id(current) not in seen and len(seen) < 32:
         seen.add(id(current))
@@ -64,21 +70,43 @@ def _chain(exc: BaseException) -> Iterator[BaseException]:
             if inner is not None and id(inner) not in seen:
                 seen.add(id(inner))
                 yield inner
+        for inner in _nested(current):  # the real cause held in args, .errors or .exceptions
+            if id(inner) not in seen:
+                yield from _chain(inner, seen)
         current = current.__cause__ or (None if current.__suppress_context__ else current.__context__)
 
 
+def _nested(exc: BaseException) -> list[BaseException]:
+    """Exceptions one holds outside ``__cause__``: in its ``args``, ``.exception``, or an ``.errors``/``.exceptions``
+    list or mapping (paramiko's per-address errors, pika's connection attempts). A group's members are
+    judged as a group (:func:`_group`), not as causes."""
+    found = [arg for arg in exc.args if isinstance(arg, BaseException)] if exc.args else []
+    single = getattr(exc, "exception", None)
+    if isinstance(single, BaseException):
+        found.append(single)
+    for attr in ("errors", "exceptions"):
+        held = getattr(exc, attr, None)
+        if held is None or callable(held) or isinstance(exc, BaseExceptionGroup):
+            continue
+        values = held.values() if isinstance(held, dict) else held if isinstance(held, (list, tuple)) else ()
+        found.extend(value for value in values if isinstance(value, BaseException))
+    return found
+
+
+_FLAGS = ("retryable", "retriable", "is_retryable", "is_retriable", "temporary", "transient")
+
+
 def _explicit_flag(exc: BaseException) -> bool | None:
-    flag = getattr(exc, "retryable", None)
-    if isinstance(flag, bool):
-        return flag
-    method = getattr(exc, "is_retryable", None)
-    if callable(method):
+    """A bool the exception says about itself, as an attribute or a method, under its common spellings."""
+    for name in _FLAGS:
         try:
-            value = method()
+            flag = getattr(exc, name, None)
+            if callable(flag) and not isinstance(flag, type):
+                flag = flag()
         except Exception:
-            return None
-        if isinstance(value, bool):
-            return value
+            continue
+        if isinstance(flag, bool):
+            return flag
     return None
 
 
@@ -138,6 +166,106 @@ def _from_sqlstate(state: str) -> Classification:
         return Classification(True, "database_transient", None, f"SQLSTATE {state}: connection exception")
     category, what = _PERMANENT_SQLSTATE_CLASSES.get(state[:2], ("unknown", "database error"))
     return Classification(False, category, None, f"SQLSTATE {state}: {what}")
+
+
+# This machine's own resources: a retry on the same node meets the same wall, whatever wrapper says otherwise.
+_LOCAL_EXHAUSTION = {
+    errno.EMFILE: "too many open files in this process", errno.ENFILE: "too many open files on this machine",
+    errno.ENOMEM: "this machine is out of memory", errno.ENOSPC: "no space left on this machine's disk",
+    errno.EDQUOT: "disk quota exceeded on this machine", errno.EROFS: "this machine's file system is read-only",
+}
+
+
+def _local_exhaustion(link: BaseException) -> Classification | None:
+    if isinstance(link, MemoryError):
+        return Classification(False, "resource_exhausted", None, "this machine is out of memory (MemoryError)")
+    if isinstance(link, OSError) and link.errno in _LOCAL_EXHAUSTION:
+        return Classification(False, "resource_exhausted", None,
+                              f"{errno.errorcode[link.errno]}: {_LOCAL_EXHAUSTION[link.errno]}")
+    return None
+
+
+_TRANSIENT_LABELS = frozenset({"RetryableWriteError", "TransientTransactionError", "RetryableReadError",
+                               "SystemOverloadedError", "RetryableError"})
+
+
+def _labels(exc: BaseException) -> frozenset[str]:
+    held = getattr(exc, "_error_labels", None) or getattr(exc, "error_labels", None)
+    labels = {label for label in held if isinstance(label, str)} if isinstance(held, (set, frozenset, list, tuple)) \
+        else set()
+    has_label = getattr(exc, "has_error_label", None)
+    if callable(has_label):
+        labels.update(label for label in _TRANSIENT_LABELS if has_label(label) is True)
+    return frozenset(labels)
+
+
+def _code_name(code: str) -> Classification | None:
+    """A string ``code`` spelled as an errno name, a gRPC status or an LLM provider's error type."""
+    number = getattr(errno, code, None) if code.isupper() and code.startswith("E") else None
+    if isinstance(number, int):
+        if number in _RETRYABLE_ERRNOS:
+            return Classification(True, _RETRYABLE_ERRNOS[number], None, f"code {code}")
+        if number in _PERMANENT_ERRNOS:
+            return Classification(False, _PERMANENT_ERRNOS[number], None, f"code {code}")
+    named = GRPC_CODES.get(code) or PROVIDER_ERROR_TYPES.get(code)
+    return Classification(named.retryable, named.category, None, f"code {code}: {named.reason}") if named else None
+
+
+def _item_statuses(held: object) -> list[int]:
+    """The HTTP statuses of a bulk answer's per-item errors (``[{"index": {"status": 429, ...}}]``)."""
+    items = held.values() if isinstance(held, dict) else held if isinstance(held, (list, tuple)) else ()
+    statuses = []
+    for item in items:
+        for entry in (item, *item.values()) if isinstance(item, dict) else ():
+            status = entry.get("status") if isinstance(entry, dict) else None
+            if isinstance(status, int) and not isinstance(status, bool) and 300 <= status <= 599:
+                statuses.append(status)
+                break
+    return statuses
+
+
+def _generic_facts(link: BaseException) -> Classification | None:
+    """What any exception may carry, whatever its library: error labels, a ``timeout`` flag, a string
+    ``code``, an ``errno`` (an OS one, or one outside the OS's range that is an HTTP status), and the
+    statuses of a bulk answer's per-item errors (transient only when every item is)."""
+    labels = _labels(link)
+    if labels & _TRANSIENT_LABELS:
+        return Classification(True, "database_transient", None, f"error label {min(labels & _TRANSIENT_LABELS)}")
+    if getattr(link, "timeout", None) is True:
+        return Classification(True, "timeout", None, f"{type(link).__name__}: timeout=True")
+    code = getattr(link, "code", None)
+    if isinstance(code, str) and code:
+        found = _code_name(code)
+        if found is not None:
+            return found
+    number = getattr(link, "errno", None)
+    if isinstance(number, int) and not isinstance(number, bool) and not isinstance(link, OSError) \
+            and number in _RETRYABLE_ERRNOS | _PERMANENT_ERRNOS.keys():
+        retryable = number in _RETRYABLE_ERRNOS
+        return Classification(retryable, (_RETRYABLE_ERRNOS if retryable else _PERMANENT_ERRNOS)[number], None,
+                              f"errno {errno.errorcode[number]}")
+    if isinstance(number, int) and 300 <= number <= 599 and number not in errno.errorcode:
+        return http_classification(number, f"{type(link).__name__}: HTTP {number} (in errno)")
+    held = getattr(link, "errors", None)
+    statuses = _item_statuses(held) if held and not callable(held) else []
+    if statuses:
+        verdicts = [http_classification(status, f"{len(statuses)} item error(s), HTTP {status}") for status in statuses]
+        return next((v for v in verdicts if not v.retryable), verdicts[0])
+    return None
+
+
+_NAME_HINTS = (("Timeout", Classification(True, "timeout", None, "the class name says Timeout")),
+               ("TimedOut", Classification(True, "timeout", None, "the class name says TimedOut")),
+               ("Reconnect", Classification(True, "connection", None, "the class name says Reconnect")))
+
+
+def _name_hint(link: BaseException) -> Classification | None:
+    """The weakest signal: a class whose own name says it is a timeout or asks to reconnect."""
+    name = type(link).__name__
+    for hint, verdict in _NAME_HINTS:
+        if hint in name:
+            return verdict
+    return None
 
 
 def _structural(exc: BaseException) -> Classification | None:
@@ -230,9 +358,10 @@ _PERMANENT_PATTERNS: tuple[tuple[re.Pattern[str], Classification], ...] = tuple(
 _TRANSIENT_PATTERNS: tuple[tuple[re.Pattern[str], Classification], ...] = tuple(
     (re.compile(_words(pattern), re.IGNORECASE), cls)
     for pattern, cls in (
-        (r"rate[ -]?limit(?:ed|s|ing)?(?: (?:reached|exceeded))?|too many requests|quota exceeded",
+        (r"rate[ -]?limit(?:ed|s|ing)?(?: (?:reached|exceeded))?|too many requests|quota exceeded"
+         r"|(?:request|connection) rate exceeded",
          Classification(True, "rate_limit", None, "rate limited")),
-        (r"service (?:is )?(?:temporarily )?(?:busy|unavailable)|server (?:is )?(?:busy|overloaded)"
+        (r"service (?:is )?(?:temporarily )?(?:busy|unavailable)|server (?:is )?(?:busy|overloaded|unavailable)"
          r"|overloaded(?:_error)?|model is overloaded|the server had an error",
          Classification(True, "server_error", None, "service busy or unavailable")),
         (r"cuda (?:error|out of memory)|gpu (?:error|out of memory)|cudnn(?: error|_status_\w+)|cublas_status_\w+",
@@ -240,12 +369,13 @@ _TRANSIENT_PATTERNS: tuple[tuple[re.Pattern[str], Classification], ...] = tuple(
         (r"out of memory|cannot allocate memory",
          Classification(True, "resource_exhausted", None, "out of memory")),
         (r"deadlock detected|could not serialize access|database is locked|too many connections"
+         r"|maximum connections exceeded"
          r"|terminating connection due to administrator command|server closed the connection unexpectedly"
          r"|connection (?:is|was|has been) (?:closed|lost)|lost connection",
          Classification(True, "database_transient", None, "transient database error")),
         (r"connection (?:refused|reset|aborted|closed unexpectedly|timed out)|broken pipe|network is unreachable"
          r"|no route to host|no such host|name or service not known|temporary failure in name resolution"
-         r"|server disconnected|remote end closed connection",
+         r"|server disconnected|remote end closed connection|unexpected eof",
          Classification(True, "connection", None, "connection failed")),
         (r"(?:operation|request|read|write|connect|connection|pool|i/o|socket) timed? ?out|timed out"
          r"|deadline exceeded|timeout (?:error|exceeded|expired|occurred)|due to (?:statement|lock) timeout",
@@ -319,6 +449,9 @@ def _facts(link: BaseException) -> Classification | None:
         verdict = judge(link)
         if verdict is not None:
             return verdict
+    verdict = _generic_facts(link)
+    if verdict is not None:
+        return verdict
     status = _status_of(link)
     if status is not None and status >= 300:  # an error reported inside a 200 is judged by what it says
         return http_classification(status)
@@ -330,6 +463,10 @@ def _classify(exc: BaseException) -> Classification:
     found = user_verdict(chain)
     if found is not None:
         return found
+    for link in chain:
+        local = _local_exhaustion(link)
+        if local is not None:
+            return local
     flag: bool | None = None
     for link in chain:
         flag = _explicit_flag(link)
@@ -340,7 +477,7 @@ def _classify(exc: BaseException) -> Classification:
         if found is not None:
             break
     if found is None:
-        for judge in (_structural, _from_message, _from_wrapper):
+        for judge in (_structural, _from_message, _from_wrapper, _name_hint):
             found = _decide(chain, judge)
             if found is not None:
                 break

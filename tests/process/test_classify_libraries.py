@@ -10,7 +10,7 @@ import textwrap
 from collections import Counter
 
 import pytest
-from classify_corpus_libraries import build_http_corpus
+from classify_corpus_libraries import assert_test_only_dependencies, build_http_corpus
 from classify_corpus_stores import build_store_corpus
 from databases import pg_database
 
@@ -100,12 +100,6 @@ def test_a_new_family_is_one_module_and_one_registration(tmp_path, monkeypatch):
 
 
 def test_the_corpus_libraries_are_test_only_dependencies():
-    import tomllib
-    from pathlib import Path
-
-    project = tomllib.loads((Path(__file__).resolve().parents[2] / "pyproject.toml").read_text())["project"]
-    core = " ".join(project["dependencies"]).lower()
-    dev = " ".join(project["optional-dependencies"]["dev"]).lower()
-    for library in ("botocore", "grpcio", "google-api-core", "google-genai", "anthropic", "mistralai", "cohere",
-                    "litellm", "aiohttp", "urllib3", "websockets", "redis", "pymysql", "asyncpg", "kombu"):
-        assert library in dev and library not in core, library
+    assert_test_only_dependencies(("botocore", "grpcio", "google-api-core", "google-genai", "anthropic", "mistralai",
+                                   "cohere", "litellm", "aiohttp", "urllib3", "websockets", "redis", "pymysql",
+                                   "asyncpg", "kombu"))

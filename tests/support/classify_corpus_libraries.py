@@ -497,3 +497,15 @@ def build_http_corpus() -> list[LibCase]:
                     + urllib3_cases(http) + websockets_cases(http))
     finally:
         http.close()
+
+
+def assert_test_only_dependencies(libraries: tuple[str, ...]) -> None:
+    """Each library is in pyproject's ``dev`` extra and none is a dependency of ``pip install recovery-ext``."""
+    import tomllib
+    from pathlib import Path
+
+    project = tomllib.loads((Path(__file__).resolve().parents[2] / "pyproject.toml").read_text())["project"]
+    core = " ".join(project["dependencies"]).lower()
+    dev = " ".join(project["optional-dependencies"]["dev"]).lower()
+    for library in libraries:
+        assert library in dev and library not in core, library

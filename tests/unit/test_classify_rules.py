@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import logging
+import signal
+import sys
 import textwrap
+import threading
 
 import httpx
 import pytest
@@ -143,3 +146,122 @@ def test_an_installed_package_adds_rules_through_the_entry_point(tmp_path, monke
         monkeypatch.undo()
         rules.reload_entry_points()
     assert classify(acme_rules.AcmeBusy("busy")).retryable is False
+
+
+def _install_plugin(tmp_path, monkeypatch, name: str, source: str) -> None:
+    """A real installed distribution whose ``recovery_ext.classifier_rules`` entry point is module ``name``."""
+    (tmp_path / f"{name}.py").write_text(textwrap.dedent(source))
+    info = tmp_path / f"{name}-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name.replace('_', '-')}\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text(f"[recovery_ext.classifier_rules]\n{name} = {name}:rule\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    rules.reload_entry_points()
+
+
+def _classify_in_a_thread(exc: BaseException):
+    """classify(exc) with a deadline: a deadlocked first classification fails the test instead of hanging it."""
+    found: list = []
+    worker = threading.Thread(target=lambda: found.append(classify(exc)), daemon=True)
+    worker.start()
+    worker.join(20)
+    if worker.is_alive():
+        rules._lock.release()  # a plain Lock: unstick the deadlocked thread so the session goes on
+        worker.join(5)
+        pytest.fail("the first classification deadlocked while loading the plugin")
+    return found[0]
+
+
+def test_a_plugin_that_registers_and_classifies_while_imported_does_not_deadlock(tmp_path, monkeypatch):
+    _install_plugin(tmp_path, monkeypatch, "decorating_rules", """
+        from recovery_ext import classify, register_rule
+
+        class Slow(Exception):
+            pass
+
+        @register_rule
+        def registered_at_import(exc):
+            return True if isinstance(exc, Slow) else None
+
+        SEEN_AT_IMPORT = classify(TimeoutError("while importing"))
+        rule = registered_at_import
+    """)
+    try:
+        found = _classify_in_a_thread(ValueError("first classification of the process"))
+        import decorating_rules
+
+        assert found.retryable is False
+        assert decorating_rules.SEEN_AT_IMPORT.retryable is True
+        assert classify(decorating_rules.Slow("x")).retryable is True
+    finally:
+        monkeypatch.undo()
+        rules.unregister_rule(sys.modules["decorating_rules"].registered_at_import)
+        rules.reload_entry_points()
+
+
+def test_a_plugin_that_exits_at_import_is_logged_and_ignored(tmp_path, monkeypatch, caplog):
+    _install_plugin(tmp_path, monkeypatch, "exiting_rules", """
+        import sys
+        sys.exit("this plugin refuses to load")
+    """)
+    try:
+        with caplog.at_level(logging.WARNING, logger="recovery_ext.classify"):
+            assert classify(TimeoutError("slow")).retryable is True
+        assert any("exiting_rules" in r.getMessage() and "SystemExit" in r.getMessage() for r in caplog.records)
+    finally:
+        monkeypatch.undo()
+        rules.reload_entry_points()
+
+
+def test_a_rule_raising_keyboard_interrupt_is_logged_once_and_ignored(registered, caplog):
+    @registered
+    def interrupting(exc: BaseException):
+        raise KeyboardInterrupt
+
+    with caplog.at_level(logging.WARNING, logger="recovery_ext.classify"):
+        for _ in range(2):
+            assert classify(TimeoutError("slow")).retryable is True
+    complaints = [r for r in caplog.records if "interrupting" in r.getMessage()]
+    assert len(complaints) == 1 and "KeyboardInterrupt" in complaints[0].getMessage()
+
+
+def test_a_real_ctrl_c_while_a_rule_runs_still_interrupts(registered):
+    """Ctrl-C pressed during a rule is held until the rules are done, then interrupts as usual."""
+    if threading.current_thread() is not threading.main_thread():
+        pytest.fail("this test sends SIGINT to its own process: it must run on the main thread")
+
+    finished: list[bool] = []
+
+    @registered
+    def slow_rule(exc: BaseException):
+        signal.raise_signal(signal.SIGINT)  # delivered while the rule runs, as a user's Ctrl-C would be
+        finished.append(True)
+        return None
+
+    with pytest.raises(KeyboardInterrupt):
+        classify(TimeoutError("slow"))
+    assert finished == [True], "the rule was interrupted halfway"
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_a_rule_that_classifies_gets_the_built_in_verdict(registered):
+    @registered
+    def defers_to_the_built_in(exc: BaseException):
+        return classify(exc)
+
+    found = classify(TimeoutError("slow"))
+    assert (found.retryable, found.category) == (True, "timeout")
+
+
+@pytest.mark.parametrize("answer", [1, "retry", {}, 0.5])
+def test_an_answer_that_is_not_a_verdict_is_complained_of_once(registered, caplog, answer):
+    def odd(exc: BaseException):
+        return answer
+
+    registered(odd)
+    with caplog.at_level(logging.WARNING, logger="recovery_ext.classify"):
+        for _ in range(3):
+            assert classify(TimeoutError("slow")).retryable is True
+    complaints = [r for r in caplog.records if "odd" in r.getMessage()]
+    assert len(complaints) == 1, [r.getMessage() for r in caplog.records]
+    assert type(answer).__name__ in complaints[0].getMessage()

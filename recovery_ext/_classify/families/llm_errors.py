@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from recovery_ext._classify.verdict import Classification, permanent, transient
 
-_TYPES = {
+PROVIDER_ERROR_TYPES = {
     "overloaded_error": transient("server_error", "provider overloaded"),
     "api_error": transient("server_error", "provider server error"),
     "server_error": transient("server_error", "provider server error"),
@@ -34,13 +34,13 @@ _TYPES = {
 
 def _error_type(exc: BaseException) -> str | None:
     for value in (getattr(exc, "code", None), getattr(exc, "type", None)):
-        if isinstance(value, str) and value in _TYPES:
+        if isinstance(value, str) and value in PROVIDER_ERROR_TYPES:
             return value
     body = getattr(exc, "body", None)
     if isinstance(body, dict):
         error = body.get("error", body)
         kind = error.get("type") if isinstance(error, dict) else None
-        if isinstance(kind, str) and kind in _TYPES:
+        if isinstance(kind, str) and kind in PROVIDER_ERROR_TYPES:
             return kind
     return None
 
@@ -54,7 +54,7 @@ def judge_provider_error(types: tuple[type, ...]):
         kind = _error_type(exc)
         if kind is None:
             return None
-        verdict = _TYPES[kind]
+        verdict = PROVIDER_ERROR_TYPES[kind]
         status = getattr(exc, "status_code", None)
         return Classification(verdict.retryable, verdict.category, status if isinstance(status, int) else None,
                               f"{verdict.reason} ({kind})")
