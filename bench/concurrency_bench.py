@@ -8,7 +8,7 @@ a fresh database each; the medians are printed.
 
     python -m bench.concurrency_bench                      # 1,000 items at 8, 32 and 64; 100 at 1
     RX_CONC_ITEMS=200 RX_CONC_LEVELS=64 python -m bench.concurrency_bench
-    RX_CONC_MEMORY=100000 python -m bench.concurrency_bench  # peak memory for 100,000 keys at 64 (asyncio, SQLite)
+    RX_CONC_MEMORY=100000 python -m bench.concurrency_bench  # peak memory, 100,000 keys at 64 beside 1,000 (SQLite)
 
 Needs PostgreSQL at 127.0.0.1:5432 (``RECOVERY_TEST_PG``) for the PostgreSQL rows.
 """
@@ -49,6 +49,7 @@ class Load(Config):
     items: int
     concurrency: int
     mode: str
+    call: bool = True  # False: the item function returns at once (what the map and its checkpoints cost alone)
 
 
 # Wall seconds of the last op body (the calls, and for the recoverable op every checkpoint): what is compared,
@@ -126,6 +127,11 @@ async def recoverable(ctx: NodeContext, config: Load) -> int:
 
 async def _recoverable(ctx: NodeContext, config: Load) -> int:
     keys = _keys(config.items)
+    if not config.call:
+        async def instant(item) -> str:
+            return item.key
+
+        return (await ctx.amap(instant, keys, concurrency=config.concurrency)).done
     if config.mode == "threads":
         def one(item) -> str:
             body = {"item": item.key}
@@ -210,10 +216,11 @@ def _memory(url: str, keys: int) -> None:
 
 def _memory_child(url: str, n: int) -> None:
     db_url, drop = _database("sqlite")
-    config = {"url": url, "items": n, "concurrency": 64, "mode": "asyncio"}
+    config = {"url": url, "items": n, "concurrency": 64, "mode": "asyncio", "call": False}
     seconds = _timed(recoverable_bench_job, "recoverable", config, {"recovery": RecoveryResource(database_url=db_url)})
     peak_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    print(f"memory: {n} keys at 64 (asyncio, SQLite): peak RSS {peak_mib:.0f} MiB, {n / seconds:.0f} items/s")
+    print(f"memory: {n} keys at 64 (asyncio tasks, SQLite, items that return at once): peak RSS {peak_mib:.0f} MiB, "
+          f"{n / seconds:.0f} items/s")
     drop()
 
 

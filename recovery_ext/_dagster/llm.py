@@ -41,8 +41,10 @@ def _http_module(name: str | None) -> ModuleType:
 class NodeGuards:
     """The guard of each node a client's requests come from, made at the node's first request."""
 
-    def __init__(self, endpoint: str | None, policy: RetryPolicy, limits: ProviderLimits, journal: bool) -> None:
+    def __init__(self, endpoint: str | None, policy: RetryPolicy, limits: ProviderLimits, journal: bool,
+                 prices: Prices | None = None) -> None:
         self.endpoint, self.policy, self.limits, self.journal = endpoint, policy, limits, journal
+        self.prices = prices  # a spend cap in money reserves the most an estimate can cost
         self._guards: weakref.WeakKeyDictionary[NodeContext, dict[str, ProviderGuard]] = weakref.WeakKeyDictionary()
         self._lock = threading.Lock()
 
@@ -55,7 +57,7 @@ class NodeGuards:
             guard = guards.get(endpoint)
             if guard is None:
                 guard = guards[endpoint] = provider_guard(scope, endpoint, self.policy, limits=self.limits,
-                                                          journal=self.journal)
+                                                          journal=self.journal, prices=self.prices)
             return guard
 
 
@@ -63,7 +65,7 @@ def _core(http: ModuleType, *, endpoint: str | None, limits: ProviderLimits | No
           prices: Prices | dict | None, provider: str | None, answer_tokens: int, journal: bool) -> JournalingCore:
     table = prices if isinstance(prices, Prices) else Prices.parse(prices)
     guards = NodeGuards(redact_url(endpoint.rstrip("/")) if endpoint else None, policy or RetryPolicy(),
-                        limits or ProviderLimits(), journal)
+                        limits or ProviderLimits(), journal, table)
     return JournalingCore(http, guards, prices=table, provider=provider, answer_tokens=answer_tokens, journal=journal)
 
 

@@ -29,6 +29,7 @@ from __future__ import annotations
 import contextvars
 import functools
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from types import ModuleType
 from typing import Any
@@ -36,13 +37,14 @@ from typing import Any
 import tenacity
 
 from recovery_ext._classify.classifier import retry_after_of
-from recovery_ext._providers.guard import CircuitOpen, GuardedCall, ProviderGuard
+from recovery_ext._providers.guard import AttemptHold, CircuitOpen, GuardedCall, ProviderGuard
 from recovery_ext._providers.http_answers import (RequestFacts, answered_call, decode_body, is_event_stream,
                                                   kept_answer, request_facts)
 from recovery_ext._providers.journal import MISS
 from recovery_ext._providers.budget import Reservation
 from recovery_ext._providers.ledger import current_scope
 from recovery_ext._providers.prices import Prices
+from recovery_ext._providers.spend import SpendReservation
 from recovery_ext._providers.steps import Blocking, Io, Sleep, Steps, drive, drive_async, in_thread
 from recovery_ext._store.breakers import BreakerDecision
 
@@ -91,9 +93,22 @@ class JournalingCore:
         pending.journal.scope.check_calls()
         if guard.pause is not None:
             yield Blocking(guard.pause.retrying)
+        # the request's ledger row is named now: its spend cap reservation names it, so that after a kill the
+        # row's usage (if its answer was kept) settles the reservation
+        call_id = uuid.uuid4().hex
+        spend: SpendReservation | None = None
+        if guard.spend is not None:  # the pipeline's spend caps first: at the cap the node pauses here
+            spend = yield Blocking(functools.partial(guard.spend.acquire, ref=call_id),
+                                   (call.estimated_tokens, call.model))
         reservation: Reservation | None = None
-        if guard.budget is not None:
-            reservation = yield from guard.budget.acquire_steps(call.estimated_tokens, call.model)
+        try:
+            if guard.budget is not None:
+                reservation = yield from guard.budget.acquire_steps(call.estimated_tokens, call.model)
+        except BaseException:
+            if spend is not None:
+                yield Blocking(spend.release)
+            raise
+        hold = AttemptHold(reservation, spend, guard.log)
         try:
             decision = None
             if guard.store is not None:
@@ -101,14 +116,12 @@ class JournalingCore:
                 if not decision.allowed:
                     raise CircuitOpen(guard.endpoint, decision.wait_seconds, decision.state)
             pending.journal.scope.check_calls()  # the budget wait may have been long
-            found = yield Blocking(pending.start, (guard.endpoint, call.model))
+            found = yield Blocking(functools.partial(pending.start, call_id=call_id), (guard.endpoint, call.model))
         except BaseException:
-            if reservation is not None:
-                yield Blocking(reservation.release)  # nothing was sent
+            yield Blocking(hold.release)  # nothing was sent
             raise
         if found is not MISS:
-            if reservation is not None:
-                yield Blocking(reservation.release)  # answered from the journal: nothing was sent
+            yield Blocking(hold.release)  # answered from the journal: nothing was sent
             return self.replayed(found, request)
         started = time.monotonic()
         try:
@@ -118,27 +131,27 @@ class JournalingCore:
                 raise self.http.HTTPStatusError(f"{guard.endpoint} answered HTTP {response.status_code}",
                                                 request=request, response=response)
             if is_event_stream(response.headers):
-                finish = functools.partial(self.finish_steps, guard, call, decision, reservation, response, started)
+                finish = functools.partial(self.finish_steps, guard, call, decision, hold, response, started)
                 return tee(response, finish)
             body = yield read(response)
         except BaseException as exc:
-            yield Blocking(self.failed, (guard, call, decision, reservation, exc))
+            yield Blocking(self.failed, (guard, call, decision, hold, exc))
             raise
-        yield from self.finish_steps(guard, call, decision, reservation, response, started, body, None)
+        yield from self.finish_steps(guard, call, decision, hold, response, started, body, None)
         return self.http.Response(response.status_code, headers=self.plain_headers(response.headers), content=body,
                                   extensions=response.extensions)
 
     def finish_steps(self, guard: ProviderGuard, call: GuardedCall, decision: BreakerDecision | None,
-                     reservation: Reservation | None, response: Any, started: float, body: bytes,
+                     hold: AttemptHold, response: Any, started: float, body: bytes,
                      error: BaseException | None) -> Steps[None]:
         """The answer is complete (``error`` None): recorded with its usage and kept; else the attempt failed."""
         if error is not None:
-            yield Blocking(self.failed, (guard, call, decision, reservation, error))
+            yield Blocking(self.failed, (guard, call, decision, hold, error))
             return
-        yield Blocking(self.answered, (guard, call, decision, reservation, response, started, body))
+        yield Blocking(self.answered, (guard, call, decision, hold, response, started, body))
 
     def answered(self, guard: ProviderGuard, call: GuardedCall, decision: BreakerDecision | None,
-                 reservation: Reservation | None, response: Any, started: float, body: bytes) -> None:
+                 hold: AttemptHold, response: Any, started: float, body: bytes) -> None:
         pending = call.pending
         assert pending is not None
         streamed = is_event_stream(response.headers)
@@ -150,20 +163,20 @@ class JournalingCore:
                                latency=time.monotonic() - started, prices=self.prices, provider=self.provider)
         try:
             pending.journal.scope.record_call(record)  # completes the attempt's ledger row with the usage
-            if reservation is not None:
-                reservation.settle(record.tokens_in + record.tokens_out)
+            hold.settle(record.tokens_in + record.tokens_out, record.cost)
             pending.answered(kept_answer(response.status_code, response.headers, body))
         finally:
-            if reservation is not None:
-                guard._answered(reservation)
+            if hold.rate is not None:
+                guard._answered(hold.rate)
         guard.succeeded(decision)
 
     def failed(self, guard: ProviderGuard, call: GuardedCall, decision: BreakerDecision | None,
-               reservation: Reservation | None, exc: BaseException) -> None:
+               hold: AttemptHold, exc: BaseException) -> None:
         assert call.pending is not None
+        hold.spent_unknown(exc)  # a timeout may have been charged: counted at its estimate; a refusal gives it back
         call.pending.failed(exc)
-        if reservation is not None:
-            guard._answered(reservation)
+        if hold.rate is not None:
+            guard._answered(hold.rate)
         if not isinstance(exc, Exception):
             return
         if guard.budget is not None and isinstance(exc, self.http.HTTPStatusError) \

@@ -21,6 +21,8 @@ from sdk_stand_in import SdkStandIn
 from helpers import reclaim
 from recovery_ext import RecoveryResource, execute_in_process
 from recovery_ext._store.models import PassPlan
+from recovery_ext._store.spend_caps import pipeline_scope
+from recovery_ext._store.statuses import WAITING
 from recovery_pipelines.devserver import wait_for
 
 pytestmark = pytest.mark.timeout(240)
@@ -187,5 +189,40 @@ def test_a_take_over_wrapped_by_the_sdk_still_stops_every_task(store, db_url):
         late = [r for r in stand_in.requests if r.at - latency > taken_over]
         assert len(late) <= concurrency, late
         assert len(stand_in.requests) < 60
+    finally:
+        stand_in.stop()
+
+
+def test_sdk_requests_in_parallel_pause_at_the_spend_cap_and_go_on_when_it_is_raised(store, db_url):
+    """Every request through the journaling transport reserves under the pipeline's spend cap first: four tasks
+    stop at the cap (the pipeline waits, never fails), and go on once an operator raises it."""
+    cap = 200
+    stand_in = SdkStandIn(latency=0.05)
+    url = stand_in.start() + "/v1"
+    try:
+        outcome = {}
+        resource = recovery(db_url, spend_cap_tokens=cap, spend_cap_poll_seconds=0.2)
+        runner = threading.Thread(target=lambda: outcome.setdefault("result", execute_in_process(
+            parallel_defs.sdk_tasks_job, run_config={"ops": {"sdk_tasks": {"config": {
+                "url": url, "keys": 12, "concurrency": 4}}}}, resources={"recovery": resource},
+            raise_on_error=False)))
+        runner.start()
+
+        def paused():
+            found = store.reports.list_pipelines()
+            return found and found[0].shown_status == WAITING and found[0].waiting_reason.startswith("spend cap")
+
+        wait_for(paused, timeout=120, interval=0.05)
+        spent = sum(r.tokens_in + r.tokens_out for r in stand_in.answered())
+        assert 0 < spent <= cap and len(stand_in.answered()) < 12
+        (pipeline,) = store.reports.list_pipelines()
+        store.providers.spend_cap_set(pipeline_scope(pipeline.id), tokens=100_000)
+        runner.join(120)
+        assert not runner.is_alive()
+        assert outcome["result"].success
+        assert len(store.pipelines.completed_items(pipeline.id, "sdk_tasks")) == 12
+        capped = store.providers.spend_cap(pipeline_scope(pipeline.id))
+        assert capped.spent_tokens == sum(r.tokens_in + r.tokens_out for r in stand_in.answered())
+        assert capped.reserved_tokens == 0
     finally:
         stand_in.stop()

@@ -186,7 +186,7 @@ def asset_definitions(recovery) -> Definitions:
 async def sdk_tasks(ctx: NodeContext, config: ParallelConfig) -> dict:
     """Items through the OpenAI SDK's async client and the journaling transport (an SDK wraps what the transport
     raises: a take-over reaches the op inside the SDK's connection error)."""
-    client = LLMResource(base_url=_url(config), api_key="stand-in", model="m").get_async_client()
+    client = LLMResource(base_url=_url(config), api_key="stand-in", model="m", max_tokens=10).get_async_client()
 
     async def one(item: Item) -> object:
         answer = await client.chat.completions.create(model="m", messages=[{"role": "user", "content": item.key}])
