@@ -18,7 +18,8 @@ import click
 from tabulate import tabulate
 
 from recovery_ext._conventions import jsonable
-from recovery_ext._errors import ConfigurationError, NotFound, RecoveryError, StoreUnavailable, install_hint
+from recovery_ext._errors import (ConfigurationError, MigrationError, NotFound, RecoveryError, StoreUnavailable,
+                                  install_hint)
 from recovery_ext._settings import LONGEST, parse_duration
 from recovery_ext._recovery.protocol import scan
 from recovery_ext._recovery.scan import RecoverySettings
@@ -122,10 +123,13 @@ def _require_sqlite_file(dialect: Dialect) -> None:
                                  "`recovery-ext migrate`)")
 
 
-def command(fn=None, *, creates_database: bool = False):
-    """Open the store, map our errors to a clear message and exit status 1 (a bad argument: 2)."""
+def command(fn=None, *, creates_database: bool = False, checks_schema: bool = True):
+    """Open the store, map our errors to a clear message and exit status 1 (a bad argument: 2).
+
+    ``checks_schema=False``: the command checks the schema itself, when it can (the exporter starts while the
+    database is down)."""
     if fn is None:
-        return functools.partial(command, creates_database=creates_database)
+        return functools.partial(command, creates_database=creates_database, checks_schema=checks_schema)
 
     @click.option("--json", "as_json", is_flag=True, help="Machine-readable JSON output.")
     @click.pass_obj
@@ -134,7 +138,8 @@ def command(fn=None, *, creates_database: bool = False):
         out = Output(as_json or obj["json"])
         store = open_store(obj, creates_database=creates_database)
         try:
-            store.check_schema()  # a newer release's tables: one clear line, not a raw SQL error later
+            if checks_schema:
+                store.check_schema()  # a newer release's tables: one clear line, not a raw SQL error later
             return fn(store, out, **kwargs)
         except BrokenPipeError:
             raise
@@ -662,9 +667,11 @@ def metrics() -> None:
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
 @click.option("--port", type=click.IntRange(0, 65535), default=9464, show_default=True,
               help="Port to listen on (0: any free port, printed at start).")
-@command
+@command(checks_schema=False)
 def metrics_serve(store: CliStore, out: Output, host: str, port: int) -> None:
-    """Serve /metrics for Prometheus; each scrape reads the tables, nothing is kept between scrapes."""
+    """Serve /metrics for Prometheus; each scrape reads the tables, nothing is kept between scrapes.
+
+    It serves whether or not the database answers: a scrape it cannot read says recovery_database_up 0."""
     try:
         from recovery_ext._observe.exporter import MetricsServer
     except ImportError as exc:
@@ -672,18 +679,25 @@ def metrics_serve(store: CliStore, out: Output, host: str, port: int) -> None:
             raise
         raise click.ClickException(f"the metrics exporter needs prometheus-client: {install_hint('metrics')}") from None
     try:
-        store.reports.metrics_snapshot()
-    except RecoveryError as exc:
-        click.echo(f"warning: cannot read the database now ({redact(exc)}); scrapes report "
-                   "recovery_database_up 0 until it can", err=True)
-    try:
         server = MetricsServer(store, host, port)
     except OSError as exc:
         raise click.ClickException(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
     url = f"http://{host}:{server.port}/metrics"
     out.emit({"url": url, "host": host, "port": server.port}, lambda: click.echo(f"serving metrics on {url}"))
     sys.stdout.flush()
-    server.serve_until_stopped()
+
+    def look_at_the_database() -> None:
+        # Serving already: the database is read once, within a scrape's timeouts, for the operator's sake; a
+        # newer release's schema ends the exporter (MigrationError), a database down or locked does not.
+        try:
+            server.check_database()
+        except MigrationError:
+            raise
+        except RecoveryError as exc:
+            click.echo(f"warning: cannot read the database now ({redact(exc)}); scrapes report "
+                       "recovery_database_up 0 until it can", err=True)
+
+    server.serve_until_stopped(look_at_the_database)
 
 
 @main.command()

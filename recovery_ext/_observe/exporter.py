@@ -11,7 +11,7 @@ import logging
 import signal
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, start_http_server
@@ -220,23 +220,41 @@ def _text(value) -> str:
 
 def registry_for(store: CliStore) -> CollectorRegistry:
     """A registry holding only the recovery collector (no process or platform metrics of the exporter)."""
+    return _registry(RecoveryCollector(store))
+
+
+def _registry(collector: RecoveryCollector) -> CollectorRegistry:
     registry = CollectorRegistry(auto_describe=True)
-    registry.register(RecoveryCollector(store))
+    registry.register(collector)
     return registry
 
 
 class MetricsServer:
-    """The exporter's HTTP server on ``host:port`` (``port`` 0: any free port), in a background thread."""
+    """The exporter's HTTP server on ``host:port`` (``port`` 0: any free port), in a background thread.
+
+    It listens before it touches the database: an exporter started while the database is down, locked or
+    silent serves ``recovery_database_up 0`` and reports it up once it answers."""
 
     def __init__(self, store: CliStore, host: str, port: int) -> None:
-        self.server, self._thread = start_http_server(port, addr=host, registry=registry_for(store))
+        self.collector = RecoveryCollector(store)
+        self.server, self._thread = start_http_server(port, addr=host, registry=_registry(self.collector))
         self.host, self.port = host, self.server.server_port
 
-    def serve_until_stopped(self) -> None:
-        """Block until SIGINT or SIGTERM, then stop serving."""
+    def check_database(self) -> None:
+        """Read the schema's version and the tables once, within a scrape's timeouts: MigrationError for a
+        newer release's tables, another RecoveryError for a database that cannot be read now."""
+        store = self.collector.store
+        store.check_schema()
+        store.reports.scrape_snapshot(timeout=self.collector.timeout)
+
+    def serve_until_stopped(self, first: Callable[[], None] = lambda: None) -> None:
+        """Run ``first`` and block until SIGINT or SIGTERM, then stop serving (``first`` raising stops it too).
+
+        A signal that arrives while ``first`` runs stops the server once it returns."""
         stop = threading.Event()
         previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
         try:
+            first()
             stop.wait()
         finally:
             for sig, handler in previous.items():
