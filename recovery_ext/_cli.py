@@ -37,7 +37,6 @@ from recovery_ext._store.interfaces import CliStore, SensorStore
 if TYPE_CHECKING:  # the report's modules load only when a report is asked for
     from recovery_ext._observe.timeline import Timeline
 
-RULE = "=" * 60
 CLI_RETRY_BUDGET = 3.0
 # Row ids are BIGINT: a larger number is a usage error (exit 2), never a driver overflow.
 ROW_ID = click.IntRange(min=1, max=2**63 - 1)
@@ -350,10 +349,19 @@ def _stuck(item) -> dict:
             "attempts": item.attempts, "heartbeat_deadline": item.heartbeat_deadline, "reason": item.stale_reason}
 
 
+# (seconds, one, many): a duration is said in the largest unit it fills twice, or once exactly ("1 day", "90 days").
+UNITS = ((86400, "day", "days"), (3600, "h", "h"), (60, "min", "min"))
+
+
 def _seconds(value: float | None) -> str:
+    """A duration as an operator says it: ``45.5 s``, ``10 min``, ``12 h``, ``90 days``."""
     if value is None:
         return "-"
-    return f"{value:.1f} s" if value < 120 else f"{value / 60:.1f} min"
+    for size, one, many in UNITS:
+        if value >= 2 * size or (value >= size and value % size == 0):
+            amount = round(value / size, 1)
+            return f"{amount:g} {one if amount == 1 else many}"
+    return f"{round(value, 1):g} s"
 
 
 @main.group()
@@ -544,9 +552,9 @@ def reset_stuck(store: CliStore, out: Output, threshold: float, queue: str | Non
     """Reset stuck queue items back to ready (manual recovery)."""
     if item_id is not None:
         item = store.queue.get_item(item_id)
-        out.progress(f"Item {item.id} ({item.queue}): {item.status}, worker {item.worker or '-'}, "
+        out.progress(f"item {item.id} ({item.queue}): {item.status}, worker {item.worker or '-'}, "
                      f"started {_when(item.started_at)}, attempts {item.attempts}/{item.max_attempts}")
-    out.progress(f"Checking for stuck items (threshold {_seconds(threshold)}) ...")
+    out.progress(f"checking for stuck items (threshold {_seconds(threshold)}) ...")
     stuck = store.queue.stale_items(queue=queue, older_than_seconds=threshold, item_id=item_id)
     reset = [] if dry_run else store.queue.reset_stale(queue=queue, older_than_seconds=threshold, item_id=item_id,
                                                  reason="reset-stuck command")
@@ -555,23 +563,18 @@ def reset_stuck(store: CliStore, out: Output, threshold: float, queue: str | Non
 
     def human() -> None:
         if not stuck:
-            click.echo("No stuck items found.")
+            click.echo("no stuck items found")
+            return
+        click.echo(f"found {len(stuck)} stuck item(s):")
+        click.echo(tabulate([(i.id, i.queue, i.worker or "-", _when(i.started_at), i.attempts, i.stale_reason,
+                              i.payload.get("name", "") if isinstance(i.payload, dict) else "") for i in stuck],
+                            headers=["item", "queue", "worker", "started", "attempts", "stuck", "document"]))
+        if dry_run:
+            click.echo("dry run: nothing was changed")
         else:
-            click.echo(f"Found {len(stuck)} stuck item(s):")
-            for i in stuck:
-                name = i.payload.get("name") if isinstance(i.payload, dict) else None
-                click.echo(f"   - Item ID: {i.id}\n     Queue: {i.queue}\n     Worker: {i.worker}\n"
-                           f"     Started: {_when(i.started_at)}\n     Attempts: {i.attempts}\n"
-                           f"     Stuck: {i.stale_reason}"
-                           + (f"\n     Document: {name}" if name else ""))
-            if dry_run:
-                click.echo("Dry run: nothing was changed.")
-            else:
-                ready = sum(r.new_status == QueueStatus.READY for r in reset)
-                click.echo(f"Reset {len(reset)} stuck item(s): processing -> ready ({ready}), "
-                           f"-> dead at max attempts ({len(reset) - ready})")
-        click.echo(f"{RULE}\nSummary\n{RULE}\nTotal stuck items {'found' if dry_run else 'reset'}: "
-                   f"{len(stuck) if dry_run else len(reset)}")
+            ready = sum(r.new_status == QueueStatus.READY for r in reset)
+            click.echo(f"reset {len(reset)} stuck item(s): processing -> ready ({ready}), "
+                       f"-> dead at max attempts ({len(reset) - ready})")
 
     out.emit(data, human)
 
