@@ -1,0 +1,20 @@
+"""The README's first commands are what a new user runs: CI runs its test command, and it is the fast tier."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _readme_make_targets() -> list[str]:
+    first_block = ROOT.joinpath("README.md").read_text(encoding="utf-8").split("```bash\n", 1)[1].split("```", 1)[0]
+    return re.findall(r"^make ([\w-]+)", first_block, re.MULTILINE)
+
+
+def test_the_readme_starts_with_the_dev_server_and_the_fast_tests_and_ci_runs_them_and_the_whole_suite():
+    assert _readme_make_targets() == ["dev", "test-fast"]
+    ci = ROOT.joinpath(".ci", "run").read_text(encoding="utf-8")
+    ran = re.findall(r"^make ([\w-]+)$", ci, re.MULTILINE)
+    assert "test-fast" in ran and "test" in ran
