@@ -21,7 +21,7 @@ from recovery_ext._liveness.heartbeat import HeartbeatSettings, registry_for
 from recovery_ext._store.models import Node, Ownership
 from recovery_ext._classify.redaction import redact
 from recovery_ext._dagster.executor import has_run_liveness, is_run_worker
-from recovery_ext._liveness.parent import watch_run_worker
+from recovery_ext._liveness.parent import dead_run_worker, watch_run_worker
 from recovery_ext._providers.ledger import current_scope
 from recovery_ext._dagster.providers import node_outage_pause
 from recovery_ext._dagster.replay import skipped_metadata
@@ -152,6 +152,10 @@ def run_node(context: Any, resource: RecoveryResource, inputs: dict[str, Any], n
 def _compute(context: Any, resource: RecoveryResource, inputs: dict[str, Any], definition: NodeDefinition) -> Any:
     store = resource.get_store()
     op_name = definition.name
+    if not is_run_worker(context.run_id) and (dead := dead_run_worker()) is not None:
+        # Nothing started, nothing written: the orphan sensor's resume runs this node.
+        raise Failure(description=f"{op_name} not started: its run worker (pid {dead}) died before this step "
+                                  "process began; the pipeline resumes from its checkpoints", allow_retries=False)
     run = NodeRun(context, store, resource, definition.heartbeat or resource.heartbeat_settings(), definition)
     begun = _begin(context, store, run.settings, op_name)
     if begun is not None:  # the common case: one transaction found the pipeline, the node and started it
@@ -216,8 +220,9 @@ def _run_body(run: NodeRun, own: Ownership, inputs: dict[str, Any], node: Node, 
     except (OwnershipLost, StopRequested) as exc:
         lost = watchdog.lost or exc
         if watchdog.lost is None and ctx.run_worker_gone is not None and ctx.run_worker_gone.is_set():
+            # from None: the expected end of a step whose run worker died, one line, no chained traceback
             raise Failure(description="the run worker died; this step process stopped before its next provider "
-                                      "call (the pipeline resumes from its checkpoints)", allow_retries=False) from exc
+                                      "call (the pipeline resumes from its checkpoints)", allow_retries=False) from None
         raise Failure(description=f"superseded by run {getattr(lost, 'owner', None) or 'another run'}; "
                                   "stopped without writing", allow_retries=False) from exc
     except (Failure, RetryRequested):
