@@ -250,17 +250,21 @@ def _run_body(run: NodeRun, own: Ownership, inputs: dict[str, Any], node: Node, 
 
 
 def ledger_metadata(store: OpStore, ctx: NodeContext) -> dict[str, Any]:
-    """The node's provider calls, tokens and cost (spent, saved by resume, wasted) as output metadata; only
-    for nodes that recorded calls or kept items from an earlier run (one read)."""
+    """Provider calls as output metadata, labelled by what they count: ``run_provider_calls``, the calls this
+    run made (beside its ``items_done``), and ``node_provider_*``, the node's calls, tokens and cost across all its
+    runs (spent, saved by resume, wasted); only for nodes that recorded calls or kept items from an earlier run
+    (one read)."""
     if not ctx.calls_recorded and not ctx.items_resumed:
         return {}
     ctx.flush_ledger()
+    this_run = {"run_provider_calls": ctx.calls_recorded}
     try:
         figures = store.reports.provider_costs(ctx.pipeline_id).nodes.get(ctx.pipeline_id, {}).get(ctx.node_name)
     except Exception as exc:  # noqa: BLE001 - a report never fails the node
         ctx.log.warning(f"provider ledger not read: {redact(exc)}")
-        return {}
-    return {} if figures is None else {f"provider_{key}": value for key, value in figures.as_dict().items()}
+        return this_run
+    return this_run | ({} if figures is None else {f"node_provider_{key}": value
+                                                    for key, value in figures.as_dict().items()})
 
 
 def _store_outage(exc: BaseException) -> StoreUnavailable | None:
