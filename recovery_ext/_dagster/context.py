@@ -24,6 +24,7 @@ from recovery_ext._store.models import ItemCheckpoint, JsonText, Ownership, Prov
 from recovery_ext._dagster.queue_handle import QueueHandle
 from recovery_ext._conventions import json_exact
 from recovery_ext._dagster.resources import RecoveryResource
+from recovery_ext._dagster.run_state import ProgressReporter
 from recovery_ext._store.statuses import ItemOutcome, ItemStatus
 from recovery_ext._store.interfaces import OpStore
 
@@ -111,6 +112,7 @@ class NodeContext:
         self._calls: dict[str | None, list[ProviderCall]] = {}
         self._calls_lock = threading.Lock()
         self._item: str | None = None
+        self._progress: ProgressReporter | None = None
         self.calls_recorded = 0
         # Set in a step process once its run worker is gone: no new provider call or item may start.
         self.run_worker_gone = run_worker_gone
@@ -276,6 +278,8 @@ class NodeContext:
         if self.items_resumed:
             self.log.info(f"resuming node {self.node_name}: {self.items_resumed}/{len(keys)} items already done")
         self._batch, self._flush_seconds = batch, flush_seconds
+        self._progress = ProgressReporter(self.context, self.node_name, len(keys))
+        self._progress.update(self.items_finished())
         try:
             for key in keys:
                 if key in done:
@@ -286,9 +290,15 @@ class NodeContext:
                 yield Item(self, key)
             self._item = None
             self.flush()
+            self._progress.update(self.items_finished(), final=True)
         finally:
             self._item = None
             self._batch, self._flush_seconds = 1, None
+            self._progress = None
+
+    def items_finished(self) -> int:
+        """Items of the node finished so far: kept from earlier runs, done or degraded by this one."""
+        return self.items_resumed + self.items_done + self.items_degraded
 
     def checkpoint(self, key: str, result: Any = None, *, also: Callable[[Any], None] | None = None,
                    status: str = ItemStatus.COMPLETED) -> None:
@@ -333,3 +343,5 @@ class NodeContext:
         degraded = sum(1 for e in entries if e.status == ItemStatus.DEGRADED)
         self.count_items(ItemOutcome.DEGRADED, degraded)
         self.count_items(ItemOutcome.DONE, len(entries) - degraded)
+        if self._progress is not None:
+            self._progress.update(self.items_finished())
