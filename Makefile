@@ -7,7 +7,7 @@ export DAGSTER_HOME ?= $(CURDIR)/.dagster_home
 # module is compiled once, not at every start.
 unexport PYTHONDONTWRITEBYTECODE
 
-.PHONY: install dev lint test test-fast schema demo-crash docs docs-build bench clean
+.PHONY: install dev lint test test-fast test-slow schema demo-crash docs docs-build bench clean
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -58,6 +58,11 @@ test: install
 TEST_WORKERS ?= auto
 test-fast: install
 	$(BIN)/pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile tests/unit tests/store tests/dagster
+
+## The rest of `make test`: what starts processes or waits out real time (tests/process) and the real servers
+## (tests/e2e). `make test-fast` then `make test-slow` is `make test`, each test once (CI runs them so).
+test-slow: install
+	$(BIN)/pytest -q -p no:cacheprovider tests/process tests/e2e
 
 ## Rewrite sql/<dialect>/schema.sql from freshly migrated databases (after adding a migration).
 schema: install

@@ -16,7 +16,7 @@ import click
 from tabulate import tabulate
 
 from recovery_ext._conventions import jsonable
-from recovery_ext._errors import ConfigurationError, RecoveryError, install_hint
+from recovery_ext._errors import ConfigurationError, MigrationError, RecoveryError, install_hint
 from recovery_ext._recovery.protocol import scan
 from recovery_ext._recovery.scan import RecoverySettings
 from recovery_ext._classify.redaction import redact
@@ -32,7 +32,7 @@ from recovery_ext._store.waits import WaitKind, wait_kind
 from recovery_ext._store.spend_caps import deployment_scope, pipeline_scope
 
 from recovery_ext._cli_spend import CAP_HEADERS, cap_rows, spend_cap
-from recovery_ext._cli_common import (MAX_KINDS, ROW_ID, RULE, Age, BadArgument, Duration, Output, PollInterval,
+from recovery_ext._cli_common import (MAX_KINDS, ROW_ID, Age, BadArgument, Duration, Output, PollInterval,
                                       _when, command, open_store)
 
 if TYPE_CHECKING:  # the report's modules load only when a report is asked for
@@ -228,10 +228,19 @@ def _stuck(item) -> dict:
             "attempts": item.attempts, "heartbeat_deadline": item.heartbeat_deadline, "reason": item.stale_reason}
 
 
+# (seconds, one, many): a duration is said in the largest unit it fills twice, or once exactly ("1 day", "90 days").
+UNITS = ((86400, "day", "days"), (3600, "h", "h"), (60, "min", "min"))
+
+
 def _seconds(value: float | None) -> str:
+    """A duration as an operator says it: ``45.5 s``, ``10 min``, ``12 h``, ``90 days``."""
     if value is None:
         return "-"
-    return f"{value:.1f} s" if value < 120 else f"{value / 60:.1f} min"
+    for size, one, many in UNITS:
+        if value >= 2 * size or (value >= size and value % size == 0):
+            amount = round(value / size, 1)
+            return f"{amount:g} {one if amount == 1 else many}"
+    return f"{round(value, 1):g} s"
 
 
 @main.group()
@@ -433,9 +442,9 @@ def reset_stuck(store: CliStore, out: Output, threshold: float, queue: str | Non
     """Reset stuck queue items back to ready (manual recovery)."""
     if item_id is not None:
         item = store.queue.get_item(item_id)
-        out.progress(f"Item {item.id} ({item.queue}): {item.status}, worker {item.worker or '-'}, "
+        out.progress(f"item {item.id} ({item.queue}): {item.status}, worker {item.worker or '-'}, "
                      f"started {_when(item.started_at)}, attempts {item.attempts}/{item.max_attempts}")
-    out.progress(f"Checking for stuck items (threshold {_seconds(threshold)}) ...")
+    out.progress(f"checking for stuck items (threshold {_seconds(threshold)}) ...")
     stuck = store.queue.stale_items(queue=queue, older_than_seconds=threshold, item_id=item_id)
     reset = [] if dry_run else store.queue.reset_stale(queue=queue, older_than_seconds=threshold, item_id=item_id,
                                                  reason="reset-stuck command")
@@ -444,23 +453,18 @@ def reset_stuck(store: CliStore, out: Output, threshold: float, queue: str | Non
 
     def human() -> None:
         if not stuck:
-            click.echo("No stuck items found.")
+            click.echo("no stuck items found")
+            return
+        click.echo(f"found {len(stuck)} stuck item(s):")
+        click.echo(tabulate([(i.id, i.queue, i.worker or "-", _when(i.started_at), i.attempts, i.stale_reason,
+                              i.payload.get("name", "") if isinstance(i.payload, dict) else "") for i in stuck],
+                            headers=["item", "queue", "worker", "started", "attempts", "stuck", "document"]))
+        if dry_run:
+            click.echo("dry run: nothing was changed")
         else:
-            click.echo(f"Found {len(stuck)} stuck item(s):")
-            for i in stuck:
-                name = i.payload.get("name") if isinstance(i.payload, dict) else None
-                click.echo(f"   - Item ID: {i.id}\n     Queue: {i.queue}\n     Worker: {i.worker}\n"
-                           f"     Started: {_when(i.started_at)}\n     Attempts: {i.attempts}\n"
-                           f"     Stuck: {i.stale_reason}"
-                           + (f"\n     Document: {name}" if name else ""))
-            if dry_run:
-                click.echo("Dry run: nothing was changed.")
-            else:
-                ready = sum(r.new_status == QueueStatus.READY for r in reset)
-                click.echo(f"Reset {len(reset)} stuck item(s): processing -> ready ({ready}), "
-                           f"-> dead at max attempts ({len(reset) - ready})")
-        click.echo(f"{RULE}\nSummary\n{RULE}\nTotal stuck items {'found' if dry_run else 'reset'}: "
-                   f"{len(stuck) if dry_run else len(reset)}")
+            ready = sum(r.new_status == QueueStatus.READY for r in reset)
+            click.echo(f"reset {len(reset)} stuck item(s): processing -> ready ({ready}), "
+                       f"-> dead at max attempts ({len(reset) - ready})")
 
     out.emit(data, human)
 
@@ -556,9 +560,11 @@ def metrics() -> None:
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
 @click.option("--port", type=click.IntRange(0, 65535), default=9464, show_default=True,
               help="Port to listen on (0: any free port, printed at start).")
-@command
+@command(checks_schema=False)
 def metrics_serve(store: CliStore, out: Output, host: str, port: int) -> None:
-    """Serve /metrics for Prometheus; each scrape reads the tables, nothing is kept between scrapes."""
+    """Serve /metrics for Prometheus; each scrape reads the tables, nothing is kept between scrapes.
+
+    It serves whether or not the database answers: a scrape it cannot read says recovery_database_up 0."""
     try:
         from recovery_ext._observe.exporter import MetricsServer
     except ImportError as exc:
@@ -566,18 +572,25 @@ def metrics_serve(store: CliStore, out: Output, host: str, port: int) -> None:
             raise
         raise click.ClickException(f"the metrics exporter needs prometheus-client: {install_hint('metrics')}") from None
     try:
-        store.reports.metrics_snapshot()
-    except RecoveryError as exc:
-        click.echo(f"warning: cannot read the database now ({redact(exc)}); scrapes report "
-                   "recovery_database_up 0 until it can", err=True)
-    try:
         server = MetricsServer(store, host, port)
     except OSError as exc:
         raise click.ClickException(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
     url = f"http://{host}:{server.port}/metrics"
     out.emit({"url": url, "host": host, "port": server.port}, lambda: click.echo(f"serving metrics on {url}"))
     sys.stdout.flush()
-    server.serve_until_stopped()
+
+    def look_at_the_database() -> None:
+        # Serving already: the database is read once, within a scrape's timeouts, for the operator's sake; a
+        # newer release's schema ends the exporter (MigrationError), a database down or locked does not.
+        try:
+            server.check_database()
+        except MigrationError:
+            raise
+        except RecoveryError as exc:
+            click.echo(f"warning: cannot read the database now ({redact(exc)}); scrapes report "
+                       "recovery_database_up 0 until it can", err=True)
+
+    server.serve_until_stopped(look_at_the_database)
 
 
 @main.command()

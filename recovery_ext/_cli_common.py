@@ -18,7 +18,6 @@ from recovery_ext._classify.redaction import redact
 from recovery_ext._store.dialects import Dialect
 from recovery_ext._store.store import RecoveryStore, default_database_url
 
-RULE = "=" * 60
 CLI_RETRY_BUDGET = 3.0
 # Row ids are BIGINT: a larger number is a usage error (exit 2), never a driver overflow.
 ROW_ID = click.IntRange(min=1, max=2**63 - 1)
@@ -104,10 +103,13 @@ def _require_sqlite_file(dialect: Dialect) -> None:
                                  "`recovery-ext migrate`)")
 
 
-def command(fn=None, *, creates_database: bool = False):
-    """Open the store, map our errors to a clear message and exit status 1 (a bad argument: 2)."""
+def command(fn=None, *, creates_database: bool = False, checks_schema: bool = True):
+    """Open the store, map our errors to a clear message and exit status 1 (a bad argument: 2).
+
+    ``checks_schema=False``: the command checks the schema itself, when it can (the exporter starts while the
+    database is down)."""
     if fn is None:
-        return functools.partial(command, creates_database=creates_database)
+        return functools.partial(command, creates_database=creates_database, checks_schema=checks_schema)
 
     @click.option("--json", "as_json", is_flag=True, help="Machine-readable JSON output.")
     @click.pass_obj
@@ -116,7 +118,8 @@ def command(fn=None, *, creates_database: bool = False):
         out = Output(as_json or obj["json"])
         store = open_store(obj, creates_database=creates_database)
         try:
-            store.check_schema()  # a newer release's tables: one clear line, not a raw SQL error later
+            if checks_schema:
+                store.check_schema()  # a newer release's tables: one clear line, not a raw SQL error later
             return fn(store, out, **kwargs)
         except BrokenPipeError:
             raise

@@ -201,13 +201,7 @@ def run_demo(root: Path, var: Path, t: Timeline, *, keep_ui: bool, timeout: floa
                 break
             time.sleep(0.3)
         watcher.poll(pipelines)
-        for job, p in found.items():
-            outcome.final_status[job] = store.pipelines.get_pipeline(p.id).status
-            resumes = [r for r in dev.runs(tags={TAG_PIPELINE: str(p.id)}) if TAG_RESUME_NUMBER in r.tags]
-            outcome.resumes[job] = len(resumes)
-            outcome.runs[job] = len(dev.runs(job_name=job))
-            for run in resumes:
-                dev.wait_run(run.run_id, statuses=TERMINAL, timeout=120)
+        record_verdict(outcome, store, found, dev)
         watcher.poll(pipelines)
         summarize(t, store, ontology.id, outcome.done_at_kill.get("ontology_extraction"))
         problems = outcome.problems()
@@ -233,6 +227,20 @@ def run_demo(root: Path, var: Path, t: Timeline, *, keep_ui: bool, timeout: floa
         dev.stop()
         llm_server.shutdown()
         store.close()
+
+
+def record_verdict(outcome: Outcome, store: RecoveryStore, found: dict, dev: DagsterDev, *,
+                   timeout: float = 120) -> None:
+    """Each pipeline's status, read once its resume runs have ended: the polling above stops at a fixed
+    deadline, and a resume still running then must be waited for before its pipeline is judged (it was judged
+    first, and the demo reported "ended running" for a pipeline it printed as completed a moment later)."""
+    for job, p in found.items():
+        resumes = [r for r in dev.runs(tags={TAG_PIPELINE: str(p.id)}) if TAG_RESUME_NUMBER in r.tags]
+        for run in resumes:
+            dev.wait_run(run.run_id, statuses=TERMINAL, timeout=timeout)
+        outcome.resumes[job] = len(resumes)
+        outcome.runs[job] = len(dev.runs(job_name=job))
+        outcome.final_status[job] = store.pipelines.get_pipeline(p.id).status
 
 
 def summarize(t: Timeline, store: RecoveryStore, ontology_id: int, done_at_kill: int | None = None) -> None:

@@ -6,7 +6,7 @@ It speaks the wire API botocore uses for Textract: the AWS JSON 1.1 protocol, ``
 body, signed (SigV4; any credentials do), errors as ``{"__type": ..., "message": ...}`` with HTTP 400. As the
 real service does, a start repeated under the same ``ClientRequestToken`` answers the same ``JobId`` and
 starts nothing (with other parameters: ``IdempotentParameterMismatchException``). A job is ``IN_PROGRESS``
-for ``duration`` seconds, then ``SUCCEEDED`` with PAGE, LINE and WORD blocks, read ``MaxResults`` blocks at a
+for ``duration`` seconds (``None``: until :meth:`finish_jobs`), then ``SUCCEEDED`` with PAGE, LINE and WORD blocks, read ``MaxResults`` blocks at a
 time with ``NextToken``; ``fail_first`` names documents whose first job ends ``FAILED``; :meth:`forget`
 makes a job unknown (``InvalidJobIdException``), as its results are after 7 days; ``start_delay`` slows each
 start, ``result_delay`` each read of a finished job's blocks.
@@ -103,7 +103,7 @@ def blocks_of(lines: list[str], pages: int) -> list[dict]:
 
 
 class TextractProvider(LocalServer):
-    def __init__(self, buckets: Mapping[str, Path | str], *, duration: float = 1.0,
+    def __init__(self, buckets: Mapping[str, Path | str], *, duration: float | None = 1.0,
                  fail_first: Iterable[str] = (), start_delay: float = 0.0, result_delay: float = 0.0) -> None:
         self.buckets = {name: Path(folder).resolve() for name, folder in buckets.items()}
         self.duration, self.fail_first = duration, set(fail_first)
@@ -113,6 +113,11 @@ class TextractProvider(LocalServer):
         self.starts: Counter[str] = Counter()  # Start requests per ClientRequestToken
         self.gets = 0
         self.lock = threading.Lock()
+        self.finished = threading.Event()
+
+    def finish_jobs(self) -> None:
+        """With ``duration=None``: every job started, now or later, ends at its next read."""
+        self.finished.set()
 
     # -- what it counted ----------------------------------------------------------------------------
 
@@ -148,7 +153,9 @@ class TextractProvider(LocalServer):
     # -- the API ------------------------------------------------------------------------------------
 
     def _advance(self, job: StandInJob) -> None:
-        if job.status != "IN_PROGRESS" or time.time() < job.created + self.duration:
+        running = (not self.finished.is_set() if self.duration is None
+                   else time.time() < job.created + self.duration)
+        if job.status != "IN_PROGRESS" or running:
             return
         name = job.location["S3Object"]["Name"]
         first = next(j for j in self.jobs.values() if j.location["S3Object"]["Name"] == name) is job

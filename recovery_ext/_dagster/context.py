@@ -28,6 +28,7 @@ from recovery_ext._dagster.parallel import MapResult, map_in_tasks, map_in_threa
 from recovery_ext._dagster.queue_handle import QueueHandle
 from recovery_ext._conventions import json_exact
 from recovery_ext._dagster.resources import RecoveryResource
+from recovery_ext._dagster.run_state import ProgressReporter
 from recovery_ext._store.statuses import ItemOutcome, ItemStatus
 from recovery_ext._store.interfaces import OpStore
 
@@ -157,6 +158,7 @@ class NodeContext:
         self._recorder = recorder_for(store)
         self._calls: dict[str | None, list[ProviderCall]] = {}
         self._calls_lock = threading.Lock()
+        self._progress: ProgressReporter | None = None
         self.calls_recorded = 0
         # Set in a step process once its run worker is gone: no new provider call or item may start.
         self.run_worker_gone = run_worker_gone
@@ -333,9 +335,15 @@ class NodeContext:
                 yield Item(self, key)
             self._enter_item(None)
             self.flush()
+            self._progress_end()
         finally:
             self._enter_item(None)
             self._batch, self._flush_seconds = 1, None
+            self._progress = None
+
+    def items_finished(self) -> int:
+        """Items of the node finished so far: kept from earlier runs, done or degraded by this one."""
+        return self.items_resumed + self.items_done + self.items_degraded
 
     async def aitems(self, keys: Iterable[str]) -> AsyncIterator[Item]:
         """``async for item in ctx.aitems(keys)``: ``items()`` for an ``async def`` body, one item at a time.
@@ -355,6 +363,7 @@ class NodeContext:
         finally:
             self._enter_item(None)
             await asyncio.to_thread(committer.close)
+            await asyncio.to_thread(self._progress_end)
 
     def map(self, fn: Callable[[Item], Any], keys: Iterable[Any], *, concurrency: int = 8,
             retries: int | None = None) -> MapResult:
@@ -367,12 +376,18 @@ class NodeContext:
         ``max_retries``) and never stops its siblings; failed items are named in one ``ItemsFailed``
         at the end. Returns a :class:`MapResult`; results are read back with ``ctx.completed_items()``.
         """
-        return map_in_threads(self, fn, keys, concurrency=concurrency, retries=retries)
+        try:
+            return map_in_threads(self, fn, keys, concurrency=concurrency, retries=retries)
+        finally:
+            self._progress_end()
 
     async def amap(self, fn: Callable[[Item], Awaitable[Any]], keys: Iterable[Any], *, concurrency: int = 8,
                    retries: int | None = None) -> MapResult:
         """``map`` for ``async def fn(item)``: up to ``concurrency`` items at once as asyncio tasks."""
-        return await map_in_tasks(self, fn, keys, concurrency=concurrency, retries=retries)
+        try:
+            return await map_in_tasks(self, fn, keys, concurrency=concurrency, retries=retries)
+        finally:
+            await asyncio.to_thread(self._progress_end)
 
     def _unfinished(self, name: str, keys: Iterable[Any], *, unique: bool = True) -> tuple[Iterator[str], int]:
         """Record the node's item total; (the keys not finished before, lazily; how many were)."""
@@ -383,7 +398,15 @@ class NodeContext:
         self.count_items(ItemOutcome.RESUMED, resumed)
         if resumed:
             self.log.info(f"resuming node {self.node_name}: {resumed}/{len(listed)} items already done")
+        self._progress = ProgressReporter(self.context, self.node_name, len(listed))
+        self._progress.update(self.items_finished())
         return (k for k in listed if k not in done), resumed
+
+    def _progress_end(self) -> None:
+        """The items ran out (or the loop ended): the run's page shows the count they reached."""
+        progress, self._progress = self._progress, None
+        if progress is not None:
+            progress.update(self.items_finished(), final=True)
 
     def _item_for(self, key: str, committer: GroupCommitter) -> Item:
         return Item(self, key, committer)
@@ -448,3 +471,5 @@ class NodeContext:
         degraded = sum(1 for e in entries if e.status == ItemStatus.DEGRADED)
         self.count_items(ItemOutcome.DEGRADED, degraded)
         self.count_items(ItemOutcome.DONE, len(entries) - degraded)
+        if self._progress is not None:
+            self._progress.update(self.items_finished())

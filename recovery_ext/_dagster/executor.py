@@ -360,7 +360,9 @@ class RunScope:
         except StoreError:
             return f"pipeline {own.pipeline_id}: ownership lost ({exc.owner}); nothing written"
         if current.owner == own.owner and current.epoch == own.epoch:
-            return f"pipeline {current.id} already {current.status}"
+            # still this run's: one of its own steps ended the pipeline (its last node completed it, or a
+            # permanent error failed it) before the run did. Said as the run's outcome, not as news from elsewhere.
+            return f"pipeline {current.id} {current.status}" + (f": {current.error}" if current.error else "")
         return f"pipeline {current.id} is no longer this run's (owner now {current.owner}); nothing written"
 
     def _info(self, message: str) -> None:

@@ -22,7 +22,7 @@ from recovery_ext._liveness.heartbeat import HeartbeatSettings, registry_for
 from recovery_ext._store.models import Node, Ownership
 from recovery_ext._classify.redaction import redact
 from recovery_ext._dagster.executor import has_run_liveness, is_run_worker
-from recovery_ext._liveness.parent import watch_run_worker
+from recovery_ext._liveness.parent import dead_run_worker, watch_run_worker
 from recovery_ext._providers.ledger import current_scope
 from recovery_ext._dagster.providers import node_outage_pause
 from recovery_ext._dagster.replay import skipped_metadata
@@ -153,6 +153,10 @@ def run_node(context: Any, resource: RecoveryResource, inputs: dict[str, Any], n
 def _compute(context: Any, resource: RecoveryResource, inputs: dict[str, Any], definition: NodeDefinition) -> Any:
     store = resource.get_store()
     op_name = definition.name
+    if not is_run_worker(context.run_id) and (dead := dead_run_worker()) is not None:
+        # Nothing started, nothing written: the orphan sensor's resume runs this node.
+        raise Failure(description=f"{op_name} not started: its run worker (pid {dead}) died before this step "
+                                  "process began; the pipeline resumes from its checkpoints", allow_retries=False)
     run = NodeRun(context, store, resource, definition.heartbeat or resource.heartbeat_settings(), definition)
     begun = _begin(context, store, run.settings, op_name)
     if begun is not None:  # the common case: one transaction found the pipeline, the node and started it
@@ -217,8 +221,9 @@ def _run_body(run: NodeRun, own: Ownership, inputs: dict[str, Any], node: Node, 
     except (OwnershipLost, StopRequested) as exc:
         lost = watchdog.lost or exc
         if watchdog.lost is None and ctx.run_worker_gone is not None and ctx.run_worker_gone.is_set():
+            # from None: the expected end of a step whose run worker died, one line, no chained traceback
             raise Failure(description="the run worker died; this step process stopped before its next provider "
-                                      "call (the pipeline resumes from its checkpoints)", allow_retries=False) from exc
+                                      "call (the pipeline resumes from its checkpoints)", allow_retries=False) from None
         raise Failure(description=f"superseded by run {getattr(lost, 'owner', None) or 'another run'}; "
                                   "stopped without writing", allow_retries=False) from exc
     except (Failure, RetryRequested):
@@ -251,17 +256,21 @@ def _run_body(run: NodeRun, own: Ownership, inputs: dict[str, Any], node: Node, 
 
 
 def ledger_metadata(store: OpStore, ctx: NodeContext) -> dict[str, Any]:
-    """The node's provider calls, tokens and cost (spent, saved by resume, wasted) as output metadata; only
-    for nodes that recorded calls or kept items from an earlier run (one read)."""
+    """Provider calls as output metadata, labelled by what they count: ``run_provider_calls``, the calls this
+    run made (beside its ``items_done``), and ``node_provider_*``, the node's calls, tokens and cost across all its
+    runs (spent, saved by resume, wasted); only for nodes that recorded calls or kept items from an earlier run
+    (one read)."""
     if not ctx.calls_recorded and not ctx.items_resumed:
         return {}
     ctx.flush_ledger()
+    this_run = {"run_provider_calls": ctx.calls_recorded}
     try:
         figures = store.reports.provider_costs(ctx.pipeline_id).nodes.get(ctx.pipeline_id, {}).get(ctx.node_name)
     except Exception as exc:  # noqa: BLE001 - a report never fails the node
         ctx.log.warning(f"provider ledger not read: {redact(exc)}")
-        return {}
-    return {} if figures is None else {f"provider_{key}": value for key, value in figures.as_dict().items()}
+        return this_run
+    return this_run | ({} if figures is None else {f"node_provider_{key}": value
+                                                    for key, value in figures.as_dict().items()})
 
 
 def _store_outage(exc: BaseException) -> StoreUnavailable | None:

@@ -10,6 +10,7 @@ never fails the op that reports it.
 from __future__ import annotations
 
 import datetime as dt
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -17,7 +18,7 @@ from dagster import DagsterInstance, MetadataValue
 
 from recovery_ext._dagster.compat import EngineEventData
 from recovery_ext._classify.redaction import redact
-from recovery_ext._dagster.tags import TAG_STATE
+from recovery_ext._dagster.tags import TAG_PROGRESS, TAG_STATE
 from recovery_ext._store.statuses import WAITING, PipelineStatus
 from recovery_ext._store.waits import WaitKind, wait_kind
 
@@ -106,3 +107,32 @@ class RunStateReporter:
         the tag is left to the run's own end."""
         report(self.instance, self.run_id, self.job_name, f"recovery-ext: {why} ({self.node})",
                metadata={"node": self.node}, step_key=self.step_key, log=self.log)
+
+# Seconds between two progress reports of one node: a tag write and a log line each, not one per item.
+PROGRESS_EVERY = 5.0
+
+
+class ProgressReporter:
+    """A node's item progress on its Dagster run: the run tag ``recovery/progress`` ("enrich_columns 6/12 items")
+    and a line in the run's log, when the items start, at most every ``every`` seconds, and when they run out."""
+
+    def __init__(self, context: Any, node: str, total: int, *, every: float = PROGRESS_EVERY) -> None:
+        self.instance: DagsterInstance = context.instance
+        self.run_id: str = context.run_id
+        self.log = getattr(context, "log", None)
+        self.node, self.total, self.every = node, total, every
+        self._last = float("-inf")
+
+    def update(self, finished: int, *, final: bool = False) -> None:
+        now = time.monotonic()
+        if not final and now - self._last < self.every:
+            return
+        self._last = now
+        text = f"{self.node} {finished}/{self.total} items"
+        try:
+            self.instance.add_run_tags(self.run_id, {TAG_PROGRESS: text})
+        except Exception as exc:  # noqa: BLE001 - progress shown in the UI never fails the op
+            if self.log is not None:
+                self.log.warning(f"recovery-ext: could not tag run {self.run_id} {TAG_PROGRESS}: {redact(exc)}")
+        if self.log is not None:
+            self.log.info(f"recovery-ext: {text}")

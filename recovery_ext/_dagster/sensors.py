@@ -129,6 +129,8 @@ def make_orphan_sensor(
                                 pipeline_retention_seconds=resource.finished_pipeline_retention_seconds)
         message = f"startup recovery: {outcome.message}" if startup else outcome.message
         stats = outcome.stats
+        # A tick that requested runs shows only "N runs requested" in Dagster's tick list: its summary is in the
+        # tick's logs (a skipped tick shows it as its skip reason).
         if stats.found or outcome.requests or stats.error or outcome.notes:
             context.log.info(message)
         if not outcome.requests:
@@ -190,6 +192,9 @@ def make_stuck_item_sensor(
             return SkipReason("; ".join(parts))
         request = RunRequest(run_key=f"queue-{queue}-{time.time_ns()}", job_name=job_name,
                              run_config=dict(run_config or {}), tags={TAG_QUEUE: queue})
+        # Dagster shows a tick that requested runs as "1 run requested", with no message of the sensor's: the
+        # summary goes to the tick's logs, as a skipped tick's goes to its skip reason.
+        context.log.info("; ".join([*parts, f"requested a run of {job_name}"]))
         return SensorResult(run_requests=[request])
 
     return _ours(stuck_item_sensor, "make_stuck_item_sensor", minimum_interval_seconds)

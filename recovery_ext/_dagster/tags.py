@@ -25,3 +25,6 @@ TAG_OP_SELECTION = "recovery/op_selection"
 # What the run's pipeline is doing now, for the UI: `waiting` while it waits out a provider outage,
 # `running` once it goes on.
 TAG_STATE = "recovery/state"
+
+# A node's item progress, for the run's page in the UI: "enrich_columns 6/12 items" (the node that reported last).
+TAG_PROGRESS = "recovery/progress"

@@ -44,6 +44,16 @@ def _alive(pid: int) -> bool:
     return True
 
 
+def dead_run_worker() -> int | None:
+    """In a step process, before its step begins: the pid of the run worker that started it if that process is
+    gone already, else None. A step process can take seconds to start on a busy machine; its parent may be dead
+    by then, and the watch below sees only a parent that changes while it watches."""
+    named = os.environ.get(RUN_WORKER_PID_ENV, "")
+    if named.isdigit() and int(named) != os.getpid() and not _alive(int(named)):
+        return int(named)
+    return None
+
+
 def watch_run_worker(poll: float = DEFAULT_POLL) -> threading.Event:
     """In a step process: start watching the run worker (once per process); returns :data:`RUN_WORKER_GONE`."""
     with _lock:

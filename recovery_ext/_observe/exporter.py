@@ -11,7 +11,7 @@ import logging
 import signal
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, start_http_server
@@ -20,9 +20,10 @@ from prometheus_client.registry import Collector
 
 from recovery_ext._classify.redaction import redact
 from recovery_ext._errors import RecoveryError
-from recovery_ext._store.observability import PIPELINE_LABELS, MetricsSnapshot
+from recovery_ext._store.observability import PIPELINE_LABELS, RECLAIM_CAUSES, RESUME_CAUSES, MetricsSnapshot
 from recovery_ext._store.schema import BREAKER_STATES
-from recovery_ext._store.statuses import QueueStatus
+from recovery_ext._store.statuses import ItemStatus, PipelineStatus, QueueStatus
+from recovery_ext._store.waits import WaitKind
 from recovery_ext._store.interfaces import CliStore
 from recovery_ext._store.store import RecoveryStore
 
@@ -146,32 +147,54 @@ class RecoveryCollector(Collector):
 
 
 def snapshot_families(s: MetricsSnapshot) -> Iterator[Metric]:
-    """The samples of one snapshot, one family per metric."""
+    """The samples of one snapshot, one family per metric.
+
+    A series with nothing to count reads 0 rather than being absent: every reclaim and resume cause, every
+    status of each known (deployment, job) and queue, and each known job's waiting, expired, item and
+    saved/wasted series (a rate or an alert needs the series before the first event)."""
     pipelines = PIPELINES.family(s.pipeline_labels)
-    for values, n in s.pipelines:
-        pipelines.add_metric([_text(v) for v in values], n)
+    status_at = s.pipeline_labels.index("status")
+    pipeline_counts = {tuple(_text(v) for v in values): n for values, n in s.pipelines}
+    for key in {k[:status_at] + k[status_at + 1:] for k in pipeline_counts}:
+        for pipeline_status in PipelineStatus:
+            pipeline_counts.setdefault(key[:status_at] + (pipeline_status.value,) + key[status_at:], 0)
+    for values, n in sorted(pipeline_counts.items()):
+        pipelines.add_metric(list(values), n)
     yield pipelines
+    job_at = s.pipeline_labels.index("dagster_job")
+    jobs = sorted({_text(values[job_at]) for values, _ in s.pipelines})
     waiting = WAITING.family()
-    for job, kind, n in s.waiting_pipelines:
-        waiting.add_metric([_text(job), kind], n)
+    waiting_counts = {(_text(job), str(on)): count for job, on, count in s.waiting_pipelines}
+    for job in jobs:  # every known job and kind of wait reads 0 rather than being absent
+        for wait_kind in WaitKind:
+            waiting_counts.setdefault((job, wait_kind.value), 0)
+    for (job, on), count in sorted(waiting_counts.items()):
+        waiting.add_metric([job, on], count)
     yield waiting
-    yield _by_one(EXPIRED, s.expired_pipelines)
+    yield _by_one(EXPIRED, s.expired_pipelines, jobs)
     oldest = OLDEST_HEARTBEAT.family()
     oldest.add_metric([], s.oldest_heartbeat_age_seconds or 0.0)
     yield oldest
-    yield _by_one(RECLAIMS, s.reclaims)
-    yield _by_one(RESUME_RUNS, s.resume_runs)
+    yield _by_one(RECLAIMS, s.reclaims, RECLAIM_CAUSES)
+    yield _by_one(RESUME_RUNS, s.resume_runs, RESUME_CAUSES)
     given_up = GIVEN_UP.family()
     given_up.add_metric([], s.given_up)
     yield given_up
     items = ITEMS.family()
-    for job, status, n in s.items:
-        items.add_metric([_text(job), _text(status)], n)
+    item_counts = {(_text(job), _text(status)): n for job, status, n in s.items}
+    for job in jobs:
+        for item_status in ItemStatus:
+            item_counts.setdefault((job, item_status.value), 0)
+    for (job, status), n in sorted(item_counts.items()):
+        items.add_metric([job, status], n)
     yield items
     queued, depth, dead = QUEUE_ITEMS.family(), QUEUE_DEPTH.family(), QUEUE_DEAD.family()
     queues = sorted({q for q, _, _ in s.queue_items})
     counts = {(q, status): n for q, status, n in s.queue_items}
-    for queue, status, n in s.queue_items:
+    for queue in queues:
+        for queue_status in QueueStatus:
+            counts.setdefault((queue, queue_status.value), 0)
+    for (queue, status), n in sorted(counts.items(), key=lambda kv: (_text(kv[0][0]), _text(kv[0][1]))):
         queued.add_metric([_text(queue), _text(status)], n)
     for queue in queues:  # every known queue shows its depth and dead items, 0 included
         depth.add_metric([_text(queue)], counts.get((queue, QueueStatus.READY), 0))
@@ -187,7 +210,7 @@ def snapshot_families(s: MetricsSnapshot) -> Iterator[Metric]:
         failures.add_metric([endpoint], b["consecutive_failures"])
     yield state
     yield failures
-    yield from _provider_families(s)
+    yield from _provider_families(s, jobs)
     yield from _spend_cap_families(s)
 
 
@@ -201,7 +224,7 @@ def _spend_cap_families(s: MetricsSnapshot) -> Iterator[Metric]:
         yield family
 
 
-def _provider_families(s: MetricsSnapshot) -> Iterator[Metric]:
+def _provider_families(s: MetricsSnapshot, jobs: list[str]) -> Iterator[Metric]:
     calls, tokens, cost = PROVIDER_CALLS.family(), PROVIDER_TOKENS.family(), PROVIDER_COST.family()
     spent_cost: dict[tuple[str, str], float] = {}
     for job, model, outcome, n, _, _, money in s.provider_calls:
@@ -223,18 +246,23 @@ def _provider_families(s: MetricsSnapshot) -> Iterator[Metric]:
     skipped = LEDGER_SKIPPED.family()
     skipped.add_metric([], s.skipped_ledger_rows)
     yield skipped
+    costs = {_text(job): figures for job, figures in s.provider_costs.items()}
     for fate, specs in FATES.items():
         for what, spec in specs.items():
             family = spec.family()
-            for job, figures in sorted(s.provider_costs.items()):
-                family.add_metric([_text(job)], float(figures[f"{fate}_{what}"]))
+            for job in sorted(set(costs) | set(jobs)):
+                family.add_metric([job], float(costs[job][f"{fate}_{what}"]) if job in costs else 0.0)
             yield family
 
 
-def _by_one(spec: MetricSpec, rows) -> Metric:
+def _by_one(spec: MetricSpec, rows, known: Iterable[str] = ()) -> Metric:
+    """One sample per label value: each of ``rows``, and 0 for each ``known`` value with no row."""
     family = spec.family()
-    for label, n in rows:
-        family.add_metric([_text(label)], n)
+    counts = {_text(label): n for label, n in rows}
+    for label in known:
+        counts.setdefault(label, 0)
+    for label, n in sorted(counts.items()):
+        family.add_metric([label], n)
     return family
 
 
@@ -244,23 +272,41 @@ def _text(value) -> str:
 
 def registry_for(store: CliStore) -> CollectorRegistry:
     """A registry holding only the recovery collector (no process or platform metrics of the exporter)."""
+    return _registry(RecoveryCollector(store))
+
+
+def _registry(collector: RecoveryCollector) -> CollectorRegistry:
     registry = CollectorRegistry(auto_describe=True)
-    registry.register(RecoveryCollector(store))
+    registry.register(collector)
     return registry
 
 
 class MetricsServer:
-    """The exporter's HTTP server on ``host:port`` (``port`` 0: any free port), in a background thread."""
+    """The exporter's HTTP server on ``host:port`` (``port`` 0: any free port), in a background thread.
+
+    It listens before it touches the database: an exporter started while the database is down, locked or
+    silent serves ``recovery_database_up 0`` and reports it up once it answers."""
 
     def __init__(self, store: CliStore, host: str, port: int) -> None:
-        self.server, self._thread = start_http_server(port, addr=host, registry=registry_for(store))
+        self.collector = RecoveryCollector(store)
+        self.server, self._thread = start_http_server(port, addr=host, registry=_registry(self.collector))
         self.host, self.port = host, self.server.server_port
 
-    def serve_until_stopped(self) -> None:
-        """Block until SIGINT or SIGTERM, then stop serving."""
+    def check_database(self) -> None:
+        """Read the schema's version and the tables once, within a scrape's timeouts: MigrationError for a
+        newer release's tables, another RecoveryError for a database that cannot be read now."""
+        store = self.collector.store
+        store.check_schema()
+        store.reports.scrape_snapshot(timeout=self.collector.timeout)
+
+    def serve_until_stopped(self, first: Callable[[], None] = lambda: None) -> None:
+        """Run ``first`` and block until SIGINT or SIGTERM, then stop serving (``first`` raising stops it too).
+
+        A signal that arrives while ``first`` runs stops the server once it returns."""
         stop = threading.Event()
         previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
         try:
+            first()
             stop.wait()
         finally:
             for sig, handler in previous.items():

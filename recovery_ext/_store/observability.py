@@ -38,6 +38,10 @@ ITEM_TIMES_LIMIT = 50_000
 
 RESUME_EVENTS: dict[str, str | None] = {"reclaimed": None, "taken_over": "re_execution",
                                         "reopened_for_degraded": "redo_degraded"}
+# Every cause a reclaim reports (the recovery scan's reason), and so every cause of a resume run: the exporter
+# shows each one from the start, 0 until it happens.
+RECLAIM_CAUSES: tuple[str, ...] = ("heartbeat", "node_heartbeat", "node_died", "owner_run_dead", "deadline", "stalled")
+RESUME_CAUSES: tuple[str, ...] = (*RECLAIM_CAUSES, *(c for c in RESUME_EVENTS.values() if c))
 # Every pipeline transition a Prometheus counter counts: a prune keeps these (a counter never goes backwards).
 COUNTED_TRANSITION_EVENTS: tuple[str, ...] = (*RESUME_EVENTS, "given_up")
 

@@ -72,6 +72,12 @@ def test_config_class_typed_resource_and_output_metadata_of_an_op(defs, instance
     assert metadata["custom"].value == "yes" and metadata["recovery"].value == f"completed in run {result.run_id}"
 
 
+def run_end_messages(instance, run_id: str) -> list[str]:
+    """What the run worker logged about its pipeline as the run ended."""
+    return [e.user_message for e in instance.all_logs(run_id) if e.user_message.startswith("recovery-ext: pipeline ")
+            and " provider calls: " not in e.user_message]
+
+
 def test_a_finished_asset_is_not_run_again_in_its_pipeline_nor_materialized_twice(defs, instance, store):
     """A full re-execution of a failed run takes its pipeline over: the finished asset's step does
     not run (no item redone, no second materialization) and downstream gets the value its IO
@@ -88,6 +94,9 @@ def test_a_finished_asset_is_not_run_again_in_its_pipeline_nor_materialized_twic
         first_id = first.run_id
     (pipeline,) = store.reports.list_pipelines()
     assert store.pipelines.get_pipeline(pipeline.id).status == "failed"
+    # its step failed the pipeline for good: the run's end says so, not that the pipeline was "already" failed
+    assert run_end_messages(instance, first_id) == [
+        f"recovery-ext: pipeline {pipeline.id} failed: {store.pipelines.get_pipeline(pipeline.id).error}"]
     asset_defs.SEEN.clear()
     # in-process re-execution leaves out the tags the UI's re-execution carries: set them as it does
     parent = {"dagster/parent_run_id": first_id, "dagster/root_run_id": first_id}
@@ -97,6 +106,7 @@ def test_a_finished_asset_is_not_run_again_in_its_pipeline_nor_materialized_twic
         second_id = second.run_id
     assert not [s for s in asset_defs.SEEN if "item" in s]  # nothing recomputed
     assert store.pipelines.get_pipeline(pipeline.id).status == "completed" and len(store.reports.list_pipelines()) == 1
+    assert run_end_messages(instance, second_id) == [f"recovery-ext: pipeline {pipeline.id} completed"]
     (words,) = materializations(instance, "words")
     assert words.metadata["recovery"].value == f"completed in run {first_id}"
     started = {e.step_key for e in instance.all_logs(second_id, of_type=DagsterEventType.STEP_START)}

@@ -75,7 +75,8 @@ def test_every_metric_counts_what_the_tables_hold(store):
     assert m[running] == 2
     assert m[("recovery_pipelines", (("dagster_job", "ocr"), ("deployment", "eu"), ("status", "running")))] == 2
     assert m[("recovery_pipelines_waiting", (("dagster_job", "ocr"), ("waiting_on", "provider outage")))] == 1
-    assert ("recovery_pipelines_heartbeat_expired", (("dagster_job", "ocr"),)) not in m
+    assert m[("recovery_pipelines_waiting", (("dagster_job", "ocr"), ("waiting_on", "spend cap")))] == 0  # not absent
+    assert m[("recovery_pipelines_heartbeat_expired", (("dagster_job", "ocr"),))] == 0  # reclaimed: 0, not absent
     assert m[("recovery_reclaims_total", (("cause", "heartbeat"),))] == 2
     assert m[("recovery_resume_runs_total", (("cause", "heartbeat"),))] == 2
     assert m[("recovery_resume_runs_total", (("cause", "re_execution"),))] == 1
@@ -101,7 +102,7 @@ def test_exporters_keep_no_state_and_agree(db_url):
         early = scrape(first)
         crash_and_resume(first)
         later = scrape(second)
-        assert ("recovery_reclaims_total", (("cause", "heartbeat"),)) not in early
+        assert early[("recovery_reclaims_total", (("cause", "heartbeat"),))] == 0  # 0 before the first reclaim
         assert later[("recovery_reclaims_total", (("cause", "heartbeat"),))] == 1
         again = scrape(first)
         assert {k: v for k, v in again.items() if "scrape_duration" not in k[0]} == \

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 from dagster import DagsterInstance
-from sqlalchemy import delete, func, inspect, select, update
+from sqlalchemy import create_engine, delete, event, func, inspect, select, text, update
+from sqlalchemy.exc import OperationalError
 from werkzeug import Response
 
 import e2e_defs
@@ -52,6 +53,33 @@ def test_fresh_run_completes_the_pipeline_in_process(store, db_url):
     assert [n.status for n in store.pipelines.list_nodes(p.id)] == ["completed"] * 4
     assert call_counts(store) == {n: 3 for n in NODES}
     assert result.output_for_node("n4") == {"node": "n4", "items": ["n4-0", "n4-1", "n4-2"]}
+
+
+def test_the_job_s_call_record_never_fails_on_a_commit_between_its_read_and_its_write(store, db_url):
+    """Another connection (the run's heartbeat) commits just after the record has read whether its table exists.
+    A read-then-write transaction failed there at once on SQLite (`database is locked`, no busy wait for a stale
+    snapshot): the op saw a transient error and retried, and tests counting retries counted one more."""
+    interleaved = []
+
+    @event.listens_for(store.engine, "after_cursor_execute")
+    def commit_from_elsewhere(conn, cursor, statement, *_):
+        if interleaved or "table_info" not in statement and "pg_catalog" not in statement:
+            return
+        interleaved.append(statement)
+        other = create_engine(db_url.replace("postgresql://", "postgresql+psycopg://"),
+                              connect_args={"timeout": 0} if db_url.startswith("sqlite") else {})
+        try:
+            with other.begin() as elsewhere:  # what a heartbeat does: one short write, committed
+                elsewhere.execute(text("CREATE TABLE IF NOT EXISTS heartbeat_stand_in (at REAL)"))
+                elsewhere.execute(text("INSERT INTO heartbeat_stand_in VALUES (1.0)"))
+        except OperationalError:
+            pass  # the record holds the write lock already: nobody commits in between, as it must be
+        finally:
+            other.dispose()
+
+    e2e_defs.record_call(store, "run-1", "n1", "n1-0")
+    event.remove(store.engine, "after_cursor_execute", commit_from_elsewhere)
+    assert interleaved and call_counts(store) == {"n1": 1}
 
 
 def crash_state(store, pipeline_id, *, running="n3", keep_items=1):

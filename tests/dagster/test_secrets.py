@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 from click.testing import CliRunner
@@ -25,6 +26,16 @@ SECRETS = (SOURCE_PASSWORD, APP_PASSWORD, API_KEY)
 
 def with_password(url: str, password: str) -> str:  # trust auth accepts any password: it is only planted
     return url.replace("postgresql://postgres@", f"postgresql://postgres:{password}@")
+
+
+def with_port_typo(url: str) -> str:
+    """``url`` with its port mistyped (``54x2``), whatever port the test server listens on (RECOVERY_TEST_PG)."""
+    parts = urlsplit(url)
+    port = str(parts.port or 5432)
+    netloc = parts.netloc.rsplit(":", 1)[0] if parts.port else parts.netloc
+    typo = urlunsplit(parts._replace(netloc=f"{netloc}:{port[:2]}x{port[3:]}"))
+    assert typo != url and parts.hostname in typo
+    return typo
 
 
 @pytest.fixture
@@ -50,11 +61,22 @@ def files_containing(folder: Path, secret: str) -> list[str]:
     return [str(p) for p in folder.rglob("*") if p.is_file() and needle in p.read_bytes()]
 
 
-@pytest.mark.parametrize("source_port", ["5432", "54x2"], ids=["valid-url", "port-typo"])
-def test_planted_passwords_and_api_key_appear_nowhere(source_port, source_db, pg_url, tmp_path, monkeypatch, caplog,
+@pytest.mark.parametrize("url,typo", [
+    ("postgresql://postgres:pw@127.0.0.1:5432/db", "postgresql://postgres:pw@127.0.0.1:54x2/db"),
+    ("postgresql://postgres@127.0.0.1:6543/db", "postgresql://postgres@127.0.0.1:65x3/db"),
+    ("postgresql://postgres@localhost/db", "postgresql://postgres@localhost:54x2/db"),
+])
+def test_the_port_typo_is_made_whatever_the_test_server_s_port(url, typo):
+    assert with_port_typo(url) == typo
+
+
+@pytest.mark.parametrize("port_typo", [False, True], ids=["valid-url", "port-typo"])
+def test_planted_passwords_and_api_key_appear_nowhere(port_typo, source_db, pg_url, tmp_path, monkeypatch, caplog,
                                                       capfd):
     app_url = with_password(pg_url, APP_PASSWORD)
-    source_url = with_password(source_db, SOURCE_PASSWORD).replace(":5432/", f":{source_port}/")
+    source_url = with_password(source_db, SOURCE_PASSWORD)
+    if port_typo:
+        source_url = with_port_typo(source_url)
     home = tmp_path / "dagster_home"
     home.mkdir()
     monkeypatch.setenv("RECOVERY_DATABASE_URL", app_url)
@@ -67,13 +89,13 @@ def test_planted_passwords_and_api_key_appear_nowhere(source_port, source_db, pg
     defs = build_definitions()
     with DagsterInstance.local_temp(str(home)) as instance:
         result = execute_in_process(defs.get_job_def("ontology_extraction"), instance=instance, raise_on_error=False)
-    assert result.success == (source_port == "5432")
+    assert result.success == (not port_typo)
     store = RecoveryStore(app_url)
     (p,) = store.reports.list_pipelines()
     cli_output = "".join(CliRunner().invoke(main, ["--database-url", app_url, *args]).output for args in (
         ["status"], ["pipelines", "list"], ["pipelines", "show", str(p.id)], ["pipelines", "show", str(p.id),
                                                                                 "--json"], ["events", "--json"]))
-    cli_output += CliRunner().invoke(main, ["--database-url", app_url.replace(":5432/", ":54x2/"), "status"]).output
+    cli_output += CliRunner().invoke(main, ["--database-url", with_port_typo(app_url), "status"]).output
     store.close()
     captured = capfd.readouterr()
     logs = caplog.text + captured.out + captured.err
@@ -82,7 +104,7 @@ def test_planted_passwords_and_api_key_appear_nowhere(source_port, source_db, pg
         assert files_containing(home, secret) == [], secret
         assert secret not in logs, secret
         assert secret not in cli_output, secret
-    if source_port == "54x2":
+    if port_typo:
         assert "postgres:***@" in logs  # the error names the URL, redacted
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import logging
 from pathlib import Path
 
 import pytest
@@ -423,3 +424,24 @@ def test_the_deployment_is_derived_from_the_instance_unless_named(monkeypatch):
         assert RecoveryResource(deployment="blue").deployment_name(one) == "blue"
         monkeypatch.setenv("RECOVERY_DEPLOYMENT", "green")
         assert RecoveryResource().deployment_name(one) == "green"
+
+
+class Lines(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+
+def test_a_tick_that_requests_a_run_logs_its_summary(store, db_url, instance):
+    """Dagster shows a requesting tick as "1 run requested" only: the summary must be in the tick's logs."""
+    store.queue.enqueue("ocr", [{"n": 1}, {"n": 2}])
+    sensor = make_stuck_item_sensor(make_ocr_job(), "ocr", run_config={"ops": {}})
+    ctx = build_sensor_context(instance=instance, resources={"recovery": RecoveryResource(database_url=db_url)})
+    tick_logs = Lines()
+    ctx.log.addHandler(tick_logs)  # the tick's logger: what Dagster keeps as the tick's logs
+    result = sensor.evaluate_tick(ctx)
+    assert len(result.run_requests) == 1
+    assert tick_logs.lines == ["queue ocr: 0 reset, 0 dead, 2 ready; requested a run of ocr_documents"]

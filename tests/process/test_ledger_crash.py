@@ -117,8 +117,8 @@ def test_kill_9_of_the_run_worker_mid_call_stops_its_step_and_the_ledger_agrees(
     assert figures.calls == first_run_calls + (ITEMS - kept_before) + 1  # the resume: the rest and the summary
     ask = [e for e in result.all_events if e.step_key == "ask" and e.event_type == DagsterEventType.STEP_OUTPUT]
     metadata = ask[0].step_output_data.metadata
-    assert metadata["provider_saved_calls"].value == kept_before
-    assert metadata["provider_wasted_calls"].value == wasted
+    assert metadata["node_provider_saved_calls"].value == kept_before
+    assert metadata["node_provider_wasted_calls"].value == wasted
     assert any(f"provider calls: {figures.calls}" in m for m in engine_events)
 
 

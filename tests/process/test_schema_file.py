@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import configparser
 import os
 import subprocess
 import sys
@@ -36,6 +37,18 @@ def test_the_wheel_is_the_library_with_its_sql_and_type_marker(wheel):
     assert not [name for name in names if name.split("/")[0] not in {"recovery_ext"} and ".dist-info/" not in name]
 
 
+def test_the_wheel_registers_only_commands_it_ships(wheel):
+    """The demo pipelines stay in the repository: a wheel that registered `demo` warned on every CLI command."""
+    archive = zipfile.ZipFile(wheel)
+    entry_points = configparser.ConfigParser(delimiters=("=",))
+    entry_points.read_string(archive.read(next(n for n in archive.namelist() if n.endswith("entry_points.txt")))
+                             .decode())
+    shipped = {name.split("/")[0] for name in archive.namelist() if ".dist-info/" not in name}
+    assert entry_points["console_scripts"]["recovery-ext"] == "recovery_ext._cli:main"
+    commands = entry_points["recovery_ext.commands"] if entry_points.has_section("recovery_ext.commands") else {}
+    assert {name: target for name, target in commands.items() if target.split(".")[0] not in shipped} == {}
+
+
 def test_a_fresh_venv_with_the_wheel_migrates_both_databases(wheel, tmp_path, pg_url):
     """The wheel installed into a new venv, away from the checkout: its own SQL migrates SQLite and PostgreSQL.
 
@@ -60,6 +73,7 @@ def test_a_fresh_venv_with_the_wheel_migrates_both_databases(wheel, tmp_path, pg
         done = subprocess.run([str(venv / "bin" / "recovery-ext"), "--database-url", url, "migrate"], cwd=tmp_path,
                               env=env, capture_output=True, text=True)
         assert done.returncode == 0, done.stdout + done.stderr
+        assert "warning" not in done.stderr, done.stderr   # no command registered that the wheel cannot load
         engine = create_engine(url.replace("postgresql://", "postgresql+psycopg://"))
         with engine.connect() as conn:
             assert conn.scalar(text("SELECT max(version) FROM rx_schema_migrations")) >= 13

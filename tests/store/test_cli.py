@@ -87,10 +87,13 @@ def test_reset_stuck_dry_run_job_id_and_summary(cli, store):
     with store.write() as conn:  # legacy rows: no heartbeat deadline, started 20 min ago
         conn.execute(update(queue_items).values(started_at=store.dialect.now_plus(-1200), heartbeat_deadline=None))
     dry = cli("reset-stuck", "--dry-run")
-    assert "Found 2 stuck item(s)" in dry.stdout and "Dry run" in dry.stdout
+    assert "found 2 stuck item(s)" in dry.stdout and "dry run: nothing was changed" in dry.stdout
     assert store.queue.get_item(a.id).status == "processing"
     one = cli("reset-stuck", "--job-id", str(a.id))
-    assert f"Item {a.id} (ocr): processing" in one.output and "Total stuck items reset: 1" in one.stdout
+    assert f"item {a.id} (ocr): processing" in one.output and "reset 1 stuck item(s)" in one.stdout
+    # the same voice as the other commands: no banner of its own
+    assert not [line for result in (dry, one) for line in result.output.splitlines() if line.startswith("===")]
+    assert "threshold 10 min" in dry.output
     assert store.queue.get_item(a.id).status == "ready" and store.queue.get_item(b.id).status == "processing"
     assert as_json(cli("reset-stuck", "--threshold", "25m", "--json"))["reset"] == []
     rest = as_json(cli("reset-stuck", "--threshold", "15m", "--json"))
@@ -195,3 +198,10 @@ def test_a_psycopg2_url_is_accepted_as_psycopg_3(pg_url):
     assert CliRunner().invoke(main, ["--database-url", url, "migrate"]).exit_code == 0
     result = CliRunner().invoke(main, ["--database-url", url, "status", "--json"])
     assert result.exit_code == 0 and json.loads(result.stdout)["pipelines"] == []
+
+
+def test_prune_says_its_age_in_human_units(cli):
+    """`--older-than 90d` was echoed as "129600.0 min"."""
+    assert "finished more than 90 days ago" in cli("prune", "--older-than", "90d", "--dry-run").output
+    assert "finished more than 12 h ago" in cli("prune", "--older-than", "12h", "--dry-run").output
+    assert "finished more than 1 day ago" in cli("prune", "--older-than", "1d", "--dry-run").output

@@ -37,8 +37,11 @@ NODE_CONFIG = {
 
 
 def record_call(store, run_id: str, node: str, item: str) -> None:
-    calls_metadata.create_all(store.engine, checkfirst=True)
-    with store.engine.begin() as conn:
+    # One write transaction (BEGIN IMMEDIATE on SQLite) that holds the write lock before it reads whether the
+    # table exists: a deferred one read first, and a heartbeat committed in between made its CREATE fail at once
+    # with `database is locked` (SQLite skips the busy wait for a stale snapshot), a retry the test then counted.
+    with store.write() as conn:
+        calls_metadata.create_all(conn, checkfirst=True)
         conn.execute(insert(calls).values(run_id=run_id, node=node, item=item, pid=os.getpid(), ppid=os.getppid(),
                                           at=time.time()))
 

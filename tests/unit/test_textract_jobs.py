@@ -31,13 +31,15 @@ def requests(*names):
 
 
 def test_a_start_under_the_same_token_answers_the_same_jobs_and_results_come_page_by_page(scans):
-    with TextractProvider({"scans": scans}, duration=0.2) as provider:
+    # The jobs run until the test finishes them: a job on a clock could end before its RUNNING is checked.
+    with TextractProvider({"scans": scans}, duration=None) as provider:
         jobs = TextractJobs.connect(region_name="us-east-1", endpoint_url=provider.url, max_results=2,
                                     price_per_page=0.0015)
         job_id = jobs.submit(requests("a.pdf", "b.pdf"), "t" * 32)
         assert jobs.submit(requests("a.pdf", "b.pdf"), "t" * 32) == job_id  # a resume's submission
         assert provider.submissions == 2 and set(provider.starts.values()) == {2}
         assert jobs.status(job_id) == RUNNING
+        provider.finish_jobs()
         wait_for(lambda: jobs.status(job_id) == COMPLETED, timeout=30, interval=0.05, what="the jobs")
         gets = provider.gets
         results = jobs.results(job_id)

@@ -1,0 +1,62 @@
+"""A step process whose run worker died before the step began (it took seconds to start on a busy machine) does not
+start its step: no node row moves to running, no body runs, and the step fails with one plain line, no chained
+traceback of our own. The resume does the node."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from dagster import DagsterEventType
+from sqlalchemy import inspect
+
+from e2e_defs import calls, items_job_inprocess
+from recovery_ext import RecoveryResource, execute_in_process
+from recovery_ext._dagster import executor, recoverable
+from recovery_ext._liveness import parent
+from recovery_ext._liveness.parent import RUN_WORKER_PID_ENV
+
+
+def dead_pid() -> int:
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
+def run_items_job(db_url):
+    return execute_in_process(items_job_inprocess, raise_on_error=False, run_config={"ops": {
+        n: {"config": {"items": 2, "item_seconds": 0.0}} for n in ("n1", "n2", "n3", "n4")}},
+        resources={"recovery": RecoveryResource(database_url=db_url, heartbeat_interval=0.5, heartbeat_timeout=3)})
+
+
+def test_a_step_whose_run_worker_is_already_dead_does_not_start(store, db_url, monkeypatch):
+    # The ops run in this process as a step process runs them: not the run worker, which is another process,
+    # named in the environment as run workers name themselves to their step processes, and dead.
+    monkeypatch.setattr(recoverable, "is_run_worker", lambda run_id: False)
+    monkeypatch.setattr(executor, "mark_run_worker", lambda: None)
+    monkeypatch.setenv(RUN_WORKER_PID_ENV, str(dead_pid()))
+    result = run_items_job(db_url)
+    assert not result.success
+    (failure,) = [e for e in result.all_events if e.event_type == DagsterEventType.STEP_FAILURE]
+    assert failure.step_key == "n1"
+    error = failure.event_specific_data.error
+    assert "its run worker" in error.message and "not started" in error.message
+    assert error.cause is None  # one plain failure, no chained exception of ours
+    (p,) = store.reports.list_pipelines()
+    assert [n.status for n in store.pipelines.list_nodes(p.id)] == ["pending"] * 4  # never started
+    with store.read() as conn:  # no body ran: the job's call record was never even created
+        assert not inspect(conn).has_table(calls.name)
+
+
+def test_a_step_whose_run_worker_dies_mid_way_fails_with_one_plain_line(store, db_url, monkeypatch):
+    """The expected end of a step that outlived its run worker: a failure that says so, without the chained
+    traceback of the StopRequested that stopped it."""
+    monkeypatch.setattr(recoverable, "is_run_worker", lambda run_id: False)
+    parent.RUN_WORKER_GONE.set()  # what the watch thread sets once the run worker died
+    try:
+        result = run_items_job(db_url)
+    finally:
+        parent.RUN_WORKER_GONE.clear()
+    (failure,) = [e for e in result.all_events if e.event_type == DagsterEventType.STEP_FAILURE]
+    error = failure.event_specific_data.error
+    assert "the run worker died" in error.message and error.cause is None
