@@ -27,7 +27,7 @@ from recovery_ext._settings import check_seconds, env_seconds
 from recovery_ext._errors import ConfigurationError, OwnershipLost, StopRequested
 from recovery_ext._store.models import Ownership
 from recovery_ext._classify.redaction import redact
-from recovery_ext._liveness.processes import become_watcher
+from recovery_ext._processes import become_watcher
 from recovery_ext._liveness.watch import ProcessWatch
 from recovery_ext._store.interfaces import LivenessStore
 

@@ -2,7 +2,7 @@
 
 A run worker is the parent of its multiprocess step processes; a Celery worker's main process is
 the parent of its pool processes. Each step records on its node which process it is and which
-process watches it (:mod:`recovery_ext._liveness.processes`). :class:`ProcessWatch` reads the
+process watches it (:mod:`recovery_ext._processes`). :class:`ProcessWatch` reads the
 running nodes this process watches, looks each step process up in the kernel and writes the
 verdict back: a live process's node is vouched for (it is not an orphan even when its own
 heartbeat is late, only slow), a dead one's node is reported dead at once, so the orphan sensor
@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from recovery_ext._classify.redaction import redact
-from recovery_ext._liveness.processes import become_watcher, is_alive, this_process
+from recovery_ext._processes import become_watcher, is_alive, this_process
 from recovery_ext._store.vouch import WatchedNode
 
 log = logging.getLogger("recovery_ext._liveness.watch")

@@ -18,7 +18,7 @@ from typing import Any, Protocol
 from sqlalchemy import Connection, Float, bindparam, func, select, type_coerce, update
 
 from recovery_ext._errors import IllegalTransition, NotFound, OwnershipLost, UnfinishedItems
-from recovery_ext._liveness.processes import this_process, watcher_of_this_process
+from recovery_ext._processes import this_process, watcher_of_this_process
 from recovery_ext._store import hot_path
 from recovery_ext._store.database import is_retry
 from recovery_ext._store.dialects import Dialect

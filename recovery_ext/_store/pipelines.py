@@ -27,7 +27,7 @@ from sqlalchemy import Connection, func, insert, select, update
 from sqlalchemy.exc import IntegrityError
 
 from recovery_ext._conventions import placeholder_owner
-from recovery_ext._liveness.processes import this_process, watcher_of_this_process
+from recovery_ext._processes import this_process, watcher_of_this_process
 from recovery_ext._store.database import chunks, is_retry, retried
 from recovery_ext._store.node_transitions import NODE_TRANSITIONS, NodeTransitions, illegal, lost, transitions_for
 from recovery_ext._store.ledger import LedgerWrites

@@ -1,7 +1,7 @@
 """What the process that knows says about the step processes it watches.
 
 A step process records on its running node which process it is and which process watches it
-(:mod:`recovery_ext._liveness.processes`). The watcher (the run worker, or a Celery worker's main
+(:mod:`recovery_ext._processes`). The watcher (the run worker, or a Celery worker's main
 process) reads the running nodes it watches, looks each process up, and writes back in one
 transaction: ``vouched_until`` for the live ones, ``died_at`` for the dead ones. Each write names
 the node by id *and* process key and requires it still running under the run that started it

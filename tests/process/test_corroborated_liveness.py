@@ -21,7 +21,7 @@ from helpers import reclaim
 from sqlalchemy import update
 
 from recovery_ext._liveness.heartbeat import HeartbeatRegistry, HeartbeatSettings
-from recovery_ext._liveness.processes import WATCHER_ENV, is_alive, process_key, this_process
+from recovery_ext._processes import WATCHER_ENV, is_alive, process_key, this_process
 from recovery_ext._liveness.watch import ProcessWatch
 from recovery_ext._store.models import Ownership, PassPlan
 from recovery_ext._store.schema import nodes, pipelines
