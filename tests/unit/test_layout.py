@@ -1,4 +1,4 @@
-"""The package's shape: a public face, private modules, layers without cycles, pipelines apart."""
+"""The package's shape: a public face, private modules, layers in order and without cycles, pipelines apart."""
 
 from __future__ import annotations
 
@@ -138,6 +138,60 @@ def test_no_import_cycles_between_library_modules():
         if name not in state:
             visit(name)
     assert cycles == []
+
+
+# The layers, lowest first, as docs/explanation/architecture.md draws them. A module imports its own package and
+# the packages of lower layers; packages that share a layer do not import each other.
+LAYERS: list[set[str]] = [
+    {"_errors"},
+    {"_settings", "_conventions", "_processes"},
+    {"_classify"},
+    {"_store"},
+    {"_liveness", "_providers", "_recovery"},
+    {"_observe"},
+    {"_dagster"},
+    {"_cli", "__init__"},
+]
+
+
+def _package_of(module: str) -> str:
+    """``recovery_ext._store.pipelines`` -> ``_store``; the package itself -> ``__init__``."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "__init__"
+
+
+def _layer_of(package: str) -> int:
+    return next(i for i, layer in enumerate(LAYERS) if package in layer)
+
+
+def _upward_imports(graph: dict[str, set[str]]) -> list[str]:
+    """``importer -> imported`` for each import of a package in the same layer or a higher one."""
+    found = []
+    for name, imported in sorted(graph.items()):
+        own = _package_of(name)
+        for other_module in sorted(m for m in imported if m in graph):
+            other = _package_of(other_module)
+            if other != own and _layer_of(other) >= _layer_of(own):
+                found.append(f"{name} -> {other_module}")
+    return found
+
+
+def test_every_library_package_has_a_layer():
+    assert sorted({_package_of(name) for name in _library_modules()} - set().union(*LAYERS)) == []
+
+
+def test_each_layer_imports_only_the_layers_below_it():
+    graph = {name: _imports(path) for name, path in _library_modules().items()}
+    assert _upward_imports(graph) == []
+
+
+def test_the_layer_check_sees_an_import_that_runs_back_up():
+    graph = {"recovery_ext._store.pipelines": {"recovery_ext._liveness.processes", "recovery_ext._store.models"},
+             "recovery_ext._liveness.processes": set(), "recovery_ext._store.models": {"recovery_ext._errors"},
+             "recovery_ext._errors": set(), "recovery_ext._providers.guard": {"recovery_ext._recovery.scan"},
+             "recovery_ext._recovery.scan": set()}
+    assert _upward_imports(graph) == ["recovery_ext._providers.guard -> recovery_ext._recovery.scan",
+                                      "recovery_ext._store.pipelines -> recovery_ext._liveness.processes"]
 
 
 # Transaction context managers and helpers that run inside their caller's transaction: not store calls of their own.
