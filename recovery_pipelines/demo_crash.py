@@ -73,7 +73,7 @@ class Outcome:
 
 
 def items_done(store: RecoveryStore, pipeline_id: int, node: str) -> int:
-    with store.read() as conn:
+    with store.read_only() as conn:
         return conn.execute(text("SELECT count(*) FROM rx_node_items WHERE pipeline_id = :p AND node_name = :n"),
                             {"p": pipeline_id, "n": node}).scalar() or 0
 
@@ -237,7 +237,7 @@ def run_demo(root: Path, var: Path, t: Timeline, *, keep_ui: bool, timeout: floa
 
 def summarize(t: Timeline, store: RecoveryStore, ontology_id: int, done_at_kill: int | None = None) -> None:
     after = items_done(store, ontology_id, "enrich_columns")
-    with store.read() as conn:
+    with store.read_only() as conn:
         redone = conn.execute(text("SELECT count(*) FROM rx_node_items WHERE pipeline_id = :p"
                                    " AND node_name = 'enrich_columns' AND epoch > 1"), {"p": ontology_id}).scalar() or 0
         claims = conn.execute(text("SELECT count(*) FROM rx_transitions"

@@ -359,6 +359,18 @@ def _without_at(row: dict[str, Any]) -> dict[str, Any]:
 
 
 
+def shared_retry_budget() -> Any:
+    """A ``retry_budget`` attribute that reads and sets that of ``self._db``: the store and each of its components
+    have one budget, their Database's."""
+    def get(self: Any) -> float:
+        return float(self._db.retry_budget)
+
+    def set_(self: Any, value: float) -> None:
+        self._db.retry_budget = value
+
+    return property(get, set_)
+
+
 class Component(Transactions):
     """One part of the store: it runs its transactions on the store's one :class:`Database` (its engine,
     dialect and retry budget), so every component shares the pool and the budget, and none owns them."""
@@ -369,13 +381,7 @@ class Component(Transactions):
         self.url = db.url
         self.engine = db.engine
 
-    @property
-    def retry_budget(self) -> float:
-        return self._db.retry_budget
-
-    @retry_budget.setter
-    def retry_budget(self, value: float) -> None:
-        self._db.retry_budget = value
+    retry_budget = shared_retry_budget()
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.dialect.safe_url()!r})"

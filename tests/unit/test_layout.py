@@ -206,10 +206,10 @@ _NOT_RETRIED = {"read", "read_only", "read_statement", "write", "autocommit", "d
 def test_every_store_call_that_opens_a_transaction_declares_its_retries():
     import inspect
 
-    from recovery_ext import RecoveryStore
+    from recovery_ext._store.database import Database
 
     missing, wrong = [], []
-    for name, member in inspect.getmembers(RecoveryStore, inspect.isfunction):
+    for name, member in inspect.getmembers(Database, inspect.isfunction):
         if name.startswith("_"):
             continue
         retried = getattr(member, "__rx_retried__", False)
