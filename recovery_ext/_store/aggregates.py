@@ -13,14 +13,13 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from sqlalchemy import Connection, func, literal_column, not_, null, select
+from sqlalchemy import Connection, func, not_, null, select
 
 from recovery_ext._store.ledger import COST_KEYS, CostFigures
 from recovery_ext._store.ledger_rows import well_formed_call
-from recovery_ext._store.rolled_up import ROLLED_UP, live_pipeline_ids
+from recovery_ext._store.rolled_up import live_pipeline_ids
 from recovery_ext._store.schema import (finished_items, ledger_daily, node_items, pipeline_counts, pipelines,
                                         provider_calls, queue_counts, resume_counts)
-from recovery_ext._store.statuses import PipelineStatus
 
 pc, p = provider_calls.c, pipelines.c
 

@@ -16,10 +16,9 @@ import datetime as dt
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Float, bindparam, func, or_, select, type_coerce, update
+from sqlalchemy import Float, func, or_, select, type_coerce, update
 
 from recovery_ext._store.database import retried
-from recovery_ext._store import hot_path
 from recovery_ext._errors import IllegalTransition, NotFound
 from recovery_ext._store.models import Ownership
 from recovery_ext._classify.redaction import redact

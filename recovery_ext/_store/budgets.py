@@ -19,7 +19,6 @@ Reservations older than the window are deleted by the next reservation of the sa
 from __future__ import annotations
 
 import datetime as dt
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any

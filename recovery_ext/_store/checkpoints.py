@@ -26,7 +26,6 @@ from typing import Any, NoReturn
 
 from sqlalchemy import Connection, select, update
 
-from recovery_ext._store import hot_path
 from recovery_ext._store.database import is_retry, retried
 from recovery_ext._store.dialects import sqlstate
 from recovery_ext._errors import IllegalTransition, OwnershipLost, StoreError

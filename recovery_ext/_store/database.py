@@ -12,7 +12,7 @@ from contextlib import ExitStack, contextmanager
 from typing import Any, TypeVar
 
 import tenacity
-from sqlalchemy import Connection, create_engine, insert
+from sqlalchemy import Connection, create_engine
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 
@@ -50,7 +50,7 @@ def retried(method: Callable[..., T]) -> Callable[..., T]:
     """
 
     @functools.wraps(method)
-    def wrapper(self: "Transactions", *args: Any, **kwargs: Any) -> T:
+    def wrapper(self: Transactions, *args: Any, **kwargs: Any) -> T:
         if getattr(_retry_state, "active", False) or self.retry_budget <= 0:
             return method(self, *args, **kwargs)
         deadline = time.monotonic() + self.retry_budget
@@ -131,18 +131,15 @@ class Transactions:
     @contextmanager
     def write(self) -> Iterator[Connection]:
         """A write transaction (BEGIN IMMEDIATE on SQLite); commits on success."""
-        with self._wrap_errors():
-            with self.engine.connect().execution_options(rx_write=True) as conn:
-                with conn.begin():
-                    yield conn
+        with self._wrap_errors(), self.engine.connect().execution_options(rx_write=True) as conn, conn.begin():
+            yield conn
 
     @contextmanager
     def autocommit(self) -> Iterator[Connection]:
         """Each statement its own transaction, with no BEGIN/COMMIT round trips: for hot-path
         writes that are one statement (several writes joined as data-modifying CTEs)."""
-        with self._wrap_errors():
-            with self.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
-                yield conn
+        with self._wrap_errors(), self.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+            yield conn
 
     @contextmanager
     def driver_autocommit(self) -> Iterator[Any]:
@@ -193,10 +190,8 @@ class Transactions:
 
     @contextmanager
     def read(self) -> Iterator[Connection]:
-        with self._wrap_errors():
-            with self.engine.connect() as conn:
-                with conn.begin():
-                    yield conn
+        with self._wrap_errors(), self.engine.connect() as conn, conn.begin():
+            yield conn
 
     @contextmanager
     def read_statement(self) -> Iterator[Connection]:

@@ -16,8 +16,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import (DateTime, Float, Text, and_, bindparam, case, event, false, func, insert, literal, literal_column,
-                        or_, text)
+from sqlalchemy import (DateTime, Float, Text, and_, bindparam, case, event, false, func, insert, literal,
+                        literal_column, or_, text)
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.engine import Connection, Engine, make_url
 from sqlalchemy.engine.interfaces import Dialect as SqlAlchemyDialect
@@ -69,7 +69,8 @@ class Dialect:
     # finished pipelines one retention batch deletes (one transaction)
     prune_batch = 200
 
-    def __init__(self, url: URL, *, connect_timeout: float | None = None, statement_timeout: float | None = None) -> None:
+    def __init__(self, url: URL, *, connect_timeout: float | None = None,
+                 statement_timeout: float | None = None) -> None:
         self.url = url
         self.connect_timeout = _timeout("connect_timeout", connect_timeout, self.default_connect_timeout)
         self.statement_timeout = _timeout("statement_timeout", statement_timeout, self.default_statement_timeout)
@@ -183,7 +184,7 @@ class Dialect:
 
     @classmethod
     def load_time(cls, value: Any) -> Any:
-        return value.replace(tzinfo=dt.timezone.utc) if value.tzinfo is None else value
+        return value.replace(tzinfo=dt.UTC) if value.tzinfo is None else value
 
     @classmethod
     def json_type(cls) -> TypeEngine:
@@ -202,7 +203,7 @@ class Dialect:
         return load_json(value)
 
     @staticmethod
-    def for_url(url: str | URL, **timeouts: float | None) -> "Dialect":
+    def for_url(url: str | URL, **timeouts: float | None) -> Dialect:
         try:
             parsed = make_url(url) if isinstance(url, str) else url
             parsed.port  # noqa: B018 - a port that is not a number fails here, not at connect time
@@ -215,8 +216,8 @@ class Dialect:
                 # psycopg 3 is the one driver installed; a psycopg2 URL (what dagster-postgres takes) means the same
                 parsed = parsed.set(drivername="postgresql+psycopg")
             elif parsed.drivername != "postgresql+psycopg":
-                raise ConfigurationError(f"unsupported PostgreSQL driver {parsed.drivername!r} in {redact_url(parsed)}: "
-                                         "use postgresql:// (psycopg 3)")
+                raise ConfigurationError(f"unsupported PostgreSQL driver {parsed.drivername!r} in "
+                                         f"{redact_url(parsed)}: use postgresql:// (psycopg 3)")
             _check_host(parsed)
             return PostgresDialect(parsed, **timeouts)
         if backend == "sqlite":
@@ -480,17 +481,17 @@ class SqliteDialect(Dialect):
     def bind_time(cls, value: Any) -> Any:
         if isinstance(value, dt.datetime):
             if value.tzinfo is None:
-                value = value.replace(tzinfo=dt.timezone.utc)
+                value = value.replace(tzinfo=dt.UTC)
             return value.timestamp()
         return float(value)
 
     @classmethod
     def load_time(cls, value: Any) -> Any:
         try:
-            return dt.datetime.fromtimestamp(float(value), tz=dt.timezone.utc)
+            return dt.datetime.fromtimestamp(float(value), tz=dt.UTC)
         except (TypeError, ValueError, OverflowError, OSError):
             # Text or an absurd number in a time column: readable, never a traceback; the scan fails the row.
-            return dt.datetime.min.replace(tzinfo=dt.timezone.utc)
+            return dt.datetime.min.replace(tzinfo=dt.UTC)
 
     def is_transient(self, exc: BaseException) -> bool:
         orig = getattr(exc, "orig", exc)
@@ -522,14 +523,14 @@ def _clamped_timestamptz_loader():
         def load(self, data):
             raw = bytes(data)
             if raw == b"infinity":
-                return dt.datetime.max.replace(tzinfo=dt.timezone.utc)
+                return dt.datetime.max.replace(tzinfo=dt.UTC)
             if raw == b"-infinity":
-                return dt.datetime.min.replace(tzinfo=dt.timezone.utc)
+                return dt.datetime.min.replace(tzinfo=dt.UTC)
             try:
                 return super().load(data)
             except Exception:  # noqa: BLE001 - out of Python's range (e.g. year 10000 or BC)
                 early = raw.endswith(b"BC") or raw.startswith(b"-")
-                return (dt.datetime.min if early else dt.datetime.max).replace(tzinfo=dt.timezone.utc)
+                return (dt.datetime.min if early else dt.datetime.max).replace(tzinfo=dt.UTC)
 
     return ClampedTimestamptzLoader
 

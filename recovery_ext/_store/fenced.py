@@ -24,7 +24,7 @@ if TYPE_CHECKING:  # pragma: no cover
 class FencedTransaction:
     """One fenced write transaction; usable only inside its ``with`` block."""
 
-    def __init__(self, db: "Transactions", conn: Connection, own: Ownership) -> None:
+    def __init__(self, db: Transactions, conn: Connection, own: Ownership) -> None:
         self._db = db
         self._conn: Connection | None = conn
         self.ownership = own

@@ -16,9 +16,10 @@ The two fenced writes are each one round trip on PostgreSQL (server functions, m
 portable statements of one transaction elsewhere: see journal_writes.py.
 
 Both fenced writes commit without waiting for the database's log flush (``commit_without_flush``, selected
-with the fence; ``synchronous_commit`` off in the server functions): a killed worker loses neither, and only a crash of the database server itself could lose the last of
-them (the next synchronous commit, e.g. the item's checkpoint, makes them durable). Two flushed commits
-per request cost more than the 2 % of a 200 ms call the journal may add.
+with the fence; ``synchronous_commit`` off in the server functions): a killed worker loses neither, and only a
+crash of the database server itself could lose the last of them (the next synchronous commit, e.g. the item's
+checkpoint, makes them durable). Two flushed commits per request cost more than the 2 % of a 200 ms call the
+journal may add.
 
 Entries are pruned by a trigger when their pipeline completes or is canceled (migration 0014);
 :meth:`JournalOps.prune_call_journal` removes those of pipelines that ended before it existed.

@@ -74,7 +74,7 @@ class CostFigures:
             setattr(figures, key, float(row[key]) if key.endswith("cost") else int(row[key]))
         return figures
 
-    def add(self, other: "CostFigures") -> None:
+    def add(self, other: CostFigures) -> None:
         for f in fields(self):
             setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
 
@@ -116,7 +116,8 @@ def call_row(call: ProviderCall, *, reached: bool = False) -> dict[str, Any]:
             "run_id": call.run_id, "epoch": call.epoch, "endpoint": _redacted_endpoint(call.endpoint),
             "model": None if call.model is None else str(call.model)[:200], "tokens_in": call.tokens_in,
             "tokens_out": call.tokens_out, "latency_seconds": float(call.latency_seconds),
-            "outcome": call.outcome if call.outcome == "ok" else redact(call.outcome)[:64], "cost": None if call.cost is None else float(call.cost),
+            "outcome": call.outcome if call.outcome == "ok" else redact(call.outcome)[:64],
+            "cost": None if call.cost is None else float(call.cost),
             "reached_checkpoint": reached and call.outcome == "ok", "note": call.note}
 
 

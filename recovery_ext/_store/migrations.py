@@ -185,28 +185,26 @@ def apply_migrations(engine: Engine, dialect: Dialect, package: str = LIBRARY) -
         # Every store and every run's resource migrates on open: an up-to-date database is one read, with no
         # lock and no write transaction. An applied migration is never unapplied, so nothing can be missed.
         return []
-    with engine.connect().execution_options(rx_write=True) as conn:
-        with conn.begin():
-            dialect.migration_lock(conn)
-            table.create(conn, checkfirst=True)
+    with engine.connect().execution_options(rx_write=True) as conn, conn.begin():
+        dialect.migration_lock(conn)
+        table.create(conn, checkfirst=True)
     applied: list[Migration] = []
     for migration in known:
         if migration.version in done:
             continue
-        with engine.connect().execution_options(rx_write=True) as conn:
-            with conn.begin():
-                dialect.migration_lock(conn)
-                already = conn.scalar(select(table.c.version).where(mine, table.c.version == migration.version))
-                if already is not None:
-                    continue
-                for statement in migration.statements():
-                    try:
-                        conn.exec_driver_sql(statement)
-                    except Exception as exc:
-                        raise MigrationError(
-                            f"migration {migration.version:04d}_{migration.name} of {package} failed: {exc}"
-                        ) from exc
-                conn.execute(insert(table).values(
-                    version=migration.version, name=migration.name, applied_at=dialect.now(), **key))
+        with engine.connect().execution_options(rx_write=True) as conn, conn.begin():
+            dialect.migration_lock(conn)
+            already = conn.scalar(select(table.c.version).where(mine, table.c.version == migration.version))
+            if already is not None:
+                continue
+            for statement in migration.statements():
+                try:
+                    conn.exec_driver_sql(statement)
+                except Exception as exc:
+                    raise MigrationError(
+                        f"migration {migration.version:04d}_{migration.name} of {package} failed: {exc}"
+                    ) from exc
+            conn.execute(insert(table).values(
+                version=migration.version, name=migration.name, applied_at=dialect.now(), **key))
         applied.append(migration)
     return applied

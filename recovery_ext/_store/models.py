@@ -138,7 +138,8 @@ class ProviderCall:
             for name in ("tokens_in", "tokens_out"):
                 value = getattr(self, name)
                 if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < _MAX_TOKENS:
-                    raise ConfigurationError(f"ProviderCall.{name} must be a whole number of tokens >= 0, got {value!r}")
+                    raise ConfigurationError(
+                        f"ProviderCall.{name} must be a whole number of tokens >= 0, got {value!r}")
         for name in ("latency_seconds", "cost"):
             value = getattr(self, name)
             if value is None and name == "cost":

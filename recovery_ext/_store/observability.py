@@ -184,7 +184,7 @@ class ObservabilityOps(ReportOps):
                 key=lambda t: t[1])[:ITEM_TIMES_LIMIT]
             now = conn.execute(select(self.dialect.now().label("now"))).scalar_one()
         if not isinstance(now, dt.datetime):  # SQLite's clock is epoch seconds
-            now = dt.datetime.fromtimestamp(float(now), tz=dt.timezone.utc)
+            now = dt.datetime.fromtimestamp(float(now), tz=dt.UTC)
         calls, call_count, calls_step, call_figures = self._calls_of(pipeline_id)
         report = self.provider_costs(pipeline_id)
         costs = report.pipelines.get(pipeline_id)

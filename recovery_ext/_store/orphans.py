@@ -288,7 +288,8 @@ class OrphanOps(PipelineCore):
                 .where(p.id.in_(list(part)), p.status == PipelineStatus.RUNNING)
                 .values(owner=new_owner, resumed_from=p.owner, epoch=p.epoch + 1,
                         resume_count=p.resume_count + 1, launcher=launcher if launching else None,
-                        **NEW_OWNER_RESETS, heartbeat_at=now, heartbeat_deadline=self.dialect.now_plus(plan.launch_grace_seconds),
+                        **NEW_OWNER_RESETS, heartbeat_at=now,
+                        heartbeat_deadline=self.dialect.now_plus(plan.launch_grace_seconds),
                         updated_at=now)
                 .returning(p.id, p.job_name, p.params, p.owner, p.epoch, p.resume_count, p.origin_run_id)
             ).all()

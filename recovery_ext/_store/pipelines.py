@@ -32,12 +32,12 @@ from recovery_ext._store.database import chunks, is_retry, retried
 from recovery_ext._store.node_transitions import NODE_TRANSITIONS, NodeTransitions, illegal, lost, transitions_for
 from recovery_ext._store.ledger import LedgerWrites
 from recovery_ext._settings import check_deployment
-from recovery_ext._errors import IllegalTransition, NotFound, OwnershipLost, StoreError, UnfinishedItems
+from recovery_ext._errors import IllegalTransition, NotFound, OwnershipLost, StoreError
 from recovery_ext._store.fenced import FencedTransaction
 from recovery_ext._store.models import (ErrorInfo, ItemCheckpoint, Node, NodeSpec, Ownership, Pipeline,
                                         PipelineLimits)
 from recovery_ext._classify.redaction import redact, redact_config
-from recovery_ext._store.schema import node_items, nodes, pipelines
+from recovery_ext._store.schema import nodes, pipelines
 from recovery_ext._store.statuses import FINISHED_NODE_STATUSES, NodeStatus, PipelineStatus
 
 __all__ = ["NODE_TRANSITIONS", "ItemCheckpoint", "PipelineOps"]  # ItemCheckpoint: its old home
@@ -71,7 +71,8 @@ class PipelineCore(LedgerWrites):
         """
         query = select(pipelines.c.epoch, pipelines.c.owner, pipelines.c.status).where(
             pipelines.c.id == own.pipeline_id)
-        query = query.with_for_update(key_share=True) if for_update else query.with_for_update(read=True, key_share=True)
+        query = (query.with_for_update(key_share=True) if for_update
+                 else query.with_for_update(read=True, key_share=True))
         row = conn.execute(query).first()
         if row is None:
             raise NotFound(f"no pipeline {own.pipeline_id}")
@@ -268,7 +269,8 @@ class PipelineOps(PipelineCore):
                     return self._ownership_or_raise(existing, owner)
             try:
                 with conn.begin_nested():
-                    pipeline_id = conn.execute(insert(pipelines).values(**values).returning(pipelines.c.id)).scalar_one()
+                    pipeline_id = conn.execute(
+                        insert(pipelines).values(**values).returning(pipelines.c.id)).scalar_one()
             except IntegrityError:
                 existing = conn.execute(
                     select(pipelines.c.id, pipelines.c.epoch, pipelines.c.owner).where(
@@ -299,7 +301,8 @@ class PipelineOps(PipelineCore):
         return Ownership(row.id, row.epoch, owner)
 
     @retried
-    def attach(self, pipeline_id: int, run_id: str, *, resume_number: int, heartbeat_timeout: float = 90.0) -> Ownership:
+    def attach(self, pipeline_id: int, run_id: str, *, resume_number: int,
+               heartbeat_timeout: float = 90.0) -> Ownership:
         """A resume run takes the ownership its reclaim reserved for resume ``resume_number``."""
         placeholder = placeholder_owner(pipeline_id, resume_number)
         with self.write() as conn:
@@ -422,7 +425,8 @@ class PipelineOps(PipelineCore):
         return self._transitions.complete(own, name, output, heartbeat_timeout, calls)
 
     @retried
-    def degrade_node(self, own: Ownership, name: str, error: ErrorInfo, *, heartbeat_timeout: float | None = None) -> bool:
+    def degrade_node(self, own: Ownership, name: str, error: ErrorInfo, *,
+                     heartbeat_timeout: float | None = None) -> bool:
         """An optional node gave up: the pipeline goes on without it. Returns whether the pipeline completed."""
         with self.write() as conn:
             if self._fence(conn, own, for_update=True, finished_ok=True) != PipelineStatus.RUNNING:
@@ -431,7 +435,8 @@ class PipelineOps(PipelineCore):
                 select(nodes.c.optional).where(nodes.c.pipeline_id == own.pipeline_id, nodes.c.name == name)
             )
             if not optional:
-                raise IllegalTransition(f"node {name!r} of pipeline {own.pipeline_id} is not optional; it cannot degrade")
+                raise IllegalTransition(
+                    f"node {name!r} of pipeline {own.pipeline_id} is not optional; it cannot degrade")
             self._move_node(
                 conn, own, name, NodeStatus.DEGRADED, NodeStatus.DEGRADED, completed_at=self.dialect.now(),
                 stall_deadline=None,

@@ -129,7 +129,7 @@ class QueueOps(PipelineCore):
         with self.write() as conn:
             if own is not None:
                 self._fence(conn, own)
-            for payload, key in zip(payloads, keys):
+            for payload, key in zip(payloads, keys, strict=True):
                 stmt = self.dialect.insert(queue_items).values(
                     queue=queue, dedupe_key=key, payload=payload, status=QueueStatus.READY, attempts=0,
                     max_attempts=max_attempts, created_at=self.dialect.now(), updated_at=self.dialect.now(),

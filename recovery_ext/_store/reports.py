@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import Float, case, cast, delete, exists, func, literal, or_, select, union_all
+from sqlalchemy import case, delete, func, literal, or_, select, union_all
 
 from recovery_ext._store import aggregates
 from recovery_ext._store.database import retried
@@ -52,7 +52,7 @@ class ReportOps(LedgerOps):
         return rows[::-1] if newest else rows
 
     @retried
-    def follow_events(self, cursor: "EventCursor", *, kinds: tuple[str, ...] | None = None,
+    def follow_events(self, cursor: EventCursor, *, kinds: tuple[str, ...] | None = None,
                       limit: int = 1000) -> list[dict[str, Any]]:
         """Events committed since the last call, none skipped even when ids commit out of order.
 
@@ -76,7 +76,7 @@ class ReportOps(LedgerOps):
 
     @retried
     def start_following(self, *, kinds: tuple[str, ...] | None = None,
-                        limit: int = 50) -> tuple[list[dict[str, Any]], "EventCursor"]:
+                        limit: int = 50) -> tuple[list[dict[str, Any]], EventCursor]:
         """The newest ``limit`` events and a cursor after them that still waits for ids in flight below."""
         with self.read() as conn:
             xmin, xmax = self.dialect.snapshot_bounds(conn)
@@ -170,7 +170,8 @@ class ReportOps(LedgerOps):
         q = queue_items.c
         checks = [*[(self.dialect.bad_time(col), f"{col.name} is not a finite time")
                     for col in (q.heartbeat_deadline, q.available_at, q.started_at, q.created_at)],
-                  *[(or_(col < 0, col >= 2**31 - 1), f"{col.name} out of range") for col in (q.attempts, q.max_attempts)]]
+                  *[(or_(col < 0, col >= 2**31 - 1), f"{col.name} out of range")
+                    for col in (q.attempts, q.max_attempts)]]
         query = (select(q.id, q.queue, q.status, *[case((cond, literal(why)), else_=None).label(f"c{i}")
                                                       for i, (cond, why) in enumerate(checks)])
                  .where(q.status.in_(UNFINISHED_QUEUE_STATUSES), or_(*[cond for cond, _ in checks]))
@@ -190,7 +191,8 @@ class ReportOps(LedgerOps):
         key, never over their nodes and items, however many there are."""
         ids = select(pipelines.c.id.label("id"), func.lead(pipelines.c.id).over(order_by=pipelines.c.id).label("next")
                      ).subquery()
-        first, last = select(func.min(pipelines.c.id)).scalar_subquery(), select(func.max(pipelines.c.id)).scalar_subquery()
+        first = select(func.min(pipelines.c.id)).scalar_subquery()
+        last = select(func.max(pipelines.c.id)).scalar_subquery()
         gaps = union_all(
             select((ids.c.id + 1).label("lo"), (ids.c.next - 1).label("hi")).where(ids.c.next > ids.c.id + 1),
             select(literal(-_FAR).label("lo"), (func.coalesce(first, _FAR + 1) - 1).label("hi")),
