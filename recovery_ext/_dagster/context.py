@@ -115,7 +115,7 @@ class NodeContext:
         # Set in a step process once its run worker is gone: no new provider call or item may start.
         self.run_worker_gone = run_worker_gone
         # Provider answers kept before the body sees them, replayed to a resume (see journaled_call).
-        self.journal = CallJournal(self)
+        self.journal = CallJournal(self, store)
 
     @property
     def log(self):
@@ -333,3 +333,9 @@ class NodeContext:
         degraded = sum(1 for e in entries if e.status == ItemStatus.DEGRADED)
         self.count_items(ItemOutcome.DEGRADED, degraded)
         self.count_items(ItemOutcome.DONE, len(entries) - degraded)
+
+
+def store_of(ctx: NodeContext) -> OpStore:
+    """The store a node writes through, for the library's own helpers that take a node's context (a provider
+    guard, a provider job): user code is not given it (see :class:`NodeContext`)."""
+    return ctx._store

@@ -22,6 +22,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from recovery_ext._classify.classifier import ClassifiedError, classify
+from recovery_ext._dagster.context import store_of
 from recovery_ext._dagster.run_state import RunStateReporter
 from recovery_ext._providers.jobs import COMPLETED, RUNNING, JobAdapter, JobResult
 from recovery_ext._settings import check_count, check_seconds
@@ -39,7 +40,7 @@ def run_provider_job(ctx: Any, adapter: JobAdapter, requests: Mapping[str, Any],
     (:class:`Prices`) turns each item's tokens into cost. Returns how many items this call checkpointed."""
     check_seconds("run_provider_job(poll_seconds=...)", poll_seconds, minimum=0.01)
     check_count("run_provider_job(max_attempts=...)", max_attempts, minimum=1)
-    store, own, node = ctx._store, ctx.ownership, ctx.node_name
+    store, own, node = store_of(ctx), ctx.ownership, ctx.node_name
     unfinished = [item.key for item in ctx.items(list(requests))]
     done = 0
     if not unfinished:
@@ -99,7 +100,7 @@ def run_provider_job(ctx: Any, adapter: JobAdapter, requests: Mapping[str, Any],
 def _close_kept(ctx: Any, adapter: JobAdapter) -> None:
     """A live job every item of which is already checkpointed (a kill after the last item was kept and before
     the job was marked) is collected: nothing is left to wait for."""
-    store, own = ctx._store, ctx.ownership
+    store, own = store_of(ctx), ctx.ownership
     live = store.pipelines.job_live(own, ctx.node_name, adapter.provider)
     if live is not None and set(live.items) <= set(ctx.completed_items()):
         store.pipelines.job_finished(own, ctx.node_name, live.token, JobStatus.COLLECTED)
@@ -124,7 +125,7 @@ def _submission(ctx: Any, adapter: JobAdapter) -> ProviderCall:
 def _submit(ctx: Any, adapter: JobAdapter, requests: Mapping[str, Any], items: list[str], token: str,
             attempt: int) -> str:
     job_id = adapter.submit({k: requests[k] for k in items}, token)
-    ctx._store.pipelines.job_submitted(ctx.ownership, ctx.node_name, token, job_id, outcome=_outcome(attempt))
+    store_of(ctx).pipelines.job_submitted(ctx.ownership, ctx.node_name, token, job_id, outcome=_outcome(attempt))
     ctx.log.info(f"{ctx.node_name}: submitted {adapter.provider} job {_shown(job_id)} ({len(items)} items, "
                  f"attempt {attempt})")
     return job_id
@@ -133,7 +134,7 @@ def _submit(ctx: Any, adapter: JobAdapter, requests: Mapping[str, Any], items: l
 def _wait(ctx: Any, adapter: JobAdapter, job_id: str, poll_seconds: float) -> str:
     """Poll until the job is no longer running, the pipeline shown as waiting meanwhile; the heartbeat goes
     on, and a lost ownership (or a stop) ends the wait at once."""
-    store, own, node = ctx._store, ctx.ownership, ctx.node_name
+    store, own, node = store_of(ctx), ctx.ownership, ctx.node_name
     reporter = RunStateReporter(ctx.context, node)
     reason = f"waiting for {adapter.provider} job {_shown(job_id)}"
     superseded = ctx.watchdog.superseded if ctx.watchdog is not None else None

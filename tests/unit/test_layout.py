@@ -276,3 +276,18 @@ def test_the_dialect_name_check_sees_a_comparison():
     tree = ast.parse("if self.dialect.name == 'sqlite': pass\nok = store.dialect.name\nx = nodes.c.name == 'a'")
     hits = [n for n in ast.walk(tree) if isinstance(n, ast.Compare) and _compares_a_dialect_name(n)]
     assert len(hits) == 1
+
+
+def _foreign_private_store_reads(path: Path) -> list[int]:
+    """Lines that read ``<something but self>._store``: another object's private store."""
+    return [node.lineno for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+            if isinstance(node, ast.Attribute) and node.attr == "_store"
+            and not (isinstance(node.value, ast.Name) and node.value.id == "self")]
+
+
+def test_no_module_reaches_into_another_objects_private_store():
+    """A node's helpers are handed the store (``store_of(ctx)``, ``CallJournal(scope, store)``); the one read of
+    ``ctx._store`` is ``store_of`` itself, in the module that owns the attribute."""
+    found = {name: len(lines) for name, path in _library_modules().items()
+             if (lines := _foreign_private_store_reads(path))}
+    assert found == {"recovery_ext._dagster.context": 1}
