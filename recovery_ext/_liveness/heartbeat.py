@@ -106,7 +106,7 @@ class Watchdog:
     def __enter__(self) -> Watchdog:
         return self.start()
 
-    def __exit__(self, *exc_info) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.stop()
 
     @property
@@ -191,7 +191,7 @@ class Lease:
     def __enter__(self) -> Lease:
         return self
 
-    def __exit__(self, *exc_info) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.release()
 
     def _lose(self, exc: OwnershipLost) -> None:

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 from recovery_ext._classify.redaction import redact
 from recovery_ext._processes import become_watcher, is_alive, this_process
+from recovery_ext._store.interfaces import LivenessStore
 from recovery_ext._store.vouch import WatchedNode
 
 log = logging.getLogger("recovery_ext._liveness.watch")
@@ -32,7 +33,7 @@ class WatchReport:
 class ProcessWatch:
     """Checks the step processes this process watches; one read and at most one write per check."""
 
-    def __init__(self, store, key: str | None = None) -> None:
+    def __init__(self, store: LivenessStore, key: str | None = None) -> None:
         self.store = store
         self.key = key or this_process()
         self._lock = threading.Lock()  # the pulse thread and a crash seen by the executor may both check
@@ -69,7 +70,7 @@ class HostWatch:
     """A Celery worker's main process: names itself the watcher of its pool processes and checks them
     every ``interval`` seconds on a daemon thread, vouching for ``timeout`` seconds."""
 
-    def __init__(self, store_factory: Callable[[], object], *, interval: float, timeout: float) -> None:
+    def __init__(self, store_factory: Callable[[], LivenessStore], *, interval: float, timeout: float) -> None:
         self.key = become_watcher()
         self.store_factory = store_factory
         self.interval = interval

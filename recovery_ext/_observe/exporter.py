@@ -11,7 +11,8 @@ import logging
 import signal
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
+from typing import Any
 from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, start_http_server
@@ -207,14 +208,14 @@ def _provider_families(s: MetricsSnapshot) -> Iterator[Metric]:
             yield family
 
 
-def _by_one(spec: MetricSpec, rows) -> Metric:
+def _by_one(spec: MetricSpec, rows: Iterable[tuple[Any, float]]) -> Metric:
     family = spec.family()
     for label, n in rows:
         family.add_metric([_text(label)], n)
     return family
 
 
-def _text(value) -> str:
+def _text(value: object) -> str:
     return "" if value is None else str(value)
 
 

@@ -56,7 +56,7 @@ class StopOutcome:
     terminate: str       # what the run launcher answered
     marked_failed: bool
 
-    def as_payload(self) -> dict:
+    def as_payload(self) -> dict[str, Any]:
         return {"run_id": self.run_id, "terminate": self.terminate, "marked_failed": self.marked_failed}
 
 
