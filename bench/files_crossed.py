@@ -26,6 +26,8 @@ from typing import Any
 from dagster import DagsterInstance, build_sensor_context, job
 
 import recovery_ext
+import recovery_ext.store
+import recovery_ext.testing
 from recovery_ext import NodeContext, RecoveryResource, make_orphan_sensor, recoverable_op
 
 LIBRARY = Path(recovery_ext.__file__).resolve().parent
@@ -78,14 +80,14 @@ def traced(files: set[str]) -> Iterator[None]:
 def crash(url: str) -> None:
     """The child: run the job until it kills itself."""
     instance = DagsterInstance.get()
-    recovery_ext.execute_in_process(crash_job, instance=instance, resources=resources(url))
+    recovery_ext.testing.execute_in_process(crash_job, instance=instance, resources=resources(url))
 
 
 def measure(url: str, show: Callable[[str, set[str]], None]) -> None:
     child = subprocess.run([sys.executable, "-m", "bench.files_crossed", "--crash", url],
                            env={**os.environ, "FILES_CROSSED_KILL": "1"}, check=False)
     assert child.returncode == -signal.SIGKILL, child.returncode
-    store = recovery_ext.RecoveryStore(url)
+    store = recovery_ext.store.RecoveryStore(url)
     (pipeline,) = store.reports.list_pipelines()
     with store._db.write() as conn:  # the heartbeat timeout, waited out on the database clock
         from sqlalchemy import update
@@ -102,7 +104,7 @@ def measure(url: str, show: Callable[[str, set[str]], None]) -> None:
     show("recovery pass (one orphan-sensor tick)", tick_files)
     resume_files: set[str] = set()
     with traced(resume_files):
-        outcome = recovery_ext.execute_in_process(crash_job, instance=instance, resources=resources(url),
+        outcome = recovery_ext.testing.execute_in_process(crash_job, instance=instance, resources=resources(url),
                                                   run_config=request.run_config, tags=request.tags)
     assert outcome.success
     show("resume run (in process)", resume_files)
@@ -127,7 +129,7 @@ def main() -> None:
         os.environ["DAGSTER_HOME"] = home
         Path(home, "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
         url = f"sqlite:///{home}/recovery.sqlite3"
-        recovery_ext.RecoveryStore(url).migrate()
+        recovery_ext.store.RecoveryStore(url).migrate()
         measure(url, show)
 
 

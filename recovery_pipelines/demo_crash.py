@@ -31,7 +31,8 @@ from dagster import DagsterRunStatus
 from recovery_pipelines.ontology_schema import MIGRATIONS
 from recovery_pipelines.demo_batch import run_batch_demo
 from recovery_pipelines.devserver import BIN, DagsterDev, wait_for
-from recovery_ext import RecoveryStore, TAG_PIPELINE, TAG_RESUME_NUMBER
+from recovery_ext import TAG_PIPELINE, TAG_RESUME_NUMBER
+from recovery_ext.store import RecoveryStore
 
 TERMINAL = (DagsterRunStatus.SUCCESS, DagsterRunStatus.FAILURE, DagsterRunStatus.CANCELED)
 EVENT_KINDS = ("pipeline_recovered", "pipeline_stuck", "pipeline_failed", "superseded_run_stopped",

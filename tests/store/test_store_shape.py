@@ -11,6 +11,7 @@ import pytest
 import sqlalchemy
 
 import recovery_ext
+import recovery_ext.store
 from recovery_ext._store import interfaces, schema, statuses
 from recovery_ext._store.database import Component, Transactions
 from recovery_ext._store.interfaces import (CliStore, GuardStore, LivenessStore, OpStore, PipelineStore, ProviderStore,
@@ -73,7 +74,7 @@ def test_the_enums_hold_exactly_the_values_the_columns_held():
 
 @pytest.mark.parametrize("enum", ENUMS + (statuses.ItemOutcome,), ids=lambda e: e.__name__)
 def test_the_enums_are_public_and_their_members_are_their_strings(enum):
-    assert getattr(recovery_ext, enum.__name__) is enum
+    assert getattr(recovery_ext.store, enum.__name__) is enum
     for member in enum:
         assert member == member.value and str(member) == member.value and f"{member}" == member.value
 
