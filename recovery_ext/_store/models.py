@@ -416,10 +416,10 @@ class PassPlan:
     reservations, and how far the pass may go.
 
     ``grace_seconds``, ``max_age_seconds`` and ``limit`` left ``None`` are taken from the settings when
-    :func:`~recovery_ext._recovery.scan.scan` runs the plan (launch grace, maximum age, ``max_per_scan``);
-    the store itself reads them as the default launch grace, no age limit and no cap. ``launching``: the
-    caller launches the resume runs at once (the orphan sensor), so each reclaimed pipeline is reserved for
-    its resume run; otherwise it awaits a launcher. ``trigger`` names the pass in its events.
+    :class:`~recovery_ext._recovery.protocol.RecoveryProtocol` runs the plan (launch grace, maximum age,
+    ``max_per_scan``); the store itself reads them as the default launch grace, no age limit and no cap.
+    ``launching``: the caller launches the resume runs at once (the orphan sensor), so each reclaimed pipeline
+    is reserved for its resume run; otherwise it awaits a launcher. ``trigger`` names the pass in its events.
     """
 
     dead_owner_runs: tuple[str, ...] = ()

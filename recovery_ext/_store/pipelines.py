@@ -1,4 +1,4 @@
-"""Pipelines and nodes: creation, fenced writes and heartbeats (item checkpoints: checkpoint_store.py).
+"""Pipelines and nodes: creation, fenced writes and heartbeats (item checkpoints: checkpoints.py).
 
 Every write a worker makes goes through :meth:`PipelineOps._fence`, which locks the
 pipeline row (the single writer lock on SQLite) and checks the worker's epoch in the

@@ -1,4 +1,4 @@
-"""The repository API over SQLAlchemy Core: one class, one code path for both databases."""
+"""The store: one Database and its five components, one code path for both databases (SQLAlchemy Core)."""
 
 from __future__ import annotations
 

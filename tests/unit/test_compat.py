@@ -9,7 +9,6 @@ import re
 import tomllib
 from pathlib import Path
 
-import dagster
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPAT = ROOT / "recovery_ext" / "_dagster" / "compat.py"
