@@ -281,7 +281,7 @@ class HeartbeatRegistry:
 
     def pulse_once(self, leases: list[Lease] | None = None) -> float:
         """Pulse every lease in one transaction; returns how long to wait before the next pulse."""
-        from recovery_ext._store.runs import NodeBeat, PipelineBeat
+        from recovery_ext._store.models import NodeBeat, PipelineBeat
 
         leases = self.leases if leases is None else leases
         live = [lease for lease in leases if lease.lost is None]

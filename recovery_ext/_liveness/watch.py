@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from recovery_ext._classify.redaction import redact
 from recovery_ext._processes import become_watcher, is_alive, this_process
 from recovery_ext._store.interfaces import LivenessStore
-from recovery_ext._store.vouch import WatchedNode
+from recovery_ext._store.models import WatchedNode
 
 log = logging.getLogger("recovery_ext._liveness.watch")
 

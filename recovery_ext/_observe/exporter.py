@@ -21,7 +21,8 @@ from prometheus_client.registry import Collector
 
 from recovery_ext._classify.redaction import redact
 from recovery_ext._errors import RecoveryError
-from recovery_ext._store.observability import PIPELINE_LABELS, MetricsSnapshot
+from recovery_ext._store.models import MetricsSnapshot
+from recovery_ext._store.observability import PIPELINE_LABELS
 from recovery_ext._store.schema import BREAKER_STATES
 from recovery_ext._store.statuses import QueueStatus
 from recovery_ext._store.interfaces import CliStore

@@ -14,7 +14,7 @@ import datetime as dt
 from dataclasses import dataclass, field
 from typing import Any
 
-from recovery_ext._store.observability import PipelineHistory
+from recovery_ext._store.models import PipelineHistory
 
 # Pipeline transitions that start a new epoch, and how the report names the run they start.
 EPOCH_STARTS = {"created": "first run", "reclaimed": "resume after a crash", "taken_over": "re-execution",

@@ -30,7 +30,7 @@ from recovery_ext._classify.redaction import redact
 from recovery_ext._errors import ConfigurationError, OwnershipLost
 from recovery_ext._providers.ledger import current_scope
 from recovery_ext._store.interfaces import GuardStore
-from recovery_ext._store.journal import IN_FLIGHT
+from recovery_ext._store.ledger import IN_FLIGHT
 from recovery_ext._store.models import Ownership, ProviderCall
 
 log = logging.getLogger("recovery_ext._providers.journal")

@@ -12,7 +12,7 @@ from contextlib import ExitStack, contextmanager
 from typing import Any, TypeVar
 
 import tenacity
-from sqlalchemy import Connection, create_engine
+from sqlalchemy import Connection, Table, create_engine
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 
@@ -275,7 +275,7 @@ class Transactions:
         ]
         self.dialect.insert_many(conn, events, batch, stamped="created_at")
 
-    def upsert(self, conn: Connection, table, rows: Sequence[dict[str, Any]], *, keys: Sequence[str]) -> None:
+    def upsert(self, conn: Connection, table: Table, rows: Sequence[dict[str, Any]], *, keys: Sequence[str]) -> None:
         """Insert or update by primary key, so re-running a node writes the same rows again."""
         for row in rows:
             stmt = self.dialect.insert(table).values(**row, updated_at=self.dialect.now())
@@ -316,10 +316,10 @@ class Database(Transactions):
     def close(self) -> None:
         self.engine.dispose()
 
-    def __enter__(self):
+    def __enter__(self) -> Database:
         return self
 
-    def __exit__(self, *exc_info) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.close()
 
 

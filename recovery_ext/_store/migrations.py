@@ -20,7 +20,8 @@ from importlib import metadata, resources
 from importlib.resources.abc import Traversable
 from pathlib import Path
 
-from sqlalchemy import Engine, insert, inspect, select
+from sqlalchemy import Engine, Table, insert, inspect, select
+from sqlalchemy.sql.elements import ColumnElement
 
 from recovery_ext._store.dialects import Dialect
 from recovery_ext._errors import ConfigurationError, MigrationError
@@ -132,7 +133,7 @@ def load_query(folder: str, name: str) -> str:
     return "\n".join(lines).strip()
 
 
-def _tracking(package: str):
+def _tracking(package: str) -> tuple[Table, ColumnElement[bool], dict[str, str]]:
     """The table that records a package's applied migrations, and the condition selecting its rows."""
     if package == LIBRARY:
         return migrations_table, migrations_table.c.version.is_not(None), {}

@@ -6,7 +6,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import case, delete, func, literal, or_, select, union_all
+from sqlalchemy import Table, case, delete, func, literal, or_, select, union_all
+from sqlalchemy.sql.elements import ColumnElement
 
 from recovery_ext._store import aggregates
 from recovery_ext._store.database import retried
@@ -199,7 +200,8 @@ class ReportOps(LedgerOps):
             select((last + 1).label("lo"), literal(_FAR).label("hi")).where(last.isnot(None)),
         ).cte("gaps")  # read by all three parts: PostgreSQL computes it once
 
-        def gone(table, column):  # from the gaps into the rows, through the rows' index on their pipeline
+        # from the gaps into the rows, through the rows' index on their pipeline
+        def gone(table: Table, column: ColumnElement[Any]) -> Any:
             return gaps.join(table, column.between(gaps.c.lo, gaps.c.hi))
 
         parts = [

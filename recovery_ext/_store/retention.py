@@ -44,14 +44,14 @@ class PruneStep:
     """One table of a pipeline's history, and which of its rows belong to a batch of pipelines."""
 
     table: Table
-    rows_of: Callable[[Sequence[int]], ColumnElement]
+    rows_of: Callable[[Sequence[int]], ColumnElement[Any]]
 
 
 def _by_pipeline(table: Table) -> PruneStep:
     return PruneStep(table, lambda ids: table.c.pipeline_id.in_(ids))
 
 
-def _queue_items_of(ids: Sequence[int]) -> ColumnElement:
+def _queue_items_of(ids: Sequence[int]) -> ColumnElement[Any]:
     """Completed queue items a batch's pipelines held. Found through their transitions (every claim records one
     with its pipeline, and ``rx_transitions_pipeline`` indexes them), since only processing items have an index
     on their holder. Ready and processing items are live work whoever held them last: they stay."""
@@ -63,7 +63,7 @@ def _queue_items_of(ids: Sequence[int]) -> ColumnElement:
     return and_(q.id.in_(claimed), q.holder_pipeline_id.in_(ids), completed)
 
 
-def _uncounted_transitions_of(ids: Sequence[int]) -> ColumnElement:
+def _uncounted_transitions_of(ids: Sequence[int]) -> ColumnElement[Any]:
     counted = and_(t.entity_type == "pipeline", t.event.in_(COUNTED_TRANSITION_EVENTS))
     return and_(t.pipeline_id.in_(ids), not_(counted))
 
@@ -123,11 +123,12 @@ _ENDED: list[ColumnElement[Any]] = [literal_column("'completed'"), literal_colum
 # uses a partial index only when the query's WHERE holds the index's WHERE (it does not prove that status =
 # 'completed' implies status IN ('completed', 'failed')). Completed and failed: rx_pipelines_finished (status,
 # completed_at); canceled: rx_pipelines_live (status, id).
-_INDEXED_BY: dict[str, ColumnElement] = {"completed": p.status.in_(_ENDED), "failed": p.status.in_(_ENDED),
+_INDEXED_BY: dict[str, ColumnElement[Any]] = {"completed": p.status.in_(_ENDED), "failed": p.status.in_(_ENDED),
                                          "canceled": p.status.not_in(_ENDED)}
 
 
-def _prunable(cutoff: ColumnElement, status: str, deployment: str | None, newest: int | None) -> list[ColumnElement]:
+def _prunable(cutoff: ColumnElement[Any], status: str, deployment: str | None,
+              newest: int | None) -> list[ColumnElement[Any]]:
     """The ``newest`` pipeline is never prunable: SQLite gives a new row the highest id plus one, so deleting the
     newest would hand its id to the next pipeline, and a kept transition or an old run's tag would name it. It is
     excluded by ``<>``, a condition no index range serves, so both planners keep to the status indexes."""
@@ -201,7 +202,7 @@ class RetentionOps(ObservabilityOps):
                 delete(pipelines).where(p.id.in_(ids), finished, p.completed_at < cutoff)).rowcount or 0
         return counts
 
-    def _lock_prunable(self, conn: Connection, cutoff: ColumnElement, batch_size: int, deployment: str | None,
+    def _lock_prunable(self, conn: Connection, cutoff: ColumnElement[Any], batch_size: int, deployment: str | None,
                        newest: int | None) -> list[int]:
         """Up to ``batch_size`` prunable pipeline ids, locked; one indexed range per terminal status (a lock
         clause cannot follow a UNION). Rows another transaction holds are skipped, never waited for."""

@@ -12,8 +12,9 @@ Every write is fenced by the ownership epoch in the same transaction as the writ
 
 from __future__ import annotations
 
+from typing import Any
+
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 
 from sqlalchemy import (BigInteger, Float, Integer, Text, and_, bindparam, exists, func, literal, or_, select, tuple_,
                         union_all, update)
@@ -22,7 +23,7 @@ from sqlalchemy.dialects.postgresql import ARRAY
 
 from recovery_ext._store.database import chunks, retried
 from recovery_ext._errors import IllegalTransition, NotFound, OwnershipLost
-from recovery_ext._store.models import Ownership
+from recovery_ext._store.models import NodeBeat, Ownership, PipelineBeat
 from recovery_ext._store.pipelines import NEW_OWNER_RESETS, PipelineOps
 from recovery_ext._classify.redaction import redact
 from recovery_ext._store.schema import nodes, pipelines
@@ -47,24 +48,7 @@ def takeover_cause(status: str, owner: str | None, owner_dead: Sequence[str]) ->
     return "owner_run_dead" if owner in owner_dead else "heartbeat"
 
 
-@dataclass(frozen=True)
-class PipelineBeat:
-    """The run worker keeps the pipeline row alive."""
-
-    own: Ownership
-    timeout: float
-
-
-@dataclass(frozen=True)
-class NodeBeat:
-    """A step keeps its running node alive (only while the pipeline is still ``own``'s)."""
-
-    own: Ownership
-    node: str
-    timeout: float
-
-
-def _rows(columns: Sequence[tuple[str, type]], values: Sequence[tuple]) -> Select | CompoundSelect:
+def _rows(columns: Sequence[tuple[str, type]], values: Sequence[tuple[Any, ...]]) -> Select[Any] | CompoundSelect[Any]:
     """``SELECT :a AS x, :b AS y UNION ALL ...``: a bound row list, linear in its size on both databases."""
     selects = [
         select(*[literal(v, type_=t()).label(name) for (name, t), v in zip(columns, row, strict=True)])

@@ -15,8 +15,11 @@ from recovery_ext._store.retention import RetentionOps
 from recovery_ext._store import migrations
 from recovery_ext._store.budgets import BudgetOps
 from recovery_ext._store.database import DEFAULT_RETRY_BUDGET, Database, shared_retry_budget
-from recovery_ext._store.queue import QueueOps
-from recovery_ext._store.ticks import TickOps
+from recovery_ext._store.deployments import Deployments
+from recovery_ext._store.orphans import Orphans
+from recovery_ext._store.pipelines import PipelineCore
+from recovery_ext._store.queue import Queue
+from recovery_ext._store.ticks import Recovery
 from recovery_ext._store.vouch import VouchOps
 
 URL_ENV = "RECOVERY_DATABASE_URL"
@@ -30,15 +33,6 @@ class Pipelines(VouchOps):
 class Providers(BudgetOps):
     """Circuit breakers, the outage pause, the request and token budgets, the call journal and the ledger's
     writes: what a provider guard calls (:class:`~recovery_ext._store.interfaces.ProviderStore`)."""
-
-
-class Queue(QueueOps):
-    """The work queue (:class:`~recovery_ext._store.interfaces.QueueStore`)."""
-
-
-class Recovery(TickOps):
-    """The orphan sensor's snapshot and recovery pass
-    (:class:`~recovery_ext._store.interfaces.RecoveryPassStore`)."""
 
 
 class Reports(RetentionOps):
@@ -82,7 +76,8 @@ class RecoveryStore:
         self.pipelines = Pipelines(self._db)
         self.providers = Providers(self._db)
         self.queue = Queue(self._db)
-        self.recovery = Recovery(self._db)
+        self.recovery = Recovery(self._db, orphans=Orphans(self._db), deployments=Deployments(self._db),
+                                 pipeline_rows=PipelineCore(self._db))
         self.reports = Reports(self._db)
 
     retry_budget = shared_retry_budget()

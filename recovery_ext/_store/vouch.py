@@ -16,20 +16,12 @@ from dataclasses import dataclass
 from sqlalchemy import exists, func, select, tuple_, update
 
 from recovery_ext._store.database import chunks, retried
-from recovery_ext._store.models import Ownership
+from recovery_ext._store.models import Ownership, WatchedNode
 from recovery_ext._store.schema import nodes, pipelines
 from recovery_ext._store.statuses import NodeStatus, PipelineStatus
 from recovery_ext._store.jobs import JobOps
 
 n = nodes.c
-
-
-@dataclass(frozen=True)
-class WatchedNode:
-    id: int
-    pipeline_id: int
-    name: str
-    process: str
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ from helpers import expire
 
 from recovery_ext import scan
 from recovery_ext._observe.timeline import build_timeline
-from recovery_ext._store.runs import PipelineBeat
+from recovery_ext._store.models import PipelineBeat
 
 
 def test_a_queue_pipelines_report_counts_each_runs_documents_and_places_the_crash_at_its_last_heartbeat(store):

@@ -14,7 +14,7 @@ from recovery_pipelines.devserver import wait_for
 from recovery_ext._errors import IllegalTransition, OwnershipLost
 from recovery_ext._liveness.heartbeat import HeartbeatRegistry, HeartbeatSettings
 from recovery_ext._store.models import ErrorInfo, ItemCheckpoint, PassPlan, Scope
-from recovery_ext._store.runs import NodeBeat, PipelineBeat
+from recovery_ext._store.models import NodeBeat, PipelineBeat
 from recovery_ext._store.schema import nodes, transitions
 
 

@@ -53,8 +53,8 @@ def test_every_file_name_on_the_page_is_a_file_of_the_project():
 
 
 def test_the_check_finds_a_name_that_is_gone():
-    assert _missing("_store/ticks.py:TickOps.recovery_pass") is None
-    assert _missing("_store/ticks.py:TickOps.no_such_method") == "_store/ticks.py:TickOps.no_such_method: " \
-                                                                  "no_such_method not found"
+    assert _missing("_store/ticks.py:Recovery.recovery_pass") is None
+    assert _missing("_store/ticks.py:Recovery.no_such_method") == \
+        "_store/ticks.py:Recovery.no_such_method: no_such_method not found"
     assert _missing("_recovery/gone.py") == "_recovery/gone.py: no such file or folder"
     assert _inline_references("`a/b.py:f` and `text`\n```\n`c/d.py`\n```\n") == ["a/b.py:f"]
