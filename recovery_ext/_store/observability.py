@@ -14,7 +14,7 @@ from typing import Any
 from sqlalchemy import Float, Select, and_, case, cast, func, literal, or_, select
 
 from recovery_ext._store import aggregates
-from recovery_ext._store.database import retried
+from recovery_ext._store.database import Component, Database, retried
 from recovery_ext._store.ledger import IN_FLIGHT
 from recovery_ext._store.statuses import PipelineStatus, QueueStatus
 from recovery_ext._store.ledger_rows import well_formed_call
@@ -22,7 +22,7 @@ from recovery_ext._store.models import CostFigures, MetricsSnapshot, Node, Pipel
 from recovery_ext._errors import NotFound
 from recovery_ext._store.schema import (circuit_breakers, events, node_items, nodes, pipelines, provider_calls,
                                         queue_items, transitions)
-from recovery_ext._store.reports import ReportOps
+from recovery_ext._store.ledger import LedgerOps
 
 # Pipeline columns that label the pipeline gauges: Prometheus label -> column, one entry per label (not
 # "job" or "instance": Prometheus sets those on every target).
@@ -39,7 +39,13 @@ RESUME_EVENTS: dict[str, str | None] = {"reclaimed": None, "taken_over": "re_exe
 COUNTED_TRANSITION_EVENTS: tuple[str, ...] = (*RESUME_EVENTS, "given_up")
 
 
-class ObservabilityOps(ReportOps):
+class Observability(Component):
+    """The metrics exporter's and the pipeline report's reads; the ledger's figures come from ``ledger``."""
+
+    def __init__(self, db: Database, *, ledger: LedgerOps) -> None:
+        super().__init__(db)
+        self.ledger = ledger
+
     @retried
     def metrics_snapshot(self) -> MetricsSnapshot:
         return self.scrape_snapshot()
@@ -69,7 +75,7 @@ class ObservabilityOps(ReportOps):
                 .order_by(circuit_breakers.c.endpoint))]
             spent = aggregates.provider_spent(conn)
             by_job_figures, skipped = aggregates.rolled_up_costs(conn)
-            live = self.costs_in(conn, live_only=True)
+            live = self.ledger.costs_in(conn, live_only=True)
             skipped += aggregates.live_malformed_calls(conn)
         for pipeline_id, figures in live.pipelines.items():
             by_job_figures.setdefault(live.jobs.get(pipeline_id) or "", CostFigures()).add(figures)
@@ -135,7 +141,7 @@ class ObservabilityOps(ReportOps):
         if not isinstance(now, dt.datetime):  # SQLite's clock is epoch seconds
             now = dt.datetime.fromtimestamp(float(now), tz=dt.UTC)
         calls, call_count, calls_step, call_figures = self._calls_of(pipeline_id)
-        report = self.provider_costs(pipeline_id)
+        report = self.ledger.provider_costs(pipeline_id)
         costs = report.pipelines.get(pipeline_id)
         return PipelineHistory(Pipeline.from_row(row._mapping), node_rows, history, happened, items, item_times, now,
                                calls=calls, costs={**(costs.as_dict() if costs is not None else {}),

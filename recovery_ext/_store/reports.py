@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -10,12 +10,15 @@ from sqlalchemy import Table, case, delete, func, literal, or_, select, union_al
 from sqlalchemy.sql.elements import ColumnElement
 
 from recovery_ext._store import aggregates
-from recovery_ext._store.database import retried
+from recovery_ext._store.database import Component, Database, retried
 from recovery_ext._store.models import Pipeline, QueueItem
 from recovery_ext._store.schema import (QUEUE_STATUSES, events, node_items, nodes, pipeline_counts, pipelines,
                                         queue_counts, queue_items, transitions)
 from recovery_ext._store.statuses import UNFINISHED_QUEUE_STATUSES, NodeStatus, PipelineStatus, QueueStatus
 from recovery_ext._store.ledger import LedgerOps
+from recovery_ext._store.models import CostReport, MetricsSnapshot, PipelineHistory
+from recovery_ext._store.observability import Observability
+from recovery_ext._store.retention import PruneResult, Retention
 
 
 # Ids below the highest one seen that are still tracked as possibly in flight.
@@ -24,7 +27,48 @@ GAP_WINDOW = 10_000
 _FAR = 2**62
 
 
-class ReportOps(LedgerOps):
+class Reports(Component):
+    """``store.reports`` (:class:`~recovery_ext._store.interfaces.ReportStore`): reads for the CLI, metrics and
+    reports, the event log, and retention. The status and event queries are its own; its collaborators are
+    attributes: ``ledger`` (the provider ledger's figures), ``observability`` (the exporter's snapshot and a
+    pipeline's history) and ``retention`` (pruning finished pipelines)."""
+
+    def __init__(self, db: Database, *, ledger: LedgerOps, observability: Observability,
+                 retention: Retention) -> None:
+        super().__init__(db)
+        self.ledger = ledger
+        self.observability = observability
+        self.retention = retention
+
+    # The collaborators' calls, named here so a caller sees the whole surface.
+
+    def provider_costs(self, pipeline_id: int | None = None) -> CostReport:
+        """:meth:`LedgerOps.provider_costs`."""
+        return self.ledger.provider_costs(pipeline_id)
+
+    def metrics_snapshot(self) -> MetricsSnapshot:
+        """:meth:`Observability.metrics_snapshot`."""
+        return self.observability.metrics_snapshot()
+
+    def scrape_snapshot(self, *, timeout: float | None = None) -> MetricsSnapshot:
+        """:meth:`Observability.scrape_snapshot`."""
+        return self.observability.scrape_snapshot(timeout=timeout)
+
+    def pipeline_history(self, pipeline_id: int) -> PipelineHistory:
+        """:meth:`Observability.pipeline_history`."""
+        return self.observability.pipeline_history(pipeline_id)
+
+    def prune_finished_pipelines(self, older_than_seconds: float, *, batch_size: int | None = None,
+                                 deployment: str | None = None, time_budget: float | None = None,
+                                 max_batches: int | None = None, dry_run: bool = False,
+                                 progress: Callable[[PruneResult], None] | None = None) -> PruneResult:
+        """:meth:`Retention.prune_finished_pipelines`."""
+        return self.retention.prune_finished_pipelines(
+            older_than_seconds, batch_size=batch_size, deployment=deployment, time_budget=time_budget,
+            max_batches=max_batches, dry_run=dry_run, progress=progress)
+
+    # -- its own reads --------------------------------------------------------------------------
+
     @retried
     def pipeline_summary(self, *, deployment: str | None = None) -> list[dict[str, Any]]:
         """Pipelines by deployment and status, with their average duration (from the counts kept as they change)."""

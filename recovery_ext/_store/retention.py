@@ -29,13 +29,12 @@ from typing import Any
 
 from sqlalchemy import ColumnElement, Connection, Table, and_, delete, func, literal_column, not_, select
 
-from recovery_ext._store.database import retried
+from recovery_ext._store.database import Component, retried
 from recovery_ext._store.observability import COUNTED_TRANSITION_EVENTS
 from recovery_ext._store.schema import (call_journal, events, node_items, nodes, pipelines, provider_calls,
                                         provider_jobs, queue_items, transitions)
 from recovery_ext._store.rolled_up import ROLLED_UP
 from recovery_ext._store.statuses import QueueStatus
-from recovery_ext._store.observability import ObservabilityOps
 
 p, t, q = pipelines.c, transitions.c, queue_items.c
 
@@ -139,7 +138,9 @@ def _prunable(cutoff: ColumnElement[Any], status: str, deployment: str | None,
     return [*where, p.deployment == deployment] if deployment is not None else where
 
 
-class RetentionOps(ObservabilityOps):
+class Retention(Component):
+    """Deleting the history of pipelines that finished long ago."""
+
     def prune_finished_pipelines(self, older_than_seconds: float, *, batch_size: int | None = None,
                                  deployment: str | None = None, time_budget: float | None = None,
                                  max_batches: int | None = None, dry_run: bool = False,

@@ -11,7 +11,10 @@ from typing import Any
 from sqlalchemy import Connection
 from sqlalchemy.engine import Engine
 
-from recovery_ext._store.retention import RetentionOps
+from recovery_ext._store.ledger import LedgerOps
+from recovery_ext._store.observability import Observability
+from recovery_ext._store.reports import Reports
+from recovery_ext._store.retention import Retention
 from recovery_ext._store import migrations
 from recovery_ext._store.budgets import BudgetOps
 from recovery_ext._store.database import DEFAULT_RETRY_BUDGET, Database, shared_retry_budget
@@ -33,11 +36,6 @@ class Pipelines(VouchOps):
 class Providers(BudgetOps):
     """Circuit breakers, the outage pause, the request and token budgets, the call journal and the ledger's
     writes: what a provider guard calls (:class:`~recovery_ext._store.interfaces.ProviderStore`)."""
-
-
-class Reports(RetentionOps):
-    """Reads for the CLI, metrics and reports, events, and retention
-    (:class:`~recovery_ext._store.interfaces.ReportStore`)."""
 
 
 # The transaction helpers of the one Database that RecoveryStore offered as public names before 0.x: each still
@@ -78,7 +76,9 @@ class RecoveryStore:
         self.queue = Queue(self._db)
         self.recovery = Recovery(self._db, orphans=Orphans(self._db), deployments=Deployments(self._db),
                                  pipeline_rows=PipelineCore(self._db))
-        self.reports = Reports(self._db)
+        ledger = LedgerOps(self._db)
+        self.reports = Reports(self._db, ledger=ledger, observability=Observability(self._db, ledger=ledger),
+                               retention=Retention(self._db))
 
     retry_budget = shared_retry_budget()
 

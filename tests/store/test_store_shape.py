@@ -224,8 +224,8 @@ def test_the_store_and_its_components_inherit_in_one_line(store):
 
 
 # Components still built as a chain of domain classes (one per table family); each leaves this set when it becomes
-# a plain class holding its collaborators, as store.queue and store.recovery are.
-CHAINED = {"pipelines", "providers", "reports"}
+# a plain class holding its collaborators, as store.queue, store.recovery and store.reports are.
+CHAINED = {"pipelines", "providers"}
 # What a plain component may inherit: the transactions of the one Database.
 INFRASTRUCTURE = {"recovery_ext._store.database", "builtins"}
 
