@@ -8,7 +8,7 @@ import math
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
-from typing import TYPE_CHECKING, Any, Self, TypeVar
+from typing import Any, Self, TypeVar, cast
 
 from recovery_ext._classify.redaction import redact_url
 from recovery_ext._errors import ConfigurationError
@@ -16,14 +16,11 @@ from recovery_ext._settings import LONGEST
 from recovery_ext._store.statuses import FINISHED_NODE_STATUSES, WAITING, BreakerState, ItemStatus, PipelineStatus
 
 
-if TYPE_CHECKING:
-    from _typeshed import DataclassInstance
-
-_D = TypeVar("_D", bound="DataclassInstance")
+_D = TypeVar("_D")
 
 
 def _from_mapping(cls: type[_D], mapping: Any) -> _D:
-    names = {f.name for f in fields(cls)}
+    names = {f.name for f in fields(cast(Any, cls))}  # each caller is a dataclass
     return cls(**{k: v for k, v in dict(mapping).items() if k in names})
 
 
