@@ -45,8 +45,13 @@ def describe(ctx: NodeContext) -> dict:
 
     client = openai.OpenAI(base_url=os.environ[URL_ENV], api_key="sk-demo")
     requests = {f"t{i:02d}": request(f"t{i:02d}") for i in range(ctx.op_config["items"])}
-    run_provider_job(ctx, OpenAIBatchJobs(client), requests, poll_seconds=ctx.op_config["poll_seconds"],
-                     keep=lambda key, answer: ctx.checkpoint(key, json.loads(answer["choices"][0]["message"]["content"])))
+    run_provider_job(
+        ctx,
+        OpenAIBatchJobs(client),
+        requests,
+        poll_seconds=ctx.op_config["poll_seconds"],
+        keep=lambda key, answer: ctx.checkpoint(key, json.loads(answer["choices"][0]["message"]["content"])),
+    )
     return {"items": len(ctx.completed_items())}
 
 

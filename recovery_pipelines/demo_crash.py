@@ -216,7 +216,9 @@ def run_demo(root: Path, var: Path, t: Timeline, *, keep_ui: bool, timeout: floa
             t.say(f"CHECK FAILED: {problem}")
         if not problems:
             t.say("CHECK PASSED: each kill -9 led to exactly one resume run and both pipelines completed")
-        print("\nInspect them (one command a line):\n  " + "\n  ".join(inspect_commands(app_url, [ontology.id, ocr.id])))
+        print(
+            "\nInspect them (one command a line):\n  " + "\n  ".join(inspect_commands(app_url, [ontology.id, ocr.id]))
+        )
         if keep_ui:
             print(f"The Dagster UI stays up at http://127.0.0.1:{dev.port} with these runs; Ctrl-C to stop.",
                   flush=True)

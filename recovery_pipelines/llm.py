@@ -10,14 +10,27 @@ import json
 import logging
 import re
 import time
-from typing import Any, Optional, Protocol
+from typing import Any, Protocol
 
 from dagster import ConfigurableResource
 from pydantic import Field
 
-from recovery_ext import (ClassifiedError, NodeContext, Prices, ProviderCall, ProviderGuard, ProviderLimits, RetryPolicy,
-                          provider_guard, read_usage, record_provider_call, redact, redact_secret, redact_url,
-                          with_context)
+from recovery_ext import (
+    ClassifiedError,
+    NodeContext,
+    Prices,
+    ProviderCall,
+    ProviderGuard,
+    ProviderLimits,
+    RetryPolicy,
+    provider_guard,
+    read_usage,
+    record_provider_call,
+    redact,
+    redact_secret,
+    redact_url,
+    with_context,
+)
 
 SYSTEM_PROMPT = (
     "You document relational databases for analysts. Answer with one JSON object only, "
@@ -215,8 +228,13 @@ class OpenAICompatibleEnricher:
 
     def request_body(self, task: str, payload: dict[str, Any]) -> dict[str, Any]:
         """The chat-completion request for ``task``, as a batch line's body."""
-        return {"model": self.model, "messages": self.messages(task, payload), "response_format": {"type": "json_object"},
-                "temperature": 0, **({"max_tokens": self.max_tokens} if self.max_tokens else {})}
+        return {
+            "model": self.model,
+            "messages": self.messages(task, payload),
+            "response_format": {"type": "json_object"},
+            "temperature": 0,
+            **({"max_tokens": self.max_tokens} if self.max_tokens else {}),
+        }
 
     def answer_of(self, body: dict[str, Any]) -> dict[str, Any]:
         """The JSON answer in a chat completion's body (a batch result line's)."""
@@ -241,26 +259,26 @@ class OpenAICompatibleEnricher:
 class LLMResource(ConfigurableResource):
     """The LLM the ontology job asks; leave ``base_url`` empty to run offline with the heuristic enricher."""
 
-    base_url: Optional[str] = Field(
+    base_url: str | None = Field(
         default=None, description="OpenAI-compatible base URL (e.g. https://api.openai.com/v1). Empty: heuristic."
     )
     model: str = Field(default="gpt-4o-mini", description="Model name sent with every request.")
-    api_key: Optional[str] = Field(default=None, description="API key; pass EnvVar('OPENAI_API_KEY'). Never logged.")
+    api_key: str | None = Field(default=None, description="API key; pass EnvVar('OPENAI_API_KEY'). Never logged.")
     timeout: float = Field(default=60.0, description="Seconds before one request times out.")
     initial_delay: float = Field(default=1.0, description="First backoff delay in seconds; doubles, with jitter.")
     max_delay: float = Field(
         default=30.0, description="Upper bound of one backoff delay in seconds, and of an honoured Retry-After.")
-    max_tokens: Optional[int] = Field(
+    max_tokens: int | None = Field(
         default=1024, description="Most tokens one answer may hold (sent as max_tokens; bounds a budget reservation).")
-    requests_per_minute: Optional[int] = Field(
+    requests_per_minute: int | None = Field(
         default=None, description="Requests per minute the endpoint allows, shared by every run and process.")
-    tokens_per_minute: Optional[int] = Field(
+    tokens_per_minute: int | None = Field(
         default=None, description="Tokens per minute the endpoint allows, shared by every run and process.")
     budget_per_model: bool = Field(
         default=False, description="Each model of the endpoint has its own requests/tokens per minute budget.")
     budget_window_seconds: float = Field(
         default=60.0, description="The window the per-minute limits count over (60; smaller only to test).")
-    budget_margin_seconds: Optional[float] = Field(
+    budget_margin_seconds: float | None = Field(
         default=None, description="Added to the window after a request's answer, for clock differences (default 2 %, "
                                  "at most 1 s). A request holds its room from its reservation until one window after "
                                  "its answer, however long it takes to reach the provider.")
@@ -273,7 +291,7 @@ class LLMResource(ConfigurableResource):
         default_factory=dict, description='Price per million tokens per model, e.g. {"gpt-4o-mini": {"input": 0.15, '
                                           '"output": 0.6}}: the ledger turns tokens into cost. Unlisted: no cost.')
 
-    def enricher(self, node: Optional[NodeContext] = None) -> Enricher:
+    def enricher(self, node: NodeContext | None = None) -> Enricher:
         """The enricher for ``node``: its calls share the endpoint's breaker and pause the node's pipeline
         during outages (settings on the ``recovery`` resource). Without a node: in-call retries only."""
         if not self.base_url:

@@ -1,7 +1,7 @@
 """Every python and bash block of the README and of the docs site (docs/**/*.md) runs as written.
 
-The blocks of one page run in order, in one temporary directory of that page with a fresh DAGSTER_HOME and no application
-database configured (the library's default: SQLite under DAGSTER_HOME), with this interpreter's
+The blocks of one page run in order, in one temporary directory of that page with a fresh DAGSTER_HOME and no
+application database configured (the library's default: SQLite under DAGSTER_HOME), with this interpreter's
 `bin` first on PATH. A block the README says to save ("Save this as `my_assets.py`:") is written to
 that file. The README's own code holds the stand-ins, each marked "in real life"; nothing is
 substituted here. A block is skipped only when the page marks it, visibly, with a preceding

@@ -81,7 +81,10 @@ def test_pulse_is_one_transaction_fenced_by_epoch_and_reports_lost_pipelines(sto
     live = [o for o in owners if o is not lost_one]
     assert store.recovery.find_orphans() == []
     for own in live:
-        assert store.pipelines.get_node(own.pipeline_id, "a").heartbeat_deadline > store.pipelines.get_pipeline(own.pipeline_id).updated_at
+        assert (
+            store.pipelines.get_node(own.pipeline_id, "a").heartbeat_deadline
+            > store.pipelines.get_pipeline(own.pipeline_id).updated_at
+        )
     # the superseded owner's node beat changed nothing: the reclaim reset its node to pending
     assert store.pipelines.get_node(lost_one.pipeline_id, "a").heartbeat_deadline is None
 

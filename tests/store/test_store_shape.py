@@ -157,8 +157,9 @@ def view_members(view: type) -> set[str]:
     """What a caller given ``view`` may use: its own members, and each component it names with that component's
     protocol (as ``component.method``)."""
     members = protocol_members(view)
-    return ({name for name in members if name not in COMPONENTS}
-            | {f"{name}.{method}" for name in members & set(COMPONENTS) for method in protocol_members(COMPONENTS[name])})
+    return {name for name in members if name not in COMPONENTS} | {
+        f"{name}.{method}" for name in members & set(COMPONENTS) for method in protocol_members(COMPONENTS[name])
+    }
 
 
 def component_surface(component: object) -> set[str]:
