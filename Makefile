@@ -45,7 +45,7 @@ dev: install
 
 ## Lint and type-check the library (ruff, then mypy; both configured in pyproject.toml).
 lint: install
-	$(BIN)/ruff check recovery_ext
+	$(BIN)/ruff check recovery_ext recovery_pipelines tests bench definitions.py
 	$(BIN)/mypy
 
 ## The whole test suite (needs PostgreSQL at 127.0.0.1:5432; .ci/run starts it).

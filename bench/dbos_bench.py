@@ -19,9 +19,9 @@ dbos==3.4.0``): it is never a dependency of recovery-ext. All figures are ratios
 Run: .venv/bin/python -m bench.dbos_bench [--items 300] [--rounds 3] [--workflows 500] [--no-dbos]
 Goals: per-item >= 5x DBOS steps/s, batched >= 100x, and batched >= 50% of a bare multi-row INSERT of the
 same rows (printed beside each batched figure, interleaved with it; bench/batch_bench.py has the detail).
-``--no-dbos`` runs only our checkpoints and the bare INSERTs, without DBOS or its environment. Printed beside them: the rate of one durable commit
-per item (a bare prepared INSERT, interleaved with our per-item checkpoints), what any per-item
-checkpoint that commits every item pays at least.
+``--no-dbos`` runs only our checkpoints and the bare INSERTs, without DBOS or its environment. Printed beside
+them: the rate of one durable commit per item (a bare prepared INSERT, interleaved with our per-item
+checkpoints), what any per-item checkpoint that commits every item pays at least.
 """
 
 from __future__ import annotations
@@ -72,7 +72,8 @@ LOADS = {"idle": ("idle",), "loaded": ("loaded",), "both": ("idle", "loaded")}
 
 
 def machine_load(load: str):
-    """The load of a set of rounds: for "loaded", one CPU hog per core (tests/support/hog.py), stopped when the block exits."""
+    """The load of a set of rounds: for "loaded", one CPU hog per core (tests/support/hog.py), stopped when the
+    block exits."""
     if load == "idle":
         return contextlib.nullcontext()
     sys.path.insert(0, str(ROOT / "tests" / "support"))
@@ -242,8 +243,11 @@ def main() -> int:
     parser.add_argument("--items", type=int, default=300, help="checkpoints / DBOS steps per round")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--workflows", type=int, default=500, help="interrupted workflows for mass recovery (0 skips)")
-    parser.add_argument("--no-dbos", action="store_true",
-                        help="skip every DBOS figure (no .venv-dbos needed): our checkpoints beside the bare INSERT only")
+    parser.add_argument(
+        "--no-dbos",
+        action="store_true",
+        help="skip every DBOS figure (no .venv-dbos needed): our checkpoints beside the bare INSERT only",
+    )
     parser.add_argument("--load", choices=sorted(LOADS), default="both",
                         help="checkpoint rounds on the machine as it is (idle), with one CPU hog per core (loaded), "
                              "or both, one table each")

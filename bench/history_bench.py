@@ -110,7 +110,9 @@ def operations(store: RecoveryStore, url: str, report_file: Path) -> dict[str, C
         call = ProviderCall(endpoint="https://api.example.com/v1/chat", model="model-a", tokens_in=500,
                             tokens_out=200, latency_seconds=1.5, cost=0.0007, item_key=f"bench-{n}",
                             pipeline_id=LIVE.pipeline_id, node_name="llm", run_id=LIVE.owner, epoch=LIVE.epoch)
-        store.pipelines.checkpoint_item(LIVE, "llm", ItemCheckpoint(key=f"bench-{n}", result={"text": "x"}, calls=(call,)))
+        store.pipelines.checkpoint_item(
+            LIVE, "llm", ItemCheckpoint(key=f"bench-{n}", result={"text": "x"}, calls=(call,))
+        )
 
     def stuck_tick() -> None:
         store.queue.reset_stale(queue="ocr", older_than_seconds=600, reason="history bench")

@@ -82,7 +82,9 @@ def healthy_runs(dev, store: RecoveryStore, count: int, item_seconds: float, res
 
 def finish(store: RecoveryStore, run_ids: list[str], timeout: float) -> None:
     for run_id in run_ids:
-        pipeline = wait_for(lambda r=run_id: store.pipelines.find_pipeline(r), timeout=timeout, what=f"the pipeline of {run_id}")
+        pipeline = wait_for(
+            lambda r=run_id: store.pipelines.find_pipeline(r), timeout=timeout, what=f"the pipeline of {run_id}"
+        )
         wait_for(lambda p=pipeline: store.pipelines.get_pipeline(p.id).status in ("completed", "failed", "canceled"),
                  timeout=timeout, interval=1.0, what=f"pipeline {pipeline.id} to finish")
 
@@ -189,7 +191,9 @@ def main() -> int:
     # `kill <pid>` unwinds like Ctrl-C, so the dagster dev and CPU hogs it started are stopped too
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--settings", default="default,2/8", help="comma-separated: default (30/90) or INTERVAL/TIMEOUT")
+    parser.add_argument(
+        "--settings", default="default,2/8", help="comma-separated: default (30/90) or INTERVAL/TIMEOUT"
+    )
     parser.add_argument("--load", default="idle,loaded", help="comma-separated: idle, loaded (one CPU hog per core)")
     parser.add_argument("--healthy", type=int, default=10, help="healthy runs per setting and load")
     parser.add_argument("--faults", type=int, default=3, help="faults per kind per setting and load")

@@ -49,7 +49,7 @@ class PlainLLM(LLMResource):
 
 
 class PlainItem:
-    def __init__(self, ctx: "PlainContext", key: str) -> None:
+    def __init__(self, ctx: PlainContext, key: str) -> None:
         self.ctx, self.key = ctx, key
 
     def complete(self, result: Any = None, *, also=None) -> None:
@@ -176,8 +176,9 @@ def main() -> int:
                     for run in ((run_plain, run_recoverable) if round_no % 2 == 0 else (run_recoverable, run_plain)):
                         run()
             plain_median, recoverable_median = statistics.median(plain), statistics.median(recoverable)
-            added = [(r - p) / ops * 1000 for r, p in zip(recoverable, plain)]
-            spread = f"{min(plain) * 1000:.0f}-{max(plain) * 1000:.0f} / {min(recoverable) * 1000:.0f}-{max(recoverable) * 1000:.0f}"
+            added = [(r - p) / ops * 1000 for r, p in zip(recoverable, plain, strict=False)]
+            spread = (f"{min(plain) * 1000:.0f}-{max(plain) * 1000:.0f} / "
+                      f"{min(recoverable) * 1000:.0f}-{max(recoverable) * 1000:.0f}")
             llm = f"LLM stand-in {args.llm_ms:.0f} ms" if args.llm_ms > 0 else "heuristic enricher (no LLM latency)"
             print(f"ontology job: {ops} ops, {llm}, {args.runs} runs each, in-process, PostgreSQL, {args.load}")
             print(f"  plain ops, same bodies   {plain_median * 1000:8.1f} ms per run (median)")
@@ -191,9 +192,15 @@ def main() -> int:
                 with wire_counts(store) as wire[name]:  # one more run each, untimed: tracing costs time
                     run = execute_in_process if name == "recoverable" else type(job_def).execute_in_process
                     assert run(job_def, resources=resources).success
-            print("  database per op          " + ", ".join(
-                f"{name} {counts['round_trips'] / ops:.1f} round trips / {counts['transactions'] / ops:.1f} transactions"
-                for name, counts in wire.items()) + " (ontology rows included; libpq trace of one more run each)")
+            print(
+                "  database per op          "
+                + ", ".join(
+                    f"{name} {counts['round_trips'] / ops:.1f} round trips / "
+                    f"{counts['transactions'] / ops:.1f} transactions"
+                    for name, counts in wire.items()
+                )
+                + " (ontology rows included; libpq trace of one more run each)"
+            )
             store.close()
     finally:
         if server is not None:

@@ -115,7 +115,7 @@ def main() -> int:
         with wire_counts(store) as wire:  # one more run, untimed: tracing costs time
             assert execute_in_process(recoverable_job, resources={"recovery": resource}).success
         plain_median, recoverable_median = statistics.median(plain), statistics.median(recoverable)
-        added = [(r - p) / args.ops * 1000 for r, p in zip(recoverable, plain)]
+        added = [(r - p) / args.ops * 1000 for r, p in zip(recoverable, plain, strict=False)]
         print(f"overhead: {args.ops} chained ops, body {args.body_ms:.0f} ms, {args.runs} runs each, in-process, "
               "PostgreSQL")
         print(f"  plain job         {plain_median * 1000:8.1f} ms per run (median)")

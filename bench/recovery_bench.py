@@ -87,8 +87,11 @@ def one_crash(dev, store, kind: str) -> dict:
         os.kill(pid, signal.SIGKILL)
     if kind == "b":
         dev.reload()
-    resume = wait_for(lambda: [r for r in dev.runs(tags={TAG_PIPELINE: str(pipeline.id)}) if TAG_RESUME_NUMBER in r.tags],
-                      timeout=180, what="a resume run")[0]
+    resume = wait_for(
+        lambda: [r for r in dev.runs(tags={TAG_PIPELINE: str(pipeline.id)}) if TAG_RESUME_NUMBER in r.tags],
+        timeout=180,
+        what="a resume run",
+    )[0]
     record = dev.instance.get_run_records(filters=RunsFilter(run_ids=[resume.run_id]))[0]
     created = record.create_timestamp.timestamp()
     started = wait_for(lambda: (_r := dev.run(resume.run_id)).status in (DagsterRunStatus.STARTED,
@@ -132,7 +135,9 @@ def stock_crash(dev, store) -> dict:
 def summary(label, values):
     values = sorted(values)
     p95 = values[max(0, int(round(len(values) * 0.95)) - 1)]
-    return f"{label:58} n={len(values):3}  median {statistics.median(values):7.2f}  p95 {p95:7.2f}  max {values[-1]:7.2f}"
+    return (
+        f"{label:58} n={len(values):3}  median {statistics.median(values):7.2f}  p95 {p95:7.2f}  max {values[-1]:7.2f}"
+    )
 
 
 def creation_rate(home_root: Path, app_url: str) -> list[str]:

@@ -91,7 +91,7 @@ def bench_executor(job_name: str, store: RecoveryStore, instance, rounds: int) -
             tags = last_left(store, pipeline_id, last)
             RecoveringExecutor._events = events
             try:
-                times[case].append(timed(lambda: run_ok(job, instance, tags=tags)))
+                times[case].append(timed(lambda tags=tags: run_ok(job, instance, tags=tags)))
             finally:
                 RecoveringExecutor._events = replay_events
             assert store.pipelines.get_pipeline(pipeline_id).status == "completed"

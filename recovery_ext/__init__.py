@@ -1,6 +1,10 @@
 """recovery-ext: crash recovery for long-running Dagster LLM and OCR pipelines.
 
-Everything a Dagster user needs is importable from here; every other module is private.
+The everyday names are importable from here: the decorators and resources, the sensors, the errors, the
+provider and journal API, and the classifier. Advanced APIs live in two public submodules, as Temporal's SDK
+does: :mod:`recovery_ext.store` (the store, its value types, statuses and column types, the scan) and
+:mod:`recovery_ext.testing` (``execute_in_process``, the environment readers). Every other module is private.
+A name that moved keeps answering here, with a DeprecationWarning, for one release.
 The Dagster layer loads on first use, so the CLI and pure-Python users (the classifier,
 the store) do not pay for importing Dagster.
 """
@@ -8,6 +12,7 @@ the store) do not pay for importing Dagster.
 from __future__ import annotations
 
 import importlib
+import warnings
 from typing import TYPE_CHECKING, Any
 
 from recovery_ext._classify.classifier import Classification, ClassifiedError, classify, is_retryable, with_context
@@ -27,18 +32,9 @@ from recovery_ext._providers.openai_batch import OpenAIBatchJobs
 from recovery_ext._providers.ledger import record_provider_call
 from recovery_ext._providers.prices import Prices
 from recovery_ext._providers.textract_jobs import TextractJobs
-from recovery_ext._recovery.protocol import scan
-from recovery_ext._recovery.scan import RecoverySettings
 from recovery_ext._providers.usage import UsageDetails, read_usage, read_usage_details
-from recovery_ext._settings import env_bool, env_seconds
 from recovery_ext._store.budgets import ProviderLimits
-from recovery_ext._store.models import (ItemCheckpoint, NodeSpec, Ownership, PassPlan, PipelineLimits, ProviderCall,
-                                        Scope)
-from recovery_ext._store.queue import LEGACY_STALE_SECONDS, validate_backoff
-from recovery_ext._store.schema import DbJson, DbTime
-from recovery_ext._store.statuses import (WAITING, BreakerState, ItemOutcome, ItemStatus, NodeStatus, PipelineStatus,
-                                          QueueStatus)
-from recovery_ext._store.store import RecoveryStore
+from recovery_ext._store.models import ProviderCall
 
 # The Dagster layer: name -> private module that defines it, imported on first access.
 _DAGSTER_API = {
@@ -46,18 +42,17 @@ _DAGSTER_API = {
     "ExecutorFence": "fences",
     "Item": "context",
     "ItemsFailed": "parallel",
-    "MapResult": "parallel",
     "LLMResource": "llm",
+    "MapResult": "parallel",
     "NodeContext": "context",
     "QueueHandle": "queue_handle",
     "RecoveryResource": "resources",
     "TAG_PIPELINE": "tags",
     "TAG_RESUME_NUMBER": "tags",
     "TAG_RESUMED_FROM": "tags",
+    "async_journaling_http_client": "llm",
     "celery_executor_config": "celery_exec",
     "celery_settings": "celery_exec",
-    "async_journaling_http_client": "llm",
-    "execute_in_process": "executor",
     "journaling_http_client": "llm",
     "make_celery_app": "celery_exec",
     "make_orphan_sensor": "sensors",
@@ -78,10 +73,10 @@ if TYPE_CHECKING:
     from recovery_ext._dagster.celery_exec import (celery_executor_config, celery_settings, make_celery_app,
                                                    recoverable_celery_executor)
     from recovery_ext._dagster.context import Item, NodeContext
-    from recovery_ext._dagster.parallel import ItemsFailed, MapResult
-    from recovery_ext._dagster.executor import execute_in_process, recoverable_job, with_recovery
-    from recovery_ext._dagster.fences import ExecutorFence, register_executor_fence
     from recovery_ext._dagster.llm import LLMResource, async_journaling_http_client, journaling_http_client
+    from recovery_ext._dagster.parallel import ItemsFailed, MapResult
+    from recovery_ext._dagster.executor import recoverable_job, with_recovery
+    from recovery_ext._dagster.fences import ExecutorFence, register_executor_fence
     from recovery_ext._dagster.provider_jobs import run_provider_job
     from recovery_ext._dagster.providers import provider_guard
     from recovery_ext._dagster.queue_handle import QueueHandle
@@ -91,7 +86,22 @@ if TYPE_CHECKING:
     from recovery_ext._dagster.tags import TAG_PIPELINE, TAG_RESUME_NUMBER, TAG_RESUMED_FROM
 
 
+# Names that moved to a public submodule: each still answers here, with a DeprecationWarning, until the next
+# release removes it.
+_MOVED = {
+    **dict.fromkeys(["LEGACY_STALE_SECONDS", "WAITING", "BreakerState", "DbJson", "DbTime", "ItemCheckpoint",
+                     "ItemOutcome", "ItemStatus", "NodeSpec", "NodeStatus", "Ownership", "PassPlan", "PipelineLimits",
+                     "PipelineStatus", "QueueStatus", "RecoverySettings", "RecoveryStore", "Scope", "scan",
+                     "validate_backoff"], "recovery_ext.store"),
+    **dict.fromkeys(["env_bool", "env_seconds", "execute_in_process"], "recovery_ext.testing"),
+}
+
+
 def __getattr__(name: str) -> Any:
+    if name in _MOVED:
+        warnings.warn(f"recovery_ext.{name} moved to {_MOVED[name]}.{name}; the old name goes in the next release",
+                      DeprecationWarning, stacklevel=2)
+        return getattr(importlib.import_module(_MOVED[name]), name)
     module = _DAGSTER_API.get(name)
     if module is None:
         raise AttributeError(f"module 'recovery_ext' has no attribute {name!r}")
@@ -106,54 +116,37 @@ def __dir__() -> list[str]:
 
 __all__ = [
     "ASSET_JOB",
-    "BreakerState",
     "CircuitOpen",
     "Classification",
     "ClassifiedError",
     "ConfigurationError",
-    "DbJson",
-    "DbTime",
     "EscalatedError",
     "ExecutorFence",
     "HeartbeatSettings",
     "IllegalTransition",
     "Item",
-    "ItemCheckpoint",
-    "ItemOutcome",
-    "ItemStatus",
     "ItemTakenOver",
     "ItemsFailed",
     "JobAdapter",
     "JobResult",
     "LLMResource",
-    "LEGACY_STALE_SECONDS",
     "MapResult",
     "MigrationError",
     "MissingRunLiveness",
     "NodeContext",
-    "NodeSpec",
-    "NodeStatus",
     "NotFound",
     "OpenAIBatchJobs",
     "OutageBudgetExceeded",
     "OutageSettings",
-    "Ownership",
     "OwnershipLost",
-    "PassPlan",
-    "PipelineLimits",
-    "PipelineStatus",
     "Prices",
     "ProviderCall",
     "ProviderGuard",
     "ProviderLimits",
     "QueueHandle",
-    "QueueStatus",
     "RecoveryError",
     "RecoveryResource",
-    "RecoverySettings",
-    "RecoveryStore",
     "RetryPolicy",
-    "Scope",
     "StopRequested",
     "StoreError",
     "StoreUnavailable",
@@ -164,19 +157,15 @@ __all__ = [
     "UnfinishedItems",
     "UnresumableSelection",
     "UsageDetails",
-    "WAITING",
     "Watchdog",
+    "ajournaled_call",
+    "async_journaling_http_client",
     "celery_executor_config",
     "celery_settings",
     "classify",
-    "env_bool",
-    "env_seconds",
-    "execute_in_process",
-    "async_journaling_http_client",
     "instrument_opentelemetry",
     "is_retryable",
     "journaled_call",
-    "ajournaled_call",
     "journaling_http_client",
     "make_celery_app",
     "make_orphan_sensor",
@@ -198,10 +187,8 @@ __all__ = [
     "retry_if_retryable",
     "retrying",
     "run_provider_job",
-    "scan",
     "stop_after_same_error",
     "uninstrument_opentelemetry",
-    "validate_backoff",
     "wait_jittered_exponential",
     "with_context",
     "with_recovery",

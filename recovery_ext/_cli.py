@@ -21,7 +21,7 @@ from recovery_ext._recovery.protocol import scan
 from recovery_ext._recovery.scan import RecoverySettings
 from recovery_ext._classify.redaction import redact
 from recovery_ext._store.migrations import LIBRARY, check_package
-from recovery_ext._store.ledger import CostFigures
+from recovery_ext._store.models import CostFigures
 from recovery_ext._store.ledger_rows import SKIPPED_NOTE
 from recovery_ext._store.models import IN_PROCESS_DEPLOYMENT, PassPlan
 from recovery_ext._store.retention import PruneResult

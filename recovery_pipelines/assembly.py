@@ -8,8 +8,9 @@ from dagster import Definitions, EnvVar, multiprocess_executor
 
 from pydantic import ValidationError
 
-from recovery_ext import (ASSET_JOB, ConfigurationError, RecoveryResource, env_bool, env_seconds, make_orphan_sensor,
-                          make_stuck_item_sensor, recoverable_celery_executor, with_recovery)
+from recovery_ext import (ASSET_JOB, ConfigurationError, RecoveryResource, make_orphan_sensor, make_stuck_item_sensor,
+                          recoverable_celery_executor, with_recovery)
+from recovery_ext.testing import env_bool, env_seconds
 from recovery_pipelines.llm import LLMResource
 from recovery_pipelines.ocr import DEFAULT_QUEUE, make_ocr_job
 from recovery_pipelines.ocr_assets import ScanFolder, batch_partitions, make_ocr_assets

@@ -23,18 +23,10 @@ from typing import Any
 
 from dagster import DagsterInstance, Field, in_process_executor
 
-from recovery_ext import (
-    WAITING,
-    NodeContext,
-    OpenAIBatchJobs,
-    PipelineStatus,
-    RecoveryResource,
-    RecoveryStore,
-    execute_in_process,
-    recoverable_job,
-    recoverable_op,
-    run_provider_job,
-)
+from recovery_ext import (NodeContext, OpenAIBatchJobs, RecoveryResource, recoverable_job, recoverable_op,
+                          run_provider_job)
+from recovery_ext.store import WAITING, PipelineStatus, RecoveryStore
+from recovery_ext.testing import execute_in_process
 from recovery_pipelines.devserver import wait_for
 from recovery_pipelines.llm import OpenAICompatibleEnricher
 
@@ -53,8 +45,13 @@ def describe(ctx: NodeContext) -> dict:
 
     client = openai.OpenAI(base_url=os.environ[URL_ENV], api_key="sk-demo")
     requests = {f"t{i:02d}": request(f"t{i:02d}") for i in range(ctx.op_config["items"])}
-    run_provider_job(ctx, OpenAIBatchJobs(client), requests, poll_seconds=ctx.op_config["poll_seconds"],
-                     keep=lambda key, answer: ctx.checkpoint(key, json.loads(answer["choices"][0]["message"]["content"])))
+    run_provider_job(
+        ctx,
+        OpenAIBatchJobs(client),
+        requests,
+        poll_seconds=ctx.op_config["poll_seconds"],
+        keep=lambda key, answer: ctx.checkpoint(key, json.loads(answer["choices"][0]["message"]["content"])),
+    )
     return {"items": len(ctx.completed_items())}
 
 
@@ -87,7 +84,9 @@ def run(tags: dict[str, str] | None = None, items: int = 6) -> Any:
 
 def run_batch_demo(var: Path, say, *, items: int = 6, duration: float = 6.0) -> list[str]:
     """Kill a run while its batch is pending, resume it, and return what went wrong (empty: all shown)."""
-    from recovery_ext import TAG_PIPELINE, TAG_RESUME_NUMBER, TAG_RESUMED_FROM, PassPlan, Scope
+    from recovery_ext import TAG_PIPELINE, TAG_RESUME_NUMBER, TAG_RESUMED_FROM
+    from recovery_ext.store import Scope
+    from recovery_ext.store import PassPlan
     from recovery_pipelines.batch_stand_in import BatchProvider
 
     var.mkdir(parents=True, exist_ok=True)

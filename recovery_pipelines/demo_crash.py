@@ -31,7 +31,8 @@ from dagster import DagsterRunStatus
 from recovery_pipelines.ontology_schema import MIGRATIONS
 from recovery_pipelines.demo_batch import run_batch_demo
 from recovery_pipelines.devserver import BIN, DagsterDev, wait_for
-from recovery_ext import RecoveryStore, TAG_PIPELINE, TAG_RESUME_NUMBER
+from recovery_ext import TAG_PIPELINE, TAG_RESUME_NUMBER
+from recovery_ext.store import RecoveryStore
 
 TERMINAL = (DagsterRunStatus.SUCCESS, DagsterRunStatus.FAILURE, DagsterRunStatus.CANCELED)
 EVENT_KINDS = ("pipeline_recovered", "pipeline_stuck", "pipeline_failed", "superseded_run_stopped",
@@ -73,7 +74,7 @@ class Outcome:
 
 
 def items_done(store: RecoveryStore, pipeline_id: int, node: str) -> int:
-    with store.read() as conn:
+    with store.read_only() as conn:
         return conn.execute(text("SELECT count(*) FROM rx_node_items WHERE pipeline_id = :p AND node_name = :n"),
                             {"p": pipeline_id, "n": node}).scalar() or 0
 
@@ -209,7 +210,9 @@ def run_demo(root: Path, var: Path, t: Timeline, *, keep_ui: bool, timeout: floa
             t.say(f"CHECK FAILED: {problem}")
         if not problems:
             t.say("CHECK PASSED: each kill -9 led to exactly one resume run and both pipelines completed")
-        print("\nInspect them (one command a line):\n  " + "\n  ".join(inspect_commands(app_url, [ontology.id, ocr.id])))
+        print(
+            "\nInspect them (one command a line):\n  " + "\n  ".join(inspect_commands(app_url, [ontology.id, ocr.id]))
+        )
         if keep_ui:
             print(f"The Dagster UI stays up at http://127.0.0.1:{dev.port} with these runs; Ctrl-C to stop.",
                   flush=True)
@@ -245,7 +248,7 @@ def record_verdict(outcome: Outcome, store: RecoveryStore, found: dict, dev: Dag
 
 def summarize(t: Timeline, store: RecoveryStore, ontology_id: int, done_at_kill: int | None = None) -> None:
     after = items_done(store, ontology_id, "enrich_columns")
-    with store.read() as conn:
+    with store.read_only() as conn:
         redone = conn.execute(text("SELECT count(*) FROM rx_node_items WHERE pipeline_id = :p"
                                    " AND node_name = 'enrich_columns' AND epoch > 1"), {"p": ontology_id}).scalar() or 0
         claims = conn.execute(text("SELECT count(*) FROM rx_transitions"

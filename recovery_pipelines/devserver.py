@@ -18,6 +18,7 @@ from dagster import DagsterInstance, DagsterRunStatus, RunsFilter
 from dagster_graphql import DagsterGraphQLClient
 
 from recovery_pipelines.run_worker import announced_pid
+import contextlib
 
 BIN = Path(sys.executable).parent
 ENDED = (DagsterRunStatus.SUCCESS, DagsterRunStatus.FAILURE, DagsterRunStatus.CANCELED)
@@ -79,11 +80,11 @@ class DagsterDev:
         self.proc: subprocess.Popen | None = None
         self.log_path = home / "dagster-dev.log"
 
-    def start(self, timeout: float = 120) -> "DagsterDev":
+    def start(self, timeout: float = 120) -> DagsterDev:
         self.home.mkdir(parents=True, exist_ok=True)
         if not (self.home / "dagster.yaml").exists():
             (self.home / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
-        log = open(self.log_path, "w")
+        log = open(self.log_path, "w")  # noqa: SIM115 - the server writes to it for its whole life
         self.proc = subprocess.Popen(
             [str(BIN / "dagster"), "dev", "-h", "127.0.0.1", "-p", str(self.port),
              "-w" if self.workspace else "-f", str(self.defs_file)],
@@ -100,7 +101,9 @@ class DagsterDev:
         return self
 
     def _location_loaded(self) -> bool:
-        query = "{ workspaceOrError { ... on Workspace { locationEntries { name locationOrLoadError { __typename } } } } }"
+        query = (
+            "{ workspaceOrError { ... on Workspace { locationEntries { name locationOrLoadError { __typename } } } } }"
+        )
         data = self.client._execute(query)
         entries = data["workspaceOrError"]["locationEntries"]
         if entries and entries[0]["locationOrLoadError"]["__typename"] == "RepositoryLocation":
@@ -161,8 +164,6 @@ class DagsterDev:
             self.proc.wait(30)
         except (ProcessLookupError, subprocess.TimeoutExpired):
             pass
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(self.proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
         self.proc = None

@@ -10,7 +10,7 @@ import json
 import logging
 import re
 import time
-from typing import Any, Optional, Protocol
+from typing import Any, Protocol
 
 from pydantic import Field
 
@@ -217,8 +217,13 @@ class OpenAICompatibleEnricher:
 
     def request_body(self, task: str, payload: dict[str, Any]) -> dict[str, Any]:
         """The chat-completion request for ``task``, as a batch line's body."""
-        return {"model": self.model, "messages": self.messages(task, payload), "response_format": {"type": "json_object"},
-                "temperature": 0, **({"max_tokens": self.max_tokens} if self.max_tokens else {})}
+        return {
+            "model": self.model,
+            "messages": self.messages(task, payload),
+            "response_format": {"type": "json_object"},
+            "temperature": 0,
+            **({"max_tokens": self.max_tokens} if self.max_tokens else {}),
+        }
 
     def answer_of(self, body: dict[str, Any]) -> dict[str, Any]:
         """The JSON answer in a chat completion's body (a batch result line's)."""
@@ -248,7 +253,7 @@ class LLMResource(LibraryLLMResource):
         default=False, description="Column enrichment as one Batch API job (half the price, results within 24 h).")
     batch_poll_seconds: float = Field(default=30.0, description="Seconds between two looks at a pending batch.")
 
-    def enricher(self, node: Optional[NodeContext] = None) -> Enricher:
+    def enricher(self, node: NodeContext | None = None) -> Enricher:
         """The enricher for ``node``: its calls share the endpoint's breaker and pause the node's pipeline
         during outages (settings on the ``recovery`` resource). Without a node: in-call retries only."""
         if not self.base_url:

@@ -19,8 +19,9 @@ from typing import Any
 import pydantic
 from dagster import Config, Failure, Field, graph, multiprocess_executor
 
-from recovery_ext import (LEGACY_STALE_SECONDS, HeartbeatSettings, ItemTakenOver, NodeContext, OwnershipLost,
-                          StopRequested, Watchdog, classify, recoverable_op, redact, validate_backoff, with_recovery)
+from recovery_ext import (HeartbeatSettings, ItemTakenOver, NodeContext, OwnershipLost, StopRequested, Watchdog,
+                          classify, recoverable_op, redact, with_recovery)
+from recovery_ext.store import LEGACY_STALE_SECONDS, validate_backoff
 from recovery_pipelines.ocr_engine import DOCUMENT_SUFFIXES, recognise
 
 DEFAULT_QUEUE = "ocr"

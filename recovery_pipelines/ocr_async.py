@@ -20,8 +20,9 @@ import os
 import threading
 from typing import Any
 
-from recovery_ext import (ClassifiedError, HeartbeatSettings, ItemStatus, NodeContext, TextractJobs, Watchdog,
-                          redact, run_provider_job)
+from recovery_ext import (ClassifiedError, HeartbeatSettings, NodeContext, TextractJobs, Watchdog, redact,
+                          run_provider_job)
+from recovery_ext.store import ItemStatus
 from recovery_pipelines.ocr_engine import boost
 
 

@@ -64,7 +64,7 @@ def recognise(path: Path, *, on_page=None) -> OcrResult:
     for number, page in enumerate(pages, start=1):
         found, _ = engine()(np.asarray(page))
         # RapidOCR returns [box, text, score]; sort top-to-bottom, then left-to-right.
-        for box, text, score in sorted(found or [], key=lambda r: (round(r[0][0][1] / 20), r[0][0][0])):
+        for _box, text, score in sorted(found or [], key=lambda r: (round(r[0][0][1] / 20), r[0][0][0])):
             lines.append(text)
             scores.append(float(score))
         if on_page is not None:

@@ -228,7 +228,7 @@ def discover_relationships(ctx: NodeContext, schema: dict[str, Any]) -> dict[str
     for t in schema["tables"]:
         declared_cols = set()
         for fk in t["foreign_keys"]:
-            for col, ref in zip(fk["columns"], fk["ref_columns"]):
+            for col, ref in zip(fk["columns"], fk["ref_columns"], strict=False):
                 declared_cols.add(col)
                 found[(t["name"], col, fk["ref_table"], ref)] = {"kind": "declared", "confidence": 1.0}
         for c in t["columns"]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from sqlalchemy import BigInteger, Boolean, Column, Float, MetaData, Table, Text
 
-from recovery_ext import DbJson, DbTime
+from recovery_ext.store import DbJson, DbTime
 
 MIGRATIONS = "recovery_pipelines"  # RecoveryResource(migration_packages=[MIGRATIONS])
 metadata = MetaData()

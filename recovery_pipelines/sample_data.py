@@ -104,16 +104,31 @@ def _rows(rng: random.Random) -> dict[str, list[dict]]:
             items.append({"id": len(items) + 1, "order_id": i, "product_id": p["id"], "quantity": q,
                           "unit_price": p["unit_price"]})
         if status != "placed":
-            payments.append({"id": len(payments) + 1, "order_id": i, "method": rng.choice(["card", "invoice", "paypal"]),
-                             "amount": total, "paid_at": ordered + dt.timedelta(hours=2)})
+            payments.append(
+                {
+                    "id": len(payments) + 1,
+                    "order_id": i,
+                    "method": rng.choice(["card", "invoice", "paypal"]),
+                    "amount": total,
+                    "paid_at": ordered + dt.timedelta(hours=2),
+                }
+            )
         if status in ("shipped", "delivered"):
             shipments.append({"id": len(shipments) + 1, "order_id": i, "carrier": rng.choice(["DHL", "UPS", "PostNL"]),
                               "tracking_number": f"TRK{rng.randrange(10**8):08d}",
                               "shipped_at": ordered + dt.timedelta(days=1),
                               "delivered_at": ordered + dt.timedelta(days=3) if status == "delivered" else None})
-    reviews = [{"id": i, "product_id": rng.choice(products)["id"], "customer_id": rng.choice(customers)["id"],
-                "rating": rng.randrange(1, 6), "body": rng.choice(["Great", "Broke after a week", "As described", None]),
-                "created_at": dt.datetime(2025, 9, 1) + dt.timedelta(hours=rng.randrange(2000))} for i in range(1, 151)]
+    reviews = [
+        {
+            "id": i,
+            "product_id": rng.choice(products)["id"],
+            "customer_id": rng.choice(customers)["id"],
+            "rating": rng.randrange(1, 6),
+            "body": rng.choice(["Great", "Broke after a week", "As described", None]),
+            "created_at": dt.datetime(2025, 9, 1) + dt.timedelta(hours=rng.randrange(2000)),
+        }
+        for i in range(1, 151)
+    ]
     tickets = [{"id": i, "customer_id": rng.choice(customers)["id"], "order_id": rng.choice(orders)["id"],
                 "subject": rng.choice(["Late delivery", "Wrong item", "Refund request", "Invoice copy"]),
                 "priority": rng.choice(["low", "normal", "high"]),

@@ -6,7 +6,8 @@ It speaks the wire API botocore uses for Textract: the AWS JSON 1.1 protocol, ``
 body, signed (SigV4; any credentials do), errors as ``{"__type": ..., "message": ...}`` with HTTP 400. As the
 real service does, a start repeated under the same ``ClientRequestToken`` answers the same ``JobId`` and
 starts nothing (with other parameters: ``IdempotentParameterMismatchException``). A job is ``IN_PROGRESS``
-for ``duration`` seconds (``None``: until :meth:`finish_jobs`), then ``SUCCEEDED`` with PAGE, LINE and WORD blocks, read ``MaxResults`` blocks at a
+for ``duration`` seconds (``None``: until :meth:`finish_jobs`), then ``SUCCEEDED`` with PAGE, LINE and WORD
+blocks, read ``MaxResults`` blocks at a
 time with ``NextToken``; ``fail_first`` names documents whose first job ends ``FAILED``; :meth:`forget`
 makes a job unknown (``InvalidJobIdException``), as its results are after 7 days; ``start_delay`` slows each
 start, ``result_delay`` each read of a finished job's blocks.

@@ -127,16 +127,16 @@ def _no_literal_password(key: str, value: Any) -> None:
 
 def make_celery_app(broker: str | None = None, backend: str | None = None):
     """The app Celery workers run (dagster-celery's tasks), from the same URLs and settings as the executor."""
-    from dagster_celery.config import DEFAULT_CONFIG, dict_wrapper
-    from dagster_celery.make_app import make_app
-    from dagster_celery.tasks import create_execute_job_task, create_resume_job_task, create_task
+    from recovery_ext._dagster.compat import dagster_celery_internals
 
+    celery = dagster_celery_internals()
     config = celery_executor_config(broker, backend)
-    app = make_app({"broker": config["broker"], "backend": config["backend"], "include": [],
-                    "config_source": dict_wrapper(dict(DEFAULT_CONFIG, **config["config_source"]))})
-    create_task(app)
-    create_execute_job_task(app)
-    create_resume_job_task(app)
+    app = celery.make_app({"broker": config["broker"], "backend": config["backend"], "include": [],
+                           "config_source": celery.dict_wrapper(dict(celery.default_config,
+                                                                     **config["config_source"]))})
+    celery.create_task(app)
+    celery.create_execute_job_task(app)
+    celery.create_resume_job_task(app)
     watch_pool_processes()
     return app
 

@@ -16,13 +16,16 @@ import contextlib
 from collections.abc import Iterator
 from typing import Any
 
-from recovery_ext._dagster.compat import celery_submit_task
+from dagster import DagsterEvent, Executor
+
+from recovery_ext._dagster.compat import ExecutionPlan, PlanOrchestrationContext, dagster_celery_internals
+from recovery_ext._dagster.fences import Lease
 
 
 class _Fence:
     """What the run's tasks see of its pipeline lease: superseded once the lease is lost."""
 
-    def __init__(self, scope: Any) -> None:
+    def __init__(self, scope: Lease) -> None:
         self.scope = scope
         self.results: list[Any] = []
         self.revoked = False
@@ -86,17 +89,17 @@ class _NotSubmitted:
 class CeleryFence:
     """dagster-celery's own execution loop and task submission, with results fenced by the run's lease."""
 
-    def handles(self, executor: Any) -> bool:
+    def handles(self, executor: Executor) -> bool:
         try:
-            from dagster_celery.executor import CeleryExecutor
+            celery = dagster_celery_internals()
         except ImportError:  # the celery extra is not installed: no executor can be a CeleryExecutor
             return False
-        return isinstance(executor, CeleryExecutor)
+        return isinstance(executor, celery.executor_class)
 
-    def execute(self, executor: Any, plan_context: Any, execution_plan: Any, scope: Any) -> Iterator[Any]:
-        from dagster_celery.core_execution_loop import core_celery_execution_loop
-
-        submit_task = celery_submit_task()
+    def execute(self, executor: Executor, plan_context: PlanOrchestrationContext, execution_plan: ExecutionPlan,
+                scope: Lease) -> Iterator[DagsterEvent]:
+        celery = dagster_celery_internals()
+        submit_task = celery.submit_task
         fence = _Fence(scope)
 
         def submit(app, context, step, queue, priority, known_state):
@@ -106,4 +109,4 @@ class CeleryFence:
             fence.results.append(result)
             return _FencedResult(result, fence)
 
-        yield from core_celery_execution_loop(plan_context, execution_plan, step_execution_fn=submit)
+        yield from celery.execution_loop(plan_context, execution_plan, step_execution_fn=submit)

@@ -1,10 +1,11 @@
 """The one place recovery-ext reaches into Dagster beyond its public API.
 
 Tested with Dagster 1.12.22 and 1.13.27 (``pyproject.toml`` declares the range). Every import from a
-private ``dagster._`` module, or of an integration's private name (dagster-celery's), lives here,
-one name a line with what it is for; everything Dagster exports publicly (``Executor``,
-``DagsterRun``, ``DagsterEvent``, ``DagsterExecutionInterruptedError``, ...) is imported from
-``dagster`` where it is used. ``tests/unit/test_compat.py`` keeps it that way.
+private ``dagster._`` module, and of any name an integration does not export (dagster-celery exports
+``celery_executor`` alone), lives here, one name a line with what it is for; everything a package exports
+(``dagster``'s public names: ``Executor``, ``DagsterRun``, ``DagsterEvent``, ...; ``dagster_celery.celery_executor``)
+is imported from the package where it is used. ``tests/unit/test_compat.py`` keeps it that way, by what
+each package exports, not by the spelling of a name.
 
 What differs between the releases in the range is handled here, so the rest of the library is
 written once; prefer code that suits every release, then feature detection, never a version check:
@@ -19,7 +20,8 @@ the executor wrapper (``executor.py``), and the recovery state shown on a run (`
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 # The payload of an engine event: the metadata of the recovery state events shown on a run (run_state.py).
@@ -65,6 +67,7 @@ __all__ = [
     "PlanExecutionContext",
     "PlanExecutionContextManager",
     "PlanOrchestrationContext",
+    "DagsterCeleryInternals",
     "ResolvedRunConfig",
     "StepFailureData",
     "StepOutputHandle",
@@ -72,7 +75,7 @@ __all__ = [
     "_step_output_error_checked_user_event_sequence",
     "_type_check_and_store_output",
     "advertise_signature",
-    "celery_submit_task",
+    "dagster_celery_internals",
     "get_transitive_required_resource_keys",
     "make_new_run_id",
     "resource_initialization_manager",
@@ -98,13 +101,48 @@ def advertise_signature(fn: Callable[..., Any], signature: inspect.Signature) ->
     return fn
 
 
-def celery_submit_task() -> Callable[..., Any]:
-    """dagster-celery's task submission, which the Celery fence wraps to keep each task's result.
+@dataclass(frozen=True)
+class DagsterCeleryInternals:
+    """dagster-celery's names that it does not export (its ``__all__`` is ``celery_executor`` alone)."""
 
-    Imported on use: dagster-celery is an optional extra (the ``celery`` one), and its release moves with
-    Dagster's (0.28.22 with 1.12.22, 0.29.27 with 1.13.27; the same signature in both).
+    submit_task: Callable[..., Any]
+    executor_class: type
+    execution_loop: Callable[..., Iterator[Any]]
+    default_config: Mapping[str, Any]
+    dict_wrapper: Callable[..., Any]
+    make_app: Callable[..., Any]
+    create_task: Callable[..., Any]
+    create_execute_job_task: Callable[..., Any]
+    create_resume_job_task: Callable[..., Any]
+
+
+def dagster_celery_internals() -> DagsterCeleryInternals:
+    """What the Celery fence and a worker's app use of dagster-celery beyond its public executor.
+
+    Imported on use: dagster-celery is an optional extra (the ``celery`` one; ImportError without it), and its
+    release moves with Dagster's (0.28.22 with 1.12.22, 0.29.27 with 1.13.27; the same names in both).
     """
-    # Submits one step as a Celery task and returns its AsyncResult (private: dagster-celery exports no submitter).
+    # Submits one step as a Celery task and returns its AsyncResult (the fence wraps it to keep each result).
     from dagster_celery.executor import _submit_task
+    # The executor's class: the fence handles a run's executor only when it is dagster-celery's.
+    from dagster_celery.executor import CeleryExecutor
+    # dagster-celery's own execution loop, which the fence runs with its fenced submitter.
+    from dagster_celery.core_execution_loop import core_celery_execution_loop
+    # The Celery settings dagster-celery's workers start from; a worker app adds the configured ones.
+    from dagster_celery.config import DEFAULT_CONFIG
+    # Wraps those settings as the config source dagster-celery's app factory reads.
+    from dagster_celery.config import dict_wrapper
+    # Builds the Celery app from the broker, backend and config source, as the executor does.
+    from dagster_celery.make_app import make_app
+    # Registers the step task on a worker's app.
+    from dagster_celery.tasks import create_task
+    # Registers the run task (a whole run on a worker) on a worker's app.
+    from dagster_celery.tasks import create_execute_job_task
+    # Registers the resumed-run task on a worker's app.
+    from dagster_celery.tasks import create_resume_job_task
 
-    return _submit_task
+    return DagsterCeleryInternals(
+        submit_task=_submit_task, executor_class=CeleryExecutor, execution_loop=core_celery_execution_loop,
+        default_config=DEFAULT_CONFIG, dict_wrapper=dict_wrapper, make_app=make_app, create_task=create_task,
+        create_execute_job_task=create_execute_job_task, create_resume_job_task=create_resume_job_task)
+

@@ -163,7 +163,7 @@ class NodeContext:
         # Set in a step process once its run worker is gone: no new provider call or item may start.
         self.run_worker_gone = run_worker_gone
         # Provider answers kept before the body sees them, replayed to a resume (see journaled_call).
-        self.journal = CallJournal(self)
+        self.journal = CallJournal(self, store)
 
     @property
     def log(self):
@@ -473,3 +473,9 @@ class NodeContext:
         self.count_items(ItemOutcome.DONE, len(entries) - degraded)
         if self._progress is not None:
             self._progress.update(self.items_finished())
+
+
+def store_of(ctx: NodeContext) -> OpStore:
+    """The store a node writes through, for the library's own helpers that take a node's context (a provider
+    guard, a provider job): user code is not given it (see :class:`NodeContext`)."""
+    return ctx._store

@@ -12,24 +12,40 @@ wrapper would be one more, registered with :func:`register_executor_fence`, with
 
 from __future__ import annotations
 
+import importlib
 import threading
 from collections.abc import Iterator
-from typing import Any, Protocol, runtime_checkable
+from typing import Protocol, runtime_checkable
+
+from dagster import DagsterEvent, Executor
+
+from recovery_ext._dagster.compat import ExecutionPlan, PlanOrchestrationContext
+
+
+class Lease(Protocol):
+    """What a fence sees of the run's lease on its pipeline."""
+
+    def superseded(self) -> bool:
+        """Whether the pipeline was reclaimed from this run (its steps must stop)."""
+        ...
 
 
 @runtime_checkable
 class ExecutorFence(Protocol):
     """Runs one kind of executor's steps so that a superseded run stops them and ends."""
 
-    def handles(self, executor: Any) -> bool:
+    def handles(self, executor: Executor) -> bool:
         """Whether this fence runs ``executor`` (checked in registration order; the first that handles it wins)."""
         ...
 
-    def execute(self, executor: Any, plan_context: Any, execution_plan: Any, scope: Any) -> Iterator[Any]:
+    def execute(self, executor: Executor, plan_context: PlanOrchestrationContext, execution_plan: ExecutionPlan,
+                scope: Lease) -> Iterator[DagsterEvent]:
         """The executor's events for ``execution_plan``; ``scope.superseded()`` says when the run lost its lease."""
         ...
 
 
+# The built-in fences, loaded on first use by name: each imports this module for its types.
+_BUILTINS = [("recovery_ext._dagster.celery_fence", "CeleryFence")]
 _lock = threading.Lock()
 _fences: list[ExecutorFence] = []
 _builtins_loaded = False
@@ -48,13 +64,12 @@ def _load_builtins() -> None:
     with _lock:
         if _builtins_loaded:
             return
-        from recovery_ext._dagster.celery_fence import CeleryFence
-
-        _fences.append(CeleryFence())
+        for module, name in _BUILTINS:
+            _fences.append(getattr(importlib.import_module(module), name)())
         _builtins_loaded = True
 
 
-def fence_for(executor: Any) -> ExecutorFence | None:
+def fence_for(executor: Executor) -> ExecutorFence | None:
     """The fence that runs ``executor``, or None: it runs as it is."""
     _load_builtins()
     with _lock:
@@ -62,7 +77,8 @@ def fence_for(executor: Any) -> ExecutorFence | None:
     return next((fence for fence in fences if fence.handles(executor)), None)
 
 
-def execute_steps(executor: Any, plan_context: Any, execution_plan: Any, scope: Any) -> Iterator[Any]:
+def execute_steps(executor: Executor, plan_context: PlanOrchestrationContext, execution_plan: ExecutionPlan,
+                  scope: Lease) -> Iterator[DagsterEvent]:
     """The wrapped executor's events, through its fence where it has one."""
     fence = fence_for(executor)
     if fence is None:

@@ -26,6 +26,7 @@ from typing import Any
 from recovery_ext._classify.classifier import ClassifiedError, classify
 from recovery_ext._errors import OwnershipLost
 from recovery_ext._dagster.providers import node_spend_cap
+from recovery_ext._dagster.context import store_of
 from recovery_ext._dagster.run_state import RunStateReporter
 from recovery_ext._providers.jobs import COMPLETED, RUNNING, JobAdapter, JobResult
 from recovery_ext._settings import check_count, check_seconds
@@ -50,7 +51,7 @@ def run_provider_job(ctx: Any, adapter: JobAdapter, requests: Mapping[str, Any],
     The job's results settle the reservation, whichever run collects them."""
     check_seconds("run_provider_job(poll_seconds=...)", poll_seconds, minimum=0.01)
     check_count("run_provider_job(max_attempts=...)", max_attempts, minimum=1)
-    store, own, node = ctx._store, ctx.ownership, ctx.node_name
+    store, own, node = store_of(ctx), ctx.ownership, ctx.node_name
     spend = node_spend_cap(ctx, prices)
     unfinished = [item.key for item in ctx.items(list(requests))]
     done = 0
@@ -123,7 +124,7 @@ def run_provider_job(ctx: Any, adapter: JobAdapter, requests: Mapping[str, Any],
 def _close_kept(ctx: Any, adapter: JobAdapter) -> None:
     """A live job every item of which is already checkpointed (a kill after the last item was kept and before
     the job was marked) is collected: nothing is left to wait for."""
-    store, own = ctx._store, ctx.ownership
+    store, own = store_of(ctx), ctx.ownership
     live = store.pipelines.job_live(own, ctx.node_name, adapter.provider)
     if live is not None and set(live.items) <= set(ctx.completed_items()):
         store.pipelines.job_finished(own, ctx.node_name, live.token, JobStatus.COLLECTED)
@@ -148,7 +149,7 @@ def _submission(ctx: Any, adapter: JobAdapter) -> ProviderCall:
 def _submit(ctx: Any, adapter: JobAdapter, requests: Mapping[str, Any], items: list[str], token: str,
             attempt: int) -> str:
     job_id = adapter.submit({k: requests[k] for k in items}, token)
-    ctx._store.pipelines.job_submitted(ctx.ownership, ctx.node_name, token, job_id, outcome=_outcome(attempt))
+    store_of(ctx).pipelines.job_submitted(ctx.ownership, ctx.node_name, token, job_id, outcome=_outcome(attempt))
     ctx.log.info(f"{ctx.node_name}: submitted {adapter.provider} job {_shown(job_id)} ({len(items)} items, "
                  f"attempt {attempt})")
     return job_id
@@ -158,7 +159,7 @@ def _wait(ctx: Any, adapter: JobAdapter, job_id: str, poll_seconds: float, items
     """Poll until the job is no longer running, the pipeline shown as waiting on the job meanwhile (its next
     check one poll ahead, on the pipeline row and in the run's event alike); the heartbeat goes on, and a lost
     ownership (or a stop) ends the wait at once. Only a job seen ending is said to have ended."""
-    store, own, node = ctx._store, ctx.ownership, ctx.node_name
+    store, own, node = store_of(ctx), ctx.ownership, ctx.node_name
     reporter = RunStateReporter(ctx.context, node)
     reason = f"{adapter.provider} job {_shown(job_id)} ({items} items)"
     superseded = ctx.watchdog.superseded if ctx.watchdog is not None else None

@@ -17,7 +17,7 @@ from recovery_ext._providers.spend import SpendCap
 from recovery_ext._classify.redaction import redact
 from recovery_ext._classify.retry import RetryPolicy, wait_jittered_exponential
 from recovery_ext._dagster.errors import to_failure
-from recovery_ext._dagster.context import NodeContext
+from recovery_ext._dagster.context import NodeContext, store_of
 from recovery_ext._dagster.node_run import NodeRun
 from recovery_ext._dagster.run_state import RunStateReporter
 from recovery_ext._store.waits import WaitKind
@@ -86,7 +86,7 @@ def provider_guard(ctx: NodeContext, endpoint: str, policy: RetryPolicy, *,
     default) each answer is kept before the node sees it and a resume's same call is answered from it.
     """
     watchdog = ctx.watchdog
-    store, own, who = ctx._store, ctx.ownership, f"{ctx.ownership.owner}/{ctx.pipeline_id}/{ctx.node_name}"
+    store, own, who = store_of(ctx), ctx.ownership, f"{ctx.ownership.owner}/{ctx.pipeline_id}/{ctx.node_name}"
     shutdown = watchdog.superseded if watchdog is not None else None
     budget = None
     reporter = RunStateReporter(ctx.context, ctx.node_name)

@@ -2,7 +2,7 @@
 
 Op code never touches the store: each call here passes the node's ownership to the queue
 store, which locks the pipeline row and checks the epoch inside the write's own transaction
-(``QueueOps``). Items claimed here carry that epoch, and heartbeats, completions and failures
+(``_store/queue.py``). Items claimed here carry that epoch, and heartbeats, completions and failures
 accept only items held for this very ownership, so an item claimed elsewhere (or with no
 holder) cannot be used to write around the fence.
 """
@@ -14,7 +14,7 @@ from typing import Any
 
 from recovery_ext._errors import ItemTakenOver
 from recovery_ext._store.models import Ownership, QueueItem
-from recovery_ext._store.queue import ResetItem
+from recovery_ext._store.models import ResetItem
 from recovery_ext._classify.retry import wait_jittered_exponential
 from recovery_ext._store.interfaces import QueueHandleStore
 from recovery_ext._store.statuses import ItemOutcome, QueueStatus
@@ -56,7 +56,7 @@ class QueueHandle:
         self._queue_store.queue.heartbeat_item(self._held(item), timeout=timeout)
 
     def complete(self, item: QueueItem, result: Any = None) -> str:
-        """Completed with its result; returns the status it came from (see ``QueueOps.complete_item``)."""
+        """Completed with its result; returns the status it came from (see ``Queue.complete_item``)."""
         came_from = self._queue_store.queue.complete_item(self._held(item), result)
         self._count(ItemOutcome.DONE, 1)
         return came_from

@@ -63,7 +63,7 @@ def _require_run_liveness(context: OpExecutionContext, op_name: str) -> None:
         raise Failure(
             description=f"{op_name} is a @recoverable_op, but job {context.job_def.name!r} does not keep its "
             "pipeline alive for the whole run: define it with @recoverable_job or "
-            "executor_def=with_recovery(<executor>) (tests: recovery_ext.execute_in_process)",
+            "executor_def=with_recovery(<executor>) (tests: recovery_ext.testing.execute_in_process)",
             allow_retries=False,
         )
 

@@ -154,7 +154,7 @@ def make_stuck_item_sensor(
     """The queue's stale monitor: reset stuck ``processing`` items, mark exhausted ones ``dead``,
     and launch a queue run when items are claimable and no run for the queue is active.
 
-    Stuck means the store's one rule (:meth:`QueueOps._stale_condition`, shared with
+    Stuck means the store's one rule (:meth:`Queue._stale_condition`, shared with
     ``reset-stuck`` and ``status``): the item's heartbeat deadline passed, or the pipeline
     holding it was reclaimed; ``stale_after_seconds`` applies only to rows that have no
     heartbeat deadline (legacy rows). A document that keeps heartbeating is never reset,

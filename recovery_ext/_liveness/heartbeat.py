@@ -27,7 +27,7 @@ from recovery_ext._settings import check_seconds, env_seconds
 from recovery_ext._errors import ConfigurationError, OwnershipLost, StopRequested
 from recovery_ext._store.models import Ownership
 from recovery_ext._classify.redaction import redact
-from recovery_ext._liveness.processes import become_watcher
+from recovery_ext._processes import become_watcher
 from recovery_ext._liveness.watch import ProcessWatch
 from recovery_ext._store.interfaces import LivenessStore
 
@@ -106,7 +106,7 @@ class Watchdog:
     def __enter__(self) -> Watchdog:
         return self.start()
 
-    def __exit__(self, *exc_info) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.stop()
 
     @property
@@ -191,7 +191,7 @@ class Lease:
     def __enter__(self) -> Lease:
         return self
 
-    def __exit__(self, *exc_info) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.release()
 
     def _lose(self, exc: OwnershipLost) -> None:
@@ -281,7 +281,7 @@ class HeartbeatRegistry:
 
     def pulse_once(self, leases: list[Lease] | None = None) -> float:
         """Pulse every lease in one transaction; returns how long to wait before the next pulse."""
-        from recovery_ext._store.runs import NodeBeat, PipelineBeat
+        from recovery_ext._store.models import NodeBeat, PipelineBeat
 
         leases = self.leases if leases is None else leases
         live = [lease for lease in leases if lease.lost is None]

@@ -2,7 +2,7 @@
 
 A run worker is the parent of its multiprocess step processes; a Celery worker's main process is
 the parent of its pool processes. Each step records on its node which process it is and which
-process watches it (:mod:`recovery_ext._liveness.processes`). :class:`ProcessWatch` reads the
+process watches it (:mod:`recovery_ext._processes`). :class:`ProcessWatch` reads the
 running nodes this process watches, looks each step process up in the kernel and writes the
 verdict back: a live process's node is vouched for (it is not an orphan even when its own
 heartbeat is late, only slow), a dead one's node is reported dead at once, so the orphan sensor
@@ -17,8 +17,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from recovery_ext._classify.redaction import redact
-from recovery_ext._liveness.processes import become_watcher, is_alive, this_process
-from recovery_ext._store.vouch import WatchedNode
+from recovery_ext._processes import become_watcher, is_alive, this_process
+from recovery_ext._store.interfaces import LivenessStore
+from recovery_ext._store.models import WatchedNode
 
 log = logging.getLogger("recovery_ext._liveness.watch")
 
@@ -32,7 +33,7 @@ class WatchReport:
 class ProcessWatch:
     """Checks the step processes this process watches; one read and at most one write per check."""
 
-    def __init__(self, store, key: str | None = None) -> None:
+    def __init__(self, store: LivenessStore, key: str | None = None) -> None:
         self.store = store
         self.key = key or this_process()
         self._lock = threading.Lock()  # the pulse thread and a crash seen by the executor may both check
@@ -69,7 +70,7 @@ class HostWatch:
     """A Celery worker's main process: names itself the watcher of its pool processes and checks them
     every ``interval`` seconds on a daemon thread, vouching for ``timeout`` seconds."""
 
-    def __init__(self, store_factory: Callable[[], object], *, interval: float, timeout: float) -> None:
+    def __init__(self, store_factory: Callable[[], LivenessStore], *, interval: float, timeout: float) -> None:
         self.key = become_watcher()
         self.store_factory = store_factory
         self.interval = interval

@@ -12,6 +12,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
+from typing import Any
 from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, start_http_server
@@ -20,7 +21,8 @@ from prometheus_client.registry import Collector
 
 from recovery_ext._classify.redaction import redact
 from recovery_ext._errors import RecoveryError
-from recovery_ext._store.observability import PIPELINE_LABELS, RECLAIM_CAUSES, RESUME_CAUSES, MetricsSnapshot
+from recovery_ext._store.models import MetricsSnapshot
+from recovery_ext._store.observability import PIPELINE_LABELS, RECLAIM_CAUSES, RESUME_CAUSES
 from recovery_ext._store.schema import BREAKER_STATES
 from recovery_ext._store.statuses import ItemStatus, PipelineStatus, QueueStatus
 from recovery_ext._store.waits import WaitKind
@@ -255,7 +257,7 @@ def _provider_families(s: MetricsSnapshot, jobs: list[str]) -> Iterator[Metric]:
             yield family
 
 
-def _by_one(spec: MetricSpec, rows, known: Iterable[str] = ()) -> Metric:
+def _by_one(spec: MetricSpec, rows: Iterable[tuple[Any, float]], known: Iterable[str] = ()) -> Metric:
     """One sample per label value: each of ``rows``, and 0 for each ``known`` value with no row."""
     family = spec.family()
     counts = {_text(label): n for label, n in rows}
@@ -266,7 +268,7 @@ def _by_one(spec: MetricSpec, rows, known: Iterable[str] = ()) -> Metric:
     return family
 
 
-def _text(value) -> str:
+def _text(value: object) -> str:
     return "" if value is None else str(value)
 
 

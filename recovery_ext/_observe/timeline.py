@@ -14,7 +14,7 @@ import datetime as dt
 from dataclasses import dataclass, field
 from typing import Any
 
-from recovery_ext._store.observability import PipelineHistory
+from recovery_ext._store.models import PipelineHistory
 from recovery_ext._store.waits import wait_kind
 
 # Pipeline transitions that start a new epoch, and how the report names the run they start.
@@ -117,7 +117,7 @@ def build_timeline(h: PipelineHistory) -> Timeline:
     intervals: list[Interval] = []
     by_epoch: dict[int, Run] = {}
     open_nodes: dict[str, tuple[dt.datetime, int | None]] = {}
-    waiting_from: tuple[dt.datetime, dict] | None = None
+    waiting_from: tuple[dt.datetime, dict[str, Any]] | None = None
     interrupted: list[Interval] = []  # node intervals an epoch change cut; they end at their run's last write
     node_names = {n.id: n.name for n in h.nodes}
 
@@ -259,7 +259,7 @@ def _epoch_of(run: Run | None) -> int | None:
     return run.epoch if run is not None else None
 
 
-def _finish_label(event: str, data: dict) -> str:
+def _finish_label(event: str, data: dict[str, Any]) -> str:
     if event in ("given_up", "corrupt"):
         return f"gave up: {data.get('reason') or event}"
     if event == "failed_by_operator":

@@ -36,7 +36,7 @@ from tenacity.stop import stop_base
 from recovery_ext._classify.classifier import ClassifiedError, classify
 from recovery_ext._errors import ConfigurationError, StopRequested
 from recovery_ext._store.models import Ownership
-from recovery_ext._store.breakers import BreakerDecision
+from recovery_ext._store.models import BreakerDecision
 from recovery_ext._providers.budget import RateBudget, Reservation
 from recovery_ext._providers.spend import SpendCap, SpendReservation
 from recovery_ext._providers.journal import MISS, CallJournal, PendingCall, function_fingerprint

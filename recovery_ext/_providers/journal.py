@@ -30,7 +30,8 @@ from recovery_ext._classify.classifier import classify
 from recovery_ext._classify.redaction import redact
 from recovery_ext._errors import ConfigurationError, OwnershipLost
 from recovery_ext._providers.ledger import current_scope
-from recovery_ext._store.journal import IN_FLIGHT
+from recovery_ext._store.interfaces import GuardStore
+from recovery_ext._store.ledger import IN_FLIGHT
 from recovery_ext._store.models import Ownership, ProviderCall
 
 log = logging.getLogger("recovery_ext._providers.journal")
@@ -43,7 +44,6 @@ class JournalScope(Protocol):
 
     node_name: str
     ownership: Ownership
-    _store: Any
 
     @property
     def current_item(self) -> str | None: ...
@@ -163,13 +163,13 @@ class PendingCall:
             call = replace(call, id=call_id)
         lookup = not self._looked
         self._looked = True
-        hit = scope._store.providers.journal_begin(own, call, call_key=self.call_key if lookup else None)
+        hit = self.journal.store.providers.journal_begin(own, call, call_key=self.call_key if lookup else None)
         if hit is not None:
             try:
                 answer = decode_answer(hit.answer)
             except Exception as exc:  # noqa: BLE001 - an answer that no longer decodes is asked again
                 log.warning("journaled answer not usable, asking again: %s", redact(exc))
-                scope._store.providers.journal_begin(own, call, call_key=None)
+                self.journal.store.providers.journal_begin(own, call, call_key=None)
             else:
                 scope.keep_call(hit.call)  # its checkpoint marks the paid call as kept: saved by resume
                 return answer
@@ -196,7 +196,7 @@ class PendingCall:
         """The answer arrived: journaled and its ledger row completed (fenced) before the caller sees it. A
         superseded worker's answer completes the ledger row only, and OwnershipLost is raised."""
         call = self._end("ok")
-        store, own = self.journal.scope._store, self.journal.scope.ownership
+        store, own = self.journal.store, self.journal.scope.ownership
         try:
             store.providers.journal_answer(own, call, call_key=self.call_key,
                                  answer=None if self.call_key is None else encode_answer(result))
@@ -215,16 +215,18 @@ class PendingCall:
             return
         call = self._end(classify(exc).category)
         try:
-            self.journal.scope._store.providers.complete_calls([call])
+            self.journal.store.providers.complete_calls([call])
         except Exception as err:  # noqa: BLE001 - the caller's error is what matters; the row stays in flight
             log.warning("could not complete a failed call in the ledger: %s", redact(err))
 
 
 class CallJournal:
-    """The journal of one node: numbers each call key's occurrences per item."""
+    """The journal of one node (``scope``), written through ``store``: numbers each call key's occurrences per
+    item."""
 
-    def __init__(self, scope: JournalScope) -> None:
+    def __init__(self, scope: JournalScope, store: GuardStore) -> None:
         self.scope = scope
+        self.store = store
         # per item: how many times each call key was asked in this attempt at the item
         self._seen: dict[str | None, dict[str, int]] = {}
         self._lock = threading.Lock()

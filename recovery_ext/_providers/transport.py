@@ -46,7 +46,7 @@ from recovery_ext._providers.ledger import current_scope
 from recovery_ext._providers.prices import Prices
 from recovery_ext._providers.spend import SpendReservation
 from recovery_ext._providers.steps import Blocking, Io, Sleep, Steps, drive, drive_async, in_thread
-from recovery_ext._store.breakers import BreakerDecision
+from recovery_ext._store.models import BreakerDecision
 
 # Hop-by-hop and body-framing headers: the answer handed on is the decoded body, framed anew.
 FRAMING_HEADERS = ("content-encoding", "content-length", "transfer-encoding")

@@ -1,7 +1,7 @@
 """The recovery protocol of one orphan-sensor tick, with the orchestrator behind a small interface.
 
-A tick reads once (:meth:`TickOps.tick_snapshot`), asks the orchestrator what became of the owner
-runs and of the resume runs it requested, writes once (:meth:`TickOps.recovery_pass`: cancel, extend
+A tick reads once (:meth:`Recovery.tick_snapshot`), asks the orchestrator what became of the owner
+runs and of the resume runs it requested, writes once (:meth:`Recovery.recovery_pass`: cancel, extend
 reservations, fail corrupt rows, give up, reclaim, reserve), then asks the orchestrator to launch the
 resume runs that do not exist yet and to stop the runs the pass superseded. An idle tick is the read
 alone. This module knows nothing of Dagster: :class:`RunControl` is what it needs, and the Dagster
@@ -57,7 +57,7 @@ class StopOutcome:
     terminate: str       # what the run launcher answered
     marked_failed: bool
 
-    def as_payload(self) -> dict:
+    def as_payload(self) -> dict[str, Any]:
         return {"run_id": self.run_id, "terminate": self.terminate, "marked_failed": self.marked_failed}
 
 

@@ -3,9 +3,10 @@
 What grows with history is summed as the work happens, by triggers in the transaction of the write that
 changes it (migration 0017): pipelines and queue items by label with their durations, the resume and
 give-up counters, and, when a pipeline finishes, its item checkpoints and its ledger judged (per pipeline
-and node, and per day and job), judged again when a ledger row of it lands or changes later (migration 0021). A reader adds the live pipelines' detail (found through the
-partial indexes on live statuses) to those roll-ups, and never reads the finished pipelines' detail, which
-retention may prune: the roll-ups have their own tables and survive it.
+and node, and per day and job), judged again when a ledger row of it lands or changes later (migration
+0021). A reader adds the live pipelines' detail (found through the partial indexes on live statuses) to
+those roll-ups, and never reads the finished pipelines' detail, which retention may prune: the roll-ups
+have their own tables and survive it.
 """
 
 from __future__ import annotations
@@ -13,14 +14,15 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from sqlalchemy import Connection, func, literal_column, not_, null, select
+from sqlalchemy import Connection, Table, func, not_, null, select
+from collections.abc import Sequence
+from sqlalchemy.sql.elements import ColumnElement
 
-from recovery_ext._store.ledger import COST_KEYS, CostFigures
+from recovery_ext._store.models import COST_KEYS, CostFigures
 from recovery_ext._store.ledger_rows import well_formed_call
-from recovery_ext._store.rolled_up import ROLLED_UP, live_pipeline_ids
+from recovery_ext._store.rolled_up import live_pipeline_ids
 from recovery_ext._store.schema import (finished_items, ledger_daily, node_items, pipeline_counts, pipelines,
                                         provider_calls, queue_counts, resume_counts)
-from recovery_ext._store.statuses import PipelineStatus
 
 pc, p = provider_calls.c, pipelines.c
 
@@ -33,7 +35,8 @@ def pipeline_counts_by(conn: Connection, labels: dict[str, str]) -> list[tuple[t
     return [(tuple(r[:-1]), int(r[-1])) for r in rows]
 
 
-def summary(conn: Connection, table, keys: tuple[str, ...], counted: str, where=()) -> list[dict[str, Any]]:
+def summary(conn: Connection, table: Table, keys: tuple[str, ...], counted: str,
+            where: Sequence[ColumnElement[bool]] = ()) -> list[dict[str, Any]]:
     """Count and average duration per key, from a counts table (rx_pipeline_counts, rx_queue_counts)."""
     c = table.c
     rows = conn.execute(select(*[c[k] for k in keys], func.sum(c[counted]).label("count"),
@@ -67,7 +70,7 @@ def queue_item_counts(conn: Connection) -> list[tuple[str, str, int]]:
         select(c.queue, c.status, c["items"]).where(c["items"] != 0).order_by(c.queue, c.status))]
 
 
-def provider_spent(conn: Connection) -> list[tuple]:
+def provider_spent(conn: Connection) -> list[tuple[Any, ...]]:
     """(job, model, outcome, calls, tokens in, tokens out, cost) of every well-formed ledger row: the finished
     pipelines' roll-up, the live pipelines' rows and the rows outside any pipeline."""
     d = ledger_daily.c
@@ -111,9 +114,9 @@ def live_malformed_calls(conn: Connection) -> int:
                           .where(pc.pipeline_id.is_(None), corrupt)) or 0)
 
 
-def _summed(rows: Iterable[tuple], keys: int) -> list[tuple]:
+def _summed(rows: Iterable[tuple[Any, ...]], keys: int) -> list[tuple[Any, ...]]:
     """Rows with equal first ``keys`` values added up, in key order (None first)."""
-    totals: dict[tuple, list] = {}
+    totals: dict[tuple[Any, ...], list[Any]] = {}
     for row in rows:
         key = tuple(row[:keys])
         into = totals.get(key)

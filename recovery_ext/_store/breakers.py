@@ -13,41 +13,19 @@
 from __future__ import annotations
 
 import datetime as dt
-from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Float, bindparam, func, or_, select, type_coerce, update
+from sqlalchemy import Float, func, or_, select, type_coerce, update
 
 from recovery_ext._store.database import retried
-from recovery_ext._store import hot_path
 from recovery_ext._errors import IllegalTransition, NotFound
-from recovery_ext._store.models import Ownership
+from recovery_ext._store.models import BreakerDecision, Ownership, Reopened
 from recovery_ext._classify.redaction import redact
 from recovery_ext._store.schema import circuit_breakers, node_items, nodes, pipelines
 from recovery_ext._store.statuses import WAITING, BreakerState, ItemStatus, NodeStatus, PipelineStatus
 from recovery_ext._store.pipelines import PipelineCore
 
 cb = circuit_breakers.c
-
-
-@dataclass(frozen=True)
-class BreakerDecision:
-    """What a caller may do now: call (maybe as the one half-open probe) or wait ``wait_seconds``."""
-
-    allowed: bool
-    state: str = BreakerState.CLOSED
-    probe: bool = False
-    failures: int = 0
-    wait_seconds: float = 0.0
-
-
-@dataclass(frozen=True)
-class Reopened:
-    pipeline_id: int
-    job_name: str
-    nodes: tuple[str, ...]
-    items: int
-    resume_number: int
 
 
 class ProviderOps(PipelineCore):
@@ -182,7 +160,8 @@ class ProviderOps(PipelineCore):
             self.record_events(conn, [{"kind": "pipeline_waiting", "pipeline_id": own.pipeline_id, "payload": {
                 "reason": reason, "node": node, "seconds": round(seconds, 3),
                 "next_try_at": row.waiting_until.isoformat() if row.waiting_until else None}}])
-        return row.waiting_until
+        until: dt.datetime = row.waiting_until
+        return until
 
     @retried
     def clear_waiting(self, own: Ownership, *, node: str | None = None, keep_outage_clock: bool = False,

@@ -19,12 +19,12 @@ Reservations older than the window are deleted by the next reservation of the sa
 from __future__ import annotations
 
 import datetime as dt
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import delete, or_, select, type_coerce, update
+from sqlalchemy import Connection, delete, or_, select, type_coerce, update
+from sqlalchemy.sql.elements import ColumnElement
 
 from recovery_ext._classify.redaction import redact
 from recovery_ext._errors import ConfigurationError
@@ -100,12 +100,13 @@ class ProviderLimits:
 
 
 class BudgetOps(JournalOps):
-    def _clock_now(self):
+    def _clock_now(self) -> ColumnElement[dt.datetime]:
         """The database clock now (not at the transaction's start: the lock may have been waited for)."""
         return type_coerce(self.dialect.statement_clock(), DbTime)
 
-    def _clock(self, conn) -> dt.datetime:
-        return conn.execute(select(self._clock_now())).scalar_one()
+    def _clock(self, conn: Connection) -> dt.datetime:
+        now: dt.datetime = conn.execute(select(self._clock_now())).scalar_one()
+        return now
 
     @retried
     def budget_reserve(self, endpoint: str, model: str | None, *, tokens: int, limits: ProviderLimits,
@@ -248,7 +249,7 @@ class BudgetOps(JournalOps):
 IN_FLIGHT_WINDOWS = 5
 
 
-def _holding(now: dt.datetime, span: float):
+def _holding(now: dt.datetime, span: float) -> ColumnElement[bool]:
     """A reservation holds room in the window while its request is in flight, and for ``span`` seconds after
     its answer: the provider counted it at its arrival, somewhere between its reservation and its answer. A
     pipeline's reservation is in flight until answered, or until its holder is superseded or its pipeline ends,

@@ -26,7 +26,6 @@ from typing import Any, NoReturn
 
 from sqlalchemy import Connection, select, update
 
-from recovery_ext._store import hot_path
 from recovery_ext._store.database import is_retry, retried
 from recovery_ext._store.dialects import sqlstate
 from recovery_ext._errors import IllegalTransition, OwnershipLost, StoreError
@@ -138,11 +137,11 @@ class CheckpointOps(RunOps):
         query = load_query(self.dialect.migrations_folder, query)
         try:
             if not commit:
-                return raw.execute(query, params, prepare=True).fetchone()[0]
+                return int(raw.execute(query, params, prepare=True).fetchone()[0])
             with raw.pipeline():  # its exit sends the one Sync and reads both results
                 cursor = raw.execute(query, params, prepare=True)
                 raw.execute("COMMIT")  # not raw.commit(): that syncs at once, and the exit would sync again
-            return cursor.fetchone()[0]
+            return int(cursor.fetchone()[0])
         except self.engine.dialect.loaded_dbapi.Error as exc:
             code = sqlstate(exc)
             if code == UNIQUE_VIOLATION:
@@ -213,7 +212,7 @@ class CheckpointOps(RunOps):
         finally:
             tx.close()
 
-    def _checkpoints_insert(self):
+    def _checkpoints_insert(self) -> Any:
         """INSERT of many checkpoints (SQLAlchemy batches the rows into multi-row statements); a degraded
         item (a fallback answer) may be redone, a completed one never. Returns the keys it wrote."""
         built = self.__dict__.get("_checkpoints_insert_stmt")

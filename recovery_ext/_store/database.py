@@ -12,7 +12,7 @@ from contextlib import ExitStack, contextmanager
 from typing import Any, TypeVar
 
 import tenacity
-from sqlalchemy import Connection, create_engine, insert
+from sqlalchemy import Connection, Table, create_engine
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 
@@ -50,7 +50,7 @@ def retried(method: Callable[..., T]) -> Callable[..., T]:
     """
 
     @functools.wraps(method)
-    def wrapper(self: "Transactions", *args: Any, **kwargs: Any) -> T:
+    def wrapper(self: Transactions, *args: Any, **kwargs: Any) -> T:
         if getattr(_retry_state, "active", False) or self.retry_budget <= 0:
             return method(self, *args, **kwargs)
         deadline = time.monotonic() + self.retry_budget
@@ -131,18 +131,16 @@ class Transactions:
     @contextmanager
     def write(self) -> Iterator[Connection]:
         """A write transaction (BEGIN IMMEDIATE on SQLite); commits on success."""
-        with self.dialect.write_gate(), self._wrap_errors():
-            with self.engine.connect().execution_options(rx_write=True) as conn:
-                with conn.begin():
-                    yield conn
+        with self.dialect.write_gate(), self._wrap_errors(), \
+                self.engine.connect().execution_options(rx_write=True) as conn, conn.begin():
+            yield conn
 
     @contextmanager
     def autocommit(self) -> Iterator[Connection]:
         """Each statement its own transaction, with no BEGIN/COMMIT round trips: for hot-path
         writes that are one statement (several writes joined as data-modifying CTEs)."""
-        with self._wrap_errors():
-            with self.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
-                yield conn
+        with self._wrap_errors(), self.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+            yield conn
 
     @contextmanager
     def driver_autocommit(self) -> Iterator[Any]:
@@ -193,10 +191,8 @@ class Transactions:
 
     @contextmanager
     def read(self) -> Iterator[Connection]:
-        with self._wrap_errors():
-            with self.engine.connect() as conn:
-                with conn.begin():
-                    yield conn
+        with self._wrap_errors(), self.engine.connect() as conn, conn.begin():
+            yield conn
 
     @contextmanager
     def read_statement(self) -> Iterator[Connection]:
@@ -280,7 +276,7 @@ class Transactions:
         ]
         self.dialect.insert_many(conn, events, batch, stamped="created_at")
 
-    def upsert(self, conn: Connection, table, rows: Sequence[dict[str, Any]], *, keys: Sequence[str]) -> None:
+    def upsert(self, conn: Connection, table: Table, rows: Sequence[dict[str, Any]], *, keys: Sequence[str]) -> None:
         """Insert or update by primary key, so re-running a node writes the same rows again."""
         for row in rows:
             stmt = self.dialect.insert(table).values(**row, updated_at=self.dialect.now())
@@ -321,10 +317,10 @@ class Database(Transactions):
     def close(self) -> None:
         self.engine.dispose()
 
-    def __enter__(self):
+    def __enter__(self) -> Database:
         return self
 
-    def __exit__(self, *exc_info) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.close()
 
 
@@ -359,6 +355,18 @@ def _without_at(row: dict[str, Any]) -> dict[str, Any]:
 
 
 
+def shared_retry_budget() -> Any:
+    """A ``retry_budget`` attribute that reads and sets that of ``self._db``: the store and each of its components
+    have one budget, their Database's."""
+    def get(self: Any) -> float:
+        return float(self._db.retry_budget)
+
+    def set_(self: Any, value: float) -> None:
+        self._db.retry_budget = value
+
+    return property(get, set_)
+
+
 class Component(Transactions):
     """One part of the store: it runs its transactions on the store's one :class:`Database` (its engine,
     dialect and retry budget), so every component shares the pool and the budget, and none owns them."""
@@ -369,13 +377,7 @@ class Component(Transactions):
         self.url = db.url
         self.engine = db.engine
 
-    @property
-    def retry_budget(self) -> float:
-        return self._db.retry_budget
-
-    @retry_budget.setter
-    def retry_budget(self, value: float) -> None:
-        self._db.retry_budget = value
+    retry_budget = shared_retry_budget()
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.dialect.safe_url()!r})"

@@ -21,13 +21,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import Connection, and_, or_, select
+from collections.abc import Callable
+from sqlalchemy.sql.elements import ColumnElement
 
-from recovery_ext._store.database import retried
+from recovery_ext._store.database import Component, retried
 from recovery_ext._store.models import LEGACY_DEPLOYMENT, Scope
 from recovery_ext._store.orphans import _placeholder
 from recovery_ext._store.schema import pipelines
 from recovery_ext._store.statuses import PipelineStatus
-from recovery_ext._store.orphans import OrphanOps
 
 p = pipelines.c
 
@@ -54,9 +55,10 @@ class FirstRun:
     actionable: bool  # an orphan by the database clock, or reserved for a resume run: a tick would act on it
 
 
-class DeploymentOps(OrphanOps):
-    def _first_runs_to_check(self, conn: Connection, scope: Scope, grace_seconds: float,
-                            orphan_condition) -> tuple[list[FirstRun], list[ForeignOrphan]]:
+class Deployments(Component):
+    def first_runs_to_check(self, conn: Connection, scope: Scope, grace_seconds: float,
+                            orphan_condition: Callable[..., ColumnElement[bool]],
+                            ) -> tuple[list[FirstRun], list[ForeignOrphan]]:
         """In the tick's read: this deployment's live pipelines with their first runs, the likeliest orphans
         first (a tick acts only on the ones it checked: see ``Scope.acting_on``), and the orphans of other
         deployments."""

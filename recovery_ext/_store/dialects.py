@@ -7,7 +7,6 @@ these hooks and never asks which database it talks to.
 from __future__ import annotations
 
 import datetime as dt
-import json
 import math
 import os
 import sqlite3
@@ -18,8 +17,9 @@ from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import (DateTime, Float, Text, and_, bindparam, case, event, false, func, insert, literal, literal_column,
-                        or_, text)
+from sqlalchemy import (DateTime, Float, Text, and_, bindparam, case, event, false, func, insert, literal,
+                        literal_column, or_, text)
+from sqlalchemy import Table
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.engine import Connection, Engine, make_url
 from sqlalchemy.engine.interfaces import Dialect as SqlAlchemyDialect
@@ -71,7 +71,8 @@ class Dialect:
     # finished pipelines one retention batch deletes (one transaction)
     prune_batch = 200
 
-    def __init__(self, url: URL, *, connect_timeout: float | None = None, statement_timeout: float | None = None) -> None:
+    def __init__(self, url: URL, *, connect_timeout: float | None = None,
+                 statement_timeout: float | None = None) -> None:
         self.url = url
         self.connect_timeout = _timeout("connect_timeout", connect_timeout, self.default_connect_timeout)
         self.statement_timeout = _timeout("statement_timeout", statement_timeout, self.default_statement_timeout)
@@ -86,20 +87,20 @@ class Dialect:
     def engine_options(self) -> dict[str, Any]:
         return {}
 
-    def bad_time(self, column) -> ColumnElement:
+    def bad_time(self, column: ColumnElement[Any]) -> ColumnElement[Any]:
         """The column holds something that is not a finite time (NULL is fine)."""
         raise NotImplementedError
 
-    def not_text(self, column) -> ColumnElement:
+    def not_text(self, column: ColumnElement[Any]) -> ColumnElement[Any]:
         """The column holds something other than text (NULL is fine)."""
         raise NotImplementedError
 
-    def snapshot_bounds(self, conn) -> tuple[int | None, int | None]:
+    def snapshot_bounds(self, conn: Connection) -> tuple[int | None, int | None]:
         """``(xmin, xmax)`` of the current snapshot where transactions can commit out of id order."""
         return None, None
 
     @contextmanager
-    def read_only(self, conn) -> Iterator[None]:
+    def read_only(self, conn: Connection) -> Iterator[None]:
         """A transaction in which the database refuses writes."""
         raise NotImplementedError
         yield  # pragma: no cover
@@ -107,19 +108,19 @@ class Dialect:
     def configure(self, engine: Engine) -> None:
         """Install connect/begin hooks on a fresh engine."""
 
-    def now(self) -> ColumnElement:
+    def now(self) -> ColumnElement[Any]:
         """The database clock."""
         raise NotImplementedError
 
-    def now_plus(self, seconds: Any) -> ColumnElement:
+    def now_plus(self, seconds: Any) -> ColumnElement[Any]:
         """The database clock plus ``seconds`` (a number or a bound expression)."""
         raise NotImplementedError
 
-    def seconds_between(self, start: Any, end: Any) -> ColumnElement:
+    def seconds_between(self, start: Any, end: Any) -> ColumnElement[Any]:
         """``end - start`` in seconds, as a number; NULL when either is not a finite time."""
         raise NotImplementedError
 
-    def json_text(self, column, key: str) -> ColumnElement:
+    def json_text(self, column: ColumnElement[Any], key: str) -> ColumnElement[Any]:
         """A top-level key of a JSON column as text (NULL when absent or when the JSON does not parse)."""
         raise NotImplementedError
 
@@ -127,34 +128,34 @@ class Dialect:
         """Whether a driver error can succeed if retried."""
         raise NotImplementedError
 
-    def migration_lock(self, conn) -> None:
+    def migration_lock(self, conn: Connection) -> None:
         """Serialize concurrent migrators for the rest of the transaction."""
 
-    def commit_without_flush(self) -> ColumnElement:
+    def commit_without_flush(self) -> ColumnElement[Any]:
         """A column that, selected in a transaction, makes its commit return before the database's log is
         flushed to disk: a client killed after it loses nothing, a crash of the database server itself may
         lose it (the call journal's writes, where that costs one more paid call, not a wrong answer).
         Selected with the fence, it costs no round trip of its own."""
         return literal(None)
 
-    def insert(self, table):
+    def insert(self, table: Table) -> Any:
         """An INSERT with ``on_conflict_do_nothing``/``on_conflict_do_update``."""
         raise NotImplementedError
 
-    def insert_many(self, conn, table, rows: list[dict[str, Any]], *, stamped: str) -> None:
+    def insert_many(self, conn: Connection, table: Table, rows: list[dict[str, Any]], *, stamped: str) -> None:
         """In ``conn``'s transaction: insert ``rows`` (dicts with the same keys) into ``table``, the column
         ``stamped`` set to the database clock."""
         for start in range(0, len(rows), INSERT_CHUNK):
             conn.execute(insert(table).values({stamped: self.now()}), rows[start:start + INSERT_CHUNK])
 
-    def roll_up_finished(self, conn, lo: int, hi: int) -> None:
+    def roll_up_finished(self, conn: Connection, lo: int, hi: int) -> None:
         """In ``conn``'s transaction: add the finished pipelines with ids ``lo``..``hi`` to the roll-ups of
         finished work (migration 0017). A pipeline that finishes is rolled up by a trigger; this is for
         pipelines written finished, in bulk (an import, the history bench)."""
         raise NotImplementedError
 
     @contextmanager
-    def bounded(self, conn, seconds: float) -> Iterator[None]:
+    def bounded(self, conn: Connection, seconds: float) -> Iterator[None]:
         """Inside ``conn``'s transaction: no statement, and no wait for a lock, lasts longer than ``seconds``
         (a failure the caller sees at once, instead of a wait as long as the store's statement timeout)."""
         raise NotImplementedError
@@ -164,7 +165,7 @@ class Dialect:
         """Seconds a retention prune rests after a batch that took ``batch_seconds``, so live writers get in."""
         return 0.0
 
-    def statement_clock(self) -> ColumnElement:
+    def statement_clock(self) -> ColumnElement[Any]:
         """The database clock when this statement runs (not when its transaction began: a lock may have
         been waited for)."""
         return self.now()
@@ -180,7 +181,7 @@ class Dialect:
     # -- column encodings (class-level: SQLAlchemy's column types see only its own dialect) ---------
 
     @classmethod
-    def time_type(cls) -> TypeEngine:
+    def time_type(cls) -> TypeEngine[Any]:
         return DateTime(timezone=True)
 
     @classmethod
@@ -189,10 +190,10 @@ class Dialect:
 
     @classmethod
     def load_time(cls, value: Any) -> Any:
-        return value.replace(tzinfo=dt.timezone.utc) if value.tzinfo is None else value
+        return value.replace(tzinfo=dt.UTC) if value.tzinfo is None else value
 
     @classmethod
-    def json_type(cls) -> TypeEngine:
+    def json_type(cls) -> TypeEngine[Any]:
         return Text()
 
     @classmethod
@@ -208,7 +209,7 @@ class Dialect:
         return load_json(value)
 
     @staticmethod
-    def for_url(url: str | URL, **timeouts: float | None) -> "Dialect":
+    def for_url(url: str | URL, **timeouts: float | None) -> Dialect:
         try:
             parsed = make_url(url) if isinstance(url, str) else url
             parsed.port  # noqa: B018 - a port that is not a number fails here, not at connect time
@@ -221,8 +222,8 @@ class Dialect:
                 # psycopg 3 is the one driver installed; a psycopg2 URL (what dagster-postgres takes) means the same
                 parsed = parsed.set(drivername="postgresql+psycopg")
             elif parsed.drivername != "postgresql+psycopg":
-                raise ConfigurationError(f"unsupported PostgreSQL driver {parsed.drivername!r} in {redact_url(parsed)}: "
-                                         "use postgresql:// (psycopg 3)")
+                raise ConfigurationError(f"unsupported PostgreSQL driver {parsed.drivername!r} in "
+                                         f"{redact_url(parsed)}: use postgresql:// (psycopg 3)")
             _check_host(parsed)
             return PostgresDialect(parsed, **timeouts)
         if backend == "sqlite":
@@ -269,44 +270,45 @@ class PostgresDialect(Dialect):
                 "json_serializer": storable_json}
 
     @contextmanager
-    def read_only(self, conn) -> Iterator[None]:
+    def read_only(self, conn: Connection) -> Iterator[None]:
         with conn.begin():
             conn.exec_driver_sql("SET TRANSACTION READ ONLY")
             yield
 
-    def bad_time(self, column) -> ColumnElement:
+    def bad_time(self, column: ColumnElement[Any]) -> ColumnElement[Any]:
         return and_(column.isnot(None), ~func.isfinite(column))
 
-    def not_text(self, column) -> ColumnElement:
+    def not_text(self, column: ColumnElement[Any]) -> ColumnElement[Any]:
         return false()  # a text column holds text
 
     def configure(self, engine: Engine) -> None:
         @event.listens_for(engine, "connect")
-        def _on_connect(dbapi_conn, _record):
+        def _on_connect(dbapi_conn: Any, _record: Any) -> None:
             # 'infinity'/'-infinity' (or any value beyond Python's range) must not break every
             # query that touches the row: they load as datetime.max/min, and the scan fails them.
             dbapi_conn.adapters.register_loader("timestamptz", _clamped_timestamptz_loader())
 
-    def snapshot_bounds(self, conn) -> tuple[int | None, int | None]:
+    def snapshot_bounds(self, conn: Connection) -> tuple[int | None, int | None]:
         row = conn.exec_driver_sql(
             "SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint, "
             "pg_snapshot_xmax(pg_current_snapshot())::text::bigint").one()
         return int(row[0]), int(row[1])
 
-    def now(self) -> ColumnElement:
+    def now(self) -> ColumnElement[Any]:
         return func.now()
 
-    def now_plus(self, seconds: Any) -> ColumnElement:
+    def now_plus(self, seconds: Any) -> ColumnElement[Any]:
         if not isinstance(seconds, ColumnElement):
             seconds = bindparam(None, float(seconds), type_=Float)
         return func.now() + func.make_interval(0, 0, 0, 0, 0, 0, seconds)
 
-    def seconds_between(self, start: Any, end: Any) -> ColumnElement:
+    def seconds_between(self, start: Any, end: Any) -> ColumnElement[Any]:
         # 'infinity' - now() raises "cannot subtract infinite timestamps": such a row has no duration
         return case((and_(func.isfinite(start), func.isfinite(end)), func.extract("epoch", end - start)), else_=None)
 
-    def json_text(self, column, key: str) -> ColumnElement:
-        return column.op("->>")(literal(key, type_=Text))
+    def json_text(self, column: ColumnElement[Any], key: str) -> ColumnElement[Any]:
+        value: ColumnElement[Any] = column.op("->>")(literal(key, type_=Text))
+        return value
 
     def is_transient(self, exc: BaseException) -> bool:
         code = sqlstate(exc)
@@ -320,18 +322,18 @@ class PostgresDialect(Dialect):
             return isinstance(orig, psycopg.OperationalError) and is_retryable(orig)
         return code in _PG_TRANSIENT_CODES or code[:2] in _PG_TRANSIENT_CLASSES
 
-    def commit_without_flush(self) -> ColumnElement:
+    def commit_without_flush(self) -> ColumnElement[Any]:
         return func.set_config("synchronous_commit", "off", True)
 
-    def migration_lock(self, conn) -> None:
+    def migration_lock(self, conn: Connection) -> None:
         conn.execute(text("SELECT pg_advisory_xact_lock(7238461001)"))
 
-    def insert(self, table):
+    def insert(self, table: Table) -> Any:
         from sqlalchemy.dialects.postgresql import insert
 
         return insert(table)
 
-    def insert_many(self, conn, table, rows: list[dict[str, Any]], *, stamped: str) -> None:
+    def insert_many(self, conn: Connection, table: Table, rows: list[dict[str, Any]], *, stamped: str) -> None:
         if len(rows) <= 1:
             super().insert_many(conn, table, rows, stamped=stamped)
             return
@@ -340,29 +342,30 @@ class PostgresDialect(Dialect):
         from sqlalchemy.dialects import postgresql
 
         names = list(rows[0])
-        types = ", ".join(f"{n} {table.c[n].type.compile(dialect=postgresql.dialect())}" for n in names)
+        pg = postgresql.dialect()  # type: ignore[no-untyped-call]  # SQLAlchemy leaves its __init__ unannotated
+        types = ", ".join(f"{n} {table.c[n].type.compile(dialect=pg)}" for n in names)
         conn.execute(text(f"INSERT INTO {table.name} ({', '.join(names)}, {stamped}) SELECT {', '.join(names)}, now() "
                           f"FROM jsonb_to_recordset(CAST(:rows AS jsonb)) AS r({types})"),
                      {"rows": storable_json(rows, default=str)})
 
-    def roll_up_finished(self, conn, lo: int, hi: int) -> None:
+    def roll_up_finished(self, conn: Connection, lo: int, hi: int) -> None:
         conn.execute(text("SELECT rx_roll_up_finished(:lo, :hi)"), {"lo": lo, "hi": hi})
 
     @contextmanager
-    def bounded(self, conn, seconds: float) -> Iterator[None]:
+    def bounded(self, conn: Connection, seconds: float) -> Iterator[None]:
         ms = max(1, int(seconds * 1000))
         conn.exec_driver_sql(f"SET LOCAL lock_timeout = {ms}")
         conn.exec_driver_sql(f"SET LOCAL statement_timeout = {ms}")
         yield
 
-    def statement_clock(self) -> ColumnElement:
+    def statement_clock(self) -> ColumnElement[Any]:
         return func.clock_timestamp()
 
     def table_bytes(self, conn: Connection, table: str) -> int:
         return int(conn.scalar(text("SELECT pg_total_relation_size(:t)"), {"t": table}) or 0)
 
     @classmethod
-    def json_type(cls) -> TypeEngine:
+    def json_type(cls) -> TypeEngine[Any]:
         return JSONB()
 
     @classmethod
@@ -421,8 +424,8 @@ class SqliteDialect(Dialect):
         return _sqlite_write_locks.for_file(self.url.database or "")
 
     @contextmanager
-    def read_only(self, conn) -> Iterator[None]:
-        raw = conn.connection.driver_connection  # outside any transaction: pysqlite runs PRAGMAs as is
+    def read_only(self, conn: Connection) -> Iterator[None]:
+        raw: Any = conn.connection.driver_connection  # outside any transaction: pysqlite runs PRAGMAs as is
         raw.execute("PRAGMA query_only = ON")
         try:
             with conn.begin():
@@ -432,7 +435,7 @@ class SqliteDialect(Dialect):
 
     def configure(self, engine: Engine) -> None:
         @event.listens_for(engine, "connect")
-        def _on_connect(dbapi_conn, _record):
+        def _on_connect(dbapi_conn: Any, _record: Any) -> None:
             # Let SQLAlchemy's begin hook, not pysqlite, decide when transactions start.
             dbapi_conn.isolation_level = None
             cur = dbapi_conn.cursor()
@@ -443,7 +446,7 @@ class SqliteDialect(Dialect):
             cur.close()
 
         @event.listens_for(engine, "begin")
-        def _on_begin(conn):
+        def _on_begin(conn: Connection) -> None:
             mode = "IMMEDIATE" if conn.get_execution_options().get("rx_write") else "DEFERRED"
             conn.exec_driver_sql(f"BEGIN {mode}")
 
@@ -453,44 +456,45 @@ class SqliteDialect(Dialect):
         the batch took) lets every waiting writer in between two batches."""
         return max(batch_seconds, 0.1)
 
-    def now(self) -> ColumnElement:
+    def now(self) -> ColumnElement[Any]:
         return literal_column("((julianday('now') - 2440587.5) * 86400.0)", type_=Float)
 
-    def bad_time(self, column) -> ColumnElement:
+    def bad_time(self, column: ColumnElement[Any]) -> ColumnElement[Any]:
         # epoch seconds: text, blobs and values beyond year 9999 are not times
         kind = func.typeof(column)
         return and_(column.isnot(None), or_(kind.not_in(("real", "integer")), column < 0, column > 253402300799))
 
-    def not_text(self, column) -> ColumnElement:
+    def not_text(self, column: ColumnElement[Any]) -> ColumnElement[Any]:
         return func.typeof(column).not_in(("text", "null"))  # SQLite stores a blob or a number in any column
 
-    def now_plus(self, seconds: Any) -> ColumnElement:
+    def now_plus(self, seconds: Any) -> ColumnElement[Any]:
         if not isinstance(seconds, ColumnElement):
             seconds = bindparam(None, float(seconds), type_=Float)
-        return self.now() + seconds
+        later: ColumnElement[Any] = self.now() + seconds
+        return later
 
-    def seconds_between(self, start: Any, end: Any) -> ColumnElement:
+    def seconds_between(self, start: Any, end: Any) -> ColumnElement[Any]:
         # text in a time column would subtract as a number without error: no duration instead
         finite = and_(*[func.typeof(t).in_(("real", "integer")) for t in (start, end)])
         return case((finite, end - start), else_=None)
 
-    def json_text(self, column, key: str) -> ColumnElement:
+    def json_text(self, column: ColumnElement[Any], key: str) -> ColumnElement[Any]:
         # json_extract raises on text that does not parse; such a row reads as NULL instead.
         return case((func.json_valid(column) == 1, func.json_extract(column, f"$.{key}")), else_=None)
 
-    def insert(self, table):
+    def insert(self, table: Table) -> Any:
         from sqlalchemy.dialects.sqlite import insert
 
         return insert(table)
 
-    def roll_up_finished(self, conn, lo: int, hi: int) -> None:
+    def roll_up_finished(self, conn: Connection, lo: int, hi: int) -> None:
         conn.execute(text("INSERT INTO rx_roll_up_requests (lo, hi) VALUES (:lo, :hi)"), {"lo": lo, "hi": hi})
 
     @contextmanager
-    def bounded(self, conn, seconds: float) -> Iterator[None]:
+    def bounded(self, conn: Connection, seconds: float) -> Iterator[None]:
         # SQLite has no statement timeout: what a reader can wait for is a lock (the busy timeout), set for
         # this transaction on its connection and put back after it.
-        raw = conn.connection.driver_connection
+        raw: Any = conn.connection.driver_connection
         raw.execute(f"PRAGMA busy_timeout = {max(1, int(seconds * 1000))}")
         try:
             yield
@@ -507,24 +511,24 @@ class SqliteDialect(Dialect):
         return int(conn.scalar(text("SELECT coalesce(sum(pgsize), 0) FROM dbstat WHERE name = :t"), {"t": table}) or 0)
 
     @classmethod
-    def time_type(cls) -> TypeEngine:
+    def time_type(cls) -> TypeEngine[Any]:
         return Float()
 
     @classmethod
     def bind_time(cls, value: Any) -> Any:
         if isinstance(value, dt.datetime):
             if value.tzinfo is None:
-                value = value.replace(tzinfo=dt.timezone.utc)
+                value = value.replace(tzinfo=dt.UTC)
             return value.timestamp()
         return float(value)
 
     @classmethod
     def load_time(cls, value: Any) -> Any:
         try:
-            return dt.datetime.fromtimestamp(float(value), tz=dt.timezone.utc)
+            return dt.datetime.fromtimestamp(float(value), tz=dt.UTC)
         except (TypeError, ValueError, OverflowError, OSError):
             # Text or an absurd number in a time column: readable, never a traceback; the scan fails the row.
-            return dt.datetime.min.replace(tzinfo=dt.timezone.utc)
+            return dt.datetime.min.replace(tzinfo=dt.UTC)
 
     def is_transient(self, exc: BaseException) -> bool:
         orig = getattr(exc, "orig", exc)
@@ -547,23 +551,23 @@ def column_codec(dialect: SqlAlchemyDialect) -> type[Dialect]:
     return _BY_SQLALCHEMY_NAME.get(dialect.name, Dialect)
 
 
-def _clamped_timestamptz_loader():
+def _clamped_timestamptz_loader() -> type:
     import datetime as dt
 
     from psycopg.types.datetime import TimestamptzLoader
 
     class ClampedTimestamptzLoader(TimestamptzLoader):
-        def load(self, data):
+        def load(self, data: Any) -> Any:
             raw = bytes(data)
             if raw == b"infinity":
-                return dt.datetime.max.replace(tzinfo=dt.timezone.utc)
+                return dt.datetime.max.replace(tzinfo=dt.UTC)
             if raw == b"-infinity":
-                return dt.datetime.min.replace(tzinfo=dt.timezone.utc)
+                return dt.datetime.min.replace(tzinfo=dt.UTC)
             try:
                 return super().load(data)
             except Exception:  # noqa: BLE001 - out of Python's range (e.g. year 10000 or BC)
                 early = raw.endswith(b"BC") or raw.startswith(b"-")
-                return (dt.datetime.min if early else dt.datetime.max).replace(tzinfo=dt.timezone.utc)
+                return (dt.datetime.min if early else dt.datetime.max).replace(tzinfo=dt.UTC)
 
     return ClampedTimestamptzLoader
 
@@ -591,7 +595,7 @@ def _timeout(name: str, value: float | None, default: float) -> float:
     return float(value)
 
 
-def _enable_wal(cur, attempts: int = 200) -> None:
+def _enable_wal(cur: Any, attempts: int = 200) -> None:
     """Switch to WAL once per database file; the switch itself ignores the busy timeout."""
     for _ in range(attempts):
         if cur.execute("PRAGMA journal_mode").fetchone()[0].lower() == "wal":

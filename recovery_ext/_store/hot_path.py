@@ -33,16 +33,17 @@ FOLDER = "postgres"
 def _rows(raw: Any, query: str, params: dict[str, Any]) -> list[Any]:
     with raw.cursor(row_factory=namedtuple_row) as cursor:
         cursor.execute(load_query(FOLDER, query), params, prepare=True)
-        return cursor.fetchall()
+        rows: list[Any] = cursor.fetchall()
+        return rows
 
 
-def begin_node(raw: Any, **params: Any):
+def begin_node(raw: Any, **params: Any) -> Any:
     """One row: ``outcome`` (no_pipeline, no_node, finished, illegal, started), the epoch, the node's status
     before, and the node's columns as they are now."""
     return _rows(raw, "begin_node", params)[0]
 
 
-def complete_node(raw: Any, *, output: Any, **params: Any):
+def complete_node(raw: Any, *, output: Any, **params: Any) -> Any:
     """One row: ``outcome`` (no_pipeline, pipeline_finished, lost, no_node, unfinished, illegal, completed,
     pipeline_completed) and what the store needs to explain a refusal."""
     return _rows(raw, "complete_node", {**params, "output": Jsonb(output, dumps=storable_json)})[0]
@@ -57,18 +58,18 @@ def completed_items(raw: Any, **params: Any) -> dict[str, Any]:
     return {row.item_key: row.result for row in _rows(raw, "completed_items", params)}
 
 
-def breaker_state(raw: Any, endpoint: str):
+def breaker_state(raw: Any, endpoint: str) -> Any:
     """The endpoint's breaker row (state, consecutive_failures, open_left, probe_left), or None."""
     rows = _rows(raw, "breaker_state", {"endpoint": endpoint})
     return rows[0] if rows else None
 
 
-def journal_begin(raw: Any, **params: Any):
+def journal_begin(raw: Any, **params: Any) -> Any:
     """One row: ``verdict`` (no_pipeline, lost, hit, written), the pipeline's owner, epoch and status (to explain
     a refusal), the journaled answer and the columns of the ledger row that paid for it (a hit)."""
     return _rows(raw, "journal_begin", params)[0]
 
 
-def journal_answer(raw: Any, **params: Any):
+def journal_answer(raw: Any, **params: Any) -> Any:
     """One row: ``verdict`` (no_pipeline, lost, written) and the pipeline's owner, epoch and status."""
     return _rows(raw, "journal_answer", params)[0]

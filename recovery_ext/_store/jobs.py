@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 from sqlalchemy import insert, select, update
+from typing import Any
 
 from recovery_ext._store.database import retried
 from recovery_ext._store.ledger import IN_FLIGHT
-from recovery_ext._store.models import Ownership, ProviderCall
+from recovery_ext._store.models import Ownership, ProviderCall, ProviderJobRow
 from recovery_ext._store.schema import provider_calls, provider_jobs
 from recovery_ext._store.statuses import JobStatus
 from recovery_ext._store.checkpoints import CheckpointOps
@@ -30,18 +30,7 @@ SUBMITTING, SUBMITTED, COLLECTED = JobStatus.SUBMITTING, JobStatus.SUBMITTED, Jo
 LIVE = (SUBMITTING, SUBMITTED)
 
 
-@dataclass(frozen=True)
-class ProviderJobRow:
-    token: str
-    provider: str
-    job_id: str | None
-    status: str
-    items: tuple[str, ...]
-    attempt: int
-    call_id: str
-
-
-def _row(r) -> ProviderJobRow:
+def _row(r: Any) -> ProviderJobRow:
     return ProviderJobRow(r.token, r.provider, r.job_id, r.status, tuple(json.loads(r.items)), r.attempt, r.call_id)
 
 

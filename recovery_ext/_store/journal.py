@@ -16,9 +16,10 @@ The two fenced writes are each one round trip on PostgreSQL (server functions, m
 portable statements of one transaction elsewhere: see journal_writes.py.
 
 Both fenced writes commit without waiting for the database's log flush (``commit_without_flush``, selected
-with the fence; ``synchronous_commit`` off in the server functions): a killed worker loses neither, and only a crash of the database server itself could lose the last of
-them (the next synchronous commit, e.g. the item's checkpoint, makes them durable). Two flushed commits
-per request cost more than the 2 % of a 200 ms call the journal may add.
+with the fence; ``synchronous_commit`` off in the server functions): a killed worker loses neither, and only a
+crash of the database server itself could lose the last of them (the next synchronous commit, e.g. the item's
+checkpoint, makes them durable). Two flushed commits per request cost more than the 2 % of a 200 ms call the
+journal may add.
 
 Entries are pruned by a trigger when their pipeline completes or is canceled (migration 0014);
 :meth:`JournalOps.prune_call_journal` removes those of pipelines that ended before it existed.
@@ -29,12 +30,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from functools import cached_property
 
-from sqlalchemy import bindparam, delete, select, update
+from sqlalchemy import Connection, bindparam, delete, select, update
 
 from recovery_ext._store.database import chunks, retried
-from recovery_ext._store.journal_writes import JournalHit, JournalWrites, journal_writes_for
+from recovery_ext._store.journal_writes import JournalWrites, journal_writes_for
 from recovery_ext._store.ledger import IN_FLIGHT, call_row
-from recovery_ext._store.models import Ownership, ProviderCall
+from recovery_ext._store.models import JournalHit, Ownership, ProviderCall
 from recovery_ext._store.schema import call_journal, pipelines, provider_calls
 from recovery_ext._store.statuses import PipelineStatus
 from recovery_ext._store.breakers import ProviderOps
@@ -75,7 +76,7 @@ class JournalOps(ProviderOps):
             with self.write() as conn:
                 self._complete_calls_in(conn, calls)
 
-    def _complete_calls_in(self, conn, calls: Sequence[ProviderCall]) -> None:
+    def _complete_calls_in(self, conn: Connection, calls: Sequence[ProviderCall]) -> None:
         """:meth:`complete_calls` in the caller's transaction."""
         stmt = (update(provider_calls).where(pc.id == bindparam("b_id"), pc.outcome == IN_FLIGHT)
                 .values({name: bindparam(f"b_{name}") for name in _COMPLETION}))

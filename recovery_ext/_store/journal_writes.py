@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from contextlib import AbstractContextManager
-from dataclasses import dataclass, fields
+from dataclasses import fields
 from typing import Any, Protocol
 
 from sqlalchemy import Connection, FromClause, and_, select, update
@@ -25,21 +25,13 @@ from recovery_ext._errors import NotFound
 from recovery_ext._store import hot_path
 from recovery_ext._store.dialects import Dialect
 from recovery_ext._store.ledger import IN_FLIGHT, call_row
-from recovery_ext._store.models import Ownership, ProviderCall
+from recovery_ext._store.models import JournalHit, Ownership, ProviderCall
 from recovery_ext._store.node_transitions import lost
 from recovery_ext._store.schema import call_journal, pipelines, provider_calls
 from recovery_ext._store.statuses import PipelineStatus
 
 pc = provider_calls.c
 jc = call_journal.c
-
-
-@dataclass(frozen=True)
-class JournalHit:
-    """A journaled answer (its JSON text) and the ledger row of the call that paid for it."""
-
-    answer: str
-    call: ProviderCall
 
 
 class JournalHost(Protocol):
@@ -67,7 +59,8 @@ class JournalWrites:
 
 
 class PortableJournalWrites(JournalWrites):
-    def _fence_and_find(self, conn, own: Ownership, node_name: str | None, item_key: str, call_key: str | None):
+    def _fence_and_find(self, conn: Connection, own: Ownership, node_name: str | None, item_key: str,
+                        call_key: str | None) -> Any:
         """The fence (lock the pipeline row against reclaim, check ``own``'s epoch), the commit without a log
         flush and the journal's look-up in one statement: a journaled call's writes are round trips."""
         p = pipelines.c

@@ -90,7 +90,7 @@ def _openers(data: Any) -> int:
     """An upper bound of the nesting depth, at C speed: most values are refused as deep without a walk."""
     if isinstance(data, (bytes, bytearray)):
         return data.count(b"[") + data.count(b"{")
-    return data.count("[") + data.count("{")
+    return int(data.count("[") + data.count("{"))
 
 
 def _too_deep(value: Any) -> bool:

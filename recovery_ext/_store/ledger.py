@@ -25,16 +25,16 @@ it is written at once, with its item's checkpoint, or late after the database ca
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterable, Mapping
-from dataclasses import asdict, dataclass, fields
+from collections.abc import Iterable
 from typing import Any
 
 from sqlalchemy import Connection, and_, case, func, literal, or_, select
+from sqlalchemy.sql.elements import ColumnElement
 
 from recovery_ext._classify.redaction import redact
 from recovery_ext._store.database import Component, chunks, retried
 from recovery_ext._store.ledger_rows import malformed_calls, well_formed_call
-from recovery_ext._store.models import ProviderCall
+from recovery_ext._store.models import CostFigures, CostReport, ProviderCall
 from recovery_ext._store.rolled_up import live_pipeline_ids
 from recovery_ext._store.schema import node_items, pipelines, provider_calls
 from recovery_ext._store.statuses import PipelineStatus
@@ -45,63 +45,6 @@ pc = provider_calls.c
 IN_FLIGHT = "in_flight"
 
 # The figures every report shows, in this order (the CLI's JSON keys).
-COST_KEYS = ("calls", "tokens_in", "tokens_out", "cost", "saved_calls", "saved_tokens", "saved_cost",
-             "wasted_calls", "wasted_tokens", "wasted_cost", "replayed_calls", "in_flight_unknown_calls")
-
-
-@dataclass
-class CostFigures:
-    """Calls, tokens and cost spent; saved by resume; wasted. ``cost`` sums the calls that had a price."""
-
-    calls: int = 0
-    tokens_in: int = 0
-    tokens_out: int = 0
-    cost: float = 0.0
-    saved_calls: int = 0
-    saved_tokens: int = 0
-    saved_cost: float = 0.0
-    wasted_calls: int = 0
-    wasted_tokens: int = 0
-    wasted_cost: float = 0.0
-    replayed_calls: int = 0           # of the saved calls: answers the journal handed to a later owner
-    in_flight_unknown_calls: int = 0  # requests sent whose answer never arrived (a kill): outcome unknown
-
-    @classmethod
-    def from_row(cls, row: Mapping[Any, Any]) -> CostFigures:
-        """The figures of a row holding every :data:`COST_KEYS` column (sums come back as any number type)."""
-        figures = cls()
-        for key in COST_KEYS:
-            setattr(figures, key, float(row[key]) if key.endswith("cost") else int(row[key]))
-        return figures
-
-    def add(self, other: "CostFigures") -> None:
-        for f in fields(self):
-            setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
-
-    def as_dict(self) -> dict[str, Any]:
-        values = asdict(self)
-        return {key: round(values[key], 9) if key.endswith("cost") else values[key] for key in COST_KEYS}
-
-    @property
-    def tokens(self) -> int:
-        return self.tokens_in + self.tokens_out
-
-
-@dataclass
-class CostReport:
-    """Figures for all pipelines, per pipeline and per node of each pipeline."""
-
-    total: CostFigures
-    pipelines: dict[int, CostFigures]
-    nodes: dict[int, dict[str, CostFigures]]
-    jobs: dict[int, str]
-    skipped_rows: int = 0  # corrupt ledger rows left out of the figures (see ledger_rows.py)
-
-    def as_dict(self) -> dict[str, Any]:
-        return {**self.total.as_dict(), "skipped_rows": self.skipped_rows,
-                "pipelines": [{"pipeline_id": pid, "job": self.jobs.get(pid), **figures.as_dict(),
-                               "nodes": {name: n.as_dict() for name, n in sorted(self.nodes.get(pid, {}).items())}}
-                              for pid, figures in sorted(self.pipelines.items())]}
 
 
 @functools.lru_cache(maxsize=256)
@@ -116,7 +59,8 @@ def call_row(call: ProviderCall, *, reached: bool = False) -> dict[str, Any]:
             "run_id": call.run_id, "epoch": call.epoch, "endpoint": _redacted_endpoint(call.endpoint),
             "model": None if call.model is None else str(call.model)[:200], "tokens_in": call.tokens_in,
             "tokens_out": call.tokens_out, "latency_seconds": float(call.latency_seconds),
-            "outcome": call.outcome if call.outcome == "ok" else redact(call.outcome)[:64], "cost": None if call.cost is None else float(call.cost),
+            "outcome": call.outcome if call.outcome == "ok" else redact(call.outcome)[:64],
+            "cost": None if call.cost is None else float(call.cost),
             "reached_checkpoint": reached and call.outcome == "ok", "note": call.note}
 
 
@@ -149,7 +93,7 @@ class LedgerWrites(Component):
         for part in chunks(rows, 500):
             conn.execute(stmt, list(part))
 
-    def _calls_insert(self, reached: bool):
+    def _calls_insert(self, reached: bool) -> Any:
         """The ledger's INSERT, built once per store (building it cost more than running it)."""
         key = f"_calls_insert_{reached}"
         built = self.__dict__.get(key)
@@ -182,7 +126,7 @@ class LedgerWrites(Component):
         wasted = and_(~reached, ~open_, ~in_flight)
         replayed = and_(saved, pc.replays > 0)
 
-        def total(condition, value):
+        def total(condition: ColumnElement[bool], value: Any) -> ColumnElement[Any]:
             return func.coalesce(func.sum(case((condition, value), else_=literal(0))), 0)
 
         query = (

@@ -20,7 +20,8 @@ from importlib import metadata, resources
 from importlib.resources.abc import Traversable
 from pathlib import Path
 
-from sqlalchemy import Engine, insert, inspect, select
+from sqlalchemy import Engine, Table, insert, inspect, select
+from sqlalchemy.sql.elements import ColumnElement
 
 from recovery_ext._store.dialects import Dialect
 from recovery_ext._errors import ConfigurationError, MigrationError
@@ -132,7 +133,7 @@ def load_query(folder: str, name: str) -> str:
     return "\n".join(lines).strip()
 
 
-def _tracking(package: str):
+def _tracking(package: str) -> tuple[Table, ColumnElement[bool], dict[str, str]]:
     """The table that records a package's applied migrations, and the condition selecting its rows."""
     if package == LIBRARY:
         return migrations_table, migrations_table.c.version.is_not(None), {}
@@ -185,28 +186,26 @@ def apply_migrations(engine: Engine, dialect: Dialect, package: str = LIBRARY) -
         # Every store and every run's resource migrates on open: an up-to-date database is one read, with no
         # lock and no write transaction. An applied migration is never unapplied, so nothing can be missed.
         return []
-    with engine.connect().execution_options(rx_write=True) as conn:
-        with conn.begin():
-            dialect.migration_lock(conn)
-            table.create(conn, checkfirst=True)
+    with engine.connect().execution_options(rx_write=True) as conn, conn.begin():
+        dialect.migration_lock(conn)
+        table.create(conn, checkfirst=True)
     applied: list[Migration] = []
     for migration in known:
         if migration.version in done:
             continue
-        with engine.connect().execution_options(rx_write=True) as conn:
-            with conn.begin():
-                dialect.migration_lock(conn)
-                already = conn.scalar(select(table.c.version).where(mine, table.c.version == migration.version))
-                if already is not None:
-                    continue
-                for statement in migration.statements():
-                    try:
-                        conn.exec_driver_sql(statement)
-                    except Exception as exc:
-                        raise MigrationError(
-                            f"migration {migration.version:04d}_{migration.name} of {package} failed: {exc}"
-                        ) from exc
-                conn.execute(insert(table).values(
-                    version=migration.version, name=migration.name, applied_at=dialect.now(), **key))
+        with engine.connect().execution_options(rx_write=True) as conn, conn.begin():
+            dialect.migration_lock(conn)
+            already = conn.scalar(select(table.c.version).where(mine, table.c.version == migration.version))
+            if already is not None:
+                continue
+            for statement in migration.statements():
+                try:
+                    conn.exec_driver_sql(statement)
+                except Exception as exc:
+                    raise MigrationError(
+                        f"migration {migration.version:04d}_{migration.name} of {package} failed: {exc}"
+                    ) from exc
+            conn.execute(insert(table).values(
+                version=migration.version, name=migration.name, applied_at=dialect.now(), **key))
         applied.append(migration)
     return applied

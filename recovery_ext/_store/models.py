@@ -3,22 +3,24 @@
 from __future__ import annotations
 
 import datetime as dt
-import json
 import math
 import uuid
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, fields
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any, Self, TypeVar, cast
 
 from recovery_ext._classify.redaction import redact_url
 from recovery_ext._errors import ConfigurationError
 from recovery_ext._settings import LONGEST
 from recovery_ext._store.json_values import storable_json
-from recovery_ext._store.statuses import FINISHED_NODE_STATUSES, WAITING, ItemStatus, PipelineStatus
+from recovery_ext._store.statuses import FINISHED_NODE_STATUSES, WAITING, BreakerState, ItemStatus, PipelineStatus
 
 
-def _from_mapping(cls, mapping) -> Any:
-    names = {f.name for f in fields(cls)}
+_D = TypeVar("_D")
+
+
+def _from_mapping(cls: type[_D], mapping: Any) -> _D:
+    names = {f.name for f in fields(cast(Any, cls))}  # each caller is a dataclass
     return cls(**{k: v for k, v in dict(mapping).items() if k in names})
 
 
@@ -147,7 +149,8 @@ class ProviderCall:
             for name in ("tokens_in", "tokens_out"):
                 value = getattr(self, name)
                 if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < _MAX_TOKENS:
-                    raise ConfigurationError(f"ProviderCall.{name} must be a whole number of tokens >= 0, got {value!r}")
+                    raise ConfigurationError(
+                        f"ProviderCall.{name} must be a whole number of tokens >= 0, got {value!r}")
         for name in ("latency_seconds", "cost"):
             value = getattr(self, name)
             if value is None and name == "cost":
@@ -223,7 +226,9 @@ class Pipeline:
     launcher: str | None = None
     deployment: str | None = None
 
-    from_row = classmethod(_from_mapping)
+    @classmethod
+    def from_row(cls, mapping: Any) -> Self:
+        return _from_mapping(cls, mapping)
 
     @property
     def shown_status(self) -> str:
@@ -255,7 +260,9 @@ class Node:
     vouched_until: dt.datetime | None = None
     died_at: dt.datetime | None = None
 
-    from_row = classmethod(_from_mapping)
+    @classmethod
+    def from_row(cls, mapping: Any) -> Self:
+        return _from_mapping(cls, mapping)
 
     @property
     def finished(self) -> bool:
@@ -283,7 +290,9 @@ class QueueItem:
     holder_pipeline_id: int | None = None
     holder_epoch: int | None = None
 
-    from_row = classmethod(_from_mapping)
+    @classmethod
+    def from_row(cls, mapping: Any) -> Self:
+        return _from_mapping(cls, mapping)
 
 
 @dataclass(frozen=True)
@@ -430,10 +439,10 @@ class PassPlan:
     reservations, and how far the pass may go.
 
     ``grace_seconds``, ``max_age_seconds`` and ``limit`` left ``None`` are taken from the settings when
-    :func:`~recovery_ext._recovery.scan.scan` runs the plan (launch grace, maximum age, ``max_per_scan``);
-    the store itself reads them as the default launch grace, no age limit and no cap. ``launching``: the
-    caller launches the resume runs at once (the orphan sensor), so each reclaimed pipeline is reserved for
-    its resume run; otherwise it awaits a launcher. ``trigger`` names the pass in its events.
+    :class:`~recovery_ext._recovery.protocol.RecoveryProtocol` runs the plan (launch grace, maximum age,
+    ``max_per_scan``); the store itself reads them as the default launch grace, no age limit and no cap.
+    ``launching``: the caller launches the resume runs at once (the orphan sensor), so each reclaimed pipeline
+    is reserved for its resume run; otherwise it awaits a launcher. ``trigger`` names the pass in its events.
     """
 
     dead_owner_runs: tuple[str, ...] = ()
@@ -467,3 +476,202 @@ class PassResult:
     given_up: list[GivenUp] = field(default_factory=list)
     corrupt: list[GivenUp] = field(default_factory=list)
     awaiting: list[Reclaimed] = field(default_factory=list)
+
+
+# -- the values the components' calls return ------------------------------------------------
+
+COST_KEYS = ("calls", "tokens_in", "tokens_out", "cost", "saved_calls", "saved_tokens", "saved_cost",
+             "wasted_calls", "wasted_tokens", "wasted_cost", "replayed_calls", "in_flight_unknown_calls")
+
+
+@dataclass(frozen=True)
+class BreakerDecision:
+    """What a caller may do now: call (maybe as the one half-open probe) or wait ``wait_seconds``."""
+
+    allowed: bool
+    state: str = BreakerState.CLOSED
+    probe: bool = False
+    failures: int = 0
+    wait_seconds: float = 0.0
+
+
+@dataclass(frozen=True)
+class Reopened:
+    pipeline_id: int
+    job_name: str
+    nodes: tuple[str, ...]
+    items: int
+    resume_number: int
+
+
+@dataclass(frozen=True)
+class ProviderJobRow:
+    token: str
+    provider: str
+    job_id: str | None
+    status: str
+    items: tuple[str, ...]
+    attempt: int
+    call_id: str
+
+
+@dataclass(frozen=True)
+class JournalHit:
+    """A journaled answer (its JSON text) and the ledger row of the call that paid for it."""
+
+    answer: str
+    call: ProviderCall
+
+
+@dataclass
+class CostFigures:
+    """Calls, tokens and cost spent; saved by resume; wasted. ``cost`` sums the calls that had a price."""
+
+    calls: int = 0
+    tokens_in: int = 0
+    tokens_out: int = 0
+    cost: float = 0.0
+    saved_calls: int = 0
+    saved_tokens: int = 0
+    saved_cost: float = 0.0
+    wasted_calls: int = 0
+    wasted_tokens: int = 0
+    wasted_cost: float = 0.0
+    replayed_calls: int = 0           # of the saved calls: answers the journal handed to a later owner
+    in_flight_unknown_calls: int = 0  # requests sent whose answer never arrived (a kill): outcome unknown
+
+    @classmethod
+    def from_row(cls, row: Mapping[Any, Any]) -> CostFigures:
+        """The figures of a row holding every :data:`COST_KEYS` column (sums come back as any number type)."""
+        figures = cls()
+        for key in COST_KEYS:
+            setattr(figures, key, float(row[key]) if key.endswith("cost") else int(row[key]))
+        return figures
+
+    def add(self, other: CostFigures) -> None:
+        for f in fields(self):
+            setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
+
+    def as_dict(self) -> dict[str, Any]:
+        values = asdict(self)
+        return {key: round(values[key], 9) if key.endswith("cost") else values[key] for key in COST_KEYS}
+
+    @property
+    def tokens(self) -> int:
+        return self.tokens_in + self.tokens_out
+
+
+@dataclass
+class CostReport:
+    """Figures for all pipelines, per pipeline and per node of each pipeline."""
+
+    total: CostFigures
+    pipelines: dict[int, CostFigures]
+    nodes: dict[int, dict[str, CostFigures]]
+    jobs: dict[int, str]
+    skipped_rows: int = 0  # corrupt ledger rows left out of the figures (see ledger_rows.py)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**self.total.as_dict(), "skipped_rows": self.skipped_rows,
+                "pipelines": [{"pipeline_id": pid, "job": self.jobs.get(pid), **figures.as_dict(),
+                               "nodes": {name: n.as_dict() for name, n in sorted(self.nodes.get(pid, {}).items())}}
+                              for pid, figures in sorted(self.pipelines.items())]}
+
+
+@dataclass(frozen=True)
+class ResetItem:
+    id: int
+    queue: str
+    worker: str | None
+    started_at: Any
+    attempts: int
+    max_attempts: int
+    new_status: str
+    payload: Any = None
+    reason: str | None = None
+
+
+@dataclass(frozen=True)
+class StaleItem(QueueItem):
+    """A stuck item with the reason the stale rule gives for it."""
+
+    stale_reason: str = ""
+
+
+@dataclass(frozen=True)
+class MetricsSnapshot:
+    """Every figure the exporter shows, read in one transaction on the database clock."""
+
+    pipeline_labels: tuple[str, ...]
+    pipelines: list[tuple[tuple[str, ...], int]]          # (label values in pipeline_labels order, count)
+    waiting_pipelines: list[tuple[str, str, int]]         # (job, what it waits on, count): shown as waiting
+    expired_pipelines: list[tuple[str, int]]              # (job, count) running with an expired heartbeat
+    oldest_heartbeat_age_seconds: float | None            # among running pipelines; None: none running
+    reclaims: list[tuple[str, int]]                       # (cause, count)
+    resume_runs: list[tuple[str, int]]                    # (cause, count)
+    given_up: int
+    items: list[tuple[str, str, int]]                     # (job, status, count) item checkpoints
+    queue_items: list[tuple[str, str, int]]               # (queue, status, count)
+    breakers: list[dict[str, Any]]                        # endpoint, state, consecutive_failures, open_count
+    # (job, model, outcome, calls, tokens_in, tokens_out, cost) of every provider call in the ledger
+    provider_calls: list[tuple[Any, ...]] = field(default_factory=list)
+    # job -> the ledger's figures (calls, tokens, cost spent; saved by resume; wasted), as `recovery-ext costs`
+    provider_costs: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # corrupt ledger rows left out of the provider figures above
+    skipped_ledger_rows: int = 0
+    # the spend caps (spend_caps.CapState) of every deployment and of the running pipelines
+    spend_caps: list[Any] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class PipelineHistory:
+    """One logical pipeline across its runs: what the report draws."""
+
+    pipeline: Pipeline
+    nodes: list[Node]
+    transitions: list[dict[str, Any]]
+    events: list[dict[str, Any]]
+    # (epoch, run_id, node, status, count, first completed_at, last completed_at) of item checkpoints
+    items: list[dict[str, Any]]
+    # (epoch, completed_at) of each item checkpoint in time order, at most ITEM_TIMES_LIMIT of them
+    item_times: list[tuple[int | None, dt.datetime]]
+    now: dt.datetime
+    # Each provider call of the pipeline, oldest first (at most ITEM_TIMES_LIMIT): epoch, recorded_at,
+    # tokens, cost and its fate (kept, saved, wasted, open), and the ledger's figures for the pipeline.
+    calls: list[dict[str, Any]] = field(default_factory=list)
+    costs: dict[str, Any] = field(default_factory=dict)
+    # Past ITEM_TIMES_LIMIT, item_times and calls hold every step-th row across the whole span (the last
+    # one always), so every run is drawn; these count all of them, as the database does.
+    item_count: int = 0
+    item_times_step: int = 1
+    call_count: int = 0
+    calls_step: int = 1
+    # (epoch, fate) -> calls, tokens, cost of every well-formed call, summed by the database
+    call_figures: list[dict[str, Any]] = field(default_factory=list)
+    # the pipeline's spend cap and its deployment's (spend_caps.CapState), where set
+    spend_caps: list[Any] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class PipelineBeat:
+    """The run worker keeps the pipeline row alive."""
+
+    own: Ownership
+    timeout: float
+
+
+@dataclass(frozen=True)
+class NodeBeat:
+    """A step keeps its running node alive (only while the pipeline is still ``own``'s)."""
+
+    own: Ownership
+    node: str
+    timeout: float
+
+
+@dataclass(frozen=True)
+class WatchedNode:
+    id: int
+    pipeline_id: int
+    name: str
+    process: str

@@ -16,9 +16,10 @@ from contextlib import AbstractContextManager
 from typing import Any, Protocol
 
 from sqlalchemy import Connection, Float, bindparam, func, select, type_coerce, update
+from sqlalchemy.sql.elements import ColumnElement
 
 from recovery_ext._errors import IllegalTransition, NotFound, OwnershipLost, UnfinishedItems
-from recovery_ext._liveness.processes import this_process, watcher_of_this_process
+from recovery_ext._processes import this_process, watcher_of_this_process
 from recovery_ext._store import hot_path
 from recovery_ext._store.database import is_retry
 from recovery_ext._store.dialects import Dialect
@@ -93,7 +94,10 @@ class PortableTransitions(NodeTransitions):
         super().__init__(db)
         # built once per store: building it cost more than running it
         now, cb = db.dialect.now(), circuit_breakers.c
-        seconds = lambda start, end: type_coerce(db.dialect.seconds_between(start, end), Float)  # noqa: E731
+
+        def seconds(start: Any, end: Any) -> ColumnElement[float]:
+            return type_coerce(db.dialect.seconds_between(start, end), Float)
+
         self._breaker_statement = (
             select(cb.state, cb.consecutive_failures, seconds(now, cb.open_until).label("open_left"),
                    seconds(now, cb.probe_deadline).label("probe_left"))

@@ -9,21 +9,21 @@ from __future__ import annotations
 
 import datetime as dt
 from contextlib import nullcontext
-from dataclasses import dataclass, field
+from collections.abc import Iterable
 from typing import Any
 
-from sqlalchemy import Float, Text, and_, case, cast, func, literal, or_, select
+from sqlalchemy import Float, Select, Text, and_, case, cast, func, literal, or_, select
 
 from recovery_ext._store import aggregates
-from recovery_ext._store.database import retried
-from recovery_ext._store.ledger import IN_FLIGHT, CostFigures
+from recovery_ext._store.database import Component, Database, retried
+from recovery_ext._store.ledger import IN_FLIGHT
 from recovery_ext._store.statuses import PipelineStatus, QueueStatus
 from recovery_ext._store.ledger_rows import well_formed_call
-from recovery_ext._store.models import Node, Pipeline
+from recovery_ext._store.models import CostFigures, MetricsSnapshot, Node, Pipeline, PipelineHistory
 from recovery_ext._errors import NotFound
-from recovery_ext._store.schema import (spend_caps, circuit_breakers, events, node_items, nodes, pipelines, provider_calls,
-                                        queue_items, transitions)
-from recovery_ext._store.reports import ReportOps
+from recovery_ext._store.schema import (circuit_breakers, events, node_items, nodes, pipelines, provider_calls,
+                                        queue_items, spend_caps, transitions)
+from recovery_ext._store.ledger import LedgerOps
 from recovery_ext._store.spend_caps import CapState, deployment_scope, pipeline_scope
 from recovery_ext._store.waits import wait_kind
 
@@ -46,61 +46,13 @@ RESUME_CAUSES: tuple[str, ...] = (*RECLAIM_CAUSES, *(c for c in RESUME_EVENTS.va
 COUNTED_TRANSITION_EVENTS: tuple[str, ...] = (*RESUME_EVENTS, "given_up")
 
 
-@dataclass(frozen=True)
-class MetricsSnapshot:
-    """Every figure the exporter shows, read in one transaction on the database clock."""
+class Observability(Component):
+    """The metrics exporter's and the pipeline report's reads; the ledger's figures come from ``ledger``."""
 
-    pipeline_labels: tuple[str, ...]
-    pipelines: list[tuple[tuple[str, ...], int]]          # (label values in pipeline_labels order, count)
-    waiting_pipelines: list[tuple[str, str, int]]         # (job, what it waits on, count): shown as waiting
-    expired_pipelines: list[tuple[str, int]]              # (job, count) running with an expired heartbeat
-    oldest_heartbeat_age_seconds: float | None            # among running pipelines; None: none running
-    reclaims: list[tuple[str, int]]                       # (cause, count)
-    resume_runs: list[tuple[str, int]]                    # (cause, count)
-    given_up: int
-    items: list[tuple[str, str, int]]                     # (job, status, count) item checkpoints
-    queue_items: list[tuple[str, str, int]]               # (queue, status, count)
-    breakers: list[dict[str, Any]]                        # endpoint, state, consecutive_failures, open_count
-    # (job, model, outcome, calls, tokens_in, tokens_out, cost) of every provider call in the ledger
-    provider_calls: list[tuple] = field(default_factory=list)
-    # job -> the ledger's figures (calls, tokens, cost spent; saved by resume; wasted), as `recovery-ext costs`
-    provider_costs: dict[str, dict[str, Any]] = field(default_factory=dict)
-    # corrupt ledger rows left out of the provider figures above
-    skipped_ledger_rows: int = 0
-    # the spend caps of every deployment and of the running pipelines
-    spend_caps: list[CapState] = field(default_factory=list)
+    def __init__(self, db: Database, *, ledger: LedgerOps) -> None:
+        super().__init__(db)
+        self.ledger = ledger
 
-
-@dataclass(frozen=True)
-class PipelineHistory:
-    """One logical pipeline across its runs: what the report draws."""
-
-    pipeline: Pipeline
-    nodes: list[Node]
-    transitions: list[dict[str, Any]]
-    events: list[dict[str, Any]]
-    # (epoch, run_id, node, status, count, first completed_at, last completed_at) of item checkpoints
-    items: list[dict[str, Any]]
-    # (epoch, completed_at) of each item checkpoint in time order, at most ITEM_TIMES_LIMIT of them
-    item_times: list[tuple[int | None, dt.datetime]]
-    now: dt.datetime
-    # Each provider call of the pipeline, oldest first (at most ITEM_TIMES_LIMIT): epoch, recorded_at,
-    # tokens, cost and its fate (kept, saved, wasted, open), and the ledger's figures for the pipeline.
-    calls: list[dict[str, Any]] = field(default_factory=list)
-    costs: dict[str, Any] = field(default_factory=dict)
-    # Past ITEM_TIMES_LIMIT, item_times and calls hold every step-th row across the whole span (the last
-    # one always), so every run is drawn; these count all of them, as the database does.
-    item_count: int = 0
-    item_times_step: int = 1
-    call_count: int = 0
-    calls_step: int = 1
-    # (epoch, fate) -> calls, tokens, cost of every well-formed call, summed by the database
-    call_figures: list[dict[str, Any]] = field(default_factory=list)
-    # the pipeline's spend cap and its deployment's, where set
-    spend_caps: list[CapState] = field(default_factory=list)
-
-
-class ObservabilityOps(ReportOps):
     @retried
     def metrics_snapshot(self) -> MetricsSnapshot:
         return self.scrape_snapshot()
@@ -134,7 +86,7 @@ class ObservabilityOps(ReportOps):
                 .order_by(circuit_breakers.c.endpoint))]
             spent = aggregates.provider_spent(conn)
             by_job_figures, skipped = aggregates.rolled_up_costs(conn)
-            live = self.costs_in(conn, live_only=True)
+            live = self.ledger.costs_in(conn, live_only=True)
             skipped += aggregates.live_malformed_calls(conn)
         for pipeline_id, figures in live.pipelines.items():
             by_job_figures.setdefault(live.jobs.get(pipeline_id) or "", CostFigures()).add(figures)
@@ -200,9 +152,9 @@ class ObservabilityOps(ReportOps):
                 key=lambda t: t[1])[:ITEM_TIMES_LIMIT]
             now = conn.execute(select(self.dialect.now().label("now"))).scalar_one()
         if not isinstance(now, dt.datetime):  # SQLite's clock is epoch seconds
-            now = dt.datetime.fromtimestamp(float(now), tz=dt.timezone.utc)
+            now = dt.datetime.fromtimestamp(float(now), tz=dt.UTC)
         calls, call_count, calls_step, call_figures = self._calls_of(pipeline_id)
-        report = self.provider_costs(pipeline_id)
+        report = self.ledger.provider_costs(pipeline_id)
         costs = report.pipelines.get(pipeline_id)
         return PipelineHistory(Pipeline.from_row(row._mapping), node_rows, history, happened, items, item_times, now,
                                calls=calls, costs={**(costs.as_dict() if costs is not None else {}),
@@ -244,7 +196,7 @@ def _step(count: int) -> int:
     return max(1, -(-count // ITEM_TIMES_LIMIT))
 
 
-def _every(query, order, step: int, count: int):
+def _every(query: Select[Any], order: Any, step: int, count: int) -> Select[Any]:
     """``query``'s rows in ``order``, every ``step``-th of them and the last: the whole span, not its start."""
     if step == 1:
         return query.order_by(*order)
@@ -254,7 +206,7 @@ def _every(query, order, step: int, count: int):
             .order_by(numbered.c.rx_n))
 
 
-def _waiting_by_kind(rows) -> list[tuple[str, str, int]]:
+def _waiting_by_kind(rows: Iterable[Any]) -> list[tuple[str, str, int]]:
     """(job, what it waits on, count) of the waiting pipelines' (job, reason) rows."""
     counts: dict[tuple[str, str], int] = {}
     for job, reason in rows:

@@ -18,14 +18,13 @@ from sqlalchemy import (Connection, Row, Text, and_, case, cast, exists, func, l
 from sqlalchemy.sql.elements import ColumnElement
 
 from recovery_ext._conventions import PLACEHOLDER_PREFIX
-from recovery_ext._store.database import chunks, retried
+from recovery_ext._store.database import Component, chunks, retried
 from recovery_ext._store.models import GivenUp, Orphan, PassPlan, Reclaimed, Scope
 from recovery_ext._store.pipelines import NEW_OWNER_RESETS
 from recovery_ext._store.statuses import NodeStatus, PipelineStatus
 from recovery_ext._store.json_values import CorruptJson
 from recovery_ext._store.schema import (NODE_STATUSES, PIPELINE_STATUSES, DbTime, nodes, pipelines,
                                         transitions)
-from recovery_ext._store.pipelines import PipelineCore
 
 p = pipelines.c
 
@@ -37,16 +36,16 @@ MAX_COUNTER = 2**31 - 1
 LIVE = p.status.not_in([literal_column("'completed'"), literal_column("'failed'")])
 
 
-class OrphanOps(PipelineCore):
+class Orphans(Component):
     # -- conditions ---------------------------------------------------------------------------
 
-    def _stalled(self, now: ColumnElement) -> ColumnElement:
+    def _stalled(self, now: ColumnElement[Any]) -> ColumnElement[Any]:
         return exists().where(
             nodes.c.pipeline_id == p.id, nodes.c.status == RUNNING,
             nodes.c.stall_deadline.isnot(None), nodes.c.stall_deadline < now,
         )
 
-    def _node_heartbeat_expired(self, now: ColumnElement) -> ColumnElement:
+    def _node_heartbeat_expired(self, now: ColumnElement[Any]) -> ColumnElement[Any]:
         """A running node whose own heartbeat expired and whom no watcher vouches for: its step
         process died (or its host did) while the run worker may still be alive. A node its watcher
         still vouches for is slow, not dead (its ``vouched_until`` is ahead); one its watcher reported dead
@@ -57,7 +56,7 @@ class OrphanOps(PipelineCore):
             or_(nodes.c.vouched_until.is_(None), nodes.c.vouched_until < now), nodes.c.died_at.is_(None),
         ), self._no_live_node(now))
 
-    def _node_died(self) -> ColumnElement:
+    def _node_died(self) -> ColumnElement[Any]:
         """A running node whose watcher saw its step process gone.
 
         Not a reason to reclaim by itself: the run worker that reported it is alive, ends its run
@@ -67,7 +66,7 @@ class OrphanOps(PipelineCore):
         the cause of the reclaim that follows."""
         return exists().where(nodes.c.pipeline_id == p.id, nodes.c.status == RUNNING, nodes.c.died_at.isnot(None))
 
-    def _no_live_node(self, now: ColumnElement) -> ColumnElement:
+    def _no_live_node(self, now: ColumnElement[Any]) -> ColumnElement[Any]:
         """No running node of the pipeline is alive by its own heartbeat or its watcher's word.
 
         A reclaim resets every running node and moves the epoch, which stops them all. So a
@@ -80,16 +79,16 @@ class OrphanOps(PipelineCore):
             or_(live.c.heartbeat_deadline >= now, live.c.vouched_until >= now),
         )
 
-    def _expired_node_heartbeat_at(self, now: ColumnElement) -> ColumnElement:
+    def _expired_node_heartbeat_at(self, now: ColumnElement[Any]) -> ColumnElement[Any]:
         """The last pulse of the longest-silent running node whose heartbeat expired (None: no such node)."""
         return (select(func.min(nodes.c.heartbeat_at))
                 .where(nodes.c.pipeline_id == p.id, nodes.c.status == RUNNING,
                        nodes.c.heartbeat_deadline.isnot(None), nodes.c.heartbeat_deadline < now)
                 .scalar_subquery())
 
-    def _orphan_condition(self, dead_owner_runs: Sequence[str] = (),
+    def orphan_condition(self, dead_owner_runs: Sequence[str] = (),
                           job_names: Sequence[str] | None = None,
-                          retrying_owner_runs: Sequence[str] = (), deployment: str | None = None) -> ColumnElement:
+                          retrying_owner_runs: Sequence[str] = (), deployment: str | None = None) -> ColumnElement[Any]:
         """Running, and one of: the run's heartbeat expired (NULL heartbeat: never by heartbeat),
         a running node's heartbeat expired, a node stalled, the hard deadline passed, or Dagster
         reports the owning run dead. Never for an owner in ``retrying_owner_runs`` (Dagster is
@@ -106,14 +105,14 @@ class OrphanOps(PipelineCore):
         excluded = [or_(p.owner.is_(None), p.owner.not_in(list(retrying_owner_runs)))] if retrying_owner_runs else []
         return and_(LIVE, p.status == RUNNING, cond, *excluded, *_jobs(job_names, deployment))
 
-    def _hopeless_condition(self, max_age_seconds: float | None) -> ColumnElement:
+    def _hopeless_condition(self, max_age_seconds: float | None) -> ColumnElement[Any]:
         now = self.dialect.now()
         cond = or_(p.resume_count >= p.max_resumes, and_(p.deadline.isnot(None), p.deadline < now))
         if max_age_seconds:
             cond = or_(cond, p.created_at < self.dialect.now_plus(-float(max_age_seconds)))
         return cond
 
-    def _reason(self, dead_owner_runs: Sequence[str]) -> ColumnElement:
+    def _reason(self, dead_owner_runs: Sequence[str]) -> ColumnElement[Any]:
         now = self.dialect.now()
         whens = [(self._node_died(), "node_died")]  # the root cause; its run's end or death follows from it
         if dead_owner_runs:
@@ -134,7 +133,7 @@ class OrphanOps(PipelineCore):
         query = (
             select(p.id, p.job_name, p.owner, p.epoch, p.resume_count, p.max_resumes,
                    self._reason(dead_owner_runs).label("reason"), p.heartbeat_deadline, p.deadline)
-            .where(self._orphan_condition(dead_owner_runs, job_names, retrying_owner_runs, deployment))
+            .where(self.orphan_condition(dead_owner_runs, job_names, retrying_owner_runs, deployment))
             .order_by(p.heartbeat_deadline.asc().nulls_first(), p.id)
         )
         if limit:
@@ -153,7 +152,7 @@ class OrphanOps(PipelineCore):
                 .order_by(transitions.c.id.desc()).limit(1)).scalar()
         return data if isinstance(data, dict) else None
 
-    def _awaiting(self, conn: Connection, scope: Scope, *, launcher_only: bool = False,
+    def awaiting(self, conn: Connection, scope: Scope, *, launcher_only: bool = False,
                   fresh: Sequence[Reclaimed] = ()) -> list[Reclaimed]:
         """The pipelines reserved for a resume run that has not attached yet. ``fresh``: those this pass just
         reserved, which already carry their params: only the others' params are read (after a mass kill,
@@ -173,7 +172,7 @@ class OrphanOps(PipelineCore):
         return [Reclaimed(r.id, r.job_name, params.get(r.id), r.resumed_from, r.owner, r.epoch, r.resume_count,
                           origin_run_id=r.origin_run_id, launcher=r.launcher) for r in rows]
 
-    def _extend_launch_grace(self, conn: Connection, placeholders: Sequence[str], grace_seconds: float) -> int:
+    def extend_launch_grace(self, conn: Connection, placeholders: Sequence[str], grace_seconds: float) -> int:
         changed = 0
         for part in chunks(sorted(placeholders)):
             changed += conn.execute(
@@ -194,7 +193,7 @@ class OrphanOps(PipelineCore):
 
     # -- give up -------------------------------------------------------------------------------
 
-    def _give_up_hopeless(self, conn: Connection, dead_owner_runs: Sequence[str], retrying_owner_runs: Sequence[str],
+    def give_up_hopeless(self, conn: Connection, dead_owner_runs: Sequence[str], retrying_owner_runs: Sequence[str],
                           max_age_seconds: float | None, scope: Scope, limit: int = 10_000) -> list[GivenUp]:
         now = self.dialect.now()
         reason = case(
@@ -206,7 +205,7 @@ class OrphanOps(PipelineCore):
         )
         candidates = (
             select(p.id)
-            .where(self._orphan_condition(dead_owner_runs, scope.job_names, retrying_owner_runs, scope.deployment),
+            .where(self.orphan_condition(dead_owner_runs, scope.job_names, retrying_owner_runs, scope.deployment),
                    self._hopeless_condition(max_age_seconds), *_outside(scope))
             .order_by(p.id)
             .limit(limit)
@@ -254,7 +253,7 @@ class OrphanOps(PipelineCore):
 
     # -- reclaim -------------------------------------------------------------------------------
 
-    def _reclaim(self, conn: Connection, plan: PassPlan, scope: Scope) -> tuple[list[Reclaimed], list[GivenUp]]:
+    def reclaim(self, conn: Connection, plan: PassPlan, scope: Scope) -> tuple[list[Reclaimed], list[GivenUp]]:
         dead_owner_runs, launching = plan.dead_owner_runs, plan.launching
         launcher = scope.launcher
         now = self.dialect.now()
@@ -263,7 +262,7 @@ class OrphanOps(PipelineCore):
                    and_(p.heartbeat_deadline.isnot(None), p.heartbeat_deadline >= now).label("owner_heartbeating"),
                    p.heartbeat_at, self._expired_node_heartbeat_at(now).label("node_heartbeat_at"),
                    type_coerce(now, DbTime).label("now"))
-            .where(self._orphan_condition(dead_owner_runs, scope.job_names, plan.retrying_owner_runs,
+            .where(self.orphan_condition(dead_owner_runs, scope.job_names, plan.retrying_owner_runs,
                                           scope.deployment),
                    ~self._hopeless_condition(plan.max_age_seconds), *_outside(scope),
                    p.epoch < MAX_COUNTER, p.resume_count < MAX_COUNTER)  # those are failed as corrupt instead
@@ -281,14 +280,15 @@ class OrphanOps(PipelineCore):
         silent = {r.id: _seconds_between(r.node_heartbeat_at if r.cause == "node_heartbeat" else r.heartbeat_at, r.now)
                   for r in found}
         new_owner = _placeholder(p.resume_count + 1) if launching else None
-        rows: list[Row] = []
+        rows: list[Row[Any]] = []
         for part in chunks(sorted(previous)):
             rows += conn.execute(
                 update(pipelines)
                 .where(p.id.in_(list(part)), p.status == PipelineStatus.RUNNING)
                 .values(owner=new_owner, resumed_from=p.owner, epoch=p.epoch + 1,
                         resume_count=p.resume_count + 1, launcher=launcher if launching else None,
-                        **NEW_OWNER_RESETS, heartbeat_at=now, heartbeat_deadline=self.dialect.now_plus(plan.launch_grace_seconds),
+                        **NEW_OWNER_RESETS, heartbeat_at=now,
+                        heartbeat_deadline=self.dialect.now_plus(plan.launch_grace_seconds),
                         updated_at=now)
                 .returning(p.id, p.job_name, p.params, p.owner, p.epoch, p.resume_count, p.origin_run_id)
             ).all()
@@ -321,7 +321,7 @@ class OrphanOps(PipelineCore):
         given_up = self._fail_corrupt(conn, corrupt, previous)
         return reclaimed, given_up
 
-    def _claim_awaiting(self, conn: Connection, limit: int | None, grace_seconds: float,
+    def claim_awaiting(self, conn: Connection, limit: int | None, grace_seconds: float,
                         scope: Scope) -> list[Reclaimed]:
         ids = [r.id for r in conn.execute(
             select(p.id)
@@ -331,7 +331,7 @@ class OrphanOps(PipelineCore):
         )]
         if not ids:
             return []
-        rows: list[Row] = []
+        rows: list[Row[Any]] = []
         for part in chunks(ids):
             rows += conn.execute(
                 update(pipelines)
@@ -400,7 +400,7 @@ class OrphanOps(PipelineCore):
         ])
         return given_up
 
-    def _corrupt_checks(self) -> list[tuple[ColumnElement, str]]:
+    def corrupt_checks(self) -> list[tuple[ColumnElement[Any], str]]:
         return [(p.status.not_in(PIPELINE_STATUSES), "unknown pipeline status"),
                 (self.dialect.not_text(p.owner), "owner is not text"),
                 *[(or_(col < 0, col >= MAX_COUNTER), f"{col.name} out of range")
@@ -415,8 +415,8 @@ class OrphanOps(PipelineCore):
                 (self._running_node_where(or_(nodes.c.attempts < 0, nodes.c.attempts >= MAX_COUNTER)),
                  "a running node's attempts out of range")]
 
-    def _fail_unknown_statuses(self, conn: Connection, deployment: str | None = None) -> list[GivenUp]:
-        checks = self._corrupt_checks()
+    def fail_unknown_statuses(self, conn: Connection, deployment: str | None = None) -> list[GivenUp]:
+        checks = self.corrupt_checks()
         rows = conn.execute(
             select(p.id, p.owner, p.status, p.epoch, *[case((cond, literal(why)), else_=None).label(f"c{i}")
                                                        for i, (cond, why) in enumerate(checks)])
@@ -429,22 +429,22 @@ class OrphanOps(PipelineCore):
 
 
     @staticmethod
-    def _running_node_where(condition: ColumnElement) -> ColumnElement:
+    def _running_node_where(condition: ColumnElement[Any]) -> ColumnElement[Any]:
         return exists().where(nodes.c.pipeline_id == p.id, nodes.c.status == RUNNING, condition)
 
 
-def _placeholder(resume_number: ColumnElement) -> ColumnElement:
+def _placeholder(resume_number: ColumnElement[Any]) -> ColumnElement[Any]:
     """``resume-<id>-<n>`` in SQL: the owner a launching reclaim writes (``_conventions.placeholder_owner``)."""
     return literal(PLACEHOLDER_PREFIX) + cast(p.id, Text) + literal("-") + cast(resume_number, Text)
 
 
-def _jobs(job_names: Sequence[str] | None, deployment: str | None = None) -> list[ColumnElement]:
+def _jobs(job_names: Sequence[str] | None, deployment: str | None = None) -> list[ColumnElement[Any]]:
     """The pipelines of these jobs in this deployment (``None``: any)."""
-    where: list[ColumnElement] = [] if job_names is None else [p.job_name.in_(list(job_names))]
+    where: list[ColumnElement[Any]] = [] if job_names is None else [p.job_name.in_(list(job_names))]
     return where if deployment is None else [*where, p.deployment == deployment]
 
 
-def _outside(scope: Scope) -> list[ColumnElement]:
+def _outside(scope: Scope) -> list[ColumnElement[Any]]:
     """Only the pipelines the scope may act on (see ``Scope.acting_on``)."""
     if scope.acting_on is None:
         return []

@@ -1,8 +1,8 @@
-"""Pipelines and nodes: creation, fenced writes and heartbeats (item checkpoints: checkpoint_store.py).
+"""Pipelines and nodes: creation, fenced writes and heartbeats (item checkpoints: checkpoints.py).
 
-Every write a worker makes goes through :meth:`PipelineOps._fence`, which locks the
-pipeline row (the single writer lock on SQLite) and checks the worker's epoch in the
-same transaction. A reclaim bumps the epoch under ``FOR UPDATE``, so the two are
+Every write a worker makes goes through :meth:`~recovery_ext._store.fenced.Fence.check`
+(``PipelineCore._fence`` here), which locks the pipeline row (the single writer lock on SQLite) and checks
+the worker's epoch in the same transaction. A reclaim bumps the epoch under ``FOR UPDATE``, so the two are
 serialized: a superseded worker's write changes nothing and raises
 :class:`~recovery_ext._errors.OwnershipLost`.
 
@@ -27,17 +27,17 @@ from sqlalchemy import Connection, func, insert, select, update
 from sqlalchemy.exc import IntegrityError
 
 from recovery_ext._conventions import placeholder_owner
-from recovery_ext._liveness.processes import this_process, watcher_of_this_process
+from recovery_ext._processes import this_process, watcher_of_this_process
 from recovery_ext._store.database import chunks, is_retry, retried
-from recovery_ext._store.node_transitions import NODE_TRANSITIONS, NodeTransitions, illegal, lost, transitions_for
+from recovery_ext._store.node_transitions import NODE_TRANSITIONS, NodeTransitions, illegal, transitions_for
 from recovery_ext._store.ledger import LedgerWrites
 from recovery_ext._settings import check_deployment
-from recovery_ext._errors import IllegalTransition, NotFound, OwnershipLost, StoreError, UnfinishedItems
-from recovery_ext._store.fenced import FencedTransaction
+from recovery_ext._errors import IllegalTransition, NotFound, OwnershipLost, StoreError
+from recovery_ext._store.fenced import Fence, FencedTransaction
 from recovery_ext._store.models import (ErrorInfo, ItemCheckpoint, Node, NodeSpec, Ownership, Pipeline,
                                         PipelineLimits)
 from recovery_ext._classify.redaction import redact, redact_config
-from recovery_ext._store.schema import node_items, nodes, pipelines
+from recovery_ext._store.schema import nodes, pipelines
 from recovery_ext._store.statuses import FINISHED_NODE_STATUSES, NodeStatus, PipelineStatus
 
 __all__ = ["NODE_TRANSITIONS", "ItemCheckpoint", "PipelineOps"]  # ItemCheckpoint: its old home
@@ -58,34 +58,15 @@ class PipelineCore(LedgerWrites):
         """How this store's nodes start and complete: chosen once, from its dialect."""
         return transitions_for(self)
 
+    fence = Fence()
+
     def _fence(self, conn: Connection, own: Ownership, *, for_update: bool = False,
                finished_ok: bool = False, completed_ok: bool = False) -> str:
-        """Lock the pipeline row against reclaim and check that ``own`` still holds it.
+        """:meth:`Fence.check` (its docstring says how it locks)."""
+        return self.fence.check(conn, own, for_update=for_update, finished_ok=finished_ok, completed_ok=completed_ok)
 
-        ``for_update=True`` when this transaction will UPDATE the pipeline row: it takes
-        that UPDATE's lock (``FOR NO KEY UPDATE``) now instead of upgrading a share lock
-        later, which is what deadlocked sibling nodes. ``finished_ok``: on a retried call,
-        a pipeline this owner already finished (the first attempt's commit landed) is
-        returned as its status instead of raising. ``completed_ok``: a pipeline this owner
-        and epoch completed is returned as ``"completed"`` on any call.
-        """
-        query = select(pipelines.c.epoch, pipelines.c.owner, pipelines.c.status).where(
-            pipelines.c.id == own.pipeline_id)
-        query = query.with_for_update(key_share=True) if for_update else query.with_for_update(read=True, key_share=True)
-        row = conn.execute(query).first()
-        if row is None:
-            raise NotFound(f"no pipeline {own.pipeline_id}")
-        if (finished_ok and is_retry() and row.epoch == own.epoch and row.owner == own.owner
-                and row.status in (PipelineStatus.COMPLETED, PipelineStatus.FAILED)):
-            return row.status
-        if (completed_ok and row.epoch == own.epoch and row.owner == own.owner
-                and row.status == PipelineStatus.COMPLETED):
-            return row.status
-        if row.epoch != own.epoch or row.status != PipelineStatus.RUNNING:
-            raise lost(own, row.owner, row.epoch, row.status)
-        return row.status
-
-    def _refresh_pipeline(self, conn: Connection, own: Ownership, heartbeat_timeout: float | None, **values) -> None:
+    def _refresh_pipeline(self, conn: Connection, own: Ownership, heartbeat_timeout: float | None,
+                          **values: Any) -> None:
         if heartbeat_timeout is not None:
             values["heartbeat_at"] = self.dialect.now()
             values["heartbeat_deadline"] = self.dialect.now_plus(heartbeat_timeout)
@@ -101,7 +82,7 @@ class PipelineCore(LedgerWrites):
             self._fence(conn, own)
 
     def _move_node(self, conn: Connection, own: Ownership, name: str, target: NodeStatus, event: str,
-                   extra: dict[str, Any] | None = None, **values) -> Node:
+                   extra: dict[str, Any] | None = None, **values: Any) -> Node:
         sources = NODE_TRANSITIONS[target]
         before = conn.execute(
             select(nodes.c.id, nodes.c.status, nodes.c.run_id)
@@ -179,8 +160,8 @@ class PipelineCore(LedgerWrites):
             self.record_events(conn, [{"kind": "pipeline_failed", "pipeline_id": own.pipeline_id,
                                        "payload": {"error": error, "owner": own.owner}}])
 
-    def _cancel_owned_by(self, conn: Connection, run_ids: Sequence[str],
-                         reason: str = "the owning run was canceled") -> list[int]:
+    def cancel_owned_by(self, conn: Connection, run_ids: Sequence[str],
+                        reason: str = "the owning run was canceled") -> list[int]:
         canceled: list[int] = []
         for part in chunks(list(run_ids)):
             rows = conn.execute(
@@ -268,7 +249,8 @@ class PipelineOps(PipelineCore):
                     return self._ownership_or_raise(existing, owner)
             try:
                 with conn.begin_nested():
-                    pipeline_id = conn.execute(insert(pipelines).values(**values).returning(pipelines.c.id)).scalar_one()
+                    pipeline_id = conn.execute(
+                        insert(pipelines).values(**values).returning(pipelines.c.id)).scalar_one()
             except IntegrityError:
                 existing = conn.execute(
                     select(pipelines.c.id, pipelines.c.epoch, pipelines.c.owner).where(
@@ -293,13 +275,14 @@ class PipelineOps(PipelineCore):
         return Ownership(pipeline_id, 1, owner)
 
     @staticmethod
-    def _ownership_or_raise(row, owner: str) -> Ownership:
+    def _ownership_or_raise(row: Any, owner: str) -> Ownership:
         if row.owner != owner:
             raise OwnershipLost(owner=row.owner, pipeline_id=row.id)
         return Ownership(row.id, row.epoch, owner)
 
     @retried
-    def attach(self, pipeline_id: int, run_id: str, *, resume_number: int, heartbeat_timeout: float = 90.0) -> Ownership:
+    def attach(self, pipeline_id: int, run_id: str, *, resume_number: int,
+               heartbeat_timeout: float = 90.0) -> Ownership:
         """A resume run takes the ownership its reclaim reserved for resume ``resume_number``."""
         placeholder = placeholder_owner(pipeline_id, resume_number)
         with self.write() as conn:
@@ -422,7 +405,8 @@ class PipelineOps(PipelineCore):
         return self._transitions.complete(own, name, output, heartbeat_timeout, calls)
 
     @retried
-    def degrade_node(self, own: Ownership, name: str, error: ErrorInfo, *, heartbeat_timeout: float | None = None) -> bool:
+    def degrade_node(self, own: Ownership, name: str, error: ErrorInfo, *,
+                     heartbeat_timeout: float | None = None) -> bool:
         """An optional node gave up: the pipeline goes on without it. Returns whether the pipeline completed."""
         with self.write() as conn:
             if self._fence(conn, own, for_update=True, finished_ok=True) != PipelineStatus.RUNNING:
@@ -431,7 +415,8 @@ class PipelineOps(PipelineCore):
                 select(nodes.c.optional).where(nodes.c.pipeline_id == own.pipeline_id, nodes.c.name == name)
             )
             if not optional:
-                raise IllegalTransition(f"node {name!r} of pipeline {own.pipeline_id} is not optional; it cannot degrade")
+                raise IllegalTransition(
+                    f"node {name!r} of pipeline {own.pipeline_id} is not optional; it cannot degrade")
             self._move_node(
                 conn, own, name, NodeStatus.DEGRADED, NodeStatus.DEGRADED, completed_at=self.dialect.now(),
                 stall_deadline=None,

@@ -7,14 +7,14 @@ Two fences guard every write a worker makes, both checked in the write's own tra
 
 * the pipeline fence: a claim made for a pipeline records its id and epoch on the item
   (``holder_pipeline_id``/``holder_epoch``); heartbeats, completions and failures then
-  lock that pipeline row through :meth:`PipelineOps._fence` and are refused once a reclaim
+  lock that pipeline row through :meth:`~recovery_ext._store.fenced.Fence.check` and are refused once a reclaim
   bumped its epoch, so a superseded run can neither claim nor finish documents;
 * the item fence ``(worker, attempts)``: once an item was claimed again, the first
   worker's write raises :class:`~recovery_ext._errors.ItemTakenOver`. An item that was
   reset but that nobody took over is still accepted from its last worker, so a slow
   worker's result is never thrown away for nothing.
 
-One rule decides staleness (:meth:`QueueOps._stale_condition`), used by claims, the
+One rule decides staleness (:meth:`Queue._stale_condition`), used by claims, the
 stuck-item sensor, ``reset-stuck`` and ``status``: a ``processing`` item is stale when its
 heartbeat deadline passed, when the pipeline holding it was superseded or finished, or,
 for rows with no heartbeat deadline at all (legacy rows written before heartbeats existed), when it started
@@ -28,22 +28,22 @@ writes is locked ``FOR UPDATE`` (the strongest lock it needs) before it is writt
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import (Connection, Float, Row, Text, and_, case, exists, func, literal, literal_column, or_, select,
+from sqlalchemy import (Connection, Float, Text, and_, case, exists, func, literal, literal_column, or_, select,
                         type_coerce, update)
+from sqlalchemy import Select
 from sqlalchemy.sql.elements import ColumnElement
 
-from recovery_ext._store.database import chunks, is_retry, retried
+from recovery_ext._store.database import Component, Database, chunks, is_retry, retried
 from recovery_ext._errors import ConfigurationError, IllegalTransition, ItemTakenOver, NotFound
-from recovery_ext._store.models import Ownership, QueueItem
+from recovery_ext._store.models import Ownership, QueueItem, ResetItem, StaleItem
 from recovery_ext._classify.redaction import redact
 from recovery_ext._classify.retry import wait_jittered_exponential
 from recovery_ext._store.json_values import CorruptJson
 from recovery_ext._store.schema import pipelines, queue_items
 from recovery_ext._store.statuses import UNFINISHED_QUEUE_STATUSES, QueueStatus
-from recovery_ext._store.pipelines import PipelineCore
+from recovery_ext._store.fenced import Fence
 
 q = queue_items.c
 # Inline constants, not bound parameters, so PostgreSQL matches the partial indexes.
@@ -59,30 +59,17 @@ def default_retry_backoff() -> wait_jittered_exponential:
     return wait_jittered_exponential(30.0, max_delay=1800.0, jitter=0.1)
 
 
-@dataclass(frozen=True)
-class ResetItem:
-    id: int
-    queue: str
-    worker: str | None
-    started_at: Any
-    attempts: int
-    max_attempts: int
-    new_status: str
-    payload: Any = None
-    reason: str | None = None
+class Queue(Component):
+    """``store.queue``, the work queue (:class:`~recovery_ext._store.interfaces.QueueStore`). Writes for an owner
+    go through ``fence`` (the pipeline row's lock and epoch check, in the same transaction)."""
 
+    def __init__(self, db: Database) -> None:
+        super().__init__(db)
+        self.fence = Fence()
 
-@dataclass(frozen=True)
-class StaleItem(QueueItem):
-    """A stuck item with the reason the stale rule gives for it."""
-
-    stale_reason: str = ""
-
-
-class QueueOps(PipelineCore):
     # -- the one staleness rule -------------------------------------------------------------
 
-    def _holder_superseded(self):
+    def _holder_superseded(self) -> ColumnElement[bool]:
         """Held for a pipeline whose epoch moved on (reclaimed), or which is no longer running."""
         p = pipelines.c
         live = exists().where(p.id == q.holder_pipeline_id, p.epoch == q.holder_epoch,
@@ -90,7 +77,7 @@ class QueueOps(PipelineCore):
         return and_(q.holder_pipeline_id.isnot(None), ~live)
 
     @retried
-    def _stale_condition(self, legacy_seconds: float | None = None):
+    def _stale_condition(self, legacy_seconds: float | None = None) -> ColumnElement[bool]:
         """``processing`` and: heartbeat expired, holder superseded, or (no heartbeat deadline
         at all) started more than ``legacy_seconds`` (default 10 min) ago."""
         legacy = LEGACY_STALE_SECONDS if legacy_seconds is None else float(legacy_seconds)
@@ -102,7 +89,7 @@ class QueueOps(PipelineCore):
             self._holder_superseded(),
         ))
 
-    def _stale_reason(self, legacy_seconds: float | None):
+    def _stale_reason(self, legacy_seconds: float | None) -> ColumnElement[str]:
         legacy = LEGACY_STALE_SECONDS if legacy_seconds is None else float(legacy_seconds)
         return case(
             (self._holder_superseded(), literal("its pipeline was reclaimed or finished")),
@@ -128,8 +115,8 @@ class QueueOps(PipelineCore):
         ids: list[int] = []
         with self.write() as conn:
             if own is not None:
-                self._fence(conn, own)
-            for payload, key in zip(payloads, keys):
+                self.fence.check(conn, own)
+            for payload, key in zip(payloads, keys, strict=True):
                 stmt = self.dialect.insert(queue_items).values(
                     queue=queue, dedupe_key=key, payload=payload, status=QueueStatus.READY, attempts=0,
                     max_attempts=max_attempts, created_at=self.dialect.now(), updated_at=self.dialect.now(),
@@ -167,7 +154,7 @@ class QueueOps(PipelineCore):
         now = self.dialect.now()
         with self.write() as conn:
             if own is not None:
-                self._fence(conn, own)
+                self.fence.check(conn, own)
             if is_retry():  # the store re-runs this call: a first attempt whose commit landed already claimed
                 held_for = (and_(q.holder_pipeline_id == own.pipeline_id, q.holder_epoch == own.epoch) if own
                             else q.holder_pipeline_id.is_(None))
@@ -182,7 +169,7 @@ class QueueOps(PipelineCore):
                 .order_by(q.id).limit(limit).with_for_update(skip_locked=True, of=queue_items)
             ).all()
             exhausted = [r for r in stale if r.attempts >= r.max_attempts]
-            taken: dict[int, Row] = {r.id: r for r in stale if r.attempts < r.max_attempts}
+            taken: dict[int, Any] = {r.id: r for r in stale if r.attempts < r.max_attempts}
             if len(taken) < limit:
                 for r in conn.execute(
                     select(q.id, q.status, q.worker)
@@ -241,10 +228,10 @@ class QueueOps(PipelineCore):
 
     # -- a worker's writes (both fences) ----------------------------------------------------
 
-    def _fence_item(self, conn: Connection, item: QueueItem):
+    def _fence_item(self, conn: Connection, item: QueueItem) -> Any:
         """Check the holding pipeline's epoch, then lock the item row and return its current state."""
         if item.holder_pipeline_id is not None:
-            self._fence(conn, Ownership(item.holder_pipeline_id, item.holder_epoch or 0, item.worker or ""))
+            self.fence.check(conn, Ownership(item.holder_pipeline_id, item.holder_epoch or 0, item.worker or ""))
         current = conn.execute(
             select(q.status, q.worker, q.attempts).where(q.id == item.id).with_for_update()
         ).first()
@@ -253,23 +240,23 @@ class QueueOps(PipelineCore):
         return current
 
     @staticmethod
-    def _holds(item: QueueItem, current) -> bool:
-        return (current.status == QueueStatus.PROCESSING and current.worker == item.worker
-                and current.attempts == item.attempts)
+    def _holds(item: QueueItem, current: Any) -> bool:
+        return bool(current.status == QueueStatus.PROCESSING and current.worker == item.worker
+                    and current.attempts == item.attempts)
 
     @staticmethod
-    def _finished_by(item: QueueItem, current, statuses: tuple[str, ...]) -> bool:
+    def _finished_by(item: QueueItem, current: Any, statuses: tuple[str, ...]) -> bool:
         """This very attempt already finished the item (a retried call whose first commit landed)."""
         return current.status in statuses and current.worker == item.worker and current.attempts == item.attempts
 
     @staticmethod
-    def _unheld(item: QueueItem, current) -> bool:
+    def _unheld(item: QueueItem, current: Any) -> bool:
         """Reset by a stale monitor and not claimed since (a claim would have counted an attempt)."""
         return (current.status in (QueueStatus.READY, QueueStatus.DEAD) and current.worker is None
                 and current.attempts == item.attempts)
 
     @staticmethod
-    def _taken_over(item: QueueItem, current) -> ItemTakenOver:
+    def _taken_over(item: QueueItem, current: Any) -> ItemTakenOver:
         return ItemTakenOver(
             f"queue item {item.id} is no longer held by {item.worker} (attempt {item.attempts}); "
             f"it is {current.status} under {current.worker or 'nobody'} (attempt {current.attempts})",
@@ -321,7 +308,7 @@ class QueueOps(PipelineCore):
                                             "from_status": current.status, "to_status": QueueStatus.COMPLETED,
                                             "event": QueueStatus.COMPLETED if on_time else "completed_late",
                                             "data": {"worker": item.worker, "attempt": item.attempts}}])
-        return current.status
+        return str(current.status)
 
     @retried
     def fail_item(self, item: QueueItem, error: str, *, retryable: bool = True,
@@ -342,7 +329,7 @@ class QueueOps(PipelineCore):
             if not self._holds(item, current):
                 finished = self._finished_by(item, current, (QueueStatus.DEAD, QueueStatus.FAILED))
                 if self._unheld(item, current) or finished:
-                    return current.status
+                    return str(current.status)
                 raise self._taken_over(item, current)
             conn.execute(update(queue_items).where(q.id == item.id).values(
                 status=target, worker=None if target == QueueStatus.READY else item.worker, last_error=message,
@@ -362,8 +349,8 @@ class QueueOps(PipelineCore):
 
     # -- stale items --------------------------------------------------------------------------
 
-    def _stale_query(self, columns, *, queue: str | None, older_than_seconds: float | None,
-                     item_id: int | None, holder: int | None):
+    def _stale_query(self, columns: Sequence[Any], *, queue: str | None, older_than_seconds: float | None,
+                     item_id: int | None, holder: int | None) -> Select[Any]:
         query = select(*columns).where(self._stale_condition(older_than_seconds))
         if queue is not None:
             query = query.where(q.queue == queue)
@@ -401,13 +388,14 @@ class QueueOps(PipelineCore):
                                  reason=f"pipeline {own.pipeline_id} was reclaimed (now epoch {own.epoch})",
                                  holder=own.pipeline_id)
 
-    def _reset_stale(self, *, queue, older_than_seconds, item_id, reason, limit, holder,
+    def _reset_stale(self, *, queue: str | None, older_than_seconds: float | None, item_id: int | None,
+                     reason: str, limit: int, holder: int | None,
                      own: Ownership | None = None) -> list[ResetItem]:
         columns = [q.id, q.queue, q.worker, q.started_at, q.attempts, q.max_attempts, q.payload,
                    self._stale_reason(older_than_seconds).label("reason")]
         with self.write() as conn:
             if own is not None:
-                self._fence(conn, own)
+                self.fence.check(conn, own)
             found = conn.execute(self._stale_query(columns, queue=queue, older_than_seconds=older_than_seconds,
                                                    item_id=item_id, holder=holder)
                                  .limit(limit).with_for_update(skip_locked=True, of=queue_items)).all()
@@ -461,7 +449,7 @@ class QueueOps(PipelineCore):
         database clock; ``None`` when nothing in the queue is waiting or held."""
         now = self.dialect.now()
 
-        def until(column):
+        def until(column: Any) -> ColumnElement[float]:
             return func.min(type_coerce(self.dialect.seconds_between(now, column), Float))
 
         with self.read() as conn:

@@ -2,19 +2,23 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import Float, case, cast, delete, exists, func, literal, or_, select, union_all
+from sqlalchemy import Table, case, delete, func, literal, or_, select, union_all
+from sqlalchemy.sql.elements import ColumnElement
 
 from recovery_ext._store import aggregates
-from recovery_ext._store.database import retried
+from recovery_ext._store.database import Component, Database, retried
 from recovery_ext._store.models import Pipeline, QueueItem
 from recovery_ext._store.schema import (QUEUE_STATUSES, events, node_items, nodes, pipeline_counts, pipelines,
                                         queue_counts, queue_items, transitions)
 from recovery_ext._store.statuses import UNFINISHED_QUEUE_STATUSES, NodeStatus, PipelineStatus, QueueStatus
 from recovery_ext._store.ledger import LedgerOps
+from recovery_ext._store.models import CostReport, MetricsSnapshot, PipelineHistory
+from recovery_ext._store.observability import Observability
+from recovery_ext._store.retention import PruneResult, Retention
 
 
 # Ids below the highest one seen that are still tracked as possibly in flight.
@@ -23,7 +27,48 @@ GAP_WINDOW = 10_000
 _FAR = 2**62
 
 
-class ReportOps(LedgerOps):
+class Reports(Component):
+    """``store.reports`` (:class:`~recovery_ext._store.interfaces.ReportStore`): reads for the CLI, metrics and
+    reports, the event log, and retention. The status and event queries are its own; its collaborators are
+    attributes: ``ledger`` (the provider ledger's figures), ``observability`` (the exporter's snapshot and a
+    pipeline's history) and ``retention`` (pruning finished pipelines)."""
+
+    def __init__(self, db: Database, *, ledger: LedgerOps, observability: Observability,
+                 retention: Retention) -> None:
+        super().__init__(db)
+        self.ledger = ledger
+        self.observability = observability
+        self.retention = retention
+
+    # The collaborators' calls, named here so a caller sees the whole surface.
+
+    def provider_costs(self, pipeline_id: int | None = None) -> CostReport:
+        """:meth:`LedgerOps.provider_costs`."""
+        return self.ledger.provider_costs(pipeline_id)
+
+    def metrics_snapshot(self) -> MetricsSnapshot:
+        """:meth:`Observability.metrics_snapshot`."""
+        return self.observability.metrics_snapshot()
+
+    def scrape_snapshot(self, *, timeout: float | None = None) -> MetricsSnapshot:
+        """:meth:`Observability.scrape_snapshot`."""
+        return self.observability.scrape_snapshot(timeout=timeout)
+
+    def pipeline_history(self, pipeline_id: int) -> PipelineHistory:
+        """:meth:`Observability.pipeline_history`."""
+        return self.observability.pipeline_history(pipeline_id)
+
+    def prune_finished_pipelines(self, older_than_seconds: float, *, batch_size: int | None = None,
+                                 deployment: str | None = None, time_budget: float | None = None,
+                                 max_batches: int | None = None, dry_run: bool = False,
+                                 progress: Callable[[PruneResult], None] | None = None) -> PruneResult:
+        """:meth:`Retention.prune_finished_pipelines`."""
+        return self.retention.prune_finished_pipelines(
+            older_than_seconds, batch_size=batch_size, deployment=deployment, time_budget=time_budget,
+            max_batches=max_batches, dry_run=dry_run, progress=progress)
+
+    # -- its own reads --------------------------------------------------------------------------
+
     @retried
     def pipeline_summary(self, *, deployment: str | None = None) -> list[dict[str, Any]]:
         """Pipelines by deployment and status, with their average duration (from the counts kept as they change)."""
@@ -52,7 +97,7 @@ class ReportOps(LedgerOps):
         return rows[::-1] if newest else rows
 
     @retried
-    def follow_events(self, cursor: "EventCursor", *, kinds: tuple[str, ...] | None = None,
+    def follow_events(self, cursor: EventCursor, *, kinds: tuple[str, ...] | None = None,
                       limit: int = 1000) -> list[dict[str, Any]]:
         """Events committed since the last call, none skipped even when ids commit out of order.
 
@@ -76,7 +121,7 @@ class ReportOps(LedgerOps):
 
     @retried
     def start_following(self, *, kinds: tuple[str, ...] | None = None,
-                        limit: int = 50) -> tuple[list[dict[str, Any]], "EventCursor"]:
+                        limit: int = 50) -> tuple[list[dict[str, Any]], EventCursor]:
         """The newest ``limit`` events and a cursor after them that still waits for ids in flight below."""
         with self.read() as conn:
             xmin, xmax = self.dialect.snapshot_bounds(conn)
@@ -170,7 +215,8 @@ class ReportOps(LedgerOps):
         q = queue_items.c
         checks = [*[(self.dialect.bad_time(col), f"{col.name} is not a finite time")
                     for col in (q.heartbeat_deadline, q.available_at, q.started_at, q.created_at)],
-                  *[(or_(col < 0, col >= 2**31 - 1), f"{col.name} out of range") for col in (q.attempts, q.max_attempts)]]
+                  *[(or_(col < 0, col >= 2**31 - 1), f"{col.name} out of range")
+                    for col in (q.attempts, q.max_attempts)]]
         query = (select(q.id, q.queue, q.status, *[case((cond, literal(why)), else_=None).label(f"c{i}")
                                                       for i, (cond, why) in enumerate(checks)])
                  .where(q.status.in_(UNFINISHED_QUEUE_STATUSES), or_(*[cond for cond, _ in checks]))
@@ -190,14 +236,16 @@ class ReportOps(LedgerOps):
         key, never over their nodes and items, however many there are."""
         ids = select(pipelines.c.id.label("id"), func.lead(pipelines.c.id).over(order_by=pipelines.c.id).label("next")
                      ).subquery()
-        first, last = select(func.min(pipelines.c.id)).scalar_subquery(), select(func.max(pipelines.c.id)).scalar_subquery()
+        first = select(func.min(pipelines.c.id)).scalar_subquery()
+        last = select(func.max(pipelines.c.id)).scalar_subquery()
         gaps = union_all(
             select((ids.c.id + 1).label("lo"), (ids.c.next - 1).label("hi")).where(ids.c.next > ids.c.id + 1),
             select(literal(-_FAR).label("lo"), (func.coalesce(first, _FAR + 1) - 1).label("hi")),
             select((last + 1).label("lo"), literal(_FAR).label("hi")).where(last.isnot(None)),
         ).cte("gaps")  # read by all three parts: PostgreSQL computes it once
 
-        def gone(table, column):  # from the gaps into the rows, through the rows' index on their pipeline
+        # from the gaps into the rows, through the rows' index on their pipeline
+        def gone(table: Table, column: ColumnElement[Any]) -> Any:
             return gaps.join(table, column.between(gaps.c.lo, gaps.c.hi))
 
         parts = [

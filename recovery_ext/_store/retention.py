@@ -29,7 +29,7 @@ from typing import Any
 
 from sqlalchemy import ColumnElement, Connection, Table, and_, delete, func, literal_column, not_, select, update
 
-from recovery_ext._store.database import retried
+from recovery_ext._store.database import Component, retried
 from recovery_ext._store.observability import COUNTED_TRANSITION_EVENTS
 from recovery_ext._store.schema import (call_journal, events, node_items, nodes, pipelines, provider_calls,
                                         provider_jobs, queue_items, rate_reservations, spend_caps, spend_reservations,
@@ -37,7 +37,6 @@ from recovery_ext._store.schema import (call_journal, events, node_items, nodes,
 from recovery_ext._store.rolled_up import ROLLED_UP
 from recovery_ext._store.spend_caps import pipeline_scope
 from recovery_ext._store.statuses import QueueStatus
-from recovery_ext._store.observability import ObservabilityOps
 
 p, t, q = pipelines.c, transitions.c, queue_items.c
 
@@ -50,8 +49,8 @@ class PruneStep:
     False every row is kept so."""
 
     table: Table
-    rows_of: Callable[[Sequence[int]], ColumnElement]
-    identity: ColumnElement | None = None
+    rows_of: Callable[[Sequence[int]], ColumnElement[Any]]
+    identity: ColumnElement[Any] | None = None
     kept_as: dict[str, Any] = field(default_factory=dict)
     deletes: bool = True
 
@@ -70,7 +69,7 @@ def _by_pipeline(table: Table) -> PruneStep:
     return PruneStep(table, lambda ids: table.c.pipeline_id.in_(ids))
 
 
-def _queue_items_of(ids: Sequence[int]) -> ColumnElement:
+def _queue_items_of(ids: Sequence[int]) -> ColumnElement[Any]:
     """Completed queue items a batch's pipelines held. Found through their transitions (every claim records one
     with its pipeline, and ``rx_transitions_pipeline`` indexes them), since only processing items have an index
     on their holder. Ready and processing items are live work whoever held them last: they stay."""
@@ -82,7 +81,7 @@ def _queue_items_of(ids: Sequence[int]) -> ColumnElement:
     return and_(q.id.in_(claimed), q.holder_pipeline_id.in_(ids), completed)
 
 
-def _uncounted_transitions_of(ids: Sequence[int]) -> ColumnElement:
+def _uncounted_transitions_of(ids: Sequence[int]) -> ColumnElement[Any]:
     counted = and_(t.entity_type == "pipeline", t.event.in_(COUNTED_TRANSITION_EVENTS))
     return and_(t.pipeline_id.in_(ids), not_(counted))
 
@@ -159,11 +158,12 @@ _ENDED: list[ColumnElement[Any]] = [literal_column("'completed'"), literal_colum
 # uses a partial index only when the query's WHERE holds the index's WHERE (it does not prove that status =
 # 'completed' implies status IN ('completed', 'failed')). Completed and failed: rx_pipelines_finished (status,
 # completed_at); canceled: rx_pipelines_live (status, id).
-_INDEXED_BY: dict[str, ColumnElement] = {"completed": p.status.in_(_ENDED), "failed": p.status.in_(_ENDED),
+_INDEXED_BY: dict[str, ColumnElement[Any]] = {"completed": p.status.in_(_ENDED), "failed": p.status.in_(_ENDED),
                                          "canceled": p.status.not_in(_ENDED)}
 
 
-def _prunable(cutoff: ColumnElement, status: str, deployment: str | None, newest: int | None) -> list[ColumnElement]:
+def _prunable(cutoff: ColumnElement[Any], status: str, deployment: str | None,
+              newest: int | None) -> list[ColumnElement[Any]]:
     """The ``newest`` pipeline is never prunable: SQLite gives a new row the highest id plus one, so deleting the
     newest would hand its id to the next pipeline, and a kept transition or an old run's tag would name it. It is
     excluded by ``<>``, a condition no index range serves, so both planners keep to the status indexes."""
@@ -174,7 +174,9 @@ def _prunable(cutoff: ColumnElement, status: str, deployment: str | None, newest
     return [*where, p.deployment == deployment] if deployment is not None else where
 
 
-class RetentionOps(ObservabilityOps):
+class Retention(Component):
+    """Deleting the history of pipelines that finished long ago."""
+
     def prune_finished_pipelines(self, older_than_seconds: float, *, batch_size: int | None = None,
                                  deployment: str | None = None, time_budget: float | None = None,
                                  max_batches: int | None = None, dry_run: bool = False,
@@ -240,7 +242,7 @@ class RetentionOps(ObservabilityOps):
                 delete(pipelines).where(p.id.in_(ids), finished, p.completed_at < cutoff)).rowcount or 0
         return counts, compacted
 
-    def _lock_prunable(self, conn: Connection, cutoff: ColumnElement, batch_size: int, deployment: str | None,
+    def _lock_prunable(self, conn: Connection, cutoff: ColumnElement[Any], batch_size: int, deployment: str | None,
                        newest: int | None) -> list[int]:
         """Up to ``batch_size`` prunable pipeline ids, locked; one indexed range per terminal status (a lock
         clause cannot follow a UNION). Rows another transaction holds are skipped, never waited for."""

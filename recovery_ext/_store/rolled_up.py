@@ -6,6 +6,8 @@ roll-ups' readers use the ledger's figures.
 
 from __future__ import annotations
 
+from typing import Any
+
 from sqlalchemy import Select, literal_column, select
 
 from recovery_ext._store.schema import pipelines
@@ -15,7 +17,7 @@ from recovery_ext._store.statuses import PipelineStatus
 ROLLED_UP = (PipelineStatus.COMPLETED, PipelineStatus.FAILED)
 
 
-def live_pipeline_ids() -> Select:
+def live_pipeline_ids() -> Select[Any]:
     """The ids of pipelines not rolled up yet: exactly those in the partial index rx_pipelines_live, whose
     predicate the planner matches only against these literals (bound parameters make it scan the table)."""
     live = pipelines.alias("live")

@@ -12,16 +12,18 @@ Every write is fenced by the ownership epoch in the same transaction as the writ
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from typing import Any
 
-from sqlalchemy import (BigInteger, Float, Integer, Text, and_, bindparam, exists, func, literal, or_, select, tuple_, union_all, update)
+from collections.abc import Iterable, Sequence
+
+from sqlalchemy import (BigInteger, Float, Integer, Text, and_, bindparam, exists, func, literal, or_, select, tuple_,
+                        union_all, update)
 from sqlalchemy import CompoundSelect, Select
 from sqlalchemy.dialects.postgresql import ARRAY
 
 from recovery_ext._store.database import chunks, retried
 from recovery_ext._errors import IllegalTransition, NotFound, OwnershipLost
-from recovery_ext._store.models import Ownership
+from recovery_ext._store.models import NodeBeat, Ownership, PipelineBeat
 from recovery_ext._store.pipelines import NEW_OWNER_RESETS, PipelineOps
 from recovery_ext._classify.redaction import redact
 from recovery_ext._store.schema import nodes, pipelines
@@ -46,27 +48,10 @@ def takeover_cause(status: str, owner: str | None, owner_dead: Sequence[str]) ->
     return "owner_run_dead" if owner in owner_dead else "heartbeat"
 
 
-@dataclass(frozen=True)
-class PipelineBeat:
-    """The run worker keeps the pipeline row alive."""
-
-    own: Ownership
-    timeout: float
-
-
-@dataclass(frozen=True)
-class NodeBeat:
-    """A step keeps its running node alive (only while the pipeline is still ``own``'s)."""
-
-    own: Ownership
-    node: str
-    timeout: float
-
-
-def _rows(columns: Sequence[tuple[str, type]], values: Sequence[tuple]) -> Select | CompoundSelect:
+def _rows(columns: Sequence[tuple[str, type]], values: Sequence[tuple[Any, ...]]) -> Select[Any] | CompoundSelect[Any]:
     """``SELECT :a AS x, :b AS y UNION ALL ...``: a bound row list, linear in its size on both databases."""
     selects = [
-        select(*[literal(v, type_=t()).label(name) for (name, t), v in zip(columns, row)])
+        select(*[literal(v, type_=t()).label(name) for (name, t), v in zip(columns, row, strict=True)])
         for row in values
     ]
     return selects[0] if len(selects) == 1 else union_all(*selects)
@@ -138,7 +123,7 @@ class RunOps(PipelineOps):
         """
         beats = [(b.own.pipeline_id, b.own.epoch, None, b.timeout) for b in pipeline_beats] + [
             (b.own.pipeline_id, b.own.epoch, b.node, b.timeout) for b in node_beats]
-        columns = list(zip(*beats))
+        columns = list(zip(*beats, strict=True))
         rows = select(func.unnest(
             bindparam("beat_ids", list(columns[0]), ARRAY(BigInteger)),
             bindparam("beat_epochs", list(columns[1]), ARRAY(Integer)),
@@ -210,7 +195,8 @@ class RunOps(PipelineOps):
         with self.write() as conn:
             row = conn.execute(
                 select(p.id, p.status, p.owner, p.epoch, p.job_name,
-                       and_(p.heartbeat_deadline.isnot(None), p.heartbeat_deadline < self.dialect.now()).label("expired"))
+                       and_(p.heartbeat_deadline.isnot(None),
+                            p.heartbeat_deadline < self.dialect.now()).label("expired"))
                 .where(p.id == pipeline_id).with_for_update()
             ).first()
             if row is None:

@@ -25,6 +25,8 @@ from sqlalchemy import (
     UniqueConstraint,
 )
 from sqlalchemy.types import TypeDecorator
+from sqlalchemy.engine.interfaces import Dialect as SqlAlchemyDialect
+from sqlalchemy.types import TypeEngine
 
 from recovery_ext._store.dialects import column_codec
 from recovery_ext._store.statuses import BreakerState, ItemStatus, NodeStatus, PipelineStatus, QueueStatus
@@ -37,36 +39,36 @@ BREAKER_STATES = tuple(BreakerState)
 QUEUE_STATUSES = tuple(QueueStatus)
 
 
-class DbTime(TypeDecorator):
+class DbTime(TypeDecorator[Any]):
     """An aware UTC timestamp; epoch seconds on SQLite so the database clock can compare it
     (each database's encoding is its :class:`~recovery_ext._store.dialects.Dialect`'s)."""
 
     impl = DateTime(timezone=True)
     cache_ok = True
 
-    def load_dialect_impl(self, dialect):
+    def load_dialect_impl(self, dialect: SqlAlchemyDialect) -> TypeEngine[Any]:
         return dialect.type_descriptor(column_codec(dialect).time_type())
 
-    def process_bind_param(self, value, dialect):
+    def process_bind_param(self, value: Any, dialect: SqlAlchemyDialect) -> Any:
         return None if value is None else column_codec(dialect).bind_time(value)
 
-    def process_result_value(self, value, dialect):
+    def process_result_value(self, value: Any, dialect: SqlAlchemyDialect) -> Any:
         return None if value is None else column_codec(dialect).load_time(value)
 
 
-class DbJson(TypeDecorator):
+class DbJson(TypeDecorator[Any]):
     """JSON; a value that does not parse comes back as :class:`CorruptJson` instead of raising."""
 
     impl = Text
     cache_ok = True
 
-    def load_dialect_impl(self, dialect):
+    def load_dialect_impl(self, dialect: SqlAlchemyDialect) -> TypeEngine[Any]:
         return dialect.type_descriptor(column_codec(dialect).json_type())
 
-    def process_bind_param(self, value, dialect):
+    def process_bind_param(self, value: Any, dialect: SqlAlchemyDialect) -> Any:
         return column_codec(dialect).bind_json(value)
 
-    def process_result_value(self, value: Any, dialect):
+    def process_result_value(self, value: Any, dialect: SqlAlchemyDialect) -> Any:
         return None if value is None else column_codec(dialect).load_json(value)
 
 
@@ -370,7 +372,7 @@ LEDGER_FIGURES = ("calls", "tokens_in", "tokens_out", "cost", "saved_calls", "sa
                   "skipped_rows")
 
 
-def _ledger_figures() -> list[Column]:
+def _ledger_figures() -> list[Column[Any]]:
     return [Column(f, Float if f.endswith("cost") else BigInteger, nullable=False, server_default="0")
             for f in LEDGER_FIGURES]
 

@@ -27,7 +27,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import and_, case, delete, or_, select, update
+from sqlalchemy import Connection, and_, case, delete, or_, select, update
+from sqlalchemy.sql.elements import ColumnElement
 
 from recovery_ext._classify.redaction import redact
 from recovery_ext._errors import ConfigurationError, NotFound
@@ -171,7 +172,7 @@ class _NoRoom(Exception):
         self.scope = scope
 
 
-def _fits(tokens: int, cost: float):
+def _fits(tokens: int, cost: float) -> ColumnElement[bool]:
     return and_(or_(sc.max_tokens.is_(None), sc.spent_tokens + sc.reserved_tokens + tokens <= sc.max_tokens),
                 or_(sc.max_cost.is_(None), sc.spent_cost + sc.reserved_cost + cost <= sc.max_cost + COST_SLACK))
 
@@ -207,7 +208,7 @@ class SpendCapOps(BudgetOps):
             self._settle_from_ledger(conn, own.pipeline_id)
         return [scope for scope, _, _ in scopes]
 
-    def _settle_from_ledger(self, conn, pipeline_id: int) -> None:
+    def _settle_from_ledger(self, conn: Connection, pipeline_id: int) -> None:
         """Reservations an earlier owner of the pipeline left (a kill, a take-over) whose call the ledger knows
         the outcome of: settled with what the ledger recorded. A call still in flight in the ledger (its answer
         never arrived: the provider may have charged it) stays reserved."""
@@ -255,7 +256,7 @@ class SpendCapOps(BudgetOps):
             return SpendGrant(full=state)
         return SpendGrant(tuple(ids))
 
-    def _settle_in(self, conn, rows: Iterable[Any], tokens: int, cost: float) -> None:
+    def _settle_in(self, conn: Connection, rows: Iterable[Any], tokens: int, cost: float) -> None:
         for row in rows:
             conn.execute(update(spend_caps).where(sc.scope == row.scope).values(
                 reserved_tokens=sc.reserved_tokens - row.tokens, reserved_cost=sc.reserved_cost - row.cost,
@@ -364,7 +365,8 @@ class SpendCapOps(BudgetOps):
                 self.record_events(conn, [{"kind": "pipeline_waiting", "pipeline_id": own.pipeline_id, "payload": {
                     "reason": reason, "node": node, "waiting_on": kind.value, "seconds": round(seconds, 3),
                     "next_check_at": row.waiting_until.isoformat() if row.waiting_until else None}}])
-        return row.waiting_until
+        waiting_until: dt.datetime | None = row.waiting_until
+        return waiting_until
 
     @retried
     def clear_wait(self, own: Ownership, *, kind: WaitKind, node: str | None = None) -> bool:

@@ -1,17 +1,28 @@
-"""The repository API over SQLAlchemy Core: one class, one code path for both databases."""
+"""The store: one Database and its five components, one code path for both databases (SQLAlchemy Core)."""
 
 from __future__ import annotations
 
 import os
+import warnings
+from contextlib import AbstractContextManager
 from pathlib import Path
+from typing import Any
 
+from sqlalchemy import Connection
 from sqlalchemy.engine import Engine
 
-from recovery_ext._store.retention import RetentionOps
-from recovery_ext._store.database import DEFAULT_RETRY_BUDGET, Database
-from recovery_ext._store.queue import QueueOps
+from recovery_ext._store.ledger import LedgerOps
+from recovery_ext._store.observability import Observability
+from recovery_ext._store.reports import Reports
+from recovery_ext._store.retention import Retention
+from recovery_ext._store import migrations
 from recovery_ext._store.spend_caps import SpendCapOps
-from recovery_ext._store.ticks import TickOps
+from recovery_ext._store.database import DEFAULT_RETRY_BUDGET, Database, shared_retry_budget
+from recovery_ext._store.deployments import Deployments
+from recovery_ext._store.orphans import Orphans
+from recovery_ext._store.pipelines import PipelineCore
+from recovery_ext._store.queue import Queue
+from recovery_ext._store.ticks import Recovery
 from recovery_ext._store.vouch import VouchOps
 
 URL_ENV = "RECOVERY_DATABASE_URL"
@@ -27,26 +38,20 @@ class Providers(SpendCapOps):
     the ledger's writes: what a provider guard calls (:class:`~recovery_ext._store.interfaces.ProviderStore`)."""
 
 
-class Queue(QueueOps):
-    """The work queue (:class:`~recovery_ext._store.interfaces.QueueStore`)."""
+# The transaction helpers of the one Database that RecoveryStore offered as public names before 0.x: each still
+# answers, through the store's database, with a DeprecationWarning, for one release.
+_DEPRECATED_HELPERS = frozenset({
+    "write", "read", "read_statement", "autocommit", "driver_autocommit", "driver_of", "wrap_error",
+    "wrap_driver_error", "record_transitions", "record_events", "record_event", "upsert"})
 
 
-class Recovery(TickOps):
-    """The orphan sensor's snapshot and recovery pass
-    (:class:`~recovery_ext._store.interfaces.RecoveryPassStore`)."""
-
-
-class Reports(RetentionOps):
-    """Reads for the CLI, metrics and reports, events, and retention
-    (:class:`~recovery_ext._store.interfaces.ReportStore`)."""
-
-
-class RecoveryStore(Database):
+class RecoveryStore:
     """The store: one :class:`Database` (engine, dialect, retry budget) and five components over it.
 
     ``pipelines`` (ops, assets, the heartbeat), ``providers`` (provider guards), ``queue`` (work queues),
     ``recovery`` (the sensors' recovery pass) and ``reports`` (CLI, metrics, reports, retention). Each is one
-    caller's interface; none inherits another.
+    caller's interface; none inherits another. Besides them the store offers its lifecycle only: ``migrate``,
+    ``check_schema``, ``pending_migrations``, ``read_only`` and ``close`` (or ``with``).
 
     Every public call that opens its own transaction is declared ``@retried`` where it is
     defined: re-run on transient database errors (a restart, a lost connection, a deadlock)
@@ -61,13 +66,56 @@ class RecoveryStore(Database):
     def __init__(self, url: str, *, echo: bool = False, engine: Engine | None = None,
                  retry_budget: float = DEFAULT_RETRY_BUDGET, connect_timeout: float | None = None,
                  statement_timeout: float | None = None) -> None:
-        super().__init__(url, echo=echo, engine=engine, retry_budget=retry_budget, connect_timeout=connect_timeout,
-                         statement_timeout=statement_timeout)
-        self.pipelines = Pipelines(self)
-        self.providers = Providers(self)
-        self.queue = Queue(self)
-        self.recovery = Recovery(self)
-        self.reports = Reports(self)
+        self._db = Database(url, echo=echo, engine=engine, retry_budget=retry_budget,
+                            connect_timeout=connect_timeout, statement_timeout=statement_timeout)
+        self.url = self._db.url
+        self.dialect = self._db.dialect
+        self.engine = self._db.engine
+        self.pipelines = Pipelines(self._db)
+        self.providers = Providers(self._db)
+        self.queue = Queue(self._db)
+        self.recovery = Recovery(self._db, orphans=Orphans(self._db), deployments=Deployments(self._db),
+                                 pipeline_rows=PipelineCore(self._db))
+        ledger = LedgerOps(self._db)
+        self.reports = Reports(self._db, ledger=ledger, observability=Observability(self._db, ledger=ledger),
+                               retention=Retention(self._db))
+
+    retry_budget = shared_retry_budget()
+
+    def migrate(self, package: str = migrations.LIBRARY) -> list[migrations.Migration]:
+        """Apply the library's pending migrations, or those of an application ``package`` (after the library's)."""
+        return self._db.migrate(package)
+
+    def check_schema(self) -> None:
+        """Raise MigrationError when a newer release migrated this database (its tables are not this code's)."""
+        self._db.check_schema()
+
+    def pending_migrations(self, package: str = migrations.LIBRARY) -> list[migrations.Migration]:
+        return self._db.pending_migrations(package)
+
+    def read_only(self) -> AbstractContextManager[Connection]:
+        """A transaction the database itself refuses to write in (what op code gets for reads)."""
+        return self._db.read_only()
+
+    def close(self) -> None:
+        self._db.close()
+
+    def __enter__(self) -> RecoveryStore:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.dialect.safe_url()!r})"
+
+    def __getattr__(self, name: str) -> Any:
+        if name in _DEPRECATED_HELPERS:
+            warnings.warn(f"RecoveryStore.{name} is internal and goes in the next release; the components "
+                          "(store.pipelines, .providers, .queue, .recovery, .reports) hold the store's calls",
+                          DeprecationWarning, stacklevel=2)
+            return getattr(self._db, name)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
 
 def default_database_url(*, create: bool = True) -> str:

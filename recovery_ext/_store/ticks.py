@@ -8,18 +8,38 @@ transactions however many steps it has.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
+
 from sqlalchemy import and_, exists, or_, select, update
 
-from recovery_ext._store.database import chunks, retried
-from recovery_ext._store.deployments import DeploymentOps
-from recovery_ext._store.models import LEGACY_DEPLOYMENT, PassPlan, PassResult, Scope, TickSnapshot
-from recovery_ext._store.orphans import LIVE, RUNNING, _jobs, _placeholder
+from recovery_ext._store.database import Component, Database, chunks, retried
+from recovery_ext._store.deployments import STRANDED_AFTER, Deployments
+from recovery_ext._store.models import LEGACY_DEPLOYMENT, Orphan, PassPlan, PassResult, Scope, TickSnapshot
+from recovery_ext._store.orphans import LIVE, RUNNING, Orphans, _jobs, _placeholder
+from recovery_ext._store.pipelines import PipelineCore
 from recovery_ext._store.schema import pipelines
 
 p = pipelines.c
 
 
-class TickOps(DeploymentOps):
+class Recovery(Component):
+    """``store.recovery``, the orphan sensor's component
+    (:class:`~recovery_ext._store.interfaces.RecoveryPassStore`): one snapshot per tick and one recovery pass
+    when there is work.
+
+    Its collaborators are attributes: ``orphans`` (finding orphans, giving up on hopeless ones, reclaiming the
+    rest), ``deployments`` (which Dagster instance may act on a pipeline) and ``pipeline_rows`` (the pipeline
+    moves every component shares: here, canceling the pipelines of canceled runs).
+    """
+
+    def __init__(self, db: Database, *, orphans: Orphans, deployments: Deployments,
+                 pipeline_rows: PipelineCore) -> None:
+        super().__init__(db)
+        self.orphans = orphans
+        self.deployments = deployments
+        self.pipeline_rows = pipeline_rows
+
     @retried
     def tick_snapshot(self, scope: Scope, *, grace_seconds: float, waiting_limit: int = 4) -> TickSnapshot:
         """Owners to ask the orchestrator about, reservations to re-request, and whether a write is due."""
@@ -28,9 +48,9 @@ class TickOps(DeploymentOps):
         # due without any orchestrator answer: expired or stalled by the database clock, a corrupt row,
         # or a pipeline the CLI reclaimed that awaits a launcher
         due = or_(
-            self._orphan_condition((), scope.job_names, (), scope.deployment),
+            self.orphans.orphan_condition((), scope.job_names, (), scope.deployment),
             and_(p.owner.is_(None), p.resume_count > 0),
-            *[cond for cond, _ in self._corrupt_checks()],
+            *[cond for cond, _ in self.orphans.corrupt_checks()],
         )
         with self.read() as conn:
             owners = conn.execute(
@@ -39,14 +59,15 @@ class TickOps(DeploymentOps):
                 .where(live, p.owner.isnot(None), ~self.dialect.not_text(p.owner))  # a blob owner is a bad row
             ).all()
             is_due = conn.scalar(select(exists().where(LIVE, *in_scope, due)))
-            awaiting = self._awaiting(conn, scope, launcher_only=True) if any(o[1] for o in owners) else []
+            awaiting = self.orphans.awaiting(conn, scope, launcher_only=True) if any(o[1] for o in owners) else []
             legacy = {}
             if scope.deployment is not None and scope.deployment != LEGACY_DEPLOYMENT:
                 legacy = {r.origin_run_id: r.id for r in conn.execute(
                     select(p.id, p.origin_run_id).where(LIVE, p.status == RUNNING, p.origin_run_id.isnot(None),
                                                         p.deployment == LEGACY_DEPLOYMENT,
                                                         *_jobs(scope.job_names)))}
-            first_runs, foreign = self._first_runs_to_check(conn, scope, grace_seconds, self._orphan_condition)
+            first_runs, foreign = self.deployments.first_runs_to_check(conn, scope, grace_seconds,
+                                                                       self.orphans.orphan_condition)
             waiting = [dict(r._mapping) for r in conn.execute(
                 select(p.id, p.job_name, p.waiting_until, p.waiting_since, p.waiting_reason)
                 .where(live, p.waiting_until.isnot(None)).order_by(p.waiting_until).limit(waiting_limit))]
@@ -75,23 +96,23 @@ class TickOps(DeploymentOps):
                         update(pipelines).where(p.id.in_(list(part)), p.deployment != scope.deployment)
                         .values(deployment=scope.deployment)).rowcount
             if plan.canceled_owner_runs:
-                result.canceled = self._cancel_owned_by(conn, plan.canceled_owner_runs)
+                result.canceled = self.pipeline_rows.cancel_owned_by(conn, plan.canceled_owner_runs)
             if plan.extend_placeholders:
-                result.extended = self._extend_launch_grace(conn, plan.extend_placeholders,
-                                                            plan.launch_grace_seconds)
-            corrupt = self._fail_unknown_statuses(conn, scope.deployment)
-            result.given_up = self._give_up_hopeless(conn, plan.dead_owner_runs, plan.retrying_owner_runs,
-                                                     plan.max_age_seconds, scope)
+                result.extended = self.orphans.extend_launch_grace(conn, plan.extend_placeholders,
+                                                                   plan.launch_grace_seconds)
+            corrupt = self.orphans.fail_unknown_statuses(conn, scope.deployment)
+            result.given_up = self.orphans.give_up_hopeless(conn, plan.dead_owner_runs, plan.retrying_owner_runs,
+                                                            plan.max_age_seconds, scope)
             if plan.limit is None or plan.limit > 0:
-                result.reclaimed, corrupt_rows = self._reclaim(conn, plan, scope)
+                result.reclaimed, corrupt_rows = self.orphans.reclaim(conn, plan, scope)
                 corrupt += corrupt_rows
             result.corrupt = corrupt
             if plan.launching:
                 left = None if plan.limit is None else plan.limit - len(result.reclaimed)
                 if left is None or left > 0:
-                    result.claimed = self._claim_awaiting(conn, left, plan.launch_grace_seconds, scope)
-                result.awaiting = self._awaiting(conn, scope, launcher_only=True,
-                                                 fresh=[*result.reclaimed, *result.claimed])
+                    result.claimed = self.orphans.claim_awaiting(conn, left, plan.launch_grace_seconds, scope)
+                result.awaiting = self.orphans.awaiting(conn, scope, launcher_only=True,
+                                                        fresh=[*result.reclaimed, *result.claimed])
             found = len(result.reclaimed) + len(result.given_up) + len(result.corrupt)
             if found:
                 self.record_events(conn, [{"kind": "recovery_completed", "payload": {
@@ -99,3 +120,25 @@ class TickOps(DeploymentOps):
                     "given_up": len(result.given_up) + len(result.corrupt), "corrupt": len(result.corrupt),
                     "deployment": scope.deployment}}])
         return result
+
+    # The rest of the component's calls are its collaborators', named here so a caller sees the whole surface.
+
+    def stranded_pipelines(self, *, older_than_seconds: float = STRANDED_AFTER, limit: int = 100
+                           ) -> list[dict[str, Any]]:
+        """:meth:`Deployments.stranded_pipelines`."""
+        return self.deployments.stranded_pipelines(older_than_seconds=older_than_seconds, limit=limit)
+
+    def find_orphans(self, *, dead_owner_runs: Sequence[str] = (), limit: int | None = None,
+                     job_names: Sequence[str] | None = None, retrying_owner_runs: Sequence[str] = (),
+                     deployment: str | None = None) -> list[Orphan]:
+        """:meth:`Orphans.find_orphans`."""
+        return self.orphans.find_orphans(dead_owner_runs=dead_owner_runs, limit=limit, job_names=job_names,
+                                         retrying_owner_runs=retrying_owner_runs, deployment=deployment)
+
+    def last_reclaim(self, pipeline_id: int) -> dict[str, Any] | None:
+        """:meth:`Orphans.last_reclaim`."""
+        return self.orphans.last_reclaim(pipeline_id)
+
+    def record_superseded_runs(self, outcomes: Sequence[tuple[int, dict[str, Any]]]) -> None:
+        """:meth:`Orphans.record_superseded_runs`."""
+        self.orphans.record_superseded_runs(outcomes)

@@ -1,7 +1,7 @@
 """What the process that knows says about the step processes it watches.
 
 A step process records on its running node which process it is and which process watches it
-(:mod:`recovery_ext._liveness.processes`). The watcher (the run worker, or a Celery worker's main
+(:mod:`recovery_ext._processes`). The watcher (the run worker, or a Celery worker's main
 process) reads the running nodes it watches, looks each process up, and writes back in one
 transaction: ``vouched_until`` for the live ones, ``died_at`` for the dead ones. Each write names
 the node by id *and* process key and requires it still running under the run that started it
@@ -16,20 +16,12 @@ from dataclasses import dataclass
 from sqlalchemy import exists, func, select, tuple_, update
 
 from recovery_ext._store.database import chunks, retried
-from recovery_ext._store.models import Ownership
+from recovery_ext._store.models import Ownership, WatchedNode
 from recovery_ext._store.schema import nodes, pipelines
 from recovery_ext._store.statuses import NodeStatus, PipelineStatus
 from recovery_ext._store.jobs import JobOps
 
 n = nodes.c
-
-
-@dataclass(frozen=True)
-class WatchedNode:
-    id: int
-    pipeline_id: int
-    name: str
-    process: str
 
 
 @dataclass(frozen=True)

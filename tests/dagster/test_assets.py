@@ -228,7 +228,9 @@ def test_the_asset_orphan_sensor_resumes_an_asset_backfill_run_with_its_selectio
         dead = create_run_for_test(instance, job_name=ASSET_JOB, status=DagsterRunStatus.FAILURE,
                                    asset_selection={AssetKey("ranged")},
                                    tags={"dagster/partition": "b", "dagster/backfill": "bf", "team": "ocr"})
-        own = store.pipelines.create_pipeline(ASSET_JOB, ["ranged"], owner=dead.run_id, origin_run_id=dead.run_id, params={})
+        own = store.pipelines.create_pipeline(
+            ASSET_JOB, ["ranged"], owner=dead.run_id, origin_run_id=dead.run_id, params={}
+        )
         store.pipelines.start_node(own, "ranged")
         expire(store, own.pipeline_id)
         context = build_sensor_context(instance=instance, repository_def=repository,

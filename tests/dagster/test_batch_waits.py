@@ -81,7 +81,8 @@ def test_a_pending_batch_shows_as_waiting_on_that_job_with_one_next_check(store,
     transitions = [t["event"] for t in store.reports.transitions_for(pipeline_id=pipeline_id)]
     assert "provider_job_wait" in transitions and "outage_pause" not in transitions
     # the report counts the wait as the job's, not an outage's
-    report = json.loads(CliRunner().invoke(main, ["--database-url", db_url, "--json", "report", str(pipeline_id)]).output)
+    report = json.loads(CliRunner().invoke(main, ["--database-url", db_url, "--json", "report",
+                                              str(pipeline_id)]).output)
     assert set(report["waited_on"]) == {"provider job"} and report["waited_on"]["provider job"] > 0
 
 

@@ -35,7 +35,9 @@ def test_the_store_refuses_a_bad_deployment_name_on_both_databases(store):
     with pytest.raises(ConfigurationError, match="deployment must be"):
         store.pipelines.create_pipeline("job", ["a"], owner="r", origin_run_id="r", deployment="blue\x00")
     assert store.reports.list_pipelines() == []
-    assert store.pipelines.create_pipeline("job", ["a"], owner="r", origin_run_id="r", deployment="blue-2.eu_1").epoch == 1
+    assert (
+        store.pipelines.create_pipeline("job", ["a"], owner="r", origin_run_id="r", deployment="blue-2.eu_1").epoch == 1
+    )
 
 
 # -- only the instance holding the first run acts; a renamed deployment's orphans --------------------------
@@ -61,9 +63,12 @@ def test_two_instances_sharing_a_deployment_name_resume_a_crash_once_from_the_on
         own = _crashed(store, mine, "blue", team="search")
         aside = tick(theirs, db_url, "blue")
         assert not aside.run_requests
-        assert f"stands aside for 1 pipeline of deployment 'blue' whose first run this Dagster instance does not " \
-               f"hold" in aside.skip_message and f"pipeline {own.pipeline_id}" in aside.skip_message
-        assert (store.pipelines.get_pipeline(own.pipeline_id).epoch, store.pipelines.get_pipeline(own.pipeline_id).resume_count) == (1, 0)
+        assert "stands aside for 1 pipeline of deployment 'blue' whose first run this Dagster instance does not " \
+               "hold" in aside.skip_message and f"pipeline {own.pipeline_id}" in aside.skip_message
+        assert (
+            store.pipelines.get_pipeline(own.pipeline_id).epoch,
+            store.pipelines.get_pipeline(own.pipeline_id).resume_count,
+        ) == (1, 0)
         (request,) = tick(mine, db_url, "blue").run_requests
         assert request.tags["team"] == "search"
         # reserved for a sensor of the same name: the other instance, with no such run, never re-requests it
@@ -105,7 +110,7 @@ def test_a_stranded_orphan_of_another_deployment_is_reported_in_the_tick_and_in_
         expire(store, own.pipeline_id, ago=700)  # nobody reclaimed it for longer than any launch grace
         told = tick(other, db_url, "green", launch_grace_seconds=60)
         assert not told.run_requests and store.pipelines.get_pipeline(own.pipeline_id).deployment == "blue"
-        assert f"1 orphaned pipeline of other deployments" in told.skip_message
+        assert "1 orphaned pipeline of other deployments" in told.skip_message
         assert f"{own.pipeline_id} (blue)" in told.skip_message
         status = CliRunner().invoke(main, ["--database-url", db_url, "status"])
         assert status.exit_code == 0

@@ -136,7 +136,9 @@ def test_a_nul_byte_in_any_stored_message_is_kept_on_both_databases(store):
     assert store.pipelines.get_pipeline(own.pipeline_id).waiting_reason == "Error code: 503 - upstream\ufffdbusy"
     store.providers.breaker_record_failure("http://llm.local/v1", "run-1", threshold=1, cooldown=lambda n: 5.0,
                                  error="Error code: 503 - upstream\x00busy")
-    store.pipelines.fail_node(own, "n", ErrorInfo("Error code: 400 - bad\x00request", "validation", 400), permanent=True)
+    store.pipelines.fail_node(
+        own, "n", ErrorInfo("Error code: 400 - bad\x00request", "validation", 400), permanent=True
+    )
     failed = store.pipelines.get_pipeline(own.pipeline_id)
     assert failed.status == "failed" and "bad\ufffdrequest" in failed.error
 
@@ -167,7 +169,8 @@ def content_answer(content: str):
 
 # What json.loads accepts in an answer, and what both databases keep in its place (docs/how-to/journal.md).
 UNSTORABLE = {"nul": ('{"name": "a\\u0000b", "n\\u0000": 1}', {"name": "a\ufffdb", "n\ufffd": 1}),
-              "surrogate": ('{"name": "a\\ud800b", "pair": "\\ud83d\\ude00"}', {"name": "a\ufffdb", "pair": "\U0001f600"}),
+              "surrogate": ('{"name": "a\\ud800b", "pair": "\\ud83d\\ude00"}',
+                            {"name": "a\ufffdb", "pair": "\U0001f600"}),
               "nan": ('{"name": NaN, "all": [Infinity, -Infinity, 1.5]}', {"name": None, "all": [None, None, 1.5]})}
 
 

@@ -77,10 +77,7 @@ def test_one_corrupt_row_of_each_kind_and_the_healthy_orphans_are_still_reclaime
 
 def not_a_time(store, table: str, column: str, row_id: int, *, past: bool = False) -> None:
     """PostgreSQL: an infinity; SQLite: text where epoch seconds belong (compares above every number)."""
-    if store.dialect.name == "postgresql":
-        value = "'-infinity'" if past else "'infinity'"
-    else:
-        value = "'whenever'"
+    value = ("'-infinity'" if past else "'infinity'") if store.dialect.name == "postgresql" else "'whenever'"
     with store.write() as conn:
         conn.execute(text(f"UPDATE {table} SET {column} = {value} WHERE id = {row_id}"))
 

@@ -171,4 +171,9 @@ def test_ocr_failures_are_classified_retried_and_dead_at_max_attempts(store, db_
     assert (items["flaky.pdf"].status, items["flaky.pdf"].attempts) == ("dead", 3)
     assert "timeout" in items["flaky.pdf"].last_error
     assert (items["broken.pdf"].status, items["broken.pdf"].attempts) == ("failed", 1)
-    assert result.output_for_node("ocr_documents") == {"queue": "ocr", "items_done": 0, "items_failed": 3, "items_dead": 1}
+    assert result.output_for_node("ocr_documents") == {
+        "queue": "ocr",
+        "items_done": 0,
+        "items_failed": 3,
+        "items_dead": 1,
+    }

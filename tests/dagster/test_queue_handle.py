@@ -96,7 +96,10 @@ def test_an_item_not_claimed_for_this_epoch_or_queue_is_refused_before_any_write
     mine = other_queue.claim("run-1:0")[0]
     with pytest.raises(ItemTakenOver, match="in queue 'ocr'"):
         ctx.queue("ocr").complete(mine, {"raw": "x"})
-    assert store.queue.get_item(unfenced.id).status == "processing" and store.queue.get_item(mine.id).status == "processing"
+    assert (
+        store.queue.get_item(unfenced.id).status == "processing"
+        and store.queue.get_item(mine.id).status == "processing"
+    )
 
 
 def test_a_step_whose_run_worker_is_gone_claims_no_new_item_but_keeps_the_one_it_holds(store):

@@ -189,7 +189,10 @@ def test_the_same_transient_error_again_and_again_pauses_the_pipeline_until_the_
     retries = len([e for e in result.all_events if e.event_type_value == "STEP_UP_FOR_RETRY"])
     assert retries > 3  # seed 002's escalation after 3 no longer fails: the node keeps pausing
     (p,) = store.reports.list_pipelines()
-    assert store.pipelines.get_pipeline(p.id).status == "failed" and store.pipelines.get_node(p.id, "n2").attempts == retries + 1
+    assert (
+        store.pipelines.get_pipeline(p.id).status == "failed"
+        and store.pipelines.get_node(p.id, "n2").attempts == retries + 1
+    )
     kinds = [e["kind"] for e in store.reports.recent_events(limit=1000)]
     assert kinds.count("pipeline_waiting") == retries - 2  # two plain retries, then one pause per retry
 
@@ -241,7 +244,9 @@ def test_the_run_worker_resolves_the_recovery_resource_from_run_config_and_envir
     complete = RecoveryResource(database_url=f"sqlite:///{tmp_path / 'a.db'}", heartbeat_interval=2.0)
     assert resolve_resource(empty, {}, instance, "recovery", complete) is complete
     monkeypatch.setenv("RX_TEST_DB_URL", f"sqlite:///{tmp_path / 'b.db'}")
-    from_env = resolve_resource(empty, {}, instance, "recovery", RecoveryResource(database_url=EnvVar("RX_TEST_DB_URL")))
+    from_env = resolve_resource(
+        empty, {}, instance, "recovery", RecoveryResource(database_url=EnvVar("RX_TEST_DB_URL"))
+    )
     assert from_env.database_url == f"sqlite:///{tmp_path / 'b.db'}"
     configured = resolve_resource(empty, {"resources": {"recovery": {"config": {"heartbeat_interval": 3.0}}}},
                                   instance, "recovery", complete)

@@ -68,7 +68,9 @@ def test_a_node_that_pauses_on_an_outage_shows_waiting_on_its_run_then_running(d
         assert "waiting" in seen and run.tags[TAG_STATE] == "running"
         messages = engine_messages(instance, result.run_id)
         waits = [m for m in messages if "waiting out a provider outage in flaky" in m]
-        assert len(waits) == 2 and all("next try at" in m and "timeout errors in a row in flaky: the provider timed out" in m for m in waits), messages
+        assert len(waits) == 2 and all(
+            "next try at" in m and "timeout errors in a row in flaky: the provider timed out" in m for m in waits
+        ), messages
         assert sum("waiting over in flaky: retry" in m for m in messages) == 2, messages
         # the metadata of the event names the next try, for the UI's event detail
         record = next(r for r in instance.all_logs(result.run_id, of_type=DagsterEventType.ENGINE_EVENT)
@@ -163,5 +165,5 @@ def test_ops_and_queue_nodes_report_items_in_one_vocabulary(db_url, tmp_path):
         metadata = {e.step_key: {k: v.value for k, v in e.event_specific_data.metadata.items()}
                     for e in result.all_events if e.event_type == DagsterEventType.STEP_OUTPUT}
     names = ("items_done", "items_resumed", "items_degraded", "items_failed", "items_dead", "items_released")
-    assert {k: metadata["items_node"][k] for k in names} == dict(zip(names, (2, 0, 1, 0, 0, 0)))
-    assert {k: metadata["queue_node"][k] for k in names} == dict(zip(names, (1, 0, 0, 1, 0, 0)))
+    assert {k: metadata["items_node"][k] for k in names} == dict(zip(names, (2, 0, 1, 0, 0, 0), strict=False))
+    assert {k: metadata["queue_node"][k] for k in names} == dict(zip(names, (1, 0, 0, 1, 0, 0), strict=False))

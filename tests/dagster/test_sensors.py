@@ -20,13 +20,15 @@ from recovery_ext._dagster.resume_runs import RUN_KEY_TAG, TAG_OP_SELECTION
 from recovery_ext._dagster.sensors import TAG_QUEUE
 from recovery_ext._store.models import PassPlan, PipelineLimits
 from recovery_ext._store.schema import events
+from datetime import UTC
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 
 def evaluate(sensor, instance, db_url, **resource):
-    """One tick; the deployment is the one `store.pipelines.create_pipeline` writes by default unless a test names another."""
+    """One tick; the deployment is the one `store.pipelines.create_pipeline` writes by default unless a test names
+    another."""
     resource.setdefault("deployment", "default")
     ctx = build_sensor_context(instance=instance,
                                resources={"recovery": RecoveryResource(database_url=db_url, **resource)})
@@ -88,7 +90,7 @@ def test_a_run_the_sensor_supersedes_is_failed_without_a_dagster_run_retry(store
 def test_a_failed_owner_awaiting_dagsters_retry_decision_is_left_to_it_for_a_grace(store, db_url):
     """Dagster writes a failed run's status, then its dagster/will_retry tag: between the two, a tick
     that took the run for dead would race the retry it stands aside for."""
-    from datetime import datetime, timedelta, timezone
+    from datetime import datetime, timedelta
 
     from dagster import DagsterEvent, DagsterEventType
 
@@ -98,7 +100,7 @@ def test_a_failed_owner_awaiting_dagsters_retry_decision_is_left_to_it_for_a_gra
         event = DagsterEvent(event_type_value=DagsterEventType.PIPELINE_FAILURE.value, job_name=run.job_name,
                              message="the run worker died")
         inst.run_storage.handle_run_event(run.run_id, event,
-                                          datetime.now(timezone.utc) - timedelta(seconds=ago))
+                                          datetime.now(UTC) - timedelta(seconds=ago))
 
     with instance_for_test(overrides={"run_retries": {"enabled": True, "max_retries": 1}}) as inst:
         sensor = make_orphan_sensor([items_job])
@@ -107,7 +109,9 @@ def test_a_failed_owner_awaiting_dagsters_retry_decision_is_left_to_it_for_a_gra
         own = orphan(store, deciding.run_id)
         long_ago = create_run_for_test(inst, job_name="items_job", status=DagsterRunStatus.STARTED)
         fail_without_decision(inst, long_ago, ago=RETRY_DECISION_GRACE_SECONDS + 5)
-        stale = store.pipelines.create_pipeline("items_job", ["a"], owner=long_ago.run_id, origin_run_id=long_ago.run_id)
+        stale = store.pipelines.create_pipeline(
+            "items_job", ["a"], owner=long_ago.run_id, origin_run_id=long_ago.run_id
+        )
         assert inst.get_run_by_id(deciding.run_id).status == DagsterRunStatus.FAILURE
         (request,) = evaluate(sensor, inst, db_url)[0].run_requests
         # the run whose decision is overdue is dead; the other one is left to Dagster, though its heartbeat expired
@@ -172,9 +176,15 @@ def test_a_resume_run_keeps_what_the_user_launched(store, db_url, instance):
                                 params={"ops": {"n2": {"config": {"items": 2}}}})
     (request,) = evaluate(make_orphan_sensor([items_job]), instance, db_url)[0].run_requests
     assert request.run_config == {"ops": {"n2": {"config": {"items": 2}}}}
-    assert {k: v for k, v in request.tags.items() if k != "dagster/sensor_name"} == {"team": "ocr", "dagster/priority": "7", "dagster/partition": "2026-01-01",
-                            TAG_OP_SELECTION: '["n2"]', TAG_PIPELINE: str(own.pipeline_id), TAG_RESUME_NUMBER: "1",
-                            TAG_RESUMED_FROM: run.run_id}
+    assert {k: v for k, v in request.tags.items() if k != "dagster/sensor_name"} == {
+        "team": "ocr",
+        "dagster/priority": "7",
+        "dagster/partition": "2026-01-01",
+        TAG_OP_SELECTION: '["n2"]',
+        TAG_PIPELINE: str(own.pipeline_id),
+        TAG_RESUME_NUMBER: "1",
+        TAG_RESUMED_FROM: run.run_id,
+    }
     assert request.tags["dagster/sensor_name"] == "recovery_orphan_sensor"  # Dagster's own, not the first run's
 
 
@@ -295,14 +305,20 @@ def test_invalid_resource_settings_fail_when_definitions_load(bad, words):
 def test_owners_dagster_is_retrying_are_left_to_the_retry_and_canceled_owners_cancel(store, db_url, instance):
     retried = create_run_for_test(instance, job_name="items_job", status=DagsterRunStatus.FAILURE,
                                   tags={"dagster/will_retry": "true"})
-    retried_own = store.pipelines.create_pipeline("items_job", ["a"], owner=retried.run_id, origin_run_id=retried.run_id)
+    retried_own = store.pipelines.create_pipeline(
+        "items_job", ["a"], owner=retried.run_id, origin_run_id=retried.run_id
+    )
     retry_over = create_run_for_test(instance, job_name="items_job", status=DagsterRunStatus.FAILURE,
                                      tags={"dagster/will_retry": "true"})
     create_run_for_test(instance, job_name="items_job", status=DagsterRunStatus.FAILURE,
                         tags={"dagster/parent_run_id": retry_over.run_id})
-    over_own = store.pipelines.create_pipeline("items_job", ["a"], owner=retry_over.run_id, origin_run_id=retry_over.run_id)
+    over_own = store.pipelines.create_pipeline(
+        "items_job", ["a"], owner=retry_over.run_id, origin_run_id=retry_over.run_id
+    )
     canceled = create_run_for_test(instance, job_name="items_job", status=DagsterRunStatus.CANCELED)
-    canceled_own = store.pipelines.create_pipeline("items_job", ["a"], owner=canceled.run_id, origin_run_id=canceled.run_id)
+    canceled_own = store.pipelines.create_pipeline(
+        "items_job", ["a"], owner=canceled.run_id, origin_run_id=canceled.run_id
+    )
     result, _ = evaluate(make_orphan_sensor([items_job]), instance, db_url)
     assert [r.tags[TAG_PIPELINE] for r in result.run_requests] == [str(over_own.pipeline_id)]
     assert store.pipelines.get_pipeline(retried_own.pipeline_id).epoch == 1

@@ -56,7 +56,7 @@ def deployment(pg_admin, tmp_path_factory, cpu_hog_module):
         saved = os.environ.get("DAGSTER_PG_URL")
         os.environ["DAGSTER_PG_URL"] = env["DAGSTER_PG_URL"]   # this process reads Dagster's storage too
         try:
-            log = open(tmp / "worker.log", "wb")
+            log = open(tmp / "worker.log", "wb")  # noqa: SIM115 - the worker writes to it until it stops
             worker = subprocess.Popen(
                 [str(BIN / "celery"), "-A", "recovery_pipelines.celery_app", "worker", "-Q", "dagster", "-c", "2",
                  "-n", "steps@%h", "--without-gossip", "--without-mingle", "-l", "INFO"],
@@ -82,8 +82,12 @@ def test_both_shipped_jobs_run_every_step_on_celery_workers(deployment):
     runs = {job: dev.launch(job, {}) for job in ("ontology_extraction", "ocr_documents")}
     for job, run_id in runs.items():
         run = dev.wait_run(run_id, statuses=(DagsterRunStatus.SUCCESS, DagsterRunStatus.FAILURE), timeout=420)
-        assert run.status == DagsterRunStatus.SUCCESS, f"{job}: {[e.message for e in dev.instance.all_logs(run_id)][-5:]}"
-        pipeline = wait_for(lambda r=run_id: store.pipelines.find_pipeline(r), timeout=30, what=f"the pipeline of {job}")
+        assert run.status == DagsterRunStatus.SUCCESS, (
+            f"{job}: {[e.message for e in dev.instance.all_logs(run_id)][-5:]}"
+        )
+        pipeline = wait_for(
+            lambda r=run_id: store.pipelines.find_pipeline(r), timeout=30, what=f"the pipeline of {job}"
+        )
         assert store.pipelines.get_pipeline(pipeline.id).status == "completed"
         started = {e.step_key for e in dev.instance.all_logs(run_id, of_type=DagsterEventType.STEP_START)}
         on_celery = {e.step_key for e in dev.instance.all_logs(run_id, of_type=DagsterEventType.ENGINE_EVENT)

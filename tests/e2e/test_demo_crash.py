@@ -21,7 +21,9 @@ def test_the_check_fails_when_a_kill_did_not_happen_a_pipeline_failed_or_a_kill_
                    resumes={"ontology_extraction": 1, "ocr_documents": 1})
     assert good.problems() == []
     no_kill = Outcome(killed={"ocr_documents": 2}, final_status=dict(good.final_status), resumes={"ocr_documents": 1})
-    assert no_kill.problems() == ["ontology_extraction: no run worker was killed (the run never reached the kill point)"]
+    assert no_kill.problems() == [
+        "ontology_extraction: no run worker was killed (the run never reached the kill point)"
+    ]
     failed = Outcome(killed=dict(good.killed), final_status={**good.final_status, "ocr_documents": "failed"},
                      resumes=dict(good.resumes))
     assert failed.problems() == ["ocr_documents: pipeline ended failed, not completed"]

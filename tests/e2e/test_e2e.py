@@ -223,10 +223,12 @@ def test_f_a_pipeline_that_keeps_crashing_is_given_up_after_its_maximum_resumes(
     pipeline = pipeline_of(store, run_id)
     owner = run_id
     for attempt in range(MAX_RESUMES + 1):
-        rows = wait_for(lambda: calls(store, owner, "n1"), timeout=120, what=f"run {owner} to start working")
+        rows = wait_for(lambda owner=owner: calls(store, owner, "n1"), timeout=120,
+                        what=f"run {owner} to start working")
         os.kill(rows[0].pid, signal.SIGKILL)
         if attempt < MAX_RESUMES:
-            runs = wait_for(lambda: len(resume_runs(dev, pipeline.id)) == attempt + 1 and resume_runs(dev, pipeline.id),
+            runs = wait_for(lambda attempt=attempt: len(resume_runs(dev, pipeline.id)) == attempt + 1
+                            and resume_runs(dev, pipeline.id),
                             timeout=90, what=f"resume #{attempt + 1}")
             owner = runs[-1].run_id
     failed = wait_for(lambda: (p := store.pipelines.get_pipeline(pipeline.id)).status == "failed" and p, timeout=90,

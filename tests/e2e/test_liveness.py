@@ -104,7 +104,8 @@ def history(dev, store, pipeline_id: int) -> str:
                  for n in store.pipelines.list_nodes(pipeline_id)]
     runs = [(r.run_id, r.status.value, r.tags.get(TAG_RESUME_NUMBER)) for r in dev.runs()
             if r.tags.get(TAG_PIPELINE) == str(pipeline_id)]
-    return f"pipeline {store.pipelines.get_pipeline(pipeline_id)}; moves {[tuple(m) for m in moves]}; nodes {nodes_now}; runs {runs}"
+    return (f"pipeline {store.pipelines.get_pipeline(pipeline_id)}; moves {[tuple(m) for m in moves]}; "
+            f"nodes {nodes_now}; runs {runs}")
 
 
 def resume_runs(dev):
@@ -131,8 +132,11 @@ def sensor_ticks_since(dev, since: float) -> int:
 def test_b_a_conditional_branch_not_taken_is_skipped_and_the_pipeline_completes(dev, store):
     run_id = dev.launch("branch_job", {})
     dev.wait_run(run_id, timeout=300)
-    pipeline = wait_for(lambda: (p := store.pipelines.find_pipeline(run_id)) and p.status == "completed" and p, timeout=60,
-                        what="the branch pipeline to complete")
+    pipeline = wait_for(
+        lambda: (p := store.pipelines.find_pipeline(run_id)) and p.status == "completed" and p,
+        timeout=60,
+        what="the branch pipeline to complete",
+    )
     assert {n.name: n.status for n in store.pipelines.list_nodes(pipeline.id)} == {"left_branch": "completed",
                                                                          "right_branch": "skipped"}
     with store.read() as conn:
@@ -297,9 +301,10 @@ def test_g_healthy_runs_with_plain_ops_retry_delays_and_pool_waits_are_never_rec
     # the pool (limit 1) was enforced across all runs, and ops waited for it longer than the timeout
     slots = sorted((r.started, r.ended) for run_id in run_ids for r in trace_rows(store, run_id) if r.item == "slot")
     assert len(slots) == 2 * HEALTHY_RUNS
-    assert all(later[0] >= earlier[1] - 0.05 for earlier, later in zip(slots, slots[1:]))
+    assert all(later[0] >= earlier[1] - 0.05 for earlier, later in zip(slots, slots[1:], strict=False))
     waits = []
-    for run_id in [r for r, job in zip(run_ids, jobs) if job == "healthy_job"]:  # parallel steps: a real wait
+    # parallel steps: a real wait
+    for run_id in [r for r, job in zip(run_ids, jobs, strict=False) if job == "healthy_job"]:
         ready = max(r.ended for r in trace_rows(store, run_id, "prepare"))
         waits += [r.started - ready for r in trace_rows(store, run_id) if r.item == "slot"]
     assert max(waits) > TIMEOUT

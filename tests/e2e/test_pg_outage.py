@@ -91,7 +91,7 @@ def assert_nothing_lost_or_doubled(store: RecoveryStore, box) -> None:
     (p,) = store.reports.list_pipelines()
     assert p.status == "completed" and p.epoch == 1  # finished by its first owner: no resume needed
     assert store.reports.node_item_totals(p.id) == {"slow_items": ITEMS}
-    assert CALLS == {f"item-{i}": 1 for i in range(ITEMS)}
+    assert {f"item-{i}": 1 for i in range(ITEMS)} == CALLS
     assert result.output_for_node("after") == ITEMS
 
 
@@ -153,8 +153,15 @@ def test_past_the_budget_an_optional_node_degrades_and_a_required_node_fails_unt
     thread = threading.Thread(target=lambda: box.update(result=execute_in_process(
         budget_job, resources={"recovery": resource}, raise_on_error=False)), daemon=True)
     thread.start()
-    wait_for(lambda: store.reports.list_pipelines() and store.pipelines.get_node(store.reports.list_pipelines()[0].id, "optional_writer").status
-             == "running", timeout=120, interval=0.1, what="optional_writer to run")
+    wait_for(
+        lambda: (
+            store.reports.list_pipelines()
+            and store.pipelines.get_node(store.reports.list_pipelines()[0].id, "optional_writer").status == "running"
+        ),
+        timeout=120,
+        interval=0.1,
+        what="optional_writer to run",
+    )
     cluster.stop("fast")
     RELEASE.set()
     thread.join(180)
@@ -187,9 +194,9 @@ def test_a_server_that_stops_answering_new_connections_is_an_outage_retried_unti
     box = {}
     os.kill(postmaster, signal.SIGSTOP)
     try:
-        with RecoveryStore(url, retry_budget=2, connect_timeout=1) as short:
-            with pytest.raises(StoreUnavailable, match="database unavailable: connection timeout expired"):
-                short.reports.list_pipelines()
+        with (RecoveryStore(url, retry_budget=2, connect_timeout=1) as short,
+              pytest.raises(StoreUnavailable, match="database unavailable: connection timeout expired")):
+            short.reports.list_pipelines()
         store = RecoveryStore(url, retry_budget=60, connect_timeout=1)  # a new pool: its first call must connect
         retried_before = sum("retrying" in r.getMessage() for r in caplog.records)
         thread = threading.Thread(target=lambda: box.update(pipelines=store.reports.list_pipelines()), daemon=True)

@@ -35,7 +35,9 @@ REEXECUTE = """mutation($parent: String!) { launchRunReexecution(reexecutionPara
 def ui(tmp_path_factory, cpu_hog_module):
     home = tmp_path_factory.mktemp("dagster_home")
     app_url = f"sqlite:///{home / 'recovery.sqlite3'}"
-    server = DagsterDev((Path(__file__).resolve().parents[1] / "support" / "ui_defs.py"), home, {"RECOVERY_DATABASE_URL": app_url})
+    server = DagsterDev(
+        (Path(__file__).resolve().parents[1] / "support" / "ui_defs.py"), home, {"RECOVERY_DATABASE_URL": app_url}
+    )
     server.start(timeout=240)
     store = RecoveryStore(app_url)
     yield server, store

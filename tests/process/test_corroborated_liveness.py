@@ -21,7 +21,7 @@ from helpers import reclaim
 from sqlalchemy import update
 
 from recovery_ext._liveness.heartbeat import HeartbeatRegistry, HeartbeatSettings
-from recovery_ext._liveness.processes import WATCHER_ENV, is_alive, process_key, this_process
+from recovery_ext._processes import WATCHER_ENV, is_alive, process_key, this_process
 from recovery_ext._liveness.watch import ProcessWatch
 from recovery_ext._store.models import Ownership, PassPlan
 from recovery_ext._store.schema import nodes, pipelines
@@ -50,8 +50,21 @@ def steps() -> Iterator[list[subprocess.Popen]]:
 def start_step(steps, store, own: Ownership, name: str, watcher: str) -> subprocess.Popen:
     """A real step process that starts ``name`` and then lives on (its own heartbeat never pulses again)."""
     env = {**os.environ, WATCHER_ENV: watcher}
-    proc = subprocess.Popen([sys.executable, "-c", STEP, store.url.render_as_string(hide_password=False), str(own.pipeline_id), str(own.epoch), own.owner,
-                             name], env=env, stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            STEP,
+            store.url.render_as_string(hide_password=False),
+            str(own.pipeline_id),
+            str(own.epoch),
+            own.owner,
+            name,
+        ],
+        env=env,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     steps.append(proc)
     assert proc.stdout.readline().strip() == "started"
     return proc
@@ -200,9 +213,26 @@ def test_on_celery_the_worker_host_vouches_for_its_pool_process_and_reports_it_d
         env.pop(WATCHER_ENV, None)
         with open(tmp_path / "worker.log", "wb") as log:
             worker = subprocess.Popen(
-                [os.path.join(os.path.dirname(sys.executable), "celery"), "-A", "celery_watch_app", "worker",
-                 "-Q", "rxtest", "-c", "1", "--without-gossip", "--without-mingle", "-l", "INFO"],
-                cwd=os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "support"), env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+                [
+                    os.path.join(os.path.dirname(sys.executable), "celery"),
+                    "-A",
+                    "celery_watch_app",
+                    "worker",
+                    "-Q",
+                    "rxtest",
+                    "-c",
+                    "1",
+                    "--without-gossip",
+                    "--without-mingle",
+                    "-l",
+                    "INFO",
+                ],
+                cwd=os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "support"),
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
         own = make(store)
         client = Celery(broker=env["RECOVERY_CELERY_BROKER"])
         client.send_task("rx_test.start_node", args=[env["RECOVERY_DATABASE_URL"], own.pipeline_id, own.epoch,
@@ -218,7 +248,9 @@ def test_on_celery_the_worker_host_vouches_for_its_pool_process_and_reports_it_d
         wait_for(lambda: store.pipelines.get_node(own.pipeline_id, "a").died_at, timeout=60, interval=0.05,
                  what="the worker host to report its pool process dead")
         print(f"\ncelery pool process killed; reported dead after {time.monotonic() - killed:.2f} s")
-        assert store.pipelines.leave_to_recovery(own)  # as the run worker does once dagster-celery reports the step lost
+        assert store.pipelines.leave_to_recovery(
+            own
+        )  # as the run worker does once dagster-celery reports the step lost
         assert [o.reason for o in store.recovery.find_orphans()] == ["node_died"]
     finally:
         if worker is not None:

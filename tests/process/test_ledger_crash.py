@@ -140,7 +140,9 @@ def test_a_crash_between_items_is_saved_by_the_resume_at_its_first_cost(store, d
     assert (figures.wasted_calls, figures.wasted_tokens, figures.wasted_cost) == (0, 0, 0.0)
     nodes = store.reports.provider_costs(pipeline.id).nodes[pipeline.id]
     assert (nodes["ask"].calls, nodes["summarize"].calls) == (ITEMS, 1)
-    assert all(store_rows.reached_checkpoint(store, [c.id for c in store_rows.provider_calls(store, pipeline.id)]).values())
+    assert all(
+        store_rows.reached_checkpoint(store, [c.id for c in store_rows.provider_calls(store, pipeline.id)]).values()
+    )
 
     shown = json.loads(cli(db_url, "costs", str(pipeline.id), "--json"))
     assert {k: shown[k] for k in figures.as_dict()} == figures.as_dict()

@@ -137,7 +137,12 @@ def test_a_document_slower_than_the_stale_threshold_keeps_heartbeating_and_compl
     assert (slow.completed_at - slow.started_at).total_seconds() >= 20
     assert store.reports.count_events("item_reset") == 0
     assert_every_document_completed_once_before_the_pipeline(store, store.reports.list_pipelines()[0].id, DOCS)
-    assert result.output_for_node("ocr_documents") == {"queue": "ocr", "items_done": len(DOCS), "items_failed": 0, "items_dead": 0}
+    assert result.output_for_node("ocr_documents") == {
+        "queue": "ocr",
+        "items_done": len(DOCS),
+        "items_failed": 0,
+        "items_dead": 0,
+    }
 
 
 def test_a_failing_document_waits_before_its_retry_and_the_node_waits_for_it(

@@ -168,7 +168,10 @@ def test_five_pipelines_share_one_breaker_that_keeps_calls_away_while_open(store
     for t in threads:
         t.join(180)
     assert len(results) == 5 and all(r.success for r in results)
-    assert all(p.status == "completed" for p in store.reports.list_pipelines()) and len(store.reports.list_pipelines()) == 5
+    assert (
+        all(p.status == "completed" for p in store.reports.list_pipelines())
+        and len(store.reports.list_pipelines()) == 5
+    )
     (breaker,) = store.providers.breakers()
     assert breaker["state"] == "closed" and breaker["consecutive_failures"] == 0
 
@@ -185,8 +188,12 @@ def test_five_pipelines_share_one_breaker_that_keeps_calls_away_while_open(store
         assert quiet == [], f"{len(quiet)} calls reached the provider while its breaker was open"
         nxt = min([at for at, _ in history if at > probe] + [float("inf")])
         assert len([at for at in calls if probe - 0.05 <= at < nxt]) >= 1  # the probe itself
-    waited = {t["pipeline_id"] for p in store.reports.list_pipelines() for t in store.reports.transitions_for(pipeline_id=p.id)
-              if t["to_status"] == "waiting"}
+    waited = {
+        t["pipeline_id"]
+        for p in store.reports.list_pipelines()
+        for t in store.reports.transitions_for(pipeline_id=p.id)
+        if t["to_status"] == "waiting"
+    }
     assert len(waited) == 5  # every pipeline showed as waiting while the endpoint was down
     status = cli(db_url, "status")
     assert "Circuit breakers not closed: 0" in status

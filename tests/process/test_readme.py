@@ -1,7 +1,7 @@
 """Every python and bash block of the README and of the docs site (docs/**/*.md) runs as written.
 
-The blocks of one page run in order, in one temporary directory of that page with a fresh DAGSTER_HOME and no application
-database configured (the library's default: SQLite under DAGSTER_HOME), with this interpreter's
+The blocks of one page run in order, in one temporary directory of that page with a fresh DAGSTER_HOME and no
+application database configured (the library's default: SQLite under DAGSTER_HOME), with this interpreter's
 `bin` first on PATH. A block the README says to save ("Save this as `my_assets.py`:") is written to
 that file. The README's own code holds the stand-ins, each marked "in real life"; nothing is
 substituted here. A block is skipped only when the page marks it, visibly, with a preceding
@@ -100,11 +100,13 @@ def test_every_page_with_examples_is_checked_and_examples_are_there():
     assert sum(len(blocks) for blocks in runnable.values()) >= 6
 
 
-def test_the_api_reference_lists_every_public_name_once():
-    import recovery_ext
+@pytest.mark.parametrize("module", ["recovery_ext", "recovery_ext.store", "recovery_ext.testing"])
+def test_the_api_reference_lists_every_public_name_once(module):
+    import importlib
 
-    listed = re.findall(r"^::: recovery_ext\.(\w+)$", (ROOT / "docs" / "reference" / "api.md").read_text(), re.MULTILINE)
-    assert sorted(listed) == sorted(recovery_ext.__all__)
+    text = (ROOT / "docs" / "reference" / "api.md").read_text()
+    listed = re.findall(rf"^::: {re.escape(module)}\.(\w+)$", text, re.MULTILINE)
+    assert sorted(listed) == sorted(importlib.import_module(module).__all__)
 
 
 def run_block(block: Block, cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess:

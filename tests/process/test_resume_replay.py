@@ -52,7 +52,8 @@ def call_counts(store, run_id=None):
 
 
 def interrupt(store, pipeline_id, *, running, pending=(), keep_items=1):
-    """What a kill -9 inside ``running`` leaves: it is running with ``keep_items`` items done, ``pending`` not started."""
+    """What a kill -9 inside ``running`` leaves: it is running with ``keep_items`` items done, ``pending`` not
+    started."""
     with store.write() as conn:
         conn.execute(update(nodes).where(nodes.c.pipeline_id == pipeline_id, nodes.c.name == running)
                      .values(status="running", completed_at=None, output=None))
@@ -62,8 +63,13 @@ def interrupt(store, pipeline_id, *, running, pending=(), keep_items=1):
             conn.execute(delete(node_items).where(node_items.c.pipeline_id == pipeline_id,
                                                   node_items.c.node_name.in_(pending)))
         conn.execute(update(pipelines).where(pipelines.c.id == pipeline_id).values(status="running", completed_at=None))
-        conn.execute(delete(node_items).where(node_items.c.pipeline_id == pipeline_id, node_items.c.node_name == running,
-                                              node_items.c.item_key >= f"{running}-{keep_items}"))
+        conn.execute(
+            delete(node_items).where(
+                node_items.c.pipeline_id == pipeline_id,
+                node_items.c.node_name == running,
+                node_items.c.item_key >= f"{running}-{keep_items}",
+            )
+        )
     expire(store, pipeline_id)
     (reclaimed,), _ = reclaim(store, PassPlan(limit=5, launching=True))
     return reclaimed

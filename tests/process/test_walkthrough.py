@@ -72,7 +72,9 @@ def test_the_ocr_job_logs_a_line_per_document(db_url, tmp_path):
                                          "invoice-b.pdf": ["INVOICE 18", "total 7 EUR"]})
     job = make_ocr_job(str(folder), executor_def=in_process_executor)
     with DagsterInstance.ephemeral() as instance:
-        result = execute_in_process(job, instance=instance, resources={"recovery": RecoveryResource(database_url=db_url)})
+        result = execute_in_process(
+            job, instance=instance, resources={"recovery": RecoveryResource(database_url=db_url)}
+        )
         assert result.success
         lines = [m for m in user_messages(instance, result.run_id, "ocr_documents") if "recognised:" in m]
     assert len(lines) == len(names) == 2

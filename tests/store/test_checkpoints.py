@@ -77,8 +77,8 @@ def test_a_batch_that_fails_midway_is_redone_once_and_only_once(store, db_url):
     result = _run(db_url, batch=4, fail_at="k6")
     assert result.success
     # batch 1 (k0-k3) committed; batch 2 (k4-k7) failed at k6 before its flush: nothing of it was kept
-    assert SEEN_AT_RETRY == [{"k0", "k1", "k2", "k3"}]
-    assert BODY_CALLS == {**{k: 1 for k in KEYS}, "k4": 2, "k5": 2, "k6": 2}
+    assert [{"k0", "k1", "k2", "k3"}] == SEEN_AT_RETRY
+    assert {**{k: 1 for k in KEYS}, "k4": 2, "k5": 2, "k6": 2} == BODY_CALLS
     assert result.output_for_node("batched") == sorted(KEYS)
     rows = _side_effect_rows(store)
     assert sorted(rows) == sorted(KEYS) and len(rows) == len(set(rows))  # every also= write exactly once
@@ -117,9 +117,15 @@ def test_a_batch_commits_all_or_nothing_and_redoes_degraded_items(store):
     with pytest.raises(IllegalTransition, match="'x'.*already checkpointed"):
         store.pipelines.checkpoint_items(own, "a", [ItemCheckpoint("z", 3, also=note("z")), ItemCheckpoint("x", 9)])
     assert _side_effect_rows(store) == ["x", "y"]  # z's write rolled back with its batch
-    store.pipelines.checkpoint_items(own, "a", [ItemCheckpoint("y", 2), ItemCheckpoint("z", 3)])  # a fallback answer is redone
+    store.pipelines.checkpoint_items(
+        own, "a", [ItemCheckpoint("y", 2), ItemCheckpoint("z", 3)]
+    )  # a fallback answer is redone
     assert store.pipelines.completed_items(own.pipeline_id, "a") == {"x": 1, "y": 2, "z": 3}
-    assert store_rows.item_statuses(store, own.pipeline_id, "a") == {"x": "completed", "y": "completed", "z": "completed"}
+    assert store_rows.item_statuses(store, own.pipeline_id, "a") == {
+        "x": "completed",
+        "y": "completed",
+        "z": "completed",
+    }
     with pytest.raises(IllegalTransition, match="twice"):
         store.pipelines.checkpoint_items(own, "a", [ItemCheckpoint("w"), ItemCheckpoint("w")])
 
@@ -143,8 +149,12 @@ def test_a_batch_mixing_new_and_degraded_keys_writes_them_all(store):
     own = _running_node(store)
     store.pipelines.checkpoint_item(own, "a", ItemCheckpoint("d1", None, status="degraded"))
     store.pipelines.checkpoint_items(own, "a", [ItemCheckpoint("d2", "fallback", "degraded")])
-    store.pipelines.checkpoint_items(own, "a", [ItemCheckpoint("n1", 1), ItemCheckpoint("d1", 11), ItemCheckpoint("n2", 2),
-                                      ItemCheckpoint("d2", 12)], stall_timeout=30)
+    store.pipelines.checkpoint_items(
+        own,
+        "a",
+        [ItemCheckpoint("n1", 1), ItemCheckpoint("d1", 11), ItemCheckpoint("n2", 2), ItemCheckpoint("d2", 12)],
+        stall_timeout=30,
+    )
     assert store.pipelines.completed_items(own.pipeline_id, "a") == {"n1": 1, "d1": 11, "n2": 2, "d2": 12}
     assert set(store_rows.item_statuses(store, own.pipeline_id, "a").values()) == {"completed"}
     with store.read() as conn:
@@ -160,8 +170,17 @@ def test_a_batch_naming_a_completed_key_writes_nothing(store, with_also):
     store.pipelines.checkpoint_item(own, "a", ItemCheckpoint("fallback", "old", status="degraded"))
     also = (lambda tx: tx.execute(insert(side_effects).values(item="x"))) if with_also else None
     with pytest.raises(IllegalTransition, match="'done'.*already checkpointed"):
-        store.pipelines.checkpoint_items(own, "a", [ItemCheckpoint("new1", 1, also=also), ItemCheckpoint("fallback", "new"),
-                                          ItemCheckpoint("done", 2), ItemCheckpoint("new2", 3)], stall_timeout=30)
+        store.pipelines.checkpoint_items(
+            own,
+            "a",
+            [
+                ItemCheckpoint("new1", 1, also=also),
+                ItemCheckpoint("fallback", "new"),
+                ItemCheckpoint("done", 2),
+                ItemCheckpoint("new2", 3),
+            ],
+            stall_timeout=30,
+        )
     assert store.pipelines.completed_items(own.pipeline_id, "a") == {"done": 1, "fallback": "old"}
     assert store_rows.item_statuses(store, own.pipeline_id, "a") == {"done": "completed", "fallback": "degraded"}
     assert _side_effect_rows(store) == []
@@ -175,10 +194,15 @@ def test_a_superseded_epoch_writes_no_checkpoint_on_any_path(store):
 
     expire(store, own.pipeline_id)
     reclaim(store, PassPlan(limit=1, launching=True))
-    writes = [lambda: store.pipelines.checkpoint_item(own, "a", ItemCheckpoint("single", 1), stall_timeout=30),
-              lambda: store.pipelines.checkpoint_items(own, "a", [ItemCheckpoint("b1"), ItemCheckpoint("b2")], stall_timeout=30),
-              lambda: store.pipelines.checkpoint_items(own, "a", [ItemCheckpoint("b3", also=lambda tx: tx.execute(
-                  insert(side_effects).values(item="b3")))])]
+    writes = [
+        lambda: store.pipelines.checkpoint_item(own, "a", ItemCheckpoint("single", 1), stall_timeout=30),
+        lambda: store.pipelines.checkpoint_items(
+            own, "a", [ItemCheckpoint("b1"), ItemCheckpoint("b2")], stall_timeout=30
+        ),
+        lambda: store.pipelines.checkpoint_items(
+            own, "a", [ItemCheckpoint("b3", also=lambda tx: tx.execute(insert(side_effects).values(item="b3")))]
+        ),
+    ]
     for write in writes:
         with pytest.raises(OwnershipLost):
             write()
@@ -198,7 +222,9 @@ def test_a_batch_with_also_commits_its_writes_and_checkpoints_together_or_not_at
         raise RuntimeError("the side effect failed")
 
     with pytest.raises(RuntimeError, match="side effect failed"):
-        store.pipelines.checkpoint_items(own, "a", [ItemCheckpoint("a1", 1, also=note("a1")), ItemCheckpoint("a2", 2, also=boom)])
+        store.pipelines.checkpoint_items(
+            own, "a", [ItemCheckpoint("a1", 1, also=note("a1")), ItemCheckpoint("a2", 2, also=boom)]
+        )
     assert store.pipelines.completed_items(own.pipeline_id, "a") == {} and _side_effect_rows(store) == []
     store.pipelines.checkpoint_items(own, "a", [ItemCheckpoint("a1", 1, also=note("a1")), ItemCheckpoint("a2", 2),
                                       ItemCheckpoint("a3", 3, also=note("a3"))], stall_timeout=30)
@@ -212,11 +238,16 @@ def test_a_checkpoint_without_also_is_one_round_trip_on_postgresql(pg_url):
     try:
         store.migrate()
         own = _running_node(store)
-        store.pipelines.checkpoint_item(own, "a", ItemCheckpoint("warm", 0), stall_timeout=30)  # psycopg prepares on first use
+        store.pipelines.checkpoint_item(
+            own, "a", ItemCheckpoint("warm", 0), stall_timeout=30
+        )  # psycopg prepares on first use
         store.pipelines.checkpoint_items(own, "a", [ItemCheckpoint("warm1"), ItemCheckpoint("warm2")], stall_timeout=30)
-        for write in (lambda: store.pipelines.checkpoint_item(own, "a", ItemCheckpoint("k1", {"v": 1}), stall_timeout=30),
-                      lambda: store.pipelines.checkpoint_items(own, "a", [ItemCheckpoint(f"b{i}", i) for i in range(100)],
-                                                     stall_timeout=30)):
+        for write in (
+            lambda: store.pipelines.checkpoint_item(own, "a", ItemCheckpoint("k1", {"v": 1}), stall_timeout=30),
+            lambda: store.pipelines.checkpoint_items(
+                own, "a", [ItemCheckpoint(f"b{i}", i) for i in range(100)], stall_timeout=30
+            ),
+        ):
             with round_trips(store) as messages:
                 write()
             sent = [m for m in messages if m.startswith("F")]
@@ -242,7 +273,9 @@ def test_a_checkpoint_with_also_writes_sends_its_commit_in_the_same_round_trip_o
         def note(key):
             return lambda tx: tx.execute(insert(side_effects).values(item=key))
 
-        store.pipelines.checkpoint_item(own, "a", ItemCheckpoint("warm", 0, also=note("warm")))  # psycopg prepares on first use
+        store.pipelines.checkpoint_item(
+            own, "a", ItemCheckpoint("warm", 0, also=note("warm"))
+        )  # psycopg prepares on first use
         with round_trips(store) as messages:
             store.pipelines.checkpoint_item(own, "a", ItemCheckpoint("k1", {"v": 1}, also=note("k1")), stall_timeout=30)
         sent = [m.split()[1] for m in messages if m.startswith("F")]
@@ -273,8 +306,10 @@ def test_a_connection_killed_between_checkpoints_is_replaced_by_a_retry(pg_url, 
         own = _running_node(store)
         store.pipelines.checkpoint_item(own, "a", ItemCheckpoint("k1", 1))
         store.pipelines.checkpoint_items(own, "a", [ItemCheckpoint("k2", 2)])
-        for write in (lambda: store.pipelines.checkpoint_item(own, "a", ItemCheckpoint("k3", 3)),
-                      lambda: store.pipelines.checkpoint_items(own, "a", [ItemCheckpoint("k4", 4), ItemCheckpoint("k5", 5)])):
+        for write in (
+            lambda: store.pipelines.checkpoint_item(own, "a", ItemCheckpoint("k3", 3)),
+            lambda: store.pipelines.checkpoint_items(own, "a", [ItemCheckpoint("k4", 4), ItemCheckpoint("k5", 5)]),
+        ):
             assert _terminate_other_backends(pg_url) >= 1  # the pooled connection(s) of the store
             caplog.clear()
             with caplog.at_level(logging.WARNING, logger="recovery_ext._store.store"):
@@ -304,7 +339,9 @@ def test_a_connection_killed_between_the_also_writes_and_the_checkpoint_redoes_t
             tx.execute(insert(side_effects).values(item="k1"))
             if len(attempts) == 1:
                 pid = tx.scalar(select(func.pg_backend_pid()))
-                with psycopg.connect(pg_url.replace("postgresql+psycopg://", "postgresql://"), autocommit=True) as other:
+                with psycopg.connect(
+                    pg_url.replace("postgresql+psycopg://", "postgresql://"), autocommit=True
+                ) as other:
                     other.execute("SELECT pg_terminate_backend(%s)", (pid,))
 
         store.pipelines.checkpoint_item(own, "a", ItemCheckpoint("k1", {"v": 1}, also=write_then_lose_the_session))
@@ -351,7 +388,9 @@ def test_a_checkpoint_retried_after_its_commit_landed_returns_quietly(pg_url, ca
         monkeypatch.setattr(store.pipelines, "driver_autocommit", dropping_once)
         with caplog.at_level(logging.WARNING, logger="recovery_ext._store.store"):
             if batch:
-                store.pipelines.checkpoint_items(own, "a", [ItemCheckpoint("k1", 1), ItemCheckpoint("k2", 2)], stall_timeout=30)
+                store.pipelines.checkpoint_items(
+                    own, "a", [ItemCheckpoint("k1", 1), ItemCheckpoint("k2", 2)], stall_timeout=30
+                )
             else:
                 store.pipelines.checkpoint_item(own, "a", ItemCheckpoint("k1", 1), stall_timeout=30)
         assert len(drops) == 1 and any("retrying" in r.getMessage() for r in caplog.records)
@@ -389,9 +428,13 @@ def test_a_kill_9_mid_batch_redoes_that_batch_only(pg_url):
         store.migrate()
         meta.create_all(store.engine)
         own = _running_node(store)
-        worker = subprocess.Popen([sys.executable, "-c", _BATCH_WORKER, pg_url, str(own.pipeline_id), str(own.epoch),
-                                   own.owner], stdout=subprocess.PIPE, text=True, cwd=HERE,
-                                  env={**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), str(HERE.parent / "support")])})
+        worker = subprocess.Popen(
+            [sys.executable, "-c", _BATCH_WORKER, pg_url, str(own.pipeline_id), str(own.epoch), own.owner],
+            stdout=subprocess.PIPE,
+            text=True,
+            cwd=HERE,
+            env={**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), str(HERE.parent / "support")])},
+        )
         try:
             assert worker.stdout.readline().strip() == "mid-batch"  # batch 1 (k0-k3) flushed, k4, k5 buffered
             os.kill(worker.pid, signal.SIGKILL)
@@ -420,7 +463,8 @@ def stall(tx):  # the last also= of batch 2: its other writes are done, its chec
     print("mid-batch", flush=True)
     time.sleep(600)
 store.pipelines.checkpoint_items(own, "a", [ItemCheckpoint("k4", 4, also=note("k4")),
-                                            ItemCheckpoint("k5", 5, also=note("k5")), ItemCheckpoint("k6", 6, also=stall)])
+                                            ItemCheckpoint("k5", 5, also=note("k5")),
+                                            ItemCheckpoint("k6", 6, also=stall)])
 """
 
 

@@ -10,7 +10,7 @@ import psycopg
 from sqlalchemy import event
 
 from pg_cluster import PrivateCluster
-from recovery_ext._store.runs import NodeBeat, PipelineBeat
+from recovery_ext._store.models import NodeBeat, PipelineBeat
 from recovery_ext._store.store import RecoveryStore
 import store_rows
 

@@ -88,10 +88,12 @@ def test_a_stale_owner_is_refused_and_writes_nothing(store):
     rows, entries = ledger(store, own.pipeline_id), journal(store, own.pipeline_id)
 
     stale = in_flight(own, "k3")
-    for write in (lambda: store.providers.journal_begin(own, stale, call_key="fp#1"),
-                  lambda: store.providers.journal_begin(own, stale, call_key=None),
-                  lambda: store.providers.journal_begin(own, in_flight(own, "k1"), call_key="fp#1"),  # would be a hit
-                  lambda: store.providers.journal_answer(own, answered(waiting, tokens_in=8), call_key="fp#1", answer='"x"')):
+    for write in (
+        lambda: store.providers.journal_begin(own, stale, call_key="fp#1"),
+        lambda: store.providers.journal_begin(own, stale, call_key=None),
+        lambda: store.providers.journal_begin(own, in_flight(own, "k1"), call_key="fp#1"),  # would be a hit
+        lambda: store.providers.journal_answer(own, answered(waiting, tokens_in=8), call_key="fp#1", answer='"x"'),
+    ):
         with pytest.raises(OwnershipLost, match=r"superseded by run run-2$"):
             write()
     assert ledger(store, own.pipeline_id) == rows  # no row written, no replay counted, nothing completed
@@ -117,9 +119,11 @@ def test_each_journal_write_is_one_round_trip_on_postgresql(pg_url):
         store.pipelines.start_node(own, "a")
         for item in ("k1", "k2"):  # k1 prepares the statements on the pooled connections
             call = in_flight(own, item)
-            writes = [partial(store.providers.journal_begin, own, call, call_key="fp#1"),  # a miss
-                      partial(store.providers.journal_answer, own, answered(call, tokens_in=4), call_key="fp#1", answer="1"),
-                      partial(store.providers.journal_begin, own, in_flight(own, item), call_key="fp#1")]  # a hit
+            writes = [
+                partial(store.providers.journal_begin, own, call, call_key="fp#1"),  # a miss
+                partial(store.providers.journal_answer, own, answered(call, tokens_in=4), call_key="fp#1", answer="1"),
+                partial(store.providers.journal_begin, own, in_flight(own, item), call_key="fp#1"),
+            ]  # a hit
             for write in writes:
                 with round_trips(store) as messages:
                     write()

@@ -124,7 +124,10 @@ def test_budget_grants_until_the_window_is_full_then_says_how_long_to_wait(store
     per_model = ProviderLimits(requests_per_minute=3, tokens_per_minute=100, window_seconds=1.0, margin_seconds=0.0,
                                per_model=True)
     assert store.providers.budget_reserve("http://e/v1", "big", tokens=90, limits=per_model).granted
-    assert sorted((b["endpoint"], b["model"]) for b in store_rows.budgets(store)) == [("http://e/v1", ""), ("http://e/v1", "big")]
+    assert sorted((b["endpoint"], b["model"]) for b in store_rows.budgets(store)) == [
+        ("http://e/v1", ""),
+        ("http://e/v1", "big"),
+    ]
 
 
 def test_a_request_in_flight_holds_its_room_until_one_window_after_its_answer(store):
@@ -136,8 +139,12 @@ def test_a_request_in_flight_holds_its_room_until_one_window_after_its_answer(st
     assert not waiting.granted and waiting.wait_seconds <= 0.05  # asked again soon: it may be answered any moment
     store.providers.budget_answered(first.reservation)  # the provider counted it somewhere before now
     assert not store.providers.budget_reserve("http://e/v1", None, tokens=1, limits=limits).granted
-    later = wait_for(lambda: store.providers.budget_reserve("http://e/v1", None, tokens=1, limits=limits).granted, timeout=5,
-                     interval=0.05, what="the room one window after the answer")
+    later = wait_for(
+        lambda: store.providers.budget_reserve("http://e/v1", None, tokens=1, limits=limits).granted,
+        timeout=5,
+        interval=0.05,
+        what="the room one window after the answer",
+    )
     assert later
 
 

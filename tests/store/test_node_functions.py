@@ -71,7 +71,9 @@ def test_a_call_whose_commit_landed_before_its_connection_dropped_is_retried_qui
         dropped = drop_answers_once(monkeypatch, "begin_node", "complete_node")
         _, node, started = store.pipelines.begin_node("run-1", "a")
         assert started and node.attempts == 1  # counted once
-        assert store.pipelines.complete_node(own, "a", {"v": 1}) is True  # the pipeline it finished is reported finished
+        assert (
+            store.pipelines.complete_node(own, "a", {"v": 1}) is True
+        )  # the pipeline it finished is reported finished
         assert dropped == ["begin_node", "complete_node"]
         events_ = [h[3] for h in history(store, own.pipeline_id) if h[3] != "created"]
         assert events_ == ["started", "completed", "completed"]  # node started once, node and pipeline completed once
@@ -87,9 +89,9 @@ def test_each_is_one_round_trip_on_postgresql(pg_url):
         store.migrate()
         own = store.pipelines.create_pipeline("job", ["a", "b"], owner="run-1", origin_run_id="run-1")
         for name in ("a", "b"):
-            calls = [lambda: store.pipelines.begin_node("run-1", name, stall_timeout=30),
-                     lambda: store.pipelines.start_items(own, name, 1),
-                     lambda: store.pipelines.completed_items(own.pipeline_id, name),
+            calls = [lambda name=name: store.pipelines.begin_node("run-1", name, stall_timeout=30),
+                     lambda name=name: store.pipelines.start_items(own, name, 1),
+                     lambda name=name: store.pipelines.completed_items(own.pipeline_id, name),
                      lambda: store.providers.breaker_before_call("http://127.0.0.1:1/v1", "run-1", probe_timeout=30)]
             for call in calls:
                 with round_trips(store) as messages:

@@ -151,12 +151,20 @@ def test_breaker_opens_once_under_concurrent_failures_and_one_probe_closes_it(st
 def test_a_failed_probe_reopens_with_a_longer_cooldown(store):
     endpoint = "http://llm.local/v1"
     cooldowns = {1: 0.05, 2: 30.0}
-    assert store.providers.breaker_record_failure(endpoint, "a", threshold=1, cooldown=cooldowns.get, error="503") == "opened"
+    assert (
+        store.providers.breaker_record_failure(endpoint, "a", threshold=1, cooldown=cooldowns.get, error="503")
+        == "opened"
+    )
     probe = wait_for(lambda: (d := store.providers.breaker_before_call(endpoint, "a", probe_timeout=5)).probe and d,
                      timeout=10, interval=0.02, what="the 0.05 s cooldown to end")
     assert probe.probe
-    assert store.providers.breaker_record_failure(endpoint, "b", threshold=1, cooldown=cooldowns.get, error="503") is None
-    assert store.providers.breaker_record_failure(endpoint, "a", threshold=1, cooldown=cooldowns.get, error="503") == "opened"
+    assert (
+        store.providers.breaker_record_failure(endpoint, "b", threshold=1, cooldown=cooldowns.get, error="503") is None
+    )
+    assert (
+        store.providers.breaker_record_failure(endpoint, "a", threshold=1, cooldown=cooldowns.get, error="503")
+        == "opened"
+    )
     decision = store.providers.breaker_before_call(endpoint, "c", probe_timeout=5)
     assert not decision.allowed and decision.wait_seconds > 20
     assert store.providers.breakers()[0]["open_count"] == 2
@@ -235,7 +243,10 @@ def test_a_waiting_pipeline_is_named_in_the_sensor_tick_and_status_and_stays_an_
     store.providers.set_waiting(own, 60, "5 server_error errors in a row from http://llm.local/v1")
     with DagsterInstance.ephemeral() as instance:
         tick = make_orphan_sensor([items_job]).evaluate_tick(
-            build_sensor_context(instance=instance, resources={"recovery": RecoveryResource(database_url=db_url, deployment="default")}))
+            build_sensor_context(
+                instance=instance, resources={"recovery": RecoveryResource(database_url=db_url, deployment="default")}
+            )
+        )
     assert f"waiting on provider outages: pipeline {own.pipeline_id} next try" in tick.skip_message
     assert "5 server_error errors in a row" in tick.skip_message
     status = CliRunner().invoke(main, ["--database-url", db_url, "status"]).stdout

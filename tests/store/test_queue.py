@@ -143,7 +143,9 @@ def test_a_document_slower_than_the_stale_threshold_that_keeps_heartbeating_is_n
     (item,) = store.queue.claim("ocr", "w1", heartbeat_timeout=60)
     backdate(store, item.id, heartbeat=False, started_ago=3600)  # started an hour ago, heartbeat still live
     store.queue.heartbeat_item(item, timeout=60)
-    assert store.queue.stale_items(queue="ocr") == [] and store.queue.stale_items(queue="ocr", older_than_seconds=1) == []
+    assert (
+        store.queue.stale_items(queue="ocr") == [] and store.queue.stale_items(queue="ocr", older_than_seconds=1) == []
+    )
     assert store.queue.reset_stale(queue="ocr") == [] and store.queue.claim("ocr", "w2") == []
     assert store.queue.complete_item(item, {"raw": "done"}) == "processing"
     done = store.queue.get_item(item.id)
@@ -238,13 +240,19 @@ def test_a_superseded_runs_claim_heartbeat_completion_and_failure_are_refused(st
     a, b = store.queue.claim("ocr", "run-1:1", limit=2, own=own)
     assert (a.holder_pipeline_id, a.holder_epoch) == (own.pipeline_id, 1)
     new = reclaim_and_attach(store, own.pipeline_id, "run-2")
-    for write in (lambda: store.queue.claim("ocr", "run-1:1", own=own), lambda: store.queue.heartbeat_item(a, timeout=60),
-                  lambda: store.queue.complete_item(a, {"raw": "zombie"}), lambda: store.queue.fail_item(b, "boom"),
-                  lambda: store.queue.enqueue("ocr", [{"doc": "z"}], own=own)):
+    for write in (
+        lambda: store.queue.claim("ocr", "run-1:1", own=own),
+        lambda: store.queue.heartbeat_item(a, timeout=60),
+        lambda: store.queue.complete_item(a, {"raw": "zombie"}),
+        lambda: store.queue.fail_item(b, "boom"),
+        lambda: store.queue.enqueue("ocr", [{"doc": "z"}], own=own),
+    ):
         with pytest.raises(OwnershipLost) as refused:
             write()
         assert type(refused.value) is OwnershipLost  # the pipeline's fence, not another worker
-    assert {i.status for i in store.queue.list_items("ocr")} == {"processing", "ready"} and len(store.queue.list_items("ocr")) == 3
+    assert {i.status for i in store.queue.list_items("ocr")} == {"processing", "ready"} and len(
+        store.queue.list_items("ocr")
+    ) == 3
     assert {i.id for i in store.queue.stale_items(queue="ocr")} == {a.id, b.id}  # held by a superseded epoch
     assert "reclaimed" in store.queue.stale_items(queue="ocr")[0].stale_reason
     taken = store.queue.claim("ocr", "run-2:1", limit=3, own=new)

@@ -9,7 +9,7 @@ from helpers import expire
 
 from recovery_ext import scan
 from recovery_ext._observe.timeline import build_timeline
-from recovery_ext._store.runs import PipelineBeat
+from recovery_ext._store.models import PipelineBeat
 
 
 def test_a_queue_pipelines_report_counts_each_runs_documents_and_places_the_crash_at_its_last_heartbeat(store):
@@ -38,7 +38,9 @@ def test_a_queue_pipelines_report_counts_each_runs_documents_and_places_the_cras
     # the reclaim measured how long its heartbeat had been silent: that is when the run was last alive
     (fault,) = [m for m in timeline.markers if m.kind == "fault"]
     (reclaim,) = [m for m in timeline.markers if m.kind == "reclaim"]
-    reclaimed = next(t for t in store.reports.pipeline_history(own.pipeline_id).transitions if t["event"] == "reclaimed")
+    reclaimed = next(
+        t for t in store.reports.pipeline_history(own.pipeline_id).transitions if t["event"] == "reclaimed"
+    )
     silent = reclaimed["data"]["heartbeat_age_seconds"]
     assert silent > 0 and abs((reclaim.at - fault.at).total_seconds() - silent) < 0.01
     assert fault.label == "run 1: its last heartbeat" and first.ended_at == fault.at

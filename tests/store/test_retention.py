@@ -44,7 +44,9 @@ def history(store: RecoveryStore, run: str, *, ending: str = "complete", items: 
     store.providers.journal_answer(own, journaled, call_key="c1", answer="kept answer")
     batch_call = ProviderCall(endpoint="http://127.0.0.1:9/v1", model="m", pipeline_id=own.pipeline_id,
                               node_name="a", run_id=run, epoch=own.epoch)
-    store.pipelines.job_submitting(own, "a", token=f"{run}-t", provider="openai", items=["k0"], attempt=1, call=batch_call)
+    store.pipelines.job_submitting(
+        own, "a", token=f"{run}-t", provider="openai", items=["k0"], attempt=1, call=batch_call
+    )
     store.pipelines.job_finished(own, "a", f"{run}-t", "collected")
     store.queue.enqueue("docs", [{"run": run}], dedupe_keys=[f"{run}-doc"], own=own)
     [item] = store.queue.claim("docs", run, own=own)
@@ -291,13 +293,19 @@ def test_a_pipeline_that_finishes_or_is_taken_over_during_the_prune_is_kept(stor
     assert (result.pipelines, result.done) == (4, True)
     assert store.pipelines.get_pipeline(finishing.pipeline_id).status == "completed"
     assert store.pipelines.get_pipeline(reexecuted.pipeline_id).status == "running"
-    assert store.pipelines.completed_items(reexecuted.pipeline_id, "a") == {"k0": {"n": 0}, "k1": {"n": 1}, "k2": {"n": 2}}
+    assert store.pipelines.completed_items(reexecuted.pipeline_id, "a") == {
+        "k0": {"n": 0},
+        "k1": {"n": 1},
+        "k2": {"n": 2},
+    }
 
 
 def test_dry_run_counts_by_status_and_deployment_scopes(store):
     history(store, "done", ending="complete")
     history(store, "failed", ending="fail")
-    other = store.pipelines.create_pipeline("job", ["a"], owner="elsewhere", origin_run_id="elsewhere", deployment="other")
+    other = store.pipelines.create_pipeline(
+        "job", ["a"], owner="elsewhere", origin_run_id="elsewhere", deployment="other"
+    )
     store.pipelines.fail_run(other, "x")
     ended_ago(store, other.pipeline_id, 100)
     newest(store)

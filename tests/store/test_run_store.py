@@ -14,7 +14,7 @@ from recovery_pipelines.devserver import wait_for
 from recovery_ext._errors import IllegalTransition, OwnershipLost
 from recovery_ext._liveness.heartbeat import HeartbeatRegistry, HeartbeatSettings
 from recovery_ext._store.models import ErrorInfo, ItemCheckpoint, PassPlan, Scope
-from recovery_ext._store.runs import NodeBeat, PipelineBeat
+from recovery_ext._store.models import NodeBeat, PipelineBeat
 from recovery_ext._store.schema import nodes, transitions
 
 
@@ -81,7 +81,10 @@ def test_pulse_is_one_transaction_fenced_by_epoch_and_reports_lost_pipelines(sto
     live = [o for o in owners if o is not lost_one]
     assert store.recovery.find_orphans() == []
     for own in live:
-        assert store.pipelines.get_node(own.pipeline_id, "a").heartbeat_deadline > store.pipelines.get_pipeline(own.pipeline_id).updated_at
+        assert (
+            store.pipelines.get_node(own.pipeline_id, "a").heartbeat_deadline
+            > store.pipelines.get_pipeline(own.pipeline_id).updated_at
+        )
     # the superseded owner's node beat changed nothing: the reclaim reset its node to pending
     assert store.pipelines.get_node(lost_one.pipeline_id, "a").heartbeat_deadline is None
 

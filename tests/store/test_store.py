@@ -68,7 +68,9 @@ def test_node_lifecycle_completes_the_pipeline_and_records_transitions(store):
     a, b = store.pipelines.list_nodes(own.pipeline_id)
     assert (a.status, a.output, a.attempts) == ("completed", {"rows": 3}, 1)
     assert (b.status, b.error_category, b.error_status_code) == ("degraded", "server_error", 503)
-    history = [(t["entity_type"], t["from_status"], t["to_status"]) for t in store.reports.transitions_for(pipeline_id=p.id)]
+    history = [
+        (t["entity_type"], t["from_status"], t["to_status"]) for t in store.reports.transitions_for(pipeline_id=p.id)
+    ]
     assert ("node", "pending", "running") in history and ("pipeline", "running", "completed") in history
 
 
@@ -251,7 +253,7 @@ def test_give_up_after_max_resumes_hard_deadline_and_max_age(store):
     passed = store.recovery.recovery_pass(PassPlan(max_age_seconds=3600, limit=0), Scope())
     given_up = {g.pipeline_id: g.reason for g in passed.given_up}
     assert set(given_up) == {resumed_out.pipeline_id, past_deadline.pipeline_id, old.pipeline_id}
-    assert "gave up after 0 resumes (maximum 0)" == given_up[resumed_out.pipeline_id]
+    assert given_up[resumed_out.pipeline_id] == "gave up after 0 resumes (maximum 0)"
     assert "hard deadline" in given_up[past_deadline.pipeline_id]
     assert "maximum age" in given_up[old.pipeline_id]
     for pid in given_up:

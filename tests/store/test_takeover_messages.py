@@ -8,7 +8,7 @@ from sqlalchemy import update
 
 from recovery_ext._recovery.protocol import superseded_message
 from recovery_ext._store.models import PassPlan
-from recovery_ext._store.runs import PipelineBeat
+from recovery_ext._store.models import PipelineBeat
 from recovery_ext._store.schema import nodes
 from helpers import reclaim
 

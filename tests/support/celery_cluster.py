@@ -24,7 +24,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
 import psycopg
@@ -49,7 +49,7 @@ class NetPostgres(PrivateCluster):
         self.gateway = gateway
         self.subnet = subnet
 
-    def init(self) -> "NetPostgres":
+    def init(self) -> NetPostgres:
         super().init()
         with open(self.data / "postgresql.conf", "a") as conf:
             conf.write(f"listen_addresses = '127.0.0.1,{self.gateway}'\nmax_connections = 300\n"
@@ -74,7 +74,7 @@ class Redis:
         self.proc: subprocess.Popen | None = None
 
     def start(self) -> None:
-        log = open(self.dir / "redis.log", "ab")
+        log = open(self.dir / "redis.log", "ab")  # noqa: SIM115 - redis writes to it until it stops
         self.proc = subprocess.Popen(
             ["redis-server", "--port", str(self.port), "--bind", " ".join(filter(None, ["127.0.0.1", self.gateway])),
              "--save", "",
@@ -128,7 +128,7 @@ class CeleryDeployment:
 
     # -- set-up ----------------------------------------------------------------------------------
 
-    def start(self) -> "CeleryDeployment":
+    def start(self) -> CeleryDeployment:
         try:
             self._start()
         except BaseException:
@@ -277,10 +277,8 @@ def module_deployment(heartbeat_interval: float, heartbeat_timeout: float, senso
 
 
 def signal_group(proc: subprocess.Popen, sig: int = signal.SIGTERM) -> None:
-    try:
+    with suppress(ProcessLookupError):
         os.killpg(proc.pid, sig)
-    except ProcessLookupError:
-        pass
 
 
 if __name__ == "__main__":  # a manual smoke: bring the deployment up, run one job, tear it down

@@ -50,7 +50,11 @@ def make_item_node(name: str, *, first: bool = False):
             record_call(ctx._store, run_id, name, item.key)
             time.sleep(cfg["item_seconds"])
             item.complete({"item": item.key, "run": run_id, "host": os.environ.get("RX_HOST", "?")})
-        return {"node": name, "items": sorted(ctx.completed_items()), "resumed": TAG_RESUME_NUMBER in ctx.context.run.tags}
+        return {
+            "node": name,
+            "items": sorted(ctx.completed_items()),
+            "resumed": TAG_RESUME_NUMBER in ctx.context.run.tags,
+        }
 
     body.__name__ = name
     return recoverable_op(name=name, config_schema=NODE_CONFIG, ins={} if first else None)(body)

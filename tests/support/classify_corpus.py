@@ -354,9 +354,9 @@ def _raw_tls(port: int) -> None:
     context = ssl.create_default_context()
     context.check_hostname = False
     context.verify_mode = ssl.CERT_NONE
-    with socket.create_connection(("127.0.0.1", port), 2) as conn:
-        with context.wrap_socket(conn, server_hostname="127.0.0.1") as tls:
-            tls.sendall(b"GET / HTTP/1.1\r\n\r\n")
+    with (socket.create_connection(("127.0.0.1", port), 2) as conn,
+          context.wrap_socket(conn, server_hostname="127.0.0.1") as tls):
+        tls.sendall(b"GET / HTTP/1.1\r\n\r\n")
 
 
 # -- databases -----------------------------------------------------------------------------------

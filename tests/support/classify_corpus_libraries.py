@@ -73,9 +73,14 @@ DYNAMODB_ERRORS = [(400, "ProvisionedThroughputExceededException", TRANSIENT), (
                    (500, "InternalServerError", TRANSIENT), (400, "ConditionalCheckFailedException", PERMANENT),
                    (400, "ResourceNotFoundException", PERMANENT), (400, "ValidationException", PERMANENT),
                    (400, "UnrecognizedClientException", PERMANENT)]
-TEXTRACT_ERRORS = [(400, "ProvisionedThroughputExceededException", TRANSIENT), (400, "LimitExceededException", TRANSIENT),
-                   (500, "InternalServerError", TRANSIENT), (400, "InvalidParameterException", PERMANENT),
-                   (400, "UnsupportedDocumentException", PERMANENT), (400, "BadDocumentException", PERMANENT)]
+TEXTRACT_ERRORS = [
+    (400, "ProvisionedThroughputExceededException", TRANSIENT),
+    (400, "LimitExceededException", TRANSIENT),
+    (500, "InternalServerError", TRANSIENT),
+    (400, "InvalidParameterException", PERMANENT),
+    (400, "UnsupportedDocumentException", PERMANENT),
+    (400, "BadDocumentException", PERMANENT),
+]
 
 
 def botocore_cases(http: ScriptedHTTP) -> list[LibCase]:
@@ -100,7 +105,9 @@ def botocore_cases(http: ScriptedHTTP) -> list[LibCase]:
                           lambda: dynamodb.get_item(TableName="ledger", Key={"id": {"S": "1"}}),
                           f"botocore DynamoDB GetItem; {status} with __type {code}"))
     for status, code, label in TEXTRACT_ERRORS:
-        http.script(status, json.dumps({"__type": code, "Message": code}), {"Content-Type": "application/x-amz-json-1.1"})
+        http.script(
+            status, json.dumps({"__type": code, "Message": code}), {"Content-Type": "application/x-amz-json-1.1"}
+        )
         cases.append(case(f"textract-{status}-{code}", label,
                           lambda: textract.detect_document_text(Document={"Bytes": b"%PDF"}),
                           f"botocore Textract DetectDocumentText; {status} with __type {code}"))
@@ -137,7 +144,8 @@ def grpc_cases(port: int, http: ScriptedHTTP) -> list[LibCase]:
     from google.api_core import grpc_helpers, retry
 
     channel = grpc.insecure_channel(f"127.0.0.1:{port}")
-    call = lambda code: channel.unary_unary(f"/corpus.Svc/{code}")
+    def call(code):
+        return channel.unary_unary(f"/corpus.Svc/{code}")
     cases = [case(f"grpc-{code}", label, lambda code=code: call(code)(b"", timeout=5),
                   f"grpcio unary call; the real gRPC server aborts with StatusCode.{code}")
              for code, label in GRPC_LABELS.items()]
@@ -247,9 +255,16 @@ def llm_cases(http: ScriptedHTTP) -> list[LibCase]:
     return cases
 
 
-GEMINI_ERRORS = [(503, "UNAVAILABLE", TRANSIENT), (429, "RESOURCE_EXHAUSTED", TRANSIENT), (500, "INTERNAL", TRANSIENT),
-                 (504, "DEADLINE_EXCEEDED", TRANSIENT), (400, "INVALID_ARGUMENT", PERMANENT),
-                 (403, "PERMISSION_DENIED", PERMANENT), (404, "NOT_FOUND", PERMANENT), (400, "FAILED_PRECONDITION", PERMANENT)]
+GEMINI_ERRORS = [
+    (503, "UNAVAILABLE", TRANSIENT),
+    (429, "RESOURCE_EXHAUSTED", TRANSIENT),
+    (500, "INTERNAL", TRANSIENT),
+    (504, "DEADLINE_EXCEEDED", TRANSIENT),
+    (400, "INVALID_ARGUMENT", PERMANENT),
+    (403, "PERMISSION_DENIED", PERMANENT),
+    (404, "NOT_FOUND", PERMANENT),
+    (400, "FAILED_PRECONDITION", PERMANENT),
+]
 
 
 def gemini_mistral_cases(http: ScriptedHTTP) -> list[LibCase]:
@@ -336,8 +351,14 @@ def cohere_litellm_cases(http: ScriptedHTTP) -> list[LibCase]:
         error = {"message": "This model's maximum context length is 8192 tokens" if code == "context_length_exceeded"
                  else f"corpus {status}", "type": code, "code": code}
         http.script(status, json.dumps({"error": error}), {"Content-Type": "application/json"})
-        cases.append(case(f"litellm-openai-{status}-{code or 'untyped'}", label, completion(),
-                          f"litellm.completion of an openai/ model; the server answered {status} with error code {code}"))
+        cases.append(
+            case(
+                f"litellm-openai-{status}-{code or 'untyped'}",
+                label,
+                completion(),
+                f"litellm.completion of an openai/ model; the server answered {status} with error code {code}",
+            )
+        )
     for status, kind, label in LITELLM_ANTHROPIC_ERRORS:
         http.script(status, json.dumps({"type": "error", "error": {"type": kind, "message": f"corpus {kind}"}}),
                     {"Content-Type": "application/json"})
@@ -363,18 +384,21 @@ def aiohttp_cases(http: ScriptedHTTP) -> list[LibCase]:
 
     async def get(url: str, *, timeout: float = 5, check: bool = True, as_json: bool = False,
                   max_redirects: int = 10):
-        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout)) as session:
-            async with session.get(url, max_redirects=max_redirects) as response:
-                if check:
-                    response.raise_for_status()
-                return await (response.json() if as_json else response.read())
+        async with (aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout)) as session,
+                    session.get(url, max_redirects=max_redirects) as response):
+            if check:
+                response.raise_for_status()
+            return await (response.json() if as_json else response.read())
 
-    run = lambda **kw: (lambda: asyncio.run(get(kw.pop("url", f"{http.url}/v1/x"), **kw)))
+    def run(**kw):
+        return (lambda: asyncio.run(get(kw.pop("url", f"{http.url}/v1/x"), **kw)))
     cases: list[LibCase] = []
     for status, label in ((503, TRANSIENT), (429, TRANSIENT), (502, TRANSIENT), (404, PERMANENT), (401, PERMANENT),
                           (400, PERMANENT)):
         http.script(status, "{}")
-        cases.append(case(f"aiohttp-{status}", label, run(), f"aiohttp GET + raise_for_status; the server said {status}"))
+        cases.append(
+            case(f"aiohttp-{status}", label, run(), f"aiohttp GET + raise_for_status; the server said {status}")
+        )
     http.script(action="close")
     cases.append(case("aiohttp-server-disconnected", TRANSIENT, run(),
                       "aiohttp GET; the server closes without answering: ServerDisconnectedError"))
@@ -382,7 +406,9 @@ def aiohttp_cases(http: ScriptedHTTP) -> list[LibCase]:
     cases.append(case("aiohttp-payload-cut", TRANSIENT, run(),
                       "aiohttp GET; Content-Length promises 100 more bytes than are sent: ClientPayloadError"))
     http.script(200, b"", action="stall")
-    cases.append(case("aiohttp-timeout", TRANSIENT, run(timeout=0.3), "aiohttp GET, total timeout 0.3 s, the server stalls"))
+    cases.append(
+        case("aiohttp-timeout", TRANSIENT, run(timeout=0.3), "aiohttp GET, total timeout 0.3 s, the server stalls")
+    )
     cases.append(case("aiohttp-refused", TRANSIENT, run(url=f"http://127.0.0.1:{_free_port()}/"),
                       "aiohttp GET to a closed port: ClientConnectorError"))
     cases.append(case("aiohttp-invalid-url", PERMANENT, run(url="http://:80:x/"), "aiohttp GET of a malformed URL"))
@@ -399,7 +425,8 @@ def urllib3_cases(http: ScriptedHTTP) -> list[LibCase]:
     import urllib3
 
     pool = urllib3.PoolManager()
-    get = lambda url=None, **kw: (lambda: pool.request("GET", url or f"{http.url}/v1/x", **kw))
+    def get(url=None, **kw):
+        return (lambda: pool.request("GET", url or f"{http.url}/v1/x", **kw))
     cases = [case("urllib3-refused", TRANSIENT, get(f"http://127.0.0.1:{_free_port()}/", retries=urllib3.Retry(0)),
                   "urllib3 GET to a closed port, no retries: MaxRetryError(NewConnectionError)")]
     http.script(302, headers={"Location": "/loop"})
@@ -420,8 +447,14 @@ def urllib3_cases(http: ScriptedHTTP) -> list[LibCase]:
     cases.append(case("urllib3-decode-error", PERMANENT, get(retries=False),
                       "urllib3 GET; Content-Encoding gzip over a body that is not gzip: DecodeError"))
     http.script(200, b"partial", action="short")
-    cases.append(case("urllib3-incomplete-read", TRANSIENT, get(retries=False),
-                      "urllib3 GET; Content-Length promises 100 more bytes than are sent: ProtocolError(IncompleteRead)"))
+    cases.append(
+        case(
+            "urllib3-incomplete-read",
+            TRANSIENT,
+            get(retries=False),
+            "urllib3 GET; Content-Length promises 100 more bytes than are sent: ProtocolError(IncompleteRead)",
+        )
+    )
     cases.append(case("urllib3-no-host", PERMANENT, get("http:///nohost", retries=False),
                       "urllib3 GET of a URL without a host: LocationValueError"))
     return cases
@@ -465,8 +498,14 @@ def websockets_cases(http: ScriptedHTTP) -> list[LibCase]:
         port = server.socket.getsockname()[1]
         import threading
         threading.Thread(target=server.serve_forever, daemon=True).start()
-        cases.append(case("websockets-message-too-big", PERMANENT, lambda: talk(f"ws://127.0.0.1:{port}/", max_size=1024),
-                          "websockets client with max_size=1024; the server sends 4 KiB: closed 1009"))
+        cases.append(
+            case(
+                "websockets-message-too-big",
+                PERMANENT,
+                lambda: talk(f"ws://127.0.0.1:{port}/", max_size=1024),
+                "websockets client with max_size=1024; the server sends 4 KiB: closed 1009",
+            )
+        )
         server.shutdown()
     for status, label in ((503, TRANSIENT), (429, TRANSIENT), (404, PERMANENT), (403, PERMANENT)):
         http.script(status, "no")

@@ -14,7 +14,7 @@ import socket
 import threading
 import time
 import uuid
-from contextlib import ExitStack
+from contextlib import ExitStack, suppress
 
 from classify_corpus import _free_port, raised
 from classify_corpus_libraries import PERMANENT, TRANSIENT, LibCase, case
@@ -85,7 +85,9 @@ def redis_cases() -> list[LibCase]:
         state["reply"] = b"hangup"
         cases.append(case("redis-hangup", TRANSIENT, get, "redis-py GET; the peer closes the connection instead"))
         state["reply"] = b"silent"
-        cases.append(case("redis-timeout", TRANSIENT, get, "redis-py GET, socket_timeout 0.5 s; the peer never answers"))
+        cases.append(
+            case("redis-timeout", TRANSIENT, get, "redis-py GET, socket_timeout 0.5 s; the peer never answers")
+        )
         state["reply"] = b"?what\r\n"
         cases.append(case("redis-protocol-garbage", PERMANENT, get,
                           "redis-py GET; the peer answers a line that is not RESP: InvalidResponse"))
@@ -179,8 +181,9 @@ def mysql_cases() -> list[LibCase]:
 
 def _mariadb_cases(pymysql) -> list[LibCase]:
     db = f"rx_corpus_{uuid.uuid4().hex[:10]}"
-    connect = lambda **kw: pymysql.connect(host="127.0.0.1", port=3306, user="root", password="",
-                                           connect_timeout=5, **({"autocommit": True} | kw))
+    def connect(**kw):
+        return pymysql.connect(host="127.0.0.1", port=3306, user="root", password="",
+                                               connect_timeout=5, **({"autocommit": True} | kw))
     admin = connect()
     admin.cursor().execute(f"CREATE DATABASE {db}")
     try:
@@ -190,7 +193,8 @@ def _mariadb_cases(pymysql) -> list[LibCase]:
                       " ENGINE=InnoDB")
         setup.execute("INSERT INTO parent VALUES (1, 'a'), (2, 'b')")
         setup.execute("SET SESSION sql_mode = 'STRICT_ALL_TABLES'")
-        sql = lambda statement: (lambda: setup.execute(statement))
+        def sql(statement):
+            return (lambda: setup.execute(statement))
         cases = [
             case("mariadb-1064-syntax", PERMANENT, sql("SELEC 1"), "PyMySQL against the local MariaDB: a syntax error"),
             case("mariadb-1146-no-table", PERMANENT, sql("SELECT * FROM nowhere"), "MariaDB: an unknown table"),
@@ -273,10 +277,8 @@ def _mariadb_kill(connect, db: str, what: str) -> None:
     finally:
         timer.join()
         holder.rollback(), holder.close(), killer.close()
-        try:
+        with suppress(Exception):  # a killed connection may already be gone
             victim.close()
-        except Exception:  # noqa: BLE001 - a killed connection may already be gone
-            pass
 
 
 # -- asyncpg -------------------------------------------------------------------------------------
@@ -355,28 +357,74 @@ def asyncpg_cases(pg_url: str) -> list[LibCase]:
         finally:
             await conn.execute(f"DROP ROLE {role}")
 
-    sql = lambda statement: run(lambda conn: conn.execute(statement))
+    def sql(statement):
+        return run(lambda conn: conn.execute(statement))
     return [
         case("asyncpg-syntax", PERMANENT, sql("SELEC 1"), "asyncpg against the local PostgreSQL: 42601"),
-        case("asyncpg-undefined-table", PERMANENT, sql("SELECT * FROM nowhere"), "asyncpg against the local PostgreSQL: an unknown table, 42P01"),
-        case("asyncpg-unique", PERMANENT, sql("INSERT INTO corpus VALUES (1, 0)"), "asyncpg against the local PostgreSQL: a duplicate key, 23505"),
-        case("asyncpg-division", PERMANENT, sql("SELECT 1 / 0"), "asyncpg against the local PostgreSQL: division by zero, 22012"),
-        case("asyncpg-statement-timeout", TRANSIENT, sql("SET statement_timeout = '100ms'; SELECT pg_sleep(2)"),
-             "asyncpg: statement_timeout 100 ms over pg_sleep(2): 57014"),
-        case("asyncpg-lock-timeout", TRANSIENT, run(lock_timeout), "asyncpg: lock_timeout on a row held FOR UPDATE: 55P03"),
-        case("asyncpg-deadlock", TRANSIENT, run(deadlock), "asyncpg: two connections lock rows in opposite orders: 40P01"),
-        case("asyncpg-terminated", TRANSIENT, run(terminated), "asyncpg: pg_terminate_backend from another session during pg_sleep(5)"),
+        case(
+            "asyncpg-undefined-table",
+            PERMANENT,
+            sql("SELECT * FROM nowhere"),
+            "asyncpg against the local PostgreSQL: an unknown table, 42P01",
+        ),
+        case(
+            "asyncpg-unique",
+            PERMANENT,
+            sql("INSERT INTO corpus VALUES (1, 0)"),
+            "asyncpg against the local PostgreSQL: a duplicate key, 23505",
+        ),
+        case(
+            "asyncpg-division",
+            PERMANENT,
+            sql("SELECT 1 / 0"),
+            "asyncpg against the local PostgreSQL: division by zero, 22012",
+        ),
+        case(
+            "asyncpg-statement-timeout",
+            TRANSIENT,
+            sql("SET statement_timeout = '100ms'; SELECT pg_sleep(2)"),
+            "asyncpg: statement_timeout 100 ms over pg_sleep(2): 57014",
+        ),
+        case(
+            "asyncpg-lock-timeout",
+            TRANSIENT,
+            run(lock_timeout),
+            "asyncpg: lock_timeout on a row held FOR UPDATE: 55P03",
+        ),
+        case(
+            "asyncpg-deadlock", TRANSIENT, run(deadlock), "asyncpg: two connections lock rows in opposite orders: 40P01"
+        ),
+        case(
+            "asyncpg-terminated",
+            TRANSIENT,
+            run(terminated),
+            "asyncpg: pg_terminate_backend from another session during pg_sleep(5)",
+        ),
         case("asyncpg-closed", TRANSIENT, run(closed), "asyncpg: a query on a connection already closed"),
-        case("asyncpg-concurrent-use", PERMANENT, run(concurrent),
-             "asyncpg: two queries at once on one connection: InterfaceError (another operation in progress)"),
-        case("asyncpg-role-limit", TRANSIENT, run(role_limit),
-             "asyncpg connect as a role whose CONNECTION LIMIT is reached: 53300 too many connections"),
-        case("asyncpg-no-database", PERMANENT,
-             lambda: asyncio.run(asyncpg.connect(dsn.rsplit("/", 1)[0] + "/rx_no_such_db", timeout=5)),
-             "asyncpg connect to a database that does not exist: 3D000"),
-        case("asyncpg-refused", TRANSIENT,
-             lambda: asyncio.run(asyncpg.connect(f"postgresql://postgres@127.0.0.1:{_free_port()}/x", timeout=5)),
-             "asyncpg connect to a closed port"),
+        case(
+            "asyncpg-concurrent-use",
+            PERMANENT,
+            run(concurrent),
+            "asyncpg: two queries at once on one connection: InterfaceError (another operation in progress)",
+        ),
+        case(
+            "asyncpg-role-limit",
+            TRANSIENT,
+            run(role_limit),
+            "asyncpg connect as a role whose CONNECTION LIMIT is reached: 53300 too many connections",
+        ),
+        case(
+            "asyncpg-no-database",
+            PERMANENT,
+            lambda: asyncio.run(asyncpg.connect(dsn.rsplit("/", 1)[0] + "/rx_no_such_db", timeout=5)),
+            "asyncpg connect to a database that does not exist: 3D000",
+        ),
+        case(
+            "asyncpg-refused",
+            TRANSIENT,
+            lambda: asyncio.run(asyncpg.connect(f"postgresql://postgres@127.0.0.1:{_free_port()}/x", timeout=5)),
+            "asyncpg connect to a closed port",
+        ),
     ]
 
 

@@ -27,7 +27,7 @@ def expire(store: RecoveryStore, pipeline_id: int, *, column: str = "heartbeat_d
 @contextmanager
 def round_trips(store):
     """The protocol messages the store's connections send and receive meanwhile (libpq trace)."""
-    trace = tempfile.TemporaryFile("w+")
+    trace = tempfile.TemporaryFile("w+")  # noqa: SIM115 - libpq writes to its descriptor while the block runs
 
     def on_checkout(dbapi_conn, *_):
         dbapi_conn.pgconn.trace(trace.fileno())

@@ -23,10 +23,8 @@ PRICES = {"m": {"input": 1.5, "output": 6.0}}  # per million tokens
 def ask(ctx: NodeContext) -> dict:
     llm = ctx.context.resources.llm.enricher(ctx)
     resumed = TAG_RESUME_NUMBER in ctx.context.run.tags
-    done = 0
-    for item in ctx.items(f"t{i:02d}" for i in range(ctx.op_config["items"])):
+    for done, item in enumerate(ctx.items(f"t{i:02d}" for i in range(ctx.op_config["items"])), start=1):
         item.complete(llm.complete_json("describe_entity", {"table": item.key, "columns": []}))
-        done += 1
         if done == ctx.op_config["kill_after"] and not resumed:
             os.kill(os.getpid(), signal.SIGKILL)
     return {"tables": sorted(ctx.completed_items())}

@@ -23,6 +23,7 @@ import subprocess
 import time
 import uuid
 from pathlib import Path
+import contextlib
 
 PREFIX = "rxc"
 
@@ -54,7 +55,7 @@ def _used_subnets() -> set[int]:
 
 
 class Host:
-    def __init__(self, network: "Network", index: int) -> None:
+    def __init__(self, network: Network, index: int) -> None:
         self.network = network
         self.index = index
         self.name = f"{PREFIX}{network.tag}h{index}"       # the namespace
@@ -75,7 +76,7 @@ class Host:
 
     def popen(self, argv: list[str], *, env: dict[str, str], log: Path, cwd: str | None = None) -> subprocess.Popen:
         """Start ``argv`` inside this host (its own session, output to ``log``)."""
-        out = open(log, "ab")
+        out = open(log, "ab")  # noqa: SIM115 - handed to the child, closed here once it has it
         proc = subprocess.Popen(["ip", "netns", "exec", self.name, *argv], env=env, cwd=cwd, stdout=out,
                                 stderr=subprocess.STDOUT, start_new_session=True)
         out.close()
@@ -105,10 +106,8 @@ class Host:
                 raise RuntimeError(f"processes {pids} of host {self.name} survived kill -9")
             time.sleep(0.05)
         for proc in self.procs:
-            try:
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(10)
-            except subprocess.TimeoutExpired:
-                pass
         return sorted(set(killed))
 
     # -- the link --------------------------------------------------------------------------------
@@ -125,15 +124,11 @@ class Host:
 
     def destroy(self) -> None:
         for pid in self.pids():
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
         for proc in self.procs:
-            try:
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(10)
-            except subprocess.TimeoutExpired:
-                pass
         _ip("link", "del", self.port, check=False)
         _ip("netns", "del", self.name, check=False)
 
@@ -155,7 +150,7 @@ class Network:
         self.hosts = [Host(self, i) for i in range(hosts)]
         self._created = False
 
-    def create(self) -> "Network":
+    def create(self) -> Network:
         try:
             _ip("link", "add", self.bridge, "type", "bridge")
             self._created = True
@@ -181,7 +176,7 @@ class Network:
             _ip("link", "del", self.bridge, check=False)
             self._created = False
 
-    def __enter__(self) -> "Network":
+    def __enter__(self) -> Network:
         return self.create()
 
     def __exit__(self, *exc_info) -> None:

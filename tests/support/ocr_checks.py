@@ -22,5 +22,7 @@ def assert_every_document_completed_once_before_the_pipeline(store, pipeline_id,
     assert pipeline.completed_at >= max(i.completed_at for i in items)
     history = store.reports.transitions_for(pipeline_id=pipeline_id)
     node_done = [t["id"] for t in history if t["entity_type"] == "node" and t["to_status"] == "completed"]
-    last_item = max(t["id"] for t in store.reports.transitions_for(entity_type="queue_item") if t["to_status"] == "completed")
+    last_item = max(
+        t["id"] for t in store.reports.transitions_for(entity_type="queue_item") if t["to_status"] == "completed"
+    )
     assert max(node_done) > last_item  # the OCR node completed only after the last document

@@ -1,4 +1,5 @@
-"""The real ontology job with the multiprocess executor, bound to resources from the environment (for reconstructable)."""
+"""The real ontology job with the multiprocess executor, bound to resources from the environment (for
+reconstructable)."""
 
 from __future__ import annotations
 

@@ -48,11 +48,13 @@ class PrivateCluster:
             cmd = ["runuser", "-u", self.user, "--", *cmd]
         return subprocess.run(cmd, check=check, capture_output=True, text=True, timeout=timeout)
 
-    def init(self) -> "PrivateCluster":
+    def init(self) -> PrivateCluster:
         self._run("initdb", "-D", str(self.data), "-U", "postgres", "--auth=trust", "-E", "UTF8", "--no-sync")
         with open(self.data / "postgresql.conf", "a") as conf:
-            conf.write(f"\nlisten_addresses = '127.0.0.1'\nport = {self.port}\nunix_socket_directories = '{self.root}'\n"
-                       "fsync = off\nmax_connections = 100\n")
+            conf.write(
+                f"\nlisten_addresses = '127.0.0.1'\nport = {self.port}\nunix_socket_directories = '{self.root}'\n"
+                "fsync = off\nmax_connections = 100\n"
+            )
         return self
 
     def start(self) -> None:

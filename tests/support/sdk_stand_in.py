@@ -60,7 +60,8 @@ class SdkStandIn:
         if self.script:
             return self.script.pop(0)
         if self.quota_tokens is not None:
-            spent = sum(r.tokens_in + r.tokens_out for r in self.requests if r.status == 200 and r.at > now - self.window)
+            spent = sum(r.tokens_in + r.tokens_out for r in self.requests
+                        if r.status == 200 and r.at > now - self.window)
             if spent + tokens > self.quota_tokens:
                 return 429
         return 200
@@ -88,7 +89,8 @@ class SdkStandIn:
                 with stand_in.lock:
                     now = time.time()
                     status = stand_in._admit(now, tokens_in + tokens_out)
-                    stand_in.requests.append(Request(now, self.path, status, streamed, tokens_in if status == 200 else 0,
+                    stand_in.requests.append(Request(now, self.path, status, streamed,
+                                                     tokens_in if status == 200 else 0,
                                                      tokens_out if status == 200 else 0, question))
                 if status != 200:
                     self._send(status, {"error": {"type": "rate_limit_error" if status == 429 else "overloaded",
@@ -138,8 +140,9 @@ class SdkStandIn:
 def _openai(model: str, answer: str, tokens_in: int, tokens_out: int) -> dict:
     return {"id": "chatcmpl-1", "object": "chat.completion", "created": 0, "model": model,
             "choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": answer}}],
-            "usage": {"prompt_tokens": tokens_in, "completion_tokens": tokens_out, "total_tokens": tokens_in + tokens_out,
-                      "prompt_tokens_details": {"cached_tokens": 0}, "completion_tokens_details": {"reasoning_tokens": 0}}}
+            "usage": {"prompt_tokens": tokens_in, "completion_tokens": tokens_out,
+                      "total_tokens": tokens_in + tokens_out, "prompt_tokens_details": {"cached_tokens": 0},
+                      "completion_tokens_details": {"reasoning_tokens": 0}}}
 
 
 def _anthropic(model: str, answer: str, tokens_in: int, tokens_out: int) -> dict:

@@ -217,7 +217,7 @@ class StandInProvider:
             self.server.shutdown()
             self.server.server_close()
 
-    def __enter__(self) -> "StandInProvider":
+    def __enter__(self) -> StandInProvider:
         self.url = self.start()
         return self
 

@@ -8,6 +8,7 @@ already waiting included, to a real server (the database is back).
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import threading
 
@@ -49,15 +50,11 @@ class TcpGate:
 
     def close(self) -> None:
         self._closed.set()
-        try:
+        with contextlib.suppress(OSError):
             self._listener.shutdown(socket.SHUT_RDWR)  # wakes a thread blocked in accept()
-        except OSError:
-            pass
         for sock in [self._listener, *self._sockets]:
-            try:
+            with contextlib.suppress(OSError):
                 sock.close()
-            except OSError:
-                pass
 
 
 def _pump(src: socket.socket, dst: socket.socket) -> None:
@@ -68,7 +65,5 @@ def _pump(src: socket.socket, dst: socket.socket) -> None:
         pass
     finally:
         for sock in (src, dst):
-            try:
+            with contextlib.suppress(OSError):
                 sock.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass

@@ -55,12 +55,26 @@ def test_outermost_explicit_flag_counts():
 
 # -- HTTP status --------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("status,retryable,category", [
-    (408, True, "timeout"), (429, True, "rate_limit"), (500, True, "server_error"), (502, True, "server_error"),
-    (503, True, "server_error"), (504, True, "server_error"), (529, True, "server_error"),
-    (520, False, "server_error"), (524, False, "server_error"), (400, False, "validation"), (401, False, "auth"), (403, False, "auth"),
-    (404, False, "not_found"), (418, False, "client_error"), (501, False, "server_error"),
-])
+@pytest.mark.parametrize(
+    "status,retryable,category",
+    [
+        (408, True, "timeout"),
+        (429, True, "rate_limit"),
+        (500, True, "server_error"),
+        (502, True, "server_error"),
+        (503, True, "server_error"),
+        (504, True, "server_error"),
+        (529, True, "server_error"),
+        (520, False, "server_error"),
+        (524, False, "server_error"),
+        (400, False, "validation"),
+        (401, False, "auth"),
+        (403, False, "auth"),
+        (404, False, "not_found"),
+        (418, False, "client_error"),
+        (501, False, "server_error"),
+    ],
+)
 def test_http_status_from_httpx(status, retryable, category):
     request = httpx.Request("POST", "https://api.example/v1/chat/completions")
     response = httpx.Response(status, request=request)
@@ -132,7 +146,8 @@ def test_permanent_os_errors_and_dns():
 
 
 def test_timeouts():
-    for exc in (TimeoutError(), socket.timeout(), asyncio.TimeoutError()):
+    # the aliases socket and asyncio raise, named as a caller meets them
+    for exc in (TimeoutError(), socket.timeout(), asyncio.TimeoutError()):  # noqa: UP041
         assert classify(exc).category == "timeout"
 
 

@@ -1,11 +1,14 @@
-"""The package's shape: a public face, private modules, layers without cycles, pipelines apart."""
+"""The package's shape: a public face, private modules, layers in order and without cycles, pipelines apart."""
 
 from __future__ import annotations
 
 import ast
+import importlib
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 import recovery_ext
 
@@ -43,16 +46,45 @@ def _library_modules() -> dict[str, Path]:
     return {_module_name(p): p for p in LIBRARY.rglob("*.py")}
 
 
-def test_every_module_but_the_package_itself_is_private():
-    public = [name for name in _library_modules() if name != "recovery_ext"
-              and not any(part.startswith("_") for part in name.split(".")[1:2])]
-    assert public == []
+# The public face: the everyday names at the top, and the advanced APIs in named public submodules.
+PUBLIC_MODULES = ["recovery_ext", "recovery_ext.store", "recovery_ext.testing"]
 
 
-def test_the_public_api_resolves_every_name_it_lists():
-    for name in recovery_ext.__all__:
-        assert getattr(recovery_ext, name) is not None, name
+def test_every_module_but_the_public_ones_is_private():
+    public = [name for name in _library_modules()
+              if not any(part.startswith("_") for part in name.split(".")[1:2])]
+    assert sorted(public) == sorted(PUBLIC_MODULES)
+
+
+@pytest.mark.parametrize("module", PUBLIC_MODULES)
+def test_each_public_module_resolves_every_name_it_lists(module):
+    imported = importlib.import_module(module)
+    for name in imported.__all__:
+        assert getattr(imported, name) is not None, name
+    assert sorted(imported.__all__) == sorted(set(imported.__all__))
+
+
+def test_the_top_level_lists_only_what_it_offers():
     assert sorted(dir(recovery_ext)) == sorted(recovery_ext.__all__)
+
+
+def test_the_two_levels_share_no_name():
+    levels = [set(importlib.import_module(module).__all__) for module in PUBLIC_MODULES]
+    assert [a & b for i, a in enumerate(levels) for b in levels[i + 1:]] == [set()] * 3
+
+
+def test_a_name_that_moved_still_answers_at_the_top_with_a_deprecation():
+    import recovery_ext.store
+    import recovery_ext.testing
+
+    for module in (recovery_ext.store, recovery_ext.testing):
+        for name in module.__all__:
+            if name.endswith("Store") and name != "RecoveryStore":
+                continue  # the component protocols are new in recovery_ext.store: never at the top
+            with pytest.warns(DeprecationWarning, match=f"recovery_ext.{name} moved to {module.__name__}.{name}"):
+                assert getattr(recovery_ext, name) is getattr(module, name)
+    with pytest.raises(AttributeError):
+        recovery_ext.no_such_name  # noqa: B018
 
 
 def test_importing_the_package_does_not_import_dagster_or_opentelemetry():
@@ -95,11 +127,18 @@ def test_the_library_never_imports_the_pipelines():
     assert {name: mods for name, mods in offenders.items() if mods} == {}
 
 
+def _is_public(module_or_name: str) -> bool:
+    """A public module, or a name one of them lists (``recovery_ext.store.RecoveryStore``)."""
+    if module_or_name in PUBLIC_MODULES:
+        return True
+    module, _, name = module_or_name.rpartition(".")
+    return module in PUBLIC_MODULES and name in importlib.import_module(module).__all__
+
+
 def test_the_pipelines_use_only_the_public_api():
     offenders = {}
     for path in PIPELINES.rglob("*.py"):
-        private = sorted(m for m in _imports(path) if m.startswith("recovery_ext.") and
-                         not hasattr(recovery_ext, m.split(".", 1)[1]))
+        private = sorted(m for m in _imports(path) if m.startswith("recovery_ext.") and not _is_public(m))
         if private:
             offenders[path.name] = private
     assert offenders == {}
@@ -140,6 +179,60 @@ def test_no_import_cycles_between_library_modules():
     assert cycles == []
 
 
+# The layers, lowest first, as docs/explanation/architecture.md draws them. A module imports its own package and
+# the packages of lower layers; packages that share a layer do not import each other.
+LAYERS: list[set[str]] = [
+    {"_errors"},
+    {"_settings", "_conventions", "_processes"},
+    {"_classify"},
+    {"_store"},
+    {"_liveness", "_providers", "_recovery"},
+    {"_observe"},
+    {"_dagster"},
+    {"_cli", "__init__", "store", "testing"},
+]
+
+
+def _package_of(module: str) -> str:
+    """``recovery_ext._store.pipelines`` -> ``_store``; the package itself -> ``__init__``."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "__init__"
+
+
+def _layer_of(package: str) -> int:
+    return next(i for i, layer in enumerate(LAYERS) if package in layer)
+
+
+def _upward_imports(graph: dict[str, set[str]]) -> list[str]:
+    """``importer -> imported`` for each import of a package in the same layer or a higher one."""
+    found = []
+    for name, imported in sorted(graph.items()):
+        own = _package_of(name)
+        for other_module in sorted(m for m in imported if m in graph):
+            other = _package_of(other_module)
+            if other != own and _layer_of(other) >= _layer_of(own):
+                found.append(f"{name} -> {other_module}")
+    return found
+
+
+def test_every_library_package_has_a_layer():
+    assert sorted({_package_of(name) for name in _library_modules()} - set().union(*LAYERS)) == []
+
+
+def test_each_layer_imports_only_the_layers_below_it():
+    graph = {name: _imports(path) for name, path in _library_modules().items()}
+    assert _upward_imports(graph) == []
+
+
+def test_the_layer_check_sees_an_import_that_runs_back_up():
+    graph = {"recovery_ext._store.pipelines": {"recovery_ext._liveness.processes", "recovery_ext._store.models"},
+             "recovery_ext._liveness.processes": set(), "recovery_ext._store.models": {"recovery_ext._errors"},
+             "recovery_ext._errors": set(), "recovery_ext._providers.guard": {"recovery_ext._recovery.scan"},
+             "recovery_ext._recovery.scan": set()}
+    assert _upward_imports(graph) == ["recovery_ext._providers.guard -> recovery_ext._recovery.scan",
+                                      "recovery_ext._store.pipelines -> recovery_ext._liveness.processes"]
+
+
 # Transaction context managers and helpers that run inside their caller's transaction: not store calls of their own.
 _NOT_RETRIED = {"read", "read_only", "read_statement", "write", "autocommit", "driver_autocommit", "fenced",
                 "close", "wrap_error", "wrap_driver_error", "migrate", "pending_migrations",
@@ -152,10 +245,10 @@ _NOT_RETRIED = {"read", "read_only", "read_statement", "write", "autocommit", "d
 def test_every_store_call_that_opens_a_transaction_declares_its_retries():
     import inspect
 
-    from recovery_ext import RecoveryStore
+    from recovery_ext._store.database import Database
 
     missing, wrong = [], []
-    for name, member in inspect.getmembers(RecoveryStore, inspect.isfunction):
+    for name, member in inspect.getmembers(Database, inspect.isfunction):
         if name.startswith("_"):
             continue
         retried = getattr(member, "__rx_retried__", False)
@@ -222,3 +315,18 @@ def test_the_dialect_name_check_sees_a_comparison():
     tree = ast.parse("if self.dialect.name == 'sqlite': pass\nok = store.dialect.name\nx = nodes.c.name == 'a'")
     hits = [n for n in ast.walk(tree) if isinstance(n, ast.Compare) and _compares_a_dialect_name(n)]
     assert len(hits) == 1
+
+
+def _foreign_private_store_reads(path: Path) -> list[int]:
+    """Lines that read ``<something but self>._store``: another object's private store."""
+    return [node.lineno for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+            if isinstance(node, ast.Attribute) and node.attr == "_store"
+            and not (isinstance(node.value, ast.Name) and node.value.id == "self")]
+
+
+def test_no_module_reaches_into_another_objects_private_store():
+    """A node's helpers are handed the store (``store_of(ctx)``, ``CallJournal(scope, store)``); the one read of
+    ``ctx._store`` is ``store_of`` itself, in the module that owns the attribute."""
+    found = {name: len(lines) for name, path in _library_modules().items()
+             if (lines := _foreign_private_store_reads(path))}
+    assert found == {"recovery_ext._dagster.context": 1}

@@ -195,8 +195,7 @@ def test_real_postgres_deadlock_and_serialization_failure_are_retryable_unique_v
             a.execute("UPDATE t SET v = v + 1 WHERE id = 1")
     assert serial.value.sqlstate == "40001" and classify(serial.value).retryable is True
 
-    with psycopg.connect(info, autocommit=True) as conn:
-        with pytest.raises(psycopg.errors.UniqueViolation) as unique:
-            conn.execute("INSERT INTO t VALUES (1, 0)")
+    with psycopg.connect(info, autocommit=True) as conn, pytest.raises(psycopg.errors.UniqueViolation) as unique:
+        conn.execute("INSERT INTO t VALUES (1, 0)")
     found = classify(unique.value)
     assert found.retryable is False and found.category == "validation"

@@ -1,0 +1,137 @@
+"""Which library files one crash crosses: the orphan sensor's tick that recovers it, and the resume run.
+
+A run worker executes a two-op job in a child process and is ``kill -9``ed in the second op's third item. Its
+pipeline's heartbeat deadline is then moved into the past on the database clock (what waiting out the timeout
+does), and this process traces, with :func:`sys.setprofile` on every thread, (1) one tick of the orphan sensor
+and (2) the resume run it requests, executed in process. It prints, for each, the number of ``recovery_ext``
+files whose code ran and their names. Nothing is asserted: the figures go in the closing notes.
+
+    .venv/bin/python -m bench.files_crossed [--list]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from dagster import DagsterInstance, build_sensor_context, job
+
+import recovery_ext
+import recovery_ext.store
+import recovery_ext.testing
+from recovery_ext import NodeContext, RecoveryResource, make_orphan_sensor, recoverable_op
+
+LIBRARY = Path(recovery_ext.__file__).resolve().parent
+ITEMS = 5
+KILL_AT = 2
+
+
+@recoverable_op
+def first(ctx: NodeContext) -> int:
+    for item in ctx.items(str(i) for i in range(ITEMS)):
+        item.complete(int(item.key))
+    return ITEMS
+
+
+@recoverable_op
+def second(ctx: NodeContext, total: int) -> int:
+    for index, item in enumerate(ctx.items(str(i) for i in range(ITEMS))):
+        if index == KILL_AT and os.environ.get("FILES_CROSSED_KILL"):
+            os.kill(os.getpid(), signal.SIGKILL)
+        item.complete(int(item.key))
+    return total
+
+
+@job
+def crash_job() -> None:
+    second(first())
+
+
+def resources(url: str) -> dict[str, Any]:
+    return {"recovery": RecoveryResource(database_url=url, deployment="files-crossed")}
+
+
+@contextmanager
+def traced(files: set[str]) -> Iterator[None]:
+    def profile(frame: Any, event: str, arg: Any) -> None:
+        if event == "call":
+            path = frame.f_code.co_filename
+            if path.startswith(str(LIBRARY)):
+                files.add(str(Path(path).relative_to(LIBRARY)))
+
+    sys.setprofile(profile)
+    threading.setprofile(profile)
+    try:
+        yield
+    finally:
+        sys.setprofile(None)
+        threading.setprofile(None)  # type: ignore[arg-type]
+
+
+def crash(url: str) -> None:
+    """The child: run the job until it kills itself."""
+    instance = DagsterInstance.get()
+    recovery_ext.testing.execute_in_process(crash_job, instance=instance, resources=resources(url))
+
+
+def measure(url: str, show: Callable[[str, set[str]], None]) -> None:
+    child = subprocess.run([sys.executable, "-m", "bench.files_crossed", "--crash", url],
+                           env={**os.environ, "FILES_CROSSED_KILL": "1"}, check=False)
+    assert child.returncode == -signal.SIGKILL, child.returncode
+    store = recovery_ext.store.RecoveryStore(url)
+    (pipeline,) = store.reports.list_pipelines()
+    with store._db.write() as conn:  # the heartbeat timeout, waited out on the database clock
+        from sqlalchemy import update
+
+        from recovery_ext._store.schema import pipelines
+        conn.execute(update(pipelines).where(pipelines.c.id == pipeline.id)
+                     .values(heartbeat_deadline=store.dialect.now_plus(-60)))
+    instance = DagsterInstance.get()
+    sensor = make_orphan_sensor([crash_job])
+    tick_files: set[str] = set()
+    with build_sensor_context(instance=instance, resources=resources(url)) as ctx, traced(tick_files):
+        result = sensor.evaluate_tick(ctx)
+    (request,) = result.run_requests
+    show("recovery pass (one orphan-sensor tick)", tick_files)
+    resume_files: set[str] = set()
+    with traced(resume_files):
+        outcome = recovery_ext.testing.execute_in_process(crash_job, instance=instance, resources=resources(url),
+                                                  run_config=request.run_config, tags=request.tags)
+    assert outcome.success
+    show("resume run (in process)", resume_files)
+    store.close()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--list", action="store_true", help="print each file's name")
+    parser.add_argument("--crash", metavar="URL", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.crash:
+        crash(args.crash)
+        return
+
+    def show(what: str, files: set[str]) -> None:
+        print(f"{what}: {len(files)} files")
+        if args.list:
+            print("".join(f"  {name}\n" for name in sorted(files)), end="")
+
+    with tempfile.TemporaryDirectory() as home:
+        os.environ["DAGSTER_HOME"] = home
+        Path(home, "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
+        url = f"sqlite:///{home}/recovery.sqlite3"
+        recovery_ext.store.RecoveryStore(url).migrate()
+        measure(url, show)
+
+
+if __name__ == "__main__":
+    main()
