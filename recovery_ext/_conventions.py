@@ -15,7 +15,7 @@ import json
 import re
 from typing import Any
 
-from recovery_ext._store.json_values import agreed_json
+from recovery_ext._json_values import agreed_json
 
 PLACEHOLDER_PREFIX = "resume-"
 _PLACEHOLDER = re.compile(rf"^{PLACEHOLDER_PREFIX}(\d+)-(\d+)$")
@@ -91,7 +91,7 @@ def superseded_run_message(run_id: str, pipeline_id: int, *, owner: str | None =
 
 def json_exact(value: Any) -> Any:
     """``value`` as the database gives it back (raises TypeError/ValueError when it is not JSON): what a replay
-    returns, in the agreed form of :func:`~recovery_ext._store.json_values.storable_json`."""
+    returns, in the agreed form of :func:`~recovery_ext._json_values.storable_json`."""
     return agreed_json(value)
 
 

@@ -54,7 +54,7 @@ def node_spend_cap(ctx: NodeContext, prices: Any = None) -> SpendCap | None:
     caps = ctx.resource.spend_caps()
     if not caps.enabled:
         return None
-    store, own = ctx._store, ctx.ownership
+    store, own = store_of(ctx), ctx.ownership
     reporter = RunStateReporter(ctx.context, ctx.node_name)
     watchdog = ctx.watchdog
 

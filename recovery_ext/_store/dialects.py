@@ -30,7 +30,7 @@ from sqlalchemy.types import TypeEngine
 from recovery_ext._classify.classifier import is_retryable
 from recovery_ext._errors import ConfigurationError
 from recovery_ext._classify.redaction import redact, redact_url
-from recovery_ext._store.json_values import load_json, storable_json
+from recovery_ext._json_values import load_json, storable_json
 from recovery_ext._store.models import JsonText
 
 # SQLSTATE classes/codes a retry can fix: connection (08), serialization (40001),

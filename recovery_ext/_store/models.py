@@ -12,7 +12,7 @@ from typing import Any, Self, TypeVar, cast
 from recovery_ext._classify.redaction import redact_url
 from recovery_ext._errors import ConfigurationError
 from recovery_ext._settings import LONGEST
-from recovery_ext._store.json_values import storable_json
+from recovery_ext._json_values import storable_json
 from recovery_ext._store.statuses import FINISHED_NODE_STATUSES, WAITING, BreakerState, ItemStatus, PipelineStatus
 
 

@@ -22,7 +22,7 @@ from recovery_ext._store.database import Component, chunks, retried
 from recovery_ext._store.models import GivenUp, Orphan, PassPlan, Reclaimed, Scope
 from recovery_ext._store.pipelines import NEW_OWNER_RESETS
 from recovery_ext._store.statuses import NodeStatus, PipelineStatus
-from recovery_ext._store.json_values import CorruptJson
+from recovery_ext._json_values import CorruptJson
 from recovery_ext._store.schema import (NODE_STATUSES, PIPELINE_STATUSES, DbTime, nodes, pipelines,
                                         transitions)
 

@@ -40,7 +40,7 @@ from recovery_ext._errors import ConfigurationError, IllegalTransition, ItemTake
 from recovery_ext._store.models import Ownership, QueueItem, ResetItem, StaleItem
 from recovery_ext._classify.redaction import redact
 from recovery_ext._classify.retry import wait_jittered_exponential
-from recovery_ext._store.json_values import CorruptJson
+from recovery_ext._json_values import CorruptJson
 from recovery_ext._store.schema import pipelines, queue_items
 from recovery_ext._store.statuses import UNFINISHED_QUEUE_STATUSES, QueueStatus
 from recovery_ext._store.fenced import Fence

@@ -182,13 +182,15 @@ def test_no_import_cycles_between_library_modules():
 # The layers, lowest first, as docs/explanation/architecture.md draws them. A module imports its own package and
 # the packages of lower layers; packages that share a layer do not import each other.
 LAYERS: list[set[str]] = [
-    {"_errors"},
+    {"_errors", "_json_values"},
     {"_settings", "_conventions", "_processes"},
     {"_classify"},
     {"_store"},
     {"_liveness", "_providers", "_recovery"},
     {"_observe"},
     {"_dagster"},
+    {"_cli_common"},  # what every command shares
+    {"_cli_spend"},  # a command module, registered by _cli
     {"_cli", "__init__", "store", "testing"},
 ]
 
