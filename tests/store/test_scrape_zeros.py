@@ -24,7 +24,8 @@ def test_every_known_series_reads_0_before_anything_happened(store):
     assert 'recovery_pipelines{dagster_job="etl",deployment="' in body
     for status in ("pending", "completed", "failed", "canceled"):
         assert f'dagster_job="etl",deployment="{_deployment(body)}",status="{status}"}} 0.0' in body
-    assert 'recovery_pipelines_waiting{dagster_job="etl"} 0.0' in body
+    for on in ("provider outage", "rate budget", "spend cap", "provider job"):  # every kind of wait reads 0
+        assert f'recovery_pipelines_waiting{{dagster_job="etl",waiting_on="{on}"}} 0.0' in body
     assert 'recovery_pipelines_heartbeat_expired{dagster_job="etl"} 0.0' in body
     for status in ("completed", "degraded"):
         assert f'recovery_items{{dagster_job="etl",status="{status}"}} 0.0' in body

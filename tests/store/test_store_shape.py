@@ -256,7 +256,9 @@ def test_the_recovery_component_holds_its_collaborators(store):
 
 # interfaces.py takes the values it names from models.py; these modules still hold one it names (interfaces.py says
 # why for each), and leave this set as their values move.
-STILL_HOLD_VALUES = {"budgets", "fenced", "migrations", "reports", "retention"}
+# Modules whose value types interfaces.py still imports: each leaves this list when its values move to models.py
+# (spend_caps and waits are this round's spend caps, not moved yet).
+STILL_HOLD_VALUES = {"budgets", "fenced", "migrations", "reports", "retention", "spend_caps", "waits"}
 
 
 def test_the_interfaces_take_their_values_from_models():
