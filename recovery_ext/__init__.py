@@ -20,8 +20,10 @@ from recovery_ext._errors import (ConfigurationError, IllegalTransition, ItemTak
                                   StoreUnavailable, UnfinishedItems, UnresumableSelection)
 from recovery_ext._liveness.heartbeat import HeartbeatSettings, Watchdog
 from recovery_ext._observe.otel import instrument_opentelemetry, uninstrument_opentelemetry
+from recovery_ext._providers.anthropic_batch import AnthropicBatchJobs
 from recovery_ext._providers.guard import CircuitOpen, OutageBudgetExceeded, OutageSettings, ProviderGuard
-from recovery_ext._providers.jobs import JobAdapter, JobResult
+from recovery_ext._providers.jobs import (JobAdapter, JobResult, JobResults, ReadLimits, ResultUnbounded,
+                                          ResultUnreadable)
 from recovery_ext._providers.journal import journaled_call
 from recovery_ext._providers.openai_batch import OpenAIBatchJobs
 from recovery_ext._providers.ledger import record_provider_call
@@ -98,6 +100,7 @@ def __dir__() -> list[str]:
 
 
 __all__ = [
+    "AnthropicBatchJobs",
     "ASSET_JOB",
     "BreakerState",
     "CircuitOpen",
@@ -117,6 +120,7 @@ __all__ = [
     "ItemTakenOver",
     "JobAdapter",
     "JobResult",
+    "JobResults",
     "LEGACY_STALE_SECONDS",
     "MigrationError",
     "MissingRunLiveness",
@@ -138,6 +142,9 @@ __all__ = [
     "ProviderLimits",
     "QueueHandle",
     "QueueStatus",
+    "ReadLimits",
+    "ResultUnbounded",
+    "ResultUnreadable",
     "RecoveryError",
     "RecoveryResource",
     "RecoverySettings",

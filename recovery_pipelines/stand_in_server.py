@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+from typing import Any
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 
@@ -60,3 +61,30 @@ class LocalServer:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+class BatchServer(LocalServer):
+    """A batch API's stand-in: the batches it created (each with what it ``answered``: custom_id, tokens in,
+    tokens out), and a ``released`` event that lets a held answer go out when it stops."""
+
+    def __init__(self) -> None:
+        self.batches: dict[str, Any] = {}
+        self.released = threading.Event()
+        self.lock = threading.Lock()
+
+    @property
+    def submissions(self) -> int:
+        with self.lock:
+            return len(self.batches)
+
+    def answered(self) -> list[tuple[str, int, int]]:
+        with self.lock:
+            self._settle()
+            return [a for b in self.batches.values() for a in b.answered]
+
+    def _settle(self) -> None:
+        """Bring every batch up to date before counting (a stand-in whose batches end only when asked)."""
+
+    def stop(self) -> None:
+        self.released.set()  # a held answer goes out before the server stops
+        super().stop()

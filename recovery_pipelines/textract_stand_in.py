@@ -9,7 +9,10 @@ starts nothing (with other parameters: ``IdempotentParameterMismatchException``)
 for ``duration`` seconds, then ``SUCCEEDED`` with PAGE, LINE and WORD blocks, read ``MaxResults`` blocks at a
 time with ``NextToken``; ``fail_first`` names documents whose first job ends ``FAILED``; :meth:`forget`
 makes a job unknown (``InvalidJobIdException``), as its results are after 7 days; ``start_delay`` slows each
-start, ``result_delay`` each read of a finished job's blocks.
+start, ``result_delay`` each read of a finished job's blocks. Faults of the service's own: ``repeat_token``
+answers every page with the ``NextToken`` it was asked for (or the first one), so a client that follows it
+reads for ever; ``odd_fields`` puts other values in the answer (``{"Confidence": "high"}`` on each LINE,
+``{"Pages": "two"}`` in its ``DocumentMetadata``).
 
 Buckets are local folders (``buckets={"scans": folder}``); an object's text is what the test data was
 rendered from (the folder's ``expected.json`` manifest that ``create_scanned_pdfs`` writes), else its
@@ -104,7 +107,9 @@ def blocks_of(lines: list[str], pages: int) -> list[dict]:
 
 class TextractProvider(LocalServer):
     def __init__(self, buckets: Mapping[str, Path | str], *, duration: float = 1.0,
-                 fail_first: Iterable[str] = (), start_delay: float = 0.0, result_delay: float = 0.0) -> None:
+                 fail_first: Iterable[str] = (), start_delay: float = 0.0, result_delay: float = 0.0,
+                 repeat_token: bool = False, odd_fields: Mapping[str, Any] | None = None) -> None:
+        self.repeat_token, self.odd_fields = repeat_token, dict(odd_fields or {})
         self.buckets = {name: Path(folder).resolve() for name, folder in buckets.items()}
         self.duration, self.fail_first = duration, set(fail_first)
         self.start_delay, self.result_delay = start_delay, result_delay
@@ -207,10 +212,13 @@ class TextractProvider(LocalServer):
             size = min(int(body.get("MaxResults") or 1000), 1000)
             start = int(str(body.get("NextToken") or "p0")[1:])
             blocks = job.blocks or []
-            answer = {"JobStatus": "SUCCEEDED", "DocumentMetadata": {"Pages": job.pages},
-                      "DetectDocumentTextModelVersion": "1.0", "Blocks": blocks[start:start + size]}
+            page = [{**b, **{k: v for k, v in self.odd_fields.items() if k in b}} if b["BlockType"] == "LINE" else b
+                    for b in blocks[start:start + size]]
+            pages = self.odd_fields.get("Pages", job.pages)
+            answer = {"JobStatus": "SUCCEEDED", "DocumentMetadata": {"Pages": pages},
+                      "DetectDocumentTextModelVersion": "1.0", "Blocks": page}
             if start + size < len(blocks):
-                answer["NextToken"] = f"p{start + size}"
+                answer["NextToken"] = str(body.get("NextToken") or "p0") if self.repeat_token else f"p{start + size}"
             return answer
 
     # -- serving ------------------------------------------------------------------------------------

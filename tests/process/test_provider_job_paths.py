@@ -285,3 +285,61 @@ def test_a_resume_given_a_live_batchs_items_in_two_calls_reattaches_for_both(sto
     assert [(j.job_id, j.status) for j in store.pipelines.provider_jobs(pipeline.id)] == [(batch_id, "collected")]
     assert outcomes(store, pipeline.id) == Counter({"ok": ITEMS, "submitted": 1})
     assert len(store.pipelines.completed_items(pipeline.id, "describe")) == ITEMS
+
+
+def cut_and_doubled(lines: list[dict]) -> list[str]:
+    """The first batch's output as a provider may write it: t01's line cut off, t03's replaced by ``[]``, t02
+    answered twice and an answer for an item no request named."""
+    text = {line["custom_id"]: json.dumps(line) for line in lines}
+    stranger = json.dumps({**lines[0], "custom_id": "zz"})
+    return [text["t00"], text["t01"][:70], text["t02"], text["t02"], "[]", text["t04"], text["t05"], stranger]
+
+
+def run_batch_job(store, provider, db_url, monkeypatch):
+    monkeypatch.setenv("RECOVERY_DATABASE_URL", db_url)
+    monkeypatch.setenv("RECOVERY_BATCH_URL", provider.url)
+    with DagsterInstance.ephemeral() as instance:
+        result = execute_in_process(job, instance=instance, run_config=config(),
+                                    resources={"recovery": recovery_resource()}, raise_on_error=False)
+    assert result.success
+    (pipeline,) = store.reports.list_pipelines()
+    return pipeline
+
+
+def test_one_unreadable_line_of_a_batch_output_costs_only_its_own_item(store, db_url, monkeypatch):
+    with BatchProvider(duration=0.3, rewrite_output=cut_and_doubled) as provider:
+        pipeline = run_batch_job(store, provider, db_url, monkeypatch)
+        assert provider.submissions == 2
+        first, second = provider.batches.values()
+        assert [line["custom_id"] for line in second.lines] == ["t01", "t03"]  # only the two it could not read
+    calls = store_rows.provider_calls(store, pipeline.id)
+    assert outcomes(store, pipeline.id) == Counter({"ok": ITEMS, "submitted": 1, "resubmitted": 1,
+                                                    "unreadable_result": 2, "missing_result": 1,
+                                                    "duplicate_result": 1, "unknown_item": 1})
+    paid = [a for a in first.answered if a[0] not in ("t01", "t03")] + second.answered
+    assert sorted((c.item_key, c.tokens_in, c.tokens_out) for c in calls if c.outcome == "ok") == sorted(paid)
+    cut = next(c for c in calls if c.outcome == "unreadable_result" and c.item_key == "t01")
+    assert first.id in cut.note and '"custom_id": "t01"' in cut.note  # the provider's words, naming the batch
+    assert next(c for c in calls if c.outcome == "missing_result").item_key == "t03"
+    doubled = next(c for c in calls if c.outcome == "duplicate_result")
+    answered = {key: (tokens_in, tokens_out) for key, tokens_in, tokens_out in first.answered}
+    assert (doubled.tokens_in, doubled.tokens_out) == answered["t02"]  # paid twice, so ledgered twice
+    jobs = store.pipelines.provider_jobs(pipeline.id)
+    assert [(j.status, j.attempt, len(j.items)) for j in jobs] == [("collected", 1, ITEMS), ("collected", 2, 2)]
+    assert len(store.pipelines.completed_items(pipeline.id, "describe")) == ITEMS
+
+
+def test_a_batch_the_provider_no_longer_knows_is_resubmitted_for_its_unfinished_items(store, db_url, monkeypatch):
+    with BatchProvider(duration=0.3, forget_first=True) as provider:
+        pipeline = run_batch_job(store, provider, db_url, monkeypatch)
+        assert provider.submissions == 2
+        first, second = provider.batches.values()
+        assert first.answered == [] and len(second.lines) == ITEMS
+    f = assert_ledger_equals_the_provider(store, pipeline.id, provider)
+    assert outcomes(store, pipeline.id) == Counter({"ok": ITEMS, "job_gone": ITEMS, "submitted": 1,
+                                                    "resubmitted": 1})
+    gone = [c for c in store_rows.provider_calls(store, pipeline.id) if c.outcome == "job_gone"]
+    assert all(first.id in c.note and "No batch found" in c.note for c in gone)
+    assert f.in_flight_unknown_calls == 0
+    jobs = store.pipelines.provider_jobs(pipeline.id)
+    assert [(j.job_id, j.status, j.attempt) for j in jobs] == [(first.id, "expired", 1), (second.id, "collected", 2)]
