@@ -15,28 +15,23 @@ of OpenAI's Batch API driven through the ``openai`` SDK:
 from __future__ import annotations
 
 import json
-import os
 import random
 import signal
-import subprocess
-import sys
 import threading
 import time
 from collections import Counter
-from pathlib import Path
 
 import batch_kill_defs
+import provider_job_runs
 import pytest
 from batch_checks import assert_ledger_equals_the_provider as assert_ledger_equals
 from batch_checks import outcomes
 from batch_defs import job
+from provider_job_runs import reattached_to, start_worker
 from dagster import DagsterInstance, build_sensor_context, instance_for_test
-from helpers import reclaim
 from ledger_defs import recovery_resource
 
 from recovery_ext import execute_in_process, make_orphan_sensor, scan
-from recovery_ext._dagster.tags import TAG_PIPELINE, TAG_RESUME_NUMBER, TAG_RESUMED_FROM
-from recovery_ext._store.models import PassPlan
 from recovery_ext._store.statuses import WAITING
 from recovery_pipelines.batch_stand_in import BatchProvider
 from recovery_pipelines.devserver import wait_for
@@ -44,7 +39,6 @@ import store_rows
 
 pytestmark = pytest.mark.timeout(600)
 
-HERE = Path(__file__).resolve().parents[1] / "support"
 ITEMS = 6
 HEARTBEAT_TIMEOUT = 3.0  # ledger_defs.recovery_resource's
 
@@ -53,30 +47,8 @@ def config(**describe) -> dict:
     return {"ops": {"describe": {"config": {"items": ITEMS, "poll_seconds": 0.2, **describe}}}}
 
 
-def start_worker(module: str, run_config: dict) -> subprocess.Popen:
-    """A run worker in its own process (tests/support/journal_run.py), so it can be killed -9."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), str(HERE.parents[1])])}
-    return subprocess.Popen([sys.executable, str(HERE / "journal_run.py"), module, json.dumps(run_config)],
-                            cwd=HERE, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-
-
 def resume(store, the_job=job, run_config=None):
-    """Take the dead worker's pipeline over (as the orphan sensor does) and resume it in process."""
-    (pipeline,) = store.reports.list_pipelines()
-    (reclaimed,), _ = reclaim(store, PassPlan(dead_owner_runs=[pipeline.owner]))
-    tags = {TAG_PIPELINE: str(reclaimed.pipeline_id), TAG_RESUME_NUMBER: str(reclaimed.resume_number),
-            TAG_RESUMED_FROM: reclaimed.previous_owner}
-    with DagsterInstance.ephemeral() as instance:
-        result = execute_in_process(the_job, instance=instance, tags=tags, run_config=run_config or config(),
-                                    resources={"recovery": recovery_resource()})
-    assert result.success
-    return pipeline, result
-
-
-def reattached_to(result) -> str | None:
-    (output,) = [e for e in result.all_events if e.step_key == "describe" and e.event_type_value == "STEP_OUTPUT"]
-    found = output.step_output_data.metadata.get("provider_job_reattached")
-    return None if found is None else found.value
+    return provider_job_runs.resume(store, the_job, run_config or config())
 
 
 def assert_ledger_equals_the_provider(store, pipeline_id, provider: BatchProvider):
