@@ -18,6 +18,7 @@ import signal
 from collections import Counter
 
 import anthropic_batch_defs
+import batch_checks
 import pytest
 from batch_checks import outcomes
 from dagster import DagsterInstance
@@ -39,12 +40,7 @@ def config(**describe) -> dict:
 
 
 def assert_ledger_equals_the_provider(store, pipeline_id, provider: AnthropicBatchProvider) -> None:
-    answered = provider.answered()
-    f = store.reports.provider_costs(pipeline_id).pipelines[pipeline_id]
-    assert (f.tokens_in, f.tokens_out) == (sum(a[1] for a in answered), sum(a[2] for a in answered))
-    calls = outcomes(store, pipeline_id)
-    assert calls["ok"] == len(answered)
-    assert calls["submitted"] + calls["resubmitted"] == provider.submissions
+    f = batch_checks.assert_ledger_equals_the_provider(store, pipeline_id, provider, None)
     assert f.in_flight_unknown_calls == 0
 
 
