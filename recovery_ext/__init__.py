@@ -21,6 +21,7 @@ from recovery_ext._errors import (ConfigurationError, IllegalTransition, ItemTak
 from recovery_ext._liveness.heartbeat import HeartbeatSettings, Watchdog
 from recovery_ext._observe.otel import instrument_opentelemetry, uninstrument_opentelemetry
 from recovery_ext._providers.anthropic_batch import AnthropicBatchJobs
+from recovery_ext._providers.bedrock_batch import BedrockBatchJobs
 from recovery_ext._providers.guard import CircuitOpen, OutageBudgetExceeded, OutageSettings, ProviderGuard
 from recovery_ext._providers.jobs import (JobAdapter, JobResult, JobResults, ReadLimits, ResultUnbounded,
                                           ResultUnreadable)
@@ -102,6 +103,7 @@ def __dir__() -> list[str]:
 __all__ = [
     "AnthropicBatchJobs",
     "ASSET_JOB",
+    "BedrockBatchJobs",
     "BreakerState",
     "CircuitOpen",
     "Classification",

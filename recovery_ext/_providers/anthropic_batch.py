@@ -30,9 +30,9 @@ from recovery_ext._classify.classifier import ClassifiedError
 from recovery_ext._classify.redaction import redact_url
 from recovery_ext._errors import ConfigurationError
 from recovery_ext._providers.journal import fingerprint
-from recovery_ext._providers.jobs import (CANCELLED, COMPLETED, EXPIRED, JOB_GONE, RUNNING, UNREADABLE_RESULT,
-                                          JobResult, JobResults, ReadBudget, ReadLimits, ResultUnbounded, custom_id_in,
-                                          is_gone, note)
+from recovery_ext._providers.jobs import (CANCELLED, COMPLETED, EXPIRED, JOB_GONE, RUNNING, UNREADABLE_RESULT, Intents,
+                                          JobResult, JobResults, ReadBudget, ReadLimits, ResultUnbounded,
+                                          custom_id_in, is_gone, lines_within, note)
 from recovery_ext._providers.usage import read_usage
 
 _STATES = {"in_progress": RUNNING, "canceling": RUNNING, "ended": COMPLETED}
@@ -64,8 +64,7 @@ class AnthropicBatchJobs:
         self.limits = limits or ReadLimits()
         self.find_pages, self.window, self.skew = find_pages, window_seconds, skew_seconds
         self.endpoint = redact_url(f"{str(client.base_url).rstrip('/')}/v1/messages/batches")
-        self._keys: dict[str, str] = {}           # custom_id -> item key, of every intent this adapter was given
-        self._intents: dict[str, tuple[set[str], dt.datetime | None]] = {}  # token -> its custom_ids, since
+        self._intents = Intents(custom_id)
         self._gone: dict[str, str] = {}           # batch id -> what the service said when it no longer knew it
 
     @classmethod
@@ -83,12 +82,10 @@ class AnthropicBatchJobs:
 
     def expect(self, token: str, requests: Mapping[str, Any], since: dt.datetime | None = None) -> None:
         """The job's intent: its token and its requests (recorded before it was submitted, at ``since``)."""
-        ids = {custom_id(token, key, request): key for key, request in requests.items()}
-        self._keys.update(ids)
-        self._intents[token] = (set(ids), since)
+        self._intents.expect(token, requests, since)
 
     def submit(self, requests: Mapping[str, Any], token: str) -> str:
-        self.expect(token, requests, self._intents.get(token, (set(), None))[1])
+        self.expect(token, requests)
         batch = self.client.messages.batches.create(requests=[
             {"custom_id": custom_id(token, key, request), "params": request} for key, request in requests.items()])
         return str(batch.id)
@@ -97,7 +94,7 @@ class AnthropicBatchJobs:
         """The batch submitted for the intent under ``token``: an ended one whose results carry its custom_ids;
         else every batch still in progress that could be it (same number of requests, created around the
         intent), joined by ``+``; None when none could be (it was never created: submit it)."""
-        ids, since = self._intents.get(token, (set(), None))
+        ids, since = self._intents.of.get(token, (set(), None))
         if not ids:
             return None
         candidates: list[str] = []
@@ -157,7 +154,7 @@ class AnthropicBatchJobs:
                     if cid is None:
                         found.strays.append(result)
                         continue
-                    key = self._keys.get(cid)
+                    key = self._intents.keys.get(cid)
                     if key is None:
                         continue  # another job's request (another candidate batch, or this job's other items)
                     if key in found:
@@ -209,14 +206,9 @@ class AnthropicBatchJobs:
 
     def _lines(self, batch_id: str, budget: ReadBudget) -> Iterator[str]:
         """The batch's result lines as they stream in, each counted against the budget."""
-        budget.page()
         decoder = self.client.messages.batches.results(batch_id)
         try:
-            for line in decoder.http_response.iter_lines():
-                budget.page(len(line) + 1)
-                budget.pages -= 1  # a line is bytes and time, not a page
-                if line.strip():
-                    yield line
+            yield from lines_within(decoder.http_response.iter_lines(), budget)
         finally:
             decoder.close()
 

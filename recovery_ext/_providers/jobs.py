@@ -11,8 +11,9 @@ from __future__ import annotations
 import json
 import re
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any, Protocol
 
 from recovery_ext._classify.redaction import redact
@@ -60,13 +61,10 @@ class JobResults(dict[str, JobResult]):
         self.absent = absent
 
 
-_CUSTOM_ID = re.compile(r'"custom_id"\s*:\s*"((?:[^"\\]|\\.){1,200})"')
-
-
-def custom_id_in(text: str) -> str | None:
-    """The ``custom_id`` a result line names, read even from a line cut off after it (so that item, and only
-    it, is redone); None when it names none."""
-    named = _CUSTOM_ID.search(text)
+def custom_id_in(text: str, field: str = "custom_id") -> str | None:
+    """The item name (``custom_id``, or ``field``) a result line gives, read even from a line cut off after it
+    (so that item, and only it, is redone); None when it gives none."""
+    named = re.search(rf'"{re.escape(field)}"\s*:\s*"((?:[^"\\]|\\.){{1,200}})"', text)
     if named is None:
         return None
     try:
@@ -149,6 +147,41 @@ def is_gone(exc: BaseException) -> bool:
     if status is None:
         status = getattr(getattr(exc, "response", None), "status_code", None)
     return status in (404, 410)
+
+
+def service_error_code(exc: BaseException) -> str | None:
+    """The service's error code of a botocore ``ClientError`` (read from its response, so botocore need not be
+    imported here)."""
+    response = getattr(exc, "response", None)
+    error = response.get("Error") if isinstance(response, dict) else None
+    return str(error.get("Code")) if isinstance(error, dict) and error.get("Code") else None
+
+
+def lines_within(lines: Iterable[bytes | str], budget: ReadBudget) -> Iterator[str]:
+    """The non-empty lines of a result file as they stream in, each counted against ``budget`` (its bytes and
+    the time; the file is one page)."""
+    budget.page()
+    for raw in lines:
+        line = raw.decode("utf-8", errors="replace") if isinstance(raw, bytes) else raw
+        budget.page(len(line) + 1)
+        budget.pages -= 1  # a line is bytes and time, not a page
+        if line.strip():
+            yield line
+
+
+class Intents:
+    """The requests of the jobs an adapter was given (submitted, or expected on a resume), by the name each
+    request has at the provider (a ``custom_id``, a ``recordId``) made from the job's token and the item."""
+
+    def __init__(self, name: Callable[[str, str, Any], str]) -> None:
+        self.name = name
+        self.keys: dict[str, str] = {}  # a request's name -> its item key
+        self.of: dict[str, tuple[set[str], datetime | None]] = {}  # token -> its requests' names, when recorded
+
+    def expect(self, token: str, requests: Mapping[str, Any], since: datetime | None = None) -> None:
+        names = {self.name(token, key, request): key for key, request in requests.items()}
+        self.keys.update(names)
+        self.of[token] = (set(names), since if since is not None else self.of.get(token, (set(), None))[1])
 
 
 class JobAdapter(Protocol):

@@ -39,6 +39,7 @@ from recovery_ext._providers.jobs import (
     ResultUnbounded,
     custom_id_in,
     is_gone,
+    lines_within,
     note,
 )
 from recovery_ext._providers.usage import read_usage
@@ -146,13 +147,8 @@ class OpenAIBatchJobs:
 
     def _lines(self, file_id: str, budget: ReadBudget) -> Iterator[str]:
         """The file's lines, read as they stream in; each counted against the budget (bytes and time)."""
-        budget.page()
         with self.client.files.with_streaming_response.content(file_id) as response:
-            for line in response.iter_lines():
-                budget.page(len(line) + 1)
-                budget.pages -= 1  # a line is bytes and time, not a page
-                if line.strip():
-                    yield line
+            yield from lines_within(response.iter_lines(), budget)
 
 
 def _said(exc: BaseException) -> str:

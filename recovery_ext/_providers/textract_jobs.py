@@ -36,6 +36,7 @@ from recovery_ext._providers.jobs import (
     ReadLimits,
     ResultUnreadable,
     note,
+    service_error_code,
 )
 
 MODEL = "textract-detect-document-text"
@@ -122,7 +123,7 @@ class TextractJobs:
         try:
             return self.client.get_document_text_detection(JobId=document_job, **page)
         except Exception as exc:
-            if _error_code(exc) == "InvalidJobIdException":
+            if service_error_code(exc) == "InvalidJobIdException":
                 return None
             raise
 
@@ -240,11 +241,3 @@ class _DocumentResults(Mapping[str, JobResult]):
 
 def _jobs(job_id: str) -> dict[str, str]:
     return {str(k): str(v) for k, v in json.loads(job_id).items()}
-
-
-def _error_code(exc: BaseException) -> str | None:
-    """The service's error code of a botocore ``ClientError`` (read from its response, so botocore need not
-    be imported here)."""
-    response = getattr(exc, "response", None)
-    error = response.get("Error") if isinstance(response, dict) else None
-    return str(error.get("Code")) if isinstance(error, dict) and error.get("Code") else None

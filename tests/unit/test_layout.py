@@ -66,12 +66,12 @@ def test_importing_the_package_does_not_import_dagster_or_opentelemetry():
     assert out.stdout.strip() == "[]"
 
 
-@pytest.mark.parametrize(("sdk", "extra", "adapter", "module"), [
-    ("botocore", "aws", "TextractJobs", "recovery_ext._providers.textract_jobs"),
-    ("anthropic", "anthropic", "AnthropicBatchJobs", "recovery_ext._providers.anthropic_batch"),
+@pytest.mark.parametrize(("sdk", "extra", "adapter", "modules"), [
+    ("botocore", "aws", "TextractJobs", ["recovery_ext._providers.bedrock_batch", "recovery_ext._providers.textract_jobs"]),
+    ("anthropic", "anthropic", "AnthropicBatchJobs", ["recovery_ext._providers.anthropic_batch"]),
 ])
-def test_a_provider_sdk_is_an_extra_imported_only_by_its_adapter_and_only_when_it_connects(sdk, extra, adapter,
-                                                                                            module):
+def test_a_provider_sdk_is_an_extra_imported_only_by_its_adapters_and_only_when_they_connect(sdk, extra, adapter,
+                                                                                             modules):
     """``pip install recovery-ext`` does not pull a provider's SDK (only its extra does), and importing the
     package, the Dagster layer or the adapter does not import it: the adapter takes the application's client."""
     from importlib.metadata import requires
@@ -81,7 +81,7 @@ def test_a_provider_sdk_is_an_extra_imported_only_by_its_adapter_and_only_when_i
     assert any(f"'{extra}'" in marker.replace('"', "'") for marker in declared)
     importers = sorted(name for name, path in _library_modules().items()
                        if any(m.split(".")[0] == sdk for m in _imports(path)))
-    assert importers == [module]
+    assert importers == modules
     code = (f"import sys, recovery_ext; recovery_ext.run_provider_job; recovery_ext.{adapter}; "
             f"print({sdk!r} in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
