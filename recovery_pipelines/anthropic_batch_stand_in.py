@@ -11,9 +11,7 @@ service reports the ones it did not reach within 24 h (and bills none of them); 
 rewrites the first batch's results file as served (a cut-off line, a duplicate). Errors are Anthropic's
 ``{"type": "error", "error": {"type": ..., "message": ...}}``.
 
-Crash points: ``hold_create=S`` holds the answer to the first creation for up to S seconds after the batch
-exists (a client killed then never learns its id); ``drop_first_create=S`` holds the first creation request
-for up to S seconds *before* any batch exists, then drops it (a client killed then created nothing).
+Crash points: ``hold_create`` and ``drop_first_create``, as :class:`BatchServer` says.
 """
 
 from __future__ import annotations
@@ -61,9 +59,7 @@ class AnthropicBatchProvider(BatchServer):
                  drop_first_create: float = 0.0,
                  rewrite_results: Callable[[list[str]], list[str]] | None = None) -> None:
         self.duration, self.expire_first, self.rewrite_results = duration, expire_first, rewrite_results
-        self.hold_create, self.drop_first_create = hold_create, drop_first_create
-        super().__init__()
-        self.creates = 0  # creation requests received (a dropped one included)
+        super().__init__(hold_create, drop_first_create)
 
     def _settle(self) -> None:
         for batch in self.batches.values():
@@ -117,19 +113,13 @@ class AnthropicBatchProvider(BatchServer):
                 requests = body.get("requests")
                 if not isinstance(requests, list) or not requests:
                     return self._error(400, "invalid_request_error", "requests: at least one request")
-                with provider.lock:
-                    provider.creates += 1
-                    drop = provider.creates == 1 and provider.drop_first_create
-                if drop:  # the request arrived, no batch exists: a client killed now created nothing
-                    provider.released.wait(provider.drop_first_create)
+                if not provider.creation_arrived():  # dropped: no batch exists
                     return self._error(529, "overloaded_error", "Overloaded")
                 with provider.lock:
                     batch = StandInMessageBatch(f"msgbatch_{uuid.uuid4().hex[:24]}", requests, time.time())
                     provider.batches[batch.id] = batch
                     created = provider._batch_json(batch)
-                    hold = provider.hold_create if len(provider.batches) == 1 else 0.0
-                if hold:  # the batch exists; its id reaches the client later (or never)
-                    provider.released.wait(hold)
+                provider.created()
                 self._send(200, created)
 
             def do_GET(self):

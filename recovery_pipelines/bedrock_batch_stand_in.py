@@ -10,9 +10,8 @@ any credentials do). A job is ``InProgress`` for ``duration`` seconds, then ``Co
 JSONL input (``recordId``, ``modelInput``: an Anthropic Messages body) answered in
 ``{output}/{job id}/{input file}.out`` with ``modelOutput`` and its ``usage`` (a token per 4 characters), or,
 with ``fail_first=N``, the first job's records after its first N failed one by one (``error``, HTTP 500), as
-the service reports them (``PartiallyCompleted``); ``hold_create=S`` holds the answer to the first creation
-for up to S seconds after the job exists (a client killed then never learns its ARN); :meth:`forget` makes a
-job unknown.
+the service reports them (``PartiallyCompleted``); :meth:`forget` makes a job unknown. Crash points:
+``hold_create`` and ``drop_first_create``, as :class:`BatchServer` says.
 """
 
 from __future__ import annotations
@@ -64,12 +63,12 @@ def dechunk(data: bytes) -> bytes:
 
 
 class BedrockBatchProvider(BatchServer):
-    def __init__(self, *, duration: float = 1.0, fail_first: int | None = None, hold_create: float = 0.0) -> None:
-        self.duration, self.fail_first, self.hold_create = duration, fail_first, hold_create
-        super().__init__()
+    def __init__(self, *, duration: float = 1.0, fail_first: int | None = None, hold_create: float = 0.0,
+                 drop_first_create: float = 0.0) -> None:
+        self.duration, self.fail_first = duration, fail_first
+        super().__init__(hold_create, drop_first_create)
         self.objects: dict[tuple[str, str], bytes] = {}
         self.by_token: dict[str, str] = {}
-        self.creates = 0  # creation requests (a repeat under its token included)
 
     def forget(self, arn: str) -> None:
         with self.lock:
@@ -139,8 +138,9 @@ class BedrockBatchProvider(BatchServer):
                 body = json.loads(self._raw() or b"{}")
                 if urlsplit(self.path).path != "/model-invocation-job":
                     return self._error(404, "UnknownOperationException", "unknown operation")
+                if not provider.creation_arrived():  # dropped: no job exists
+                    return self._error(503, "ServiceUnavailableException", "Service unavailable")
                 with provider.lock:
-                    provider.creates += 1
                     token = body.get("clientRequestToken")
                     known = provider.by_token.get(token) if token else None
                     if known is not None:
@@ -149,9 +149,7 @@ class BedrockBatchProvider(BatchServer):
                     provider.batches[job.arn] = job
                     if token:
                         provider.by_token[token] = job.arn
-                    hold = provider.hold_create if len(provider.batches) == 1 else 0.0
-                if hold:  # the job exists; its ARN reaches the client later (or never)
-                    provider.released.wait(hold)
+                provider.created()
                 self._json(200, {"jobArn": job.arn})
 
             def do_GET(self):

@@ -31,7 +31,7 @@ def finished(jobs: AnthropicBatchJobs, job_id: str) -> str:
 
 
 def test_a_batch_is_submitted_once_and_its_results_come_by_item():
-    with AnthropicBatchProvider(duration=0.2) as provider:
+    with AnthropicBatchProvider(duration=2.0) as provider:
         jobs = adapter(provider)
         job_id = jobs.submit(requests("a", "b"), "token-one")
         assert jobs.status(job_id) == RUNNING and provider.submissions == 1
@@ -46,7 +46,7 @@ def test_a_batch_is_submitted_once_and_its_results_come_by_item():
 
 
 def test_an_orphan_is_found_by_its_requests_ended_or_still_running_and_never_another():
-    with AnthropicBatchProvider(duration=0.6) as provider:
+    with AnthropicBatchProvider(duration=3.0) as provider:
         mine = adapter(provider).submit(requests("a", "b"), "mine")        # created; its id never recorded
         foreign = adapter(provider).submit(requests("x", "y"), "theirs")   # another pipeline's, as many requests
         adapter(provider).submit(requests("z"), "small")                    # fewer requests: never a candidate

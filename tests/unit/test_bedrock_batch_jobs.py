@@ -34,7 +34,7 @@ def adapter(provider: BedrockBatchProvider) -> BedrockBatchJobs:
 
 
 def test_a_job_under_its_token_is_started_once_and_answers_by_item():
-    with BedrockBatchProvider(duration=0.3, fail_first=2) as provider:
+    with BedrockBatchProvider(duration=3.0, fail_first=2) as provider:
         jobs = adapter(provider)
         arn = jobs.submit(requests("a", "b", "c"), "token1")
         assert adapter(provider).submit(requests("a", "b", "c"), "token1") == arn  # a resume's submission
