@@ -6,7 +6,7 @@ idempotency key and keeps no metadata on a batch, so the job's intent (its token
 recorded before the submission, and each request's ``custom_id`` carries both: the token's first 20
 characters, then a SHA-256 of the item's key and its request. After a crash between the submission and
 the id's checkpoint, :meth:`AnthropicBatchJobs.find` lists the recent batches (newest first, within
-:class:`ReadLimits`), keeps those created around the intent with as many requests, and matches their
+:class:`ReadLimits`), keeps those created around the intent with at least as many requests, and matches their
 requests to it: an ended batch by its results' ``custom_id``s; a batch still in progress cannot show its
 requests yet, so every such candidate is re-attached as one job and only results whose ``custom_id`` is
 one of the intent's are ever kept or ledgered (another pipeline's batch costs a wait, never an answer).
@@ -92,8 +92,9 @@ class AnthropicBatchJobs:
 
     def find(self, token: str) -> str | None:
         """The batch submitted for the intent under ``token``: an ended one whose results carry its custom_ids;
-        else every batch still in progress that could be it (same number of requests, created around the
-        intent), joined by ``+``; None when none could be (it was never created: submit it)."""
+        else every batch still in progress that could be it (at least as many requests as this call knows of
+        the intent, created around it), joined by ``+``; None when none could be (it was never created: submit
+        it)."""
         ids, since = self._intents.of.get(token, (set(), None))
         if not ids:
             return None
@@ -108,7 +109,7 @@ class AnthropicBatchJobs:
                         break  # newest first: the rest are older than the intent
                     if created > since + dt.timedelta(seconds=self.window):
                         continue
-                if _total(batch) != len(ids):
+                if _total(batch) < len(ids):  # fewer requests than this call knows of the intent: not it
                     continue
                 if str(getattr(batch, "processing_status", "")) != "ended":
                     candidates.append(str(batch.id))
