@@ -7,7 +7,8 @@ body, signed (SigV4; any credentials do), errors as ``{"__type": ..., "message":
 real service does, a start repeated under the same ``ClientRequestToken`` answers the same ``JobId`` and
 starts nothing (with other parameters: ``IdempotentParameterMismatchException``). A job is ``IN_PROGRESS``
 for ``duration`` seconds, then ``SUCCEEDED`` with PAGE, LINE and WORD blocks, read ``MaxResults`` blocks at a
-time with ``NextToken``; ``fail_first`` names documents whose first job ends ``FAILED``; :meth:`forget`
+time with ``NextToken``; ``fail_first`` names documents whose first job ends ``FAILED``, ``forget_first``
+documents whose first job the service loses once it ran (unknown from then on, and never billed); :meth:`forget`
 makes a job unknown (``InvalidJobIdException``), as its results are after 7 days; ``start_delay`` slows each
 start, ``result_delay`` each read of a finished job's blocks. Faults of the service's own: ``repeat_token``
 answers every page with the ``NextToken`` it was asked for (or the first one), so a client that follows it
@@ -108,8 +109,10 @@ def blocks_of(lines: list[str], pages: int) -> list[dict]:
 class TextractProvider(LocalServer):
     def __init__(self, buckets: Mapping[str, Path | str], *, duration: float = 1.0,
                  fail_first: Iterable[str] = (), start_delay: float = 0.0, result_delay: float = 0.0,
-                 repeat_token: bool = False, odd_fields: Mapping[str, Any] | None = None) -> None:
+                 repeat_token: bool = False, odd_fields: Mapping[str, Any] | None = None,
+                 forget_first: Iterable[str] = ()) -> None:
         self.repeat_token, self.odd_fields = repeat_token, dict(odd_fields or {})
+        self.forget_first = set(forget_first)
         self.buckets = {name: Path(folder).resolve() for name, folder in buckets.items()}
         self.duration, self.fail_first = duration, set(fail_first)
         self.start_delay, self.result_delay = start_delay, result_delay
@@ -159,6 +162,9 @@ class TextractProvider(LocalServer):
         first = next(j for j in self.jobs.values() if j.location["S3Object"]["Name"] == name) is job
         if first and name in self.fail_first:
             job.status = "FAILED"
+            return
+        if first and name in self.forget_first:  # the service lost it: unknown from now on, never billed
+            job.known = False
             return
         job.pages = page_count(job.path)
         job.blocks = blocks_of(text_lines(job.path), job.pages)
