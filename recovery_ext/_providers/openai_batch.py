@@ -117,7 +117,7 @@ class OpenAIBatchJobs:
         if batch is None:
             return JobResults(absent=JobResult(error=JOB_GONE, note=note(f"openai batch {job_id}",
                                                                          self._gone[job_id])))
-        found = JobResults()
+        found = JobResults(absent=_failed(batch, job_id))
         budget = self.limits.reading(f"openai batch {job_id}")
         answers: dict[str, JobResult] = {}
         errors: dict[str, JobResult] = {}
@@ -149,6 +149,16 @@ class OpenAIBatchJobs:
         """The file's lines, read as they stream in; each counted against the budget (bytes and time)."""
         with self.client.files.with_streaming_response.content(file_id) as response:
             yield from lines_within(response.iter_lines(), budget)
+
+
+def _failed(batch: Any, job_id: str) -> JobResult | None:
+    """What each item of a batch that failed as a whole (e.g. its input did not validate) is recorded with: the
+    batch's own errors."""
+    if str(getattr(batch, "status", "")) != "failed":
+        return None
+    errors = getattr(getattr(batch, "errors", None), "data", None) or []
+    said = "; ".join(f"{getattr(e, 'code', None)}: {getattr(e, 'message', None)}" for e in errors[:3])
+    return JobResult(error="batch_failed", note=note(f"openai batch {job_id}", said or "the batch failed"))
 
 
 def _said(exc: BaseException) -> str:

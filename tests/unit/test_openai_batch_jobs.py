@@ -86,3 +86,19 @@ def test_an_unknown_batch_status_is_an_error_naming_the_batch(monkeypatch):
         with pytest.raises(Exception) as raised:
             jobs.status(job_id)
     assert job_id in str(raised.value) and "melting" in str(raised.value)
+
+
+def test_a_batch_that_failed_as_a_whole_gives_each_item_its_errors(monkeypatch):
+    with BatchProvider(duration=0.1) as provider:
+        jobs, job_id = submitted(provider)
+        shown = provider._batch_json
+
+        def failed(batch):
+            return {**shown(batch), "status": "failed", "output_file_id": None, "error_file_id": None,
+                    "errors": {"object": "list", "data": [{"code": "invalid_json_line", "line": 1,
+                                                           "message": "This line is not parseable as valid JSON."}]}}
+
+        monkeypatch.setattr(provider, "_batch_json", failed)
+        results = jobs.results(job_id)
+    assert dict(results) == {}
+    assert results.absent.error == "batch_failed" and "invalid_json_line" in results.absent.note
