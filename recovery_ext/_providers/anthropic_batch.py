@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import datetime as dt
 import hashlib
-import json
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -32,7 +31,7 @@ from recovery_ext._errors import ConfigurationError
 from recovery_ext._providers.journal import fingerprint
 from recovery_ext._providers.jobs import (CANCELLED, COMPLETED, EXPIRED, JOB_GONE, RUNNING, UNREADABLE_RESULT, Intents,
                                           JobResult, JobResults, ReadBudget, ReadLimits, ResultUnbounded,
-                                          custom_id_in, is_gone, lines_within, note)
+                                          json_line, is_gone, lines_within, note)
 from recovery_ext._providers.usage import read_usage
 
 _STATES = {"in_progress": RUNNING, "canceling": RUNNING, "ended": COMPLETED}
@@ -152,18 +151,10 @@ class AnthropicBatchJobs:
             try:
                 for line in self._lines(batch_id, self.limits.reading(where)):
                     cid, result = _read_line(line, where)
-                    if cid is None:
-                        found.strays.append(result)
-                        continue
-                    key = self._intents.keys.get(cid)
-                    if key is None:
+                    key = self._intents.keys.get(cid) if cid is not None else None
+                    if cid is not None and key is None:
                         continue  # another job's request (another candidate batch, or this job's other items)
-                    if key in found:
-                        found.strays.append(JobResult(error="duplicate_result", tokens_in=result.tokens_in,
-                                                      tokens_out=result.tokens_out, model=result.model,
-                                                      note=note(where, f"a second result for {cid}")))
-                    else:
-                        found[key] = result
+                    found.add(key, result, where)
             except ResultUnbounded as exc:  # what was read is kept; the rest of the items are redone
                 found.absent = JobResult(error=exc.category, note=note(where, exc.message))
             except Exception as exc:
@@ -237,13 +228,9 @@ def _total(batch: Any) -> int:
 
 def _read_line(text: str, where: str) -> tuple[str | None, JobResult]:
     """One result line as (its custom_id, its result); None when the line names none."""
-    try:
-        line: Any = json.loads(text)
-    except ValueError:
-        line = None
-    if not isinstance(line, dict):  # a cut-off line still names its item: that item is redone
-        unreadable = JobResult(error=UNREADABLE_RESULT, note=note(where, f"unreadable line: {text[:200]}"))
-        return custom_id_in(text), unreadable
+    line = json_line(text, where)
+    if isinstance(line, tuple):  # a cut-off line still names its item: that item is redone
+        return line
     cid = line.get("custom_id")
     if not isinstance(cid, str) or not cid:
         return None, JobResult(error=UNREADABLE_RESULT, note=note(where, f"a line with no custom_id: {text[:200]}"))

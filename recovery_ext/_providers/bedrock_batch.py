@@ -32,7 +32,7 @@ from recovery_ext._errors import ConfigurationError
 from recovery_ext._providers.journal import fingerprint
 from recovery_ext._providers.jobs import (CANCELLED, COMPLETED, EXPIRED, FAILED, JOB_GONE, MISSING_RESULT, RUNNING,
                                           UNREADABLE_RESULT, Intents, JobResult, JobResults, ReadLimits,
-                                          ResultUnbounded, custom_id_in, lines_within, note,
+                                          ResultUnbounded, json_line, lines_within, note,
                                           service_error_code)
 from recovery_ext._providers.usage import read_usage
 
@@ -157,16 +157,9 @@ class BedrockBatchJobs:
             for line in lines_within(body.iter_lines(), self.limits.reading(where)):
                 rid, result = _read_line(line, where)
                 item = self._intents.keys.get(rid) if rid is not None else None
-                if item is None:
-                    if rid is None:
-                        found.strays.append(result)
+                if rid is not None and item is None:
                     continue  # a record of this job's other items (another call's), not this one's
-                if item in found:
-                    found.strays.append(JobResult(error="duplicate_result", tokens_in=result.tokens_in,
-                                                  tokens_out=result.tokens_out, model=result.model,
-                                                  note=note(where, f"a second record {rid}")))
-                else:
-                    found[item] = result
+                found.add(item, result, where)
         except ResultUnbounded as exc:  # what was read is kept; the rest of the items are redone
             found.absent = JobResult(error=exc.category, note=note(where, exc.message))
         finally:
@@ -186,13 +179,9 @@ class BedrockBatchJobs:
 
 
 def _read_line(text: str, where: str) -> tuple[str | None, JobResult]:
-    try:
-        line: Any = json.loads(text)
-    except ValueError:
-        line = None
-    if not isinstance(line, dict):  # a cut-off line still names its record: that item is redone
-        unreadable = JobResult(error=UNREADABLE_RESULT, note=note(where, f"unreadable record: {text[:200]}"))
-        return custom_id_in(text, "recordId"), unreadable
+    line = json_line(text, where, "recordId")
+    if isinstance(line, tuple):  # a cut-off line still names its item: that item is redone
+        return line
     rid = line.get("recordId")
     if not isinstance(rid, str) or not rid:
         return None, JobResult(error=UNREADABLE_RESULT, note=note(where, f"a record with no recordId: {text[:200]}"))

@@ -60,6 +60,18 @@ class JobResults(dict[str, JobResult]):
         self.strays = list(strays)
         self.absent = absent
 
+    def add(self, key: str | None, result: JobResult, where: str) -> None:
+        """One result line read: an item's result; one naming no item, or a second one for an item, is a stray
+        (paid when it is an answer, so ledgered with its tokens, never kept)."""
+        if key is None:
+            self.strays.append(result)
+        elif key in self:
+            self.strays.append(JobResult(error="duplicate_result", tokens_in=result.tokens_in,
+                                         tokens_out=result.tokens_out, model=result.model,
+                                         note=note(where, f"a second result for {key!r}")))
+        else:
+            self[key] = result
+
 
 def custom_id_in(text: str, field: str = "custom_id") -> str | None:
     """The item name (``custom_id``, or ``field``) a result line gives, read even from a line cut off after it
@@ -72,6 +84,19 @@ def custom_id_in(text: str, field: str = "custom_id") -> str | None:
     except ValueError:
         return None
     return found if isinstance(found, str) and found else None
+
+
+def json_line(text: str, where: str, field: str = "custom_id") -> dict[str, Any] | tuple[str | None, JobResult]:
+    """A result line as its JSON object; a line that is not one as (the item it still names by ``field``, if it
+    was cut off after it, and its error, quoting the line)."""
+    try:
+        line = json.loads(text)
+    except ValueError:
+        line = None
+    if isinstance(line, dict):
+        return line
+    return custom_id_in(text, field), JobResult(error=UNREADABLE_RESULT, note=note(where, f"unreadable line: "
+                                                                                        f"{text[:200]}"))
 
 
 def note(job: str, text: object) -> str:
@@ -143,10 +168,11 @@ class ReadBudget:
 
 def is_gone(exc: BaseException) -> bool:
     """The provider answered that it does not know the job (HTTP 404, or 410 gone), as the SDKs raise it."""
-    status = getattr(exc, "status_code", None)
-    if status is None:
-        status = getattr(getattr(exc, "response", None), "status_code", None)
-    return status in (404, 410)
+    for status in (getattr(exc, "status_code", None), getattr(exc, "code", None),
+                   getattr(getattr(exc, "response", None), "status_code", None)):
+        if isinstance(status, int) and not isinstance(status, bool):
+            return status in (404, 410)
+    return False
 
 
 def service_error_code(exc: BaseException) -> str | None:

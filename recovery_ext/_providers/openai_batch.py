@@ -37,7 +37,7 @@ from recovery_ext._providers.jobs import (
     ReadBudget,
     ReadLimits,
     ResultUnbounded,
-    custom_id_in,
+    json_line,
     is_gone,
     lines_within,
     note,
@@ -174,13 +174,9 @@ def _duplicate(result: JobResult, key: str, where: str) -> JobResult:
 def _read_line(text: str, where: str) -> tuple[str | None, JobResult]:
     """One line of a batch's output or error file as (its item, its result); an item None when the line names
     none (the result then says why)."""
-    try:
-        line = json.loads(text)
-    except ValueError:
-        line = None
-    if not isinstance(line, dict):
-        unreadable = JobResult(error=UNREADABLE_RESULT, note=note(where, f"unreadable line: {text[:200]}"))
-        return custom_id_in(text), unreadable
+    line = json_line(text, where)
+    if isinstance(line, tuple):  # a cut-off line still names its item: that item is redone
+        return line
     key = line.get("custom_id")
     if not isinstance(key, str) or not key:
         return None, JobResult(error=UNREADABLE_RESULT, note=note(where, f"a line with no custom_id: {text[:200]}"))

@@ -1,13 +1,15 @@
-"""Anthropic message batches and Bedrock batch inference jobs that survive kill -9 (SQLite and PostgreSQL), each
-driven through its provider's SDK (``anthropic``; botocore) against a stand-in of its wire API
-(recovery_pipelines/anthropic_batch_stand_in.py, bedrock_batch_stand_in.py), which counts the batches it
-created and the requests it answered. The run is killed at each point a crash can fall:
+"""Anthropic message batches, Bedrock batch inference jobs and Gemini batches that survive kill -9 (SQLite and
+PostgreSQL), each driven through its provider's SDK (``anthropic``; botocore; ``google-genai``) against a stand-in
+of its wire API (recovery_pipelines/anthropic_batch_stand_in.py, bedrock_batch_stand_in.py,
+gemini_batch_stand_in.py), which counts the batches it created and the requests it answered. The run is killed
+at each point a crash can fall:
 
 * before the submission reached the provider (the intent is recorded, no batch exists): the resume submits
   it, once;
 * between the provider's creating the batch and the run's recording its id: the resume re-attaches to it
   (Anthropic: by listing the recent batches and matching their requests to the intent, as the API takes no
-  idempotency key; Bedrock: by creating the job again under the same clientRequestToken, which starts nothing);
+  idempotency key; Bedrock: by creating the job again under the same clientRequestToken, which starts nothing;
+  Gemini: by listing the recent batches for the one named after the job's token);
 * while the batch runs, and between two of its results being kept: the resume re-attaches by the id.
 
 Afterwards one batch was created, each request answered once, and the ledger's calls and tokens equal the
@@ -32,15 +34,16 @@ from recovery_ext._store.statuses import WAITING
 from recovery_pipelines.anthropic_batch_stand_in import AnthropicBatchProvider
 from recovery_pipelines.bedrock_batch_stand_in import BedrockBatchProvider
 from recovery_pipelines.devserver import wait_for
+from recovery_pipelines.gemini_batch_stand_in import GeminiBatchProvider
 from recovery_pipelines.textract_stand_in import STAND_IN_CREDENTIALS
 
 pytestmark = pytest.mark.timeout(300)
 
 ITEMS = 6
-STAND_INS = {"anthropic": AnthropicBatchProvider, "bedrock": BedrockBatchProvider}
+STAND_INS = {"anthropic": AnthropicBatchProvider, "bedrock": BedrockBatchProvider, "gemini": GeminiBatchProvider}
 # A provider whose submission under the recorded token answers the job it already started: the resume's
 # submission after a kill before the id was known is (to the jobs API) a re-attachment.
-SUBMIT_REATTACHES = {"anthropic": False, "bedrock": True}
+SUBMIT_REATTACHES = {"anthropic": False, "bedrock": True, "gemini": False}
 
 
 @pytest.fixture(autouse=True)
@@ -118,6 +121,7 @@ def test_a_kill_at_any_point_pays_for_the_batch_once(store, db_url, monkeypatch,
 @pytest.mark.parametrize(("provider", "settings", "error", "ended"), [
     ("anthropic", {"expire_first": 2}, "batch_expired", "expired"),   # not reached within 24 h
     ("bedrock", {"fail_first": 2}, "bedrock_500", "collected"),       # PartiallyCompleted: records failed
+    ("gemini", {"fail_first": 2}, "gemini_internal", "collected"),    # succeeded, some requests failed
 ])
 def test_a_batch_that_left_items_unfinished_is_resubmitted_for_those_only(store, db_url, monkeypatch, provider,
                                                                            settings, error, ended):

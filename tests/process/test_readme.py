@@ -35,6 +35,8 @@ EXPECTED_OUTPUT = {
                                          r"batches created: 1"],
     "docs/how-to/bedrock-batches.md": [r"a description of Describe the table orders in one sentence\.\n"
                                        r"jobs created: 1"],
+    "docs/how-to/gemini-batches.md": [r"a description of Describe the table orders in one sentence\.\n"
+                                      r"batches created: 1"],
     "docs/how-to/metrics.md": [r"chat claude-x"],
     "docs/how-to/kubernetes.md": [],
     "docs/how-to/retention.md": [r"(?m)^7776000(\.0)?$"],

@@ -1,5 +1,6 @@
 """A job that describes its tables as one provider batch through ``run_provider_job``, with the adapter its config
-names (``anthropic``: ``AnthropicBatchJobs``; ``bedrock``: ``BedrockBatchJobs``) against the stand-in at
+names (``anthropic``: ``AnthropicBatchJobs``; ``bedrock``: ``BedrockBatchJobs``; ``gemini``:
+``GeminiBatchJobs``) against the stand-in at
 ``$RECOVERY_BATCH_STAND_IN_URL``; on its first run (not a resume) ``describe`` kills its own process (-9) right
 after checkpointing ``kill_after`` items, so a test can resume a run that died between two results. Run by
 tests/support/journal_run.py."""
@@ -12,8 +13,8 @@ from typing import Any
 
 from dagster import Field, in_process_executor
 
-from recovery_ext import (AnthropicBatchJobs, BedrockBatchJobs, NodeContext, recoverable_job, recoverable_op,
-                          run_provider_job)
+from recovery_ext import (AnthropicBatchJobs, BedrockBatchJobs, GeminiBatchJobs, NodeContext, recoverable_job,
+                          recoverable_op, run_provider_job)
 from recovery_ext._dagster.tags import TAG_RESUME_NUMBER
 
 URL_ENV = "RECOVERY_BATCH_STAND_IN_URL"
@@ -32,14 +33,32 @@ def bedrock_jobs(url: str) -> Any:
                                     output_uri="s3://batches/out")
 
 
-ADAPTERS = {"anthropic": anthropic_jobs, "bedrock": bedrock_jobs}
-# An Anthropic Messages body: the Messages API names its model in it, Bedrock in the job (and wants the version).
-HEADS = {"anthropic": {"model": "claude-haiku-4-5"}, "bedrock": {"anthropic_version": "bedrock-2023-05-31"}}
+def gemini_jobs(url: str) -> Any:
+    from google import genai
+    from google.genai import types
+
+    client = genai.Client(api_key="stand-in", http_options=types.HttpOptions(base_url=url))
+    return GeminiBatchJobs(client, model="gemini-2.5-flash", base_url=url)
+
+
+ADAPTERS = {"anthropic": anthropic_jobs, "bedrock": bedrock_jobs, "gemini": gemini_jobs}
 
 
 def request(provider: str, table: str) -> dict:
-    return {**HEADS[provider], "max_tokens": 256,
-            "messages": [{"role": "user", "content": f"Describe the table {table} in one sentence."}]}
+    prompt = f"Describe the table {table} in one sentence."
+    if provider == "gemini":  # a GenerateContentRequest
+        return {"contents": [{"role": "user", "parts": [{"text": prompt}]}],
+                "generationConfig": {"maxOutputTokens": 256}}
+    # an Anthropic Messages body: the Messages API names its model in it, Bedrock in the job (with the version)
+    head = {"model": "claude-haiku-4-5"} if provider == "anthropic" else {"anthropic_version": "bedrock-2023-05-31"}
+    return {**head, "max_tokens": 256, "messages": [{"role": "user", "content": prompt}]}
+
+
+def text_of(answer: dict) -> str:
+    """The answer's text: an Anthropic message's first block, or a Gemini response's first candidate."""
+    if "candidates" in answer:
+        return answer["candidates"][0]["content"]["parts"][0]["text"]
+    return answer["content"][0]["text"]
 
 
 @recoverable_op(config_schema={"provider": Field(str), "items": Field(int, default_value=6),
@@ -53,7 +72,7 @@ def describe(ctx: NodeContext) -> dict:
     kept = []
 
     def keep(key: str, message: dict) -> None:
-        ctx.checkpoint(key, {"description": message["content"][0]["text"]})
+        ctx.checkpoint(key, {"description": text_of(message)})
         kept.append(key)
         if len(kept) == ctx.op_config["kill_after"] and not resumed:
             os.kill(os.getpid(), signal.SIGKILL)
