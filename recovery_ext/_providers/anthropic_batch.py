@@ -143,7 +143,8 @@ class AnthropicBatchJobs:
 
     def results(self, job_id: str) -> JobResults:
         found = JobResults()
-        for batch_id in job_id.split("+"):
+        batches = job_id.split("+")
+        for batch_id in batches:
             where = f"anthropic batch {batch_id}"
             if self._retrieve(batch_id) is None:
                 found.absent = JobResult(error=JOB_GONE, note=note(where, self._gone[batch_id]))
@@ -152,8 +153,10 @@ class AnthropicBatchJobs:
                 for line in self._lines(batch_id, self.limits.reading(where)):
                     cid, result = _read_line(line, where)
                     key = self._intents.keys.get(cid) if cid is not None else None
-                    if cid is not None and key is None:
-                        continue  # another job's request (another candidate batch, or this job's other items)
+                    if (cid is not None and key is None) or (cid is None and len(batches) > 1):
+                        # another job's request (another candidate batch, or this job's other items); a line
+                        # naming nothing is only this job's stray when the job is one batch
+                        continue
                     found.add(key, result, where)
             except ResultUnbounded as exc:  # what was read is kept; the rest of the items are redone
                 found.absent = JobResult(error=exc.category, note=note(where, exc.message))
