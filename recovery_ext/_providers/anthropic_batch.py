@@ -29,12 +29,15 @@ from recovery_ext._classify.classifier import ClassifiedError
 from recovery_ext._classify.redaction import redact_url
 from recovery_ext._errors import ConfigurationError
 from recovery_ext._providers.journal import fingerprint
-from recovery_ext._providers.jobs import (CANCELLED, COMPLETED, EXPIRED, JOB_GONE, RUNNING, UNREADABLE_RESULT, Intents,
-                                          JobResult, JobResults, ReadBudget, ReadLimits, ResultUnbounded,
-                                          json_line, is_gone, lines_within, note)
+from recovery_ext._providers.jobs import (CANCELLED, COMPLETED, EXPIRED, FAILED, JOB_GONE, RUNNING, UNREADABLE_RESULT,
+                                          Intents, JobResult, JobResults, ReadBudget, ReadLimits, ResultUnbounded,
+                                          is_gone, json_line, lines_within, note)
 from recovery_ext._providers.usage import read_usage
 
 _STATES = {"in_progress": RUNNING, "canceling": RUNNING, "ended": COMPLETED}
+# The service's words for a request's fate, in its request_counts and results (not this library's statuses).
+_ENDED_AS = {"expired": EXPIRED, "canceled": CANCELLED}
+_REQUEST_COUNTS = {"processing": RUNNING, "succeeded": COMPLETED, "errored": FAILED, **_ENDED_AS}
 _PREFIX = 20  # characters of the job's token at the head of each custom_id
 
 
@@ -132,10 +135,8 @@ class AnthropicBatchJobs:
                                               f"{getattr(batch, 'processing_status', None)!r}, which is none of "
                                               f"{sorted(_STATES)}")
             counts = getattr(batch, "request_counts", None)
-            if state == COMPLETED and _count(counts, "expired"):
-                state = EXPIRED
-            elif state == COMPLETED and _count(counts, "canceled"):
-                state = CANCELLED
+            if state == COMPLETED:  # an ended batch that left requests expired or canceled ended that way
+                state = next((ended for name, ended in _ENDED_AS.items() if _count(counts, name)), COMPLETED)
             states.append(state)
         if RUNNING in states:
             return RUNNING
@@ -226,7 +227,7 @@ def _count(counts: Any, name: str) -> int:
 
 def _total(batch: Any) -> int:
     counts = getattr(batch, "request_counts", None)
-    return sum(_count(counts, name) for name in ("processing", "succeeded", "errored", "canceled", "expired"))
+    return sum(_count(counts, name) for name in _REQUEST_COUNTS)
 
 
 def _read_line(text: str, where: str) -> tuple[str | None, JobResult]:
@@ -253,6 +254,6 @@ def _read_line(text: str, where: str) -> tuple[str | None, JobResult]:
         detail = inner if isinstance(inner, dict) else (error if isinstance(error, dict) else {})
         code = str(detail.get("type") or "errored")[:64]
         return cid, JobResult(error=code, note=note(where, detail.get("message") or code))
-    if kind in ("canceled", "expired"):
+    if kind in _ENDED_AS:  # canceled or expired: never run, never billed
         return cid, JobResult(error=f"batch_{kind}", note=note(where, f"the request was {kind}"))
     return cid, JobResult(error=UNREADABLE_RESULT, note=note(where, f"result type {str(kind)[:40]!r}"))

@@ -154,7 +154,7 @@ class OpenAIBatchJobs:
 def _failed(batch: Any, job_id: str) -> JobResult | None:
     """What each item of a batch that failed as a whole (e.g. its input did not validate) is recorded with: the
     batch's own errors."""
-    if str(getattr(batch, "status", "")) != "failed":
+    if _STATES.get(str(getattr(batch, "status", ""))) != FAILED:
         return None
     errors = getattr(getattr(batch, "errors", None), "data", None) or []
     said = "; ".join(f"{getattr(e, 'code', None)}: {getattr(e, 'message', None)}" for e in errors[:3])
