@@ -25,8 +25,12 @@ from recovery_ext._errors import (ConfigurationError, IllegalTransition, ItemTak
                                   StoreUnavailable, UnfinishedItems, UnresumableSelection)
 from recovery_ext._liveness.heartbeat import HeartbeatSettings, Watchdog
 from recovery_ext._observe.otel import instrument_opentelemetry, uninstrument_opentelemetry
+from recovery_ext._providers.anthropic_batch import AnthropicBatchJobs
+from recovery_ext._providers.bedrock_batch import BedrockBatchJobs
+from recovery_ext._providers.gemini_batch import GeminiBatchJobs
 from recovery_ext._providers.guard import CircuitOpen, OutageBudgetExceeded, OutageSettings, ProviderGuard
-from recovery_ext._providers.jobs import JobAdapter, JobResult
+from recovery_ext._providers.jobs import (JobAdapter, JobResult, JobResults, ReadLimits, ResultUnbounded,
+                                          ResultUnreadable)
 from recovery_ext._providers.journal import ajournaled_call, journaled_call
 from recovery_ext._providers.openai_batch import OpenAIBatchJobs
 from recovery_ext._providers.ledger import record_provider_call
@@ -116,12 +120,15 @@ def __dir__() -> list[str]:
 
 __all__ = [
     "ASSET_JOB",
+    "AnthropicBatchJobs",
+    "BedrockBatchJobs",
     "CircuitOpen",
     "Classification",
     "ClassifiedError",
     "ConfigurationError",
     "EscalatedError",
     "ExecutorFence",
+    "GeminiBatchJobs",
     "HeartbeatSettings",
     "IllegalTransition",
     "Item",
@@ -129,6 +136,7 @@ __all__ = [
     "ItemsFailed",
     "JobAdapter",
     "JobResult",
+    "JobResults",
     "LLMResource",
     "MapResult",
     "MigrationError",
@@ -144,8 +152,11 @@ __all__ = [
     "ProviderGuard",
     "ProviderLimits",
     "QueueHandle",
+    "ReadLimits",
     "RecoveryError",
     "RecoveryResource",
+    "ResultUnbounded",
+    "ResultUnreadable",
     "RetryPolicy",
     "StopRequested",
     "StoreError",

@@ -15,13 +15,18 @@ it ``completed`` with the rest failed one by one (each an HTTP 500 ``server_erro
 file). ``hold_create=S`` holds the answer to a batch creation for up to S seconds after the batch exists,
 so a test can kill the client between the provider's creating the job and the client's learning its id;
 ``hold_upload=S`` holds the answer to a file upload likewise (the client dies before any batch exists).
+
+Faults of the provider's own: ``rewrite_output(lines)`` rewrites the first batch's output file (its answer
+lines, as dicts, to the text lines the file holds: a cut-off line, ``[]``, a duplicate or unknown
+``custom_id``); ``forget_first`` makes the first batch unknown once created (``404`` to its retrieval, as a
+deleted batch or one past retention); ``endless_list`` answers every page of the batch list with
+``has_more`` and the same cursor.
 """
 
 from __future__ import annotations
 
 import json
 import re
-import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -30,7 +35,7 @@ from email.parser import BytesParser
 from email.policy import HTTP
 
 from recovery_pipelines.llm import heuristic_answer
-from recovery_pipelines.stand_in_server import LocalServer, QuietHandler
+from recovery_pipelines.stand_in_server import BatchServer, QuietHandler
 
 
 def usage_of(prompt_text: str, answer_text: str) -> tuple[int, int]:
@@ -67,35 +72,26 @@ _FAILED: Ending = ("completed", lambda: ({"status_code": 500, "request_id": uuid
                                                      "code": None}}}, None))
 
 
-class BatchProvider(LocalServer):
+class BatchProvider(BatchServer):
     url_path = "/v1"
 
     def __init__(self, *, duration: float = 1.0, expire_first: int | None = None, cancel_first: int | None = None,
-                 fail_first: int | None = None, hold_create: float = 0.0, hold_upload: float = 0.0) -> None:
+                 fail_first: int | None = None, hold_create: float = 0.0, hold_upload: float = 0.0,
+                 rewrite_output: Callable[[list[dict]], list[str]] | None = None, forget_first: bool = False,
+                 endless_list: bool = False) -> None:
         self.duration, self.hold_create, self.hold_upload = duration, hold_create, hold_upload
+        self.rewrite_output, self.forget_first, self.endless_list = rewrite_output, forget_first, endless_list
+        self.list_pages = 0
         told = ((expire_first, _EXPIRED), (cancel_first, _CANCELLED), (fail_first, _FAILED))
         early: list[tuple[int, Ending]] = [(n, ending) for n, ending in told if n is not None]
         if len(early) > 1:
             raise ValueError("the first batch ends one way: expire_first, cancel_first or fail_first")
         self.first_ends = early[0] if early else None
-        self.released = threading.Event()  # set when the stand-in stops: a held answer goes out
+        super().__init__()
         self.files: dict[str, bytes] = {}
-        self.batches: dict[str, StandInBatch] = {}
         self.order: list[str] = []
         self.chat_calls = 0
         self.uploads = 0  # request files received
-        self.lock = threading.Lock()
-
-    # -- what it counted ---------------------------------------------------------------------------
-
-    @property
-    def submissions(self) -> int:
-        with self.lock:
-            return len(self.batches)
-
-    def answered(self) -> list[tuple[str, int, int]]:
-        with self.lock:
-            return [a for b in self.batches.values() for a in b.answered]
 
     # -- the batch's life --------------------------------------------------------------------------
 
@@ -120,7 +116,9 @@ class BatchProvider(LocalServer):
             batch.answered.append((line["custom_id"], usage["prompt_tokens"], usage["completion_tokens"]))
             out.append({"id": f"batch_req_{uuid.uuid4().hex[:8]}", "custom_id": line["custom_id"], "error": None,
                         "response": {"status_code": 200, "request_id": uuid.uuid4().hex, "body": completion}})
-        batch.output_file_id = self._file("\n".join(json.dumps(o) for o in out).encode()) if out else None
+        first = bool(self.order) and self.order[0] == batch.id
+        lines = self.rewrite_output(out) if first and self.rewrite_output else [json.dumps(o) for o in out]
+        batch.output_file_id = self._file("\n".join(lines).encode()) if lines else None
         batch.error_file_id = self._file("\n".join(json.dumps(e) for e in errors).encode()) if errors else None
         batch.status = "cancelling" if final == "cancelled" else final
 
@@ -135,6 +133,9 @@ class BatchProvider(LocalServer):
                 "choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": answer}}],
                 "usage": {"prompt_tokens": tokens_in, "completion_tokens": tokens_out,
                           "total_tokens": tokens_in + tokens_out}}
+
+    def _forgotten(self, batch_id: str) -> bool:
+        return self.forget_first and bool(self.order) and self.order[0] == batch_id
 
     def _file(self, data: bytes) -> str:
         file_id = f"file-{uuid.uuid4().hex[:12]}"
@@ -205,14 +206,20 @@ class BatchProvider(LocalServer):
                     if content:
                         return self._send_bytes(200, provider.files[content.group(1)])
                     if one:
+                        if one.group(1) not in provider.batches or provider._forgotten(one.group(1)):
+                            return self._send(404, {"error": {"message": f"No batch found with id "
+                                                                         f"'{one.group(1)}'.", "type":
+                                                              "invalid_request_error", "code": None}})
                         batch = provider.batches[one.group(1)]
                         provider._advance(batch)
                         return self._send(200, provider._batch_json(batch))
                     if self.path.startswith("/v1/batches"):
-                        for batch in provider.batches.values():
+                        provider.list_pages += 1
+                        known = [b for b in provider.batches.values() if not provider._forgotten(b.id)]
+                        for batch in known:
                             provider._advance(batch)
-                        data = [provider._batch_json(b) for b in reversed(list(provider.batches.values()))]
-                        return self._send(200, {"object": "list", "data": data, "has_more": False,
+                        data = [provider._batch_json(b) for b in reversed(known)]
+                        return self._send(200, {"object": "list", "data": data, "has_more": provider.endless_list,
                                                 "first_id": data[0]["id"] if data else None,
                                                 "last_id": data[-1]["id"] if data else None})
                 self._send(404, {"error": {"message": "not found"}})
@@ -221,7 +228,3 @@ class BatchProvider(LocalServer):
                 self._send_bytes(status, json.dumps(payload).encode(), "application/json")
 
         return Handler
-
-    def stop(self) -> None:
-        self.released.set()  # a held answer goes out before the server stops
-        super().stop()

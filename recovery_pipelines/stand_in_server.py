@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+from typing import Any
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 
@@ -60,3 +61,53 @@ class LocalServer:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+class BatchServer(LocalServer):
+    """A batch API's stand-in: the batches it created (each with what it ``answered``: custom_id, tokens in,
+    tokens out), and a ``released`` event that lets a held answer go out when it stops.
+
+    Crash points of a creation: ``hold_create=S`` holds the answer to the first creation for up to S seconds
+    after the batch exists (a client killed then never learns its id); ``drop_first_create=S`` holds the first
+    creation request for up to S seconds *before* any batch exists, then drops it (a client killed then
+    created nothing). ``creates`` counts the creation requests (a dropped or repeated one included)."""
+
+    def __init__(self, hold_create: float = 0.0, drop_first_create: float = 0.0) -> None:
+        self.batches: dict[str, Any] = {}
+        self.released = threading.Event()
+        self.lock = threading.Lock()
+        self.hold_create, self.drop_first_create = hold_create, drop_first_create
+        self.creates = 0
+
+    def creation_arrived(self) -> bool:
+        """Count a creation request; False (after holding it) when it is the first and is to be dropped."""
+        with self.lock:
+            self.creates += 1
+            drop = self.creates == 1 and self.drop_first_create
+        if drop:
+            self.released.wait(self.drop_first_create)
+        return not drop
+
+    def created(self) -> None:
+        """A batch was just created: hold its answer when it is the first and answers are held."""
+        with self.lock:
+            hold = self.hold_create if len(self.batches) == 1 else 0.0
+        if hold:
+            self.released.wait(hold)
+
+    @property
+    def submissions(self) -> int:
+        with self.lock:
+            return len(self.batches)
+
+    def answered(self) -> list[tuple[str, int, int]]:
+        with self.lock:
+            self._settle()
+            return [a for b in self.batches.values() for a in b.answered]
+
+    def _settle(self) -> None:
+        """Bring every batch up to date before counting (a stand-in whose batches end only when asked)."""
+
+    def stop(self) -> None:
+        self.released.set()  # a held answer goes out before the server stops
+        super().stop()

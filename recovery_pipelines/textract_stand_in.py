@@ -7,10 +7,14 @@ body, signed (SigV4; any credentials do), errors as ``{"__type": ..., "message":
 real service does, a start repeated under the same ``ClientRequestToken`` answers the same ``JobId`` and
 starts nothing (with other parameters: ``IdempotentParameterMismatchException``). A job is ``IN_PROGRESS``
 for ``duration`` seconds (``None``: until :meth:`finish_jobs`), then ``SUCCEEDED`` with PAGE, LINE and WORD
-blocks, read ``MaxResults`` blocks at a
-time with ``NextToken``; ``fail_first`` names documents whose first job ends ``FAILED``; :meth:`forget`
+blocks, read ``MaxResults`` blocks at a time with ``NextToken``; ``fail_first`` names documents whose first job
+ends ``FAILED``, ``forget_first`` documents whose first job the service loses once it ran (unknown from then on,
+and never billed); :meth:`forget`
 makes a job unknown (``InvalidJobIdException``), as its results are after 7 days; ``start_delay`` slows each
-start, ``result_delay`` each read of a finished job's blocks.
+start, ``result_delay`` each read of a finished job's blocks. Faults of the service's own: ``repeat_token``
+answers every page with the ``NextToken`` it was asked for (or the first one), so a client that follows it
+reads for ever; ``odd_fields`` puts other values in the answer (``{"Confidence": "high"}`` on each LINE,
+``{"Pages": "two"}`` in its ``DocumentMetadata``).
 
 Buckets are local folders (``buckets={"scans": folder}``); an object's text is what the test data was
 rendered from (the folder's ``expected.json`` manifest that ``create_scanned_pdfs`` writes), else its
@@ -105,7 +109,11 @@ def blocks_of(lines: list[str], pages: int) -> list[dict]:
 
 class TextractProvider(LocalServer):
     def __init__(self, buckets: Mapping[str, Path | str], *, duration: float | None = 1.0,
-                 fail_first: Iterable[str] = (), start_delay: float = 0.0, result_delay: float = 0.0) -> None:
+                 fail_first: Iterable[str] = (), start_delay: float = 0.0, result_delay: float = 0.0,
+                 repeat_token: bool = False, odd_fields: Mapping[str, Any] | None = None,
+                 forget_first: Iterable[str] = ()) -> None:
+        self.repeat_token, self.odd_fields = repeat_token, dict(odd_fields or {})
+        self.forget_first = set(forget_first)
         self.buckets = {name: Path(folder).resolve() for name, folder in buckets.items()}
         self.duration, self.fail_first = duration, set(fail_first)
         self.start_delay, self.result_delay = start_delay, result_delay
@@ -163,6 +171,9 @@ class TextractProvider(LocalServer):
         if first and name in self.fail_first:
             job.status = "FAILED"
             return
+        if first and name in self.forget_first:  # the service lost it: unknown from now on, never billed
+            job.known = False
+            return
         job.pages = page_count(job.path)
         job.blocks = blocks_of(text_lines(job.path), job.pages)
         job.status = "SUCCEEDED"
@@ -215,10 +226,13 @@ class TextractProvider(LocalServer):
             size = min(int(body.get("MaxResults") or 1000), 1000)
             start = int(str(body.get("NextToken") or "p0")[1:])
             blocks = job.blocks or []
-            answer = {"JobStatus": "SUCCEEDED", "DocumentMetadata": {"Pages": job.pages},
-                      "DetectDocumentTextModelVersion": "1.0", "Blocks": blocks[start:start + size]}
+            page = [{**b, **{k: v for k, v in self.odd_fields.items() if k in b}} if b["BlockType"] == "LINE" else b
+                    for b in blocks[start:start + size]]
+            pages = self.odd_fields.get("Pages", job.pages)
+            answer = {"JobStatus": "SUCCEEDED", "DocumentMetadata": {"Pages": pages},
+                      "DetectDocumentTextModelVersion": "1.0", "Blocks": page}
             if start + size < len(blocks):
-                answer["NextToken"] = f"p{start + size}"
+                answer["NextToken"] = str(body.get("NextToken") or "p0") if self.repeat_token else f"p{start + size}"
             return answer
 
     # -- serving ------------------------------------------------------------------------------------

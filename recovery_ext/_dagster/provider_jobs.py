@@ -12,15 +12,19 @@ a :class:`JobAdapter`:
 * after a crash the resume finds the job in the store and **re-attaches** by its id (with no id yet, by
   the token at the provider: ``adapter.find``), and never submits again;
 * results are checkpointed per item, each with its ledger row (the tokens the provider reported);
-* an expired, cancelled or partly failed job is resubmitted for the items it left unfinished only; the
-  ledger shows the resubmission (a row ``resubmitted``) and each unfinished item's error.
+* an expired, cancelled or partly failed job, or one the provider no longer knows, is resubmitted for the
+  items it left unfinished only; the ledger shows the resubmission (a row ``resubmitted``) and each
+  unfinished item's error, with the provider's words in its note;
+* a finished job's item its results hold nothing for is recorded ``missing_result`` (or as the adapter's
+  ``JobResults.absent`` says) and redone; what the results hold for no item of the job (a stray line, a
+  second answer) is ledgered, with the job's collection, and never kept.
 """
 
 from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from recovery_ext._classify.classifier import ClassifiedError, classify
@@ -28,7 +32,7 @@ from recovery_ext._errors import OwnershipLost
 from recovery_ext._dagster.providers import node_spend_cap
 from recovery_ext._dagster.context import store_of
 from recovery_ext._dagster.run_state import RunStateReporter
-from recovery_ext._providers.jobs import COMPLETED, RUNNING, JobAdapter, JobResult
+from recovery_ext._providers.jobs import COMPLETED, MISSING_RESULT, RUNNING, JobAdapter, JobResult, JobResults
 from recovery_ext._settings import check_count, check_seconds
 from recovery_ext._store.ledger import IN_FLIGHT
 from recovery_ext._store.models import ProviderCall
@@ -55,6 +59,7 @@ def run_provider_job(ctx: Any, adapter: JobAdapter, requests: Mapping[str, Any],
     spend = node_spend_cap(ctx, prices)
     unfinished = [item.key for item in ctx.items(list(requests))]
     done = 0
+    reasons: dict[str, str] = {}  # item -> why its last job left it unfinished
     if not unfinished:
         _close_kept(ctx, adapter)
     while unfinished:
@@ -68,7 +73,7 @@ def run_provider_job(ctx: Any, adapter: JobAdapter, requests: Mapping[str, Any],
             if attempt > max_attempts:
                 raise ClassifiedError(category="provider_job", retryable=False, endpoint=adapter.endpoint,
                                       message=f"{len(unfinished)} item(s) still unfinished after {max_attempts} "
-                                              f"{adapter.provider} jobs")
+                                              f"{adapter.provider} jobs{_why(unfinished, reasons)}")
             token, items = uuid.uuid4().hex, unfinished
             ctx.check_calls()
             held = None if spend is None else spend.acquire(_estimate(estimated_tokens, requests, items), model,
@@ -83,6 +88,9 @@ def run_provider_job(ctx: Any, adapter: JobAdapter, requests: Mapping[str, Any],
             job_id = _submit(ctx, adapter, requests, items, token, attempt)
         else:
             token, items, attempt = live.token, [k for k in live.items if k in requests], live.attempt
+            expect = getattr(adapter, "expect", None)
+            if expect is not None:  # an adapter that names requests by the intent (Anthropic's custom_ids)
+                expect(token, {k: requests[k] for k in items}, live.created_at)
             known = live.job_id
             if known is None:  # the crash came between the token and the id: ask the provider by the token
                 known = adapter.find(token)
@@ -101,7 +109,7 @@ def run_provider_job(ctx: Any, adapter: JobAdapter, requests: Mapping[str, Any],
                 ctx.metadata["provider_job_reattached"] = job_id
         state = _wait(ctx, adapter, job_id, poll_seconds, len(items))
         results = adapter.results(job_id)
-        done += _collect(ctx, adapter, results, [k for k in items if k in unfinished], keep, prices)
+        done += _collect(ctx, adapter, results, [k for k in items if k in unfinished], keep, prices, reasons)
         if spend is not None:  # the whole job's usage, also of the items a run before this one collected
             found = [results[k] for k in items if k in results]
             store.providers.spend_settle_ref(token, tokens=sum(r.tokens_in + r.tokens_out for r in found),
@@ -113,7 +121,9 @@ def run_provider_job(ctx: Any, adapter: JobAdapter, requests: Mapping[str, Any],
             # A resume given only some of a live job's items (a queue's claim): the job stays live, and the
             # call given the others re-attaches to it for theirs instead of paying for them again.
             break
-        store.pipelines.job_finished(own, node, token, JobStatus.COLLECTED if state == COMPLETED else state)
+        job_items = live.items if live is not None else items
+        store.pipelines.job_finished(own, node, token, JobStatus.COLLECTED if state == COMPLETED else state,
+                                     calls=_strays(ctx, adapter, results, job_items))
         if unfinished:
             ctx.log.warning(f"{node}: {adapter.provider} job {_shown(job_id)} ended {state} with {len(unfinished)} "
                             f"item(s) unfinished: resubmitting those only")
@@ -216,14 +226,38 @@ def _cost(found: JobResult, prices: Any) -> float | None:
     return prices.cost(found.model, found.tokens_in, found.tokens_out)
 
 
+def _why(unfinished: list[str], reasons: dict[str, str]) -> str:
+    shown = [f"{key}: {reasons[key]}" for key in unfinished[:5] if key in reasons]
+    return f" ({'; '.join(shown)}{'; ...' if len(unfinished) > 5 else ''})" if shown else ""
+
+
+def _strays(ctx: Any, adapter: JobAdapter, results: Mapping[str, JobResult], items: Sequence[str]
+            ) -> list[ProviderCall]:
+    """The ledger rows of what a job's results hold for none of its items: its strays, and answers to an item
+    the job does not hold (all paid for, none kept), bound to this node; written with the job's collection."""
+    if not isinstance(results, JobResults):  # a lazily read mapping holds the job's items only
+        return []
+    held = set(items)
+    found = list(results.strays) + [JobResult(error="unknown_item", tokens_in=r.tokens_in, tokens_out=r.tokens_out,
+                                              model=r.model, note=f"an answer for {key!r}, no item of the job"[:500])
+                                    for key, r in results.items() if key not in held]
+    own = ctx.ownership
+    return [ProviderCall(endpoint=adapter.endpoint, model=r.model, tokens_in=r.tokens_in, tokens_out=r.tokens_out,
+                         outcome=r.error or "unknown_item", operation="batch", note=r.note,
+                         pipeline_id=own.pipeline_id, node_name=ctx.node_name, run_id=own.owner, epoch=own.epoch)
+            for r in found]
+
+
 def _collect(ctx: Any, adapter: JobAdapter, results: Mapping[str, JobResult], keys: list[str],
-             keep: Callable[[str, Any], None] | None, prices: Any) -> int:
-    """Checkpoint each finished item with its ledger row; an item with an error gets its row only."""
+             keep: Callable[[str, Any], None] | None, prices: Any, reasons: dict[str, str]) -> int:
+    """Checkpoint each finished item with its ledger row; an item with an error gets its row only, and so does
+    one the finished job has no result for (``missing_result``, or the adapter's ``absent``)."""
     done = 0
+    absent = getattr(results, "absent", None) or JobResult(error=MISSING_RESULT)
     for key in keys:
-        found = results.get(key)
-        if found is None:
-            continue
+        found = results.get(key) or absent
+        if found.error is not None:
+            reasons[key] = f"{found.error}{f' ({found.note})' if found.note else ''}"[:300]
         cost = _cost(found, prices)
         ctx.record_call(ProviderCall(endpoint=adapter.endpoint, model=found.model, tokens_in=found.tokens_in,
                                      tokens_out=found.tokens_out, outcome=found.error or "ok",

@@ -10,7 +10,10 @@ from ``GetDocumentTextDetection``, page by page (``NextToken``), as the LINE blo
 
 A document whose job ``FAILED`` or ended ``PARTIAL_SUCCESS`` comes back as an item error, and so does one
 whose ``JobId`` the service no longer knows (results are kept 7 days: ``InvalidJobIdException``); the
-jobs API resubmits those items only. ``botocore`` is imported only by :meth:`TextractJobs.connect`
+jobs API resubmits those items only. A document's answer is read within :class:`ReadLimits` (result pages,
+bytes, time; a ``NextToken`` repeated ends the read) and every field read is checked: a page past a limit or
+one that does not parse is that document's error (``unbounded_result``, ``unreadable_result``), with a
+note naming its ``JobId``, and the document is redone. ``botocore`` is imported only by :meth:`TextractJobs.connect`
 (the ``aws`` extra); an application that makes its own client passes it in.
 """
 
@@ -18,12 +21,23 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from collections.abc import Iterator, Mapping
 from typing import Any
 
 from recovery_ext._classify.redaction import redact_url
 from recovery_ext._errors import ConfigurationError
-from recovery_ext._providers.jobs import COMPLETED, EXPIRED, FAILED, RUNNING, JobResult
+from recovery_ext._providers.jobs import (
+    COMPLETED,
+    EXPIRED,
+    FAILED,
+    RUNNING,
+    JobResult,
+    ReadLimits,
+    ResultUnreadable,
+    note,
+    service_error_code,
+)
 
 MODEL = "textract-detect-document-text"
 _FINISHED = {"SUCCEEDED", "FAILED", "PARTIAL_SUCCESS"}
@@ -49,10 +63,11 @@ class TextractJobs:
     submit_reattaches = True
 
     def __init__(self, client: Any, *, max_results: int = 1000, price_per_page: float | None = None,
-                 start_options: Mapping[str, Any] | None = None) -> None:
+                 start_options: Mapping[str, Any] | None = None, limits: ReadLimits | None = None) -> None:
         if not 1 <= max_results <= 1000:
             raise ConfigurationError(f"TextractJobs(max_results=...) must be 1 to 1000, got {max_results!r}")
         self.client, self.max_results, self.price_per_page = client, max_results, price_per_page
+        self.limits = limits or ReadLimits()  # per document: its result pages, their bytes, the time to read them
         self.start_options = dict(start_options or {})  # e.g. OutputConfig, KMSKeyId, NotificationChannel
         self.endpoint = redact_url(str(client.meta.endpoint_url))
         self._states: dict[str, str] = {}  # JobId -> a finished job's state: not asked again
@@ -108,7 +123,7 @@ class TextractJobs:
         try:
             return self.client.get_document_text_detection(JobId=document_job, **page)
         except Exception as exc:
-            if _error_code(exc) == "InvalidJobIdException":
+            if service_error_code(exc) == "InvalidJobIdException":
                 return None
             raise
 
@@ -122,32 +137,81 @@ class TextractJobs:
         return state
 
     def _document(self, document_job: str) -> JobResult | None:
-        lines: list[dict[str, Any]] = []
-        pages, state, next_token = 0, "IN_PROGRESS", None
-        while True:
-            page = {"MaxResults": self.max_results, **({"NextToken": next_token} if next_token else {})}
-            answer = self._get(document_job, **page)
-            if answer is None:
-                return JobResult(error=_ERRORS[_GONE], model=MODEL)
-            state = str(answer.get("JobStatus") or "IN_PROGRESS")
-            if state != "SUCCEEDED":
-                break
-            pages = int((answer.get("DocumentMetadata") or {}).get("Pages") or pages)
-            lines.extend({"text": str(b.get("Text") or ""), "confidence": float(b.get("Confidence") or 0.0) / 100,
-                          "page": int(b.get("Page") or 1)}
-                         for b in answer.get("Blocks") or () if b.get("BlockType") == "LINE")
-            next_token = answer.get("NextToken")
-            if not next_token:
-                break
-        if state == "IN_PROGRESS":
-            return None
-        if state != "SUCCEEDED":
-            return JobResult(error=_ERRORS.get(state, f"textract_{state.lower()}"[:64]), model=MODEL)
+        where = f"textract job {document_job}"
+        try:
+            read = self._read(document_job, where)
+        except ResultUnreadable as exc:
+            return JobResult(error=exc.category, model=MODEL, note=note(where, exc.message.removeprefix(where + ": ")))
+        if read is None or isinstance(read, JobResult):
+            return read
+        lines, pages = read
         confidence = sum(line["confidence"] for line in lines) / len(lines) if lines else 0.0
         answer_of_item = {"text": "\n".join(line["text"] for line in lines), "lines": lines, "pages": pages,
                           "confidence": confidence, "job_id": document_job}
         cost = pages * self.price_per_page if self.price_per_page is not None else None
         return JobResult(answer=answer_of_item, model=MODEL, cost=cost)
+
+    def _read(self, document_job: str, where: str) -> tuple[list[dict[str, Any]], int] | JobResult | None:
+        """The document's LINEs and pages, page by page within the limits; None while it is in progress, a
+        JobResult with the error when its job did not succeed."""
+        lines: list[dict[str, Any]] = []
+        pages, next_token = 0, None
+        budget = self.limits.reading(where)
+        while True:
+            page = {"MaxResults": self.max_results, **({"NextToken": next_token} if next_token else {})}
+            answer = self._get(document_job, **page)
+            if answer is None:
+                return JobResult(error=_ERRORS[_GONE], model=MODEL)
+            state = answer.get("JobStatus") or "IN_PROGRESS"
+            if state == "IN_PROGRESS":
+                return None
+            if state != "SUCCEEDED":
+                said = answer.get("StatusMessage")
+                return JobResult(error=_ERRORS.get(str(state), f"textract_{str(state).lower()}"[:64]), model=MODEL,
+                                 note=note(where, said) if said else None)
+            next_token = answer.get("NextToken")
+            budget.page(_size(answer), next_token)
+            pages = _whole(where, "DocumentMetadata.Pages", (answer.get("DocumentMetadata") or {}).get("Pages"),
+                           default=pages)
+            blocks = answer.get("Blocks") or []
+            if not isinstance(blocks, list):
+                raise ResultUnreadable(f"{where}: Blocks is {type(blocks).__name__}, not a list")
+            lines.extend(_line(where, b) for b in blocks if isinstance(b, dict) and b.get("BlockType") == "LINE")
+            if not next_token:
+                return lines, pages
+
+
+def _size(answer: Mapping[str, Any]) -> int:
+    """The page's size on the wire, as botocore kept its Content-Length (0 when it did not)."""
+    headers = (answer.get("ResponseMetadata") or {}).get("HTTPHeaders") or {}
+    length = str(headers.get("content-length") or "0")
+    return int(length) if length.isdigit() else 0
+
+
+def _number(where: str, name: str, value: Any, default: float = 0.0) -> float:
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ResultUnreadable(f"{where}: {name} is {str(value)[:40]!r}, not a number")
+    return float(value)
+
+
+def _whole(where: str, name: str, value: Any, *, default: int = 0) -> int:
+    number = _number(where, name, value, default)
+    if number < 0 or not number.is_integer():
+        raise ResultUnreadable(f"{where}: {name} is {value!r}, not a whole number >= 0")
+    return int(number)
+
+
+def _line(where: str, block: Mapping[str, Any]) -> dict[str, Any]:
+    text = block.get("Text")
+    if text is not None and not isinstance(text, str):
+        raise ResultUnreadable(f"{where}: a LINE's Text is {type(text).__name__}, not a string")
+    confidence = _number(where, "a LINE's Confidence", block.get("Confidence"))
+    if not 0 <= confidence <= 100:
+        raise ResultUnreadable(f"{where}: a LINE's Confidence is {confidence!r}, not 0 to 100")
+    return {"text": text or "", "confidence": confidence / 100,
+            "page": _whole(where, "a LINE's Page", block.get("Page"), default=1)}
 
 
 class _DocumentResults(Mapping[str, JobResult]):
@@ -177,11 +241,3 @@ class _DocumentResults(Mapping[str, JobResult]):
 
 def _jobs(job_id: str) -> dict[str, str]:
     return {str(k): str(v) for k, v in json.loads(job_id).items()}
-
-
-def _error_code(exc: BaseException) -> str | None:
-    """The service's error code of a botocore ``ClientError`` (read from its response, so botocore need not
-    be imported here)."""
-    response = getattr(exc, "response", None)
-    error = response.get("Error") if isinstance(response, dict) else None
-    return str(error.get("Code")) if isinstance(error, dict) and error.get("Code") else None

@@ -31,7 +31,8 @@ LIVE = (SUBMITTING, SUBMITTED)
 
 
 def _row(r: Any) -> ProviderJobRow:
-    return ProviderJobRow(r.token, r.provider, r.job_id, r.status, tuple(json.loads(r.items)), r.attempt, r.call_id)
+    return ProviderJobRow(r.token, r.provider, r.job_id, r.status, tuple(json.loads(r.items)), r.attempt, r.call_id,
+                          r.created_at)
 
 
 class JobOps(CheckpointOps):
@@ -79,11 +80,14 @@ class JobOps(CheckpointOps):
                          .values(outcome=outcome))
 
     @retried
-    def job_finished(self, own: Ownership, node_name: str, token: str, status: str) -> None:
+    def job_finished(self, own: Ownership, node_name: str, token: str, status: str,
+                     calls: Sequence[ProviderCall] = ()) -> None:
         """What became of the job (collected, expired, cancelled, failed); its results reached their items'
-        checkpoints, so the submission's ledger row did too."""
+        checkpoints, so the submission's ledger row did too. ``calls``: the ledger rows of what its results held
+        for no item (paid, never kept), written in the same transaction, so once."""
         with self.write() as conn:
             self._fence(conn, own)
+            self.write_calls(conn, calls, reached=False)
             call_id = conn.execute(update(provider_jobs).where(
                 j.pipeline_id == own.pipeline_id, j.node_name == node_name, j.token == token)
                 .values(status=status, updated_at=self.dialect.now()).returning(j.call_id)).scalar()

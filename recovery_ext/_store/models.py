@@ -513,6 +513,7 @@ class ProviderJobRow:
     items: tuple[str, ...]
     attempt: int
     call_id: str
+    created_at: dt.datetime | None = None  # when its intent was recorded (the database's clock)
 
 
 @dataclass(frozen=True)

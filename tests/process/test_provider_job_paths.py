@@ -15,28 +15,23 @@ of OpenAI's Batch API driven through the ``openai`` SDK:
 from __future__ import annotations
 
 import json
-import os
 import random
 import signal
-import subprocess
-import sys
 import threading
 import time
 from collections import Counter
-from pathlib import Path
 
 import batch_kill_defs
+import provider_job_runs
 import pytest
 from batch_checks import assert_ledger_equals_the_provider as assert_ledger_equals
 from batch_checks import outcomes
 from batch_defs import job
+from provider_job_runs import reattached_to, start_worker
 from dagster import DagsterInstance, build_sensor_context, instance_for_test
-from helpers import reclaim
 from ledger_defs import recovery_resource
 
 from recovery_ext import execute_in_process, make_orphan_sensor, scan
-from recovery_ext._dagster.tags import TAG_PIPELINE, TAG_RESUME_NUMBER, TAG_RESUMED_FROM
-from recovery_ext._store.models import PassPlan
 from recovery_ext._store.statuses import WAITING
 from recovery_pipelines.batch_stand_in import BatchProvider
 from recovery_pipelines.devserver import wait_for
@@ -44,7 +39,6 @@ import store_rows
 
 pytestmark = pytest.mark.timeout(600)
 
-HERE = Path(__file__).resolve().parents[1] / "support"
 ITEMS = 6
 HEARTBEAT_TIMEOUT = 3.0  # ledger_defs.recovery_resource's
 
@@ -53,30 +47,8 @@ def config(**describe) -> dict:
     return {"ops": {"describe": {"config": {"items": ITEMS, "poll_seconds": 0.2, **describe}}}}
 
 
-def start_worker(module: str, run_config: dict) -> subprocess.Popen:
-    """A run worker in its own process (tests/support/journal_run.py), so it can be killed -9."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), str(HERE.parents[1])])}
-    return subprocess.Popen([sys.executable, str(HERE / "journal_run.py"), module, json.dumps(run_config)],
-                            cwd=HERE, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-
-
 def resume(store, the_job=job, run_config=None):
-    """Take the dead worker's pipeline over (as the orphan sensor does) and resume it in process."""
-    (pipeline,) = store.reports.list_pipelines()
-    (reclaimed,), _ = reclaim(store, PassPlan(dead_owner_runs=[pipeline.owner]))
-    tags = {TAG_PIPELINE: str(reclaimed.pipeline_id), TAG_RESUME_NUMBER: str(reclaimed.resume_number),
-            TAG_RESUMED_FROM: reclaimed.previous_owner}
-    with DagsterInstance.ephemeral() as instance:
-        result = execute_in_process(the_job, instance=instance, tags=tags, run_config=run_config or config(),
-                                    resources={"recovery": recovery_resource()})
-    assert result.success
-    return pipeline, result
-
-
-def reattached_to(result) -> str | None:
-    (output,) = [e for e in result.all_events if e.step_key == "describe" and e.event_type_value == "STEP_OUTPUT"]
-    found = output.step_output_data.metadata.get("provider_job_reattached")
-    return None if found is None else found.value
+    return provider_job_runs.resume(store, the_job, run_config or config())
 
 
 def assert_ledger_equals_the_provider(store, pipeline_id, provider: BatchProvider):
@@ -285,3 +257,61 @@ def test_a_resume_given_a_live_batchs_items_in_two_calls_reattaches_for_both(sto
     assert [(j.job_id, j.status) for j in store.pipelines.provider_jobs(pipeline.id)] == [(batch_id, "collected")]
     assert outcomes(store, pipeline.id) == Counter({"ok": ITEMS, "submitted": 1})
     assert len(store.pipelines.completed_items(pipeline.id, "describe")) == ITEMS
+
+
+def cut_and_doubled(lines: list[dict]) -> list[str]:
+    """The first batch's output as a provider may write it: t01's line cut off, t03's replaced by ``[]``, t02
+    answered twice and an answer for an item no request named."""
+    text = {line["custom_id"]: json.dumps(line) for line in lines}
+    stranger = json.dumps({**lines[0], "custom_id": "zz"})
+    return [text["t00"], text["t01"][:70], text["t02"], text["t02"], "[]", text["t04"], text["t05"], stranger]
+
+
+def run_batch_job(store, provider, db_url, monkeypatch):
+    monkeypatch.setenv("RECOVERY_DATABASE_URL", db_url)
+    monkeypatch.setenv("RECOVERY_BATCH_URL", provider.url)
+    with DagsterInstance.ephemeral() as instance:
+        result = execute_in_process(job, instance=instance, run_config=config(),
+                                    resources={"recovery": recovery_resource()}, raise_on_error=False)
+    assert result.success
+    (pipeline,) = store.reports.list_pipelines()
+    return pipeline
+
+
+def test_one_unreadable_line_of_a_batch_output_costs_only_its_own_item(store, db_url, monkeypatch):
+    with BatchProvider(duration=0.3, rewrite_output=cut_and_doubled) as provider:
+        pipeline = run_batch_job(store, provider, db_url, monkeypatch)
+        assert provider.submissions == 2
+        first, second = provider.batches.values()
+        assert [line["custom_id"] for line in second.lines] == ["t01", "t03"]  # only the two it could not read
+    calls = store_rows.provider_calls(store, pipeline.id)
+    assert outcomes(store, pipeline.id) == Counter({"ok": ITEMS, "submitted": 1, "resubmitted": 1,
+                                                    "unreadable_result": 2, "missing_result": 1,
+                                                    "duplicate_result": 1, "unknown_item": 1})
+    paid = [a for a in first.answered if a[0] not in ("t01", "t03")] + second.answered
+    assert sorted((c.item_key, c.tokens_in, c.tokens_out) for c in calls if c.outcome == "ok") == sorted(paid)
+    cut = next(c for c in calls if c.outcome == "unreadable_result" and c.item_key == "t01")
+    assert first.id in cut.note and '"custom_id": "t01"' in cut.note  # the provider's words, naming the batch
+    assert next(c for c in calls if c.outcome == "missing_result").item_key == "t03"
+    doubled = next(c for c in calls if c.outcome == "duplicate_result")
+    answered = {key: (tokens_in, tokens_out) for key, tokens_in, tokens_out in first.answered}
+    assert (doubled.tokens_in, doubled.tokens_out) == answered["t02"]  # paid twice, so ledgered twice
+    jobs = store.pipelines.provider_jobs(pipeline.id)
+    assert [(j.status, j.attempt, len(j.items)) for j in jobs] == [("collected", 1, ITEMS), ("collected", 2, 2)]
+    assert len(store.pipelines.completed_items(pipeline.id, "describe")) == ITEMS
+
+
+def test_a_batch_the_provider_no_longer_knows_is_resubmitted_for_its_unfinished_items(store, db_url, monkeypatch):
+    with BatchProvider(duration=0.3, forget_first=True) as provider:
+        pipeline = run_batch_job(store, provider, db_url, monkeypatch)
+        assert provider.submissions == 2
+        first, second = provider.batches.values()
+        assert first.answered == [] and len(second.lines) == ITEMS
+    f = assert_ledger_equals_the_provider(store, pipeline.id, provider)
+    assert outcomes(store, pipeline.id) == Counter({"ok": ITEMS, "job_gone": ITEMS, "submitted": 1,
+                                                    "resubmitted": 1})
+    gone = [c for c in store_rows.provider_calls(store, pipeline.id) if c.outcome == "job_gone"]
+    assert all(first.id in c.note and "No batch found" in c.note for c in gone)
+    assert f.in_flight_unknown_calls == 0
+    jobs = store.pipelines.provider_jobs(pipeline.id)
+    assert [(j.job_id, j.status, j.attempt) for j in jobs] == [(first.id, "expired", 1), (second.id, "collected", 2)]

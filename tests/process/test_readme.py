@@ -32,6 +32,12 @@ EXPECTED_OUTPUT = {
     "docs/how-to/ledger.md": [],
     "docs/how-to/classifier.md": [],
     "docs/how-to/journal.md": [r"(?m)^3$", r"INVOICE 101\nTotal due 11.10 EUR\njobs started: 1"],
+    "docs/how-to/anthropic-batches.md": [r"a description of Describe the table orders in one sentence\.\n"
+                                         r"batches created: 1"],
+    "docs/how-to/bedrock-batches.md": [r"a description of Describe the table orders in one sentence\.\n"
+                                       r"jobs created: 1"],
+    "docs/how-to/gemini-batches.md": [r"a description of Describe the table orders in one sentence\.\n"
+                                      r"batches created: 1"],
     "docs/how-to/metrics.md": [r"chat claude-x"],
     "docs/how-to/kubernetes.md": [],
     "docs/how-to/retention.md": [r"(?m)^7776000(\.0)?$"],

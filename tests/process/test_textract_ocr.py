@@ -192,6 +192,23 @@ def test_a_failed_textract_job_is_resubmitted_for_its_document_only(store, db_ur
     assert [(j.status, j.attempt, len(j.items)) for j in jobs] == [("failed", 1, len(DOCS)), ("collected", 2, 1)]
 
 
+def test_a_textract_job_the_service_no_longer_knows_is_resubmitted_for_its_document_only(store, db_url, folder):
+    with TextractProvider({"scans": folder}, duration=0.3, forget_first={"doc3.pdf"}) as provider:
+        run(db_url, folder, textract_config(provider))
+        assert provider.submissions_per_document() == Counter({"doc1.pdf": 1, "doc2.pdf": 1, "doc3.pdf": 2})
+    (pipeline,) = store.reports.list_pipelines()
+    assert_every_document_completed_once_before_the_pipeline(store, pipeline.id, DOCS)
+    assert_ledger_equals_the_provider(store, pipeline.id, provider)
+    assert outcomes(store, pipeline.id) == Counter({"ok": len(DOCS), "job_expired": 1, "submitted": 1,
+                                                    "resubmitted": 1})
+    (gone,) = [c for c in store_rows.provider_calls(store, pipeline.id) if c.outcome == "job_expired"]
+    assert gone.item_key is not None
+    first, second = store.pipelines.provider_jobs(pipeline.id)
+    assert [(j.status, j.attempt, len(j.items)) for j in (first, second)] == [("expired", 1, len(DOCS)),
+                                                                            ("collected", 2, 1)]
+    assert first.token != second.token and json.loads(second.job_id).keys() == {gone.item_key}
+
+
 def test_a_document_textract_fails_on_in_every_attempt_fails_its_queue_item(store, db_url, folder):
     with TextractProvider({"scans": folder}, duration=0.3, fail_first={"doc2.pdf"}) as provider:
         result = run(db_url, folder, {**textract_config(provider), "provider_max_attempts": 1})

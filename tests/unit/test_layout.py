@@ -96,20 +96,27 @@ def test_importing_the_package_does_not_import_dagster_or_opentelemetry():
     assert out.stdout.strip() == "[]"
 
 
-def test_botocore_is_an_extra_imported_only_by_the_textract_adapter_and_only_when_it_connects():
-    """``pip install recovery-ext`` does not pull botocore (only the ``aws`` extra does), and importing the
-    package, the Dagster layer or the adapter does not import it."""
+@pytest.mark.parametrize(("sdk", "extra", "adapter", "modules"), [
+    ("botocore", "aws", "TextractJobs",
+     ["recovery_ext._providers.bedrock_batch", "recovery_ext._providers.textract_jobs"]),
+    ("anthropic", "anthropic", "AnthropicBatchJobs", ["recovery_ext._providers.anthropic_batch"]),
+    ("google-genai", "gemini", "GeminiBatchJobs", ["recovery_ext._providers.gemini_batch"]),
+])
+def test_a_provider_sdk_is_an_extra_imported_only_by_its_adapters_and_only_when_they_connect(sdk, extra, adapter,
+                                                                                             modules):
+    """``pip install recovery-ext`` does not pull a provider's SDK (only its extra does), and importing the
+    package, the Dagster layer or the adapter does not import it: the adapter takes the application's client."""
     from importlib.metadata import requires
 
-    declared = requires("recovery-ext") or []
-    botocore = [r.partition(";")[2] for r in declared if r.lower().startswith("botocore")]
-    assert botocore and all("extra ==" in marker for marker in botocore)  # never in the core
-    assert any("aws" in marker for marker in botocore)
+    declared = [r.partition(";")[2] for r in requires("recovery-ext") or [] if r.lower().startswith(sdk)]
+    sdk = {"google-genai": "google"}.get(sdk, sdk)  # the distribution's import name
+    assert declared and all("extra ==" in marker for marker in declared)  # never in the core
+    assert any(f"'{extra}'" in marker.replace('"', "'") for marker in declared)
     importers = sorted(name for name, path in _library_modules().items()
-                       if any(m.split(".")[0] == "botocore" for m in _imports(path)))
-    assert importers == ["recovery_ext._providers.textract_jobs"]
-    code = ("import sys, recovery_ext; recovery_ext.run_provider_job; recovery_ext.TextractJobs; "
-            "print('botocore' in sys.modules)")
+                       if any(m.split(".")[0] == sdk for m in _imports(path)))
+    assert importers == modules
+    code = (f"import sys, recovery_ext; recovery_ext.run_provider_job; recovery_ext.{adapter}; "
+            f"print({'google.genai' if sdk == 'google' else sdk!r} in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
     assert out.stdout.strip() == "False"
 

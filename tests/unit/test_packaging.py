@@ -13,7 +13,8 @@ ROOT = Path(__file__).resolve().parents[2]
 # import name -> distribution name, where they differ
 DISTRIBUTION = {"psycopg": "psycopg", "yaml": "pyyaml", "rapidocr_onnxruntime": "rapidocr-onnxruntime",
                 "PIL": "pillow", "dagster_graphql": "dagster-graphql", "dagster_postgres": "dagster-postgres",
-                "prometheus_client": "prometheus-client", "opentelemetry": "opentelemetry-api"}
+                "prometheus_client": "prometheus-client", "opentelemetry": "opentelemetry-api",
+                "google": "google-genai"}  # the library imports google.genai only (GeminiBatchJobs.connect)
 
 
 def _requirements() -> tuple[set[str], dict[str, set[str]]]:

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from recovery_ext import ConfigurationError, TextractJobs, classify
+from recovery_ext import ConfigurationError, ReadLimits, TextractJobs, classify
 from recovery_ext._providers.jobs import COMPLETED, EXPIRED, FAILED, RUNNING
 from recovery_ext._providers.textract_jobs import document_token
 from recovery_pipelines.devserver import wait_for
@@ -86,3 +86,39 @@ def test_the_service_errors_arrive_as_botocore_errors_the_classifier_reads(scans
         assert provider.submissions == 1
     with pytest.raises(ConfigurationError):
         TextractJobs(jobs.client, max_results=1001)
+
+
+@pytest.mark.timeout(60)
+def test_an_endpoint_that_repeats_its_page_token_is_read_once_round_not_for_ever(scans):
+    with TextractProvider({"scans": scans}, duration=0.1, repeat_token=True) as provider:
+        jobs = TextractJobs.connect(region_name="us-east-1", endpoint_url=provider.url, max_results=1)
+        job_id = jobs.submit(requests("a.pdf"), "r" * 32)
+        wait_for(lambda: jobs.status(job_id) == COMPLETED, timeout=30, interval=0.05, what="the job")
+        found = jobs.results(job_id)["a.pdf"]
+        assert provider.gets < 10  # two pages under the same token: the read stops there
+    assert found.error == "unbounded_result"
+    assert json.loads(job_id)["a.pdf"] in found.note and "repeated the page token" in found.note
+
+
+@pytest.mark.parametrize("odd", [{"Confidence": "high"}, {"Pages": "two"}, {"Confidence": 250.0}, {"Pages": -1}])
+def test_a_field_that_is_not_what_textract_documents_is_the_documents_error_naming_its_job(scans, odd):
+    with TextractProvider({"scans": scans}, duration=0.1, odd_fields=odd) as provider:
+        jobs = TextractJobs.connect(region_name="us-east-1", endpoint_url=provider.url)
+        job_id = jobs.submit(requests("a.pdf"), "o" * 32)
+        wait_for(lambda: jobs.status(job_id) == COMPLETED, timeout=30, interval=0.05, what="the job")
+        found = jobs.results(job_id)["a.pdf"]
+    (field,) = odd
+    assert found.error == "unreadable_result" and found.answer is None
+    assert json.loads(job_id)["a.pdf"] in found.note and field in found.note
+
+
+def test_a_document_past_the_page_limit_is_its_error(scans):
+    with TextractProvider({"scans": scans}, duration=0.1) as provider:
+        jobs = TextractJobs.connect(region_name="us-east-1", endpoint_url=provider.url, max_results=1,
+                                    limits=ReadLimits(pages=5))
+        job_id = jobs.submit(requests("a.pdf", "b.pdf"), "p" * 32)
+        wait_for(lambda: jobs.status(job_id) == COMPLETED, timeout=30, interval=0.05, what="the jobs")
+        results = jobs.results(job_id)
+    # a.pdf: PAGE, 2 LINEs and 5 WORDs, 8 pages of one block; b.pdf: PAGE, LINE and 2 WORDs, 4 pages
+    assert (results["a.pdf"].error, "more than 5 pages" in results["a.pdf"].note) == ("unbounded_result", True)
+    assert (results["b.pdf"].error, results["b.pdf"].answer["text"]) == (None, "LETTER 2")
