@@ -59,10 +59,13 @@ TEST_WORKERS ?= auto
 test-fast: install
 	$(BIN)/pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile tests/unit tests/store tests/dagster
 
-## The rest of `make test`: what starts processes or waits out real time (tests/process) and the real servers
-## (tests/e2e). `make test-fast` then `make test-slow` is `make test`, each test once (CI runs them so).
+## The rest of `make test`: what starts processes or waits out real time (tests/process, a test file per worker
+## process, one worker per core: each test has its own databases, homes and ports) and the real servers
+## (tests/e2e, one at a time: they share the UI's ports). `make test-fast` then `make test-slow` is `make test`,
+## each test once (CI runs them so).
 test-slow: install
-	$(BIN)/pytest -q -p no:cacheprovider tests/process tests/e2e
+	$(BIN)/pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile tests/process
+	$(BIN)/pytest -q -p no:cacheprovider tests/e2e
 
 ## Rewrite sql/<dialect>/schema.sql from freshly migrated databases (after adding a migration).
 schema: install
