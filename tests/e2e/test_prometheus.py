@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from recovery_ext import RecoveryStore
+from recovery_ext._store.observability import RECLAIM_CAUSES
 
 import os
 import re
@@ -90,14 +91,19 @@ def store(db_url):
 def test_promql_returns_the_reclaim_and_the_tokens_after_a_crash_and_its_resume(store, db_url, tmp_path):
     with exporter(db_url, tmp_path) as target, prometheus(target, tmp_path) as base:
         wait_for(lambda: query(base, 'up{job="recovery"}') == {(): 1.0}, timeout=30, what="the first scrape")
-        assert query(base, "recovery_reclaims_total") == {}
+        # every cause is a series from the first scrape, reading 0 until it happens
+        before = query(base, "recovery_reclaims_total")
+        assert {dict(labels)["cause"] for labels in before} == set(RECLAIM_CAUSES)
+        assert set(before.values()) == {0.0}
         with stand_in() as provider:
             crash = crash_and_resume(store, items_before=3, items_after=2, provider=provider)
 
-        reclaims = wait_for(lambda: query(base, "sum by (cause) (recovery_reclaims_total)"), timeout=30,
-                            what="the reclaim in Prometheus")
-        assert reclaims == {(("cause", "heartbeat"),): 1.0}
-        assert query(base, "recovery_resume_runs_total") == {(("cause", "heartbeat"),): 1.0}
+        heartbeat = (("cause", "heartbeat"),)
+        reclaims = wait_for(lambda: (found := query(base, "sum by (cause) (recovery_reclaims_total)"))
+                            .get(heartbeat) == 1.0 and found, timeout=30, what="the reclaim in Prometheus")
+        assert {labels: n for labels, n in reclaims.items() if n} == {heartbeat: 1.0}
+        resumes = query(base, "recovery_resume_runs_total")
+        assert {labels: n for labels, n in resumes.items() if n} == {heartbeat: 1.0}
         assert query(base, 'recovery_items{status="completed"}') == {
             (("dagster_job", "ontology"), ("status", "completed")): float(crash.items_before + crash.items_after)}
         assert query(base, 'recovery_pipelines{status="completed"}') == {
