@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any
 
 from dagster import DagsterInstance, DagsterRunStatus, RunsFilter
-from dagster_graphql import DagsterGraphQLClient
 
 from recovery_pipelines.run_worker import announced_pid
 import contextlib
@@ -90,6 +89,9 @@ class DagsterDev:
              "-w" if self.workspace else "-f", str(self.defs_file)],
             cwd=str(self.defs_file.parent), env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
         )
+        # imported here: the helpers above (wait_for, free_port) serve installs without the webserver's client
+        from dagster_graphql import DagsterGraphQLClient
+
         self.client = DagsterGraphQLClient("127.0.0.1", port_number=self.port)
         try:
             wait_for(self._location_loaded, timeout=timeout, interval=0.5,
