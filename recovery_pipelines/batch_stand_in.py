@@ -79,7 +79,7 @@ class BatchProvider(BatchServer):
                  fail_first: int | None = None, hold_create: float = 0.0, hold_upload: float = 0.0,
                  rewrite_output: Callable[[list[dict]], list[str]] | None = None, forget_first: bool = False,
                  endless_list: bool = False) -> None:
-        self.duration, self.hold_create, self.hold_upload = duration, hold_create, hold_upload
+        self.duration, self.hold_upload = duration, hold_upload
         self.rewrite_output, self.forget_first, self.endless_list = rewrite_output, forget_first, endless_list
         self.list_pages = 0
         told = ((expire_first, _EXPIRED), (cancel_first, _CANCELLED), (fail_first, _FAILED))
@@ -87,7 +87,7 @@ class BatchProvider(BatchServer):
         if len(early) > 1:
             raise ValueError("the first batch ends one way: expire_first, cancel_first or fail_first")
         self.first_ends = early[0] if early else None
-        super().__init__()
+        super().__init__(hold_create)  # the base sets hold_create: set here, it would be reset to 0
         self.files: dict[str, bytes] = {}
         self.order: list[str] = []
         self.chat_calls = 0

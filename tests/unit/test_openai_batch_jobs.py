@@ -102,3 +102,17 @@ def test_a_batch_that_failed_as_a_whole_gives_each_item_its_errors(monkeypatch):
         results = jobs.results(job_id)
     assert dict(results) == {}
     assert results.absent.error == "batch_failed" and "invalid_json_line" in results.absent.note
+
+
+def test_the_stand_in_holds_a_creations_answer_while_the_batch_exists():
+    """The crash tests' premise (tests/process/test_provider_job_paths.py): with ``hold_create`` the batch exists
+    at the provider, findable by its token, while its id has not reached the client."""
+    with BatchProvider(duration=0.1, hold_create=60.0) as provider:
+        client = openai.OpenAI(base_url=provider.url, api_key="sk-test", max_retries=0, timeout=1.0)
+        jobs = OpenAIBatchJobs(client)
+        with pytest.raises(openai.APITimeoutError):
+            jobs.submit({key: request(key) for key in KEYS}, "a-token")
+        assert provider.submissions == 1
+        provider.hold_create = 0.0
+        (batch_id,) = provider.batches
+        assert jobs.find("a-token") == batch_id
