@@ -23,7 +23,7 @@ from recovery_ext._classify.redaction import redact
 from recovery_ext._store.migrations import LIBRARY, check_package
 from recovery_ext._store.models import CostFigures
 from recovery_ext._store.ledger_rows import SKIPPED_NOTE
-from recovery_ext._store.models import IN_PROCESS_DEPLOYMENT, PassPlan
+from recovery_ext._store.models import IN_PROCESS_DEPLOYMENT, Node, PassPlan, StaleItem
 from recovery_ext._store.retention import PruneResult
 from recovery_ext._store.store import URL_ENV
 from recovery_ext._store.statuses import WAITING, BreakerState, PipelineStatus, QueueStatus
@@ -44,7 +44,7 @@ class RedactingGroup(click.Group):
     A reader that stops early (``recovery-ext status | head -1``) ends the command quietly, exit 0.
     """
 
-    def make_context(self, *args, **kwargs):
+    def make_context(self, *args: Any, **kwargs: Any) -> click.Context:
         try:
             return super().make_context(*args, **kwargs)
         except click.ClickException as exc:
@@ -52,7 +52,7 @@ class RedactingGroup(click.Group):
             exc.message = redact(exc.message)  # type: ignore[misc]
             raise
 
-    def invoke(self, ctx):
+    def invoke(self, ctx: click.Context) -> Any:
         try:
             result = super().invoke(ctx)
             sys.stdout.flush()  # a closed pipe shows here, not at interpreter exit
@@ -93,7 +93,7 @@ def main(ctx: click.Context, database_url: str | None, as_json: bool) -> None:
 main.add_command(spend_cap)
 
 
-def _migration_packages(ctx, param, packages: tuple[str, ...]) -> tuple[str, ...]:
+def _migration_packages(ctx: click.Context, param: click.Parameter, packages: tuple[str, ...]) -> tuple[str, ...]:
     """Each ``--package`` checked before anything is opened or created: a typo is a usage error (exit 2)."""
     for package in packages:
         try:
@@ -222,7 +222,7 @@ def _recovered_by(deployment: str | None) -> str:
             "that instance); recovery-ext recover reclaims it but launches nothing")
 
 
-def _stuck(item) -> dict:
+def _stuck(item: StaleItem) -> dict[str, Any]:
     """A stuck queue item as ``status`` and ``reset-stuck`` report it (the store's one stale rule)."""
     return {"id": item.id, "queue": item.queue, "worker": item.worker, "started_at": item.started_at,
             "attempts": item.attempts, "heartbeat_deadline": item.heartbeat_deadline, "reason": item.stale_reason}
@@ -279,7 +279,7 @@ def show_pipeline(store: CliStore, out: Output, pipeline_id: int) -> None:
                       for n in node_rows],
             "transitions": history}
 
-    def items(n) -> str:
+    def items(n: Node) -> str:
         if n.items_total is None:
             return "-"
         extra = f" ({degraded[n.name]} degraded)" if degraded.get(n.name) else ""
@@ -305,7 +305,7 @@ def show_pipeline(store: CliStore, out: Output, pipeline_id: int) -> None:
         click.echo("\nTransitions")
         names = {n.id: n.name for n in node_rows}  # a node's transition names the node, not its row id
 
-        def entity(t) -> str:
+        def entity(t: dict[str, Any]) -> str:
             if t["entity_type"] == "node" and t["entity_id"] in names:
                 return f"node {names[t['entity_id']]}"
             return f"{t['entity_type']} {t['entity_id']}"
@@ -531,7 +531,7 @@ def events(store: CliStore, out: Output, follow: bool, kind: tuple[str, ...], li
     else:
         recent = store.reports.recent_events(kinds=kinds, limit=limit, newest=True)
 
-    def show(rows: list[dict]) -> None:
+    def show(rows: list[dict[str, Any]]) -> None:
         for e in rows:
             if out.json:
                 click.echo(json.dumps(jsonable(e), sort_keys=True))

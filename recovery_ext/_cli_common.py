@@ -7,7 +7,7 @@ import datetime as dt
 import functools
 import json
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any, overload
 
 import click
 
@@ -31,13 +31,19 @@ class BadArgument(click.ClickException):
     exit_code = 2
 
 
-class Duration(click.ParamType):
+if TYPE_CHECKING:  # click's ParamType is generic from click 8.5 on; the oldest click we take (8.1) is not
+    _FloatParam = click.ParamType[float, Any]
+else:
+    _FloatParam = click.ParamType
+
+
+class Duration(_FloatParam):
     """``90``, ``90s``, ``10m``, ``1h``, ``1d``: finite and within bounds (else exit 2)."""
 
     name = "duration"
     minimum, maximum = 1.0, 366 * 86400.0
 
-    def convert(self, value, param, ctx):
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> float:
         try:
             seconds = parse_duration(value)
         except ValueError as exc:
@@ -79,7 +85,7 @@ class Output:
             click.echo(message, err=True)
 
 
-def open_store(obj: dict, *, creates_database: bool = False) -> RecoveryStore:
+def open_store(obj: dict[str, Any], *, creates_database: bool = False) -> RecoveryStore:
     """The store of ``--database-url`` (or the default), opened only once the arguments were accepted.
 
     Only a command that creates the database (``migrate``) may create a SQLite file or its folder:
@@ -103,7 +109,17 @@ def _require_sqlite_file(dialect: Dialect) -> None:
                                  "`recovery-ext migrate`)")
 
 
-def command(fn=None, *, creates_database: bool = False, checks_schema: bool = True):
+# A command's body: ``fn(store, out, **its options)``.
+CommandBody = Callable[..., Any]
+
+
+@overload
+def command(fn: CommandBody, *, creates_database: bool = ..., checks_schema: bool = ...) -> Callable[..., Any]: ...
+@overload
+def command(fn: None = ..., *, creates_database: bool = ...,
+            checks_schema: bool = ...) -> Callable[[CommandBody], Callable[..., Any]]: ...
+def command(fn: CommandBody | None = None, *, creates_database: bool = False,
+            checks_schema: bool = True) -> Callable[..., Any]:
     """Open the store, map our errors to a clear message and exit status 1 (a bad argument: 2).
 
     ``checks_schema=False``: the command checks the schema itself, when it can (the exporter starts while the
@@ -111,10 +127,7 @@ def command(fn=None, *, creates_database: bool = False, checks_schema: bool = Tr
     if fn is None:
         return functools.partial(command, creates_database=creates_database, checks_schema=checks_schema)
 
-    @click.option("--json", "as_json", is_flag=True, help="Machine-readable JSON output.")
-    @click.pass_obj
-    @functools.wraps(fn)
-    def wrapper(obj, as_json, **kwargs):
+    def wrapper(obj: dict[str, Any], /, as_json: bool, **kwargs: Any) -> Any:
         out = Output(as_json or obj["json"])
         store = open_store(obj, creates_database=creates_database)
         try:
@@ -144,4 +157,6 @@ def command(fn=None, *, creates_database: bool = False, checks_schema: bool = Tr
         finally:
             store.close()
 
-    return wrapper
+    functools.update_wrapper(wrapper, fn)  # the command keeps the body's name and help
+    json_option = click.option("--json", "as_json", is_flag=True, help="Machine-readable JSON output.")
+    return json_option(click.pass_obj(wrapper))

@@ -18,7 +18,7 @@ def _amount(value: float | int | None, money: bool) -> str:
     return f"{value:.6g}" if money else str(value)
 
 
-def cap_rows(caps: list[CapState]) -> list[tuple]:
+def cap_rows(caps: list[CapState]) -> list[tuple[str, ...]]:
     """One line per cap: its tokens and its money, each as cap / spent / reserved / left."""
     return [(c.scope, *(_amount(v, False) for v in (c.max_tokens, c.spent_tokens, c.reserved_tokens, c.left_tokens)),
              *(_amount(v, True) for v in (c.max_cost, c.spent_cost, c.reserved_cost, c.left_cost)), c.changed_by or "")

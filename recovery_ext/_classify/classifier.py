@@ -65,7 +65,7 @@ def _chain(exc: BaseException, seen: set[int] | None = None) -> Iterator[BaseExc
                 seen.add(id(inner))
                 yield inner
         # a retry helper's last error, kept outside __cause__
-        for unwrap in families.active().judges("inner", type(current)):
+        for unwrap in families.active().unwrappers(type(current)):
             inner = unwrap(current)
             if inner is not None and id(inner) not in seen:
                 seen.add(id(inner))
@@ -418,7 +418,7 @@ def _from_wrapper(exc: BaseException) -> Classification | None:
     return None
 
 
-def _decide(chain: list[BaseException], judge) -> Classification | None:
+def _decide(chain: list[BaseException], judge: families.Judge) -> Classification | None:
     """Any transient verdict of the tier wins; else the outermost permanent one."""
     verdicts = [v for v in (judge(link) for link in chain) if v is not None]
     for verdict in verdicts:

@@ -25,6 +25,9 @@ from typing import Any
 from recovery_ext._classify.verdict import Classification
 
 Judge = Callable[[BaseException], "Classification | None"]
+Unwrap = Callable[[BaseException], "BaseException | None"]
+# A point's function as the registry keeps it: a Judge, or an Unwrap at the ``inner`` point.
+_Point = Callable[[BaseException], Any]
 
 
 @dataclass(frozen=True)
@@ -32,7 +35,7 @@ class Family:
     facts: Judge | None = None
     structure: Judge | None = None
     wrapper: Judge | None = None
-    inner: Callable[[BaseException], BaseException | None] | None = None
+    inner: Unwrap | None = None
 
 
 _POINTS = ("facts", "structure", "wrapper", "inner")
@@ -42,11 +45,19 @@ class Active:
     """The judges of the imported libraries' families, each kept with the top-level packages of its
     libraries: an exception meets only the judges of the packages its class and bases come from."""
 
-    def __init__(self, entries: dict[str, tuple[tuple[frozenset[str], Callable], ...]]) -> None:
+    def __init__(self, entries: dict[str, tuple[tuple[frozenset[str], _Point], ...]]) -> None:
         self.entries = entries
-        self._by_type: dict[str, dict[type, tuple[Callable, ...]]] = {point: {} for point in _POINTS}
+        self._by_type: dict[str, dict[type, tuple[_Point, ...]]] = {point: {} for point in _POINTS}
 
-    def judges(self, point: str, kind: type) -> tuple[Callable, ...]:
+    def judges(self, point: str, kind: type) -> tuple[Judge, ...]:
+        """The verdicts of the ``facts``, ``structure`` or ``wrapper`` point that may speak for ``kind``."""
+        return self._found(point, kind)
+
+    def unwrappers(self, kind: type) -> tuple[Unwrap, ...]:
+        """The ``inner`` point's functions that may hold an exception ``kind`` wraps outside its cause."""
+        return self._found("inner", kind)
+
+    def _found(self, point: str, kind: type) -> tuple[_Point, ...]:
         cache = self._by_type[point]
         found = cache.get(kind)
         if found is None:

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from functools import partial
+
 from recovery_ext._classify.families import Family, by_type, loaded_types
 from recovery_ext._classify.verdict import permanent, transient
 
 
 def family() -> Family:
-    types = lambda *names: loaded_types("aiohttp", *names)
+    types = partial(loaded_types, "aiohttp")
     return Family(
         structure=by_type([
             (types("ClientConnectorCertificateError", "ClientSSLError"), permanent("tls", "aiohttp: TLS failed")),

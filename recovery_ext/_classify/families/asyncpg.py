@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from functools import partial
+
 from recovery_ext._classify.families import Family, by_type, loaded_types
 from recovery_ext._classify.verdict import Classification, permanent, transient
 
 
 def family() -> Family:
-    types = lambda *names: loaded_types("asyncpg.exceptions", *names)
+    types = partial(loaded_types, "asyncpg.exceptions")
     typed = by_type([
         # the schema changed under a cached statement: asyncpg's documentation says to retry
         (types("InvalidCachedStatementError", "OutdatedSchemaCacheError"),

@@ -4,12 +4,14 @@ rejected or out of retries is not."""
 
 from __future__ import annotations
 
+from functools import partial
+
 from recovery_ext._classify.families import Family, by_type, loaded_types
 from recovery_ext._classify.verdict import permanent, transient
 
 
 def family() -> Family:
-    celery = lambda *names: loaded_types("celery.exceptions", *names)
+    celery = partial(loaded_types, "celery.exceptions")
     return Family(structure=by_type([
         (celery("MaxRetriesExceededError", "NotRegistered", "TaskRevokedError", "Reject", "InvalidTaskError",
                 "ImproperlyConfigured", "QueueNotFound"),

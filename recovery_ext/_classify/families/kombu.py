@@ -4,12 +4,14 @@ is a transport wrapper (its cause says why)."""
 
 from __future__ import annotations
 
+from functools import partial
+
 from recovery_ext._classify.families import Family, by_type, loaded_types
 from recovery_ext._classify.verdict import permanent, transient
 
 
 def family() -> Family:
-    amqp = lambda *names: loaded_types("amqp.exceptions", *names)
+    amqp = partial(loaded_types, "amqp.exceptions")
     return Family(
         structure=by_type([
             (amqp("ContentTooLarge"), permanent("validation", "AMQP 311: content too large")),

@@ -6,6 +6,7 @@ A type decides before the HTTP status of the response it came in: a stream that 
 
 from __future__ import annotations
 
+from recovery_ext._classify.families import Judge
 from recovery_ext._classify.verdict import Classification, permanent, transient
 
 PROVIDER_ERROR_TYPES = {
@@ -45,7 +46,7 @@ def _error_type(exc: BaseException) -> str | None:
     return None
 
 
-def judge_provider_error(types: tuple[type, ...]):
+def judge_provider_error(types: tuple[type, ...]) -> Judge:
     """The judge for one SDK's ``APIError`` types: their body's error type, with the status it came with."""
 
     def facts(exc: BaseException) -> Classification | None:

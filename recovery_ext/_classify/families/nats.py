@@ -3,12 +3,14 @@ stale, closed or reconnecting connection and a full outbound buffer are transien
 
 from __future__ import annotations
 
+from functools import partial
+
 from recovery_ext._classify.families import Family, by_type, loaded_types
 from recovery_ext._classify.verdict import permanent, transient
 
 
 def family() -> Family:
-    types = lambda *names: loaded_types("nats.errors", *names)
+    types = partial(loaded_types, "nats.errors")
     return Family(structure=by_type([
         (types("NoServersError", "ConnectionClosedError", "StaleConnectionError", "ConnectionReconnectingError",
                "UnexpectedEOF"), transient("connection", "NATS: no connection to a server")),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from typing import Any
 
 from recovery_ext._classify.families import Family, by_type, loaded_types
 from recovery_ext._classify.verdict import Classification, permanent, transient
@@ -27,7 +28,7 @@ def family() -> Family:
     )
 
 
-def _refused_parameters(exc: BaseException, pq) -> bool:
+def _refused_parameters(exc: BaseException, pq: Any) -> bool:
     """libpq's ``PQconnectStart`` rejected the connection parameters (an invalid ``sslmode``, port
     number, keepalive value ...) before any server was contacted: the error still holds that
     connection, open and bad. A connection attempt that reached the network holds a finished copy."""
@@ -35,6 +36,6 @@ def _refused_parameters(exc: BaseException, pq) -> bool:
     if pgconn is None or pq is None or type(pgconn).__name__ == "FinishedPGconn":
         return False
     try:
-        return pgconn.status == pq.ConnStatus.BAD
+        return bool(pgconn.status == pq.ConnStatus.BAD)
     except Exception:  # noqa: BLE001 - an unexpected connection object says nothing
         return False

@@ -3,6 +3,8 @@ exhaustion and a ``WATCH`` conflict are transient; auth, permissions and command
 
 from __future__ import annotations
 
+from functools import partial
+
 from recovery_ext._classify.families import Family, by_type, loaded_types
 from recovery_ext._classify.verdict import Classification, permanent, transient
 
@@ -13,7 +15,7 @@ _TRANSIENT_REPLY_CODES = ("BUSY ", "LOADING ", "TRYAGAIN", "CLUSTERDOWN", "MASTE
 
 
 def family() -> Family:
-    types = lambda *names: loaded_types("redis.exceptions", *names)
+    types = partial(loaded_types, "redis.exceptions")
     typed = by_type([
         (types("AuthenticationError", "AuthorizationError", "NoPermissionError",
                "AuthenticationWrongNumberOfArgsError"),

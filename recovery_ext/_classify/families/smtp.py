@@ -3,6 +3,8 @@ connection is transient. Refused recipients are transient only when every refusa
 
 from __future__ import annotations
 
+from functools import partial
+
 from recovery_ext._classify.families import Family, by_type, loaded_types
 from recovery_ext._classify.verdict import Classification, permanent, transient
 
@@ -15,7 +17,7 @@ def reply(code: int, what: str) -> Classification:
 
 
 def family() -> Family:
-    types = lambda *names: loaded_types("smtplib", *names)
+    types = partial(loaded_types, "smtplib")
     responses, refused = types("SMTPResponseException"), types("SMTPRecipientsRefused")
 
     def facts(exc: BaseException) -> Classification | None:

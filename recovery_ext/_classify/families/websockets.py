@@ -3,6 +3,8 @@ URI or a handshake the peer refused is not (an ``InvalidStatus`` carries its HTT
 
 from __future__ import annotations
 
+from functools import partial
+
 from recovery_ext._classify.families import Family, by_type, loaded_types
 from recovery_ext._classify.verdict import Classification, permanent, transient
 
@@ -11,7 +13,7 @@ _PERMANENT_CLOSE_CODES = {1002, 1003, 1007, 1008, 1009, 1010}
 
 
 def family() -> Family:
-    types = lambda *names: loaded_types("websockets.exceptions", *names)
+    types = partial(loaded_types, "websockets.exceptions")
     closed = types("ConnectionClosed")
     typed = by_type([
         (types("InvalidURI", "InvalidProxy"), permanent("configuration", "websockets: bad URI")),
