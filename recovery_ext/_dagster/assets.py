@@ -23,7 +23,8 @@ import inspect
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from dagster import AssetExecutionContext, AssetKey, MaterializeResult, Output, RetryPolicy, asset, multi_asset
+from dagster import (AssetExecutionContext, AssetKey, AssetsDefinition, MaterializeResult, Output, RetryPolicy, asset,
+                     multi_asset)
 
 from recovery_ext._liveness.heartbeat import HeartbeatSettings
 from recovery_ext._dagster.context import NodeContext
@@ -36,7 +37,7 @@ from recovery_ext._dagster.tags import TAG_NODE, TAG_OPTIONAL
 _NO_VALUE = (MaterializeResult, type(None))
 
 
-class _Events(list):
+class _Events(list[Any]):
     """What a generator body yielded (drained inside the node, so its items are checkpointed first)."""
 
 
@@ -82,7 +83,7 @@ def recoverable_asset(
     retry_policy: RetryPolicy | None = None,
     op_tags: Mapping[str, Any] | None = None,
     **asset_kwargs: Any,
-):
+) -> Any:  # an AssetsDefinition, or (without ``fn``) the decorator that makes one
     """``@asset`` whose body ``fn(ctx: NodeContext, *upstream, config=..., resources...)`` is a recoverable node.
 
     Every ``@asset`` argument passes through (``partitions_def``, ``ins``, ``deps``, ``pool``,
@@ -122,7 +123,7 @@ def recoverable_multi_asset(
     op_tags: Mapping[str, Any] | None = None,
     name: str | None = None,
     **multi_asset_kwargs: Any,
-):
+) -> Callable[[Callable[..., Any]], AssetsDefinition]:
     """``@multi_asset`` (``outs=`` or ``specs=``, ``can_subset=`` ...) whose body is one recoverable node.
 
     The body returns one value, ``Output`` or ``MaterializeResult`` per selected asset (a tuple, in

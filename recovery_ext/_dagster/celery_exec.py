@@ -28,13 +28,16 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from recovery_ext._classify.redaction import redact_url
 from recovery_ext._errors import ConfigurationError
 
 BROKER_ENV = "RECOVERY_CELERY_BROKER"
 BACKEND_ENV = "RECOVERY_CELERY_BACKEND"
+if TYPE_CHECKING:
+    from dagster import ExecutorDefinition
+
 STEP_QUEUE = "dagster"     # dagster-celery's queue for steps (its make_app declares it)
 
 
@@ -77,7 +80,7 @@ def celery_executor_config(broker: str | None = None, backend: str | None = None
     return {"broker": broker, "backend": backend, "config_source": celery_settings()}
 
 
-def recoverable_celery_executor(config: Mapping[str, Any] | None = None):
+def recoverable_celery_executor(config: Mapping[str, Any] | None = None) -> ExecutorDefinition:
     """``with_recovery(celery_executor)`` named ``celery``, its defaults from the environment.
 
     The config schema is dagster-celery's; only the defaults of ``broker``, ``backend`` and
@@ -110,7 +113,8 @@ def recoverable_celery_executor(config: Mapping[str, Any] | None = None):
         "backend": Field(Noneable(StringSource), is_required=False, default_value=values["backend"],
                          description=fields["backend"].description),
         "include": fields["include"],
-        "config_source": Field(Noneable(Permissive()), is_required=False,
+        "config_source": Field(Noneable(Permissive()),  # type: ignore[no-untyped-call]  # untyped in Dagster
+                               is_required=False,
                                default_value=dict(values.get("config_source") or {}),
                                description=fields["config_source"].description),
         "retries": fields["retries"],
@@ -125,7 +129,7 @@ def _no_literal_password(key: str, value: Any) -> None:
                                  f"job snapshot: pass it as {{'env': 'VARIABLE'}} instead ({redact_url(value)})")
 
 
-def make_celery_app(broker: str | None = None, backend: str | None = None):
+def make_celery_app(broker: str | None = None, backend: str | None = None) -> Any:  # a celery.Celery
     """The app Celery workers run (dagster-celery's tasks), from the same URLs and settings as the executor."""
     from recovery_ext._dagster.compat import dagster_celery_internals
 

@@ -102,7 +102,7 @@ class CeleryFence:
         submit_task = celery.submit_task
         fence = _Fence(scope)
 
-        def submit(app, context, step, queue, priority, known_state):
+        def submit(app: Any, context: Any, step: Any, queue: str, priority: int, known_state: Any) -> Any:
             if fence.superseded():
                 return _NotSubmitted()
             result = submit_task(app, context, step, queue, priority, known_state)

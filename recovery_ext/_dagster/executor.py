@@ -21,7 +21,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, overload
 
 from dagster import (
     DagsterExecutionInterruptedError,
@@ -29,6 +29,7 @@ from dagster import (
     DagsterRun,
     DagsterRunStatus,
     EnvVar,
+    ExecuteInProcessResult,
     Executor,
     ExecutorDefinition,
     JobDefinition,
@@ -37,7 +38,7 @@ from dagster import (
     multiprocess_executor,
 )
 
-from recovery_ext._dagster.compat import EngineEventData, make_new_run_id
+from recovery_ext._dagster.compat import EngineEventData, ExecutionPlan, PlanOrchestrationContext, make_new_run_id
 from recovery_ext._conventions import in_process_origin, jsonable, resume_run_key, superseded_run_message
 from recovery_ext._dagster.fences import execute_steps
 from recovery_ext._errors import (IllegalTransition, MissingRunLiveness, NotFound, OwnershipLost, RecoveryError,
@@ -435,15 +436,16 @@ class RecoveringExecutor(Executor):
             raise AttributeError(name)
         return getattr(self.inner, name)
 
+    # The wrapped executor's settings, as it declares them (their types are not Dagster's public API).
     @property
-    def retries(self):
+    def retries(self) -> Any:
         return self.inner.retries
 
     @property
-    def step_dependency_config(self):
+    def step_dependency_config(self) -> Any:
         return self.inner.step_dependency_config
 
-    def execute(self, plan_context, execution_plan) -> Iterator[Any]:
+    def execute(self, plan_context: PlanOrchestrationContext, execution_plan: ExecutionPlan) -> Iterator[Any]:
         job_def = plan_context.job.get_definition()
         resource = resolve_resource(job_def, plan_context.run_config, plan_context.instance, self.resource_key)
         scope = RunScope(resource, plan_context.dagster_run, job_def, plan_context.instance, plan_context.log)
@@ -479,7 +481,8 @@ class RecoveringExecutor(Executor):
                                                    f"pipeline {scope.ownership.pipeline_id} continues in another run")
 
 
-    def _events(self, scope: RunScope, plan_context, execution_plan) -> Iterator[Any]:
+    def _events(self, scope: RunScope, plan_context: PlanOrchestrationContext,
+                execution_plan: ExecutionPlan) -> Iterator[Any]:
         """Replay the finished nodes here, then hand what is left to the inner executor."""
         split = split_plan(scope.job_def, execution_plan, scope.store, scope.ownership.pipeline_id,
                            carried_op_selection(plan_context.dagster_run))
@@ -504,7 +507,8 @@ class RecoveringExecutor(Executor):
             context, subset = subset_context(plan_context, execution_plan, split.rest, [*split.replay, *split.ready])
             yield from self._inner_execute(scope, context, subset)
 
-    def _inner_execute(self, scope: RunScope, plan_context, execution_plan) -> Iterator[Any]:
+    def _inner_execute(self, scope: RunScope, plan_context: PlanOrchestrationContext,
+                       execution_plan: ExecutionPlan) -> Iterator[Any]:
         yield from execute_steps(self.inner, plan_context, execution_plan, scope)
 
 
@@ -555,7 +559,8 @@ class RecoveryExecutorDefinition(ExecutorDefinition):
         self.inner = inner
         self.resource_key = resource_key
 
-    def copy_for_configured(self, name, description, config_schema):
+    def copy_for_configured(self, name: str, description: str | None,
+                            config_schema: Any) -> RecoveryExecutorDefinition:
         return RecoveryExecutorDefinition(self.inner, self.resource_key, name=name, config_schema=config_schema,
                                           description=description or self.description)
 
@@ -568,10 +573,17 @@ def with_recovery(executor_def: ExecutorDefinition = multiprocess_executor, *,
     return RecoveryExecutorDefinition(executor_def, resource_key)
 
 
-def recoverable_job(fn: Callable | None = None, *, executor_def: ExecutorDefinition = multiprocess_executor,
-                    resource_key: str = "recovery", **job_kwargs: Any):
+@overload
+def recoverable_job(fn: Callable[..., Any], *, executor_def: ExecutorDefinition = ...,
+                    resource_key: str = ..., **job_kwargs: Any) -> JobDefinition: ...
+@overload
+def recoverable_job(fn: None = ..., *, executor_def: ExecutorDefinition = ..., resource_key: str = ...,
+                    **job_kwargs: Any) -> Callable[[Callable[..., Any]], JobDefinition]: ...
+def recoverable_job(fn: Callable[..., Any] | None = None, *, executor_def: ExecutorDefinition = multiprocess_executor,
+                    resource_key: str = "recovery",
+                    **job_kwargs: Any) -> JobDefinition | Callable[[Callable[..., Any]], JobDefinition]:
     """``@job`` whose executor (multiprocess by default) is wrapped with :func:`with_recovery`."""
-    def decorate(body: Callable) -> JobDefinition:
+    def decorate(body: Callable[..., Any]) -> JobDefinition:
         return job(executor_def=with_recovery(executor_def, resource_key=resource_key), **job_kwargs)(body)
 
     return decorate(fn) if fn is not None else decorate
@@ -580,7 +592,7 @@ def recoverable_job(fn: Callable | None = None, *, executor_def: ExecutorDefinit
 @contextmanager
 def _in_process_scope(job_def: JobDefinition, run_id: str, run_config: Mapping[str, Any], tags: Mapping[str, str],
                       instance: DagsterInstance, resource: RecoveryResource, deployment: str | None,
-                      origin_run_id: str | None = None):
+                      origin_run_id: str | None = None) -> Iterator[RunScope]:
     run = DagsterRun(job_name=job_def.name, run_id=run_id, run_config=dict(run_config), tags=dict(tags))
     scope = RunScope(resource, run, job_def, instance, deployment=deployment, origin_run_id=origin_run_id)
     scope.start()
@@ -590,7 +602,7 @@ def _in_process_scope(job_def: JobDefinition, run_id: str, run_config: Mapping[s
 def execute_in_process(job_def: JobDefinition, *, run_config: Mapping[str, Any] | None = None,
                        instance: DagsterInstance | None = None, resources: Mapping[str, Any] | None = None,
                        tags: Mapping[str, str] | None = None, raise_on_error: bool = True,
-                       resource_key: str = "recovery", **kwargs: Any):
+                       resource_key: str = "recovery", **kwargs: Any) -> ExecuteInProcessResult:
     """``job_def.execute_in_process`` with run-level liveness (Dagster swaps in its own executor there).
 
     The calling process is the run worker: it owns and heartbeats the pipeline around the run

@@ -22,12 +22,13 @@ from recovery_ext._dagster.node_run import NodeRun
 from recovery_ext._dagster.run_state import RunStateReporter
 from recovery_ext._store.waits import WaitKind
 from recovery_ext._store.models import Ownership
+from recovery_ext._store.interfaces import GuardStore, OpStore
 
 
 class RunVisiblePause(StorePause):
     """A pause shown on the pipeline row and on the Dagster run (tag ``recovery/state`` and engine events)."""
 
-    def __init__(self, store, own, node: str, reporter: RunStateReporter) -> None:
+    def __init__(self, store: GuardStore, own: Ownership, node: str, reporter: RunStateReporter) -> None:
         super().__init__(store, own, node)
         self.reporter = reporter
 
@@ -103,14 +104,14 @@ def provider_guard(ctx: NodeContext, endpoint: str, policy: RetryPolicy, *,
     )
 
 
-def _show_budget_wait(store, own: Ownership, ctx: NodeContext, reporter: RunStateReporter, seconds: float,
+def _show_budget_wait(store: OpStore, own: Ownership, ctx: NodeContext, reporter: RunStateReporter, seconds: float,
                       reason: str) -> None:
     """A wait for the provider's budget, shown on the pipeline row and on the Dagster run."""
     if store.providers.show_budget_wait(own, seconds, reason, node=ctx.node_name):
         reporter.waiting(seconds, f"rate budget: {reason}")
 
 
-def _end_budget_wait(store, own: Ownership, ctx: NodeContext, reporter: RunStateReporter) -> None:
+def _end_budget_wait(store: OpStore, own: Ownership, ctx: NodeContext, reporter: RunStateReporter) -> None:
     if store.providers.clear_budget_wait(own, node=ctx.node_name):
         reporter.going_on("the provider's rate budget has room again")
 

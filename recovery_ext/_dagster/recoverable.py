@@ -18,7 +18,7 @@ from dagster import Failure, In, OpExecutionContext, Out, Output, RetryPolicy, R
 from recovery_ext._classify.classifier import ClassifiedError, classify, with_context
 from recovery_ext._errors import (IllegalTransition, OwnershipLost, StopRequested, StoreUnavailable, UnfinishedItems,
                                   in_chain)
-from recovery_ext._liveness.heartbeat import HeartbeatSettings, registry_for
+from recovery_ext._liveness.heartbeat import HeartbeatSettings, Lease, registry_for
 from recovery_ext._store.models import Node, Ownership
 from recovery_ext._classify.redaction import redact
 from recovery_ext._dagster.executor import has_run_liveness, is_run_worker
@@ -92,7 +92,7 @@ def recoverable_op(
     tags: Mapping[str, str] | None = None,
     pool: str | None = None,
     retry_policy: RetryPolicy | None = None,
-):
+) -> Any:  # an OpDefinition, or (without ``fn``) the decorator that makes one
     """Turn ``fn(ctx: NodeContext, *inputs)`` into a Dagster op that is a recoverable pipeline node.
 
     Beside the recovery context the body takes what a plain ``@op`` body takes: inputs (typed by
@@ -159,6 +159,7 @@ def _compute(context: Any, resource: RecoveryResource, inputs: dict[str, Any], d
                                   "process began; the pipeline resumes from its checkpoints", allow_retries=False)
     run = NodeRun(context, store, resource, definition.heartbeat or resource.heartbeat_settings(), definition)
     begun = _begin(context, store, run.settings, op_name)
+    own: Ownership | None
     if begun is not None:  # the common case: one transaction found the pipeline, the node and started it
         own, node, started = begun
         pipeline_id = own.pipeline_id
@@ -176,7 +177,8 @@ def _compute(context: Any, resource: RecoveryResource, inputs: dict[str, Any], d
     return _run_node(run, own, inputs, node if started else None)
 
 
-def _begin(context: OpExecutionContext, store: OpStore, settings: HeartbeatSettings, op_name: str):
+def _begin(context: OpExecutionContext, store: OpStore, settings: HeartbeatSettings,
+           op_name: str) -> tuple[Ownership, Node, bool] | None:
     """``store.pipelines.begin_node`` for this run, after refusing a job without run-level liveness."""
     _require_run_liveness(context, op_name)
     try:
@@ -209,7 +211,8 @@ def _run_node(run: NodeRun, own: Ownership, inputs: dict[str, Any], node: Node |
         ctx.flush_ledger()  # calls no checkpoint took (failed, superseded, stopped): written before the step ends
 
 
-def _run_body(run: NodeRun, own: Ownership, inputs: dict[str, Any], node: Node, ctx: NodeContext, watchdog) -> Any:
+def _run_body(run: NodeRun, own: Ownership, inputs: dict[str, Any], node: Node, ctx: NodeContext,
+              watchdog: Lease) -> Any:
     context, store, settings, op_name = run.context, run.store, run.settings, run.name
     if context.retry_number:  # a retry after an outage pause: running again, the outage clock keeps going
         store.providers.clear_waiting(own, node=op_name, keep_outage_clock=True, event="outage_retry")
@@ -219,7 +222,7 @@ def _run_body(run: NodeRun, own: Ownership, inputs: dict[str, Any], node: Node, 
         ctx.flush()  # completions a batched items() loop still buffers (the body left the loop early)
         ctx.check()
     except (OwnershipLost, StopRequested) as exc:
-        lost = watchdog.lost or exc
+        lost: BaseException = watchdog.lost or exc
         if watchdog.lost is None and ctx.run_worker_gone is not None and ctx.run_worker_gone.is_set():
             # from None: the expected end of a step whose run worker died, one line, no chained traceback
             raise Failure(description="the run worker died; this step process stopped before its next provider "

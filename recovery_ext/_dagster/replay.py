@@ -27,11 +27,11 @@ from __future__ import annotations
 import json
 import sys
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from dagster import DagsterEvent, DagsterRun, JobDefinition, Output
+from dagster import DagsterEvent, DagsterRun, JobDefinition, Output, StepExecutionContext
 
 from recovery_ext._dagster.compat import (
     ExecuteRunWithPlanIterable,
@@ -175,7 +175,7 @@ def subset_context(plan_context: PlanOrchestrationContext, plan: ExecutionPlan, 
     return context, subset
 
 
-def _resolved_run_config(plan_context: PlanOrchestrationContext, job_def: JobDefinition):
+def _resolved_run_config(plan_context: PlanOrchestrationContext, job_def: JobDefinition) -> ResolvedRunConfig:
     return ResolvedRunConfig.build(job_def, plan_context.run_config)
 
 
@@ -220,7 +220,7 @@ def _output_resource_keys(plan_context: PlanOrchestrationContext, plan: Executio
     return frozenset(get_transitive_required_resource_keys(keys, job_def.resource_defs))
 
 
-def _initializing_only(keys: frozenset[str]):
+def _initializing_only(keys: frozenset[str]) -> Callable[..., Any]:
     """Dagster's resource initialization for the replay context, limited to ``keys``.
 
     Initializing every resource the replayed steps declare (a ConfigurableResource is validated and
@@ -228,14 +228,14 @@ def _initializing_only(keys: frozenset[str]):
     The run's own execution context, for the steps that do run, still initializes all of theirs and
     records those events; this one records none of its own.
     """
-    def manager(**kwargs: Any):
+    def manager(**kwargs: Any) -> Any:
         return resource_initialization_manager(**{**kwargs, "resource_keys_to_init": keys,
                                                   "emit_persistent_events": False})
 
     return manager
 
 
-def _replay_step(step_context, node: Node, pipeline_id: int) -> Iterator[DagsterEvent]:
+def _replay_step(step_context: StepExecutionContext, node: Node, pipeline_id: int) -> Iterator[DagsterEvent]:
     yield DagsterEvent.step_start_event(step_context)
     started = time.perf_counter()
     try:
@@ -246,7 +246,10 @@ def _replay_step(step_context, node: Node, pipeline_id: int) -> Iterator[Dagster
                 yield from _type_check_and_store_output(step_context, output)
     except Exception:  # noqa: BLE001 - reported as this step's failure, like any step error
         error = serializable_error_info_from_exc_info(sys.exc_info())
-        yield DagsterEvent.step_failure_event(step_context, StepFailureData(error=error, user_failure_data=None))
+        # Dagster's event payloads are NamedTuples with an untyped __new__
+        failure = StepFailureData(error=error, user_failure_data=None)  # type: ignore[no-untyped-call]
+        yield DagsterEvent.step_failure_event(step_context, failure)
         return
     duration_ms = (time.perf_counter() - started) * 1000
-    yield DagsterEvent.step_success_event(step_context, StepSuccessData(duration_ms=duration_ms))
+    success = StepSuccessData(duration_ms=duration_ms)  # type: ignore[no-untyped-call]
+    yield DagsterEvent.step_success_event(step_context, success)

@@ -10,7 +10,7 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
-from dagster import ConfigurableResource
+from dagster import ConfigurableResource, DagsterInstance
 from pydantic import Field, model_validator
 
 from recovery_ext._settings import DAY, check_count, check_deployment, check_seconds
@@ -36,15 +36,17 @@ _migrated_packages: set[tuple[str, str]] = set()
 DEPLOYMENT_ENV = "RECOVERY_DEPLOYMENT"
 
 
-def derived_deployment(instance) -> str:
+def derived_deployment(instance: DagsterInstance | None) -> str:
     """A stable name for a Dagster instance: its run storage's id (one per run database), else its home folder.
 
     Two deployments are two run storages; the same instance seen from the daemon, the webserver and
     every run worker derives the same name.
     """
     storage_id = None
+    # the SQL run storages have an id; RunStorage itself does not declare one
+    get_id = getattr(instance.run_storage, "get_run_storage_id", None) if instance is not None else None
     try:
-        storage_id = instance.run_storage.get_run_storage_id()
+        storage_id = get_id() if get_id is not None else None
     except Exception:  # noqa: BLE001 - a run storage without an id: fall back to the instance's folder
         storage_id = None
     if storage_id:
@@ -104,7 +106,8 @@ def shared_store(url: str, *, retry_budget: float | None = None, packages: Seque
         return store
 
 
-class RecoveryResource(ConfigurableResource):
+# Subclassed bare, as Dagster's own resources are: a ConfigurableResource's value is the resource itself.
+class RecoveryResource(ConfigurableResource):  # type: ignore[type-arg]
     """Application tables and recovery settings shared by recoverable ops and the sensors."""
 
     database_url: str | None = Field(
@@ -258,7 +261,7 @@ class RecoveryResource(ConfigurableResource):
     def url(self) -> str:
         return self.database_url or default_database_url()
 
-    def deployment_name(self, instance) -> str:
+    def deployment_name(self, instance: DagsterInstance | None) -> str:
         """This deployment's name: the field, else ``$RECOVERY_DEPLOYMENT``, else one derived from ``instance``."""
         if self.deployment:
             return self.deployment  # checked when the resource was built
@@ -299,7 +302,7 @@ class RecoveryResource(ConfigurableResource):
         return wait_jittered_exponential(self.retry_initial_delay, max_delay=self.retry_max_delay,
                                          jitter=self.retry_jitter)
 
-    def retry_policy(self, **overrides) -> RetryPolicy:
+    def retry_policy(self, **overrides: Any) -> RetryPolicy:
         """The same backoff for calls inside a node (e.g. one LLM request)."""
         settings: dict[str, Any] = dict(max_attempts=self.max_retries + 1, initial_delay=self.retry_initial_delay,
                                         max_delay=self.retry_max_delay, jitter=self.retry_jitter,

@@ -15,7 +15,7 @@ from concurrent.futures import ThreadPoolExecutor, wait
 from datetime import UTC
 from typing import Any, overload
 
-from dagster import DagsterRun, DagsterRunStatus, JobDefinition, RunRequest, RunsFilter
+from dagster import DagsterInstance, DagsterRun, DagsterRunStatus, JobDefinition, RunRequest, RunsFilter
 
 from recovery_ext._store.database import chunks
 from recovery_ext._conventions import is_placeholder, placeholder_run_key, resume_run_key
@@ -51,7 +51,7 @@ LIVE_STATUSES = [DagsterRunStatus.STARTING, DagsterRunStatus.STARTED, DagsterRun
 WAITING_STATUSES = (DagsterRunStatus.QUEUED, DagsterRunStatus.NOT_STARTED, DagsterRunStatus.STARTING)
 FINISHED_STATUSES = (DagsterRunStatus.FAILURE, DagsterRunStatus.CANCELED, DagsterRunStatus.SUCCESS)
 
-def classify_owner_runs(instance, run_ids: Sequence[str]) -> OwnerStates:
+def classify_owner_runs(instance: DagsterInstance, run_ids: Sequence[str]) -> OwnerStates:
     """Three id-only queries per ``BATCH`` owners (no run is deserialized), plus one for the
     retries of runs Dagster is retrying.
 
@@ -87,7 +87,7 @@ def classify_owner_runs(instance, run_ids: Sequence[str]) -> OwnerStates:
     return OwnerStates(dead, [r for r in will_retry if r not in retry_ended] + deciding + canceling, canceled)
 
 
-def _still_deciding(instance, run_ids: Sequence[str], now: float) -> list[str]:
+def _still_deciding(instance: DagsterInstance, run_ids: Sequence[str], now: float) -> list[str]:
     """Failed runs with no ``dagster/will_retry`` tag yet that ended less than the grace ago."""
     deciding: list[str] = []
     for part in chunks(list(run_ids), BATCH):
@@ -101,7 +101,7 @@ def _still_deciding(instance, run_ids: Sequence[str], now: float) -> list[str]:
     return deciding
 
 
-def _retries_ended(instance, run_ids: Sequence[str]) -> set[str]:
+def _retries_ended(instance: DagsterInstance, run_ids: Sequence[str]) -> set[str]:
     """Runs whose Dagster retry exists and finished without taking the pipeline over."""
     ended: set[str] = set()
     for part in chunks(list(run_ids), BATCH):
@@ -111,7 +111,8 @@ def _retries_ended(instance, run_ids: Sequence[str]) -> set[str]:
     return ended
 
 
-def runs_by_id(instance, run_ids: Iterable[str], statuses: Sequence[DagsterRunStatus] = ()) -> dict[str, DagsterRun]:
+def runs_by_id(instance: DagsterInstance, run_ids: Iterable[str],
+               statuses: Sequence[DagsterRunStatus] = ()) -> dict[str, DagsterRun]:
     found: dict[str, DagsterRun] = {}
     for part in chunks(sorted(set(run_ids)), BATCH):
         for run in instance.get_runs(filters=RunsFilter(run_ids=list(part), statuses=list(statuses))):
@@ -119,28 +120,33 @@ def runs_by_id(instance, run_ids: Iterable[str], statuses: Sequence[DagsterRunSt
     return found
 
 
-def held_run_ids(instance, run_ids: Iterable[str]) -> set[str]:
+def held_run_ids(instance: DagsterInstance, run_ids: Iterable[str]) -> set[str]:
     """Which of ``run_ids`` this instance holds: ids only, no run deserialized (a tick after a mass kill
     checks thousands)."""
     return {run_id for part in chunks(sorted(set(run_ids)), BATCH)
             for run_id in instance.get_run_ids(filters=RunsFilter(run_ids=list(part)))}
 
 
-def runs_by_run_key(instance, run_keys: Iterable[str]) -> dict[str, DagsterRun]:
+def runs_by_run_key(instance: DagsterInstance, run_keys: Iterable[str]) -> dict[str, DagsterRun]:
     """The runs created for these run keys, whichever sensor created them."""
     found: dict[str, DagsterRun] = {}
     for part in chunks(sorted(set(run_keys)), BATCH):
         for run in instance.get_runs(filters=RunsFilter(tags={RUN_KEY_TAG: list(part)})):
             key = run.tags.get(RUN_KEY_TAG)
+            if key is None:  # filtered by the tag: every run has it
+                continue
             if key not in found or found[key].status in FINISHED_STATUSES:
                 found[key] = run
     return found
 
 
-def watch_resume_runs(instance, placeholders: Sequence[str]) -> ResumeStates:
+def watch_resume_runs(instance: DagsterInstance, placeholders: Sequence[str]) -> ResumeStates:
     keys = {placeholder_run_key(ph): ph for ph in placeholders}
     existing = runs_by_run_key(instance, keys)
-    by_status = lambda statuses: [keys[k] for k, r in existing.items() if r.status in statuses]  # noqa: E731
+
+    def by_status(statuses: Sequence[DagsterRunStatus]) -> list[str]:
+        return [keys[k] for k, r in existing.items() if r.status in statuses]
+
     return ResumeStates({keys[k] for k in existing}, by_status(WAITING_STATUSES),
                         by_status((DagsterRunStatus.FAILURE, DagsterRunStatus.SUCCESS)),
                         by_status((DagsterRunStatus.CANCELED,)))
@@ -153,7 +159,7 @@ class OriginRuns:
         self.max_size = max_size
         self._runs: dict[str, DagsterRun | None] = {}
 
-    def get(self, instance, run_ids: Iterable[str]) -> dict[str, DagsterRun | None]:
+    def get(self, instance: DagsterInstance, run_ids: Iterable[str]) -> dict[str, DagsterRun | None]:
         wanted = {r for r in run_ids if r}
         missing = wanted - self._runs.keys()
         if missing:
@@ -218,7 +224,8 @@ def resume_request(r: Reclaimed, origin: DagsterRun | None = None, job: JobDefin
                                         if origin and origin.asset_check_selection is not None else None))
 
 
-def stop_superseded(instance, reclaimed: Sequence[Reclaimed | GivenUp], message, *, budget_seconds: float = 20.0,
+def stop_superseded(instance: DagsterInstance, reclaimed: Sequence[Reclaimed | GivenUp],
+                    message: Callable[[Reclaimed | GivenUp], str], *, budget_seconds: float = 20.0,
                     workers: int = 8, explain_budget_seconds: float = EXPLAIN_BUDGET_SECONDS) -> list[StopOutcome]:
     """Ask the run launcher to terminate every superseded run Dagster still shows live, then mark it FAILURE.
 
@@ -278,7 +285,7 @@ def stop_superseded(instance, reclaimed: Sequence[Reclaimed | GivenUp], message,
     return outcomes
 
 
-def _explain_ended(instance, run_ids: Sequence[str], message: Callable[[DagsterRun], str],
+def _explain_ended(instance: DagsterInstance, run_ids: Sequence[str], message: Callable[[DagsterRun], str],
                    budget_seconds: float) -> int:
     """The take-over's message as an engine event in each ended run's own log, until ``budget_seconds`` are
     spent; how many runs got it."""
@@ -302,7 +309,7 @@ class DagsterRunControl:
     """The recovery protocol's view of Dagster, for one orphan sensor: batched run lookups, resume
     run requests that keep what the user launched, and stopping superseded runs."""
 
-    def __init__(self, instance, jobs_by_name: Mapping[str, JobDefinition], origin_runs: OriginRuns, *,
+    def __init__(self, instance: DagsterInstance, jobs_by_name: Mapping[str, JobDefinition], origin_runs: OriginRuns, *,
                  stop_budget_seconds: float = 20.0) -> None:
         self.instance = instance
         self.jobs_by_name = jobs_by_name

@@ -28,7 +28,8 @@ RUNNING = PipelineStatus.RUNNING.value
 
 def _step_key(context: Any) -> str | None:
     try:
-        return context.get_step_execution_context().step.key
+        key: str = context.get_step_execution_context().step.key
+        return key
     except Exception:  # noqa: BLE001 - an op context outside a step (tests build their own)
         return None
 

@@ -10,6 +10,8 @@ from typing import cast, Any
 
 from dagster import (
     BetaWarning,
+    DagsterInstance,
+    DagsterRun,
     DagsterRunStatus,
     DefaultSensorStatus,
     JobDefinition,
@@ -75,7 +77,7 @@ def make_orphan_sensor(
     resource_key: str = "recovery",
     startup_gap_factor: float = 3.0,
     stop_budget_seconds: float = 20.0,
-):
+) -> RecoverySensorDefinition:
     """Each tick runs the recovery scan for ``jobs`` and requests one resume run per reclaimed orphan.
 
     Every tick also re-requests the resume run of each pipeline this sensor reserved that has
@@ -111,7 +113,7 @@ def make_orphan_sensor(
     @sensor(name=name, minimum_interval_seconds=minimum_interval_seconds, default_status=default_status,
             required_resource_keys={resource_key}, **target,
             description=f"Finds orphaned pipelines of {', '.join(job_names)} and launches resume runs.")
-    def orphan_sensor(context: SensorEvaluationContext):
+    def orphan_sensor(context: SensorEvaluationContext) -> SkipReason | SensorResult:
         resource: RecoveryResource = getattr(context.resources, resource_key)
         store = resource.get_store()
         scope = Scope(tuple(job_names), resource.deployment_name(context.instance), name)
@@ -150,7 +152,7 @@ def make_stuck_item_sensor(
     default_status: DefaultSensorStatus = DefaultSensorStatus.RUNNING,
     run_config: Mapping[str, Any] | None = None,
     resource_key: str = "recovery",
-):
+) -> RecoverySensorDefinition:
     """The queue's stale monitor: reset stuck ``processing`` items, mark exhausted ones ``dead``,
     and launch a queue run when items are claimable and no run for the queue is active.
 
@@ -168,7 +170,7 @@ def make_stuck_item_sensor(
             default_status=default_status, jobs=[job],
             required_resource_keys={resource_key},
             description=f"Resets stuck items of queue {queue!r} and launches {job_name} when items wait.")
-    def stuck_item_sensor(context: SensorEvaluationContext):
+    def stuck_item_sensor(context: SensorEvaluationContext) -> SkipReason | SensorResult:
         store = getattr(context.resources, resource_key).get_store()
         reset = store.queue.reset_stale(queue=queue, older_than_seconds=stale_after_seconds, reason="stale item sensor")
         dead = [r.id for r in reset if r.new_status == QueueStatus.DEAD]
@@ -200,7 +202,7 @@ def make_stuck_item_sensor(
     return _ours(stuck_item_sensor, "make_stuck_item_sensor", minimum_interval_seconds)
 
 
-def _draining_runs(instance, job_name: str, queue: str, limit: int = 100) -> list:
+def _draining_runs(instance: DagsterInstance, job_name: str, queue: str, limit: int = 100) -> list[DagsterRun]:
     """Active runs of the queue's job that drain this queue: those this sensor launched (tagged with the
     queue) and those launched without a queue tag (from the Launchpad, and their resume runs). Counting
     only the tagged ones launched a second run beside the resume run of a crashed Launchpad run."""

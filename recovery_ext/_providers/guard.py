@@ -238,7 +238,7 @@ class ProviderGuard:
 
     # -- one attempt ---------------------------------------------------------------------------
 
-    def _attempt(self, call: GuardedCall, fn: Callable[..., T], args: tuple, kwargs: dict) -> T:
+    def _attempt(self, call: GuardedCall, fn: Callable[..., T], args: tuple[Any, ...], kwargs: dict[str, Any]) -> T:
         if self.check is not None:
             self.check()
         if self.pause is not None:
@@ -440,10 +440,10 @@ class ProviderGuard:
         return dict(retry=retry_if_retryable(), wait=self._wait(call), stop=self._stop(call),
                     before_sleep=self._before_sleep(call), retry_error_callback=self._give_up(call), reraise=True)
 
-    def _guarded(self, call: GuardedCall, fn: Callable[..., T], args: tuple, kwargs: dict) -> T:
+    def _guarded(self, call: GuardedCall, fn: Callable[..., T], args: tuple[Any, ...], kwargs: dict[str, Any]) -> T:
         retrying = tenacity.Retrying(sleep=self.sleep, **self.strategies(call))
         try:
-            result = retrying(self._attempt, call, fn, args, kwargs)
+            result: T = retrying(self._attempt, call, fn, args, kwargs)
         except (OutageBudgetExceeded, StopRequested):
             raise
         except Exception:

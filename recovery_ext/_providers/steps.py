@@ -31,7 +31,7 @@ class Blocking:
     """A call that may wait on the database (run in a worker thread by the async driver)."""
 
     fn: Callable[..., Any]
-    args: tuple = ()
+    args: tuple[Any, ...] = ()
 
 
 @dataclass
@@ -85,7 +85,8 @@ def drive(steps: Steps[T]) -> T:
         try:
             step = steps.throw(error) if error is not None else steps.send(value)
         except StopIteration as done:
-            return done.value
+            result: T = done.value
+            return result
         value, error = None, None
         try:
             if isinstance(step, Blocking):
@@ -113,7 +114,8 @@ async def drive_async(steps: Steps[T], context: contextvars.Context) -> T:
         try:
             step = steps.throw(error) if error is not None else steps.send(value)
         except StopIteration as done:
-            return done.value
+            result: T = done.value
+            return result
         value, error = None, None
         try:
             if isinstance(step, Blocking):

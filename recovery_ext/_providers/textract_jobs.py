@@ -121,7 +121,8 @@ class TextractJobs:
     def _get(self, document_job: str, **page: Any) -> dict[str, Any] | None:
         """One page of the job's answer; None when the service no longer knows the job."""
         try:
-            return self.client.get_document_text_detection(JobId=document_job, **page)
+            answer: dict[str, Any] = self.client.get_document_text_detection(JobId=document_job, **page)
+            return answer
         except Exception as exc:
             if service_error_code(exc) == "InvalidJobIdException":
                 return None
