@@ -9,12 +9,15 @@
 -- (observability.py) and the roll-ups of finished pipelines (0017, below) all read this view.
 -- A run that takes over its own pipeline again under a new epoch (its run_id unchanged) saves nothing by
 -- this rule; every resume path hands the pipeline to a new run.
+-- One table in its FROM, the rest in EXISTS: a reader's LEFT JOIN of it on call_id is then flattened into a
+-- look-up by primary key (SQLite materializes a view with a join on the right of a LEFT JOIN: every call).
 CREATE VIEW rx_calls_saved_by_resume (call_id) AS
 SELECT pc.id
   FROM rx_provider_calls pc
-  JOIN rx_pipelines p ON p.id = pc.pipeline_id
-  JOIN rx_nodes n ON n.pipeline_id = pc.pipeline_id AND n.name = pc.node_name
- WHERE pc.reached_checkpoint AND pc.epoch < p.epoch AND n.run_id <> pc.run_id;
+ WHERE pc.reached_checkpoint
+   AND EXISTS (SELECT 1 FROM rx_pipelines p JOIN rx_nodes n ON n.pipeline_id = p.id
+                WHERE p.id = pc.pipeline_id AND pc.epoch < p.epoch
+                  AND n.name = pc.node_name AND n.run_id <> pc.run_id);
 
 -- The roll-up of 0017, its saved figure now read from rx_calls_saved_by_resume (nothing else changes).
 CREATE OR REPLACE FUNCTION rx_roll_up_finished(p_lo BIGINT, p_hi BIGINT) RETURNS void LANGUAGE plpgsql AS $$

@@ -572,10 +572,11 @@ WITH (fillfactor='50');
 
 CREATE VIEW public.rx_calls_saved_by_resume AS
  SELECT pc.id AS call_id
-   FROM ((public.rx_provider_calls pc
-     JOIN public.rx_pipelines p ON ((p.id = pc.pipeline_id)))
-     JOIN public.rx_nodes n ON (((n.pipeline_id = pc.pipeline_id) AND (n.name = pc.node_name))))
-  WHERE (pc.reached_checkpoint AND (pc.epoch < p.epoch) AND (n.run_id <> pc.run_id));
+   FROM public.rx_provider_calls pc
+  WHERE (pc.reached_checkpoint AND (EXISTS ( SELECT 1
+           FROM (public.rx_pipelines p
+             JOIN public.rx_nodes n ON ((n.pipeline_id = p.id)))
+          WHERE ((p.id = pc.pipeline_id) AND (pc.epoch < p.epoch) AND (n.name = pc.node_name) AND (n.run_id <> pc.run_id)))));
 
 CREATE TABLE public.rx_circuit_breakers (
     endpoint text NOT NULL,

@@ -359,9 +359,10 @@ CREATE TRIGGER rx_call_journal_pipeline_ended
 CREATE VIEW rx_calls_saved_by_resume (call_id) AS
 SELECT pc.id
   FROM rx_provider_calls pc
-  JOIN rx_pipelines p ON p.id = pc.pipeline_id
-  JOIN rx_nodes n ON n.pipeline_id = pc.pipeline_id AND n.name = pc.node_name
- WHERE pc.reached_checkpoint AND pc.epoch < p.epoch AND n.run_id <> pc.run_id;
+ WHERE pc.reached_checkpoint
+   AND EXISTS (SELECT 1 FROM rx_pipelines p JOIN rx_nodes n ON n.pipeline_id = p.id
+                WHERE p.id = pc.pipeline_id AND pc.epoch < p.epoch
+                  AND n.name = pc.node_name AND n.run_id <> pc.run_id);
 
 CREATE TRIGGER rx_judge_again INSTEAD OF INSERT ON rx_judge_again_requests FOR EACH ROW
 BEGIN
