@@ -87,7 +87,7 @@ PROVIDER_COST = MetricSpec("recovery_provider_cost", "counter",
 FATES = {fate: {what: MetricSpec(f"recovery_provider_{fate}_{what}", "counter", f"{help_} {text}", ("dagster_job",))
                 for what, text in (("calls", "(calls)"), ("tokens", "(tokens, input and output)"),
                                    ("cost", "(cost, in the price table's currency)"))}
-         for fate, help_ in (("saved", "Provider work a resume skipped or replayed in a node it went through again, not paid again"),
+         for fate, help_ in (("saved", "Provider work a resume skipped or replayed in a node it went through again"),
                              ("wasted", "Provider work paid for whose answer never reached a checkpoint"))}
 LEDGER_SKIPPED = MetricSpec("recovery_ledger_rows_skipped", "gauge",
                             "Corrupt ledger rows (e.g. an infinite token count) left out of the provider metrics")
