@@ -320,8 +320,9 @@ def show_pipeline(store: CliStore, out: Output, pipeline_id: int) -> None:
 @click.argument("pipeline_id", type=ROW_ID, required=False, metavar="[PIPELINE]")
 @command
 def costs(store: CliStore, out: Output, pipeline_id: int | None) -> None:
-    """Provider calls, tokens and cost: spent, saved by resume (kept from before a crash, at what they cost
-    then; replayed: answers the call journal gave a resume), wasted (paid for, never checkpointed) and in
+    """Provider calls, tokens and cost: spent, saved by resume (checkpointed before a crash in a node the
+    resume went through again, which it did not pay for again, at what they cost then; replayed: answers the
+    call journal gave a resume), wasted (paid for, never checkpointed) and in
     flight at a crash (outcome unknown), for one pipeline by node, or for all by pipeline."""
     scopes = None
     if pipeline_id is not None:

@@ -75,7 +75,7 @@ BREAKER_STATE = MetricSpec("recovery_circuit_breaker_state", "gauge",
 BREAKER_FAILURES = MetricSpec("recovery_circuit_breaker_consecutive_failures", "gauge",
                               "Transient failures in a row at each endpoint", ("endpoint",))
 
-# The ledger of provider calls: what was spent, what a resume saved (answers kept from before a takeover),
+# The ledger of provider calls: what was spent, what a resume saved (calls it skipped or replayed, ledger.py),
 # what was wasted (answers paid for that never reached a checkpoint). Cost is in the price table's currency.
 PROVIDER_CALLS = MetricSpec("recovery_provider_calls", "counter", "Provider calls recorded in the ledger",
                             ("dagster_job", "model", "outcome"))
@@ -87,7 +87,7 @@ PROVIDER_COST = MetricSpec("recovery_provider_cost", "counter",
 FATES = {fate: {what: MetricSpec(f"recovery_provider_{fate}_{what}", "counter", f"{help_} {text}", ("dagster_job",))
                 for what, text in (("calls", "(calls)"), ("tokens", "(tokens, input and output)"),
                                    ("cost", "(cost, in the price table's currency)"))}
-         for fate, help_ in (("saved", "Provider work a resume kept from before a takeover and did not pay again"),
+         for fate, help_ in (("saved", "Provider work a resume skipped or replayed in a node it went through again"),
                              ("wasted", "Provider work paid for whose answer never reached a checkpoint"))}
 LEDGER_SKIPPED = MetricSpec("recovery_ledger_rows_skipped", "gauge",
                             "Corrupt ledger rows (e.g. an infinite token count) left out of the provider metrics")

@@ -21,7 +21,7 @@ FAULT, RECLAIM, WAIT, DONE, FAILED = "#dc2626", "#ea580c", "#eab308", "#16a34a",
 # A provider call by what became of its answer (the ledger's judgement).
 FATE_COLOURS = {"kept": "#475569", "saved": "#0d9488", "wasted": "#dc2626", "unsettled": "#a3a3a3",
                 "in_flight": "#f59e0b"}
-FATE_TEXT = {"kept": "kept by its run", "saved": "saved: kept across a takeover",
+FATE_TEXT = {"kept": "kept by its run", "saved": "saved by resume: skipped or replayed, not paid again",
              "wasted": "wasted: never checkpointed",
              "unsettled": "answered, item not checkpointed yet",
              "in_flight": "in flight at a crash: outcome unknown"}

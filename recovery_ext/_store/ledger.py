@@ -6,8 +6,12 @@ and cost. ``reached_checkpoint`` is set in the transaction that checkpoints the 
 answered (or completes the node it was made in), never after, so the reports can tell apart:
 
 * **spent**: every call;
-* **saved by resume**: calls whose answers reached a checkpoint before the pipeline was taken
-  over (a crash resume, a re-execution): the resume kept those items and did not pay again;
+* **saved by resume**: calls a resume did not make again: their answers reached a checkpoint (or
+  the call journal, and the resume replayed them into one) before the pipeline was taken over, in a
+  node a later run went through again and skipped or replayed them. The calls of a node that
+  finished before the crash were never at risk (the resume skips the node whole): kept, not saved.
+  Defined once, by the view ``rx_calls_saved_by_resume`` (migration 0022), which the roll-ups of
+  finished pipelines read too;
 * **wasted**: calls whose answers never reached a checkpoint and never will: in flight at a
   crash, answered but retried, made by a worker that was superseded, or failed;
 * **open**: answered calls of the live owner whose item is not checkpointed yet (neither), and its
@@ -36,7 +40,7 @@ from recovery_ext._store.database import Component, chunks, retried
 from recovery_ext._store.ledger_rows import malformed_calls, well_formed_call
 from recovery_ext._store.models import CostFigures, CostReport, ProviderCall
 from recovery_ext._store.rolled_up import live_pipeline_ids
-from recovery_ext._store.schema import node_items, pipelines, provider_calls
+from recovery_ext._store.schema import calls_saved_by_resume, node_items, pipelines, provider_calls
 from recovery_ext._store.statuses import PipelineStatus
 
 pc = provider_calls.c
@@ -115,8 +119,8 @@ class LedgerWrites(Component):
         tokens = pc.tokens_in + pc.tokens_out
         cost = func.coalesce(pc.cost, 0.0)
         reached = pc.reached_checkpoint == True  # noqa: E712 - SQL, not Python
-        # Kept by a later owner: answered under an epoch the pipeline has since left behind.
-        saved = and_(reached, pc.epoch < p.epoch)
+        # Skipped or replayed by a resume that went through its node again (the view of migration 0022).
+        saved = calls_saved_by_resume.c.call_id.isnot(None)
         in_flight = pc.outcome == IN_FLIGHT
         live = and_(p.status == PipelineStatus.RUNNING, pc.epoch == p.epoch)
         # Neither kept nor lost yet: the live owner's answer whose item is not checkpointed yet, or its request
@@ -141,6 +145,7 @@ class LedgerWrites(Component):
                    total(unknown, 1).label("in_flight_unknown_calls"))
             .select_from(provider_calls
                          .outerjoin(pipelines, p.id == pc.pipeline_id)
+                         .outerjoin(calls_saved_by_resume, calls_saved_by_resume.c.call_id == pc.id)
                          .outerjoin(node_items, and_(item.pipeline_id == pc.pipeline_id,
                                                      item.node_name == pc.node_name, item.item_key == pc.item_key)))
             .where(well_formed_call())

@@ -21,8 +21,8 @@ from recovery_ext._store.statuses import PipelineStatus, QueueStatus
 from recovery_ext._store.ledger_rows import well_formed_call
 from recovery_ext._store.models import CostFigures, MetricsSnapshot, Node, Pipeline, PipelineHistory
 from recovery_ext._errors import NotFound
-from recovery_ext._store.schema import (circuit_breakers, events, node_items, nodes, pipelines, provider_calls,
-                                        queue_items, spend_caps, transitions)
+from recovery_ext._store.schema import (calls_saved_by_resume, circuit_breakers, events, node_items, nodes,
+                                        pipelines, provider_calls, queue_items, spend_caps, transitions)
 from recovery_ext._store.ledger import LedgerOps
 from recovery_ext._store.spend_caps import CapState, deployment_scope, pipeline_scope
 from recovery_ext._store.waits import wait_kind
@@ -170,9 +170,11 @@ class Observability(Component):
         in_flight = pc.outcome == IN_FLIGHT
         open_ = and_(~reached, p.status == PipelineStatus.RUNNING, pc.epoch == p.epoch,
                      or_(and_(pc.outcome == "ok", item.item_key.is_(None)), in_flight))
-        fate = case((and_(reached, pc.epoch < p.epoch), literal("saved")), (reached, literal("kept")),
+        saved = calls_saved_by_resume.c.call_id.isnot(None)  # the ledger's one definition (migration 0022)
+        fate = case((saved, literal("saved")), (reached, literal("kept")),
                     (open_, literal("unsettled")), (in_flight, literal("in_flight")), else_=literal("wasted"))
         joined = (provider_calls.join(pipelines, p.id == pc.pipeline_id)
+                  .outerjoin(calls_saved_by_resume, calls_saved_by_resume.c.call_id == pc.id)
                   .outerjoin(node_items, and_(item.pipeline_id == pc.pipeline_id, item.node_name == pc.node_name,
                                               item.item_key == pc.item_key)))
         mine = and_(pc.pipeline_id == pipeline_id, well_formed_call())

@@ -23,6 +23,8 @@ from sqlalchemy import (
     Table,
     Text,
     UniqueConstraint,
+    column,
+    table,
 )
 from sqlalchemy.types import TypeDecorator
 from sqlalchemy.engine.interfaces import Dialect as SqlAlchemyDialect
@@ -386,3 +388,7 @@ ledger_pipeline_totals = Table(
 ledger_daily = Table(
     "rx_ledger_daily", metadata, Column("day", Date, primary_key=True), Column("job_name", Text, primary_key=True),
     Column("model", Text, primary_key=True), Column("outcome", Text, primary_key=True), *_ledger_figures())
+
+# A view (migration 0022), not a table of the metadata: the ids of the ledger's calls saved by resume, the one
+# definition the cost report, a run's call fates and the roll-ups of finished pipelines all read.
+calls_saved_by_resume = table("rx_calls_saved_by_resume", column("call_id", Text))

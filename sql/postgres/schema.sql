@@ -482,13 +482,14 @@ BEGIN
                    pc.outcome, p.job_name, (COALESCE(p.completed_at, p.updated_at) AT TIME ZONE 'UTC')::date AS day,
                    pc.tokens_in, pc.tokens_out, pc.tokens_in + pc.tokens_out AS tokens, COALESCE(pc.cost, 0) AS cost,
                    pc.replays,
-                   COALESCE(pc.reached_checkpoint AND pc.epoch < p.epoch, false) AS saved,
+                   s.call_id IS NOT NULL AS saved,
                    NOT pc.reached_checkpoint AND pc.outcome <> 'in_flight' AS wasted,
                    -- the ledger's well-formed row (ledger_rows.py): bounded tokens, cost and latency
                    COALESCE(pc.tokens_in BETWEEN 0 AND 1099511627776 AND pc.tokens_out BETWEEN 0 AND 1099511627776
                             AND (pc.cost IS NULL OR pc.cost BETWEEN 0 AND 2199023255552)
                             AND pc.latency_seconds BETWEEN 0 AND 1000000000, false) AS ok
               FROM rx_pipelines p JOIN rx_provider_calls pc ON pc.pipeline_id = p.id
+                   LEFT JOIN rx_calls_saved_by_resume s ON s.call_id = pc.id
              WHERE p.id BETWEEN p_lo AND p_hi AND p.status IN ('completed', 'failed')) AS c
      GROUP BY c.pipeline_id, c.node_name, c.model, c.outcome
     ON CONFLICT (pipeline_id, node_name, model, outcome) DO NOTHING;
@@ -539,6 +540,43 @@ CREATE TABLE public.rx_call_journal (
     answer text NOT NULL,
     answered_at timestamp with time zone DEFAULT now() NOT NULL
 );
+
+CREATE TABLE public.rx_pipelines (
+    id bigint NOT NULL,
+    job_name text NOT NULL,
+    origin_run_id text,
+    params jsonb DEFAULT '{}'::jsonb NOT NULL,
+    status text DEFAULT 'pending'::text NOT NULL,
+    current_node text,
+    owner text,
+    resumed_from text,
+    epoch integer DEFAULT 0 NOT NULL,
+    heartbeat_at timestamp with time zone,
+    heartbeat_deadline timestamp with time zone,
+    deadline timestamp with time zone,
+    resume_count integer DEFAULT 0 NOT NULL,
+    max_resumes integer DEFAULT 3 NOT NULL,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    started_at timestamp with time zone,
+    updated_at timestamp with time zone DEFAULT now() NOT NULL,
+    completed_at timestamp with time zone,
+    error text,
+    gave_up_reason text,
+    waiting_until timestamp with time zone,
+    waiting_since timestamp with time zone,
+    waiting_reason text,
+    launcher text,
+    deployment text DEFAULT 'default'::text NOT NULL
+)
+WITH (fillfactor='50');
+
+CREATE VIEW public.rx_calls_saved_by_resume AS
+ SELECT pc.id AS call_id
+   FROM public.rx_provider_calls pc
+  WHERE (pc.reached_checkpoint AND (EXISTS ( SELECT 1
+           FROM (public.rx_pipelines p
+             JOIN public.rx_nodes n ON ((n.pipeline_id = p.id)))
+          WHERE ((p.id = pc.pipeline_id) AND (pc.epoch < p.epoch) AND (n.name = pc.node_name) AND (n.run_id <> pc.run_id)))));
 
 CREATE TABLE public.rx_circuit_breakers (
     endpoint text NOT NULL,
@@ -647,35 +685,6 @@ CREATE TABLE public.rx_pipeline_counts (
     seconds_sum double precision DEFAULT 0 NOT NULL,
     seconds_count bigint DEFAULT 0 NOT NULL
 );
-
-CREATE TABLE public.rx_pipelines (
-    id bigint NOT NULL,
-    job_name text NOT NULL,
-    origin_run_id text,
-    params jsonb DEFAULT '{}'::jsonb NOT NULL,
-    status text DEFAULT 'pending'::text NOT NULL,
-    current_node text,
-    owner text,
-    resumed_from text,
-    epoch integer DEFAULT 0 NOT NULL,
-    heartbeat_at timestamp with time zone,
-    heartbeat_deadline timestamp with time zone,
-    deadline timestamp with time zone,
-    resume_count integer DEFAULT 0 NOT NULL,
-    max_resumes integer DEFAULT 3 NOT NULL,
-    created_at timestamp with time zone DEFAULT now() NOT NULL,
-    started_at timestamp with time zone,
-    updated_at timestamp with time zone DEFAULT now() NOT NULL,
-    completed_at timestamp with time zone,
-    error text,
-    gave_up_reason text,
-    waiting_until timestamp with time zone,
-    waiting_since timestamp with time zone,
-    waiting_reason text,
-    launcher text,
-    deployment text DEFAULT 'default'::text NOT NULL
-)
-WITH (fillfactor='50');
 
 CREATE SEQUENCE public.rx_pipelines_id_seq
     START WITH 1

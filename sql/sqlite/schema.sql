@@ -356,6 +356,14 @@ CREATE TRIGGER rx_call_journal_pipeline_ended
     FOR EACH ROW WHEN NEW.status IN ('completed', 'canceled') AND OLD.status IS NOT NEW.status
     BEGIN DELETE FROM rx_call_journal WHERE pipeline_id = NEW.id; END;
 
+CREATE VIEW rx_calls_saved_by_resume (call_id) AS
+SELECT pc.id
+  FROM rx_provider_calls pc
+ WHERE pc.reached_checkpoint
+   AND EXISTS (SELECT 1 FROM rx_pipelines p JOIN rx_nodes n ON n.pipeline_id = p.id
+                WHERE p.id = pc.pipeline_id AND pc.epoch < p.epoch
+                  AND n.name = pc.node_name AND n.run_id <> pc.run_id);
+
 CREATE TRIGGER rx_judge_again INSTEAD OF INSERT ON rx_judge_again_requests FOR EACH ROW
 BEGIN
     INSERT INTO rx_roll_up_requests (lo, hi, undo_job)
@@ -511,12 +519,13 @@ BEGIN
       FROM (SELECT pc.pipeline_id, COALESCE(pc.node_name, '') AS node_name, COALESCE(pc.model, '') AS model,
                    pc.outcome, p.job_name, date(COALESCE(p.completed_at, p.updated_at), 'unixepoch') AS day,
                    pc.tokens_in, pc.tokens_out, pc.tokens_in + pc.tokens_out AS tokens, COALESCE(pc.cost, 0) AS cost,
-                   pc.replays, COALESCE(pc.reached_checkpoint AND pc.epoch < p.epoch, 0) AS saved,
+                   pc.replays, s.call_id IS NOT NULL AS saved,
                    NOT pc.reached_checkpoint AND pc.outcome <> 'in_flight' AS wasted,
                    COALESCE(pc.tokens_in BETWEEN 0 AND 1099511627776 AND pc.tokens_out BETWEEN 0 AND 1099511627776
                             AND (pc.cost IS NULL OR pc.cost BETWEEN 0 AND 2199023255552)
                             AND pc.latency_seconds BETWEEN 0 AND 1000000000, 0) AS ok
               FROM rx_pipelines p JOIN rx_provider_calls pc ON pc.pipeline_id = p.id
+                   LEFT JOIN rx_calls_saved_by_resume s ON s.call_id = pc.id
              WHERE p.id BETWEEN NEW.lo AND NEW.hi AND p.status IN ('completed', 'failed')) AS c
      WHERE true
      GROUP BY c.pipeline_id, c.node_name, c.model, c.outcome

@@ -8,7 +8,8 @@ from dataclasses import replace
 from sqlalchemy import delete, func, select
 
 from recovery_ext._store.models import ItemCheckpoint, ProviderCall
-from recovery_ext._store.schema import node_items, pipelines, provider_calls, queue_items
+from recovery_ext._store.schema import (ledger_pipeline_totals, node_items, nodes, pipelines, provider_calls,
+                                        queue_items)
 
 ENDPOINT = "https://api.example.com/v1/chat"
 
@@ -78,7 +79,10 @@ def test_a_reopened_pipeline_leaves_the_roll_up_and_returns_judged_again(store):
     assert reopened["pipelines"] == [(("default", "etl", "running"), 1)]
     assert reopened["items"] == before["items"]  # counted live now, not twice
     assert reopened["costs"]["etl"]["calls"] == before["costs"]["etl"]["calls"] == 3
-    assert reopened["costs"]["etl"]["saved_calls"] == 2  # kept from epoch 1 by the epoch-2 owner
+    assert reopened["costs"]["etl"]["saved_calls"] == 0  # the epoch-2 owner has not gone through the node yet
+    with store.write() as conn:  # what its start of the node does to the node's row
+        conn.execute(nodes.update().where(nodes.c.pipeline_id == own.pipeline_id).values(run_id="second"))
+    assert figures(store)["costs"]["etl"]["saved_calls"] == 2  # skipped by the epoch-2 owner, kept from epoch 1
     with store.write() as conn:
         conn.execute(pipelines.update().where(pipelines.c.id == own.pipeline_id).values(status="completed"))
     again = figures(store)
@@ -155,15 +159,37 @@ def test_rows_that_landed_late_before_migration_0021_are_judged_again_by_it(db_u
         untouched = worked(store, "etl", "done", 2, finish=True)
         store.pipelines.fail_run(own, "the step failed for good")
         store.providers.record_provider_calls([call(own, "late", 9)])
-        assert figures(store)["costs"] != detail_by_job(store)  # what 0017 alone left behind
-        untouched_before = store.reports.provider_costs().pipelines[untouched.pipeline_id]
+        # what 0017 alone left behind (read as rows: this version's reports need 0022's view)
+        assert judged_rows(store, own.pipeline_id) == 2 and ledger_rows(store, own.pipeline_id) == 3
+        untouched_before = rolled_up(store, untouched.pipeline_id)
 
         assert [m.version for m in apply_migrations(store.engine, store.dialect)][0] == 21
 
         assert figures(store)["costs"] == detail_by_job(store)
-        assert store.reports.provider_costs().pipelines[untouched.pipeline_id] == untouched_before
+        assert rolled_up(store, untouched.pipeline_id) == untouched_before
     finally:
         store.close()
+
+
+def judged_rows(store, pipeline_id: int) -> int:
+    """How many of the pipeline's ledger rows its roll-up judged."""
+    t = ledger_pipeline_totals.c
+    with store.read() as conn:
+        return conn.scalar(select(func.sum(t.calls + t.skipped_rows)).where(t.pipeline_id == pipeline_id)) or 0
+
+
+def ledger_rows(store, pipeline_id: int) -> int:
+    with store.read() as conn:
+        return conn.scalar(select(func.count()).select_from(provider_calls)
+                           .where(provider_calls.c.pipeline_id == pipeline_id))
+
+
+def rolled_up(store, pipeline_id: int) -> list[tuple]:
+    """The pipeline's rows in the roll-up of finished pipelines."""
+    t = ledger_pipeline_totals.c
+    with store.read() as conn:
+        return [tuple(r) for r in conn.execute(select(ledger_pipeline_totals).where(t.pipeline_id == pipeline_id)
+                                               .order_by(t.node_name, t.model, t.outcome))]
 
 
 def test_late_rows_written_at_once_by_many_writers_are_each_counted_once(store):
