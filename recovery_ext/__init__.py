@@ -27,6 +27,7 @@ from recovery_ext._liveness.heartbeat import HeartbeatSettings, Watchdog
 from recovery_ext._observe.otel import instrument_opentelemetry, uninstrument_opentelemetry
 from recovery_ext._providers.anthropic_batch import AnthropicBatchJobs
 from recovery_ext._providers.bedrock_batch import BedrockBatchJobs
+from recovery_ext._providers.azure_document_jobs import AzureDocumentJobs
 from recovery_ext._providers.gemini_batch import GeminiBatchJobs
 from recovery_ext._providers.guard import CircuitOpen, OutageBudgetExceeded, OutageSettings, ProviderGuard
 from recovery_ext._providers.jobs import (JobAdapter, JobResult, JobResults, ReadLimits, ResultUnbounded,
@@ -121,6 +122,7 @@ def __dir__() -> list[str]:
 __all__ = [
     "ASSET_JOB",
     "AnthropicBatchJobs",
+    "AzureDocumentJobs",
     "BedrockBatchJobs",
     "CircuitOpen",
     "Classification",

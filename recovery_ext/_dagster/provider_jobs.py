@@ -235,12 +235,12 @@ def _strays(ctx: Any, adapter: JobAdapter, results: Mapping[str, JobResult], ite
             ) -> list[ProviderCall]:
     """The ledger rows of what a job's results hold for none of its items: its strays, and answers to an item
     the job does not hold (all paid for, none kept), bound to this node; written with the job's collection."""
-    if not isinstance(results, JobResults):  # a lazily read mapping holds the job's items only
-        return []
-    held = set(items)
-    found = list(results.strays) + [JobResult(error="unknown_item", tokens_in=r.tokens_in, tokens_out=r.tokens_out,
-                                              model=r.model, note=f"an answer for {key!r}, no item of the job"[:500])
-                                    for key, r in results.items() if key not in held]
+    found = list(getattr(results, "strays", ()))
+    if isinstance(results, JobResults):  # a lazily read mapping holds the job's items only
+        held = set(items)
+        found += [JobResult(error="unknown_item", tokens_in=r.tokens_in, tokens_out=r.tokens_out, model=r.model,
+                            note=f"an answer for {key!r}, no item of the job"[:500])
+                  for key, r in results.items() if key not in held]
     own = ctx.ownership
     return [ProviderCall(endpoint=adapter.endpoint, model=r.model, tokens_in=r.tokens_in, tokens_out=r.tokens_out,
                          outcome=r.error or "unknown_item", operation="batch", note=r.note,

@@ -9,6 +9,7 @@ no longer knows the job answers its items as gone, so they are submitted again."
 from __future__ import annotations
 
 import json
+import math
 import re
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -193,6 +194,52 @@ def lines_within(lines: Iterable[bytes | str], budget: ReadBudget) -> Iterator[s
         budget.pages -= 1  # a line is bytes and time, not a page
         if line.strip():
             yield line
+
+
+def number_field(where: str, name: str, value: Any, default: float = 0.0) -> float:
+    """A number a provider's result gives (``default`` when absent); anything else is :class:`ResultUnreadable`,
+    naming ``where`` (the job) and the field."""
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ResultUnreadable(f"{where}: {name} is {str(value)[:40]!r}, not a number")
+    return float(value)
+
+
+def whole_field(where: str, name: str, value: Any, *, default: int = 0) -> int:
+    number = number_field(where, name, value, default)
+    if number < 0 or not number.is_integer():
+        raise ResultUnreadable(f"{where}: {name} is {value!r}, not a whole number >= 0")
+    return int(number)
+
+
+class DocumentResults(Mapping[str, JobResult]):
+    """A group of per-document jobs' results (Textract's, Azure's), each document ``read`` (all its pages) on
+    first access and kept, so a caller that keeps each item as it reads it loses at most the document being
+    read to a crash; a document still in progress (``read`` answers None) is absent. ``strays``: ledger rows
+    the group's collection writes (as :class:`JobResults` says)."""
+
+    def __init__(self, read: Callable[[str], JobResult | None], documents: Mapping[str, str],
+                 strays: Iterable[JobResult] = ()) -> None:
+        self._reader, self._documents = read, dict(documents)
+        self._read: dict[str, JobResult | None] = {}
+        self.strays = list(strays)
+
+    def __getitem__(self, key: str) -> JobResult:
+        if key not in self._read:
+            if key not in self._documents:
+                raise KeyError(key)
+            self._read[key] = self._reader(self._documents[key])
+        found = self._read[key]
+        if found is None:
+            raise KeyError(key)
+        return found
+
+    def __iter__(self) -> Iterator[str]:
+        return (key for key in self._documents if key in self)
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
 
 
 class Intents:

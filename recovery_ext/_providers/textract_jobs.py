@@ -21,8 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from recovery_ext._classify.redaction import redact_url
@@ -32,11 +31,14 @@ from recovery_ext._providers.jobs import (
     EXPIRED,
     FAILED,
     RUNNING,
+    DocumentResults,
     JobResult,
     ReadLimits,
     ResultUnreadable,
     note,
+    number_field,
     service_error_code,
+    whole_field,
 )
 
 MODEL = "textract-detect-document-text"
@@ -114,7 +116,7 @@ class TextractJobs:
     def results(self, job_id: str) -> Mapping[str, JobResult]:
         """Each document's answer, read from Textract when it is first asked for: a caller that keeps each
         item as it reads it loses at most the document being read to a crash, not every one read before."""
-        return _DocumentResults(self, _jobs(job_id))
+        return DocumentResults(self._document, _jobs(job_id))
 
     # -- one document's job -------------------------------------------------------------------------
 
@@ -172,7 +174,7 @@ class TextractJobs:
                                  note=note(where, said) if said else None)
             next_token = answer.get("NextToken")
             budget.page(_size(answer), next_token)
-            pages = _whole(where, "DocumentMetadata.Pages", (answer.get("DocumentMetadata") or {}).get("Pages"),
+            pages = whole_field(where, "DocumentMetadata.Pages", (answer.get("DocumentMetadata") or {}).get("Pages"),
                            default=pages)
             blocks = answer.get("Blocks") or []
             if not isinstance(blocks, list):
@@ -189,55 +191,15 @@ def _size(answer: Mapping[str, Any]) -> int:
     return int(length) if length.isdigit() else 0
 
 
-def _number(where: str, name: str, value: Any, default: float = 0.0) -> float:
-    if value is None:
-        return default
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise ResultUnreadable(f"{where}: {name} is {str(value)[:40]!r}, not a number")
-    return float(value)
-
-
-def _whole(where: str, name: str, value: Any, *, default: int = 0) -> int:
-    number = _number(where, name, value, default)
-    if number < 0 or not number.is_integer():
-        raise ResultUnreadable(f"{where}: {name} is {value!r}, not a whole number >= 0")
-    return int(number)
-
-
 def _line(where: str, block: Mapping[str, Any]) -> dict[str, Any]:
     text = block.get("Text")
     if text is not None and not isinstance(text, str):
         raise ResultUnreadable(f"{where}: a LINE's Text is {type(text).__name__}, not a string")
-    confidence = _number(where, "a LINE's Confidence", block.get("Confidence"))
+    confidence = number_field(where, "a LINE's Confidence", block.get("Confidence"))
     if not 0 <= confidence <= 100:
         raise ResultUnreadable(f"{where}: a LINE's Confidence is {confidence!r}, not 0 to 100")
     return {"text": text or "", "confidence": confidence / 100,
-            "page": _whole(where, "a LINE's Page", block.get("Page"), default=1)}
-
-
-class _DocumentResults(Mapping[str, JobResult]):
-    """A group's results, one document read (all its pages) on first access and kept; a document still in
-    progress is absent."""
-
-    def __init__(self, jobs: TextractJobs, documents: dict[str, str]) -> None:
-        self._jobs, self._documents = jobs, documents
-        self._read: dict[str, JobResult | None] = {}
-
-    def __getitem__(self, key: str) -> JobResult:
-        if key not in self._read:
-            if key not in self._documents:
-                raise KeyError(key)
-            self._read[key] = self._jobs._document(self._documents[key])
-        found = self._read[key]
-        if found is None:
-            raise KeyError(key)
-        return found
-
-    def __iter__(self) -> Iterator[str]:
-        return (key for key in self._documents if key in self)
-
-    def __len__(self) -> int:
-        return sum(1 for _ in self)
+            "page": whole_field(where, "a LINE's Page", block.get("Page"), default=1)}
 
 
 def _jobs(job_id: str) -> dict[str, str]:

@@ -38,6 +38,7 @@ EXPECTED_OUTPUT = {
                                        r"jobs created: 1"],
     "docs/how-to/gemini-batches.md": [r"a description of Describe the table orders in one sentence\.\n"
                                       r"batches created: 1"],
+    "docs/how-to/azure-document-intelligence.md": [r"INVOICE 101\nTotal due 11.10 EUR\nanalyses started: 2"],
     "docs/how-to/metrics.md": [r"chat claude-x"],
     "docs/how-to/kubernetes.md": [],
     "docs/how-to/retention.md": [r"(?m)^7776000(\.0)?$"],

@@ -8,14 +8,13 @@ tests/support/journal_run.py."""
 from __future__ import annotations
 
 import os
-import signal
 from typing import Any
 
 from dagster import Field, in_process_executor
 
 from recovery_ext import (AnthropicBatchJobs, BedrockBatchJobs, GeminiBatchJobs, NodeContext, recoverable_job,
                           recoverable_op, run_provider_job)
-from recovery_ext._dagster.tags import TAG_RESUME_NUMBER
+from provider_job_runs import keeper_that_dies
 
 URL_ENV = "RECOVERY_BATCH_STAND_IN_URL"
 
@@ -68,15 +67,7 @@ def describe(ctx: NodeContext) -> dict:
     provider = ctx.op_config["provider"]
     jobs = ADAPTERS[provider](os.environ[URL_ENV])
     requests = {f"t{i:02d}": request(provider, f"t{i:02d}") for i in range(ctx.op_config["items"])}
-    resumed = TAG_RESUME_NUMBER in ctx.context.run.tags
-    kept = []
-
-    def keep(key: str, message: dict) -> None:
-        ctx.checkpoint(key, {"description": text_of(message)})
-        kept.append(key)
-        if len(kept) == ctx.op_config["kill_after"] and not resumed:
-            os.kill(os.getpid(), signal.SIGKILL)
-
+    keep = keeper_that_dies(ctx, lambda message: {"description": text_of(message)})
     run_provider_job(ctx, jobs, requests, poll_seconds=ctx.op_config["poll_seconds"], keep=keep)
     return {"items": len(ctx.completed_items())}
 

@@ -2,7 +2,7 @@
 (tests/unit/test_packaging.py) and against pip's own resolve in a fresh venv (tests/process/test_lean_install.py)."""
 
 HEAVY = {"openai", "httpx", "rapidocr-onnxruntime", "onnxruntime", "opencv-python", "pypdfium2", "pillow",
-         "dagster-webserver", "dagster-graphql", "dagster-postgres"}
+         "dagster-webserver", "dagster-graphql", "dagster-postgres", "azure-ai-documentintelligence", "azure-core"}
 # The libraries whose errors the classifier's families read: the tests drive them, the library never imports
 # them. grpcio, requests and urllib3 are not listed: Dagster itself depends on them.
 CLASSIFIED_LIBRARIES = {"botocore", "boto3", "google-api-core", "google-genai", "anthropic", "mistralai", "cohere",

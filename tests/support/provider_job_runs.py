@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -45,3 +46,21 @@ def reattached_to(result, step: str = "describe") -> str | None:
     (output,) = [e for e in result.all_events if e.step_key == step and e.event_type_value == "STEP_OUTPUT"]
     found = output.step_output_data.metadata.get("provider_job_reattached")
     return None if found is None else found.value
+
+
+def keeper_that_dies(ctx, result_of):
+    """``run_provider_job``'s ``keep``: checkpoints each answer as ``result_of(answer)`` and, on a first run (not a
+    resume), kills its own process (-9) right after the op config's ``kill_after``-th item, so a test can resume a
+    run that died between two results."""
+    from recovery_ext._dagster.tags import TAG_RESUME_NUMBER
+
+    resumed = TAG_RESUME_NUMBER in ctx.context.run.tags
+    kept = []
+
+    def keep(key, answer) -> None:
+        ctx.checkpoint(key, result_of(answer))
+        kept.append(key)
+        if len(kept) == ctx.op_config["kill_after"] and not resumed:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    return keep

@@ -101,6 +101,7 @@ def test_importing_the_package_does_not_import_dagster_or_opentelemetry():
      ["recovery_ext._providers.bedrock_batch", "recovery_ext._providers.textract_jobs"]),
     ("anthropic", "anthropic", "AnthropicBatchJobs", ["recovery_ext._providers.anthropic_batch"]),
     ("google-genai", "gemini", "GeminiBatchJobs", ["recovery_ext._providers.gemini_batch"]),
+    ("azure-ai-documentintelligence", "azure", "AzureDocumentJobs", ["recovery_ext._providers.azure_document_jobs"]),
 ])
 def test_a_provider_sdk_is_an_extra_imported_only_by_its_adapters_and_only_when_they_connect(sdk, extra, adapter,
                                                                                              modules):
@@ -109,14 +110,14 @@ def test_a_provider_sdk_is_an_extra_imported_only_by_its_adapters_and_only_when_
     from importlib.metadata import requires
 
     declared = [r.partition(";")[2] for r in requires("recovery-ext") or [] if r.lower().startswith(sdk)]
-    sdk = {"google-genai": "google"}.get(sdk, sdk)  # the distribution's import name
+    sdk = {"google-genai": "google", "azure-ai-documentintelligence": "azure"}.get(sdk, sdk)  # its import name
     assert declared and all("extra ==" in marker for marker in declared)  # never in the core
     assert any(f"'{extra}'" in marker.replace('"', "'") for marker in declared)
     importers = sorted(name for name, path in _library_modules().items()
                        if any(m.split(".")[0] == sdk for m in _imports(path)))
     assert importers == modules
     code = (f"import sys, recovery_ext; recovery_ext.run_provider_job; recovery_ext.{adapter}; "
-            f"print({'google.genai' if sdk == 'google' else sdk!r} in sys.modules)")
+            f"print({ {'google': 'google.genai', 'azure': 'azure.core'}.get(sdk, sdk)!r} in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
     assert out.stdout.strip() == "False"
 

@@ -14,7 +14,9 @@ ROOT = Path(__file__).resolve().parents[2]
 DISTRIBUTION = {"psycopg": "psycopg", "yaml": "pyyaml", "rapidocr_onnxruntime": "rapidocr-onnxruntime",
                 "PIL": "pillow", "dagster_graphql": "dagster-graphql", "dagster_postgres": "dagster-postgres",
                 "prometheus_client": "prometheus-client", "opentelemetry": "opentelemetry-api",
-                "google": "google-genai"}  # the library imports google.genai only (GeminiBatchJobs.connect)
+                "google": "google-genai",  # the library imports google.genai only (GeminiBatchJobs.connect)
+                # azure.ai.documentintelligence and the azure.core under it (AzureDocumentJobs only)
+                "azure": "azure-ai-documentintelligence"}
 
 
 def _requirements() -> tuple[set[str], dict[str, set[str]]]:
