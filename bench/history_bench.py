@@ -16,8 +16,8 @@ then grows it size after size in the same database and times at each size (media
 - checkpoint: one item with one provider call, by a live pipeline's owner.
 
 Run: .venv/bin/python -m bench.history_bench [--dialect postgresql|sqlite] [--sizes 10000,100000,1000000]
-     [--repeat 5]   (PostgreSQL at $RECOVERY_TEST_PG or 127.0.0.1:5432; a scratch database is created and
-     dropped; SQLite in a temporary file). The default is a quick run: 10,000 on PostgreSQL.
+     [--repeat 5] [--status-parts]   (PostgreSQL at $RECOVERY_TEST_PG or 127.0.0.1:5432; a scratch database is
+     created and dropped; SQLite in a temporary file). The default is a quick run: 10,000 on PostgreSQL.
 Targets (PostgreSQL, 1,000,000 finished pipelines): scrape < 1 s, idle tick < 50 ms in one transaction,
 status < 1 s, costs and report of one pipeline independent of the others.
 """
@@ -138,7 +138,30 @@ def operations(store: RecoveryStore, url: str, report_file: Path) -> dict[str, C
     }
 
 
-def run(dialect: str, sizes: list[int], repeat: int) -> None:
+def status_parts(store: RecoveryStore) -> dict[str, Callable[[], object]]:
+    """Each store read of ``recovery-ext status`` alone (``--status-parts``): which of them grows with history."""
+    reports, queue = store.reports, store.queue
+    return {
+        "status: pipeline_summary": reports.pipeline_summary,
+        "status: find_orphans": store.recovery.find_orphans,
+        "status: stale_items": lambda: queue.stale_items(older_than_seconds=600),
+        "status: waiting_items": queue.waiting_items,
+        "status: count_events (2 kinds, 24 h)": lambda: (
+            reports.count_events("pipeline_recovered", within_seconds=86400),
+            reports.count_events("item_reset", within_seconds=86400)),
+        "status: dead_items": reports.dead_items,
+        "status: queue_summary": reports.queue_summary,
+        "status: waiting_pipelines": store.providers.waiting_pipelines,
+        "status: breakers": store.providers.breakers,
+        "status: unwatched_pipelines": reports.unwatched_pipelines,
+        "status: stranded_pipelines": store.recovery.stranded_pipelines,
+        "status: items_with_unknown_status": reports.items_with_unknown_status,
+        "status: items_with_bad_values": reports.items_with_bad_values,
+        "status: dangling_rows": reports.dangling_rows,
+    }
+
+
+def run(dialect: str, sizes: list[int], repeat: int, parts: bool = False) -> None:
     tmp = Path(tempfile.mkdtemp(prefix="rx-history-"))
     path = tmp / "history.sqlite3" if dialect == "sqlite" else None
     url = f"sqlite:///{path}" if path is not None else scratch_db()
@@ -164,7 +187,10 @@ def run(dialect: str, sizes: list[int], repeat: int) -> None:
             seconds = time.perf_counter() - started
             seeded = size
             facts[size] = (seconds, disk_bytes(store, path))
-            for name, fn in operations(store, url, tmp / "report.html").items():
+            timed = operations(store, url, tmp / "report.html")
+            if parts:
+                timed.update(status_parts(store))
+            for name, fn in timed.items():
                 fn()  # warm: connections, compiled statements, the OS cache
                 table.setdefault(name, {})[size] = median_ms(fn, repeat)
                 print(f"  {size:>9,} {name:40} {table[name][size]:10.1f} ms", file=sys.stderr, flush=True)
@@ -186,10 +212,11 @@ def main() -> int:
     parser.add_argument("--dialect", choices=("postgresql", "sqlite"), default="postgresql")
     parser.add_argument("--sizes", default="10000", help="comma-separated history sizes, ascending")
     parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--status-parts", action="store_true", help="also time each store read of `status` alone")
     args = parser.parse_args()
     sizes = sorted(int(s.replace("_", "")) for s in args.sizes.split(",") if s)
     os.environ.setdefault("RECOVERY_TEST_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
-    run(args.dialect, sizes, args.repeat)
+    run(args.dialect, sizes, args.repeat, args.status_parts)
     return 0
 
 

@@ -52,8 +52,10 @@ from recovery_ext._providers.jobs import (
 
 API_VERSION = "2024-11-30"  # the azure-ai-documentintelligence 1.0 SDK's GA version
 UNFINDABLE = "unfindable_submission"
-_RUNNING = {"notStarted", "running"}
-_FINISHED = {"succeeded", "failed", "canceled"}
+# Azure's analysis statuses (its wire words, not ours): whether each is still running
+_AZURE_STATUSES = {"notStarted": True, "running": True, "succeeded": False, "failed": False, "canceled": False}
+_RUNNING = {status for status, running in _AZURE_STATUSES.items() if running}
+_FINISHED = {status for status, running in _AZURE_STATUSES.items() if not running}
 _GONE = "gone"              # 404: not one of Azure's statuses
 _UNREADABLE = "unreadable"  # its answer did not parse or went past the limits: the read says why
 _RESULT_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
