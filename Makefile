@@ -64,8 +64,8 @@ test-fast: install
 ## (tests/e2e, one at a time: they share the UI's ports). `make test-fast` then `make test-slow` is `make test`,
 ## each test once (CI runs them so).
 test-slow: install
-	$(BIN)/pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile tests/process
-	$(BIN)/pytest -q -p no:cacheprovider tests/e2e
+	$(BIN)/pytest -q -p no:cacheprovider --durations=15 -n $(TEST_WORKERS) --dist loadfile tests/process
+	$(BIN)/pytest -q -p no:cacheprovider --durations=15 tests/e2e
 
 ## Rewrite sql/<dialect>/schema.sql from freshly migrated databases (after adding a migration).
 schema: install
