@@ -32,6 +32,8 @@ from collections.abc import Callable
 import psycopg
 from psycopg.types.json import Jsonb
 
+from dagster import DagsterInstance, build_op_context
+
 from bench.recovery_bench import drop_db, scratch_db
 from recovery_ext._dagster.context import NodeContext
 from recovery_ext._liveness.heartbeat import HeartbeatSettings
@@ -59,7 +61,9 @@ def result_of(i: int) -> dict:
 
 
 def through_ctx_items(store: RecoveryStore, own: Ownership, count: int, batch: int) -> float:
-    ctx = NodeContext(None, store, own, "items", HeartbeatSettings(), None, None)
+    # an op's context as a test builds it: ctx.items reports its progress on the run, as in a real op
+    ctx = NodeContext(build_op_context(instance=DagsterInstance.ephemeral()), store, own, "items",
+                      HeartbeatSettings(), None, None)
     start = time.perf_counter()
     for i, item in enumerate(ctx.items([f"item-{i}" for i in range(count)], batch=batch)):
         item.complete(result_of(i))
@@ -97,6 +101,8 @@ def bare_executemany(conn: psycopg.Connection, table: str, own: Ownership, count
 
 
 def make_bare_tables(conn: psycopg.Connection) -> None:
+    """The bare INSERTs' tables, made anew (a second load level of dbos_bench makes them again)."""
+    conn.execute("DROP TABLE IF EXISTS rx_bench_bare, rx_bench_bare_nofk")
     conn.execute("CREATE TABLE rx_bench_bare (LIKE rx_node_items INCLUDING ALL)")
     conn.execute("ALTER TABLE rx_bench_bare ADD FOREIGN KEY (pipeline_id) REFERENCES rx_pipelines (id) "
                  "ON DELETE CASCADE")
