@@ -412,7 +412,7 @@ class NodeContext:
     def _item_for(self, key: str, committer: GroupCommitter[ItemCheckpoint]) -> Item:
         return Item(self, key, committer)
 
-    def _group_committer(self) -> GroupCommitter[ItemCheckpoint]:
+    def _group_committer(self, max_wait: float = 0.0) -> GroupCommitter[ItemCheckpoint]:
         """A writer that commits the completions of this node's items in batches (see group_commit)."""
         own, node, stall = self.ownership, self.node_name, self.settings.stall_timeout
 
@@ -420,9 +420,9 @@ class NodeContext:
             self.check()
             self._store.pipelines.checkpoint_items(own, node, entries, stall_timeout=stall)
 
-        return GroupCommitter(commit, committed=self._count, name=f"rx-commit-{node}")
+        return GroupCommitter(commit, committed=self._count, max_wait=max_wait, name=f"rx-commit-{node}")
 
-    def _journal_committer(self) -> GroupCommitter[JournalWrite]:
+    def _journal_committer(self, max_wait: float = 0.0) -> GroupCommitter[JournalWrite]:
         """A writer that commits the call journal's begins and answers of this node's items in flight together
         in batches, each batch one transaction fenced by this worker's epoch (see group_commit)."""
         own, providers = self.ownership, self._store.providers
@@ -430,7 +430,7 @@ class NodeContext:
         def commit(writes: Sequence[JournalWrite]) -> list[JournalHit | None | Exception]:
             return providers.journal_writes(own, writes)
 
-        return GroupCommitter(commit, name=f"rx-journal-{self.node_name}")
+        return GroupCommitter(commit, max_wait=max_wait, name=f"rx-journal-{self.node_name}")
 
     def _entry(self, key: str, result: Any, also: Callable[[Any], None] | None, status: str) -> ItemCheckpoint:
         """An item's checkpoint as the store writes it, with the provider calls made for it."""

@@ -73,15 +73,22 @@ class NodeContext(Protocol):
 
     def _item_for(self, key: str, committer: GroupCommitter[Any]) -> Item: ...
 
-    def _group_committer(self) -> GroupCommitter[Any]: ...
+    def _group_committer(self, max_wait: float = 0.0) -> GroupCommitter[Any]: ...
 
-    def _journal_committer(self) -> GroupCommitter[Any]: ...
+    def _journal_committer(self, max_wait: float = 0.0) -> GroupCommitter[Any]: ...
 
 log = logging.getLogger("recovery_ext._dagster.parallel")
 
 MAX_CONCURRENCY = 1024
 NAMED_FAILURES = 1000  # failed keys kept by name; past that only counted
 LOGGED_FAILURES = 20  # item failures logged one by one; past that only summed up at the end
+
+# From this concurrency on, a map's group commits wait up to BATCH_WAIT for more entries before committing.
+# Measured at 64 items in flight on the 2-core test machine (1,000 calls of 200 ms, SQLite): 9.4 ms of CPU per
+# item without the wait, 4.4 ms with it; CPU is what a busy process runs out of (the GIL). At 8 in flight a
+# 5 ms window rarely catches another entry and only adds its wait to each item (3 commits per item).
+BATCH_AT = 32
+BATCH_WAIT = 0.005
 
 # Errors that end the whole map at once: this worker may not go on (or was told to stop).
 STOPPING = (OwnershipLost, StopRequested, StoreUnavailable)
@@ -239,8 +246,9 @@ def map_in_threads(node: NodeContext, fn: Callable[[Any], Any], keys: Iterable[A
     policy = _policy(node, retries, stop)
     tally = _Tally(node, node.resource.same_error_limit)
     tally.result.resumed = resumed
-    committer = node._group_committer()
-    journal_writer = node._journal_committer()
+    wait_for = BATCH_WAIT if concurrency >= BATCH_AT else 0.0
+    committer = node._group_committer(wait_for)
+    journal_writer = node._journal_committer(wait_for)
     node.journal.attach(journal_writer)
     running: dict[Future[None], str] = {}
 
@@ -313,8 +321,9 @@ async def map_in_tasks(node: NodeContext, fn: Callable[[Any], Awaitable[Any]], k
     policy = _policy(node, retries, None)
     tally = _Tally(node, node.resource.same_error_limit)
     tally.result.resumed = resumed
-    committer = node._group_committer()
-    journal_writer = node._journal_committer()
+    wait_for = BATCH_WAIT if concurrency >= BATCH_AT else 0.0
+    committer = node._group_committer(wait_for)
+    journal_writer = node._journal_committer(wait_for)
     node.journal.attach(journal_writer)
     running: dict[asyncio.Task[None], str] = {}
 
