@@ -84,9 +84,10 @@ NAMED_FAILURES = 1000  # failed keys kept by name; past that only counted
 LOGGED_FAILURES = 20  # item failures logged one by one; past that only summed up at the end
 
 # From this concurrency on, a map's group commits wait up to BATCH_WAIT for more entries before committing.
-# Measured at 64 items in flight on the 2-core test machine (1,000 calls of 200 ms, SQLite): 9.4 ms of CPU per
-# item without the wait, 4.4 ms with it; CPU is what a busy process runs out of (the GIL). At 8 in flight a
-# 5 ms window rarely catches another entry and only adds its wait to each item (3 commits per item).
+# Fewer, larger transactions cost less CPU, which a busy process runs out of first (one GIL): at 64 items in
+# flight on the 2-core test machine (1,000 calls of 200 ms, SQLite) one pair of runs gave 9.4 ms of CPU per
+# item without the wait and 4.4 ms with it (noisy: see docs/how-to/parallel-items.md). At 8 in flight a
+# 5 ms window rarely catches another entry and would only add its wait to each item (3 commits per item).
 BATCH_AT = 32
 BATCH_WAIT = 0.005
 
