@@ -23,7 +23,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future
+from concurrent.futures import Future, InvalidStateError
 from typing import Any, Generic, TypeVar
 
 from recovery_ext._errors import OwnershipLost, StopRequested, StoreUnavailable
@@ -121,11 +121,11 @@ class GroupCommitter(Generic[E]):
             results = self._commit(entries)
         except NODE_WIDE as exc:
             for _, done in batch:
-                done.set_exception(exc)
+                _settle(done, error=exc)
             return
         except BaseException as exc:  # noqa: BLE001 - one entry's refusal must not fail its siblings
             if len(batch) == 1:
-                batch[0][1].set_exception(exc)
+                _settle(batch[0][1], error=exc)
                 return
             log.debug("a batch of %d entries was refused; committing them one by one", len(batch))
             for one in batch:
@@ -141,6 +141,18 @@ class GroupCommitter(Generic[E]):
         for i, (_, done) in enumerate(batch):
             result = None if results is None else results[i]
             if isinstance(result, BaseException):  # that entry alone was refused (its fence, on PostgreSQL)
-                done.set_exception(result)
+                _settle(done, error=result)
             else:
-                done.set_result(result)
+                _settle(done, result)
+
+
+def _settle(done: Future[Any], result: Any = None, *, error: BaseException | None = None) -> None:
+    """Resolve ``done`` unless its waiter gave up on it: an asyncio task cancelled while it awaited its commit
+    (``asyncio.wrap_future``) cancels the future too, and the writer must go on with the others."""
+    try:
+        if error is not None:
+            done.set_exception(error)
+        else:
+            done.set_result(result)
+    except InvalidStateError:
+        pass

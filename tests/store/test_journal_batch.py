@@ -133,3 +133,27 @@ def test_a_batch_is_one_round_trip_on_postgresql(pg_url):
         assert [r[6] for r in ledger(store, own.pipeline_id).values()] == ["ok"] * 16
     finally:
         store.close()
+
+
+def test_a_waiter_that_gave_up_does_not_stop_the_writer(store):
+    """An asyncio task cancelled while it awaits its write cancels the write's future: the writer settles the
+    rest of the batch and goes on (the write itself still commits: a row in flight, outcome unknown)."""
+    own = running_node(store)
+    gate, entered = threading.Event(), threading.Event()
+
+    def commit(writes):
+        entered.set()
+        gate.wait(30)
+        return store.providers.journal_writes(own, writes)
+
+    committer = GroupCommitter(commit)
+    first = committer.submit(JournalWrite(in_flight(own, "k1"), "fp#1"))
+    assert entered.wait(30)
+    gone = committer.submit(JournalWrite(in_flight(own, "k2"), "fp#1"))
+    later = committer.submit(JournalWrite(in_flight(own, "k3"), "fp#1"))
+    assert gone.cancel()
+    gate.set()
+    assert first.result(timeout=30) is None
+    assert later.result(timeout=30) is None
+    committer.close()
+    assert sorted(r[0] for r in ledger(store, own.pipeline_id).values()) == ["k1", "k2", "k3"]
