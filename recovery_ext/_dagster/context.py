@@ -22,7 +22,8 @@ from recovery_ext._classify.redaction import redact
 from recovery_ext._errors import StopRequested
 from recovery_ext._providers.journal import CallJournal, current_attempt
 from recovery_ext._providers.ledger import observe, recorder_for
-from recovery_ext._store.models import ItemCheckpoint, JsonText, Ownership, ProviderCall, encode_json
+from recovery_ext._store.models import (ItemCheckpoint, JournalHit, JournalWrite, JsonText, Ownership, ProviderCall,
+                                        encode_json)
 from recovery_ext._dagster.group_commit import GroupCommitter
 from recovery_ext._dagster.parallel import MapResult, map_in_tasks, map_in_threads, unique_keys
 from recovery_ext._dagster.queue_handle import QueueHandle
@@ -77,7 +78,7 @@ class Item:
 
     node: NodeContext
     key: str
-    committer: GroupCommitter | None = None
+    committer: GroupCommitter[ItemCheckpoint] | None = None
     finished: bool = False
 
     def complete(self, result: Any = None, *, also: Callable[[FencedTransaction], None] | None = None) -> None:
@@ -408,10 +409,10 @@ class NodeContext:
         if progress is not None:
             progress.update(self.items_finished(), final=True)
 
-    def _item_for(self, key: str, committer: GroupCommitter) -> Item:
+    def _item_for(self, key: str, committer: GroupCommitter[ItemCheckpoint]) -> Item:
         return Item(self, key, committer)
 
-    def _group_committer(self) -> GroupCommitter:
+    def _group_committer(self, max_wait: float = 0.0) -> GroupCommitter[ItemCheckpoint]:
         """A writer that commits the completions of this node's items in batches (see group_commit)."""
         own, node, stall = self.ownership, self.node_name, self.settings.stall_timeout
 
@@ -419,7 +420,17 @@ class NodeContext:
             self.check()
             self._store.pipelines.checkpoint_items(own, node, entries, stall_timeout=stall)
 
-        return GroupCommitter(commit, committed=self._count, name=f"rx-commit-{node}")
+        return GroupCommitter(commit, committed=self._count, max_wait=max_wait, name=f"rx-commit-{node}")
+
+    def _journal_committer(self, max_wait: float = 0.0) -> GroupCommitter[JournalWrite]:
+        """A writer that commits the call journal's begins and answers of this node's items in flight together
+        in batches, each batch one transaction fenced by this worker's epoch (see group_commit)."""
+        own, providers = self.ownership, self._store.providers
+
+        def commit(writes: Sequence[JournalWrite]) -> list[JournalHit | None | Exception]:
+            return providers.journal_writes(own, writes)
+
+        return GroupCommitter(commit, max_wait=max_wait, name=f"rx-journal-{self.node_name}")
 
     def _entry(self, key: str, result: Any, also: Callable[[Any], None] | None, status: str) -> ItemCheckpoint:
         """An item's checkpoint as the store writes it, with the provider calls made for it."""

@@ -10,6 +10,10 @@ competing ones (SQLite has one write lock), and a completion waits at most one c
 A batch the database refuses for one entry (a value it cannot store, an ``also`` write that raises) is
 committed again one entry at a time, so only that entry fails; a refusal that concerns the node as a
 whole (ownership lost, a stop, the database away) fails every entry of the batch.
+
+The same writer batches the call journal's fenced writes of a node's items in flight (see
+``CallJournal.batching``): there ``commit`` returns one result per entry (a journaled answer found, or
+None), which its entry's future resolves to.
 """
 
 from __future__ import annotations
@@ -19,10 +23,10 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future
+from concurrent.futures import Future, InvalidStateError
+from typing import Any, Generic, TypeVar
 
 from recovery_ext._errors import OwnershipLost, StopRequested, StoreUnavailable
-from recovery_ext._store.models import ItemCheckpoint
 
 log = logging.getLogger("recovery_ext._dagster.group_commit")
 
@@ -31,16 +35,20 @@ NODE_WIDE = (OwnershipLost, StopRequested, StoreUnavailable)
 
 _CLOSE = object()
 
+E = TypeVar("E")
 
-class GroupCommitter:
-    """One writer thread committing queued checkpoints in batches through ``commit(entries)``.
+
+class GroupCommitter(Generic[E]):
+    """One writer thread committing queued entries in batches through ``commit(entries)``.
 
     ``commit`` is the node's fenced batch write (``store.pipelines.checkpoint_items`` bound to its
-    ownership); ``committed(entries)`` runs after each successful commit (counts, the ledger's bookkeeping).
+    ownership, or the journal's ``journal_writes``); it returns None, or one result per entry (each
+    entry's future resolves to its own; an exception as a result fails that entry alone).
+    ``committed(entries)`` runs after each successful commit (counts, the ledger's bookkeeping).
     """
 
-    def __init__(self, commit: Callable[[Sequence[ItemCheckpoint]], None], *,
-                 committed: Callable[[Sequence[ItemCheckpoint]], None] | None = None,
+    def __init__(self, commit: Callable[[Sequence[E]], Sequence[Any] | None], *,
+                 committed: Callable[[Sequence[E]], None] | None = None,
                  max_batch: int = 512, max_wait: float = 0.0, name: str = "rx-group-commit") -> None:
         self._commit = commit
         self._committed = committed
@@ -54,9 +62,10 @@ class GroupCommitter:
         self.commits = 0  # transactions committed (a batch retried entry by entry counts each)
         self.entries = 0  # entries committed
 
-    def submit(self, entry: ItemCheckpoint) -> Future[None]:
-        """Queue ``entry``; the future resolves once it is durably committed (or fails with the reason)."""
-        done: Future[None] = Future()
+    def submit(self, entry: E) -> Future[Any]:
+        """Queue ``entry``; the future resolves once it is committed (to its result, if ``commit`` returns
+        results), or fails with the reason."""
+        done: Future[Any] = Future()
         with self._lock:
             if self._closed:
                 raise RuntimeError("the group committer is closed")
@@ -78,7 +87,7 @@ class GroupCommitter:
         if thread is not None:
             thread.join()
 
-    def _take(self) -> tuple[list[tuple[ItemCheckpoint, Future[None]]], bool]:
+    def _take(self) -> tuple[list[tuple[E, Future[Any]]], bool]:
         """The next batch: everything queued now (blocking for the first), and whether close was asked."""
         first = self._queue.get()
         if first is _CLOSE:
@@ -106,19 +115,19 @@ class GroupCommitter:
             if closing:
                 return
 
-    def _write(self, batch: list[tuple[ItemCheckpoint, Future[None]]]) -> None:
+    def _write(self, batch: list[tuple[E, Future[Any]]]) -> None:
         entries = [entry for entry, _ in batch]
         try:
-            self._commit(entries)
+            results = self._commit(entries)
         except NODE_WIDE as exc:
             for _, done in batch:
-                done.set_exception(exc)
+                _settle(done, error=exc)
             return
         except BaseException as exc:  # noqa: BLE001 - one entry's refusal must not fail its siblings
             if len(batch) == 1:
-                batch[0][1].set_exception(exc)
+                _settle(batch[0][1], error=exc)
                 return
-            log.debug("a batch of %d checkpoints was refused; committing them one by one", len(batch))
+            log.debug("a batch of %d entries was refused; committing them one by one", len(batch))
             for one in batch:
                 self._write([one])
             return
@@ -129,5 +138,21 @@ class GroupCommitter:
                 self._committed(entries)
             except Exception as exc:  # noqa: BLE001 - bookkeeping after a durable commit never undoes it
                 log.warning("after a group commit: %s", exc)
-        for _, done in batch:
-            done.set_result(None)
+        for i, (_, done) in enumerate(batch):
+            result = None if results is None else results[i]
+            if isinstance(result, BaseException):  # that entry alone was refused (its fence, on PostgreSQL)
+                _settle(done, error=result)
+            else:
+                _settle(done, result)
+
+
+def _settle(done: Future[Any], result: Any = None, *, error: BaseException | None = None) -> None:
+    """Resolve ``done`` unless its waiter gave up on it: an asyncio task cancelled while it awaited its commit
+    (``asyncio.wrap_future``) cancels the future too, and the writer must go on with the others."""
+    try:
+        if error is not None:
+            done.set_exception(error)
+        else:
+            done.set_result(result)
+    except InvalidStateError:
+        pass

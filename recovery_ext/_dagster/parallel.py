@@ -5,7 +5,9 @@ read as the window frees (100,000 keys cost the keys, not 100,000 futures). Each
 context of its own (:data:`recovery_ext._dagster.context.current_item` is set there), so its provider
 calls, journal entries, ledger rows and budget reservations belong to it, whichever thread or task
 runs it. Each item is retried on its own under the resource's policy (transient errors only, through
-the shared classifier) and checkpoints through one :class:`GroupCommitter` as it finishes.
+the shared classifier) and checkpoints through one :class:`GroupCommitter` as it finishes; the call
+journal's two fenced writes per request (the begin before it leaves, the answer before the item sees it)
+go through a second one, so the items in flight share a few transactions instead of each writing alone.
 
 A failed item never stops its siblings. The map stops starting items when this worker is superseded
 or its run worker died (nothing new is sent: tasks in flight are cancelled, threads stop before their
@@ -69,15 +71,25 @@ class NodeContext(Protocol):
 
     def _unfinished(self, name: str, keys: Iterable[Any], *, unique: bool = True) -> tuple[Iterator[str], int]: ...
 
-    def _item_for(self, key: str, committer: GroupCommitter) -> Item: ...
+    def _item_for(self, key: str, committer: GroupCommitter[Any]) -> Item: ...
 
-    def _group_committer(self) -> GroupCommitter: ...
+    def _group_committer(self, max_wait: float = 0.0) -> GroupCommitter[Any]: ...
+
+    def _journal_committer(self, max_wait: float = 0.0) -> GroupCommitter[Any]: ...
 
 log = logging.getLogger("recovery_ext._dagster.parallel")
 
 MAX_CONCURRENCY = 1024
 NAMED_FAILURES = 1000  # failed keys kept by name; past that only counted
 LOGGED_FAILURES = 20  # item failures logged one by one; past that only summed up at the end
+
+# From this concurrency on, a map's group commits wait up to BATCH_WAIT for more entries before committing.
+# Fewer, larger transactions cost less CPU, which a busy process runs out of first (one GIL): at 64 items in
+# flight on the 2-core test machine (1,000 calls of 200 ms, SQLite) one pair of runs gave 9.4 ms of CPU per
+# item without the wait and 4.4 ms with it (noisy: see docs/how-to/parallel-items.md). At 8 in flight a
+# 5 ms window rarely catches another entry and would only add its wait to each item (3 commits per item).
+BATCH_AT = 32
+BATCH_WAIT = 0.005
 
 # Errors that end the whole map at once: this worker may not go on (or was told to stop).
 STOPPING = (OwnershipLost, StopRequested, StoreUnavailable)
@@ -235,7 +247,10 @@ def map_in_threads(node: NodeContext, fn: Callable[[Any], Any], keys: Iterable[A
     policy = _policy(node, retries, stop)
     tally = _Tally(node, node.resource.same_error_limit)
     tally.result.resumed = resumed
-    committer = node._group_committer()
+    wait_for = BATCH_WAIT if concurrency >= BATCH_AT else 0.0
+    committer = node._group_committer(wait_for)
+    journal_writer = node._journal_committer(wait_for)
+    node.journal.attach(journal_writer)
     running: dict[Future[None], str] = {}
 
     def settle(finished: Iterable[Future[None]]) -> None:
@@ -259,6 +274,8 @@ def map_in_threads(node: NodeContext, fn: Callable[[Any], Any], keys: Iterable[A
         raise
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
+        node.journal.detach(journal_writer)
+        journal_writer.close()
         committer.close()
     return tally.outcome()
 
@@ -305,7 +322,10 @@ async def map_in_tasks(node: NodeContext, fn: Callable[[Any], Awaitable[Any]], k
     policy = _policy(node, retries, None)
     tally = _Tally(node, node.resource.same_error_limit)
     tally.result.resumed = resumed
-    committer = node._group_committer()
+    wait_for = BATCH_WAIT if concurrency >= BATCH_AT else 0.0
+    committer = node._group_committer(wait_for)
+    journal_writer = node._journal_committer(wait_for)
+    node.journal.attach(journal_writer)
     running: dict[asyncio.Task[None], str] = {}
 
     def settle(finished: Iterable[asyncio.Task[None]]) -> None:
@@ -333,5 +353,7 @@ async def map_in_tasks(node: NodeContext, fn: Callable[[Any], Awaitable[Any]], k
             await asyncio.wait(running)
         raise
     finally:
+        node.journal.detach(journal_writer)
+        await asyncio.to_thread(journal_writer.close)
         await asyncio.to_thread(committer.close)
     return tally.outcome()

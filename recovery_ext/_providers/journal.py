@@ -23,6 +23,7 @@ import logging
 import threading
 import time
 from collections.abc import Awaitable, Callable
+from concurrent.futures import Future
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
@@ -32,7 +33,7 @@ from recovery_ext._errors import ConfigurationError, OwnershipLost
 from recovery_ext._providers.ledger import current_scope
 from recovery_ext._store.interfaces import GuardStore
 from recovery_ext._store.ledger import IN_FLIGHT
-from recovery_ext._store.models import Ownership, ProviderCall
+from recovery_ext._store.models import JournalHit, JournalWrite, Ownership, ProviderCall
 
 log = logging.getLogger("recovery_ext._providers.journal")
 
@@ -53,6 +54,13 @@ class JournalScope(Protocol):
     def record_call(self, call: ProviderCall, *, item: Any = None) -> bool: ...
 
     def check_calls(self) -> None: ...
+
+
+class BatchWriter(Protocol):
+    """A group commit of the journal's writes (``GroupCommitter`` over ``store.providers.journal_writes``): the
+    future resolves to the write's result once its batch committed, fenced, or fails with the refusal."""
+
+    def submit(self, entry: JournalWrite) -> Future[Any]: ...
 
 
 def fingerprint(*parts: Any) -> str | None:
@@ -154,6 +162,11 @@ class PendingCall:
         """Before a request: the journaled answer (first attempt only), or MISS once the request's ledger row is
         written in flight (under ``call_id``, when the caller chose it: a spend cap's reservation names it).
         Fenced: a superseded worker raises here and sends nothing."""
+        write = self.begin_write(endpoint, model, call_id)
+        return self.started(write, self.journal.write(write))
+
+    def begin_write(self, endpoint: str, model: str | None, call_id: str | None = None) -> JournalWrite:
+        """The begin ``start`` writes: this request's ledger row in flight, and the look-up on the first attempt."""
         scope = self.journal.scope
         own = scope.ownership
         self.endpoint, self.model = endpoint, model
@@ -163,17 +176,20 @@ class PendingCall:
             call = replace(call, id=call_id)
         lookup = not self._looked
         self._looked = True
-        hit = self.journal.store.providers.journal_begin(own, call, call_key=self.call_key if lookup else None)
+        return JournalWrite(call, self.call_key if lookup else None)
+
+    def started(self, write: JournalWrite, hit: JournalHit | None) -> Any:
+        """After the begin committed: the journaled answer it found, else MISS with this attempt under way."""
         if hit is not None:
             try:
                 answer = decode_answer(hit.answer)
             except Exception as exc:  # noqa: BLE001 - an answer that no longer decodes is asked again
                 log.warning("journaled answer not usable, asking again: %s", redact(exc))
-                self.journal.store.providers.journal_begin(own, call, call_key=None)
+                self.journal.write(replace(write, call_key=None))
             else:
-                scope.keep_call(hit.call)  # its checkpoint marks the paid call as kept: saved by resume
+                self.journal.scope.keep_call(hit.call)  # its checkpoint marks the paid call as kept: saved by resume
                 return answer
-        self._attempt = Attempt(scope, call.id, self.item_key, time.monotonic())
+        self._attempt = Attempt(self.journal.scope, write.call.id, self.item_key, time.monotonic())
         self._token = current_attempt.set(self._attempt)
         return MISS
 
@@ -195,14 +211,18 @@ class PendingCall:
     def answered(self, result: Any) -> None:
         """The answer arrived: journaled and its ledger row completed (fenced) before the caller sees it. A
         superseded worker's answer completes the ledger row only, and OwnershipLost is raised."""
-        call = self._end("ok")
-        store, own = self.journal.store, self.journal.scope.ownership
+        write = self.answer_write(result)
         try:
-            store.providers.journal_answer(own, call, call_key=self.call_key,
-                                 answer=None if self.call_key is None else encode_answer(result))
+            self.journal.write(write)
         except OwnershipLost:
-            store.providers.complete_calls([call])
+            self.journal.store.providers.complete_calls([write.call])
             raise
+
+    def answer_write(self, result: Any) -> JournalWrite:
+        """The write ``answered`` makes: the answer kept under the call key, the ledger row completed."""
+        call = self._end("ok")
+        return JournalWrite(call, self.call_key, answered=True,
+                            answer=None if self.call_key is None else encode_answer(result))
 
     def failed(self, exc: BaseException) -> None:
         """The request failed (or its answer was refused): the ledger row says how. Interrupted (a signal, an
@@ -230,6 +250,47 @@ class CallJournal:
         # per item: how many times each call key was asked in this attempt at the item
         self._seen: dict[str | None, dict[str, int]] = {}
         self._lock = threading.Lock()
+        # The group commits of the maps under way (the newest is used): while items run in parallel their begins
+        # and answers commit together, a few fenced transactions for all of them (see group_commit).
+        self._writers: list[BatchWriter] = []
+
+    def attach(self, writer: BatchWriter) -> None:
+        """Commit this node's journal writes through ``writer`` until :meth:`detach`."""
+        with self._lock:
+            self._writers.append(writer)
+
+    def detach(self, writer: BatchWriter) -> None:
+        with self._lock:
+            self._writers.remove(writer)
+
+    def submit(self, write: JournalWrite) -> Future[Any] | None:
+        """``write`` handed to the group commit under way (its future), or None: there is none, it is written
+        by the caller."""
+        writers = self._writers
+        if not writers:
+            return None
+        try:
+            return writers[-1].submit(write)
+        except RuntimeError:  # the map that attached it just ended: written alone
+            return None
+
+    def write(self, write: JournalWrite) -> JournalHit | None:
+        """``write`` committed, fenced: with the other items' writes when a map is under way, else alone."""
+        batched = self.submit(write)
+        if batched is not None:
+            return batched.result()
+        providers, own = self.store.providers, self.scope.ownership
+        if write.answered:
+            providers.journal_answer(own, write.call, call_key=write.call_key, answer=write.answer)
+            return None
+        return providers.journal_begin(own, write.call, call_key=write.call_key)
+
+    async def awrite(self, write: JournalWrite) -> JournalHit | None:
+        """:meth:`write` for a task: awaits the group commit (no thread held), else writes in a worker thread."""
+        batched = self.submit(write)
+        if batched is not None:
+            return await asyncio.wrap_future(batched)
+        return await asyncio.to_thread(self.write, write)
 
     def restart_item(self, item_key: str | None) -> None:
         """The item starts over (an item retry, or it finished): its calls count from one again, so a retry
@@ -302,11 +363,18 @@ async def ajournaled_call(send: Callable[[], Awaitable[Any]], *, endpoint: str, 
         return await send()
     journal.scope.check_calls()
     pending = journal.open(endpoint=endpoint, request=request, key=key, fresh=fresh, item=item)
-    found = await asyncio.to_thread(contextvars.copy_context().run, pending.start, endpoint, model)
-    if found is not MISS:
-        return found
-    pending._token = None  # start() set the attempt in the worker thread's context; this task sets its own
-    token = current_attempt.set(pending._attempt)  # record_provider_call in send() completes this request's row
+    begin = pending.begin_write(endpoint, model)
+    hit = await journal.awrite(begin)
+    if hit is not None:  # a resume's journaled answer (decoding it may write again: off the event loop)
+        found = await asyncio.to_thread(contextvars.copy_context().run, pending.started, begin, hit)
+        if found is not MISS:
+            return found
+        pending._token = None  # started() set the attempt in the worker thread's context; this task sets its own
+        token = current_attempt.set(pending._attempt)  # record_provider_call in send() completes this row
+    else:
+        pending.started(begin, None)  # no hit, no store call: the attempt is set in this task's context
+        token, pending._token = pending._token, None
+    assert token is not None
     try:
         answer = await send()
     except BaseException as exc:
@@ -317,5 +385,10 @@ async def ajournaled_call(send: Callable[[], Awaitable[Any]], *, endpoint: str, 
             pending.failed(exc)
         raise
     current_attempt.reset(token)
-    await asyncio.to_thread(pending.answered, answer)
+    write = pending.answer_write(answer)
+    try:
+        await journal.awrite(write)
+    except OwnershipLost:
+        await asyncio.to_thread(journal.store.providers.complete_calls, [write.call])
+        raise
     return answer

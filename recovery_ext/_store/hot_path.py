@@ -73,3 +73,20 @@ def journal_begin(raw: Any, **params: Any) -> Any:
 def journal_answer(raw: Any, **params: Any) -> Any:
     """One row: ``verdict`` (no_pipeline, lost, written) and the pipeline's owner, epoch and status."""
     return _rows(raw, "journal_answer", params)[0]
+
+
+def journal_batch(raw: Any, calls: list[tuple[str, dict[str, Any]]]) -> list[Any]:
+    """Several journal writes (``("journal_begin" | "journal_answer", params)``) in one pipeline: sent together,
+    one network round trip, one implicit transaction (a single Sync ends it); each function fences itself as
+    alone. One row per call, as :func:`journal_begin` / :func:`journal_answer` return it."""
+    cursors = []
+    try:
+        with raw.pipeline():
+            for query, params in calls:
+                cursor = raw.cursor(row_factory=namedtuple_row)
+                cursors.append(cursor)
+                cursor.execute(load_query(FOLDER, query), params, prepare=True)
+        return [cursor.fetchone() for cursor in cursors]
+    finally:
+        for cursor in cursors:
+            cursor.close()

@@ -22,10 +22,10 @@ if TYPE_CHECKING:
 
     from recovery_ext._classify.retry import wait_jittered_exponential
     from recovery_ext._store.models import (BreakerDecision, CostReport, ErrorInfo, ItemCheckpoint, JournalHit,
-                                            MetricsSnapshot, Node, NodeBeat, NodeSpec, Orphan, Ownership, PassPlan,
-                                            PassResult, Pipeline, PipelineBeat, PipelineHistory, PipelineLimits,
-                                            ProviderCall, ProviderJobRow, QueueItem, Reopened, ResetItem, Scope,
-                                            StaleItem, TickSnapshot, WatchedNode)
+                                            JournalWrite, MetricsSnapshot, Node, NodeBeat, NodeSpec, Orphan, Ownership,
+                                            PassPlan, PassResult, Pipeline, PipelineBeat, PipelineHistory,
+                                            PipelineLimits, ProviderCall, ProviderJobRow, QueueItem, Reopened,
+                                            ResetItem, Scope, StaleItem, TickSnapshot, WatchedNode)
     # Not values yet: the budget's values (its module is being extended elsewhere), the fenced transaction and a
     # migration (objects with behaviour), the event cursor and a prune's result (each tied to its module).
     from recovery_ext._store.budgets import BudgetGrant, ProviderLimits
@@ -124,6 +124,8 @@ class ProviderStore(Protocol):
     def journal_begin(self, own: Ownership, call: ProviderCall, *, call_key: str | None) -> JournalHit | None: ...
     def journal_answer(self, own: Ownership, call: ProviderCall, *, call_key: str | None,
                        answer: str | None) -> None: ...
+    def journal_writes(self, own: Ownership, writes: Sequence[JournalWrite]) -> list[JournalHit | None | Exception]:
+        ...
     def complete_calls(self, calls: Sequence[ProviderCall]) -> None: ...
     def prune_call_journal(self, pipeline_id: int | None = ...) -> int: ...
     def record_provider_calls(self, calls: Sequence[ProviderCall]) -> None: ...

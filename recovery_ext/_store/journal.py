@@ -35,7 +35,7 @@ from sqlalchemy import Connection, bindparam, delete, select, update
 from recovery_ext._store.database import chunks, retried
 from recovery_ext._store.journal_writes import JournalWrites, journal_writes_for
 from recovery_ext._store.ledger import IN_FLIGHT, call_row
-from recovery_ext._store.models import JournalHit, Ownership, ProviderCall
+from recovery_ext._store.models import JournalHit, JournalWrite, Ownership, ProviderCall
 from recovery_ext._store.schema import call_journal, pipelines, provider_calls
 from recovery_ext._store.statuses import PipelineStatus
 from recovery_ext._store.breakers import ProviderOps
@@ -67,6 +67,13 @@ class JournalOps(ProviderOps):
         """The answer arrived: keep it under ``call_key`` (when it has one and could be encoded) and complete the
         call's ledger row, in one transaction fenced by ``own``'s epoch."""
         self._journal_writes.answer(own, call, call_key, answer)
+
+    @retried
+    def journal_writes(self, own: Ownership, writes: Sequence[JournalWrite]) -> list[JournalHit | None | Exception]:
+        """Several calls' begins and answers (the items of a node in flight together) in one transaction, each
+        fenced by ``own``'s epoch; one result per write: a begin's hit, None, or the refusal of that write
+        (OwnershipLost). See ``JournalWrites.batch``."""
+        return self._journal_writes.batch(own, writes) if writes else []
 
     @retried
     def complete_calls(self, calls: Sequence[ProviderCall]) -> None:

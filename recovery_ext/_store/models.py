@@ -524,6 +524,19 @@ class JournalHit:
     call: ProviderCall
 
 
+@dataclass(frozen=True)
+class JournalWrite:
+    """One of a journaled call's fenced writes, as a batch of them (``journal_writes``) takes it.
+
+    ``answered`` False: the begin (look ``call_key`` up, else write ``call`` in flight); True: the answer
+    (keep ``answer`` under ``call_key`` and complete ``call``'s ledger row)."""
+
+    call: ProviderCall
+    call_key: str | None
+    answered: bool = False
+    answer: str | None = None
+
+
 @dataclass
 class CostFigures:
     """Calls, tokens and cost spent; saved by resume; wasted. ``cost`` sums the calls that had a price."""

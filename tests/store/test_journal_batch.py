@@ -1,0 +1,159 @@
+"""The call journal's writes of items in flight together, batched (``journal_writes``, and the group commit
+``ctx.map``/``ctx.amap`` put in front of it): the same rows as the single writes, fenced by the epoch, and
+after a take-over every write of a batch refused with nothing written. Store tests run on both databases."""
+
+from __future__ import annotations
+
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+from helpers import expire, reclaim, round_trips, sent_round_trips
+from test_journal_writes import answered, in_flight, journal, ledger
+
+from recovery_ext._dagster.group_commit import GroupCommitter
+from recovery_ext._errors import OwnershipLost
+from recovery_ext._store.ledger import IN_FLIGHT
+from recovery_ext._store.models import JournalWrite, PassPlan
+from recovery_ext._store.store import RecoveryStore
+
+
+def running_node(store):
+    own = store.pipelines.create_pipeline("job", ["a"], owner="run-1", origin_run_id="run-1")
+    store.pipelines.start_node(own, "a")
+    return own
+
+
+def test_a_batch_writes_what_the_single_writes_write(store):
+    own = running_node(store)
+    first, second = in_flight(own, "k1"), in_flight(own, "k2")
+    assert store.providers.journal_writes(own, [JournalWrite(first, "fp#1"), JournalWrite(second, None)]) == [
+        None, None]
+    assert {r[0]: r[6] for r in ledger(store, own.pipeline_id).values()} == {"k1": IN_FLIGHT, "k2": IN_FLIGHT}
+
+    # the answers, and in the same batch a new item's begin
+    third = in_flight(own, "k3")
+    assert store.providers.journal_writes(own, [
+        JournalWrite(answered(first, tokens_in=12), "fp#1", answered=True, answer='{"a":1}'),
+        JournalWrite(answered(second, tokens_in=3), None, answered=True),
+        JournalWrite(third, "fp#1"),
+    ]) == [None, None, None]
+    assert journal(store, own.pipeline_id) == [("k1", "fp#1", first.id, own.epoch, '{"a":1}')]
+    rows = ledger(store, own.pipeline_id)
+    assert (rows[first.id][3], rows[first.id][6]) == (12, "ok")
+    assert (rows[second.id][3], rows[second.id][6]) == (3, "ok")
+    assert rows[third.id][6] == IN_FLIGHT
+
+    # a resume's begin of the same call: the journaled answer and the row that paid for it, one more replay
+    again, fresh = in_flight(own, "k1"), in_flight(own, "k4")
+    found = store.providers.journal_writes(own, [JournalWrite(fresh, "fp#1"), JournalWrite(again, "fp#1")])
+    assert found[0] is None
+    assert found[1] is not None and (found[1].answer, found[1].call.id) == ('{"a":1}', first.id)
+    rows = ledger(store, own.pipeline_id)
+    assert rows[first.id][9] == 1 and again.id not in rows and rows[fresh.id][6] == IN_FLIGHT
+
+
+def test_after_a_take_over_a_batch_is_refused_whole_and_writes_nothing(store):
+    own = running_node(store)
+    waiting = in_flight(own, "k1")
+    store.providers.journal_writes(own, [JournalWrite(waiting, "fp#1")])
+    expire(store, own.pipeline_id)
+    reclaim(store, PassPlan(limit=10, launching=True))
+    store.pipelines.attach(own.pipeline_id, "run-2", resume_number=1)
+    rows, entries = ledger(store, own.pipeline_id), journal(store, own.pipeline_id)
+    with pytest.raises(OwnershipLost, match=r"superseded by run run-2$"):
+        store.providers.journal_writes(own, [
+            JournalWrite(answered(waiting, tokens_in=8), "fp#1", answered=True, answer='"x"'),
+            JournalWrite(in_flight(own, "k2"), "fp#1"),
+            JournalWrite(in_flight(own, "k3"), None),
+        ])
+    assert ledger(store, own.pipeline_id) == rows  # nothing completed, no row written
+    assert journal(store, own.pipeline_id) == entries
+
+
+def journal_committer(store, own, batches: list[int]) -> GroupCommitter[JournalWrite]:
+    def commit(writes):
+        batches.append(len(writes))
+        return store.providers.journal_writes(own, writes)
+
+    return GroupCommitter(commit, name="rx-journal-a")
+
+
+def test_64_items_beginning_together_share_a_few_transactions(store):
+    own = running_node(store)
+    batches: list[int] = []
+    committer = journal_committer(store, own, batches)
+    start = threading.Barrier(64)
+
+    def begin(i: int) -> object:
+        start.wait()
+        return committer.submit(JournalWrite(in_flight(own, f"k{i:02d}"), "fp#1")).result(timeout=60)
+
+    try:
+        with ThreadPoolExecutor(64) as pool:
+            assert list(pool.map(begin, range(64))) == [None] * 64
+    finally:
+        committer.close()
+    assert sum(batches) == 64 and len(batches) < 64
+    assert sorted(r[0] for r in ledger(store, own.pipeline_id).values()) == [f"k{i:02d}" for i in range(64)]
+
+
+def test_after_a_take_over_every_queued_journal_write_is_refused(store):
+    own = running_node(store)
+    committer = journal_committer(store, own, [])
+    before = in_flight(own, "before")
+    committer.submit(JournalWrite(before, "fp#1")).result(timeout=30)
+    expire(store, own.pipeline_id)
+    reclaim(store, PassPlan(limit=1, launching=True))
+    rows = ledger(store, own.pipeline_id)
+    futures = [committer.submit(JournalWrite(in_flight(own, f"after{i}"), "fp#1")) for i in range(8)]
+    futures.append(committer.submit(JournalWrite(answered(before), "fp#1", answered=True, answer="1")))
+    for future in futures:
+        with pytest.raises(OwnershipLost):
+            future.result(timeout=30)
+    committer.close()
+    assert ledger(store, own.pipeline_id) == rows  # no request may leave: none was written in flight
+    assert journal(store, own.pipeline_id) == []
+
+
+def test_a_batch_is_one_round_trip_on_postgresql(pg_url):
+    store = RecoveryStore(pg_url)
+    try:
+        store.migrate()
+        own = running_node(store)
+        for item in ("k1", "k2"):  # k1 prepares the statements on the pooled connection
+            calls = [in_flight(own, f"{item}-{i}") for i in range(8)]
+            with round_trips(store) as messages:
+                store.providers.journal_writes(own, [JournalWrite(call, "fp#1") for call in calls])
+            with round_trips(store) as answers:
+                store.providers.journal_writes(own, [JournalWrite(answered(call), "fp#1", answered=True, answer="1")
+                                                     for call in calls])
+        assert sent_round_trips(messages) == ["Sync"], messages
+        assert sent_round_trips(answers) == ["Sync"], answers
+        assert [r[6] for r in ledger(store, own.pipeline_id).values()] == ["ok"] * 16
+    finally:
+        store.close()
+
+
+def test_a_waiter_that_gave_up_does_not_stop_the_writer(store):
+    """An asyncio task cancelled while it awaits its write cancels the write's future: the writer settles the
+    rest of the batch and goes on (the write itself still commits: a row in flight, outcome unknown)."""
+    own = running_node(store)
+    gate, entered = threading.Event(), threading.Event()
+
+    def commit(writes):
+        entered.set()
+        gate.wait(30)
+        return store.providers.journal_writes(own, writes)
+
+    committer = GroupCommitter(commit)
+    first = committer.submit(JournalWrite(in_flight(own, "k1"), "fp#1"))
+    assert entered.wait(30)
+    gone = committer.submit(JournalWrite(in_flight(own, "k2"), "fp#1"))
+    later = committer.submit(JournalWrite(in_flight(own, "k3"), "fp#1"))
+    assert gone.cancel()
+    gate.set()
+    assert first.result(timeout=30) is None
+    assert later.result(timeout=30) is None
+    committer.close()
+    assert sorted(r[0] for r in ledger(store, own.pipeline_id).values()) == ["k1", "k2", "k3"]
