@@ -8,12 +8,13 @@ once every document has one; the adapter reads each result with a GET of that UR
 pipeline (its credential, retries and logging policies), never through the SDK's background poller.
 
 **What cannot be re-attached.** The API takes no idempotency key and lists no analyses: an analysis whose
-202 was lost to a crash (between the POST and the group's id reaching the store) can be neither found nor
-re-attached. ``find`` honestly answers None, the resume submits the group again, and the documents Azure had
-already accepted in that window are analysed, and billed, twice. The window is the submission itself: one
-HTTP round trip per document of the group. The ledger says so: the resubmitted group's collection writes one
-row per document, ``unfindable_submission``, whose note says it may have been paid twice (Azure cannot tell
-whether it was: a crash before the first POST reached it leaves the same trace).
+202 was lost to a crash can be neither found nor re-attached. So the adapter submits by parts
+(``submit_by_parts``): the jobs API records each document's ``resultId`` (fenced) as its 202 arrives, and
+marks each document before its POST goes out. A resume re-uses the analyses already accepted and submits the
+rest; only the one document whose POST was on its way at the crash can be analysed, and billed, twice. The
+ledger names it: one row ``unfindable_submission`` whose note says it *may* have been paid twice (whether the
+POST reached Azure cannot be known: a crash after the mark and before the request left leaves the same trace);
+a crash before any document was marked names none.
 
 Everything else is as for Textract: a document whose analysis ``failed`` is an item error (``azure_failed``,
 the service's code and message in the note), one whose result is gone (404: Azure keeps a result about 24 h)
@@ -29,7 +30,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 from urllib.parse import quote
 
@@ -41,6 +42,7 @@ from recovery_ext._providers.jobs import (
     FAILED,
     JOB_GONE,
     RUNNING,
+    UNFINDABLE,
     DocumentResults,
     JobResult,
     ReadLimits,
@@ -51,7 +53,6 @@ from recovery_ext._providers.jobs import (
 )
 
 API_VERSION = "2024-11-30"  # the azure-ai-documentintelligence 1.0 SDK's GA version
-UNFINDABLE = "unfindable_submission"
 # Azure's analysis statuses (its wire words, not ours): whether each is still running
 _AZURE_STATUSES = {"notStarted": True, "running": True, "succeeded": False, "failed": False, "canceled": False}
 _RUNNING = {status for status, running in _AZURE_STATUSES.items() if running}
@@ -87,7 +88,6 @@ class AzureDocumentJobs:
         self.endpoint = redact_url(str(getattr(config, "endpoint", "") or ""))
         self.api_version = str(getattr(config, "api_version", None) or API_VERSION)
         self._states: dict[str, str] = {}   # resultId -> a finished analysis' state: not asked again
-        self._unfound: set[str] = set()     # tokens find() was asked for (a resume that lost the 202s)
 
     @classmethod
     def connect(cls, *, endpoint: str, key: str | None = None, credential: Any = None,
@@ -109,21 +109,30 @@ class AzureDocumentJobs:
     # -- the JobAdapter protocol --------------------------------------------------------------------
 
     def submit(self, requests: Mapping[str, Any], token: str) -> str:
+        return self.submit_by_parts(requests, token, {}, lambda item, part: None)
+
+    def submit_by_parts(self, requests: Mapping[str, Any], token: str, accepted: Mapping[str, str],
+                        progress: Callable[[str, str | None], None]) -> str:
+        """One analysis per document not ``accepted`` yet (those re-used), each reported to ``progress``
+        before it is sent and once its 202 named its ``resultId``: the jobs API records both before the next
+        document goes out, so a crash loses the answer to one POST at most."""
         ids: dict[str, str] = {}
         for key, document in requests.items():
+            if key in accepted:
+                ids[key] = _checked_id(str(accepted[key]), key)
+                continue
+            body = _body(key, document)
+            progress(key, None)
             # polling=False: the SDK's poller would poll from a thread of its own; the jobs API polls instead
-            poller = self.client.begin_analyze_document(self.model_id, _body(key, document), polling=False,
-                                                        **self.analyze_options)
+            poller = self.client.begin_analyze_document(self.model_id, body, polling=False, **self.analyze_options)
             ids[key] = _operation_id(poller, key)
-        group: dict[str, Any] = {"model": self.model_id, "results": ids}
-        if token in self._unfound:
-            group["unfound"] = token  # its collection ledgers the earlier submission that may have been paid
-        return json.dumps(group, separators=(",", ":"))
+            progress(key, ids[key])
+        return json.dumps({"model": self.model_id, "results": ids}, separators=(",", ":"))
 
     def find(self, token: str) -> str | None:
-        """Nothing can be found: Azure takes no idempotency key and lists no analyses. The resume submits
-        again, and the group's collection ledgers each document as possibly paid twice."""
-        self._unfound.add(token)
+        """Nothing can be found: Azure takes no idempotency key and lists no analyses. The resume submits the
+        documents it has no ``resultId`` of (``submit_by_parts``); the jobs API ledgers the one that was on its
+        way as possibly paid twice."""
         return None
 
     def status(self, job_id: str) -> str:
@@ -140,6 +149,7 @@ class AzureDocumentJobs:
     def results(self, job_id: str) -> Mapping[str, JobResult]:
         """Each document's answer, read from Azure when it is first asked for (see :class:`DocumentResults`)."""
         model, documents, unfound = _group(job_id)
+        # "unfound": a group id written before submit_by_parts (its whole group was submitted again)
         strays = [JobResult(error=UNFINDABLE, model=model, note=note(
             f"azure submission {unfound}", f"{key!r} may have been analysed, and paid, twice: the answer to its "
             "first submission was lost to a crash, and Azure lists no analyses to re-attach to"))
@@ -255,6 +265,10 @@ def _operation_id(poller: Any, key: str) -> str:
         found = poller.details["operation_id"]
     except (AttributeError, KeyError, TypeError) as exc:
         raise ResultUnreadable(f"azure submission of {key!r}: the answer named no Operation-Location") from exc
+    return _checked_id(found, key)
+
+
+def _checked_id(found: Any, key: str) -> str:
     if not isinstance(found, str) or not _RESULT_ID.fullmatch(found):
         raise ResultUnreadable(f"azure submission of {key!r}: the Operation-Location names {str(found)[:80]!r}, "
                                "not a result id")
