@@ -77,6 +77,7 @@ class AzureDocumentProvider(BatchServer):
         self.malformed, self.key = dict(malformed or {}), key
         self.finished = threading.Event()
         self.gets = 0
+        self.results_served: Counter[str] = Counter()  # resultId -> GETs answered with its succeeded result
         self.keys_seen: set[str] = set()  # every key a request carried (a test checks only the right one came)
 
     def finish_jobs(self) -> None:
@@ -208,6 +209,8 @@ class AzureDocumentProvider(BatchServer):
                     if analysis is None or not analysis.known or analysis.model != one.group(1):
                         return self._error(404, "NotFound", "Resource not found.")
                     answer = provider._operation(analysis)
+                    if analysis.status == "succeeded":
+                        provider.results_served[analysis.id] += 1
                 self._json(200, answer)
 
             def _authorized(self) -> bool:

@@ -21,9 +21,11 @@ the service's code and message in the note), one whose result is gone (404: Azur
 is ``job_gone``, and the jobs API resubmits those items only. A result is read within :class:`ReadLimits`
 (bytes and time; one page per document) and every field read is checked: a body past a limit or one that
 does not parse is that document's error (``unbounded_result``, ``unreadable_result``) with a note naming its
-``resultId``. The key stays in the client's ``AzureKeyCredential``: the adapter never holds or shows it.
-``azure-ai-documentintelligence`` is imported only by :meth:`AzureDocumentJobs.connect` and when a document is
-submitted or read (the ``azure`` extra).
+``resultId``. Azure has no status read without the result: ``status`` keeps the operations it read of the
+polled group's finished analyses (at most one document's byte limit of them) and ``results`` takes each from
+there, once, instead of reading it again. The key stays in the client's ``AzureKeyCredential``: the adapter
+never holds or shows it. ``azure-ai-documentintelligence`` is imported only by :meth:`AzureDocumentJobs.connect`
+and when a document is submitted or read (the ``azure`` extra).
 """
 
 from __future__ import annotations
@@ -88,6 +90,7 @@ class AzureDocumentJobs:
         self.endpoint = redact_url(str(getattr(config, "endpoint", "") or ""))
         self.api_version = str(getattr(config, "api_version", None) or API_VERSION)
         self._states: dict[str, str] = {}   # resultId -> a finished analysis' state: not asked again
+        self._kept: _KeptOperations | None = None  # what status() read of the polled job's finished analyses
 
     @classmethod
     def connect(cls, *, endpoint: str, key: str | None = None, credential: Any = None,
@@ -137,7 +140,9 @@ class AzureDocumentJobs:
 
     def status(self, job_id: str) -> str:
         model, documents, _ = _group(job_id)
-        states = [self._state(model, result_id) for result_id in documents.values()]
+        if self._kept is None or self._kept.job_id != job_id:  # one job's at a time: the one being polled
+            self._kept = _KeptOperations(job_id, self.limits.bytes)
+        states = [self._state(model, result_id, self._kept) for result_id in documents.values()]
         if any(state in _RUNNING for state in states):
             return RUNNING
         if all(state in ("succeeded", _UNREADABLE) for state in states):
@@ -154,12 +159,17 @@ class AzureDocumentJobs:
             f"azure submission {unfound}", f"{key!r} may have been analysed, and paid, twice: the answer to its "
             "first submission was lost to a crash, and Azure lists no analyses to re-attach to"))
             for key in documents] if unfound else []
-        return DocumentResults(lambda result_id: self._document(model, result_id), documents, strays)
+        # the operations status() already read are read from there (each once, then dropped), not GET again
+        kept = self._kept if self._kept is not None and self._kept.job_id == job_id else None
+        self._kept = None
+        return DocumentResults(lambda result_id: self._document(
+            model, result_id, kept.take(result_id) if kept is not None else None), documents, strays)
 
     # -- one document's analysis --------------------------------------------------------------------
 
-    def _get(self, model: str, result_id: str, where: str) -> dict[str, Any] | None:
-        """The analysis' operation as JSON, read within the limits; None when Azure no longer knows it."""
+    def _get(self, model: str, result_id: str, where: str) -> tuple[dict[str, Any] | None, int]:
+        """The analysis' operation as JSON, read within the limits, and its size in bytes; None when Azure no
+        longer knows it."""
         from azure.core.rest import HttpRequest
 
         request = HttpRequest("GET", f"/documentModels/{quote(model, safe='')}/analyzeResults/"
@@ -168,7 +178,7 @@ class AzureDocumentJobs:
         response = self.client.send_request(request, stream=True)
         try:
             if response.status_code in (404, 410):
-                return None
+                return None, 0
             if response.status_code != 200:
                 response.read()
                 response.raise_for_status()  # azure-core's HttpResponseError, classified as its status says
@@ -186,25 +196,28 @@ class AzureDocumentJobs:
             answer = None
         if not isinstance(answer, dict):
             raise ResultUnreadable(f"{where}: the operation is not a JSON object: {bytes(body[:200])!r}")
-        return answer
+        return answer, len(body)
 
-    def _state(self, model: str, result_id: str) -> str:
+    def _state(self, model: str, result_id: str, kept: _KeptOperations) -> str:
         if result_id in self._states:
             return self._states[result_id]
         where = f"azure analysis {result_id}"
         try:
-            answer = self._get(model, result_id, where)
+            answer, size = self._get(model, result_id, where)
             state = _GONE if answer is None else _status(where, answer)
         except ResultUnreadable:
-            state = _UNREADABLE  # the job ended as far as it can be known: reading its result says why
+            answer, state = None, _UNREADABLE  # the job ended as far as it can be known: reading it says why
         if state not in _RUNNING:
             self._states[result_id] = state
+            if answer is not None:
+                kept.keep(result_id, answer, size)
         return state
 
-    def _document(self, model: str, result_id: str) -> JobResult | None:
+    def _document(self, model: str, result_id: str, read: dict[str, Any] | None = None) -> JobResult | None:
+        """One document's answer, from the operation ``read`` by status() if it kept it, else read now."""
         where = f"azure analysis {result_id}"
         try:
-            answer = self._get(model, result_id, where)
+            answer = read if read is not None else self._get(model, result_id, where)[0]
             if answer is None:
                 return JobResult(error=JOB_GONE, model=model, note=note(
                     where, "Azure no longer knows the analysis (404; results are kept about 24 h)"))
@@ -247,6 +260,26 @@ class AzureDocumentJobs:
                   "result_id": result_id, "model": answered_model}
         cost = len(pages) * self.price_per_page if self.price_per_page is not None else None
         return JobResult(answer=answer, model=answered_model, cost=cost)
+
+
+class _KeptOperations:
+    """The operations status() read of one job's finished analyses, so that results() does not GET each a
+    second time (Azure has no status read without the result): at most ``limit`` bytes of them (one
+    document's read limit), each dropped once results() took it."""
+
+    def __init__(self, job_id: str, limit: int) -> None:
+        self.job_id, self.limit, self.size = job_id, limit, 0
+        self._operations: dict[str, tuple[dict[str, Any], int]] = {}
+
+    def keep(self, result_id: str, operation: dict[str, Any], size: int) -> None:
+        if self.size + size <= self.limit:  # past it, results() reads that one again: slower, never unbounded
+            self._operations[result_id] = (operation, size)
+            self.size += size
+
+    def take(self, result_id: str) -> dict[str, Any] | None:
+        operation, size = self._operations.pop(result_id, (None, 0))
+        self.size -= size
+        return operation
 
 
 def _body(key: str, document: Any) -> Any:

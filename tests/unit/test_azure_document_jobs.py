@@ -51,13 +51,20 @@ def test_each_document_is_one_analysis_read_when_asked_for_and_priced_per_page(s
         assert provider.submissions == 2 and jobs.status(job_id) == RUNNING
         provider.finish_jobs()
         assert finished(jobs, job_id) == COMPLETED
+        # status() read each succeeded result once (Azure has no status read without it) and kept it
+        assert sorted(provider.results_served.values()) == [1, 1]
         gets = provider.gets
         results = jobs.results(job_id)
-        assert provider.gets == gets  # nothing read until a document is asked for: each is kept as it is read
         first = results["a.pdf"]
-        assert provider.gets == gets + 1 and results["a.pdf"] is first and provider.gets == gets + 1
-        assert set(results) == {"a.pdf", "b.pdf"} and provider.gets == gets + 2
+        assert results["a.pdf"] is first and set(results) == {"a.pdf", "b.pdf"}
+        assert provider.gets == gets  # results() took what status() read: no result was served twice
+        assert sorted(provider.results_served.values()) == [1, 1]
         assert results.strays == []  # submitted once: nothing may have been paid twice
+        # a second reader (a resume's adapter: nothing kept) reads each document when it is first asked for
+        again = connect(provider, price_per_page=0.0015).results(job_id)
+        assert provider.gets == gets  # nothing read until a document is asked for: each is kept as it is read
+        assert again["a.pdf"].answer == first.answer and again["a.pdf"] is again["a.pdf"] and provider.gets == gets + 1
+        assert set(again) == {"a.pdf", "b.pdf"} and provider.gets == gets + 2
     assert first.answer["text"] == "INVOICE 101\nTotal due 11.10 EUR"
     assert first.answer["lines"] == [{"text": "INVOICE 101", "page": 1}, {"text": "Total due 11.10 EUR", "page": 1}]
     assert results["b.pdf"].answer["text"] == "LETTER 2"
@@ -153,6 +160,20 @@ def test_a_result_past_the_byte_limit_is_its_error(scans):
     # a.pdf's operation is about 1000 bytes, b.pdf's about 700
     assert (results["a.pdf"].error, "more than 850 bytes" in results["a.pdf"].note) == ("unbounded_result", True)
     assert (results["b.pdf"].error, results["b.pdf"].answer["text"]) == (None, "LETTER 2")
+
+
+def test_what_status_keeps_for_results_is_bounded_by_one_documents_byte_limit(scans):
+    # Both finish before the first status read, which reads them in the group's order: a.pdf first.
+    with AzureDocumentProvider({"scans": scans}, duration=None) as provider:
+        jobs = connect(provider, limits=ReadLimits(bytes=1500))
+        job_id = jobs.submit(requests("a.pdf", "b.pdf"), "k" * 32)
+        provider.finish_jobs()
+        assert jobs.status(job_id) == COMPLETED
+        results = jobs.results(job_id)
+        assert {k: r.error for k, r in results.items()} == {"a.pdf": None, "b.pdf": None}
+        served = {name: provider.results_served[result_id] for name, result_id in result_ids(job_id).items()}
+    # a.pdf's operation (about 1300 bytes) was kept; b.pdf's (about 700) would have gone past 1500: read again
+    assert served == {"a.pdf": 1, "b.pdf": 2}
 
 
 def test_the_key_never_reaches_a_log_an_error_an_id_or_a_result(scans, caplog):
