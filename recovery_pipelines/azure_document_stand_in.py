@@ -16,9 +16,10 @@ name), or, for a document named in ``fail_first``, its first analysis fails. ``r
 finished result a 404 that long after it finished, as the real one is after about 24 h; :meth:`forget` does it
 at once. ``malformed`` puts other values in every result (``{"confidence": "high"}`` on each word,
 ``{"pageNumber": "one"}`` on each page, ``{"content": 7}`` in the result and on each line; ``{"status":
-"done"}`` in the operation). Crash points: ``hold_create`` and ``drop_first_create``, as :class:`BatchServer`
-says. Documents are local files in folders named as blob containers (``containers={"scans": folder}``: the
-``urlSource`` ``https://{account}.blob.core.windows.net/scans/{name}``).
+"done"}`` in the operation). Crash points: ``hold_create`` (of the ``hold_nth`` analysis) and
+``drop_first_create``, as :class:`BatchServer` says. Documents are local files in folders named as blob
+containers (``containers={"scans": folder}``: the ``urlSource``
+``https://{account}.blob.core.windows.net/scans/{name}``).
 """
 
 from __future__ import annotations
@@ -69,13 +70,14 @@ class AzureDocumentProvider(BatchServer):
     def __init__(self, containers: Mapping[str, Path | str], *, duration: float | None = 1.0,
                  fail_first: Iterable[str] = (), retention: float | None = None,
                  malformed: Mapping[str, Any] | None = None, key: str = STAND_IN_KEY, hold_create: float = 0.0,
-                 drop_first_create: float = 0.0) -> None:
-        super().__init__(hold_create, drop_first_create)
+                 drop_first_create: float = 0.0, hold_nth: int = 1) -> None:
+        super().__init__(hold_create, drop_first_create, hold_nth)
         self.containers = {name: Path(folder).resolve() for name, folder in containers.items()}
         self.duration, self.fail_first, self.retention = duration, set(fail_first), retention
         self.malformed, self.key = dict(malformed or {}), key
         self.finished = threading.Event()
         self.gets = 0
+        self.results_served: Counter[str] = Counter()  # resultId -> GETs answered with its succeeded result
         self.keys_seen: set[str] = set()  # every key a request carried (a test checks only the right one came)
 
     def finish_jobs(self) -> None:
@@ -207,6 +209,8 @@ class AzureDocumentProvider(BatchServer):
                     if analysis is None or not analysis.known or analysis.model != one.group(1):
                         return self._error(404, "NotFound", "Resource not found.")
                     answer = provider._operation(analysis)
+                    if analysis.status == "succeeded":
+                        provider.results_served[analysis.id] += 1
                 self._json(200, answer)
 
             def _authorized(self) -> bool:

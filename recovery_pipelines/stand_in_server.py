@@ -70,13 +70,15 @@ class BatchServer(LocalServer):
     Crash points of a creation: ``hold_create=S`` holds the answer to the first creation for up to S seconds
     after the batch exists (a client killed then never learns its id); ``drop_first_create=S`` holds the first
     creation request for up to S seconds *before* any batch exists, then drops it (a client killed then
-    created nothing). ``creates`` counts the creation requests (a dropped or repeated one included)."""
+    created nothing). ``creates`` counts the creation requests (a dropped or repeated one included).
+    ``hold_nth=N`` holds the answer to the N-th creation instead of the first (a client that creates one
+    thing per item, killed after N-1 of them were answered)."""
 
-    def __init__(self, hold_create: float = 0.0, drop_first_create: float = 0.0) -> None:
+    def __init__(self, hold_create: float = 0.0, drop_first_create: float = 0.0, hold_nth: int = 1) -> None:
         self.batches: dict[str, Any] = {}
         self.released = threading.Event()
         self.lock = threading.Lock()
-        self.hold_create, self.drop_first_create = hold_create, drop_first_create
+        self.hold_create, self.drop_first_create, self.hold_nth = hold_create, drop_first_create, hold_nth
         self.creates = 0
 
     def creation_arrived(self) -> bool:
@@ -91,7 +93,7 @@ class BatchServer(LocalServer):
     def created(self) -> None:
         """A batch was just created: hold its answer when it is the first and answers are held."""
         with self.lock:
-            hold = self.hold_create if len(self.batches) == 1 else 0.0
+            hold = self.hold_create if len(self.batches) == self.hold_nth else 0.0
         if hold:
             self.released.wait(hold)
 

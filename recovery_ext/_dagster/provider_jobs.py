@@ -10,7 +10,10 @@ a :class:`JobAdapter`:
   ends the wait at once;
 * under a spend cap each submission reserves its estimate first; the job's results settle it;
 * after a crash the resume finds the job in the store and **re-attaches** by its id (with no id yet, by
-  the token at the provider: ``adapter.find``), and never submits again;
+  the token at the provider: ``adapter.find``), and never submits again; a job submitted part by part with
+  no idempotency key (``submit_by_parts``) records each part as the provider accepts it, and a resume
+  submits only the parts not accepted yet: the one whose submission the crash interrupted may be paid twice,
+  and the ledger names it;
 * results are checkpointed per item, each with its ledger row (the tokens the provider reported);
 * an expired, cancelled or partly failed job, or one the provider no longer knows, is resubmitted for the
   items it left unfinished only; the ledger shows the resubmission (a row ``resubmitted``) and each
@@ -32,10 +35,18 @@ from recovery_ext._errors import OwnershipLost
 from recovery_ext._dagster.providers import node_spend_cap
 from recovery_ext._dagster.context import store_of
 from recovery_ext._dagster.run_state import RunStateReporter
-from recovery_ext._providers.jobs import COMPLETED, MISSING_RESULT, RUNNING, JobAdapter, JobResult, JobResults
+from recovery_ext._providers.jobs import (
+    COMPLETED,
+    MISSING_RESULT,
+    RUNNING,
+    UNFINDABLE,
+    JobAdapter,
+    JobResult,
+    JobResults,
+)
 from recovery_ext._settings import check_count, check_seconds
 from recovery_ext._store.ledger import IN_FLIGHT
-from recovery_ext._store.models import ProviderCall
+from recovery_ext._store.models import ProviderCall, ProviderJobRow
 from recovery_ext._store.statuses import JobStatus
 from recovery_ext._store.waits import WaitKind
 
@@ -85,7 +96,7 @@ def run_provider_job(ctx: Any, adapter: JobAdapter, requests: Mapping[str, Any],
                 if held is not None:
                     held.release()  # nothing was submitted
                 raise
-            job_id = _submit(ctx, adapter, requests, items, token, attempt)
+            job_id = _submit(ctx, adapter, requests, items, token, attempt, None)
         else:
             token, items, attempt = live.token, [k for k in live.items if k in requests], live.attempt
             expect = getattr(adapter, "expect", None)
@@ -97,7 +108,7 @@ def run_provider_job(ctx: Any, adapter: JobAdapter, requests: Mapping[str, Any],
                 if known is not None:
                     store.pipelines.job_submitted(own, node, token, known, outcome=_outcome(attempt))
             if known is None:  # the provider has no job under the token yet, or finds one only by a submission
-                job_id = _submit(ctx, adapter, requests, items, token, attempt)
+                job_id = _submit(ctx, adapter, requests, items, token, attempt, live)
                 # An adapter whose submission under a token already used answers the jobs the provider started
                 # (Textract's ClientRequestToken) re-attached by submitting; any other submitted the job just now.
                 reattached = bool(getattr(adapter, "submit_reattaches", False))
@@ -157,12 +168,45 @@ def _submission(ctx: Any, adapter: JobAdapter) -> ProviderCall:
 
 
 def _submit(ctx: Any, adapter: JobAdapter, requests: Mapping[str, Any], items: list[str], token: str,
-            attempt: int) -> str:
-    job_id = adapter.submit({k: requests[k] for k in items}, token)
+            attempt: int, live: ProviderJobRow | None) -> str:
+    wanted = {k: requests[k] for k in items}
+    by_parts = getattr(adapter, "submit_by_parts", None)
+    if by_parts is None:
+        job_id = adapter.submit(wanted, token)
+    else:
+        job_id = by_parts(wanted, token, _accepted(ctx, adapter, token, live, wanted), _progress(ctx, token))
     store_of(ctx).pipelines.job_submitted(ctx.ownership, ctx.node_name, token, job_id, outcome=_outcome(attempt))
     ctx.log.info(f"{ctx.node_name}: submitted {adapter.provider} job {_shown(job_id)} ({len(items)} items, "
                  f"attempt {attempt})")
     return job_id
+
+
+def _accepted(ctx: Any, adapter: JobAdapter, token: str, live: ProviderJobRow | None,
+              wanted: Mapping[str, Any]) -> dict[str, str]:
+    """The parts of a job submitted part by part that the provider accepted before a crash (re-used, not paid
+    again); the part that was on its way then, with no answer recorded, is ledgered as maybe paid twice: the
+    provider may have accepted it, and nothing can find it. With no part on its way, nothing was."""
+    if live is None:
+        return {}
+    if live.sending is not None and live.sending not in live.accepted:
+        own = ctx.ownership
+        store_of(ctx).pipelines.job_part_lost(own, ctx.node_name, token, live.sending, ProviderCall(
+            endpoint=adapter.endpoint, outcome=UNFINDABLE, operation="batch", pipeline_id=own.pipeline_id,
+            node_name=ctx.node_name, run_id=own.owner, epoch=own.epoch,
+            note=(f"{live.sending!r} may have been submitted, and paid, twice: a crash came while its submission "
+                  f"was on its way to {adapter.provider}, which cannot find it; submitted again")[:500]))
+        ctx.log.warning(f"{ctx.node_name}: {adapter.provider} part {live.sending!r} may have been submitted before "
+                        "the crash (it cannot be found): submitting it again")
+    if live.accepted:
+        ctx.log.info(f"{ctx.node_name}: re-using the {len(live.accepted)} part(s) {adapter.provider} accepted before "
+                     "the crash; submitting the rest")
+    return {k: v for k, v in live.accepted.items() if k in wanted}
+
+
+def _progress(ctx: Any, token: str) -> Callable[[str, str | None], None]:
+    """What a job submitted part by part reports, each written (fenced) before its next part goes out."""
+    store, own, node = store_of(ctx), ctx.ownership, ctx.node_name
+    return lambda item, part: store.pipelines.job_part(own, node, token, item, part)
 
 
 def _wait(ctx: Any, adapter: JobAdapter, job_id: str, poll_seconds: float, items: int) -> str:

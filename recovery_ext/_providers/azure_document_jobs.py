@@ -8,28 +8,31 @@ once every document has one; the adapter reads each result with a GET of that UR
 pipeline (its credential, retries and logging policies), never through the SDK's background poller.
 
 **What cannot be re-attached.** The API takes no idempotency key and lists no analyses: an analysis whose
-202 was lost to a crash (between the POST and the group's id reaching the store) can be neither found nor
-re-attached. ``find`` honestly answers None, the resume submits the group again, and the documents Azure had
-already accepted in that window are analysed, and billed, twice. The window is the submission itself: one
-HTTP round trip per document of the group. The ledger says so: the resubmitted group's collection writes one
-row per document, ``unfindable_submission``, whose note says it may have been paid twice (Azure cannot tell
-whether it was: a crash before the first POST reached it leaves the same trace).
+202 was lost to a crash can be neither found nor re-attached. So the adapter submits by parts
+(``submit_by_parts``): the jobs API records each document's ``resultId`` (fenced) as its 202 arrives, and
+marks each document before its POST goes out. A resume re-uses the analyses already accepted and submits the
+rest; only the one document whose POST was on its way at the crash can be analysed, and billed, twice. The
+ledger names it: one row ``unfindable_submission`` whose note says it *may* have been paid twice (whether the
+POST reached Azure cannot be known: a crash after the mark and before the request left leaves the same trace);
+a crash before any document was marked names none.
 
 Everything else is as for Textract: a document whose analysis ``failed`` is an item error (``azure_failed``,
 the service's code and message in the note), one whose result is gone (404: Azure keeps a result about 24 h)
 is ``job_gone``, and the jobs API resubmits those items only. A result is read within :class:`ReadLimits`
 (bytes and time; one page per document) and every field read is checked: a body past a limit or one that
 does not parse is that document's error (``unbounded_result``, ``unreadable_result``) with a note naming its
-``resultId``. The key stays in the client's ``AzureKeyCredential``: the adapter never holds or shows it.
-``azure-ai-documentintelligence`` is imported only by :meth:`AzureDocumentJobs.connect` and when a document is
-submitted or read (the ``azure`` extra).
+``resultId``. Azure has no status read without the result: ``status`` keeps the operations it read of the
+polled group's finished analyses (at most one document's byte limit of them) and ``results`` takes each from
+there, once, instead of reading it again. The key stays in the client's ``AzureKeyCredential``: the adapter
+never holds or shows it. ``azure-ai-documentintelligence`` is imported only by :meth:`AzureDocumentJobs.connect`
+and when a document is submitted or read (the ``azure`` extra).
 """
 
 from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 from urllib.parse import quote
 
@@ -41,6 +44,7 @@ from recovery_ext._providers.jobs import (
     FAILED,
     JOB_GONE,
     RUNNING,
+    UNFINDABLE,
     DocumentResults,
     JobResult,
     ReadLimits,
@@ -51,7 +55,6 @@ from recovery_ext._providers.jobs import (
 )
 
 API_VERSION = "2024-11-30"  # the azure-ai-documentintelligence 1.0 SDK's GA version
-UNFINDABLE = "unfindable_submission"
 # Azure's analysis statuses (its wire words, not ours): whether each is still running
 _AZURE_STATUSES = {"notStarted": True, "running": True, "succeeded": False, "failed": False, "canceled": False}
 _RUNNING = {status for status, running in _AZURE_STATUSES.items() if running}
@@ -87,7 +90,7 @@ class AzureDocumentJobs:
         self.endpoint = redact_url(str(getattr(config, "endpoint", "") or ""))
         self.api_version = str(getattr(config, "api_version", None) or API_VERSION)
         self._states: dict[str, str] = {}   # resultId -> a finished analysis' state: not asked again
-        self._unfound: set[str] = set()     # tokens find() was asked for (a resume that lost the 202s)
+        self._kept: _KeptOperations | None = None  # what status() read of the polled job's finished analyses
 
     @classmethod
     def connect(cls, *, endpoint: str, key: str | None = None, credential: Any = None,
@@ -109,26 +112,37 @@ class AzureDocumentJobs:
     # -- the JobAdapter protocol --------------------------------------------------------------------
 
     def submit(self, requests: Mapping[str, Any], token: str) -> str:
+        return self.submit_by_parts(requests, token, {}, lambda item, part: None)
+
+    def submit_by_parts(self, requests: Mapping[str, Any], token: str, accepted: Mapping[str, str],
+                        progress: Callable[[str, str | None], None]) -> str:
+        """One analysis per document not ``accepted`` yet (those re-used), each reported to ``progress``
+        before it is sent and once its 202 named its ``resultId``: the jobs API records both before the next
+        document goes out, so a crash loses the answer to one POST at most."""
         ids: dict[str, str] = {}
         for key, document in requests.items():
+            if key in accepted:
+                ids[key] = _checked_id(str(accepted[key]), key)
+                continue
+            body = _body(key, document)
+            progress(key, None)
             # polling=False: the SDK's poller would poll from a thread of its own; the jobs API polls instead
-            poller = self.client.begin_analyze_document(self.model_id, _body(key, document), polling=False,
-                                                        **self.analyze_options)
+            poller = self.client.begin_analyze_document(self.model_id, body, polling=False, **self.analyze_options)
             ids[key] = _operation_id(poller, key)
-        group: dict[str, Any] = {"model": self.model_id, "results": ids}
-        if token in self._unfound:
-            group["unfound"] = token  # its collection ledgers the earlier submission that may have been paid
-        return json.dumps(group, separators=(",", ":"))
+            progress(key, ids[key])
+        return json.dumps({"model": self.model_id, "results": ids}, separators=(",", ":"))
 
     def find(self, token: str) -> str | None:
-        """Nothing can be found: Azure takes no idempotency key and lists no analyses. The resume submits
-        again, and the group's collection ledgers each document as possibly paid twice."""
-        self._unfound.add(token)
+        """Nothing can be found: Azure takes no idempotency key and lists no analyses. The resume submits the
+        documents it has no ``resultId`` of (``submit_by_parts``); the jobs API ledgers the one that was on its
+        way as possibly paid twice."""
         return None
 
     def status(self, job_id: str) -> str:
         model, documents, _ = _group(job_id)
-        states = [self._state(model, result_id) for result_id in documents.values()]
+        if self._kept is None or self._kept.job_id != job_id:  # one job's at a time: the one being polled
+            self._kept = _KeptOperations(job_id, self.limits.bytes)
+        states = [self._state(model, result_id, self._kept) for result_id in documents.values()]
         if any(state in _RUNNING for state in states):
             return RUNNING
         if all(state in ("succeeded", _UNREADABLE) for state in states):
@@ -140,16 +154,22 @@ class AzureDocumentJobs:
     def results(self, job_id: str) -> Mapping[str, JobResult]:
         """Each document's answer, read from Azure when it is first asked for (see :class:`DocumentResults`)."""
         model, documents, unfound = _group(job_id)
+        # "unfound": a group id written before submit_by_parts (its whole group was submitted again)
         strays = [JobResult(error=UNFINDABLE, model=model, note=note(
             f"azure submission {unfound}", f"{key!r} may have been analysed, and paid, twice: the answer to its "
             "first submission was lost to a crash, and Azure lists no analyses to re-attach to"))
             for key in documents] if unfound else []
-        return DocumentResults(lambda result_id: self._document(model, result_id), documents, strays)
+        # the operations status() already read are read from there (each once, then dropped), not GET again
+        kept = self._kept if self._kept is not None and self._kept.job_id == job_id else None
+        self._kept = None
+        return DocumentResults(lambda result_id: self._document(
+            model, result_id, kept.take(result_id) if kept is not None else None), documents, strays)
 
     # -- one document's analysis --------------------------------------------------------------------
 
-    def _get(self, model: str, result_id: str, where: str) -> dict[str, Any] | None:
-        """The analysis' operation as JSON, read within the limits; None when Azure no longer knows it."""
+    def _get(self, model: str, result_id: str, where: str) -> tuple[dict[str, Any] | None, int]:
+        """The analysis' operation as JSON, read within the limits, and its size in bytes; None when Azure no
+        longer knows it."""
         from azure.core.rest import HttpRequest
 
         request = HttpRequest("GET", f"/documentModels/{quote(model, safe='')}/analyzeResults/"
@@ -158,7 +178,7 @@ class AzureDocumentJobs:
         response = self.client.send_request(request, stream=True)
         try:
             if response.status_code in (404, 410):
-                return None
+                return None, 0
             if response.status_code != 200:
                 response.read()
                 response.raise_for_status()  # azure-core's HttpResponseError, classified as its status says
@@ -176,25 +196,28 @@ class AzureDocumentJobs:
             answer = None
         if not isinstance(answer, dict):
             raise ResultUnreadable(f"{where}: the operation is not a JSON object: {bytes(body[:200])!r}")
-        return answer
+        return answer, len(body)
 
-    def _state(self, model: str, result_id: str) -> str:
+    def _state(self, model: str, result_id: str, kept: _KeptOperations) -> str:
         if result_id in self._states:
             return self._states[result_id]
         where = f"azure analysis {result_id}"
         try:
-            answer = self._get(model, result_id, where)
+            answer, size = self._get(model, result_id, where)
             state = _GONE if answer is None else _status(where, answer)
         except ResultUnreadable:
-            state = _UNREADABLE  # the job ended as far as it can be known: reading its result says why
+            answer, state = None, _UNREADABLE  # the job ended as far as it can be known: reading it says why
         if state not in _RUNNING:
             self._states[result_id] = state
+            if answer is not None:
+                kept.keep(result_id, answer, size)
         return state
 
-    def _document(self, model: str, result_id: str) -> JobResult | None:
+    def _document(self, model: str, result_id: str, read: dict[str, Any] | None = None) -> JobResult | None:
+        """One document's answer, from the operation ``read`` by status() if it kept it, else read now."""
         where = f"azure analysis {result_id}"
         try:
-            answer = self._get(model, result_id, where)
+            answer = read if read is not None else self._get(model, result_id, where)[0]
             if answer is None:
                 return JobResult(error=JOB_GONE, model=model, note=note(
                     where, "Azure no longer knows the analysis (404; results are kept about 24 h)"))
@@ -239,6 +262,26 @@ class AzureDocumentJobs:
         return JobResult(answer=answer, model=answered_model, cost=cost)
 
 
+class _KeptOperations:
+    """The operations status() read of one job's finished analyses, so that results() does not GET each a
+    second time (Azure has no status read without the result): at most ``limit`` bytes of them (one
+    document's read limit), each dropped once results() took it."""
+
+    def __init__(self, job_id: str, limit: int) -> None:
+        self.job_id, self.limit, self.size = job_id, limit, 0
+        self._operations: dict[str, tuple[dict[str, Any], int]] = {}
+
+    def keep(self, result_id: str, operation: dict[str, Any], size: int) -> None:
+        if self.size + size <= self.limit:  # past it, results() reads that one again: slower, never unbounded
+            self._operations[result_id] = (operation, size)
+            self.size += size
+
+    def take(self, result_id: str) -> dict[str, Any] | None:
+        operation, size = self._operations.pop(result_id, (None, 0))
+        self.size -= size
+        return operation
+
+
 def _body(key: str, document: Any) -> Any:
     """The analyze request of one item: its bytes as they are, else an ``AnalyzeDocumentRequest`` object."""
     if isinstance(document, (bytes, bytearray)):
@@ -255,6 +298,10 @@ def _operation_id(poller: Any, key: str) -> str:
         found = poller.details["operation_id"]
     except (AttributeError, KeyError, TypeError) as exc:
         raise ResultUnreadable(f"azure submission of {key!r}: the answer named no Operation-Location") from exc
+    return _checked_id(found, key)
+
+
+def _checked_id(found: Any, key: str) -> str:
     if not isinstance(found, str) or not _RESULT_ID.fullmatch(found):
         raise ResultUnreadable(f"azure submission of {key!r}: the Operation-Location names {str(found)[:80]!r}, "
                                "not a result id")

@@ -30,6 +30,7 @@ MISSING_RESULT = "missing_result"
 UNREADABLE_RESULT = "unreadable_result"  # a result line or page that does not parse as the provider documents it
 UNBOUNDED_RESULT = "unbounded_result"    # reading it went past ReadLimits (pages, bytes or time)
 JOB_GONE = "job_gone"                    # the provider no longer knows the job (404, deleted, past retention)
+UNFINDABLE = "unfindable_submission"     # a part whose acceptance a crash lost: it may have been paid twice
 
 
 @dataclass(frozen=True)
@@ -264,7 +265,15 @@ class JobAdapter(Protocol):
     under a token already used answers the provider's existing job instead of starting one (and whose
     ``find`` therefore finds nothing) says so with a class attribute ``submit_reattaches = True``. An adapter
     that needs a live job's intent to find it or read its results (its token, its requests and when the intent
-    was recorded) has a method ``expect(token, requests, since)``, called before any other for that job."""
+    was recorded) has a method ``expect(token, requests, since)``, called before any other for that job.
+
+    An adapter that submits a job one part at a time (one request per item) with no idempotency key has a
+    method ``submit_by_parts(requests, token, accepted, progress)``, used instead of ``submit``: ``accepted``
+    holds the parts (item -> the provider's id of its part) the provider accepted before a crash, which it
+    re-uses instead of submitting again, and it calls ``progress(item, None)`` right before it sends an item
+    and ``progress(item, part)`` once the provider accepted it. The jobs API records each call (fenced) before
+    it returns, so a crash re-pays at most the one item whose submission was on its way, and the ledger names
+    that item (``unfindable_submission``)."""
 
     provider: str   # a short name, the key of its jobs in the store (e.g. "openai-batch")
     endpoint: str   # where it is sent (redacted in the ledger)

@@ -31,8 +31,9 @@ LIVE = (SUBMITTING, SUBMITTED)
 
 
 def _row(r: Any) -> ProviderJobRow:
+    parts = json.loads(r.parts) if r.parts else {}
     return ProviderJobRow(r.token, r.provider, r.job_id, r.status, tuple(json.loads(r.items)), r.attempt, r.call_id,
-                          r.created_at)
+                          r.created_at, accepted=dict(parts.get("accepted", {})), sending=parts.get("sending"))
 
 
 class JobOps(CheckpointOps):
@@ -78,6 +79,49 @@ class JobOps(CheckpointOps):
                 .values(job_id=job_id, status=SUBMITTED, updated_at=self.dialect.now()).returning(j.call_id)).scalar()
             conn.execute(update(provider_calls).where(pc.id == call_id, pc.outcome == IN_FLIGHT)
                          .values(outcome=outcome))
+
+    @retried
+    def job_part(self, own: Ownership, node_name: str, token: str, item: str, part: str | None) -> None:
+        """A job submitted part by part, while it is submitting: ``item``'s submission is about to go out
+        (``part`` None), or the provider accepted it as ``part``. Written before the next part goes out, so a
+        resume knows which parts exist and which one may be on its way; fenced, so a superseded worker's
+        submission stops at its next part."""
+        with self.write() as conn:
+            self._fence(conn, own)
+            parts = self._parts(conn, own, node_name, token)
+            if part is None:
+                parts["sending"] = item
+            else:
+                parts["accepted"][item] = part
+                parts["sending"] = None
+            self._set_parts(conn, own, node_name, token, parts)
+
+    @retried
+    def job_part_lost(self, own: Ownership, node_name: str, token: str, item: str, call: ProviderCall) -> None:
+        """A resume found ``item``'s submission on its way and no part for it: its ledger row (``call``: it may
+        have been paid) and the mark cleared, in one transaction, so a second resume does not ledger it again."""
+        with self.write() as conn:
+            self._fence(conn, own)
+            parts = self._parts(conn, own, node_name, token)
+            if parts["sending"] != item:
+                return  # already ledgered
+            self.write_calls(conn, [call], reached=False)
+            parts["sending"] = None
+            self._set_parts(conn, own, node_name, token, parts)
+
+    @staticmethod
+    def _parts(conn: Any, own: Ownership, node_name: str, token: str) -> dict[str, Any]:
+        found = conn.execute(select(j.parts).where(j.pipeline_id == own.pipeline_id, j.node_name == node_name,
+                                                   j.token == token, j.status == SUBMITTING)).first()
+        if found is None:
+            raise LookupError(f"no job submitting under token {token} for {node_name!r}")
+        parts = json.loads(found.parts) if found.parts else {}
+        return {"accepted": dict(parts.get("accepted", {})), "sending": parts.get("sending")}
+
+    def _set_parts(self, conn: Any, own: Ownership, node_name: str, token: str, parts: dict[str, Any]) -> None:
+        conn.execute(update(provider_jobs).where(j.pipeline_id == own.pipeline_id, j.node_name == node_name,
+                                                 j.token == token)
+                     .values(parts=json.dumps(parts, separators=(",", ":")), updated_at=self.dialect.now()))
 
     @retried
     def job_finished(self, own: Ownership, node_name: str, token: str, status: str,

@@ -514,6 +514,10 @@ class ProviderJobRow:
     attempt: int
     call_id: str
     created_at: dt.datetime | None = None  # when its intent was recorded (the database's clock)
+    # A job submitted part by part (``submit_by_parts``), while still submitting: each item the provider
+    # accepted -> its part's id, and the item whose submission may be on its way (None: none was)
+    accepted: Mapping[str, str] = field(default_factory=dict)
+    sending: str | None = None
 
 
 @dataclass(frozen=True)

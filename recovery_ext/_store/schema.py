@@ -285,6 +285,7 @@ provider_jobs = Table(
     Column("call_id", Text, nullable=False),
     Column("created_at", DbTime, nullable=False),
     Column("updated_at", DbTime, nullable=False),
+    Column("parts", Text),  # 0023: a job submitted part by part, while submitting (see jobs.py)
 )
 
 # Request and token budgets shared by every process (see budgets.py): the row is the lock a

@@ -707,7 +707,8 @@ CREATE TABLE public.rx_provider_jobs (
     epoch integer NOT NULL,
     call_id text NOT NULL,
     created_at timestamp with time zone DEFAULT now() NOT NULL,
-    updated_at timestamp with time zone DEFAULT now() NOT NULL
+    updated_at timestamp with time zone DEFAULT now() NOT NULL,
+    parts text
 );
 
 CREATE TABLE public.rx_queue_counts (

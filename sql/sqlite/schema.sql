@@ -192,7 +192,7 @@ CREATE TABLE rx_provider_jobs (
     epoch         INTEGER NOT NULL,
     call_id       TEXT NOT NULL,
     created_at    REAL NOT NULL DEFAULT ((julianday('now') - 2440587.5) * 86400.0),
-    updated_at    REAL NOT NULL DEFAULT ((julianday('now') - 2440587.5) * 86400.0),
+    updated_at    REAL NOT NULL DEFAULT ((julianday('now') - 2440587.5) * 86400.0), parts TEXT,
     PRIMARY KEY (pipeline_id, node_name, token)
 );
 

@@ -3,12 +3,14 @@ azure-ai-documentintelligence SDK against the stand-in of its wire API (recovery
 which counts the analyses it started and bills each one that succeeded. The run is killed at each point a crash
 can fall:
 
-* before the submission reached Azure (the intent is recorded, no analysis exists): the resume submits it;
-* between Azure's starting an analysis and the run's recording its id: Azure takes no idempotency key and lists
-  no analyses, so the resume cannot find it: it submits again, and that document is analysed (and billed) twice.
-  This is the one window where a document is paid twice (the submission's own round trips); the ledger says so:
-  each document of the resubmitted group has a row ``unfindable_submission`` (the resume cannot tell this point
-  from the one before, so it says it there too);
+* before the first submission reached Azure (the intent and the document's mark are recorded, no analysis
+  exists): the resume submits it;
+* between Azure's starting an analysis and the run's recording its id (the first document's, or the third's
+  after two were accepted and recorded): Azure takes no idempotency key and lists no analyses, so the resume
+  cannot find that one analysis: it re-uses the documents already accepted and submits the rest, and the one
+  whose 202 was lost is analysed (and billed) twice. This is the one window where a document is paid twice (one
+  round trip); the ledger says so: that document has a row ``unfindable_submission`` (the resume cannot tell
+  this point from the one before, whose marked document it names too);
 * while the analyses run, and between two of their results being kept: the resume re-attaches by the id.
 
 Afterwards each document's answer was kept once, the ledger's pages are those of the analyses kept, every
@@ -27,7 +29,7 @@ from batch_checks import outcomes
 from provider_job_runs import reattached_to, resume, start_worker
 import store_rows
 
-from recovery_ext._providers.azure_document_jobs import UNFINDABLE
+from recovery_ext._providers.jobs import UNFINDABLE
 from recovery_ext._store.statuses import WAITING
 from recovery_pipelines.azure_document_stand_in import STAND_IN_KEY, AzureDocumentProvider
 from recovery_pipelines.devserver import wait_for
@@ -36,6 +38,7 @@ pytestmark = pytest.mark.timeout(300)
 
 ITEMS = 4
 KEYS = [f"d{i:02d}" for i in range(ITEMS)]
+ACCEPTED = 2  # documents Azure accepted, and the run recorded, before the 202 the kill loses
 
 
 def job_statuses(store) -> list[str]:
@@ -48,6 +51,11 @@ def waiting(store) -> bool:
     return bool(found) and found[0].shown_status == WAITING and "azure-document job" in found[0].waiting_reason
 
 
+def recorded_parts(store) -> dict[str, str]:
+    found = store.reports.list_pipelines()
+    return dict(store.pipelines.provider_jobs(found[0].id)[0].accepted) if found else {}
+
+
 # point -> (the stand-in's settings, the run's config, when to kill it: None when the run kills itself)
 POINTS = {
     "before_submit": (dict(duration=0.5, drop_first_create=120.0), {},
@@ -55,6 +63,9 @@ POINTS = {
     "between_submit_and_id": (dict(duration=2.0, hold_create=120.0), {},
                               lambda store, stand_in: stand_in.submissions == 1
                               and job_statuses(store) == ["submitting"]),
+    "after_k_of_n_accepted": (dict(duration=2.0, hold_create=120.0, hold_nth=ACCEPTED + 1), {},
+                              lambda store, stand_in: stand_in.submissions == ACCEPTED + 1
+                              and len(recorded_parts(store)) == ACCEPTED),
     "while_running": (dict(duration=6.0), {},
                       lambda store, stand_in: stand_in.submissions == ITEMS and waiting(store)),
     "between_results": (dict(duration=0.5), {"kill_after": random.Random().randint(1, ITEMS - 1)}, None),
@@ -79,33 +90,39 @@ def test_a_kill_at_any_point_keeps_each_answer_once_and_ledgers_what_may_be_paid
         finally:
             assert worker.wait(240) == -signal.SIGKILL, f"the run should have been killed {point}"
         stand_in.hold_create = stand_in.drop_first_create = 0.0
-        killed_with = stand_in.submissions
+        killed_with, killed_ids = stand_in.submissions, recorded_parts(store)
         pipeline, result = resume(store, azure_document_defs.job, run_config)
         per_document = stand_in.submissions_per_document()
         wait_for(lambda: len(stand_in.charged()) == stand_in.submissions, timeout=30, interval=0.05,
                  what="every analysis started to end")
         billed = {result_id: name for result_id, name, _ in stand_in.charged()}
-    lost_202 = point == "between_submit_and_id"
-    assert killed_with == {"before_submit": 0, "between_submit_and_id": 1}.get(point, ITEMS)
-    # the analysis whose 202 the kill lost is the only one started twice
-    assert per_document == Counter({f"{k}.png": 1 + (lost_202 and k == KEYS[0]) for k in KEYS})
-    unfound = point in ("before_submit", "between_submit_and_id")
+    # the document whose 202 the kill lost, and the documents Azure had accepted (and the run recorded) before it
+    lost_202, accepted = {"between_submit_and_id": (KEYS[0], []),
+                          "after_k_of_n_accepted": (KEYS[ACCEPTED], KEYS[:ACCEPTED])}.get(point, (None, []))
+    assert killed_with == {"before_submit": 0, "between_submit_and_id": 1,
+                           "after_k_of_n_accepted": ACCEPTED + 1}.get(point, ITEMS)
+    # at most one analysis is started twice: the one whose 202 the kill lost; those accepted before it never
+    assert per_document == Counter({f"{k}.png": 1 + (k == lost_202) for k in KEYS})
+    assert sum(per_document.values()) <= ITEMS + 1
+    # the resume names the document whose POST may have been on its way (before_submit: the dropped one)
+    marked = {"before_submit": KEYS[0]}.get(point, lost_202)
     kept = store.pipelines.completed_items(pipeline.id, "read_scans")
     assert sorted(kept) == KEYS
     kept_ids = {k: v["result_id"] for k, v in kept.items()}
     (job,) = store.pipelines.provider_jobs(pipeline.id)
     assert (job.status, job.attempt) == ("collected", 1)
-    assert reattached_to(result, "read_scans") == (None if unfound else job.job_id)
+    assert [kept_ids[k] for k in accepted] == [killed_ids[k] for k in accepted]  # re-used, not analysed again
+    assert reattached_to(result, "read_scans") == (None if marked else job.job_id)
     calls = store_rows.provider_calls(store, pipeline.id)
-    assert outcomes(store, pipeline.id) == Counter({"ok": ITEMS, "submitted": 1, **({UNFINDABLE: ITEMS} if unfound
+    assert outcomes(store, pipeline.id) == Counter({"ok": ITEMS, "submitted": 1, **({UNFINDABLE: 1} if marked
                                                                                     else {})})
     # the ledger's pages are those of the analyses kept; what was billed beyond them is named as maybe paid twice
     assert sorted(c.cost for c in calls if c.outcome == "ok") == [azure_document_defs.PRICE_PER_PAGE] * ITEMS
     assert set(kept_ids.values()) <= set(billed)
     orphans = [billed[r] for r in billed if r not in kept_ids.values()]
-    assert orphans == (["d00.png"] if lost_202 else [])
-    named = {c.note.split("'")[1] for c in calls if c.outcome == UNFINDABLE}
-    assert {name.removesuffix(".png") for name in orphans} <= named
+    assert orphans == ([f"{lost_202}.png"] if lost_202 else [])
+    named = [c.note.split("'")[1] for c in calls if c.outcome == UNFINDABLE]
+    assert named == ([marked] if marked else [])
     shown = [repr(c) for c in calls] + [repr(e) for e in result.all_events] + [repr(kept)]
     assert not [text for text in shown if STAND_IN_KEY in text]
 
