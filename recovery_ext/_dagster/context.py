@@ -167,7 +167,7 @@ class NodeContext:
         self.journal = CallJournal(self, store)
 
     @property
-    def log(self):
+    def log(self) -> Any:  # the op's DagsterLogManager
         return self.context.log
 
     @property

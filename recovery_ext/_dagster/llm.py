@@ -62,7 +62,8 @@ class NodeGuards:
 
 
 def _core(http: ModuleType, *, endpoint: str | None, limits: ProviderLimits | None, policy: RetryPolicy | None,
-          prices: Prices | dict | None, provider: str | None, answer_tokens: int, journal: bool) -> JournalingCore:
+          prices: Prices | dict[str, Any] | None, provider: str | None, answer_tokens: int,
+          journal: bool) -> JournalingCore:
     table = prices if isinstance(prices, Prices) else Prices.parse(prices)
     guards = NodeGuards(redact_url(endpoint.rstrip("/")) if endpoint else None, policy or RetryPolicy(),
                         limits or ProviderLimits(), journal, table)
@@ -70,7 +71,7 @@ def _core(http: ModuleType, *, endpoint: str | None, limits: ProviderLimits | No
 
 
 def journaling_http_client(*, endpoint: str | None = None, limits: ProviderLimits | None = None,
-                           policy: RetryPolicy | None = None, prices: Prices | dict | None = None,
+                           policy: RetryPolicy | None = None, prices: Prices | dict[str, Any] | None = None,
                            provider: str | None = None, answer_tokens: int = 1024, journal: bool = True,
                            transport: Any = None, http_module: str | None = None, **client_kwargs: Any) -> Any:
     """An httpx client for any provider SDK (``http_client=``): inside a recoverable node each request is
@@ -88,7 +89,7 @@ def journaling_http_client(*, endpoint: str | None = None, limits: ProviderLimit
 
 
 def async_journaling_http_client(*, endpoint: str | None = None, limits: ProviderLimits | None = None,
-                                 policy: RetryPolicy | None = None, prices: Prices | dict | None = None,
+                                 policy: RetryPolicy | None = None, prices: Prices | dict[str, Any] | None = None,
                                  provider: str | None = None, answer_tokens: int = 1024, journal: bool = True,
                                  transport: Any = None, http_module: str | None = None,
                                  **client_kwargs: Any) -> Any:
@@ -106,7 +107,8 @@ SDKS = {"openai": ("openai", "openai", "OpenAI", "AsyncOpenAI"),
         "anthropic": ("anthropic", "anthropic", "Anthropic", "AsyncAnthropic")}
 
 
-class LLMResource(ConfigurableResource):
+# Subclassed bare, as Dagster's own resources are: a ConfigurableResource's value is the resource itself.
+class LLMResource(ConfigurableResource):  # type: ignore[type-arg]
     """OpenAI or Anthropic SDK clients whose requests are journaled, budgeted, retried and recorded.
 
     ``llm.get_client()`` (``OpenAI``/``Anthropic``) and ``llm.get_async_client()`` (``AsyncOpenAI``/

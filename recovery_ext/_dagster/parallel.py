@@ -208,7 +208,8 @@ def _policy(node: NodeContext, retries: int | None, stop: threading.Event | None
     overrides: dict[str, Any] = {"shutdown": stop}
     if retries is not None:
         overrides["max_attempts"] = retries + 1
-    return node.resource.retry_policy(**overrides)
+    policy: RetryPolicy = node.resource.retry_policy(**overrides)
+    return policy
 
 
 # -- threads ------------------------------------------------------------------------------------------------

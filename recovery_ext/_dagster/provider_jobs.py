@@ -267,7 +267,8 @@ def _cost(found: JobResult, prices: Any) -> float | None:
     """An item's cost: the adapter's, else its tokens under ``prices`` (unknown when its usage was unreadable)."""
     if found.cost is not None or prices is None or found.note is not None:
         return found.cost
-    return prices.cost(found.model, found.tokens_in, found.tokens_out)
+    cost: float | None = prices.cost(found.model, found.tokens_in, found.tokens_out)
+    return cost
 
 
 def _why(unfinished: list[str], reasons: dict[str, str]) -> str:

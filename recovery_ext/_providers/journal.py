@@ -72,8 +72,8 @@ def fingerprint(*parts: Any) -> str | None:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def function_fingerprint(endpoint: str, model: str | None, fn: Callable[..., Any], args: tuple,
-                         kwargs: dict) -> str | None:
+def function_fingerprint(endpoint: str, model: str | None, fn: Callable[..., Any], args: tuple[Any, ...],
+                         kwargs: dict[str, Any]) -> str | None:
     """The request a guarded ``fn(*args, **kwargs)`` makes, as far as it shows: the function, its arguments and
     the values its closure holds. None (not journaled) when any of them is not a JSON value."""
     code = getattr(getattr(fn, "__func__", fn), "__code__", None)
@@ -154,7 +154,7 @@ class PendingCall:
         self.journal, self.call_key, self.item_key, self.fresh = journal, call_key, item_key, fresh
         self._looked = fresh or call_key is None
         self._attempt: Attempt | None = None
-        self._token: contextvars.Token | None = None
+        self._token: contextvars.Token[Any] | None = None
         self.endpoint: str = ""
         self.model: str | None = None
 
@@ -278,7 +278,8 @@ class CallJournal:
         """``write`` committed, fenced: with the other items' writes when a map is under way, else alone."""
         batched = self.submit(write)
         if batched is not None:
-            return batched.result()
+            hit: JournalHit | None = batched.result()
+            return hit
         providers, own = self.store.providers, self.scope.ownership
         if write.answered:
             providers.journal_answer(own, write.call, call_key=write.call_key, answer=write.answer)

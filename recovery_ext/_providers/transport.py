@@ -209,7 +209,7 @@ class JournalingCore:
 
 
 def _sync_classes(http: ModuleType) -> type:
-    class TeeStream(http.SyncByteStream):  # type: ignore[name-defined]
+    class TeeStream(http.SyncByteStream):  # type: ignore[name-defined,misc]  # httpx, passed in (imported only when used)
         """The answer's chunks to the caller as they arrive; kept once the stream ends."""
 
         def __init__(self, inner: Any, finish: Callable[..., Steps[None]]) -> None:
@@ -246,7 +246,7 @@ def _sync_classes(http: ModuleType) -> type:
             finally:
                 self.inner.close()
 
-    class JournalingTransport(http.BaseTransport):  # type: ignore[name-defined]
+    class JournalingTransport(http.BaseTransport):  # type: ignore[name-defined,misc]  # httpx, passed in (imported only when used)
         """A synchronous httpx transport that journals, budgets, records and retries each provider request
         made inside a recoverable node (see :mod:`recovery_ext._providers.transport`)."""
 
@@ -290,7 +290,7 @@ def _sync_classes(http: ModuleType) -> type:
 
 
 def _async_classes(http: ModuleType) -> type:
-    class AsyncTeeStream(http.AsyncByteStream):  # type: ignore[name-defined]
+    class AsyncTeeStream(http.AsyncByteStream):  # type: ignore[name-defined,misc]  # httpx, passed in (imported only when used)
         def __init__(self, inner: Any, finish: Callable[..., Steps[None]], context: contextvars.Context) -> None:
             self.inner, self.finish, self.context, self.done = inner, finish, context, False
             self.chunks: list[bytes] = []
@@ -323,7 +323,7 @@ def _async_classes(http: ModuleType) -> type:
             finally:
                 await self.inner.aclose()
 
-    class AsyncJournalingTransport(http.AsyncBaseTransport):  # type: ignore[name-defined]
+    class AsyncJournalingTransport(http.AsyncBaseTransport):  # type: ignore[name-defined,misc]  # httpx, passed in (imported only when used)
         """The asynchronous twin of ``JournalingTransport``: every store call in a worker thread, every wait
         an ``asyncio.sleep``; the event loop is never held by the database."""
 
