@@ -17,18 +17,28 @@ from typing import Any
 
 from sqlalchemy import Float, func, or_, select, type_coerce, update
 
-from recovery_ext._store.database import retried
+from recovery_ext._store.database import Component, Database, retried
 from recovery_ext._errors import IllegalTransition, NotFound
 from recovery_ext._store.models import BreakerDecision, Ownership, Reopened
 from recovery_ext._classify.redaction import redact
 from recovery_ext._store.schema import circuit_breakers, node_items, nodes, pipelines
 from recovery_ext._store.statuses import WAITING, BreakerState, ItemStatus, NodeStatus, PipelineStatus
-from recovery_ext._store.pipelines import PipelineCore
+from recovery_ext._store.fenced import Fence
+from recovery_ext._store.node_transitions import NodeTransitions
 
 cb = circuit_breakers.c
 
 
-class ProviderOps(PipelineCore):
+class Outages(Component):
+    """The circuit breakers, the outage pause of a pipeline and its degraded items. Its collaborators:
+    ``fence`` (the pipeline row's lock and epoch check for a pause's writes, in the same transaction) and
+    ``node_steps`` (the dialect's node steps, whose breaker read runs before every provider call)."""
+
+    def __init__(self, db: Database, *, fence: Fence, node_steps: NodeTransitions) -> None:
+        super().__init__(db)
+        self.fence = fence
+        self.node_steps = node_steps
+
     def _seconds(self, start: Any, end: Any) -> Any:
         """``end - start`` in seconds as a plain number (on SQLite the difference of two times is not a time)."""
         return type_coerce(self.dialect.seconds_between(start, end), Float)
@@ -67,7 +77,7 @@ class ProviderOps(PipelineCore):
     def _breaker_state(self, endpoint: str) -> Any:
         """Once per provider call, one round trip: on PostgreSQL a statement prepared once per connection;
         elsewhere a select built once per store (building it cost more than running it)."""
-        return self._transitions.breaker_state(endpoint)
+        return self.node_steps.breaker_state(endpoint)
 
     @retried
     def breaker_record_success(self, endpoint: str, who: str, decision: BreakerDecision) -> bool:
@@ -144,7 +154,7 @@ class ProviderOps(PipelineCore):
         """Show the pipeline as waiting until ``now + seconds``; returns that time (database clock)."""
         reason = redact(reason)[:500]
         with self.write() as conn:
-            self._fence(conn, own)
+            self.fence.check(conn, own)
             row = conn.execute(
                 update(pipelines)
                 .where(pipelines.c.id == own.pipeline_id, pipelines.c.epoch == own.epoch)
@@ -172,7 +182,7 @@ class ProviderOps(PipelineCore):
         if not keep_outage_clock:
             values["waiting_since"] = None
         with self.write() as conn:
-            self._fence(conn, own)
+            self.fence.check(conn, own)
             row = conn.execute(
                 update(pipelines)
                 .where(pipelines.c.id == own.pipeline_id, pipelines.c.epoch == own.epoch,

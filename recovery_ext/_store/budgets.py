@@ -28,11 +28,10 @@ from sqlalchemy.sql.elements import ColumnElement
 
 from recovery_ext._classify.redaction import redact
 from recovery_ext._errors import ConfigurationError
-from recovery_ext._store.database import retried
+from recovery_ext._store.database import Component, retried
 from recovery_ext._store.models import Ownership
 from recovery_ext._store.schema import DbTime, pipelines, rate_budgets, rate_reservations
 from recovery_ext._store.statuses import WAITING, PipelineStatus
-from recovery_ext._store.journal import JournalOps
 
 rr = rate_reservations.c
 
@@ -99,7 +98,10 @@ class ProviderLimits:
         return self.margin_seconds if self.margin_seconds is not None else min(1.0, 0.02 * self.window_seconds)
 
 
-class BudgetOps(JournalOps):
+class RateBudgets(Component):
+    """The request and token budgets per endpoint, and a pipeline shown waiting for one (its own rows only:
+    no collaborators)."""
+
     def _clock_now(self) -> ColumnElement[dt.datetime]:
         """The database clock now (not at the transaction's start: the lock may have been waited for)."""
         return type_coerce(self.dialect.statement_clock(), DbTime)

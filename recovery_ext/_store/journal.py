@@ -2,14 +2,14 @@
 
 A journaled call goes through three writes, each one transaction:
 
-* :meth:`JournalOps.journal_begin`, fenced by the owner's epoch, before the request leaves: if the
+* :meth:`CallJournal.journal_begin`, fenced by the owner's epoch, before the request leaves: if the
   journal holds an answer for the same call (pipeline, node, item and call key), it is handed back,
   and the ledger row of the call that paid for it counts one more replay (no new row: nothing was
   paid). Otherwise the call's ledger row is written as ``in_flight``: from here a kill leaves a row
   that says "in flight at the crash, outcome unknown", neither lost nor counted twice.
-* :meth:`JournalOps.journal_answer`, fenced, once the answer arrived and before the caller's code
+* :meth:`CallJournal.journal_answer`, fenced, once the answer arrived and before the caller's code
   sees it: the answer is kept in the journal and the ledger row gets its tokens, latency and outcome.
-* :meth:`JournalOps.complete_calls`, not fenced, for an attempt that failed or whose answer a
+* :meth:`CallJournal.complete_calls`, not fenced, for an attempt that failed or whose answer a
   superseded worker may not keep: the ledger states what was paid whoever owns the pipeline now.
 
 The two fenced writes are each one round trip on PostgreSQL (server functions, migration 0018) and the
@@ -22,7 +22,7 @@ checkpoint, makes them durable). Two flushed commits per request cost more than 
 journal may add.
 
 Entries are pruned by a trigger when their pipeline completes or is canceled (migration 0014);
-:meth:`JournalOps.prune_call_journal` removes those of pipelines that ended before it existed.
+:meth:`CallJournal.prune_call_journal` removes those of pipelines that ended before it existed.
 """
 
 from __future__ import annotations
@@ -32,15 +32,14 @@ from functools import cached_property
 
 from sqlalchemy import Connection, bindparam, delete, select, update
 
-from recovery_ext._store.database import chunks, retried
+from recovery_ext._store.database import Component, Database, chunks, retried
 from recovery_ext._store.journal_writes import JournalWrites, journal_writes_for
-from recovery_ext._store.ledger import IN_FLIGHT, call_row
+from recovery_ext._store.ledger import IN_FLIGHT, LedgerWrites, call_row
 from recovery_ext._store.models import JournalHit, JournalWrite, Ownership, ProviderCall
 from recovery_ext._store.schema import call_journal, pipelines, provider_calls
 from recovery_ext._store.statuses import PipelineStatus
-from recovery_ext._store.breakers import ProviderOps
 
-__all__ = ["JournalHit", "JournalOps"]
+__all__ = ["CallJournal", "JournalHit"]
 
 pc = provider_calls.c
 jc = call_journal.c
@@ -49,7 +48,14 @@ ENDED = (PipelineStatus.COMPLETED, PipelineStatus.CANCELED)
 _COMPLETION = ("model", "tokens_in", "tokens_out", "latency_seconds", "outcome", "cost", "note")
 
 
-class JournalOps(ProviderOps):
+class CallJournal(Component):
+    """The call journal and the ledger rows of journaled calls. Its collaborator: ``ledger`` (the ledger's
+    writes in the caller's transaction)."""
+
+    def __init__(self, db: Database, *, ledger: LedgerWrites) -> None:
+        super().__init__(db)
+        self.ledger = ledger
+
     @cached_property
     def _journal_writes(self) -> JournalWrites:
         """How this store's journaled calls write: chosen once, from its dialect (journal_writes.py)."""
@@ -109,5 +115,10 @@ class JournalOps(ProviderOps):
         if not calls:
             return
         with self.write() as conn:
-            self.write_calls(conn, calls, reached=False)
+            self.ledger.write_calls(conn, calls, reached=False)
+
+    def write_calls(self, conn: Connection, calls: Sequence[ProviderCall], *, reached: bool) -> None:
+        """The ledger's :meth:`~LedgerWrites.write_calls`, for the strategies of journal_writes.py (their host
+        writes the ledger rows of a batch)."""
+        self.ledger.write_calls(conn, calls, reached=reached)
 

@@ -10,7 +10,7 @@ transaction fenced by the caller's epoch (the pipeline row share-locked against 
 
 so of many processes asking at once (PostgreSQL re-checks the condition on the row it waited for; SQLite
 holds the writer lock), none is granted room another took. The reservation's row is inserted in the same
-transaction. The answer's usage moves it from reserved to spent (:meth:`SpendCapOps.spend_settle`): the
+transaction. The answer's usage moves it from reserved to spent (:meth:`SpendCapAccounts.spend_settle`): the
 cap is exceeded by at most what answers cost beyond their estimates. A reservation whose process was
 killed stays reserved: the cap never forgets money that may have been spent. A job's reservation carries
 the job's token (``ref``) and is settled by whoever collects the job's results (a resume, a take-over).
@@ -32,8 +32,8 @@ from sqlalchemy.sql.elements import ColumnElement
 
 from recovery_ext._classify.redaction import redact
 from recovery_ext._errors import ConfigurationError, NotFound
-from recovery_ext._store.budgets import BudgetOps
-from recovery_ext._store.database import retried
+from recovery_ext._store.database import Component, Database, retried
+from recovery_ext._store.fenced import Fence
 from recovery_ext._store.models import Ownership
 from recovery_ext._store.ledger import IN_FLIGHT
 from recovery_ext._store.schema import pipelines, provider_calls, spend_caps, spend_reservations
@@ -182,14 +182,22 @@ def _amounts(tokens: int, cost: float | None) -> tuple[int, float]:
     return max(0, int(tokens)), cost
 
 
-class SpendCapOps(BudgetOps):
+class SpendCapAccounts(Component):
+    """The spend caps' accounts (spent, reserved, the limits) and a pipeline paused at a cap or waiting on a
+    provider job. Its collaborator: ``fence`` (the pipeline row's lock and epoch check for an owner's
+    reservation, in the same transaction)."""
+
+    def __init__(self, db: Database, *, fence: Fence) -> None:
+        super().__init__(db)
+        self.fence = fence
+
     @retried
     def spend_configure(self, own: Ownership, caps: SpendCaps) -> list[str]:
         """Make (or bring up to date with a changed configuration) the caps of ``own``'s pipeline; returns their
         scopes in the order reservations take them."""
         p = pipelines.c
         with self.write() as conn:
-            self._fence(conn, own)
+            self.fence.check(conn, own)
             deployment = conn.scalar(select(p.deployment).where(p.id == own.pipeline_id))
             scopes = caps.scopes(own.pipeline_id, deployment or "")
             for scope, tokens, cost in scopes:
@@ -237,7 +245,7 @@ class SpendCapOps(BudgetOps):
         tokens, cost = _amounts(tokens, cost)
         try:
             with self.write() as conn:
-                self._fence(conn, own)
+                self.fence.check(conn, own)
                 ids = []
                 for scope in scopes:
                     took = conn.execute(update(spend_caps).where(sc.scope == scope, _fits(tokens, cost))

@@ -6,7 +6,8 @@ import os
 import warnings
 from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from sqlalchemy import Connection
 from sqlalchemy.engine import Engine
@@ -16,14 +17,29 @@ from recovery_ext._store.observability import Observability
 from recovery_ext._store.reports import Reports
 from recovery_ext._store.retention import Retention
 from recovery_ext._store import migrations
-from recovery_ext._store.spend_caps import SpendCapOps
-from recovery_ext._store.database import DEFAULT_RETRY_BUDGET, Database, shared_retry_budget
+from recovery_ext._store.breakers import Outages
+from recovery_ext._store.budgets import RateBudgets
+from recovery_ext._store.fenced import Fence
+from recovery_ext._store.journal import CallJournal
+from recovery_ext._store.ledger import LedgerWrites
+from recovery_ext._store.node_transitions import transitions_for
+from recovery_ext._store.spend_caps import SpendCapAccounts
+from recovery_ext._store.database import DEFAULT_RETRY_BUDGET, Component, Database, shared_retry_budget
 from recovery_ext._store.deployments import Deployments
 from recovery_ext._store.orphans import Orphans
 from recovery_ext._store.pipelines import PipelineCore
 from recovery_ext._store.queue import Queue
 from recovery_ext._store.ticks import Recovery
 from recovery_ext._store.vouch import VouchOps
+
+if TYPE_CHECKING:
+    import datetime as dt
+
+    from recovery_ext._store.budgets import BudgetGrant, ProviderLimits
+    from recovery_ext._store.models import (BreakerDecision, JournalHit, JournalWrite, Ownership, ProviderCall,
+                                            Reopened)
+    from recovery_ext._store.spend_caps import CapState, SpendCaps, SpendGrant
+    from recovery_ext._store.waits import WaitKind
 
 URL_ENV = "RECOVERY_DATABASE_URL"
 
@@ -33,9 +49,177 @@ class Pipelines(VouchOps):
     heartbeat thread call (:class:`~recovery_ext._store.interfaces.PipelineStore`)."""
 
 
-class Providers(SpendCapOps):
+_M = TypeVar("_M", bound=Callable[..., Any])
+
+
+def _doc_of(part: Callable[..., Any]) -> Callable[[_M], _M]:
+    """The docstring of the part's method a component's method hands its call to (one text, in one place)."""
+    def named(method: _M) -> _M:
+        method.__doc__ = part.__doc__
+        return method
+    return named
+
+
+class Providers(Component):
     """Circuit breakers, the outage pause, the request and token budgets, the spend caps, the call journal and
-    the ledger's writes: what a provider guard calls (:class:`~recovery_ext._store.interfaces.ProviderStore`)."""
+    the ledger's writes: what a provider guard calls (:class:`~recovery_ext._store.interfaces.ProviderStore`).
+
+    Each call goes to one of its parts, each a plain class over the one Database holding what it uses:
+    ``outages`` (:class:`Outages`: the fence, and the dialect's node steps for the breaker read), ``journal``
+    (:class:`CallJournal`: the ledger's writes), ``budgets`` (:class:`RateBudgets`) and ``caps``
+    (:class:`SpendCapAccounts`: the fence). Each part's public calls are ``@retried`` where they are defined."""
+
+    def __init__(self, db: Database) -> None:
+        super().__init__(db)
+        fence = Fence()
+        self.outages = Outages(db, fence=fence, node_steps=transitions_for(PipelineCore(db)))
+        self.journal = CallJournal(db, ledger=LedgerWrites(db))
+        self.budgets = RateBudgets(db)
+        self.caps = SpendCapAccounts(db, fence=fence)
+
+    @_doc_of(RateBudgets.budget_reserve)
+    def budget_reserve(self, endpoint: str, model: str | None, *, tokens: int, limits: ProviderLimits,
+                       holder: str | None = None, own: Ownership | None = None) -> BudgetGrant:
+        return self.budgets.budget_reserve(endpoint, model, tokens=tokens, limits=limits, holder=holder, own=own)
+
+    @_doc_of(RateBudgets.budget_back_off)
+    def budget_back_off(self, endpoint: str, model: str | None, *, limits: ProviderLimits,
+                        retry_after: float | None = None) -> float:
+        return self.budgets.budget_back_off(endpoint, model, limits=limits, retry_after=retry_after)
+
+    @_doc_of(RateBudgets.budget_settle)
+    def budget_settle(self, reservation: int, tokens: int) -> None:
+        return self.budgets.budget_settle(reservation, tokens)
+
+    @_doc_of(RateBudgets.budget_answered)
+    def budget_answered(self, reservation: int) -> None:
+        return self.budgets.budget_answered(reservation)
+
+    @_doc_of(RateBudgets.budget_release)
+    def budget_release(self, reservation: int) -> None:
+        return self.budgets.budget_release(reservation)
+
+    @_doc_of(RateBudgets.show_budget_wait)
+    def show_budget_wait(self, own: Ownership, seconds: float, reason: str, *, node: str | None = None) -> bool:
+        return self.budgets.show_budget_wait(own, seconds, reason, node=node)
+
+    @_doc_of(RateBudgets.clear_budget_wait)
+    def clear_budget_wait(self, own: Ownership, *, node: str | None = None) -> bool:
+        return self.budgets.clear_budget_wait(own, node=node)
+
+    @_doc_of(SpendCapAccounts.spend_configure)
+    def spend_configure(self, own: Ownership, caps: SpendCaps) -> list[str]:
+        return self.caps.spend_configure(own, caps)
+
+    @_doc_of(SpendCapAccounts.spend_reserve)
+    def spend_reserve(self, own: Ownership, scopes: Sequence[str], *, tokens: int, cost: float | None = 0.0,
+                      ref: str | None = None) -> SpendGrant:
+        return self.caps.spend_reserve(own, scopes, tokens=tokens, cost=cost, ref=ref)
+
+    @_doc_of(SpendCapAccounts.spend_settle)
+    def spend_settle(self, reservations: Sequence[int], *, tokens: int, cost: float | None) -> None:
+        return self.caps.spend_settle(reservations, tokens=tokens, cost=cost)
+
+    @_doc_of(SpendCapAccounts.spend_settle_ref)
+    def spend_settle_ref(self, ref: str, *, tokens: int, cost: float | None) -> int:
+        return self.caps.spend_settle_ref(ref, tokens=tokens, cost=cost)
+
+    @_doc_of(SpendCapAccounts.spend_add)
+    def spend_add(self, scopes: Sequence[str], *, tokens: int, cost: float | None) -> None:
+        return self.caps.spend_add(scopes, tokens=tokens, cost=cost)
+
+    @_doc_of(SpendCapAccounts.spend_release)
+    def spend_release(self, reservations: Sequence[int]) -> None:
+        return self.caps.spend_release(reservations)
+
+    @_doc_of(SpendCapAccounts.spend_cap)
+    def spend_cap(self, scope: str) -> CapState | None:
+        return self.caps.spend_cap(scope)
+
+    @_doc_of(SpendCapAccounts.spend_caps)
+    def spend_caps(self, scopes: Sequence[str] | None = None) -> list[CapState]:
+        return self.caps.spend_caps(scopes)
+
+    @_doc_of(SpendCapAccounts.spend_cap_set)
+    def spend_cap_set(self, scope: str, *, tokens: int | None | bool = False, cost: float | None | bool = False,
+                      who: str = "operator") -> CapState:
+        return self.caps.spend_cap_set(scope, tokens=tokens, cost=cost, who=who)
+
+    @_doc_of(SpendCapAccounts.show_wait)
+    def show_wait(self, own: Ownership, seconds: float, reason: str, *, kind: WaitKind, node: str | None = None,
+                  first: bool = True) -> dt.datetime | None:
+        return self.caps.show_wait(own, seconds, reason, kind=kind, node=node, first=first)
+
+    @_doc_of(SpendCapAccounts.clear_wait)
+    def clear_wait(self, own: Ownership, *, kind: WaitKind, node: str | None = None) -> bool:
+        return self.caps.clear_wait(own, kind=kind, node=node)
+
+    @_doc_of(CallJournal.journal_begin)
+    def journal_begin(self, own: Ownership, call: ProviderCall, *, call_key: str | None) -> JournalHit | None:
+        return self.journal.journal_begin(own, call, call_key=call_key)
+
+    @_doc_of(CallJournal.journal_answer)
+    def journal_answer(self, own: Ownership, call: ProviderCall, *, call_key: str | None, answer: str | None) -> None:
+        return self.journal.journal_answer(own, call, call_key=call_key, answer=answer)
+
+    @_doc_of(CallJournal.journal_writes)
+    def journal_writes(self, own: Ownership, writes: Sequence[JournalWrite]) -> list[JournalHit | None | Exception]:
+        return self.journal.journal_writes(own, writes)
+
+    @_doc_of(CallJournal.complete_calls)
+    def complete_calls(self, calls: Sequence[ProviderCall]) -> None:
+        return self.journal.complete_calls(calls)
+
+    @_doc_of(CallJournal.prune_call_journal)
+    def prune_call_journal(self, pipeline_id: int | None = None) -> int:
+        return self.journal.prune_call_journal(pipeline_id)
+
+    @_doc_of(CallJournal.record_provider_calls)
+    def record_provider_calls(self, calls: Sequence[ProviderCall]) -> None:
+        return self.journal.record_provider_calls(calls)
+
+    @_doc_of(Outages.breaker_before_call)
+    def breaker_before_call(self, endpoint: str, who: str, *, probe_timeout: float,
+                            poll_seconds: float = 2.0) -> BreakerDecision:
+        return self.outages.breaker_before_call(endpoint, who, probe_timeout=probe_timeout, poll_seconds=poll_seconds)
+
+    @_doc_of(Outages.breaker_record_success)
+    def breaker_record_success(self, endpoint: str, who: str, decision: BreakerDecision) -> bool:
+        return self.outages.breaker_record_success(endpoint, who, decision)
+
+    @_doc_of(Outages.breaker_record_failure)
+    def breaker_record_failure(self, endpoint: str, who: str, *, threshold: int, cooldown: Any,
+                               error: str) -> str | None:
+        return self.outages.breaker_record_failure(endpoint, who, threshold=threshold, cooldown=cooldown, error=error)
+
+    @_doc_of(Outages.breakers)
+    def breakers(self) -> list[dict[str, Any]]:
+        return self.outages.breakers()
+
+    @_doc_of(Outages.set_waiting)
+    def set_waiting(self, own: Ownership, seconds: float, reason: str, *, node: str | None = None) -> dt.datetime:
+        return self.outages.set_waiting(own, seconds, reason, node=node)
+
+    @_doc_of(Outages.clear_waiting)
+    def clear_waiting(self, own: Ownership, *, node: str | None = None, keep_outage_clock: bool = False,
+                      event: str | None = None) -> bool:
+        return self.outages.clear_waiting(own, node=node, keep_outage_clock=keep_outage_clock, event=event)
+
+    @_doc_of(Outages.waiting_seconds)
+    def waiting_seconds(self, pipeline_id: int) -> float | None:
+        return self.outages.waiting_seconds(pipeline_id)
+
+    @_doc_of(Outages.waiting_pipelines)
+    def waiting_pipelines(self, *, limit: int = 100) -> list[dict[str, Any]]:
+        return self.outages.waiting_pipelines(limit=limit)
+
+    @_doc_of(Outages.degraded_counts)
+    def degraded_counts(self, pipeline_id: int) -> dict[str, int]:
+        return self.outages.degraded_counts(pipeline_id)
+
+    @_doc_of(Outages.reopen_degraded)
+    def reopen_degraded(self, pipeline_id: int, node: str | None = None, *, grace_seconds: float = 300.0) -> Reopened:
+        return self.outages.reopen_degraded(pipeline_id, node, grace_seconds=grace_seconds)
 
 
 # The transaction helpers of the one Database that RecoveryStore offered as public names before 0.x: each still

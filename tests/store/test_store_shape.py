@@ -229,7 +229,7 @@ def test_the_store_and_its_components_inherit_in_one_line(store):
 
 # Components still built as a chain of domain classes (one per table family); each leaves this set when it becomes
 # a plain class holding its collaborators, as store.queue, store.recovery and store.reports are.
-CHAINED = {"pipelines", "providers"}
+CHAINED = {"pipelines"}
 # What a plain component may inherit: the transactions of the one Database.
 INFRASTRUCTURE = {"recovery_ext._store.database", "builtins"}
 
@@ -252,6 +252,41 @@ def test_the_recovery_component_holds_its_collaborators(store):
         Orphans, Deployments, PipelineCore)
     assert {recovery._db, recovery.orphans._db, recovery.deployments._db, recovery.pipeline_rows._db} == {store._db}
     assert isinstance(store.queue.fence, Fence)
+
+
+def test_the_providers_component_holds_its_collaborators(store):
+    from recovery_ext._store.breakers import Outages
+    from recovery_ext._store.budgets import RateBudgets
+    from recovery_ext._store.fenced import Fence
+    from recovery_ext._store.journal import CallJournal
+    from recovery_ext._store.ledger import LedgerWrites
+    from recovery_ext._store.node_transitions import NodeTransitions
+    from recovery_ext._store.spend_caps import SpendCapAccounts
+
+    providers = store.providers
+    parts = (providers.outages, providers.journal, providers.budgets, providers.caps)
+    assert tuple(map(type, parts)) == (Outages, CallJournal, RateBudgets, SpendCapAccounts)
+    # each part is a plain class over the one Database: no part is built on another part or on PipelineCore
+    for part in parts:
+        assert [base.__module__ for base in type(part).__mro__[1:]] == [
+            "recovery_ext._store.database", "recovery_ext._store.database", "builtins"], type(part)
+    assert {part._db for part in parts} | {providers.journal.ledger._db} == {store._db}
+    assert type(providers.journal.ledger) is LedgerWrites
+    assert isinstance(providers.outages.node_steps, NodeTransitions)
+    # one fence for the writes of an owner, whichever part makes them
+    assert isinstance(providers.outages.fence, Fence) and providers.caps.fence is providers.outages.fence
+
+
+def test_each_providers_call_goes_to_the_part_that_defines_it_with_its_docstring(store):
+    """``store.providers.x`` hands the call to the one part defining ``x`` (retried there), and says what it does
+    in that part's words."""
+    parts = [store.providers.outages, store.providers.journal, store.providers.budgets, store.providers.caps]
+    for name in protocol_members(ProviderStore):
+        owners = [part for part in parts if callable(getattr(type(part), name, None))]
+        assert len(owners) == 1, name
+        defined = getattr(type(owners[0]), name)
+        assert getattr(defined, "__rx_retried__", False), name
+        assert getattr(type(store.providers), name).__doc__ == defined.__doc__, name
 
 
 # interfaces.py takes the values it names from models.py; these modules still hold one it names (interfaces.py says

@@ -68,7 +68,7 @@ def budgets(store) -> list[dict[str, Any]]:
     rr = rate_reservations.c
     with store.read() as conn:
         rows = conn.execute(select(rate_budgets).order_by(rate_budgets.c.endpoint, rate_budgets.c.model)).all()
-        now = store.providers._clock(conn)
+        now = store.providers.budgets._clock(conn)
         result = []
         for row in rows:
             count, spent = conn.execute(select(func.count(), func.coalesce(func.sum(rr.tokens), 0)).where(
