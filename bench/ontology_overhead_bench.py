@@ -32,7 +32,7 @@ from dagster import GraphDefinition, In, OpDefinition, in_process_executor, op
 from bench.overhead_bench import wire_counts
 from bench.recovery_bench import drop_db, scratch_db
 from recovery_pipelines.demo_llm import serve
-from recovery_ext._store.fenced import FencedTransaction
+from recovery_ext._store.models import FencedTransaction
 from recovery_ext import RecoveryResource, execute_in_process
 from recovery_ext._dagster.resources import shared_store
 from recovery_pipelines.llm import LLMResource

@@ -56,7 +56,7 @@ from pathlib import Path
 from sqlalchemy import insert, select
 
 from recovery_ext._store.models import ItemCheckpoint, Ownership
-from recovery_ext._store.retention import PruneResult
+from recovery_ext._store.models import PruneResult
 from recovery_ext._store.schema import events, node_items, nodes, pipelines, provider_calls, queue_items, transitions
 from recovery_ext._store.store import RecoveryStore
 

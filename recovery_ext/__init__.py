@@ -38,7 +38,7 @@ from recovery_ext._providers.ledger import record_provider_call
 from recovery_ext._providers.prices import Prices
 from recovery_ext._providers.textract_jobs import TextractJobs
 from recovery_ext._providers.usage import UsageDetails, read_usage, read_usage_details
-from recovery_ext._store.budgets import ProviderLimits
+from recovery_ext._store.models import ProviderLimits
 from recovery_ext._store.models import ProviderCall
 
 # The Dagster layer: name -> private module that defines it, imported on first access.

@@ -24,12 +24,12 @@ from recovery_ext._store.migrations import LIBRARY, check_package
 from recovery_ext._store.models import CostFigures
 from recovery_ext._store.ledger_rows import SKIPPED_NOTE
 from recovery_ext._store.models import IN_PROCESS_DEPLOYMENT, Node, PassPlan, StaleItem
-from recovery_ext._store.retention import PruneResult
+from recovery_ext._store.models import PruneResult
 from recovery_ext._store.store import URL_ENV
 from recovery_ext._store.statuses import WAITING, BreakerState, PipelineStatus, QueueStatus
 from recovery_ext._store.interfaces import CliStore, SensorStore
-from recovery_ext._store.waits import WaitKind, wait_kind
-from recovery_ext._store.spend_caps import deployment_scope, pipeline_scope
+from recovery_ext._store.models import WaitKind, wait_kind
+from recovery_ext._store.models import deployment_scope, pipeline_scope
 
 from recovery_ext._cli_spend import CAP_HEADERS, cap_rows, spend_cap
 from recovery_ext._cli_common import (MAX_KINDS, ROW_ID, Age, BadArgument, Duration, Output, PollInterval,

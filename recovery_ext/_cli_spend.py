@@ -9,7 +9,7 @@ from recovery_ext._cli_common import ROW_ID, BadArgument, Output, command
 from recovery_ext._settings import check_deployment
 from recovery_ext._errors import ConfigurationError
 from recovery_ext._store.interfaces import CliStore
-from recovery_ext._store.spend_caps import MAX_COST, MAX_TOKENS, CapState, deployment_scope, pipeline_scope
+from recovery_ext._store.models import CAP_MAX_COST, CAP_MAX_TOKENS, CapState, deployment_scope, pipeline_scope
 
 
 def _amount(value: float | int | None, money: bool) -> str:
@@ -62,8 +62,9 @@ def list_caps(store: CliStore, out: Output, pipeline: int | None, deployment: st
 @spend_cap.command("set")
 @click.option("--pipeline", type=ROW_ID, help="The cap of this pipeline.")
 @click.option("--deployment", metavar="NAME", help="The cap of this deployment (all its pipelines together).")
-@click.option("--tokens", type=click.IntRange(0, MAX_TOKENS), help="The new cap in tokens.")
-@click.option("--cost", type=click.FloatRange(0, MAX_COST), help="The new cap in money (the price table's currency).")
+@click.option("--tokens", type=click.IntRange(0, CAP_MAX_TOKENS), help="The new cap in tokens.")
+@click.option("--cost", type=click.FloatRange(0, CAP_MAX_COST),
+              help="The new cap in money (the price table's currency).")
 @click.option("--no-token-cap", is_flag=True, help="Remove the cap in tokens.")
 @click.option("--no-cost-cap", is_flag=True, help="Remove the cap in money.")
 @command

@@ -15,7 +15,7 @@ from typing import Any
 
 from dagster import Failure, OpExecutionContext
 
-from recovery_ext._store.fenced import FencedTransaction
+from recovery_ext._store.models import FencedTransaction
 from recovery_ext._settings import check_count, check_seconds
 from recovery_ext._liveness.heartbeat import HeartbeatSettings, Lease
 from recovery_ext._classify.redaction import redact

@@ -25,7 +25,7 @@ from recovery_ext._errors import ConfigurationError, install_hint
 from recovery_ext._providers.guard import ProviderGuard
 from recovery_ext._providers.prices import Prices
 from recovery_ext._providers.transport import JournalingCore, transport_classes
-from recovery_ext._store.budgets import ProviderLimits
+from recovery_ext._store.models import ProviderLimits
 
 
 def _http_module(name: str | None) -> ModuleType:

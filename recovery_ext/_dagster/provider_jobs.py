@@ -48,7 +48,7 @@ from recovery_ext._settings import check_count, check_seconds
 from recovery_ext._store.ledger import IN_FLIGHT
 from recovery_ext._store.models import ProviderCall, ProviderJobRow
 from recovery_ext._store.statuses import JobStatus
-from recovery_ext._store.waits import WaitKind
+from recovery_ext._store.models import WaitKind
 
 
 def run_provider_job(ctx: Any, adapter: JobAdapter, requests: Mapping[str, Any], *, poll_seconds: float = 30.0,

@@ -11,7 +11,7 @@ from dagster import Failure, RetryRequested
 from recovery_ext._classify.classifier import ClassifiedError, retry_after_of
 from recovery_ext._errors import OwnershipLost
 from recovery_ext._providers.budget import RateBudget
-from recovery_ext._store.budgets import ProviderLimits
+from recovery_ext._store.models import ProviderLimits
 from recovery_ext._providers.guard import ProviderGuard, StorePause
 from recovery_ext._providers.spend import SpendCap
 from recovery_ext._classify.redaction import redact
@@ -20,7 +20,7 @@ from recovery_ext._dagster.errors import to_failure
 from recovery_ext._dagster.context import NodeContext, store_of
 from recovery_ext._dagster.node_run import NodeRun
 from recovery_ext._dagster.run_state import RunStateReporter
-from recovery_ext._store.waits import WaitKind
+from recovery_ext._store.models import WaitKind
 from recovery_ext._store.models import Ownership
 from recovery_ext._store.interfaces import GuardStore, OpStore
 

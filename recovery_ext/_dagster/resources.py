@@ -22,7 +22,7 @@ from recovery_ext._classify.redaction import redact
 from recovery_ext._classify.retry import RetryPolicy, wait_jittered_exponential
 from recovery_ext._store.migrations import check_package
 from recovery_ext._store.models import IN_PROCESS_DEPLOYMENT, PipelineLimits
-from recovery_ext._store.spend_caps import SpendCaps
+from recovery_ext._store.models import SpendCaps
 from recovery_ext._store.store import RecoveryStore, default_database_url
 
 log = logging.getLogger("recovery_ext.resources")

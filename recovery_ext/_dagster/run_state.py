@@ -20,7 +20,7 @@ from recovery_ext._dagster.compat import EngineEventData
 from recovery_ext._classify.redaction import redact
 from recovery_ext._dagster.tags import TAG_PROGRESS, TAG_STATE
 from recovery_ext._store.statuses import WAITING, PipelineStatus
-from recovery_ext._store.waits import WaitKind, wait_kind
+from recovery_ext._store.models import WaitKind, wait_kind
 
 # The values of the run's recovery/state tag: a tag holds plain strings.
 RUNNING = PipelineStatus.RUNNING.value

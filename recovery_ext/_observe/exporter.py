@@ -25,7 +25,7 @@ from recovery_ext._store.models import MetricsSnapshot
 from recovery_ext._store.observability import PIPELINE_LABELS, RECLAIM_CAUSES, RESUME_CAUSES
 from recovery_ext._store.schema import BREAKER_STATES
 from recovery_ext._store.statuses import ItemStatus, PipelineStatus, QueueStatus
-from recovery_ext._store.waits import WaitKind
+from recovery_ext._store.models import WaitKind
 from recovery_ext._store.interfaces import CliStore
 from recovery_ext._store.store import RecoveryStore
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from recovery_ext._store.models import PipelineHistory
-from recovery_ext._store.waits import wait_kind
+from recovery_ext._store.models import wait_kind
 
 # Pipeline transitions that start a new epoch, and how the report names the run they start.
 EPOCH_STARTS = {"created": "first run", "reclaimed": "resume after a crash", "taken_over": "re-execution",

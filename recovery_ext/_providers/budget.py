@@ -19,7 +19,7 @@ from collections.abc import Callable
 from recovery_ext._classify.redaction import redact, redact_url
 from recovery_ext._store.interfaces import GuardStore
 from recovery_ext._errors import StopRequested
-from recovery_ext._store.budgets import BudgetGrant, ProviderLimits
+from recovery_ext._store.models import BudgetGrant, ProviderLimits
 from recovery_ext._store.models import Ownership
 from recovery_ext._providers.steps import Blocking, Sleep, Steps, drive
 

@@ -18,7 +18,7 @@ from typing import Any
 from recovery_ext._providers.budget import sleep_or_stop
 from recovery_ext._store.interfaces import GuardStore
 from recovery_ext._store.models import Ownership
-from recovery_ext._store.spend_caps import SpendCaps
+from recovery_ext._store.models import SpendCaps
 
 
 class SpendReservation:

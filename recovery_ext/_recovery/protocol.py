@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
-from recovery_ext._store.waits import WaitKind, wait_kind
+from recovery_ext._store.models import WaitKind, wait_kind
 from recovery_ext._classify.redaction import redact
 from recovery_ext._classify.retry import RetryPolicy
 from recovery_ext._conventions import given_up_message, takeover_message

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import Connection, delete, or_, select, type_coerce, update
@@ -29,7 +28,7 @@ from sqlalchemy.sql.elements import ColumnElement
 from recovery_ext._classify.redaction import redact
 from recovery_ext._errors import ConfigurationError
 from recovery_ext._store.database import Component, retried
-from recovery_ext._store.models import Ownership
+from recovery_ext._store.models import BudgetGrant, Ownership, ProviderLimits
 from recovery_ext._store.schema import DbTime, pipelines, rate_budgets, rate_reservations
 from recovery_ext._store.statuses import WAITING, PipelineStatus
 
@@ -37,65 +36,6 @@ rr = rate_reservations.c
 
 # A pipeline waiting for budget shows this reason prefix, so clearing it never clears an outage's pause.
 BUDGET_REASON = "rate budget"
-
-
-@dataclass(frozen=True)
-class BudgetGrant:
-    """A reservation's answer: granted (``reservation`` is its id) or wait ``wait_seconds`` and ask again."""
-
-    granted: bool
-    reservation: int | None = None
-    wait_seconds: float = 0.0
-    requests_in_window: int = 0
-    tokens_in_window: int = 0
-
-
-# What both databases store and sum: requests_per_minute is a PostgreSQL INTEGER column; token counts are
-# BIGINT, and a window's reservations are summed, so the limit keeps far below 2**63.
-LIMIT_MAXIMUM = {"requests_per_minute": 2**31 - 1, "tokens_per_minute": 2**53}
-
-
-def check_limits(requests_per_minute: int | None, tokens_per_minute: int | None, window_seconds: float) -> None:
-    for name, value in (("requests_per_minute", requests_per_minute), ("tokens_per_minute", tokens_per_minute)):
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int)
-                                  or not 1 <= value <= LIMIT_MAXIMUM[name]):
-            raise ConfigurationError(f"{name} must be a whole number from 1 to {LIMIT_MAXIMUM[name]} (or unset), "
-                                     f"got {value!r}")
-    if isinstance(window_seconds, bool) or not isinstance(window_seconds, (int, float)) \
-            or not 0.1 <= window_seconds <= 86400:
-        raise ConfigurationError(f"a budget window must be between 0.1 and 86400 seconds, got {window_seconds!r}")
-
-
-@dataclass(frozen=True)
-class ProviderLimits:
-    """Requests and tokens a provider allows per ``window_seconds`` (a minute, unless scaled for a test).
-
-    ``per_model``: each model of the endpoint has its own budget (else one for the whole endpoint).
-    ``margin_seconds``: added to the window after a request's answer, for clock differences (default: 2 % of
-    the window, at most 1 s); the time a request takes to reach the provider is covered by holding its room
-    from its reservation until its answer.
-    """
-
-    requests_per_minute: int | None = None
-    tokens_per_minute: int | None = None
-    per_model: bool = False
-    window_seconds: float = 60.0
-    margin_seconds: float | None = None
-
-    def __post_init__(self) -> None:
-        check_limits(self.requests_per_minute, self.tokens_per_minute, self.window_seconds)
-        if self.margin_seconds is not None and (not isinstance(self.margin_seconds, (int, float))
-                                                or isinstance(self.margin_seconds, bool)
-                                                or not 0 <= self.margin_seconds <= self.window_seconds):
-            raise ConfigurationError(f"margin_seconds must be between 0 and the window, got {self.margin_seconds!r}")
-
-    @property
-    def enabled(self) -> bool:
-        return self.requests_per_minute is not None or self.tokens_per_minute is not None
-
-    @property
-    def margin(self) -> float:
-        return self.margin_seconds if self.margin_seconds is not None else min(1.0, 0.02 * self.window_seconds)
 
 
 class RateBudgets(Component):

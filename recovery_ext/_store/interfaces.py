@@ -20,21 +20,14 @@ if TYPE_CHECKING:
 
     from sqlalchemy import Connection
 
-    from recovery_ext._classify.retry import wait_jittered_exponential
     from recovery_ext._store.models import (BreakerDecision, CostReport, ErrorInfo, ItemCheckpoint, JournalHit,
                                             JournalWrite, MetricsSnapshot, Node, NodeBeat, NodeSpec, Orphan, Ownership,
                                             PassPlan, PassResult, Pipeline, PipelineBeat, PipelineHistory,
                                             PipelineLimits, ProviderCall, ProviderJobRow, QueueItem, Reopened,
                                             ResetItem, Scope, StaleItem, TickSnapshot, WatchedNode)
-    # Not values yet: the budget's values (its module is being extended elsewhere), the fenced transaction and a
-    # migration (objects with behaviour), the event cursor and a prune's result (each tied to its module).
-    from recovery_ext._store.budgets import BudgetGrant, ProviderLimits
-    from recovery_ext._store.fenced import FencedTransaction
-    from recovery_ext._store.migrations import Migration
-    from recovery_ext._store.reports import EventCursor
-    from recovery_ext._store.retention import PruneResult
-    from recovery_ext._store.spend_caps import CapState, SpendCaps, SpendGrant
-    from recovery_ext._store.waits import WaitKind
+    # The provider calls' values (provider_values.py) and the operator's (admin_values.py), through models.py too.
+    from recovery_ext._store.models import (Backoff, BudgetGrant, CapState, EventCursor, FencedTransaction, Migration,
+                                            ProviderLimits, PruneResult, SpendCaps, SpendGrant, WaitKind)
 
 
 @runtime_checkable
@@ -160,7 +153,7 @@ class QueueStore(Protocol):
     def heartbeat_item(self, item: QueueItem, *, timeout: float) -> None: ...
     def complete_item(self, item: QueueItem, result: Any = ...) -> str: ...
     def fail_item(self, item: QueueItem, error: str, *, retryable: bool = ...,
-                  backoff: wait_jittered_exponential | None = ...) -> str: ...
+                  backoff: Backoff | None = ...) -> str: ...
     def stale_items(self, *, queue: str | None = ..., older_than_seconds: float | None = ...,
                     item_id: int | None = ...) -> list[StaleItem]: ...
     def reset_stale(self, *, queue: str | None = ..., older_than_seconds: float | None = ...,

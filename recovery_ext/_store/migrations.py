@@ -15,7 +15,6 @@ from __future__ import annotations
 import functools
 import importlib.util
 import re
-from dataclasses import dataclass, field
 from importlib import metadata, resources
 from importlib.resources.abc import Traversable
 from pathlib import Path
@@ -24,37 +23,14 @@ from sqlalchemy import Engine, Table, insert, inspect, select
 from sqlalchemy.sql.elements import ColumnElement
 
 from recovery_ext._store.dialects import Dialect
+# Migration as itself: `migrations.Migration` is how the store's lifecycle names what it applied.
+from recovery_ext._store.models import Migration as Migration
 from recovery_ext._errors import ConfigurationError, MigrationError
 from recovery_ext._store.schema import app_migrations_table, migrations_table
 
 _FILE_PATTERN = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
 
 
-@dataclass(frozen=True)
-class Migration:
-    version: int
-    name: str
-    sql: str = field(repr=False)
-
-    def statements(self) -> list[str]:
-        """Split on semicolons that end a line, except inside a dollar-quoted function body or a SQLite
-        trigger's body (from a line ending in BEGIN to a line that is END;)."""
-        parts: list[str] = []
-        current: list[str] = []
-        quoted = trigger = False
-        for line in self.sql.splitlines():
-            if not quoted and line.strip().startswith("--"):
-                continue
-            current.append(line)
-            quoted ^= line.count("$$") % 2 == 1
-            if not quoted:
-                trigger = (trigger or line.rstrip().upper().endswith(" BEGIN") or line.strip().upper() == "BEGIN") \
-                    and line.strip().upper() != "END;"
-            if not quoted and not trigger and line.rstrip().endswith(";"):
-                parts.append("\n".join(current).strip().removesuffix(";").strip())
-                current = []
-        parts.append("\n".join(current).strip().removesuffix(";").strip())
-        return [part for part in parts if part]
 
 
 LIBRARY = "recovery_ext._store"

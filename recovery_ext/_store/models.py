@@ -1,4 +1,10 @@
-"""Plain values the store returns. Rows become these so callers never hold a live cursor."""
+"""Plain values the store returns. Rows become these so callers never hold a live cursor.
+
+Every type the store's interfaces (interfaces.py) name comes from here: these values, the values of the provider
+calls and of the operator's calls (provider_values.py and admin_values.py, imported through this module only),
+and the one handle the store gives out, :class:`FencedTransaction` (what user code writes through; valid only
+inside its ``with`` block, opened by the store's pipelines).
+"""
 
 from __future__ import annotations
 
@@ -7,13 +13,37 @@ import math
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
-from typing import Any, Self, TypeVar, cast
+from typing import TYPE_CHECKING, Any, Protocol, Self, TypeVar, cast
 
 from recovery_ext._classify.redaction import redact_url
-from recovery_ext._errors import ConfigurationError
+from recovery_ext._errors import ConfigurationError, StoreError
 from recovery_ext._settings import LONGEST
 from recovery_ext._json_values import storable_json
 from recovery_ext._store.statuses import FINISHED_NODE_STATUSES, WAITING, BreakerState, ItemStatus, PipelineStatus
+
+# The values of the provider calls and of the operator's calls live in their own modules, and come through here:
+# every value the store's interfaces name is imported from models.
+from recovery_ext._store.admin_values import GAP_WINDOW as GAP_WINDOW
+from recovery_ext._store.admin_values import EventCursor as EventCursor
+from recovery_ext._store.admin_values import Migration as Migration
+from recovery_ext._store.admin_values import PruneResult as PruneResult
+from recovery_ext._store.provider_values import LIMIT_MAXIMUM as LIMIT_MAXIMUM
+from recovery_ext._store.provider_values import CAP_MAX_COST as CAP_MAX_COST
+from recovery_ext._store.provider_values import CAP_MAX_TOKENS as CAP_MAX_TOKENS
+from recovery_ext._store.provider_values import BudgetGrant as BudgetGrant
+from recovery_ext._store.provider_values import CapState as CapState
+from recovery_ext._store.provider_values import ProviderLimits as ProviderLimits
+from recovery_ext._store.provider_values import SpendCaps as SpendCaps
+from recovery_ext._store.provider_values import SpendGrant as SpendGrant
+from recovery_ext._store.provider_values import WaitKind as WaitKind
+from recovery_ext._store.provider_values import check_cap as check_cap
+from recovery_ext._store.provider_values import check_limits as check_limits
+from recovery_ext._store.provider_values import deployment_scope as deployment_scope
+from recovery_ext._store.provider_values import pipeline_scope as pipeline_scope
+from recovery_ext._store.provider_values import wait_kind as wait_kind
+
+if TYPE_CHECKING:
+    from sqlalchemy import Connection
 
 
 _D = TypeVar("_D")
@@ -693,3 +723,48 @@ class WatchedNode:
     pipeline_id: int
     name: str
     process: str
+
+
+class Backoff(Protocol):
+    """A retry backoff (:class:`~recovery_ext.wait_jittered_exponential`): the seconds before attempt ``n``."""
+
+    def delay(self, attempt_number: int) -> float: ...
+
+
+class Upserts(Protocol):
+    """What a fenced transaction uses of the store: its upsert, in the transaction's connection."""
+
+    def upsert(self, conn: Connection, table: Any, rows: Sequence[dict[str, Any]], *, keys: Sequence[str]) -> None:
+        ...
+
+
+class FencedTransaction:
+    """One fenced write transaction; usable only inside its ``with`` block."""
+
+    def __init__(self, db: Upserts, conn: Connection, own: Ownership) -> None:
+        self._db = db
+        self._conn: Connection | None = conn
+        self.ownership = own
+
+    @property
+    def pipeline_id(self) -> int:
+        return self.ownership.pipeline_id
+
+    def _open(self) -> Connection:
+        if self._conn is None:
+            raise StoreError("this fenced transaction has ended; open a new one with ctx.transaction()")
+        return self._conn
+
+    def execute(self, statement: Any, parameters: Any = None) -> Any:
+        """Run a SQLAlchemy Core statement inside the fenced transaction."""
+        return self._open().execute(statement, parameters)
+
+    def scalar(self, statement: Any, parameters: Any = None) -> Any:
+        return self._open().scalar(statement, parameters)
+
+    def upsert(self, table: Any, rows: Sequence[dict[str, Any]], *, keys: Sequence[str]) -> None:
+        """Insert or update ``rows`` by ``keys``, so a re-run node writes the same rows again."""
+        self._db.upsert(self._open(), table, rows, keys=keys)
+
+    def close(self) -> None:
+        self._conn = None

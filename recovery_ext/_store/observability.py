@@ -24,8 +24,8 @@ from recovery_ext._errors import NotFound
 from recovery_ext._store.schema import (calls_saved_by_resume, circuit_breakers, events, node_items, nodes,
                                         pipelines, provider_calls, queue_items, spend_caps, transitions)
 from recovery_ext._store.ledger import LedgerOps
-from recovery_ext._store.spend_caps import CapState, deployment_scope, pipeline_scope
-from recovery_ext._store.waits import wait_kind
+from recovery_ext._store.models import CapState, deployment_scope, pipeline_scope
+from recovery_ext._store.models import wait_kind
 
 # Pipeline columns that label the pipeline gauges: Prometheus label -> column, one entry per label (not
 # "job" or "instance": Prometheus sets those on every target).

@@ -37,7 +37,7 @@ from sqlalchemy.sql.elements import ColumnElement
 
 from recovery_ext._store.database import Component, Database, chunks, is_retry, retried
 from recovery_ext._errors import ConfigurationError, IllegalTransition, ItemTakenOver, NotFound
-from recovery_ext._store.models import Ownership, QueueItem, ResetItem, StaleItem
+from recovery_ext._store.models import Backoff, Ownership, QueueItem, ResetItem, StaleItem
 from recovery_ext._classify.redaction import redact
 from recovery_ext._classify.retry import wait_jittered_exponential
 from recovery_ext._json_values import CorruptJson
@@ -312,7 +312,7 @@ class Queue(Component):
 
     @retried
     def fail_item(self, item: QueueItem, error: str, *, retryable: bool = True,
-                  backoff: wait_jittered_exponential | None = None) -> str:
+                  backoff: Backoff | None = None) -> str:
         """A failed attempt: ``ready`` again after a jittered exponential delay (``available_at``),
         ``dead`` at max attempts, ``failed`` if permanent. An item already reset and not claimed
         since keeps its status; that status is returned."""

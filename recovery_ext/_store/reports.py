@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from typing import Any
 
 from sqlalchemy import Table, case, delete, func, literal, or_, select, union_all
@@ -11,18 +10,17 @@ from sqlalchemy.sql.elements import ColumnElement
 
 from recovery_ext._store import aggregates
 from recovery_ext._store.database import Component, Database, retried
-from recovery_ext._store.models import Pipeline, QueueItem
+from recovery_ext._store.models import GAP_WINDOW, EventCursor, Pipeline, QueueItem
 from recovery_ext._store.schema import (QUEUE_STATUSES, events, node_items, nodes, pipeline_counts, pipelines,
                                         queue_counts, queue_items, transitions)
 from recovery_ext._store.statuses import UNFINISHED_QUEUE_STATUSES, NodeStatus, PipelineStatus, QueueStatus
 from recovery_ext._store.ledger import LedgerOps
 from recovery_ext._store.models import CostReport, MetricsSnapshot, PipelineHistory
 from recovery_ext._store.observability import Observability
-from recovery_ext._store.retention import PruneResult, Retention
+from recovery_ext._store.models import PruneResult
+from recovery_ext._store.retention import Retention
 
 
-# Ids below the highest one seen that are still tracked as possibly in flight.
-GAP_WINDOW = 10_000
 # Beyond any pipeline id (ids are BIGINT): the open ends of the ranges no pipeline has.
 _FAR = 2**62
 
@@ -279,29 +277,3 @@ class Reports(Component):
 
 
 
-@dataclass
-class EventCursor:
-    """Where ``follow_events`` is: the highest id shown, and the lower ids not seen yet (gaps)."""
-
-    last_id: int = 0
-    gaps: dict[int, int | None] = field(default_factory=dict)  # id -> xmax to wait for (None: note it next poll)
-
-    def advance(self, ids: Sequence[int], *, xmin: int | None, xmax: int | None) -> set[int]:
-        """Record the ``ids`` found by one poll; returns those not shown before."""
-        new = {i for i in ids if i > self.last_id or i in self.gaps}
-        for i in new:
-            self.gaps.pop(i, None)
-        for gap, wait_for in list(self.gaps.items()):
-            if xmin is None:  # one writer at a time, commits in id order: a gap is a rollback
-                del self.gaps[gap]
-            elif wait_for is None:
-                self.gaps[gap] = xmax
-            elif xmin >= wait_for:
-                del self.gaps[gap]
-        top = max(ids, default=self.last_id)
-        if xmin is not None:  # new gaps wait one poll before their xmax is noted (see follow_events)
-            for missing in range(max(self.last_id + 1, top - GAP_WINDOW), top):
-                if missing not in new:
-                    self.gaps.setdefault(missing, None)
-        self.last_id = max(self.last_id, top)
-        return new

@@ -35,7 +35,7 @@ from recovery_ext._store.schema import (call_journal, events, node_items, nodes,
                                         provider_jobs, queue_items, rate_reservations, spend_caps, spend_reservations,
                                         transitions)
 from recovery_ext._store.rolled_up import ROLLED_UP
-from recovery_ext._store.spend_caps import pipeline_scope
+from recovery_ext._store.models import PruneResult, pipeline_scope
 from recovery_ext._store.statuses import QueueStatus
 
 p, t, q = pipelines.c, transitions.c, queue_items.c
@@ -117,37 +117,6 @@ def kept_on_purpose(table_name: str) -> bool:
     return "total" in table_name or "aggregate" in table_name
 
 
-@dataclass
-class PruneResult:
-    """What a prune deleted (or, dry, would delete): pipelines, rows per table, batches; ``done`` when no
-    prunable pipeline was left (else a time budget or a batch limit ended it)."""
-
-    pipelines: int = 0
-    rows: dict[str, int] = field(default_factory=dict)
-    compacted: dict[str, int] = field(default_factory=dict)  # rows kept as a compact record (dedupe keys), per table
-    batches: int = 0
-    done: bool = False
-    dry_run: bool = False
-    by_status: dict[str, int] = field(default_factory=dict)
-    last_batch_seconds: float = 0.0  # how long the last batch's transaction took (what a writer may wait on SQLite)
-    longest_batch_seconds: float = 0.0
-
-    def add(self, counts: dict[str, int], seconds: float, compacted: dict[str, int]) -> None:
-        self.batches += 1
-        self.last_batch_seconds = seconds
-        self.longest_batch_seconds = max(self.longest_batch_seconds, seconds)
-        for table, n in counts.items():
-            self.rows[table] = self.rows.get(table, 0) + n
-        for table, n in compacted.items():
-            if n:
-                self.compacted[table] = self.compacted.get(table, 0) + n
-        self.pipelines = self.rows.get(pipelines.name, 0)
-
-    def as_dict(self) -> dict[str, object]:
-        return {"pipelines": self.pipelines, "rows": dict(sorted(self.rows.items())),
-                "compacted": dict(sorted(self.compacted.items())), "batches": self.batches,
-                "done": self.done, "dry_run": self.dry_run, "by_status": dict(sorted(self.by_status.items())),
-                "longest_batch_seconds": round(self.longest_batch_seconds, 4)}
 
 
 # What a prune deletes: only pipelines whose ledger and items the roll-ups already hold, so the cost counters and
@@ -204,6 +173,7 @@ class Retention(Component):
                 result.done = True
                 return result
             result.add(counts, time.monotonic() - batch_started, compacted)
+            result.pipelines = result.rows.get(pipelines.name, 0)
             if progress is not None:
                 progress(result)
             if counts[pipelines.name] < batch_size:

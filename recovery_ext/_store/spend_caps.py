@@ -24,144 +24,24 @@ from __future__ import annotations
 import datetime as dt
 import math
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import Connection, and_, case, delete, or_, select, update
 from sqlalchemy.sql.elements import ColumnElement
 
 from recovery_ext._classify.redaction import redact
-from recovery_ext._errors import ConfigurationError, NotFound
+from recovery_ext._errors import NotFound
 from recovery_ext._store.database import Component, Database, retried
 from recovery_ext._store.fenced import Fence
-from recovery_ext._store.models import Ownership
+from recovery_ext._store.models import CapState, Ownership, SpendCaps, SpendGrant, WaitKind, check_cap
 from recovery_ext._store.ledger import IN_FLIGHT
 from recovery_ext._store.schema import pipelines, provider_calls, spend_caps, spend_reservations
 from recovery_ext._store.statuses import WAITING, PipelineStatus
-from recovery_ext._store.waits import WaitKind
 
 sc, sr = spend_caps.c, spend_reservations.c
 
-# Token caps stay far below what BIGINT sums hold; a money cap is any finite amount up to this.
-MAX_TOKENS = 2**53
-MAX_COST = 1e12
 # Float sums of costs: a reservation that fits up to rounding fits.
 COST_SLACK = 1e-9
-
-
-def pipeline_scope(pipeline_id: int) -> str:
-    return f"pipeline:{int(pipeline_id)}"
-
-
-def deployment_scope(deployment: str) -> str:
-    return f"deployment:{deployment}"
-
-
-def check_cap(name: str, value: object, *, money: bool) -> None:
-    """A cap is unset (None), a whole number of tokens from 0, or a finite amount of money from 0."""
-    if value is None:
-        return
-    if money:
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= MAX_COST:
-            raise ConfigurationError(f"{name} must be an amount from 0 to {MAX_COST:g} (or unset), got {value!r}")
-    elif isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_TOKENS:
-        raise ConfigurationError(f"{name} must be a whole number of tokens from 0 to {MAX_TOKENS} (or unset), "
-                                 f"got {value!r}")
-
-
-@dataclass(frozen=True)
-class SpendCaps:
-    """The caps a pipeline is held to (any may be None: no cap of that kind), and how often a pipeline paused at
-    a cap looks whether it was raised."""
-
-    pipeline_tokens: int | None = None
-    pipeline_cost: float | None = None
-    deployment_tokens: int | None = None
-    deployment_cost: float | None = None
-    poll_seconds: float = 30.0
-
-    def __post_init__(self) -> None:
-        for name in ("pipeline_tokens", "deployment_tokens"):
-            check_cap(f"spend cap {name}", getattr(self, name), money=False)
-        for name in ("pipeline_cost", "deployment_cost"):
-            check_cap(f"spend cap {name}", getattr(self, name), money=True)
-        poll = self.poll_seconds
-        if isinstance(poll, bool) or not isinstance(poll, (int, float)) or not 0.01 <= poll <= 3600:
-            raise ConfigurationError(f"spend_cap_poll_seconds must be between 0.01 and 3600, got {poll!r}")
-
-    @property
-    def enabled(self) -> bool:
-        return any(v is not None for v in (self.pipeline_tokens, self.pipeline_cost, self.deployment_tokens,
-                                           self.deployment_cost))
-
-    def scopes(self, pipeline_id: int, deployment: str) -> list[tuple[str, int | None, float | None]]:
-        """Each cap's scope with its tokens and money, in the order reservations take them (pipeline first:
-        every process takes the rows in one order, so none waits for another in a circle)."""
-        found = []
-        if self.pipeline_tokens is not None or self.pipeline_cost is not None:
-            found.append((pipeline_scope(pipeline_id), self.pipeline_tokens, self.pipeline_cost))
-        if self.deployment_tokens is not None or self.deployment_cost is not None:
-            found.append((deployment_scope(deployment), self.deployment_tokens, self.deployment_cost))
-        return found
-
-
-@dataclass(frozen=True)
-class CapState:
-    """One cap as it stands: its limits, what was spent, what is reserved, and what is left."""
-
-    scope: str
-    max_tokens: int | None
-    max_cost: float | None
-    spent_tokens: int
-    spent_cost: float
-    reserved_tokens: int
-    reserved_cost: float
-    changed_by: str | None = None
-
-    @classmethod
-    def from_row(cls, row: Any) -> CapState:
-        return cls(row.scope, None if row.max_tokens is None else int(row.max_tokens),
-                   None if row.max_cost is None else float(row.max_cost), int(row.spent_tokens),
-                   float(row.spent_cost), int(row.reserved_tokens), float(row.reserved_cost), row.changed_by)
-
-    @property
-    def left_tokens(self) -> int | None:
-        return None if self.max_tokens is None else self.max_tokens - self.spent_tokens - self.reserved_tokens
-
-    @property
-    def left_cost(self) -> float | None:
-        return None if self.max_cost is None else self.max_cost - self.spent_cost - self.reserved_cost
-
-    def describe(self, tokens: int = 0, cost: float = 0.0) -> str:
-        """Why a request of ``tokens`` (``cost``) does not fit, in one line."""
-        parts = []
-        if self.max_tokens is not None:
-            parts.append(f"{self.spent_tokens} of {self.max_tokens} tokens spent, {self.reserved_tokens} reserved"
-                         + (f", this request needs {tokens}" if tokens else ""))
-        if self.max_cost is not None:
-            parts.append(f"{self.spent_cost:.6g} of {self.max_cost:.6g} spent, {self.reserved_cost:.6g} reserved"
-                         + (f", this request needs {cost:.6g}" if cost else ""))
-        return f"{self.scope}: {'; '.join(parts)}; raise it with `recovery-ext spend-cap set`"
-
-    def as_dict(self) -> dict[str, Any]:
-        return {"scope": self.scope, "max_tokens": self.max_tokens, "max_cost": self.max_cost,
-                "spent_tokens": self.spent_tokens, "spent_cost": round(self.spent_cost, 9),
-                "reserved_tokens": self.reserved_tokens, "reserved_cost": round(self.reserved_cost, 9),
-                "left_tokens": self.left_tokens,
-                "left_cost": None if self.left_cost is None else round(self.left_cost, 9),
-                "changed_by": self.changed_by}
-
-
-@dataclass(frozen=True)
-class SpendGrant:
-    """A reservation's answer: its rows' ids (granted), or the cap that has no room for it."""
-
-    reservations: tuple[int, ...] = ()
-    full: CapState | None = None
-
-    @property
-    def granted(self) -> bool:
-        return self.full is None
 
 
 class _NoRoom(Exception):

@@ -5,8 +5,8 @@ from __future__ import annotations
 import os
 import warnings
 from contextlib import AbstractContextManager
-from pathlib import Path
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from sqlalchemy import Connection
@@ -35,11 +35,9 @@ from recovery_ext._store.vouch import VouchOps
 if TYPE_CHECKING:
     import datetime as dt
 
-    from recovery_ext._store.budgets import BudgetGrant, ProviderLimits
-    from recovery_ext._store.models import (BreakerDecision, JournalHit, JournalWrite, Ownership, ProviderCall,
-                                            Reopened)
-    from recovery_ext._store.spend_caps import CapState, SpendCaps, SpendGrant
-    from recovery_ext._store.waits import WaitKind
+    from recovery_ext._store.models import (BreakerDecision, BudgetGrant, CapState, JournalHit, JournalWrite,
+                                            Ownership, ProviderCall, ProviderLimits, Reopened, SpendCaps, SpendGrant,
+                                            WaitKind)
 
 URL_ENV = "RECOVERY_DATABASE_URL"
 

@@ -15,9 +15,9 @@ from observe_scenario import crash_and_resume, stand_in
 from recovery_ext._observe.exporter import METRICS, registry_for
 from recovery_ext import scan
 from recovery_ext._store.models import PipelineLimits
-from recovery_ext._store.spend_caps import SpendCaps
+from recovery_ext._store.models import SpendCaps
 from recovery_ext._store.store import RecoveryStore
-from recovery_ext._store.waits import WaitKind
+from recovery_ext._store.models import WaitKind
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -21,7 +21,7 @@ from sdk_stand_in import SdkStandIn
 from helpers import reclaim
 from recovery_ext import RecoveryResource, execute_in_process
 from recovery_ext._store.models import PassPlan
-from recovery_ext._store.spend_caps import pipeline_scope
+from recovery_ext._store.models import pipeline_scope
 from recovery_ext._store.statuses import WAITING
 from recovery_pipelines.devserver import wait_for
 

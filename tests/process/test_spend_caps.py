@@ -25,7 +25,7 @@ from dagster import DagsterInstance, in_process_executor
 from ledger_defs import llm_resource, make_ledger_job, recovery_resource
 from recovery_ext import execute_in_process
 from recovery_ext._cli import main
-from recovery_ext._store.spend_caps import SpendCaps, pipeline_scope
+from recovery_ext._store.models import SpendCaps, pipeline_scope
 from recovery_ext._store.statuses import WAITING
 from recovery_pipelines.devserver import wait_for
 from stand_in_llm import StandInProvider

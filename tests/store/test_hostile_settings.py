@@ -12,7 +12,7 @@ import pytest
 
 from recovery_ext import ConfigurationError, RecoveryResource
 from recovery_ext._settings import LONGEST
-from recovery_ext._store.budgets import LIMIT_MAXIMUM, ProviderLimits
+from recovery_ext._store.models import ProviderLimits, LIMIT_MAXIMUM
 from recovery_ext._store.models import PipelineLimits
 import store_rows
 

@@ -10,7 +10,7 @@ import pytest
 from recovery_pipelines.devserver import wait_for
 
 from recovery_ext._errors import ConfigurationError, IllegalTransition, OwnershipLost
-from recovery_ext._store.budgets import ProviderLimits
+from recovery_ext._store.models import ProviderLimits
 from recovery_ext._store.models import ItemCheckpoint, PassPlan, ProviderCall
 
 from helpers import expire, reclaim

@@ -11,7 +11,7 @@ from recovery_ext._cli import main
 from recovery_ext import RecoveryResource
 from recovery_ext import scan
 from recovery_ext._store.models import PassPlan
-from recovery_ext._store.reports import EventCursor
+from recovery_ext._store.models import EventCursor
 from recovery_ext._store.schema import events
 from recovery_ext._store.store import RecoveryStore
 

@@ -12,8 +12,8 @@ from recovery_ext._errors import ConfigurationError, NotFound, OwnershipLost
 from recovery_ext._store.ledger import IN_FLIGHT
 from recovery_ext._store.models import ProviderCall
 from recovery_ext._store.schema import pipelines
-from recovery_ext._store.spend_caps import SpendCaps, deployment_scope, pipeline_scope
-from recovery_ext._store.waits import WaitKind
+from recovery_ext._store.models import SpendCaps, deployment_scope, pipeline_scope
+from recovery_ext._store.models import WaitKind
 
 
 def _pipeline(store, run="run-1"):

@@ -289,18 +289,43 @@ def test_each_providers_call_goes_to_the_part_that_defines_it_with_its_docstring
         assert getattr(type(store.providers), name).__doc__ == defined.__doc__, name
 
 
-# interfaces.py takes the values it names from models.py; these modules still hold one it names (interfaces.py says
-# why for each), and leave this set as their values move.
-# Modules whose value types interfaces.py still imports: each leaves this list when its values move to models.py
-# (spend_caps and waits are this round's spend caps, not moved yet).
-STILL_HOLD_VALUES = {"budgets", "fenced", "migrations", "reports", "retention", "spend_caps", "waits"}
+# What interfaces.py may import from the library: the values (models.py, and through it provider_values.py and
+# admin_values.py) and the status enums. Never an implementation module: a protocol that names a type of the code
+# implementing it would make every caller's view depend on that code.
+INTERFACE_IMPORTS = {"recovery_ext._store.models", "recovery_ext._store.statuses"}
 
 
-def test_the_interfaces_take_their_values_from_models():
-    tree = ast.parse((LIBRARY / "_store" / "interfaces.py").read_text(encoding="utf-8"))
-    store_modules = {node.module.rpartition(".")[2] for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
-                     and (node.module or "").startswith("recovery_ext._store.")}
-    assert store_modules - {"models"} == STILL_HOLD_VALUES
+def library_imports(path: Path) -> set[str]:
+    """Every ``recovery_ext`` module ``path`` imports, at run time or for the type checker alone."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").startswith("recovery_ext"):
+            found.add(node.module)
+        elif isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names if alias.name.startswith("recovery_ext"))
+    return found
+
+
+def test_the_interfaces_import_only_the_values_and_the_statuses():
+    assert library_imports(LIBRARY / "_store" / "interfaces.py") - INTERFACE_IMPORTS == set()
+    assert "recovery_ext._store.models" in library_imports(LIBRARY / "_store" / "interfaces.py")
+
+
+def test_the_import_check_sees_a_type_checking_import_of_an_implementation_module(tmp_path):
+    sample = tmp_path / "sample.py"
+    sample.write_text("from typing import TYPE_CHECKING\nimport sqlalchemy\nif TYPE_CHECKING:\n"
+                      "    from recovery_ext._store.models import Ownership\n"
+                      "    from recovery_ext._store.spend_caps import SpendCapAccounts\n    import recovery_ext._cli\n")
+    assert library_imports(sample) == {"recovery_ext._store.models", "recovery_ext._store.spend_caps",
+                                       "recovery_ext._cli"}
+
+
+def test_the_values_modules_are_reached_through_models_only():
+    """provider_values.py and admin_values.py are models.py's parts: everything else imports their values from
+    models, so there is one place a value is named from."""
+    parts = {"recovery_ext._store.provider_values", "recovery_ext._store.admin_values"}
+    importers = {str(path.relative_to(LIBRARY)) for path in LIBRARY.rglob("*.py") if library_imports(path) & parts}
+    assert importers == {"_store/models.py"}
 
 
 def test_the_store_offers_its_components_and_its_lifecycle_only(store):

@@ -15,7 +15,7 @@ from recovery_ext import RecoveryStore, RetryPolicy
 from recovery_ext._providers.guard import ProviderGuard
 from recovery_ext._providers.spend import SpendCap
 from recovery_ext._store.models import Ownership
-from recovery_ext._store.spend_caps import SpendCaps
+from recovery_ext._store.models import SpendCaps
 from recovery_pipelines.llm import OpenAICompatibleEnricher
 
 MAX_TOKENS = 64
