@@ -25,7 +25,7 @@ FINISHED = ("completed", "failed", "canceled")
 
 
 # The pipeline transitions that begin a wait: an outage's pause, a wait for the rate budget, a pause at the
-# spend cap, a wait on a provider job (their reasons say which: see waits.py).
+# spend cap, a wait on a provider job (their reasons say which: see provider_values.py).
 WAIT_BEGINS = frozenset({"outage_pause", "budget_wait", "spend_cap_wait", "provider_job_wait"})
 
 @dataclass
