@@ -1,6 +1,6 @@
 """The fenced transaction: what user code inside a recoverable op writes through.
 
-It is opened by :meth:`PipelineOps.fenced`, which first locks the pipeline row and
+It is opened by :meth:`PipelineNodes.fenced`, which first locks the pipeline row and
 checks the worker's epoch in the same transaction. A reclaim needs ``FOR UPDATE`` on
 that row, so while this transaction is open nobody can take the pipeline over, and once
 somebody has, opening it raises :class:`~recovery_ext._errors.OwnershipLost` before any

@@ -51,16 +51,16 @@ class TransitionHost(Protocol):
     def driver_autocommit(self) -> AbstractContextManager[Any]: ...
     def driver_of(self, conn: Connection) -> AbstractContextManager[Any]: ...
     def write_calls(self, conn: Connection, calls: Sequence[ProviderCall], *, reached: bool) -> None: ...
-    def _check_ownership(self, own: Ownership) -> None: ...
+    def check_ownership(self, own: Ownership) -> None: ...
     def _fence(self, conn: Connection, own: Ownership, *, for_update: bool = False,
                finished_ok: bool = False) -> str: ...
-    def _start_node_in(self, conn: Connection, own: Ownership, name: str, heartbeat_timeout: float,
-                       stall_timeout: float | None) -> Node: ...
-    def _move_node(self, conn: Connection, own: Ownership, name: str, target: NodeStatus, event: str,
-                   extra: dict[str, Any] | None = None, **values: Any) -> Node: ...
-    def _refresh_pipeline(self, conn: Connection, own: Ownership, heartbeat_timeout: float | None,
-                          **values: Any) -> None: ...
-    def _complete_pipeline_if_done(self, conn: Connection, own: Ownership) -> bool: ...
+    def start_node_in(self, conn: Connection, own: Ownership, name: str, heartbeat_timeout: float,
+                      stall_timeout: float | None) -> Node: ...
+    def move_node(self, conn: Connection, own: Ownership, name: str, target: NodeStatus, event: str,
+                  extra: dict[str, Any] | None = None, **values: Any) -> Node: ...
+    def refresh_pipeline(self, conn: Connection, own: Ownership, heartbeat_timeout: float | None,
+                         **values: Any) -> None: ...
+    def complete_pipeline_if_done(self, conn: Connection, own: Ownership) -> bool: ...
 
 
 class NodeTransitions:
@@ -121,7 +121,7 @@ class PortableTransitions(NodeTransitions):
             recorded = Node.from_row(current._mapping)
             if recorded.finished:
                 return own, recorded, False
-            node = db._start_node_in(conn, own, name, heartbeat_timeout, stall_timeout)
+            node = db.start_node_in(conn, own, name, heartbeat_timeout, stall_timeout)
         return own, node, True
 
     def complete(self, own: Ownership, name: str, output: Any, heartbeat_timeout: float | None,
@@ -133,13 +133,13 @@ class PortableTransitions(NodeTransitions):
             refuse_unfinished_items(conn, own, name)
             if calls:
                 db.write_calls(conn, calls, reached=True)
-            db._move_node(
+            db.move_node(
                 conn, own, name, NodeStatus.COMPLETED, NodeStatus.COMPLETED,
                 output=output, completed_at=db.dialect.now(), error=None, error_category=None,
                 error_status_code=None, stall_deadline=None, run_id=own.owner,
             )
-            db._refresh_pipeline(conn, own, heartbeat_timeout)
-            return db._complete_pipeline_if_done(conn, own)
+            db.refresh_pipeline(conn, own, heartbeat_timeout)
+            return db.complete_pipeline_if_done(conn, own)
 
     def start_items(self, own: Ownership, node_name: str, total: int) -> dict[str, str]:
         with self.db.write() as conn:
@@ -213,7 +213,7 @@ class ServerFunctionTransitions(NodeTransitions):
             rows = hot_path.start_items(raw, pipeline_id=own.pipeline_id, epoch=own.epoch, node=node_name,
                                         total=total)
         if not rows[0].fenced:
-            self.db._check_ownership(own)  # raises OwnershipLost (or NotFound) with who owns it now
+            self.db.check_ownership(own)  # raises OwnershipLost (or NotFound) with who owns it now
             raise OwnershipLost(owner="(changed meanwhile)", pipeline_id=own.pipeline_id)
         return {r.item_key: r.status for r in rows[1:]}
 

@@ -6,7 +6,8 @@ import os
 import warnings
 from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import Any
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, TypeVar
 
 from sqlalchemy import Connection
 from sqlalchemy.engine import Engine
@@ -17,20 +18,199 @@ from recovery_ext._store.reports import Reports
 from recovery_ext._store.retention import Retention
 from recovery_ext._store import migrations
 from recovery_ext._store.spend_caps import SpendCapOps
-from recovery_ext._store.database import DEFAULT_RETRY_BUDGET, Database, shared_retry_budget
+from recovery_ext._store.database import DEFAULT_RETRY_BUDGET, Component, Database, shared_retry_budget
 from recovery_ext._store.deployments import Deployments
 from recovery_ext._store.orphans import Orphans
 from recovery_ext._store.pipelines import PipelineCore
 from recovery_ext._store.queue import Queue
 from recovery_ext._store.ticks import Recovery
-from recovery_ext._store.vouch import VouchOps
+from recovery_ext._store.vouch import Vouching
+from recovery_ext._store.checkpoints import Checkpoints
+from recovery_ext._store.fenced import FencedTransaction
+from recovery_ext._store.jobs import ProviderJobs
+from recovery_ext._store.ledger import LedgerWrites
+from recovery_ext._store.models import (ErrorInfo, ItemCheckpoint, Node, NodeBeat, NodeSpec, Ownership, Pipeline,
+                                        PipelineBeat, PipelineLimits, ProviderCall, ProviderJobRow, WatchedNode)
+from recovery_ext._store.pipelines import PipelineNodes
+from recovery_ext._store.runs import Runs
 
 URL_ENV = "RECOVERY_DATABASE_URL"
+C = TypeVar("C")
 
 
-class Pipelines(VouchOps):
+def _documented_by(*parts: type) -> Callable[[type[C]], type[C]]:
+    """Each public method of the decorated class takes the docstring of the method it delegates to: the one of
+    the same name in ``parts`` (written once, where the work is)."""
+
+    def document(klass: type[C]) -> type[C]:
+        for name, method in vars(klass).items():
+            if not name.startswith("_") and callable(method):
+                (source,) = [vars(part)[name] for part in parts if name in vars(part)]
+                method.__doc__ = source.__doc__
+        return klass
+
+    return document
+
+
+@_documented_by(PipelineNodes, Runs, Checkpoints, ProviderJobs, Vouching)
+class Pipelines(Component):
     """Pipelines, nodes, item checkpoints, owner runs, provider jobs and liveness: what an op, an asset and the
-    heartbeat thread call (:class:`~recovery_ext._store.interfaces.PipelineStore`)."""
+    heartbeat thread call (:class:`~recovery_ext._store.interfaces.PipelineStore`).
+
+    A plain class holding its parts, each over the store's one database, and handing each call to the part that
+    does it: ``nodes`` (pipelines and nodes, the fenced transaction, node transitions), ``runs`` (heartbeats,
+    ownership by run, how a run ends), ``checkpoints`` (item checkpoints), ``jobs`` (provider jobs) and
+    ``vouching`` (what a watcher says about its step processes). The parts share ``rows`` (the pipeline and node
+    moves every component shares, with the fence and the node transitions) and ``ledger`` (the ledger's writes).
+    Each part's calls are ``@retried`` where they are defined.
+    """
+
+    def __init__(self, db: Database) -> None:
+        super().__init__(db)
+        self.rows = PipelineCore(db)
+        self.ledger = LedgerWrites(db)
+        fence, transitions = self.rows.fence, self.rows.transitions
+        self.nodes = PipelineNodes(db, rows=self.rows, fence=fence, transitions=transitions)
+        self.runs = Runs(db, rows=self.rows, fence=fence)
+        self.checkpoints = Checkpoints(db, rows=self.rows, fence=fence, transitions=transitions, ledger=self.ledger)
+        self.jobs = ProviderJobs(db, fence=fence, ledger=self.ledger)
+        self.vouching = Vouching(db)
+
+    # -- nodes: PipelineNodes ----------------------------------------------------------------------------------
+
+    def create_pipeline(self, job_name: str, node_specs: Sequence[NodeSpec | str], *, owner: str, params: Any = None,
+                        origin_run_id: str | None = None, limits: PipelineLimits = PipelineLimits(),
+                        deployment: str = "default") -> Ownership:
+        return self.nodes.create_pipeline(job_name, node_specs, owner=owner, params=params, origin_run_id=origin_run_id,
+                                          limits=limits, deployment=deployment)
+
+    def attach(self, pipeline_id: int, run_id: str, *, resume_number: int,
+               heartbeat_timeout: float = 90.0) -> Ownership:
+        return self.nodes.attach(pipeline_id, run_id, resume_number=resume_number, heartbeat_timeout=heartbeat_timeout)
+
+    def get_pipeline(self, pipeline_id: int) -> Pipeline:
+        return self.nodes.get_pipeline(pipeline_id)
+
+    def find_pipeline(self, origin_run_id: str) -> Pipeline | None:
+        return self.nodes.find_pipeline(origin_run_id)
+
+    def list_nodes(self, pipeline_id: int) -> list[Node]:
+        return self.nodes.list_nodes(pipeline_id)
+
+    def get_node(self, pipeline_id: int, name: str) -> Node:
+        return self.nodes.get_node(pipeline_id, name)
+
+    def fenced(self, own: Ownership) -> AbstractContextManager[FencedTransaction]:
+        return self.nodes.fenced(own)
+
+    def write_fenced(self, own: Ownership, work: Callable[[FencedTransaction], Any]) -> Any:
+        return self.nodes.write_fenced(own, work)
+
+    def start_node(
+        self, own: Ownership, name: str, *, heartbeat_timeout: float = 90.0, stall_timeout: float | None = None
+    ) -> Node:
+        return self.nodes.start_node(own, name, heartbeat_timeout=heartbeat_timeout, stall_timeout=stall_timeout)
+
+    def begin_node(self, run_id: str, name: str, *, heartbeat_timeout: float = 90.0,
+                   stall_timeout: float | None = None) -> tuple[Ownership, Node, bool] | None:
+        return self.nodes.begin_node(run_id, name, heartbeat_timeout=heartbeat_timeout, stall_timeout=stall_timeout)
+
+    def complete_node(self, own: Ownership, name: str, output: Any = None, *, heartbeat_timeout: float | None = None,
+                      calls: Sequence[Any] = ()) -> bool:
+        return self.nodes.complete_node(own, name, output, heartbeat_timeout=heartbeat_timeout, calls=calls)
+
+    def degrade_node(self, own: Ownership, name: str, error: ErrorInfo, *,
+                     heartbeat_timeout: float | None = None) -> bool:
+        return self.nodes.degrade_node(own, name, error, heartbeat_timeout=heartbeat_timeout)
+
+    def fail_node(self, own: Ownership, name: str, error: ErrorInfo, *, permanent: bool,
+                  data: dict[str, Any] | None = None) -> None:
+        return self.nodes.fail_node(own, name, error, permanent=permanent, data=data)
+
+    def report_progress(self, own: Ownership, name: str, *, stall_timeout: float) -> None:
+        return self.nodes.report_progress(own, name, stall_timeout=stall_timeout)
+
+    # -- runs: Runs --------------------------------------------------------------------------------------------
+
+    def pulse(self, pipeline_beats: Iterable[PipelineBeat] = (), node_beats: Iterable[NodeBeat] = ()) -> set[int]:
+        return self.runs.pulse(pipeline_beats, node_beats)
+
+    def heartbeat(self, beats: Sequence[tuple[Ownership, str | None]], timeout: float) -> set[int]:
+        return self.runs.heartbeat(beats, timeout)
+
+    def owned_by(self, run_id: str) -> Ownership | None:
+        return self.runs.owned_by(run_id)
+
+    def formerly_owned_by(self, run_id: str) -> int | None:
+        return self.runs.formerly_owned_by(run_id)
+
+    def take_over(self, pipeline_id: int, run_id: str, *, owner_dead: Sequence[str] = (),
+                  heartbeat_timeout: float = 90.0, reason: str | None = None) -> Ownership:
+        return self.runs.take_over(pipeline_id, run_id, owner_dead=owner_dead, heartbeat_timeout=heartbeat_timeout,
+                                   reason=reason)
+
+    def complete_run(self, own: Ownership) -> list[str]:
+        return self.runs.complete_run(own)
+
+    def fail_run(self, own: Ownership, error: str) -> None:
+        return self.runs.fail_run(own, error)
+
+    def cancel_run(self, own: Ownership, reason: str) -> None:
+        return self.runs.cancel_run(own, reason)
+
+    # -- checkpoints: Checkpoints ------------------------------------------------------------------------------
+
+    def start_items(self, own: Ownership, node_name: str, total: int) -> dict[str, str]:
+        return self.checkpoints.start_items(own, node_name, total)
+
+    def completed_items(self, pipeline_id: int, node_name: str) -> dict[str, Any]:
+        return self.checkpoints.completed_items(pipeline_id, node_name)
+
+    def checkpoint_item(self, own: Ownership, node_name: str, entry: ItemCheckpoint, *,
+                        stall_timeout: float | None = None) -> None:
+        return self.checkpoints.checkpoint_item(own, node_name, entry, stall_timeout=stall_timeout)
+
+    def checkpoint_items(self, own: Ownership, node_name: str, entries: Sequence[ItemCheckpoint], *,
+                         stall_timeout: float | None = None) -> None:
+        return self.checkpoints.checkpoint_items(own, node_name, entries, stall_timeout=stall_timeout)
+
+    # -- jobs: ProviderJobs ------------------------------------------------------------------------------------
+
+    def provider_jobs(self, pipeline_id: int, node_name: str | None = None) -> list[ProviderJobRow]:
+        return self.jobs.provider_jobs(pipeline_id, node_name)
+
+    def job_live(self, own: Ownership, node_name: str, provider: str) -> ProviderJobRow | None:
+        return self.jobs.job_live(own, node_name, provider)
+
+    def job_submitting(self, own: Ownership, node_name: str, *, token: str, provider: str, items: Sequence[str],
+                       attempt: int, call: ProviderCall) -> None:
+        return self.jobs.job_submitting(own, node_name, token=token, provider=provider, items=items, attempt=attempt,
+                                        call=call)
+
+    def job_submitted(self, own: Ownership, node_name: str, token: str, job_id: str, *, outcome: str) -> None:
+        return self.jobs.job_submitted(own, node_name, token, job_id, outcome=outcome)
+
+    def job_part(self, own: Ownership, node_name: str, token: str, item: str, part: str | None) -> None:
+        return self.jobs.job_part(own, node_name, token, item, part)
+
+    def job_part_lost(self, own: Ownership, node_name: str, token: str, item: str, call: ProviderCall) -> None:
+        return self.jobs.job_part_lost(own, node_name, token, item, call)
+
+    def job_finished(self, own: Ownership, node_name: str, token: str, status: str,
+                     calls: Sequence[ProviderCall] = ()) -> None:
+        return self.jobs.job_finished(own, node_name, token, status, calls)
+
+    # -- vouching: Vouching ------------------------------------------------------------------------------------
+
+    def watched_nodes(self, watcher: str) -> list[WatchedNode]:
+        return self.vouching.watched_nodes(watcher)
+
+    def vouch_nodes(self, watcher: str, alive: Sequence[WatchedNode], dead: Sequence[WatchedNode],
+                    timeout: float) -> int:
+        return self.vouching.vouch_nodes(watcher, alive, dead, timeout)
+
+    def leave_to_recovery(self, own: Ownership) -> bool:
+        return self.vouching.leave_to_recovery(own)
 
 
 class Providers(SpendCapOps):

@@ -229,7 +229,7 @@ def test_the_store_and_its_components_inherit_in_one_line(store):
 
 # Components still built as a chain of domain classes (one per table family); each leaves this set when it becomes
 # a plain class holding its collaborators, as store.queue, store.recovery and store.reports are.
-CHAINED = {"pipelines", "providers"}
+CHAINED = {"providers"}
 # What a plain component may inherit: the transactions of the one Database.
 INFRASTRUCTURE = {"recovery_ext._store.database", "builtins"}
 
@@ -252,6 +252,42 @@ def test_the_recovery_component_holds_its_collaborators(store):
         Orphans, Deployments, PipelineCore)
     assert {recovery._db, recovery.orphans._db, recovery.deployments._db, recovery.pipeline_rows._db} == {store._db}
     assert isinstance(store.queue.fence, Fence)
+
+
+def test_the_pipelines_component_holds_its_parts_and_they_share_their_collaborators(store):
+    from recovery_ext._store.checkpoints import Checkpoints
+    from recovery_ext._store.fenced import Fence
+    from recovery_ext._store.jobs import ProviderJobs
+    from recovery_ext._store.node_transitions import NodeTransitions
+    from recovery_ext._store.pipelines import PipelineNodes
+    from recovery_ext._store.runs import Runs
+    from recovery_ext._store.vouch import Vouching
+
+    pipelines = store.pipelines
+    parts = (pipelines.nodes, pipelines.runs, pipelines.checkpoints, pipelines.jobs, pipelines.vouching)
+    assert tuple(map(type, parts)) == (PipelineNodes, Runs, Checkpoints, ProviderJobs, Vouching)
+    for part in parts:  # each part a plain class over the one Database, none built on another
+        assert type(part).__mro__ == (type(part), Component, Transactions, object)
+        assert part._db is store._db
+    assert (type(pipelines.rows), type(pipelines.ledger)) == (PipelineCore, LedgerWrites)
+    assert pipelines.nodes.rows is pipelines.runs.rows is pipelines.checkpoints.rows is pipelines.rows
+    assert pipelines.checkpoints.ledger is pipelines.jobs.ledger is pipelines.ledger
+    assert isinstance(pipelines.rows.transitions, NodeTransitions)
+    assert pipelines.nodes.transitions is pipelines.checkpoints.transitions is pipelines.rows.transitions
+    assert isinstance(pipelines.nodes.fence, Fence)
+    assert pipelines.nodes.fence is pipelines.runs.fence is pipelines.checkpoints.fence is pipelines.jobs.fence
+
+
+def test_each_call_of_the_pipelines_component_is_its_parts_call_with_its_docstring(store):
+    """The component hands each call to the one part that does it, with that part's docstring; the part's call
+    is the one declared ``@retried`` (retries happen once, where the work is)."""
+    pipelines = store.pipelines
+    parts = (pipelines.nodes, pipelines.runs, pipelines.checkpoints, pipelines.jobs, pipelines.vouching)
+    for name in protocol_members(PipelineStore):
+        (part,) = [part for part in parts if name in vars(type(part))]
+        assert getattr(type(pipelines), name).__doc__ == getattr(type(part), name).__doc__, name
+        assert not getattr(getattr(type(pipelines), name), "__rx_retried__", False), name
+        assert getattr(getattr(type(part), name), "__rx_retried__", False) == (name != "fenced"), name
 
 
 # interfaces.py takes the values it names from models.py; these modules still hold one it names (interfaces.py says
