@@ -241,19 +241,6 @@ def test_a_plain_component_has_no_base_class_from_another_domain_module(store):
         assert (foreign == []) == (name not in CHAINED), (name, foreign)
 
 
-def test_the_recovery_component_holds_its_collaborators(store):
-    from recovery_ext._store.deployments import Deployments
-    from recovery_ext._store.fenced import Fence
-    from recovery_ext._store.orphans import Orphans
-    from recovery_ext._store.pipelines import PipelineCore
-
-    recovery = store.recovery
-    assert (type(recovery.orphans), type(recovery.deployments), type(recovery.pipeline_rows)) == (
-        Orphans, Deployments, PipelineCore)
-    assert {recovery._db, recovery.orphans._db, recovery.deployments._db, recovery.pipeline_rows._db} == {store._db}
-    assert isinstance(store.queue.fence, Fence)
-
-
 def test_the_pipelines_component_holds_its_parts_and_they_share_their_collaborators(store):
     from recovery_ext._store.checkpoints import Checkpoints
     from recovery_ext._store.fenced import Fence
@@ -288,6 +275,19 @@ def test_each_call_of_the_pipelines_component_is_its_parts_call_with_its_docstri
         assert getattr(type(pipelines), name).__doc__ == getattr(type(part), name).__doc__, name
         assert not getattr(getattr(type(pipelines), name), "__rx_retried__", False), name
         assert getattr(getattr(type(part), name), "__rx_retried__", False) == (name != "fenced"), name
+
+
+def test_the_recovery_component_holds_its_collaborators(store):
+    from recovery_ext._store.deployments import Deployments
+    from recovery_ext._store.fenced import Fence
+    from recovery_ext._store.orphans import Orphans
+    from recovery_ext._store.pipelines import PipelineCore
+
+    recovery = store.recovery
+    assert (type(recovery.orphans), type(recovery.deployments), type(recovery.pipeline_rows)) == (
+        Orphans, Deployments, PipelineCore)
+    assert {recovery._db, recovery.orphans._db, recovery.deployments._db, recovery.pipeline_rows._db} == {store._db}
+    assert isinstance(store.queue.fence, Fence)
 
 
 # interfaces.py takes the values it names from models.py; these modules still hold one it names (interfaces.py says
