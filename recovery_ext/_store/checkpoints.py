@@ -35,7 +35,6 @@ from recovery_ext._store.ledger import LedgerWrites, call_row
 from recovery_ext._store.models import ItemCheckpoint, JsonText, Ownership, ProviderCall, encode_json
 from recovery_ext._store.schema import node_items, nodes
 from recovery_ext._store.statuses import ItemStatus, NodeStatus
-from recovery_ext._store.node_transitions import NodeTransitions
 from recovery_ext._store.pipelines import PipelineCore
 
 UNIQUE_VIOLATION = "23505"
@@ -53,15 +52,13 @@ class _Superseded(Exception):
 
 class Checkpoints(Component):
     """Item checkpoints (a part of ``store.pipelines``). Its collaborators: ``rows`` (the pipeline moves every
-    component shares), ``fence`` (the owner's lock and epoch check), ``transitions`` (how this store's nodes
-    start and read their items) and ``ledger`` (the provider calls a checkpoint keeps)."""
+    component shares, and ``rows.transitions``: how this store's nodes start and read their items), ``fence``
+    (the owner's lock and epoch check) and ``ledger`` (the provider calls a checkpoint keeps)."""
 
-    def __init__(self, db: Database, *, rows: PipelineCore, fence: Fence, transitions: NodeTransitions,
-                 ledger: LedgerWrites) -> None:
+    def __init__(self, db: Database, *, rows: PipelineCore, fence: Fence, ledger: LedgerWrites) -> None:
         super().__init__(db)
         self.rows = rows
         self.fence = fence
-        self.transitions = transitions
         self.ledger = ledger
 
     # -- items of a node ---------------------------------------------------------------------
@@ -70,11 +67,11 @@ class Checkpoints(Component):
     def start_items(self, own: Ownership, node_name: str, total: int) -> dict[str, str]:
         """Record the node's item total and read the statuses of its checkpointed items, in one transaction
         (on PostgreSQL one autocommit statement: the fence, the update and the read as CTEs)."""
-        return self.transitions.start_items(own, node_name, total)
+        return self.rows.transitions.start_items(own, node_name, total)
 
     @retried
     def completed_items(self, pipeline_id: int, node_name: str) -> dict[str, Any]:
-        return self.transitions.completed_items(pipeline_id, node_name)
+        return self.rows.transitions.completed_items(pipeline_id, node_name)
 
     # -- checkpoints -------------------------------------------------------------------------
 

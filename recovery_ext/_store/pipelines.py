@@ -201,15 +201,14 @@ class PipelineNodes(Component):
     """Pipelines and their nodes: creation and attachment, reads, the fenced transaction, node transitions and
     progress (a part of ``store.pipelines``).
 
-    Its collaborators: ``rows`` (the pipeline and node moves every component shares), ``fence`` (the owner's
-    lock and epoch check) and ``transitions`` (how this store's nodes start and complete).
+    Its collaborators: ``rows`` (the pipeline and node moves every component shares, and ``rows.transitions``:
+    how this store's nodes start and complete) and ``fence`` (the owner's lock and epoch check).
     """
 
-    def __init__(self, db: Database, *, rows: PipelineCore, fence: Fence, transitions: NodeTransitions) -> None:
+    def __init__(self, db: Database, *, rows: PipelineCore, fence: Fence) -> None:
         super().__init__(db)
         self.rows = rows
         self.fence = fence
-        self.transitions = transitions
 
     # -- creation and attachment ------------------------------------------------------------
 
@@ -407,7 +406,7 @@ class PipelineNodes(Component):
         pipeline (the caller asks why). The pipeline row is locked ``FOR NO KEY UPDATE``
         first, as :meth:`start_node` does, so nothing can take it over in between.
         """
-        return self.transitions.begin(run_id, name, heartbeat_timeout, stall_timeout)
+        return self.rows.transitions.begin(run_id, name, heartbeat_timeout, stall_timeout)
 
     @retried
     def complete_node(self, own: Ownership, name: str, output: Any = None, *, heartbeat_timeout: float | None = None,
@@ -419,7 +418,7 @@ class PipelineNodes(Component):
         ``calls``: the provider calls (outside any item) whose answers the output keeps, marked
         reached_checkpoint in the ledger in the same transaction.
         """
-        return self.transitions.complete(own, name, output, heartbeat_timeout, calls)
+        return self.rows.transitions.complete(own, name, output, heartbeat_timeout, calls)
 
     @retried
     def degrade_node(self, own: Ownership, name: str, error: ErrorInfo, *,

@@ -56,18 +56,18 @@ class Pipelines(Component):
     does it: ``nodes`` (pipelines and nodes, the fenced transaction, node transitions), ``runs`` (heartbeats,
     ownership by run, how a run ends), ``checkpoints`` (item checkpoints), ``jobs`` (provider jobs) and
     ``vouching`` (what a watcher says about its step processes). The parts share ``rows`` (the pipeline and node
-    moves every component shares, with the fence and the node transitions) and ``ledger`` (the ledger's writes).
-    Each part's calls are ``@retried`` where they are defined.
+    moves every component shares, with the fence and the node transitions, chosen from the dialect on first use)
+    and ``ledger`` (the ledger's writes). Each part's calls are ``@retried`` where they are defined.
     """
 
     def __init__(self, db: Database) -> None:
         super().__init__(db)
         self.rows = PipelineCore(db)
         self.ledger = LedgerWrites(db)
-        fence, transitions = self.rows.fence, self.rows.transitions
-        self.nodes = PipelineNodes(db, rows=self.rows, fence=fence, transitions=transitions)
+        fence = self.rows.fence
+        self.nodes = PipelineNodes(db, rows=self.rows, fence=fence)
         self.runs = Runs(db, rows=self.rows, fence=fence)
-        self.checkpoints = Checkpoints(db, rows=self.rows, fence=fence, transitions=transitions, ledger=self.ledger)
+        self.checkpoints = Checkpoints(db, rows=self.rows, fence=fence, ledger=self.ledger)
         self.jobs = ProviderJobs(db, fence=fence, ledger=self.ledger)
         self.vouching = Vouching(db)
 
