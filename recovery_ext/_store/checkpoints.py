@@ -26,16 +26,16 @@ from typing import Any, NoReturn
 
 from sqlalchemy import Connection, select, update
 
-from recovery_ext._store.database import is_retry, retried
+from recovery_ext._store.database import Component, Database, is_retry, retried
 from recovery_ext._store.dialects import sqlstate
 from recovery_ext._errors import IllegalTransition, OwnershipLost, StoreError
-from recovery_ext._store.fenced import FencedTransaction
+from recovery_ext._store.fenced import Fence, FencedTransaction
 from recovery_ext._store.migrations import load_query
-from recovery_ext._store.ledger import call_row
+from recovery_ext._store.ledger import LedgerWrites, call_row
 from recovery_ext._store.models import ItemCheckpoint, JsonText, Ownership, ProviderCall, encode_json
 from recovery_ext._store.schema import node_items, nodes
 from recovery_ext._store.statuses import ItemStatus, NodeStatus
-from recovery_ext._store.runs import RunOps
+from recovery_ext._store.pipelines import PipelineCore
 
 UNIQUE_VIOLATION = "23505"
 SUPERSEDED = "RX409"  # raised by rx_superseded() (migration 0009) when a checkpoint's fence finds no row
@@ -50,18 +50,28 @@ class _Superseded(Exception):
     and its transaction rolls back."""
 
 
-class CheckpointOps(RunOps):
+class Checkpoints(Component):
+    """Item checkpoints (a part of ``store.pipelines``). Its collaborators: ``rows`` (the pipeline moves every
+    component shares, and ``rows.transitions``: how this store's nodes start and read their items), ``fence``
+    (the owner's lock and epoch check) and ``ledger`` (the provider calls a checkpoint keeps)."""
+
+    def __init__(self, db: Database, *, rows: PipelineCore, fence: Fence, ledger: LedgerWrites) -> None:
+        super().__init__(db)
+        self.rows = rows
+        self.fence = fence
+        self.ledger = ledger
+
     # -- items of a node ---------------------------------------------------------------------
 
     @retried
     def start_items(self, own: Ownership, node_name: str, total: int) -> dict[str, str]:
         """Record the node's item total and read the statuses of its checkpointed items, in one transaction
         (on PostgreSQL one autocommit statement: the fence, the update and the read as CTEs)."""
-        return self._transitions.start_items(own, node_name, total)
+        return self.rows.transitions.start_items(own, node_name, total)
 
     @retried
     def completed_items(self, pipeline_id: int, node_name: str) -> dict[str, Any]:
-        return self._transitions.completed_items(pipeline_id, node_name)
+        return self.rows.transitions.completed_items(pipeline_id, node_name)
 
     # -- checkpoints -------------------------------------------------------------------------
 
@@ -178,7 +188,7 @@ class CheckpointOps(RunOps):
             raise StoreError(f"checkpoint batch of node {node_name!r}: {written} of {len(entries)} written")
 
     def _superseded(self, own: Ownership) -> NoReturn:
-        self._check_ownership(own)  # raises OwnershipLost (or NotFound) with who owns it now
+        self.rows.check_ownership(own)  # raises OwnershipLost (or NotFound) with who owns it now
         raise OwnershipLost(owner="(changed during the checkpoint)", pipeline_id=own.pipeline_id) from None
 
     def _checkpoint_rows(self, own: Ownership, node_name: str, entries: list[ItemCheckpoint],
@@ -186,11 +196,11 @@ class CheckpointOps(RunOps):
         """SQLite: the fence, ``also=`` writes, a multi-row INSERT and the stall push in one transaction."""
         keys = [e.key for e in entries]
         with self.write() as conn:
-            self._fence(conn, own)
+            self.fence.check(conn, own)
             if is_retry() and self._checkpointed_by(conn, own, node_name, keys[0]):
                 return  # the batch is atomic: the first attempt committed before its connection dropped
             self._run_also(conn, own, entries)
-            self.write_calls(conn, _kept_calls(own, node_name, entries), reached=True)
+            self.ledger.write_calls(conn, _kept_calls(own, node_name, entries), reached=True)
             written = set(conn.scalars(self._checkpoints_insert(), [
                 {"pipeline_id": own.pipeline_id, "node_name": node_name, "item_key": e.key, "status": e.status,
                  "result": e.result, "run_id": own.owner, "epoch": own.epoch} for e in entries]))

@@ -1,7 +1,7 @@
 """The fence, and the fenced transaction: what user code inside a recoverable op writes through (the handle,
 :class:`~recovery_ext._store.models.FencedTransaction`, is one of the store's values).
 
-The transaction is opened by :meth:`PipelineOps.fenced`, which first locks the pipeline row and
+The transaction is opened by :meth:`PipelineNodes.fenced`, which first locks the pipeline row and
 checks the worker's epoch in the same transaction. A reclaim needs ``FOR UPDATE`` on
 that row, so while this transaction is open nobody can take the pipeline over, and once
 somebody has, opening it raises :class:`~recovery_ext._errors.OwnershipLost` before any

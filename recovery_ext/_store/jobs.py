@@ -16,12 +16,12 @@ from collections.abc import Sequence
 from sqlalchemy import insert, select, update
 from typing import Any
 
-from recovery_ext._store.database import retried
-from recovery_ext._store.ledger import IN_FLIGHT
+from recovery_ext._store.database import Component, Database, retried
+from recovery_ext._store.fenced import Fence
+from recovery_ext._store.ledger import IN_FLIGHT, LedgerWrites
 from recovery_ext._store.models import Ownership, ProviderCall, ProviderJobRow
 from recovery_ext._store.schema import provider_calls, provider_jobs
 from recovery_ext._store.statuses import JobStatus
-from recovery_ext._store.checkpoints import CheckpointOps
 
 j = provider_jobs.c
 pc = provider_calls.c
@@ -36,7 +36,15 @@ def _row(r: Any) -> ProviderJobRow:
                           r.created_at, accepted=dict(parts.get("accepted", {})), sending=parts.get("sending"))
 
 
-class JobOps(CheckpointOps):
+class ProviderJobs(Component):
+    """Asynchronous provider jobs (a part of ``store.pipelines``). Its collaborators: ``fence`` (the owner's lock
+    and epoch check) and ``ledger`` (each submission's ledger row)."""
+
+    def __init__(self, db: Database, *, fence: Fence, ledger: LedgerWrites) -> None:
+        super().__init__(db)
+        self.fence = fence
+        self.ledger = ledger
+
     @retried
     def provider_jobs(self, pipeline_id: int, node_name: str | None = None) -> list[ProviderJobRow]:
         """The jobs of a pipeline (of one node), oldest first."""
@@ -51,7 +59,7 @@ class JobOps(CheckpointOps):
         """The node's job not finished yet (submitting, or submitted and not collected), if any: a resume
         re-attaches to it."""
         with self.write() as conn:
-            self._fence(conn, own)
+            self.fence.check(conn, own)
             found = conn.execute(select(provider_jobs).where(
                 j.pipeline_id == own.pipeline_id, j.node_name == node_name, j.provider == provider,
                 j.status.in_(LIVE)).order_by(j.attempt.desc())).first()
@@ -62,8 +70,8 @@ class JobOps(CheckpointOps):
                        attempt: int, call: ProviderCall) -> None:
         """Before the submission: its token, its items and its ledger row (in flight), fenced."""
         with self.write() as conn:
-            self._fence(conn, own)
-            self.write_calls(conn, [call], reached=False)
+            self.fence.check(conn, own)
+            self.ledger.write_calls(conn, [call], reached=False)
             conn.execute(insert(provider_jobs).values(
                 pipeline_id=own.pipeline_id, node_name=node_name, token=token, provider=provider, job_id=None,
                 status=SUBMITTING, items=json.dumps(list(items)), attempt=attempt, epoch=own.epoch, call_id=call.id,
@@ -73,7 +81,7 @@ class JobOps(CheckpointOps):
     def job_submitted(self, own: Ownership, node_name: str, token: str, job_id: str, *, outcome: str) -> None:
         """The provider's job id, as soon as it is known; the submission's ledger row says ``outcome``."""
         with self.write() as conn:
-            self._fence(conn, own)
+            self.fence.check(conn, own)
             call_id = conn.execute(update(provider_jobs).where(
                 j.pipeline_id == own.pipeline_id, j.node_name == node_name, j.token == token)
                 .values(job_id=job_id, status=SUBMITTED, updated_at=self.dialect.now()).returning(j.call_id)).scalar()
@@ -87,7 +95,7 @@ class JobOps(CheckpointOps):
         resume knows which parts exist and which one may be on its way; fenced, so a superseded worker's
         submission stops at its next part."""
         with self.write() as conn:
-            self._fence(conn, own)
+            self.fence.check(conn, own)
             parts = self._parts(conn, own, node_name, token)
             if part is None:
                 parts["sending"] = item
@@ -101,11 +109,11 @@ class JobOps(CheckpointOps):
         """A resume found ``item``'s submission on its way and no part for it: its ledger row (``call``: it may
         have been paid) and the mark cleared, in one transaction, so a second resume does not ledger it again."""
         with self.write() as conn:
-            self._fence(conn, own)
+            self.fence.check(conn, own)
             parts = self._parts(conn, own, node_name, token)
             if parts["sending"] != item:
                 return  # already ledgered
-            self.write_calls(conn, [call], reached=False)
+            self.ledger.write_calls(conn, [call], reached=False)
             parts["sending"] = None
             self._set_parts(conn, own, node_name, token, parts)
 
@@ -130,8 +138,8 @@ class JobOps(CheckpointOps):
         checkpoints, so the submission's ledger row did too. ``calls``: the ledger rows of what its results held
         for no item (paid, never kept), written in the same transaction, so once."""
         with self.write() as conn:
-            self._fence(conn, own)
-            self.write_calls(conn, calls, reached=False)
+            self.fence.check(conn, own)
+            self.ledger.write_calls(conn, calls, reached=False)
             call_id = conn.execute(update(provider_jobs).where(
                 j.pipeline_id == own.pipeline_id, j.node_name == node_name, j.token == token)
                 .values(status=status, updated_at=self.dialect.now()).returning(j.call_id)).scalar()

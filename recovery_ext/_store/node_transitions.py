@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from contextlib import AbstractContextManager
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from sqlalchemy import Connection, Float, bindparam, func, select, type_coerce, update
 from sqlalchemy.sql.elements import ColumnElement
@@ -26,6 +26,9 @@ from recovery_ext._store.dialects import Dialect
 from recovery_ext._store.models import Node, Ownership, ProviderCall
 from recovery_ext._store.schema import ITEM_STATUSES, circuit_breakers, node_items, nodes, pipelines
 from recovery_ext._store.statuses import NodeStatus, PipelineStatus
+
+if TYPE_CHECKING:
+    from recovery_ext._store.fenced import Fence
 
 # Legal node transitions: target -> allowed sources.
 NODE_TRANSITIONS: dict[NodeStatus, tuple[NodeStatus, ...]] = {
@@ -51,16 +54,16 @@ class TransitionHost(Protocol):
     def driver_autocommit(self) -> AbstractContextManager[Any]: ...
     def driver_of(self, conn: Connection) -> AbstractContextManager[Any]: ...
     def write_calls(self, conn: Connection, calls: Sequence[ProviderCall], *, reached: bool) -> None: ...
-    def _check_ownership(self, own: Ownership) -> None: ...
-    def _fence(self, conn: Connection, own: Ownership, *, for_update: bool = False,
-               finished_ok: bool = False) -> str: ...
-    def _start_node_in(self, conn: Connection, own: Ownership, name: str, heartbeat_timeout: float,
-                       stall_timeout: float | None) -> Node: ...
-    def _move_node(self, conn: Connection, own: Ownership, name: str, target: NodeStatus, event: str,
-                   extra: dict[str, Any] | None = None, **values: Any) -> Node: ...
-    def _refresh_pipeline(self, conn: Connection, own: Ownership, heartbeat_timeout: float | None,
-                          **values: Any) -> None: ...
-    def _complete_pipeline_if_done(self, conn: Connection, own: Ownership) -> bool: ...
+    def check_ownership(self, own: Ownership) -> None: ...
+    @property
+    def fence(self) -> Fence: ...
+    def start_node_in(self, conn: Connection, own: Ownership, name: str, heartbeat_timeout: float,
+                      stall_timeout: float | None) -> Node: ...
+    def move_node(self, conn: Connection, own: Ownership, name: str, target: NodeStatus, event: str,
+                  extra: dict[str, Any] | None = None, **values: Any) -> Node: ...
+    def refresh_pipeline(self, conn: Connection, own: Ownership, heartbeat_timeout: float | None,
+                         **values: Any) -> None: ...
+    def complete_pipeline_if_done(self, conn: Connection, own: Ownership) -> bool: ...
 
 
 class NodeTransitions:
@@ -121,29 +124,29 @@ class PortableTransitions(NodeTransitions):
             recorded = Node.from_row(current._mapping)
             if recorded.finished:
                 return own, recorded, False
-            node = db._start_node_in(conn, own, name, heartbeat_timeout, stall_timeout)
+            node = db.start_node_in(conn, own, name, heartbeat_timeout, stall_timeout)
         return own, node, True
 
     def complete(self, own: Ownership, name: str, output: Any, heartbeat_timeout: float | None,
                  calls: Sequence[ProviderCall]) -> bool:
         db = self.db
         with db.write() as conn:
-            if db._fence(conn, own, for_update=True, finished_ok=True) != PipelineStatus.RUNNING:
+            if db.fence.check(conn, own, for_update=True, finished_ok=True) != PipelineStatus.RUNNING:
                 return True
             refuse_unfinished_items(conn, own, name)
             if calls:
                 db.write_calls(conn, calls, reached=True)
-            db._move_node(
+            db.move_node(
                 conn, own, name, NodeStatus.COMPLETED, NodeStatus.COMPLETED,
                 output=output, completed_at=db.dialect.now(), error=None, error_category=None,
                 error_status_code=None, stall_deadline=None, run_id=own.owner,
             )
-            db._refresh_pipeline(conn, own, heartbeat_timeout)
-            return db._complete_pipeline_if_done(conn, own)
+            db.refresh_pipeline(conn, own, heartbeat_timeout)
+            return db.complete_pipeline_if_done(conn, own)
 
     def start_items(self, own: Ownership, node_name: str, total: int) -> dict[str, str]:
         with self.db.write() as conn:
-            self.db._fence(conn, own)
+            self.db.fence.check(conn, own)
             conn.execute(update(nodes).where(nodes.c.pipeline_id == own.pipeline_id, nodes.c.name == node_name)
                          .values(items_total=total))
             rows = conn.execute(select(node_items.c.item_key, node_items.c.status).where(
@@ -213,7 +216,7 @@ class ServerFunctionTransitions(NodeTransitions):
             rows = hot_path.start_items(raw, pipeline_id=own.pipeline_id, epoch=own.epoch, node=node_name,
                                         total=total)
         if not rows[0].fenced:
-            self.db._check_ownership(own)  # raises OwnershipLost (or NotFound) with who owns it now
+            self.db.check_ownership(own)  # raises OwnershipLost (or NotFound) with who owns it now
             raise OwnershipLost(owner="(changed meanwhile)", pipeline_id=own.pipeline_id)
         return {r.item_key: r.status for r in rows[1:]}
 

@@ -28,7 +28,7 @@ from sqlalchemy.exc import IntegrityError
 
 from recovery_ext._conventions import placeholder_owner
 from recovery_ext._processes import this_process, watcher_of_this_process
-from recovery_ext._store.database import chunks, is_retry, retried
+from recovery_ext._store.database import Component, Database, chunks, is_retry, retried
 from recovery_ext._store.node_transitions import NODE_TRANSITIONS, NodeTransitions, illegal, transitions_for
 from recovery_ext._store.ledger import LedgerWrites
 from recovery_ext._settings import check_deployment
@@ -40,7 +40,7 @@ from recovery_ext._classify.redaction import redact, redact_config
 from recovery_ext._store.schema import nodes, pipelines
 from recovery_ext._store.statuses import FINISHED_NODE_STATUSES, NodeStatus, PipelineStatus
 
-__all__ = ["NODE_TRANSITIONS", "ItemCheckpoint", "PipelineOps"]  # ItemCheckpoint: its old home
+__all__ = ["NODE_TRANSITIONS", "ItemCheckpoint", "PipelineCore", "PipelineNodes"]  # ItemCheckpoint: its old home
 
 
 # What a pipeline's new owner (a reclaim's resume, a re-execution's or run retry's take-over) starts
@@ -54,19 +54,14 @@ class PipelineCore(LedgerWrites):
     component is one of these over the store's one database, so all of them fence the same way."""
 
     @cached_property
-    def _transitions(self) -> NodeTransitions:
+    def transitions(self) -> NodeTransitions:
         """How this store's nodes start and complete: chosen once, from its dialect."""
         return transitions_for(self)
 
     fence = Fence()
 
-    def _fence(self, conn: Connection, own: Ownership, *, for_update: bool = False,
-               finished_ok: bool = False, completed_ok: bool = False) -> str:
-        """:meth:`Fence.check` (its docstring says how it locks)."""
-        return self.fence.check(conn, own, for_update=for_update, finished_ok=finished_ok, completed_ok=completed_ok)
-
-    def _refresh_pipeline(self, conn: Connection, own: Ownership, heartbeat_timeout: float | None,
-                          **values: Any) -> None:
+    def refresh_pipeline(self, conn: Connection, own: Ownership, heartbeat_timeout: float | None,
+                         **values: Any) -> None:
         if heartbeat_timeout is not None:
             values["heartbeat_at"] = self.dialect.now()
             values["heartbeat_deadline"] = self.dialect.now_plus(heartbeat_timeout)
@@ -77,12 +72,12 @@ class PipelineCore(LedgerWrites):
         )
 
     @retried
-    def _check_ownership(self, own: Ownership) -> None:
+    def check_ownership(self, own: Ownership) -> None:
         with self.write() as conn:
-            self._fence(conn, own)
+            self.fence.check(conn, own)
 
-    def _move_node(self, conn: Connection, own: Ownership, name: str, target: NodeStatus, event: str,
-                   extra: dict[str, Any] | None = None, **values: Any) -> Node:
+    def move_node(self, conn: Connection, own: Ownership, name: str, target: NodeStatus, event: str,
+                  extra: dict[str, Any] | None = None, **values: Any) -> Node:
         sources = NODE_TRANSITIONS[target]
         before = conn.execute(
             select(nodes.c.id, nodes.c.status, nodes.c.run_id)
@@ -112,9 +107,9 @@ class PipelineCore(LedgerWrites):
         )
         return Node.from_row(row._mapping)
 
-    def _start_node_in(self, conn: Connection, own: Ownership, name: str, heartbeat_timeout: float,
-                       stall_timeout: float | None) -> Node:
-        node = self._move_node(
+    def start_node_in(self, conn: Connection, own: Ownership, name: str, heartbeat_timeout: float,
+                      stall_timeout: float | None) -> Node:
+        node = self.move_node(
             conn, own, name, NodeStatus.RUNNING, "started",
             attempts=nodes.c.attempts + 1,
             run_id=own.owner,
@@ -126,10 +121,10 @@ class PipelineCore(LedgerWrites):
             # who runs it and who can vouch for it (the process that started it), for the orphan scan
             process=this_process(), watcher=watcher_of_this_process(), vouched_until=None, died_at=None,
         )
-        self._refresh_pipeline(conn, own, heartbeat_timeout, current_node=name)
+        self.refresh_pipeline(conn, own, heartbeat_timeout, current_node=name)
         return node
 
-    def _complete_pipeline_if_done(self, conn: Connection, own: Ownership) -> bool:
+    def complete_pipeline_if_done(self, conn: Connection, own: Ownership) -> bool:
         unfinished = conn.scalar(
             select(func.count()).where(
                 nodes.c.pipeline_id == own.pipeline_id, nodes.c.status.not_in(FINISHED_NODE_STATUSES)
@@ -137,11 +132,11 @@ class PipelineCore(LedgerWrites):
         )
         if unfinished:
             return False
-        self._finish_pipeline(conn, own, PipelineStatus.COMPLETED)
+        self.finish_pipeline(conn, own, PipelineStatus.COMPLETED)
         return True
 
-    def _finish_pipeline(self, conn: Connection, own: Ownership, status: str, *, error: str | None = None,
-                         reason: str | None = None) -> None:
+    def finish_pipeline(self, conn: Connection, own: Ownership, status: str, *, error: str | None = None,
+                        reason: str | None = None) -> None:
         conn.execute(
             update(pipelines)
             .where(pipelines.c.id == own.pipeline_id, pipelines.c.epoch == own.epoch,
@@ -171,14 +166,14 @@ class PipelineCore(LedgerWrites):
             ).all()
             for r in rows:
                 own = Ownership(r.id, r.epoch, r.owner)
-                self._fail_running_nodes_of(conn, own, "pipeline canceled")
-                self._finish_pipeline(conn, own, PipelineStatus.CANCELED, reason=reason)
+                self.fail_running_nodes_of(conn, own, "pipeline canceled")
+                self.finish_pipeline(conn, own, PipelineStatus.CANCELED, reason=reason)
                 self.record_events(conn, [{"kind": "pipeline_canceled", "pipeline_id": r.id,
                                            "payload": {"owner": r.owner, "reason": reason}}])
                 canceled.append(r.id)
         return canceled
 
-    def _fail_running_nodes_of(self, conn: Connection, own: Ownership, error: str) -> None:
+    def fail_running_nodes_of(self, conn: Connection, own: Ownership, error: str) -> None:
         rows = conn.execute(
             update(nodes).where(nodes.c.pipeline_id == own.pipeline_id, nodes.c.status == NodeStatus.RUNNING)
             .values(status=NodeStatus.FAILED, error=error, stall_deadline=None, updated_at=self.dialect.now())
@@ -192,7 +187,18 @@ class PipelineCore(LedgerWrites):
         ])
 
 
-class PipelineOps(PipelineCore):
+class PipelineNodes(Component):
+    """Pipelines and their nodes: creation and attachment, reads, the fenced transaction, node transitions and
+    progress (a part of ``store.pipelines``).
+
+    Its collaborators: ``rows`` (the pipeline and node moves every component shares, and ``rows.transitions``:
+    how this store's nodes start and complete) and ``fence`` (the owner's lock and epoch check).
+    """
+
+    def __init__(self, db: Database, *, rows: PipelineCore, fence: Fence) -> None:
+        super().__init__(db)
+        self.rows = rows
+        self.fence = fence
 
     # -- creation and attachment ------------------------------------------------------------
 
@@ -352,7 +358,7 @@ class PipelineOps(PipelineCore):
                 stack = ExitStack()
                 try:
                     conn = stack.enter_context(self.write())
-                    self._fence(conn, own)
+                    self.fence.check(conn, own)
                 except BaseException as exc:
                     stack.__exit__(type(exc), exc, exc.__traceback__)
                     raise
@@ -377,8 +383,8 @@ class PipelineOps(PipelineCore):
     ) -> Node:
         """pending/failed -> running under ``own``; counts an attempt and starts the node's heartbeat."""
         with self.write() as conn:
-            self._fence(conn, own, for_update=True)
-            return self._start_node_in(conn, own, name, heartbeat_timeout, stall_timeout)
+            self.fence.check(conn, own, for_update=True)
+            return self.rows.start_node_in(conn, own, name, heartbeat_timeout, stall_timeout)
 
     @retried
     def begin_node(self, run_id: str, name: str, *, heartbeat_timeout: float = 90.0,
@@ -390,7 +396,7 @@ class PipelineOps(PipelineCore):
         pipeline (the caller asks why). The pipeline row is locked ``FOR NO KEY UPDATE``
         first, as :meth:`start_node` does, so nothing can take it over in between.
         """
-        return self._transitions.begin(run_id, name, heartbeat_timeout, stall_timeout)
+        return self.rows.transitions.begin(run_id, name, heartbeat_timeout, stall_timeout)
 
     @retried
     def complete_node(self, own: Ownership, name: str, output: Any = None, *, heartbeat_timeout: float | None = None,
@@ -402,14 +408,14 @@ class PipelineOps(PipelineCore):
         ``calls``: the provider calls (outside any item) whose answers the output keeps, marked
         reached_checkpoint in the ledger in the same transaction.
         """
-        return self._transitions.complete(own, name, output, heartbeat_timeout, calls)
+        return self.rows.transitions.complete(own, name, output, heartbeat_timeout, calls)
 
     @retried
     def degrade_node(self, own: Ownership, name: str, error: ErrorInfo, *,
                      heartbeat_timeout: float | None = None) -> bool:
         """An optional node gave up: the pipeline goes on without it. Returns whether the pipeline completed."""
         with self.write() as conn:
-            if self._fence(conn, own, for_update=True, finished_ok=True) != PipelineStatus.RUNNING:
+            if self.fence.check(conn, own, for_update=True, finished_ok=True) != PipelineStatus.RUNNING:
                 return True
             optional = conn.scalar(
                 select(nodes.c.optional).where(nodes.c.pipeline_id == own.pipeline_id, nodes.c.name == name)
@@ -417,28 +423,28 @@ class PipelineOps(PipelineCore):
             if not optional:
                 raise IllegalTransition(
                     f"node {name!r} of pipeline {own.pipeline_id} is not optional; it cannot degrade")
-            self._move_node(
+            self.rows.move_node(
                 conn, own, name, NodeStatus.DEGRADED, NodeStatus.DEGRADED, completed_at=self.dialect.now(),
                 stall_deadline=None,
                 **_error_values(error),
             )
-            self._refresh_pipeline(conn, own, heartbeat_timeout)
-            return self._complete_pipeline_if_done(conn, own)
+            self.rows.refresh_pipeline(conn, own, heartbeat_timeout)
+            return self.rows.complete_pipeline_if_done(conn, own)
 
     @retried
     def fail_node(self, own: Ownership, name: str, error: ErrorInfo, *, permanent: bool,
                   data: dict[str, Any] | None = None) -> None:
         """running -> failed. A permanent failure also fails the pipeline."""
         with self.write() as conn:
-            if self._fence(conn, own, for_update=True, finished_ok=True) != PipelineStatus.RUNNING:
+            if self.fence.check(conn, own, for_update=True, finished_ok=True) != PipelineStatus.RUNNING:
                 return
             extra = {"node": name, "category": error.category, **(data or {})}
-            self._move_node(conn, own, name, NodeStatus.FAILED, NodeStatus.FAILED, extra=extra, stall_deadline=None,
-                            **_error_values(error))
+            self.rows.move_node(conn, own, name, NodeStatus.FAILED, NodeStatus.FAILED, extra=extra,
+                                stall_deadline=None, **_error_values(error))
             if permanent:
-                self._finish_pipeline(conn, own, PipelineStatus.FAILED, error=redact(error.message))
+                self.rows.finish_pipeline(conn, own, PipelineStatus.FAILED, error=redact(error.message))
             else:
-                self._refresh_pipeline(conn, own, None)
+                self.rows.refresh_pipeline(conn, own, None)
 
     # -- liveness ----------------------------------------------------------------------------
 
@@ -446,7 +452,7 @@ class PipelineOps(PipelineCore):
     def report_progress(self, own: Ownership, name: str, *, stall_timeout: float) -> None:
         """The node moved forward: push its stall deadline out by ``stall_timeout``."""
         with self.write() as conn:
-            self._fence(conn, own)
+            self.fence.check(conn, own)
             conn.execute(
                 update(nodes)
                 .where(nodes.c.pipeline_id == own.pipeline_id, nodes.c.name == name,

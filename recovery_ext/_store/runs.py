@@ -21,10 +21,11 @@ from sqlalchemy import (BigInteger, Float, Integer, Text, and_, bindparam, exist
 from sqlalchemy import CompoundSelect, Select
 from sqlalchemy.dialects.postgresql import ARRAY
 
-from recovery_ext._store.database import chunks, retried
+from recovery_ext._store.database import Component, Database, chunks, retried
 from recovery_ext._errors import IllegalTransition, NotFound, OwnershipLost
 from recovery_ext._store.models import NodeBeat, Ownership, PipelineBeat
-from recovery_ext._store.pipelines import NEW_OWNER_RESETS, PipelineOps
+from recovery_ext._store.fenced import Fence
+from recovery_ext._store.pipelines import NEW_OWNER_RESETS, PipelineCore
 from recovery_ext._classify.redaction import redact
 from recovery_ext._store.schema import nodes, pipelines
 from recovery_ext._store.statuses import NodeStatus, PipelineStatus
@@ -57,7 +58,16 @@ def _rows(columns: Sequence[tuple[str, type]], values: Sequence[tuple[Any, ...]]
     return selects[0] if len(selects) == 1 else union_all(*selects)
 
 
-class RunOps(PipelineOps):
+class Runs(Component):
+    """A pipeline's owner run: batched heartbeats, ownership by run, take-overs and how a run ends (a part of
+    ``store.pipelines``). Its collaborators: ``rows`` (the pipeline and node moves every component shares) and
+    ``fence`` (the owner's lock and epoch check)."""
+
+    def __init__(self, db: Database, *, rows: PipelineCore, fence: Fence) -> None:
+        super().__init__(db)
+        self.rows = rows
+        self.fence = fence
+
     # -- heartbeats ------------------------------------------------------------------------------
 
     @retried
@@ -251,7 +261,7 @@ class RunOps(PipelineOps):
         transaction commits: a rollback would also drop the connection's prepared statements.
         """
         with self.write() as conn:
-            if self._fence(conn, own, completed_ok=True) == PipelineStatus.COMPLETED:
+            if self.fence.check(conn, own, completed_ok=True) == PipelineStatus.COMPLETED:
                 return []
             running = conn.scalars(select(nodes.c.name).where(nodes.c.pipeline_id == own.pipeline_id,
                                                                 nodes.c.status == NodeStatus.RUNNING)).all()
@@ -273,23 +283,23 @@ class RunOps(PipelineOps):
                  "data": {"epoch": own.epoch, "owner": own.owner, "reason": "not executed by the successful run"}}
                 for r in skipped
             ])
-            self._finish_pipeline(conn, own, PipelineStatus.COMPLETED)
+            self.rows.finish_pipeline(conn, own, PipelineStatus.COMPLETED)
         return [r.name for r in skipped]
 
     @retried
     def fail_run(self, own: Ownership, error: str) -> None:
         """The run failed for good (no node left running): the pipeline fails with the step's error."""
         with self.write() as conn:
-            self._fence(conn, own)
-            self._fail_running_nodes_of(conn, own, "run failed")
-            self._finish_pipeline(conn, own, PipelineStatus.FAILED, error=redact(error)[:4000])
+            self.fence.check(conn, own)
+            self.rows.fail_running_nodes_of(conn, own, "run failed")
+            self.rows.finish_pipeline(conn, own, PipelineStatus.FAILED, error=redact(error)[:4000])
 
     @retried
     def cancel_run(self, own: Ownership, reason: str) -> None:
         """The user canceled the owning run: the pipeline becomes ``canceled`` (terminal, never resumed)."""
         with self.write() as conn:
-            self._fence(conn, own)
-            self._fail_running_nodes_of(conn, own, "pipeline canceled")
-            self._finish_pipeline(conn, own, PipelineStatus.CANCELED, reason=redact(reason))
+            self.fence.check(conn, own)
+            self.rows.fail_running_nodes_of(conn, own, "pipeline canceled")
+            self.rows.finish_pipeline(conn, own, PipelineStatus.CANCELED, reason=redact(reason))
             self.record_events(conn, [{"kind": "pipeline_canceled", "pipeline_id": own.pipeline_id,
                                        "payload": {"owner": own.owner, "reason": redact(reason)}}])

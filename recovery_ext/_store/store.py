@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import warnings
 from contextlib import AbstractContextManager
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -21,7 +21,6 @@ from recovery_ext._store.breakers import Outages
 from recovery_ext._store.budgets import RateBudgets
 from recovery_ext._store.fenced import Fence
 from recovery_ext._store.journal import CallJournal
-from recovery_ext._store.ledger import LedgerWrites
 from recovery_ext._store.node_transitions import transitions_for
 from recovery_ext._store.spend_caps import SpendCapAccounts
 from recovery_ext._store.database import DEFAULT_RETRY_BUDGET, Component, Database, shared_retry_budget
@@ -30,21 +29,23 @@ from recovery_ext._store.orphans import Orphans
 from recovery_ext._store.pipelines import PipelineCore
 from recovery_ext._store.queue import Queue
 from recovery_ext._store.ticks import Recovery
-from recovery_ext._store.vouch import VouchOps
+from recovery_ext._store.vouch import Vouching
+from recovery_ext._store.checkpoints import Checkpoints
+from recovery_ext._store.fenced import FencedTransaction
+from recovery_ext._store.jobs import ProviderJobs
+from recovery_ext._store.ledger import LedgerWrites
+from recovery_ext._store.models import (ErrorInfo, ItemCheckpoint, Node, NodeBeat, NodeSpec, Ownership, Pipeline,
+                                        PipelineBeat, PipelineLimits, ProviderCall, ProviderJobRow, WatchedNode)
+from recovery_ext._store.pipelines import PipelineNodes
+from recovery_ext._store.runs import Runs
 
 if TYPE_CHECKING:
     import datetime as dt
 
     from recovery_ext._store.models import (BreakerDecision, BudgetGrant, CapState, JournalHit, JournalWrite,
-                                            Ownership, ProviderCall, ProviderLimits, Reopened, SpendCaps, SpendGrant,
-                                            WaitKind)
+                                            ProviderLimits, Reopened, SpendCaps, SpendGrant, WaitKind)
 
 URL_ENV = "RECOVERY_DATABASE_URL"
-
-
-class Pipelines(VouchOps):
-    """Pipelines, nodes, item checkpoints, owner runs, provider jobs and liveness: what an op, an asset and the
-    heartbeat thread call (:class:`~recovery_ext._store.interfaces.PipelineStore`)."""
 
 
 _M = TypeVar("_M", bound=Callable[..., Any])
@@ -56,6 +57,202 @@ def _doc_of(part: Callable[..., Any]) -> Callable[[_M], _M]:
         method.__doc__ = part.__doc__
         return method
     return named
+
+
+class Pipelines(Component):
+    """Pipelines, nodes, item checkpoints, owner runs, provider jobs and liveness: what an op, an asset and the
+    heartbeat thread call (:class:`~recovery_ext._store.interfaces.PipelineStore`).
+
+    A plain class holding its parts, each over the store's one database, and handing each call to the part that
+    does it: ``nodes`` (pipelines and nodes, the fenced transaction, node transitions), ``runs`` (heartbeats,
+    ownership by run, how a run ends), ``checkpoints`` (item checkpoints), ``jobs`` (provider jobs) and
+    ``vouching`` (what a watcher says about its step processes). The parts share ``rows`` (the pipeline and node
+    moves every component shares, with the fence and the node transitions, chosen from the dialect on first use)
+    and ``ledger`` (the ledger's writes). Each part's calls are ``@retried`` where they are defined.
+    """
+
+    def __init__(self, db: Database) -> None:
+        super().__init__(db)
+        self.rows = PipelineCore(db)
+        self.ledger = LedgerWrites(db)
+        fence = self.rows.fence
+        self.nodes = PipelineNodes(db, rows=self.rows, fence=fence)
+        self.runs = Runs(db, rows=self.rows, fence=fence)
+        self.checkpoints = Checkpoints(db, rows=self.rows, fence=fence, ledger=self.ledger)
+        self.jobs = ProviderJobs(db, fence=fence, ledger=self.ledger)
+        self.vouching = Vouching(db)
+
+    # -- nodes: PipelineNodes ----------------------------------------------------------------------------------
+
+    @_doc_of(PipelineNodes.create_pipeline)
+    def create_pipeline(self, job_name: str, node_specs: Sequence[NodeSpec | str], *, owner: str, params: Any = None,
+                        origin_run_id: str | None = None, limits: PipelineLimits = PipelineLimits(),
+                        deployment: str = "default") -> Ownership:
+        return self.nodes.create_pipeline(job_name, node_specs, owner=owner, params=params, origin_run_id=origin_run_id,
+                                          limits=limits, deployment=deployment)
+
+    @_doc_of(PipelineNodes.attach)
+    def attach(self, pipeline_id: int, run_id: str, *, resume_number: int,
+               heartbeat_timeout: float = 90.0) -> Ownership:
+        return self.nodes.attach(pipeline_id, run_id, resume_number=resume_number, heartbeat_timeout=heartbeat_timeout)
+
+    @_doc_of(PipelineNodes.get_pipeline)
+    def get_pipeline(self, pipeline_id: int) -> Pipeline:
+        return self.nodes.get_pipeline(pipeline_id)
+
+    @_doc_of(PipelineNodes.find_pipeline)
+    def find_pipeline(self, origin_run_id: str) -> Pipeline | None:
+        return self.nodes.find_pipeline(origin_run_id)
+
+    @_doc_of(PipelineNodes.list_nodes)
+    def list_nodes(self, pipeline_id: int) -> list[Node]:
+        return self.nodes.list_nodes(pipeline_id)
+
+    @_doc_of(PipelineNodes.get_node)
+    def get_node(self, pipeline_id: int, name: str) -> Node:
+        return self.nodes.get_node(pipeline_id, name)
+
+    @_doc_of(PipelineNodes.fenced)
+    def fenced(self, own: Ownership) -> AbstractContextManager[FencedTransaction]:
+        return self.nodes.fenced(own)
+
+    @_doc_of(PipelineNodes.write_fenced)
+    def write_fenced(self, own: Ownership, work: Callable[[FencedTransaction], Any]) -> Any:
+        return self.nodes.write_fenced(own, work)
+
+    @_doc_of(PipelineNodes.start_node)
+    def start_node(
+        self, own: Ownership, name: str, *, heartbeat_timeout: float = 90.0, stall_timeout: float | None = None
+    ) -> Node:
+        return self.nodes.start_node(own, name, heartbeat_timeout=heartbeat_timeout, stall_timeout=stall_timeout)
+
+    @_doc_of(PipelineNodes.begin_node)
+    def begin_node(self, run_id: str, name: str, *, heartbeat_timeout: float = 90.0,
+                   stall_timeout: float | None = None) -> tuple[Ownership, Node, bool] | None:
+        return self.nodes.begin_node(run_id, name, heartbeat_timeout=heartbeat_timeout, stall_timeout=stall_timeout)
+
+    @_doc_of(PipelineNodes.complete_node)
+    def complete_node(self, own: Ownership, name: str, output: Any = None, *, heartbeat_timeout: float | None = None,
+                      calls: Sequence[Any] = ()) -> bool:
+        return self.nodes.complete_node(own, name, output, heartbeat_timeout=heartbeat_timeout, calls=calls)
+
+    @_doc_of(PipelineNodes.degrade_node)
+    def degrade_node(self, own: Ownership, name: str, error: ErrorInfo, *,
+                     heartbeat_timeout: float | None = None) -> bool:
+        return self.nodes.degrade_node(own, name, error, heartbeat_timeout=heartbeat_timeout)
+
+    @_doc_of(PipelineNodes.fail_node)
+    def fail_node(self, own: Ownership, name: str, error: ErrorInfo, *, permanent: bool,
+                  data: dict[str, Any] | None = None) -> None:
+        return self.nodes.fail_node(own, name, error, permanent=permanent, data=data)
+
+    @_doc_of(PipelineNodes.report_progress)
+    def report_progress(self, own: Ownership, name: str, *, stall_timeout: float) -> None:
+        return self.nodes.report_progress(own, name, stall_timeout=stall_timeout)
+
+    # -- runs: Runs --------------------------------------------------------------------------------------------
+
+    @_doc_of(Runs.pulse)
+    def pulse(self, pipeline_beats: Iterable[PipelineBeat] = (), node_beats: Iterable[NodeBeat] = ()) -> set[int]:
+        return self.runs.pulse(pipeline_beats, node_beats)
+
+    @_doc_of(Runs.heartbeat)
+    def heartbeat(self, beats: Sequence[tuple[Ownership, str | None]], timeout: float) -> set[int]:
+        return self.runs.heartbeat(beats, timeout)
+
+    @_doc_of(Runs.owned_by)
+    def owned_by(self, run_id: str) -> Ownership | None:
+        return self.runs.owned_by(run_id)
+
+    @_doc_of(Runs.formerly_owned_by)
+    def formerly_owned_by(self, run_id: str) -> int | None:
+        return self.runs.formerly_owned_by(run_id)
+
+    @_doc_of(Runs.take_over)
+    def take_over(self, pipeline_id: int, run_id: str, *, owner_dead: Sequence[str] = (),
+                  heartbeat_timeout: float = 90.0, reason: str | None = None) -> Ownership:
+        return self.runs.take_over(pipeline_id, run_id, owner_dead=owner_dead, heartbeat_timeout=heartbeat_timeout,
+                                   reason=reason)
+
+    @_doc_of(Runs.complete_run)
+    def complete_run(self, own: Ownership) -> list[str]:
+        return self.runs.complete_run(own)
+
+    @_doc_of(Runs.fail_run)
+    def fail_run(self, own: Ownership, error: str) -> None:
+        return self.runs.fail_run(own, error)
+
+    @_doc_of(Runs.cancel_run)
+    def cancel_run(self, own: Ownership, reason: str) -> None:
+        return self.runs.cancel_run(own, reason)
+
+    # -- checkpoints: Checkpoints ------------------------------------------------------------------------------
+
+    @_doc_of(Checkpoints.start_items)
+    def start_items(self, own: Ownership, node_name: str, total: int) -> dict[str, str]:
+        return self.checkpoints.start_items(own, node_name, total)
+
+    @_doc_of(Checkpoints.completed_items)
+    def completed_items(self, pipeline_id: int, node_name: str) -> dict[str, Any]:
+        return self.checkpoints.completed_items(pipeline_id, node_name)
+
+    @_doc_of(Checkpoints.checkpoint_item)
+    def checkpoint_item(self, own: Ownership, node_name: str, entry: ItemCheckpoint, *,
+                        stall_timeout: float | None = None) -> None:
+        return self.checkpoints.checkpoint_item(own, node_name, entry, stall_timeout=stall_timeout)
+
+    @_doc_of(Checkpoints.checkpoint_items)
+    def checkpoint_items(self, own: Ownership, node_name: str, entries: Sequence[ItemCheckpoint], *,
+                         stall_timeout: float | None = None) -> None:
+        return self.checkpoints.checkpoint_items(own, node_name, entries, stall_timeout=stall_timeout)
+
+    # -- jobs: ProviderJobs ------------------------------------------------------------------------------------
+
+    @_doc_of(ProviderJobs.provider_jobs)
+    def provider_jobs(self, pipeline_id: int, node_name: str | None = None) -> list[ProviderJobRow]:
+        return self.jobs.provider_jobs(pipeline_id, node_name)
+
+    @_doc_of(ProviderJobs.job_live)
+    def job_live(self, own: Ownership, node_name: str, provider: str) -> ProviderJobRow | None:
+        return self.jobs.job_live(own, node_name, provider)
+
+    @_doc_of(ProviderJobs.job_submitting)
+    def job_submitting(self, own: Ownership, node_name: str, *, token: str, provider: str, items: Sequence[str],
+                       attempt: int, call: ProviderCall) -> None:
+        return self.jobs.job_submitting(own, node_name, token=token, provider=provider, items=items, attempt=attempt,
+                                        call=call)
+
+    @_doc_of(ProviderJobs.job_submitted)
+    def job_submitted(self, own: Ownership, node_name: str, token: str, job_id: str, *, outcome: str) -> None:
+        return self.jobs.job_submitted(own, node_name, token, job_id, outcome=outcome)
+
+    @_doc_of(ProviderJobs.job_part)
+    def job_part(self, own: Ownership, node_name: str, token: str, item: str, part: str | None) -> None:
+        return self.jobs.job_part(own, node_name, token, item, part)
+
+    @_doc_of(ProviderJobs.job_part_lost)
+    def job_part_lost(self, own: Ownership, node_name: str, token: str, item: str, call: ProviderCall) -> None:
+        return self.jobs.job_part_lost(own, node_name, token, item, call)
+
+    @_doc_of(ProviderJobs.job_finished)
+    def job_finished(self, own: Ownership, node_name: str, token: str, status: str,
+                     calls: Sequence[ProviderCall] = ()) -> None:
+        return self.jobs.job_finished(own, node_name, token, status, calls)
+
+    # -- vouching: Vouching ------------------------------------------------------------------------------------
+
+    @_doc_of(Vouching.watched_nodes)
+    def watched_nodes(self, watcher: str) -> list[WatchedNode]:
+        return self.vouching.watched_nodes(watcher)
+
+    @_doc_of(Vouching.vouch_nodes)
+    def vouch_nodes(self, watcher: str, alive: Sequence[WatchedNode], dead: Sequence[WatchedNode],
+                    timeout: float) -> int:
+        return self.vouching.vouch_nodes(watcher, alive, dead, timeout)
+
+    @_doc_of(Vouching.leave_to_recovery)
+    def leave_to_recovery(self, own: Ownership) -> bool:
+        return self.vouching.leave_to_recovery(own)
 
 
 class Providers(Component):

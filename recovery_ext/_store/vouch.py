@@ -15,11 +15,10 @@ from dataclasses import dataclass
 
 from sqlalchemy import exists, func, select, tuple_, update
 
-from recovery_ext._store.database import chunks, retried
+from recovery_ext._store.database import Component, chunks, retried
 from recovery_ext._store.models import Ownership, WatchedNode
 from recovery_ext._store.schema import nodes, pipelines
 from recovery_ext._store.statuses import NodeStatus, PipelineStatus
-from recovery_ext._store.jobs import JobOps
 
 n = nodes.c
 
@@ -35,7 +34,10 @@ class SlowNode:
     vouched_until: object
 
 
-class VouchOps(JobOps):
+class Vouching(Component):
+    """What a watcher says about the step processes it watches, and a run worker leaving its pipeline to
+    recovery (a part of ``store.pipelines``): its own rows only, no collaborator."""
+
     @retried
     def watched_nodes(self, watcher: str) -> list[WatchedNode]:
         """The running nodes whose step process ``watcher`` watches (and has not yet reported dead)."""

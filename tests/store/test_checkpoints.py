@@ -374,7 +374,7 @@ def test_a_checkpoint_retried_after_its_commit_landed_returns_quietly(pg_url, ca
     try:
         store.migrate()
         own = _running_node(store)
-        real, drops = store.pipelines.driver_autocommit, []
+        real, drops = store.pipelines.checkpoints.driver_autocommit, []
 
         @contextmanager
         def dropping_once():
@@ -385,7 +385,7 @@ def test_a_checkpoint_retried_after_its_commit_landed_returns_quietly(pg_url, ca
                     drops.append(raw.info.backend_pid)
                     yield _DropsAfterCommit(raw, pg_url.replace("postgresql+psycopg://", "postgresql://"))
 
-        monkeypatch.setattr(store.pipelines, "driver_autocommit", dropping_once)
+        monkeypatch.setattr(store.pipelines.checkpoints, "driver_autocommit", dropping_once)
         with caplog.at_level(logging.WARNING, logger="recovery_ext._store.store"):
             if batch:
                 store.pipelines.checkpoint_items(
@@ -404,7 +404,7 @@ def test_a_checkpoint_retried_after_its_commit_landed_returns_quietly(pg_url, ca
 def test_a_batch_with_also_retried_after_its_commit_landed_runs_its_writes_once(store, monkeypatch):
     meta.create_all(store.engine)
     own = _running_node(store)
-    real, lost = store.pipelines.write, []
+    real, lost = store.pipelines.checkpoints.write, []
 
     @contextmanager
     def losing_the_first_commit_reply():
@@ -414,7 +414,7 @@ def test_a_batch_with_also_retried_after_its_commit_landed_runs_its_writes_once(
             lost.append(1)  # committed; the caller sees the error a dropped connection gives
             raise StoreUnavailable("database unavailable: server closed the connection unexpectedly")
 
-    monkeypatch.setattr(store.pipelines, "write", losing_the_first_commit_reply)
+    monkeypatch.setattr(store.pipelines.checkpoints, "write", losing_the_first_commit_reply)
     store.pipelines.checkpoint_items(own, "a", [ItemCheckpoint("k1", 1, also=lambda tx: tx.execute(
         insert(side_effects).values(item="k1")))])
     assert lost == [1]

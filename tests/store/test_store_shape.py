@@ -227,9 +227,6 @@ def test_the_store_and_its_components_inherit_in_one_line(store):
     assert {getattr(store, name)._db for name in COMPONENTS} == {store._db}  # one Database: one engine, one budget
 
 
-# Components still built as a chain of domain classes (one per table family); each leaves this set when it becomes
-# a plain class holding its collaborators, as store.queue, store.recovery and store.reports are.
-CHAINED = {"pipelines"}
 # What a plain component may inherit: the transactions of the one Database.
 INFRASTRUCTURE = {"recovery_ext._store.database", "builtins"}
 
@@ -238,7 +235,48 @@ def test_a_plain_component_has_no_base_class_from_another_domain_module(store):
     for name in COMPONENTS:
         klass = type(getattr(store, name))
         foreign = [base.__qualname__ for base in klass.__mro__[1:] if base.__module__ not in INFRASTRUCTURE]
-        assert (foreign == []) == (name not in CHAINED), (name, foreign)
+        assert foreign == [], (name, foreign)
+
+
+def test_the_pipelines_component_holds_its_parts_and_they_share_their_collaborators(store):
+    from recovery_ext._store.checkpoints import Checkpoints
+    from recovery_ext._store.fenced import Fence
+    from recovery_ext._store.jobs import ProviderJobs
+    from recovery_ext._store.node_transitions import NodeTransitions
+    from recovery_ext._store.pipelines import PipelineNodes
+    from recovery_ext._store.runs import Runs
+    from recovery_ext._store.vouch import Vouching
+
+    pipelines = store.pipelines
+    parts = (pipelines.nodes, pipelines.runs, pipelines.checkpoints, pipelines.jobs, pipelines.vouching)
+    assert tuple(map(type, parts)) == (PipelineNodes, Runs, Checkpoints, ProviderJobs, Vouching)
+    for part in parts:  # each part a plain class over the one Database, none built on another
+        assert type(part).__mro__ == (type(part), Component, Transactions, object)
+        assert part._db is store._db
+    assert (type(pipelines.rows), type(pipelines.ledger)) == (PipelineCore, LedgerWrites)
+    assert pipelines.nodes.rows is pipelines.runs.rows is pipelines.checkpoints.rows is pipelines.rows
+    assert pipelines.checkpoints.ledger is pipelines.jobs.ledger is pipelines.ledger
+    # the node steps are chosen from the dialect on first use, not when the store is built (hot_path_bench switches
+    # the dialect's flags in between), and once: every part reaches the same through rows
+    assert "transitions" not in vars(pipelines.rows)
+    store.pipelines.list_nodes(0)
+    assert "transitions" not in vars(pipelines.rows)
+    assert isinstance(pipelines.rows.transitions, NodeTransitions)
+    assert pipelines.rows.transitions is pipelines.rows._transitions
+    assert isinstance(pipelines.nodes.fence, Fence)
+    assert pipelines.nodes.fence is pipelines.runs.fence is pipelines.checkpoints.fence is pipelines.jobs.fence
+
+
+def test_each_call_of_the_pipelines_component_is_its_parts_call_with_its_docstring(store):
+    """The component hands each call to the one part that does it, with that part's docstring; the part's call
+    is the one declared ``@retried`` (retries happen once, where the work is)."""
+    pipelines = store.pipelines
+    parts = (pipelines.nodes, pipelines.runs, pipelines.checkpoints, pipelines.jobs, pipelines.vouching)
+    for name in protocol_members(PipelineStore):
+        (part,) = [part for part in parts if name in vars(type(part))]
+        assert getattr(type(pipelines), name).__doc__ == getattr(type(part), name).__doc__, name
+        assert not getattr(getattr(type(pipelines), name), "__rx_retried__", False), name
+        assert getattr(getattr(type(part), name), "__rx_retried__", False) == (name != "fenced"), name
 
 
 def test_the_recovery_component_holds_its_collaborators(store):
