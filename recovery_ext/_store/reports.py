@@ -11,8 +11,8 @@ from sqlalchemy.sql.elements import ColumnElement
 from recovery_ext._store import aggregates
 from recovery_ext._store.database import Component, Database, retried
 from recovery_ext._store.models import GAP_WINDOW, EventCursor, Pipeline, QueueItem
-from recovery_ext._store.schema import (QUEUE_STATUSES, events, node_items, nodes, pipeline_counts, pipelines,
-                                        queue_counts, queue_items, transitions)
+from recovery_ext._store.schema import (QUEUE_STATUSES, deleted_pipelines, events, node_items, nodes, pipeline_counts,
+                                        pipelines, queue_counts, queue_items, transitions)
 from recovery_ext._store.statuses import UNFINISHED_QUEUE_STATUSES, NodeStatus, PipelineStatus, QueueStatus
 from recovery_ext._store.ledger import LedgerOps
 from recovery_ext._store.models import CostReport, MetricsSnapshot, PipelineHistory
@@ -229,15 +229,20 @@ class Reports(Component):
         and item checkpoints nobody will read, and queue items held for a missing pipeline (the
         stale rule already frees those; listed so the operator sees where they came from).
 
-        Only the ranges of ids no pipeline has are looked into (the gaps between pipeline ids, and beyond
-        the first and the last), each through the rows' pipeline index: one pass over the pipelines' primary
-        key, never over their nodes and items, however many there are."""
-        ids = select(pipelines.c.id.label("id"), func.lead(pipelines.c.id).over(order_by=pipelines.c.id).label("next")
-                     ).subquery()
+        Looked for where such a pipeline can be, each through the rows' pipeline index: the ids in
+        ``rx_deleted_pipelines`` that no pipeline has again (a delete of a pipeline that rows still point at notes
+        its id there, by trigger, with the foreign keys off too: migration 0024), and the ranges below the first
+        pipeline and beyond the last. As many lookups as such pipelines, however long the history: never a pass
+        over the pipelines, their nodes or their items. Not found: rows written behind the foreign keys for an id
+        between two pipelines whose delete noted nothing (an id never used, a pipeline deleted before those rows
+        were written, or deleted with its table's triggers disabled)."""
+        noted = deleted_pipelines.c.id
         first = select(func.min(pipelines.c.id)).scalar_subquery()
         last = select(func.max(pipelines.c.id)).scalar_subquery()
         gaps = union_all(
-            select((ids.c.id + 1).label("lo"), (ids.c.next - 1).label("hi")).where(ids.c.next > ids.c.id + 1),
+            # between the first and the last (the ranges below cover the rest: no row is counted twice)
+            select(noted.label("lo"), noted.label("hi"))
+            .where(noted > first, noted < last, ~select(pipelines.c.id).where(pipelines.c.id == noted).exists()),
             select(literal(-_FAR).label("lo"), (func.coalesce(first, _FAR + 1) - 1).label("hi")),
             select((last + 1).label("lo"), literal(_FAR).label("hi")).where(last.isnot(None)),
         ).cte("gaps")  # read by all three parts: PostgreSQL computes it once

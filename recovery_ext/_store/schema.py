@@ -348,6 +348,12 @@ spend_reservations = Table(
     Column("reserved_at", DbTime, nullable=False),
 )
 
+# Ids of pipelines deleted while rows still pointed at them (migration 0024's trigger notes them): where
+# `status` looks for those rows, instead of walking every pipeline id for the ranges no pipeline has.
+deleted_pipelines = Table("rx_deleted_pipelines", metadata,
+                          Column("id", BigInteger().with_variant(Integer, "sqlite"), primary_key=True,
+                                 autoincrement=False))
+
 APPLICATION_TABLES = (pipelines, nodes, node_items, queue_items, transitions, events, circuit_breakers,
                       provider_calls, rate_budgets, rate_reservations, call_journal,
                       provider_jobs, spend_caps, spend_reservations)

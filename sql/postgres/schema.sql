@@ -323,6 +323,19 @@ BEGIN
 END
 $$;
 
+CREATE FUNCTION public.rx_pipeline_left_rows() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    IF EXISTS (SELECT 1 FROM rx_nodes WHERE pipeline_id = OLD.id)
+       OR EXISTS (SELECT 1 FROM rx_node_items WHERE pipeline_id = OLD.id)
+       OR EXISTS (SELECT 1 FROM rx_queue_items WHERE holder_pipeline_id = OLD.id AND status = 'processing') THEN
+        INSERT INTO rx_deleted_pipelines (id) VALUES (OLD.id) ON CONFLICT (id) DO NOTHING;
+    END IF;
+    RETURN NULL;
+END
+$$;
+
 CREATE FUNCTION public.rx_pipeline_recounted() RETURNS trigger
     LANGUAGE plpgsql
     AS $$
@@ -589,6 +602,10 @@ CREATE TABLE public.rx_circuit_breakers (
     probe_deadline timestamp with time zone,
     last_error text,
     updated_at timestamp with time zone DEFAULT now() NOT NULL
+);
+
+CREATE TABLE public.rx_deleted_pipelines (
+    id bigint NOT NULL
 );
 
 CREATE TABLE public.rx_events (
@@ -872,6 +889,9 @@ ALTER TABLE ONLY public.rx_call_journal
 ALTER TABLE ONLY public.rx_circuit_breakers
     ADD CONSTRAINT rx_circuit_breakers_pkey PRIMARY KEY (endpoint);
 
+ALTER TABLE ONLY public.rx_deleted_pipelines
+    ADD CONSTRAINT rx_deleted_pipelines_pkey PRIMARY KEY (id);
+
 ALTER TABLE ONLY public.rx_events
     ADD CONSTRAINT rx_events_pkey PRIMARY KEY (id);
 
@@ -997,6 +1017,10 @@ CREATE TRIGGER rx_ledger_rows_updated_late AFTER UPDATE ON public.rx_provider_ca
 CREATE TRIGGER rx_pipeline_deleted AFTER DELETE ON public.rx_pipelines FOR EACH ROW EXECUTE FUNCTION public.rx_pipeline_recounted();
 
 CREATE TRIGGER rx_pipeline_finished AFTER UPDATE OF status ON public.rx_pipelines FOR EACH ROW WHEN (((old.status = ANY (ARRAY['completed'::text, 'failed'::text])) IS DISTINCT FROM (new.status = ANY (ARRAY['completed'::text, 'failed'::text])))) EXECUTE FUNCTION public.rx_pipeline_finished();
+
+CREATE TRIGGER rx_pipeline_left_rows AFTER DELETE ON public.rx_pipelines FOR EACH ROW EXECUTE FUNCTION public.rx_pipeline_left_rows();
+
+ALTER TABLE public.rx_pipelines ENABLE ALWAYS TRIGGER rx_pipeline_left_rows;
 
 CREATE TRIGGER rx_pipeline_relabeled AFTER UPDATE OF status, job_name, deployment, started_at, completed_at ON public.rx_pipelines FOR EACH ROW WHEN (((old.status IS DISTINCT FROM new.status) OR (old.job_name IS DISTINCT FROM new.job_name) OR (old.deployment IS DISTINCT FROM new.deployment) OR (old.started_at IS DISTINCT FROM new.started_at) OR (old.completed_at IS DISTINCT FROM new.completed_at))) EXECUTE FUNCTION public.rx_pipeline_recounted();
 

@@ -34,6 +34,10 @@ CREATE TABLE rx_circuit_breakers (
     updated_at            REAL NOT NULL DEFAULT ((julianday('now') - 2440587.5) * 86400.0)
 );
 
+CREATE TABLE rx_deleted_pipelines (
+    id INTEGER PRIMARY KEY
+);
+
 CREATE TABLE rx_events (
     id                  INTEGER PRIMARY KEY,
     kind                TEXT NOT NULL,
@@ -393,6 +397,14 @@ BEGIN
     SELECT OLD.id, OLD.id, OLD.job_name WHERE OLD.status IN ('completed', 'failed');
     INSERT INTO rx_roll_up_requests (lo, hi, undo_job)
     SELECT NEW.id, NEW.id, NULL WHERE NEW.status IN ('completed', 'failed');
+END;
+
+CREATE TRIGGER rx_pipeline_left_rows AFTER DELETE ON rx_pipelines FOR EACH ROW
+    WHEN EXISTS (SELECT 1 FROM rx_nodes WHERE pipeline_id = OLD.id)
+      OR EXISTS (SELECT 1 FROM rx_node_items WHERE pipeline_id = OLD.id)
+      OR EXISTS (SELECT 1 FROM rx_queue_items WHERE holder_pipeline_id = OLD.id AND status = 'processing')
+BEGIN
+    INSERT OR IGNORE INTO rx_deleted_pipelines (id) VALUES (OLD.id);
 END;
 
 CREATE TRIGGER rx_pipelines_deleted AFTER DELETE ON rx_pipelines FOR EACH ROW BEGIN

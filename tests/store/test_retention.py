@@ -21,7 +21,7 @@ from recovery_ext._store.models import ProviderLimits
 from recovery_ext._store.models import ItemCheckpoint, PassPlan, ProviderCall, Scope
 from recovery_ext._store.observability import COUNTED_TRANSITION_EVENTS
 from recovery_ext._store.retention import PRUNE_STEPS, _prunable, kept_on_purpose
-from recovery_ext._store.schema import pipelines, transitions
+from recovery_ext._store.schema import deleted_pipelines, pipelines, transitions
 from recovery_ext._store.retention import PRUNABLE_STATUSES
 from recovery_ext._store.store import RecoveryStore
 
@@ -138,6 +138,10 @@ def test_prune_deletes_the_whole_history_of_old_finished_pipelines_and_only_thei
     after = store.reports.metrics_snapshot()
     assert after.provider_calls == costs_before  # the cost counters read the roll-ups, kept: none goes down
     assert after.provider_costs == ledger_counters_before
+    # a prune deletes the rows before their pipeline: nothing is left pointing at it, and its delete notes nothing
+    assert store.reports.dangling_rows() == []
+    with store.read() as conn:
+        assert conn.scalar(select(func.count()).select_from(deleted_pipelines)) == 0
 
 
 def test_the_transitions_prometheus_counts_stay_so_no_counter_goes_backwards(store):

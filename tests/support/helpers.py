@@ -83,3 +83,18 @@ def drop_answers_once(monkeypatch, *queries: str) -> list[str]:
 
     monkeypatch.setattr(hot_path, "_rows", drop_once)
     return dropped
+
+
+def migrate_before(store: RecoveryStore, version: int) -> None:
+    """The database as it was before migration ``version``: every earlier one applied and recorded, that one not."""
+    from recovery_ext._store.migrations import load_migrations
+    from recovery_ext._store.schema import migrations_table
+
+    with store.engine.begin() as conn:
+        migrations_table.create(conn)
+        for m in load_migrations(store.dialect):
+            if m.version < version:
+                for statement in m.statements():
+                    conn.exec_driver_sql(statement)
+                conn.execute(migrations_table.insert().values(version=m.version, name=m.name,
+                                                              applied_at=store.dialect.now()))
