@@ -61,11 +61,12 @@ test-fast: install
 
 ## The rest of `make test`: what starts processes or waits out real time (tests/process, a test file per worker
 ## process, one worker per core: each test has its own databases, homes and ports) and the real servers
-## (tests/e2e, one at a time: they share the UI's ports). `make test-fast` then `make test-slow` is `make test`,
-## each test once (CI runs them so).
+## (tests/e2e, a module per worker: each module has its own `dagster dev` on free ports, its own databases,
+## namespace hosts and PostgreSQL cluster, and the workers share one CPU hog per core between them).
+## `make test-fast` then `make test-slow` is `make test`, each test once (CI runs them so).
 test-slow: install
 	$(BIN)/pytest -q -p no:cacheprovider --durations=15 -n $(TEST_WORKERS) --dist loadfile tests/process
-	$(BIN)/pytest -q -p no:cacheprovider --durations=15 tests/e2e
+	$(BIN)/pytest -q -p no:cacheprovider --durations=15 -n $(TEST_WORKERS) --dist loadfile tests/e2e
 
 ## Rewrite sql/<dialect>/schema.sql from freshly migrated databases (after adding a migration).
 schema: install

@@ -14,6 +14,7 @@ import pytest
 from dagster import DagsterEventType, DagsterRunStatus
 from sqlalchemy import select, text
 
+from pipeline_history import history
 from recovery_pipelines.devserver import cmdline, parent_of, process_alive, wait_for
 from recovery_ext._dagster.recoverable import TAG_PIPELINE, TAG_RESUME_NUMBER, TAG_RESUMED_FROM
 from recovery_ext import scan
@@ -85,7 +86,8 @@ def reclaimed_at(store, pipeline_id):
 
 def assert_exactly_one_resume(dev, store, pipeline_id, expected=1):
     runs = resume_runs(dev, pipeline_id)
-    assert [int(r.tags[TAG_RESUME_NUMBER]) for r in runs] == list(range(1, expected + 1))
+    assert [int(r.tags[TAG_RESUME_NUMBER]) for r in runs] == list(range(1, expected + 1)), history(dev, store,
+                                                                                                  pipeline_id)
     assert store.pipelines.get_pipeline(pipeline_id).resume_count == expected
     return runs
 

@@ -17,6 +17,7 @@ from dagster import DagsterRunStatus
 from sqlalchemy import func, select, text
 
 from databases import pg_database
+from pipeline_history import history
 from recovery_pipelines.devserver import parent_of, wait_for
 from recovery_ext._dagster.tags import TAG_PIPELINE, TAG_RESUME_NUMBER
 from recovery_ext._store.schema import events, node_items, transitions
@@ -27,8 +28,8 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 # scheduling gaps of 4-5 s were measured on a machine loaded far beyond its cores (load average 20+
 # on 2 cores), which is a setting problem, not a liveness one. RX_LIVENESS_TIMEOUT overrides it.
 TIMEOUT = float(os.environ.get("RX_LIVENESS_TIMEOUT", "8"))
-HEALTHY_RUNS = 12  # 6 of each executor; 24 pooled ops queue on one slot, so most wait several timeouts
-POOL_HOLD = 0.25  # of the timeout, for test_g's pooled ops: 24 of them hold the slot one after another
+HEALTHY_RUNS = 8  # 4 of each executor; 16 pooled ops queue on one slot, so most wait several timeouts
+POOL_HOLD = 0.25  # of the timeout, for test_g's pooled ops: 16 of them hold the slot one after another
 # PostgreSQL storage, as production runs Dagster: on SQLite, Dagster claims a pool slot with a SELECT
 # then an UPDATE (FOR UPDATE SKIP LOCKED is a no-op there), so two steps of a limit-1 pool can
 # occasionally run at once, which test_g would see.
@@ -92,20 +93,6 @@ def reclaims(store, pipeline_ids=None) -> int:
         query = query.where(transitions.c.pipeline_id.in_(pipeline_ids))
     with store.read() as conn:
         return conn.scalar(query)
-
-
-def history(dev, store, pipeline_id: int) -> str:
-    """What happened to a pipeline, for a failure message: its moves, its nodes now, and its runs."""
-    with store.read() as conn:
-        moves = conn.execute(select(transitions.c.entity_type, transitions.c.entity_id, transitions.c.from_status,
-                                    transitions.c.to_status, transitions.c.event, transitions.c.data)
-                             .where(transitions.c.pipeline_id == pipeline_id).order_by(transitions.c.id)).all()
-    nodes_now = [(n.name, n.status, n.died_at, n.vouched_until, n.heartbeat_deadline)
-                 for n in store.pipelines.list_nodes(pipeline_id)]
-    runs = [(r.run_id, r.status.value, r.tags.get(TAG_RESUME_NUMBER)) for r in dev.runs()
-            if r.tags.get(TAG_PIPELINE) == str(pipeline_id)]
-    return (f"pipeline {store.pipelines.get_pipeline(pipeline_id)}; moves {[tuple(m) for m in moves]}; "
-            f"nodes {nodes_now}; runs {runs}")
 
 
 def resume_runs(dev):
@@ -276,9 +263,9 @@ def test_f_a_dagster_run_retry_after_a_crash_takes_the_pipeline_over_and_the_sen
 
 @pytest.mark.timeout(3600)
 def test_g_healthy_runs_with_plain_ops_retry_delays_and_pool_waits_are_never_reclaimed(dev, store):
-    jobs = ["healthy_job"] * 6 + ["healthy_job_inprocess"] * (HEALTHY_RUNS - 6)
+    jobs = ["healthy_job"] * (HEALTHY_RUNS // 2) + ["healthy_job_inprocess"] * (HEALTHY_RUNS // 2)
     # each pooled op holds the slot a quarter of the timeout (it runs after its step process starts, which
-    # holds the slot too); with a dozen runs queued on the slot, the waits still span the timeout, see below
+    # holds the slot too); with 8 runs queued on the slot, the waits still span the timeout, see below
     pooled = {"ops": {name: {"config": {"hold_fraction": POOL_HOLD}} for name in ("pooled_a", "pooled_b")}}
     run_ids = [dev.launch(job, pooled) for job in jobs]
     done = (DagsterRunStatus.SUCCESS, DagsterRunStatus.FAILURE, DagsterRunStatus.CANCELED)

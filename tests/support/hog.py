@@ -31,10 +31,14 @@ def hogs_per_core() -> int:
 def cpu_hog(processes: int | None = None) -> Iterator[list[subprocess.Popen]]:
     """Run ``processes`` (default: ``RX_HOGS_PER_CORE`` per core) busy loops at normal priority until the block exits.
 
+    Under pytest-xdist the default is shared out between the workers (at least one each), so tests running side by
+    side load the machine as one test did alone, not once per worker.
+
     On exit it checks that every hog was still running, so a hog that died early fails the test
     instead of silently turning it into an idle-machine test.
     """
-    count = processes or (os.cpu_count() or 2) * hogs_per_core()
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") or "1")
+    count = processes or max(1, (os.cpu_count() or 2) * hogs_per_core() // max(1, workers))
     procs = [subprocess.Popen([sys.executable, "-c", BUSY_LOOP]) for _ in range(count)]
     try:
         yield procs
