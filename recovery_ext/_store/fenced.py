@@ -12,11 +12,10 @@ from __future__ import annotations
 
 from sqlalchemy import Connection, select
 
-from recovery_ext._errors import NotFound
+from recovery_ext._errors import NotFound, OwnershipLost
 from recovery_ext._store.database import is_retry
 # FencedTransaction as itself: the handle's old home (a value of models.py now; the store's pipelines open it).
 from recovery_ext._store.models import FencedTransaction as FencedTransaction, Ownership
-from recovery_ext._store.node_transitions import lost
 from recovery_ext._store.schema import pipelines
 from recovery_ext._store.statuses import PipelineStatus
 
@@ -53,3 +52,8 @@ class Fence:
         if row.epoch != own.epoch or row.status != PipelineStatus.RUNNING:
             raise lost(own, row.owner, row.epoch, row.status)
         return str(row.status)
+
+
+def lost(own: Ownership, owner: str | None, epoch: int, status: str) -> OwnershipLost:
+    who = owner if epoch != own.epoch else f"{owner} (pipeline {status})"
+    return OwnershipLost(owner=who or "(awaiting resume)", pipeline_id=own.pipeline_id)

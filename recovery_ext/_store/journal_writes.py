@@ -33,7 +33,7 @@ from recovery_ext._store import hot_path
 from recovery_ext._store.dialects import Dialect
 from recovery_ext._store.ledger import IN_FLIGHT, call_row
 from recovery_ext._store.models import JournalHit, JournalWrite, Ownership, ProviderCall
-from recovery_ext._store.node_transitions import lost
+from recovery_ext._store.fenced import lost
 from recovery_ext._store.schema import call_journal, pipelines, provider_calls
 from recovery_ext._store.statuses import PipelineStatus
 

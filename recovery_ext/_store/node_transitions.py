@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from contextlib import AbstractContextManager
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 from sqlalchemy import Connection, Float, bindparam, func, select, type_coerce, update
 from sqlalchemy.sql.elements import ColumnElement
@@ -23,12 +23,10 @@ from recovery_ext._processes import this_process, watcher_of_this_process
 from recovery_ext._store import hot_path
 from recovery_ext._store.database import is_retry
 from recovery_ext._store.dialects import Dialect
+from recovery_ext._store.fenced import Fence, lost
 from recovery_ext._store.models import Node, Ownership, ProviderCall
 from recovery_ext._store.schema import ITEM_STATUSES, circuit_breakers, node_items, nodes, pipelines
 from recovery_ext._store.statuses import NodeStatus, PipelineStatus
-
-if TYPE_CHECKING:
-    from recovery_ext._store.fenced import Fence
 
 # Legal node transitions: target -> allowed sources.
 NODE_TRANSITIONS: dict[NodeStatus, tuple[NodeStatus, ...]] = {
@@ -244,11 +242,6 @@ def refuse_unfinished_items(conn: Connection, own: Ownership, name: str) -> None
         node_items.c.status.in_(ITEM_STATUSES))) or 0
     if finished < total:
         raise unfinished(own.pipeline_id, name, total - finished, total)
-
-
-def lost(own: Ownership, owner: str | None, epoch: int, status: str) -> OwnershipLost:
-    who = owner if epoch != own.epoch else f"{owner} (pipeline {status})"
-    return OwnershipLost(owner=who or "(awaiting resume)", pipeline_id=own.pipeline_id)
 
 
 def illegal(pipeline_id: int, name: str, before: str, target: NodeStatus) -> IllegalTransition:

@@ -262,7 +262,6 @@ def test_the_pipelines_component_holds_its_parts_and_they_share_their_collaborat
     store.pipelines.list_nodes(0)
     assert "transitions" not in vars(pipelines.rows)
     assert isinstance(pipelines.rows.transitions, NodeTransitions)
-    assert pipelines.rows.transitions is pipelines.rows._transitions
     assert isinstance(pipelines.nodes.fence, Fence)
     assert pipelines.nodes.fence is pipelines.runs.fence is pipelines.checkpoints.fence is pipelines.jobs.fence
 
