@@ -23,10 +23,11 @@ import contextvars
 import functools
 import inspect
 import logging
+import queue
 import threading
 from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable, Iterator
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -253,10 +254,18 @@ def map_in_threads(node: NodeContext, fn: Callable[[Any], Any], keys: Iterable[A
     journal_writer = node._journal_committer(wait_for)
     node.journal.attach(journal_writer)
     running: dict[Future[None], str] = {}
+    # Each future puts itself here as it ends: the loop waits on one queue, not on every future in flight
+    # (wait(FIRST_COMPLETED) installs and removes a waiter on each of the 64 at every completion).
+    ended: queue.SimpleQueue[Future[None]] = queue.SimpleQueue()
 
-    def settle(finished: Iterable[Future[None]]) -> None:
-        for future in finished:
+    def settle_next() -> None:
+        future = ended.get()
+        while True:
             tally.ended(running.pop(future), future.exception())
+            try:
+                future = ended.get_nowait()
+            except queue.Empty:
+                break
         if tally.stop:
             stop.set()
 
@@ -264,12 +273,15 @@ def map_in_threads(node: NodeContext, fn: Callable[[Any], Any], keys: Iterable[A
     try:
         for key in todo:
             while len(running) >= concurrency and not tally.stop:
-                settle(wait(running, return_when=FIRST_COMPLETED)[0])
+                settle_next()
             if tally.stop or _stop_now(node, tally):
                 break
             item = node._item_for(key, committer)
-            running[pool.submit(contextvars.copy_context().run, _run_item, node, item, fn, policy)] = key
-        settle(wait(running)[0])
+            future = pool.submit(contextvars.copy_context().run, _run_item, node, item, fn, policy)
+            running[future] = key
+            future.add_done_callback(ended.put)
+        while running:
+            settle_next()
     except BaseException:
         stop.set()
         raise
@@ -328,25 +340,33 @@ async def map_in_tasks(node: NodeContext, fn: Callable[[Any], Awaitable[Any]], k
     journal_writer = node._journal_committer(wait_for)
     node.journal.attach(journal_writer)
     running: dict[asyncio.Task[None], str] = {}
+    ended: asyncio.Queue[asyncio.Task[None]] = asyncio.Queue()  # each task as it ends (as in map_in_threads)
 
-    def settle(finished: Iterable[asyncio.Task[None]]) -> None:
-        for task in finished:
+    async def settle_next() -> None:
+        task = await ended.get()
+        while True:
             key = running.pop(task)
             tally.ended(key, StopRequested("cancelled") if task.cancelled() else task.exception())
+            try:
+                task = ended.get_nowait()
+            except asyncio.QueueEmpty:
+                break
 
     try:
         for key in todo:
             while len(running) >= concurrency and not tally.stop:
-                settle((await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED))[0])
+                await settle_next()
             if tally.stop or _stop_now(node, tally):
                 break
             item = node._item_for(key, committer)
-            running[asyncio.create_task(_run_item_async(node, item, fn, policy))] = key
+            task = asyncio.create_task(_run_item_async(node, item, fn, policy))
+            running[task] = key
+            task.add_done_callback(ended.put_nowait)
         if tally.fatal is not None:
             for task in running:
                 task.cancel()  # nothing new leaves: a superseded op's answers would be refused anyway
-        if running:
-            settle((await asyncio.wait(running))[0])
+        while running:
+            await settle_next()
     except BaseException:
         for task in running:
             task.cancel()
