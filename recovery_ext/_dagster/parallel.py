@@ -23,11 +23,9 @@ import contextvars
 import functools
 import inspect
 import logging
-import queue
 import threading
 from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -126,7 +124,7 @@ class MapResult:
 
 
 class _Tally:
-    """Outcomes as items end (called from the scheduling thread or task only)."""
+    """Outcomes as items end (called under the map's lock, or from the scheduling task only)."""
 
     def __init__(self, node: NodeContext, limit: int) -> None:
         self.node = node
@@ -253,43 +251,67 @@ def map_in_threads(node: NodeContext, fn: Callable[[Any], Any], keys: Iterable[A
     committer = node._group_committer(wait_for)
     journal_writer = node._journal_committer(wait_for)
     node.journal.attach(journal_writer)
-    running: dict[Future[None], str] = {}
-    # Each future puts itself here as it ends: the loop waits on one queue, not on every future in flight
-    # (wait(FIRST_COMPLETED) installs and removes a waiter on each of the 64 at every completion).
-    ended: queue.SimpleQueue[Future[None]] = queue.SimpleQueue()
+    # `concurrency` threads, each taking the next key itself once its item ended (no future, no hand-off to a
+    # scheduling thread per item: at 64 in flight those wake-ups cost more CPU than the items' own work). The
+    # tally, the keys and the checks before a new item are shared under one lock, in the order a scheduling
+    # loop would take them: no item starts once the map must stop.
+    lock = threading.Lock()
+    pending = iter(todo)
+    base = contextvars.copy_context()  # each item runs in a copy of the op's context, as a pool's would
+    raised: list[BaseException] = []  # an error of the keys themselves (or an interrupt): the map raises it
 
-    def settle_next() -> None:
-        future = ended.get()
-        while True:
-            tally.ended(running.pop(future), future.exception())
+    def next_item() -> Item | None:
+        with lock:
+            if tally.stop or raised:
+                return None
             try:
-                future = ended.get_nowait()
-            except queue.Empty:
-                break
-        if tally.stop:
-            stop.set()
+                key = next(pending, None)
+                if key is None or _stop_now(node, tally):
+                    return None
+                return node._item_for(key, committer)
+            except BaseException as exc:  # noqa: BLE001 - raised by the map, in its caller's thread
+                raised.append(exc)
+                stop.set()
+                return None
 
-    pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix=f"rx-{node.node_name}")
+    def work(item: Item | None) -> None:
+        while item is not None:
+            error: BaseException | None = None
+            try:
+                base.copy().run(_run_item, node, item, fn, policy)
+            except BaseException as exc:  # noqa: BLE001 - the item's outcome, tallied like any other
+                error = exc
+            with lock:
+                tally.ended(item.key, error)
+                if tally.stop:
+                    stop.set()
+            item = next_item()
+
+    workers: list[threading.Thread] = []
     try:
-        for key in todo:
-            while len(running) >= concurrency and not tally.stop:
-                settle_next()
-            if tally.stop or _stop_now(node, tally):
+        while len(workers) < concurrency:  # a thread per item in flight, started only while keys remain
+            first = next_item()
+            if first is None:
                 break
-            item = node._item_for(key, committer)
-            future = pool.submit(contextvars.copy_context().run, _run_item, node, item, fn, policy)
-            running[future] = key
-            future.add_done_callback(ended.put)
-        while running:
-            settle_next()
-    except BaseException:
+            worker = threading.Thread(target=work, args=(first,), name=f"rx-{node.node_name}_{len(workers)}",
+                                      daemon=True)
+            workers.append(worker)
+            worker.start()
+        for worker in workers:
+            worker.join()
+    except BaseException as exc:
+        with lock:
+            raised.append(exc)
         stop.set()
         raise
     finally:
-        pool.shutdown(wait=True, cancel_futures=True)
+        for worker in workers:
+            worker.join()
         node.journal.detach(journal_writer)
         journal_writer.close()
         committer.close()
+    if raised:
+        raise raised[0]
     return tally.outcome()
 
 
