@@ -8,6 +8,9 @@ runs it. Each item is retried on its own under the resource's policy (transient 
 the shared classifier) and checkpoints through one :class:`GroupCommitter` as it finishes; the call
 journal's two fenced writes per request (the begin before it leaves, the answer before the item sees it)
 go through a second one, so the items in flight share a few transactions instead of each writing alone.
+``ctx.map`` runs ``concurrency`` threads that each take the next key themselves; a thread whose item's
+function returned queues that item's checkpoint and starts its next item while it commits (it waits for
+it before queueing another); the item counts as done, or failed, once its checkpoint committed or was refused.
 
 A failed item never stops its siblings. The map stops starting items when this worker is superseded
 or its run worker died (nothing new is sent: tasks in flight are cancelled, threads stop before their
@@ -26,6 +29,8 @@ import logging
 import threading
 from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable, Iterator
+from concurrent.futures import Future
+from concurrent.futures import wait as futures_wait
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -50,6 +55,8 @@ class Item(Protocol):
     def complete(self, result: Any = None) -> None: ...
 
     async def acomplete(self, result: Any = None) -> None: ...
+
+    def _complete_later(self, result: Any) -> Future[Any]: ...
 
 
 class NodeContext(Protocol):
@@ -213,8 +220,9 @@ def _policy(node: NodeContext, retries: int | None, stop: threading.Event | None
 
 # -- threads ------------------------------------------------------------------------------------------------
 
-def _run_item(node: NodeContext, item: Item, fn: Callable[[Any], Any], policy: RetryPolicy) -> None:
-    """One item in a pool thread, in a context of its own: its calls, its retries, then its checkpoint."""
+def _run_item(node: NodeContext, item: Item, fn: Callable[[Any], Any], policy: RetryPolicy) -> Future[Any] | None:
+    """One item in a map's thread, in a context of its own: its calls, its retries, then its checkpoint queued
+    (its future, when the map completes the item with what ``fn`` returned; None: ``fn`` completed it)."""
     node._enter_item(item.key)
     node.check_calls()
     result: Any = None
@@ -229,8 +237,7 @@ def _run_item(node: NodeContext, item: Item, fn: Callable[[Any], Any], policy: R
             close()
         raise ConfigurationError(f"ctx.map: the item function returned an awaitable for item {item.key!r}; "
                                  "an async function is mapped with `await ctx.amap(...)`")
-    if not item.finished:
-        item.complete(result)
+    return None if item.finished else item._complete_later(result)
 
 
 def map_in_threads(node: NodeContext, fn: Callable[[Any], Any], keys: Iterable[Any], *, concurrency: int,
@@ -274,18 +281,38 @@ def map_in_threads(node: NodeContext, fn: Callable[[Any], Any], keys: Iterable[A
                 stop.set()
                 return None
 
+    def ended(key: str, error: BaseException | None) -> None:
+        with lock:
+            tally.ended(key, error)
+            if tally.stop:
+                stop.set()
+
+    def checkpointed(key: str, done: Future[Any]) -> None:
+        ended(key, StopRequested("cancelled") if done.cancelled() else done.exception())
+
     def work(item: Item | None) -> None:
+        # An item whose function returned is done once its checkpoint commits: the thread does not wait for that
+        # commit to start its next item (its answers are kept already; the checkpoint is fenced like any write,
+        # and tallied when it commits). It waits for it before queueing the next one: a thread has at most one
+        # checkpoint queued, so instant items cannot queue up thousands of them.
+        queued: Future[Any] | None = None
         while item is not None:
             error: BaseException | None = None
+            checkpoint: Future[Any] | None = None
             try:
-                base.copy().run(_run_item, node, item, fn, policy)
+                checkpoint = base.copy().run(_run_item, node, item, fn, policy)
             except BaseException as exc:  # noqa: BLE001 - the item's outcome, tallied like any other
                 error = exc
-            with lock:
-                tally.ended(item.key, error)
-                if tally.stop:
-                    stop.set()
+            if queued is not None:
+                futures_wait([queued])
+            if checkpoint is None:
+                ended(item.key, error)
+            else:
+                checkpoint.add_done_callback(functools.partial(checkpointed, item.key))
+            queued = checkpoint
             item = next_item()
+        if queued is not None:
+            futures_wait([queued])
 
     workers: list[threading.Thread] = []
     try:
