@@ -9,6 +9,7 @@ import logging
 import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Sequence
+from concurrent.futures import Future
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import Any
@@ -97,6 +98,16 @@ class Item:
     async def adegrade(self, result: Any = None, *, also: Callable[[Any], None] | None = None) -> None:
         """``degrade`` for async code."""
         await self._afinish(result, also, ItemStatus.DEGRADED)
+
+    def _complete_later(self, result: Any) -> Future[Any]:
+        """``complete`` without waiting for the commit, for a map completing an item with what its function
+        returned: the checkpoint (with the item's calls, taken now) is queued to the group commit, whose future
+        tells whether it committed."""
+        self._refuse_twice()
+        assert self.committer is not None, "only a map's items complete later"
+        queued = self.committer.submit(self.node._entry(self.key, result, None, ItemStatus.COMPLETED))
+        self.finished = True
+        return queued
 
     def _finish(self, result: Any, also: Callable[[Any], None] | None, status: str) -> None:
         self._refuse_twice()

@@ -8,6 +8,9 @@ runs it. Each item is retried on its own under the resource's policy (transient 
 the shared classifier) and checkpoints through one :class:`GroupCommitter` as it finishes; the call
 journal's two fenced writes per request (the begin before it leaves, the answer before the item sees it)
 go through a second one, so the items in flight share a few transactions instead of each writing alone.
+``ctx.map`` runs ``concurrency`` threads that each take the next key themselves; a thread whose item's
+function returned queues that item's checkpoint and starts its next item while it commits (it waits for
+it before queueing another); the item counts as done, or failed, once its checkpoint committed or was refused.
 
 A failed item never stops its siblings. The map stops starting items when this worker is superseded
 or its run worker died (nothing new is sent: tasks in flight are cancelled, threads stop before their
@@ -26,7 +29,8 @@ import logging
 import threading
 from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable, Iterator
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from concurrent.futures import Future
+from concurrent.futures import wait as futures_wait
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -51,6 +55,8 @@ class Item(Protocol):
     def complete(self, result: Any = None) -> None: ...
 
     async def acomplete(self, result: Any = None) -> None: ...
+
+    def _complete_later(self, result: Any) -> Future[Any]: ...
 
 
 class NodeContext(Protocol):
@@ -125,7 +131,7 @@ class MapResult:
 
 
 class _Tally:
-    """Outcomes as items end (called from the scheduling thread or task only)."""
+    """Outcomes as items end (called under the map's lock, or from the scheduling task only)."""
 
     def __init__(self, node: NodeContext, limit: int) -> None:
         self.node = node
@@ -214,8 +220,9 @@ def _policy(node: NodeContext, retries: int | None, stop: threading.Event | None
 
 # -- threads ------------------------------------------------------------------------------------------------
 
-def _run_item(node: NodeContext, item: Item, fn: Callable[[Any], Any], policy: RetryPolicy) -> None:
-    """One item in a pool thread, in a context of its own: its calls, its retries, then its checkpoint."""
+def _run_item(node: NodeContext, item: Item, fn: Callable[[Any], Any], policy: RetryPolicy) -> Future[Any] | None:
+    """One item in a map's thread, in a context of its own: its calls, its retries, then its checkpoint queued
+    (its future, when the map completes the item with what ``fn`` returned; None: ``fn`` completed it)."""
     node._enter_item(item.key)
     node.check_calls()
     result: Any = None
@@ -230,8 +237,7 @@ def _run_item(node: NodeContext, item: Item, fn: Callable[[Any], Any], policy: R
             close()
         raise ConfigurationError(f"ctx.map: the item function returned an awaitable for item {item.key!r}; "
                                  "an async function is mapped with `await ctx.amap(...)`")
-    if not item.finished:
-        item.complete(result)
+    return None if item.finished else item._complete_later(result)
 
 
 def map_in_threads(node: NodeContext, fn: Callable[[Any], Any], keys: Iterable[Any], *, concurrency: int,
@@ -252,32 +258,87 @@ def map_in_threads(node: NodeContext, fn: Callable[[Any], Any], keys: Iterable[A
     committer = node._group_committer(wait_for)
     journal_writer = node._journal_committer(wait_for)
     node.journal.attach(journal_writer)
-    running: dict[Future[None], str] = {}
+    # `concurrency` threads, each taking the next key itself once its item ended (no future, no hand-off to a
+    # scheduling thread per item: at 64 in flight those wake-ups cost more CPU than the items' own work). The
+    # tally, the keys and the checks before a new item are shared under one lock, in the order a scheduling
+    # loop would take them: no item starts once the map must stop.
+    lock = threading.Lock()
+    pending = iter(todo)
+    base = contextvars.copy_context()  # each item runs in a copy of the op's context, as a pool's would
+    raised: list[BaseException] = []  # an error of the keys themselves (or an interrupt): the map raises it
 
-    def settle(finished: Iterable[Future[None]]) -> None:
-        for future in finished:
-            tally.ended(running.pop(future), future.exception())
-        if tally.stop:
-            stop.set()
+    def next_item() -> Item | None:
+        with lock:
+            if tally.stop or raised:
+                return None
+            try:
+                key = next(pending, None)
+                if key is None or _stop_now(node, tally):
+                    return None
+                return node._item_for(key, committer)
+            except BaseException as exc:  # noqa: BLE001 - raised by the map, in its caller's thread
+                raised.append(exc)
+                stop.set()
+                return None
 
-    pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix=f"rx-{node.node_name}")
+    def ended(key: str, error: BaseException | None) -> None:
+        with lock:
+            tally.ended(key, error)
+            if tally.stop:
+                stop.set()
+
+    def checkpointed(key: str, done: Future[Any]) -> None:
+        ended(key, StopRequested("cancelled") if done.cancelled() else done.exception())
+
+    def work(item: Item | None) -> None:
+        # An item whose function returned is done once its checkpoint commits: the thread does not wait for that
+        # commit to start its next item (its answers are kept already; the checkpoint is fenced like any write,
+        # and tallied when it commits). It waits for it before queueing the next one: a thread has at most one
+        # checkpoint queued, so instant items cannot queue up thousands of them.
+        queued: Future[Any] | None = None
+        while item is not None:
+            error: BaseException | None = None
+            checkpoint: Future[Any] | None = None
+            try:
+                checkpoint = base.copy().run(_run_item, node, item, fn, policy)
+            except BaseException as exc:  # noqa: BLE001 - the item's outcome, tallied like any other
+                error = exc
+            if queued is not None:
+                futures_wait([queued])
+            if checkpoint is None:
+                ended(item.key, error)
+            else:
+                checkpoint.add_done_callback(functools.partial(checkpointed, item.key))
+            queued = checkpoint
+            item = next_item()
+        if queued is not None:
+            futures_wait([queued])
+
+    workers: list[threading.Thread] = []
     try:
-        for key in todo:
-            while len(running) >= concurrency and not tally.stop:
-                settle(wait(running, return_when=FIRST_COMPLETED)[0])
-            if tally.stop or _stop_now(node, tally):
+        while len(workers) < concurrency:  # a thread per item in flight, started only while keys remain
+            first = next_item()
+            if first is None:
                 break
-            item = node._item_for(key, committer)
-            running[pool.submit(contextvars.copy_context().run, _run_item, node, item, fn, policy)] = key
-        settle(wait(running)[0])
-    except BaseException:
+            worker = threading.Thread(target=work, args=(first,), name=f"rx-{node.node_name}_{len(workers)}",
+                                      daemon=True)
+            workers.append(worker)
+            worker.start()
+        for worker in workers:
+            worker.join()
+    except BaseException as exc:
+        with lock:
+            raised.append(exc)
         stop.set()
         raise
     finally:
-        pool.shutdown(wait=True, cancel_futures=True)
+        for worker in workers:
+            worker.join()
         node.journal.detach(journal_writer)
         journal_writer.close()
         committer.close()
+    if raised:
+        raise raised[0]
     return tally.outcome()
 
 
@@ -328,25 +389,33 @@ async def map_in_tasks(node: NodeContext, fn: Callable[[Any], Awaitable[Any]], k
     journal_writer = node._journal_committer(wait_for)
     node.journal.attach(journal_writer)
     running: dict[asyncio.Task[None], str] = {}
+    ended: asyncio.Queue[asyncio.Task[None]] = asyncio.Queue()  # each task as it ends (as in map_in_threads)
 
-    def settle(finished: Iterable[asyncio.Task[None]]) -> None:
-        for task in finished:
+    async def settle_next() -> None:
+        task = await ended.get()
+        while True:
             key = running.pop(task)
             tally.ended(key, StopRequested("cancelled") if task.cancelled() else task.exception())
+            try:
+                task = ended.get_nowait()
+            except asyncio.QueueEmpty:
+                break
 
     try:
         for key in todo:
             while len(running) >= concurrency and not tally.stop:
-                settle((await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED))[0])
+                await settle_next()
             if tally.stop or _stop_now(node, tally):
                 break
             item = node._item_for(key, committer)
-            running[asyncio.create_task(_run_item_async(node, item, fn, policy))] = key
+            task = asyncio.create_task(_run_item_async(node, item, fn, policy))
+            running[task] = key
+            task.add_done_callback(ended.put_nowait)
         if tally.fatal is not None:
             for task in running:
                 task.cancel()  # nothing new leaves: a superseded op's answers would be refused anyway
-        if running:
-            settle((await asyncio.wait(running))[0])
+        while running:
+            await settle_next()
     except BaseException:
         for task in running:
             task.cancel()

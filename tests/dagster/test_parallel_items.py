@@ -226,3 +226,38 @@ def test_sdk_requests_in_parallel_pause_at_the_spend_cap_and_go_on_when_it_is_ra
         assert capped.reserved_tokens == 0
     finally:
         stand_in.stop()
+
+
+def test_a_thread_starts_its_next_item_while_its_checkpoint_commits_and_queues_one_at_most(store, db_url, provider,
+                                                                                              monkeypatch):
+    """ctx.map does not hold a thread while an item's checkpoint commits (the next item starts), but a thread
+    waits for it before queueing another: never more checkpoints queued than items in flight, and every item
+    checkpointed once when the map returns."""
+    from recovery_ext._dagster.group_commit import GroupCommitter
+    from recovery_ext._store.models import ItemCheckpoint
+
+    queued: set[int] = set()
+    most = [0]
+    lock = threading.Lock()
+    submit = GroupCommitter.submit
+
+    def counting(self, entry):
+        done = submit(self, entry)
+        if isinstance(entry, ItemCheckpoint):
+            with lock:
+                queued.add(id(done))
+                most[0] = max(most[0], len(queued))
+
+            def settled(_):
+                with lock:
+                    queued.discard(id(done))
+
+            done.add_done_callback(settled)
+        return done
+
+    monkeypatch.setattr(GroupCommitter, "submit", counting)
+    result = run(parallel_defs.threaded_job, db_url, "threaded", url=provider.url, keys=40, concurrency=4)
+    assert result.success, result.all_events
+    assert result.output_for_node("threaded") == {"done": 40, "resumed": 0}
+    assert 1 <= most[0] <= 4 and not queued
+    assert_each_item_got_its_own_answer(store, "threaded", [f"k{i:05d}" for i in range(40)], provider)

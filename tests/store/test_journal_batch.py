@@ -4,10 +4,12 @@ after a take-over every write of a batch refused with nothing written. Store tes
 
 from __future__ import annotations
 
+import datetime as dt
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+from sqlalchemy import select
 from helpers import expire, reclaim, round_trips, sent_round_trips
 from test_journal_writes import answered, in_flight, journal, ledger
 
@@ -15,6 +17,7 @@ from recovery_ext._dagster.group_commit import GroupCommitter
 from recovery_ext._errors import OwnershipLost
 from recovery_ext._store.ledger import IN_FLIGHT
 from recovery_ext._store.models import JournalWrite, PassPlan
+from recovery_ext._store.schema import call_journal
 from recovery_ext._store.store import RecoveryStore
 
 
@@ -157,3 +160,29 @@ def test_a_waiter_that_gave_up_does_not_stop_the_writer(store):
     assert later.result(timeout=30) is None
     committer.close()
     assert sorted(r[0] for r in ledger(store, own.pipeline_id).values()) == ["k1", "k2", "k3"]
+
+
+def test_a_batch_keeps_a_new_answer_over_an_old_one_and_finds_many_keys_at_once(store):
+    """What a batch keeps and finds (on SQLite fixed SQL on the driver, on PostgreSQL the server's functions):
+    a fresh answer replaces the one kept before under the same key, stamped by the database clock; a batch of
+    begins finds each journaled answer under its own item and key, and only those."""
+    own = running_node(store)
+    old, new = in_flight(own, "k1"), in_flight(own, "k1")
+    store.providers.journal_writes(own, [JournalWrite(old, None), JournalWrite(new, None)])
+    store.providers.journal_writes(own, [JournalWrite(answered(old), "fp#1", answered=True, answer='"old"')])
+    store.providers.journal_writes(own, [JournalWrite(answered(new), "fp#1", answered=True, answer='"new"')])
+    assert journal(store, own.pipeline_id) == [("k1", "fp#1", new.id, own.epoch, '"new"')]
+    with store.read() as conn:
+        stamped = conn.execute(select(call_journal.c.answered_at)).scalar_one()
+    assert abs((stamped - dt.datetime.now(dt.UTC)).total_seconds()) < 3600
+
+    kept = [in_flight(own, f"item-{i}") for i in range(40)]
+    store.providers.journal_writes(own, [JournalWrite(call, f"fp#{i % 3}") for i, call in enumerate(kept)])
+    store.providers.journal_writes(own, [JournalWrite(answered(call), f"fp#{i % 3}", answered=True, answer=str(i))
+                                         for i, call in enumerate(kept)])
+    asked = [(f"item-{i}", f"fp#{i % 3}") for i in range(40)] + [("item-1", "fp#0"), ("item-99", "fp#1")]
+    found = store.providers.journal_writes(own, [JournalWrite(in_flight(own, item), key) for item, key in asked])
+    assert [None if hit is None else (hit.answer, hit.call.id) for hit in found] == (
+        [(str(i), call.id) for i, call in enumerate(kept)] + [None, None])
+    assert {kept[i].id: ledger(store, own.pipeline_id)[kept[i].id][9] for i in (0, 39)} == {
+        kept[0].id: 1, kept[39].id: 1}
