@@ -46,6 +46,14 @@ def run(job, db_url: str, node: str, instance=None, **config):
                               resources={"recovery": recovery(db_url)}, raise_on_error=False)
 
 
+def take_over(store, pipeline):
+    """Reclaim ``pipeline`` as the orphan sensor does, tick after tick until it is taken: a pass skips a pipeline
+    whose row a fenced write holds at that instant (``FOR UPDATE SKIP LOCKED``), and a busy op's group commits
+    often do."""
+    return wait_for(lambda: reclaim(store, PassPlan(dead_owner_runs=[pipeline.owner]))[0], timeout=30,
+                    what=f"the take-over of pipeline {pipeline.id}")
+
+
 def only_pipeline(store):
     (pipeline,) = store.reports.list_pipelines()
     return pipeline
@@ -152,7 +160,7 @@ def test_a_superseded_op_sends_no_new_request_from_any_of_its_items(store, db_ur
         runner.start()
         wait_for(lambda: len(provider.arrivals) >= 8, timeout=60)
         pipeline = only_pipeline(store)
-        reclaim(store, PassPlan(dead_owner_runs=[pipeline.owner]))
+        take_over(store, pipeline)
         taken_over = time.monotonic()
         runner.join(120)
         assert not runner.is_alive()
@@ -179,7 +187,7 @@ def test_a_take_over_wrapped_by_the_sdk_still_stops_every_task(store, db_url):
         runner.start()
         wait_for(lambda: len(stand_in.requests) >= 8, timeout=60)
         pipeline = only_pipeline(store)
-        reclaim(store, PassPlan(dead_owner_runs=[pipeline.owner]))
+        take_over(store, pipeline)
         taken_over = time.time()
         runner.join(120)
         assert not runner.is_alive()
