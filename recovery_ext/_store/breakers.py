@@ -25,6 +25,7 @@ from recovery_ext._store.schema import circuit_breakers, node_items, nodes, pipe
 from recovery_ext._store.statuses import WAITING, BreakerState, ItemStatus, NodeStatus, PipelineStatus
 from recovery_ext._store.fenced import Fence
 from recovery_ext._store.node_transitions import NodeTransitions
+from recovery_ext._store.pipelines import PipelineCore
 
 cb = circuit_breakers.c
 
@@ -32,12 +33,19 @@ cb = circuit_breakers.c
 class Outages(Component):
     """The circuit breakers, the outage pause of a pipeline and its degraded items. Its collaborators:
     ``fence`` (the pipeline row's lock and epoch check for a pause's writes, in the same transaction) and
-    ``node_steps`` (the dialect's node steps, whose breaker read runs before every provider call)."""
+    ``rows`` (the pipeline moves, whose dialect's node steps hold the breaker read that runs before every provider
+    call)."""
 
-    def __init__(self, db: Database, *, fence: Fence, node_steps: NodeTransitions) -> None:
+    def __init__(self, db: Database, *, fence: Fence, rows: PipelineCore) -> None:
         super().__init__(db)
         self.fence = fence
-        self.node_steps = node_steps
+        self.rows = rows
+
+    @property
+    def node_steps(self) -> NodeTransitions:
+        """The dialect's node steps, chosen on first use as the pipelines' parts choose them, not when the store is
+        built (bench/hot_path_bench.py switches the dialect's flags after building its store)."""
+        return self.rows.transitions
 
     def _seconds(self, start: Any, end: Any) -> Any:
         """``end - start`` in seconds as a plain number (on SQLite the difference of two times is not a time)."""

@@ -19,9 +19,8 @@ from recovery_ext._store.retention import Retention
 from recovery_ext._store import migrations
 from recovery_ext._store.breakers import Outages
 from recovery_ext._store.budgets import RateBudgets
-from recovery_ext._store.fenced import Fence
+from recovery_ext._store.fenced import Fence, FencedTransaction
 from recovery_ext._store.journal import CallJournal
-from recovery_ext._store.node_transitions import transitions_for
 from recovery_ext._store.spend_caps import SpendCapAccounts
 from recovery_ext._store.database import DEFAULT_RETRY_BUDGET, Component, Database, shared_retry_budget
 from recovery_ext._store.deployments import Deployments
@@ -31,7 +30,6 @@ from recovery_ext._store.queue import Queue
 from recovery_ext._store.ticks import Recovery
 from recovery_ext._store.vouch import Vouching
 from recovery_ext._store.checkpoints import Checkpoints
-from recovery_ext._store.fenced import FencedTransaction
 from recovery_ext._store.jobs import ProviderJobs
 from recovery_ext._store.ledger import LedgerWrites
 from recovery_ext._store.models import (ErrorInfo, ItemCheckpoint, Node, NodeBeat, NodeSpec, Ownership, Pipeline,
@@ -267,7 +265,7 @@ class Providers(Component):
     def __init__(self, db: Database) -> None:
         super().__init__(db)
         fence = Fence()
-        self.outages = Outages(db, fence=fence, node_steps=transitions_for(PipelineCore(db)))
+        self.outages = Outages(db, fence=fence, rows=PipelineCore(db))
         self.journal = CallJournal(db, ledger=LedgerWrites(db))
         self.budgets = RateBudgets(db)
         self.caps = SpendCapAccounts(db, fence=fence)

@@ -309,6 +309,8 @@ def test_the_providers_component_holds_its_collaborators(store):
             "recovery_ext._store.database", "recovery_ext._store.database", "builtins"], type(part)
     assert {part._db for part in parts} | {providers.journal.ledger._db} == {store._db}
     assert type(providers.journal.ledger) is LedgerWrites
+    # the breaker read's node steps are chosen from the dialect on first use, as the pipelines parts' are
+    assert "transitions" not in vars(providers.outages.rows)
     assert isinstance(providers.outages.node_steps, NodeTransitions)
     # one fence for the writes of an owner, whichever part makes them
     assert isinstance(providers.outages.fence, Fence) and providers.caps.fence is providers.outages.fence
