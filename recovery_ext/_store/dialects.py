@@ -393,6 +393,11 @@ class _WriteLocks:
 _sqlite_write_locks = _WriteLocks()
 
 
+# The database clock as epoch seconds, in SQLite's SQL: what now() compiles to, for the fixed statements of the
+# hot paths (checkpoints, the ledger, the journal) that run on the driver's connection.
+SQLITE_NOW = "(julianday('now') - 2440587.5) * 86400.0"
+
+
 class SqliteDialect(Dialect):
     """SQLite: WAL, a busy timeout and foreign keys, set in one connect hook.
 
@@ -421,7 +426,10 @@ class SqliteDialect(Dialect):
         their time asleep with the lock free. Here they queue on a lock and each goes the moment the one
         before it commits; writers of other processes still meet in SQLite's own lock.
         """
-        return _sqlite_write_locks.for_file(self.url.database or "")
+        gate = self.__dict__.get("_write_gate")
+        if gate is None:  # resolved once: realpath is a few system calls, and every write passes here
+            gate = self.__dict__["_write_gate"] = _sqlite_write_locks.for_file(self.url.database or "")
+        return gate
 
     @contextmanager
     def read_only(self, conn: Connection) -> Iterator[None]:
@@ -457,7 +465,7 @@ class SqliteDialect(Dialect):
         return max(batch_seconds, 0.1)
 
     def now(self) -> ColumnElement[Any]:
-        return literal_column("((julianday('now') - 2440587.5) * 86400.0)", type_=Float)
+        return literal_column(f"({SQLITE_NOW})", type_=Float)
 
     def bad_time(self, column: ColumnElement[Any]) -> ColumnElement[Any]:
         # epoch seconds: text, blobs and values beyond year 9999 are not times

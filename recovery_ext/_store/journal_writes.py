@@ -31,10 +31,10 @@ from sqlalchemy import Connection, FromClause, and_, select, tuple_, update
 from recovery_ext._errors import NotFound, OwnershipLost
 from recovery_ext._store import hot_path
 from recovery_ext._store.database import chunks
-from recovery_ext._store.dialects import Dialect
+from recovery_ext._store.dialects import SQLITE_NOW, Dialect
 from recovery_ext._store.ledger import IN_FLIGHT, call_row
 from recovery_ext._store.models import JournalHit, JournalWrite, Ownership, ProviderCall
-from recovery_ext._store.fenced import lost
+from recovery_ext._store.fenced import check_on_sqlite_driver, lost
 from recovery_ext._store.schema import call_journal, pipelines, provider_calls
 from recovery_ext._store.statuses import PipelineStatus
 
@@ -184,10 +184,8 @@ class PortableJournalWrites(JournalWrites):
 # SQLite's batch as fixed SQL on the driver's connection, inside the batch's transaction (BEGIN IMMEDIATE, the
 # write gate): building and compiling the portable statements cost more client CPU than running them, and at
 # 64 items in flight that CPU (one GIL) is what limits the items' throughput. Same rows, same refusals.
-_SQLITE_NOW = "(julianday('now') - 2440587.5) * 86400.0"
-_SQLITE_FENCE = "SELECT epoch, owner, status FROM rx_pipelines WHERE id = ?"
 _SQLITE_KEEP = ("INSERT INTO rx_call_journal (pipeline_id, node_name, item_key, call_key, call_id, epoch, answer, "
-                f"answered_at) VALUES (?, ?, ?, ?, ?, ?, ?, {_SQLITE_NOW}) "
+                f"answered_at) VALUES (?, ?, ?, ?, ?, ?, ?, {SQLITE_NOW}) "
                 "ON CONFLICT (pipeline_id, node_name, item_key, call_key) DO UPDATE SET call_id = excluded.call_id, "
                 "epoch = excluded.epoch, answer = excluded.answer, answered_at = excluded.answered_at")
 _COMPLETED = ("model", "tokens_in", "tokens_out", "latency_seconds", "outcome", "cost", "note")
@@ -200,12 +198,7 @@ _SQLITE_FIND = ("SELECT node_name, item_key, call_key, answer, call_id FROM rx_c
 class SqliteJournalWrites(PortableJournalWrites):
     def _fence_batch(self, conn: Connection, own: Ownership) -> None:
         with self.db.driver_of(conn) as raw:
-            row = raw.execute(_SQLITE_FENCE, (own.pipeline_id,)).fetchone()
-        if row is None:
-            raise NotFound(f"no pipeline {own.pipeline_id}")
-        epoch, owner, status = row
-        if epoch != own.epoch or status != PipelineStatus.RUNNING:
-            raise lost(own, owner, epoch, status)
+            check_on_sqlite_driver(raw, own)
 
     def _keep_answers(self, conn: Connection, own: Ownership, kept: list[JournalWrite]) -> None:
         with self.db.driver_of(conn) as raw:

@@ -37,6 +37,7 @@ from sqlalchemy.sql.elements import ColumnElement
 
 from recovery_ext._classify.redaction import redact
 from recovery_ext._store.database import Component, chunks, retried
+from recovery_ext._store.dialects import SQLITE_NOW
 from recovery_ext._store.ledger_rows import malformed_calls, well_formed_call
 from recovery_ext._store.models import CostFigures, CostReport, ProviderCall
 from recovery_ext._store.rolled_up import live_pipeline_ids
@@ -71,7 +72,7 @@ def call_row(call: ProviderCall, *, reached: bool = False) -> dict[str, Any]:
 _COLUMNS = ("id", "pipeline_id", "node_name", "item_key", "run_id", "epoch", "endpoint", "model", "tokens_in",
             "tokens_out", "latency_seconds", "outcome", "cost", "reached_checkpoint", "note")
 _SQLITE_INSERT = (f"INSERT INTO rx_provider_calls ({', '.join(_COLUMNS)}, recorded_at) "
-                  f"VALUES ({', '.join('?' for _ in _COLUMNS)}, (julianday('now') - 2440587.5) * 86400.0) ")
+                  f"VALUES ({', '.join('?' for _ in _COLUMNS)}, {SQLITE_NOW}) ")
 _SQLITE_RECORD = _SQLITE_INSERT + "ON CONFLICT (id) DO NOTHING"
 _SQLITE_REACHED = _SQLITE_INSERT + "ON CONFLICT (id) DO UPDATE SET reached_checkpoint = excluded.reached_checkpoint"
 
