@@ -220,13 +220,15 @@ def _policy(node: NodeContext, retries: int | None, stop: threading.Event | None
 
 # -- threads ------------------------------------------------------------------------------------------------
 
-def _run_item(node: NodeContext, item: Item, fn: Callable[[Any], Any], policy: RetryPolicy) -> Future[Any] | None:
-    """One item in a map's thread, in a context of its own: its calls, its retries, then its checkpoint queued
-    (its future, when the map completes the item with what ``fn`` returned; None: ``fn`` completed it)."""
+def _run_item(node: NodeContext, item: Item, fn: Callable[[Any], Any], attempts: tenacity.Retrying
+              ) -> Future[Any] | None:
+    """One item in a map's thread, in a context of its own: its calls, its retries (``attempts``: the policy's
+    retrying, one per thread, begun again for each item), then its checkpoint queued (its future, when the map
+    completes the item with what ``fn`` returned; None: ``fn`` completed it)."""
     node._enter_item(item.key)
     node.check_calls()
     result: Any = None
-    for attempt in policy:
+    for attempt in attempts:
         with attempt:
             node.check_calls()
             node.journal.restart_item(item.key)  # a retry replays the answers its first attempt paid for
@@ -296,11 +298,12 @@ def map_in_threads(node: NodeContext, fn: Callable[[Any], Any], keys: Iterable[A
         # and tallied when it commits). It waits for it before queueing the next one: a thread has at most one
         # checkpoint queued, so instant items cannot queue up thousands of them.
         queued: Future[Any] | None = None
+        attempts = policy.build()  # a tenacity Retrying costs more to build than to begin again per item
         while item is not None:
             error: BaseException | None = None
             checkpoint: Future[Any] | None = None
             try:
-                checkpoint = base.copy().run(_run_item, node, item, fn, policy)
+                checkpoint = base.copy().run(_run_item, node, item, fn, attempts)
             except BaseException as exc:  # noqa: BLE001 - the item's outcome, tallied like any other
                 error = exc
             if queued is not None:

@@ -56,11 +56,19 @@ class JournalScope(Protocol):
     def check_calls(self) -> None: ...
 
 
+class Waiting(Protocol):
+    """A write queued by a thread that blocks until it is committed (``GroupCommitter.submit_waiting``)."""
+
+    def result(self) -> Any: ...
+
+
 class BatchWriter(Protocol):
     """A group commit of the journal's writes (``GroupCommitter`` over ``store.providers.journal_writes``): the
     future resolves to the write's result once its batch committed, fenced, or fails with the refusal."""
 
     def submit(self, entry: JournalWrite) -> Future[Any]: ...
+
+    def submit_waiting(self, entry: JournalWrite) -> Waiting: ...
 
 
 def fingerprint(*parts: Any) -> str | None:
@@ -276,10 +284,15 @@ class CallJournal:
 
     def write(self, write: JournalWrite) -> JournalHit | None:
         """``write`` committed, fenced: with the other items' writes when a map is under way, else alone."""
-        batched = self.submit(write)
-        if batched is not None:
-            hit: JournalHit | None = batched.result()
-            return hit
+        writers = self._writers
+        if writers:
+            try:
+                batched = writers[-1].submit_waiting(write)
+            except RuntimeError:  # the map that attached it just ended: written alone
+                pass
+            else:
+                hit: JournalHit | None = batched.result()
+                return hit
         providers, own = self.store.providers, self.scope.ownership
         if write.answered:
             providers.journal_answer(own, write.call, call_key=write.call_key, answer=write.answer)

@@ -109,3 +109,31 @@ def test_one_refused_entry_fails_alone_and_its_batch_siblings_commit(store):
     assert sorted(store.pipelines.completed_items(own.pipeline_id, "a")) == ["first", "g1", "g2", "g3"]
     with store.read() as conn:
         assert sorted(conn.scalars(select(notes.c.item))) == ["g1", "g2", "g3"]
+
+
+def test_a_waiting_thread_gets_its_own_result_or_refusal(store):
+    """``submit_waiting`` (a thread blocking on its commit, as a journal write does) settles each entry as a future
+    would: its own result or refusal, its siblings committed; what queued while a commit ran goes in the next."""
+    own = running_node(store)
+    batches: list[int] = []
+    gate, entered = threading.Event(), threading.Event()
+
+    def commit(entries):
+        entered.set()
+        gate.wait(30)
+        batches.append(len(entries))
+        store.pipelines.checkpoint_items(own, "a", entries)
+        return [ValueError(f"refused {e.key}") if e.key == "w2" else e.key.upper() for e in entries]
+
+    committer = GroupCommitter(commit, max_wait=0.2)
+    first = committer.submit_waiting(ItemCheckpoint("w0"))
+    assert entered.wait(30)
+    waiting = {key: committer.submit_waiting(ItemCheckpoint(key)) for key in ("w1", "w2", "w3")}
+    gate.set()
+    assert first.result() == "W0"
+    assert waiting["w1"].result() == "W1" and waiting["w3"].result() == "W3"
+    with pytest.raises(ValueError, match="refused w2"):
+        waiting["w2"].result()
+    assert waiting["w1"].result() == "W1"  # a settled waiter answers again
+    committer.close()
+    assert batches == [1, 3]  # the three queued while the first committed went in one transaction
