@@ -1,7 +1,8 @@
 """Items in parallel: a recoverable op (``ctx.map`` threads, ``ctx.amap`` tasks; every call journaled, ledgered
 and checkpointed) against a plain Dagster op making the same calls at the same concurrency with no recovery.
 
-Each item is one POST to a local stand-in answering after ``RX_CONC_LATENCY`` s (0.2). The plain op is the
+Each item is one POST to a local stand-in answering after ``RX_CONC_LATENCY`` s (0.2), in a process of its own
+(``RX_CONC_PROVIDER=thread``: in the bench's process, as before 2026-11-29). The plain op is the
 limit: the figure to read is ``ratio`` = recoverable items/s over plain items/s, per database, mode and
 concurrency. The two ops run in turn (plain, recoverable, plain, ...), ``RX_CONC_REPEAT`` times each, on
 a fresh database each; the medians are printed.
@@ -16,6 +17,7 @@ Needs PostgreSQL at 127.0.0.1:5432 (``RECOVERY_TEST_PG``) for the PostgreSQL row
 
 
 import asyncio
+import contextlib
 import os
 import resource
 import statistics
@@ -24,14 +26,16 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
 from dagster import Config, OpExecutionContext, in_process_executor, job, op
 
-from recovery_ext import NodeContext, RecoveryResource, ajournaled_call, execute_in_process, journaled_call
+from recovery_ext import NodeContext, RecoveryResource, ajournaled_call, journaled_call
 from recovery_ext import recoverable_job, recoverable_op
+from recovery_ext.testing import execute_in_process
 
 ADMIN = os.environ.get("RECOVERY_TEST_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
 LATENCY = float(os.environ.get("RX_CONC_LATENCY", "0.2"))
@@ -224,18 +228,43 @@ def _memory_child(url: str, n: int) -> None:
     drop()
 
 
-def main() -> None:
+@contextlib.contextmanager
+def _stand_in() -> Iterator[str]:
+    """The stand-in's URL: in a process of its own (the default, as a provider is never in the worker's process:
+    its request threads would take CPU time and the GIL from both ops), or with ``RX_CONC_PROVIDER=thread`` in
+    this one (how the figures before 2026-11-29 were taken)."""
     sys.path.insert(0, str(SUPPORT))
-    from echo_provider import EchoProvider
+    if os.environ.get("RX_CONC_PROVIDER", "process") == "thread":
+        from echo_provider import EchoProvider
 
-    with EchoProvider(latency=LATENCY) as provider:
+        with EchoProvider(latency=LATENCY) as provider:
+            yield provider.url
+        return
+    child = subprocess.Popen([sys.executable, str(SUPPORT / "echo_provider.py"), str(LATENCY)],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout is not None
+        url = child.stdout.readline().strip()
+        if not url.startswith("http://127.0.0.1:"):
+            raise RuntimeError(f"the stand-in provider did not start (it printed {url!r})")
+        yield url
+    finally:
+        assert child.stdin is not None
+        child.stdin.close()
+        child.wait(timeout=30)
+
+
+def main() -> None:
+    with _stand_in() as url:
         memory = os.environ.get("RX_CONC_MEMORY")
         if memory:
-            _memory(provider.url, int(memory))
+            _memory(url, int(memory))
             return
-        print(f"{ITEMS} items (at concurrency 1: {ITEMS_AT_ONE}), each a {LATENCY * 1000:.0f} ms call; "
-              f"{REPEAT} run(s) each, medians", flush=True)
-        _bench(provider.url)
+        where = os.environ.get("RX_CONC_PROVIDER", "process")
+        print(f"{ITEMS} items (at concurrency 1: {ITEMS_AT_ONE}), each a {LATENCY * 1000:.0f} ms call to a stand-in "
+              f"in {'this process' if where == 'thread' else 'a process of its own'}; {REPEAT} run(s) each, medians",
+              flush=True)
+        _bench(url)
 
 
 if __name__ == "__main__":

@@ -95,3 +95,20 @@ class EchoProvider:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def serve_in_this_process(latency: float) -> None:
+    """``python echo_provider.py LATENCY``: serve until stdin closes, its URL on the first line of stdout (a bench
+    runs the stand-in in a process of its own, as a real provider is: its threads then take no CPU time, and no
+    GIL, from the process being measured)."""
+    import sys
+
+    with EchoProvider(latency=latency) as provider:
+        print(provider.url, flush=True)
+        sys.stdin.read()
+
+
+if __name__ == "__main__":
+    import sys
+
+    serve_in_this_process(float(sys.argv[1]))
