@@ -358,9 +358,7 @@ def _stop_now(node: NodeContext, tally: _Tally) -> bool:
 # -- asyncio tasks ------------------------------------------------------------------------------------------
 
 async def _run_item_async(node: NodeContext, item: Item, fn: Callable[[Any], Awaitable[Any]],
-                          policy: RetryPolicy) -> Future[Any] | None:
-    """One item in a task of its own: its calls, its retries, then its checkpoint queued (its future, when the map
-    completes the item with what ``fn`` returned; None: ``fn`` completed it)."""
+                          policy: RetryPolicy) -> None:
     node._enter_item(item.key)  # a task runs in its own copy of the context
     node.check_calls()
     retrying = tenacity.AsyncRetrying(
@@ -373,7 +371,8 @@ async def _run_item_async(node: NodeContext, item: Item, fn: Callable[[Any], Awa
             node.check_calls()
             node.journal.restart_item(item.key)
             result = await fn(item)
-    return None if item.finished else item._complete_later(result)
+    if not item.finished:
+        await item.acomplete(result)
 
 
 async def map_in_tasks(node: NodeContext, fn: Callable[[Any], Awaitable[Any]], keys: Iterable[Any], *,
@@ -392,42 +391,22 @@ async def map_in_tasks(node: NodeContext, fn: Callable[[Any], Awaitable[Any]], k
     committer = node._group_committer(wait_for)
     journal_writer = node._journal_committer(wait_for)
     node.journal.attach(journal_writer)
-    # An item whose function returned is done once its checkpoint commits, and its task ends as soon as the
-    # checkpoint is queued (as a map thread starts its next item): a slot is not held through a group commit, so a
-    # connection of the item's client does not sit idle through it (httpx's pool costs CPU per idle connection at
-    # every request). At most `concurrency` checkpoints are queued at once, as in map_in_threads.
-    running: dict[asyncio.Future[Any], str] = {}  # the tasks
-    queued: dict[asyncio.Future[Any], str] = {}
-    ended: asyncio.Queue[asyncio.Future[Any]] = asyncio.Queue()  # each task and each checkpoint, as it ends
-
-    def settle(done: asyncio.Future[Any]) -> None:
-        if done in queued:
-            key = queued.pop(done)
-            tally.ended(key, StopRequested("cancelled") if done.cancelled() else done.exception())
-            return
-        key = running.pop(done)
-        if done.cancelled() or done.exception() is not None:
-            tally.ended(key, StopRequested("cancelled") if done.cancelled() else done.exception())
-            return
-        checkpoint = done.result()
-        if checkpoint is None:
-            tally.ended(key, None)
-            return
-        waiting = asyncio.wrap_future(checkpoint)
-        queued[waiting] = key
-        waiting.add_done_callback(ended.put_nowait)
+    running: dict[asyncio.Task[None], str] = {}
+    ended: asyncio.Queue[asyncio.Task[None]] = asyncio.Queue()  # each task as it ends (as in map_in_threads)
 
     async def settle_next() -> None:
-        settle(await ended.get())
+        task = await ended.get()
         while True:
+            key = running.pop(task)
+            tally.ended(key, StopRequested("cancelled") if task.cancelled() else task.exception())
             try:
-                settle(ended.get_nowait())
+                task = ended.get_nowait()
             except asyncio.QueueEmpty:
                 break
 
     try:
         for key in todo:
-            while (len(running) >= concurrency or len(queued) >= concurrency) and not tally.stop:
+            while len(running) >= concurrency and not tally.stop:
                 await settle_next()
             if tally.stop or _stop_now(node, tally):
                 break
@@ -436,13 +415,13 @@ async def map_in_tasks(node: NodeContext, fn: Callable[[Any], Awaitable[Any]], k
             running[task] = key
             task.add_done_callback(ended.put_nowait)
         if tally.fatal is not None:
-            for started in running:
-                started.cancel()  # nothing new leaves: a superseded op's answers would be refused anyway
-        while running or queued:
+            for task in running:
+                task.cancel()  # nothing new leaves: a superseded op's answers would be refused anyway
+        while running:
             await settle_next()
     except BaseException:
-        for started in running:
-            started.cancel()
+        for task in running:
+            task.cancel()
         if running:
             await asyncio.wait(running)
         raise
