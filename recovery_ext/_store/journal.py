@@ -117,8 +117,3 @@ class CallJournal(Component):
         with self.write() as conn:
             self.ledger.write_calls(conn, calls, reached=False)
 
-    def write_calls(self, conn: Connection, calls: Sequence[ProviderCall], *, reached: bool) -> None:
-        """The ledger's :meth:`~LedgerWrites.write_calls`, for the strategies of journal_writes.py (their host
-        writes the ledger rows of a batch)."""
-        self.ledger.write_calls(conn, calls, reached=reached)
-

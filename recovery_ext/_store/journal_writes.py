@@ -32,7 +32,7 @@ from recovery_ext._errors import NotFound, OwnershipLost
 from recovery_ext._store import hot_path
 from recovery_ext._store.database import chunks
 from recovery_ext._store.dialects import SQLITE_NOW, Dialect
-from recovery_ext._store.ledger import IN_FLIGHT, call_row
+from recovery_ext._store.ledger import IN_FLIGHT, LedgerWrites, call_row
 from recovery_ext._store.models import JournalHit, JournalWrite, Ownership, ProviderCall
 from recovery_ext._store.fenced import check_on_sqlite_driver, lost
 from recovery_ext._store.schema import call_journal, pipelines, provider_calls
@@ -45,14 +45,16 @@ _Key = tuple[Any, str, Any]  # (node name, item key, call key) of a journal entr
 
 
 class JournalHost(Protocol):
-    """What the strategies use of the store: its transactions and its ledger writes."""
+    """What the strategies use of the store (the call journal): its transactions and its collaborator ``ledger``
+    (the ledger's writes)."""
 
     dialect: Dialect
 
     def write(self) -> AbstractContextManager[Connection]: ...
     def driver_autocommit(self) -> AbstractContextManager[Any]: ...
     def driver_of(self, conn: Connection) -> AbstractContextManager[Any]: ...
-    def write_calls(self, conn: Connection, calls: Sequence[ProviderCall], *, reached: bool) -> None: ...
+    @property
+    def ledger(self) -> LedgerWrites: ...
     def _complete_calls_in(self, conn: Connection, calls: Sequence[ProviderCall]) -> None: ...
 
 
@@ -126,7 +128,7 @@ class JournalWrites:
             else:
                 in_flight.append(w.call)
         if in_flight:
-            self.db.write_calls(conn, in_flight, reached=False)
+            self.db.ledger.write_calls(conn, in_flight, reached=False)
         return [hits.get(id(w)) for w in writes]
 
 
@@ -163,7 +165,7 @@ class PortableJournalWrites(JournalWrites):
                                    .values(replays=pc.replays + 1).returning(*provider_calls.c)).first()
                 if row is not None:
                     return JournalHit(found.answer, _call_of(row._mapping))
-            self.db.write_calls(conn, [call], reached=False)
+            self.db.ledger.write_calls(conn, [call], reached=False)
         return None
 
     def answer(self, own: Ownership, call: ProviderCall, call_key: str | None, answer: str | None) -> None:

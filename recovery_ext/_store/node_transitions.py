@@ -24,6 +24,7 @@ from recovery_ext._store import hot_path
 from recovery_ext._store.database import is_retry
 from recovery_ext._store.dialects import Dialect
 from recovery_ext._store.fenced import Fence, lost
+from recovery_ext._store.ledger import LedgerWrites
 from recovery_ext._store.models import Node, Ownership, ProviderCall
 from recovery_ext._store.schema import ITEM_STATUSES, circuit_breakers, node_items, nodes, pipelines
 from recovery_ext._store.statuses import NodeStatus, PipelineStatus
@@ -43,7 +44,8 @@ Begun = tuple[Ownership, Node, bool]
 
 
 class TransitionHost(Protocol):
-    """What the strategies use of the store: its transactions and its fenced single steps."""
+    """What the strategies use of the store (the store's PipelineCore): its transactions, its fenced single steps,
+    and its collaborators ``fence`` and ``ledger``."""
 
     dialect: Dialect
 
@@ -51,10 +53,11 @@ class TransitionHost(Protocol):
     def read_statement(self) -> AbstractContextManager[Connection]: ...
     def driver_autocommit(self) -> AbstractContextManager[Any]: ...
     def driver_of(self, conn: Connection) -> AbstractContextManager[Any]: ...
-    def write_calls(self, conn: Connection, calls: Sequence[ProviderCall], *, reached: bool) -> None: ...
     def check_ownership(self, own: Ownership) -> None: ...
     @property
     def fence(self) -> Fence: ...
+    @property
+    def ledger(self) -> LedgerWrites: ...
     def start_node_in(self, conn: Connection, own: Ownership, name: str, heartbeat_timeout: float,
                       stall_timeout: float | None) -> Node: ...
     def move_node(self, conn: Connection, own: Ownership, name: str, target: NodeStatus, event: str,
@@ -133,7 +136,7 @@ class PortableTransitions(NodeTransitions):
                 return True
             refuse_unfinished_items(conn, own, name)
             if calls:
-                db.write_calls(conn, calls, reached=True)
+                db.ledger.write_calls(conn, calls, reached=True)
             db.move_node(
                 conn, own, name, NodeStatus.COMPLETED, NodeStatus.COMPLETED,
                 output=output, completed_at=db.dialect.now(), error=None, error_category=None,
@@ -185,7 +188,7 @@ class ServerFunctionTransitions(NodeTransitions):
             with self.db.driver_autocommit() as raw:
                 return self._complete(raw, own, name, output, heartbeat_timeout)
         with self.db.write() as conn:  # the ledger's writes, then the completion, then one COMMIT
-            self.db.write_calls(conn, calls, reached=True)
+            self.db.ledger.write_calls(conn, calls, reached=True)
             with self.db.driver_of(conn) as raw:
                 # a refusal raises, so this transaction rolls back
                 return self._complete(raw, own, name, output, heartbeat_timeout)

@@ -1,7 +1,7 @@
 """Pipelines and nodes: creation, fenced writes and heartbeats (item checkpoints: checkpoints.py).
 
 Every write a worker makes goes through :meth:`~recovery_ext._store.fenced.Fence.check`
-(``PipelineCore._fence`` here), which locks the pipeline row (the single writer lock on SQLite) and checks
+(``PipelineCore.fence`` here), which locks the pipeline row (the single writer lock on SQLite) and checks
 the worker's epoch in the same transaction. A reclaim bumps the epoch under ``FOR UPDATE``, so the two are
 serialized: a superseded worker's write changes nothing and raises
 :class:`~recovery_ext._errors.OwnershipLost`.
@@ -49,16 +49,23 @@ __all__ = ["NODE_TRANSITIONS", "ItemCheckpoint", "PipelineCore", "PipelineNodes"
 NEW_OWNER_RESETS: dict[str, None] = {"waiting_until": None, "waiting_since": None, "waiting_reason": None}
 
 
-class PipelineCore(LedgerWrites):
-    """The fence and the node and pipeline moves every component that writes for an owner shares: each
-    component is one of these over the store's one database, so all of them fence the same way."""
+class PipelineCore(Component):
+    """The fence and the node and pipeline moves every component that writes for an owner shares: the store
+    builds one and hands it to each component that needs it, so all of them fence the same way.
+
+    Its collaborators: ``fence`` (the owner's lock and epoch check) and ``ledger`` (the ledger's writes, which
+    the node steps make in a node's completing transaction)."""
+
+    def __init__(self, db: Database, *, ledger: LedgerWrites) -> None:
+        super().__init__(db)
+        self.ledger = ledger
+        self.fence = Fence()
 
     @cached_property
     def transitions(self) -> NodeTransitions:
-        """How this store's nodes start and complete: chosen once, from its dialect."""
+        """How this store's nodes start and complete: chosen on first use (not when the store is built: a bench
+        switches the dialect's flags in between), once, from its dialect."""
         return transitions_for(self)
-
-    fence = Fence()
 
     def refresh_pipeline(self, conn: Connection, own: Ownership, heartbeat_timeout: float | None,
                          **values: Any) -> None:

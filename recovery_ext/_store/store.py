@@ -19,7 +19,7 @@ from recovery_ext._store.retention import Retention
 from recovery_ext._store import migrations
 from recovery_ext._store.breakers import Outages
 from recovery_ext._store.budgets import RateBudgets
-from recovery_ext._store.fenced import Fence, FencedTransaction
+from recovery_ext._store.fenced import FencedTransaction
 from recovery_ext._store.journal import CallJournal
 from recovery_ext._store.spend_caps import SpendCapAccounts
 from recovery_ext._store.database import DEFAULT_RETRY_BUDGET, Component, Database, shared_retry_budget
@@ -64,16 +64,17 @@ class Pipelines(Component):
     A plain class holding its parts, each over the store's one database, and handing each call to the part that
     does it: ``nodes`` (pipelines and nodes, the fenced transaction, node transitions), ``runs`` (heartbeats,
     ownership by run, how a run ends), ``checkpoints`` (item checkpoints), ``jobs`` (provider jobs) and
-    ``vouching`` (what a watcher says about its step processes). The parts share ``rows`` (the pipeline and node
-    moves every component shares, with the fence and the node transitions, chosen from the dialect on first use)
-    and ``ledger`` (the ledger's writes). Each part's calls are ``@retried`` where they are defined.
+    ``vouching`` (what a watcher says about its step processes). The parts share ``rows`` (the store's one
+    :class:`PipelineCore`: the pipeline and node moves every component shares, with the fence and the node
+    transitions, chosen from the dialect on first use) and ``ledger`` (its ledger's writes). Each part's calls are
+    ``@retried`` where they are defined.
     """
 
-    def __init__(self, db: Database) -> None:
+    def __init__(self, db: Database, *, rows: PipelineCore) -> None:
         super().__init__(db)
-        self.rows = PipelineCore(db)
-        self.ledger = LedgerWrites(db)
-        fence = self.rows.fence
+        self.rows = rows
+        self.ledger = rows.ledger
+        fence = rows.fence
         self.nodes = PipelineNodes(db, rows=self.rows, fence=fence)
         self.runs = Runs(db, rows=self.rows, fence=fence)
         self.checkpoints = Checkpoints(db, rows=self.rows, fence=fence, ledger=self.ledger)
@@ -260,13 +261,15 @@ class Providers(Component):
     Each call goes to one of its parts, each a plain class over the one Database holding what it uses:
     ``outages`` (:class:`Outages`: the fence, and the dialect's node steps for the breaker read), ``journal``
     (:class:`CallJournal`: the ledger's writes), ``budgets`` (:class:`RateBudgets`) and ``caps``
-    (:class:`SpendCapAccounts`: the fence). Each part's public calls are ``@retried`` where they are defined."""
+    (:class:`SpendCapAccounts`: the fence). The fence, the node steps and the ledger's writes are those of the
+    store's one :class:`PipelineCore` (``rows``), which the pipelines component shares. Each part's public calls
+    are ``@retried`` where they are defined."""
 
-    def __init__(self, db: Database) -> None:
+    def __init__(self, db: Database, *, rows: PipelineCore) -> None:
         super().__init__(db)
-        fence = Fence()
-        self.outages = Outages(db, fence=fence, rows=PipelineCore(db))
-        self.journal = CallJournal(db, ledger=LedgerWrites(db))
+        fence = rows.fence
+        self.outages = Outages(db, fence=fence, rows=rows)
+        self.journal = CallJournal(db, ledger=rows.ledger)
         self.budgets = RateBudgets(db)
         self.caps = SpendCapAccounts(db, fence=fence)
 
@@ -448,11 +451,14 @@ class RecoveryStore:
         self.url = self._db.url
         self.dialect = self._db.dialect
         self.engine = self._db.engine
-        self.pipelines = Pipelines(self._db)
-        self.providers = Providers(self._db)
+        # One PipelineCore (the fence, the node and pipeline moves, the node steps and the ledger's writes),
+        # handed to every component that writes for an owner: one choice of node steps, one fence.
+        rows = PipelineCore(self._db, ledger=LedgerWrites(self._db))
+        self.pipelines = Pipelines(self._db, rows=rows)
+        self.providers = Providers(self._db, rows=rows)
         self.queue = Queue(self._db)
         self.recovery = Recovery(self._db, orphans=Orphans(self._db), deployments=Deployments(self._db),
-                                 pipeline_rows=PipelineCore(self._db))
+                                 pipeline_rows=rows)
         ledger = LedgerOps(self._db)
         self.reports = Reports(self._db, ledger=ledger, observability=Observability(self._db, ledger=ledger),
                                retention=Retention(self._db))

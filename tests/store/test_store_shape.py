@@ -4,16 +4,19 @@ interface of the store (a Protocol) and calls nothing else."""
 from __future__ import annotations
 
 import ast
+import importlib
 import inspect
+import pkgutil
 from pathlib import Path
 
 import pytest
 import sqlalchemy
 
 import recovery_ext
+import recovery_ext._store
 import recovery_ext.store
 from recovery_ext._store import interfaces, schema, statuses
-from recovery_ext._store.database import Component, Transactions
+from recovery_ext._store.database import Component, Database, Transactions
 from recovery_ext._store.interfaces import (CliStore, GuardStore, LivenessStore, OpStore, PipelineStore, ProviderStore,
                                             QueueHandleStore, QueueStore, RecoveryPassStore, ReportStore, SensorStore)
 from recovery_ext._store.ledger import LedgerWrites
@@ -121,9 +124,9 @@ VIEWS = (LivenessStore, GuardStore, QueueHandleStore, OpStore, SensorStore, CliS
 # Each component of the store, and the one protocol it is.
 COMPONENTS = {"pipelines": PipelineStore, "providers": ProviderStore, "queue": QueueStore,
               "recovery": RecoveryPassStore, "reports": ReportStore}
-# The helpers every component shares over the one Database (its transactions, the fence, the ledger's writes):
-# not part of any component's surface.
-SHARED = (PipelineCore, LedgerWrites, Component, Transactions, object)
+# What every component inherits (the transactions of the one Database): not part of any component's surface.
+# The helpers they share (PipelineCore, LedgerWrites, Fence) are held, never inherited.
+SHARED = (Component, Transactions, object)
 # What RecoveryStore itself offers besides its components (documented in docs/reference/api.md): its lifecycle
 # (the schema, closing, a read-only connection), and the database's identity and retry budget.
 STORE_SURFACE = {"migrate", "check_schema", "pending_migrations", "close", "read_only", "url", "dialect", "engine",
@@ -228,14 +231,92 @@ def test_the_store_and_its_components_inherit_in_one_line(store):
 
 
 # What a plain component may inherit: the transactions of the one Database.
-INFRASTRUCTURE = {"recovery_ext._store.database", "builtins"}
+INFRASTRUCTURE = "recovery_ext._store.database"
 
 
-def test_a_plain_component_has_no_base_class_from_another_domain_module(store):
-    for name in COMPONENTS:
-        klass = type(getattr(store, name))
-        foreign = [base.__qualname__ for base in klass.__mro__[1:] if base.__module__ not in INFRASTRUCTURE]
-        assert foreign == [], (name, foreign)
+def foreign_bases(klass: type) -> list[str]:
+    """The classes ``klass`` inherits (directly or further up) that another domain module of ``_store`` defines:
+    a class may build on its own module's classes, the one Database's transactions and anything outside the store
+    (``object``, ``Protocol``, ``Enum``...), never on another module's domain class."""
+    return [f"{base.__module__}.{base.__qualname__}" for base in klass.__mro__[1:]
+            if base.__module__.startswith("recovery_ext._store.")
+            and base.__module__ not in (INFRASTRUCTURE, klass.__module__)]
+
+
+def store_classes() -> list[type]:
+    """Every class defined in a module of ``recovery_ext._store``."""
+    modules = [importlib.import_module(f"recovery_ext._store.{info.name}")
+               for info in pkgutil.iter_modules(recovery_ext._store.__path__)]
+    return [klass for module in modules for klass in vars(module).values()
+            if inspect.isclass(klass) and klass.__module__ == module.__name__]
+
+
+def held_components(roots: dict[str, object]) -> dict[str, Component]:
+    """Every component, part and collaborator reachable from ``roots`` through attributes that hold a
+    :class:`Component`, by the first path that reaches it (``pipelines.nodes.rows``): what a reader follows."""
+    found: dict[str, Component] = {}
+    seen: set[int] = set()
+    pending = list(roots.items())
+    while pending:
+        path, obj = pending.pop(0)
+        for attr, value in vars(obj).items():
+            if isinstance(value, Component) and id(value) not in seen:
+                seen.add(id(value))
+                found[f"{path}.{attr}" if path else attr] = value
+                pending.append((f"{path}.{attr}" if path else attr, value))
+    return found
+
+
+def test_no_store_class_has_a_base_class_from_another_domain_module():
+    classes = store_classes()
+    assert {PipelineCore, LedgerWrites, Component} <= set(classes)
+    assert {f"{klass.__module__}.{klass.__qualname__}": bases for klass in classes
+            if (bases := foreign_bases(klass))} == {}
+
+
+def test_the_base_class_check_flags_a_class_built_on_another_modules_class():
+    def sample(module: str, *bases: type) -> type:
+        return type("Sample", bases, {"__module__": module})
+
+    assert foreign_bases(sample("recovery_ext._store.pipelines", LedgerWrites)) == [
+        "recovery_ext._store.ledger.LedgerWrites"]
+    assert foreign_bases(sample("recovery_ext._store.reports", sample("recovery_ext._store.ledger", LedgerWrites))) == [
+        "recovery_ext._store.ledger.Sample", "recovery_ext._store.ledger.LedgerWrites"]
+    assert foreign_bases(sample("recovery_ext._store.ledger", LedgerWrites)) == []  # its own module's class
+    assert foreign_bases(sample("recovery_ext._store.pipelines", Component)) == []
+
+
+def test_every_component_and_part_the_store_holds_is_a_plain_class(store):
+    """Each component, each of its parts and each collaborator they hold inherits only the Database's
+    transactions (or its own module's classes): a call goes to an object a reader can see."""
+    held = held_components({"": store})
+    assert {"pipelines.nodes", "pipelines.rows", "pipelines.ledger", "providers.outages", "recovery.orphans",
+            "reports.ledger"} <= set(held)
+    assert {path: bases for path, component in held.items() if (bases := foreign_bases(type(component)))} == {}
+    assert {component._db for component in held.values()} == {store._db}  # one Database: one engine, one budget
+
+
+def test_the_store_builds_one_pipeline_core_and_every_component_shares_it(store):
+    """One PipelineCore (the fence, the node moves, the node steps chosen once) and one LedgerWrites, handed to
+    every component that writes for an owner: none builds its own."""
+    held = held_components({"": store})
+    cores = {id(c): c for c in held.values() if type(c) is PipelineCore}
+    ledgers = {id(c): c for c in held.values() if type(c) is LedgerWrites}
+    assert len(cores) == 1 and len(ledgers) == 1
+    (core,), (ledger,) = cores.values(), ledgers.values()
+    assert store.pipelines.rows is store.providers.outages.rows is store.recovery.pipeline_rows is core
+    assert core.ledger is store.pipelines.ledger is store.providers.journal.ledger is ledger
+    assert store.providers.outages.fence is store.providers.caps.fence is store.pipelines.nodes.fence is core.fence
+
+
+def test_the_sharing_check_counts_each_pipeline_core_built(store):
+    from recovery_ext._store.store import Pipelines, Providers
+
+    db: Database = store._db
+    held = held_components({"pipelines": Pipelines(db, rows=PipelineCore(db, ledger=LedgerWrites(db))),
+                            "providers": Providers(db, rows=PipelineCore(db, ledger=LedgerWrites(db)))})
+    assert len({id(c) for c in held.values() if type(c) is PipelineCore}) == 2
+    assert len({id(c) for c in held.values() if type(c) is LedgerWrites}) == 2
 
 
 def test_the_pipelines_component_holds_its_parts_and_they_share_their_collaborators(store):
@@ -254,8 +335,10 @@ def test_the_pipelines_component_holds_its_parts_and_they_share_their_collaborat
         assert type(part).__mro__ == (type(part), Component, Transactions, object)
         assert part._db is store._db
     assert (type(pipelines.rows), type(pipelines.ledger)) == (PipelineCore, LedgerWrites)
+    # rows is a plain class too, holding the ledger's writes the node steps make (it used to inherit them)
+    assert PipelineCore.__mro__ == (PipelineCore, Component, Transactions, object)
     assert pipelines.nodes.rows is pipelines.runs.rows is pipelines.checkpoints.rows is pipelines.rows
-    assert pipelines.checkpoints.ledger is pipelines.jobs.ledger is pipelines.ledger
+    assert pipelines.checkpoints.ledger is pipelines.jobs.ledger is pipelines.ledger is pipelines.rows.ledger
     # the node steps are chosen from the dialect on first use, not when the store is built (hot_path_bench switches
     # the dialect's flags in between), and once: every part reaches the same through rows
     assert "transitions" not in vars(pipelines.rows)
@@ -288,6 +371,7 @@ def test_the_recovery_component_holds_its_collaborators(store):
     assert (type(recovery.orphans), type(recovery.deployments), type(recovery.pipeline_rows)) == (
         Orphans, Deployments, PipelineCore)
     assert {recovery._db, recovery.orphans._db, recovery.deployments._db, recovery.pipeline_rows._db} == {store._db}
+    assert recovery.pipeline_rows is store.pipelines.rows  # the store's one PipelineCore
     assert isinstance(store.queue.fence, Fence)
 
 
@@ -309,11 +393,15 @@ def test_the_providers_component_holds_its_collaborators(store):
             "recovery_ext._store.database", "recovery_ext._store.database", "builtins"], type(part)
     assert {part._db for part in parts} | {providers.journal.ledger._db} == {store._db}
     assert type(providers.journal.ledger) is LedgerWrites
-    # the breaker read's node steps are chosen from the dialect on first use, as the pipelines parts' are
+    # the breaker read's node steps are chosen from the dialect on first use, as the pipelines parts' are: the
+    # same choice, made once, through the store's one PipelineCore
+    assert providers.outages.rows is store.pipelines.rows
     assert "transitions" not in vars(providers.outages.rows)
     assert isinstance(providers.outages.node_steps, NodeTransitions)
-    # one fence for the writes of an owner, whichever part makes them
+    assert providers.outages.node_steps is store.pipelines.rows.transitions
+    # one fence for the writes of an owner, whichever part (or component) makes them
     assert isinstance(providers.outages.fence, Fence) and providers.caps.fence is providers.outages.fence
+    assert providers.outages.fence is store.pipelines.rows.fence
 
 
 def test_each_providers_call_goes_to_the_part_that_defines_it_with_its_docstring(store):
