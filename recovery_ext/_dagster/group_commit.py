@@ -1,7 +1,8 @@
 """Group commit: the checkpoints of items that finish together commit together, in one fenced transaction.
 
 Items worked in parallel (``ctx.map`` threads, ``ctx.amap`` tasks) each hand their checkpoint to one
-:class:`GroupCommitter` per node and wait for its future. One writer thread takes every checkpoint
+:class:`GroupCommitter` per node and wait for its future (a thread that only blocks on it, as a journal write
+does, for a lighter :class:`Waiter`). One writer thread takes every checkpoint
 queued at that moment and commits them in ONE transaction fenced by the node's epoch; what arrives
 while that commit runs goes into the next one. So 64 parallel items are one writer, never 64
 competing ones (SQLite has one write lock), and a completion waits at most one commit's duration
