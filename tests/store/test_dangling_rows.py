@@ -10,7 +10,7 @@ from __future__ import annotations
 import sqlite3
 
 from helpers import migrate_before
-from sqlalchemy import select, text
+from sqlalchemy import delete, select, text
 
 from recovery_ext._store.models import ItemCheckpoint
 from recovery_ext._store.schema import deleted_pipelines
@@ -114,3 +114,21 @@ def test_the_migration_notes_what_was_already_left_pointing_at_nothing(db_url):
         assert {pid for _, pid, _ in dangling(store)} == {middle.pipeline_id}
     finally:
         store.close()
+
+
+def test_each_range_is_walked_to_every_pipeline_in_it_with_its_exact_rows_up_to_the_limit(store, db_url):
+    """Several gone pipelines in one range (below the first, beyond the last): the walk finds each of them in
+    turn, counts each one's rows, and stops at ``limit``."""
+    made = [with_rows(store, f"run-{i}") for i in range(6)]
+    store.pipelines.checkpoint_item(made[4], "a", ItemCheckpoint("k2", {"r": 2}))  # two items for one of them
+    gone = [made[0], made[1], made[4], made[5]]  # the two oldest, the two newest: both open ranges
+    for own in gone:
+        delete_by_hand(store, db_url, own.pipeline_id)
+    with store.write() as conn:  # forgotten: only the ranges beyond the first and the last lead to them now
+        conn.execute(delete(deleted_pipelines))
+
+    expected = sorted((kind, own.pipeline_id, rows) for own in gone
+                      for kind, rows in (("item_checkpoint", 2 if own is made[4] else 1), ("node", 2),
+                                         ("queue_item_holder", 1)))
+    assert dangling(store) == expected
+    assert len(store.reports.dangling_rows(limit=5)) == 5
