@@ -10,6 +10,8 @@ a fresh database each; the medians are printed.
     python -m bench.concurrency_bench                      # 1,000 items at 8, 32 and 64; 100 at 1
     RX_CONC_ITEMS=200 RX_CONC_LEVELS=64 python -m bench.concurrency_bench
     RX_CONC_MEMORY=100000 python -m bench.concurrency_bench  # peak memory, 100,000 keys at 64 beside 1,000 (SQLite)
+    RX_CONC_VERBOSE=1 ...      # each run's rate and process CPU per item
+    RX_CONC_POOL_STATS=1 ...   # and, with asyncio, what httpx's connection pool costs each op
 
 Needs PostgreSQL at 127.0.0.1:5432 (``RECOVERY_TEST_PG``) for the PostgreSQL rows.
 """
@@ -175,14 +177,47 @@ def _database(kind: str) -> tuple:
     return ADMIN.rsplit("/", 1)[0] + f"/{name}", drop
 
 
+# RX_CONC_POOL_STATS=1: what httpx's async connection pool costs each op. httpcore 1.0.9 walks every pooled
+# connection, and for each idle one all of them again, at every request and release (encode/httpcore#1035), so its
+# CPU grows with the connections idle at that moment: the figure shows how much of an op's CPU is that pass.
+POOL_STATS = {"passes": 0, "seconds": 0.0, "idle": 0}
+
+
+def _count_pool_passes() -> None:
+    from httpcore._async.connection_pool import AsyncConnectionPool
+
+    assign = AsyncConnectionPool._assign_requests_to_connections
+
+    def counted(pool):
+        POOL_STATS["passes"] += 1
+        POOL_STATS["idle"] += sum(1 for c in pool._connections if c.is_idle())
+        started = time.perf_counter()
+        try:
+            return assign(pool)
+        finally:
+            POOL_STATS["seconds"] += time.perf_counter() - started
+
+    AsyncConnectionPool._assign_requests_to_connections = counted
+
+
 def _timed(job_def, op_name: str, config: dict, resources: dict | None) -> float:
     run_config = {"ops": {op_name: {"config": config}}}
+    POOL_STATS.update(passes=0, seconds=0.0, idle=0)
+    cpu = time.process_time()
     if resources is not None:
         result = execute_in_process(job_def, run_config=run_config, resources=resources)
     else:
         result = job_def.execute_in_process(run_config=run_config)
     assert result.success
     assert result.output_for_node(op_name) == config["items"]
+    cpu = time.process_time() - cpu
+    items = config["items"]
+    line = f"  {op_name:11} {items / BODY_SECONDS[-1]:6.1f}/s, process CPU {1000 * cpu / items:.2f} ms/item"
+    if POOL_STATS["passes"]:
+        line += (f"; httpx pool passes {POOL_STATS['passes']}, {1000 * POOL_STATS['seconds'] / items:.2f} "
+                 f"ms/item, {POOL_STATS['idle'] / POOL_STATS['passes']:.1f} connections idle at a pass")
+    if os.environ.get("RX_CONC_VERBOSE") or POOL_STATS["passes"]:
+        print(line, flush=True)
     return BODY_SECONDS[-1]
 
 
@@ -255,6 +290,8 @@ def _stand_in() -> Iterator[str]:
 
 
 def main() -> None:
+    if os.environ.get("RX_CONC_POOL_STATS"):
+        _count_pool_passes()
     with _stand_in() as url:
         memory = os.environ.get("RX_CONC_MEMORY")
         if memory:
