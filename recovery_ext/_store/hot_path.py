@@ -75,18 +75,28 @@ def journal_answer(raw: Any, **params: Any) -> Any:
     return _rows(raw, "journal_answer", params)[0]
 
 
-def journal_batch(raw: Any, calls: list[tuple[str, dict[str, Any]]]) -> list[Any]:
-    """Several journal writes (``("journal_begin" | "journal_answer", params)``) in one pipeline: sent together,
-    one network round trip, one implicit transaction (a single Sync ends it); each function fences itself as
-    alone. One row per call, as :func:`journal_begin` / :func:`journal_answer` return it."""
+def journal_batch(raw: Any, fence: dict[str, Any], begins: list[dict[str, Any]], answers: list[dict[str, Any]],
+                  in_flight: str) -> tuple[list[Any], list[Any]]:
+    """A batch of journal writes under one fence (``fence_pipeline``, ``fence_epoch``): the answers as one statement
+    (``journal_answers``), then the begins as one (``journal_begins``), each write's function called per element in
+    order and fencing itself as alone; both sent in one pipeline (one round trip, one implicit transaction: a single
+    Sync ends it). One row per write, as :func:`journal_answer` / :func:`journal_begin` return it, in their order."""
+    statements = [(name, {**fence, **_columns(writes), **extra}) for name, writes, extra in (
+        ("journal_answers", answers, {"in_flight": in_flight}), ("journal_begins", begins, {})) if writes]
     cursors = []
     try:
         with raw.pipeline():
-            for query, params in calls:
+            for query, params in statements:
                 cursor = raw.cursor(row_factory=namedtuple_row)
                 cursors.append(cursor)
                 cursor.execute(load_query(FOLDER, query), params, prepare=True)
-        return [cursor.fetchone() for cursor in cursors]
+        rows = {query: cursor.fetchall() for (query, _), cursor in zip(statements, cursors, strict=True)}
+        return rows.get("journal_begins", []), rows.get("journal_answers", [])
     finally:
         for cursor in cursors:
             cursor.close()
+
+
+def _columns(writes: list[dict[str, Any]]) -> dict[str, list[Any]]:
+    """The writes' parameters as one array per name (the statement unnests them row by row)."""
+    return {name: [w[name] for w in writes] for name in writes[0]}

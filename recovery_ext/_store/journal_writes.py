@@ -12,8 +12,9 @@ raising the same exceptions with the same messages:
 A **batch** of them (:meth:`JournalWrites.batch`: the begins and answers of the items of one node that are in
 flight together, gathered by the journal's group commit) is one transaction: portably the fence once, then
 each kind of write as one statement over the batch (the look-ups, the ledger rows written in flight, the
-answers kept, the rows completed); on PostgreSQL each write's own function, all sent in one pipeline (one
-round trip). 64 items in flight cost a few transactions per round of requests instead of 128 single writes
+answers kept, the rows completed); on PostgreSQL each write's own function, called per element by one statement
+per kind of write over arrays (``journal_answers`` / ``journal_begins``), both sent in one pipeline (one round
+trip): a statement per write cost psycopg's pipeline more client CPU than the functions cost the server. 64 items in flight cost a few transactions per round of requests instead of 128 single writes
 competing for the database (SQLite has one writer) and, under load, for the GIL at each round trip.
 
 The store calls only :class:`JournalWrites`; nothing else asks which one it has.
@@ -240,15 +241,22 @@ class ServerFunctionJournalWrites(JournalWrites):
         _refuse_if_fenced_out(own, row)
 
     def batch(self, own: Ownership, writes: Sequence[JournalWrite]) -> list[JournalHit | None | Exception]:
-        """Each write's own function, all in one pipeline (one round trip, one implicit transaction): a write
-        refused by its fence gets its exception as its result, the others their own."""
-        calls = [("journal_answer", {**_fence(own, w.call, w.call_key), **call_row(w.call), "answer": w.answer,
-                                     "in_flight": IN_FLIGHT}) if w.answered
-                 else ("journal_begin", {**_fence(own, w.call, w.call_key), **call_row(w.call)}) for w in writes]
+        """Each write's own function, the answers in one statement and the begins in another, both in one pipeline
+        (one round trip, one implicit transaction): a write refused by its fence gets its exception as its
+        result, the others their own."""
+        answers = [w for w in writes if w.answered]
+        begins = [w for w in writes if not w.answered]
         with self.db.driver_autocommit() as raw:
-            rows = hot_path.journal_batch(raw, calls)
+            begun, answered = hot_path.journal_batch(
+                raw, {"fence_pipeline": own.pipeline_id, "fence_epoch": own.epoch},
+                begins=[_batched(w) for w in begins],
+                answers=[{**_batched(w, with_call_row=False), "answer": w.answer, **_completed(w.call)}
+                         for w in answers], in_flight=IN_FLIGHT)
+        row_of = {id(w): row for w, row in zip(begins, begun, strict=True)}
+        row_of.update((id(w), row) for w, row in zip(answers, answered, strict=True))
         results: list[JournalHit | None | Exception] = []
-        for write, row in zip(writes, rows, strict=True):
+        for write in writes:
+            row = row_of[id(write)]
             try:
                 _refuse_if_fenced_out(own, row)
             except (NotFound, OwnershipLost) as exc:
@@ -259,6 +267,21 @@ class ServerFunctionJournalWrites(JournalWrites):
         if all(isinstance(result, Exception) for result in results):
             raise results[0]  # type: ignore[misc]  # refused as a whole, as the portable fence refuses it
         return results
+
+
+_ANSWERED = ("model", "tokens_in", "tokens_out", "latency_seconds", "outcome", "cost", "note")
+
+
+def _batched(write: JournalWrite, *, with_call_row: bool = True) -> dict[str, Any]:
+    """One write's elements of a batch statement: where it looks up or keeps its answer, and its ledger row."""
+    keyed = {"node": write.call.node_name, "item": write.call.item_key or "", "call_key": write.call_key}
+    return {**keyed, **call_row(write.call)} if with_call_row else {**keyed, "id": write.call.id}
+
+
+def _completed(call: ProviderCall) -> dict[str, Any]:
+    """The ledger columns an answer completes."""
+    row = call_row(call)
+    return {name: row[name] for name in _ANSWERED}
 
 
 def journal_writes_for(db: JournalHost) -> JournalWrites:
