@@ -14,8 +14,9 @@ flight together, gathered by the journal's group commit) is one transaction: por
 each kind of write as one statement over the batch (the look-ups, the ledger rows written in flight, the
 answers kept, the rows completed); on PostgreSQL each write's own function, called per element by one statement
 per kind of write over arrays (``journal_answers`` / ``journal_begins``), both sent in one pipeline (one round
-trip): a statement per write cost psycopg's pipeline more client CPU than the functions cost the server. 64 items in flight cost a few transactions per round of requests instead of 128 single writes
-competing for the database (SQLite has one writer) and, under load, for the GIL at each round trip.
+trip): a statement per write cost psycopg's pipeline more client CPU than the functions cost the server.
+64 items in flight cost a few transactions per round of requests instead of 128 single writes competing for
+the database (SQLite has one writer) and, under load, for the GIL at each round trip.
 
 The store calls only :class:`JournalWrites`; nothing else asks which one it has.
 """
