@@ -270,9 +270,6 @@ class ServerFunctionJournalWrites(JournalWrites):
         return results
 
 
-_ANSWERED = ("model", "tokens_in", "tokens_out", "latency_seconds", "outcome", "cost", "note")
-
-
 def _batched(write: JournalWrite, *, with_call_row: bool = True) -> dict[str, Any]:
     """One write's elements of a batch statement: where it looks up or keeps its answer, and its ledger row."""
     keyed = {"node": write.call.node_name, "item": write.call.item_key or "", "call_key": write.call_key}
@@ -282,7 +279,7 @@ def _batched(write: JournalWrite, *, with_call_row: bool = True) -> dict[str, An
 def _completed(call: ProviderCall) -> dict[str, Any]:
     """The ledger columns an answer completes."""
     row = call_row(call)
-    return {name: row[name] for name in _ANSWERED}
+    return {name: row[name] for name in _COMPLETED}
 
 
 def journal_writes_for(db: JournalHost) -> JournalWrites:
