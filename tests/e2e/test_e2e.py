@@ -189,8 +189,12 @@ def test_d_a_stalled_node_with_a_live_watchdog_is_detected_and_resumed(dev, stor
         payload = conn.execute(select(events.c.payload).where(events.c.pipeline_id == pipeline.id,
                                                               events.c.kind == "pipeline_recovered")).scalar_one()
     assert payload["cause"] == "stalled"
-    old = dev.wait_run(run_id, statuses=(DagsterRunStatus.FAILURE,), timeout=60)
-    assert old.status == DagsterRunStatus.FAILURE
+    # The tick asks the launcher to terminate the stalled run, then marks it FAILURE if Dagster still shows it live.
+    # Dagster's terminate is asynchronous: a worker that acknowledges the cancel first ends CANCELED (seen once in
+    # CI under load). Either way it ended, stopped by the take-over, and names the run that took over.
+    old = dev.wait_run(run_id, statuses=(DagsterRunStatus.FAILURE, DagsterRunStatus.CANCELED), timeout=60)
+    assert old.status in (DagsterRunStatus.FAILURE, DagsterRunStatus.CANCELED)
+    assert old.tags.get("recovery/superseded_by") == resume.run_id
     assert {c.item for c in calls(store, resume.run_id, "n2")} == {"n2-2", "n2-3", "n2-4", "n2-5"}
 
 
