@@ -352,7 +352,7 @@ class Reclaimed:
     reset_nodes: tuple[str, ...] = ()
     origin_run_id: str | None = None
     launcher: str | None = None
-    owner_heartbeating: bool = False   # the previous owner's run heartbeat was still live at the reclaim
+    owner_heartbeating: bool = False   # the previous owner's run heartbeat was still pulsing at the reclaim
     cause: str | None = None           # owner_run_dead, heartbeat, node_died, node_heartbeat, stalled, deadline
     heartbeat_age_seconds: float | None = None   # how long the previous owner had been silent
 

@@ -259,8 +259,8 @@ class Orphans(Component):
         now = self.dialect.now()
         candidates = (
             select(p.id, p.owner.label("previous_owner"), self._reason(dead_owner_runs).label("cause"),
-                   and_(p.heartbeat_deadline.isnot(None), p.heartbeat_deadline >= now).label("owner_heartbeating"),
-                   p.heartbeat_at, self._expired_node_heartbeat_at(now).label("node_heartbeat_at"),
+                   p.heartbeat_deadline, p.heartbeat_at,
+                   self._expired_node_heartbeat_at(now).label("node_heartbeat_at"),
                    type_coerce(now, DbTime).label("now"))
             .where(self.orphan_condition(dead_owner_runs, scope.job_names, plan.retrying_owner_runs,
                                           scope.deployment),
@@ -275,7 +275,7 @@ class Orphans(Component):
             return [], []
         previous = {r.id: r.previous_owner for r in found}
         causes = {r.id: r.cause for r in found}
-        heartbeating = {r.id: bool(r.owner_heartbeating) for r in found}
+        heartbeating = {r.id: _pulsing(r.heartbeat_at, r.heartbeat_deadline, r.now) for r in found}
         # the silence of the heartbeat that expired: a node's, when its step stopped while the run still beat
         silent = {r.id: _seconds_between(r.node_heartbeat_at if r.cause == "node_heartbeat" else r.heartbeat_at, r.now)
                   for r in found}
@@ -449,6 +449,23 @@ def _outside(scope: Scope) -> list[ColumnElement[Any]]:
     if scope.acting_on is None:
         return []
     return [or_(p.origin_run_id.is_(None), p.id.in_(list(scope.acting_on)))]
+
+
+def _pulsing(last_pulse: dt.datetime | None, deadline: dt.datetime | None, now: dt.datetime) -> bool:
+    """Whether the owner's run heartbeat was still pulsing at the reclaim: its last pulse is younger than half its
+    timeout (less time since it than is left before its deadline). A live worker pulses at least every half
+    timeout (the settings refuse a longer interval); one silent for longer is frozen (SIGSTOP, swapped out) or
+    gone, even though its deadline has not passed yet, as when a stall deadline shorter than the heartbeat
+    timeout expires first. The take-over must not ask such a worker to terminate (see ``stop_superseded``).
+    A row without a pulse time (written before it was recorded) counts as pulsing while its deadline holds."""
+    if deadline is None:
+        return False
+    try:
+        if last_pulse is None:
+            return deadline >= now
+        return now - last_pulse < deadline - now
+    except (TypeError, OverflowError):  # a time that is not a finite datetime: not known to pulse
+        return False
 
 
 def _seconds_between(earlier: dt.datetime | None, later: dt.datetime | None) -> float | None:

@@ -38,3 +38,31 @@ def test_a_run_heartbeat_take_over_quotes_the_runs_silence(store):
     (reclaimed,), _ = reclaim(store, PassPlan(limit=5, launching=True))
     assert reclaimed.cause == "heartbeat"
     assert "its run worker stopped heartbeating for" in superseded_message(reclaimed)
+
+
+def _stalled_with_run_pulse(store, pulse_ago: float, timeout: float = 10.0):
+    """A running pipeline whose node's stall deadline passed, its run's last pulse ``pulse_ago`` s back and its run
+    deadline ``timeout - pulse_ago`` s ahead (not expired: only the stall makes it an orphan)."""
+    from recovery_ext._store.schema import pipelines
+
+    own = store.pipelines.create_pipeline("job", ["a"], owner="run-1", origin_run_id="run-1")
+    store.pipelines.start_node(own, "a", heartbeat_timeout=600, stall_timeout=5)
+    with store.write() as conn:
+        conn.execute(update(nodes).where(nodes.c.pipeline_id == own.pipeline_id)
+                     .values(stall_deadline=store.dialect.now_plus(-1)))
+        conn.execute(update(pipelines).where(pipelines.c.id == own.pipeline_id)
+                     .values(heartbeat_at=store.dialect.now_plus(-pulse_ago),
+                             heartbeat_deadline=store.dialect.now_plus(timeout - pulse_ago)))
+    (reclaimed,), _ = reclaim(store, PassPlan(limit=5, launching=True))
+    assert reclaimed.cause == "stalled"
+    return reclaimed
+
+
+def test_a_stalled_owner_that_still_pulses_is_heartbeating_so_the_take_over_may_terminate_it(store):
+    assert _stalled_with_run_pulse(store, pulse_ago=1).owner_heartbeating is True
+
+
+def test_a_stalled_owner_silent_for_more_than_half_its_timeout_is_not_heartbeating_though_its_deadline_holds(store):
+    # frozen (SIGSTOP) after its last progress: the stall deadline passed before the heartbeat deadline; asking
+    # such a worker to terminate would block the code server's launches, so the take-over must see it silent
+    assert _stalled_with_run_pulse(store, pulse_ago=7).owner_heartbeating is False
