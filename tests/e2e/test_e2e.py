@@ -31,8 +31,12 @@ DEFS = "e2e_defs.py"
 
 
 def dev_env(request) -> dict[str, str]:
+    # Short enough that a kill is found in seconds, long enough that a healthy worker on CI's busiest minutes
+    # (three runs starting at once beside test_liveness's eight) keeps its pipeline: a heartbeat timeout of 5 s
+    # (a pulse each second) and a stall timeout of 8 s (test_e's items take 1 s each). With 3 s and 4 s, one CI
+    # run saw a run of test_e never reach n2 (why was not recorded; wait_working now says what became of it).
     return {"E2E_TWO_SENSORS": "1", "E2E_MAX_RESUMES": str(MAX_RESUMES), "E2E_HEARTBEAT_INTERVAL": "1",
-            "E2E_HEARTBEAT_TIMEOUT": "3", "E2E_STALL_TIMEOUT": "4", "E2E_SENSOR_INTERVAL": "1"}
+            "E2E_HEARTBEAT_TIMEOUT": "5", "E2E_STALL_TIMEOUT": "8", "E2E_SENSOR_INTERVAL": "1"}
 
 
 def config(items=6, item_seconds=0.4, **node_overrides):
@@ -67,9 +71,26 @@ def resume_runs(dev, pipeline_id):
     return sorted(runs, key=lambda r: int(r.tags[TAG_RESUME_NUMBER]))  # the first run carries the pipeline tag too
 
 
-def wait_completed(store, pipeline_id, timeout=150):
-    return wait_for(lambda: store.pipelines.get_pipeline(pipeline_id).status == "completed", timeout=timeout,
-                    what=f"pipeline {pipeline_id} to complete")
+def wait_working(dev, store, run_id, node, *, timeout):
+    """The calls run ``run_id`` made in ``node``, once it made one; a timeout says what became of the run and its
+    pipeline (a run that never gets there was stopped, reclaimed or never started: each is a different bug)."""
+    try:
+        return wait_for(lambda: calls(store, run_id, node), timeout=timeout, what=f"run {run_id} to work in {node}")
+    except AssertionError as timed_out:
+        run = dev.run(run_id)
+        found = store.pipelines.find_pipeline(run_id)
+        raise AssertionError(f"{timed_out}; the run is {run.status.value if run else 'unknown'} "
+                             f"({dev.why_ended(run_id)}); "
+                             + (history(dev, store, found.id) if found else "it has no pipeline")) from None
+
+
+def wait_completed(dev, store, pipeline_id, timeout=150):
+    """Poll until the pipeline completes; a timeout says what became of it (its moves, nodes and runs)."""
+    try:
+        return wait_for(lambda: store.pipelines.get_pipeline(pipeline_id).status == "completed", timeout=timeout,
+                        what=f"pipeline {pipeline_id} to complete")
+    except AssertionError as timed_out:
+        raise AssertionError(f"{timed_out}; {history(dev, store, pipeline_id)}") from None
 
 
 def items_by(store, pipeline_id, node):
@@ -110,7 +131,7 @@ def test_a_kill_9_of_the_run_worker_mid_node_resumes_and_fences_the_orphaned_ste
     done_before_kill = set(items_by(store, pipeline_of(store, run_id).id, "n2"))
     os.kill(run_worker, signal.SIGKILL)
     pipeline = pipeline_of(store, run_id)
-    wait_completed(store, pipeline.id)
+    wait_completed(dev, store, pipeline.id)
     (resume,) = assert_exactly_one_resume(dev, store, pipeline.id)
     dev.wait_run(resume.run_id)
     assert resume.tags[TAG_RESUMED_FROM] == run_id
@@ -148,7 +169,7 @@ def test_b_host_loss_marks_the_dead_run_failed_and_resumes(dev, store):
     assert dev.run(run_id).status == DagsterRunStatus.STARTED  # stock Dagster does not notice
     dev.reload()
     pipeline = pipeline_of(store, run_id)
-    wait_completed(store, pipeline.id, timeout=180)
+    wait_completed(dev, store, pipeline.id, timeout=180)
     (resume,) = assert_exactly_one_resume(dev, store, pipeline.id)
     old = wait_for(lambda: (r := dev.run(run_id)).status == DagsterRunStatus.FAILURE and r, timeout=30,
                    what="the dead run to be marked failed")
@@ -166,7 +187,7 @@ def test_c_sigstop_of_the_run_worker_is_detected_and_its_writes_refused_after_si
     os.kill(worker, signal.SIGSTOP)
     try:
         pipeline = pipeline_of(store, run_id)
-        wait_completed(store, pipeline.id)
+        wait_completed(dev, store, pipeline.id)
         (resume,) = assert_exactly_one_resume(dev, store, pipeline.id)
         dev.wait_run(resume.run_id)
         assert dev.run(run_id).status == DagsterRunStatus.FAILURE
@@ -183,7 +204,7 @@ def test_c_sigstop_of_the_run_worker_is_detected_and_its_writes_refused_after_si
 def test_d_a_stalled_node_with_a_live_watchdog_is_detected_and_resumed(dev, store):
     run_id = dev.launch("items_job_inprocess", config(n2={"stall_at": 2}))
     pipeline = pipeline_of(store, run_id)
-    wait_completed(store, pipeline.id)
+    wait_completed(dev, store, pipeline.id)
     (resume,) = assert_exactly_one_resume(dev, store, pipeline.id)
     with store.read() as conn:
         payload = conn.execute(select(events.c.payload).where(events.c.pipeline_id == pipeline.id,
@@ -211,11 +232,11 @@ def test_e_racing_sensors_and_the_cli_scan_launch_exactly_one_resume_per_orphan(
     racer.start()
     try:
         for run_id in run_ids:  # each worker is killed as soon as its n2 works, while the CLI scans race
-            rows = wait_for(lambda r=run_id: calls(store, r, "n2"), timeout=180, what="n2 to start")
+            rows = wait_working(dev, store, run_id, "n2", timeout=180)
             os.kill(rows[0].pid, signal.SIGKILL)
         pipelines = [pipeline_of(store, r) for r in run_ids]
         for p in pipelines:
-            wait_completed(store, p.id, timeout=300)
+            wait_completed(dev, store, p.id, timeout=300)
     finally:
         stop.set()
         racer.join(30)
