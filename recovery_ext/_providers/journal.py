@@ -31,6 +31,7 @@ from recovery_ext._classify.classifier import classify
 from recovery_ext._classify.redaction import redact
 from recovery_ext._errors import ConfigurationError, OwnershipLost
 from recovery_ext._providers.ledger import current_scope
+from recovery_ext._providers.send_starts import start_alone
 from recovery_ext._store.interfaces import GuardStore
 from recovery_ext._store.ledger import IN_FLIGHT
 from recovery_ext._store.models import JournalHit, JournalWrite, Ownership, ProviderCall
@@ -390,7 +391,7 @@ async def ajournaled_call(send: Callable[[], Awaitable[Any]], *, endpoint: str, 
         token, pending._token = pending._token, None
     assert token is not None
     try:
-        answer = await send()
+        answer = await start_alone(send)  # the tasks one commit released start their requests one at a time
     except BaseException as exc:
         current_attempt.reset(token)
         if isinstance(exc, Exception):
