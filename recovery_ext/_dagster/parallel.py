@@ -92,10 +92,13 @@ LOGGED_FAILURES = 20  # item failures logged one by one; past that only summed u
 # From this concurrency on, a map's group commits wait up to BATCH_WAIT for more entries before committing.
 # Fewer, larger transactions cost less CPU, which a busy process runs out of first (one GIL): at 64 items in
 # flight on the 2-core test machine (1,000 calls of 200 ms, SQLite) one pair of runs gave 9.4 ms of CPU per
-# item without the wait and 4.4 ms with it (noisy: see docs/how-to/parallel-items.md). At 8 in flight a
-# 5 ms window rarely catches another entry and would only add its wait to each item (3 commits per item).
+# item without the wait and 4.4 ms with a 5 ms one (noisy: see docs/how-to/parallel-items.md). Once asyncio's
+# journaled calls started apart (send_starts), 1 ms did better than 5 at 64, on the idle machine, runs of the
+# two alternating: 276-288 recoverable items/s against 265-275 with threads on both databases, 260-267 against
+# 241 with asyncio on SQLite (bench/concurrency_bench.py). At 8 in flight a window rarely catches another entry
+# and would only add its wait to each item (3 commits per item).
 BATCH_AT = 32
-BATCH_WAIT = 0.005
+BATCH_WAIT = 0.001
 
 # Errors that end the whole map at once: this worker may not go on (or was told to stop).
 STOPPING = (OwnershipLost, StopRequested, StoreUnavailable)
