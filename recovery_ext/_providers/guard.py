@@ -289,10 +289,11 @@ class ProviderGuard:
         self._closed_until = None  # the next call reads the breaker again
         found = classify(exc)
         if store is not None and found.retryable:
+            error = str(exc) or type(exc).__name__  # httpx's ReadError('') on a reset connection says nothing
             if store.providers.breaker_record_failure(self.endpoint, self.who,
                                                       threshold=self.settings.breaker_threshold,
-                                                      cooldown=self.cooldown.delay, error=str(exc)) == "opened":
-                self.log(f"circuit breaker for {redact(self.endpoint)} opened: {redact(exc)}")
+                                                      cooldown=self.cooldown.delay, error=error) == "opened":
+                self.log(f"circuit breaker for {redact(self.endpoint)} opened: {redact(error)}")
         elif store is not None and decision is not None and found.status_code is not None:
             # it answered, if only to refuse
             store.providers.breaker_record_success(self.endpoint, self.who, decision)

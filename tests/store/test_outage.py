@@ -254,3 +254,19 @@ def test_a_waiting_pipeline_is_named_in_the_sensor_tick_and_status_and_stays_an_
     # its process dies: the heartbeat expires and it is an orphan like any live pipeline
     expire(store, own.pipeline_id)
     assert [o.id for o in store.recovery.find_orphans()] == [own.pipeline_id]
+
+
+def test_a_breaker_opened_by_errors_with_no_message_names_their_type(store):
+    """httpx raises ReadError('') when a connection is reset mid-request: the breaker's error and the log line that
+    says it opened name the error's type rather than nothing."""
+    import httpx
+
+    endpoint = "http://127.0.0.1:9/v1"
+    lines: list[str] = []
+    guard = ProviderGuard(endpoint, store=store, sleep=FakeTime().sleep, log=lines.append,
+                          settings=OutageSettings(jitter=0.0, breaker_threshold=2))
+    for _ in range(2):
+        guard.failed(httpx.ReadError(""), None)
+    (row,) = store.providers.breakers()
+    assert row["state"] == "open" and row["last_error"] == "ReadError"
+    assert lines == [f"circuit breaker for {endpoint} opened: ReadError"]
