@@ -33,6 +33,14 @@ def _question(body: dict) -> str:
     return content if isinstance(content, str) else json.dumps(content)
 
 
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    # listen() backlog: 64 clients connecting at once are all accepted. With socketserver's default of 5 the
+    # kernel drops the handshakes of the rest, and some of those clients read a reset (httpx's ReadError) on a
+    # request the stand-in never saw: three at once opened the circuit breaker in bench/tpm_bench.py.
+    request_queue_size = 512
+
+
 class SdkStandIn:
     def __init__(self, *, latency: float = 0.0, tokens: int | None = None, window: float = 60.0,
                  retry_after: float = 0.1) -> None:
@@ -126,8 +134,7 @@ class SdkStandIn:
                 self.end_headers()
                 self.wfile.write(data)
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
+        self.server = _Server(("127.0.0.1", 0), Handler)
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
         return f"http://127.0.0.1:{self.server.server_address[1]}"
 
