@@ -17,9 +17,12 @@ threads, which finish one by one, so its requests already start apart (measured:
 from __future__ import annotations
 
 import asyncio
+import inspect
 import weakref
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
+
+from recovery_ext._errors import ConfigurationError
 
 T = TypeVar("T")
 
@@ -44,7 +47,12 @@ async def start_alone(send: Callable[[], Awaitable[T]]) -> T:
     sending: asyncio.Future[T] | None = None
     try:
         async with _start_of(asyncio.get_running_loop()):
-            sending = asyncio.ensure_future(send())
+            started = send()
+            if not inspect.isawaitable(started):
+                raise ConfigurationError(
+                    f"ajournaled_call: send() returned {type(started).__name__}, not an awaitable; pass an async "
+                    "function (or one returning a coroutine), or call journaled_call for a synchronous send")
+            sending = asyncio.ensure_future(started)
             for _ in range(START_TURNS):  # the send's first steps run in these turns, no other send's
                 await asyncio.sleep(0)
                 if sending.done():

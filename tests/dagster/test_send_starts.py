@@ -15,7 +15,7 @@ import pytest
 
 import parallel_defs
 from echo_provider import EchoProvider
-from recovery_ext import RecoveryResource, execute_in_process
+from recovery_ext import ConfigurationError, RecoveryResource, execute_in_process
 from recovery_ext._providers.send_starts import START_TURNS, start_alone
 
 pytestmark = pytest.mark.timeout(240)
@@ -72,6 +72,19 @@ def test_a_send_that_fails_raises_its_own_error_and_the_next_one_still_starts():
     first, second, third = asyncio.run(main())
     assert (first, third) == (0, 2)
     assert isinstance(second, ValueError) and str(second) == "refused"
+
+
+def test_a_synchronous_send_is_refused_with_a_clear_error_and_frees_the_slot():
+    async def main() -> int:
+        with pytest.raises(ConfigurationError, match="send\\(\\) returned dict, not an awaitable"):
+            await start_alone(lambda: {"answer": 1})
+
+        async def quick() -> int:
+            return 7
+
+        return await asyncio.wait_for(start_alone(quick), 5)
+
+    assert asyncio.run(main()) == 7
 
 
 def test_cancelling_the_caller_cancels_its_send_and_frees_the_slot():
