@@ -31,10 +31,12 @@ def finished(jobs: AnthropicBatchJobs, job_id: str) -> str:
 
 
 def test_a_batch_is_submitted_once_and_its_results_come_by_item():
-    with AnthropicBatchProvider(duration=2.0) as provider:
+    # in progress until the test says so: a fixed duration can run out before the first status on a busy machine
+    with AnthropicBatchProvider(duration=600.0) as provider:
         jobs = adapter(provider)
         job_id = jobs.submit(requests("a", "b"), "token-one")
         assert jobs.status(job_id) == RUNNING and provider.submissions == 1
+        provider.duration = 0.0  # the job ends at its next status
         assert finished(jobs, job_id) == COMPLETED
         results = jobs.results(job_id)
         sent = provider.batches[job_id].requests

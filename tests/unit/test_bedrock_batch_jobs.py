@@ -34,12 +34,14 @@ def adapter(provider: BedrockBatchProvider) -> BedrockBatchJobs:
 
 
 def test_a_job_under_its_token_is_started_once_and_answers_by_item():
-    with BedrockBatchProvider(duration=3.0, fail_first=2) as provider:
+    # in progress until the test says so: a fixed duration ran out before the first status on a busy machine
+    with BedrockBatchProvider(duration=600.0, fail_first=2) as provider:
         jobs = adapter(provider)
         arn = jobs.submit(requests("a", "b", "c"), "token1")
         assert adapter(provider).submit(requests("a", "b", "c"), "token1") == arn  # a resume's submission
         assert (provider.submissions, provider.creates) == (1, 2)
         assert jobs.status(arn) == RUNNING
+        provider.duration = 0.0  # the job ends at its next status
         wait_for(lambda: jobs.status(arn) != RUNNING, timeout=30, interval=0.05, what="the job")
         assert jobs.status(arn) == COMPLETED  # PartiallyCompleted: the failed records are item errors
         results = jobs.results(arn)

@@ -24,12 +24,14 @@ def adapter(provider: GeminiBatchProvider, **options) -> GeminiBatchJobs:
 
 
 def test_a_batch_is_found_by_its_token_and_answers_by_item():
-    with GeminiBatchProvider(duration=2.0, fail_first=2) as provider:
+    # in progress until the test says so: a fixed duration can run out before the first status on a busy machine
+    with GeminiBatchProvider(duration=600.0, fail_first=2) as provider:
         jobs = adapter(provider)
         name = jobs.submit(requests("a", "b", "c"), "token1")
         assert adapter(provider).find("token1") == name  # a resume whose crash came before the name was kept
         assert adapter(provider).find("token2") is None
         assert jobs.status(name) == RUNNING
+        provider.duration = 0.0  # the job ends at its next status
         wait_for(lambda: jobs.status(name) != RUNNING, timeout=30, interval=0.05, what="the batch")
         assert jobs.status(name) == COMPLETED
         results = jobs.results(name)
