@@ -85,7 +85,7 @@ def test_a_tick_that_fails_after_its_reclaim_still_launches_exactly_one_resume_r
     wait_for(lambda: len(failed_ticks(dev)) > failures_before, timeout=120,
              what="the daemon to fail the tick that reclaimed (sensor gRPC timeout)")
     assert store.pipelines.get_pipeline(pipeline.id).resume_count == 1
-    wait_completed(store, pipeline.id, timeout=300)
+    wait_completed(dev, store, pipeline.id, timeout=300)
     (resume,) = assert_exactly_one_resume(dev, store, pipeline.id)
     dev.wait_run(resume.run_id, timeout=180)
     assert store.pipelines.get_pipeline(pipeline.id).owner == resume.run_id
@@ -127,7 +127,7 @@ def test_a_resume_run_held_in_the_queue_past_the_grace_is_still_the_only_resume(
     waiting = store.pipelines.get_pipeline(pipeline.id)
     assert waiting.resume_count == 1 and waiting.owner == f"resume-{pipeline.id}-1" and waiting.status == "running"
     dev.client.terminate_run(blocker)
-    wait_completed(store, pipeline.id, timeout=300)
+    wait_completed(dev, store, pipeline.id, timeout=300)
     (only,) = assert_exactly_one_resume(dev, store, pipeline.id)
     assert only.run_id == resume.run_id and store.pipelines.get_pipeline(pipeline.id).owner == resume.run_id
 
