@@ -2,8 +2,10 @@
 
 A run worker executes a two-op job in a child process and is ``kill -9``ed in the second op's third item. Its
 pipeline's heartbeat deadline is then moved into the past on the database clock (what waiting out the timeout
-does), and this process traces, with :func:`sys.setprofile` on every thread, (1) one tick of the orphan sensor
-and (2) the resume run it requests, executed in process. It prints, for each, the number of ``recovery_ext``
+does), and this process traces, with :func:`sys.setprofile` on every thread, (1) the tick of the orphan sensor
+that recovers it and (2) the resume run it requests, executed in process. A code server evaluates every tick in
+one long-lived process, so an earlier tick (before the deadline passes: it finds nothing) has built the store
+already; that first tick is traced and shown apart. It prints, for each, the number of ``recovery_ext``
 files whose code ran and their names. Nothing is asserted: the figures go in the closing notes.
 
     .venv/bin/python -m bench.files_crossed [--list]
@@ -87,6 +89,14 @@ def measure(url: str, show: Callable[[str, set[str]], None]) -> None:
     child = subprocess.run([sys.executable, "-m", "bench.files_crossed", "--crash", url],
                            env={**os.environ, "FILES_CROSSED_KILL": "1"}, check=False)
     assert child.returncode == -signal.SIGKILL, child.returncode
+    instance = DagsterInstance.get()
+    sensor = make_orphan_sensor([crash_job])
+    # A code server evaluates every tick in one long-lived process, which builds and migrates its store on the
+    # first: that tick finds nothing yet (the killed worker's deadline is ahead) and is shown apart.
+    idle_files: set[str] = set()
+    with build_sensor_context(instance=instance, resources=resources(url)) as ctx, traced(idle_files):
+        assert not sensor.evaluate_tick(ctx).run_requests
+    show("first tick in its process, nothing to recover (builds the store)", idle_files)
     store = recovery_ext.store.RecoveryStore(url)
     (pipeline,) = store.reports.list_pipelines()
     with store._db.write() as conn:  # the heartbeat timeout, waited out on the database clock
@@ -95,13 +105,11 @@ def measure(url: str, show: Callable[[str, set[str]], None]) -> None:
         from recovery_ext._store.schema import pipelines
         conn.execute(update(pipelines).where(pipelines.c.id == pipeline.id)
                      .values(heartbeat_deadline=store.dialect.now_plus(-60)))
-    instance = DagsterInstance.get()
-    sensor = make_orphan_sensor([crash_job])
     tick_files: set[str] = set()
     with build_sensor_context(instance=instance, resources=resources(url)) as ctx, traced(tick_files):
         result = sensor.evaluate_tick(ctx)
     (request,) = result.run_requests
-    show("recovery pass (one orphan-sensor tick)", tick_files)
+    show("recovery pass (the orphan-sensor tick that recovers it)", tick_files)
     resume_files: set[str] = set()
     with traced(resume_files):
         outcome = recovery_ext.testing.execute_in_process(crash_job, instance=instance, resources=resources(url),
