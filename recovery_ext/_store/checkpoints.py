@@ -112,30 +112,35 @@ class Checkpoints(Component):
         if not self.dialect.dml_in_cte:
             self._checkpoint_rows(own, node_name, entries, stall_timeout)
             return
-        params = {"pipeline": own.pipeline_id, "epoch": own.epoch, "owner": own.owner, "node": node_name,
-                  "keys": keys, "statuses": [e.status for e in entries],
-                  "results": [_json(e.result) for e in entries], "stall": stall_timeout or None,
-                  **_call_arrays(entries)}
         if any(e.also is not None for e in entries):
-            self._checkpoint_after_also(own, node_name, entries, params)
+            self._checkpoint_after_also(own, node_name, entries, _batch_params(own, node_name, entries, stall_timeout))
         else:
-            self._checkpoint_in_one_statement(own, node_name, params, keys)
+            self._checkpoint_in_one_statement(own, node_name, entries, stall_timeout)
 
-    def _checkpoint_in_one_statement(self, own: Ownership, node_name: str, params: dict[str, Any],
-                                     keys: list[str]) -> None:
+    def _checkpoint_in_one_statement(self, own: Ownership, node_name: str, entries: list[ItemCheckpoint],
+                                     stall_timeout: float | None) -> None:
         """PostgreSQL: the whole call is one autocommit statement; a refused batch aborts it (nothing written).
 
         The first statement assumes every item is new (a plain INSERT: the conflict handling costs the
-        server about a quarter of a large batch). If one has a row already, that statement fails and
-        wrote nothing, and the full statement decides: a degraded item is redone, a completed one
-        refuses the batch. Only a batch naming a checkpointed item pays that second round trip.
+        server about a quarter of a large batch); one item that keeps no provider call goes as scalars,
+        without the batch's arrays. If an item has a row already, that statement fails and wrote
+        nothing, and the full statement decides: a degraded item is redone, a completed one refuses the
+        batch. Only a batch naming a checkpointed item pays that second round trip.
         """
+        keys = [e.key for e in entries]
+        first = entries[0]
+        if len(entries) == 1 and not first.calls:
+            query, params = "checkpoint_new_item", {
+                "pipeline": own.pipeline_id, "epoch": own.epoch, "owner": own.owner, "node": node_name,
+                "key": first.key, "status": first.status, "result": _json(first.result), "stall": stall_timeout or None}
+        else:
+            query, params = "checkpoint_new_items", _batch_params(own, node_name, entries, stall_timeout)
         try:
             with self.driver_autocommit() as raw:
                 try:
-                    written = self._checkpoint_statement(raw, params, query="checkpoint_new_items")
+                    written = self._checkpoint_statement(raw, params, query=query)
                 except _Refused:
-                    written = self._checkpoint_statement(raw, params)
+                    written = self._checkpoint_statement(raw, _batch_params(own, node_name, entries, stall_timeout))
         except _Refused:
             written = 0
         except _Superseded:
@@ -268,6 +273,14 @@ def _kept_calls(own: Ownership, node_name: str, entries: Sequence[ItemCheckpoint
             else replace(call, pipeline_id=own.pipeline_id, node_name=node_name, item_key=call.item_key or entry.key,
                          run_id=own.owner, epoch=own.epoch)
             for entry in entries for call in entry.calls]
+
+
+def _batch_params(own: Ownership, node_name: str, entries: Sequence[ItemCheckpoint],
+                  stall_timeout: float | None) -> dict[str, Any]:
+    """The parameters of checkpoint_items.sql and checkpoint_new_items.sql: the items and their calls as arrays."""
+    return {"pipeline": own.pipeline_id, "epoch": own.epoch, "owner": own.owner, "node": node_name,
+            "keys": [e.key for e in entries], "statuses": [e.status for e in entries],
+            "results": [_json(e.result) for e in entries], "stall": stall_timeout or None, **_call_arrays(entries)}
 
 
 def _call_arrays(entries: Sequence[ItemCheckpoint]) -> dict[str, list[Any]]:

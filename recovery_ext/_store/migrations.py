@@ -97,7 +97,9 @@ def load_migrations(dialect: Dialect, package: str = LIBRARY) -> list[Migration]
 
 @functools.cache
 def load_query(folder: str, name: str) -> str:
-    """The statement ``sql/<folder>/queries/<name>.sql`` without its comment lines.
+    """The statement ``sql/<folder>/queries/<name>.sql`` without its comment lines, its ``\\ir <part>.sql``
+    lines replaced by that file's statement (psql's include, relative to the file): the parts the checkpoint
+    statements share are written once.
 
     Comments go because psycopg caches the parsing of a query only up to 4 KiB of text (and a
     ``%`` in a comment would be read as a placeholder).
@@ -105,7 +107,16 @@ def load_query(folder: str, name: str) -> str:
     path = _sql_root().joinpath(folder).joinpath("queries").joinpath(f"{name}.sql")
     if not path.is_file():
         raise MigrationError(f"no query {name!r} for {folder}: {path}")
-    lines = (line for line in path.read_text(encoding="utf-8").splitlines() if not line.strip().startswith("--"))
+    lines = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if line.strip().startswith("--"):
+            continue
+        included = line.strip().removeprefix("\\ir ")
+        if included != line.strip():
+            if not included.endswith(".sql") or "/" in included:
+                raise MigrationError(f"query {name!r} for {folder}: \\ir takes a file of the same folder: {line!r}")
+            line = load_query(folder, included.removesuffix(".sql"))
+        lines.append(line)
     return "\n".join(lines).strip()
 
 

@@ -26,7 +26,7 @@ from helpers import reclaim, round_trips, sent_round_trips
 from recovery_ext._errors import IllegalTransition, OwnershipLost, StoreUnavailable
 from recovery_ext import RecoveryResource, execute_in_process, recoverable_op
 from recovery_ext._dagster.executor import with_recovery
-from recovery_ext._store.models import PassPlan
+from recovery_ext._store.models import PassPlan, ProviderCall
 from recovery_ext._store.pipelines import ItemCheckpoint
 from recovery_ext._store.schema import node_items
 from recovery_ext._store.store import RecoveryStore
@@ -128,6 +128,26 @@ def test_a_batch_commits_all_or_nothing_and_redoes_degraded_items(store):
     }
     with pytest.raises(IllegalTransition, match="twice"):
         store.pipelines.checkpoint_items(own, "a", [ItemCheckpoint("w"), ItemCheckpoint("w")])
+
+
+def test_one_item_alone_redoes_a_fallback_refuses_a_completed_item_and_pushes_the_stall_deadline(store):
+    """One item that keeps no provider call goes by the single-item statement on PostgreSQL; what it
+    decides must be what a batch decides."""
+    own = _running_node(store)
+    store.pipelines.checkpoint_item(own, "a", ItemCheckpoint("done", {"v": 1}))
+    store.pipelines.checkpoint_item(own, "a", ItemCheckpoint("fallback", None, "degraded"))
+    assert store.pipelines.get_node(own.pipeline_id, "a").stall_deadline is None
+    with pytest.raises(IllegalTransition, match="'done'.*already checkpointed"):
+        store.pipelines.checkpoint_item(own, "a", ItemCheckpoint("done", {"v": 2}))
+    store.pipelines.checkpoint_item(own, "a", ItemCheckpoint("fallback", {"v": 3}), stall_timeout=30)
+    assert store.pipelines.completed_items(own.pipeline_id, "a") == {"done": {"v": 1}, "fallback": {"v": 3}}
+    assert store_rows.item_statuses(store, own.pipeline_id, "a") == {"done": "completed", "fallback": "completed"}
+    assert store.pipelines.get_node(own.pipeline_id, "a").stall_deadline is not None
+    call = ProviderCall(endpoint="http://127.0.0.1:9/v1", model="m", tokens_in=3, tokens_out=1)
+    store.pipelines.checkpoint_item(own, "a", ItemCheckpoint("with-call", 4, calls=[call]))
+    rows = store_rows.provider_calls(store, own.pipeline_id)
+    assert [(r.item_key, r.tokens_in) for r in rows] == [("with-call", 3)]
+    assert store_rows.reached_checkpoint(store, [call.id]) == {call.id: True}
 
 
 def test_a_superseded_owner_writes_no_batch_and_no_single_checkpoint(store):

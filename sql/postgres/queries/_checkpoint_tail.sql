@@ -1,0 +1,12 @@
+-- A checkpoint statement's end (included by checkpoint_*.sql with \ir): it follows a CTE named written.
+-- progress: the stall-deadline push when the caller gives a stall timeout.
+-- The final SELECT returns how many items were written, and fails with SQLSTATE RX409 (rx_superseded, migration
+--   0009) when the fence found no row, so a superseded owner's statement aborts, and so does a COMMIT sent in
+--   the same round trip.
+, progress AS (
+    UPDATE rx_nodes SET stall_deadline = now() + make_interval(secs => %(stall)s::float8)
+    WHERE %(stall)s::float8 IS NOT NULL
+      AND pipeline_id = (SELECT id FROM fence) AND name = %(node)s AND status = 'running'
+)
+SELECT CASE WHEN EXISTS (SELECT FROM fence) THEN (SELECT count(*) FROM written)
+            ELSE rx_superseded(%(pipeline)s, %(epoch)s) END AS written

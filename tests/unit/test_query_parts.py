@@ -1,0 +1,45 @@
+"""The checkpoint statements share their fence, ledger and end as files of their own (``\\ir part.sql``).
+
+What reaches the server is one statement with every part in place, and an include that names anything but a
+file of the same folder is refused with a clear error.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from recovery_ext._errors import MigrationError
+from recovery_ext._store import migrations
+from recovery_ext._store.migrations import load_query
+
+PARTS = {
+    "checkpoint_items": ["_checkpoint_fence", "_checkpoint_calls", "_checkpoint_tail"],
+    "checkpoint_new_items": ["_checkpoint_fence", "_checkpoint_calls", "_checkpoint_tail"],
+    "checkpoint_new_item": ["_checkpoint_fence", "_checkpoint_tail"],
+}
+
+
+@pytest.mark.parametrize("name", sorted(PARTS))
+def test_a_checkpoint_statement_has_each_shared_part_in_place(name):
+    statement = load_query("postgres", name)
+    assert "\\ir" not in statement and "--" not in statement
+    for part in PARTS[name]:
+        assert load_query("postgres", part) in statement
+    assert statement.startswith("WITH fence AS (") and statement.endswith("END AS written")
+    assert ("unnest(%(call_ids)b" in statement) == ("_checkpoint_calls" in PARTS[name])
+
+
+@pytest.mark.parametrize("line", ["\\ir ../postgres/0001_initial.sql", "\\ir _checkpoint_fence"])
+def test_an_include_of_anything_but_a_file_of_the_same_folder_is_refused(tmp_path, monkeypatch, line):
+    queries = tmp_path / "test_includes" / "queries"
+    queries.mkdir(parents=True)
+    (queries / "bad.sql").write_text(f"-- an include out of its folder\n{line}\nSELECT 1\n")
+    monkeypatch.setattr(migrations, "_sql_root", lambda package=migrations.LIBRARY: Path(tmp_path))
+    load_query.cache_clear()
+    try:
+        with pytest.raises(MigrationError, match="ir takes a file of the same folder"):
+            load_query("test_includes", "bad")
+    finally:
+        load_query.cache_clear()
