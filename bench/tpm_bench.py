@@ -11,10 +11,13 @@ answer to the last, and the statuses it sent. Nothing is asserted."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import asyncio
+import os
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "support"))
@@ -34,18 +37,31 @@ def main() -> None:
     parser.add_argument("--tasks", type=int, default=64)
     parser.add_argument("--requests", type=int, default=600)
     args = parser.parse_args()
+    with contextlib.ExitStack() as cleanup:
+        home = cleanup.enter_context(tempfile.TemporaryDirectory(prefix="tpm-bench-"))
+        sqlite = args.dialect == "sqlite"
+        run(args, f"sqlite:///{home}/app.db" if sqlite else cleanup.enter_context(_scratch_postgres()))
+
+
+@contextlib.contextmanager
+def _scratch_postgres() -> Iterator[str]:
+    """A database of its own, dropped when the bench ends (its pool's connections with it)."""
+    import psycopg
+
+    admin = "postgresql://postgres@127.0.0.1:5432/postgres"
+    name = f"tpm_bench_{os.getpid()}_{int(time.time())}"
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute(f"CREATE DATABASE {name}")
+    try:
+        yield f"postgresql+psycopg://postgres@127.0.0.1:5432/{name}"
+    finally:
+        with psycopg.connect(admin, autocommit=True) as conn:
+            conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+
+
+def run(args: argparse.Namespace, db_url: str) -> None:
     server = SdkStandIn(tokens=args.tokens, window=args.window, latency=0.05)
     url = server.start()
-    home = tempfile.mkdtemp(prefix="tpm-bench-")
-    if args.dialect == "sqlite":
-        db_url = f"sqlite:///{home}/app.db"
-    else:
-        import psycopg
-
-        name = f"tpm_bench_{int(time.time())}"
-        with psycopg.connect("postgresql://postgres@127.0.0.1:5432/postgres", autocommit=True) as conn:
-            conn.execute(f"CREATE DATABASE {name}")
-        db_url = f"postgresql+psycopg://postgres@127.0.0.1:5432/{name}"
 
     @recoverable_op(required_resource_keys={"llm"})
     def send_all(ctx: NodeContext) -> int:
@@ -74,10 +90,12 @@ def main() -> None:
 
     llm = LLMResource(base_url=f"{url}/v1", model="m", api_key="sk-bench", timeout=60, initial_delay=0.05,
                       max_delay=5.0, tokens_per_minute=args.tokens, budget_window_seconds=args.window, max_tokens=12)
-    with DagsterInstance.ephemeral() as instance:
-        result = execute_in_process(tpm_bench, instance=instance, resources={
-            "recovery": RecoveryResource(database_url=db_url), "llm": llm})
-    server.stop()
+    try:
+        with DagsterInstance.ephemeral() as instance:
+            result = execute_in_process(tpm_bench, instance=instance, resources={
+                "recovery": RecoveryResource(database_url=db_url), "llm": llm})
+    finally:
+        server.stop()
     answered = sorted(server.answered(), key=lambda r: r.at)
     span = answered[-1].at - answered[0].at
     tokens = sum(r.tokens_in + r.tokens_out for r in answered)
