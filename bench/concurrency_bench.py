@@ -5,7 +5,10 @@ Each item is one POST to a local stand-in answering after ``RX_CONC_LATENCY`` s 
 (``RX_CONC_PROVIDER=thread``: in the bench's process, as before 2026-11-29). The plain op is the
 limit: the figure to read is ``ratio`` = recoverable items/s over plain items/s, per database, mode and
 concurrency. The two ops run in turn (plain, recoverable, plain, ...), ``RX_CONC_REPEAT`` times each, on
-a fresh database each; the medians are printed.
+a fresh database each; the medians are printed. With asyncio the plain op runs two ways, one task per key
+sharing one client (``gather``) and one task and client per unit of concurrency (``workers``), and the
+faster median is the limit: a shared client's pool loses time when many requests start in one loop turn,
+and by how much varies from one machine, and one boot, to the next.
 
     python -m bench.concurrency_bench                      # 1,000 items at 8, 32 and 64; 100 at 1
     RX_CONC_ITEMS=200 RX_CONC_LEVELS=64 python -m bench.concurrency_bench
@@ -56,6 +59,10 @@ class Load(Config):
     concurrency: int
     mode: str
     call: bool = True  # False: the item function returns at once (what the map and its checkpoints cost alone)
+    # asyncio's plain op, two ways: "gather" (one task per key behind a semaphore, one shared client: what a user
+    # writes first) and "workers" (one task and one client per unit of concurrency): a shared client's pool can
+    # hand one idle connection to many requests that start in the same loop turn, and all but one then retry.
+    plain_style: str = "gather"
 
 
 # Wall seconds of the last op body (the calls, and for the recoverable op every checkpoint): what is compared,
@@ -112,7 +119,18 @@ def _plain(config: Load) -> int:
                     return (await _apost(client, config.url, key))["answer"]
             return len(await asyncio.gather(*(one(k) for k in keys)))
 
-    return asyncio.run(main())
+    async def workers() -> int:
+        todo = iter(keys)
+
+        async def worker() -> int:
+            answered = 0
+            async with httpx.AsyncClient(limits=_limits, timeout=60) as client:
+                for key in todo:  # the tasks share one iterator: each key is posted once
+                    answered += bool((await _apost(client, config.url, key))["answer"])
+            return answered
+        return sum(await asyncio.gather(*(worker() for _ in range(config.concurrency))))
+
+    return asyncio.run(workers() if config.plain_style == "workers" else main())
 
 
 @job(executor_def=in_process_executor)
@@ -228,9 +246,11 @@ def _bench(url: str) -> list[tuple]:
             for level in LEVELS:
                 items = ITEMS_AT_ONE if level == 1 else ITEMS
                 config = {"url": url, "items": items, "concurrency": level, "mode": mode}
-                plain_s, recov_s = [], []
+                plain_s, workers_s, recov_s = [], [], []
                 for _ in range(REPEAT):
                     plain_s.append(_timed(plain_job, "plain", config, None))
+                    if mode == "asyncio":
+                        workers_s.append(_timed(plain_job, "plain", {**config, "plain_style": "workers"}, None))
                     db_url, drop = _database(kind)
                     try:
                         recov_s.append(_timed(recoverable_bench_job, "recoverable", config,
@@ -238,9 +258,14 @@ def _bench(url: str) -> list[tuple]:
                     finally:
                         drop()
                 p, r = statistics.median(plain_s), statistics.median(recov_s)
+                both = ""
+                if workers_s:  # the limit is the faster of asyncio's two plain ops
+                    w = statistics.median(workers_s)
+                    both = f"  (plain gather {items / p:.1f}/s, workers {items / w:.1f}/s)"
+                    p = min(p, w)
                 rows.append((kind, mode, level, items, items / p, items / r, p / r))
                 print(f"{kind:10} {mode:8} c={level:<3} items={items:<5} plain {items / p:7.1f}/s  "
-                      f"recoverable {items / r:7.1f}/s  ratio {p / r:.2f}", flush=True)
+                      f"recoverable {items / r:7.1f}/s  ratio {p / r:.2f}{both}", flush=True)
     return rows
 
 
