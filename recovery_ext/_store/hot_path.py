@@ -19,6 +19,7 @@ The store raises the same exceptions with the same messages as its multi-stateme
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from psycopg.rows import namedtuple_row
@@ -80,9 +81,13 @@ def journal_batch(raw: Any, fence: dict[str, Any], begins: list[dict[str, Any]],
     """A batch of journal writes under one fence (``fence_pipeline``, ``fence_epoch``): the answers as one statement
     (``journal_answers``), then the begins as one (``journal_begins``), each write's function called per element in
     order and fencing itself as alone; both sent in one pipeline (one round trip, one implicit transaction: a single
-    Sync ends it). One row per write, as :func:`journal_answer` / :func:`journal_begin` return it, in their order."""
-    statements = [(name, {**fence, **_columns(writes), **extra}) for name, writes, extra in (
-        ("journal_answers", answers, {"in_flight": in_flight}), ("journal_begins", begins, {})) if writes]
+    Sync ends it). One row per write, as :func:`journal_answer` / :func:`journal_begin` return it, in their order.
+
+    Each statement's writes are bound as one JSON array (``writes``); their numbers are finite (ProviderCall
+    refuses others), so the JSON is valid."""
+    statements = [(name, {**fence, "writes": json.dumps(writes, ensure_ascii=False, allow_nan=False), **extra})
+                  for name, writes, extra in (("journal_answers", answers, {"in_flight": in_flight}),
+                                              ("journal_begins", begins, {})) if writes]
     cursors = []
     try:
         with raw.pipeline():
@@ -96,7 +101,3 @@ def journal_batch(raw: Any, fence: dict[str, Any], begins: list[dict[str, Any]],
         for cursor in cursors:
             cursor.close()
 
-
-def _columns(writes: list[dict[str, Any]]) -> dict[str, list[Any]]:
-    """The writes' parameters as one array per name (the statement unnests them row by row)."""
-    return {name: [w[name] for w in writes] for name in writes[0]}

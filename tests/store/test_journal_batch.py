@@ -16,7 +16,7 @@ from test_journal_writes import answered, in_flight, journal, ledger
 from recovery_ext._dagster.group_commit import GroupCommitter
 from recovery_ext._errors import OwnershipLost
 from recovery_ext._store.ledger import IN_FLIGHT
-from recovery_ext._store.models import JournalWrite, PassPlan
+from recovery_ext._store.models import MAX_TOKENS, JournalWrite, PassPlan
 from recovery_ext._store.schema import call_journal
 from recovery_ext._store.store import RecoveryStore
 
@@ -186,3 +186,29 @@ def test_a_batch_keeps_a_new_answer_over_an_old_one_and_finds_many_keys_at_once(
         [(str(i), call.id) for i, call in enumerate(kept)] + [None, None])
     assert {kept[i].id: ledger(store, own.pipeline_id)[kept[i].id][9] for i in (0, 39)} == {
         kept[0].id: 1, kept[39].id: 1}
+
+
+def test_a_batch_keeps_awkward_text_and_figures_exactly(store):
+    """Keys, answers and notes with quotes, backslashes, JSON-looking and non-ASCII text, a float that JSON must
+    carry to the last bit, the most tokens a call may hold and absent figures: each comes back as it went in."""
+    own = running_node(store)
+    awkward = ['he said "no"', "C:\\path\\n", '{"not": "json"}', "naïve — 日本語 🙂", "a,b}{[]", "NULL", ""]
+    calls = [in_flight(own, key or "empty") for key in awkward]
+    begins = [JournalWrite(call, f"fp#{key}") for call, key in zip(calls, awkward, strict=True)]
+    assert store.providers.journal_writes(own, begins) == [None] * len(awkward)
+    figures = {"tokens_in": MAX_TOKENS - 1, "tokens_out": 0, "latency_seconds": 0.1 + 0.2, "cost": None,
+               "note": "note: \"quoted\" \\ 日本"}
+    done = [JournalWrite(answered(call, **figures), f"fp#{key}", answered=True, answer=f"answer {key}")
+            for call, key in zip(calls, awkward, strict=True)]
+    assert store.providers.journal_writes(own, done) == [None] * len(awkward)
+    kept = {(item, call_key): answer for item, call_key, _, _, answer in journal(store, own.pipeline_id)}
+    assert kept == {(key or "empty", f"fp#{key}"): f"answer {key}" for key in awkward}
+    rows = ledger(store, own.pipeline_id)
+    for call in calls:
+        _, _, model, tokens_in, tokens_out, latency, outcome, cost, _, _, note = rows[call.id]
+        assert (model, tokens_in, tokens_out, latency, outcome, cost, note) == (
+            "m-2", MAX_TOKENS - 1, 0, 0.1 + 0.2, "ok", None, figures["note"])
+    again = [JournalWrite(in_flight(own, key or "empty"), f"fp#{key}") for key in awkward]
+    hits = store.providers.journal_writes(own, again)
+    assert [(hit.answer, hit.call.id) for hit in hits] == [(f"answer {key}", call.id)
+                                                           for key, call in zip(awkward, calls, strict=True)]
