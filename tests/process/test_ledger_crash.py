@@ -70,9 +70,16 @@ def assert_ledger_agrees_with_the_provider(store, pipeline_id: int, provider: St
     return figures
 
 
-@pytest.mark.parametrize("reclaim_after", [0.0, 4.0], ids=["reclaimed_mid_call", "reclaimed_later"])
+def _checkpointed(store, pipeline_id: int, *, epoch: int | None = None) -> int:
+    """The items checkpointed in the pipeline (by the owner of ``epoch``)."""
+    where = [node_items.c.pipeline_id == pipeline_id] + ([node_items.c.epoch == epoch] if epoch is not None else [])
+    with store.read() as conn:
+        return conn.scalar(select(func.count()).select_from(node_items).where(*where))
+
+
+@pytest.mark.parametrize("reclaim_later", [False, True], ids=["reclaimed_mid_call", "reclaimed_later"])
 def test_kill_9_of_the_run_worker_mid_call_stops_its_step_and_the_ledger_agrees(store, db_url, monkeypatch,
-                                                                                reclaim_after):
+                                                                                reclaim_later):
     """The step process outlives its run worker. It starts no call after the kill; the answer in flight is
     kept if its checkpoint comes before the reclaim (the fence decides), else it is the one call wasted and
     paid twice."""
@@ -90,8 +97,11 @@ def test_kill_9_of_the_run_worker_mid_call_stops_its_step_and_the_ledger_agrees(
         step_pid = provider.calls[-1].pid
         assert step_pid is not None and step_pid != worker.pid  # a step process, a child of the run worker
         (pipeline,) = store.reports.list_pipelines()
-        # The orphan sensor takes the pipeline over, while the old step's call is in flight or later.
-        time.sleep(reclaim_after)
+        # The orphan sensor takes the pipeline over, while the old step's call is in flight, or once the old step
+        # has checkpointed the item whose answer was in flight.
+        if reclaim_later:
+            wait_for(lambda: _checkpointed(store, pipeline.id) >= 3, timeout=60, interval=0.05,
+                     what="the old step's checkpoint of the answer in flight at the kill")
         (reclaimed,), _ = reclaim(store, PassPlan(dead_owner_runs=[pipeline.owner]))
         wait_for(lambda: not process_alive(step_pid), timeout=60, what="the orphaned step process to stop")
         after_kill = [c for c in provider.calls if c.pid == step_pid and c.at > killed_at]
@@ -107,10 +117,8 @@ def test_kill_9_of_the_run_worker_mid_call_stops_its_step_and_the_ledger_agrees(
     paid_twice = [item for item, n in asked.items() if item.startswith("t") and n > 1]
     assert len(paid_twice) <= 1  # at most the answer in flight at the fault
     figures = assert_ledger_agrees_with_the_provider(store, pipeline.id, provider)
-    with store.read() as conn:
-        kept_before = conn.scalar(select(func.count()).select_from(node_items).where(
-            node_items.c.pipeline_id == pipeline.id, node_items.c.epoch == 1))
-    wasted = 1 if reclaim_after == 0 else 0  # the answer in flight, written by the superseded step
+    kept_before = _checkpointed(store, pipeline.id, epoch=1)
+    wasted = 0 if reclaim_later else 1  # the answer in flight, written by the superseded step
     assert kept_before == first_run_calls - wasted
     assert figures.saved_calls == kept_before and figures.saved_tokens > 0
     assert (figures.wasted_calls, len(paid_twice)) == (wasted, wasted)
