@@ -140,6 +140,17 @@ def test_a_concurrency_below_one_is_refused_before_any_call(store, db_url, provi
     assert provider.paid == Counter()
 
 
+@pytest.mark.parametrize("job, node, name", [(parallel_defs.threaded_job, "threaded", "ctx.map"),
+                                             (parallel_defs.tasks_job, "tasks", "ctx.amap")])
+def test_a_key_given_twice_is_refused_before_any_call(store, db_url, provider, job, node, name):
+    result = run(job, db_url, node, url=provider.url, keys=4, concurrency=2, repeat_key="k00001")
+    assert not result.success
+    assert f"{name}: key 'k00001' is given twice; each item needs a key of its own" in \
+        result.failure_data_for_node(node).error.message
+    assert provider.paid == Counter()
+    assert store.pipelines.completed_items(only_pipeline(store).id, node) == {}
+
+
 def test_a_sync_function_given_to_amap_is_refused_clearly(store, db_url, provider):
     result = run(parallel_defs.wrong_kind_job, db_url, "wrong_kind", url=provider.url, keys=3)
     assert not result.success

@@ -33,6 +33,7 @@ class ParallelConfig(Config):
     flaky: list[str] = []
     kill_after: int = -1
     bad_result: list[str] = []
+    repeat_key: str = ""  # given twice in the keys (refused before any work)
 
 
 class Flaky(ConnectionError):
@@ -91,7 +92,7 @@ async def aask(client: httpx.AsyncClient, url: str, key: str) -> dict:
 
 
 def keys_of(config: ParallelConfig) -> list[str]:
-    return [f"k{i:05d}" for i in range(config.keys)]
+    return [f"k{i:05d}" for i in range(config.keys)] + ([config.repeat_key] if config.repeat_key else [])
 
 
 def result_of(config: ParallelConfig, key: str, answer: dict) -> object:
