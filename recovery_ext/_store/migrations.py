@@ -104,18 +104,30 @@ def load_query(folder: str, name: str) -> str:
     Comments go because psycopg caches the parsing of a query only up to 4 KiB of text (and a
     ``%`` in a comment would be read as a placeholder).
     """
+    return _expanded(folder, name, ())
+
+
+_INCLUDED_PART = re.compile(r"[A-Za-z0-9_]+\.sql")
+
+
+def _expanded(folder: str, name: str, including: tuple[str, ...]) -> str:
+    """``name``'s statement with its includes expanded; ``including``: the files whose includes led here."""
     path = _sql_root().joinpath(folder).joinpath("queries").joinpath(f"{name}.sql")
     if not path.is_file():
         raise MigrationError(f"no query {name!r} for {folder}: {path}")
     lines = []
     for line in path.read_text(encoding="utf-8").splitlines():
-        if line.strip().startswith("--"):
+        words = line.split()
+        if words[:1] == ["\\ir"]:
+            part = words[1] if len(words) == 2 else ""
+            if not _INCLUDED_PART.fullmatch(part):
+                raise MigrationError(f"query {name!r} for {folder}: \\ir takes one file of the same folder: {line!r}")
+            if part.removesuffix(".sql") in (*including, name):
+                raise MigrationError(f"query {name!r} for {folder}: {part} includes itself "
+                                     f"({' -> '.join((*including, name, part))})")
+            line = _expanded(folder, part.removesuffix(".sql"), (*including, name))
+        elif line.strip().startswith("--"):
             continue
-        included = line.strip().removeprefix("\\ir ")
-        if included != line.strip():
-            if not included.endswith(".sql") or "/" in included:
-                raise MigrationError(f"query {name!r} for {folder}: \\ir takes a file of the same folder: {line!r}")
-            line = load_query(folder, included.removesuffix(".sql"))
         lines.append(line)
     return "\n".join(lines).strip()
 

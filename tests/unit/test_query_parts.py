@@ -31,15 +31,33 @@ def test_a_checkpoint_statement_has_each_shared_part_in_place(name):
     assert ("unnest(%(call_ids)b" in statement) == ("_checkpoint_calls" in PARTS[name])
 
 
-@pytest.mark.parametrize("line", ["\\ir ../postgres/0001_initial.sql", "\\ir _checkpoint_fence"])
-def test_an_include_of_anything_but_a_file_of_the_same_folder_is_refused(tmp_path, monkeypatch, line):
+@pytest.fixture
+def query_folder(tmp_path, monkeypatch):
+    """A folder of queries of its own (``sql/test_includes/queries``), read afresh."""
     queries = tmp_path / "test_includes" / "queries"
     queries.mkdir(parents=True)
-    (queries / "bad.sql").write_text(f"-- an include out of its folder\n{line}\nSELECT 1\n")
     monkeypatch.setattr(migrations, "_sql_root", lambda package=migrations.LIBRARY: Path(tmp_path))
     load_query.cache_clear()
-    try:
-        with pytest.raises(MigrationError, match="ir takes a file of the same folder"):
-            load_query("test_includes", "bad")
-    finally:
-        load_query.cache_clear()
+    yield queries
+    load_query.cache_clear()
+
+
+@pytest.mark.parametrize("line", ["\\ir ../postgres/0001_initial.sql", "\\ir ..\\postgres\\x.sql",
+                                  "\\ir\t../x.sql", "\\ir _checkpoint_fence", "\\ir a.sql b.sql", "\\ir"])
+def test_an_include_of_anything_but_one_file_of_the_same_folder_is_refused(query_folder, line):
+    (query_folder / "bad.sql").write_text(f"-- an include out of its folder\n{line}\nSELECT 1\n")
+    with pytest.raises(MigrationError, match="ir takes one file of the same folder"):
+        load_query("test_includes", "bad")
+
+
+def test_an_include_that_leads_back_to_itself_is_refused(query_folder):
+    (query_folder / "first.sql").write_text("SELECT 1\n\\ir second.sql\n")
+    (query_folder / "second.sql").write_text("-- a part\n\\ir first.sql\n")
+    with pytest.raises(MigrationError, match=r"first.sql includes itself \(first -> second -> first.sql\)"):
+        load_query("test_includes", "first")
+
+
+def test_an_include_is_expanded_in_place_with_its_own_comments_gone(query_folder):
+    (query_folder / "whole.sql").write_text("-- the whole\nSELECT a\n\\ir part.sql\nFROM t\n")
+    (query_folder / "part.sql").write_text("-- the part\n, b\n")
+    assert load_query("test_includes", "whole") == "SELECT a\n, b\nFROM t"
