@@ -93,8 +93,8 @@ class Checkpoints(Component):
         keeps (marked reached_checkpoint in the ledger), in the same transaction.
 
         Without ``also`` on PostgreSQL this is one statement in autocommit mode: one round
-        trip for the fence, the insert and the progress update together (a batch of one: the
-        array statement costs no more than a scalar one, measured).
+        trip for the fence, the insert and the progress update together (an item that keeps no
+        call binds scalars: the batch statement's empty arrays cost about a fifth of its time).
         """
         self.checkpoint_items(own, node_name, [entry], stall_timeout=stall_timeout)
 

@@ -28,6 +28,7 @@ from recovery_ext import RecoveryResource, execute_in_process, recoverable_op
 from recovery_ext._dagster.executor import with_recovery
 from recovery_ext._store.models import PassPlan, ProviderCall
 from recovery_ext._store.pipelines import ItemCheckpoint
+from recovery_ext._store.checkpoints import Checkpoints
 from recovery_ext._store.schema import node_items
 from recovery_ext._store.store import RecoveryStore
 import store_rows
@@ -130,9 +131,17 @@ def test_a_batch_commits_all_or_nothing_and_redoes_degraded_items(store):
         store.pipelines.checkpoint_items(own, "a", [ItemCheckpoint("w"), ItemCheckpoint("w")])
 
 
-def test_one_item_alone_redoes_a_fallback_refuses_a_completed_item_and_pushes_the_stall_deadline(store):
+def test_one_item_alone_redoes_a_fallback_refuses_a_completed_item_and_pushes_the_stall_deadline(store, monkeypatch):
     """One item that keeps no provider call goes by the single-item statement on PostgreSQL; what it
     decides must be what a batch decides."""
+    statements: list[str] = []
+    run_statement = Checkpoints._checkpoint_statement
+
+    def noted(self, raw, params, *, commit=False, query="checkpoint_items"):
+        statements.append(query)
+        return run_statement(self, raw, params, commit=commit, query=query)
+
+    monkeypatch.setattr(Checkpoints, "_checkpoint_statement", noted)
     own = _running_node(store)
     store.pipelines.checkpoint_item(own, "a", ItemCheckpoint("done", {"v": 1}))
     store.pipelines.checkpoint_item(own, "a", ItemCheckpoint("fallback", None, "degraded"))
@@ -148,6 +157,11 @@ def test_one_item_alone_redoes_a_fallback_refuses_a_completed_item_and_pushes_th
     rows = store_rows.provider_calls(store, own.pipeline_id)
     assert [(r.item_key, r.tokens_in) for r in rows] == [("with-call", 3)]
     assert store_rows.reached_checkpoint(store, [call.id]) == {call.id: True}
+    # PostgreSQL's statements (SQLite writes rows on its driver): scalars for a new item alone, the full batch
+    # statement once an item has a row, the arrays for an item that keeps a call
+    assert statements == ([] if not store.dialect.dml_in_cte else [
+        "checkpoint_new_item", "checkpoint_new_item", "checkpoint_new_item", "checkpoint_items",
+        "checkpoint_new_item", "checkpoint_items", "checkpoint_new_items"])
 
 
 def test_a_superseded_owner_writes_no_batch_and_no_single_checkpoint(store):
