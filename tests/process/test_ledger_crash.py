@@ -102,7 +102,9 @@ def test_kill_9_of_the_run_worker_mid_call_stops_its_step_and_the_ledger_agrees(
         if reclaim_later:
             wait_for(lambda: _checkpointed(store, pipeline.id) >= 3, timeout=60, interval=0.05,
                      what="the old step's checkpoint of the answer in flight at the kill")
-        (reclaimed,), _ = reclaim(store, PassPlan(dead_owner_runs=[pipeline.owner]))
+        # a pass skips the pipeline while a write of the old step holds its row (FOR UPDATE SKIP LOCKED): tick again
+        (reclaimed,) = wait_for(lambda: reclaim(store, PassPlan(dead_owner_runs=[pipeline.owner]))[0], timeout=30,
+                                what="the take-over of the pipeline")
         wait_for(lambda: not process_alive(step_pid), timeout=60, what="the orphaned step process to stop")
         after_kill = [c for c in provider.calls if c.pid == step_pid and c.at > killed_at]
         assert after_kill == [], f"the old step called the provider {len(after_kill)} time(s) after the kill"
@@ -137,7 +139,9 @@ def test_a_crash_between_items_is_saved_by_the_resume_at_its_first_cost(store, d
                                   {"ops": {"ask": {"config": {"items": ITEMS, "kill_after": 2}}}}, inprocess=True)
         assert worker.wait(240) == -signal.SIGKILL  # the run worker killed itself (-9) after two checkpoints
         (pipeline,) = store.reports.list_pipelines()
-        (reclaimed,), _ = reclaim(store, PassPlan(dead_owner_runs=[pipeline.owner]))
+        # a pass skips the pipeline while a write of the old step holds its row (FOR UPDATE SKIP LOCKED): tick again
+        (reclaimed,) = wait_for(lambda: reclaim(store, PassPlan(dead_owner_runs=[pipeline.owner]))[0], timeout=30,
+                                what="the take-over of the pipeline")
         first = list(provider.calls)
         result, _ = resume(store, db_url, provider.url, reclaimed)
         assert result.success
