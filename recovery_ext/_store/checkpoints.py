@@ -127,26 +127,27 @@ class Checkpoints(Component):
         nothing, and the full statement decides: a degraded item is redone, a completed one refuses the
         batch. Only a batch naming a checkpointed item pays that second round trip.
         """
-        keys = [e.key for e in entries]
         first = entries[0]
-        if len(entries) == 1 and not first.calls:
+        batch = None if len(entries) == 1 and not first.calls else _batch_params(own, node_name, entries, stall_timeout)
+        if batch is None:
             query, params = "checkpoint_new_item", {
                 "pipeline": own.pipeline_id, "epoch": own.epoch, "owner": own.owner, "node": node_name,
                 "key": first.key, "status": first.status, "result": _json(first.result), "stall": stall_timeout or None}
         else:
-            query, params = "checkpoint_new_items", _batch_params(own, node_name, entries, stall_timeout)
+            query, params = "checkpoint_new_items", batch
         try:
             with self.driver_autocommit() as raw:
                 try:
                     written = self._checkpoint_statement(raw, params, query=query)
-                except _Refused:
-                    written = self._checkpoint_statement(raw, _batch_params(own, node_name, entries, stall_timeout))
+                except _Refused:  # an item has a row already: the full statement decides, item by item
+                    batch = batch or _batch_params(own, node_name, entries, stall_timeout)
+                    written = self._checkpoint_statement(raw, batch)
         except _Refused:
             written = 0
         except _Superseded:
             self._superseded(own)
-        if written < len(keys):
-            self._refuse(own, node_name, keys)
+        if written < len(entries):
+            self._refuse(own, node_name, [e.key for e in entries])
 
     def _checkpoint_statement(self, raw: Any, params: dict[str, Any], *, commit: bool = False,
                               query: str = "checkpoint_items") -> int:
