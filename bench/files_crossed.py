@@ -63,12 +63,12 @@ def resources(url: str) -> dict[str, Any]:
 
 
 @contextmanager
-def traced(files: set[str]) -> Iterator[None]:
+def traced(files: dict[str, set[str]]) -> Iterator[None]:
     def profile(frame: Any, event: str, arg: Any) -> None:
         if event == "call":
             path = frame.f_code.co_filename
             if path.startswith(str(LIBRARY)):
-                files.add(str(Path(path).relative_to(LIBRARY)))
+                files.setdefault(str(Path(path).relative_to(LIBRARY)), set()).add(frame.f_code.co_qualname)
 
     sys.setprofile(profile)
     threading.setprofile(profile)
@@ -85,7 +85,7 @@ def crash(url: str) -> None:
     recovery_ext.testing.execute_in_process(crash_job, instance=instance, resources=resources(url))
 
 
-def measure(url: str, show: Callable[[str, set[str]], None]) -> None:
+def measure(url: str, show: Callable[[str, dict[str, set[str]]], None]) -> None:
     child = subprocess.run([sys.executable, "-m", "bench.files_crossed", "--crash", url],
                            env={**os.environ, "FILES_CROSSED_KILL": "1"}, check=False)
     assert child.returncode == -signal.SIGKILL, child.returncode
@@ -93,7 +93,7 @@ def measure(url: str, show: Callable[[str, set[str]], None]) -> None:
     sensor = make_orphan_sensor([crash_job])
     # A code server evaluates every tick in one long-lived process, which builds and migrates its store on the
     # first: that tick finds nothing yet (the killed worker's deadline is ahead) and is shown apart.
-    idle_files: set[str] = set()
+    idle_files: dict[str, set[str]] = {}
     with build_sensor_context(instance=instance, resources=resources(url)) as ctx, traced(idle_files):
         assert not sensor.evaluate_tick(ctx).run_requests
     show("first tick in its process, nothing to recover (builds the store)", idle_files)
@@ -105,12 +105,12 @@ def measure(url: str, show: Callable[[str, set[str]], None]) -> None:
         from recovery_ext._store.schema import pipelines
         conn.execute(update(pipelines).where(pipelines.c.id == pipeline.id)
                      .values(heartbeat_deadline=store.dialect.now_plus(-60)))
-    tick_files: set[str] = set()
+    tick_files: dict[str, set[str]] = {}
     with build_sensor_context(instance=instance, resources=resources(url)) as ctx, traced(tick_files):
         result = sensor.evaluate_tick(ctx)
     (request,) = result.run_requests
     show("recovery pass (the orphan-sensor tick that recovers it)", tick_files)
-    resume_files: set[str] = set()
+    resume_files: dict[str, set[str]] = {}
     with traced(resume_files):
         outcome = recovery_ext.testing.execute_in_process(crash_job, instance=instance, resources=resources(url),
                                                   run_config=request.run_config, tags=request.tags)
@@ -122,16 +122,19 @@ def measure(url: str, show: Callable[[str, set[str]], None]) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--list", action="store_true", help="print each file's name")
+    parser.add_argument("--functions", action="store_true", help="print, under each file, the functions that ran")
     parser.add_argument("--crash", metavar="URL", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.crash:
         crash(args.crash)
         return
 
-    def show(what: str, files: set[str]) -> None:
+    def show(what: str, files: dict[str, set[str]]) -> None:
         print(f"{what}: {len(files)} files")
-        if args.list:
-            print("".join(f"  {name}\n" for name in sorted(files)), end="")
+        for name in sorted(files) if args.list or args.functions else ():
+            print(f"  {name}")
+            for function in sorted(files[name]) if args.functions else ():
+                print(f"      {function}")
 
     with tempfile.TemporaryDirectory() as home:
         os.environ["DAGSTER_HOME"] = home

@@ -8,6 +8,7 @@ import logging
 import os
 import threading
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from dagster import ConfigurableResource, DagsterInstance
@@ -32,6 +33,25 @@ _stores_lock = threading.Lock()
 
 
 _migrated_packages: set[tuple[str, str]] = set()
+
+
+
+@dataclass(frozen=True)
+class _Settings:
+    """The settings values one configuration of the resource stands for, built (and so checked) together."""
+
+    heartbeat: HeartbeatSettings
+    recovery: RecoverySettings
+    limits: PipelineLimits
+    outage: OutageSettings
+    spend_caps: SpendCaps
+
+
+# Dagster builds the resource again from the same config for every sensor tick, run and step. Its checks are a
+# pure function of its fields, so each configuration is checked, and its settings values built, once per
+# process, not at every build.
+_checked_configs: dict[tuple[tuple[str, Any], ...], _Settings] = {}
+_MAX_CHECKED_CONFIGS = 256
 
 DEPLOYMENT_ENV = "RECOVERY_DEPLOYMENT"
 
@@ -213,13 +233,33 @@ class RecoveryResource(ConfigurableResource):  # type: ignore[type-arg]
     @model_validator(mode="after")
     def _validate(self) -> RecoveryResource:
         """Refuse NaN, infinities, out-of-bounds and contradictory settings when the definitions load."""
+        self._settings()
+        return self
+
+    def _config(self) -> tuple[tuple[str, Any], ...]:
+        return tuple((name, tuple(value) if isinstance(value, list) else value)
+                     for name, value in self.__dict__.items() if name in type(self).model_fields)
+
+    def _settings(self) -> _Settings:
+        config = self._config()
+        settings = _checked_configs.get(config)
+        if settings is None:
+            settings = self._check_settings()
+            if len(_checked_configs) < _MAX_CHECKED_CONFIGS:
+                _checked_configs[config] = settings
+        return settings
+
+    def _check_settings(self) -> _Settings:
         long = self.allow_long_durations
         if self.deployment is not None:
             check_deployment("deployment", self.deployment)
         for package in self.migration_packages:
             check_package(package)
-        self.heartbeat_settings()
-        self.recovery_settings()
+        heartbeat = HeartbeatSettings(interval=self.heartbeat_interval, timeout=self.heartbeat_timeout,
+                                      stall_timeout=self.stall_timeout, allow_long=long)
+        recovery = RecoverySettings(enabled=self.enable_orphan_recovery,
+                                    launch_grace_seconds=self.launch_grace_seconds,
+                                    max_age_seconds=self.max_age_seconds)
         check_seconds("hard_deadline_seconds", self.hard_deadline_seconds, minimum=1.0, allow_none=True,
                       allow_long=long)
         check_seconds("launch_grace_seconds", self.launch_grace_seconds, minimum=1.0, allow_long=long)
@@ -235,7 +275,8 @@ class RecoveryResource(ConfigurableResource):  # type: ignore[type-arg]
                       maximum=10 * 366 * DAY, allow_none=True)
         check_count("max_resumes", self.max_resumes, maximum=1000)
         check_count("max_retries", self.max_retries, maximum=1000)
-        self.pipeline_limits()
+        limits = PipelineLimits(heartbeat_timeout=self.heartbeat_timeout, deadline_seconds=self.hard_deadline_seconds,
+                                max_resumes=self.max_resumes)
         check_count("same_error_limit", self.same_error_limit, minimum=1, maximum=1000)
         self.retry_policy()
         for name in ("outage_pause_initial", "outage_pause_max", "outage_budget_seconds", "breaker_cooldown",
@@ -243,9 +284,16 @@ class RecoveryResource(ConfigurableResource):  # type: ignore[type-arg]
             check_seconds(name, getattr(self, name), minimum=0.01, allow_long=long)
         check_count("breaker_failure_threshold", self.breaker_failure_threshold, minimum=1, maximum=1000)
         check_seconds("breaker_refresh_seconds", self.breaker_refresh_seconds, minimum=0.0, maximum=60.0)
-        self.outage_settings()
-        self.spend_caps()
-        return self
+        outage = OutageSettings(
+            pause_after=self.same_error_limit, pause_initial=self.outage_pause_initial, pause_max=self.outage_pause_max,
+            budget_seconds=self.outage_budget_seconds, jitter=self.retry_jitter,
+            breaker_threshold=self.breaker_failure_threshold, breaker_cooldown=self.breaker_cooldown,
+            breaker_max_cooldown=self.breaker_max_cooldown, probe_timeout=self.breaker_probe_timeout,
+            breaker_refresh=self.breaker_refresh_seconds)
+        caps = SpendCaps(pipeline_tokens=self.spend_cap_tokens, pipeline_cost=self.spend_cap_cost,
+                         deployment_tokens=self.deployment_spend_cap_tokens,
+                         deployment_cost=self.deployment_spend_cap_cost, poll_seconds=self.spend_cap_poll_seconds)
+        return _Settings(heartbeat, recovery, limits, outage, caps)
 
     def enforce_event_retention(self, store: RecoveryStore) -> int:
         """Delete a batch of events past the retention; never raises (the sensor's tick goes on)."""
@@ -272,31 +320,21 @@ class RecoveryResource(ConfigurableResource):  # type: ignore[type-arg]
         return shared_store(self.url(), retry_budget=self.store_retry_budget(), packages=self.migration_packages)
 
     def heartbeat_settings(self) -> HeartbeatSettings:
-        return HeartbeatSettings(interval=self.heartbeat_interval, timeout=self.heartbeat_timeout,
-                                 stall_timeout=self.stall_timeout, allow_long=self.allow_long_durations)
+        return self._settings().heartbeat
 
     def pipeline_limits(self) -> PipelineLimits:
         """The limits every pipeline this resource creates is held to: its owner's heartbeat timeout, its hard
         deadline and its resumes."""
-        return PipelineLimits(heartbeat_timeout=self.heartbeat_timeout, deadline_seconds=self.hard_deadline_seconds,
-                              max_resumes=self.max_resumes)
+        return self._settings().limits
 
     def recovery_settings(self) -> RecoverySettings:
-        return RecoverySettings(enabled=self.enable_orphan_recovery, launch_grace_seconds=self.launch_grace_seconds,
-                                max_age_seconds=self.max_age_seconds)
+        return self._settings().recovery
 
     def outage_settings(self) -> OutageSettings:
-        return OutageSettings(
-            pause_after=self.same_error_limit, pause_initial=self.outage_pause_initial, pause_max=self.outage_pause_max,
-            budget_seconds=self.outage_budget_seconds, jitter=self.retry_jitter,
-            breaker_threshold=self.breaker_failure_threshold, breaker_cooldown=self.breaker_cooldown,
-            breaker_max_cooldown=self.breaker_max_cooldown, probe_timeout=self.breaker_probe_timeout,
-            breaker_refresh=self.breaker_refresh_seconds)
+        return self._settings().outage
 
     def spend_caps(self) -> SpendCaps:
-        return SpendCaps(pipeline_tokens=self.spend_cap_tokens, pipeline_cost=self.spend_cap_cost,
-                         deployment_tokens=self.deployment_spend_cap_tokens,
-                         deployment_cost=self.deployment_spend_cap_cost, poll_seconds=self.spend_cap_poll_seconds)
+        return self._settings().spend_caps
 
     def retry_wait(self) -> wait_jittered_exponential:
         return wait_jittered_exponential(self.retry_initial_delay, max_delay=self.retry_max_delay,
