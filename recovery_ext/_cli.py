@@ -18,7 +18,7 @@ from tabulate import tabulate
 from recovery_ext._conventions import jsonable
 from recovery_ext._errors import ConfigurationError, MigrationError, RecoveryError, install_hint
 from recovery_ext._recovery.protocol import scan
-from recovery_ext._recovery.scan import RecoverySettings
+from recovery_ext._recovery.protocol import RecoverySettings
 from recovery_ext._classify.redaction import redact
 from recovery_ext._store.migrations import LIBRARY, check_package
 from recovery_ext._store.models import CostFigures

@@ -12,7 +12,7 @@ the recovery scan, and the SQLAlchemy column types an application's own tables c
 from __future__ import annotations
 
 from recovery_ext._recovery.protocol import scan
-from recovery_ext._recovery.scan import RecoverySettings
+from recovery_ext._recovery.protocol import RecoverySettings
 from recovery_ext._store.interfaces import (PipelineStore, ProviderStore, QueueStore, RecoveryPassStore,
                                             ReportStore)
 from recovery_ext._store.models import ItemCheckpoint, NodeSpec, Ownership, PassPlan, PipelineLimits, Scope

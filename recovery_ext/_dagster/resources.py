@@ -18,7 +18,7 @@ from recovery_ext._settings import DAY, check_count, check_deployment, check_sec
 from recovery_ext._errors import ConfigurationError
 from recovery_ext._liveness.heartbeat import HeartbeatSettings
 from recovery_ext._providers.guard import OutageSettings
-from recovery_ext._recovery.scan import RecoverySettings
+from recovery_ext._recovery.protocol import RecoverySettings
 from recovery_ext._classify.redaction import redact
 from recovery_ext._classify.retry import RetryPolicy, wait_jittered_exponential
 from recovery_ext._store.migrations import check_package

@@ -6,6 +6,11 @@ reservations, fail corrupt rows, give up, reclaim, reserve), then asks the orche
 resume runs that do not exist yet and to stop the runs the pass superseded. An idle tick is the read
 alone. This module knows nothing of Dagster: :class:`RunControl` is what it needs, and the Dagster
 sensor (``_dagster/sensors.py``) is a thin adapter that implements it.
+
+Here too, so a reader of the tick finds all of it in one file: the pass's settings
+(:class:`RecoverySettings`), its outage policy, its one-line summary, and when a tick prunes finished
+pipelines (:class:`RetentionSchedule`). The scan (:func:`scan`) is the same pass with an orchestrator that
+launches nothing.
 """
 
 from __future__ import annotations
@@ -21,14 +26,98 @@ from recovery_ext._store.models import WaitKind, wait_kind
 from recovery_ext._classify.redaction import redact
 from recovery_ext._classify.retry import RetryPolicy
 from recovery_ext._conventions import given_up_message, takeover_message
-from recovery_ext._recovery.retention import RetentionSchedule
-from recovery_ext._recovery.scan import RecoverySettings, default_outage_policy, summary_line
+from recovery_ext._settings import check_count, check_seconds, env_bool, env_seconds
 from recovery_ext._store.interfaces import SensorStore
-from recovery_ext._store.models import GivenUp, PassPlan, PassResult, Reclaimed, ScanStats, Scope, TickSnapshot
+from recovery_ext._store.models import DEFAULT_LAUNCH_GRACE, GivenUp, PassPlan, PassResult, Reclaimed, ScanStats
+from recovery_ext._store.models import Scope, TickSnapshot
 
 log = logging.getLogger("recovery_ext.protocol")
+retention_log = logging.getLogger("recovery_ext.retention")
 
 EVENT_RETENTION_EVERY = 3600.0  # seconds between two prunes of old events by one sensor process
+
+
+@dataclass(frozen=True)
+class RecoverySettings:
+    """The orphan threshold, the on/off switch and the age limit. ``max_per_scan=None``: no cap."""
+
+    enabled: bool = True
+    max_per_scan: int | None = 1000
+    launch_grace_seconds: float = DEFAULT_LAUNCH_GRACE
+    max_age_seconds: float | None = 24 * 3600.0
+
+    def __post_init__(self) -> None:
+        if self.max_per_scan is not None:  # None: no cap
+            check_count("max_per_scan", self.max_per_scan, minimum=1)
+        check_seconds("launch_grace_seconds", self.launch_grace_seconds, minimum=1.0)
+        check_seconds("max_age_seconds", self.max_age_seconds, minimum=1.0, maximum=366 * 86400.0, allow_none=True)
+
+    def fill(self, plan: PassPlan) -> PassPlan:
+        """``plan`` with the launch grace, maximum age and cap it leaves ``None`` taken from these settings."""
+        return replace(plan,
+                       grace_seconds=self.launch_grace_seconds if plan.grace_seconds is None else plan.grace_seconds,
+                       max_age_seconds=self.max_age_seconds if plan.max_age_seconds is None else plan.max_age_seconds,
+                       limit=self.max_per_scan if plan.limit is None else plan.limit)
+
+    @classmethod
+    def from_env(cls) -> RecoverySettings:
+        return cls(
+            enabled=env_bool("RECOVERY_ENABLE_ORPHAN_RECOVERY", True),
+            launch_grace_seconds=env_seconds("RECOVERY_LAUNCH_GRACE", DEFAULT_LAUNCH_GRACE),
+            max_age_seconds=env_seconds("RECOVERY_MAX_AGE", 24 * 3600.0, maximum=366 * 86400.0),
+        )
+
+
+def default_outage_policy(sleep: Callable[[float], None] | None = None) -> RetryPolicy:
+    """A database outage during a scan is retried with exponential backoff, 3 attempts."""
+    return RetryPolicy(max_attempts=3, initial_delay=0.5, max_delay=5.0, same_error_limit=3, sleep=sleep)
+
+
+def summary_line(stats: ScanStats, launched: int | None = None) -> str:
+    resumed = stats.reclaimed if launched is None else launched
+    parts = [f"{stats.found} orphan{'s' if stats.found != 1 else ''}: {resumed} resumed, {stats.given_up} given up"]
+    if stats.corrupt:
+        parts.append(f"{stats.corrupt} corrupt")
+    if stats.error:
+        parts.append(f"error: {stats.error}")
+    return "; ".join(parts)
+
+
+PIPELINE_RETENTION_EVERY = 3600.0  # seconds between two prune passes of one sensor process
+TICK_BUDGET_SECONDS = 5.0  # of batches per tick while a pass has prunable pipelines left
+
+
+class RetentionSchedule:
+    """One sensor process's prune passes: when the last began, and whether it is still under way."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic, *, batch_size: int | None = None) -> None:
+        self._clock = clock
+        self.batch_size = batch_size
+        self._started_at: float | None = None
+        self._under_way = False
+
+    def run(self, store: SensorStore, older_than_seconds: float | None, *, deployment: str | None) -> int:
+        """Prune if a pass is due or under way; returns the pipelines deleted. Never raises (housekeeping: a
+        failed batch is tried again at the next pass, an hour later)."""
+        if older_than_seconds is None:
+            return 0
+        now = self._clock()
+        if not self._under_way:
+            if self._started_at is not None and now - self._started_at < PIPELINE_RETENTION_EVERY:
+                return 0
+            self._started_at = now
+        try:
+            result = store.reports.prune_finished_pipelines(older_than_seconds, deployment=deployment,
+                                                    batch_size=self.batch_size, time_budget=TICK_BUDGET_SECONDS)
+        except Exception as exc:  # noqa: BLE001 - the tick goes on; every batch that committed stays done
+            self._under_way = False
+            retention_log.warning("could not prune finished pipelines: %s", redact(exc))
+            return 0
+        self._under_way = not result.done
+        if result.pipelines:
+            retention_log.info("pruned %d finished pipeline(s) older than %g s%s", result.pipelines, older_than_seconds,
+                     " (more left: going on next tick)" if self._under_way else "")
+        return result.pipelines
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ from recovery_ext._errors import ConfigurationError
 from recovery_ext._liveness.heartbeat import HeartbeatSettings
 from recovery_ext._settings import parse_duration
 from recovery_ext import scan
-from recovery_ext._recovery.scan import RecoverySettings, default_outage_policy, summary_line
+from recovery_ext._recovery.protocol import RecoverySettings, default_outage_policy, summary_line
 from recovery_ext._store.models import PassPlan, PassResult, PipelineLimits, Scope
 from recovery_ext._store.schema import nodes, pipelines
 from recovery_ext._store.store import RecoveryStore

@@ -14,9 +14,9 @@ from sqlalchemy import delete, func, inspect, select, update
 
 from recovery_ext._store.models import SpendCaps
 from recovery_ext import RecoveryResource
-from recovery_ext._recovery import retention as schedule
+from recovery_ext._recovery import protocol as schedule
 from recovery_ext._recovery.protocol import LaunchNothing, RecoveryProtocol
-from recovery_ext._recovery.scan import RecoverySettings
+from recovery_ext._recovery.protocol import RecoverySettings
 from recovery_ext._store.models import ProviderLimits
 from recovery_ext._store.models import ItemCheckpoint, PassPlan, ProviderCall, Scope
 from recovery_ext._store.observability import COUNTED_TRANSITION_EVENTS

@@ -111,8 +111,6 @@ CALLERS = {
     "_providers/journal.py": GuardStore,
     "_dagster/sensors.py": SensorStore,
     "_recovery/protocol.py": SensorStore,
-    "_recovery/scan.py": SensorStore,
-    "_recovery/retention.py": SensorStore,
     "_cli.py": CliStore,
     "_cli_common.py": CliStore,
     "_cli_spend.py": CliStore,

@@ -237,9 +237,9 @@ def test_each_layer_imports_only_the_layers_below_it():
 def test_the_layer_check_sees_an_import_that_runs_back_up():
     graph = {"recovery_ext._store.pipelines": {"recovery_ext._liveness.processes", "recovery_ext._store.models"},
              "recovery_ext._liveness.processes": set(), "recovery_ext._store.models": {"recovery_ext._errors"},
-             "recovery_ext._errors": set(), "recovery_ext._providers.guard": {"recovery_ext._recovery.scan"},
-             "recovery_ext._recovery.scan": set()}
-    assert _upward_imports(graph) == ["recovery_ext._providers.guard -> recovery_ext._recovery.scan",
+             "recovery_ext._errors": set(), "recovery_ext._providers.guard": {"recovery_ext._recovery.protocol"},
+             "recovery_ext._recovery.protocol": set()}
+    assert _upward_imports(graph) == ["recovery_ext._providers.guard -> recovery_ext._recovery.protocol",
                                       "recovery_ext._store.pipelines -> recovery_ext._liveness.processes"]
 
 
