@@ -437,6 +437,25 @@ IN_PROCESS_DEPLOYMENT = "in-process"
 
 
 @dataclass(frozen=True)
+class ForeignOrphan:
+    """An orphan of another deployment, in this sensor's jobs."""
+
+    pipeline_id: int
+    deployment: str
+    origin_run_id: str
+    stale: bool   # orphaned longer than the launch grace: its own deployment's sensor is not reclaiming it
+
+
+@dataclass(frozen=True)
+class FirstRun:
+    """A live pipeline of this deployment and its first run, which the tick's instance must hold to act on it."""
+
+    pipeline_id: int
+    origin_run_id: str
+    actionable: bool  # an orphan by the database clock, or reserved for a resume run: a tick would act on it
+
+
+@dataclass(frozen=True)
 class TickSnapshot:
     """One read of what an orphan-sensor tick must ask the orchestrator about.
 
@@ -454,10 +473,10 @@ class TickSnapshot:
     # live pipelines from before deployments existed, by their first run: adopted by the deployment whose
     # orchestrator knows that run
     legacy_origins: dict[str, int] = field(default_factory=dict)
-    # this deployment's live pipelines and their first runs (FirstRun), checked against the orchestrator,
-    # which must hold a pipeline's first run to act on it (see deployments.py)
-    first_runs: list[Any] = field(default_factory=list)
-    foreign_orphans: list[Any] = field(default_factory=list)   # ForeignOrphan of other deployments
+    # this deployment's live pipelines and their first runs, checked against the orchestrator, which must hold
+    # a pipeline's first run to act on it (see ticks.py)
+    first_runs: list[FirstRun] = field(default_factory=list)
+    foreign_orphans: list[ForeignOrphan] = field(default_factory=list)   # orphans of other deployments
 
 
 DEFAULT_LAUNCH_GRACE = 300.0  # seconds a reclaimed pipeline waits for its resume run before it is an orphan again

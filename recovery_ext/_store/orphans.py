@@ -23,8 +23,7 @@ from recovery_ext._store.models import GivenUp, Orphan, PassPlan, Reclaimed, Sco
 from recovery_ext._store.pipelines import NEW_OWNER_RESETS
 from recovery_ext._store.statuses import NodeStatus, PipelineStatus
 from recovery_ext._json_values import CorruptJson
-from recovery_ext._store.schema import (NODE_STATUSES, PIPELINE_STATUSES, DbTime, nodes, pipelines,
-                                        transitions)
+from recovery_ext._store.schema import (NODE_STATUSES, PIPELINE_STATUSES, DbTime, nodes, pipelines)
 
 p = pipelines.c
 
@@ -140,17 +139,6 @@ class Orphans(Component):
             query = query.limit(limit)
         with self.read() as conn:
             return [Orphan(**r._mapping) for r in conn.execute(query)]
-
-    @retried
-    def last_reclaim(self, pipeline_id: int) -> dict[str, Any] | None:
-        """What the latest reclaim of a pipeline recorded (cause, heartbeat age, previous owner), if any."""
-        with self.read_statement() as conn:
-            data = conn.execute(
-                select(transitions.c.data).where(transitions.c.pipeline_id == pipeline_id,
-                                                 transitions.c.entity_type == "pipeline",
-                                                 transitions.c.event == "reclaimed")
-                .order_by(transitions.c.id.desc()).limit(1)).scalar()
-        return data if isinstance(data, dict) else None
 
     def awaiting(self, conn: Connection, scope: Scope, *, launcher_only: bool = False,
                   fresh: Sequence[Reclaimed] = ()) -> list[Reclaimed]:

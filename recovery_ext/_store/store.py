@@ -23,7 +23,6 @@ from recovery_ext._store.fenced import FencedTransaction
 from recovery_ext._store.journal import CallJournal
 from recovery_ext._store.spend_caps import SpendCapAccounts
 from recovery_ext._store.database import DEFAULT_RETRY_BUDGET, Component, Database, shared_retry_budget
-from recovery_ext._store.deployments import Deployments
 from recovery_ext._store.orphans import Orphans
 from recovery_ext._store.pipelines import PipelineCore
 from recovery_ext._store.queue import Queue
@@ -457,8 +456,7 @@ class RecoveryStore:
         self.pipelines = Pipelines(self._db, rows=rows)
         self.providers = Providers(self._db, rows=rows)
         self.queue = Queue(self._db)
-        self.recovery = Recovery(self._db, orphans=Orphans(self._db), deployments=Deployments(self._db),
-                                 pipeline_rows=rows)
+        self.recovery = Recovery(self._db, orphans=Orphans(self._db), pipeline_rows=rows)
         ledger = LedgerOps(self._db)
         self.reports = Reports(self._db, ledger=ledger, observability=Observability(self._db, ledger=ledger),
                                retention=Retention(self._db))

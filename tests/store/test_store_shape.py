@@ -360,15 +360,13 @@ def test_each_call_of_the_pipelines_component_is_its_parts_call_with_its_docstri
 
 
 def test_the_recovery_component_holds_its_collaborators(store):
-    from recovery_ext._store.deployments import Deployments
     from recovery_ext._store.fenced import Fence
     from recovery_ext._store.orphans import Orphans
     from recovery_ext._store.pipelines import PipelineCore
 
     recovery = store.recovery
-    assert (type(recovery.orphans), type(recovery.deployments), type(recovery.pipeline_rows)) == (
-        Orphans, Deployments, PipelineCore)
-    assert {recovery._db, recovery.orphans._db, recovery.deployments._db, recovery.pipeline_rows._db} == {store._db}
+    assert (type(recovery.orphans), type(recovery.pipeline_rows)) == (Orphans, PipelineCore)
+    assert {recovery._db, recovery.orphans._db, recovery.pipeline_rows._db} == {store._db}
     assert recovery.pipeline_rows is store.pipelines.rows  # the store's one PipelineCore
     assert isinstance(store.queue.fence, Fence)
 
