@@ -17,7 +17,7 @@ from recovery_ext._store.interfaces import (PipelineStore, ProviderStore, QueueS
                                             ReportStore)
 from recovery_ext._store.models import ItemCheckpoint, NodeSpec, Ownership, PassPlan, PipelineLimits, Scope
 from recovery_ext._store.queue import LEGACY_STALE_SECONDS, validate_backoff
-from recovery_ext._store.schema import DbJson, DbTime
+from recovery_ext._store.dialects import DbJson, DbTime
 from recovery_ext._store.statuses import (WAITING, BreakerState, ItemOutcome, ItemStatus, NodeStatus, PipelineStatus,
                                           QueueStatus)
 from recovery_ext._store.store import RecoveryStore

@@ -29,7 +29,8 @@ from recovery_ext._classify.redaction import redact
 from recovery_ext._errors import ConfigurationError
 from recovery_ext._store.database import Component, retried
 from recovery_ext._store.models import BudgetGrant, Ownership, ProviderLimits
-from recovery_ext._store.schema import DbTime, pipelines, rate_budgets, rate_reservations
+from recovery_ext._store.dialects import DbTime
+from recovery_ext._store.schema import pipelines, rate_budgets, rate_reservations
 from recovery_ext._store.statuses import WAITING, PipelineStatus
 
 rr = rate_reservations.c

@@ -25,7 +25,7 @@ from sqlalchemy.engine import Connection, Engine, make_url
 from sqlalchemy.engine.interfaces import Dialect as SqlAlchemyDialect
 from sqlalchemy.engine.url import URL
 from sqlalchemy.sql.elements import ColumnElement
-from sqlalchemy.types import TypeEngine
+from sqlalchemy.types import TypeDecorator, TypeEngine
 
 from recovery_ext._classify.classifier import is_retryable
 from recovery_ext._errors import ConfigurationError
@@ -557,6 +557,40 @@ _BY_SQLALCHEMY_NAME: dict[str, type[Dialect]] = {"postgresql": PostgresDialect, 
 def column_codec(dialect: SqlAlchemyDialect) -> type[Dialect]:
     """The :class:`Dialect` whose column encodings apply to a SQLAlchemy dialect."""
     return _BY_SQLALCHEMY_NAME.get(dialect.name, Dialect)
+
+
+# The two column types of the tables (schema.py) whose encoding differs by database: each is its dialect's.
+class DbTime(TypeDecorator[Any]):
+    """An aware UTC timestamp; epoch seconds on SQLite so the database clock can compare it
+    (each database's encoding is its :class:`Dialect`'s)."""
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def load_dialect_impl(self, dialect: SqlAlchemyDialect) -> TypeEngine[Any]:
+        return dialect.type_descriptor(column_codec(dialect).time_type())
+
+    def process_bind_param(self, value: Any, dialect: SqlAlchemyDialect) -> Any:
+        return None if value is None else column_codec(dialect).bind_time(value)
+
+    def process_result_value(self, value: Any, dialect: SqlAlchemyDialect) -> Any:
+        return None if value is None else column_codec(dialect).load_time(value)
+
+
+class DbJson(TypeDecorator[Any]):
+    """JSON; a value that does not parse comes back as :class:`CorruptJson` instead of raising."""
+
+    impl = Text
+    cache_ok = True
+
+    def load_dialect_impl(self, dialect: SqlAlchemyDialect) -> TypeEngine[Any]:
+        return dialect.type_descriptor(column_codec(dialect).json_type())
+
+    def process_bind_param(self, value: Any, dialect: SqlAlchemyDialect) -> Any:
+        return column_codec(dialect).bind_json(value)
+
+    def process_result_value(self, value: Any, dialect: SqlAlchemyDialect) -> Any:
+        return None if value is None else column_codec(dialect).load_json(value)
 
 
 def _clamped_timestamptz_loader() -> type:

@@ -23,7 +23,8 @@ from recovery_ext._store.models import GivenUp, Orphan, PassPlan, Reclaimed, Sco
 from recovery_ext._store.pipelines import NEW_OWNER_RESETS
 from recovery_ext._store.statuses import NodeStatus, PipelineStatus
 from recovery_ext._json_values import CorruptJson
-from recovery_ext._store.schema import (NODE_STATUSES, PIPELINE_STATUSES, DbTime, nodes, pipelines)
+from recovery_ext._store.dialects import DbTime
+from recovery_ext._store.schema import NODE_STATUSES, PIPELINE_STATUSES, nodes, pipelines
 
 p = pipelines.c
 

@@ -1,8 +1,8 @@
 """The application tables as SQLAlchemy Core objects.
 
 The migrations in ``sql/<dialect>/`` create these tables; ``tests/store/test_migrations.py``
-proves the two agree. Two column types hide the dialect differences: :class:`DbTime`
-(``timestamptz`` on PostgreSQL, epoch seconds on SQLite) and :class:`DbJson`
+proves the two agree. Two column types hide the dialect differences (``_store/dialects.py``):
+:class:`DbTime` (``timestamptz`` on PostgreSQL, epoch seconds on SQLite) and :class:`DbJson`
 (``jsonb`` on PostgreSQL, text on SQLite).
 """
 
@@ -15,7 +15,6 @@ from sqlalchemy import (
     Boolean,
     Column,
     Date,
-    DateTime,
     Float,
     ForeignKey,
     Integer,
@@ -26,11 +25,8 @@ from sqlalchemy import (
     column,
     table,
 )
-from sqlalchemy.types import TypeDecorator
-from sqlalchemy.engine.interfaces import Dialect as SqlAlchemyDialect
-from sqlalchemy.types import TypeEngine
 
-from recovery_ext._store.dialects import column_codec
+from recovery_ext._store.dialects import DbJson, DbTime
 from recovery_ext._store.statuses import BreakerState, ItemStatus, NodeStatus, PipelineStatus, QueueStatus
 
 # Every value a status column may hold (the scan reports any other as corrupt).
@@ -39,39 +35,6 @@ NODE_STATUSES = tuple(NodeStatus)
 ITEM_STATUSES = tuple(ItemStatus)
 BREAKER_STATES = tuple(BreakerState)
 QUEUE_STATUSES = tuple(QueueStatus)
-
-
-class DbTime(TypeDecorator[Any]):
-    """An aware UTC timestamp; epoch seconds on SQLite so the database clock can compare it
-    (each database's encoding is its :class:`~recovery_ext._store.dialects.Dialect`'s)."""
-
-    impl = DateTime(timezone=True)
-    cache_ok = True
-
-    def load_dialect_impl(self, dialect: SqlAlchemyDialect) -> TypeEngine[Any]:
-        return dialect.type_descriptor(column_codec(dialect).time_type())
-
-    def process_bind_param(self, value: Any, dialect: SqlAlchemyDialect) -> Any:
-        return None if value is None else column_codec(dialect).bind_time(value)
-
-    def process_result_value(self, value: Any, dialect: SqlAlchemyDialect) -> Any:
-        return None if value is None else column_codec(dialect).load_time(value)
-
-
-class DbJson(TypeDecorator[Any]):
-    """JSON; a value that does not parse comes back as :class:`CorruptJson` instead of raising."""
-
-    impl = Text
-    cache_ok = True
-
-    def load_dialect_impl(self, dialect: SqlAlchemyDialect) -> TypeEngine[Any]:
-        return dialect.type_descriptor(column_codec(dialect).json_type())
-
-    def process_bind_param(self, value: Any, dialect: SqlAlchemyDialect) -> Any:
-        return column_codec(dialect).bind_json(value)
-
-    def process_result_value(self, value: Any, dialect: SqlAlchemyDialect) -> Any:
-        return None if value is None else column_codec(dialect).load_json(value)
 
 
 metadata = MetaData()
