@@ -218,7 +218,7 @@ class RunScope:
     def _reclaim_cause(self, pipeline_id: int) -> str:
         """Why the pipeline was reclaimed, as the reclaim recorded it (for the superseded run's tag and event)."""
         try:
-            data = self.store.recovery.last_reclaim(pipeline_id) or {}
+            data = self.store.pipelines.last_reclaim(pipeline_id) or {}
         except Exception as exc:  # noqa: BLE001 - best effort: it only words the pointer
             return f"orphaned (cause unknown: {redact(exc)})"
         cause = str(data.get("cause") or "orphaned")

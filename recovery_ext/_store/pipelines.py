@@ -38,6 +38,7 @@ from recovery_ext._store.models import (ErrorInfo, ItemCheckpoint, Node, NodeSpe
                                         PipelineLimits)
 from recovery_ext._classify.redaction import redact, redact_config
 from recovery_ext._store.schema import nodes, pipelines
+from recovery_ext._store.schema import transitions as transition_rows
 from recovery_ext._store.statuses import FINISHED_NODE_STATUSES, NodeStatus, PipelineStatus
 
 __all__ = ["NODE_TRANSITIONS", "ItemCheckpoint", "PipelineCore", "PipelineNodes"]  # ItemCheckpoint: its old home
@@ -335,6 +336,18 @@ class PipelineNodes(Component):
         with self.read_statement() as conn:
             row = conn.execute(select(pipelines).where(pipelines.c.origin_run_id == origin_run_id)).first()
         return None if row is None else Pipeline.from_row(row._mapping)
+
+    @retried
+    def last_reclaim(self, pipeline_id: int) -> dict[str, Any] | None:
+        """What the latest reclaim of a pipeline recorded (cause, heartbeat age, previous owner), if any: a
+        resume run words its take-over with it."""
+        with self.read_statement() as conn:
+            data = conn.execute(
+                select(transition_rows.c.data).where(transition_rows.c.pipeline_id == pipeline_id,
+                                                     transition_rows.c.entity_type == "pipeline",
+                                                     transition_rows.c.event == "reclaimed")
+                .order_by(transition_rows.c.id.desc()).limit(1)).scalar()
+        return data if isinstance(data, dict) else None
 
     @retried
     def list_nodes(self, pipeline_id: int) -> list[Node]:

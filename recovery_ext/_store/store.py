@@ -102,6 +102,10 @@ class Pipelines(Component):
     def find_pipeline(self, origin_run_id: str) -> Pipeline | None:
         return self.nodes.find_pipeline(origin_run_id)
 
+    @_doc_of(PipelineNodes.last_reclaim)
+    def last_reclaim(self, pipeline_id: int) -> dict[str, Any] | None:
+        return self.nodes.last_reclaim(pipeline_id)
+
     @_doc_of(PipelineNodes.list_nodes)
     def list_nodes(self, pipeline_id: int) -> list[Node]:
         return self.nodes.list_nodes(pipeline_id)

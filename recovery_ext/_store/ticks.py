@@ -34,7 +34,7 @@ from recovery_ext._store.models import (LEGACY_DEPLOYMENT, FirstRun, ForeignOrph
                                         Scope, TickSnapshot)
 from recovery_ext._store.orphans import LIVE, RUNNING, Orphans, _jobs, _placeholder
 from recovery_ext._store.pipelines import PipelineCore
-from recovery_ext._store.schema import pipelines, transitions
+from recovery_ext._store.schema import pipelines
 from recovery_ext._store.statuses import PipelineStatus
 
 p = pipelines.c
@@ -180,17 +180,6 @@ class Recovery(Component):
             return [{**r._mapping, "reason": f"orphaned over {older_than_seconds:g} s ago and not reclaimed: no orphan "
                      f"sensor of deployment {r.deployment!r} is acting on it (stopped, or renamed? a sensor adopts "
                      "it when its Dagster instance holds the first run)"} for r in conn.execute(query)]
-
-    @retried
-    def last_reclaim(self, pipeline_id: int) -> dict[str, Any] | None:
-        """What the latest reclaim of a pipeline recorded (cause, heartbeat age, previous owner), if any."""
-        with self.read_statement() as conn:
-            data = conn.execute(
-                select(transitions.c.data).where(transitions.c.pipeline_id == pipeline_id,
-                                                 transitions.c.entity_type == "pipeline",
-                                                 transitions.c.event == "reclaimed")
-                .order_by(transitions.c.id.desc()).limit(1)).scalar()
-        return data if isinstance(data, dict) else None
 
     # The rest of the component's calls are its collaborators', named here so a caller sees the whole surface.
 

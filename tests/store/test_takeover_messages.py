@@ -23,6 +23,9 @@ def test_a_node_heartbeat_take_over_quotes_the_nodes_silence_not_the_live_run_he
     (reclaimed,), _ = reclaim(store, PassPlan(limit=5, launching=True))
     assert reclaimed.cause == "node_heartbeat"
     assert 39 <= reclaimed.heartbeat_age_seconds <= 60
+    # the resume run words its take-over from what the reclaim recorded
+    recorded = store.pipelines.last_reclaim(own.pipeline_id)
+    assert recorded["cause"] == "node_heartbeat" and 39 <= recorded["heartbeat_age_seconds"] <= 60
     message = superseded_message(reclaimed)
     assert re.search(r"a step of it stopped heartbeating for (39|[45][0-9]|60) s while its run worker went on", message)
 
@@ -37,6 +40,8 @@ def test_a_run_heartbeat_take_over_quotes_the_runs_silence(store):
     expire(store, own.pipeline_id)
     (reclaimed,), _ = reclaim(store, PassPlan(limit=5, launching=True))
     assert reclaimed.cause == "heartbeat"
+    assert store.pipelines.last_reclaim(own.pipeline_id)["cause"] == "heartbeat"
+    assert store.pipelines.last_reclaim(own.pipeline_id + 1) is None
     assert "its run worker stopped heartbeating for" in superseded_message(reclaimed)
 
 
