@@ -13,8 +13,8 @@ from sqlalchemy import inspect
 from e2e_defs import calls, items_job_inprocess
 from recovery_ext import RecoveryResource, execute_in_process
 from recovery_ext._dagster import executor, recoverable
-from recovery_ext._liveness import parent
-from recovery_ext._liveness.parent import RUN_WORKER_PID_ENV
+from recovery_ext._liveness import watch as parent
+from recovery_ext._liveness.watch import RUN_WORKER_PID_ENV
 
 
 def dead_pid() -> int:
