@@ -9,13 +9,13 @@ heartbeat is late, only slow), a dead one's node is reported dead at once, so th
 reclaims it at its next tick instead of after the heartbeat timeout.
 
 The other way round, a step process notices at once that its run worker died. A step process of the
-multiprocess executor is a child of its run worker. When the run worker is killed, the step goes on:
-its own node heartbeat keeps it looking alive until the orphan sensor reclaims the pipeline, seconds later, and every provider call it makes meanwhile is paid again
-by the resume. :func:`watch_run_worker` starts one daemon thread per process that polls
-``os.getppid()`` (a syscall, microseconds) every ``poll`` seconds: once the parent changes (the
-process was re-parented, so the parent died), or the run worker's pid named in the environment
-is gone, it sets :data:`RUN_WORKER_GONE`. Provider guards and ``ctx.items()`` refuse to start
-new work from then on; the answer in flight may still be checkpointed (the epoch fence decides).
+multiprocess executor is a child of its run worker. When the run worker is killed, the step goes on: its own
+node heartbeat keeps it looking alive until the orphan sensor reclaims the pipeline, seconds later, and every
+provider call it makes meanwhile is paid again by the resume. :func:`watch_run_worker` starts one daemon
+thread per process that polls ``os.getppid()`` (a syscall, microseconds) every ``poll`` seconds: once the
+parent changes (the process was re-parented, so the parent died), or the run worker's pid named in the
+environment is gone, it sets :data:`RUN_WORKER_GONE`. Provider guards and ``ctx.items()`` refuse to start new
+work from then on; the answer in flight may still be checkpointed (the epoch fence decides).
 """
 
 from __future__ import annotations
