@@ -174,8 +174,20 @@ class NodeContext:
         self.calls_recorded = 0
         # Set in a step process once its run worker is gone: no new provider call or item may start.
         self.run_worker_gone = run_worker_gone
-        # Provider answers kept before the body sees them, replayed to a resume (see journaled_call).
-        self.journal = CallJournal(self, store)
+        self._journal: CallJournal | None = None
+        self._journal_lock = threading.Lock()
+
+    @property
+    def journal(self) -> CallJournal:
+        """Provider answers kept before the body sees them, replayed to a resume (see journaled_call). Made at
+        its first use: a node that journals no call never builds one, nor resets it at each item."""
+        journal = self._journal
+        if journal is None:
+            with self._journal_lock:
+                if self._journal is None:
+                    self._journal = CallJournal(self, self._store)
+                journal = self._journal
+        return journal
 
     @property
     def log(self) -> Any:  # the op's DagsterLogManager
@@ -270,11 +282,20 @@ class NodeContext:
             self._calls.setdefault(call.item_key, []).append(call)
 
     def _take_calls(self, key: str | None) -> tuple[ProviderCall, ...]:
+        # The usual item made no call and no call waits for any item: no lock taken. A call made for this item
+        # was recorded before its completion began, by the code that completes it.
+        if not self._calls:
+            return ()
         with self._calls_lock:
             calls = self._calls.pop(key, ())
         # an item retried after its answer arrived holds that call twice (kept when answered, kept again when
         # the retry got it back from the journal): one row, its latest form
         return tuple({call.id: call for call in calls}.values())
+
+    def calls_written(self, calls: Sequence[ProviderCall]) -> None:
+        """``calls`` reached the database with a checkpoint or the node's completion: the recorder lets them go."""
+        if calls:
+            self._recorder.written(calls)
 
     def flush_ledger(self) -> bool:
         """Write every recorded call no checkpoint took (best effort; they stay buffered if the database is away)."""
@@ -487,9 +508,11 @@ class NodeContext:
             self.flush()
 
     def _count(self, entries: Sequence[ItemCheckpoint]) -> None:
-        for entry in entries:  # a finished item's call numbering is done with (100,000 items: no growth)
-            self.journal.restart_item(entry.key)
-        self._recorder.written(call for entry in entries for call in entry.calls)
+        journal = self._journal
+        if journal is not None:  # a finished item's call numbering is done with (100,000 items: no growth)
+            for entry in entries:
+                journal.restart_item(entry.key)
+        self.calls_written([call for entry in entries for call in entry.calls])
         degraded = sum(1 for e in entries if e.status == ItemStatus.DEGRADED)
         self.count_items(ItemOutcome.DEGRADED, degraded)
         self.count_items(ItemOutcome.DONE, len(entries) - degraded)

@@ -64,7 +64,9 @@ class NodeContext(Protocol):
 
     node_name: str
     resource: Any
-    journal: Any
+
+    @property
+    def journal(self) -> Any: ...
 
     @property
     def log(self) -> Any: ...

@@ -249,7 +249,7 @@ def _run_body(run: NodeRun, own: Ownership, inputs: dict[str, Any], node: Node, 
         raise Failure(description=f"superseded by run {exc.owner}; result discarded", allow_retries=False) from exc
     except UnfinishedItems as exc:  # a body that returned before finishing its items: fails (or degrades)
         return _handle_error(run, own, exc, ctx, node.attempts)
-    ctx._recorder.written(node_calls)
+    ctx.calls_written(node_calls)
     context.add_output_metadata({
         "recovery": f"completed in run {own.owner}", "skipped": False, "pipeline_id": own.pipeline_id,
         "epoch": own.epoch, "attempts": node.attempts, **ctx.item_counts(), **ledger_metadata(store, ctx),

@@ -293,3 +293,31 @@ def test_the_guard_journals_by_default_and_a_step_retry_does_not_pay_again(store
     with store.read() as conn:
         replays = dict(conn.execute(select(provider_calls.c.item_key, provider_calls.c.replays)).all())
     assert replays == {"x": 0, "y": 1}
+
+
+def test_a_node_builds_its_journal_once_and_only_when_a_call_needs_it(store):
+    import threading
+
+    from dagster import build_op_context
+
+    from recovery_ext._liveness.heartbeat import HeartbeatSettings
+
+    own = make(store)
+    with DagsterInstance.ephemeral() as instance:
+        ctx = NodeContext(build_op_context(instance=instance), store, own, "a", HeartbeatSettings(), None, None)
+        for item in ctx.items(["x", "y"], batch=2):
+            item.complete({"k": item.key})
+        assert ctx._journal is None  # two items checkpointed without a call: no journal built, none reset
+        assert store.pipelines.completed_items(own.pipeline_id, "a") == {"x": {"k": "x"}, "y": {"k": "y"}}
+        start, seen = threading.Barrier(8), []
+
+        def first_use():
+            start.wait()
+            seen.append(ctx.journal)
+
+        threads = [threading.Thread(target=first_use) for _ in range(8)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert len(seen) == 8 and len({id(journal) for journal in seen}) == 1 and ctx._journal is seen[0]
