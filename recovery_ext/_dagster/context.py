@@ -22,7 +22,7 @@ from recovery_ext._liveness.heartbeat import HeartbeatSettings, Lease
 from recovery_ext._classify.redaction import redact
 from recovery_ext._errors import StopRequested
 from recovery_ext._providers.journal import CallJournal, current_attempt
-from recovery_ext._providers.ledger import observe, recorder_for
+from recovery_ext._providers.ledger import CallRecorder, observe, recorder_for
 from recovery_ext._store.models import (ItemCheckpoint, JournalHit, JournalWrite, JsonText, Ownership, ProviderCall,
                                         encode_json)
 from recovery_ext._dagster.group_commit import GroupCommitter
@@ -167,7 +167,7 @@ class NodeContext:
         self._pending_since = 0.0
         # The provider ledger: calls recorded per item key (None: made outside any item), until the
         # checkpoint of that item (or the node's completion) takes them into its transaction.
-        self._recorder = recorder_for(store)
+        self._recorder: CallRecorder | None = None  # the process's, once this node records a call itself
         self._calls: dict[str | None, list[ProviderCall]] = {}
         self._calls_lock = threading.Lock()
         self._progress: ProgressReporter | None = None
@@ -259,6 +259,8 @@ class NodeContext:
             with self._calls_lock:
                 self._calls.setdefault(key, []).append(bound)
                 self.calls_recorded += 1
+            if self._recorder is None:
+                self._recorder = recorder_for(self._store)
             self._recorder.record(bound)
         except Exception as exc:  # noqa: BLE001 - recording a call must never fail the work
             log.warning("provider call not recorded: %s", redact(exc))
@@ -294,12 +296,14 @@ class NodeContext:
 
     def calls_written(self, calls: Sequence[ProviderCall]) -> None:
         """``calls`` reached the database with a checkpoint or the node's completion: the recorder lets them go."""
-        if calls:
+        if calls and self._recorder is not None:
             self._recorder.written(calls)
 
     def flush_ledger(self) -> bool:
-        """Write every recorded call no checkpoint took (best effort; they stay buffered if the database is away)."""
-        return self._recorder.flush()
+        """Write the recorded calls no checkpoint took (best effort; they stay buffered if the database is away).
+        The recorder is the process's: it writes the other nodes' too. A node that recorded none has nothing to
+        write (the recorder's own thread writes what is left)."""
+        return True if self._recorder is None else self._recorder.flush()
 
     def write(self, work: Callable[[FencedTransaction], Any]) -> Any:
         """``work(tx)`` in a fenced transaction, re-run as a whole on transient database errors."""

@@ -295,7 +295,7 @@ def test_the_guard_journals_by_default_and_a_step_retry_does_not_pay_again(store
     assert replays == {"x": 0, "y": 1}
 
 
-def test_a_node_builds_its_journal_once_and_only_when_a_call_needs_it(store):
+def test_a_node_builds_its_journal_and_recorder_once_and_only_when_a_call_needs_them(store):
     import threading
 
     from dagster import build_op_context
@@ -321,3 +321,9 @@ def test_a_node_builds_its_journal_once_and_only_when_a_call_needs_it(store):
         for thread in threads:
             thread.join()
         assert len(seen) == 8 and len({id(journal) for journal in seen}) == 1 and ctx._journal is seen[0]
+        assert ctx._recorder is None  # nor the ledger's recorder: this node recorded no call
+        assert ctx.flush_ledger() is True
+        ctx.record_call(ProviderCall(endpoint=ENDPOINT, model="m", tokens_in=1, tokens_out=1), item="x")
+        assert ctx._recorder is not None and ctx.flush_ledger() is True
+        (call,) = store_rows.provider_calls(store, own.pipeline_id)
+        assert (call.item_key, call.tokens_in) == ("x", 1)
