@@ -43,7 +43,7 @@ from bench.batch_bench import bare_unnest, make_bare_tables, running_node, throu
 from bench.recovery_bench import drop_db, scratch_db
 from bench.running_again import running_again
 from bench.store_bench import seed_orphans
-from recovery_ext import RecoverySettings, scan
+from recovery_ext.store import RecoverySettings, scan
 from recovery_ext._store.models import ItemCheckpoint, PassPlan
 from recovery_ext._store.store import RecoveryStore
 

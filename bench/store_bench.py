@@ -17,7 +17,7 @@ import uuid
 import psycopg
 
 from recovery_ext._store.models import Ownership, PassPlan
-from recovery_ext import RecoverySettings, scan
+from recovery_ext.store import RecoverySettings, scan
 from recovery_ext._store.store import RecoveryStore
 
 ADMIN = os.environ.get("RECOVERY_TEST_PG", "postgresql://postgres@127.0.0.1:5432/postgres")

@@ -122,17 +122,19 @@ class Checkpoints(Component):
         """PostgreSQL: the whole call is one autocommit statement; a refused batch aborts it (nothing written).
 
         The first statement assumes every item is new (a plain INSERT: the conflict handling costs the
-        server about a quarter of a large batch); one item that keeps no provider call goes as scalars,
-        without the batch's arrays. If an item has a row already, that statement fails and wrote
-        nothing, and the full statement decides: a degraded item is redone, a completed one refuses the
-        batch. Only a batch naming a checkpointed item pays that second round trip.
+        server about a quarter of a large batch); one item that keeps no provider call and pushes no stall
+        deadline goes as one INSERT ... SELECT of scalars, without the batch's arrays and CTEs. If an item
+        has a row already, that statement fails and wrote nothing, and the full statement decides: a
+        degraded item is redone, a completed one refuses the batch. Only a batch naming a checkpointed item
+        pays that second round trip.
         """
         first = entries[0]
-        batch = None if len(entries) == 1 and not first.calls else _batch_params(own, node_name, entries, stall_timeout)
+        alone = len(entries) == 1 and not first.calls and not stall_timeout
+        batch = None if alone else _batch_params(own, node_name, entries, stall_timeout)
         if batch is None:
             query, params = "checkpoint_new_item", {
                 "pipeline": own.pipeline_id, "epoch": own.epoch, "owner": own.owner, "node": node_name,
-                "key": first.key, "status": first.status, "result": _json(first.result), "stall": stall_timeout or None}
+                "key": first.key, "status": first.status, "result": _json(first.result)}
         else:
             query, params = "checkpoint_new_items", batch
         try:
@@ -154,7 +156,8 @@ class Checkpoints(Component):
         """The batch statement on the driver connection, prepared (parsed and planned once per connection,
         then only bound and executed); returns how many items it wrote. :class:`_Refused` when it named a
         completed item, :class:`_Superseded` when its fence found another owner or epoch: either way the
-        statement failed, so it wrote nothing.
+        statement failed, so it wrote nothing. (``checkpoint_new_item`` is a plain INSERT ... SELECT that
+        returns no row: when its fence finds no row it inserts none, which is read as superseded.)
 
         With ``commit``, the transaction's COMMIT travels in the same round trip (psycopg's pipeline
         mode: one Sync for both). That is safe because a superseded or refused statement fails: the
@@ -164,7 +167,12 @@ class Checkpoints(Component):
         query = load_query(self.dialect.migrations_folder, query)
         try:
             if not commit:
-                return int(raw.execute(query, params, prepare=True).fetchone()[0])
+                cursor = raw.execute(query, params, prepare=True)
+                if cursor.description is None:  # a plain INSERT (checkpoint_new_item): no row means no fence
+                    if cursor.rowcount == 0:
+                        raise _Superseded()
+                    return int(cursor.rowcount)
+                return int(cursor.fetchone()[0])
             with raw.pipeline():  # its exit sends the one Sync and reads both results
                 cursor = raw.execute(query, params, prepare=True)
                 raw.execute("COMMIT")  # not raw.commit(): that syncs at once, and the exit would sync again

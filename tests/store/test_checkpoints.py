@@ -158,10 +158,10 @@ def test_one_item_alone_redoes_a_fallback_refuses_a_completed_item_and_pushes_th
     assert [(r.item_key, r.tokens_in) for r in rows] == [("with-call", 3)]
     assert store_rows.reached_checkpoint(store, [call.id]) == {call.id: True}
     # PostgreSQL's statements (SQLite writes rows on its driver): scalars for a new item alone, the full batch
-    # statement once an item has a row, the arrays for an item that keeps a call
+    # statement once an item has a row, the arrays for an item that pushes the stall deadline or keeps a call
     assert statements == ([] if not store.dialect.dml_in_cte else [
         "checkpoint_new_item", "checkpoint_new_item", "checkpoint_new_item", "checkpoint_items",
-        "checkpoint_new_item", "checkpoint_items", "checkpoint_new_items"])
+        "checkpoint_new_items", "checkpoint_items", "checkpoint_new_items"])
 
 
 def test_a_superseded_owner_writes_no_batch_and_no_single_checkpoint(store):
@@ -176,6 +176,8 @@ def test_a_superseded_owner_writes_no_batch_and_no_single_checkpoint(store):
             insert(side_effects).values(item="x")))])
     with pytest.raises(OwnershipLost):
         store.pipelines.checkpoint_item(own, "a", ItemCheckpoint("y"), stall_timeout=30)
+    with pytest.raises(OwnershipLost):  # alone, without a stall push: PostgreSQL's plain INSERT ... SELECT
+        store.pipelines.checkpoint_item(own, "a", ItemCheckpoint("z", {"v": 1}))
     assert _side_effect_rows(store) == [] and store.pipelines.completed_items(own.pipeline_id, "a") == {}
 
 

@@ -17,7 +17,6 @@ from recovery_ext._store.migrations import load_query
 PARTS = {
     "checkpoint_items": ["_checkpoint_fence", "_checkpoint_calls", "_checkpoint_tail"],
     "checkpoint_new_items": ["_checkpoint_fence", "_checkpoint_calls", "_checkpoint_tail"],
-    "checkpoint_new_item": ["_checkpoint_fence", "_checkpoint_tail"],
 }
 
 
@@ -29,6 +28,17 @@ def test_a_checkpoint_statement_has_each_shared_part_in_place(name):
         assert load_query("postgres", part) in statement
     assert statement.startswith("WITH fence AS (") and statement.endswith("END AS written")
     assert ("unnest(%(call_ids)b" in statement) == ("_checkpoint_calls" in PARTS[name])
+
+
+def test_the_single_item_statement_fences_as_the_shared_fence_does():
+    """checkpoint_new_item.sql is one INSERT ... SELECT without CTEs, so it cannot include the fence: it
+    repeats the fence's row, condition and lock, and this keeps the two the same."""
+    fence = " ".join(load_query("postgres", "_checkpoint_fence").split())
+    single = " ".join(load_query("postgres", "checkpoint_new_item").split())
+    condition = "WHERE id = %(pipeline)s AND epoch = %(epoch)s AND status = 'running' FOR KEY SHARE"
+    assert f"FROM rx_pipelines {condition}" in fence
+    assert single.startswith("INSERT INTO rx_node_items") and single.endswith(f"FROM rx_pipelines {condition}")
+    assert "WITH" not in single and "--" not in single
 
 
 @pytest.fixture
