@@ -1,0 +1,94 @@
+"""Where a per-item checkpoint's time goes on PostgreSQL, against one bare durable commit.
+
+Four ways of committing one item, each its own autocommit transaction, run in turn in chunks of 50 so
+they see the same load, on a scratch database:
+
+- ``store``: ``store.pipelines.checkpoint_item`` (what ``ctx.items()`` calls for each item);
+- ``statement``: the statement the store sends for it (``checkpoint_new_item.sql``: the fence and the
+  INSERT), bound and run on a plain psycopg connection, prepared;
+- ``plain``: an INSERT of the same row into ``rx_node_items``, without the fence;
+- ``bare``: an INSERT of one key into a one-column table: one durable commit and nothing else.
+
+It prints each one's rate, its share of the bare commit's rate and the client's CPU per item, so the gap
+between two rows says what one layer costs: the table's own row (plain), the fence (statement), the
+library's client code (store). Nothing is asserted: the figures go in the closing notes.
+
+    .venv/bin/python -m bench.checkpoint_floor [--rounds 40] [--chunk 50]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections.abc import Callable
+
+import psycopg
+
+from bench.batch_bench import running_node
+from bench.recovery_bench import drop_db, scratch_db
+from recovery_ext._store.migrations import load_query
+from recovery_ext._store.models import ItemCheckpoint
+from recovery_ext._store.store import RecoveryStore
+
+PLAIN = ("INSERT INTO rx_node_items (pipeline_id, node_name, item_key, status, result, run_id, epoch) "
+         "VALUES (%s, 'items', %s, 'completed', %s::jsonb, %s, %s)")
+RESULT = '{"i":1}'
+
+
+def ways(store: RecoveryStore, conn: psycopg.Connection) -> dict[str, Callable[[str], object]]:
+    own = running_node(store, "floor")
+    statement = load_query(store.dialect.migrations_folder, "checkpoint_new_item")
+
+    def through_store(key: str) -> object:
+        store.pipelines.checkpoint_item(own, "items", ItemCheckpoint(key, {"i": 1}))
+        return None
+
+    def the_statement(key: str) -> object:
+        return conn.execute(statement, {"pipeline": own.pipeline_id, "epoch": own.epoch, "owner": own.owner,
+                                        "node": "items", "key": key, "status": "completed", "result": RESULT},
+                            prepare=True)
+
+    return {
+        "store": through_store,
+        "statement": the_statement,
+        "plain": lambda key: conn.execute(PLAIN, (own.pipeline_id, key, RESULT, own.owner, own.epoch), prepare=True),
+        "bare": lambda key: conn.execute("INSERT INTO rx_bench_one_commit VALUES (%s)", (key,), prepare=True),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=40, help="rounds of every way in turn (default 40)")
+    parser.add_argument("--chunk", type=int, default=50, help="items per way per round (default 50)")
+    args = parser.parse_args()
+    url = scratch_db()
+    store = RecoveryStore(url.replace("postgresql://", "postgresql+psycopg://", 1))
+    try:
+        store.migrate()
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute("CREATE TABLE rx_bench_one_commit (item_key text PRIMARY KEY)")
+            each = ways(store, conn)
+            wall = dict.fromkeys(each, 0.0)
+            cpu = dict.fromkeys(each, 0.0)
+            for name, work in each.items():  # warm: prepared statements, pooled connection
+                for i in range(20):
+                    work(f"warm-{name}-{i}")
+            for round_no in range(args.rounds):
+                for name, work in each.items():
+                    started, used = time.perf_counter(), time.process_time()
+                    for i in range(args.chunk):
+                        work(f"{name}-{round_no}-{i}")
+                    wall[name] += time.perf_counter() - started
+                    cpu[name] += time.process_time() - used
+        count = args.rounds * args.chunk
+        print(f"one item per autocommit transaction, {args.rounds} rounds of {args.chunk} in turn, PostgreSQL")
+        for name in each:
+            print(f"  {name:<10} {count / wall[name]:7.0f} /s   {wall['bare'] / wall[name]:4.2f}x the bare commit   "
+                  f"client CPU {1e6 * cpu[name] / count:4.0f} us/item")
+    finally:
+        store.close()
+        drop_db(url)
+
+
+if __name__ == "__main__":
+    main()
