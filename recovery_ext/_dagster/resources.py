@@ -35,7 +35,6 @@ _stores_lock = threading.Lock()
 _migrated_packages: set[tuple[str, str]] = set()
 
 
-
 @dataclass(frozen=True)
 class _Settings:
     """The settings values one configuration of the resource stands for, built (and so checked) together."""
