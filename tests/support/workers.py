@@ -90,7 +90,11 @@ def run_fenced_writer(url: str, items: int) -> None:
     def zombie_job():
         writer()
 
-    resource = RecoveryResource(database_url=url, heartbeat_interval=0.5, heartbeat_timeout=3)
+    # A zombie frozen inside a transaction comes back to a session the server ended: the store's retry budget
+    # counts the freeze too, so it is long enough here for that call to be retried on a new connection, whose
+    # fence then says superseded (a 3 s budget ran out during the freeze and reported the database unavailable).
+    resource = RecoveryResource(database_url=url, heartbeat_interval=0.5, heartbeat_timeout=3,
+                                database_retry_budget=120)
     meta.create_all(resource.get_store().engine)
     result = execute_in_process(zombie_job, resources={"recovery": resource}, raise_on_error=False)
     failure = next((str(e.event_specific_data.error.message) for e in result.all_events
