@@ -8,14 +8,15 @@ Each round times, one after the other (so load changes hit every side alike), fo
   involved: this loop never touches it);
 - ``store.pipelines.checkpoint_items``: the store call under it, given ready :class:`ItemCheckpoint` values;
 - a bare INSERT of the same rows (the same keys, statuses, JSON results, owner and epoch) into a
-  copy of ``rx_node_items`` with the same columns, primary key and foreign key, one autocommit
-  statement per N rows, prepared: once as ``INSERT ... SELECT FROM unnest`` of bound arrays and
-  once as psycopg's ``executemany`` (pipelined, one round trip per N rows). No fence, no
-  ON CONFLICT, no refusal of completed items, no stall push: only the rows.
-  ``bare, no FK`` is the same INSERT into a copy without the foreign key.
+  copy of ``rx_node_items`` with the same columns and primary key, one autocommit statement per N rows,
+  prepared: once as ``INSERT ... SELECT FROM unnest`` of bound arrays and once as psycopg's
+  ``executemany`` (pipelined, one round trip per N rows). No fence, no ON CONFLICT, no refusal of
+  completed items, no stall push: only the rows. ``rx_node_items`` has no foreign key on PostgreSQL
+  (migration 0025: the fence holds the pipeline row); ``bare unnest, FK`` is the same INSERT into a copy
+  that has the foreign key it had before, checked once per row.
 
-Printed: the median rate of each (items/s) and the batched rates as a share of the faster bare
-INSERT. Goal: batched >= 50% of the bare INSERT.
+Printed: the median rate of each (items/s) and the batched rates as a share of the fastest bare
+INSERT. Goal: batched >= 90% of it.
 
 Run: .venv/bin/python -m bench.batch_bench [--items 20000] [--rounds 5]
 (PostgreSQL at 127.0.0.1:5432, RECOVERY_TEST_PG; a scratch database is created and dropped.)
@@ -101,15 +102,16 @@ def bare_executemany(conn: psycopg.Connection, table: str, own: Ownership, count
 
 
 def make_bare_tables(conn: psycopg.Connection) -> None:
-    """The bare INSERTs' tables, made anew (a second load level of dbos_bench makes them again)."""
-    conn.execute("DROP TABLE IF EXISTS rx_bench_bare, rx_bench_bare_nofk")
+    """The bare INSERTs' tables, made anew (a second load level of dbos_bench makes them again): a copy of
+    ``rx_node_items`` as it is, and one with the foreign key it had before migration 0025."""
+    conn.execute("DROP TABLE IF EXISTS rx_bench_bare, rx_bench_bare_fk")
     conn.execute("CREATE TABLE rx_bench_bare (LIKE rx_node_items INCLUDING ALL)")
-    conn.execute("ALTER TABLE rx_bench_bare ADD FOREIGN KEY (pipeline_id) REFERENCES rx_pipelines (id) "
+    conn.execute("CREATE TABLE rx_bench_bare_fk (LIKE rx_node_items INCLUDING ALL)")
+    conn.execute("ALTER TABLE rx_bench_bare_fk ADD FOREIGN KEY (pipeline_id) REFERENCES rx_pipelines (id) "
                  "ON DELETE CASCADE")
-    conn.execute("CREATE TABLE rx_bench_bare_nofk (LIKE rx_node_items INCLUDING ALL)")
 
 
-SIDES = ("ctx.items", "checkpoint_items", "bare unnest", "bare executemany", "bare unnest, no FK")
+SIDES = ("ctx.items", "checkpoint_items", "bare unnest", "bare executemany", "bare unnest, FK")
 
 
 def one_round(store: RecoveryStore, conn: psycopg.Connection, count: int, batch: int, tag: str) -> dict[str, float]:
@@ -119,7 +121,7 @@ def one_round(store: RecoveryStore, conn: psycopg.Connection, count: int, batch:
         "checkpoint_items": lambda own: through_store(store, own, count, batch),
         "bare unnest": lambda own: bare_unnest(conn, "rx_bench_bare", own, count, batch),
         "bare executemany": lambda own: bare_executemany(conn, "rx_bench_bare", own, count, batch),
-        "bare unnest, no FK": lambda own: bare_unnest(conn, "rx_bench_bare_nofk", own, count, batch),
+        "bare unnest, FK": lambda own: bare_unnest(conn, "rx_bench_bare_fk", own, count, batch),
     }
     rates = {}
     for side, run in runs.items():
@@ -150,12 +152,12 @@ def main() -> int:
               f"{args.items} items per side per round, median of {args.rounds} interleaved rounds")
         for batch in BATCHES:
             median = {side: statistics.median(values) for side, values in samples[batch].items()}
-            bare = max(median["bare unnest"], median["bare executemany"])
+            bare = max(rate for side, rate in median.items() if side.startswith("bare"))
             print(f"  {batch} items per transaction")
             for side in SIDES:
-                share = f"{median[side] / bare:6.0%} of the bare INSERT" if not side.startswith("bare") else ""
+                share = f"{median[side] / bare:6.0%} of the fastest bare INSERT" if not side.startswith("bare") else ""
                 print(f"    {side:<20} {median[side]:9.0f} /s   {share}")
-        print("  goal: batched >= 50% of the bare INSERT", flush=True)
+        print("  goal: batched >= 90% of the fastest bare INSERT", flush=True)
     finally:
         store.close()
         drop_db(url)

@@ -119,6 +119,8 @@ nodes = Table(
 node_items = Table(
     "rx_node_items",
     metadata,
+    # A foreign key on SQLite; on PostgreSQL the checkpoint's fence holds the pipeline row instead, and a trigger
+    # deletes the items with their pipeline (migration 0025)
     Column("pipeline_id", BigInteger, ForeignKey("rx_pipelines.id", ondelete="CASCADE"), primary_key=True),
     Column("node_name", Text, primary_key=True),
     Column("item_key", Text, primary_key=True),

@@ -323,6 +323,15 @@ BEGIN
 END
 $$;
 
+CREATE FUNCTION public.rx_pipeline_items_deleted() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    DELETE FROM rx_node_items WHERE pipeline_id = OLD.id;
+    RETURN NULL;
+END
+$$;
+
 CREATE FUNCTION public.rx_pipeline_left_rows() RETURNS trigger
     LANGUAGE plpgsql
     AS $$
@@ -1014,6 +1023,8 @@ CREATE TRIGGER rx_ledger_rows_inserted_late AFTER INSERT ON public.rx_provider_c
 
 CREATE TRIGGER rx_ledger_rows_updated_late AFTER UPDATE ON public.rx_provider_calls REFERENCING NEW TABLE AS rx_new FOR EACH STATEMENT EXECUTE FUNCTION public.rx_ledger_rows_landed_late();
 
+CREATE TRIGGER rx_pipeline_cascade_items AFTER DELETE ON public.rx_pipelines FOR EACH ROW EXECUTE FUNCTION public.rx_pipeline_items_deleted();
+
 CREATE TRIGGER rx_pipeline_deleted AFTER DELETE ON public.rx_pipelines FOR EACH ROW EXECUTE FUNCTION public.rx_pipeline_recounted();
 
 CREATE TRIGGER rx_pipeline_finished AFTER UPDATE OF status ON public.rx_pipelines FOR EACH ROW WHEN (((old.status = ANY (ARRAY['completed'::text, 'failed'::text])) IS DISTINCT FROM (new.status = ANY (ARRAY['completed'::text, 'failed'::text])))) EXECUTE FUNCTION public.rx_pipeline_finished();
@@ -1038,9 +1049,6 @@ CREATE TRIGGER rx_resumes_recorded AFTER INSERT ON public.rx_transitions REFEREN
 
 ALTER TABLE ONLY public.rx_call_journal
     ADD CONSTRAINT rx_call_journal_pipeline_id_fkey FOREIGN KEY (pipeline_id) REFERENCES public.rx_pipelines(id) ON DELETE CASCADE;
-
-ALTER TABLE ONLY public.rx_node_items
-    ADD CONSTRAINT rx_node_items_pipeline_id_fkey FOREIGN KEY (pipeline_id) REFERENCES public.rx_pipelines(id) ON DELETE CASCADE;
 
 ALTER TABLE ONLY public.rx_nodes
     ADD CONSTRAINT rx_nodes_pipeline_id_fkey FOREIGN KEY (pipeline_id) REFERENCES public.rx_pipelines(id) ON DELETE CASCADE;

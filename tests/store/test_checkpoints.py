@@ -529,3 +529,54 @@ def test_a_reclaim_between_the_also_writes_and_the_checkpoint_rolls_the_writes_b
     finally:
         other.close()
         store.close()
+
+
+def test_postgres_a_pipeline_deleted_under_a_checkpoint_takes_its_items_and_one_deleted_before_gets_none(pg_url):
+    """PostgreSQL's items have no foreign key (migration 0025): the checkpoint's fence proves the pipeline row and
+    holds it FOR KEY SHARE to the commit. A delete of the pipeline waits for that commit, then takes the new items
+    with it (the trigger that keeps the foreign key's cascade), and a checkpoint after the delete writes nothing."""
+    import threading
+    import time
+
+    from recovery_ext._errors import StoreError
+    from recovery_ext._store.checkpoints import _batch_params
+    from recovery_ext._store.migrations import load_query
+    from recovery_ext._store.models import JsonText
+
+    store = RecoveryStore(pg_url)
+    store.migrate()
+    try:
+        held = _running_node(store)
+        with psycopg.connect(pg_url) as checkpoint, psycopg.connect(pg_url, autocommit=True) as watcher:
+            written = checkpoint.execute(load_query("postgres", "checkpoint_new_items"), _batch_params(
+                held, "a", [ItemCheckpoint("k1", JsonText("1")), ItemCheckpoint("k2", JsonText("2"))], None))
+            assert written.fetchone()[0] == 2  # in the open transaction: the fence holds the pipeline row
+            deleter = threading.Thread(target=_delete_pipeline, args=(pg_url, held.pipeline_id))
+            deleter.start()
+            deadline = time.monotonic() + 30
+            while not watcher.execute("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND "
+                                      "query LIKE 'DELETE FROM rx_pipelines%%'").fetchone()[0]:
+                assert time.monotonic() < deadline and deleter.is_alive(), "the delete did not wait for the fence"
+                time.sleep(0.02)
+            checkpoint.commit()
+            deleter.join(30)
+            assert not deleter.is_alive()
+            assert watcher.execute("SELECT count(*) FROM rx_node_items WHERE pipeline_id = %s",
+                                   (held.pipeline_id,)).fetchone()[0] == 0
+            assert watcher.execute("SELECT count(*) FROM rx_deleted_pipelines").fetchone()[0] == 0  # nothing left
+
+            gone = _running_node(store)
+            _delete_pipeline(pg_url, gone.pipeline_id)
+            for write in (lambda: store.pipelines.checkpoint_item(gone, "a", ItemCheckpoint("k1", 1)),
+                          lambda: store.pipelines.checkpoint_items(gone, "a", [ItemCheckpoint("k1", 1),
+                                                                              ItemCheckpoint("k2", 2)])):
+                with pytest.raises(StoreError):
+                    write()
+            assert watcher.execute("SELECT count(*) FROM rx_node_items").fetchone()[0] == 0
+    finally:
+        store.close()
+
+
+def _delete_pipeline(url: str, pipeline_id: int) -> None:
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("DELETE FROM rx_pipelines WHERE id = %s", (pipeline_id,))

@@ -13,7 +13,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from recovery_ext import RecoveryStore
+from recovery_ext.store import RecoveryStore
 
 ROOT = Path(__file__).resolve().parents[2]
 SCHEMA_FILES = {

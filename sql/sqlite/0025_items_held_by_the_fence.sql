@@ -1,0 +1,3 @@
+-- PostgreSQL's rx_node_items drops its foreign key for the checkpoint's fence, which proves and holds the same
+-- pipeline row (see sql/postgres/0025_items_held_by_the_fence.sql). SQLite keeps it: its check is an in-process
+-- index probe, and dropping a foreign key there means rebuilding the table. Nothing changes here.
