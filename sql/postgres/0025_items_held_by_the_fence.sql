@@ -2,8 +2,8 @@
 -- rx_node_items (sql/postgres/queries/checkpoint_*.sql) selects the pipeline row, under its owner's epoch, FOR
 -- KEY SHARE, and inserts nothing when that finds no row. The lock is held to the commit, so the pipeline cannot
 -- be deleted in between (a DELETE waits for it, then deletes the items too, below). The foreign key checked the
--- same row again for every item: one more index probe and lock per row, about a third of a 1,000-item batch's
--- time on the server (bench/batch_bench.py prints a bare INSERT with and without it).
+-- same row again for every item: one more index probe and lock per row, about 30 % of a bare 1,000-row INSERT's
+-- time (bench/batch_bench.py prints a bare INSERT with and without it).
 -- Its ON DELETE CASCADE stays, as a trigger: a pipeline's delete deletes its items. It is named to run before
 -- rx_pipeline_left_rows (triggers of one event run in name order, as the foreign key's did), so a delete that
 -- takes its items with it notes nothing; and like the foreign key's, it is off under session_replication_role =
