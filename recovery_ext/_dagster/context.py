@@ -505,10 +505,9 @@ class NodeContext:
         self._count(pending)
 
     def _flush_if_due(self) -> None:
-        if not self._pending:
-            return
-        waited = time.monotonic() - self._pending_since
-        if len(self._pending) >= self._batch or (self._flush_seconds is not None and waited >= self._flush_seconds):
+        pending = self._pending
+        if pending and (len(pending) >= self._batch or (
+                self._flush_seconds is not None and time.monotonic() - self._pending_since >= self._flush_seconds)):
             self.flush()
 
     def _count(self, entries: Sequence[ItemCheckpoint]) -> None:

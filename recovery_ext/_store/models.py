@@ -13,7 +13,7 @@ import math
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
-from typing import TYPE_CHECKING, Any, Protocol, Self, TypeVar, cast
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, Self, TypeVar, cast
 
 from recovery_ext._classify.redaction import redact_url
 from recovery_ext._errors import ConfigurationError, StoreError
@@ -214,9 +214,12 @@ class ProviderCall:
         return self.tokens_in + self.tokens_out
 
 
-@dataclass(frozen=True)
-class ItemCheckpoint:
-    """One item of a checkpoint batch: its result, status and the side-effect writes ``also(tx)``."""
+class ItemCheckpoint(NamedTuple):
+    """One item of a checkpoint batch: its result, status and the side-effect writes ``also(tx)``.
+
+    A named tuple, not a frozen dataclass: ``ctx.items(batch=N)`` makes one per item, and a frozen
+    dataclass's ``__init__`` (one ``object.__setattr__`` per field) cost about 0.4 µs more each, a tenth
+    of the loop's own time per item."""
 
     key: str
     result: Any = None  # a JSON value, or its text as JsonText
