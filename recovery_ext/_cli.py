@@ -22,7 +22,7 @@ from recovery_ext._recovery.protocol import RecoverySettings
 from recovery_ext._classify.redaction import redact
 from recovery_ext._store.migrations import LIBRARY, check_package
 from recovery_ext._store.models import CostFigures
-from recovery_ext._store.ledger_rows import SKIPPED_NOTE
+from recovery_ext._store.ledger import SKIPPED_NOTE
 from recovery_ext._store.models import IN_PROCESS_DEPLOYMENT, Node, PassPlan, StaleItem
 from recovery_ext._store.models import PruneResult
 from recovery_ext._store.store import URL_ENV

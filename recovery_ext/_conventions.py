@@ -4,7 +4,8 @@
   SQL, from :data:`PLACEHOLDER_PREFIX`, by the bulk reclaim);
 - the resume run's Dagster run key ``recovery-<pipeline>-<n>``, which makes a re-requested resume idempotent;
 - the messages a superseded run is failed with;
-- JSON coercion: exact (an op's output must replay as it was returned) and lenient (rendering for humans).
+- lenient JSON coercion, for rendering to humans (the exact form, what a replay returns, is
+  :func:`~recovery_ext._json_values.agreed_json`).
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ import json
 import re
 from typing import Any
 
-from recovery_ext._json_values import agreed_json
 
 PLACEHOLDER_PREFIX = "resume-"
 _PLACEHOLDER = re.compile(rf"^{PLACEHOLDER_PREFIX}(\d+)-(\d+)$")
@@ -87,12 +87,6 @@ def superseded_run_message(run_id: str, pipeline_id: int, *, owner: str | None =
     key = resume_run_key(pipeline_id, resume_number)
     named = f"run {resume_run_id} (run key {key})" if resume_run_id else f"the run with run key {key}"
     return head + f" and continues in resume #{resume_number}, {named}"
-
-
-def json_exact(value: Any) -> Any:
-    """``value`` as the database gives it back (raises TypeError/ValueError when it is not JSON): what a replay
-    returns, in the agreed form of :func:`~recovery_ext._json_values.storable_json`."""
-    return agreed_json(value)
 
 
 def jsonable(value: Any) -> Any:

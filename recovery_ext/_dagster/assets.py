@@ -28,9 +28,9 @@ from dagster import (AssetExecutionContext, AssetKey, AssetsDefinition, Material
 
 from recovery_ext._liveness.heartbeat import HeartbeatSettings
 from recovery_ext._dagster.context import NodeContext
-from recovery_ext._dagster.node_run import NodeDefinition, RecoveryOptions, call_body
+from recovery_ext._dagster.body import (BodySignature, NodeDefinition, OutputMetadata, RecoveryOptions, call_body,
+                                       resource_for_policy)
 from recovery_ext._dagster.recoverable import run_node
-from recovery_ext._dagster.signature import BodySignature, OutputMetadata, resource_for_policy
 from recovery_ext._dagster.tags import TAG_NODE, TAG_OPTIONAL
 
 # a body annotated like this materializes without a value for the IO manager to store

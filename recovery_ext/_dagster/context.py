@@ -28,7 +28,7 @@ from recovery_ext._store.models import (ItemCheckpoint, JournalHit, JournalWrite
 from recovery_ext._dagster.group_commit import GroupCommitter
 from recovery_ext._dagster.parallel import MapResult, map_in_tasks, map_in_threads, unique_keys
 from recovery_ext._dagster.queue_handle import QueueHandle
-from recovery_ext._conventions import json_exact
+from recovery_ext._json_values import agreed_json
 from recovery_ext._dagster.resources import RecoveryResource
 from recovery_ext._dagster.run_state import ProgressReporter
 from recovery_ext._store.statuses import ItemOutcome, ItemStatus
@@ -45,7 +45,7 @@ current_item: contextvars.ContextVar[tuple[NodeContext, str] | None] = contextva
 def replayable_output(value: Any) -> Any:
     """Round-trip through JSON so the first run's downstream ops see exactly what a resume run replays."""
     try:
-        return json_exact(value)
+        return agreed_json(value)
     except (TypeError, ValueError) as exc:
         raise Failure(
             description=f"a recoverable op's output must be JSON-serializable so resumes can replay it: {exc}",

@@ -18,7 +18,7 @@ from recovery_ext._classify.redaction import redact
 from recovery_ext._classify.retry import RetryPolicy, wait_jittered_exponential
 from recovery_ext._dagster.errors import to_failure
 from recovery_ext._dagster.context import NodeContext, store_of
-from recovery_ext._dagster.node_run import NodeRun
+from recovery_ext._dagster.body import NodeRun
 from recovery_ext._dagster.run_state import RunStateReporter
 from recovery_ext._store.models import WaitKind
 from recovery_ext._store.models import Ownership

@@ -29,9 +29,9 @@ from recovery_ext._dagster.replay import skipped_metadata
 from recovery_ext._dagster.run_state import RunStateReporter
 from recovery_ext._dagster.context import Item, NodeContext, replayable_output  # noqa: F401 - Item is re-exported
 from recovery_ext._dagster.errors import error_info, failure_metadata, to_dagster
-from recovery_ext._dagster.node_run import NodeDefinition, NodeRun, call_body
+from recovery_ext._dagster.body import (BodySignature, NodeDefinition, NodeRun, call_body, recordable,
+                                       resource_for_policy)
 from recovery_ext._dagster.resources import RecoveryResource
-from recovery_ext._dagster.signature import BodySignature, recordable, resource_for_policy
 from recovery_ext._dagster.tags import TAG_NODE, TAG_OPTIONAL, TAG_PIPELINE, TAG_RESUME_NUMBER, TAG_RESUMED_FROM  # noqa: F401
 from recovery_ext._store.statuses import NodeStatus
 from recovery_ext._store.interfaces import OpStore

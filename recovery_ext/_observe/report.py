@@ -10,7 +10,7 @@ from itertools import pairwise
 from typing import Any
 
 from recovery_ext._observe.timeline import Interval, Run, Timeline
-from recovery_ext._store.ledger_rows import SKIPPED_NOTE
+from recovery_ext._store.ledger import SKIPPED_NOTE
 
 WIDTH = 1320
 LABEL_W = 170

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from sqlalchemy.sql.elements import ColumnElement
 
 from recovery_ext._store.models import COST_KEYS, CostFigures
-from recovery_ext._store.ledger_rows import well_formed_call
+from recovery_ext._store.ledger import well_formed_call
 from recovery_ext._store.rolled_up import live_pipeline_ids
 from recovery_ext._store.schema import (finished_items, ledger_daily, node_items, pipeline_counts, pipelines,
                                         provider_calls, queue_counts, resume_counts)

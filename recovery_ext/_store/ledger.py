@@ -24,6 +24,12 @@ answered (or completes the node it was made in), never after, so the reports can
 
 The row's id is made by the caller (:class:`ProviderCall`), so a call is written once whether
 it is written at once, with its item's checkpoint, or late after the database came back.
+
+Which rows the reports may sum (:func:`well_formed_call`): one corrupt row must never stop the figures of all
+the others. A row written by this code always holds counts and a cost within bounds. A row written some other
+way (an older release, a hand edit, SQLite's loose typing: an infinite or textual token count, a NaN cost) is
+left out of every sum, counted (:func:`malformed_calls`), and the count is shown wherever the figures are
+(``costs``, the metrics, the report), so nothing is silently lost.
 """
 
 from __future__ import annotations
@@ -32,19 +38,41 @@ import functools
 from collections.abc import Iterable
 from typing import Any
 
-from sqlalchemy import Connection, and_, case, func, literal, or_, select
+from sqlalchemy import Connection, and_, case, func, literal, not_, or_, select
 from sqlalchemy.sql.elements import ColumnElement
 
 from recovery_ext._classify.redaction import redact
 from recovery_ext._store.database import Component, chunks, retried
 from recovery_ext._store.dialects import SQLITE_NOW
-from recovery_ext._store.ledger_rows import malformed_calls, well_formed_call
-from recovery_ext._store.models import CostFigures, CostReport, ProviderCall
+from recovery_ext._store.models import MAX_TOKENS, CostFigures, CostReport, ProviderCall
 from recovery_ext._store.rolled_up import live_pipeline_ids
 from recovery_ext._store.schema import calls_saved_by_resume, node_items, pipelines, provider_calls
 from recovery_ext._store.statuses import PipelineStatus
 
 pc = provider_calls.c
+
+# Prices are at most one currency unit a token, so no well-formed call costs more than its tokens.
+MAX_COST = float(2 * MAX_TOKENS)
+MAX_LATENCY = 1e9  # seconds; a row's latency is not summed, but a listing of calls reads it back
+
+
+def well_formed_call() -> ColumnElement[bool]:
+    """True for a ledger row whose figures can be summed. On SQLite an infinite REAL or a TEXT value fails
+    the BETWEEN (TEXT sorts above every number); on PostgreSQL NaN sorts above every number too."""
+    return and_(pc.tokens_in.between(0, MAX_TOKENS), pc.tokens_out.between(0, MAX_TOKENS),
+                or_(pc.cost.is_(None), pc.cost.between(0.0, MAX_COST)),
+                pc.latency_seconds.between(0.0, MAX_LATENCY))
+
+
+def malformed_calls(conn: Connection, pipeline_id: int | None = None) -> int:
+    """How many ledger rows (of one pipeline) the sums leave out."""
+    query = select(func.count()).select_from(provider_calls).where(not_(well_formed_call()))
+    if pipeline_id is not None:
+        query = query.where(pc.pipeline_id == pipeline_id)
+    return int(conn.scalar(query) or 0)
+
+
+SKIPPED_NOTE = "ledger row(s) left out of the figures: corrupt token counts or cost (e.g. infinite, negative, text)"
 
 # The ledger outcome of a call whose request was sent (or about to be) and whose answer has not arrived.
 IN_FLIGHT = "in_flight"

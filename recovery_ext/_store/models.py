@@ -639,7 +639,7 @@ class CostReport:
     pipelines: dict[int, CostFigures]
     nodes: dict[int, dict[str, CostFigures]]
     jobs: dict[int, str]
-    skipped_rows: int = 0  # corrupt ledger rows left out of the figures (see ledger_rows.py)
+    skipped_rows: int = 0  # corrupt ledger rows left out of the figures (see ledger.py: well_formed_call)
 
     def as_dict(self) -> dict[str, Any]:
         return {**self.total.as_dict(), "skipped_rows": self.skipped_rows,

@@ -18,7 +18,7 @@ from recovery_ext._store import aggregates
 from recovery_ext._store.database import Component, Database, retried
 from recovery_ext._store.ledger import IN_FLIGHT
 from recovery_ext._store.statuses import PipelineStatus, QueueStatus
-from recovery_ext._store.ledger_rows import well_formed_call
+from recovery_ext._store.ledger import well_formed_call
 from recovery_ext._store.models import CostFigures, MetricsSnapshot, Node, Pipeline, PipelineHistory
 from recovery_ext._errors import NotFound
 from recovery_ext._store.schema import (calls_saved_by_resume, circuit_breakers, events, node_items, nodes,

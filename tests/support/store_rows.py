@@ -14,7 +14,7 @@ from sqlalchemy import func, select, update
 from recovery_ext._classify.redaction import redact
 from recovery_ext._store.budgets import _holding
 from recovery_ext._store.database import chunks
-from recovery_ext._store.ledger_rows import well_formed_call
+from recovery_ext._store.ledger import well_formed_call
 from recovery_ext._store.models import ProviderCall
 from recovery_ext._store.schema import call_journal, node_items, nodes, pipelines, provider_calls as calls_table
 from recovery_ext._store.schema import rate_budgets, rate_reservations
