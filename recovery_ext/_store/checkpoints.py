@@ -122,21 +122,26 @@ class Checkpoints(Component):
         """PostgreSQL: the whole call is one autocommit statement; a refused batch aborts it (nothing written).
 
         The first statement assumes every item is new (a plain INSERT: the conflict handling costs the
-        server about a quarter of a large batch); one item that keeps no provider call and pushes no stall
-        deadline goes as one INSERT ... SELECT of scalars, without the batch's arrays and CTEs. If an item
-        has a row already, that statement fails and wrote nothing, and the full statement decides: a
-        degraded item is redone, a completed one refuses the batch. Only a batch naming a checkpointed item
-        pays that second round trip.
+        server about a quarter of a large batch). Items that keep no provider call and push no stall deadline
+        go without the ledger's arrays and the CTEs: one item as one INSERT ... SELECT of scalars, a batch as
+        one INSERT of its three arrays under the fence. If an item has a row already, that statement fails
+        and wrote nothing, and the full statement decides: a degraded item is redone, a completed one refuses
+        the batch. Only a batch naming a checkpointed item pays that second round trip.
         """
         first = entries[0]
-        alone = len(entries) == 1 and not first.calls and not stall_timeout
-        batch = None if alone else _batch_params(own, node_name, entries, stall_timeout)
-        if batch is None:
+        plain = not stall_timeout and not any(e.calls for e in entries)
+        batch = None if plain else _batch_params(own, node_name, entries, stall_timeout)
+        if batch is not None:
+            query, params = "checkpoint_new_items", batch
+        elif len(entries) == 1:
             query, params = "checkpoint_new_item", {
                 "pipeline": own.pipeline_id, "epoch": own.epoch, "owner": own.owner, "node": node_name,
                 "key": first.key, "status": first.status, "result": _json(first.result)}
         else:
-            query, params = "checkpoint_new_items", batch
+            query, params = "checkpoint_new_items_plain", {
+                "pipeline": own.pipeline_id, "epoch": own.epoch, "owner": own.owner, "node": node_name,
+                "keys": [e.key for e in entries], "statuses": [e.status for e in entries],
+                "results": [_json(e.result) for e in entries]}
         try:
             with self.driver_autocommit() as raw:
                 try:
@@ -156,8 +161,8 @@ class Checkpoints(Component):
         """The batch statement on the driver connection, prepared (parsed and planned once per connection,
         then only bound and executed); returns how many items it wrote. :class:`_Refused` when it named a
         completed item, :class:`_Superseded` when its fence found another owner or epoch: either way the
-        statement failed, so it wrote nothing. (``checkpoint_new_item`` is a plain INSERT ... SELECT that
-        returns no row: when its fence finds no row it inserts none, which is read as superseded.)
+        statement failed, so it wrote nothing. (``checkpoint_new_item`` and ``checkpoint_new_items_plain`` are
+        plain INSERTs that return no row: when the fence finds no row they insert none, read as superseded.)
 
         With ``commit``, the transaction's COMMIT travels in the same round trip (psycopg's pipeline
         mode: one Sync for both). That is safe because a superseded or refused statement fails: the
@@ -168,7 +173,7 @@ class Checkpoints(Component):
         try:
             if not commit:
                 cursor = raw.execute(query, params, prepare=True)
-                if cursor.description is None:  # a plain INSERT (checkpoint_new_item): no row means no fence
+                if cursor.description is None:  # a plain INSERT (checkpoint_new_item*): no row means no fence
                     if cursor.rowcount == 0:
                         raise _Superseded()
                     return int(cursor.rowcount)

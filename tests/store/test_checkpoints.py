@@ -157,11 +157,18 @@ def test_one_item_alone_redoes_a_fallback_refuses_a_completed_item_and_pushes_th
     rows = store_rows.provider_calls(store, own.pipeline_id)
     assert [(r.item_key, r.tokens_in) for r in rows] == [("with-call", 3)]
     assert store_rows.reached_checkpoint(store, [call.id]) == {call.id: True}
+    store.pipelines.checkpoint_items(own, "a", [ItemCheckpoint("p1", {"v": 5}), ItemCheckpoint("p2", None)])
+    with pytest.raises(IllegalTransition, match="'done'.*already checkpointed"):  # one old key refuses the batch
+        store.pipelines.checkpoint_items(own, "a", [ItemCheckpoint("p3", 6), ItemCheckpoint("done", 7)])
+    assert store.pipelines.completed_items(own.pipeline_id, "a") == {
+        "done": {"v": 1}, "fallback": {"v": 3}, "with-call": 4, "p1": {"v": 5}, "p2": None}
     # PostgreSQL's statements (SQLite writes rows on its driver): scalars for a new item alone, the full batch
-    # statement once an item has a row, the arrays for an item that pushes the stall deadline or keeps a call
+    # statement once an item has a row, the arrays for an item that pushes the stall deadline or keeps a call,
+    # and new items without either as the plain batch INSERT
     assert statements == ([] if not store.dialect.dml_in_cte else [
         "checkpoint_new_item", "checkpoint_new_item", "checkpoint_new_item", "checkpoint_items",
-        "checkpoint_new_items", "checkpoint_items", "checkpoint_new_items"])
+        "checkpoint_new_items", "checkpoint_items", "checkpoint_new_items", "checkpoint_new_items_plain",
+        "checkpoint_new_items_plain", "checkpoint_items"])
 
 
 def test_a_superseded_owner_writes_no_batch_and_no_single_checkpoint(store):
@@ -178,6 +185,8 @@ def test_a_superseded_owner_writes_no_batch_and_no_single_checkpoint(store):
         store.pipelines.checkpoint_item(own, "a", ItemCheckpoint("y"), stall_timeout=30)
     with pytest.raises(OwnershipLost):  # alone, without a stall push: PostgreSQL's plain INSERT ... SELECT
         store.pipelines.checkpoint_item(own, "a", ItemCheckpoint("z", {"v": 1}))
+    with pytest.raises(OwnershipLost):  # new items without calls or a stall push: the plain batch INSERT
+        store.pipelines.checkpoint_items(own, "a", [ItemCheckpoint("p1", 1), ItemCheckpoint("p2", 2)])
     assert _side_effect_rows(store) == [] and store.pipelines.completed_items(own.pipeline_id, "a") == {}
 
 

@@ -41,6 +41,17 @@ def test_the_single_item_statement_fences_as_the_shared_fence_does():
     assert "WITH" not in single and "--" not in single
 
 
+def test_the_plain_batch_statement_is_the_shared_fence_and_one_insert():
+    """checkpoint_new_items_plain.sql (new items without calls or a stall push) includes the shared fence and
+    then inserts from it: no ledger arrays, no RETURNING, so the store reads its row count."""
+    fence = load_query("postgres", "_checkpoint_fence")
+    plain = load_query("postgres", "checkpoint_new_items_plain")
+    assert plain.startswith(fence) and "\\ir" not in plain and "--" not in plain
+    rest = " ".join(plain[len(fence):].split())
+    assert rest.startswith("INSERT INTO rx_node_items") and "FROM fence, unnest(" in rest
+    assert "call_ids" not in rest and "RETURNING" not in rest and "stall" not in rest
+
+
 @pytest.fixture
 def query_folder(tmp_path, monkeypatch):
     """A folder of queries of its own (``sql/test_includes/queries``), read afresh."""
