@@ -39,6 +39,12 @@ class StoreUnavailable(StoreError):
     retryable = True
     category = "database_transient"
 
+    def __init__(self, message: str | None = None, *, session_lost: bool = False, **context: object) -> None:
+        super().__init__(message, **context)
+        # An established session the server or the network ended (not a connection that could not be made):
+        # a call whose first attempt outlived the store's retry budget still gets one try on a new session.
+        self.session_lost = session_lost
+
 
 class MigrationError(StoreError):
     """Applying the schema migrations failed."""

@@ -62,7 +62,12 @@ def retried(method: Callable[..., T]) -> Callable[..., T]:
                 return method(self, *args, **kwargs)
             except Exception as exc:  # noqa: BLE001 - tenacity's classifier judges it just below
                 failed = [exc]
-            for attempt in self._retrying(method.__name__, deadline=deadline):
+            # A first attempt that outlived the whole budget and then found its session gone was frozen (SIGSTOP,
+            # a paused VM) or hung on a dead connection: it gets one try on a new session, which tells a
+            # superseded owner so, instead of reporting the database unavailable without having asked it.
+            lost = failed[0]
+            once_more = time.monotonic() >= deadline and isinstance(lost, StoreUnavailable) and lost.session_lost
+            for attempt in self._retrying(method.__name__, deadline=deadline, once_more=once_more):
                 with attempt:
                     if failed:
                         raise failed.pop()  # attempt 1, already run: tenacity judges it, logs it and waits
@@ -106,15 +111,19 @@ class Transactions:
     engine: Engine
     retry_budget: float
 
-    def _retrying(self, what: str, *, deadline: float | None = None) -> tenacity.Retrying:
+    def _retrying(self, what: str, *, deadline: float | None = None, once_more: bool = False) -> tenacity.Retrying:
         """Tenacity's loop for a store call; ``deadline`` (monotonic) when the call started earlier
-        (its first attempt ran already), else the budget counts from now."""
+        (its first attempt ran already), else the budget counts from now; ``once_more``: one more attempt
+        whatever the deadline (the first ran past it, then lost its session)."""
         def before_sleep(state: tenacity.RetryCallState) -> None:
             exc = state.outcome.exception() if state.outcome else None
             log.warning("store call %s failed (attempt %d), retrying in %.1f s: %s", what, state.attempt_number,
                         state.upcoming_sleep, redact(exc))
 
-        if deadline is not None:
+        stop: Callable[[tenacity.RetryCallState], bool]
+        if once_more:
+            stop = tenacity.stop_after_attempt(2)
+        elif deadline is not None:
             stop = _stop_at(deadline)
         elif getattr(_retry_state, "active", False):  # the enclosing retried call retries as a whole
             stop = tenacity.stop_after_attempt(1)
@@ -242,7 +251,7 @@ class Transactions:
         # libpq puts the reason of a failed connection on its second line ("...failed:\nFATAL: ...")
         message = " ".join(" ".join(redact(str(exc) or type(exc).__name__).split()).split("\n"))[:500]
         if invalidated or self.dialect.is_transient(exc):
-            return StoreUnavailable(f"database unavailable: {message}")
+            return StoreUnavailable(f"database unavailable: {message}", session_lost=invalidated)
         return StoreError(f"database error: {message}")
 
 
