@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -36,20 +37,30 @@ _checked = json.JSONEncoder(separators=(",", ":"), allow_nan=False).encode
 
 
 def _made_once() -> Callable[[Any], str]:
-    """``_checked`` with CPython's C encoder made once, not at every call as ``json`` makes it (for a small value,
-    a third of its time: ctx.items(batch=N) encodes every item's result). It keeps no record of the containers it
-    is inside (``check_circular=False``), so it can be shared by threads: a value that holds itself recurses to a
-    RecursionError, and :func:`storable_json` then encodes it again with ``_checked``, which names the cycle.
+    """``_checked`` with CPython's C encoder made once per thread, not at every call as ``json`` makes it (for a
+    small value, a third of its time: ctx.items(batch=N) encodes every item's result). Each thread's encoder has
+    its own record of the containers it is inside, so a value that holds itself is refused by name, as by
+    ``json``; an error can leave the containers it was inside in that record, so it is cleared then.
     Where the C encoder is missing (another interpreter) it is ``_checked``."""
     make = getattr(json.encoder, "c_make_encoder", None)
     if make is None:
         return _checked
     checked = json.JSONEncoder(separators=(",", ":"), allow_nan=False)
-    encoder = make(None, checked.default, json.encoder.encode_basestring_ascii, None, checked.key_separator,
-                   checked.item_separator, False, False, False)
+    per_thread = threading.local()
 
     def encode(value: Any) -> str:
-        return "".join(encoder(value, 0))
+        try:
+            encoder, markers = per_thread.made
+        except AttributeError:
+            markers = {}
+            encoder = make(markers, checked.default, json.encoder.encode_basestring_ascii, None,
+                           checked.key_separator, checked.item_separator, False, False, False)
+            per_thread.made = (encoder, markers)
+        try:
+            return "".join(encoder(value, 0))
+        except BaseException:
+            markers.clear()
+            raise
 
     return encode
 
@@ -69,10 +80,7 @@ def storable_json(value: Any, *, default: Callable[[Any], Any] | None = None) ->
     encode = _strict if default is None else json.JSONEncoder(separators=(",", ":"), allow_nan=False,
                                                               default=default).encode
     try:
-        try:
-            text = encode(value)
-        except RecursionError:
-            text = _checked(value)  # a cycle (ValueError, named), or a value nested too deep for any encoder
+        text = encode(value)
     except ValueError:
         # NaN or an infinity (anything else not JSON raises again here): written as the tokens json.loads
         # reads, then read back with null in their place

@@ -1,7 +1,8 @@
-"""The JSON text every result, answer and payload is stored as: one encoder made once, the same text as ``json``'s.
+"""The JSON text every result, answer and payload is stored as: an encoder made once, the same text as ``json``'s.
 
-``storable_json`` encodes with CPython's C encoder made once (``json`` makes one per call); what it writes must
-be exactly what ``json.JSONEncoder(separators=(",", ":"), allow_nan=False)`` writes, and the errors the same.
+``storable_json`` encodes with CPython's C encoder made once per thread (``json`` makes one per call); what it
+writes must be exactly what ``json.JSONEncoder(separators=(",", ":"), allow_nan=False)`` writes, and the errors
+the same.
 """
 
 from __future__ import annotations
@@ -48,6 +49,15 @@ def test_a_value_that_holds_itself_is_refused_by_name():
     cycle["self"] = {"again": cycle}
     with pytest.raises(ValueError, match="Circular reference"):
         storable_json({"wrapped": cycle})
+
+
+def test_a_value_refused_mid_way_does_not_leave_its_containers_taken_for_a_cycle():
+    """The encoder keeps the containers it is inside while it encodes; an error leaves them there unless cleared."""
+    value = {"outer": [1, {"bad": {1, 2}}]}
+    with pytest.raises(TypeError):
+        storable_json(value)
+    value["outer"][1]["bad"] = [1, 2]
+    assert _strict(value) == storable_json(value) == '{"outer":[1,{"bad":[1,2]}]}'
 
 
 def test_what_json_does_not_know_is_refused_and_nan_is_stored_as_null():
