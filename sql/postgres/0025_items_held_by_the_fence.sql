@@ -10,9 +10,16 @@
 -- replica (a delete with the foreign keys off leaves the items, and rx_pipeline_left_rows notes them).
 ALTER TABLE rx_node_items DROP CONSTRAINT rx_node_items_pipeline_id_fkey;
 
+-- A deleter above READ COMMITTED deletes what its snapshot holds: items a checkpoint committed after that
+-- snapshot was taken (its fence only made the delete wait) stay, where the foreign key's cascade would have failed
+-- the delete with a serialization error. Such a delete of a running pipeline notes its id, so `status` (which
+-- reads the latest data) lists whatever was left.
 CREATE FUNCTION rx_pipeline_items_deleted() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
     DELETE FROM rx_node_items WHERE pipeline_id = OLD.id;
+    IF OLD.status = 'running' AND current_setting('transaction_isolation') <> 'read committed' THEN
+        INSERT INTO rx_deleted_pipelines (id) VALUES (OLD.id) ON CONFLICT (id) DO NOTHING;
+    END IF;
     RETURN NULL;
 END
 $$;

@@ -328,6 +328,9 @@ CREATE FUNCTION public.rx_pipeline_items_deleted() RETURNS trigger
     AS $$
 BEGIN
     DELETE FROM rx_node_items WHERE pipeline_id = OLD.id;
+    IF OLD.status = 'running' AND current_setting('transaction_isolation') <> 'read committed' THEN
+        INSERT INTO rx_deleted_pipelines (id) VALUES (OLD.id) ON CONFLICT (id) DO NOTHING;
+    END IF;
     RETURN NULL;
 END
 $$;

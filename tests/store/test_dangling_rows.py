@@ -132,3 +132,29 @@ def test_each_range_is_walked_to_every_pipeline_in_it_with_its_exact_rows_up_to_
                                          ("queue_item_holder", 1)))
     assert dangling(store) == expected
     assert len(store.reports.dangling_rows(limit=5)) == 5
+
+
+def test_postgres_a_delete_above_read_committed_notes_a_running_pipeline_whose_late_items_it_cannot_see(pg_url):
+    """PostgreSQL's items have no foreign key (migration 0025): a trigger deletes them with their pipeline. A
+    deleter at REPEATABLE READ sees only its snapshot, so an item checkpointed after it began stays behind; the
+    delete of a running pipeline notes its id, and ``status`` lists the item."""
+    import psycopg
+
+    store = RecoveryStore(pg_url)
+    store.migrate()
+    try:
+        with_rows(store, "run-0", holds_item=False)
+        running = store.pipelines.create_pipeline("job", ["a"], owner="run-1", origin_run_id="run-1")
+        store.pipelines.start_node(running, "a")
+        with_rows(store, "run-2", holds_item=False)
+        with psycopg.connect(pg_url) as deleter:
+            deleter.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
+            deleter.execute("SELECT count(*) FROM rx_node_items").fetchone()  # the snapshot is taken here
+            store.pipelines.checkpoint_item(running, "a", ItemCheckpoint("late", {"r": 1}))
+            deleter.execute("DELETE FROM rx_pipelines WHERE id = %s", (running.pipeline_id,))
+            deleter.commit()
+
+        assert noted(store) == [running.pipeline_id]
+        assert dangling(store) == [("item_checkpoint", running.pipeline_id, 1)]
+    finally:
+        store.close()
