@@ -32,7 +32,7 @@ from recovery_ext._store.database import Component, Database, chunks, is_retry, 
 from recovery_ext._store.node_transitions import NODE_TRANSITIONS, NodeTransitions, illegal, transitions_for
 from recovery_ext._store.ledger import LedgerWrites
 from recovery_ext._settings import check_deployment
-from recovery_ext._errors import IllegalTransition, NotFound, OwnershipLost, StoreError
+from recovery_ext._errors import IllegalTransition, NotFound, OwnershipLost, StoreError, StoreUnavailable
 from recovery_ext._store.fenced import Fence, FencedTransaction
 from recovery_ext._store.models import (ErrorInfo, ItemCheckpoint, Node, NodeSpec, Ownership, Pipeline,
                                         PipelineLimits)
@@ -371,7 +371,9 @@ class PipelineNodes(Component):
 
         Opening it (connect, lock, epoch check) is retried on transient errors within the
         retry budget; the caller's statements are not (a context manager cannot re-run its
-        body), so their transient errors propagate and fail the node retryably.
+        body), so their transient errors propagate and fail the node retryably. When the
+        server ended the session under them (a worker frozen inside the transaction comes
+        back to that), a new session asks the fence first: a superseded owner is told so.
         """
         for attempt in self._retrying("fenced transaction"):
             with attempt:
@@ -382,12 +384,27 @@ class PipelineNodes(Component):
                 except BaseException as exc:
                     stack.__exit__(type(exc), exc, exc.__traceback__)
                     raise
-        with stack:
-            tx = FencedTransaction(self, conn, own)
-            try:
-                yield tx
-            finally:
-                tx.close()
+        try:
+            with stack:
+                tx = FencedTransaction(self, conn, own)
+                try:
+                    yield tx
+                finally:
+                    tx.close()
+        except StoreUnavailable as exc:
+            if exc.session_lost:
+                self._raise_if_superseded(own, exc)
+            raise
+
+    def _raise_if_superseded(self, own: Ownership, lost: StoreUnavailable) -> None:
+        """``OwnershipLost`` (from ``lost``) when a new session's fence says ``own`` was superseded; nothing when
+        it holds, or when the database cannot say (the caller then raises ``lost`` itself)."""
+        try:
+            self.rows.check_ownership(own)
+        except OwnershipLost as superseded:
+            raise superseded from lost
+        except StoreError:
+            pass
 
     @retried
     def write_fenced(self, own: Ownership, work: Callable[[FencedTransaction], Any]) -> Any:

@@ -1,9 +1,10 @@
 """A store call frozen past its whole retry budget that comes back to a session the server ended (PostgreSQL).
 
 A worker SIGSTOPped (or a VM paused) inside a store call finds, once it runs again, that its budget was spent
-during the freeze and that the server ended its session meanwhile. The call then gets one try on a new session:
-a superseded owner is told so (``OwnershipLost``), instead of being told the database is unavailable without
-it having been asked. ``tests/process/test_fencing.py`` does the same with a real SIGSTOP.
+during the freeze and that the server ended its session meanwhile. The call then gets one try on a new session,
+and a fenced transaction's body (which cannot be run again) asks a new session's fence before it reports the
+loss: a superseded owner is told so (``OwnershipLost``), instead of being told the database is unavailable
+without it having been asked. ``tests/process/test_fencing.py`` does the same with a real SIGSTOP.
 """
 
 from __future__ import annotations
@@ -98,3 +99,25 @@ def test_a_session_lost_again_on_the_extra_try_is_reported_unavailable_after_two
     with pytest.raises(StoreUnavailable):
         store.pipelines.write_fenced(own, work)
     assert attempts == [1, 2] and rows(store) == 0
+
+
+def test_a_transaction_body_back_from_the_freeze_is_told_it_was_superseded_not_that_the_database_is_gone(store,
+                                                                                                      pg_url):
+    """``ctx.transaction()``'s body cannot be run again, so its lost session is reported; a new session's fence
+    says first whether the owner was superseded meanwhile."""
+    own = store.pipelines.create_pipeline("job", ["a"], owner="run-1")
+
+    def taken_over() -> None:
+        expire(store, own.pipeline_id)
+        reclaim(store, PassPlan(limit=1, launching=True))
+
+    with pytest.raises(OwnershipLost) as raised, store.pipelines.fenced(own) as tx:
+        end_session_and_freeze(pg_url, tx, then=taken_over)
+        tx.execute(insert(writes).values(what="zombie"))
+    assert isinstance(raised.value.__cause__, StoreUnavailable) and rows(store) == 0
+
+    kept = store.pipelines.create_pipeline("job", ["a"], owner="run-2")
+    with pytest.raises(StoreUnavailable), store.pipelines.fenced(kept) as tx:  # still the owner: the loss stands
+        end_session_and_freeze(pg_url, tx)
+        tx.execute(insert(writes).values(what="lost"))
+    assert rows(store) == 0
