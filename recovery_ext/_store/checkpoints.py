@@ -135,13 +135,10 @@ class Checkpoints(Component):
             query, params = "checkpoint_new_items", batch
         elif len(entries) == 1:
             query, params = "checkpoint_new_item", {
-                "pipeline": own.pipeline_id, "epoch": own.epoch, "owner": own.owner, "node": node_name,
-                "key": first.key, "status": first.status, "result": _json(first.result)}
+                **_fence_params(own, node_name), "key": first.key, "status": first.status,
+                "result": _json(first.result)}
         else:
-            query, params = "checkpoint_new_items_plain", {
-                "pipeline": own.pipeline_id, "epoch": own.epoch, "owner": own.owner, "node": node_name,
-                "keys": [e.key for e in entries], "statuses": [e.status for e in entries],
-                "results": [_json(e.result) for e in entries]}
+            query, params = "checkpoint_new_items_plain", _item_params(own, node_name, entries)
         try:
             with self.driver_autocommit() as raw:
                 try:
@@ -292,9 +289,18 @@ def _kept_calls(own: Ownership, node_name: str, entries: Sequence[ItemCheckpoint
 def _batch_params(own: Ownership, node_name: str, entries: Sequence[ItemCheckpoint],
                   stall_timeout: float | None) -> dict[str, Any]:
     """The parameters of checkpoint_items.sql and checkpoint_new_items.sql: the items and their calls as arrays."""
-    return {"pipeline": own.pipeline_id, "epoch": own.epoch, "owner": own.owner, "node": node_name,
-            "keys": [e.key for e in entries], "statuses": [e.status for e in entries],
-            "results": [_json(e.result) for e in entries], "stall": stall_timeout or None, **_call_arrays(entries)}
+    return {**_item_params(own, node_name, entries), "stall": stall_timeout or None, **_call_arrays(entries)}
+
+
+def _fence_params(own: Ownership, node_name: str) -> dict[str, Any]:
+    """What every checkpoint statement's fence and rows are bound by: the pipeline, its owner's epoch, the node."""
+    return {"pipeline": own.pipeline_id, "epoch": own.epoch, "owner": own.owner, "node": node_name}
+
+
+def _item_params(own: Ownership, node_name: str, entries: Sequence[ItemCheckpoint]) -> dict[str, Any]:
+    """The fence's parameters and the items as three arrays (checkpoint_new_items_plain.sql binds only these)."""
+    return {**_fence_params(own, node_name), "keys": [e.key for e in entries],
+            "statuses": [e.status for e in entries], "results": [_json(e.result) for e in entries]}
 
 
 def _call_arrays(entries: Sequence[ItemCheckpoint]) -> dict[str, list[Any]]:
