@@ -160,10 +160,16 @@ def test_watchdog_stops_the_node_when_ownership_is_lost(store):
     settings = HeartbeatSettings(interval=0.1, timeout=0.5)
     lost = threading.Event()
     dog = Watchdog(store_pulse(store, own, "a", settings.timeout), settings, on_lost=lambda exc: lost.set())
-    with dog:
+    def expired_and_reclaimed() -> bool:
+        # The live watchdog pushes the deadline forward every 0.1 s, so its pulse can land between
+        # expiring the deadline and the reclaim; then the pass rightly finds no orphan. Try again.
         with store.write() as conn:
             conn.execute(update(pipelines).values(heartbeat_deadline=store.dialect.now_plus(-1)))
-        reclaim(store, PassPlan(limit=5, launching=True))
+        reclaimed, _ = reclaim(store, PassPlan(limit=5, launching=True))
+        return [r.pipeline_id for r in reclaimed] == [own.pipeline_id]
+
+    with dog:
+        wait_for(expired_and_reclaimed, timeout=10, interval=0.01, what="the reclaim of the live pipeline")
         assert lost.wait(5)
     assert dog.lost is not None and "resume-" in str(dog.lost)
     with pytest.raises(Exception):  # noqa: B017 - whatever the lost lease raised, check() raises it again
