@@ -96,7 +96,11 @@ class Checkpoints(Component):
         trip for the fence, the insert and the progress update together (an item that keeps no
         call binds scalars: the batch statement's empty arrays cost about a fifth of its time).
         """
-        self.checkpoint_items(own, node_name, [entry], stall_timeout=stall_timeout)
+        if self.dialect.dml_in_cte and entry.also is None:
+            # what checkpoint_items would do with one entry, less its batch checks (one key is never named twice)
+            self._checkpoint_in_one_statement(own, node_name, [entry], stall_timeout)
+        else:
+            self.checkpoint_items(own, node_name, [entry], stall_timeout=stall_timeout)
 
     @retried
     def checkpoint_items(self, own: Ownership, node_name: str, entries: Sequence[ItemCheckpoint], *,
