@@ -13,7 +13,7 @@ from click.testing import CliRunner
 from dagster import DagsterEventType, DagsterInstance
 
 from batch_defs import job
-from helpers import reclaim
+from helpers import reclaim_until_taken
 from recovery_ext import RecoveryResource, execute_in_process
 from recovery_ext._cli import main
 from recovery_ext._store.models import PassPlan
@@ -47,7 +47,9 @@ def _waiting_on_the_batch(store):
 
 def test_a_pending_batch_shows_as_waiting_on_that_job_with_one_next_check(store, db_url, monkeypatch, tmp_path):
     results: list = []
-    with BatchProvider(duration=3.0) as provider, DagsterInstance.local_temp(str(tmp_path)) as instance:
+    # the batch runs until the status commands have seen the wait (however slow the machine), then ends at
+    # the op's next poll: the stand-in reads its duration at every poll
+    with BatchProvider(duration=600.0) as provider, DagsterInstance.local_temp(str(tmp_path)) as instance:
         monkeypatch.setenv("RECOVERY_BATCH_URL", provider.url)
         runner = _run_in_thread(instance, db_url, results)
         try:
@@ -55,6 +57,7 @@ def test_a_pending_batch_shows_as_waiting_on_that_job_with_one_next_check(store,
             status = CliRunner().invoke(main, ["--database-url", db_url, "status"]).output
             statuses = CliRunner().invoke(main, ["--database-url", db_url, "--json", "status"]).output
         finally:
+            provider.duration = 0.0
             runner.join(60)
         (batch_id,) = provider.batches
     assert results and results[0].success
@@ -94,7 +97,7 @@ def test_a_run_that_stops_waiting_before_the_batch_ends_never_says_it_finished(s
         try:
             wait_for(lambda: _waiting_on_the_batch(store), timeout=60, interval=0.05, what="the batch wait")
             (pipeline,) = store.reports.list_pipelines()
-            reclaim(store, PassPlan(dead_owner_runs=[pipeline.owner]))  # taken over, as after a crash
+            reclaim_until_taken(store, PassPlan(dead_owner_runs=[pipeline.owner]))  # taken over, as after a crash
         finally:
             runner.join(60)
         (batch,) = provider.batches.values()

@@ -18,7 +18,7 @@ import parallel_defs
 import store_rows
 from echo_provider import EchoProvider
 from sdk_stand_in import SdkStandIn
-from helpers import reclaim
+from helpers import reclaim_until_taken
 from recovery_ext import RecoveryResource, execute_in_process
 from recovery_ext._store.models import PassPlan
 from recovery_ext._store.models import pipeline_scope
@@ -50,8 +50,8 @@ def take_over(store, pipeline):
     """Reclaim ``pipeline`` as the orphan sensor does, tick after tick until it is taken: a pass skips a pipeline
     whose row a fenced write holds at that instant (``FOR UPDATE SKIP LOCKED``), and a busy op's group commits
     often do."""
-    return wait_for(lambda: reclaim(store, PassPlan(dead_owner_runs=[pipeline.owner]))[0], timeout=30,
-                    what=f"the take-over of pipeline {pipeline.id}")
+    return reclaim_until_taken(store, PassPlan(dead_owner_runs=[pipeline.owner]),
+                               what=f"the take-over of pipeline {pipeline.id}")
 
 
 def only_pipeline(store):

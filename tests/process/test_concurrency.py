@@ -20,7 +20,7 @@ from recovery_ext._liveness.heartbeat import HeartbeatSettings, Watchdog, store_
 from recovery_ext._store.models import PassPlan, PipelineLimits
 from recovery_ext._store.schema import pipelines
 from recovery_ext._store.store import RecoveryStore
-from helpers import reclaim
+from helpers import expire, reclaim, reclaim_until_taken
 
 ORPHANS = 200
 
@@ -104,12 +104,14 @@ def test_four_processes_claiming_one_queue_never_share_an_item(store, db_url):
 
 
 def test_a_pulsing_watchdog_is_never_an_orphan(store):
+    # a pulse every 0.5 s against a 3 s timeout: only a pulse thread stalled for 2.5 s (not a busy machine's
+    # scheduling) could let the deadline pass
     own = store.pipelines.create_pipeline("job", ["a"], owner="live", origin_run_id="live",
-                                limits=PipelineLimits(heartbeat_timeout=1.0))
-    store.pipelines.start_node(own, "a", heartbeat_timeout=1.0)
-    settings = HeartbeatSettings(interval=0.2, timeout=1.0)
+                                limits=PipelineLimits(heartbeat_timeout=3.0))
+    store.pipelines.start_node(own, "a", heartbeat_timeout=3.0)
+    settings = HeartbeatSettings(interval=0.5, timeout=3.0)
     with Watchdog(store_pulse(store, own, "a", settings.timeout), settings) as dog:
-        deadline = time.monotonic() + 3.0  # three full timeouts
+        deadline = time.monotonic() + 6.0  # two full timeouts
         while time.monotonic() < deadline:
             assert store.recovery.find_orphans() == []
             time.sleep(0.1)
@@ -117,7 +119,9 @@ def test_a_pulsing_watchdog_is_never_an_orphan(store):
 
 
 def test_kill_9_of_a_watchdog_process_makes_an_orphan_within_timeout_plus_one_scan(store, db_url):
-    timeout, interval = 2.0, 0.5
+    # slack for a busy 2-core machine: the child pulses every 0.5 s against a 3 s timeout, and the orphan may be
+    # found up to 2 s after the deadline (the scan's own query and sleep)
+    timeout, interval, slack = 3.0, 0.5, 2.0
     own = store.pipelines.create_pipeline("job", ["work"], owner="child", origin_run_id="child",
                                 limits=PipelineLimits(heartbeat_timeout=timeout))
     child = subprocess.Popen(
@@ -143,10 +147,10 @@ def test_kill_9_of_a_watchdog_process_makes_an_orphan_within_timeout_plus_one_sc
         child.wait(10)
         scan_interval = 0.25
         while not store.recovery.find_orphans():
-            assert time.monotonic() - killed_at < timeout + scan_interval + 1.0, "orphan not detected in time"
+            assert time.monotonic() - killed_at < timeout + scan_interval + slack, "orphan not detected in time"
             time.sleep(scan_interval)
         detected = time.monotonic() - killed_at
-        assert detected <= timeout + scan_interval + 1.0
+        assert detected <= timeout + scan_interval + slack
         (orphan,) = store.recovery.find_orphans()
         assert orphan.id == own.pipeline_id and orphan.reason == "heartbeat"
     finally:
@@ -160,16 +164,12 @@ def test_watchdog_stops_the_node_when_ownership_is_lost(store):
     settings = HeartbeatSettings(interval=0.1, timeout=0.5)
     lost = threading.Event()
     dog = Watchdog(store_pulse(store, own, "a", settings.timeout), settings, on_lost=lambda exc: lost.set())
-    def expired_and_reclaimed() -> bool:
-        # The live watchdog pushes the deadline forward every 0.1 s, so its pulse can land between
-        # expiring the deadline and the reclaim; then the pass rightly finds no orphan. Try again.
-        with store.write() as conn:
-            conn.execute(update(pipelines).values(heartbeat_deadline=store.dialect.now_plus(-1)))
-        reclaimed, _ = reclaim(store, PassPlan(limit=5, launching=True))
-        return [r.pipeline_id for r in reclaimed] == [own.pipeline_id]
-
     with dog:
-        wait_for(expired_and_reclaimed, timeout=10, interval=0.01, what="the reclaim of the live pipeline")
+        # the live watchdog pushes the deadline forward every 0.1 s: its pulse can land between the expiry
+        # and the pass, which then rightly finds no orphan, so each pass expires it again
+        reclaimed = reclaim_until_taken(store, PassPlan(limit=5, launching=True),
+                                        before=lambda: expire(store, own.pipeline_id))
+        assert [r.pipeline_id for r in reclaimed] == [own.pipeline_id]
         assert lost.wait(5)
     assert dog.lost is not None and "resume-" in str(dog.lost)
     with pytest.raises(Exception):  # noqa: B017 - whatever the lost lease raised, check() raises it again

@@ -20,7 +20,7 @@ import pytest
 from dagster import in_process_executor, job
 from sqlalchemy import Column, Integer, MetaData, Table, Text, func, insert, inspect, select
 
-from helpers import expire, reclaim
+from helpers import expire, reclaim, reclaim_until_taken
 from recovery_ext._errors import OwnershipLost, StoreError
 from recovery_ext import RecoveryResource, execute_in_process, recoverable_op
 from recovery_ext._store.models import ItemCheckpoint, Ownership, PassPlan
@@ -70,8 +70,7 @@ def test_a_superseded_workers_write_through_the_op_api_is_refused(store, db_url)
     thread.start()
     assert STEPS["wrote"].wait(120)
     (p,) = store.reports.list_pipelines()
-    expire(store, p.id)
-    (reclaimed,), _ = reclaim(store, PassPlan(limit=1, launching=True))
+    (reclaimed,) = reclaim_until_taken(store, PassPlan(limit=1, launching=True), before=lambda: expire(store, p.id))
     store.pipelines.attach(p.id, "the-new-owner", resume_number=reclaimed.resume_number)
     STEPS["reclaimed"].set()
     thread.join(120)

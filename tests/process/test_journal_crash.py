@@ -24,7 +24,7 @@ from recovery_ext import execute_in_process
 from recovery_ext._dagster.tags import TAG_PIPELINE, TAG_RESUME_NUMBER, TAG_RESUMED_FROM
 from recovery_ext._store.models import PassPlan
 from recovery_pipelines.devserver import wait_for
-from helpers import reclaim
+from helpers import reclaim_until_taken
 import store_rows
 
 pytestmark = pytest.mark.timeout(600)
@@ -44,7 +44,7 @@ def start_run(db_url: str, llm_url: str, config: dict) -> subprocess.Popen:
 
 def reclaim_and_resume(store, db_url: str, llm_url: str):
     (pipeline,) = store.reports.list_pipelines()
-    (reclaimed,), _ = reclaim(store, PassPlan(dead_owner_runs=[pipeline.owner]))
+    (reclaimed,) = reclaim_until_taken(store, PassPlan(dead_owner_runs=[pipeline.owner]))
     tags = {TAG_PIPELINE: str(reclaimed.pipeline_id), TAG_RESUME_NUMBER: str(reclaimed.resume_number),
             TAG_RESUMED_FROM: reclaimed.previous_owner}
     os.environ["RECOVERY_DATABASE_URL"] = db_url

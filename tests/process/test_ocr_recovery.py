@@ -16,7 +16,7 @@ import pytest
 from dagster import DagsterInstance, build_sensor_context, in_process_executor
 
 from ocr_checks import assert_every_document_completed_once_before_the_pipeline
-from helpers import expire, reclaim
+from helpers import expire, reclaim, reclaim_until_taken
 from ocr_run import resource
 from recovery_pipelines.devserver import wait_for
 from recovery_ext import execute_in_process, make_stuck_item_sensor
@@ -79,7 +79,7 @@ def test_a_crash_then_a_second_reclaim_before_the_resumes_ocr_step_loses_no_docu
         first.wait(30)
     (pipeline,) = store.reports.list_pipelines()
     run_1 = pipeline.owner
-    (first_reclaim,), _ = reclaim(store, PassPlan(limit=5, dead_owner_runs=[run_1], launching=True))
+    (first_reclaim,) = reclaim_until_taken(store, PassPlan(limit=5, dead_owner_runs=[run_1], launching=True))
     expire(store, pipeline.id)  # resume #1 never attached (its worker died at once): re-orphaned
     (second_reclaim,), _ = reclaim(store, PassPlan(limit=5, launching=True))
     assert (second_reclaim.epoch, second_reclaim.previous_owner) == (3, first_reclaim.owner)

@@ -19,7 +19,7 @@ from ledger_defs import recovery_resource
 import parallel_defs
 import store_rows
 from echo_provider import EchoProvider
-from helpers import reclaim
+from helpers import reclaim_until_taken
 from recovery_ext import execute_in_process
 from recovery_ext._dagster.tags import TAG_PIPELINE, TAG_RESUME_NUMBER, TAG_RESUMED_FROM
 from recovery_ext._store.models import PassPlan
@@ -63,7 +63,7 @@ def test_a_kill_with_64_calls_in_flight_pays_again_only_for_those(store, db_url,
         arrivals_before = len(provider.arrivals)
 
         provider.latency = 0.0
-        (reclaimed,), _ = reclaim(store, PassPlan(dead_owner_runs=[pipeline.owner]))
+        (reclaimed,) = reclaim_until_taken(store, PassPlan(dead_owner_runs=[pipeline.owner]))
         tags = {TAG_PIPELINE: str(pipeline.id), TAG_RESUME_NUMBER: str(reclaimed.resume_number),
                 TAG_RESUMED_FROM: reclaimed.previous_owner}
         with DagsterInstance.ephemeral() as instance:

@@ -143,7 +143,9 @@ def test_a_cancelled_or_partly_failed_batch_is_resubmitted_for_its_unfinished_it
 
 def test_a_batch_wait_longer_than_the_heartbeat_timeout_is_no_orphan(store, db_url, monkeypatch):
     poll = HEARTBEAT_TIMEOUT + 1.0  # the job's status is read less often than the heartbeat must beat
-    with BatchProvider(duration=4 * HEARTBEAT_TIMEOUT) as provider, instance_for_test() as instance:
+    # the batch stays pending until the checks below are done, however slow the machine (the stand-in reads its
+    # duration at every poll), then ends at the op's next poll
+    with BatchProvider(duration=600.0) as provider, instance_for_test() as instance:
         monkeypatch.setenv("RECOVERY_DATABASE_URL", db_url)
         monkeypatch.setenv("RECOVERY_BATCH_URL", provider.url)
         resource = recovery_resource()
@@ -177,6 +179,7 @@ def test_a_batch_wait_longer_than_the_heartbeat_timeout_is_no_orphan(store, db_u
             # the heartbeat went on through the wait: renewed over more than a timeout's span
             assert (max(deadlines) - min(deadlines)).total_seconds() > HEARTBEAT_TIMEOUT
         finally:
+            provider.duration = 0.0
             runner.join(120)
         assert not runner.is_alive() and results and results[0].success
         assert provider.submissions == 1

@@ -25,7 +25,7 @@ from recovery_ext._store.models import PassPlan
 from recovery_ext._store.statuses import WAITING
 from recovery_pipelines.batch_stand_in import BatchProvider
 from recovery_pipelines.devserver import wait_for
-from helpers import reclaim
+from helpers import reclaim_until_taken
 import store_rows
 
 pytestmark = pytest.mark.timeout(600)
@@ -65,7 +65,7 @@ def test_a_kill_while_the_batch_is_pending_is_reattached_not_resubmitted(store, 
             worker.wait(30)
         assert provider.answered() == []  # killed while the batch was pending
         (pipeline,) = store.reports.list_pipelines()
-        (reclaimed,), _ = reclaim(store, PassPlan(dead_owner_runs=[pipeline.owner]))
+        (reclaimed,) = reclaim_until_taken(store, PassPlan(dead_owner_runs=[pipeline.owner]))
         result = run_in_process({TAG_PIPELINE: str(reclaimed.pipeline_id),
                                  TAG_RESUME_NUMBER: str(reclaimed.resume_number),
                                  TAG_RESUMED_FROM: reclaimed.previous_owner})

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 from dagster import DagsterInstance, in_process_executor
-from helpers import reclaim
+from helpers import reclaim_until_taken
 from ocr_checks import assert_every_document_completed_once_before_the_pipeline
 from ocr_run import resource
 
@@ -116,7 +116,7 @@ def kill_and_resume(store, db_url, folder, provider: TextractProvider, killed_wh
     finally:
         worker.wait(30)
     (pipeline,) = store.reports.list_pipelines()
-    (reclaimed,), _ = reclaim(store, PassPlan(dead_owner_runs=[pipeline.owner]))
+    (reclaimed,) = reclaim_until_taken(store, PassPlan(dead_owner_runs=[pipeline.owner]))
     result = run(db_url, folder, config, {TAG_PIPELINE: str(reclaimed.pipeline_id),
                                           TAG_RESUME_NUMBER: str(reclaimed.resume_number),
                                           TAG_RESUMED_FROM: reclaimed.previous_owner})

@@ -35,7 +35,7 @@ def test_429s_in_a_row_without_retry_after_double_the_back_off_up_to_the_window(
 
 def test_the_budget_recovers_once_the_back_off_is_over(store):
     assert reserve(store).granted
-    store.providers.budget_back_off(ENDPOINT, None, limits=LIMITS, retry_after=0.3)
+    store.providers.budget_back_off(ENDPOINT, None, limits=LIMITS, retry_after=1.5)  # long enough to be seen
     assert not reserve(store).granted
     deadline = time.monotonic() + 10
     while not (grant := reserve(store)).granted and time.monotonic() < deadline:

@@ -67,6 +67,21 @@ def reclaim(store: RecoveryStore, plan, scope=None):
     return result.reclaimed, result.corrupt
 
 
+def reclaim_until_taken(store: RecoveryStore, plan, *, before=None, what: str = "the reclaim"):
+    """The pipelines a recovery pass reclaimed, passing again (after ``before()``, e.g. an expiry) until one
+    reclaims any: what the orphan sensor does tick after tick. One pass can rightly take nothing: it skips a
+    pipeline row that a live heartbeat, a fenced write or a just-killed worker's backend holds at that instant
+    (``FOR UPDATE SKIP LOCKED``), and a live heartbeat can push an expired deadline forward again."""
+    from recovery_pipelines.devserver import wait_for
+
+    def one_pass():
+        if before is not None:
+            before()
+        return reclaim(store, plan)[0]
+
+    return wait_for(one_pass, timeout=30, interval=0.05, what=what)
+
+
 def drop_answers_once(monkeypatch, *queries: str) -> list[str]:
     """Each of the prepared ``queries`` (hot_path) runs and commits on the server once, then its connection
     drops before the answer arrives, as a network cut would; the names of those dropped, in order."""

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 from dagster import DagsterInstance
-from helpers import reclaim
+from helpers import reclaim_until_taken
 from ledger_defs import recovery_resource
 
 from recovery_ext import execute_in_process
@@ -32,7 +32,7 @@ def start_worker(module: str, run_config: dict) -> subprocess.Popen:
 def resume(store, the_job, run_config):
     """Take the dead worker's pipeline over (as the orphan sensor does) and resume it in process."""
     (pipeline,) = store.reports.list_pipelines()
-    (reclaimed,), _ = reclaim(store, PassPlan(dead_owner_runs=[pipeline.owner]))
+    (reclaimed,) = reclaim_until_taken(store, PassPlan(dead_owner_runs=[pipeline.owner]))
     tags = {TAG_PIPELINE: str(reclaimed.pipeline_id), TAG_RESUME_NUMBER: str(reclaimed.resume_number),
             TAG_RESUMED_FROM: reclaimed.previous_owner}
     with DagsterInstance.ephemeral() as instance:
