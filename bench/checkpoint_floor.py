@@ -1,17 +1,22 @@
 """Where a per-item checkpoint's time goes on PostgreSQL, against one bare durable commit.
 
-Four ways of committing one item, each its own autocommit transaction, run in turn in chunks of 50 so
+Six ways of committing one item, each its own autocommit transaction, run in turn in chunks of 50 so
 they see the same load, on a scratch database:
 
 - ``store``: ``store.pipelines.checkpoint_item`` (what ``ctx.items()`` calls for each item);
+- ``checkout``: the store's statement on a connection checked out of the store's pool for each item
+  (``driver_autocommit``), without the store's own code around it;
 - ``statement``: the statement the store sends for it (``checkpoint_new_item.sql``: the fence and the
   INSERT), bound and run on a plain psycopg connection, prepared;
+- ``no lock``: that statement without the fence's ``FOR KEY SHARE``, for measurement only: it checks the
+  epoch but holds nothing, so a reclaim could commit between its check and its commit;
 - ``plain``: an INSERT of the same row into ``rx_node_items``, without the fence;
 - ``bare``: an INSERT of one key into a one-column table: one durable commit and nothing else.
 
 It prints each one's rate, its share of the bare commit's rate and the client's CPU per item, so the gap
-between two rows says what one layer costs: the table's own row (plain), the fence (statement), the
-library's client code (store). Nothing is asserted: the figures go in the closing notes.
+between two rows says what one layer costs: the table's own row (plain), the epoch check (no lock), the
+fence's lock (statement), the pool checkout (checkout), the library's own code (store). Nothing is asserted:
+the figures go in the closing notes.
 
     .venv/bin/python -m bench.checkpoint_floor [--rounds 40] [--chunk 50]
 """
@@ -38,19 +43,26 @@ RESULT = '{"i":1}'
 def ways(store: RecoveryStore, conn: psycopg.Connection) -> dict[str, Callable[[str], object]]:
     own = running_node(store, "floor")
     statement = load_query(store.dialect.migrations_folder, "checkpoint_new_item")
+    unlocked = statement.replace("FOR KEY SHARE", "")
+    assert unlocked != statement, "checkpoint_new_item.sql no longer locks FOR KEY SHARE: update this bench"
 
     def through_store(key: str) -> object:
         store.pipelines.checkpoint_item(own, "items", ItemCheckpoint(key, {"i": 1}))
         return None
 
-    def the_statement(key: str) -> object:
-        return conn.execute(statement, {"pipeline": own.pipeline_id, "epoch": own.epoch, "owner": own.owner,
-                                        "node": "items", "key": key, "status": "completed", "result": RESULT},
-                            prepare=True)
+    def params(key: str) -> dict[str, object]:
+        return {"pipeline": own.pipeline_id, "epoch": own.epoch, "owner": own.owner, "node": "items", "key": key,
+                "status": "completed", "result": RESULT}
+
+    def checked_out(key: str) -> object:
+        with store._db.driver_autocommit() as raw:
+            return raw.execute(statement, params(key), prepare=True)
 
     return {
         "store": through_store,
-        "statement": the_statement,
+        "checkout": checked_out,
+        "statement": lambda key: conn.execute(statement, params(key), prepare=True),
+        "no lock": lambda key: conn.execute(unlocked, params(key), prepare=True),
         "plain": lambda key: conn.execute(PLAIN, (own.pipeline_id, key, RESULT, own.owner, own.epoch), prepare=True),
         "bare": lambda key: conn.execute("INSERT INTO rx_bench_one_commit VALUES (%s)", (key,), prepare=True),
     }
