@@ -96,11 +96,7 @@ class Checkpoints(Component):
         trip for the fence, the insert and the progress update together (an item that keeps no
         call binds scalars: the batch statement's empty arrays cost about a fifth of its time).
         """
-        if self.dialect.dml_in_cte and entry.also is None:
-            # what checkpoint_items would do with one entry, less its batch checks (one key is never named twice)
-            self._checkpoint_in_one_statement(own, node_name, [entry], stall_timeout)
-        else:
-            self.checkpoint_items(own, node_name, [entry], stall_timeout=stall_timeout)
+        self._write_checkpoints(own, node_name, [entry], stall_timeout)  # one key: never named twice
 
     @retried
     def checkpoint_items(self, own: Ownership, node_name: str, entries: Sequence[ItemCheckpoint], *,
@@ -113,10 +109,14 @@ class Checkpoints(Component):
         keys = [e.key for e in entries]
         if len(set(keys)) != len(keys):
             raise IllegalTransition(f"a checkpoint batch of node {node_name!r} names an item twice")
+        self._write_checkpoints(own, node_name, entries, stall_timeout)
+
+    def _write_checkpoints(self, own: Ownership, node_name: str, entries: list[ItemCheckpoint],
+                           stall_timeout: float | None) -> None:
+        """Checkpoint ``entries`` (at least one, each key once) the way this database and these entries need."""
         if not self.dialect.dml_in_cte:
             self._checkpoint_rows(own, node_name, entries, stall_timeout)
-            return
-        if any(e.also is not None for e in entries):
+        elif any(e.also is not None for e in entries):
             self._checkpoint_after_also(own, node_name, entries, _batch_params(own, node_name, entries, stall_timeout))
         else:
             self._checkpoint_in_one_statement(own, node_name, entries, stall_timeout)

@@ -217,10 +217,14 @@ class Transactions:
     def _wrap_errors(self) -> Iterator[None]:
         try:
             yield
-        except DBAPIError as exc:
-            raise self.wrap_error(exc) from exc
         except SQLAlchemyError as exc:
-            raise StoreError(f"database error: {redact(str(exc))}") from exc
+            raise self._wrapped_sqlalchemy_error(exc) from exc
+
+    def _wrapped_sqlalchemy_error(self, exc: SQLAlchemyError) -> StoreError:
+        """The store's error for an error SQLAlchemy raised (a driver error it wrapped, or its own)."""
+        if isinstance(exc, DBAPIError):
+            return self.wrap_error(exc)
+        return StoreError(f"database error: {redact(str(exc))}")
 
     def wrap_error(self, exc: DBAPIError) -> StoreError:
         return self.wrap_driver_error(getattr(exc, "orig", None) or exc, invalidated=exc.connection_invalidated)
@@ -385,10 +389,8 @@ class _DriverAutocommit:
         db = self.db
         try:
             pooled = db.engine.raw_connection()
-        except DBAPIError as exc:
-            raise db.wrap_error(exc) from exc
         except SQLAlchemyError as exc:
-            raise StoreError(f"database error: {redact(str(exc))}") from exc
+            raise db._wrapped_sqlalchemy_error(exc) from exc
         except db.engine.dialect.loaded_dbapi.Error as exc:  # the pool's connect raises the driver's own error
             raise db.wrap_driver_error(exc) from exc
         raw = pooled.driver_connection
