@@ -23,12 +23,11 @@ from recovery_ext._classify.redaction import redact
 from recovery_ext._errors import StopRequested
 from recovery_ext._providers.journal import CallJournal, current_attempt
 from recovery_ext._providers.ledger import CallRecorder, observe, recorder_for
-from recovery_ext._store.models import (ItemCheckpoint, JournalHit, JournalWrite, JsonText, Ownership, ProviderCall,
-                                        encode_json)
+from recovery_ext._store.models import ItemCheckpoint, JournalHit, JournalWrite, JsonText, Ownership, ProviderCall
 from recovery_ext._dagster.group_commit import GroupCommitter
 from recovery_ext._dagster.parallel import MapResult, map_in_tasks, map_in_threads, unique_keys
 from recovery_ext._dagster.queue_handle import QueueHandle
-from recovery_ext._json_values import agreed_json
+from recovery_ext._json_values import agreed_json, storable_json
 from recovery_ext._dagster.resources import RecoveryResource
 from recovery_ext._dagster.run_state import ProgressReporter
 from recovery_ext._store.statuses import ItemOutcome, ItemStatus
@@ -62,7 +61,7 @@ def _json_text(result: Any) -> JsonText | None:
     if result is None:
         return None
     try:
-        return encode_json(result)
+        return JsonText(storable_json(result))  # encode_json's body: ctx.items(batch=N) runs this once per item
     except (TypeError, ValueError) as exc:
         raise Failure(description=f"an item result must be JSON-serializable so resumes can return it: {exc}",
                       allow_retries=False) from exc
@@ -84,6 +83,10 @@ class Item:
 
     def complete(self, result: Any = None, *, also: Callable[[FencedTransaction], None] | None = None) -> None:
         """Checkpoint this item; ``also(tx)`` writes in the same fenced transaction."""
+        if self.committer is None and not self.finished:  # ctx.items(): the node's checkpoint, without _finish's
+            self.node.checkpoint(self.key, result, also=also)  # two calls (a batched loop runs this per item)
+            self.finished = True
+            return
         self._finish(result, also, ItemStatus.COMPLETED)
 
     def degrade(self, result: Any = None, *, also: Callable[[Any], None] | None = None) -> None:
@@ -228,8 +231,10 @@ class NodeContext:
         A dead run worker does not stop a checkpoint (the epoch fence decides whether an answer already
         paid for is kept), only new work: the resume would pay for it again.
         """
-        self.check()
-        if self.run_worker_gone is not None and self.run_worker_gone.is_set():
+        watchdog, gone = self.watchdog, self.run_worker_gone  # check() inlined: this runs before every item
+        if watchdog is not None:
+            watchdog.check()
+        if gone is not None and gone.is_set():
             raise StopRequested("the run worker is gone: this step process starts no new provider call")
 
     def record_call(self, call: ProviderCall, *, item: Item | str | None = None) -> bool:
@@ -361,14 +366,17 @@ class NodeContext:
         check_count("ctx.items(batch=...)", batch, minimum=1)
         if flush_seconds is not None:
             check_seconds("ctx.items(flush_seconds=...)", flush_seconds, minimum=0.0)
-        keys = list(dict.fromkeys(str(k) for k in keys))  # a key given twice is one item (and counts once)
+        keys = list(dict.fromkeys(map(str, keys)))  # a key given twice is one item (and counts once)
         todo, _ = self._unfinished("ctx.items", keys, unique=False)
         self._batch, self._flush_seconds = batch, flush_seconds
+        # A full batch is flushed by the completion that fills it; only a batch's age can come due between items.
+        timed = flush_seconds is not None
         try:
             for key in todo:
-                self._flush_if_due()
+                if timed:
+                    self._flush_if_due()
                 self.check_calls()
-                self._enter_item(key)
+                current_item.set((self, key))  # _enter_item(key), without a call per item
                 yield Item(self, key)
             self._enter_item(None)
             self.flush()
@@ -428,16 +436,16 @@ class NodeContext:
 
     def _unfinished(self, name: str, keys: Iterable[Any], *, unique: bool = True) -> tuple[Iterator[str], int]:
         """Record the node's item total; (the keys not finished before, lazily; how many were)."""
-        listed = unique_keys(name, keys) if unique else [str(k) for k in keys]
+        listed = unique_keys(name, keys) if unique else list(map(str, keys))
         statuses = self._store.pipelines.start_items(self.ownership, self.node_name, len(listed))
         done = {k for k, status in statuses.items() if status != ItemStatus.DEGRADED}
-        resumed = sum(1 for k in listed if k in done)
+        resumed = sum(1 for k in listed if k in done) if done else 0
         self.count_items(ItemOutcome.RESUMED, resumed)
         if resumed:
             self.log.info(f"resuming node {self.node_name}: {resumed}/{len(listed)} items already done")
         self._progress = ProgressReporter(self.context, self.node_name, len(listed))
         self._progress.update(self.items_finished())
-        return (k for k in listed if k not in done), resumed
+        return (iter(listed) if not done else (k for k in listed if k not in done)), resumed
 
     def _progress_end(self) -> None:
         """The items ran out (or the loop ended): the run's page shows the count they reached."""
@@ -475,19 +483,23 @@ class NodeContext:
 
     def checkpoint(self, key: str, result: Any = None, *, also: Callable[[Any], None] | None = None,
                    status: str = ItemStatus.COMPLETED) -> None:
-        self.check()
+        batch = self._batch
+        if batch == 1:  # a buffered completion needs no check of its own: its flush checks before it writes
+            self.check()
         key = str(key)
         # Encoded once, here: the store writes this text as it is (a batch of 1,000 items spends most of
         # its client time on per-item work, so none of it is done twice).
-        entry = ItemCheckpoint(key, _json_text(result), status, also, self._take_calls(key))
-        if self._batch > 1:
-            if key in self._pending:
+        entry = ItemCheckpoint(key, _json_text(result), status, also, self._take_calls(key) if self._calls else ())
+        if batch > 1:
+            pending = self._pending
+            if key in pending:
                 raise Failure(description=f"item {key!r} of node {self.node_name} completed twice",
                               allow_retries=False)
-            if not self._pending:
+            if not pending:
                 self._pending_since = time.monotonic()
-            self._pending[key] = entry
-            self._flush_if_due()
+            pending[key] = entry
+            if len(pending) >= batch or self._flush_seconds is not None:  # else _flush_if_due has nothing due
+                self._flush_if_due()
             return
         self._store.pipelines.checkpoint_item(self.ownership, self.node_name, entry,
                                               stall_timeout=self.settings.stall_timeout)

@@ -190,6 +190,32 @@ def test_a_superseded_owner_writes_no_batch_and_no_single_checkpoint(store):
     assert _side_effect_rows(store) == [] and store.pipelines.completed_items(own.pipeline_id, "a") == {}
 
 
+def test_a_batched_loop_taken_over_midway_keeps_its_flushed_batch_and_writes_nothing_after(store):
+    """A buffered completion is not checked on its own: the flush that follows it is fenced, so the batch a
+    superseded owner filled is refused whole, and the next item stops before it starts."""
+    from dagster import DagsterInstance, build_op_context
+
+    from helpers import expire
+    from recovery_ext._dagster.context import NodeContext
+    from recovery_ext._liveness.heartbeat import HeartbeatSettings
+
+    own = _running_node(store)
+    started: list[str] = []
+    with DagsterInstance.ephemeral() as instance:
+        ctx = NodeContext(build_op_context(instance=instance), store, own, "a", HeartbeatSettings(), None, None)
+        with pytest.raises(OwnershipLost):
+            for item in ctx.items([f"k{i}" for i in range(8)], batch=3):
+                started.append(item.key)
+                if item.key == "k4":  # k0-k2 flushed; k3 buffered: another run takes the pipeline over now
+                    expire(store, own.pipeline_id)
+                    (taken,), _ = reclaim(store, PassPlan(limit=1, launching=True))
+                    assert taken.pipeline_id == own.pipeline_id and taken.epoch > own.epoch
+                item.complete({"n": item.key})  # k3, k4 buffer without a check; k5 fills the batch: its flush fails
+    assert started == ["k0", "k1", "k2", "k3", "k4", "k5"]
+    assert store.pipelines.completed_items(own.pipeline_id, "a") == {f"k{i}": {"n": f"k{i}"} for i in range(3)}
+    assert (ctx.items_done, ctx._pending) == (3, {})
+
+
 def test_a_batch_mixing_new_and_degraded_keys_writes_them_all(store):
     own = _running_node(store)
     store.pipelines.checkpoint_item(own, "a", ItemCheckpoint("d1", None, status="degraded"))
