@@ -1,11 +1,13 @@
 """Where a per-item checkpoint's time goes on PostgreSQL, against one bare durable commit.
 
-Six ways of committing one item, each its own autocommit transaction, run in turn in chunks of 50 so
+Seven ways of committing one item, each its own autocommit transaction, run in turn in chunks of 50 so
 they see the same load, on a scratch database:
 
 - ``store``: ``store.pipelines.checkpoint_item`` (what ``ctx.items()`` calls for each item);
-- ``checkout``: the store's statement on a connection checked out of the store's pool for each item
-  (``driver_autocommit``), without the store's own code around it;
+- ``kept``: the store's statement through ``driver_autocommit`` (the database's kept connection, see
+  ``KeptConnection``), without the store's own code around it;
+- ``checkout``: the statement on a connection checked out of the store's pool for each item, switched to
+  autocommit and back (what ``driver_autocommit`` did before it kept a connection), for measurement only;
 - ``statement``: the statement the store sends for it (``checkpoint_new_item.sql``: the fence and the
   INSERT), bound and run on a plain psycopg connection, prepared;
 - ``no lock``: that statement without the fence's ``FOR KEY SHARE``, for measurement only: it checks the
@@ -15,7 +17,8 @@ they see the same load, on a scratch database:
 
 It prints each one's rate, its share of the bare commit's rate and the client's CPU per item, so the gap
 between two rows says what one layer costs: the table's own row (plain), the epoch check (no lock), the
-fence's lock (statement), the pool checkout (checkout), the library's own code (store). Nothing is asserted:
+fence's lock (statement), a pool checkout per item (checkout), the kept connection's hand-over (kept), the
+library's own code (store). Nothing is asserted:
 the figures go in the closing notes.
 
     .venv/bin/python -m bench.checkpoint_floor [--rounds 40] [--chunk 50]
@@ -54,12 +57,25 @@ def ways(store: RecoveryStore, conn: psycopg.Connection) -> dict[str, Callable[[
         return {"pipeline": own.pipeline_id, "epoch": own.epoch, "owner": own.owner, "node": "items", "key": key,
                 "status": "completed", "result": RESULT}
 
-    def checked_out(key: str) -> object:
+    def kept(key: str) -> object:
         with store._db.driver_autocommit() as raw:
             return raw.execute(statement, params(key), prepare=True)
 
+    def checked_out(key: str) -> object:
+        pooled = store._db.engine.raw_connection()
+        try:
+            raw = pooled.driver_connection
+            raw.autocommit = True
+            try:
+                return raw.execute(statement, params(key), prepare=True)
+            finally:
+                raw.autocommit = False
+        finally:
+            pooled.close()
+
     return {
         "store": through_store,
+        "kept": kept,
         "checkout": checked_out,
         "statement": lambda key: conn.execute(statement, params(key), prepare=True),
         "no lock": lambda key: conn.execute(unlocked, params(key), prepare=True),

@@ -1,13 +1,20 @@
-"""The hot path's driver connection (``driver_autocommit``) on a real PostgreSQL: whatever ends its body, the
-connection goes back to the pool out of autocommit mode, or is invalidated when the server ended its session,
-and a driver error reaches the caller as the store's own error."""
+"""The hot path's driver connection (``driver_autocommit``) on a real PostgreSQL.
+
+The database keeps one connection in autocommit mode between hot-path statements (``KeptConnection``): a sound
+session is handed to the next statement as it is; a statement that overlaps it gets one of the pool's, which
+goes back to the pool out of autocommit mode; a session the server ended is invalidated; a driver error
+reaches the caller as the store's own error; a forked child never uses its parent's kept session.
+"""
 
 from __future__ import annotations
+
+import os
 
 import psycopg
 import pytest
 
 from recovery_ext._errors import StoreError, StoreUnavailable
+from recovery_ext._store.database import KeptConnection
 from recovery_ext._store.store import RecoveryStore
 
 
@@ -19,41 +26,106 @@ def store(pg_url):
     store.close()
 
 
-def test_a_statement_runs_in_autocommit_and_the_connection_goes_back_transactional(store):
+def _admin(pg_url: str) -> psycopg.Connection:
+    return psycopg.connect(pg_url.replace("postgresql+psycopg://", "postgresql://"), autocommit=True)
+
+
+def test_a_statement_commits_at_once_and_its_connection_is_kept_for_the_next_one(store):
     with store._db.driver_autocommit() as raw:
         assert raw.autocommit is True
         raw.execute("CREATE TABLE rx_autocommit_probe (id int)")  # committed at once: no transaction is open
         assert raw.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
-    assert raw.autocommit is False and not raw.closed
-    with store._db.read() as conn:  # another session sees it: it was committed
+    assert raw.autocommit is True and not raw.closed  # kept as it is, not switched back for the pool
+    with store._db.driver_autocommit() as again:
+        assert again is raw
+    with store._db.read() as conn:  # the pool's connection: another session, transactional, and it sees the table
+        pooled = conn.connection.driver_connection
+        assert pooled is not raw and pooled.autocommit is False
         assert conn.exec_driver_sql("SELECT count(*) FROM rx_autocommit_probe").scalar() == 0
 
 
-def test_an_error_of_the_body_propagates_as_it_is(store):
+def test_an_error_of_the_body_propagates_as_it_is_and_the_sound_session_is_kept(store):
     with pytest.raises(KeyError, match="mine"), store._db.driver_autocommit() as raw:
         raise KeyError("mine")
-    assert raw.autocommit is False and not raw.closed
+    with store._db.driver_autocommit() as again:
+        assert again is raw and again.execute("SELECT 1").fetchone() == (1,)
 
 
-def test_a_driver_error_is_the_stores_error_and_the_connection_stays_usable(store):
+def test_a_driver_error_is_the_stores_error_and_the_connection_goes_back_to_the_pool(store):
     with pytest.raises(StoreError, match="syntax error") as caught, store._db.driver_autocommit() as raw:
         raw.execute("SELEKT 1")
     assert not isinstance(caught.value, StoreUnavailable)  # a bad statement is not retried
     assert isinstance(caught.value.__cause__, psycopg.errors.SyntaxError)
-    assert raw.autocommit is False and not raw.closed
+    assert raw.autocommit is False and not raw.closed  # the usual path: out of autocommit, into the pool
     with store._db.driver_autocommit() as again:
         assert again.execute("SELECT 1").fetchone() == (1,)
 
 
-def test_a_session_the_server_ended_is_unavailable_and_its_connection_leaves_the_pool(store, pg_url):
-    with pytest.raises(StoreUnavailable) as caught, store._db.driver_autocommit() as raw:
-        with psycopg.connect(pg_url.replace("postgresql+psycopg://", "postgresql://"), autocommit=True) as admin:
+def test_a_session_the_server_ended_is_unavailable_and_its_connection_is_neither_kept_nor_pooled(store, pg_url):
+    with store._db.driver_autocommit() as raw:  # now kept
+        raw.execute("SELECT 1")
+    with pytest.raises(StoreUnavailable) as caught, store._db.driver_autocommit() as same:
+        assert same is raw
+        with _admin(pg_url) as admin:
             admin.execute("SELECT pg_terminate_backend(%s)", (raw.info.backend_pid,))
         raw.execute("SELECT 1")
     assert caught.value.session_lost is True
-    assert raw.closed  # invalidated: the pool opens a new connection for the next call
+    assert raw.closed  # invalidated: the next statement gets a new session
     with store._db.driver_autocommit() as fresh:
         assert fresh is not raw and fresh.execute("SELECT 1").fetchone() == (1,)
+
+
+def test_a_statement_overlapping_the_kept_one_gets_a_pooled_connection_and_one_is_kept_after(store):
+    with store._db.driver_autocommit() as first:
+        with store._db.driver_autocommit() as second:  # another thread's statement, at the same time
+            assert second is not first and second.autocommit is True
+            assert second.info.backend_pid != first.info.backend_pid
+        assert second.autocommit is True  # the first to end is kept
+    assert first.autocommit is False and not first.closed  # one is kept: the other went back to the pool
+    with store._db.driver_autocommit() as third:
+        assert third is second
+
+
+def test_a_connection_kept_long_enough_goes_back_to_the_pool(store, monkeypatch):
+    monkeypatch.setattr(KeptConnection, "RETURN_AFTER", 0.0)
+    with store._db.driver_autocommit() as raw:
+        raw.execute("SELECT 1")
+    assert raw.autocommit is False and not raw.closed  # returned, transactional, for the pool to recycle
+
+
+def test_closing_the_store_closes_the_kept_connection(pg_url):
+    store = RecoveryStore(pg_url, retry_budget=0)
+    with store._db.driver_autocommit() as raw:
+        raw.execute("SELECT 1")
+    pid = raw.info.backend_pid
+    store.close()
+    assert raw.closed
+    with _admin(pg_url) as admin:
+        assert admin.execute("SELECT count(*) FROM pg_stat_activity WHERE pid = %s", (pid,)).fetchone() == (0,)
+
+
+def test_a_forked_child_opens_its_own_session_and_leaves_the_parents_alone(store):
+    with store._db.driver_autocommit() as raw:
+        parent_pid = raw.info.backend_pid
+    read_end, write_end = os.pipe()
+    child = os.fork()
+    if child == 0:  # the child: one statement, its backend's pid to the parent, and out without cleanup
+        code = 1
+        try:
+            os.close(read_end)
+            with store._db.driver_autocommit() as own:
+                os.write(write_end, str(own.execute("SELECT pg_backend_pid()").fetchone()[0]).encode())
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(write_end)
+    with os.fdopen(read_end) as reader:
+        child_pid = int(reader.read() or 0)
+    _, status = os.waitpid(child, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert child_pid not in (0, parent_pid)
+    with store._db.driver_autocommit() as again:  # the parent's session is untouched and still its own
+        assert again is raw and again.execute("SELECT pg_backend_pid()").fetchone() == (parent_pid,)
 
 
 def test_a_server_that_cannot_be_reached_is_unavailable():
