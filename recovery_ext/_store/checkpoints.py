@@ -139,9 +139,9 @@ class Checkpoints(Component):
         if batch is not None:
             query, params = "checkpoint_new_items", batch
         elif len(entries) == 1:
-            query, params = "checkpoint_new_item", {  # plain str values: see _json
-                **_fence_params(own, node_name), "key": first.key, "status": str(first.status),
-                "result": _json(first.result)}
+            status = getattr(first.status, "value", first.status)  # an ItemStatus as its plain str: see _json
+            query, params = "checkpoint_new_item", {
+                **_fence_params(own, node_name), "key": first.key, "status": status, "result": _json(first.result)}
         else:
             query, params = "checkpoint_new_items_plain", _item_params(own, node_name, entries)
         try:

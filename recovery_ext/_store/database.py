@@ -14,7 +14,7 @@ from contextlib import AbstractContextManager, ExitStack, contextmanager
 from typing import Any, Literal, TypeVar
 
 import tenacity
-from sqlalchemy import Connection, Table, create_engine
+from sqlalchemy import Connection, Table, create_engine, event
 from sqlalchemy.engine import Engine
 from sqlalchemy.pool import PoolProxiedConnection
 from sqlalchemy.exc import DBAPIError, SQLAlchemyError
@@ -307,6 +307,8 @@ class Database(Transactions):
             self.dialect.configure(engine)
         self.engine = engine
         self.kept = KeptConnection()
+        if not event.contains(engine.pool, "checkin", _out_of_autocommit):
+            event.listen(engine.pool, "checkin", _out_of_autocommit)
         _live_databases.add(self)
 
 
@@ -392,9 +394,10 @@ class KeptConnection:
     ``checkout`` row). A loop of items runs its statements one after another, so one connection kept between
     them saves that; statements that overlap it (other threads) check out of the pool as before. It is the
     pool's own connection, so the pool's limits count it. It goes back to the pool once it has been kept
-    ``RETURN_AFTER`` seconds (the pool recycles it as it does the others), when its statement failed on the
-    driver (the usual path invalidates or returns it), and when the database closes. A forked child never uses
-    it (see :func:`_after_fork_in_child`).
+    ``RETURN_AFTER`` seconds (the pool recycles it as it does the others: looked at when it is kept and when it
+    is taken), when its statement failed on the driver (the usual path invalidates or returns it), and when the
+    database closes. However it goes back (even garbage-collected), the pool's checkin switches autocommit off
+    (:func:`_out_of_autocommit`). A forked child never uses it (see :func:`_after_fork_in_child`).
 
     Hand-written, not a second SQLAlchemy pool: an AUTOCOMMIT engine's checkout alone still costs 15 us of the
     25 (measured with the statement), and a second pool would double the connections a process may open.
@@ -402,28 +405,30 @@ class KeptConnection:
 
     RETURN_AFTER = 300.0
 
-    __slots__ = ("_closed", "_idle", "_lock")
+    __slots__ = ("_closed", "_kept", "_lock")
 
     def __init__(self) -> None:
-        self._idle: list[tuple[PoolProxiedConnection, float]] = []  # at most one; a list pops atomically
+        self._kept: tuple[PoolProxiedConnection, float] | None = None  # the connection, when first checked out
         self._lock = threading.Lock()
         self._closed = False
 
     def take(self) -> tuple[PoolProxiedConnection, float] | None:
         """The kept connection and when it was first checked out, now this caller's alone; None when another
-        statement has it (or none is kept yet)."""
-        try:
-            return self._idle.pop()
-        except IndexError:
+        statement has it, none is kept yet, or the one kept was old enough to go back to the pool (it goes)."""
+        with self._lock:  # an uncontended lock: a hand-over never races, on a free-threaded build too
+            kept, self._kept = self._kept, None
+        if kept is not None and time.monotonic() - kept[1] >= self.RETURN_AFTER:
+            _give_back(kept[0])
             return None
+        return kept
 
     def keep(self, pooled: PoolProxiedConnection, since: float) -> bool:
         """Keep ``pooled`` (in autocommit mode, no transaction open) for the next statement; False when one is
         kept already, it was kept long enough, or the database closed: the caller returns it to the pool."""
         with self._lock:
-            if self._idle or self._closed or time.monotonic() - since >= self.RETURN_AFTER:
+            if self._kept is not None or self._closed or time.monotonic() - since >= self.RETURN_AFTER:
                 return False
-            self._idle.append((pooled, since))
+            self._kept = (pooled, since)
             return True
 
     def release(self, *, for_good: bool = False) -> None:
@@ -431,14 +436,17 @@ class KeptConnection:
         and keeps it again); ``for_good``: the database closes, none is kept after this."""
         with self._lock:
             self._closed = self._closed or for_good
-            idle, self._idle = self._idle, []
-        for pooled, _since in idle:
-            _give_back(pooled)
+            kept, self._kept = self._kept, None
+        if kept is not None:
+            _give_back(kept[0])
 
     def forget(self) -> None:
-        """In a forked child: never hand out the parent's connection, nor close it (see _after_fork_in_child)."""
-        _parents_connections.extend(self._idle)
-        self._idle = []
+        """In a forked child: never hand out the parent's connection, nor close it (see _after_fork_in_child);
+        the lock is made anew, as another thread may have held it when the process forked."""
+        self._lock = threading.Lock()
+        if self._kept is not None:
+            _parents_connections.append(self._kept)
+        self._kept = None
 
 
 _IDLE = 0  # libpq's PQTRANS_IDLE (psycopg's TransactionStatus.IDLE): the session has no transaction open
@@ -449,11 +457,25 @@ _parents_connections: list[Any] = []
 def _after_fork_in_child() -> None:
     """A forked child opens connections of its own: its parent's sessions go on in the parent, so the child
     neither uses them nor closes them (closing one would end the parent's session on the server). The kept
-    connection is held here for good, unused; the pool forgets its connections (SQLAlchemy's
-    ``dispose(close=False)``, its recipe for a fork)."""
+    connection is held here for good, unused; the pool forgets its connections (the dialect's
+    ``forget_connections_after_fork``). One database that fails it does not stop the others."""
+    failed: list[BaseException] = []
     for db in list(_live_databases):
-        db.kept.forget()
-        db.engine.dispose(close=False)
+        try:
+            db.kept.forget()
+            db.dialect.forget_connections_after_fork(db.engine)
+        except Exception as exc:  # noqa: BLE001 - raised below, after every database had its turn
+            failed.append(exc)
+    if failed:
+        raise failed[0]  # Python reports an at-fork hook's error and goes on
+
+
+def _out_of_autocommit(dbapi_conn: Any, _record: Any) -> None:
+    """The pool's checkin: a connection the hot path used goes back out of autocommit mode, however it came back
+    (given back, or garbage-collected with its holder), so a transaction on it is one (sqlite3's connections
+    have no ``autocommit`` of True: nothing to do there)."""
+    if dbapi_conn is not None and getattr(dbapi_conn, "autocommit", None) is True and not dbapi_conn.closed:
+        dbapi_conn.autocommit = False
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
@@ -510,8 +532,8 @@ class _DriverAutocommit:
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: Any) -> Literal[False]:
         db, pooled, raw = self.db, self.pooled, self.raw
         error = db.engine.dialect.loaded_dbapi.Error
-        if not isinstance(exc, error) and not raw.closed and raw.info.transaction_status == _IDLE \
-                and db.kept.keep(pooled, self.since):
+        if not isinstance(exc, error) and not raw.closed and raw.autocommit is True \
+                and raw.info.transaction_status == _IDLE and db.kept.keep(pooled, self.since):
             return False  # the body's own error (or none): the session is sound, kept for the next statement
         try:
             if not raw.closed:  # a dead connection refuses the switch; it is invalidated below

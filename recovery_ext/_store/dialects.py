@@ -108,6 +108,11 @@ class Dialect:
     def configure(self, engine: Engine) -> None:
         """Install connect/begin hooks on a fresh engine."""
 
+    def forget_connections_after_fork(self, engine: Engine) -> None:
+        """In a forked child: the pool lets its parent's connections go without closing them (SQLAlchemy's
+        recipe for a fork), so the child opens its own and the parent's sessions go on."""
+        engine.dispose(close=False)
+
     def now(self) -> ColumnElement[Any]:
         """The database clock."""
         raise NotImplementedError
@@ -508,6 +513,12 @@ class SqliteDialect(Dialect):
             yield
         finally:
             raw.execute(f"PRAGMA busy_timeout = {self.busy_timeout_ms}")
+
+    def forget_connections_after_fork(self, engine: Engine) -> None:
+        """An in-memory database lives in its connection: a forked child keeps its copy, the only one it can
+        have. A database file is opened anew, as on any other database."""
+        if (self.url.database or "") not in ("", ":memory:"):
+            super().forget_connections_after_fork(engine)
 
     def missing_database_file(self) -> str | None:
         database = self.url.database or ""

@@ -8,14 +8,19 @@ reaches the caller as the store's own error; a forked child never uses its paren
 
 from __future__ import annotations
 
+import gc
 import os
+import signal
+import threading
 
 import psycopg
 import pytest
+from sqlalchemy import create_engine
 
 from recovery_ext._errors import StoreError, StoreUnavailable
 from recovery_ext._store.database import KeptConnection
 from recovery_ext._store.store import RecoveryStore
+from recovery_pipelines.devserver import wait_for
 
 
 @pytest.fixture
@@ -93,6 +98,11 @@ def test_a_connection_kept_long_enough_goes_back_to_the_pool(store, monkeypatch)
     assert raw.autocommit is False and not raw.closed  # returned, transactional, for the pool to recycle
 
 
+def _backend_alive(pg_url: str, pid: int) -> bool:
+    with _admin(pg_url) as admin:
+        return admin.execute("SELECT count(*) FROM pg_stat_activity WHERE pid = %s", (pid,)).fetchone() == (1,)
+
+
 def test_closing_the_store_closes_the_kept_connection(pg_url):
     store = RecoveryStore(pg_url, retry_budget=0)
     with store._db.driver_autocommit() as raw:
@@ -100,32 +110,105 @@ def test_closing_the_store_closes_the_kept_connection(pg_url):
     pid = raw.info.backend_pid
     store.close()
     assert raw.closed
-    with _admin(pg_url) as admin:
-        assert admin.execute("SELECT count(*) FROM pg_stat_activity WHERE pid = %s", (pid,)).fetchone() == (0,)
+    wait_for(lambda: not _backend_alive(pg_url, pid), timeout=10, what="the kept session's backend to end")
 
 
-def test_a_forked_child_opens_its_own_session_and_leaves_the_parents_alone(store):
-    with store._db.driver_autocommit() as raw:
-        parent_pid = raw.info.backend_pid
+def test_a_kept_connection_whose_store_is_dropped_unclosed_reaches_the_pool_out_of_autocommit(pg_url):
+    engine = create_engine(pg_url)  # the caller's engine: the store does not dispose of it
+    try:
+        store = RecoveryStore(pg_url, engine=engine, retry_budget=0)
+        with store._db.driver_autocommit() as raw:
+            raw.execute("SELECT 1")
+        del store
+        gc.collect()  # the kept connection's holder is gone: SQLAlchemy checks its connection in
+        assert raw.closed or raw.autocommit is False
+        with engine.connect() as conn, conn.begin():
+            assert conn.connection.driver_connection.autocommit is False  # a transaction here is one
+    finally:
+        engine.dispose()
+
+
+def _forked(body) -> tuple[int, str]:
+    """Run ``body()`` in a forked child; (its exit code, what it wrote). The child leaves without running the
+    parent's cleanup (os._exit), after collecting its garbage: what the child drops must not end the parent's
+    sessions. A child still running after 30 s is killed (a lock held at the fork would hang it)."""
     read_end, write_end = os.pipe()
     child = os.fork()
-    if child == 0:  # the child: one statement, its backend's pid to the parent, and out without cleanup
+    if child == 0:
         code = 1
         try:
             os.close(read_end)
-            with store._db.driver_autocommit() as own:
-                os.write(write_end, str(own.execute("SELECT pg_backend_pid()").fetchone()[0]).encode())
+            os.write(write_end, str(body()).encode())
+            gc.collect()
             code = 0
         finally:
             os._exit(code)
     os.close(write_end)
-    with os.fdopen(read_end) as reader:
-        child_pid = int(reader.read() or 0)
-    _, status = os.waitpid(child, 0)
-    assert os.waitstatus_to_exitcode(status) == 0
-    assert child_pid not in (0, parent_pid)
-    with store._db.driver_autocommit() as again:  # the parent's session is untouched and still its own
-        assert again is raw and again.execute("SELECT pg_backend_pid()").fetchone() == (parent_pid,)
+    ended: list[int] = []
+
+    def child_ended() -> bool:
+        pid, status = os.waitpid(child, os.WNOHANG)
+        if pid == child:
+            ended.append(os.waitstatus_to_exitcode(status))
+        return bool(ended)
+
+    try:
+        wait_for(child_ended, timeout=30, interval=0.05, what="the forked child to end")
+    except BaseException:
+        os.kill(child, signal.SIGKILL)
+        os.waitpid(child, 0)
+        raise
+    finally:
+        with os.fdopen(read_end) as reader:
+            written = reader.read()
+    return ended[0], written
+
+
+def test_a_forked_child_opens_its_own_sessions_and_leaves_the_parents_alone(store, pg_url):
+    with store._db.driver_autocommit() as raw:  # the kept one
+        kept_pid = raw.info.backend_pid
+    with store._db.write() as one, store._db.write() as two:  # and two of the pool's, then idle in it
+        pooled = {one.connection.driver_connection.info.backend_pid,
+                  two.connection.driver_connection.info.backend_pid}
+    parents = pooled | {kept_pid}
+    assert len(parents) == 3
+
+    def child_sessions() -> str:
+        with store._db.driver_autocommit() as own, store._db.read() as conn:
+            return f"{own.info.backend_pid} {conn.connection.driver_connection.info.backend_pid}"
+
+    code, written = _forked(child_sessions)
+    assert code == 0 and len(written.split()) == 2
+    assert not {int(pid) for pid in written.split()} & parents  # sessions of its own
+    assert all(_backend_alive(pg_url, pid) for pid in parents)  # and the parent's all go on
+    with store._db.driver_autocommit() as again:
+        assert again is raw and again.execute("SELECT pg_backend_pid()").fetchone() == (kept_pid,)
+
+
+def test_a_forked_child_does_not_hang_on_a_lock_another_thread_held_at_the_fork(store):
+    with store._db.driver_autocommit() as raw:
+        raw.execute("SELECT 1")
+    holding, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with store._db.kept._lock:
+            holding.set()
+            release.wait(30)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    try:
+        assert holding.wait(10)
+
+        def statement() -> int:
+            with store._db.driver_autocommit() as own:
+                return int(own.execute("SELECT 1").fetchone()[0])
+
+        code, written = _forked(statement)
+    finally:
+        release.set()
+        holder.join(10)
+    assert (code, written) == (0, "1")
 
 
 def test_a_server_that_cannot_be_reached_is_unavailable():

@@ -117,6 +117,7 @@ def test_on_a_server_of_its_own_every_heartbeat_update_is_hot():
             # this server's own autovacuum ANALYZE would hold such a snapshot too
             conn.execute("ALTER TABLE rx_pipelines SET (autovacuum_enabled = false)")
             conn.execute("ALTER TABLE rx_nodes SET (autovacuum_enabled = false)")
+        store._db.kept.release()  # the hot path's kept connection back to the pool, then closed with it:
         store.engine.dispose()  # a backend that exits flushes its statistics
         before = _settled(url, {"rx_pipelines": 21, "rx_nodes": 20})  # start_node x 20, fail_pipeline
         assert {t: n for t, (n, _) in before.items()} == {"rx_pipelines": 21, "rx_nodes": 20}
@@ -124,6 +125,7 @@ def test_on_a_server_of_its_own_every_heartbeat_update_is_hot():
         for _ in range(pulses):
             _pulse(store, owned, lost)
         expected = pulses * len(owned)
+        store._db.kept.release()
         store.engine.dispose()
         after = _settled(url, {t: before[t][0] + expected for t in before})
         updates = {t: after[t][0] - before[t][0] for t in after}
