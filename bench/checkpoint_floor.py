@@ -1,8 +1,10 @@
 """Where a per-item checkpoint's time goes on PostgreSQL, against one bare durable commit.
 
-Seven ways of committing one item, each its own autocommit transaction, run in turn in chunks of 50 so
+Eight ways of committing one item, each its own autocommit transaction, run in turn in chunks of 50 so
 they see the same load, on a scratch database:
 
+- ``ctx.items``: an op body's loop, ``for item in ctx.items(keys): item.complete(result)`` (one loop over
+  every key of the run, 50 items taken from it in each turn);
 - ``store``: ``store.pipelines.checkpoint_item`` (what ``ctx.items()`` calls for each item);
 - ``kept``: the store's statement through ``driver_autocommit`` (the database's kept connection, see
   ``KeptConnection``), without the store's own code around it;
@@ -18,7 +20,7 @@ they see the same load, on a scratch database:
 It prints each one's rate, its share of the bare commit's rate and the client's CPU per item, so the gap
 between two rows says what one layer costs: the table's own row (plain), the epoch check (no lock), the
 fence's lock (statement), a pool checkout per item (checkout), the kept connection's hand-over (kept), the
-library's own code (store). Nothing is asserted:
+library's own code (store), the op's loop (ctx.items). Nothing is asserted:
 the figures go in the closing notes.
 
     .venv/bin/python -m bench.checkpoint_floor [--rounds 40] [--chunk 50]
@@ -32,8 +34,12 @@ from collections.abc import Callable
 
 import psycopg
 
+from dagster import DagsterInstance, build_op_context
+
 from bench.batch_bench import running_node
 from bench.recovery_bench import drop_db, scratch_db
+from recovery_ext._dagster.context import NodeContext
+from recovery_ext._liveness.heartbeat import HeartbeatSettings
 from recovery_ext._store.migrations import load_query
 from recovery_ext._store.models import ItemCheckpoint
 from recovery_ext._store.store import RecoveryStore
@@ -43,11 +49,20 @@ PLAIN = ("INSERT INTO rx_node_items (pipeline_id, node_name, item_key, status, r
 RESULT = '{"i":1}'
 
 
-def ways(store: RecoveryStore, conn: psycopg.Connection) -> dict[str, Callable[[str], object]]:
+def ways(store: RecoveryStore, conn: psycopg.Connection, items: int) -> dict[str, Callable[[str], object]]:
     own = running_node(store, "floor")
+    # the op's context as a test builds it (its progress goes to the run's tags, as in a real op); one loop over
+    # every key the run will take, so its one start statement is not paid again per chunk
+    ctx = NodeContext(build_op_context(instance=DagsterInstance.ephemeral()), store, running_node(store, "loop"),
+                      "items", HeartbeatSettings(), None, None)
+    loop = ctx.items([f"loop-{i}" for i in range(items)])
     statement = load_query(store.dialect.migrations_folder, "checkpoint_new_item")
     unlocked = statement.replace("FOR KEY SHARE", "")
     assert unlocked != statement, "checkpoint_new_item.sql no longer locks FOR KEY SHARE: update this bench"
+
+    def through_ctx_items(_key: str) -> object:
+        next(loop).complete({"i": 1})
+        return None
 
     def through_store(key: str) -> object:
         store.pipelines.checkpoint_item(own, "items", ItemCheckpoint(key, {"i": 1}))
@@ -74,6 +89,7 @@ def ways(store: RecoveryStore, conn: psycopg.Connection) -> dict[str, Callable[[
             pooled.close()
 
     return {
+        "ctx.items": through_ctx_items,
         "store": through_store,
         "kept": kept,
         "checkout": checked_out,
@@ -95,7 +111,7 @@ def main() -> None:
         store.migrate()
         with psycopg.connect(url, autocommit=True) as conn:
             conn.execute("CREATE TABLE rx_bench_one_commit (item_key text PRIMARY KEY)")
-            each = ways(store, conn)
+            each = ways(store, conn, 20 + args.rounds * args.chunk)
             wall = dict.fromkeys(each, 0.0)
             cpu = dict.fromkeys(each, 0.0)
             for name, work in each.items():  # warm: prepared statements, pooled connection
