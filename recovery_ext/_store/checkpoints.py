@@ -139,9 +139,13 @@ class Checkpoints(Component):
         if batch is not None:
             query, params = "checkpoint_new_items", batch
         elif len(entries) == 1:
-            status = getattr(first.status, "value", first.status)  # an ItemStatus as its plain str: see _json
+            # Plain str values, an ItemStatus as its value and a JsonText as a str: psycopg finds a subclass's
+            # dumper by walking its classes at each statement, about 4 us each of a one-item checkpoint's client
+            # CPU (an array's elements share one look-up per statement, so a batch's are left as they are).
+            status = getattr(first.status, "value", first.status)
             query, params = "checkpoint_new_item", {
-                **_fence_params(own, node_name), "key": first.key, "status": status, "result": _json(first.result)}
+                **_fence_params(own, node_name), "key": first.key, "status": status,
+                "result": str(_json(first.result))}
         else:
             query, params = "checkpoint_new_items_plain", _item_params(own, node_name, entries)
         try:
@@ -323,11 +327,9 @@ def _already(own: Ownership, node_name: str, key: str) -> str:
 
 
 def _json(value: Any) -> str:
-    """An item result as JSON text for the statement's ``::jsonb`` (None is JSON null, as SQLAlchemy writes it),
-    as a plain ``str``: psycopg finds a subclass's dumper by its classes at each statement, about 4 us of a
-    one-item checkpoint's client CPU (bench.checkpoint_floor)."""
+    """An item result as JSON text for the statement's ``::jsonb`` (None is JSON null, as SQLAlchemy writes it)."""
     if type(value) is JsonText:
-        return str(value)
+        return value
     try:
         return storable_json(value)
     except (TypeError, ValueError) as exc:
