@@ -84,10 +84,6 @@ class Item:
 
     def complete(self, result: Any = None, *, also: Callable[[FencedTransaction], None] | None = None) -> None:
         """Checkpoint this item; ``also(tx)`` writes in the same fenced transaction."""
-        if self.committer is None and not self.finished:  # ctx.items(): the node's checkpoint, without _finish's
-            self.node.checkpoint(self.key, result, also=also)  # two calls (a batched loop runs this per item)
-            self.finished = True
-            return
         self._finish(result, also, ItemStatus.COMPLETED)
 
     def degrade(self, result: Any = None, *, also: Callable[[Any], None] | None = None) -> None:
