@@ -20,6 +20,8 @@ SQLite writes a batch with one multi-row INSERT in a ``BEGIN IMMEDIATE`` transac
 
 from __future__ import annotations
 
+import json
+
 from dataclasses import replace
 from collections.abc import Sequence
 from typing import Any, NoReturn
@@ -129,7 +131,7 @@ class Checkpoints(Component):
         The first statement assumes every item is new (a plain INSERT: the conflict handling costs the
         server about a quarter of a large batch). Items that keep no provider call and push no stall deadline
         go without the ledger's arrays and the CTEs: one item as one INSERT ... SELECT of scalars, a batch as
-        one INSERT of its three arrays under the fence. If an item has a row already, that statement fails
+        one INSERT of its three JSON arrays under the fence. If an item has a row already, that statement fails
         and wrote nothing, and the full statement decides: a degraded item is redone, a completed one refuses
         the batch. Only a batch naming a checkpointed item pays that second round trip.
         """
@@ -307,9 +309,11 @@ def _fence_params(own: Ownership, node_name: str) -> dict[str, Any]:
 
 
 def _item_params(own: Ownership, node_name: str, entries: Sequence[ItemCheckpoint]) -> dict[str, Any]:
-    """The fence's parameters and the items as three arrays (checkpoint_new_items_plain.sql binds only these)."""
-    return {**_fence_params(own, node_name), "keys": [e.key for e in entries],
-            "statuses": [e.status for e in entries], "results": [_json(e.result) for e in entries]}
+    """The fence's parameters and the items as three JSON array texts (_checkpoint_items.sql;
+    checkpoint_new_items_plain.sql binds only these). Each result is JSON text already: joined, not re-encoded."""
+    return {**_fence_params(own, node_name), "keys": json.dumps([e.key for e in entries]),
+            "statuses": json.dumps([e.status for e in entries]),
+            "results": "[" + ",".join([_json(e.result) for e in entries]) + "]"}
 
 
 def _call_arrays(entries: Sequence[ItemCheckpoint]) -> dict[str, list[Any]]:

@@ -233,6 +233,24 @@ def test_a_batch_mixing_new_and_degraded_keys_writes_them_all(store):
     assert store.pipelines.get_node(own.pipeline_id, "a").stall_deadline is not None
 
 
+# Keys and results that JSON text must escape: PostgreSQL's batch statements receive the keys, statuses and
+# results as JSON arrays (_checkpoint_items.sql) and zip them back into rows, so each key must keep its own result.
+AWKWARD = {'say "hi"': {"q": '"'}, "back\\slash": ["\\", "\\u0000"], "é ü ß": "naïve", "emoji 😀": {"😀": 1},
+           "line\u2028sep\nnew": "tab\there", "[1, 2]": [1, 2], "null": None, "": 0, "{": {"nested": {"deep": [{}]}}}
+
+
+@pytest.mark.parametrize("path", ["new items", "stall push", "degraded redone"])
+def test_awkward_keys_and_results_keep_their_pairs_on_every_batch_statement(store, path):
+    own = _running_node(store)
+    keys = list(AWKWARD)
+    if path == "degraded redone":  # the first key has a row already: the statement that decides item by item
+        store.pipelines.checkpoint_item(own, "a", ItemCheckpoint(keys[0], "old", status="degraded"))
+    store.pipelines.checkpoint_items(own, "a", [ItemCheckpoint(key, AWKWARD[key]) for key in keys],
+                                     stall_timeout=30 if path == "stall push" else None)
+    assert store.pipelines.completed_items(own.pipeline_id, "a") == AWKWARD
+    assert set(store_rows.item_statuses(store, own.pipeline_id, "a").values()) == {"completed"}
+
+
 @pytest.mark.parametrize("with_also", [False, True], ids=["one-statement", "with-also"])
 def test_a_batch_naming_a_completed_key_writes_nothing(store, with_also):
     meta.create_all(store.engine)

@@ -15,8 +15,8 @@ from recovery_ext._store import migrations
 from recovery_ext._store.migrations import load_query
 
 PARTS = {
-    "checkpoint_items": ["_checkpoint_fence", "_checkpoint_calls", "_checkpoint_tail"],
-    "checkpoint_new_items": ["_checkpoint_fence", "_checkpoint_calls", "_checkpoint_tail"],
+    "checkpoint_items": ["_checkpoint_fence", "_checkpoint_items", "_checkpoint_calls", "_checkpoint_tail"],
+    "checkpoint_new_items": ["_checkpoint_fence", "_checkpoint_items", "_checkpoint_calls", "_checkpoint_tail"],
 }
 
 
@@ -43,12 +43,12 @@ def test_the_single_item_statement_fences_as_the_shared_fence_does():
 
 def test_the_plain_batch_statement_is_the_shared_fence_and_one_insert():
     """checkpoint_new_items_plain.sql (new items without calls or a stall push) includes the shared fence and
-    then inserts from it: no ledger arrays, no RETURNING, so the store reads its row count."""
-    fence = load_query("postgres", "_checkpoint_fence")
+    items, then inserts from them: no ledger arrays, no RETURNING, so the store reads its row count."""
+    shared = load_query("postgres", "_checkpoint_fence") + "\n" + load_query("postgres", "_checkpoint_items")
     plain = load_query("postgres", "checkpoint_new_items_plain")
-    assert plain.startswith(fence) and "\\ir" not in plain and "--" not in plain
-    rest = " ".join(plain[len(fence):].split())
-    assert rest.startswith("INSERT INTO rx_node_items") and "FROM fence, unnest(" in rest
+    assert plain.startswith(shared) and "\\ir" not in plain and "--" not in plain
+    rest = " ".join(plain[len(shared):].split())
+    assert rest.startswith("INSERT INTO rx_node_items") and rest.endswith("FROM fence, items")
     assert "call_ids" not in rest and "RETURNING" not in rest and "stall" not in rest
 
 

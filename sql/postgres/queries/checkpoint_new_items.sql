@@ -1,15 +1,16 @@
 -- Item checkpoints of items that have no row yet (the usual case: a node's first run over them), in ONE
 -- statement: checkpoint_items.sql without its ON CONFLICT clause and its refusal, which cost the server about a
--- quarter of a 1,000-item batch. The items arrive as three bound arrays (binary format).
+-- quarter of a 1,000-item batch. The items arrive as three JSON arrays (_checkpoint_items.sql).
 -- An item that has a row already (degraded, to be redone, or completed, to be refused) makes the primary key
 -- fail the statement (unique_violation), so it writes nothing; the store then runs checkpoint_items.sql, which
 -- decides item by item.
 -- The fence, the ledger's calls and the end are the shared parts below (_checkpoint_*.sql).
 \ir _checkpoint_fence.sql
+\ir _checkpoint_items.sql
 , written AS (
     INSERT INTO rx_node_items (pipeline_id, node_name, item_key, status, result, run_id, epoch, completed_at)
-    SELECT fence.id, %(node)s, u.item_key, u.status, u.result::jsonb, %(owner)s, %(epoch)s, now()
-    FROM fence, unnest(%(keys)b::text[], %(statuses)b::text[], %(results)b::text[]) AS u(item_key, status, result)
+    SELECT fence.id, %(node)s, items.item_key, items.status, items.result, %(owner)s, %(epoch)s, now()
+    FROM fence, items
     RETURNING 1
 )
 \ir _checkpoint_calls.sql
