@@ -32,6 +32,7 @@ from recovery_ext._store.database import Component, Database, is_retry, retried
 from recovery_ext._store.dialects import SQLITE_NOW, sqlstate
 from recovery_ext._errors import IllegalTransition, OwnershipLost, StoreError
 from recovery_ext._store.fenced import Fence, FencedTransaction, check_on_sqlite_driver
+from recovery_ext._store.hot_path import statement_cursor
 from recovery_ext._store.migrations import load_query
 from recovery_ext._store.ledger import LedgerWrites, call_row
 from recovery_ext._store.models import ItemCheckpoint, JsonText, Ownership, ProviderCall
@@ -180,7 +181,7 @@ class Checkpoints(Component):
         query = load_query(self.dialect.migrations_folder, query)
         try:
             if not commit:
-                cursor = raw.execute(query, params, prepare=True)
+                cursor = statement_cursor(raw).execute(query, params, prepare=True)
                 if cursor.description is None:  # a plain INSERT (checkpoint_new_item*): no row means no fence
                     if cursor.rowcount == 0:
                         raise _Superseded()

@@ -447,8 +447,13 @@ def test_a_connection_killed_between_the_also_writes_and_the_checkpoint_redoes_t
 class _DropsAfterCommit:
     """A driver connection whose next statement commits, then loses its connection before the reply is read."""
 
+    closed = False  # as a cursor: the store runs its statement on the connection's statement cursor, this
+
     def __init__(self, raw, admin_url: str) -> None:
         self._raw, self._admin_url = raw, admin_url
+
+    def cursor(self, **_options):
+        return self
 
     def execute(self, query, params=None, **kwargs):
         self._raw.execute(query, params, **kwargs).fetchone()  # committed (autocommit)

@@ -12,6 +12,7 @@ import gc
 import os
 import signal
 import threading
+import weakref
 
 import psycopg
 import pytest
@@ -19,6 +20,7 @@ from sqlalchemy import create_engine
 
 from recovery_ext._errors import StoreError, StoreUnavailable
 from recovery_ext._store.database import KeptConnection
+from recovery_ext._store.hot_path import statement_cursor
 from recovery_ext._store.store import RecoveryStore
 from recovery_pipelines.devserver import wait_for
 
@@ -218,3 +220,20 @@ def test_a_server_that_cannot_be_reached_is_unavailable():
             pytest.fail("no connection, so the body never runs")
     finally:
         store.close()
+
+
+def test_each_connection_keeps_one_statement_cursor_that_outlives_a_failed_statement_and_leaves_with_it(store, pg_url):
+    with store._db.driver_autocommit() as raw:
+        cursor = statement_cursor(raw)
+        assert statement_cursor(raw) is cursor and cursor.connection is raw
+        with pytest.raises(psycopg.errors.DivisionByZero):
+            cursor.execute("SELECT 1 / 0")
+        assert statement_cursor(raw).execute("SELECT 2 AS two").fetchone().two == 2  # rows as named tuples
+    with _admin(pg_url) as other:  # another connection: a cursor of its own
+        assert statement_cursor(other) is not cursor and statement_cursor(other).connection is other
+        statement_cursor(other).close()
+        assert not statement_cursor(other).closed  # a closed one is made anew
+    gone, kept_cursor = weakref.ref(other), weakref.ref(statement_cursor(other))
+    del other
+    gc.collect()
+    assert gone() is None and kept_cursor() is None  # the connection and its cursor went together

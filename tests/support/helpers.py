@@ -87,20 +87,24 @@ def reclaim_until_taken(store: RecoveryStore, plan, *, before=None, what: str = 
 
 
 def drop_answers_once(monkeypatch, *queries: str) -> list[str]:
-    """Each of the prepared ``queries`` (hot_path) runs and commits on the server once, then its connection
-    drops before the answer arrives, as a network cut would; the names of those dropped, in order."""
+    """Each of the prepared ``queries`` (hot_path: one-row statements and many-row ones alike) runs and commits on
+    the server once, then its connection drops before the answer arrives, as a network cut would; the names of
+    those dropped, in order."""
     dropped: list[str] = []
-    run_for_real = hot_path._rows
 
-    def drop_once(raw, query, params):
-        rows = run_for_real(raw, query, params)  # the server ran and committed it
-        if query in queries and query not in dropped:
-            dropped.append(query)
-            raw.close()  # the answer is lost with the connection
-            raise psycopg.OperationalError("server closed the connection unexpectedly")
-        return rows
+    def dropping_once(run_for_real):
+        def drop_once(raw, query, params):
+            rows = run_for_real(raw, query, params)  # the server ran and committed it
+            if query in queries and query not in dropped:
+                dropped.append(query)
+                raw.close()  # the answer is lost with the connection
+                raise psycopg.OperationalError("server closed the connection unexpectedly")
+            return rows
 
-    monkeypatch.setattr(hot_path, "_rows", drop_once)
+        return drop_once
+
+    monkeypatch.setattr(hot_path, "_row", dropping_once(hot_path._row))
+    monkeypatch.setattr(hot_path, "_rows", dropping_once(hot_path._rows))
     return dropped
 
 
