@@ -251,6 +251,31 @@ def test_awkward_keys_and_results_keep_their_pairs_on_every_batch_statement(stor
     assert set(store_rows.item_statuses(store, own.pipeline_id, "a").values()) == {"completed"}
 
 
+@pytest.mark.parametrize("stall_timeout", [None, 30], ids=["no-stall", "stall-push"])
+def test_the_calls_a_batch_keeps_reach_the_ledger_column_for_column_with_their_own_items(store, stall_timeout):
+    """PostgreSQL binds a checkpoint's calls as one JSON array of objects (_checkpoint_calls.sql): every column
+    of every call arrives as it was made, with the item it was made for."""
+    own = _running_node(store)
+    made = {
+        'say "hi"': [ProviderCall(endpoint="http://127.0.0.1:9/v1", model='gpt "quoted" é', tokens_in=2**31 + 5,
+                                  tokens_out=0, latency_seconds=0.125, cost=None, note="line\nnew 😀")],
+        "é": [ProviderCall(endpoint="http://127.0.0.1:9/v2", model=None, tokens_in=1, tokens_out=2,
+                           latency_seconds=1e-6, cost=0.0003, outcome="rate_limit"),
+              ProviderCall(endpoint="http://127.0.0.1:9/v3", model="m", tokens_in=3, tokens_out=4, latency_seconds=2.5,
+                           cost=12.5, note="back\\slash \\u0000")],
+        "no calls": [],
+    }
+    store.pipelines.checkpoint_items(own, "a", [ItemCheckpoint(key, key, calls=tuple(calls)) for key, calls in
+                                                made.items()], stall_timeout=stall_timeout)
+    columns = ("endpoint", "model", "tokens_in", "tokens_out", "latency_seconds", "outcome", "cost", "note")
+    written = {call.id: call for call in store_rows.provider_calls(store, own.pipeline_id)}
+    assert {call_id: (call.item_key, *(getattr(call, c) for c in columns)) for call_id, call in written.items()} \
+        == {call.id: (key, *(getattr(call, c) for c in columns)) for key, calls in made.items() for call in calls}
+    assert store_rows.reached_checkpoint(store, list(written)) == {
+        call.id: call.outcome == "ok" for calls in made.values() for call in calls}
+    assert {(call.run_id, call.epoch) for call in written.values()} == {(own.owner, own.epoch)}
+
+
 @pytest.mark.parametrize("with_also", [False, True], ids=["one-statement", "with-also"])
 def test_a_batch_naming_a_completed_key_writes_nothing(store, with_also):
     meta.create_all(store.engine)

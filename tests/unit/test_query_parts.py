@@ -27,7 +27,7 @@ def test_a_checkpoint_statement_has_each_shared_part_in_place(name):
     for part in PARTS[name]:
         assert load_query("postgres", part) in statement
     assert statement.startswith("WITH fence AS (") and statement.endswith("END AS written")
-    assert ("unnest(%(call_ids)b" in statement) == ("_checkpoint_calls" in PARTS[name])
+    assert ("jsonb_to_recordset(%(calls)s" in statement) == ("_checkpoint_calls" in PARTS[name])
 
 
 def test_the_single_item_statement_fences_as_the_shared_fence_does():
@@ -49,7 +49,7 @@ def test_the_plain_batch_statement_is_the_shared_fence_and_one_insert():
     assert plain.startswith(shared) and "\\ir" not in plain and "--" not in plain
     rest = " ".join(plain[len(shared):].split())
     assert rest.startswith("INSERT INTO rx_node_items") and rest.endswith("FROM fence, items")
-    assert "call_ids" not in rest and "RETURNING" not in rest and "stall" not in rest
+    assert "%(calls)s" not in rest and "RETURNING" not in rest and "stall" not in rest
 
 
 @pytest.fixture

@@ -1,6 +1,6 @@
 -- New items that keep no provider call and push no stall deadline (the usual batch of ctx.items(batch=N)), in
--- ONE statement: checkpoint_new_items.sql without the ledger's ten arrays (the driver adapts each bound array,
--- empty or not), the stall push and the CTE that counts what was written.
+-- ONE statement: checkpoint_new_items.sql without the ledger's CTE (and its JSON array, bound even when empty),
+-- the stall push and the CTE that counts what was written.
 -- The fence and the items are the shared parts (_checkpoint_fence.sql, _checkpoint_items.sql; the items CTE,
 -- referenced once, is inlined by the planner). A superseded owner's fence selects no row, so the INSERT
 -- writes none: the store reads a row count of 0 as superseded. An item that has a row already makes the
