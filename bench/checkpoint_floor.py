@@ -1,11 +1,15 @@
 """Where a per-item checkpoint's time goes on PostgreSQL, against one bare durable commit.
 
-Eight ways of committing one item, each its own autocommit transaction, run in turn in chunks of 50 so
+Ten ways of committing one item, each its own autocommit transaction, run in turn in chunks of 50 so
 they see the same load, on a scratch database:
 
 - ``ctx.items``: an op body's loop, ``for item in ctx.items(keys): item.complete(result)`` (one loop over
   every key of the run, 50 items taken from it in each turn);
 - ``store``: ``store.pipelines.checkpoint_item`` (what ``ctx.items()`` calls for each item);
+- ``stall push``: the same with a stall timeout (the node's stall deadline pushed in the same statement: the
+  batch statement with its CTEs, what a node with ``stall_timeout`` set writes per item);
+- ``with a call``: the same keeping one provider call (its ledger row written in the same statement: what an
+  item that asked an LLM writes);
 - ``kept``: the store's statement through ``driver_autocommit`` (the database's kept connection, see
   ``KeptConnection``) on its statement cursor, without the store's own code around it;
 - ``checkout``: the statement on a connection checked out of the store's pool for each item, switched to
@@ -21,8 +25,8 @@ they see the same load, on a scratch database:
 It prints each one's rate, its share of the bare commit's rate and the client's CPU per item, so the gap
 between two rows says what one layer costs: the table's own row (plain), the epoch check (no lock), the
 fence's lock (statement), a pool checkout per item (checkout), the kept connection's hand-over (kept), the
-library's own code (store), the op's loop (ctx.items). Nothing is asserted:
-the figures go in the closing notes.
+library's own code (store), the op's loop (ctx.items); and what a node's settings and calls add to the store's
+statement (stall push, with a call). Nothing is asserted: the figures go in the closing notes.
 
     .venv/bin/python -m bench.checkpoint_floor [--rounds 40] [--chunk 50]
 """
@@ -43,7 +47,7 @@ from recovery_ext._dagster.context import NodeContext
 from recovery_ext._liveness.heartbeat import HeartbeatSettings
 from recovery_ext._store.hot_path import statement_cursor
 from recovery_ext._store.migrations import load_query
-from recovery_ext._store.models import ItemCheckpoint
+from recovery_ext._store.models import ItemCheckpoint, ProviderCall
 from recovery_ext._store.store import RecoveryStore
 
 PLAIN = ("INSERT INTO rx_node_items (pipeline_id, node_name, item_key, status, result, run_id, epoch) "
@@ -73,6 +77,16 @@ def ways(store: RecoveryStore, conn: psycopg.Connection, items: int) -> dict[str
         store.pipelines.checkpoint_item(own, "items", ItemCheckpoint(key, {"i": 1}))
         return None
 
+    def pushing_the_stall_deadline(key: str) -> object:
+        store.pipelines.checkpoint_item(own, "items", ItemCheckpoint(key, {"i": 1}), stall_timeout=600)
+        return None
+
+    def keeping_a_call(key: str) -> object:
+        call = ProviderCall(endpoint="http://127.0.0.1:9/v1", model="m", tokens_in=12, tokens_out=3,
+                            latency_seconds=0.5, cost=0.0001)
+        store.pipelines.checkpoint_item(own, "items", ItemCheckpoint(key, {"i": 1}, calls=(call,)), stall_timeout=600)
+        return None
+
     def params(key: str) -> dict[str, object]:
         return {"pipeline": own.pipeline_id, "epoch": own.epoch, "owner": own.owner, "node": "items", "key": key,
                 "status": "completed", "result": RESULT}
@@ -96,6 +110,8 @@ def ways(store: RecoveryStore, conn: psycopg.Connection, items: int) -> dict[str
     return {
         "ctx.items": through_ctx_items,
         "store": through_store,
+        "stall push": pushing_the_stall_deadline,
+        "with a call": keeping_a_call,
         "kept": kept,
         "checkout": checked_out,
         "statement": lambda key: cursor.execute(statement, params(key), prepare=True),

@@ -130,17 +130,18 @@ class Checkpoints(Component):
         """PostgreSQL: the whole call is one autocommit statement; a refused batch aborts it (nothing written).
 
         The first statement assumes every item is new (a plain INSERT: the conflict handling costs the
-        server about a quarter of a large batch). Items that keep no provider call and push no stall deadline
-        go without the ledger's CTE and the others: one item as one INSERT ... SELECT of scalars, a batch as
-        one INSERT of its three JSON arrays under the fence. If an item has a row already, that statement fails
+        server about a quarter of a large batch). Items that keep no provider call go without the ledger's CTE
+        (its statement triggers fire even for no row); those that push no stall deadline either go without any
+        CTE: one item as one INSERT ... SELECT of scalars, a batch as one INSERT of its three JSON arrays under
+        the fence. If an item has a row already, that statement fails
         and wrote nothing, and the full statement decides: a degraded item is redone, a completed one refuses
         the batch. Only a batch naming a checkpointed item pays that second round trip.
         """
         first = entries[0]
-        plain = not stall_timeout and not any(e.calls for e in entries)
-        batch = None if plain else _batch_params(own, node_name, entries, stall_timeout)
+        calls = any(e.calls for e in entries)
+        batch = None if not stall_timeout and not calls else _batch_params(own, node_name, entries, stall_timeout)
         if batch is not None:
-            query, params = "checkpoint_new_items", batch
+            query, params = "checkpoint_new_items" if calls else "checkpoint_new_items_no_calls", batch
         elif len(entries) == 1:
             # Plain str values, an ItemStatus as its value and a JsonText as a str: psycopg finds a subclass's
             # dumper by walking its classes at each statement, about 4 us each of a one-item checkpoint's client

@@ -157,18 +157,21 @@ def test_one_item_alone_redoes_a_fallback_refuses_a_completed_item_and_pushes_th
     rows = store_rows.provider_calls(store, own.pipeline_id)
     assert [(r.item_key, r.tokens_in) for r in rows] == [("with-call", 3)]
     assert store_rows.reached_checkpoint(store, [call.id]) == {call.id: True}
+    pushed_before = store.pipelines.get_node(own.pipeline_id, "a").stall_deadline
+    store.pipelines.checkpoint_item(own, "a", ItemCheckpoint("pushed", 8), stall_timeout=3600)
+    assert store.pipelines.get_node(own.pipeline_id, "a").stall_deadline > pushed_before
     store.pipelines.checkpoint_items(own, "a", [ItemCheckpoint("p1", {"v": 5}), ItemCheckpoint("p2", None)])
     with pytest.raises(IllegalTransition, match="'done'.*already checkpointed"):  # one old key refuses the batch
         store.pipelines.checkpoint_items(own, "a", [ItemCheckpoint("p3", 6), ItemCheckpoint("done", 7)])
     assert store.pipelines.completed_items(own.pipeline_id, "a") == {
-        "done": {"v": 1}, "fallback": {"v": 3}, "with-call": 4, "p1": {"v": 5}, "p2": None}
+        "done": {"v": 1}, "fallback": {"v": 3}, "with-call": 4, "pushed": 8, "p1": {"v": 5}, "p2": None}
     # PostgreSQL's statements (SQLite writes rows on its driver): scalars for a new item alone, the full batch
-    # statement once an item has a row, the arrays for an item that pushes the stall deadline or keeps a call,
-    # and new items without either as the plain batch INSERT
+    # statement once an item has a row, the CTEs for an item that pushes the stall deadline (with the ledger's
+    # only when it keeps a call), and new items without either as the plain batch INSERT
     assert statements == ([] if not store.dialect.dml_in_cte else [
         "checkpoint_new_item", "checkpoint_new_item", "checkpoint_new_item", "checkpoint_items",
-        "checkpoint_new_items", "checkpoint_items", "checkpoint_new_items", "checkpoint_new_items_plain",
-        "checkpoint_new_items_plain", "checkpoint_items"])
+        "checkpoint_new_items_no_calls", "checkpoint_items", "checkpoint_new_items", "checkpoint_new_items_no_calls",
+        "checkpoint_new_items_plain", "checkpoint_new_items_plain", "checkpoint_items"])
 
 
 def test_a_superseded_owner_writes_no_batch_and_no_single_checkpoint(store):

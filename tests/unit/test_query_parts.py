@@ -16,7 +16,10 @@ from recovery_ext._store.migrations import load_query
 
 PARTS = {
     "checkpoint_items": ["_checkpoint_fence", "_checkpoint_items", "_checkpoint_calls", "_checkpoint_tail"],
-    "checkpoint_new_items": ["_checkpoint_fence", "_checkpoint_items", "_checkpoint_calls", "_checkpoint_tail"],
+    "checkpoint_new_items": ["_checkpoint_fence", "_checkpoint_items", "_checkpoint_new_written", "_checkpoint_calls",
+                             "_checkpoint_tail"],
+    "checkpoint_new_items_no_calls": ["_checkpoint_fence", "_checkpoint_items", "_checkpoint_new_written",
+                                      "_checkpoint_tail"],
 }
 
 

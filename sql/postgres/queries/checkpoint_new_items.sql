@@ -4,14 +4,10 @@
 -- An item that has a row already (degraded, to be redone, or completed, to be refused) makes the primary key
 -- fail the statement (unique_violation), so it writes nothing; the store then runs checkpoint_items.sql, which
 -- decides item by item.
--- The fence, the ledger's calls and the end are the shared parts below (_checkpoint_*.sql).
+-- The fence, the items, their INSERT, the ledger's calls and the end are the shared parts below
+-- (_checkpoint_*.sql). Items that keep no call go by checkpoint_new_items_no_calls.sql.
 \ir _checkpoint_fence.sql
 \ir _checkpoint_items.sql
-, written AS (
-    INSERT INTO rx_node_items (pipeline_id, node_name, item_key, status, result, run_id, epoch, completed_at)
-    SELECT fence.id, %(node)s, items.item_key, items.status, items.result, %(owner)s, %(epoch)s, now()
-    FROM fence, items
-    RETURNING 1
-)
+\ir _checkpoint_new_written.sql
 \ir _checkpoint_calls.sql
 \ir _checkpoint_tail.sql
