@@ -25,7 +25,8 @@ from recovery_ext._providers.journal import CallJournal, current_attempt
 from recovery_ext._providers.ledger import CallRecorder, observe, recorder_for
 from recovery_ext._store.models import ItemCheckpoint, JournalHit, JournalWrite, JsonText, Ownership, ProviderCall
 from recovery_ext._dagster.group_commit import GroupCommitter
-from recovery_ext._dagster.parallel import MapResult, map_in_tasks, map_in_threads, unique_keys
+from recovery_ext._dagster.parallel import (MapResult, map_in_tasks, map_in_threads, refuse_unstorable_keys,
+                                            unique_keys)
 from recovery_ext._dagster.queue_handle import QueueHandle
 from recovery_ext._json_values import agreed_json, storable_json
 from recovery_ext._dagster.resources import RecoveryResource
@@ -435,6 +436,7 @@ class NodeContext:
     def _unfinished(self, name: str, keys: Iterable[Any], *, unique: bool = True) -> tuple[Iterator[str], int]:
         """Record the node's item total; (the keys not finished before, lazily; how many were)."""
         listed = unique_keys(name, keys) if unique else list(map(str, keys))
+        refuse_unstorable_keys(name, listed)
         statuses = self._store.pipelines.start_items(self.ownership, self.node_name, len(listed))
         done = {k for k, status in statuses.items() if status != ItemStatus.DEGRADED}
         resumed = sum(1 for k in listed if k in done) if done else 0

@@ -151,6 +151,19 @@ def test_a_key_given_twice_is_refused_before_any_call(store, db_url, provider, j
     assert store.pipelines.completed_items(only_pipeline(store).id, node) == {}
 
 
+@pytest.mark.parametrize("odd_key, why", [("nul", "holds a NUL character"), ("surrogate", "holds a lone surrogate")])
+@pytest.mark.parametrize("job, node, name", [(parallel_defs.threaded_job, "threaded", "ctx.map"),
+                                             (parallel_defs.tasks_job, "tasks", "ctx.amap")])
+def test_a_key_no_checkpoint_could_store_is_refused_before_any_call(store, db_url, provider, job, node, name, odd_key,
+                                                                     why):
+    result = run(job, db_url, node, url=provider.url, keys=4, concurrency=2, odd_key=odd_key)
+    assert not result.success
+    message = result.failure_data_for_node(node).error.message
+    assert f"{name}: key " in message and why in message and "no item was started" in message
+    assert provider.paid == Counter()
+    assert store.pipelines.completed_items(only_pipeline(store).id, node) == {}
+
+
 def test_a_sync_function_given_to_amap_is_refused_clearly(store, db_url, provider):
     result = run(parallel_defs.wrong_kind_job, db_url, "wrong_kind", url=provider.url, keys=3)
     assert not result.success

@@ -219,6 +219,28 @@ def test_a_batched_loop_taken_over_midway_keeps_its_flushed_batch_and_writes_not
     assert (ctx.items_done, ctx._pending) == (3, {})
 
 
+@pytest.mark.parametrize("odd", ["page\x00two", "scan-\udcff.png"], ids=["nul", "lone-surrogate"])
+@pytest.mark.parametrize("batch", [1, 50])
+def test_an_items_loop_refuses_a_key_no_checkpoint_could_store_before_its_first_item(store, odd, batch):
+    """On either database: PostgreSQL's text could not store the key, and SQLite's store could not move there."""
+    from dagster import DagsterInstance, build_op_context
+
+    from recovery_ext import ConfigurationError
+    from recovery_ext._dagster.context import NodeContext
+    from recovery_ext._liveness.heartbeat import HeartbeatSettings
+
+    own = _running_node(store)
+    started: list[str] = []
+    with DagsterInstance.ephemeral() as instance:
+        ctx = NodeContext(build_op_context(instance=instance), store, own, "a", HeartbeatSettings(), None, None)
+        with pytest.raises(ConfigurationError, match=r"ctx.items: key .* holds a (NUL|lone surrogate).*no item was st"):
+            for item in ctx.items(["fine", odd, "also fine"], batch=batch):
+                started.append(item.key)
+                item.complete(1)
+    assert started == [] and store.pipelines.completed_items(own.pipeline_id, "a") == {}
+    assert store.pipelines.get_node(own.pipeline_id, "a").items_total is None  # refused before the start
+
+
 def test_a_batch_mixing_new_and_degraded_keys_writes_them_all(store):
     own = _running_node(store)
     store.pipelines.checkpoint_item(own, "a", ItemCheckpoint("d1", None, status="degraded"))
