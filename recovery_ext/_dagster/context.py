@@ -20,13 +20,12 @@ from recovery_ext._store.models import FencedTransaction
 from recovery_ext._settings import check_count, check_seconds
 from recovery_ext._liveness.heartbeat import HeartbeatSettings, Lease
 from recovery_ext._classify.redaction import redact
-from recovery_ext._errors import StopRequested
+from recovery_ext._errors import ConfigurationError, StopRequested
 from recovery_ext._providers.journal import CallJournal, current_attempt
 from recovery_ext._providers.ledger import CallRecorder, observe, recorder_for
 from recovery_ext._store.models import ItemCheckpoint, JournalHit, JournalWrite, JsonText, Ownership, ProviderCall
 from recovery_ext._dagster.group_commit import GroupCommitter
-from recovery_ext._dagster.parallel import (MapResult, map_in_tasks, map_in_threads, refuse_unstorable_keys,
-                                            unique_keys)
+from recovery_ext._dagster.parallel import MapResult, map_in_tasks, map_in_threads, unique_keys
 from recovery_ext._dagster.queue_handle import QueueHandle
 from recovery_ext._json_values import agreed_json, storable_json
 from recovery_ext._dagster.resources import RecoveryResource
@@ -67,6 +66,26 @@ def _json_text(result: Any) -> JsonText | None:
     except (TypeError, ValueError) as exc:
         raise Failure(description=f"an item result must be JSON-serializable so resumes can return it: {exc}",
                       allow_retries=False) from exc
+
+
+def _refuse_unstorable_keys(name: str, keys: Sequence[str]) -> None:
+    """Refuse the keys whole (before any work is paid for) when one cannot be stored as text on both databases:
+    a NUL character (PostgreSQL's text refuses it) or a lone surrogate (a file name decoded with
+    ``surrogateescape``: it has no UTF-8 form). Found only after its work, such a key's checkpoint would fail the
+    op with the answer paid for; SQLite would keep a NUL, but a store moved to PostgreSQL could not."""
+    for key in keys:
+        if "\x00" in key:
+            why = "holds a NUL character"
+        elif key.isascii():
+            continue
+        else:
+            try:
+                key.encode("utf-8")
+                continue
+            except UnicodeEncodeError:
+                why = "holds a lone surrogate (text decoded from bytes that are not UTF-8)"
+        raise ConfigurationError(f"{name}: key {key[:80]!r} {why}; a checkpoint could not store it, so no item "
+                                 "was started (give each item a key of plain text)")
 
 
 @dataclass(slots=True)
@@ -436,7 +455,7 @@ class NodeContext:
     def _unfinished(self, name: str, keys: Iterable[Any], *, unique: bool = True) -> tuple[Iterator[str], int]:
         """Record the node's item total; (the keys not finished before, lazily; how many were)."""
         listed = unique_keys(name, keys) if unique else list(map(str, keys))
-        refuse_unstorable_keys(name, listed)
+        _refuse_unstorable_keys(name, listed)
         statuses = self._store.pipelines.start_items(self.ownership, self.node_name, len(listed))
         done = {k for k, status in statuses.items() if status != ItemStatus.DEGRADED}
         resumed = sum(1 for k in listed if k in done) if done else 0

@@ -28,7 +28,7 @@ import inspect
 import logging
 import threading
 from collections import Counter
-from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from concurrent.futures import Future
 from concurrent.futures import wait as futures_wait
 from dataclasses import dataclass, field
@@ -204,26 +204,6 @@ def unique_keys(name: str, keys: Iterable[Any]) -> list[str]:
             raise ConfigurationError(f"{name}: key {key!r} is given twice; each item needs a key of its own")
         seen.add(key)
     return listed
-
-
-def refuse_unstorable_keys(name: str, keys: Sequence[str]) -> None:
-    """Refuse the keys whole (before any work is paid for) when one cannot be stored as text on both databases:
-    a NUL character (PostgreSQL's text refuses it) or a lone surrogate (a file name decoded with
-    ``surrogateescape``: it has no UTF-8 form). Found only after its work, such a key's checkpoint would fail the
-    op with the answer paid for; SQLite would keep a NUL, but a store moved to PostgreSQL could not."""
-    for key in keys:
-        if "\x00" in key:
-            why = "holds a NUL character"
-        elif key.isascii():
-            continue
-        else:
-            try:
-                key.encode("utf-8")
-                continue
-            except UnicodeEncodeError:
-                why = "holds a lone surrogate (text decoded from bytes that are not UTF-8)"
-        raise ConfigurationError(f"{name}: key {key[:80]!r} {why}; a checkpoint could not store it, so no item "
-                                 "was started (give each item a key of plain text)")
 
 
 def _is_async_callable(fn: Any) -> bool:
