@@ -68,24 +68,29 @@ def _json_text(result: Any) -> JsonText | None:
                       allow_retries=False) from exc
 
 
-def _refuse_unstorable_keys(name: str, keys: Sequence[str]) -> None:
-    """Refuse the keys whole (before any work is paid for) when one cannot be stored as text on both databases:
-    a NUL character (PostgreSQL's text refuses it) or a lone surrogate (a file name decoded with
-    ``surrogateescape``: it has no UTF-8 form). Found only after its work, such a key's checkpoint would fail the
-    op with the answer paid for; SQLite would keep a NUL, but a store moved to PostgreSQL could not."""
+def _refuse_unstorable_keys(name: str, keys: Sequence[str], *, keeps_nul: bool) -> None:
+    """Refuse the keys whole (before any work is paid for) when one cannot be stored as text: a lone surrogate (a
+    file name decoded with ``surrogateescape``: it has no UTF-8 form, on either database), or a NUL character
+    where the database's text refuses it (PostgreSQL; ``keeps_nul``: SQLite keeps one, so its pipelines that
+    hold such keys still resume). Found only after its work, such a key's checkpoint would fail the op with the
+    answer paid for."""
     for key in keys:
-        if "\x00" in key:
-            why = "holds a NUL character"
-        elif key.isascii():
+        if "\x00" in key and not keeps_nul:
+            why = "holds a NUL character, which this database's text cannot store"
+        elif key.isascii() or _has_utf8_form(key):
             continue
         else:
-            try:
-                key.encode("utf-8")
-                continue
-            except UnicodeEncodeError:
-                why = "holds a lone surrogate (text decoded from bytes that are not UTF-8)"
+            why = "holds a lone surrogate (text decoded from bytes that are not UTF-8)"
         raise ConfigurationError(f"{name}: key {key[:80]!r} {why}; a checkpoint could not store it, so no item "
                                  "was started (give each item a key of plain text)")
+
+
+def _has_utf8_form(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 @dataclass(slots=True)
@@ -455,7 +460,7 @@ class NodeContext:
     def _unfinished(self, name: str, keys: Iterable[Any], *, unique: bool = True) -> tuple[Iterator[str], int]:
         """Record the node's item total; (the keys not finished before, lazily; how many were)."""
         listed = unique_keys(name, keys) if unique else list(map(str, keys))
-        _refuse_unstorable_keys(name, listed)
+        _refuse_unstorable_keys(name, listed, keeps_nul=self._store.dialect.text_keeps_nul)
         statuses = self._store.pipelines.start_items(self.ownership, self.node_name, len(listed))
         done = {k for k, status in statuses.items() if status != ItemStatus.DEGRADED}
         resumed = sum(1 for k in listed if k in done) if done else 0

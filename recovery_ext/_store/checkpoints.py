@@ -143,9 +143,8 @@ class Checkpoints(Component):
         if batch is not None:
             query, params = "checkpoint_new_items" if calls else "checkpoint_new_items_no_calls", batch
         elif len(entries) == 1:
-            # Plain str values, an ItemStatus as its value and a JsonText as a str: psycopg finds a subclass's
-            # dumper by walking its classes at each statement, about 4 us each of a one-item checkpoint's client
-            # CPU (an array's elements share one look-up per statement, so a batch's are left as they are).
+            # Plain str values, an ItemStatus as its value and a JsonText as a str: psycopg looks a subclass's
+            # dumper up by walking its classes, about 4 us each of a one-item checkpoint's client CPU.
             status = getattr(first.status, "value", first.status)
             query, params = "checkpoint_new_item", {
                 **_fence_params(own, node_name), "key": first.key, "status": status,
@@ -313,8 +312,10 @@ def _fence_params(own: Ownership, node_name: str) -> dict[str, Any]:
 def _item_params(own: Ownership, node_name: str, entries: Sequence[ItemCheckpoint]) -> dict[str, Any]:
     """The fence's parameters and the items as three JSON array texts (_checkpoint_items.sql;
     checkpoint_new_items_plain.sql binds only these). Each result is JSON text already: joined, not re-encoded."""
-    return {**_fence_params(own, node_name), "keys": json.dumps([e.key for e in entries]),
-            "statuses": json.dumps([e.status for e in entries]),
+    # ensure_ascii=False: each key as its own characters (also cheaper); a key holding half of a surrogate pair
+    # fails the bind, as it fails the one-item statement, instead of being stored as the pair's one character
+    return {**_fence_params(own, node_name), "keys": json.dumps([e.key for e in entries], ensure_ascii=False),
+            "statuses": json.dumps([e.status for e in entries], ensure_ascii=False),
             "results": "[" + ",".join([_json(e.result) for e in entries]) + "]"}
 
 

@@ -70,6 +70,9 @@ class Dialect:
     row_locks = False
     # finished pipelines one retention batch deletes (one transaction)
     prune_batch = 200
+    # its text columns keep a NUL character (SQLite's do; PostgreSQL's text refuses one): an item key holding
+    # one is refused before its work only where it could not be checkpointed
+    text_keeps_nul = False
 
     def __init__(self, url: URL, *, connect_timeout: float | None = None,
                  statement_timeout: float | None = None) -> None:
@@ -414,6 +417,7 @@ class SqliteDialect(Dialect):
     migrations_folder = "sqlite"
     prune_batch = 50  # a writer waits for the whole batch: keep it to tens of milliseconds
     ledger_rows_via_driver = True
+    text_keeps_nul = True
 
     @property
     def busy_timeout_ms(self) -> int:

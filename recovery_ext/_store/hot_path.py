@@ -31,7 +31,7 @@ from recovery_ext._store.migrations import load_query
 FOLDER = "postgres"
 
 
-# Each driver connection's cursor for its one-row statements, made once: psycopg's ``conn.execute`` makes a
+# Each driver connection's cursor for its small one-row statements, made once: psycopg's ``conn.execute`` makes a
 # cursor per call, with an adapter map and a transformer of its own that looks each parameter's dumper up
 # again, about 15 us of client CPU per statement (a twentieth of a one-item checkpoint); a kept cursor keeps
 # its dumpers. A connection is used by one thread at a time (a pool checkout, or the database's kept
@@ -42,8 +42,10 @@ _CURSOR = "_rx_statement_cursor"
 
 
 def statement_cursor(raw: Any) -> Any:
-    """``raw``'s cursor for statements that return one row or none (rows as named tuples). A statement that can
-    return many rows takes a cursor of its own (:func:`_rows`): a kept cursor keeps its last result."""
+    """``raw``'s cursor for statements that return one small row or none (rows as named tuples). A statement that
+    can return many rows, or one large row (a node's output, a journaled answer), takes a cursor of its own
+    (:func:`_rows`, closed at once): a kept cursor holds its last result in libpq's memory until the next
+    statement on its connection, which may idle in the pool."""
     cursor = getattr(raw, _CURSOR, None)
     if cursor is None or cursor.closed:
         cursor = raw.cursor(row_factory=namedtuple_row)
@@ -66,7 +68,7 @@ def _rows(raw: Any, query: str, params: dict[str, Any]) -> list[Any]:
 def begin_node(raw: Any, **params: Any) -> Any:
     """One row: ``outcome`` (no_pipeline, no_node, finished, illegal, started), the epoch, the node's status
     before, and the node's columns as they are now."""
-    return _row(raw, "begin_node", params)
+    return _rows(raw, "begin_node", params)[0]  # the node's columns hold its output: a cursor of its own
 
 
 def complete_node(raw: Any, *, output: Any, **params: Any) -> Any:
@@ -92,7 +94,7 @@ def breaker_state(raw: Any, endpoint: str) -> Any:
 def journal_begin(raw: Any, **params: Any) -> Any:
     """One row: ``verdict`` (no_pipeline, lost, hit, written), the pipeline's owner, epoch and status (to explain
     a refusal), the journaled answer and the columns of the ledger row that paid for it (a hit)."""
-    return _row(raw, "journal_begin", params)
+    return _rows(raw, "journal_begin", params)[0]  # the journaled answer: a cursor of its own
 
 
 def journal_answer(raw: Any, **params: Any) -> Any:

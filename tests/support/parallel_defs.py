@@ -34,7 +34,7 @@ class ParallelConfig(Config):
     kill_after: int = -1
     bad_result: list[str] = []
     repeat_key: str = ""  # given twice in the keys (refused before any work)
-    odd_key: str = ""  # "nul" or "surrogate": one more key no checkpoint could store (refused before any work)
+    odd_key: str = ""  # "surrogate": one more key no checkpoint could store (refused before any work)
 
 
 class Flaky(ConnectionError):
@@ -93,7 +93,7 @@ async def aask(client: httpx.AsyncClient, url: str, key: str) -> dict:
 
 
 def keys_of(config: ParallelConfig) -> list[str]:
-    odd = {"": [], "nul": ["scan\x00page"], "surrogate": ["scan-\udcff.png"]}[config.odd_key]
+    odd = {"": [], "surrogate": ["scan-\udcff.png"]}[config.odd_key]
     return [f"k{i:05d}" for i in range(config.keys)] + ([config.repeat_key] if config.repeat_key else []) + odd
 
 

@@ -1,7 +1,7 @@
 -- A checkpoint statement's ledger CTE (included by checkpoint_items.sql and checkpoint_new_items.sql with \ir).
 -- calls: the provider calls made for these items (the ledger, rx_provider_calls), bound as ONE JSON array of
 --   objects (as the journal's batches bind their writes): ten binary arrays, one per column, cost the client a
---   dumper look-up each even when empty, about a third of a one-item checkpoint's client CPU when it pushes a
+--   dumper look-up each even when empty, about a quarter of a one-item checkpoint's client CPU when it pushes a
 --   stall deadline. Written through the fence, so they commit with the items or not at all; the answered ones
 --   reached this checkpoint.
 , calls AS (
