@@ -714,3 +714,20 @@ def test_postgres_a_pipeline_deleted_under_a_checkpoint_takes_its_items_and_one_
 def _delete_pipeline(url: str, pipeline_id: int) -> None:
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute("DELETE FROM rx_pipelines WHERE id = %s", (pipeline_id,))
+
+
+def test_postgres_a_batch_whose_results_pass_256_mb_in_all_checkpoints(pg_url):
+    """One jsonb value holds at most 256 MB: the batch statements take their results as one json array and cast
+    each on its own, so only one result is held to that limit (as before, when each was a text[] element)."""
+    store = RecoveryStore(pg_url)
+    try:
+        store.migrate()
+        own = _running_node(store)
+        text = "x" * (130 * 1024 * 1024)  # two of them: 260 MB of results in one statement
+        store.pipelines.checkpoint_items(own, "a", [ItemCheckpoint("p1", {"text": text}), ItemCheckpoint("p2", [text])])
+        with store.read() as conn:
+            sizes = dict(conn.execute(select(node_items.c.item_key, func.length(
+                func.cast(node_items.c.result, Text))).order_by(node_items.c.item_key)).all())
+        assert sizes == {"p1": len(text) + len('{"text": ""}'), "p2": len(text) + len('[""]')}
+    finally:
+        store.close()
