@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime as dt
 import math
+import re
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
@@ -121,6 +122,9 @@ def encode_json(value: Any) -> JsonText:
 MAX_TOKENS = 2**40
 _MAX_TOKENS = MAX_TOKENS
 _CALL_TEXT = ("endpoint", "model", "outcome", "operation", "provider", "response_model", "note")
+# What no database's text keeps: a NUL (PostgreSQL refuses it, SQLite keeps it) and a lone surrogate (no UTF-8
+# form: json.loads gives one for a "\ud800" escape in a provider's answer, as its model name, say)
+_UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
 
 
 @dataclass(frozen=True)
@@ -167,11 +171,12 @@ class ProviderCall:
     reasoning_tokens: int | None = field(default=None, kw_only=True)
 
     def __post_init__(self) -> None:
-        # PostgreSQL's text refuses NUL, SQLite's keeps it: the same call must be recordable on both.
+        # The same call must be recordable on both databases, and its checkpoint must not fail after it was paid
+        # for: a NUL or a lone surrogate becomes U+FFFD (the usual ASCII text is settled by isascii at once).
         for name in _CALL_TEXT:
             value = getattr(self, name)
-            if type(value) is str and "\x00" in value:
-                object.__setattr__(self, name, value.replace("\x00", "\ufffd"))
+            if type(value) is str and ("\x00" in value or not value.isascii()) and _UNSTORABLE.search(value):
+                object.__setattr__(self, name, _UNSTORABLE.sub("\ufffd", value))
         # Runs once per recorded call, on the item's hot path: the exact-type checks settle the usual
         # values at once, and only an unusual one pays for the full check and its message.
         if not (type(self.tokens_in) is int and 0 <= self.tokens_in < _MAX_TOKENS

@@ -82,7 +82,7 @@ def test_a_paid_answer_with_malformed_usage_completes_its_item_and_is_recorded_w
     assert good.tokens_in == 11 and good.cost == pytest.approx((11 * 1.5 + 3 * 6.0) / 1e6)
 
 
-def test_a_nul_byte_in_a_calls_text_never_fails_the_checkpoint_on_either_database(store):
+def test_a_nul_or_a_lone_surrogate_in_a_calls_text_never_fails_the_checkpoint_on_either_database(store):
     own = store.pipelines.create_pipeline("job", ["a"], owner="run-1", origin_run_id="run-1", params={})
     store.pipelines.start_node(own, "a")
     nul = ProviderCall(endpoint="http://127.0.0.1:9/v\x001", model="m\x00", outcome="ok", tokens_in=1,
@@ -90,11 +90,18 @@ def test_a_nul_byte_in_a_calls_text_never_fails_the_checkpoint_on_either_databas
                        run_id="run-1", epoch=own.epoch)
     failed = ProviderCall(endpoint="http://127.0.0.1:9/v1", model="m", outcome="rate\x00limit",
                           pipeline_id=own.pipeline_id, node_name="a", item_key="k", run_id="run-1", epoch=own.epoch)
+    # a provider's JSON may escape half a surrogate pair ("\ud83d" alone): json.loads gives a lone surrogate
+    lone = ProviderCall(endpoint="http://127.0.0.1:9/v1", model=json.loads('"gpt-\\ud83d"'), outcome="ok",
+                        note="é \udcff 😀", pipeline_id=own.pipeline_id, node_name="a", item_key="k", run_id="run-1",
+                        epoch=own.epoch)
     store.pipelines.checkpoint_item(own, "a", ItemCheckpoint("k", 1, calls=(nul, failed)))
+    store.pipelines.checkpoint_items(own, "a", [ItemCheckpoint("j", 2, calls=(lone,))], stall_timeout=30)
     stored = {c.id: c for c in store_rows.provider_calls(store, own.pipeline_id)}
     assert stored[nul.id].model == "m\ufffd" and "\x00" not in stored[nul.id].endpoint
     assert stored[failed.id].outcome == "rate\ufffdlimit"
-    assert store_rows.reached_checkpoint(store, [nul.id, failed.id]) == {nul.id: True, failed.id: False}
+    assert (stored[lone.id].model, stored[lone.id].note) == ("gpt-\ufffd", "é \ufffd 😀")  # the rest kept as it was
+    assert store_rows.reached_checkpoint(store, [nul.id, failed.id, lone.id]) == {
+        nul.id: True, failed.id: False, lone.id: True}
 
 
 @pytest.mark.parametrize("price", [1e308, 1e7, float("inf"), -1.0])
