@@ -21,7 +21,6 @@ SQLite writes a batch with one multi-row INSERT in a ``BEGIN IMMEDIATE`` transac
 from __future__ import annotations
 
 import json
-
 from dataclasses import replace
 from collections.abc import Sequence
 from typing import Any, NoReturn
@@ -133,9 +132,9 @@ class Checkpoints(Component):
         server about a quarter of a large batch). Items that keep no provider call go without the ledger's CTE
         (its statement triggers fire even for no row); those that push no stall deadline either go without any
         CTE: one item as one INSERT ... SELECT of scalars, a batch as one INSERT of its three JSON arrays under
-        the fence. If an item has a row already, that statement fails
-        and wrote nothing, and the full statement decides: a degraded item is redone, a completed one refuses
-        the batch. Only a batch naming a checkpointed item pays that second round trip.
+        the fence. If an item has a row already, that statement fails and wrote nothing, and the full statement
+        decides: a degraded item is redone, a completed one refuses the batch. Only a batch naming a
+        checkpointed item pays that second round trip.
         """
         first = entries[0]
         calls = any(e.calls for e in entries)
@@ -300,7 +299,7 @@ def _kept_calls(own: Ownership, node_name: str, entries: Sequence[ItemCheckpoint
 
 def _batch_params(own: Ownership, node_name: str, entries: Sequence[ItemCheckpoint],
                   stall_timeout: float | None) -> dict[str, Any]:
-    """The parameters of checkpoint_items.sql and checkpoint_new_items.sql: the items and their calls as arrays."""
+    """The parameters of checkpoint_items.sql and checkpoint_new_items*.sql: the items and their calls as JSON."""
     return {**_item_params(own, node_name, entries), "stall": stall_timeout or None, **_calls_json(entries)}
 
 
@@ -329,6 +328,8 @@ def _calls_json(entries: Sequence[ItemCheckpoint]) -> dict[str, str]:
     """The batch statement's ledger rows as one JSON array of objects ("[]" when no call is kept). Their numbers
     are finite (ProviderCall refuses others), so the JSON is valid."""
     calls = [call_row(call) | {"item_key": call.item_key or entry.key} for entry in entries for call in entry.calls]
+    if not calls:  # the usual item of a node with a stall timeout: nothing to encode
+        return {"calls": "[]"}
     return {"calls": json.dumps([{field: row[field] for field in _CALL_FIELDS} for row in calls], allow_nan=False)}
 
 
