@@ -1,13 +1,16 @@
 """Where a per-item checkpoint's time goes on PostgreSQL, against one bare durable commit.
 
-Ten ways of committing one item, each its own autocommit transaction, run in turn in chunks of 50 so
+Eleven ways of committing one item, each its own autocommit transaction, run in turn in chunks of 50 so
 they see the same load, on a scratch database:
 
 - ``ctx.items``: an op body's loop, ``for item in ctx.items(keys): item.complete(result)`` (one loop over
   every key of the run, 50 items taken from it in each turn);
 - ``store``: ``store.pipelines.checkpoint_item`` (what ``ctx.items()`` calls for each item);
-- ``stall push``: the same with a stall timeout (the node's stall deadline pushed in the same statement: the
-  batch statement with its CTEs, what a node with ``stall_timeout`` set writes per item);
+- ``stall push``: the same with a stall timeout of 600 s (the batch statement with its CTEs, what a node with
+  ``stall_timeout`` set writes per item; its stall deadline moves in the same statement only when less than
+  the timeout is left, ``pipelines.stall_push``, so here once);
+- ``stall due``: the same with a stall timeout of a millisecond, so that every item moves the deadline (a new
+  version of the node's row and of its index entries each time), for measurement only;
 - ``with a call``: the same keeping one provider call (its ledger row written in the same statement: what an
   item that asked an LLM writes);
 - ``kept``: the store's statement through ``driver_autocommit`` (the database's kept connection, see
@@ -25,8 +28,9 @@ they see the same load, on a scratch database:
 It prints each one's rate, its share of the bare commit's rate and the client's CPU per item, so the gap
 between two rows says what one layer costs: the table's own row (plain), the epoch check (no lock), the
 fence's lock (statement), a pool checkout per item (checkout), the kept connection's hand-over (kept), the
-library's own code (store), the op's loop (ctx.items); and what a node's settings and calls add to the store's
-statement (stall push, with a call). Nothing is asserted: the figures go in the closing notes.
+library's own code (store), the op's loop (ctx.items); what a node's settings and calls add to the store's
+statement (stall push, with a call), and what moving the stall deadline on every item would (stall due).
+Nothing is asserted: the figures go in the closing notes.
 
     .venv/bin/python -m bench.checkpoint_floor [--rounds 40] [--chunk 50]
 """
@@ -81,6 +85,12 @@ def ways(store: RecoveryStore, conn: psycopg.Connection, items: int) -> dict[str
         store.pipelines.checkpoint_item(own, "items", ItemCheckpoint(key, {"i": 1}), stall_timeout=600)
         return None
 
+    due = running_node(store, "due")  # its own node: a 600 s push elsewhere would leave it far from due
+
+    def pushing_every_time(key: str) -> object:
+        store.pipelines.checkpoint_item(due, "items", ItemCheckpoint(key, {"i": 1}), stall_timeout=0.001)
+        return None
+
     def keeping_a_call(key: str) -> object:
         call = ProviderCall(endpoint="http://127.0.0.1:9/v1", model="m", tokens_in=12, tokens_out=3,
                             latency_seconds=0.5, cost=0.0001)
@@ -111,6 +121,7 @@ def ways(store: RecoveryStore, conn: psycopg.Connection, items: int) -> dict[str
         "ctx.items": through_ctx_items,
         "store": through_store,
         "stall push": pushing_the_stall_deadline,
+        "stall due": pushing_every_time,
         "with a call": keeping_a_call,
         "kept": kept,
         "checkout": checked_out,

@@ -151,7 +151,10 @@ class RecoveryResource(ConfigurableResource):  # type: ignore[type-arg]
         default=90.0, description="Seconds without a pulse before a pipeline is an orphan (ORPHAN_HEARTBEAT_THRESHOLD)."
     )
     stall_timeout: float | None = Field(
-        default=None, description="Seconds a node may go without progress before it counts as stuck; None disables."
+        default=None,
+        description="Seconds a node may go without progress before it counts as stuck; None disables. It is found "
+                    "stuck between this and a tenth more after its last progress, never sooner: progress moves the "
+                    "deadline only when less than this is left.",
     )
     hard_deadline_seconds: float | None = Field(
         default=None,

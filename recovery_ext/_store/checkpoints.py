@@ -38,7 +38,7 @@ from recovery_ext._store.models import ItemCheckpoint, JsonText, Ownership, Prov
 from recovery_ext._json_values import storable_json
 from recovery_ext._store.schema import node_items
 from recovery_ext._store.statuses import ItemStatus, NodeStatus
-from recovery_ext._store.pipelines import PipelineCore
+from recovery_ext._store.pipelines import PipelineCore, stall_push
 
 UNIQUE_VIOLATION = "23505"
 SUPERSEDED = "RX409"  # raised by rx_superseded() (migration 0009) when a checkpoint's fence finds no row
@@ -51,8 +51,10 @@ _SQLITE_CHECKPOINT = (
     f"VALUES (?, ?, ?, ?, ?, ?, ?, {SQLITE_NOW}) ON CONFLICT (pipeline_id, node_name, item_key) DO UPDATE SET "
     "status = excluded.status, result = excluded.result, run_id = excluded.run_id, epoch = excluded.epoch, "
     "completed_at = excluded.completed_at WHERE rx_node_items.status = ?")
+# SQLite's stall push, by the rule of pipelines.stall_push (as _checkpoint_tail.sql's on PostgreSQL)
 _SQLITE_STALL = (f"UPDATE rx_nodes SET stall_deadline = {SQLITE_NOW} + ? "
-                 "WHERE pipeline_id = ? AND name = ? AND status = ?")
+                 "WHERE pipeline_id = ? AND name = ? AND status = ? "
+                 f"AND (stall_deadline IS NULL OR stall_deadline < {SQLITE_NOW} + ?)")
 
 
 class _Refused(Exception):
@@ -254,8 +256,9 @@ class Checkpoints(Component):
                     if written < len(entries):
                         raise _Refused()  # the write transaction rolls back: nothing of the batch is kept
                     if stall_timeout:
-                        raw.execute(_SQLITE_STALL, (float(stall_timeout), own.pipeline_id, node_name,
-                                                    NodeStatus.RUNNING))
+                        at_least, pushed_to = stall_push(stall_timeout)
+                        raw.execute(_SQLITE_STALL, (pushed_to, own.pipeline_id, node_name, NodeStatus.RUNNING,
+                                                    at_least))
         except _Refused:
             self._refuse(own, node_name, keys)
 
@@ -300,7 +303,9 @@ def _kept_calls(own: Ownership, node_name: str, entries: Sequence[ItemCheckpoint
 def _batch_params(own: Ownership, node_name: str, entries: Sequence[ItemCheckpoint],
                   stall_timeout: float | None) -> dict[str, Any]:
     """The parameters of checkpoint_items.sql and checkpoint_new_items*.sql: the items and their calls as JSON."""
-    return {**_item_params(own, node_name, entries), "stall": stall_timeout or None, **_calls_json(entries)}
+    at_least, pushed_to = stall_push(stall_timeout) if stall_timeout else (None, None)
+    return {**_item_params(own, node_name, entries), "stall": at_least, "stall_to": pushed_to,
+            **_calls_json(entries)}
 
 
 def _fence_params(own: Ownership, node_name: str) -> dict[str, Any]:

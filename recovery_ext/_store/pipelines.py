@@ -23,7 +23,7 @@ from contextlib import ExitStack, contextmanager
 from functools import cached_property
 from typing import Any
 
-from sqlalchemy import Connection, func, insert, select, update
+from sqlalchemy import Connection, func, insert, or_, select, update
 from sqlalchemy.exc import IntegrityError
 
 from recovery_ext._conventions import placeholder_owner
@@ -48,6 +48,22 @@ __all__ = ["NODE_TRANSITIONS", "ItemCheckpoint", "PipelineCore", "PipelineNodes"
 # without: the dead run's outage pause, its reason and the outage clock. The new run's outage budget
 # starts at its own first failure.
 NEW_OWNER_RESETS: dict[str, None] = {"waiting_until": None, "waiting_since": None, "waiting_reason": None}
+
+STALL_PUSH_SLACK = 0.1
+
+
+def stall_push(stall_timeout: float) -> tuple[float, float]:
+    """When progress moves a node's stall deadline, and to where: ``(at_least, pushed_to)``, seconds from now on
+    the database clock. The deadline moves only when less than ``at_least`` (the stall timeout) is left, and
+    then to ``pushed_to``, a tenth more.
+
+    So after any progress the deadline is at least a stall timeout away: a node is found stalled between one
+    stall timeout and 1.1 of it after its last progress, never sooner. And a node whose items finish many a
+    second rewrites its row about ten times per stall timeout, not once per item: the deadline is indexed
+    (``rx_nodes_stalled``), so each push is a new version of the row and of its index entries, and a reclaim
+    or a status read waits behind the row's lock. Every push (an item checkpoint on either database,
+    ``ctx.progress()``) goes by this rule."""
+    return stall_timeout, stall_timeout * (1 + STALL_PUSH_SLACK)
 
 
 class PipelineCore(Component):
@@ -487,14 +503,17 @@ class PipelineNodes(Component):
 
     @retried
     def report_progress(self, own: Ownership, name: str, *, stall_timeout: float) -> None:
-        """The node moved forward: push its stall deadline out by ``stall_timeout``."""
+        """The node moved forward: its stall deadline is at least ``stall_timeout`` away again
+        (:func:`stall_push`)."""
+        at_least, pushed_to = stall_push(stall_timeout)
         with self.write() as conn:
             self.fence.check(conn, own)
             conn.execute(
                 update(nodes)
                 .where(nodes.c.pipeline_id == own.pipeline_id, nodes.c.name == name,
-                       nodes.c.status == NodeStatus.RUNNING)
-                .values(stall_deadline=self.dialect.now_plus(stall_timeout))
+                       nodes.c.status == NodeStatus.RUNNING,
+                       or_(nodes.c.stall_deadline.is_(None), nodes.c.stall_deadline < self.dialect.now_plus(at_least)))
+                .values(stall_deadline=self.dialect.now_plus(pushed_to))
             )
 
 
