@@ -68,12 +68,14 @@ def _json_text(result: Any) -> JsonText | None:
                       allow_retries=False) from exc
 
 
-def _refuse_unstorable_keys(name: str, keys: Sequence[str], *, keeps_nul: bool) -> None:
+def _refuse_unstorable_keys(name: str, keys: Sequence[str], *, keeps_nul: bool,
+                            outcome: str = "no item was started") -> None:
     """Refuse the keys whole (before any work is paid for) when one cannot be stored as text: a lone surrogate (a
     file name decoded with ``surrogateescape``: it has no UTF-8 form, on either database), or a NUL character
     where the database's text refuses it (PostgreSQL; ``keeps_nul``: SQLite keeps one, so its pipelines that
     hold such keys still resume). Found only after its work, such a key's checkpoint would fail the op with the
-    answer paid for."""
+    answer paid for. ``outcome`` says what was not done (``ctx.checkpoint(key)`` gets its key only after the
+    work, so it refuses it there, before the store)."""
     for key in keys:
         if "\x00" in key and not keeps_nul:
             why = "holds a NUL character, which this database's text cannot store"
@@ -81,8 +83,8 @@ def _refuse_unstorable_keys(name: str, keys: Sequence[str], *, keeps_nul: bool) 
             continue
         else:
             why = "holds a lone surrogate (text decoded from bytes that are not UTF-8)"
-        raise ConfigurationError(f"{name}: key {key[:80]!r} {why}; a checkpoint could not store it, so no item "
-                                 "was started (give each item a key of plain text)")
+        raise ConfigurationError(f"{name}: key {key[:80]!r} {why}; a checkpoint could not store it, so {outcome} "
+                                 "(give each item a key of plain text)")
 
 
 def _has_utf8_form(text: str) -> bool:
@@ -137,7 +139,7 @@ class Item:
     def _finish(self, result: Any, also: Callable[[Any], None] | None, status: str) -> None:
         self._refuse_twice()
         if self.committer is None:
-            self.node.checkpoint(self.key, result, also=also, status=status)
+            self.node._checkpoint(self.key, result, also=also, status=status)
         else:
             self.committer.submit(self.node._entry(self.key, result, also, status)).result()
         self.finished = True
@@ -145,7 +147,7 @@ class Item:
     async def _afinish(self, result: Any, also: Callable[[Any], None] | None, status: str) -> None:
         self._refuse_twice()
         if self.committer is None:
-            await asyncio.to_thread(contextvars.copy_context().run, self.node.checkpoint, self.key, result,
+            await asyncio.to_thread(contextvars.copy_context().run, self.node._checkpoint, self.key, result,
                                     also=also, status=status)
         else:
             await asyncio.wrap_future(self.committer.submit(self.node._entry(self.key, result, also, status)))
@@ -507,10 +509,20 @@ class NodeContext:
 
     def checkpoint(self, key: str, result: Any = None, *, also: Callable[[Any], None] | None = None,
                    status: str = ItemStatus.COMPLETED) -> None:
+        """Checkpoint the item ``key`` of this node with ``result`` (what ``item.complete`` does for an item of
+        ``ctx.items()``). A key no checkpoint could store (a NUL on PostgreSQL, a lone surrogate) is refused
+        with a :class:`ConfigurationError` naming it, instead of the driver's error."""
+        key = str(key)
+        _refuse_unstorable_keys("ctx.checkpoint", [key], keeps_nul=self._store.dialect.text_keeps_nul,
+                                outcome="nothing was written")
+        self._checkpoint(key, result, also=also, status=status)
+
+    def _checkpoint(self, key: str, result: Any = None, *, also: Callable[[Any], None] | None = None,
+                    status: str = ItemStatus.COMPLETED) -> None:
+        """:meth:`checkpoint` of a key ``ctx.items()`` checked already."""
         batch = self._batch
         if batch == 1:  # a buffered completion needs no check of its own: its flush checks before it writes
             self.check()
-        key = str(key)
         # Encoded once, here: the store writes this text as it is (a batch of 1,000 items spends most of
         # its client time on per-item work, so none of it is done twice).
         entry = ItemCheckpoint(key, _json_text(result), status, also, self._take_calls(key) if self._calls else ())

@@ -267,6 +267,31 @@ def test_a_key_with_a_nul_is_refused_where_text_refuses_it_and_resumes_where_tex
         "fine": "fine", "page\x00two": "page\ufffdtwo", "also fine": "also fine"}
 
 
+def test_ctx_checkpoint_refuses_a_key_no_checkpoint_could_store_with_a_clear_error(store):
+    """``ctx.checkpoint(key)`` gets its key only after the work: what no text of this database stores is refused
+    there with the words of ``ctx.items``, not the driver's error (a UnicodeEncodeError, a DataError)."""
+    from dagster import DagsterInstance, build_op_context
+
+    from recovery_ext._dagster.context import NodeContext
+    from recovery_ext._liveness.heartbeat import HeartbeatSettings
+
+    own = _running_node(store)
+    nul_refused = not store.dialect.text_keeps_nul
+    with DagsterInstance.ephemeral() as instance:
+        ctx = NodeContext(build_op_context(instance=instance), store, own, "a", HeartbeatSettings(), None, None)
+        with pytest.raises(ConfigurationError, match=r"ctx.checkpoint: key 'scan-\\udcff.png' holds a lone "
+                                                     r"surrogate.*so nothing was written"):
+            ctx.checkpoint("scan-\udcff.png", 1)
+        if nul_refused:
+            with pytest.raises(ConfigurationError, match="holds a NUL character"):
+                ctx.checkpoint("page\x00two", 2)
+        else:
+            ctx.checkpoint("page\x00two", 2)
+        ctx.checkpoint("fine", 3)  # the node goes on
+    assert store.pipelines.completed_items(own.pipeline_id, "a") == (
+        {"fine": 3} if nul_refused else {"page\x00two": 2, "fine": 3})
+
+
 def test_a_batch_mixing_new_and_degraded_keys_writes_them_all(store):
     own = _running_node(store)
     store.pipelines.checkpoint_item(own, "a", ItemCheckpoint("d1", None, status="degraded"))
