@@ -152,9 +152,9 @@ class RecoveryResource(ConfigurableResource):  # type: ignore[type-arg]
     )
     stall_timeout: float | None = Field(
         default=None,
-        description="Seconds a node may go without progress before it counts as stuck; None disables. It is found "
-                    "stuck between this and a tenth more after its last progress, never sooner: progress moves the "
-                    "deadline only when less than this is left.",
+        description="Seconds a node may go without progress before it counts as stuck; None disables. It becomes "
+                    "due between this and a tenth more after its last progress, never sooner (progress moves the "
+                    "deadline only when less than this is left), and the orphan sensor finds it at its next tick.",
     )
     hard_deadline_seconds: float | None = Field(
         default=None,

@@ -57,12 +57,14 @@ def stall_push(stall_timeout: float) -> tuple[float, float]:
     the database clock. The deadline moves only when less than ``at_least`` (the stall timeout) is left, and
     then to ``pushed_to``, a tenth more.
 
-    So after any progress the deadline is at least a stall timeout away: a node is found stalled between one
-    stall timeout and 1.1 of it after its last progress, never sooner. And a node whose items finish many a
-    second rewrites its row about ten times per stall timeout, not once per item: the deadline is indexed
+    So after any progress the deadline is at least a stall timeout away: a node becomes due between one stall
+    timeout and 1.1 of it after its last progress, never sooner. And a node whose items finish many a second
+    rewrites its row about ten times per stall timeout, not once per item: the deadline is indexed
     (``rx_nodes_stalled``), so each push is a new version of the row and of its index entries, and a reclaim
-    or a status read waits behind the row's lock. Every push (an item checkpoint on either database,
-    ``ctx.progress()``) goes by this rule."""
+    waits behind the row's lock. Every push (an item checkpoint on either database, ``ctx.progress()``) goes
+    by this rule; a node's start sets the deadline from its own stall timeout, whatever was pushed before.
+    A deadline that is not a finite time (a corrupt row) is never earlier than anything, so no push replaces
+    it: the orphan sensor's corrupt-row check fails that pipeline instead."""
     return stall_timeout, stall_timeout * (1 + STALL_PUSH_SLACK)
 
 
