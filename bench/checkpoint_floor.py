@@ -46,7 +46,7 @@ import psycopg
 from dagster import DagsterInstance, build_op_context
 
 from bench.batch_bench import running_node
-from bench.recovery_bench import drop_db, scratch_db
+from bench.recovery_bench import scratch_store
 from recovery_ext._dagster.context import NodeContext
 from recovery_ext._liveness.heartbeat import HeartbeatSettings
 from recovery_ext._store.hot_path import statement_cursor
@@ -137,34 +137,26 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=40, help="rounds of every way in turn (default 40)")
     parser.add_argument("--chunk", type=int, default=50, help="items per way per round (default 50)")
     args = parser.parse_args()
-    url = scratch_db()
-    store = RecoveryStore(url.replace("postgresql://", "postgresql+psycopg://", 1))
-    try:
-        store.migrate()
-        with psycopg.connect(url, autocommit=True) as conn:
-            conn.execute("CREATE TABLE rx_bench_one_commit (item_key text PRIMARY KEY)")
-            each = ways(store, conn, 20 + args.rounds * args.chunk)
-            wall = dict.fromkeys(each, 0.0)
-            cpu = dict.fromkeys(each, 0.0)
-            for name, work in each.items():  # warm: prepared statements, pooled connection
-                for i in range(20):
-                    work(f"warm-{name}-{i}")
-            for round_no in range(args.rounds):
-                for name, work in each.items():
-                    started, used = time.perf_counter(), time.process_time()
-                    for i in range(args.chunk):
-                        work(f"{name}-{round_no}-{i}")
-                    wall[name] += time.perf_counter() - started
-                    cpu[name] += time.process_time() - used
-        count = args.rounds * args.chunk
-        print(f"one item per autocommit transaction, {args.rounds} rounds of {args.chunk} in turn, PostgreSQL")
-        for name in each:
-            print(f"  {name:<10} {count / wall[name]:7.0f} /s   {wall['bare'] / wall[name]:4.2f}x the bare commit   "
-                  f"client CPU {1e6 * cpu[name] / count:4.0f} us/item")
-    finally:
-        store.close()
-        drop_db(url)
-
+    with scratch_store() as (url, store), psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("CREATE TABLE rx_bench_one_commit (item_key text PRIMARY KEY)")
+        each = ways(store, conn, 20 + args.rounds * args.chunk)
+        wall = dict.fromkeys(each, 0.0)
+        cpu = dict.fromkeys(each, 0.0)
+        for name, work in each.items():  # warm: prepared statements, pooled connection
+            for i in range(20):
+                work(f"warm-{name}-{i}")
+        for round_no in range(args.rounds):
+            for name, work in each.items():
+                started, used = time.perf_counter(), time.process_time()
+                for i in range(args.chunk):
+                    work(f"{name}-{round_no}-{i}")
+                wall[name] += time.perf_counter() - started
+                cpu[name] += time.process_time() - used
+    count = args.rounds * args.chunk
+    print(f"one item per autocommit transaction, {args.rounds} rounds of {args.chunk} in turn, PostgreSQL")
+    for name in each:
+        print(f"  {name:<10} {count / wall[name]:7.0f} /s   {wall['bare'] / wall[name]:4.2f}x the bare commit   "
+              f"client CPU {1e6 * cpu[name] / count:4.0f} us/item")
 
 if __name__ == "__main__":
     main()

@@ -19,6 +19,8 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import psycopg
@@ -54,6 +56,19 @@ def scratch_db() -> str:
 def drop_db(url: str) -> None:
     with psycopg.connect(ADMIN, autocommit=True) as conn:
         conn.execute(f'DROP DATABASE IF EXISTS "{url.rsplit("/", 1)[1]}" WITH (FORCE)')
+
+
+@contextmanager
+def scratch_store() -> Iterator[tuple[str, RecoveryStore]]:
+    """A migrated store on a scratch PostgreSQL database (its psycopg URL, the store), dropped afterwards."""
+    url = scratch_db()
+    store = RecoveryStore(url.replace("postgresql://", "postgresql+psycopg://", 1))
+    try:
+        store.migrate()
+        yield url, store
+    finally:
+        store.close()
+        drop_db(url)
 
 
 def calls(store, run_ids):

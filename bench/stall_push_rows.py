@@ -17,9 +17,8 @@ import argparse
 import psycopg
 
 from bench.batch_bench import running_node
-from bench.recovery_bench import drop_db, scratch_db
+from bench.recovery_bench import scratch_store
 from recovery_ext._store.models import ItemCheckpoint
-from recovery_ext._store.store import RecoveryStore
 
 SIZE = "SELECT pg_total_relation_size('rx_nodes')"
 # counts every write of a node's row: this bench times nothing, so the trigger's own cost does not matter
@@ -36,28 +35,19 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--items", type=int, default=10_000, help="items per phase (default 10000)")
     args = parser.parse_args()
-    url = scratch_db()
-    store = RecoveryStore(url.replace("postgresql://", "postgresql+psycopg://", 1))
-    try:
-        store.migrate()
-        with psycopg.connect(url, autocommit=True) as conn:
-            conn.execute(COUNT_WRITES)
-            print(f"rx_nodes on PostgreSQL, {args.items} one-item checkpoints per node")
-            for label, stall in (("stall_push (600 s)", 600.0), ("every item (1 ms)", 0.001)):
-                own = running_node(store, label)
-                conn.execute("VACUUM rx_nodes")
-                size = conn.execute(SIZE).fetchone()[0]  # type: ignore[index]
-                writes = conn.execute("SELECT n FROM bench_node_writes").fetchone()[0]  # type: ignore[index]
-                for i in range(args.items):
-                    store.pipelines.checkpoint_item(own, "items", ItemCheckpoint(f"k{i}", {"i": i}),
-                                                    stall_timeout=stall)
-                grown = conn.execute(SIZE).fetchone()[0] - size  # type: ignore[index]
-                written = conn.execute("SELECT n FROM bench_node_writes").fetchone()[0] - writes  # type: ignore[index]
-                print(f"  {label:<20} rx_nodes grew {grown // 1024:6d} kB   writes of the node's row {written:6d}")
-    finally:
-        store.close()
-        drop_db(url)
-
+    with scratch_store() as (url, store), psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(COUNT_WRITES)
+        print(f"rx_nodes on PostgreSQL, {args.items} one-item checkpoints per node")
+        for label, stall in (("stall_push (600 s)", 600.0), ("every item (1 ms)", 0.001)):
+            own = running_node(store, label)
+            conn.execute("VACUUM rx_nodes")
+            size = conn.execute(SIZE).fetchone()[0]  # type: ignore[index]
+            writes = conn.execute("SELECT n FROM bench_node_writes").fetchone()[0]  # type: ignore[index]
+            for i in range(args.items):
+                store.pipelines.checkpoint_item(own, "items", ItemCheckpoint(f"k{i}", {"i": i}), stall_timeout=stall)
+            grown = conn.execute(SIZE).fetchone()[0] - size  # type: ignore[index]
+            written = conn.execute("SELECT n FROM bench_node_writes").fetchone()[0] - writes  # type: ignore[index]
+            print(f"  {label:<20} rx_nodes grew {grown // 1024:6d} kB   writes of the node's row {written:6d}")
 
 if __name__ == "__main__":
     main()
