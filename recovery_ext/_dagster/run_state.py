@@ -115,7 +115,8 @@ PROGRESS_EVERY = 5.0
 
 class ProgressReporter:
     """A node's item progress on its Dagster run: the run tag ``recovery/progress`` ("enrich_columns 6/12 items")
-    and a line in the run's log, when the items start, at most every ``every`` seconds, and when they run out."""
+    and a line in the run's log, when the items start, at most every ``every`` seconds, and when they run out;
+    never the same count twice in a row (a resumed node whose items were all done starts and ends at its total)."""
 
     def __init__(self, context: Any, node: str, total: int, *, every: float = PROGRESS_EVERY) -> None:
         self.instance: DagsterInstance = context.instance
@@ -123,12 +124,13 @@ class ProgressReporter:
         self.log = getattr(context, "log", None)
         self.node, self.total, self.every = node, total, every
         self._last = float("-inf")
+        self._shown: int | None = None
 
     def update(self, finished: int, *, final: bool = False) -> None:
         now = time.monotonic()
-        if not final and now - self._last < self.every:
+        if (not final and now - self._last < self.every) or finished == self._shown:
             return
-        self._last = now
+        self._last, self._shown = now, finished
         text = f"{self.node} {finished}/{self.total} items"
         try:
             self.instance.add_run_tags(self.run_id, {TAG_PROGRESS: text})
