@@ -80,6 +80,18 @@ def pipeline_nodes(job_def: JobDefinition) -> list[NodeSpec]:
     return specs
 
 
+def superseded_cause(reclaim: Mapping[str, Any]) -> str:
+    """The ``recovery/superseded_cause`` tag of a run whose pipeline was reclaimed, from the reclaim's record: its
+    cause, and for a heartbeat that went silent, for how long. How long it had been silent says why only when
+    silence was the cause: a run Dagster reported dead, a stalled node or a passed deadline had heartbeats that
+    were simply not due yet."""
+    cause = str(reclaim.get("cause") or "orphaned")
+    silent = reclaim.get("heartbeat_age_seconds")
+    if cause in ("heartbeat", "node_heartbeat") and isinstance(silent, (int, float)):
+        cause += f", {'node heartbeat' if cause == 'node_heartbeat' else 'heartbeat'} silent for {silent:.1f} s"
+    return cause
+
+
 def has_run_liveness(executor_def: ExecutorDefinition | None, run_id: str) -> bool:
     """Whether ``run_id`` runs under a run scope: a wrapped executor, or an in-process scope here."""
     with _active_lock:
@@ -221,11 +233,7 @@ class RunScope:
             data = self.store.pipelines.last_reclaim(pipeline_id) or {}
         except Exception as exc:  # noqa: BLE001 - best effort: it only words the pointer
             return f"orphaned (cause unknown: {redact(exc)})"
-        cause = str(data.get("cause") or "orphaned")
-        if isinstance(data.get("heartbeat_age_seconds"), (int, float)):
-            which = "node heartbeat" if cause == "node_heartbeat" else "heartbeat"
-            cause += f", {which} silent for {data['heartbeat_age_seconds']:.1f} s"
-        return cause
+        return superseded_cause(data)
 
     def _point_forward(self, previous_run_id: str | None, pipeline_id: int, role: str, cause: str) -> None:
         """The superseded run names the run that took over, as the new run names it: a tag and an engine event.
