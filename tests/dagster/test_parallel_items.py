@@ -264,14 +264,19 @@ def test_a_thread_starts_its_next_item_while_its_checkpoint_commits_and_queues_o
                                                                                               monkeypatch):
     """ctx.map does not hold a thread while an item's checkpoint commits (the next item starts), but a thread
     waits for it before queueing another: never more checkpoints queued than items in flight, and every item
-    checkpointed once when the map returns."""
+    checkpointed once when the map returns. The first commits are held until every thread's second item has
+    returned, so each thread's second checkpoint is due while its first is still committing."""
+    from recovery_ext._dagster import parallel
     from recovery_ext._dagster.group_commit import GroupCommitter
     from recovery_ext._store.models import ItemCheckpoint
+    from recovery_ext._store.store import Pipelines
 
     queued: set[int] = set()
     most = [0]
+    returned = [0]
     lock = threading.Lock()
-    submit = GroupCommitter.submit
+    second_items_returned = threading.Event()
+    submit, run_item, checkpoint_items = GroupCommitter.submit, parallel._run_item, Pipelines.checkpoint_items
 
     def counting(self, entry):
         done = submit(self, entry)
@@ -287,9 +292,26 @@ def test_a_thread_starts_its_next_item_while_its_checkpoint_commits_and_queues_o
             done.add_done_callback(settled)
         return done
 
+    def counted(node, item, fn, attempts):
+        def one(it):
+            answer = fn(it)
+            with lock:
+                returned[0] += 1
+                if returned[0] >= 8:  # 4 threads, each on its second item: their first checkpoints are held
+                    second_items_returned.set()
+            return answer
+        return run_item(node, item, one, attempts)
+
+    def held(self, *args, **kwargs):
+        second_items_returned.wait(timeout=60)
+        return checkpoint_items(self, *args, **kwargs)
+
     monkeypatch.setattr(GroupCommitter, "submit", counting)
+    monkeypatch.setattr(parallel, "_run_item", counted)
+    monkeypatch.setattr(Pipelines, "checkpoint_items", held)
     result = run(parallel_defs.threaded_job, db_url, "threaded", url=provider.url, keys=40, concurrency=4)
     assert result.success, result.all_events
+    assert second_items_returned.is_set()
     assert result.output_for_node("threaded") == {"done": 40, "resumed": 0}
     assert 1 <= most[0] <= 4 and not queued
     assert_each_item_got_its_own_answer(store, "threaded", [f"k{i:05d}" for i in range(40)], provider)
