@@ -11,7 +11,7 @@ superseded worker stops with "superseded by run <id>" and writes nothing.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, NoReturn
 
 from dagster import Failure, In, OpExecutionContext, Out, Output, RetryPolicy, RetryRequested, op
 
@@ -211,6 +211,18 @@ def _run_node(run: NodeRun, own: Ownership, inputs: dict[str, Any], node: Node |
         ctx.flush_ledger()  # calls no checkpoint took (failed, superseded, stopped): written before the step ends
 
 
+def _stopped(ctx: NodeContext, watchdog: Lease, stop: BaseException, raised: BaseException) -> NoReturn:
+    """The step's end when its body stopped on ``stop`` (ownership lost or a stop requested; ``raised`` is what
+    the body raised, a client library's error around it, say): the run worker died, or another run took over."""
+    if watchdog.lost is None and ctx.run_worker_gone is not None and ctx.run_worker_gone.is_set():
+        # from None: the expected end of a step whose run worker died, one line, no chained traceback
+        raise Failure(description="the run worker died; this step process stopped before its next provider "
+                                  "call (the pipeline resumes from its checkpoints)", allow_retries=False) from None
+    owner = getattr(watchdog.lost or stop, "owner", None)
+    raise Failure(description=f"superseded by {f'run {owner}' if owner else 'another run'}; stopped without writing",
+                  allow_retries=False) from raised
+
+
 def _run_body(run: NodeRun, own: Ownership, inputs: dict[str, Any], node: Node, ctx: NodeContext,
               watchdog: Lease) -> Any:
     context, store, settings, op_name = run.context, run.store, run.settings, run.name
@@ -222,21 +234,13 @@ def _run_body(run: NodeRun, own: Ownership, inputs: dict[str, Any], node: Node, 
         ctx.flush()  # completions a batched items() loop still buffers (the body left the loop early)
         ctx.check()
     except (OwnershipLost, StopRequested) as exc:
-        lost: BaseException = watchdog.lost or exc
-        if watchdog.lost is None and ctx.run_worker_gone is not None and ctx.run_worker_gone.is_set():
-            # from None: the expected end of a step whose run worker died, one line, no chained traceback
-            raise Failure(description="the run worker died; this step process stopped before its next provider "
-                                      "call (the pipeline resumes from its checkpoints)", allow_retries=False) from None
-        raise Failure(description=f"superseded by run {getattr(lost, 'owner', None) or 'another run'}; "
-                                  "stopped without writing", allow_retries=False) from exc
+        _stopped(ctx, watchdog, exc, exc)
     except (Failure, RetryRequested):
         raise
     except Exception as exc:  # noqa: BLE001 - every error goes through the shared classifier
         stopped = in_chain(exc, (OwnershipLost, StopRequested))
         if stopped is not None:  # a client library wrapped it (an SDK's connection error around the transport's)
-            lost = watchdog.lost or stopped
-            raise Failure(description=f"superseded by run {getattr(lost, 'owner', None) or 'another run'}; "
-                                      "stopped without writing", allow_retries=False) from exc
+            _stopped(ctx, watchdog, stopped, exc)
         return _handle_error(run, own, exc, ctx, node.attempts)
     finally:
         watchdog.release()

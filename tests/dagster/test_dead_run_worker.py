@@ -7,11 +7,11 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from dagster import DagsterEventType
+from dagster import DagsterEventType, in_process_executor, job
 from sqlalchemy import inspect
 
 from e2e_defs import calls, items_job_inprocess
-from recovery_ext import RecoveryResource, execute_in_process
+from recovery_ext import RecoveryResource, execute_in_process, recoverable_op, with_recovery
 from recovery_ext._dagster import executor, recoverable
 from recovery_ext._liveness import watch as parent
 from recovery_ext._liveness.watch import RUN_WORKER_PID_ENV
@@ -60,3 +60,32 @@ def test_a_step_whose_run_worker_dies_mid_way_fails_with_one_plain_line(store, d
     (failure,) = [e for e in result.all_events if e.event_type == DagsterEventType.STEP_FAILURE]
     error = failure.event_specific_data.error
     assert "the run worker died" in error.message and error.cause is None
+
+
+@recoverable_op
+def wraps_the_stop(ctx):
+    try:  # an SDK wraps its transport's error in its own: here, the stop its client's check raised
+        for item in ctx.items(["a", "b"]):
+            ctx.check_calls()  # what a provider client asks before each request
+            item.complete(item.key)
+    except Exception as exc:
+        raise ConnectionError("the SDK's connection error") from exc
+
+
+@job(executor_def=with_recovery(in_process_executor))
+def wrapping_job():
+    wraps_the_stop()
+
+
+def test_a_stop_a_client_library_wrapped_says_the_run_worker_died_too(store, db_url, monkeypatch):
+    monkeypatch.setattr(recoverable, "is_run_worker", lambda run_id: False)
+    parent.RUN_WORKER_GONE.set()
+    try:
+        result = execute_in_process(wrapping_job, raise_on_error=False, resources={
+            "recovery": RecoveryResource(database_url=db_url, heartbeat_interval=0.5, heartbeat_timeout=3)})
+    finally:
+        parent.RUN_WORKER_GONE.clear()
+    (failure,) = [e for e in result.all_events if e.event_type == DagsterEventType.STEP_FAILURE]
+    error = failure.event_specific_data.error
+    assert "the run worker died" in error.message and error.cause is None
+    assert store.pipelines.completed_items(store.reports.list_pipelines()[0].id, "wraps_the_stop") == {}
