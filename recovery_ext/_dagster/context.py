@@ -10,7 +10,6 @@ import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future
-from concurrent.futures import wait as futures_wait
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import Any
@@ -109,9 +108,6 @@ class Item:
     key: str
     committer: GroupCommitter[ItemCheckpoint] | None = None
     finished: bool = False
-    # ctx.map: the checkpoint its thread queued for the item before, maybe still committing; this item's own
-    # waits for it before it is queued, so a thread never has more than one checkpoint queued
-    after: Future[Any] | None = None
 
     def complete(self, result: Any = None, *, also: Callable[[FencedTransaction], None] | None = None) -> None:
         """Checkpoint this item; ``also(tx)`` writes in the same fenced transaction."""
@@ -136,7 +132,6 @@ class Item:
         tells whether it committed."""
         self._refuse_twice()
         assert self.committer is not None, "only a map's items complete later"
-        self._wait_for_the_one_before()
         queued = self.committer.submit(self.node._entry(self.key, result, None, ItemStatus.COMPLETED))
         self.finished = True
         return queued
@@ -146,15 +141,8 @@ class Item:
         if self.committer is None:
             self.node._checkpoint(self.key, result, also=also, status=status)
         else:
-            self._wait_for_the_one_before()
             self.committer.submit(self.node._entry(self.key, result, also, status)).result()
         self.finished = True
-
-    def _wait_for_the_one_before(self) -> None:
-        """Wait (whatever its outcome: it is tallied for its own item) for the checkpoint ``after`` names."""
-        if self.after is not None:
-            futures_wait([self.after])
-            self.after = None
 
     async def _afinish(self, result: Any, also: Callable[[Any], None] | None, status: str) -> None:
         self._refuse_twice()

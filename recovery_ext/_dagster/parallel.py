@@ -51,7 +51,6 @@ class Item(Protocol):
 
     key: str
     finished: bool
-    after: Future[Any] | None  # the checkpoint its thread queued before: waited for before this one's is queued
 
     def complete(self, result: Any = None) -> None: ...
 
@@ -301,14 +300,15 @@ def map_in_threads(node: NodeContext, fn: Callable[[Any], Any], keys: Iterable[A
     def work(item: Item | None) -> None:
         # An item whose function returned is done once its checkpoint commits: the thread does not wait for that
         # commit to start its next item (its answers are kept already; the checkpoint is fenced like any write,
-        # and tallied when it commits). The next item waits for it before queueing its own (``Item.after``): a
-        # thread has at most one checkpoint queued, so instant items cannot queue up thousands of them.
+        # and tallied when it commits). It waits for it once its next item has queued its own: a thread has at
+        # most two checkpoints queued, the one committing and the next, so instant items cannot queue up
+        # thousands of them, and the next can join the group commit after the one under way (waiting for that
+        # one before queueing the next cost a tenth of the items' rate at 32 threads with 10 ms calls).
         queued: Future[Any] | None = None
         attempts = policy.build()  # a tenacity Retrying costs more to build than to begin again per item
         while item is not None:
             error: BaseException | None = None
             checkpoint: Future[Any] | None = None
-            item.after = queued
             try:
                 checkpoint = base.copy().run(_run_item, node, item, fn, attempts)
             except BaseException as exc:  # noqa: BLE001 - the item's outcome, tallied like any other

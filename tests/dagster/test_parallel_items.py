@@ -260,12 +260,13 @@ def test_sdk_requests_in_parallel_pause_at_the_spend_cap_and_go_on_when_it_is_ra
         stand_in.stop()
 
 
-def test_a_thread_starts_its_next_item_while_its_checkpoint_commits_and_queues_one_at_most(store, db_url, provider,
+def test_a_thread_starts_its_next_item_while_its_checkpoint_commits_and_queues_two_at_most(store, db_url, provider,
                                                                                               monkeypatch):
     """ctx.map does not hold a thread while an item's checkpoint commits (the next item starts), but a thread
-    waits for it before queueing another: never more checkpoints queued than items in flight, and every item
-    checkpointed once when the map returns. The first commits are held until every thread's second item has
-    returned, so each thread's second checkpoint is due while its first is still committing."""
+    waits for it once the next one is queued: at most two checkpoints queued per thread (the one committing and
+    the next), and every item checkpointed once when the map returns. The first commits are held until every
+    thread's second item has returned: that happens only if threads go on while their checkpoints commit, and
+    then each thread has both of its checkpoints queued."""
     from recovery_ext._dagster import parallel
     from recovery_ext._dagster.group_commit import GroupCommitter
     from recovery_ext._store.models import ItemCheckpoint
@@ -313,5 +314,7 @@ def test_a_thread_starts_its_next_item_while_its_checkpoint_commits_and_queues_o
     assert result.success, result.all_events
     assert second_items_returned.is_set()
     assert result.output_for_node("threaded") == {"done": 40, "resumed": 0}
-    assert 1 <= most[0] <= 4 and not queued
+    # each thread had its first checkpoint held and its second queued (the last thread's second may only just
+    # be queued as the first commits go), and never a third
+    assert 4 < most[0] <= 2 * 4 and not queued
     assert_each_item_got_its_own_answer(store, "threaded", [f"k{i:05d}" for i in range(40)], provider)
