@@ -8,6 +8,7 @@ of them the deadline is at least a stall timeout away; when it already was, the 
 from __future__ import annotations
 
 import datetime as dt
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from sqlalchemy import Float, select, text, type_coerce, update
@@ -125,3 +126,54 @@ def test_a_node_is_never_due_sooner_than_its_stall_timeout_after_progress(store)
             _set_deadline(store, own, left)
             push()
             assert _seconds_left(store, own) > STALL - 5, (left, way)
+
+
+@pytest.fixture
+def node_writes(store):
+    """How many times rx_nodes' rows were written since the test began: a counting trigger, dropped after (the
+    PostgreSQL database is lent to the next test)."""
+    postgres = store.dialect.name == "postgresql"
+    with store.write() as conn:
+        conn.execute(text("CREATE TABLE IF NOT EXISTS node_writes (n INTEGER NOT NULL)"))
+        if postgres:
+            conn.execute(text("CREATE FUNCTION node_written() RETURNS trigger LANGUAGE plpgsql AS "
+                              "$$ BEGIN INSERT INTO node_writes VALUES (1); RETURN NULL; END $$"))
+            conn.execute(text("CREATE TRIGGER node_written AFTER UPDATE ON rx_nodes FOR EACH ROW "
+                              "EXECUTE FUNCTION node_written()"))
+        else:
+            conn.execute(text("CREATE TRIGGER IF NOT EXISTS node_written AFTER UPDATE ON rx_nodes "
+                              "BEGIN INSERT INTO node_writes VALUES (1); END"))
+
+    def count() -> int:
+        with store.read() as conn:
+            return int(conn.scalar(text("SELECT count(*) FROM node_writes")))
+
+    try:
+        yield count
+    finally:
+        with store.write() as conn:
+            conn.execute(text("DROP TRIGGER IF EXISTS node_written" + (" ON rx_nodes" if postgres else "")))
+            if postgres:
+                conn.execute(text("DROP FUNCTION IF EXISTS node_written()"))
+            conn.execute(text("DROP TABLE node_writes"))
+
+
+def test_items_in_flight_in_many_threads_move_the_deadline_once(store, node_writes):
+    """Eight threads checkpoint and report progress at once on one node whose deadline is missing: the first push
+    moves it, and every other one, waiting on the row or reading it after, finds it a stall timeout away."""
+    own = _running_node(store)
+    _set_deadline(store, own, None)
+    written = node_writes()
+
+    def work(thread: int) -> None:
+        for i in range(25):
+            if i % 5 == 4:
+                store.pipelines.report_progress(own, "a", stall_timeout=STALL)
+            else:
+                store.pipelines.checkpoint_item(own, "a", ItemCheckpoint(f"t{thread}-{i}", i), stall_timeout=STALL)
+
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        list(pool.map(work, range(8)))
+    assert len(store.pipelines.completed_items(own.pipeline_id, "a")) == 8 * 20
+    assert node_writes() - written == 1
+    assert STALL * (1 + STALL_PUSH_SLACK) - 30 < _seconds_left(store, own) <= STALL * (1 + STALL_PUSH_SLACK) + 0.01
