@@ -307,7 +307,10 @@ class Database(Transactions):
             self.dialect.configure(engine)
         self.engine = engine
         self.kept = KeptConnection()
-        if not event.contains(engine.pool, "checkin", _out_of_autocommit):
+        # Asked of the pool's own listeners, not event.contains: SQLAlchemy's registry keys a target by its id(), so
+        # a dropped pool's entry can outlive it and answer for a new pool at the same address (the listener was
+        # then missing, about one store in 200 given the caller's fresh engine).
+        if _out_of_autocommit not in engine.pool.dispatch.checkin:
             event.listen(engine.pool, "checkin", _out_of_autocommit)
         _live_databases.add(self)
 

@@ -16,10 +16,10 @@ import weakref
 
 import psycopg
 import pytest
-from sqlalchemy import create_engine
+from sqlalchemy import create_engine, event
 
 from recovery_ext._errors import StoreError, StoreUnavailable
-from recovery_ext._store.database import KeptConnection
+from recovery_ext._store.database import KeptConnection, _out_of_autocommit
 from recovery_ext._store.hot_path import statement_cursor
 from recovery_ext._store.store import RecoveryStore
 from recovery_pipelines.devserver import wait_for
@@ -126,6 +126,23 @@ def test_a_kept_connection_whose_store_is_dropped_unclosed_reaches_the_pool_out_
         assert raw.closed or raw.autocommit is False
         with engine.connect() as conn, conn.begin():
             assert conn.connection.driver_connection.autocommit is False  # a transaction here is one
+    finally:
+        engine.dispose()
+
+
+def test_a_fresh_engine_gets_the_checkin_switch_even_when_sqlalchemys_registry_answers_for_a_dropped_pool(
+        pg_url, monkeypatch):
+    """SQLAlchemy's event registry keys a target by its id(): a dropped pool's entry can outlive the pool and
+    answer ``event.contains`` for a new pool at the same address (seen about once in 200 stores made on fresh
+    engines: the dropped store's kept connection then reached the pool in autocommit mode). That stale answer is
+    forced here, as address reuse cannot be: the store asks the pool's own listeners instead."""
+    monkeypatch.setattr(event, "contains", lambda *_args: True)
+    engine = create_engine(pg_url)
+    try:
+        RecoveryStore(pg_url, engine=engine, retry_budget=0)
+        assert _out_of_autocommit in engine.pool.dispatch.checkin
+        RecoveryStore(pg_url, engine=engine, retry_budget=0)  # a second store on the same engine adds none
+        assert list(engine.pool.dispatch.checkin).count(_out_of_autocommit) == 1
     finally:
         engine.dispose()
 
