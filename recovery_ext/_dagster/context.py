@@ -68,31 +68,18 @@ def _json_text(result: Any) -> JsonText | None:
                       allow_retries=False) from exc
 
 
-def _refuse_unstorable_keys(name: str, keys: Sequence[str], *, keeps_nul: bool,
+def _refuse_unstorable_keys(name: str, keys: Sequence[str], dialect: Any, *,
                             outcome: str = "no item was started") -> None:
-    """Refuse the keys whole (before any work is paid for) when one cannot be stored as text: a lone surrogate (a
-    file name decoded with ``surrogateescape``: it has no UTF-8 form, on either database), or a NUL character
-    where the database's text refuses it (PostgreSQL; ``keeps_nul``: SQLite keeps one, so its pipelines that
-    hold such keys still resume). Found only after its work, such a key's checkpoint would fail the op with the
-    answer paid for. ``outcome`` says what was not done (``ctx.checkpoint(key)`` gets its key only after the
-    work, so it refuses it there, before the store)."""
+    """Refuse the keys whole (before any work is paid for) when one cannot be stored as text on this database
+    (``dialect.why_unstorable``: a lone surrogate; a NUL where the database's text refuses one, so SQLite's
+    pipelines that hold such keys still resume). Found only after its work, such a key's checkpoint would fail
+    the op with the answer paid for. ``outcome`` says what was not done (``ctx.checkpoint(key)`` gets its key
+    only after the work, so it refuses it there, before the store)."""
     for key in keys:
-        if "\x00" in key and not keeps_nul:
-            why = "holds a NUL character, which this database's text cannot store"
-        elif key.isascii() or _has_utf8_form(key):
-            continue
-        else:
-            why = "holds a lone surrogate (text decoded from bytes that are not UTF-8)"
-        raise ConfigurationError(f"{name}: key {key[:80]!r} {why}; a checkpoint could not store it, so {outcome} "
-                                 "(give each item a key of plain text)")
-
-
-def _has_utf8_form(text: str) -> bool:
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
+        why = dialect.why_unstorable(key)
+        if why is not None:
+            raise ConfigurationError(f"{name}: key {key[:80]!r} {why}; a checkpoint could not store it, so "
+                                     f"{outcome} (give each item a key of plain text)")
 
 
 @dataclass(slots=True)
@@ -462,7 +449,7 @@ class NodeContext:
     def _unfinished(self, name: str, keys: Iterable[Any], *, unique: bool = True) -> tuple[Iterator[str], int]:
         """Record the node's item total; (the keys not finished before, lazily; how many were)."""
         listed = unique_keys(name, keys) if unique else list(map(str, keys))
-        _refuse_unstorable_keys(name, listed, keeps_nul=self._store.dialect.text_keeps_nul)
+        _refuse_unstorable_keys(name, listed, self._store.dialect)
         statuses = self._store.pipelines.start_items(self.ownership, self.node_name, len(listed))
         done = {k for k, status in statuses.items() if status != ItemStatus.DEGRADED}
         resumed = sum(1 for k in listed if k in done) if done else 0
@@ -513,8 +500,7 @@ class NodeContext:
         ``ctx.items()``). A key no checkpoint could store (a NUL on PostgreSQL, a lone surrogate) is refused
         with a :class:`ConfigurationError` naming it, instead of the driver's error."""
         key = str(key)
-        _refuse_unstorable_keys("ctx.checkpoint", [key], keeps_nul=self._store.dialect.text_keeps_nul,
-                                outcome="nothing was written")
+        _refuse_unstorable_keys("ctx.checkpoint", [key], self._store.dialect, outcome="nothing was written")
         self._checkpoint(key, result, also=also, status=status)
 
     def _checkpoint(self, key: str, result: Any = None, *, also: Callable[[Any], None] | None = None,

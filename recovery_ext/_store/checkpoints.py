@@ -29,12 +29,12 @@ from sqlalchemy import Connection, select
 
 from recovery_ext._store.database import Component, Database, is_retry, retried
 from recovery_ext._store.dialects import SQLITE_NOW, sqlstate
-from recovery_ext._errors import IllegalTransition, OwnershipLost, StoreError
+from recovery_ext._errors import ConfigurationError, IllegalTransition, OwnershipLost, StoreError
 from recovery_ext._store.fenced import Fence, FencedTransaction, check_on_sqlite_driver
 from recovery_ext._store.hot_path import statement_cursor
 from recovery_ext._store.migrations import load_query
 from recovery_ext._store.ledger import LedgerWrites, call_row
-from recovery_ext._store.models import ItemCheckpoint, JsonText, Ownership, ProviderCall
+from recovery_ext._store.models import UNSTORABLE_TEXT, ItemCheckpoint, JsonText, Ownership, ProviderCall
 from recovery_ext._json_values import storable_json
 from recovery_ext._store.schema import node_items
 from recovery_ext._store.statuses import ItemStatus, NodeStatus
@@ -118,7 +118,15 @@ class Checkpoints(Component):
 
     def _write_checkpoints(self, own: Ownership, node_name: str, entries: list[ItemCheckpoint],
                            stall_timeout: float | None) -> None:
-        """Checkpoint ``entries`` (at least one, each key once) the way this database and these entries need."""
+        """Checkpoint ``entries`` (at least one, each key once) the way this database and these entries need; a
+        key this database's text cannot store refuses the whole call, before any write, with the words of
+        ``ctx.items`` instead of the driver's error (a UnicodeEncodeError, a DataError)."""
+        for entry in entries:
+            if "\x00" in entry.key or not entry.key.isascii():  # the usual key costs these two tests alone
+                why = self.dialect.why_unstorable(entry.key)
+                if why is not None:
+                    raise ConfigurationError(f"node {node_name!r}: item key {entry.key[:80]!r} {why}; nothing "
+                                             "was written (give each item a key of plain text)")
         if not self.dialect.dml_in_cte:
             self._checkpoint_rows(own, node_name, entries, stall_timeout)
         elif any(e.also is not None for e in entries):
@@ -335,6 +343,10 @@ def _calls_json(entries: Sequence[ItemCheckpoint]) -> dict[str, str]:
     calls = [call_row(call) | {"item_key": call.item_key or entry.key} for entry in entries for call in entry.calls]
     if not calls:  # the usual item of a node with a stall timeout: nothing to encode
         return {"calls": "[]"}
+    for row in calls:  # PostgreSQL's statement alone: its text keeps neither a NUL nor a lone surrogate
+        key = row["item_key"]
+        if "\x00" in key or not key.isascii():  # a call recorded for a key no item could have (see write_calls)
+            row["item_key"] = UNSTORABLE_TEXT.sub("\ufffd", key)
     return {"calls": json.dumps([{field: row[field] for field in _CALL_FIELDS} for row in calls], allow_nan=False)}
 
 

@@ -80,6 +80,21 @@ class Dialect:
         self.connect_timeout = _timeout("connect_timeout", connect_timeout, self.default_connect_timeout)
         self.statement_timeout = _timeout("statement_timeout", statement_timeout, self.default_statement_timeout)
 
+    def why_unstorable(self, text: str) -> str | None:
+        """Why this database's text columns cannot store ``text`` (an item key) as it is, or None when they can: a
+        lone surrogate (text decoded from bytes that are not UTF-8 with ``surrogateescape``) has no UTF-8 form on
+        either database; a NUL character is refused where ``text_keeps_nul`` is False. A key is never altered
+        to fit: two keys must not become one."""
+        if "\x00" in text and not self.text_keeps_nul:
+            return "holds a NUL character, which this database's text cannot store"
+        if text.isascii():
+            return None
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            return "holds a lone surrogate (text decoded from bytes that are not UTF-8)"
+        return None
+
     def write_gate(self) -> AbstractContextManager[Any]:
         """Held around each write transaction of this process: nothing where the server queues writers itself."""
         return nullcontext()

@@ -124,7 +124,7 @@ _MAX_TOKENS = MAX_TOKENS
 _CALL_TEXT = ("endpoint", "model", "outcome", "operation", "provider", "response_model", "note")
 # What no database's text keeps: a NUL (PostgreSQL refuses it, SQLite keeps it) and a lone surrogate (no UTF-8
 # form: json.loads gives one for a "\ud800" escape in a provider's answer, as its model name, say)
-_UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
+UNSTORABLE_TEXT = re.compile("[\x00\ud800-\udfff]")
 
 
 @dataclass(frozen=True)
@@ -175,8 +175,8 @@ class ProviderCall:
         # for: a NUL or a lone surrogate becomes U+FFFD (the usual ASCII text is settled by isascii at once).
         for name in _CALL_TEXT:
             value = getattr(self, name)
-            if type(value) is str and ("\x00" in value or not value.isascii()) and _UNSTORABLE.search(value):
-                object.__setattr__(self, name, _UNSTORABLE.sub("\ufffd", value))
+            if type(value) is str and ("\x00" in value or not value.isascii()) and UNSTORABLE_TEXT.search(value):
+                object.__setattr__(self, name, UNSTORABLE_TEXT.sub("\ufffd", value))
         # Runs once per recorded call, on the item's hot path: the exact-type checks settle the usual
         # values at once, and only an unusual one pays for the full check and its message.
         if not (type(self.tokens_in) is int and 0 <= self.tokens_in < _MAX_TOKENS

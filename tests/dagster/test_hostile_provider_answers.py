@@ -9,13 +9,14 @@ from __future__ import annotations
 import json
 
 import pytest
-from dagster import DagsterInstance, in_process_executor
+from dagster import DagsterInstance, in_process_executor, job
 from werkzeug import Response
 
 from ledger_defs import llm_resource, make_ledger_job, recovery_resource
 from outage_kit import NOW, FakeTime, answer, enricher, plain_guard, serve, store_guard
 
-from recovery_ext import ConfigurationError, Prices, execute_in_process, read_usage
+from recovery_ext import ConfigurationError, Prices, RecoveryResource, execute_in_process, read_usage, recoverable_op
+from recovery_ext._dagster.executor import with_recovery
 from recovery_ext._classify.classifier import parse_retry_after
 from recovery_ext._store.models import ItemCheckpoint, ProviderCall
 import store_rows
@@ -263,3 +264,30 @@ def test_a_re_execution_replays_the_journaled_answer_and_completes_the_item_on_b
     store.pipelines.checkpoint_item(new, "a", ItemCheckpoint("k", replayed, calls=(hit.call,)))
     assert store.pipelines.completed_items(own.pipeline_id, "a") == {"k": stored}
     assert len(store_rows.provider_calls(store, own.pipeline_id)) == 1  # one paid call, replayed once
+
+
+# -- a call recorded for an item key the database cannot store ----------------------------------------------------
+
+@recoverable_op
+def records_for_an_odd_key(ctx):
+    for item in ctx.items(["a", "b"]):
+        if item.key == "a":  # for a key of the op's own making: text decoded from bytes that are not UTF-8
+            ctx.record_call(ProviderCall(endpoint="http://127.0.0.1:9/v1", model="m", tokens_in=3),
+                            item="scan-\udcff.png")
+        ctx.record_call(ProviderCall(endpoint="http://127.0.0.1:9/v1", model="m", tokens_in=1))
+        item.complete(item.key)
+    return "done"
+
+
+@job(executor_def=with_recovery(in_process_executor))
+def odd_key_job():
+    records_for_an_odd_key()
+
+
+def test_a_call_recorded_for_an_item_key_no_database_stores_is_kept_and_the_op_completes(db_url, store):
+    with DagsterInstance.ephemeral() as instance:
+        result = execute_in_process(odd_key_job, instance=instance,
+                                    resources={"recovery": RecoveryResource(database_url=db_url)})
+    assert result.success
+    assert sorted((c.item_key, c.tokens_in) for c in store_rows.provider_calls(store)) == [
+        ("a", 1), ("b", 1), ("scan-\ufffd.png", 3)]

@@ -292,6 +292,26 @@ def test_ctx_checkpoint_refuses_a_key_no_checkpoint_could_store_with_a_clear_err
         {"fine": 3} if nul_refused else {"page\x00two": 2, "fine": 3})
 
 
+@pytest.mark.parametrize("batch", [False, True])
+def test_the_store_refuses_a_key_its_text_cannot_store_before_any_write(store, batch):
+    """A direct caller of the store (no ``ctx.items`` to check keys before the work) gets the store's clear
+    refusal, not the driver's UnicodeEncodeError or DataError, and nothing of the call is written: not the
+    batch's good item, not its ``also=`` write."""
+    own = _running_node(store)
+    also_ran: list[str] = []
+    bad = ["scan-\udcff.png"] + ([] if store.dialect.text_keeps_nul else ["page\x00two"])
+    for key in bad:
+        entry = ItemCheckpoint(key, 1, also=lambda _tx, key=key: also_ran.append(key))
+        with pytest.raises(ConfigurationError, match=r"node 'a': item key .* holds a .*; nothing was written"):
+            if batch:
+                store.pipelines.checkpoint_items(own, "a", [ItemCheckpoint("good", 0), entry])
+            else:
+                store.pipelines.checkpoint_item(own, "a", entry, stall_timeout=30)
+    assert also_ran == [] and store.pipelines.completed_items(own.pipeline_id, "a") == {}
+    store.pipelines.checkpoint_item(own, "a", ItemCheckpoint("good", 0))  # the node goes on
+    assert store.pipelines.completed_items(own.pipeline_id, "a") == {"good": 0}
+
+
 def test_a_batch_mixing_new_and_degraded_keys_writes_them_all(store):
     own = _running_node(store)
     store.pipelines.checkpoint_item(own, "a", ItemCheckpoint("d1", None, status="degraded"))

@@ -104,6 +104,23 @@ def test_the_endpoint_is_redacted_and_bad_calls_are_refused_clearly(store):
             ProviderCall(**{"endpoint": "http://x", **bad})
 
 
+def test_a_call_whose_item_key_the_database_cannot_store_is_recorded_and_its_batch_with_it(store):
+    """A key decoded from bytes that are not UTF-8 (a lone surrogate) or, on PostgreSQL, one holding a NUL: the
+    paid call is written with U+FFFD in its place, as a call's other texts are, and the calls batched with it
+    are written too (the recorder would otherwise keep the whole batch in memory, retrying it for ever)."""
+    own = make(store)
+    surrogate = replace_ctx(call(cost=0.5), own, "a", "scan-\udcff.png")
+    nul = replace_ctx(call(cost=0.25), own, "a", "page\x00two")
+    good = replace_ctx(call(cost=1.0), own, "a", "k1")
+    store.providers.record_provider_calls([surrogate, nul, good])
+    kept_nul = store.dialect.text_keeps_nul
+    assert {c.id: c.item_key for c in store_rows.provider_calls(store, own.pipeline_id)} == {
+        surrogate.id: "scan-\ufffd.png", nul.id: "page\x00two" if kept_nul else "page\ufffdtwo", good.id: "k1"}
+    late = replace_ctx(call(cost=2.0), own, "a", "other-\udcff")  # a checkpoint's batch of calls, too
+    store.pipelines.checkpoint_item(own, "a", ItemCheckpoint("k1", 1, calls=(good, late)))
+    assert store_rows.reached_checkpoint(store, [good.id, late.id]) == {good.id: True, late.id: True}
+
+
 def test_budget_grants_until_the_window_is_full_then_says_how_long_to_wait(store):
     limits = ProviderLimits(requests_per_minute=3, tokens_per_minute=100, window_seconds=1.0, margin_seconds=0.0)
     grants = [store.providers.budget_reserve("http://e/v1", None, tokens=30, limits=limits) for _ in range(3)]
