@@ -386,6 +386,9 @@ def recover(store: SensorStore, out: Output, limit: int) -> None:
                        f"reset nodes: {', '.join(r.reset_nodes) or '-'}")
         for g in stats.given_up_pipelines:
             click.echo(f"  - pipeline {g.pipeline_id} given up: {g.reason}")
+        if stats.reclaimed:  # this command launches no run: say what does, or a reclaimed pipeline waits unseen
+            click.echo("Their resume runs are launched by the orphan sensor (make_orphan_sensor) at its next tick, "
+                       "so the Dagster daemon must be running: `dagster dev` runs one, or `dagster-daemon run`.")
 
     out.emit(data, human)
 

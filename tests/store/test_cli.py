@@ -55,8 +55,11 @@ def test_status_reports_orphans_stuck_dead_and_recovered(cli, store):
     assert [i["id"] for i in data["dead_items"]] == [dead.id]
     human = cli("status").stdout
     assert "Orphans now: 1" in human and "Dead items: 1" in human
-    recovered = as_json(cli("recover", "--json"))
-    assert recovered["reclaimed_pipelines"] == [own.pipeline_id]
+    told = cli("recover").stdout  # a person is told who resumes it: this command launches no run
+    assert "found 1 orphan(s): 1 reclaimed (awaiting their resume run)" in told
+    assert f"pipeline {own.pipeline_id} (job) resume #1" in told
+    assert "launched by the orphan sensor (make_orphan_sensor)" in told and "dagster-daemon run" in told
+    assert "orphan sensor" not in cli("recover").stdout  # nothing reclaimed now: nothing to wait for
     assert as_json(cli("status", "--json"))["auto_recovered_24h"]["pipelines"] == 1
 
 
