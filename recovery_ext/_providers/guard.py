@@ -26,7 +26,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol, TypeVar, cast
 
 import tenacity
@@ -226,6 +226,11 @@ class ProviderGuard:
         self.cooldown = wait_jittered_exponential(s.breaker_cooldown, max_delay=s.breaker_max_cooldown,
                                                   jitter=s.jitter, rng=rng)
         self._closed_until: float | None = None  # the clock() up to which a closed breaker read is trusted
+        # This guard counted a transient failure towards the breaker and no answer has reset the count since.
+        # Failures are consecutive in the order calls end: an answer to a call decided before the failure (one of
+        # the tens in flight) resets the count too, or a burst of a few failures among 64 answered calls
+        # would open the breaker and pause every item of the endpoint.
+        self._failure_unanswered = False
         # The shared request/token budget each attempt reserves from; None: no limits.
         self.budget = budget if budget is not None and budget.limits.enabled else None
         # The pipeline's spend caps each attempt reserves from first; None: no cap.
@@ -290,18 +295,25 @@ class ProviderGuard:
         found = classify(exc)
         if store is not None and found.retryable:
             error = str(exc) or type(exc).__name__  # httpx's ReadError('') on a reset connection says nothing
-            if store.providers.breaker_record_failure(self.endpoint, self.who,
-                                                      threshold=self.settings.breaker_threshold,
-                                                      cooldown=self.cooldown.delay, error=error) == "opened":
+            opened = store.providers.breaker_record_failure(self.endpoint, self.who,
+                                                            threshold=self.settings.breaker_threshold,
+                                                            cooldown=self.cooldown.delay, error=error) == "opened"
+            self._failure_unanswered = True
+            if opened:
                 self.log(f"circuit breaker for {redact(self.endpoint)} opened: {redact(error)}")
         elif store is not None and decision is not None and found.status_code is not None:
             # it answered, if only to refuse
             store.providers.breaker_record_success(self.endpoint, self.who, decision)
 
     def succeeded(self, decision: BreakerDecision | None) -> None:
-        """An attempt was answered: a half-open breaker closes."""
-        if (self.store is not None and decision is not None
-                and self.store.providers.breaker_record_success(self.endpoint, self.who, decision)):
+        """An attempt was answered: a half-open breaker closes; a count of failures goes back to 0."""
+        if self.store is None or decision is None:
+            return
+        if self._failure_unanswered:
+            self._failure_unanswered = False  # before the write: a failure recorded meanwhile sets it again
+            if not decision.failures:  # decided before this guard's failure: the count is above 0 now
+                decision = replace(decision, failures=1)
+        if self.store.providers.breaker_record_success(self.endpoint, self.who, decision):
             self.log(f"circuit breaker for {redact(self.endpoint)} closed: the probe succeeded")
 
     def _reserve(self, call: GuardedCall, call_id: str | None) -> AttemptHold:

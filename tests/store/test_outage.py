@@ -270,3 +270,33 @@ def test_a_breaker_opened_by_errors_with_no_message_names_their_type(store):
     (row,) = store.providers.breakers()
     assert row["state"] == "open" and row["last_error"] == "ReadError"
     assert lines == [f"circuit breaker for {endpoint} opened: ReadError"]
+
+
+def test_an_answer_after_a_failure_resets_the_count_even_for_a_call_decided_before_the_failure(store):
+    """Failures are consecutive in the order calls end. With tens of calls in flight, most were decided while the
+    breaker had no failures: their answers reset the count too, so a few failures among many answers (a burst of
+    refused connections) no longer open the breaker and pause every item of the endpoint."""
+    endpoint = "http://127.0.0.1:9/v1"
+    guard = ProviderGuard(endpoint, store=store, sleep=FakeTime().sleep,
+                          settings=OutageSettings(jitter=0.0, breaker_threshold=2, breaker_refresh=60.0))
+    assert guard.call(lambda: "answered") == "answered" and store.providers.breakers() == []  # nothing written
+    decided, release, answers = threading.Event(), threading.Event(), []
+
+    def in_flight():
+        decided.set()  # the breaker was read (closed, no failure) before this request left
+        assert release.wait(30)
+        return "answered"
+
+    caller = threading.Thread(target=lambda: answers.append(guard.call(in_flight)))
+    caller.start()
+    assert decided.wait(30)
+    guard.failed(ConnectionResetError("refused"), None)  # another call of the node: one failure counted
+    assert [row["consecutive_failures"] for row in store.providers.breakers()] == [1]
+    release.set()
+    caller.join(30)
+    assert answers == ["answered"]
+    assert [row["consecutive_failures"] for row in store.providers.breakers()] == [0]  # its answer reset it
+    guard.failed(ConnectionResetError("refused"), None)
+    assert [(row["state"], row["consecutive_failures"]) for row in store.providers.breakers()] == [("closed", 1)]
+    guard.failed(ConnectionResetError("refused"), None)  # two in a row: the threshold opens it
+    assert [row["state"] for row in store.providers.breakers()] == ["open"]
