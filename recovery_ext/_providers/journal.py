@@ -318,9 +318,15 @@ class CallJournal:
         """A call about to be made: keyed by ``key``, else by ``request``'s fingerprint (or ``fingerprinted``);
         neither: journaled in the ledger only (the answer is not kept)."""
         item_key = str(getattr(item, "key", item)) if item is not None else self.scope.current_item
+        if key is not None and (not isinstance(key, str) or not 0 < len(key) <= 200):
+            raise ConfigurationError(f"an idempotency key must be a string of 1 to 200 characters, got {key!r}")
+        for what, text in (("item key", item_key), ("idempotency key", key)):
+            if text is not None and ("\x00" in text or not text.isascii()):
+                why = self.store.dialect.why_unstorable(text)
+                if why is not None:  # before the request: refused as ctx.items refuses it, nothing was sent
+                    raise ConfigurationError(f"a journaled call's {what} {text[:80]!r} {why}; the journal could "
+                                             "not store it, so no request was sent (give it a key of plain text)")
         if key is not None:
-            if not isinstance(key, str) or not 0 < len(key) <= 200:
-                raise ConfigurationError(f"an idempotency key must be a string of 1 to 200 characters, got {key!r}")
             base: str | None = "key:" + key
         elif request is not None:
             base = fingerprint("request", endpoint, request)

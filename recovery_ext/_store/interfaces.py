@@ -229,8 +229,10 @@ class LivenessStore(Protocol):
 
 @runtime_checkable
 class GuardStore(Protocol):
-    """What a provider guard is given (``_providers``): breakers, budgets, the journal and the ledger."""
+    """What a provider guard is given (``_providers``): breakers, budgets, the journal and the ledger; its
+    dialect says which keys the journal can store (``why_unstorable``)."""
 
+    dialect: Any
     @property
     def providers(self) -> ProviderStore: ...
 

@@ -327,3 +327,44 @@ def test_a_node_builds_its_journal_and_recorder_once_and_only_when_a_call_needs_
         assert ctx._recorder is not None and ctx.flush_ledger() is True
         (call,) = store_rows.provider_calls(store, own.pipeline_id)
         assert (call.item_key, call.tokens_in) == ("x", 1)
+
+
+@recoverable_op
+def odd_journal_keys(ctx: NodeContext) -> dict:
+    """ctx.checkpoint's style: the op names each call's item itself, here from text decoded from bytes that are
+    not UTF-8 (and a NUL, which PostgreSQL's text refuses), and once as the idempotency key."""
+    sent, refused = [], []
+
+    def send():
+        sent.append(1)
+        return {"n": len(sent)}
+
+    for key in ["scan-\udcff.png", "page\x00two"]:
+        for kwargs in ({"item": key, "request": {"q": 1}}, {"key": key}):
+            try:
+                journaled_call(send, endpoint=ENDPOINT, **kwargs)
+            except ConfigurationError as exc:
+                refused.append(str(exc))
+    answer = journaled_call(send, endpoint=ENDPOINT, item="fine", request={"q": 1})  # the node goes on
+    ctx.checkpoint("fine", answer)
+    return {"sent": len(sent), "refused": refused}
+
+
+def test_a_journaled_call_for_a_key_the_journal_cannot_store_is_refused_before_its_request(store, db_url,
+                                                                                            monkeypatch):
+    monkeypatch.setenv("RECOVERY_DATABASE_URL", db_url)
+
+    @recoverable_job(name="odd_journal_job", executor_def=in_process_executor)
+    def odd_journal_job():
+        odd_journal_keys()
+
+    with DagsterInstance.ephemeral() as instance:
+        result = execute_in_process(odd_journal_job, instance=instance, resources={"recovery": recovery_resource()})
+    assert result.success
+    out = result.output_for_node("odd_journal_keys")
+    kept_nul = store.dialect.text_keeps_nul  # SQLite's text keeps a NUL: those two calls are journaled and sent
+    assert out["sent"] == (3 if kept_nul else 1)  # the plain key's request left, and no refused one
+    assert len(out["refused"]) == (2 if kept_nul else 4) and all(
+        "could not store it, so no request was sent" in why for why in out["refused"])
+    assert "a journaled call's item key 'scan-\\udcff.png' holds a lone surrogate" in out["refused"][0]
+    assert "a journaled call's idempotency key 'scan-\\udcff.png'" in out["refused"][1]
