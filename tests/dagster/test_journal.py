@@ -271,16 +271,21 @@ def guarded(ctx: NodeContext) -> int:
     return len(ASKED)
 
 
-def test_the_guard_journals_by_default_and_a_step_retry_does_not_pay_again(store, db_url, monkeypatch):
+def run_one_op(op_def, db_url, monkeypatch):
+    """A recoverable job of ``op_def`` alone, run in this process on ``db_url``."""
     monkeypatch.setenv("RECOVERY_DATABASE_URL", db_url)
-    ASKED.clear()
 
-    @recoverable_job(name="guarded_job", executor_def=in_process_executor)
-    def guarded_job():
-        guarded()
+    @recoverable_job(name=f"{op_def.name}_job", executor_def=in_process_executor)
+    def one_op_job():
+        op_def()
 
     with DagsterInstance.ephemeral() as instance:
-        result = execute_in_process(guarded_job, instance=instance, resources={"recovery": recovery_resource()})
+        return execute_in_process(one_op_job, instance=instance, resources={"recovery": recovery_resource()})
+
+
+def test_the_guard_journals_by_default_and_a_step_retry_does_not_pay_again(store, db_url, monkeypatch):
+    ASKED.clear()
+    result = run_one_op(guarded, db_url, monkeypatch)
     assert result.success
     assert ASKED == ["x", "y"]  # y was answered once; the retry replayed it
     (pipeline,) = store.reports.list_pipelines()
@@ -352,14 +357,7 @@ def odd_journal_keys(ctx: NodeContext) -> dict:
 
 def test_a_journaled_call_for_a_key_the_journal_cannot_store_is_refused_before_its_request(store, db_url,
                                                                                             monkeypatch):
-    monkeypatch.setenv("RECOVERY_DATABASE_URL", db_url)
-
-    @recoverable_job(name="odd_journal_job", executor_def=in_process_executor)
-    def odd_journal_job():
-        odd_journal_keys()
-
-    with DagsterInstance.ephemeral() as instance:
-        result = execute_in_process(odd_journal_job, instance=instance, resources={"recovery": recovery_resource()})
+    result = run_one_op(odd_journal_keys, db_url, monkeypatch)
     assert result.success
     out = result.output_for_node("odd_journal_keys")
     kept_nul = store.dialect.text_keeps_nul  # SQLite's text keeps a NUL: those two calls are journaled and sent
