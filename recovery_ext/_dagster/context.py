@@ -76,8 +76,6 @@ def _refuse_unstorable_keys(name: str, keys: Sequence[str], dialect: Any, *,
     the op with the answer paid for. ``outcome`` says what was not done (``ctx.checkpoint(key)`` gets its key
     only after the work, so it refuses it there, before the store)."""
     for key in keys:
-        if key.isascii() and "\x00" not in key:  # the usual key: settled by these two tests alone
-            continue
         why = dialect.why_unstorable(key)
         if why is not None:
             raise ConfigurationError(f"{name}: key {key[:80]!r} {why}; a checkpoint could not store it, so "

@@ -321,11 +321,10 @@ class CallJournal:
         if key is not None and (not isinstance(key, str) or not 0 < len(key) <= 200):
             raise ConfigurationError(f"an idempotency key must be a string of 1 to 200 characters, got {key!r}")
         for what, text in (("item key", item_key), ("idempotency key", key)):
-            if text is not None and ("\x00" in text or not text.isascii()):
-                why = self.store.dialect.why_unstorable(text)
-                if why is not None:  # before the request: refused as ctx.items refuses it, nothing was sent
-                    raise ConfigurationError(f"a journaled call's {what} {text[:80]!r} {why}; the journal could "
-                                             "not store it, so no request was sent (give it a key of plain text)")
+            why = None if text is None else self.store.dialect.why_unstorable(text)
+            if text is not None and why is not None:  # before the request, as ctx.items refuses it: nothing sent
+                raise ConfigurationError(f"a journaled call's {what} {text[:80]!r} {why}; the journal could not "
+                                         "store it, so no request was sent (give it a key of plain text)")
         if key is not None:
             base: str | None = "key:" + key
         elif request is not None:

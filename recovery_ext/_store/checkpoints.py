@@ -122,11 +122,10 @@ class Checkpoints(Component):
         key this database's text cannot store refuses the whole call, before any write, with the words of
         ``ctx.items`` instead of the driver's error (a UnicodeEncodeError, a DataError)."""
         for entry in entries:
-            if "\x00" in entry.key or not entry.key.isascii():  # the usual key costs these two tests alone
-                why = self.dialect.why_unstorable(entry.key)
-                if why is not None:
-                    raise ConfigurationError(f"node {node_name!r}: item key {entry.key[:80]!r} {why}; nothing "
-                                             "was written (give each item a key of plain text)")
+            why = self.dialect.why_unstorable(entry.key)
+            if why is not None:
+                raise ConfigurationError(f"node {node_name!r}: item key {entry.key[:80]!r} {why}; nothing was "
+                                         "written (give each item a key of plain text)")
         if not self.dialect.dml_in_cte:
             self._checkpoint_rows(own, node_name, entries, stall_timeout)
         elif any(e.also is not None for e in entries):

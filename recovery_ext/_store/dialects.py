@@ -84,7 +84,7 @@ class Dialect:
         """Why this database's text columns cannot store ``text`` (an item key) as it is, or None when they can: a
         lone surrogate (text decoded from bytes that are not UTF-8 with ``surrogateescape``) has no UTF-8 form on
         either database; a NUL character is refused where ``text_keeps_nul`` is False. A key is never altered
-        to fit: two keys must not become one."""
+        to fit: two keys must not become one. The usual ASCII key is settled by two string tests."""
         if "\x00" in text and not self.text_keeps_nul:
             return "holds a NUL character, which this database's text cannot store"
         if text.isascii():

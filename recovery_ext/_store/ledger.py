@@ -117,7 +117,7 @@ class LedgerWrites(Component):
             return
         for row in rows:
             key = row["item_key"]
-            if key is not None and ("\x00" in key or not key.isascii()) and self.dialect.why_unstorable(key):
+            if key is not None and self.dialect.why_unstorable(key):
                 # a paid call is never refused, nor its batch (one bad key would keep every call of the batch
                 # unwritten): its item key is stored as a call's other texts are, U+FFFD for what cannot be
                 row["item_key"] = UNSTORABLE_TEXT.sub("\ufffd", key)
