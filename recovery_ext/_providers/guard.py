@@ -301,12 +301,12 @@ class ProviderGuard:
             self._failure_unanswered = True
             if opened:
                 self.log(f"circuit breaker for {redact(self.endpoint)} opened: {redact(error)}")
-        elif store is not None and decision is not None and found.status_code is not None:
-            # it answered, if only to refuse
-            store.providers.breaker_record_success(self.endpoint, self.who, decision)
+        elif found.status_code is not None:
+            self.succeeded(decision)  # it answered, if only to refuse: an answer like any other to the breaker
 
     def succeeded(self, decision: BreakerDecision | None) -> None:
-        """An attempt was answered: a half-open breaker closes; a count of failures goes back to 0."""
+        """An attempt was answered (a refusal too): a half-open breaker closes; a count of failures goes back
+        to 0."""
         if self.store is None or decision is None:
             return
         if self._failure_unanswered:
@@ -314,7 +314,7 @@ class ProviderGuard:
             if not decision.failures:  # decided before this guard's failure: the count is above 0 now
                 decision = replace(decision, failures=1)
         if self.store.providers.breaker_record_success(self.endpoint, self.who, decision):
-            self.log(f"circuit breaker for {redact(self.endpoint)} closed: the probe succeeded")
+            self.log(f"circuit breaker for {redact(self.endpoint)} closed: the probe was answered")
 
     def _reserve(self, call: GuardedCall, call_id: str | None) -> AttemptHold:
         """The attempt's room under the spend caps, then in the rate budget (a pause at the cap holds no rate

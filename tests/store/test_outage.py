@@ -300,3 +300,65 @@ def test_an_answer_after_a_failure_resets_the_count_even_for_a_call_decided_befo
     assert [(row["state"], row["consecutive_failures"]) for row in store.providers.breakers()] == [("closed", 1)]
     guard.failed(ConnectionResetError("refused"), None)  # two in a row: the threshold opens it
     assert [row["state"] for row in store.providers.breakers()] == ["open"]
+
+
+def test_a_refusal_after_a_failure_resets_the_count_like_an_answer(store):
+    """A refusal (a 4xx) is an answer: after a failure this guard counted, a refused call decided before that
+    failure resets the count as an answered one does, and a half-open breaker's refused probe closes it."""
+    import httpx
+
+    endpoint = "http://127.0.0.1:9/v1"
+    lines: list[str] = []
+    guard = ProviderGuard(endpoint, store=store, sleep=FakeTime().sleep, log=lines.append,
+                          settings=OutageSettings(jitter=0.0, breaker_threshold=2, breaker_refresh=60.0))
+    assert guard.call(lambda: "answered") == "answered" and store.providers.breakers() == []
+    request = httpx.Request("POST", endpoint)
+    refusal = httpx.HTTPStatusError("bad request", request=request, response=httpx.Response(400, request=request))
+    decided, release = threading.Event(), threading.Event()
+    raised: list[BaseException] = []
+
+    def refused():
+        decided.set()  # the breaker was read (closed, no failure) before this request left
+        assert release.wait(30)
+        raise refusal
+
+    def call() -> None:
+        try:
+            guard.call(refused)
+        except Exception as exc:  # noqa: BLE001 - asserted below
+            raised.append(exc)
+
+    caller = threading.Thread(target=call)
+    caller.start()
+    assert decided.wait(30)
+    guard.failed(ConnectionResetError("refused"), None)  # another call of the node: one failure counted
+    assert [row["consecutive_failures"] for row in store.providers.breakers()] == [1]
+    release.set()
+    caller.join(30)
+    assert len(raised) == 1 and classify(raised[0]).status_code == 400  # a refusal is not retried
+    assert [row["consecutive_failures"] for row in store.providers.breakers()] == [0]  # the refusal reset it
+    guard.failed(ConnectionResetError("refused"), None)
+    assert [(row["state"], row["consecutive_failures"]) for row in store.providers.breakers()] == [("closed", 1)]
+
+
+def test_a_refused_probe_closes_the_breaker(store):
+    """A half-open breaker's probe that the provider refuses (a 4xx) was answered: the endpoint is up, so the
+    breaker closes, and the log says the probe was answered."""
+    import httpx
+
+    endpoint = "http://127.0.0.1:9/v1"
+    lines: list[str] = []
+    guard = ProviderGuard(endpoint, store=store, sleep=FakeTime().sleep, log=lines.append,
+                          settings=OutageSettings(jitter=0.0, breaker_threshold=1, breaker_cooldown=0.05))
+    guard.failed(ConnectionResetError("refused"), None)
+    assert [row["state"] for row in store.providers.breakers()] == ["open"]
+    wait_for(lambda: _cooled_down(store, endpoint), timeout=30, interval=0.05, what="the breaker's cool-down")
+    request = httpx.Request("POST", endpoint)
+
+    def refused():
+        raise httpx.HTTPStatusError("bad request", request=request, response=httpx.Response(400, request=request))
+
+    with pytest.raises(httpx.HTTPStatusError):
+        guard.call(refused)  # the probe: refused, not retried
+    assert [row["state"] for row in store.providers.breakers()] == ["closed"]
+    assert lines[-1] == f"circuit breaker for {endpoint} closed: the probe was answered"
