@@ -92,7 +92,10 @@ class Dialect:
         try:
             text.encode("utf-8")
         except UnicodeEncodeError:
-            return "holds a lone surrogate (text decoded from bytes that are not UTF-8)"
+            # Python's str keeps surrogate code points apart: one alone (surrogateescape) or both halves of a pair
+            # as two code points ("\ud83d\ude00", not the emoji's one) encode to no UTF-8
+            return ("holds a lone surrogate: a code point of U+D800-U+DFFF with no UTF-8 form (text decoded from "
+                    "bytes that are not UTF-8, or a surrogate pair left as two code points)")
         return None
 
     def write_gate(self) -> AbstractContextManager[Any]:

@@ -250,6 +250,17 @@ def test_an_items_loop_refuses_a_key_with_a_lone_surrogate_before_its_first_item
     assert store.pipelines.get_node(own.pipeline_id, "a").items_total is None  # refused before the start
 
 
+def test_an_items_loop_refusal_names_a_surrogate_pair_left_as_two_code_points(store):
+    """JSON may spell an emoji as its two UTF-16 halves; a key built from them without json's joining holds two
+    surrogate code points, which no database stores either: the refusal says what such a key may be."""
+    own = _running_node(store)
+    refused = _items_loop(store, own, ["fine", "smile-\ud83d\ude00"], 1)
+    assert isinstance(refused, ConfigurationError)
+    assert "ctx.items: key 'smile-\\ud83d\\ude00' holds a lone surrogate" in str(refused)
+    assert "or a surrogate pair left as two code points" in str(refused)
+    assert store.pipelines.completed_items(own.pipeline_id, "a") == {}
+
+
 @pytest.mark.parametrize("batch", [1, 50])
 def test_a_key_with_a_nul_is_refused_where_text_refuses_it_and_resumes_where_text_keeps_it(store, batch):
     own = _running_node(store)
