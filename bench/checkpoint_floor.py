@@ -1,7 +1,7 @@
 """Where a per-item checkpoint's time goes on PostgreSQL, against one bare durable commit.
 
 Eleven ways of committing one item, each its own autocommit transaction, run in turn in chunks of 50 so
-they see the same load, on a scratch database:
+they see the same load (each round starting one way later, so none always runs first), on a scratch database:
 
 - ``ctx.items``: an op body's loop, ``for item in ctx.items(keys): item.complete(result)`` (one loop over
   every key of the run, 50 items taken from it in each turn);
@@ -145,8 +145,12 @@ def main() -> None:
         for name, work in each.items():  # warm: prepared statements, pooled connection
             for i in range(20):
                 work(f"warm-{name}-{i}")
+        names = list(each)
         for round_no in range(args.rounds):
-            for name, work in each.items():
+            # each round starts one way later, so no way always runs first (after the previous round's last)
+            shift = round_no % len(names)
+            for name in names[shift:] + names[:shift]:
+                work = each[name]
                 started, used = time.perf_counter(), time.process_time()
                 for i in range(args.chunk):
                     work(f"{name}-{round_no}-{i}")
