@@ -542,6 +542,13 @@ class _DriverAutocommit:
             if not raw.closed:  # a dead connection refuses the switch; it is invalidated below
                 raw.autocommit = False
         except error as switch_failed:
+            if exc is not None and not isinstance(exc, error):
+                # the body stopped mid-statement (a signal's exception, such as Dagster's interrupt): the
+                # session's state is unknown, so its connection is dropped, and the body's exception goes on
+                # as it was raised, not as the store's error
+                pooled.invalidate(switch_failed)
+                pooled.close()
+                return False
             exc = exc if isinstance(exc, error) else switch_failed
         try:
             if isinstance(exc, error):

@@ -254,3 +254,26 @@ def test_each_connection_keeps_one_statement_cursor_that_outlives_a_failed_state
     del other
     gc.collect()
     assert gone() is None and kept_cursor() is None  # the connection and its cursor went together
+
+
+class _Interrupted(BaseException):
+    """What a signal handler raises, as Dagster's does on a run's termination."""
+
+
+def test_a_body_interrupted_mid_statement_raises_its_own_exception_and_its_connection_is_dropped(store):
+    """A signal's exception raised while the statement runs leaves the session mid-statement: the caller gets that
+    exception (not a store error about switching autocommit), and the connection is neither kept nor pooled."""
+    def interrupt(signum, frame):
+        raise _Interrupted("terminated")
+
+    previous = signal.signal(signal.SIGALRM, interrupt)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 0.3)
+        with pytest.raises(_Interrupted, match="terminated"), store._db.driver_autocommit() as raw:
+            raw.execute("SELECT pg_sleep(5)")  # short: the server finds its client gone only once it ends
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    assert raw.closed  # invalidated: the server's session ends with it
+    with store._db.driver_autocommit() as again:
+        assert again is not raw and again.execute("SELECT 1").fetchone() == (1,)
