@@ -72,14 +72,15 @@ def _refuse_unstorable_keys(name: str, keys: Sequence[str], dialect: Any, *,
                             outcome: str = "no item was started") -> None:
     """Refuse the keys whole (before any work is paid for) when one cannot be stored as text on this database
     (``dialect.why_unstorable``: a lone surrogate; a NUL where the database's text refuses one, so SQLite's
-    pipelines that hold such keys still resume). Found only after its work, such a key's checkpoint would fail
-    the op with the answer paid for. ``outcome`` says what was not done (``ctx.checkpoint(key)`` gets its key
-    only after the work, so it refuses it there, before the store)."""
+    pipelines that hold such keys still resume; a key longer than the database's index entries hold). Found only
+    after its work, such a key's checkpoint would fail the op with the answer paid for. ``outcome`` says what was
+    not done (``ctx.checkpoint(key)`` gets its key only after the work, so it refuses it there, before the
+    store)."""
     for key in keys:
         why = dialect.why_unstorable(key)
         if why is not None:
             raise ConfigurationError(f"{name}: key {key[:80]!r} {why}; a checkpoint could not store it, so "
-                                     f"{outcome} (give each item a key of plain text)")
+                                     f"{outcome} (give each item a short key of plain text)")
 
 
 @dataclass(slots=True)

@@ -324,7 +324,7 @@ class CallJournal:
             why = None if text is None else self.store.dialect.why_unstorable(text)
             if text is not None and why is not None:  # before the request, as ctx.items refuses it: nothing sent
                 raise ConfigurationError(f"a journaled call's {what} {text[:80]!r} {why}; the journal could not "
-                                         "store it, so no request was sent (give it a key of plain text)")
+                                         "store it, so no request was sent (give it a short key of plain text)")
         if key is not None:
             base: str | None = "key:" + key
         elif request is not None:

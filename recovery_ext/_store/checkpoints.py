@@ -28,13 +28,13 @@ from typing import Any, NoReturn
 from sqlalchemy import Connection, select
 
 from recovery_ext._store.database import Component, Database, is_retry, retried
-from recovery_ext._store.dialects import SQLITE_NOW, sqlstate
+from recovery_ext._store.dialects import SQLITE_NOW, Dialect, sqlstate
 from recovery_ext._errors import ConfigurationError, IllegalTransition, OwnershipLost, StoreError
 from recovery_ext._store.fenced import Fence, FencedTransaction, check_on_sqlite_driver
 from recovery_ext._store.hot_path import statement_cursor
 from recovery_ext._store.migrations import load_query
 from recovery_ext._store.ledger import LedgerWrites, call_row
-from recovery_ext._store.models import UNSTORABLE_TEXT, ItemCheckpoint, JsonText, Ownership, ProviderCall
+from recovery_ext._store.models import ItemCheckpoint, JsonText, Ownership, ProviderCall
 from recovery_ext._json_values import storable_json
 from recovery_ext._store.schema import node_items
 from recovery_ext._store.statuses import ItemStatus, NodeStatus
@@ -125,11 +125,12 @@ class Checkpoints(Component):
             why = self.dialect.why_unstorable(entry.key)
             if why is not None:
                 raise ConfigurationError(f"node {node_name!r}: item key {entry.key[:80]!r} {why}; nothing was "
-                                         "written (give each item a key of plain text)")
+                                         "written (give each item a short key of plain text)")
         if not self.dialect.dml_in_cte:
             self._checkpoint_rows(own, node_name, entries, stall_timeout)
         elif any(e.also is not None for e in entries):
-            self._checkpoint_after_also(own, node_name, entries, _batch_params(own, node_name, entries, stall_timeout))
+            batch = _batch_params(own, node_name, entries, stall_timeout, self.dialect)
+            self._checkpoint_after_also(own, node_name, entries, batch)
         else:
             self._checkpoint_in_one_statement(own, node_name, entries, stall_timeout)
 
@@ -147,7 +148,8 @@ class Checkpoints(Component):
         """
         first = entries[0]
         calls = any(e.calls for e in entries)
-        batch = None if not stall_timeout and not calls else _batch_params(own, node_name, entries, stall_timeout)
+        batch = None if not stall_timeout and not calls else _batch_params(own, node_name, entries, stall_timeout,
+                                                                           self.dialect)
         if batch is not None:
             query, params = "checkpoint_new_items" if calls else "checkpoint_new_items_no_calls", batch
         elif len(entries) == 1:
@@ -164,7 +166,7 @@ class Checkpoints(Component):
                 try:
                     written = self._checkpoint_statement(raw, params, query=query)
                 except _Refused:  # an item has a row already: the full statement decides, item by item
-                    batch = batch or _batch_params(own, node_name, entries, stall_timeout)
+                    batch = batch or _batch_params(own, node_name, entries, stall_timeout, self.dialect)
                     written = self._checkpoint_statement(raw, batch)
         except _Refused:
             written = 0
@@ -308,11 +310,11 @@ def _kept_calls(own: Ownership, node_name: str, entries: Sequence[ItemCheckpoint
 
 
 def _batch_params(own: Ownership, node_name: str, entries: Sequence[ItemCheckpoint],
-                  stall_timeout: float | None) -> dict[str, Any]:
+                  stall_timeout: float | None, dialect: Dialect) -> dict[str, Any]:
     """The parameters of checkpoint_items.sql and checkpoint_new_items*.sql: the items and their calls as JSON."""
     at_least, pushed_to = stall_push(stall_timeout) if stall_timeout else (None, None)
     return {**_item_params(own, node_name, entries), "stall": at_least, "stall_to": pushed_to,
-            **_calls_json(entries)}
+            **_calls_json(entries, dialect)}
 
 
 def _fence_params(own: Ownership, node_name: str) -> dict[str, Any]:
@@ -336,16 +338,14 @@ _CALL_FIELDS = ("id", "item_key", "endpoint", "model", "tokens_in", "tokens_out"
                 "note")
 
 
-def _calls_json(entries: Sequence[ItemCheckpoint]) -> dict[str, str]:
+def _calls_json(entries: Sequence[ItemCheckpoint], dialect: Dialect) -> dict[str, str]:
     """The batch statement's ledger rows as one JSON array of objects ("[]" when no call is kept). Their numbers
     are finite (ProviderCall refuses others), so the JSON is valid."""
     calls = [call_row(call) | {"item_key": call.item_key or entry.key} for entry in entries for call in entry.calls]
     if not calls:  # the usual item of a node with a stall timeout: nothing to encode
         return {"calls": "[]"}
-    for row in calls:  # PostgreSQL's statement alone: its text keeps neither a NUL nor a lone surrogate
-        key = row["item_key"]
-        if "\x00" in key or not key.isascii():  # a call recorded for a key no item could have (see write_calls)
-            row["item_key"] = UNSTORABLE_TEXT.sub("\ufffd", key)
+    for row in calls:  # a call recorded for a key no item could have, kept as write_calls keeps it
+        row["item_key"] = dialect.storable_call_key(row["item_key"])
     return {"calls": json.dumps([{field: row[field] for field in _CALL_FIELDS} for row in calls], allow_nan=False)}
 
 

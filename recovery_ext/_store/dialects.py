@@ -7,6 +7,7 @@ these hooks and never asks which database it talks to.
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
 import math
 import os
 import sqlite3
@@ -31,7 +32,7 @@ from recovery_ext._classify.classifier import is_retryable
 from recovery_ext._errors import ConfigurationError
 from recovery_ext._classify.redaction import redact, redact_url
 from recovery_ext._json_values import load_json, storable_json
-from recovery_ext._store.models import JsonText
+from recovery_ext._store.models import UNSTORABLE_TEXT, JsonText
 
 # SQLSTATE classes/codes a retry can fix: connection (08), serialization (40001),
 # deadlock (40P01), insufficient resources (53), operator intervention (57).
@@ -73,6 +74,11 @@ class Dialect:
     # its text columns keep a NUL character (SQLite's do; PostgreSQL's text refuses one): an item key holding
     # one is refused before its work only where it could not be checkpointed
     text_keeps_nul = False
+    # The most UTF-8 bytes an item key may hold (None: no limit). A PostgreSQL btree index entry holds at most
+    # 2,704 bytes (a third of a page), and an item key is in three indexes: the checkpoints', the ledger's and
+    # the call journal's, there beside the node's name and a call's key (an idempotency key of up to 200
+    # characters). 1,500 leaves them room, whether or not the server could compress the key.
+    key_bytes_max: int | None = None
 
     def __init__(self, url: URL, *, connect_timeout: float | None = None,
                  statement_timeout: float | None = None) -> None:
@@ -84,19 +90,39 @@ class Dialect:
         """Why this database's text columns cannot store ``text`` (an item key) as it is, or None when they can: a
         lone surrogate (text decoded from bytes that are not UTF-8 with ``surrogateescape``) has no UTF-8 form on
         either database; a NUL character is refused where ``text_keeps_nul`` is False. A key is never altered
-        to fit: two keys must not become one. The usual ASCII key is settled by two string tests."""
+        to fit: two keys must not become one. Nor is a key longer than ``key_bytes_max`` bytes of UTF-8. The usual
+        short ASCII key is settled by three string tests."""
         if "\x00" in text and not self.text_keeps_nul:
             return "holds a NUL character, which this database's text cannot store"
+        limit = self.key_bytes_max
         if text.isascii():
+            if limit is not None and len(text) > limit:
+                return f"is {len(text):,} bytes long, more than the {limit:,} a key may hold on this database"
             return None
         try:
-            text.encode("utf-8")
+            size = len(text.encode("utf-8"))
         except UnicodeEncodeError:
             # Python's str keeps surrogate code points apart: one alone (surrogateescape) or both halves of a pair
             # as two code points ("\ud83d\ude00", not the emoji's one) encode to no UTF-8
             return ("holds a lone surrogate: a code point of U+D800-U+DFFF with no UTF-8 form (text decoded from "
                     "bytes that are not UTF-8, or a surrogate pair left as two code points)")
+        if limit is not None and size > limit:
+            return f"is {size:,} bytes of UTF-8, more than the {limit:,} a key may hold on this database"
         return None
+
+    def storable_call_key(self, key: str) -> str:
+        """``key`` as a paid call's ledger row keeps it: a call is never refused once paid for, nor its batch (a
+        key the caller gave ``record_call``, which no item could have). As it is when this database can store it
+        (:meth:`why_unstorable`); else a NUL and a lone surrogate as U+FFFD, as a call's other texts, and a key
+        longer than ``key_bytes_max`` cut to fit, ending in a hash of the whole key, so two long keys stay two."""
+        if self.why_unstorable(key) is None:
+            return key
+        storable = UNSTORABLE_TEXT.sub("\ufffd", key)
+        limit = self.key_bytes_max
+        if limit is None or len(encoded := storable.encode("utf-8")) <= limit:
+            return storable
+        tail = "...sha256:" + hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()[:16]
+        return encoded[:limit - len(tail)].decode("utf-8", "ignore") + tail  # "ignore": a character cut in two
 
     def write_gate(self) -> AbstractContextManager[Any]:
         """Held around each write transaction of this process: nothing where the server queues writers itself."""
@@ -265,6 +291,7 @@ class PostgresDialect(Dialect):
     journal_functions = True
     autocommit_reads = True
     row_locks = True
+    key_bytes_max = 1500
 
     def engine_options(self) -> dict[str, Any]:
         """Connect and statement timeouts, unless the URL sets its own.

@@ -44,7 +44,7 @@ from sqlalchemy.sql.elements import ColumnElement
 from recovery_ext._classify.redaction import redact
 from recovery_ext._store.database import Component, chunks, retried
 from recovery_ext._store.dialects import SQLITE_NOW
-from recovery_ext._store.models import MAX_TOKENS, UNSTORABLE_TEXT, CostFigures, CostReport, ProviderCall
+from recovery_ext._store.models import MAX_TOKENS, CostFigures, CostReport, ProviderCall
 from recovery_ext._store.rolled_up import live_pipeline_ids
 from recovery_ext._store.schema import calls_saved_by_resume, node_items, pipelines, provider_calls
 from recovery_ext._store.statuses import PipelineStatus
@@ -117,10 +117,8 @@ class LedgerWrites(Component):
             return
         for row in rows:
             key = row["item_key"]
-            if key is not None and self.dialect.why_unstorable(key):
-                # a paid call is never refused, nor its batch (one bad key would keep every call of the batch
-                # unwritten): its item key is stored as a call's other texts are, U+FFFD for what cannot be
-                row["item_key"] = UNSTORABLE_TEXT.sub("\ufffd", key)
+            if key is not None:  # a paid call is never refused, nor its batch (one bad key would keep all unwritten)
+                row["item_key"] = self.dialect.storable_call_key(key)
         if self.dialect.ledger_rows_via_driver:
             # Fixed SQL on the driver's cursor, in this transaction: a checkpoint's one or two calls cost a
             # SQLAlchemy execute (~100 us) more than the rows themselves on SQLite.

@@ -122,6 +122,10 @@ def encode_json(value: Any) -> JsonText:
 MAX_TOKENS = 2**40
 _MAX_TOKENS = MAX_TOKENS
 _CALL_TEXT = ("endpoint", "model", "outcome", "operation", "provider", "response_model", "note")
+# The ledger's rolled-up totals are keyed by a call's model and outcome (and PostgreSQL's index entries hold at
+# most 2,704 bytes): a model name is often the provider's own word (a batch result's "model", Azure's modelId),
+# so a longer one, from no real provider, is kept cut to this many characters rather than failing the write.
+CALL_KEY_TEXT_CHARS = 200
 # What no database's text keeps: a NUL (PostgreSQL refuses it, SQLite keeps it) and a lone surrogate (no UTF-8
 # form: json.loads gives one for a "\ud800" escape in a provider's answer, as its model name, say)
 UNSTORABLE_TEXT = re.compile("[\x00\ud800-\udfff]")
@@ -177,6 +181,10 @@ class ProviderCall:
             value = getattr(self, name)
             if type(value) is str and ("\x00" in value or not value.isascii()) and UNSTORABLE_TEXT.search(value):
                 object.__setattr__(self, name, UNSTORABLE_TEXT.sub("\ufffd", value))
+        for name in ("model", "outcome"):
+            value = getattr(self, name)
+            if type(value) is str and len(value) > CALL_KEY_TEXT_CHARS:
+                object.__setattr__(self, name, value[:CALL_KEY_TEXT_CHARS])
         # Runs once per recorded call, on the item's hot path: the exact-type checks settle the usual
         # values at once, and only an unusual one pays for the full check and its message.
         if not (type(self.tokens_in) is int and 0 <= self.tokens_in < _MAX_TOKENS

@@ -8,7 +8,7 @@ from dataclasses import replace
 
 import pytest
 from dagster import DagsterInstance, in_process_executor
-from helpers import expire, reclaim
+from helpers import expire, incompressible_key, reclaim
 from ledger_defs import llm_resource, recovery_resource
 from stand_in_llm import StandInProvider
 
@@ -337,7 +337,8 @@ def test_a_node_builds_its_journal_and_recorder_once_and_only_when_a_call_needs_
 @recoverable_op
 def odd_journal_keys(ctx: NodeContext) -> dict:
     """ctx.checkpoint's style: the op names each call's item itself, here from text decoded from bytes that are
-    not UTF-8 (and a NUL, which PostgreSQL's text refuses), and once as the idempotency key."""
+    not UTF-8 (and a NUL, which PostgreSQL's text refuses), and once as the idempotency key; then a key too long for
+    PostgreSQL's index."""
     sent, refused = [], []
 
     def send():
@@ -350,6 +351,10 @@ def odd_journal_keys(ctx: NodeContext) -> dict:
                 journaled_call(send, endpoint=ENDPOINT, **kwargs)
             except ConfigurationError as exc:
                 refused.append(str(exc))
+    try:  # longer than PostgreSQL's index entry holds (an idempotency key has 200 characters at most)
+        journaled_call(send, endpoint=ENDPOINT, item=incompressible_key(4000), request={"q": 1})
+    except ConfigurationError as exc:
+        refused.append(str(exc))
     answer = journaled_call(send, endpoint=ENDPOINT, item="fine", request={"q": 1})  # the node goes on
     ctx.checkpoint("fine", answer)
     return {"sent": len(sent), "refused": refused}
@@ -360,9 +365,11 @@ def test_a_journaled_call_for_a_key_the_journal_cannot_store_is_refused_before_i
     result = run_one_op(odd_journal_keys, db_url, monkeypatch)
     assert result.success
     out = result.output_for_node("odd_journal_keys")
-    kept_nul = store.dialect.text_keeps_nul  # SQLite's text keeps a NUL: those two calls are journaled and sent
-    assert out["sent"] == (3 if kept_nul else 1)  # the plain key's request left, and no refused one
-    assert len(out["refused"]) == (2 if kept_nul else 4) and all(
+    sqlite = store.dialect.text_keeps_nul  # SQLite's text keeps a NUL and a long key: three calls more are sent
+    assert out["sent"] == (4 if sqlite else 1)  # the plain key's request left, and no refused one
+    assert len(out["refused"]) == (2 if sqlite else 5) and all(
         "could not store it, so no request was sent" in why for why in out["refused"])
     assert "a journaled call's item key 'scan-\\udcff.png' holds a lone surrogate" in out["refused"][0]
     assert "a journaled call's idempotency key 'scan-\\udcff.png'" in out["refused"][1]
+    if not sqlite:
+        assert "is 4,000 bytes long, more than the 1,500 a key may hold on this database" in out["refused"][-1]

@@ -22,7 +22,7 @@ import pytest
 from dagster import Field, in_process_executor, job
 from sqlalchemy import Column, Integer, MetaData, Table, Text, func, insert, select
 
-from helpers import reclaim, round_trips, sent_round_trips
+from helpers import incompressible_key, reclaim, round_trips, sent_round_trips
 from recovery_ext._errors import ConfigurationError, IllegalTransition, OwnershipLost, StoreUnavailable
 from recovery_ext import RecoveryResource, execute_in_process, recoverable_op
 from recovery_ext._dagster.executor import with_recovery
@@ -259,6 +259,31 @@ def test_an_items_loop_refusal_names_a_surrogate_pair_left_as_two_code_points(st
     assert "ctx.items: key 'smile-\\ud83d\\ude00' holds a lone surrogate" in str(refused)
     assert "or a surrogate pair left as two code points" in str(refused)
     assert store.pipelines.completed_items(own.pipeline_id, "a") == {}
+
+
+@pytest.mark.parametrize("batch", [1, 50])
+def test_a_key_longer_than_an_index_entry_holds_is_refused_where_it_would_fail_the_write(store, batch):
+    """PostgreSQL's index entry holds at most 2,704 bytes: a 4,000-byte key would fail its checkpoint (and the
+    batch with it) after its work was paid for, so it is refused before the first item. SQLite stores it."""
+    own = _running_node(store)
+    long = incompressible_key(4000)
+    keys = ["fine", long, "also fine"]
+    if store.dialect.key_bytes_max is not None:
+        refused = _items_loop(store, own, keys, batch)
+        assert isinstance(refused, ConfigurationError)
+        assert f"ctx.items: key {long[:80]!r} is 4,000 bytes long, more than the 1,500 a key may hold" in str(refused)
+        assert "no item was started" in str(refused) and "short key" in str(refused)
+        assert store.pipelines.get_node(own.pipeline_id, "a").items_total is None
+        with pytest.raises(ConfigurationError, match="is 4,000 bytes long"):  # the store's own check, as a whole
+            store.pipelines.checkpoint_items(own, "a", [ItemCheckpoint("fine", 1), ItemCheckpoint(long, 2)])
+        assert store.pipelines.completed_items(own.pipeline_id, "a") == {}
+        wide = "\u00e9" * 751  # 1,502 bytes of UTF-8 in 751 characters
+        assert store.dialect.why_unstorable(wide) == ("is 1,502 bytes of UTF-8, more than the 1,500 a key may "
+                                                      "hold on this database")
+        assert store.dialect.why_unstorable("\u00e9" * 750) is None and store.dialect.why_unstorable("k" * 1500) is None
+        return
+    assert _items_loop(store, own, keys, batch) == keys
+    assert set(store.pipelines.completed_items(own.pipeline_id, "a")) == set(keys)
 
 
 @pytest.mark.parametrize("batch", [1, 50])
@@ -739,7 +764,8 @@ def test_postgres_a_pipeline_deleted_under_a_checkpoint_takes_its_items_and_one_
         held = _running_node(store)
         with psycopg.connect(pg_url) as checkpoint, psycopg.connect(pg_url, autocommit=True) as watcher:
             written = checkpoint.execute(load_query("postgres", "checkpoint_new_items"), _batch_params(
-                held, "a", [ItemCheckpoint("k1", JsonText("1")), ItemCheckpoint("k2", JsonText("2"))], None))
+                held, "a", [ItemCheckpoint("k1", JsonText("1")), ItemCheckpoint("k2", JsonText("2"))], None,
+                store.dialect))
             assert written.fetchone()[0] == 2  # in the open transaction: the fence holds the pipeline row
             deleter = threading.Thread(target=_delete_pipeline, args=(pg_url, held.pipeline_id))
             deleter.start()

@@ -13,7 +13,7 @@ from recovery_ext._errors import ConfigurationError, IllegalTransition, Ownershi
 from recovery_ext._store.models import ProviderLimits
 from recovery_ext._store.models import ItemCheckpoint, PassPlan, ProviderCall
 
-from helpers import expire, reclaim
+from helpers import expire, incompressible_key, reclaim
 import store_rows
 
 
@@ -119,6 +119,42 @@ def test_a_call_whose_item_key_the_database_cannot_store_is_recorded_and_its_bat
     late = replace_ctx(call(cost=2.0), own, "a", "other-\udcff")  # a checkpoint's batch of calls, too
     store.pipelines.checkpoint_item(own, "a", ItemCheckpoint("k1", 1, calls=(good, late)))
     assert store_rows.reached_checkpoint(store, [good.id, late.id]) == {good.id: True, late.id: True}
+
+
+def test_a_call_whose_item_key_is_longer_than_an_index_entry_holds_is_recorded_cut_to_fit(store):
+    """``record_call(item=...)`` takes any text: a key longer than PostgreSQL's index entry holds is kept cut to
+    fit, ending in a hash of the whole key (two long keys stay two), and the calls batched with it are written; a
+    checkpoint that keeps such a call is written too. SQLite keeps the key whole."""
+    own = make(store)
+    first = replace_ctx(call(cost=0.5), own, "a", incompressible_key(4000) + "-one")
+    second = replace_ctx(call(cost=0.5), own, "a", incompressible_key(4000) + "-two")  # the same 4,000 first
+    good = replace_ctx(call(cost=1.0), own, "a", "k1")
+    store.providers.record_provider_calls([first, second, good])
+    kept = {c.id: c.item_key for c in store_rows.provider_calls(store, own.pipeline_id)}
+    limit = store.dialect.key_bytes_max
+    if limit is None:
+        assert kept == {first.id: first.item_key, second.id: second.item_key, good.id: "k1"}
+    else:
+        assert kept[good.id] == "k1" and kept[first.id] != kept[second.id]
+        for c in (first, second):
+            assert len(kept[c.id]) == limit and "...sha256:" in kept[c.id]
+            assert c.item_key.startswith(kept[c.id].split("...sha256:")[0])
+    late = replace_ctx(call(cost=2.0), own, "a", incompressible_key(4000, seed=8))  # kept by a checkpoint
+    store.pipelines.checkpoint_item(own, "a", ItemCheckpoint("k1", 1, calls=(good, late)))
+    assert store_rows.reached_checkpoint(store, [good.id, late.id]) == {good.id: True, late.id: True}
+
+
+def test_a_model_name_longer_than_any_providers_is_kept_cut_and_its_call_written(store):
+    """A batch result's "model" or Azure's modelId is the provider's own word: a 4,000-character one (no real
+    provider's) is kept as its first 200 characters, so the ledger's totals, keyed by model, take the call."""
+    own = make(store)
+    model = incompressible_key(4000)
+    paid = replace_ctx(ProviderCall(endpoint="http://127.0.0.1:9/v1", model=model, tokens_in=10, cost=0.5), own,
+                       "a", "k1")
+    assert paid.model == model[:200]
+    store.pipelines.checkpoint_item(own, "a", ItemCheckpoint("k1", 1, calls=(paid,)))
+    assert [c.model for c in store_rows.provider_calls(store, own.pipeline_id)] == [model[:200]]
+    assert store.reports.provider_costs(own.pipeline_id).pipelines[own.pipeline_id].cost == 0.5
 
 
 def test_budget_grants_until_the_window_is_full_then_says_how_long_to_wait(store):

@@ -121,3 +121,12 @@ def migrate_before(store: RecoveryStore, version: int) -> None:
                     conn.exec_driver_sql(statement)
                 conn.execute(migrations_table.insert().values(version=m.version, name=m.name,
                                                               applied_at=store.dialect.now()))
+
+
+def incompressible_key(size: int, *, seed: int = 7) -> str:
+    """An item key of ``size`` random ASCII letters and digits: a long key PostgreSQL cannot compress into an
+    index entry, as a long URL or file path would be, the same in every run."""
+    import random
+    import string
+
+    return "".join(random.Random(seed).choices(string.ascii_letters + string.digits, k=size))
