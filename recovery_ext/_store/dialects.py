@@ -283,6 +283,21 @@ class Dialect:
         raise ConfigurationError(f"unsupported database {backend!r} in {redact_url(parsed)}: use postgresql:// or sqlite:///")
 
 
+def _refuse_text_not_utf8(dbapi_conn: Any) -> None:
+    """Refuse a database whose text is not UTF-8 (LATIN1, SQL_ASCII), on connecting: the server told the client
+    its encoding as the session began, so this costs no round trip. Such a database takes the usual ASCII keys,
+    and then fails a checkpoint whose key or error holds a character it has no code for, after the work was
+    paid for; and :meth:`Dialect.why_unstorable` holds for UTF-8 text only."""
+    encoding = dbapi_conn.info.parameter_status("server_encoding")
+    if encoding is not None and encoding != "UTF8":
+        name = dbapi_conn.info.dbname
+        dbapi_conn.close()  # the pool never got it: closed now, not when collected
+        raise ConfigurationError(
+            f"database {name!r} stores text as {encoding}, and recovery-ext needs UTF-8 "
+            f"(item keys, results and errors may hold any character): use a database made with "
+            f"CREATE DATABASE ... ENCODING 'UTF8' TEMPLATE template0")
+
+
 class PostgresDialect(Dialect):
     name = "postgresql"
     migrations_folder = "postgres"
@@ -337,6 +352,7 @@ class PostgresDialect(Dialect):
     def configure(self, engine: Engine) -> None:
         @event.listens_for(engine, "connect")
         def _on_connect(dbapi_conn: Any, _record: Any) -> None:
+            _refuse_text_not_utf8(dbapi_conn)
             # 'infinity'/'-infinity' (or any value beyond Python's range) must not break every
             # query that touches the row: they load as datetime.max/min, and the scan fails them.
             dbapi_conn.adapters.register_loader("timestamptz", _clamped_timestamptz_loader())

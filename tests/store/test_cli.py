@@ -208,3 +208,38 @@ def test_prune_says_its_age_in_human_units(cli):
     assert "finished more than 90 days ago" in cli("prune", "--older-than", "90d", "--dry-run").output
     assert "finished more than 12 h ago" in cli("prune", "--older-than", "12h", "--dry-run").output
     assert "finished more than 1 day ago" in cli("prune", "--older-than", "1d", "--dry-run").output
+
+
+def test_a_postgresql_database_whose_text_is_not_utf8_is_refused_clearly_before_anything_is_written():
+    """A LATIN1 database takes ASCII keys and then fails the checkpoint of a key it has no code for, after the work
+    was paid for: it is refused on connecting, by the store and by the CLI, in one line with the way out."""
+    import uuid
+
+    import psycopg
+
+    from databases import PG_ADMIN_URL, drop_pg_database, pg_conninfo
+    from recovery_ext._errors import ConfigurationError
+    from recovery_ext._store.store import RecoveryStore
+
+    name = f"rx_test_latin1_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(pg_conninfo(PG_ADMIN_URL), autocommit=True) as admin:
+        admin.execute(f"CREATE DATABASE {name} ENCODING 'LATIN1' TEMPLATE template0 LC_COLLATE 'C' LC_CTYPE 'C'")
+    url = f"{PG_ADMIN_URL.rsplit('/', 1)[0]}/{name}".replace("postgresql://", "postgresql+psycopg://")
+    try:
+        store = RecoveryStore(url, retry_budget=0)
+        try:
+            with pytest.raises(ConfigurationError, match=f"database '{name}' stores text as LATIN1, and recovery-ext "
+                                                         "needs UTF-8"):
+                store.migrate()
+        finally:
+            store.close()
+        result = CliRunner().invoke(main, ["--database-url", url, "migrate"])
+        assert result.exit_code != 0 and "Traceback" not in result.output
+        assert result.output.strip().splitlines() == [
+            f"Error: database '{name}' stores text as LATIN1, and recovery-ext needs UTF-8 (item keys, results and "
+            "errors may hold any character): use a database made with CREATE DATABASE ... ENCODING 'UTF8' "
+            "TEMPLATE template0"]
+        with psycopg.connect(pg_conninfo(url)) as conn:  # nothing was written: not even the migrations' table
+            assert conn.execute("SELECT count(*) FROM pg_tables WHERE schemaname = 'public'").fetchone() == (0,)
+    finally:
+        drop_pg_database(PG_ADMIN_URL, url)
