@@ -10,12 +10,13 @@ holds: the answer's usage settles it (:func:`record_provider_call` does, through
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
-from recovery_ext._providers.budget import sleep_or_stop
+from recovery_ext._providers.steps import Blocking, Sleep, Steps, drive
 from recovery_ext._store.interfaces import GuardStore
 from recovery_ext._store.models import Ownership
 from recovery_ext._store.models import SpendCaps
@@ -63,6 +64,10 @@ class SpendCap:
         self.log = log or (lambda message: None)
         self._scopes: list[str] | None = None
         self.waited = 0.0
+        # The calls of this node waiting at the cap now: tens of tasks in flight show one pause, from the first
+        # one's wait to the last one's, with one log line and one event, not one each.
+        self._waiting = 0
+        self._waiting_lock = threading.Lock()
 
     def cost_of(self, tokens: int, model: str | None) -> float:
         """The most ``tokens`` of ``model`` can cost (every token at the dearer of its two prices); 0 unpriced."""
@@ -75,32 +80,52 @@ class SpendCap:
                 ref: str | None = None) -> SpendReservation:
         """Reserve ``tokens`` (and ``cost``, default: their most under the price table), waiting at the cap until
         it is raised. ``ref``: the job whose results settle this reservation."""
+        return drive(self.acquire_steps(tokens, model, cost=cost, ref=ref))
+
+    def acquire_steps(self, tokens: int, model: str | None = None, *, cost: float | None = None,
+                      ref: str | None = None) -> Steps[SpendReservation]:
+        """:meth:`acquire` as steps, for a thread (:func:`drive`) or an event loop (:func:`drive_async`). On an
+        event loop a wait at the cap holds no worker thread: the tasks that hold room go on, and their answers
+        settle it (32 tasks of an ``amap`` waiting in the loop's 6 worker threads left none to those, and the
+        node waited for ever)."""
         if self._scopes is None:
-            self._scopes = self.store.providers.spend_configure(self.own, self.caps)
+            self._scopes = yield Blocking(self.store.providers.spend_configure, (self.own, self.caps))
+        scopes = self._scopes
         tokens = max(0, int(tokens))
         cost = self.cost_of(tokens, model) if cost is None else cost
+        reserve = functools.partial(self.store.providers.spend_reserve, self.own, scopes, tokens=tokens, cost=cost,
+                                    ref=ref)
         looks = 0
         started = time.monotonic()
         try:
             while True:
                 if self.check is not None:
                     self.check()
-                grant = self.store.providers.spend_reserve(self.own, self._scopes, tokens=tokens, cost=cost, ref=ref)
+                grant = yield Blocking(reserve)
                 if grant.granted:
-                    return SpendReservation(self.store, grant.reservations, self._scopes, tokens, cost)
+                    return SpendReservation(self.store, grant.reservations, scopes, tokens, cost)
                 assert grant.full is not None
                 reason = grant.full.describe(tokens, cost)
-                if looks == 0:
+                # each waiting call joins the wait at its first look; the first of them shows and logs it
+                first = looks == 0 and self._join_wait()
+                looks += 1
+                if first:
                     self.log(f"paused at the spend cap: {reason}")
                 if self.show_wait is not None:
                     # the next look is shown a poll from now, on the database clock; refreshed at every look
-                    self.show_wait(self.caps.poll_seconds, reason, looks == 0)
-                looks += 1
-                self._sleep(self.caps.poll_seconds)
+                    yield Blocking(self.show_wait, (self.caps.poll_seconds, reason, first))
+                yield Sleep(self.caps.poll_seconds, self.stop, self.check, "stopped while paused at the spend cap")
         finally:
             self.waited += time.monotonic() - started
-            if looks and self.end_wait is not None:
-                self.end_wait()
+            if looks and self._leave_wait() and self.end_wait is not None:  # the last one to wait ends it
+                yield Blocking(self.end_wait)
 
-    def _sleep(self, seconds: float) -> None:
-        sleep_or_stop(seconds, self.stop, self.check, "stopped while paused at the spend cap")
+    def _join_wait(self) -> bool:
+        with self._waiting_lock:
+            self._waiting += 1
+            return self._waiting == 1
+
+    def _leave_wait(self) -> bool:
+        with self._waiting_lock:
+            self._waiting -= 1
+            return self._waiting == 0

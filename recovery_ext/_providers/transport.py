@@ -98,8 +98,7 @@ class JournalingCore:
         call_id = uuid.uuid4().hex
         spend: SpendReservation | None = None
         if guard.spend is not None:  # the pipeline's spend caps first: at the cap the node pauses here
-            spend = yield Blocking(functools.partial(guard.spend.acquire, ref=call_id),
-                                   (call.estimated_tokens, call.model))
+            spend = yield from guard.spend.acquire_steps(call.estimated_tokens, call.model, ref=call_id)
         reservation: Reservation | None = None
         try:
             if guard.budget is not None:

@@ -260,6 +260,40 @@ def test_sdk_requests_in_parallel_pause_at_the_spend_cap_and_go_on_when_it_is_ra
         stand_in.stop()
 
 
+def test_more_sdk_tasks_waiting_at_the_spend_cap_than_the_loop_has_worker_threads_let_the_others_finish(
+        store, db_url):
+    """32 tasks, each reserving its request's estimate (100 tokens asked at most) under a 2,000-token cap: about 18
+    hold room and the rest wait at the cap, more than the event loop's worker threads (6 on 2 cores). A wait
+    holds no thread, so the holders' store writes run, their answers (about 20 tokens each) settle, and every
+    item is done under the cap; the node shows its tasks' waits as one pause, not one per task."""
+    cap = 2000
+    stand_in = SdkStandIn(latency=0.1)
+    url = stand_in.start() + "/v1"
+    try:
+        outcome = {}
+        resource = recovery(db_url, spend_cap_tokens=cap, spend_cap_poll_seconds=0.2)
+        runner = threading.Thread(target=lambda: outcome.setdefault("result", execute_in_process(
+            parallel_defs.sdk_tasks_job, run_config={"ops": {"sdk_tasks": {"config": {
+                "url": url, "keys": 50, "concurrency": 32, "max_tokens": 100}}}}, resources={"recovery": resource},
+            raise_on_error=False)))
+        runner.start()
+        runner.join(120)
+        assert not runner.is_alive(), "the node waited at the spend cap for ever"
+        result = outcome["result"]
+        assert result.success
+        (pipeline,) = store.reports.list_pipelines()
+        assert len(store.pipelines.completed_items(pipeline.id, "sdk_tasks")) == 50
+        assert len(stand_in.answered()) == 50
+        capped = store.providers.spend_cap(pipeline_scope(pipeline.id))
+        assert capped.spent_tokens == sum(r.tokens_in + r.tokens_out for r in stand_in.answered()) <= cap
+        assert capped.reserved_tokens == 0
+        kinds = [e["kind"] for e in store.reports.recent_events() if e.get("pipeline_id") == pipeline.id]
+        # tasks waited at the cap, shown as one pause of the node (not one per task), and every pause ended
+        assert kinds.count("pipeline_waiting") == kinds.count("pipeline_waiting_over") >= 1, kinds
+    finally:
+        stand_in.stop()
+
+
 def test_a_thread_starts_its_next_item_while_its_checkpoint_commits_and_queues_two_at_most(store, db_url, provider,
                                                                                               monkeypatch):
     """ctx.map does not hold a thread while an item's checkpoint commits (the next item starts), but a thread

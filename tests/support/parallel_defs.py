@@ -35,6 +35,7 @@ class ParallelConfig(Config):
     bad_result: list[str] = []
     repeat_key: str = ""  # given twice in the keys (refused before any work)
     odd_key: str = ""  # "surrogate": one more key no checkpoint could store (refused before any work)
+    max_tokens: int = 10  # what an SDK request asks at most: its spend cap estimate
 
 
 class Flaky(ConnectionError):
@@ -189,7 +190,8 @@ def asset_definitions(recovery) -> Definitions:
 async def sdk_tasks(ctx: NodeContext, config: ParallelConfig) -> dict:
     """Items through the OpenAI SDK's async client and the journaling transport (an SDK wraps what the transport
     raises: a take-over reaches the op inside the SDK's connection error)."""
-    client = LLMResource(base_url=_url(config), api_key="stand-in", model="m", max_tokens=10).get_async_client()
+    client = LLMResource(base_url=_url(config), api_key="stand-in", model="m",
+                         max_tokens=config.max_tokens).get_async_client()
 
     async def one(item: Item) -> object:
         answer = await client.chat.completions.create(model="m", messages=[{"role": "user", "content": item.key}])
