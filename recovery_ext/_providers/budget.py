@@ -21,7 +21,7 @@ from recovery_ext._store.interfaces import GuardStore
 from recovery_ext._errors import StopRequested
 from recovery_ext._store.models import BudgetGrant, ProviderLimits
 from recovery_ext._store.models import Ownership
-from recovery_ext._providers.steps import Blocking, Sleep, Steps, drive
+from recovery_ext._providers.steps import Blocking, SharedWait, Sleep, Steps, drive
 
 # A wait at least this long is shown on the pipeline (shorter ones would only add writes).
 SHOW_AFTER = 0.25
@@ -64,8 +64,7 @@ class RateBudget:
         self.waited = 0.0  # seconds this caller spent waiting for budget, all calls together
         # The calls of this caller waiting now: a node with 64 items in flight shows one wait, from its first
         # waiting call to its last, not one tag write and one event per call and window.
-        self._waiting = 0
-        self._waiting_lock = threading.Lock()
+        self._waiters = SharedWait()
 
     def acquire(self, tokens: int, model: str | None = None) -> Reservation:
         """Wait until the window has room for one request of ``tokens``, then hold it."""
@@ -86,7 +85,7 @@ class RateBudget:
                 wait = grant.wait_seconds
                 if not shown and wait >= SHOW_AFTER and self.show_wait is not None:
                     shown = True
-                    if self._join_wait():  # the first of this caller's calls to wait shows it
+                    if self._waiters.join():  # the first of this caller's calls to wait shows it
                         reason = (f"{redact(self.endpoint)}{f' model {model}' if limits.per_model and model else ''}"
                                   f": {grant.requests_in_window} requests and {grant.tokens_in_window} tokens in the "
                                   f"last {limits.window_seconds:g} s")
@@ -95,18 +94,9 @@ class RateBudget:
                 yield Sleep(wait, self.stop, self.check, "stopped while waiting for the provider's rate budget")
         finally:
             self.waited += time.monotonic() - started
-            if shown and self._leave_wait() and self.end_wait is not None:  # the last one ends it
+            if shown and self._waiters.leave() and self.end_wait is not None:  # the last one ends it
                 yield Blocking(self.end_wait)
 
-    def _join_wait(self) -> bool:
-        with self._waiting_lock:
-            self._waiting += 1
-            return self._waiting == 1
-
-    def _leave_wait(self) -> bool:
-        with self._waiting_lock:
-            self._waiting -= 1
-            return self._waiting == 0
 
     def _reserve(self, tokens: int, model: str | None) -> BudgetGrant:
         return self.store.providers.budget_reserve(self.endpoint, model, tokens=max(0, int(tokens)),

@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from recovery_ext._providers.steps import Blocking, Sleep, Steps, drive
+from recovery_ext._providers.steps import Blocking, SharedWait, Sleep, Steps, drive
 from recovery_ext._store.interfaces import GuardStore
 from recovery_ext._store.models import Ownership
 from recovery_ext._store.models import SpendCaps
@@ -66,8 +66,7 @@ class SpendCap:
         self.waited = 0.0
         # The calls of this node waiting at the cap now: tens of tasks in flight show one pause, from the first
         # one's wait to the last one's, with one log line and one event, not one each.
-        self._waiting = 0
-        self._waiting_lock = threading.Lock()
+        self._waiters = SharedWait()
 
     def cost_of(self, tokens: int, model: str | None) -> float:
         """The most ``tokens`` of ``model`` can cost (every token at the dearer of its two prices); 0 unpriced."""
@@ -107,7 +106,7 @@ class SpendCap:
                 assert grant.full is not None
                 reason = grant.full.describe(tokens, cost)
                 # each waiting call joins the wait at its first look; the first of them shows and logs it
-                first = looks == 0 and self._join_wait()
+                first = looks == 0 and self._waiters.join()
                 looks += 1
                 if first:
                     self.log(f"paused at the spend cap: {reason}")
@@ -117,15 +116,6 @@ class SpendCap:
                 yield Sleep(self.caps.poll_seconds, self.stop, self.check, "stopped while paused at the spend cap")
         finally:
             self.waited += time.monotonic() - started
-            if looks and self._leave_wait() and self.end_wait is not None:  # the last one to wait ends it
+            if looks and self._waiters.leave() and self.end_wait is not None:  # the last one to wait ends it
                 yield Blocking(self.end_wait)
 
-    def _join_wait(self) -> bool:
-        with self._waiting_lock:
-            self._waiting += 1
-            return self._waiting == 1
-
-    def _leave_wait(self) -> bool:
-        with self._waiting_lock:
-            self._waiting -= 1
-            return self._waiting == 0

@@ -55,6 +55,29 @@ class Io:
 Steps = Generator[Blocking | Sleep | Io, Any, T]
 
 
+class SharedWait:
+    """How many of one caller's calls wait now (for budget room, at a spend cap): tens of calls in flight show one
+    wait, from the first to start waiting to the last to stop, not one tag write, event and log line each."""
+
+    __slots__ = ("_lock", "_waiting")
+
+    def __init__(self) -> None:
+        self._waiting = 0
+        self._lock = threading.Lock()  # the calls run in threads, or as tasks whose steps run in worker threads
+
+    def join(self) -> bool:
+        """A call starts waiting: whether it is the first (it shows the wait)."""
+        with self._lock:
+            self._waiting += 1
+            return self._waiting == 1
+
+    def leave(self) -> bool:
+        """A call stops waiting: whether it was the last (it ends the wait)."""
+        with self._lock:
+            self._waiting -= 1
+            return self._waiting == 0
+
+
 def _sleep_sync(step: Sleep) -> None:
     deadline = time.monotonic() + step.seconds
     while (left := deadline - time.monotonic()) > 0:

@@ -225,6 +225,18 @@ def test_a_take_over_wrapped_by_the_sdk_still_stops_every_task(store, db_url):
         stand_in.stop()
 
 
+def _sdk_tasks_under_a_cap(db_url: str, cap: int, **config) -> tuple[threading.Thread, dict]:
+    """sdk_tasks_job started in a thread under a spend cap of ``cap`` tokens (looked at every 0.2 s); the thread
+    and where its result goes."""
+    outcome: dict = {}
+    resource = recovery(db_url, spend_cap_tokens=cap, spend_cap_poll_seconds=0.2)
+    runner = threading.Thread(target=lambda: outcome.setdefault("result", execute_in_process(
+        parallel_defs.sdk_tasks_job, run_config={"ops": {"sdk_tasks": {"config": config}}},
+        resources={"recovery": resource}, raise_on_error=False)))
+    runner.start()
+    return runner, outcome
+
+
 def test_sdk_requests_in_parallel_pause_at_the_spend_cap_and_go_on_when_it_is_raised(store, db_url):
     """Every request through the journaling transport reserves under the pipeline's spend cap first: four tasks
     stop at the cap (the pipeline waits, never fails), and go on once an operator raises it."""
@@ -232,13 +244,7 @@ def test_sdk_requests_in_parallel_pause_at_the_spend_cap_and_go_on_when_it_is_ra
     stand_in = SdkStandIn(latency=0.05)
     url = stand_in.start() + "/v1"
     try:
-        outcome = {}
-        resource = recovery(db_url, spend_cap_tokens=cap, spend_cap_poll_seconds=0.2)
-        runner = threading.Thread(target=lambda: outcome.setdefault("result", execute_in_process(
-            parallel_defs.sdk_tasks_job, run_config={"ops": {"sdk_tasks": {"config": {
-                "url": url, "keys": 12, "concurrency": 4}}}}, resources={"recovery": resource},
-            raise_on_error=False)))
-        runner.start()
+        runner, outcome = _sdk_tasks_under_a_cap(db_url, cap, url=url, keys=12, concurrency=4)
 
         def paused():
             found = store.reports.list_pipelines()
@@ -270,13 +276,7 @@ def test_more_sdk_tasks_waiting_at_the_spend_cap_than_the_loop_has_worker_thread
     stand_in = SdkStandIn(latency=0.1)
     url = stand_in.start() + "/v1"
     try:
-        outcome = {}
-        resource = recovery(db_url, spend_cap_tokens=cap, spend_cap_poll_seconds=0.2)
-        runner = threading.Thread(target=lambda: outcome.setdefault("result", execute_in_process(
-            parallel_defs.sdk_tasks_job, run_config={"ops": {"sdk_tasks": {"config": {
-                "url": url, "keys": 50, "concurrency": 32, "max_tokens": 100}}}}, resources={"recovery": resource},
-            raise_on_error=False)))
-        runner.start()
+        runner, outcome = _sdk_tasks_under_a_cap(db_url, cap, url=url, keys=50, concurrency=32, max_tokens=100)
         runner.join(120)
         assert not runner.is_alive(), "the node waited at the spend cap for ever"
         result = outcome["result"]
