@@ -8,7 +8,7 @@ import contextvars
 import logging
 import threading
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterable, Iterator, Sequence
 from concurrent.futures import Future
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
@@ -191,6 +191,7 @@ class NodeContext:
         self.run_worker_gone = run_worker_gone
         self._journal: CallJournal | None = None
         self._journal_lock = threading.Lock()
+        self._maps_not_awaited = 0  # ctx.amap(...) calls whose coroutine has not started: never awaited, so far
 
     @property
     def journal(self) -> CallJournal:
@@ -439,13 +440,27 @@ class NodeContext:
         finally:
             self._progress_end()
 
-    async def amap(self, fn: Callable[[Item], Awaitable[Any]], keys: Iterable[Any], *, concurrency: int = 8,
-                   retries: int | None = None) -> MapResult:
-        """``map`` for ``async def fn(item)``: up to ``concurrency`` items at once as asyncio tasks."""
+    def amap(self, fn: Callable[[Item], Awaitable[Any]], keys: Iterable[Any], *, concurrency: int = 8,
+             retries: int | None = None) -> Coroutine[Any, Any, MapResult]:
+        """``map`` for ``async def fn(item)``: up to ``concurrency`` items at once as asyncio tasks
+        (``await ctx.amap(...)``; a call never awaited fails the node when its body returns)."""
+        self._maps_not_awaited += 1
+        return self._amap(fn, keys, concurrency=concurrency, retries=retries)
+
+    async def _amap(self, fn: Callable[[Item], Awaitable[Any]], keys: Iterable[Any], *, concurrency: int,
+                    retries: int | None) -> MapResult:
+        self._maps_not_awaited -= 1  # on the event loop's one thread, as the call that counted it
         try:
             return await map_in_tasks(self, fn, keys, concurrency=concurrency, retries=retries)
         finally:
             await asyncio.to_thread(self._progress_end)
+
+    def check_maps_awaited(self) -> None:
+        """Fail the node (for good: it is the body's code) when it called ``ctx.amap`` without ``await``: none
+        of those items was worked, and the node would otherwise complete as if they were."""
+        if self._maps_not_awaited:
+            raise Failure(description=f"node {self.node_name} called ctx.amap(...) without `await`, so none of its "
+                                      "items was worked: write `await ctx.amap(...)`", allow_retries=False)
 
     def _unfinished(self, name: str, keys: Iterable[Any], *, unique: bool = True) -> tuple[Iterator[str], int]:
         """Record the node's item total; (the keys not finished before, lazily; how many were)."""

@@ -8,6 +8,7 @@ arrived gets that answer back from the journal (the stand-in is paid once) and c
 
 from __future__ import annotations
 
+import gc
 import threading
 import time
 from collections import Counter
@@ -69,6 +70,20 @@ def assert_each_item_got_its_own_answer(store, node: str, keys: list[str], provi
     assert Counter(c.item_key for c in paid) == Counter(keys)  # one paid call per item, recorded as that item's
     assert all(c.tokens_in == 10 and c.tokens_out == 5 for c in paid)
     assert provider.paid == Counter(keys)
+
+
+def test_amap_without_await_fails_the_node_instead_of_completing_it_with_no_item_worked(store, db_url, provider):
+    """``ctx.amap(...)`` without ``await`` makes a coroutine that never runs: the node fails for good, naming the
+    slip, rather than completing as if its items were done (Python only warns when the coroutine is collected)."""
+    with pytest.warns(RuntimeWarning, match="never awaited"):
+        result = run(parallel_defs.unawaited_job, db_url, "unawaited", url=provider.url, keys=3)
+        gc.collect()
+    assert not result.success
+    assert "node unawaited called ctx.amap(...) without `await`, so none of its items was worked" in \
+        result.failure_data_for_node("unawaited").error.message
+    assert provider.paid == Counter()
+    pipeline = only_pipeline(store)
+    assert store.pipelines.get_node(pipeline.id, "unawaited").status != "completed" and pipeline.status != "completed"
 
 
 @pytest.mark.parametrize("job, node", [(parallel_defs.threaded_job, "threaded"),

@@ -147,6 +147,22 @@ def wrong_kind(ctx: NodeContext, config: ParallelConfig) -> dict:
     return {}
 
 
+@recoverable_op
+async def unawaited(ctx: NodeContext, config: ParallelConfig) -> dict:
+    """The slip ``ctx.amap(...)`` without ``await``: Python only warns, at collection, of a coroutine never awaited."""
+    async def one(item: Item) -> object:
+        return await aask(client, _url(config), item.key)
+
+    async with httpx.AsyncClient() as client:
+        ctx.amap(one, keys_of(config), concurrency=config.concurrency)  # noqa: RUF006 - the slip under test
+    return {"done": "?"}
+
+
+@recoverable_job(executor_def=in_process_executor)
+def unawaited_job():
+    unawaited()
+
+
 @recoverable_job(executor_def=in_process_executor)
 def threaded_job():
     threaded()
