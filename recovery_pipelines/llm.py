@@ -12,13 +12,12 @@ import re
 import time
 from typing import Any, Protocol
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from recovery_ext import LLMResource as LibraryLLMResource
-from recovery_ext import (ClassifiedError, NodeContext, Prices, ProviderCall, ProviderGuard, RetryPolicy,
-                          UsageDetails, provider_guard, read_usage, read_usage_details, record_provider_call, redact,
-                          redact_secret, redact_url,
-                          with_context)
+from recovery_ext import (ClassifiedError, ConfigurationError, NodeContext, Prices, ProviderCall, ProviderGuard,
+                          RetryPolicy, UsageDetails, provider_guard, read_usage, read_usage_details,
+                          record_provider_call, redact, redact_secret, redact_url, with_context)
 
 SYSTEM_PROMPT = (
     "You document relational databases for analysts. Answer with one JSON object only, "
@@ -252,6 +251,15 @@ class LLMResource(LibraryLLMResource):
     batch: bool = Field(
         default=False, description="Column enrichment as one Batch API job (half the price, results within 24 h).")
     batch_poll_seconds: float = Field(default=30.0, description="Seconds between two looks at a pending batch.")
+
+    @model_validator(mode="after")
+    def _validate_batch_poll(self) -> LLMResource:
+        """Refuse a poll interval that would hammer the provider (or NaN, which never waits) when the definitions
+        load; the library's fields are checked by its own validator."""
+        poll = self.batch_poll_seconds
+        if isinstance(poll, bool) or not isinstance(poll, (int, float)) or not 0.1 <= poll <= 86400:
+            raise ConfigurationError(f"batch_poll_seconds must be a number of seconds from 0.1 to 86400, got {poll!r}")
+        return self
 
     def enricher(self, node: NodeContext | None = None) -> Enricher:
         """The enricher for ``node``: its calls share the endpoint's breaker and pause the node's pipeline

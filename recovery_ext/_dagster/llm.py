@@ -15,7 +15,7 @@ from types import ModuleType
 from typing import Any, Literal
 
 from dagster import ConfigurableResource
-from pydantic import Field, model_validator
+from pydantic import ConfigDict, Field, ModelWrapValidatorHandler, model_validator
 
 from recovery_ext._classify.redaction import redact_url
 from recovery_ext._classify.retry import RetryPolicy
@@ -25,6 +25,7 @@ from recovery_ext._errors import ConfigurationError, install_hint
 from recovery_ext._providers.guard import ProviderGuard
 from recovery_ext._providers.prices import Prices
 from recovery_ext._providers.transport import JournalingCore, transport_classes
+from recovery_ext._settings import DAY, check_count, check_http_url, check_seconds
 from recovery_ext._store.models import ProviderLimits
 
 
@@ -102,6 +103,9 @@ def async_journaling_http_client(*, endpoint: str | None = None, limits: Provide
     return http.AsyncClient(transport=async_transport(core, transport), **client_kwargs)
 
 
+# The most tokens one answer may be given: far beyond any model's output limit, so above it is a typo.
+MAX_ANSWER_TOKENS = 10_000_000
+
 # The SDK of each provider: its module, the extra that installs it, its sync and async client classes.
 SDKS = {"openai": ("openai", "openai", "OpenAI", "AsyncOpenAI"),
         "anthropic": ("anthropic", "anthropic", "Anthropic", "AsyncAnthropic")}
@@ -116,6 +120,9 @@ class LLMResource(ConfigurableResource):  # type: ignore[type-arg]
     recoverable node every request goes through the node's journal, the endpoint's shared budget and
     breaker, the shared retry policy and the ledger. Outside a node they are the plain SDK clients.
     """
+
+    # A refused setting's error would otherwise show every field given, the API key among them.
+    model_config = ConfigDict(hide_input_in_errors=True)
 
     provider: Literal["openai", "anthropic"] = Field(
         default="openai", description="Which SDK the clients are: openai (also any OpenAI-compatible server: Groq, "
@@ -151,11 +158,46 @@ class LLMResource(ConfigurableResource):  # type: ignore[type-arg]
         default_factory=dict, description='Price per million tokens per model, e.g. {"gpt-4o-mini": {"input": 0.15, '
                                           '"output": 0.6}}: the ledger turns tokens into cost. Unlisted: no cost.')
 
-    @model_validator(mode="after")
-    def _refuse_bad_prices(self) -> LLMResource:
-        """Refuse a price out of range when the definitions load, before any run pays for a call it would price."""
-        Prices.parse(self.prices)
-        return self
+    @model_validator(mode="wrap")
+    @classmethod
+    def _validate(cls, data: Any, handler: ModelWrapValidatorHandler[LLMResource]) -> LLMResource:
+        """Refuse NaN, infinities, out-of-bounds and contradictory settings when the definitions load: a timeout
+        every request trips would look like a provider outage and open the endpoint's breaker for every pipeline.
+        A setting given as an ``EnvVar`` is checked when a run initializes the resource with its value."""
+        # the input, not the built model: pydantic turns an EnvVar into its plain name before Dagster restores it
+        deferred = {name for name, value in data.items() if hasattr(value, "env_var_name")} \
+            if isinstance(data, dict) else set()
+        resource = handler(data)
+        resource._check_settings(deferred)
+        return resource
+
+    def _check_settings(self, deferred: set[str]) -> None:
+        def given(*names: str) -> bool:
+            return not deferred.intersection(names)
+
+        if self.base_url and given("base_url"):
+            check_http_url("base_url", self.base_url)
+        if given("timeout"):
+            check_seconds("timeout", self.timeout, maximum=DAY)
+        if given("initial_delay"):
+            check_seconds("initial_delay", self.initial_delay, minimum=0.0, maximum=3600.0)
+        if given("max_delay"):
+            check_seconds("max_delay", self.max_delay, minimum=0.0, maximum=DAY)
+        if given("initial_delay", "max_delay"):
+            if self.initial_delay > self.max_delay:
+                raise ConfigurationError(f"initial_delay must be at most max_delay ({self.max_delay:g} s), "
+                                         f"got {self.initial_delay:g}")
+            self.policy()
+        if self.max_tokens is not None and given("max_tokens"):
+            check_count("max_tokens", self.max_tokens, minimum=1, maximum=MAX_ANSWER_TOKENS)
+        if given("budget_window_seconds"):
+            check_seconds("budget_window_seconds", self.budget_window_seconds, maximum=DAY)
+        if given("budget_margin_seconds"):
+            check_seconds("budget_margin_seconds", self.budget_margin_seconds, minimum=0.0, maximum=DAY,
+                          allow_none=True)
+        if given("requests_per_minute", "tokens_per_minute", "budget_window_seconds", "budget_margin_seconds"):
+            self.limits()  # the requests and tokens per minute, and the margin against the window
+        Prices.parse(self.prices)  # before any run pays for a call it would price
 
     def limits(self) -> ProviderLimits:
         return ProviderLimits(requests_per_minute=self.requests_per_minute, tokens_per_minute=self.tokens_per_minute,

@@ -123,6 +123,89 @@ def test_a_price_out_of_range_is_refused_when_the_resource_is_built_before_any_r
     assert llm_resource("http://127.0.0.1:9/v1", prices={"m": {"input": 1e6, "output": 0}}).prices["m"]["input"] == 1e6
 
 
+@pytest.mark.parametrize("bad,words", [
+    (dict(timeout=-1), "timeout must be at least 0.1 s, got -1"),
+    (dict(timeout=0), "timeout must be at least 0.1 s, got 0"),
+    (dict(timeout=float("nan")), "timeout must be a finite number of seconds, got nan"),
+    (dict(timeout=float("inf")), "timeout must be a finite number of seconds, got inf"),
+    (dict(timeout=2 * 86400), "timeout must be at most 86400 s"),
+    (dict(initial_delay=float("inf")), "initial_delay must be a finite number of seconds, got inf"),
+    (dict(initial_delay=-0.5), "initial_delay must be at least 0 s, got -0.5"),
+    (dict(max_delay=float("nan")), "max_delay must be a finite number of seconds, got nan"),
+    (dict(initial_delay=10, max_delay=5), "initial_delay must be at most max_delay (5 s), got 10"),
+    (dict(max_tokens=-10), "max_tokens must be a whole number from 1 to 10000000, got -10"),
+    (dict(max_tokens=0), "max_tokens must be a whole number from 1 to 10000000, got 0"),
+    (dict(base_url="not a url"), "base_url must be an http:// or https:// URL with a host"),
+    (dict(base_url="ftp://llm.local/v1"), "base_url must be an http:// or https:// URL with a host"),
+    (dict(base_url="http://llm.local:99999/v1"), "base_url must be an http:// or https:// URL with a host"),
+    (dict(budget_window_seconds=float("nan")), "budget_window_seconds must be a finite number of seconds"),
+    (dict(budget_margin_seconds=float("inf")), "budget_margin_seconds must be a finite number of seconds"),
+    (dict(requests_per_minute=0), "requests_per_minute must be a whole number from 1"),
+])
+def test_an_llm_setting_out_of_range_is_refused_when_the_resource_is_built_naming_it(bad, words):
+    """Before any request: a timeout every request trips would read as an outage and open the shared breaker."""
+    from recovery_ext import LLMResource
+
+    with pytest.raises(ValueError) as refused:
+        LLMResource(**{"api_key": "sk-never-shown-1234", **bad})
+    assert [type(e["ctx"]["error"]) for e in refused.value.errors()] == [ConfigurationError]
+    assert words in str(refused.value)
+    assert "sk-never-shown-1234" not in str(refused.value)
+
+
+def test_a_bad_base_url_is_shown_with_its_password_masked():
+    from recovery_ext import LLMResource
+
+    with pytest.raises(ValueError) as refused:
+        LLMResource(base_url="http://user:hunter2-secret@llm.local:99999/v1")
+    assert "hunter2-secret" not in str(refused.value) and "user:***@llm.local" in str(refused.value)
+
+
+def test_llm_settings_in_range_are_kept():
+    from recovery_ext import LLMResource
+
+    llm = LLMResource(base_url="https://api.openai.com/v1", timeout=0.5, initial_delay=0, max_delay=0,
+                      max_tokens=None, budget_margin_seconds=0)
+    assert (llm.timeout, llm.initial_delay, llm.max_tokens) == (0.5, 0, None)
+    assert LLMResource(base_url="").base_url == ""  # empty: the SDK's default
+
+
+def test_an_llm_setting_from_run_config_is_refused_when_the_resource_is_initialized():
+    from dagster import DagsterResourceFunctionError, build_resources
+
+    from recovery_ext import LLMResource
+
+    with pytest.raises(DagsterResourceFunctionError) as refused, build_resources(
+            {"llm": LLMResource.configure_at_launch()}, resource_config={"llm": {"config": {"timeout": -1.0}}}):
+        pass
+    assert "timeout must be at least 0.1 s, got -1" in str(refused.value.__cause__)
+
+
+def test_an_env_var_setting_is_checked_with_its_value_when_the_resource_is_initialized(monkeypatch):
+    from dagster import DagsterResourceFunctionError, EnvVar, build_resources
+
+    from recovery_ext import LLMResource
+
+    llm = LLMResource(base_url=EnvVar("TEST_LLM_BASE_URL"), max_tokens=EnvVar.int("TEST_LLM_MAX_TOKENS"))
+    monkeypatch.setenv("TEST_LLM_BASE_URL", "https://api.openai.com/v1")
+    monkeypatch.setenv("TEST_LLM_MAX_TOKENS", "64")
+    with build_resources({"llm": llm}) as resources:
+        assert (resources.llm.base_url, resources.llm.max_tokens) == ("https://api.openai.com/v1", 64)
+    monkeypatch.setenv("TEST_LLM_BASE_URL", "not a url")
+    with pytest.raises(DagsterResourceFunctionError) as refused, build_resources({"llm": llm}):
+        pass
+    assert "base_url must be an http:// or https:// URL" in str(refused.value.__cause__)
+
+
+@pytest.mark.parametrize("poll", [0, -1.0, float("nan"), float("inf")])
+def test_the_demo_llm_resource_refuses_a_bad_batch_poll_interval(poll):
+    from recovery_pipelines.llm import LLMResource
+
+    with pytest.raises(ValueError, match="batch_poll_seconds must be a number of seconds from 0.1 to 86400"):
+        LLMResource(batch=True, batch_poll_seconds=poll)
+    assert LLMResource(batch=True, batch_poll_seconds=0.1).batch_poll_seconds == 0.1
+
+
 def test_the_definitions_refuse_a_bad_price_in_one_line_naming_the_model(monkeypatch):
     import recovery_pipelines.assembly as assembly
 
