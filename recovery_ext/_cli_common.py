@@ -6,6 +6,7 @@ from __future__ import annotations
 import datetime as dt
 import functools
 import json
+import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, overload
 
@@ -64,6 +65,25 @@ class Age(Duration):
 
     name = "duration"
     minimum, maximum = 3600.0, LONGEST
+
+
+class Amount(_FloatParam):
+    """A finite amount from 0 to ``maximum`` (else exit 2): click's FloatRange lets NaN through, since every
+    comparison with NaN is false."""
+
+    name = "amount"
+
+    def __init__(self, maximum: float) -> None:
+        self.maximum = maximum
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> float:
+        try:
+            amount = float(value)
+        except (TypeError, ValueError):
+            self.fail(f"{value!r} is not a number", param, ctx)
+        if not math.isfinite(amount) or not 0 <= amount <= self.maximum:
+            self.fail(f"must be an amount from 0 to {self.maximum:g}, got {value!r}", param, ctx)
+        return amount
 
 
 def _when(value: dt.datetime | None) -> str:

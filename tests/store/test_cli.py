@@ -191,6 +191,17 @@ def test_bad_arguments_exit_2_with_one_clear_line(args, text, tmp_path):
         result.output.strip().splitlines()[-1]]
 
 
+@pytest.mark.parametrize("cost", ["nan", "NaN", "inf", "-inf", "1e400", "-1", "1e13", "lots"])
+def test_a_spend_cap_cost_that_is_not_a_finite_amount_exits_2(cli, store, cost):
+    own = store.pipelines.create_pipeline("job", ["a"], owner="run-1", origin_run_id="run-1")
+    result = cli("spend-cap", "set", "--pipeline", str(own.pipeline_id), "--cost", cost, code=2)
+    assert "Invalid value for '--cost'" in result.output and "Traceback" not in result.output
+    assert [line for line in result.output.splitlines() if line.startswith("Error:")] == [
+        result.output.strip().splitlines()[-1]]
+    # a finite amount gets past the arguments to the store (which has no cap for a pipeline that never asked)
+    assert "no spend cap" in cli("spend-cap", "set", "--pipeline", str(own.pipeline_id), "--cost", "2.5", code=1).output
+
+
 def test_many_kind_flags_on_postgresql_are_one_query_not_an_outage(cli, db_url):
     result = cli("events", *["--kind=pipeline_recovered"] * 70_000, "--json")
     assert result.exit_code == 0
