@@ -3,11 +3,13 @@ with one clear error per failure (the commands live in _cli.py and the modules i
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import functools
 import json
+import logging
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, overload
 
 import click
@@ -16,6 +18,7 @@ from recovery_ext._conventions import jsonable
 from recovery_ext._errors import ConfigurationError, NotFound, RecoveryError, StoreUnavailable
 from recovery_ext._settings import LONGEST, parse_duration
 from recovery_ext._classify.redaction import redact
+from recovery_ext._store.database import retry_log
 from recovery_ext._store.dialects import Dialect
 from recovery_ext._store.store import RecoveryStore, default_database_url
 
@@ -122,6 +125,18 @@ def open_store(obj: dict[str, Any], *, creates_database: bool = False) -> Recove
         raise BadArgument(redact(str(exc))) from None
 
 
+@contextlib.contextmanager
+def _quiet_store_retries() -> Iterator[None]:
+    """The store still retries a transient error within CLI_RETRY_BUDGET, but an operator sees one line, the
+    outcome, not a warning per attempt."""
+    previous = retry_log.level
+    retry_log.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        retry_log.setLevel(previous)
+
+
 def _require_sqlite_file(dialect: Dialect) -> None:
     missing = dialect.missing_database_file()
     if missing is not None:
@@ -148,6 +163,10 @@ def command(fn: CommandBody | None = None, *, creates_database: bool = False,
         return functools.partial(command, creates_database=creates_database, checks_schema=checks_schema)
 
     def wrapper(obj: dict[str, Any], /, as_json: bool, **kwargs: Any) -> Any:
+        with _quiet_store_retries():
+            return run(obj, as_json, **kwargs)
+
+    def run(obj: dict[str, Any], as_json: bool, **kwargs: Any) -> Any:
         out = Output(as_json or obj["json"])
         store = open_store(obj, creates_database=creates_database)
         try:

@@ -27,6 +27,8 @@ from recovery_ext._classify.retry import retry_if_retryable, wait_jittered_expon
 from recovery_ext._store.schema import events, transitions
 
 log = logging.getLogger("recovery_ext._store.store")
+# Each retried attempt of a store call: a warning a worker's log keeps, which a CLI command (one final line) quiets.
+retry_log = logging.getLogger("recovery_ext._store.store.retries")
 
 T = TypeVar("T")
 
@@ -121,7 +123,7 @@ class Transactions:
         whatever the deadline (the first ran past it, then lost its session)."""
         def before_sleep(state: tenacity.RetryCallState) -> None:
             exc = state.outcome.exception() if state.outcome else None
-            log.warning("store call %s failed (attempt %d), retrying in %.1f s: %s", what, state.attempt_number,
+            retry_log.warning("store call %s failed (attempt %d), retrying in %.1f s: %s", what, state.attempt_number,
                         state.upcoming_sleep, redact(exc))
 
         stop: Callable[[tenacity.RetryCallState], bool]

@@ -202,6 +202,24 @@ def test_a_spend_cap_cost_that_is_not_a_finite_amount_exits_2(cli, store, cost):
     assert "no spend cap" in cli("spend-cap", "set", "--pipeline", str(own.pipeline_id), "--cost", "2.5", code=1).output
 
 
+def test_an_unreachable_database_is_one_error_line_not_a_warning_per_retry(caplog):
+    import logging
+    import socket
+
+    caplog.set_level(logging.WARNING)  # what a plain `recovery-ext` process would print to stderr
+
+    with socket.socket() as probe:  # a port nothing listens on once the probe is closed
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    result = CliRunner().invoke(main, ["--database-url", f"postgresql://postgres:pw-secret@127.0.0.1:{port}/x",
+                                       "status"])
+    lines = result.output.strip().splitlines()
+    assert result.exit_code == 1 and len(lines) == 1, result.output
+    assert lines[0].startswith(f"Error: cannot reach the database at postgresql+psycopg://postgres:***@127.0.0.1:{port}/x")
+    assert "pw-secret" not in result.output
+    assert [r.getMessage() for r in caplog.records if r.name.startswith("recovery_ext")] == []
+
+
 def test_many_kind_flags_on_postgresql_are_one_query_not_an_outage(cli, db_url):
     result = cli("events", *["--kind=pipeline_recovered"] * 70_000, "--json")
     assert result.exit_code == 0
