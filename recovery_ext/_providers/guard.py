@@ -181,7 +181,9 @@ class AttemptHold:
         self._safely(lambda spend: spend.settle_estimate())
 
     def spent_unknown(self, exc: BaseException) -> None:
-        charged = not isinstance(exc, Exception) or classify(exc).category == "timeout"
+        # an unreadable 2xx answer (UnreadableAnswer.charged) was probably billed, as a timeout may have been
+        charged = not isinstance(exc, Exception) or getattr(exc, "charged", False) is True \
+            or classify(exc).category == "timeout"
         self._safely(lambda spend: spend.settle_estimate() if charged else spend.release())
 
     def _safely(self, action: Callable[[SpendReservation], None]) -> None:

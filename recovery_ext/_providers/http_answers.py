@@ -18,6 +18,9 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from recovery_ext._classify.classifier import ClassifiedError
+from recovery_ext._classify.redaction import redact
+from recovery_ext._providers.jobs import UNREADABLE_RESULT
 from recovery_ext._providers.journal import fingerprint
 from recovery_ext._providers.prices import Prices
 from recovery_ext._providers.usage import read_usage, token_count
@@ -68,7 +71,63 @@ def request_facts(method: str, url: str, headers: Any, body: bytes, *, answer_to
 
 
 def is_event_stream(headers: Any) -> bool:
-    return str(headers.get("content-type", "")).split(";")[0].strip().lower() == "text/event-stream"
+    return _media_type(headers) == "text/event-stream"
+
+
+def _media_type(headers: Any) -> str:
+    return str(headers.get("content-type", "")).split(";")[0].strip().lower()
+
+
+def is_json(headers: Any) -> bool:
+    """The answer says its body is JSON (``application/json``, or a ``+json`` type such as problem+json)."""
+    media = _media_type(headers)
+    return media == "application/json" or media.endswith("+json")
+
+
+# An answer whose body is not read for JSON: none is expected (204, 205), or it is not an answer (3xx, 4xx, 5xx).
+NOT_READ = object()
+
+
+class UnreadableAnswer(ClassifiedError):
+    """A provider answered 2xx with a JSON content type and a body that is not JSON (cut off, an HTML page).
+
+    Transient (``server_error``): the request was good and the provider failed to deliver its answer, as a
+    cut-off body or a proxy's error page usually is, once; asking again usually gets a whole answer. The
+    answer is never kept, so a retry or a re-execution asks the provider again instead of replaying what no
+    client can read. Its ledger row's outcome is ``unreadable_result`` (as a provider job's unreadable result
+    line), with a note quoting the body's start."""
+
+    # A 2xx answer was probably billed: a spend cap counts it at its estimate, as a timeout (see AttemptHold)
+    charged = True
+    ledger_outcome = UNREADABLE_RESULT
+
+    def __init__(self, endpoint: str, status: int, media: str, body: bytes, why: str) -> None:
+        start = body[:80].decode("utf-8", errors="replace")
+        self.ledger_note = redact(f"HTTP {status} {media}, {len(body)} bytes that are not JSON ({why}): {start!r}; "
+                                  "not kept, asked again")[:500]
+        super().__init__(category="server_error", retryable=True, status_code=status, endpoint=endpoint,
+                         message=f"an unreadable answer: HTTP {status} {media}, {len(body)} bytes that do not "
+                                 f"parse as JSON ({why}); not kept: a retry asks the provider again")
+
+
+def read_json_answer(endpoint: str, status: int, headers: Any, body: bytes) -> Any:
+    """The JSON value of a 2xx answer whose content type says JSON; NOT_READ for any other answer. Raises
+    :class:`UnreadableAnswer` when the body does not parse: the SDK could not read it either, and keeping it
+    would replay it to every re-execution."""
+    if not 200 <= status < 300 or status in (204, 205) or not is_json(headers):
+        return NOT_READ
+    try:
+        return json.loads(body)
+    except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
+        raise UnreadableAnswer(endpoint, status, _media_type(headers), body, str(exc)[:120]) from None
+
+
+def check_kept_answer(endpoint: str, kept: Any) -> None:
+    """Raises :class:`UnreadableAnswer` for a journaled answer that no client can read (kept before this was
+    checked): it is asked again instead of replayed."""
+    if isinstance(kept, dict) and kept.get("http") == 1 and isinstance(kept.get("status"), int):
+        headers = {str(name).lower(): value for name, value in kept.get("headers") or []}
+        read_json_answer(endpoint, kept["status"], headers, decode_body(kept["body"]))
 
 
 def encode_body(body: bytes) -> dict[str, str]:
@@ -106,11 +165,13 @@ def _events(body: bytes) -> list[Any]:
     return found
 
 
-def answer_usage(body: bytes, streamed: bool) -> tuple[dict[str, Any] | None, str | None]:
+def answer_usage(body: bytes, streamed: bool, parsed: Any = NOT_READ) -> tuple[dict[str, Any] | None, str | None]:
     """The usage figures of an answer (the last value of each, over a stream's events) and the model that
-    answered; (None, None) when the answer says nothing."""
+    answered; (None, None) when the answer says nothing. ``parsed``: the body, already read as JSON."""
     if streamed:
         payloads = _events(body)
+    elif parsed is not NOT_READ:
+        payloads = [parsed]
     else:
         try:
             payloads = [json.loads(body)]
@@ -132,10 +193,10 @@ def answer_usage(body: bytes, streamed: bool) -> tuple[dict[str, Any] | None, st
 
 
 def answered_call(endpoint: str, model: str | None, body: bytes, *, streamed: bool, latency: float,
-                  prices: Prices, provider: str | None) -> ProviderCall:
+                  prices: Prices, provider: str | None, parsed: Any = NOT_READ) -> ProviderCall:
     """The ledger's record of an answer: its usage in tokens, its cost when priced; an answer without usage
-    is recorded as 0 tokens with a note, and no cost."""
-    usage, answered_by = answer_usage(body, streamed)
+    is recorded as 0 tokens with a note, and no cost. ``parsed``: the body, already read as JSON."""
+    usage, answered_by = answer_usage(body, streamed, parsed)
     note = None
     if usage is None:
         tokens_in, tokens_out, note = 0, 0, "the answer held no usage: recorded as 0 tokens"

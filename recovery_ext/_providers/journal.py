@@ -167,12 +167,14 @@ class PendingCall:
         self.endpoint: str = ""
         self.model: str | None = None
 
-    def start(self, endpoint: str, model: str | None, *, call_id: str | None = None) -> Any:
+    def start(self, endpoint: str, model: str | None, *, call_id: str | None = None,
+              check: Callable[[Any], None] | None = None) -> Any:
         """Before a request: the journaled answer (first attempt only), or MISS once the request's ledger row is
         written in flight (under ``call_id``, when the caller chose it: a spend cap's reservation names it).
-        Fenced: a superseded worker raises here and sends nothing."""
+        Fenced: a superseded worker raises here and sends nothing. ``check`` raises for a journaled answer that
+        must not be replayed: it is asked again."""
         write = self.begin_write(endpoint, model, call_id)
-        return self.started(write, self.journal.write(write))
+        return self.started(write, self.journal.write(write), check)
 
     def begin_write(self, endpoint: str, model: str | None, call_id: str | None = None) -> JournalWrite:
         """The begin ``start`` writes: this request's ledger row in flight, and the look-up on the first attempt."""
@@ -187,11 +189,13 @@ class PendingCall:
         self._looked = True
         return JournalWrite(call, self.call_key if lookup else None)
 
-    def started(self, write: JournalWrite, hit: JournalHit | None) -> Any:
+    def started(self, write: JournalWrite, hit: JournalHit | None, check: Callable[[Any], None] | None = None) -> Any:
         """After the begin committed: the journaled answer it found, else MISS with this attempt under way."""
         if hit is not None:
             try:
                 answer = decode_answer(hit.answer)
+                if check is not None:
+                    check(answer)
             except Exception as exc:  # noqa: BLE001 - an answer that no longer decodes is asked again
                 log.warning("journaled answer not usable, asking again: %s", redact(exc))
                 self.journal.write(replace(write, call_key=None))
@@ -202,7 +206,7 @@ class PendingCall:
         self._token = current_attempt.set(self._attempt)
         return MISS
 
-    def _end(self, outcome: str) -> ProviderCall:
+    def _end(self, outcome: str, note: str | None = None) -> ProviderCall:
         attempt = self._attempt
         assert attempt is not None, "start() first"
         if self._token is not None:
@@ -212,7 +216,8 @@ class PendingCall:
         if attempt.call is not None:
             return attempt.call
         call = attempt.bind(ProviderCall(endpoint=self.endpoint, model=self.model, outcome=outcome,
-                                         latency_seconds=time.monotonic() - attempt.started))
+                                         latency_seconds=time.monotonic() - attempt.started,
+                                         note=note if isinstance(note, str) else None))
         if outcome == "ok":
             self.journal.scope.keep_call(call)
         return call
@@ -242,7 +247,10 @@ class PendingCall:
                 self._token = None
             self._attempt = None
             return
-        call = self._end(classify(exc).category)
+        # an error may name its own outcome and note (UnreadableAnswer: unreadable_result, the body's start)
+        outcome = getattr(exc, "ledger_outcome", None)
+        call = self._end(outcome if isinstance(outcome, str) else classify(exc).category,
+                         note=getattr(exc, "ledger_note", None))
         try:
             self.journal.store.providers.complete_calls([call])
         except Exception as err:  # noqa: BLE001 - the caller's error is what matters; the row stays in flight

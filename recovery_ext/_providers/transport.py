@@ -38,8 +38,9 @@ import tenacity
 
 from recovery_ext._classify.classifier import retry_after_of
 from recovery_ext._providers.guard import AttemptHold, CircuitOpen, GuardedCall, ProviderGuard
-from recovery_ext._providers.http_answers import (RequestFacts, answered_call, decode_body, is_event_stream,
-                                                  kept_answer, request_facts)
+from recovery_ext._providers.http_answers import (NOT_READ, RequestFacts, answered_call, check_kept_answer,
+                                                  decode_body, is_event_stream, kept_answer, read_json_answer,
+                                                  request_facts)
 from recovery_ext._providers.journal import MISS
 from recovery_ext._providers.budget import Reservation
 from recovery_ext._providers.ledger import current_scope
@@ -115,7 +116,10 @@ class JournalingCore:
                 if not decision.allowed:
                     raise CircuitOpen(guard.endpoint, decision.wait_seconds, decision.state)
             pending.journal.scope.check_calls()  # the budget wait may have been long
-            found = yield Blocking(functools.partial(pending.start, call_id=call_id), (guard.endpoint, call.model))
+            # a kept answer no client can read (journaled before answers were checked) is asked again
+            found = yield Blocking(functools.partial(pending.start, call_id=call_id,
+                                                     check=functools.partial(check_kept_answer, guard.endpoint)),
+                                   (guard.endpoint, call.model))
         except BaseException:
             yield Blocking(hold.release)  # nothing was sent
             raise
@@ -133,24 +137,28 @@ class JournalingCore:
                 finish = functools.partial(self.finish_steps, guard, call, decision, hold, response, started)
                 return tee(response, finish)
             body = yield read(response)
+            # a JSON answer the SDK could not read is a failed attempt, never kept: kept, every re-execution
+            # would replay it and fail the same way
+            parsed = read_json_answer(guard.endpoint, response.status_code, response.headers, body)
         except BaseException as exc:
             yield Blocking(self.failed, (guard, call, decision, hold, exc))
             raise
-        yield from self.finish_steps(guard, call, decision, hold, response, started, body, None)
+        yield from self.finish_steps(guard, call, decision, hold, response, started, body, None, parsed)
         return self.http.Response(response.status_code, headers=self.plain_headers(response.headers), content=body,
                                   extensions=response.extensions)
 
     def finish_steps(self, guard: ProviderGuard, call: GuardedCall, decision: BreakerDecision | None,
                      hold: AttemptHold, response: Any, started: float, body: bytes,
-                     error: BaseException | None) -> Steps[None]:
-        """The answer is complete (``error`` None): recorded with its usage and kept; else the attempt failed."""
+                     error: BaseException | None, parsed: Any = NOT_READ) -> Steps[None]:
+        """The answer is complete (``error`` None): recorded with its usage and kept; else the attempt failed.
+        ``parsed``: the body, already read as JSON (it is not parsed twice)."""
         if error is not None:
             yield Blocking(self.failed, (guard, call, decision, hold, error))
             return
-        yield Blocking(self.answered, (guard, call, decision, hold, response, started, body))
+        yield Blocking(self.answered, (guard, call, decision, hold, response, started, body, parsed))
 
     def answered(self, guard: ProviderGuard, call: GuardedCall, decision: BreakerDecision | None,
-                 hold: AttemptHold, response: Any, started: float, body: bytes) -> None:
+                 hold: AttemptHold, response: Any, started: float, body: bytes, parsed: Any = NOT_READ) -> None:
         pending = call.pending
         assert pending is not None
         streamed = is_event_stream(response.headers)
@@ -159,7 +167,8 @@ class JournalingCore:
             body = self.http.Response(200, headers=[("content-encoding", encoding)],
                                       stream=self.http.ByteStream(body)).read()
         record = answered_call(guard.endpoint, call.model, body, streamed=streamed,
-                               latency=time.monotonic() - started, prices=self.prices, provider=self.provider)
+                               latency=time.monotonic() - started, prices=self.prices, provider=self.provider,
+                               parsed=parsed)
         try:
             pending.journal.scope.record_call(record)  # completes the attempt's ledger row with the usage
             hold.settle(record.tokens_in + record.tokens_out, record.cost)

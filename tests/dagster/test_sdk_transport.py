@@ -7,15 +7,17 @@ plain SDK clients."""
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
 import pytest
-from dagster import DagsterInstance, Failure, in_process_executor
+from dagster import DagsterInstance, Failure, ReexecutionOptions, execute_job, in_process_executor
+from dagster._core.definitions.reconstruct import ReconstructableRepository
 from ledger_defs import recovery_resource
 from sdk_stand_in import SdkStandIn
 from sqlalchemy import select
 
 from recovery_ext import ClassifiedError, LLMResource, NodeContext, execute_in_process, recoverable_job, recoverable_op
-from recovery_ext._store.schema import provider_calls
+from recovery_ext._store.schema import call_journal, provider_calls
 
 MODES = ("sync", "async", "stream", "astream")
 ANSWERS: list[dict] = []
@@ -81,6 +83,16 @@ def once(ctx: NodeContext) -> str:
     return "done"
 
 
+SETTINGS = {"provider": "openai", "mode": "sync"}
+
+
+@recoverable_op(required_resource_keys={"llm"})
+def once_in_mode(ctx: NodeContext) -> str:
+    for item in ctx.items(["only"]):
+        item.complete(ask(ctx.context.resources.llm, SETTINGS["mode"], "question only"))
+    return "done"
+
+
 def run(op, llm: LLMResource, db_url: str, monkeypatch):
     monkeypatch.setenv("RECOVERY_DATABASE_URL", db_url)
 
@@ -95,8 +107,13 @@ def run(op, llm: LLMResource, db_url: str, monkeypatch):
 def ledger(store) -> list:
     c = provider_calls.c
     with store.read() as conn:
-        return conn.execute(select(c.item_key, c.outcome, c.tokens_in, c.tokens_out, c.replays, c.model)
+        return conn.execute(select(c.item_key, c.outcome, c.tokens_in, c.tokens_out, c.replays, c.model, c.note)
                             .order_by(c.item_key, c.recorded_at)).all()
+
+
+def journal_entries(store) -> list:
+    with store.read() as conn:
+        return conn.execute(select(call_journal.c.item_key, call_journal.c.answer)).all()
 
 
 @pytest.fixture
@@ -163,3 +180,74 @@ def test_outside_a_node_the_clients_are_plain_sdk_clients(stand_in):
         llm = resource(provider, url)
         assert ask(llm, "sync", "q") == ask(llm, "async", "q") == "answer to q"
     assert len(server.answered()) == 4  # nothing journaled: each call was sent
+
+
+# -- an answer no client can read: a 200 application/json whose body is cut off ----------------------------------
+
+@pytest.mark.parametrize(("provider", "mode"), [("openai", "sync"), ("openai", "async"), ("anthropic", "sync")])
+def test_a_cut_off_json_answer_is_a_failed_attempt_retried_under_the_policy_and_never_kept(
+        provider, mode, stand_in, store, db_url, monkeypatch):
+    """Before: the cut-off body was kept and recorded as answered, the SDK failed parsing it (a JSONDecodeError,
+    permanent): the item failed, and every re-execution replayed the same body."""
+    server, url = stand_in
+    server.script = ["truncated"]
+    monkeypatch.setitem(SETTINGS, "mode", mode)
+    result = run(once_in_mode, resource(provider, url), db_url, monkeypatch)
+    assert result.success
+    assert len(server.truncated()) == 1 and len(server.answered()) == 1  # the policy asked again, once
+    rows = ledger(store)
+    assert sorted(r.outcome for r in rows) == ["ok", "unreadable_result"]
+    [bad] = [r for r in rows if r.outcome == "unreadable_result"]
+    assert (bad.tokens_in, bad.tokens_out) == (0, 0) and "not JSON" in bad.note and '{"id": "x"' in bad.note
+
+
+HERE = Path(__file__).resolve().parents[1] / "support"
+
+
+@pytest.mark.parametrize("kept_before_the_fix", [False, True], ids=["cut_off_now", "kept_before_the_fix"])
+def test_after_cut_off_answers_fail_the_run_a_re_execution_asks_the_provider_again_and_completes(
+        kept_before_the_fix, stand_in, store, db_url, instance, monkeypatch):
+    """The user trial: every answer cut off until the give-up fails the run. No entry of the journal keeps a cut-off
+    body, so a re-execution once the provider is healthy asks again and completes. A cut-off body a journal kept
+    before answers were checked (simulated by switching the check off for the first run) is not replayed either:
+    it is dropped and asked again."""
+    from recovery_ext._providers import http_answers, transport
+
+    server, url = stand_in
+    monkeypatch.setenv("RECOVERY_DATABASE_URL", db_url)
+    monkeypatch.setenv("CUT_OFF_LLM_URL", f"{url}/v1")
+    if kept_before_the_fix:
+        monkeypatch.setattr(transport, "read_json_answer", lambda *args: http_answers.NOT_READ, raising=False)
+    server.script = ["truncated"] * 10_000
+    job = ReconstructableRepository.for_module("cut_off_answer_defs", "defs", working_directory=str(HERE)) \
+        .get_reconstructable_job("ask_job")
+    with execute_job(job, instance=instance, raise_on_error=False) as first:
+        assert not first.success
+        first_id = first.run_id
+    [pipeline] = store.reports.list_pipelines()
+    assert pipeline.status == "failed" and server.answered() == []
+    # the items run in turn: the first one's failure failed the node
+    if kept_before_the_fix:  # the old behaviour: the cut-off body kept, its call recorded as answered
+        assert [e.item_key for e in journal_entries(store)] == ["a"]
+        assert [(r.item_key, r.outcome) for r in ledger(store)] == [("a", "ok")]
+    else:
+        assert journal_entries(store) == []  # nothing a re-execution could replay
+        rows = ledger(store)  # one row per request sent (the policy's retries), none said to be answered
+        assert len(rows) == len(server.truncated()) > 1
+        assert {(r.item_key, r.outcome) for r in rows} == {("a", "unreadable_result")}
+    sent_before = len(server.requests)
+
+    monkeypatch.undo()  # the provider is healthy again, the check back on; the same database and stand-in
+    server.script = []
+    monkeypatch.setenv("RECOVERY_DATABASE_URL", db_url)
+    monkeypatch.setenv("CUT_OFF_LLM_URL", f"{url}/v1")
+    parent = {"dagster/parent_run_id": first_id, "dagster/root_run_id": first_id}
+    with execute_job(job, instance=instance, tags=parent,
+                     reexecution_options=ReexecutionOptions.from_failure(first_id, instance)) as second:
+        assert second.success
+        assert second.output_for_node("ask_llm") == ["a", "b"]
+    assert sorted(r.question for r in server.requests[sent_before:]) == ["question a", "question b"]
+    assert all(not r.truncated for r in server.requests[sent_before:])
+    assert store.pipelines.get_pipeline(pipeline.id).status == "completed"
+    answered = [r for r in ledger(store) if r.outcome == "ok" and r.tokens_in > 0]
+    assert sorted(r.item_key for r in answered) == ["a", "b"]  # the new answers, with their usage

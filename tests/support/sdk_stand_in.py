@@ -3,8 +3,9 @@
 It answers JSON or a server-sent event stream (``"stream": true``) in each API's own shapes, with usage:
 a token per 4 characters of the request's messages, and of the answer. It counts every request. ``script``
 is a list of statuses the next requests get instead of an answer (a 503 then a 200: ``[503]``), with
-``Retry-After: retry_after``; ``tokens``/``window`` is a token quota over a sliding window, refused with a
-429 and Retry-After as providers do (a refused request charges nothing).
+``Retry-After: retry_after``, or ``"truncated"``: a 200 ``application/json`` whose body is cut off mid-answer
+(a whole, well-framed HTTP message: only its JSON is broken); ``tokens``/``window`` is a token quota over a
+sliding window, refused with a 429 and Retry-After as providers do (a refused request charges nothing).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ class Request:
     tokens_in: int
     tokens_out: int
     question: str
+    truncated: bool = False
 
 
 def _question(body: dict) -> str:
@@ -45,14 +47,18 @@ class SdkStandIn:
     def __init__(self, *, latency: float = 0.0, tokens: int | None = None, window: float = 60.0,
                  retry_after: float = 0.1) -> None:
         self.latency, self.quota_tokens, self.window, self.retry_after = latency, tokens, window, retry_after
-        self.script: list[int] = []
+        self.script: list[int | str] = []
         self.requests: list[Request] = []
         self.lock = threading.Lock()
         self.server: ThreadingHTTPServer | None = None
 
     def answered(self) -> list[Request]:
         with self.lock:
-            return [r for r in self.requests if r.status == 200]
+            return [r for r in self.requests if r.status == 200 and not r.truncated]
+
+    def truncated(self) -> list[Request]:
+        with self.lock:
+            return [r for r in self.requests if r.truncated]
 
     def statuses(self) -> list[int]:
         with self.lock:
@@ -63,8 +69,8 @@ class SdkStandIn:
         return max((sum(r.tokens_in + r.tokens_out for r in answered[i:] if r.at < first.at + self.window)
                     for i, first in enumerate(answered)), default=0)
 
-    def _admit(self, now: float, tokens: int) -> int:
-        """200, or the status a scripted fault or the quota answers instead."""
+    def _admit(self, now: float, tokens: int) -> int | str:
+        """200, or the status (or "truncated") a scripted fault or the quota answers instead."""
         if self.script:
             return self.script.pop(0)
         if self.quota_tokens is not None:
@@ -96,10 +102,21 @@ class SdkStandIn:
                     time.sleep(stand_in.latency)
                 with stand_in.lock:
                     now = time.time()
-                    status = stand_in._admit(now, tokens_in + tokens_out)
+                    fault = stand_in._admit(now, tokens_in + tokens_out)
+                    truncated = fault == "truncated"
+                    status = 200 if truncated else int(fault)
                     stand_in.requests.append(Request(now, self.path, status, streamed,
-                                                     tokens_in if status == 200 else 0,
-                                                     tokens_out if status == 200 else 0, question))
+                                                     tokens_in if status == 200 and not truncated else 0,
+                                                     tokens_out if status == 200 and not truncated else 0, question,
+                                                     truncated))
+                if truncated:  # the user trial's body: cut off inside a string, a well-framed 200 all the same
+                    data = b'{"id": "x", "choices": [ {"mess'
+                    self.send_response(200)
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Length", str(len(data)))
+                    self.end_headers()
+                    self.wfile.write(data)
+                    return
                 if status != 200:
                     self._send(status, {"error": {"type": "rate_limit_error" if status == 429 else "overloaded",
                                                   "message": f"stand-in says {status}"}},
