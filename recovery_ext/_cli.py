@@ -296,8 +296,11 @@ def show_pipeline(store: CliStore, out: Output, pipeline_id: int) -> None:
         if degraded:
             click.echo(f"  degraded items (fallback answers): {sum(degraded.values())}; "
                        f"`recovery-ext redo-degraded {p.id}` asks the provider again")
-        if p.error or p.gave_up_reason:
-            click.echo(f"  error: {p.error or ''}  gave up: {p.gave_up_reason or ''}")
+        # only the parts that hold something: a failed pipeline has no give-up reason, a given-up one may
+        # have no error, and an empty "gave up: " read as if it had given up for no reason
+        shown = [f"{label}: {text}" for label, text in (("error", p.error), ("gave up", p.gave_up_reason)) if text]
+        if shown:
+            click.echo("  " + "  ".join(shown))
         click.echo()
         click.echo(tabulate([(n.position, n.name, n.status, n.attempts, items(n),
                               n.error_category or "", (n.error or "")[:60], n.run_id or "") for n in node_rows],

@@ -80,6 +80,18 @@ def test_pipelines_show_and_list(cli, store):
     assert "no pipeline 999" in cli("pipelines", "show", "999", code=1).output
 
 
+def test_pipelines_show_prints_no_empty_gave_up_for_a_failed_pipeline(cli, store):
+    """Before: ``error: ... (and 3 more)  gave up: `` ended a failed pipeline's line, with no reason after it."""
+    from recovery_ext._store.models import ErrorInfo
+
+    own = store.pipelines.create_pipeline("job", ["a"], owner="r1", origin_run_id="r1")
+    store.pipelines.start_node(own, "a")
+    store.pipelines.fail_node(own, "a", ErrorInfo(category="validation", message="8 item(s) failed (and 3 more)"),
+                              permanent=True)
+    [line] = [ln for ln in cli("pipelines", "show", str(own.pipeline_id)).stdout.splitlines() if "error:" in ln]
+    assert line.strip() == "error: 8 item(s) failed (and 3 more)"
+
+
 def test_reset_stuck_dry_run_job_id_and_summary(cli, store):
     store.queue.enqueue("ocr", [{"name": "a.pdf"}, {"name": "b.pdf"}])
     a, b = store.queue.claim("ocr", "worker-1", limit=2, heartbeat_timeout=600)
