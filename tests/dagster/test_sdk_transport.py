@@ -251,3 +251,5 @@ def test_after_cut_off_answers_fail_the_run_a_re_execution_asks_the_provider_aga
     assert store.pipelines.get_pipeline(pipeline.id).status == "completed"
     answered = [r for r in ledger(store) if r.outcome == "ok" and r.tokens_in > 0]
     assert sorted(r.item_key for r in answered) == ["a", "b"]  # the new answers, with their usage
+    if kept_before_the_fix:  # the kept body's own row stays as it was written, its look-up counted as a replay
+        assert [(r.item_key, r.tokens_in, r.replays) for r in ledger(store) if r.tokens_in == 0] == [("a", 0, 1)]
