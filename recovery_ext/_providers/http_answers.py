@@ -84,7 +84,8 @@ def is_json(headers: Any) -> bool:
     return media == "application/json" or media.endswith("+json")
 
 
-# An answer whose body is not read for JSON: none is expected (204, 205), or it is not an answer (3xx, 4xx, 5xx).
+# An answer whose body is not read for JSON: not typed JSON, none is expected (204, 205), or it is not an answer
+# (3xx, 4xx, 5xx: the SDK raises its own error, whatever the body).
 NOT_READ = object()
 
 
