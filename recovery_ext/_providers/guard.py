@@ -228,6 +228,10 @@ class ProviderGuard:
         self.cooldown = wait_jittered_exponential(s.breaker_cooldown, max_delay=s.breaker_max_cooldown,
                                                   jitter=s.jitter, rng=rng)
         self._closed_until: float | None = None  # the clock() up to which a closed breaker read is trusted
+        # The clock() up to which a pause of this node's calls is shown (logged, and on the pipeline and the run):
+        # tens of calls in flight that fail together pause together, shown once, not one line and event each.
+        self._pause_shown_until = float("-inf")
+        self._pause_lock = threading.Lock()
         # This guard counted a transient failure towards the breaker and no answer has reset the count since.
         # Failures are consecutive in the order calls end: an answer to a call decided before the failure (one of
         # the tens in flight) resets the count too, or a burst of a few failures among 64 answered calls
@@ -398,6 +402,11 @@ class ProviderGuard:
             seconds = retry_state.upcoming_sleep
             if call.pause_reason is None:
                 return
+            with self._pause_lock:
+                now = self.clock()
+                if now < self._pause_shown_until:
+                    return  # another call of this node shows this pause already
+                self._pause_shown_until = now + seconds
             self.log(f"waiting {seconds:.1f} s: {call.pause_reason}")
             if self.pause is not None:
                 self.pause.begin(seconds, call.pause_reason)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import email.utils
 import threading
+from concurrent.futures import ThreadPoolExecutor
 
 import openai
 import pytest
@@ -362,3 +363,29 @@ def test_a_refused_probe_closes_the_breaker(store):
         guard.call(refused)  # the probe: refused, not retried
     assert [row["state"] for row in store.providers.breakers()] == ["closed"]
     assert lines[-1] == f"circuit breaker for {endpoint} closed: the probe was answered"
+
+
+def test_calls_that_fail_together_show_their_pause_once(store):
+    """Eight calls of one node in flight fail together and pause together: one log line (and one pause shown on
+    the pipeline) for each round, not one per call."""
+    endpoint = "http://127.0.0.1:9/v1"
+    lines: list[str] = []
+    guard = ProviderGuard(endpoint, store=store, log=lines.append,
+                          settings=OutageSettings(jitter=0.0, pause_after=1, pause_initial=1.0, pause_max=1.0,
+                                                  breaker_threshold=1000))
+    together = threading.Barrier(8)
+    failures: dict[int, int] = {}
+
+    def call(n: int) -> str:
+        def attempt() -> str:
+            failures[n] = failures.get(n, 0) + 1
+            if failures[n] <= 2:
+                together.wait(30)  # every call fails at the same moment, twice
+                raise ConnectionResetError("refused")
+            return "answered"
+        return guard.call(attempt)
+
+    with ThreadPoolExecutor(8) as pool:
+        assert list(pool.map(call, range(8))) == ["answered"] * 8
+    waits = [line for line in lines if line.startswith("waiting 1.0 s:")]
+    assert 2 <= len(waits) <= 4, waits  # a line per round (each call paused twice: 16 pauses)
