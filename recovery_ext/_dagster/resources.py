@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from dagster import ConfigurableResource, DagsterInstance
-from pydantic import Field, model_validator
+from pydantic import ConfigDict, Field, model_validator
 
 from recovery_ext._settings import DAY, check_count, check_deployment, check_seconds
 from recovery_ext._errors import ConfigurationError
@@ -128,6 +128,9 @@ def shared_store(url: str, *, retry_budget: float | None = None, packages: Seque
 # Subclassed bare, as Dagster's own resources are: a ConfigurableResource's value is the resource itself.
 class RecoveryResource(ConfigurableResource):  # type: ignore[type-arg]
     """Application tables and recovery settings shared by recoverable ops and the sensors."""
+
+    # A refused setting's error would otherwise show the fields given, the database URL's password among them.
+    model_config = ConfigDict(hide_input_in_errors=True)
 
     database_url: str | None = Field(
         default=None,

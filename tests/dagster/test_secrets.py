@@ -232,3 +232,20 @@ def test_the_shared_rate_budget_is_keyed_by_the_redacted_endpoint(store):
     budget = RateBudget(store, f"http://user:{APP_PASSWORD}@127.0.0.1:9/v1?api_key={API_KEY}",
                         ProviderLimits(requests_per_minute=10))
     assert budget.endpoint == "http://user:***@127.0.0.1:9/v1?api_key=***"
+
+
+@pytest.mark.parametrize("resource, secret", [
+    ("recovery", "pw-in-the-url"),
+    ("llm", "sk-planted-api-key"),
+])
+def test_a_refused_setting_does_not_show_the_secrets_given_beside_it(resource, secret):
+    """pydantic's error quotes the input it refused (the start and the end of all the fields given): a URL's
+    password or an API key given last showed in it. The refusal names the setting, never the input."""
+    from recovery_ext import LLMResource, RecoveryResource
+
+    with pytest.raises(ValueError) as refused:
+        if resource == "recovery":
+            RecoveryResource(heartbeat_timeout=-1, database_url=f"postgresql://u:{secret}@h/d")
+        else:
+            LLMResource(timeout=-1, api_key=secret)
+    assert secret not in str(refused.value) and "timeout" in str(refused.value)
