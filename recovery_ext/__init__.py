@@ -30,6 +30,7 @@ from recovery_ext._providers.bedrock_batch import BedrockBatchJobs
 from recovery_ext._providers.azure_document_jobs import AzureDocumentJobs
 from recovery_ext._providers.gemini_batch import GeminiBatchJobs
 from recovery_ext._providers.guard import CircuitOpen, OutageBudgetExceeded, OutageSettings, ProviderGuard
+from recovery_ext._providers.http_answers import UnreadableAnswer
 from recovery_ext._providers.jobs import (JobAdapter, JobResult, JobResults, ReadLimits, ResultUnbounded,
                                           ResultUnreadable)
 from recovery_ext._providers.journal import ajournaled_call, journaled_call
@@ -168,6 +169,7 @@ __all__ = [
     "TAG_RESUME_NUMBER",
     "TextractJobs",
     "UnfinishedItems",
+    "UnreadableAnswer",
     "UnresumableSelection",
     "UsageDetails",
     "Watchdog",

@@ -11,9 +11,7 @@ import math
 import os
 import re
 from typing import overload
-from urllib.parse import urlsplit
 
-from recovery_ext._classify.redaction import redact_url
 from recovery_ext._errors import ConfigurationError
 
 MIN_INTERVAL = 0.1
@@ -117,20 +115,3 @@ def check_deployment(name: str, value: object) -> str:
                                  f"or digit, got {shown}")
     return value
 
-
-def check_http_url(name: str, value: object) -> str:
-    """``value`` as an ``http://`` or ``https://`` URL with a host; the refusal shows it with its secrets masked."""
-    if isinstance(value, str) and value == value.strip():
-        try:
-            parts = urlsplit(value)
-            parts.port  # noqa: B018 - reading it refuses a port that is not a number from 0 to 65535
-        except ValueError:
-            pass
-        else:
-            if parts.scheme in ("http", "https") and parts.hostname:
-                return value
-    shown = repr(redact_url(value)) if isinstance(value, str) else repr(value)
-    if len(shown) > 80:
-        shown = f"{shown[:60]}... ({len(shown)} chars)"
-    raise ConfigurationError(f"{name} must be an http:// or https:// URL with a host "
-                             f"(e.g. https://api.openai.com/v1), got {shown}")

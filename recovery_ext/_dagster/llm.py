@@ -12,6 +12,7 @@ import importlib
 import threading
 import weakref
 from types import ModuleType
+from urllib.parse import urlsplit
 from typing import Any, Literal
 
 from dagster import ConfigurableResource
@@ -25,7 +26,7 @@ from recovery_ext._errors import ConfigurationError, install_hint
 from recovery_ext._providers.guard import ProviderGuard
 from recovery_ext._providers.prices import Prices
 from recovery_ext._providers.transport import JournalingCore, transport_classes
-from recovery_ext._settings import DAY, check_count, check_http_url, check_seconds
+from recovery_ext._settings import DAY, check_count, check_seconds
 from recovery_ext._store.models import ProviderLimits
 
 
@@ -176,7 +177,7 @@ class LLMResource(ConfigurableResource):  # type: ignore[type-arg]
             return not deferred.intersection(names)
 
         if self.base_url and given("base_url"):
-            check_http_url("base_url", self.base_url)
+            _check_http_url("base_url", self.base_url)
         if given("timeout"):
             check_seconds("timeout", self.timeout, maximum=DAY)
         if given("initial_delay"):
@@ -238,3 +239,21 @@ class LLMResource(ConfigurableResource):  # type: ignore[type-arg]
     def get_async_client(self, context: Any = None) -> Any:
         """The SDK's asynchronous client (``openai.AsyncOpenAI`` or ``anthropic.AsyncAnthropic``)."""
         return self._sdk_client(True)
+
+
+def _check_http_url(name: str, value: object) -> str:
+    """``value`` as an ``http://`` or ``https://`` URL with a host; the refusal shows it with its secrets masked."""
+    if isinstance(value, str) and value == value.strip():
+        try:
+            parts = urlsplit(value)
+            parts.port  # noqa: B018 - reading it refuses a port that is not a number from 0 to 65535
+        except ValueError:
+            pass
+        else:
+            if parts.scheme in ("http", "https") and parts.hostname:
+                return value
+    shown = repr(redact_url(value)) if isinstance(value, str) else repr(value)
+    if len(shown) > 80:
+        shown = f"{shown[:60]}... ({len(shown)} chars)"
+    raise ConfigurationError(f"{name} must be an http:// or https:// URL with a host "
+                             f"(e.g. https://api.openai.com/v1), got {shown}")
