@@ -186,6 +186,10 @@ def run_coroutine(coro: Coroutine[Any, Any, Any]) -> Any:
     try:
         asyncio.get_running_loop()
     except RuntimeError:
+        running = False
+    else:
+        running = True
+    if not running:  # run outside the except: an error of the body (an interrupt) is not chained to the look
         return asyncio.run(coro)
     context = contextvars.copy_context()
     with ThreadPoolExecutor(1, thread_name_prefix="rx-async-body") as pool:
