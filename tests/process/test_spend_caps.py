@@ -131,3 +131,39 @@ def test_raising_the_cap_resumes_a_paused_pipeline(store, db_url, monkeypatch):
     report = json.loads(CliRunner().invoke(main, ["--database-url", db_url, "--json", "report",
                                                   str(pipeline.id)]).output)
     assert report["spend_caps"] == [shown] and set(report["waited_on"]) == {"spend cap"}
+
+
+def test_an_interrupt_stops_an_async_node_whose_tasks_wait_at_the_cap(store, db_url):
+    """32 SDK tasks of an ``async def`` node, most waiting at a 300-token cap: Dagster's interrupt (SIGINT to the
+    run worker) ends the run. A wait at the cap holds no worker thread, so the event loop's shutdown has none to
+    wait for (six tasks waiting in the loop's six threads kept a terminated step process alive for minutes). What
+    the run held stays counted, as after a kill, until a take-over settles it."""
+    from sdk_stand_in import SdkStandIn
+
+    stand_in = SdkStandIn(latency=0.1)
+    url = stand_in.start() + "/v1"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), str(HERE.parents[1])]),
+           "RECOVERY_DATABASE_URL": db_url, "PARALLEL_URL": url}
+    run_config = {"ops": {"sdk_tasks": {"config": {"keys": 60, "concurrency": 32, "max_tokens": 100}}}}
+    settings = {"spend_cap_tokens": 300, "spend_cap_poll_seconds": 0.5}
+    worker = subprocess.Popen([sys.executable, str(HERE / "parallel_run.py"), "sdk_tasks_job", json.dumps(run_config),
+                               json.dumps(settings)], cwd=HERE, env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.DEVNULL, text=True)
+    try:
+        def paused():
+            found = store.reports.list_pipelines()
+            return found and found[0].shown_status == WAITING and found[0].waiting_reason.startswith("spend cap")
+
+        wait_for(paused, timeout=120, interval=0.05, what="the pipeline to pause at its spend cap")
+        worker.send_signal(signal.SIGINT)
+        out, _ = worker.communicate(timeout=60)  # not a wait for ever
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+            worker.communicate()
+        stand_in.stop()
+    assert json.loads(out.strip().splitlines()[-1])["success"] is False  # interrupted
+    (pipeline,) = store.reports.list_pipelines()
+    assert store.pipelines.get_pipeline(pipeline.id).status == "running"  # for the orphan sensor to take over
+    cap = store.providers.spend_cap(pipeline_scope(pipeline.id))
+    assert cap.spent_tokens + cap.reserved_tokens <= 300
