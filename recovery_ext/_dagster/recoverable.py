@@ -231,8 +231,8 @@ def _run_body(run: NodeRun, own: Ownership, inputs: dict[str, Any], node: Node, 
         RunStateReporter(context, op_name).going_on(f"retry {context.retry_number} of {op_name} started")
     try:
         output = replayable_output(run.node.body(ctx, **inputs))
-        ctx.check_maps_awaited()
         ctx.flush()  # completions a batched items() loop still buffers (the body left the loop early)
+        ctx.check_maps_awaited()  # after the flush: what the body finished is kept even when this fails it
         ctx.check()
     except (OwnershipLost, StopRequested) as exc:
         _stopped(ctx, watchdog, exc, exc)

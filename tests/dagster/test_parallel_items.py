@@ -84,6 +84,9 @@ def test_amap_without_await_fails_the_node_instead_of_completing_it_with_no_item
     assert provider.paid == Counter()
     pipeline = only_pipeline(store)
     assert store.pipelines.get_node(pipeline.id, "unawaited").status != "completed" and pipeline.status != "completed"
+    # what the body finished before the slip is kept: its buffered completions are flushed before the node fails
+    assert store.pipelines.completed_items(pipeline.id, "unawaited") == {"kept-1": {"kept": "kept-1"},
+                                                                        "kept-2": {"kept": "kept-2"}}
 
 
 @pytest.mark.parametrize("job, node", [(parallel_defs.threaded_job, "threaded"),

@@ -149,7 +149,13 @@ def wrong_kind(ctx: NodeContext, config: ParallelConfig) -> dict:
 
 @recoverable_op
 async def unawaited(ctx: NodeContext, config: ParallelConfig) -> dict:
-    """The slip ``ctx.amap(...)`` without ``await``: Python only warns, at collection, of a coroutine never awaited."""
+    """The slip ``ctx.amap(...)`` without ``await``: Python only warns, at collection, of a coroutine never awaited.
+    Before it, a batched loop left early: its two completions are still buffered when the body returns."""
+    for item in ctx.items(["kept-1", "kept-2", "left"], batch=10):
+        if item.key == "left":
+            break
+        item.complete({"kept": item.key})
+
     async def one(item: Item) -> object:
         return await aask(client, _url(config), item.key)
 
