@@ -100,6 +100,8 @@ class OutageBudgetExceeded(ClassifiedError):
 class PauseTarget(Protocol):
     """Where a pause is shown: the pipeline row (see :class:`StorePause`)."""
 
+    paused: bool  # a pause is shown now: begun, and no retry nor answer has ended it since
+
     def begin(self, seconds: float, reason: str) -> None: ...
 
     def retrying(self) -> None: ...
@@ -404,7 +406,8 @@ class ProviderGuard:
                 return
             with self._pause_lock:
                 now = self.clock()
-                if now < self._pause_shown_until:
+                shown = self.pause is None or self.pause.paused  # a retry or an answer ends what is shown
+                if now < self._pause_shown_until and shown:
                     return  # another call of this node shows this pause already
                 self._pause_shown_until = now + seconds
             self.log(f"waiting {seconds:.1f} s: {call.pause_reason}")

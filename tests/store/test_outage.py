@@ -389,3 +389,46 @@ def test_calls_that_fail_together_show_their_pause_once(store):
         assert list(pool.map(call, range(8))) == ["answered"] * 8
     waits = [line for line in lines if line.startswith("waiting 1.0 s:")]
     assert 2 <= len(waits) <= 4, waits  # a line per round (each call paused twice: 16 pauses)
+
+
+def test_a_pause_ended_by_a_retry_is_shown_again_by_the_next_call_that_pauses(store):
+    """Calls that pause together show their pause once; once a call's retry (or an answer) ends the pause shown, a
+    call that pauses next shows it again, even within the first pause's time: the pipeline never says running
+    while its calls wait."""
+    from types import SimpleNamespace
+
+    from recovery_ext._providers.guard import GuardedCall
+
+    class Shown:
+        def __init__(self) -> None:
+            self.paused, self.shown = False, []
+
+        def begin(self, seconds: float, reason: str) -> None:
+            self.paused = True
+            self.shown.append(seconds)
+
+        def retrying(self) -> None:
+            self.paused = False
+
+        def end(self, *, outage_over: bool) -> None:
+            self.paused = False
+
+        def elapsed(self) -> float | None:
+            return None
+
+    fake, pause, lines = FakeTime(), Shown(), []
+    guard = ProviderGuard("http://127.0.0.1:9/v1", store=store, pause=pause, clock=fake.clock, sleep=fake.sleep,
+                          log=lines.append)
+
+    def pauses(seconds: float) -> None:
+        call = GuardedCall()
+        call.pause_reason = "3 server_error errors in a row"
+        guard._before_sleep(call)(SimpleNamespace(upcoming_sleep=seconds))
+
+    pauses(60.0)
+    pauses(60.0)  # a second call pausing with it: shown once
+    assert pause.shown == [60.0] and len(lines) == 1
+    fake.now += 5
+    pause.retrying()  # one call asks again: the pause shown ends
+    pauses(60.0)
+    assert pause.shown == [60.0, 60.0] and len(lines) == 2
