@@ -13,6 +13,7 @@ import os
 import sqlite3
 import threading
 import time
+import zlib
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
@@ -74,10 +75,11 @@ class Dialect:
     # its text columns keep a NUL character (SQLite's do; PostgreSQL's text refuses one): an item key holding
     # one is refused before its work only where it could not be checkpointed
     text_keeps_nul = False
-    # The most UTF-8 bytes an item key may hold (None: no limit). A PostgreSQL btree index entry holds at most
-    # 2,704 bytes (a third of a page), and an item key is in three indexes: the checkpoints', the ledger's and
-    # the call journal's, there beside the node's name and a call's key (an idempotency key of up to 200
-    # characters). 1,500 leaves them room, whether or not the server could compress the key.
+    # The most bytes an item key may take in an index entry (None: no limit). A PostgreSQL btree entry holds at
+    # most 2,704 bytes (a third of a page), beside the pipeline's id and the node's name; the server compresses a
+    # long key first (pglz), so a longer key that compresses well fits, and one that does not fails its write
+    # after its call was paid. A key is refused only when even LZ77 without entropy coding (zlib's Z_FIXED, which
+    # does at least as well as pglz) cannot bring it under this: no key that fitted before is refused.
     key_bytes_max: int | None = None
 
     def __init__(self, url: URL, *, connect_timeout: float | None = None,
@@ -89,32 +91,42 @@ class Dialect:
     def why_unstorable(self, text: str) -> str | None:
         """Why this database's text columns cannot store ``text`` (an item key) as it is, or None when they can: a
         lone surrogate (text decoded from bytes that are not UTF-8 with ``surrogateescape``) has no UTF-8 form on
-        either database; a NUL character is refused where ``text_keeps_nul`` is False. A key is never altered
-        to fit: two keys must not become one. Nor is a key longer than ``key_bytes_max`` bytes of UTF-8. The usual
-        short ASCII key is settled by three string tests."""
+        either database; a NUL character is refused where ``text_keeps_nul`` is False; a key too long for an index
+        entry even compressed (``key_bytes_max``). A key is never altered to fit: two keys must not become one.
+        The usual short ASCII key is settled by three string tests."""
         if "\x00" in text and not self.text_keeps_nul:
             return "holds a NUL character, which this database's text cannot store"
         limit = self.key_bytes_max
         if text.isascii():
             if limit is not None and len(text) > limit:
-                return f"is {len(text):,} bytes long, more than the {limit:,} a key may hold on this database"
+                return self._why_too_long(text.encode("ascii"), limit)
             return None
         try:
-            size = len(text.encode("utf-8"))
+            data = text.encode("utf-8")
         except UnicodeEncodeError:
             # Python's str keeps surrogate code points apart: one alone (surrogateescape) or both halves of a pair
             # as two code points ("\ud83d\ude00", not the emoji's one) encode to no UTF-8
             return ("holds a lone surrogate: a code point of U+D800-U+DFFF with no UTF-8 form (text decoded from "
                     "bytes that are not UTF-8, or a surrogate pair left as two code points)")
-        if limit is not None and size > limit:
-            return f"is {size:,} bytes of UTF-8, more than the {limit:,} a key may hold on this database"
+        if limit is not None and len(data) > limit:
+            return self._why_too_long(data, limit)
         return None
+
+    @staticmethod
+    def _why_too_long(data: bytes, limit: int) -> str | None:
+        packer = zlib.compressobj(9, zlib.DEFLATED, -15, 9, zlib.Z_FIXED)
+        packed = len(packer.compress(data) + packer.flush())
+        if packed <= limit:
+            return None  # it may fit compressed, as it did before this check
+        return (f"is {len(data):,} bytes of UTF-8 that do not compress to the {limit:,} a key may take in an index "
+                "entry of this database")
 
     def storable_call_key(self, key: str) -> str:
         """``key`` as a paid call's ledger row keeps it: a call is never refused once paid for, nor its batch (a
         key the caller gave ``record_call``, which no item could have). As it is when this database can store it
-        (:meth:`why_unstorable`); else a NUL and a lone surrogate as U+FFFD, as a call's other texts, and a key
-        longer than ``key_bytes_max`` cut to fit, ending in a hash of the whole key, so two long keys stay two."""
+        (:meth:`why_unstorable`); else a NUL and a lone surrogate as U+FFFD, as a call's other texts, and a key too
+        long for an index entry cut to ``key_bytes_max`` bytes, ending in a hash of the whole key, so two long keys
+        stay two."""
         if self.why_unstorable(key) is None:
             return key
         storable = UNSTORABLE_TEXT.sub("\ufffd", key)
@@ -306,7 +318,7 @@ class PostgresDialect(Dialect):
     journal_functions = True
     autocommit_reads = True
     row_locks = True
-    key_bytes_max = 1500
+    key_bytes_max = 2500  # leaves the pipeline's id, the node's name (up to 150 bytes) and the entry's headers
 
     def engine_options(self) -> dict[str, Any]:
         """Connect and statement timeouts, unless the URL sets its own.
