@@ -567,7 +567,7 @@ def metrics() -> None:
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
 @click.option("--port", type=click.IntRange(0, 65535), default=9464, show_default=True,
               help="Port to listen on (0: any free port, printed at start).")
-@command(checks_schema=False)
+@command(checks_schema=False, serves=True)
 def metrics_serve(store: CliStore, out: Output, host: str, port: int) -> None:
     """Serve /metrics for Prometheus; each scrape reads the tables, nothing is kept between scrapes.
 

@@ -149,20 +149,25 @@ CommandBody = Callable[..., Any]
 
 
 @overload
-def command(fn: CommandBody, *, creates_database: bool = ..., checks_schema: bool = ...) -> Callable[..., Any]: ...
+def command(fn: CommandBody, *, creates_database: bool = ..., checks_schema: bool = ...,
+            serves: bool = ...) -> Callable[..., Any]: ...
 @overload
-def command(fn: None = ..., *, creates_database: bool = ...,
-            checks_schema: bool = ...) -> Callable[[CommandBody], Callable[..., Any]]: ...
+def command(fn: None = ..., *, creates_database: bool = ..., checks_schema: bool = ...,
+            serves: bool = ...) -> Callable[[CommandBody], Callable[..., Any]]: ...
 def command(fn: CommandBody | None = None, *, creates_database: bool = False,
-            checks_schema: bool = True) -> Callable[..., Any]:
+            checks_schema: bool = True, serves: bool = False) -> Callable[..., Any]:
     """Open the store, map our errors to a clear message and exit status 1 (a bad argument: 2).
 
     ``checks_schema=False``: the command checks the schema itself, when it can (the exporter starts while the
-    database is down)."""
+    database is down). A command that runs until stopped (``serves``, or given ``--follow``) keeps the store's
+    warning for each retried attempt, the trace of a flapping database; any other prints its outcome alone."""
     if fn is None:
-        return functools.partial(command, creates_database=creates_database, checks_schema=checks_schema)
+        return functools.partial(command, creates_database=creates_database, checks_schema=checks_schema,
+                                 serves=serves)
 
     def wrapper(obj: dict[str, Any], /, as_json: bool, **kwargs: Any) -> Any:
+        if serves or kwargs.get("follow"):
+            return run(obj, as_json, **kwargs)
         with _quiet_store_retries():
             return run(obj, as_json, **kwargs)
 

@@ -284,3 +284,20 @@ def test_a_postgresql_database_whose_text_is_not_utf8_is_refused_clearly_before_
             assert conn.execute("SELECT count(*) FROM pg_tables WHERE schemaname = 'public'").fetchone() == (0,)
     finally:
         drop_pg_database(PG_ADMIN_URL, url)
+
+
+def test_a_command_that_follows_keeps_the_store_retry_warnings(caplog):
+    """`events --follow` runs until stopped: the warning for each retried store call is the trace of a flapping
+    database there, so it is kept (a one-shot command prints its outcome alone)."""
+    import logging
+    import socket
+
+    caplog.set_level(logging.WARNING)
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    result = CliRunner().invoke(main, ["--database-url", f"postgresql://postgres:pw-secret@127.0.0.1:{port}/x",
+                                       "events", "--follow"])
+    assert result.exit_code == 1 and "cannot reach the database" in result.output
+    retries = [r.getMessage() for r in caplog.records if r.name == "recovery_ext._store.store.retries"]
+    assert retries and all("failed (attempt" in line and "pw-secret" not in line for line in retries)
