@@ -273,6 +273,18 @@ def test_a_breaker_opened_by_errors_with_no_message_names_their_type(store):
     assert lines == [f"circuit breaker for {endpoint} opened: ReadError"]
 
 
+def _fail_while_in_flight(store, guard, call, decided: threading.Event, release: threading.Event) -> None:
+    """``call()`` in a thread; once its request was decided (``decided``), another call of the node fails (one
+    failure counted), then the request is let go (``release``) and its thread joined."""
+    caller = threading.Thread(target=call)
+    caller.start()
+    assert decided.wait(30)
+    guard.failed(ConnectionResetError("refused"), None)
+    assert [row["consecutive_failures"] for row in store.providers.breakers()] == [1]
+    release.set()
+    caller.join(30)
+
+
 def test_an_answer_after_a_failure_resets_the_count_even_for_a_call_decided_before_the_failure(store):
     """Failures are consecutive in the order calls end. With tens of calls in flight, most were decided while the
     breaker had no failures: their answers reset the count too, so a few failures among many answers (a burst of
@@ -288,13 +300,7 @@ def test_an_answer_after_a_failure_resets_the_count_even_for_a_call_decided_befo
         assert release.wait(30)
         return "answered"
 
-    caller = threading.Thread(target=lambda: answers.append(guard.call(in_flight)))
-    caller.start()
-    assert decided.wait(30)
-    guard.failed(ConnectionResetError("refused"), None)  # another call of the node: one failure counted
-    assert [row["consecutive_failures"] for row in store.providers.breakers()] == [1]
-    release.set()
-    caller.join(30)
+    _fail_while_in_flight(store, guard, lambda: answers.append(guard.call(in_flight)), decided, release)
     assert answers == ["answered"]
     assert [row["consecutive_failures"] for row in store.providers.breakers()] == [0]  # its answer reset it
     guard.failed(ConnectionResetError("refused"), None)
@@ -329,13 +335,7 @@ def test_a_refusal_after_a_failure_resets_the_count_like_an_answer(store):
         except Exception as exc:  # noqa: BLE001 - asserted below
             raised.append(exc)
 
-    caller = threading.Thread(target=call)
-    caller.start()
-    assert decided.wait(30)
-    guard.failed(ConnectionResetError("refused"), None)  # another call of the node: one failure counted
-    assert [row["consecutive_failures"] for row in store.providers.breakers()] == [1]
-    release.set()
-    caller.join(30)
+    _fail_while_in_flight(store, guard, call, decided, release)
     assert len(raised) == 1 and classify(raised[0]).status_code == 400  # a refusal is not retried
     assert [row["consecutive_failures"] for row in store.providers.breakers()] == [0]  # the refusal reset it
     guard.failed(ConnectionResetError("refused"), None)
