@@ -10,17 +10,14 @@ from __future__ import annotations
 
 import datetime as dt
 import math
-import re
-import uuid
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field, fields
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, Self, TypeVar, cast
 
-from recovery_ext._classify.redaction import redact_url
 from recovery_ext._errors import ConfigurationError, StoreError
 from recovery_ext._settings import LONGEST
 from recovery_ext._json_values import storable_json
-from recovery_ext._store.statuses import FINISHED_NODE_STATUSES, WAITING, BreakerState, ItemStatus, PipelineStatus
+from recovery_ext._store.statuses import FINISHED_NODE_STATUSES, WAITING, ItemStatus, PipelineStatus
 
 # The values of the provider calls and of the operator's calls live in their own modules, and come through here:
 # every value the store's interfaces name is imported from models.
@@ -28,6 +25,18 @@ from recovery_ext._store.admin_values import GAP_WINDOW as GAP_WINDOW
 from recovery_ext._store.admin_values import EventCursor as EventCursor
 from recovery_ext._store.admin_values import Migration as Migration
 from recovery_ext._store.admin_values import PruneResult as PruneResult
+from recovery_ext._store.provider_values import BreakerDecision as BreakerDecision
+from recovery_ext._store.provider_values import COST_KEYS as COST_KEYS
+from recovery_ext._store.provider_values import CALL_KEY_TEXT_CHARS as CALL_KEY_TEXT_CHARS
+from recovery_ext._store.provider_values import CostFigures as CostFigures
+from recovery_ext._store.provider_values import CostReport as CostReport
+from recovery_ext._store.provider_values import JournalHit as JournalHit
+from recovery_ext._store.provider_values import JournalWrite as JournalWrite
+from recovery_ext._store.provider_values import MAX_TOKENS as MAX_TOKENS
+from recovery_ext._store.provider_values import ProviderCall as ProviderCall
+from recovery_ext._store.provider_values import ProviderJobRow as ProviderJobRow
+from recovery_ext._store.provider_values import Reopened as Reopened
+from recovery_ext._store.provider_values import UNSTORABLE_TEXT as UNSTORABLE_TEXT
 from recovery_ext._store.provider_values import LIMIT_MAXIMUM as LIMIT_MAXIMUM
 from recovery_ext._store.provider_values import CAP_MAX_COST as CAP_MAX_COST
 from recovery_ext._store.provider_values import CAP_MAX_TOKENS as CAP_MAX_TOKENS
@@ -116,116 +125,6 @@ def encode_json(value: Any) -> JsonText:
     """``value`` as compact JSON text in the form both databases store alike (NUL and lone surrogates as U+FFFD,
     NaN and the infinities as null: see :func:`storable_json`); ``TypeError`` or ``ValueError`` when it is not JSON."""
     return JsonText(storable_json(value))
-
-# A trillion tokens, beyond any real call: a column of them sums within 64 bits (SQLite's SUM fails on
-# an overflow, and every report sums the ledger).
-MAX_TOKENS = 2**40
-_MAX_TOKENS = MAX_TOKENS
-_CALL_TEXT = ("endpoint", "model", "outcome", "operation", "provider", "response_model", "note")
-# The ledger's rolled-up totals are keyed by a call's model and outcome (and PostgreSQL's index entries hold at
-# most 2,704 bytes): a model name is often the provider's own word (a batch result's "model", Azure's modelId),
-# so a longer one, from no real provider, is kept cut to this many characters rather than failing the write.
-CALL_KEY_TEXT_CHARS = 200
-# What no database's text keeps: a NUL (PostgreSQL refuses it, SQLite keeps it) and a lone surrogate (no UTF-8
-# form: json.loads gives one for a "\ud800" escape in a provider's answer, as its model name, say)
-UNSTORABLE_TEXT = re.compile("[\x00\ud800-\udfff]")
-
-
-@dataclass(frozen=True)
-class ProviderCall:
-    """One call to a provider (an LLM request, an OCR page), as the ledger records it.
-
-    A client fills in what it knows: ``endpoint``, ``model``, the tokens from the response's
-    ``usage``, the latency and the ``outcome`` (``"ok"`` or the error's category). ``cost`` is
-    optional (see :class:`Prices`). The ledger fills in the rest (pipeline, node, item, run and
-    epoch) from the node the call was made in. ``id`` is made here, so the row can be written
-    at once or later with the item's checkpoint, and never twice.
-
-    ``operation`` (``"chat"`` when not given), ``provider`` and ``response_model`` only name the
-    call in OpenTelemetry (``gen_ai.operation.name``, ``gen_ai.provider.name``,
-    ``gen_ai.response.model``; see :func:`instrument_opentelemetry`); the ledger does not store them.
-    Nor does it store ``cache_read_tokens``, ``cache_write_tokens`` (input tokens served from and written to
-    the provider's prompt cache) and ``reasoning_tokens`` (output tokens spent reasoning): parts of
-    ``tokens_in`` and ``tokens_out``, which include them, as the GenAI conventions count them
-    (:func:`read_usage_details` reads them from OpenAI's, Anthropic's and Gemini's usage).
-    """
-
-    endpoint: str
-    model: str | None = None
-    tokens_in: int = 0
-    tokens_out: int = 0
-    latency_seconds: float = 0.0
-    outcome: str = "ok"
-    cost: float | None = None
-    item_key: str | None = None
-    pipeline_id: int | None = None
-    node_name: str | None = None
-    run_id: str | None = None
-    epoch: int | None = None
-    id: str = field(default_factory=lambda: uuid.uuid4().hex)
-    operation: str | None = field(default=None, kw_only=True)
-    provider: str | None = field(default=None, kw_only=True)
-    response_model: str | None = field(default=None, kw_only=True)
-    # Why a figure is not what the provider said (its usage was unreadable, recorded as 0), else None.
-    note: str | None = field(default=None, kw_only=True)
-    # Parts of tokens_in and tokens_out the provider reported (None: it did not say), for OpenTelemetry
-    # (gen_ai.usage.cache_read.input_tokens, ...cache_creation.input_tokens, ...reasoning.output_tokens).
-    cache_read_tokens: int | None = field(default=None, kw_only=True)
-    cache_write_tokens: int | None = field(default=None, kw_only=True)
-    reasoning_tokens: int | None = field(default=None, kw_only=True)
-
-    def __post_init__(self) -> None:
-        # The same call must be recordable on both databases, and its checkpoint must not fail after it was paid
-        # for: a NUL or a lone surrogate becomes U+FFFD (the usual ASCII text is settled by isascii at once).
-        for name in _CALL_TEXT:
-            value = getattr(self, name)
-            if type(value) is str and ("\x00" in value or not value.isascii()) and UNSTORABLE_TEXT.search(value):
-                object.__setattr__(self, name, UNSTORABLE_TEXT.sub("\ufffd", value))
-        for name in ("model", "outcome"):
-            value = getattr(self, name)
-            if type(value) is str and len(value) > CALL_KEY_TEXT_CHARS:
-                object.__setattr__(self, name, value[:CALL_KEY_TEXT_CHARS])
-        # Runs once per recorded call, on the item's hot path: the exact-type checks settle the usual
-        # values at once, and only an unusual one pays for the full check and its message.
-        if not (type(self.tokens_in) is int and 0 <= self.tokens_in < _MAX_TOKENS
-                and type(self.tokens_out) is int and 0 <= self.tokens_out < _MAX_TOKENS):
-            for name in ("tokens_in", "tokens_out"):
-                value = getattr(self, name)
-                if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < _MAX_TOKENS:
-                    raise ConfigurationError(
-                        f"ProviderCall.{name} must be a whole number of tokens >= 0, got {value!r}")
-        for name in ("latency_seconds", "cost"):
-            value = getattr(self, name)
-            if value is None and name == "cost":
-                continue
-            if type(value) is float and 0.0 <= value < math.inf:
-                continue
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
-                    or value < 0:
-                raise ConfigurationError(f"ProviderCall.{name} must be a finite number >= 0, got {value!r}")
-        if not isinstance(self.endpoint, str) or not self.endpoint.strip():
-            raise ConfigurationError("ProviderCall.endpoint must name the provider's endpoint")
-        # whatever client records the call, the ledger (and every report of it) never holds a credential
-        object.__setattr__(self, "endpoint", redact_url(self.endpoint))
-        if not isinstance(self.outcome, str) or not 0 < len(self.outcome) <= 64:
-            raise ConfigurationError(f"ProviderCall.outcome must be 'ok' or an error category, got {self.outcome!r}")
-        for name in ("operation", "provider", "response_model"):
-            value = getattr(self, name)
-            if value is not None and (not isinstance(value, str) or not 0 < len(value) <= 200):
-                raise ConfigurationError(f"ProviderCall.{name} must be a short name or None, got {value!r}")
-        for name in ("cache_read_tokens", "cache_write_tokens", "reasoning_tokens"):
-            value = getattr(self, name)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int)
-                                      or not 0 <= value < _MAX_TOKENS):
-                raise ConfigurationError(f"ProviderCall.{name} must be a whole number of tokens >= 0 or None, "
-                                         f"got {value!r}")
-        if self.note is not None and (not isinstance(self.note, str) or len(self.note) > 500):
-            raise ConfigurationError(f"ProviderCall.note must be a short text or None, got {self.note!r:.80}")
-
-    @property
-    def tokens(self) -> int:
-        return self.tokens_in + self.tokens_out
-
 
 class ItemCheckpoint(NamedTuple):
     """One item of a checkpoint batch: its result, status and the side-effect writes ``also(tx)``.
@@ -544,122 +443,6 @@ class PassResult:
 
 
 # -- the values the components' calls return ------------------------------------------------
-
-COST_KEYS = ("calls", "tokens_in", "tokens_out", "cost", "saved_calls", "saved_tokens", "saved_cost",
-             "wasted_calls", "wasted_tokens", "wasted_cost", "replayed_calls", "in_flight_unknown_calls")
-
-
-@dataclass(frozen=True)
-class BreakerDecision:
-    """What a caller may do now: call (maybe as the one half-open probe) or wait ``wait_seconds``."""
-
-    allowed: bool
-    state: str = BreakerState.CLOSED
-    probe: bool = False
-    failures: int = 0
-    wait_seconds: float = 0.0
-
-
-@dataclass(frozen=True)
-class Reopened:
-    pipeline_id: int
-    job_name: str
-    nodes: tuple[str, ...]
-    items: int
-    resume_number: int
-
-
-@dataclass(frozen=True)
-class ProviderJobRow:
-    token: str
-    provider: str
-    job_id: str | None
-    status: str
-    items: tuple[str, ...]
-    attempt: int
-    call_id: str
-    created_at: dt.datetime | None = None  # when its intent was recorded (the database's clock)
-    # A job submitted part by part (``submit_by_parts``), while still submitting: each item the provider
-    # accepted -> its part's id, and the item whose submission may be on its way (None: none was)
-    accepted: Mapping[str, str] = field(default_factory=dict)
-    sending: str | None = None
-
-
-@dataclass(frozen=True)
-class JournalHit:
-    """A journaled answer (its JSON text) and the ledger row of the call that paid for it."""
-
-    answer: str
-    call: ProviderCall
-
-
-@dataclass(frozen=True)
-class JournalWrite:
-    """One of a journaled call's fenced writes, as a batch of them (``journal_writes``) takes it.
-
-    ``answered`` False: the begin (look ``call_key`` up, else write ``call`` in flight); True: the answer
-    (keep ``answer`` under ``call_key`` and complete ``call``'s ledger row)."""
-
-    call: ProviderCall
-    call_key: str | None
-    answered: bool = False
-    answer: str | None = None
-
-
-@dataclass
-class CostFigures:
-    """Calls, tokens and cost spent; saved by resume; wasted. ``cost`` sums the calls that had a price."""
-
-    calls: int = 0
-    tokens_in: int = 0
-    tokens_out: int = 0
-    cost: float = 0.0
-    saved_calls: int = 0
-    saved_tokens: int = 0
-    saved_cost: float = 0.0
-    wasted_calls: int = 0
-    wasted_tokens: int = 0
-    wasted_cost: float = 0.0
-    replayed_calls: int = 0           # of the saved calls: answers the journal handed to a later owner
-    in_flight_unknown_calls: int = 0  # requests sent whose answer never arrived (a kill): outcome unknown
-
-    @classmethod
-    def from_row(cls, row: Mapping[Any, Any]) -> CostFigures:
-        """The figures of a row holding every :data:`COST_KEYS` column (sums come back as any number type)."""
-        figures = cls()
-        for key in COST_KEYS:
-            setattr(figures, key, float(row[key]) if key.endswith("cost") else int(row[key]))
-        return figures
-
-    def add(self, other: CostFigures) -> None:
-        for f in fields(self):
-            setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
-
-    def as_dict(self) -> dict[str, Any]:
-        values = asdict(self)
-        return {key: round(values[key], 9) if key.endswith("cost") else values[key] for key in COST_KEYS}
-
-    @property
-    def tokens(self) -> int:
-        return self.tokens_in + self.tokens_out
-
-
-@dataclass
-class CostReport:
-    """Figures for all pipelines, per pipeline and per node of each pipeline."""
-
-    total: CostFigures
-    pipelines: dict[int, CostFigures]
-    nodes: dict[int, dict[str, CostFigures]]
-    jobs: dict[int, str]
-    skipped_rows: int = 0  # corrupt ledger rows left out of the figures (see ledger.py: well_formed_call)
-
-    def as_dict(self) -> dict[str, Any]:
-        return {**self.total.as_dict(), "skipped_rows": self.skipped_rows,
-                "pipelines": [{"pipeline_id": pid, "job": self.jobs.get(pid), **figures.as_dict(),
-                               "nodes": {name: n.as_dict() for name, n in sorted(self.nodes.get(pid, {}).items())}}
-                              for pid, figures in sorted(self.pipelines.items())]}
-
 
 @dataclass(frozen=True)
 class ResetItem:
