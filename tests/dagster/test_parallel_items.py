@@ -173,7 +173,7 @@ def test_a_key_given_twice_is_refused_before_any_call(store, db_url, provider, j
                                              (parallel_defs.tasks_job, "tasks", "ctx.amap")])
 def test_a_key_no_checkpoint_could_store_is_refused_before_any_call(store, db_url, provider, job, node, name):
     """A lone surrogate (a file name that is not UTF-8) has no text form on either database (NUL characters:
-    tests/store/test_checkpoints.py, by database)."""
+    tests/store/test_checkpoint_keys.py, by database)."""
     result = run(job, db_url, node, url=provider.url, keys=4, concurrency=2, odd_key="surrogate")
     assert not result.success
     message = result.failure_data_for_node(node).error.message

@@ -22,8 +22,8 @@ import pytest
 from dagster import Field, in_process_executor, job
 from sqlalchemy import Column, Integer, MetaData, Table, Text, func, insert, select
 
-from helpers import incompressible_key, reclaim, round_trips, sent_round_trips
-from recovery_ext._errors import ConfigurationError, IllegalTransition, OwnershipLost, StoreUnavailable
+from helpers import reclaim, round_trips, running_node, sent_round_trips
+from recovery_ext._errors import IllegalTransition, OwnershipLost, StoreUnavailable
 from recovery_ext import RecoveryResource, execute_in_process, recoverable_op
 from recovery_ext._dagster.executor import with_recovery
 from recovery_ext._store.models import PassPlan, ProviderCall
@@ -100,15 +100,9 @@ def test_batched_completions_are_flushed_when_the_keys_run_out_and_flush_seconds
 # -- the store API -------------------------------------------------------------------------------
 
 
-def _running_node(store):
-    own = store.pipelines.create_pipeline("job", ["a"], owner="run-1")
-    store.pipelines.start_node(own, "a")
-    return own
-
-
 def test_a_batch_commits_all_or_nothing_and_redoes_degraded_items(store):
     meta.create_all(store.engine)
-    own = _running_node(store)
+    own = running_node(store)
 
     def note(key):
         return lambda tx: tx.execute(insert(side_effects).values(item=key))
@@ -142,7 +136,7 @@ def test_one_item_alone_redoes_a_fallback_refuses_a_completed_item_and_pushes_th
         return run_statement(self, raw, params, commit=commit, query=query)
 
     monkeypatch.setattr(Checkpoints, "_checkpoint_statement", noted)
-    own = _running_node(store)
+    own = running_node(store)
     store.pipelines.checkpoint_item(own, "a", ItemCheckpoint("done", {"v": 1}))
     store.pipelines.checkpoint_item(own, "a", ItemCheckpoint("fallback", None, "degraded"))
     assert store.pipelines.get_node(own.pipeline_id, "a").stall_deadline is None
@@ -176,7 +170,7 @@ def test_one_item_alone_redoes_a_fallback_refuses_a_completed_item_and_pushes_th
 
 def test_a_superseded_owner_writes_no_batch_and_no_single_checkpoint(store):
     meta.create_all(store.engine)
-    own = _running_node(store)
+    own = running_node(store)
     from helpers import expire
 
     expire(store, own.pipeline_id)
@@ -202,7 +196,7 @@ def test_a_batched_loop_taken_over_midway_keeps_its_flushed_batch_and_writes_not
     from recovery_ext._dagster.context import NodeContext
     from recovery_ext._liveness.heartbeat import HeartbeatSettings
 
-    own = _running_node(store)
+    own = running_node(store)
     started: list[str] = []
     with DagsterInstance.ephemeral() as instance:
         ctx = NodeContext(build_op_context(instance=instance), store, own, "a", HeartbeatSettings(), None, None)
@@ -219,178 +213,11 @@ def test_a_batched_loop_taken_over_midway_keeps_its_flushed_batch_and_writes_not
     assert (ctx.items_done, ctx._pending) == (3, {})
 
 
-def _items_loop(store, own, keys, batch):
-    """The keys ctx.items gave an op body (each completed with its own key), or the error it raised."""
-    from dagster import DagsterInstance, build_op_context
-
-    from recovery_ext._dagster.context import NodeContext
-    from recovery_ext._liveness.heartbeat import HeartbeatSettings
-
-    started: list[str] = []
-    with DagsterInstance.ephemeral() as instance:
-        ctx = NodeContext(build_op_context(instance=instance), store, own, "a", HeartbeatSettings(), None, None)
-        try:
-            for item in ctx.items(keys, batch=batch):
-                started.append(item.key)
-                item.complete(item.key)
-        except ConfigurationError as exc:
-            return exc
-    return started
-
-
-@pytest.mark.parametrize("batch", [1, 50])
-def test_an_items_loop_refuses_a_key_with_a_lone_surrogate_before_its_first_item(store, batch):
-    """A file name decoded with surrogateescape has no UTF-8 form: neither database could store it as text."""
-    own = _running_node(store)
-    refused = _items_loop(store, own, ["fine", "scan-\udcff.png", "also fine"], batch)
-    assert isinstance(refused, ConfigurationError)
-    assert "ctx.items: key 'scan-\\udcff.png' holds a lone surrogate" in str(refused)
-    assert "no item was started" in str(refused)
-    assert store.pipelines.completed_items(own.pipeline_id, "a") == {}
-    assert store.pipelines.get_node(own.pipeline_id, "a").items_total is None  # refused before the start
-
-
-def test_an_items_loop_refusal_names_a_surrogate_pair_left_as_two_code_points(store):
-    """JSON may spell an emoji as its two UTF-16 halves; a key built from them without json's joining holds two
-    surrogate code points, which no database stores either: the refusal says what such a key may be."""
-    own = _running_node(store)
-    refused = _items_loop(store, own, ["fine", "smile-\ud83d\ude00"], 1)
-    assert isinstance(refused, ConfigurationError)
-    assert "ctx.items: key 'smile-\\ud83d\\ude00' holds a lone surrogate" in str(refused)
-    assert "or a surrogate pair left as two code points" in str(refused)
-    assert store.pipelines.completed_items(own.pipeline_id, "a") == {}
-
-
-@pytest.mark.parametrize("batch", [1, 50])
-def test_a_key_longer_than_an_index_entry_holds_is_refused_where_it_would_fail_the_write(store, batch):
-    """PostgreSQL's index entry holds at most 2,704 bytes: a 4,000-byte key that does not compress would fail its
-    checkpoint (and the batch with it) after its work was paid for, so it is refused before the first item; a long
-    key the server compresses into an entry still checkpoints. SQLite stores both."""
-    own = _running_node(store)
-    long = incompressible_key(4000)
-    keys = ["fine", long, "also fine"]
-    if store.dialect.key_bytes_max is not None:
-        refused = _items_loop(store, own, keys, batch)
-        assert isinstance(refused, ConfigurationError)
-        assert f"ctx.items: key {long[:80]!r} is 4,000 bytes of UTF-8 that do not compress to the 2,500" in \
-            str(refused)
-        assert "no item was started" in str(refused) and "short key" in str(refused)
-        assert store.pipelines.get_node(own.pipeline_id, "a").items_total is None
-        with pytest.raises(ConfigurationError, match="is 4,000 bytes of UTF-8"):  # the store's own check, as a whole
-            store.pipelines.checkpoint_items(own, "a", [ItemCheckpoint("fine", 1), ItemCheckpoint(long, 2)])
-        assert store.pipelines.completed_items(own.pipeline_id, "a") == {}
-        # a key the server compresses into an index entry fits, as it did before the check: never refused
-        url = "https://example.com/page/" * 200  # 5,000 bytes that compress
-        for fits in (incompressible_key(2400), "\u00e9" * 2000, url):
-            assert store.dialect.why_unstorable(fits) is None
-        assert _items_loop(store, _running_node(store), [url], batch) == [url]  # and it checkpoints
-        return
-    assert _items_loop(store, own, keys, batch) == keys
-    assert set(store.pipelines.completed_items(own.pipeline_id, "a")) == set(keys)
-
-
-@pytest.mark.parametrize("batch", [1, 50])
-def test_a_key_with_a_nul_is_refused_where_text_refuses_it_and_resumes_where_text_keeps_it(store, batch):
-    own = _running_node(store)
-    keys = ["fine", "page\x00two", "also fine"]
-    if not store.dialect.text_keeps_nul:  # PostgreSQL: refused whole, before the first item
-        refused = _items_loop(store, own, keys, batch)
-        assert isinstance(refused, ConfigurationError)
-        assert "key 'page\\x00two' holds a NUL character, which this database's text cannot store" in str(refused)
-        assert store.pipelines.get_node(own.pipeline_id, "a").items_total is None
-        return
-    # SQLite keeps it: a pipeline that checkpointed such a key before this check existed still resumes
-    store.pipelines.checkpoint_item(own, "a", ItemCheckpoint("page\x00two", "page\x00two"))
-    assert _items_loop(store, own, keys, batch) == ["fine", "also fine"]
-    assert store.pipelines.completed_items(own.pipeline_id, "a") == {  # a result's NUL is U+FFFD on both
-        "fine": "fine", "page\x00two": "page\ufffdtwo", "also fine": "also fine"}
-
-
-def test_ctx_checkpoint_refuses_a_key_no_checkpoint_could_store_with_a_clear_error(store):
-    """``ctx.checkpoint(key)`` gets its key only after the work: what no text of this database stores is refused
-    there with the words of ``ctx.items``, not the driver's error (a UnicodeEncodeError, a DataError)."""
-    from dagster import DagsterInstance, build_op_context
-
-    from recovery_ext._dagster.context import NodeContext
-    from recovery_ext._liveness.heartbeat import HeartbeatSettings
-
-    own = _running_node(store)
-    nul_refused = not store.dialect.text_keeps_nul
-    with DagsterInstance.ephemeral() as instance:
-        ctx = NodeContext(build_op_context(instance=instance), store, own, "a", HeartbeatSettings(), None, None)
-        with pytest.raises(ConfigurationError, match=r"ctx.checkpoint: key 'scan-\\udcff.png' holds a lone "
-                                                     r"surrogate.*so nothing was written"):
-            ctx.checkpoint("scan-\udcff.png", 1)
-        if nul_refused:
-            with pytest.raises(ConfigurationError, match="holds a NUL character"):
-                ctx.checkpoint("page\x00two", 2)
-        else:
-            ctx.checkpoint("page\x00two", 2)
-        ctx.checkpoint("fine", 3)  # the node goes on
-    assert store.pipelines.completed_items(own.pipeline_id, "a") == (
-        {"fine": 3} if nul_refused else {"page\x00two": 2, "fine": 3})
-
-
-@pytest.mark.parametrize("batch", [False, True])
-def test_the_store_refuses_a_key_its_text_cannot_store_before_any_write(store, batch):
-    """A direct caller of the store (no ``ctx.items`` to check keys before the work) gets the store's clear
-    refusal, not the driver's UnicodeEncodeError or DataError, and nothing of the call is written: not the
-    batch's good item, not its ``also=`` write."""
-    own = _running_node(store)
-    also_ran: list[str] = []
-    bad = ["scan-\udcff.png"] + ([] if store.dialect.text_keeps_nul else ["page\x00two"])
-    for key in bad:
-        entry = ItemCheckpoint(key, 1, also=lambda _tx, key=key: also_ran.append(key))
-        with pytest.raises(ConfigurationError, match=r"node 'a': item key .* holds a .*; nothing was written"):
-            if batch:
-                store.pipelines.checkpoint_items(own, "a", [ItemCheckpoint("good", 0), entry])
-            else:
-                store.pipelines.checkpoint_item(own, "a", entry, stall_timeout=30)
-    assert also_ran == [] and store.pipelines.completed_items(own.pipeline_id, "a") == {}
-    store.pipelines.checkpoint_item(own, "a", ItemCheckpoint("good", 0))  # the node goes on
-    assert store.pipelines.completed_items(own.pipeline_id, "a") == {"good": 0}
-
-
-def test_a_batch_mixing_new_and_degraded_keys_writes_them_all(store):
-    own = _running_node(store)
-    store.pipelines.checkpoint_item(own, "a", ItemCheckpoint("d1", None, status="degraded"))
-    store.pipelines.checkpoint_items(own, "a", [ItemCheckpoint("d2", "fallback", "degraded")])
-    store.pipelines.checkpoint_items(
-        own,
-        "a",
-        [ItemCheckpoint("n1", 1), ItemCheckpoint("d1", 11), ItemCheckpoint("n2", 2), ItemCheckpoint("d2", 12)],
-        stall_timeout=30,
-    )
-    assert store.pipelines.completed_items(own.pipeline_id, "a") == {"n1": 1, "d1": 11, "n2": 2, "d2": 12}
-    assert set(store_rows.item_statuses(store, own.pipeline_id, "a").values()) == {"completed"}
-    with store.read() as conn:
-        assert set(conn.execute(select(node_items.c.run_id, node_items.c.epoch))) == {(own.owner, own.epoch)}
-    assert store.pipelines.get_node(own.pipeline_id, "a").stall_deadline is not None
-
-
-# Keys and results that JSON text must escape: PostgreSQL's batch statements receive the keys, statuses and
-# results as JSON arrays (_checkpoint_items.sql) and zip them back into rows, so each key must keep its own result.
-AWKWARD = {'say "hi"': {"q": '"'}, "back\\slash": ["\\", "\\u0000"], "é ü ß": "naïve", "emoji 😀": {"😀": 1},
-           "line\u2028sep\nnew": "tab\there", "[1, 2]": [1, 2], "null": None, "": 0, "{": {"nested": {"deep": [{}]}}}
-
-
-@pytest.mark.parametrize("path", ["new items", "stall push", "degraded redone"])
-def test_awkward_keys_and_results_keep_their_pairs_on_every_batch_statement(store, path):
-    own = _running_node(store)
-    keys = list(AWKWARD)
-    if path == "degraded redone":  # the first key has a row already: the statement that decides item by item
-        store.pipelines.checkpoint_item(own, "a", ItemCheckpoint(keys[0], "old", status="degraded"))
-    store.pipelines.checkpoint_items(own, "a", [ItemCheckpoint(key, AWKWARD[key]) for key in keys],
-                                     stall_timeout=30 if path == "stall push" else None)
-    assert store.pipelines.completed_items(own.pipeline_id, "a") == AWKWARD
-    assert set(store_rows.item_statuses(store, own.pipeline_id, "a").values()) == {"completed"}
-
-
 @pytest.mark.parametrize("stall_timeout", [None, 30], ids=["no-stall", "stall-push"])
 def test_the_calls_a_batch_keeps_reach_the_ledger_column_for_column_with_their_own_items(store, stall_timeout):
     """PostgreSQL binds a checkpoint's calls as one JSON array of objects (_checkpoint_calls.sql): every column
     of every call arrives as it was made, with the item it was made for."""
-    own = _running_node(store)
+    own = running_node(store)
     made = {
         'say "hi"': [ProviderCall(endpoint="http://127.0.0.1:9/v1", model='gpt "quoted" é', tokens_in=2**31 + 5,
                                   tokens_out=0, latency_seconds=0.125, cost=None, note="line\nnew 😀")],
@@ -414,7 +241,7 @@ def test_the_calls_a_batch_keeps_reach_the_ledger_column_for_column_with_their_o
 @pytest.mark.parametrize("with_also", [False, True], ids=["one-statement", "with-also"])
 def test_a_batch_naming_a_completed_key_writes_nothing(store, with_also):
     meta.create_all(store.engine)
-    own = _running_node(store)
+    own = running_node(store)
     store.pipelines.checkpoint_item(own, "a", ItemCheckpoint("done", 1))
     store.pipelines.checkpoint_item(own, "a", ItemCheckpoint("fallback", "old", status="degraded"))
     also = (lambda tx: tx.execute(insert(side_effects).values(item="x"))) if with_also else None
@@ -438,7 +265,7 @@ def test_a_batch_naming_a_completed_key_writes_nothing(store, with_also):
 
 def test_a_superseded_epoch_writes_no_checkpoint_on_any_path(store):
     meta.create_all(store.engine)
-    own = _running_node(store)
+    own = running_node(store)
     from helpers import expire
 
     expire(store, own.pipeline_id)
@@ -462,7 +289,7 @@ def test_a_superseded_epoch_writes_no_checkpoint_on_any_path(store):
 
 def test_a_batch_with_also_commits_its_writes_and_checkpoints_together_or_not_at_all(store):
     meta.create_all(store.engine)
-    own = _running_node(store)
+    own = running_node(store)
 
     def note(key):
         return lambda tx: tx.execute(insert(side_effects).values(item=key))
@@ -486,7 +313,7 @@ def test_a_checkpoint_without_also_is_one_round_trip_on_postgresql(pg_url):
     store = RecoveryStore(pg_url)
     try:
         store.migrate()
-        own = _running_node(store)
+        own = running_node(store)
         store.pipelines.checkpoint_item(
             own, "a", ItemCheckpoint("warm", 0), stall_timeout=30
         )  # psycopg prepares on first use
@@ -517,7 +344,7 @@ def test_a_checkpoint_with_also_writes_sends_its_commit_in_the_same_round_trip_o
     try:
         store.migrate()
         meta.create_all(store.engine)
-        own = _running_node(store)
+        own = running_node(store)
 
         def note(key):
             return lambda tx: tx.execute(insert(side_effects).values(item=key))
@@ -552,7 +379,7 @@ def test_a_connection_killed_between_checkpoints_is_replaced_by_a_retry(pg_url, 
     store = RecoveryStore(pg_url)
     try:
         store.migrate()
-        own = _running_node(store)
+        own = running_node(store)
         store.pipelines.checkpoint_item(own, "a", ItemCheckpoint("k1", 1))
         store.pipelines.checkpoint_items(own, "a", [ItemCheckpoint("k2", 2)])
         for write in (
@@ -580,7 +407,7 @@ def test_a_connection_killed_between_the_also_writes_and_the_checkpoint_redoes_t
     try:
         store.migrate()
         meta.create_all(store.engine)
-        own = _running_node(store)
+        own = running_node(store)
         attempts: list[int] = []
 
         def write_then_lose_the_session(tx):
@@ -627,7 +454,7 @@ def test_a_checkpoint_retried_after_its_commit_landed_returns_quietly(pg_url, ca
     store = RecoveryStore(pg_url)
     try:
         store.migrate()
-        own = _running_node(store)
+        own = running_node(store)
         real, drops = store.pipelines.checkpoints.driver_autocommit, []
 
         @contextmanager
@@ -657,7 +484,7 @@ def test_a_checkpoint_retried_after_its_commit_landed_returns_quietly(pg_url, ca
 
 def test_a_batch_with_also_retried_after_its_commit_landed_runs_its_writes_once(store, monkeypatch):
     meta.create_all(store.engine)
-    own = _running_node(store)
+    own = running_node(store)
     real, lost = store.pipelines.checkpoints.write, []
 
     @contextmanager
@@ -681,7 +508,7 @@ def test_a_kill_9_mid_batch_redoes_that_batch_only(pg_url):
     try:
         store.migrate()
         meta.create_all(store.engine)
-        own = _running_node(store)
+        own = running_node(store)
         worker = subprocess.Popen(
             [sys.executable, "-c", _BATCH_WORKER, pg_url, str(own.pipeline_id), str(own.epoch), own.owner],
             stdout=subprocess.PIPE,
@@ -732,7 +559,7 @@ def test_a_reclaim_between_the_also_writes_and_the_checkpoint_rolls_the_writes_b
     try:
         store.migrate()
         meta.create_all(store.engine)
-        own = _running_node(store)
+        own = running_node(store)
         reclaimed = []
 
         def write_then_get_reclaimed(tx):
@@ -764,7 +591,7 @@ def test_postgres_a_pipeline_deleted_under_a_checkpoint_takes_its_items_and_one_
     store = RecoveryStore(pg_url)
     store.migrate()
     try:
-        held = _running_node(store)
+        held = running_node(store)
         with psycopg.connect(pg_url) as checkpoint, psycopg.connect(pg_url, autocommit=True) as watcher:
             written = checkpoint.execute(load_query("postgres", "checkpoint_new_items"), _batch_params(
                 held, "a", [ItemCheckpoint("k1", JsonText("1")), ItemCheckpoint("k2", JsonText("2"))], None,
@@ -784,7 +611,7 @@ def test_postgres_a_pipeline_deleted_under_a_checkpoint_takes_its_items_and_one_
                                    (held.pipeline_id,)).fetchone()[0] == 0
             assert watcher.execute("SELECT count(*) FROM rx_deleted_pipelines").fetchone()[0] == 0  # nothing left
 
-            gone = _running_node(store)
+            gone = running_node(store)
             _delete_pipeline(pg_url, gone.pipeline_id)
             for write in (lambda: store.pipelines.checkpoint_item(gone, "a", ItemCheckpoint("k1", 1)),
                           lambda: store.pipelines.checkpoint_items(gone, "a", [ItemCheckpoint("k1", 1),
@@ -807,7 +634,7 @@ def test_postgres_a_batch_whose_results_pass_256_mb_in_all_checkpoints(pg_url):
     store = RecoveryStore(pg_url)
     try:
         store.migrate()
-        own = _running_node(store)
+        own = running_node(store)
         text = "x" * (130 * 1024 * 1024)  # two of them: 260 MB of results in one statement
         store.pipelines.checkpoint_items(own, "a", [ItemCheckpoint("p1", {"text": text}), ItemCheckpoint("p2", [text])])
         with store.read() as conn:

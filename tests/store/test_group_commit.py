@@ -9,19 +9,13 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 from sqlalchemy import Column, Integer, MetaData, Table, Text, insert, select
 
-from helpers import expire, reclaim
+from helpers import expire, reclaim, running_node
 from recovery_ext._dagster.group_commit import GroupCommitter
 from recovery_ext._errors import OwnershipLost
 from recovery_ext._store.models import ItemCheckpoint, PassPlan
 
 meta = MetaData()
 notes = Table("group_commit_notes", meta, Column("id", Integer, primary_key=True), Column("item", Text))
-
-
-def running_node(store):
-    own = store.pipelines.create_pipeline("job", ["a"], owner="run-1")
-    store.pipelines.start_node(own, "a")
-    return own
 
 
 def committer_for(store, own, transactions: list[int], writers: set[str] | None = None) -> GroupCommitter:

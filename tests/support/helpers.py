@@ -63,6 +63,13 @@ def sent_round_trips(messages: list[str]) -> list[str]:
     return [m.split()[1] for m in messages if m.startswith("F") and m.split()[1] in ("Sync", "Query")]
 
 
+def running_node(store: RecoveryStore, *, stall_timeout: float | None = None):
+    """The ownership of a new pipeline of job ``job`` (owner ``run-1``) whose one node, ``a``, is running."""
+    own = store.pipelines.create_pipeline("job", ["a"], owner="run-1")
+    store.pipelines.start_node(own, "a", stall_timeout=stall_timeout)
+    return own
+
+
 def reclaim(store: RecoveryStore, plan, scope=None):
     """``(reclaimed, failed as corrupt)`` of one recovery pass: the path the orphan sensor and ``recover`` take."""
     from recovery_ext._store.models import Scope
