@@ -6,9 +6,10 @@ they see the same load (each round starting one way later, so none always runs f
 - ``ctx.items``: an op body's loop, ``for item in ctx.items(keys): item.complete(result)`` (one loop over
   every key of the run, 50 items taken from it in each turn);
 - ``store``: ``store.pipelines.checkpoint_item`` (what ``ctx.items()`` calls for each item);
-- ``stall push``: the same with a stall timeout of 600 s (the batch statement with its CTEs, what a node with
-  ``stall_timeout`` set writes per item; its stall deadline moves in the same statement only when less than
-  the timeout is left, ``pipelines.stall_push``: here once, and then once a minute if a run takes longer);
+- ``stall push``: the same with a stall timeout of 600 s (``checkpoint_new_item_stall.sql``, the one-item
+  statement with the stall deadline's CTE, what a node with ``stall_timeout`` set writes per item; its stall
+  deadline moves in the same statement only when less than the timeout is left, ``pipelines.stall_push``: here
+  once, and then once a minute if a run takes longer);
 - ``stall due``: the same with a stall timeout of a millisecond, so that every item moves the deadline (a new
   version of the node's row and of its index entries each time), for measurement only;
 - ``with a call``: the same keeping one provider call (its ledger row written in the same statement: what an

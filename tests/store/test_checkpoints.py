@@ -159,12 +159,12 @@ def test_one_item_alone_redoes_a_fallback_refuses_a_completed_item_and_pushes_th
         store.pipelines.checkpoint_items(own, "a", [ItemCheckpoint("p3", 6), ItemCheckpoint("done", 7)])
     assert store.pipelines.completed_items(own.pipeline_id, "a") == {
         "done": {"v": 1}, "fallback": {"v": 3}, "with-call": 4, "pushed": 8, "p1": {"v": 5}, "p2": None}
-    # PostgreSQL's statements (SQLite writes rows on its driver): scalars for a new item alone, the full batch
-    # statement once an item has a row, the CTEs for an item that pushes the stall deadline (with the ledger's
-    # only when it keeps a call), and new items without either as the plain batch INSERT
+    # PostgreSQL's statements (SQLite writes rows on its driver): scalars for a new item alone (with the stall
+    # deadline's CTE when it pushes one), the full batch statement once an item has a row, the ledger's CTE for an
+    # item that keeps a call, and new items without either as the plain batch INSERT
     assert statements == ([] if not store.dialect.dml_in_cte else [
         "checkpoint_new_item", "checkpoint_new_item", "checkpoint_new_item", "checkpoint_items",
-        "checkpoint_new_items_no_calls", "checkpoint_items", "checkpoint_new_items", "checkpoint_new_items_no_calls",
+        "checkpoint_new_item_stall", "checkpoint_items", "checkpoint_new_items", "checkpoint_new_item_stall",
         "checkpoint_new_items_plain", "checkpoint_new_items_plain", "checkpoint_items"])
 
 
@@ -443,7 +443,7 @@ class _DropsAfterCommit:
         return self
 
     def execute(self, query, params=None, **kwargs):
-        self._raw.execute(query, params, **kwargs).fetchone()  # committed (autocommit)
+        self._raw.execute(query, params, **kwargs)  # committed (autocommit)
         with psycopg.connect(self._admin_url, autocommit=True) as admin:
             admin.execute("SELECT pg_terminate_backend(%s)", (self._raw.info.backend_pid,))
         return self._raw.execute("SELECT 1")  # the dead connection fails like a lost reply

@@ -55,6 +55,19 @@ def test_the_plain_batch_statement_is_the_shared_fence_and_one_insert():
     assert "%(calls)s" not in rest and "RETURNING" not in rest and "stall" not in rest
 
 
+def test_the_single_item_stall_statement_is_the_shared_fence_and_stall_push_then_one_insert():
+    """checkpoint_new_item_stall.sql (one new item without calls, on a node with a stall timeout) includes the
+    shared fence and stall push, then inserts its scalars from the fence: no arrays, no final SELECT, so the store
+    reads its row count (0: superseded), as it does the one-item statement's."""
+    shared = load_query("postgres", "_checkpoint_fence") + "\n" + load_query("postgres", "_checkpoint_progress")
+    single = load_query("postgres", "checkpoint_new_item_stall")
+    assert single.startswith(shared) and "\\ir" not in single and "--" not in single
+    assert load_query("postgres", "_checkpoint_progress") in load_query("postgres", "checkpoint_new_items_no_calls")
+    rest = " ".join(single[len(shared):].split())
+    assert rest.startswith("INSERT INTO rx_node_items") and rest.endswith("FROM fence")
+    assert "%(key)s" in rest and "%(keys)s" not in single and "RETURNING" not in rest
+
+
 @pytest.fixture
 def query_folder(tmp_path, monkeypatch):
     """A folder of queries of its own (``sql/test_includes/queries``), read afresh."""
