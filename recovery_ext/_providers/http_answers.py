@@ -123,11 +123,30 @@ def read_json_answer(endpoint: str, status: int, headers: Any, body: bytes) -> A
         raise UnreadableAnswer(endpoint, status, _media_type(headers), body, str(exc)[:120]) from None
 
 
+def check_event_stream(endpoint: str, status: int, body: bytes) -> None:
+    """Raises :class:`UnreadableAnswer` when an event of a streamed answer (its decoded body) holds JSON that does
+    not parse: an event cut off as the stream ended, as a proxy or a provider that failed mid-answer may end it.
+    An SDK drops such a last event, or fails on it: either way the answer it shows is not the provider's whole
+    answer, and keeping it would replay that to every re-execution. Events that are not JSON (``[DONE]``, any
+    plain text) are left alone."""
+    for number, payload in enumerate(_event_payloads(body), 1):
+        if payload[:1] not in ("{", "[") or payload == "[DONE]":  # OpenAI's last event
+            continue
+        try:
+            json.loads(payload)
+        except (ValueError, RecursionError) as exc:
+            raise UnreadableAnswer(endpoint, status, "text/event-stream", payload.encode("utf-8", "replace"),
+                                   f"event {number} of the stream: {exc}"[:120]) from None
+
+
 def check_kept_answer(endpoint: str, kept: Any) -> None:
     """Raises :class:`UnreadableAnswer` for a journaled answer that no client can read (kept before this was
     checked): it is asked again instead of replayed."""
     if isinstance(kept, dict) and kept.get("http") == 1 and isinstance(kept.get("status"), int):
         headers = {str(name).lower(): value for name, value in kept.get("headers") or []}
+        if is_event_stream(headers):
+            check_event_stream(endpoint, kept["status"], decode_body(kept["body"]))
+            return
         read_json_answer(endpoint, kept["status"], headers, decode_body(kept["body"]))
 
 
@@ -150,13 +169,28 @@ def kept_answer(status: int, headers: Any, body: bytes) -> dict[str, Any]:
             "body": encode_body(body)}
 
 
-def _events(body: bytes) -> list[Any]:
-    """The JSON payloads of a server-sent event stream's ``data:`` lines."""
-    found = []
+def _event_payloads(body: bytes) -> list[str]:
+    """The data of each event of a server-sent event stream: its ``data:`` lines joined by newlines, as the SSE
+    standard reads them; an event still open when the stream ended is the last one."""
+    payloads: list[str] = []
+    lines: list[str] = []
     for line in body.decode("utf-8", errors="replace").splitlines():
-        if not line.startswith("data:"):
-            continue
-        payload = line[5:].strip()
+        if not line:
+            if lines:
+                payloads.append("\n".join(lines))
+                lines = []
+        elif line.startswith("data:"):
+            data = line[5:]
+            lines.append(data[1:] if data.startswith(" ") else data)
+    if lines:
+        payloads.append("\n".join(lines))
+    return [payload.strip() for payload in payloads]
+
+
+def _events(body: bytes) -> list[Any]:
+    """The JSON values of a server-sent event stream's events (``[DONE]`` and data that does not parse left out)."""
+    found = []
+    for payload in _event_payloads(body):
         if not payload or payload == "[DONE]":
             continue
         try:

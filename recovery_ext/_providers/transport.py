@@ -38,9 +38,9 @@ import tenacity
 
 from recovery_ext._classify.classifier import retry_after_of
 from recovery_ext._providers.guard import AttemptHold, CircuitOpen, GuardedCall, ProviderGuard
-from recovery_ext._providers.http_answers import (NOT_READ, RequestFacts, answered_call, check_kept_answer,
-                                                  decode_body, is_event_stream, kept_answer, read_json_answer,
-                                                  request_facts)
+from recovery_ext._providers.http_answers import (NOT_READ, RequestFacts, UnreadableAnswer, answered_call,
+                                                  check_event_stream, check_kept_answer, decode_body,
+                                                  is_event_stream, kept_answer, read_json_answer, request_facts)
 from recovery_ext._providers.journal import MISS
 from recovery_ext._providers.budget import Reservation
 from recovery_ext._providers.ledger import current_scope
@@ -54,7 +54,10 @@ FRAMING_HEADERS = ("content-encoding", "content-length", "transfer-encoding")
 
 # The guard of a node for a request's URL (the Dagster layer binds it to the node); None: not guarded.
 GuardFor = Callable[[Any, Any], "ProviderGuard | None"]
-Tee = Callable[[Any, Callable[..., Steps[None]]], Any]
+# What a streamed answer runs once it ends (the answer's bytes, the error that ended it): the finishing steps,
+# returning the UnreadableAnswer the stream then raises to its reader.
+Finish = Callable[..., Steps[UnreadableAnswer | None]]
+Tee = Callable[[Any, Finish], Any]
 
 
 class JournalingCore:
@@ -149,13 +152,20 @@ class JournalingCore:
 
     def finish_steps(self, guard: ProviderGuard, call: GuardedCall, decision: BreakerDecision | None,
                      hold: AttemptHold, response: Any, started: float, body: bytes,
-                     error: BaseException | None, parsed: Any = NOT_READ) -> Steps[None]:
+                     error: BaseException | None, parsed: Any = NOT_READ) -> Steps[UnreadableAnswer | None]:
         """The answer is complete (``error`` None): recorded with its usage and kept; else the attempt failed.
-        ``parsed``: the body, already read as JSON (it is not parsed twice)."""
+        ``parsed``: the body, already read as JSON (it is not parsed twice). Returns the
+        :class:`UnreadableAnswer` of a stream an event of which was cut off: a failed attempt, never kept (the
+        stream raises it to the SDK reading it)."""
         if error is not None:
             yield Blocking(self.failed, (guard, call, decision, hold, error))
-            return
-        yield Blocking(self.answered, (guard, call, decision, hold, response, started, body, parsed))
+            return None
+        try:
+            yield Blocking(self.answered, (guard, call, decision, hold, response, started, body, parsed))
+        except UnreadableAnswer as unreadable:
+            yield Blocking(self.failed, (guard, call, decision, hold, unreadable))
+            return unreadable
+        return None
 
     def answered(self, guard: ProviderGuard, call: GuardedCall, decision: BreakerDecision | None,
                  hold: AttemptHold, response: Any, started: float, body: bytes, parsed: Any = NOT_READ) -> None:
@@ -166,6 +176,8 @@ class JournalingCore:
         if encoding:  # a stream's chunks are teed as they came: decoded here, for its usage and its replay
             body = self.http.Response(200, headers=[("content-encoding", encoding)],
                                       stream=self.http.ByteStream(body)).read()
+        if streamed:  # before anything is recorded: an event cut off makes it a failed attempt
+            check_event_stream(guard.endpoint, response.status_code, body)
         record = answered_call(guard.endpoint, call.model, body, streamed=streamed,
                                latency=time.monotonic() - started, prices=self.prices, provider=self.provider,
                                parsed=parsed)
@@ -220,7 +232,7 @@ def _sync_classes(http: ModuleType) -> type:
     class TeeStream(http.SyncByteStream):  # type: ignore[name-defined,misc]  # httpx, passed in (imported only when used)
         """The answer's chunks to the caller as they arrive; kept once the stream ends."""
 
-        def __init__(self, inner: Any, finish: Callable[..., Steps[None]]) -> None:
+        def __init__(self, inner: Any, finish: Finish) -> None:
             self.inner, self.finish, self.done = inner, finish, False
             self.chunks: list[bytes] = []
             self.chunks_left = iter(inner)
@@ -233,12 +245,15 @@ def _sync_classes(http: ModuleType) -> type:
             except BaseException as exc:
                 self._end(exc)
                 raise
-            self._end(None)
+            unreadable = self._end(None)
+            if unreadable is not None:  # to the SDK reading it: a retryable error, as a connection cut mid-answer
+                raise unreadable
 
-        def _end(self, error: BaseException | None) -> None:
-            if not self.done:
-                self.done = True
-                drive(self.finish(b"".join(self.chunks), error))
+        def _end(self, error: BaseException | None) -> UnreadableAnswer | None:
+            if self.done:
+                return None
+            self.done = True
+            return drive(self.finish(b"".join(self.chunks), error))
 
         def close(self) -> None:
             # An SDK closes the stream once it has read the last event it wants: the rest is read here, so the
@@ -270,7 +285,7 @@ def _sync_classes(http: ModuleType) -> type:
             guard, call, facts = planned
             send = Io(lambda: self.inner.handle_request(request), None)
 
-            def tee(response: Any, finish: Callable[..., Steps[None]]) -> Any:
+            def tee(response: Any, finish: Finish) -> Any:
                 return http.Response(response.status_code, headers=response.headers.multi_items(),
                                      stream=TeeStream(response.stream, finish), extensions=response.extensions)
 
@@ -299,7 +314,7 @@ def _sync_classes(http: ModuleType) -> type:
 
 def _async_classes(http: ModuleType) -> type:
     class AsyncTeeStream(http.AsyncByteStream):  # type: ignore[name-defined,misc]  # httpx, passed in (imported only when used)
-        def __init__(self, inner: Any, finish: Callable[..., Steps[None]], context: contextvars.Context) -> None:
+        def __init__(self, inner: Any, finish: Finish, context: contextvars.Context) -> None:
             self.inner, self.finish, self.context, self.done = inner, finish, context, False
             self.chunks: list[bytes] = []
             self.chunks_left = inner.__aiter__()
@@ -312,12 +327,15 @@ def _async_classes(http: ModuleType) -> type:
             except BaseException as exc:
                 await self._end(exc)
                 raise
-            await self._end(None)
+            unreadable = await self._end(None)
+            if unreadable is not None:  # to the SDK reading it, as the synchronous stream does
+                raise unreadable
 
-        async def _end(self, error: BaseException | None) -> None:
-            if not self.done:
-                self.done = True
-                await drive_async(self.finish(b"".join(self.chunks), error), self.context)
+        async def _end(self, error: BaseException | None) -> UnreadableAnswer | None:
+            if self.done:
+                return None
+            self.done = True
+            return await drive_async(self.finish(b"".join(self.chunks), error), self.context)
 
         async def aclose(self) -> None:
             try:
@@ -349,7 +367,7 @@ def _async_classes(http: ModuleType) -> type:
             context = contextvars.copy_context()
             send = Io(None, lambda: self.inner.handle_async_request(request))
 
-            def tee(response: Any, finish: Callable[..., Steps[None]]) -> Any:
+            def tee(response: Any, finish: Finish) -> Any:
                 return http.Response(response.status_code, headers=response.headers.multi_items(),
                                      stream=AsyncTeeStream(response.stream, finish, context),
                                      extensions=response.extensions)

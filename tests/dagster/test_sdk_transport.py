@@ -201,6 +201,30 @@ def test_a_cut_off_json_answer_is_a_failed_attempt_retried_under_the_policy_and_
     assert (bad.tokens_in, bad.tokens_out) == (0, 0) and "not JSON" in bad.note and '{"id": "x"' in bad.note
 
 
+@pytest.mark.parametrize(("provider", "mode"), [("openai", "stream"), ("openai", "astream"), ("anthropic", "stream"),
+                                             ("anthropic", "astream")])
+def test_a_stream_that_ends_inside_an_event_is_a_failed_attempt_never_kept_and_the_retry_asks_again(
+        provider, mode, stand_in, store, db_url, monkeypatch):
+    """Before: the stream ended cleanly inside its second text event, the SDK dropped that half event, and the item
+    completed with half of the answer, which the journal kept for every re-execution. Now the stream raises
+    UnreadableAnswer (retryable) to the SDK once it ends, the node's retry asks the provider again, and only the
+    whole answer is kept."""
+    server, url = stand_in
+    server.script = ["truncated"]
+    monkeypatch.setitem(SETTINGS, "mode", mode)
+    result = run(once_in_mode, resource(provider, url), db_url, monkeypatch)
+    assert result.success
+    assert len(server.truncated()) == 1 and len(server.answered()) == 1 and server.answered()[0].streamed
+    [pipeline] = store.reports.list_pipelines()
+    assert store.pipelines.completed_items(pipeline.id, "once_in_mode") == {"only": "answer to question only"}
+    rows = ledger(store)
+    assert sorted(r.outcome for r in rows) == ["ok", "unreadable_result"]
+    [bad] = [r for r in rows if r.outcome == "unreadable_result"]
+    assert (bad.tokens_in, bad.tokens_out) == (0, 0) and "of the stream" in bad.note and "not kept" in bad.note
+    [good] = [r for r in rows if r.outcome == "ok"]
+    assert good.tokens_in > 0 and good.replays == 0  # the whole answer, with its usage; nothing replayed
+
+
 HERE = Path(__file__).resolve().parents[1] / "support"
 
 

@@ -4,7 +4,8 @@ It answers JSON or a server-sent event stream (``"stream": true``) in each API's
 a token per 4 characters of the request's messages, and of the answer. It counts every request. ``script``
 is a list of statuses the next requests get instead of an answer (a 503 then a 200: ``[503]``), with
 ``Retry-After: retry_after``, or ``"truncated"``: a 200 ``application/json`` whose body is cut off mid-answer
-(a whole, well-framed HTTP message: only its JSON is broken); ``tokens``/``window`` is a token quota over a
+(a whole, well-framed HTTP message: only its JSON is broken), or for a streamed request an event stream that ends
+inside its second text event (the stream's chunked framing ends cleanly); ``tokens``/``window`` is a token quota over a
 sliding window, refused with a 429 and Retry-After as providers do (a refused request charges nothing).
 """
 
@@ -109,6 +110,13 @@ class SdkStandIn:
                                                      tokens_in if status == 200 and not truncated else 0,
                                                      tokens_out if status == 200 and not truncated else 0, question,
                                                      truncated))
+                if truncated and streamed:  # the first text event whole, then half of the next one, no more
+                    events = _anthropic_events("m", answer, 0, 0) if self.path.endswith("/messages") \
+                        else _openai_events("m", answer, 0, 0)
+                    second_text = 3 if self.path.endswith("/messages") else 1
+                    cut = events[second_text][:len(events[second_text]) // 2]
+                    self._send_events(events[:second_text] + [cut])
+                    return
                 if truncated:  # the user trial's body: cut off inside a string, a well-framed 200 all the same
                     data = b'{"id": "x", "choices": [ {"mess'
                     self.send_response(200)
@@ -128,8 +136,10 @@ class SdkStandIn:
                     self._send(200, _anthropic(model, answer, tokens_in, tokens_out) if anthropic
                                else _openai(model, answer, tokens_in, tokens_out))
                     return
-                events = _anthropic_events(model, answer, tokens_in, tokens_out) if anthropic \
-                    else _openai_events(model, answer, tokens_in, tokens_out)
+                self._send_events(_anthropic_events(model, answer, tokens_in, tokens_out) if anthropic
+                                  else _openai_events(model, answer, tokens_in, tokens_out))
+
+            def _send_events(self, events: list[str]) -> None:
                 self.send_response(200)
                 self.send_header("Content-Type", "text/event-stream")
                 self.send_header("Transfer-Encoding", "chunked")
