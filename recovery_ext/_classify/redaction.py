@@ -100,6 +100,10 @@ def _redact_url_text(text: str) -> str:
     except ValueError:  # e.g. an unbalanced IPv6 bracket: not a URL, still redacted as text
         return redact(text)
     if not parts.scheme or not (parts.netloc or parts.query):
+        if "@" in text and ":" in text.partition("@")[0]:
+            # a URL without its "//" ("postgres:password@host/db"): what stands before its "@" may be a password
+            scheme = text.partition(":")[0]
+            return redact(f"{scheme}:{MASK}@{text.rpartition('@')[2]}")
         return redact(text)
     netloc = parts.netloc
     if "@" in netloc:

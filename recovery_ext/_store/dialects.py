@@ -703,7 +703,12 @@ def _clamped_timestamptz_loader() -> type:
 
 
 def _check_host(url: URL) -> None:
-    """A host name DNS cannot take (a label over 63 characters, 253 in all) is a clear error, not a UnicodeError."""
+    """A host name DNS cannot take (a label over 63 characters, 253 in all) is a clear error, not a UnicodeError.
+    A host holding ``@`` is a password holding one, not percent-encoded: the URL ends its password at the first
+    ``@``, so the rest of it would reach the driver, and its error, as part of the host name."""
+    if "@" in (url.host or ""):
+        raise ConfigurationError(f"not a database URL: {redact_url(url)} (its password holds '@'; write it "
+                                 "percent-encoded, as %40)")
     for host in (url.host or "").split(","):
         if not host or host.startswith("/") or ":" in host:  # none, a socket directory, an IPv6 address
             continue

@@ -141,6 +141,18 @@ def test_bad_input_is_rejected_clearly(args, code, text, tmp_path):
     assert "Traceback" not in result.output
 
 
+@pytest.mark.parametrize("url,text", [
+    ("postgres:S3cretPW@127.0.0.1/trial_app", "not a database URL: postgres:***@127.0.0.1/trial_app"),
+    ("postgresql://postgres:S3c@ret@127.0.0.1:5432/x", "its password holds '@'; write it percent-encoded, as %40"),
+])
+def test_a_malformed_database_url_shows_no_part_of_its_password(url, text):
+    """A new user's trial: a URL without its "//" was echoed whole; a password holding "@" ended at it, so the
+    driver's error named the rest of it as the host ("failed to resolve host 'ret@127.0.0.1'")."""
+    result = CliRunner().invoke(main, ["--database-url", url, "status"])
+    assert result.exit_code == 2 and text in result.output
+    assert "S3c" not in result.output and "ret@" not in result.output and "Traceback" not in result.output
+
+
 def test_status_reset_stuck_and_the_sensor_never_call_a_heartbeating_item_stuck(cli, store):
     from sqlalchemy import update
 
