@@ -12,7 +12,8 @@ so of many processes asking at once (PostgreSQL re-checks the condition on the r
 holds the writer lock), none is granted room another took. The reservation's row is inserted in the same
 transaction. The answer's usage moves it from reserved to spent (:meth:`SpendCapAccounts.spend_settle`): the
 cap is exceeded by at most what answers cost beyond their estimates. A reservation whose process was
-killed stays reserved: the cap never forgets money that may have been spent. A job's reservation carries
+killed stays reserved, the cap never forgetting money that may have been spent, until the ledger says what its
+call cost, or that it never left (:meth:`SpendCapAccounts._settle_from_ledger`). A job's reservation carries
 the job's token (``ref``) and is settled by whoever collects the job's results (a resume, a take-over).
 
 The configuration (the ``recovery`` resource) sets a cap when its row is first made and whenever the
@@ -26,7 +27,7 @@ import math
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from sqlalchemy import Connection, and_, case, delete, or_, select, update
+from sqlalchemy import Connection, and_, case, delete, func, or_, select, update
 from sqlalchemy.sql.elements import ColumnElement
 
 from recovery_ext._classify.redaction import redact
@@ -35,7 +36,7 @@ from recovery_ext._store.database import Component, Database, retried
 from recovery_ext._store.fenced import Fence
 from recovery_ext._store.models import CapState, Ownership, SpendCaps, SpendGrant, WaitKind, check_cap
 from recovery_ext._store.ledger import IN_FLIGHT
-from recovery_ext._store.schema import pipelines, provider_calls, spend_caps, spend_reservations
+from recovery_ext._store.schema import pipelines, provider_calls, provider_jobs, spend_caps, spend_reservations
 from recovery_ext._store.statuses import WAITING, PipelineStatus
 
 sc, sr = spend_caps.c, spend_reservations.c
@@ -99,14 +100,27 @@ class SpendCapAccounts(Component):
     def _settle_from_ledger(self, conn: Connection, pipeline_id: int) -> None:
         """Reservations an earlier owner of the pipeline left (a kill, a take-over) whose call the ledger knows
         the outcome of: settled with what the ledger recorded. A call still in flight in the ledger (its answer
-        never arrived: the provider may have charged it) stays reserved."""
+        never arrived: the provider may have charged it) stays reserved.
+
+        A reservation that names a call (``ref``) with no ledger row, and no provider job of that token, is
+        released: its request never left, since a journaled request's ledger row and a job's intent are written
+        before they are sent, each fenced by the owner's epoch, so the earlier owner can write neither any more.
+        (A kill between the reservation and that write: tens of requests of an ``amap`` wait there together.)"""
         p = pipelines.c
+        earlier = sr.epoch < select(p.epoch).where(p.id == pipeline_id).scalar_subquery()
+        never_sent = conn.execute(
+            delete(spend_reservations)
+            .where(sr.pipeline_id == pipeline_id, earlier, sr.ref.isnot(None),
+                   ~select(provider_calls.c.id).where(provider_calls.c.id == sr.ref).exists(),
+                   ~select(provider_jobs.c.token).where(provider_jobs.c.pipeline_id == pipeline_id,
+                                                        provider_jobs.c.token == sr.ref).exists())
+            .returning(sr.scope, sr.tokens, sr.cost)).all()
+        self._settle_in(conn, never_sent, 0, 0.0)
         left = conn.execute(
             select(sr.id, sr.scope, sr.tokens, sr.cost, provider_calls.c.tokens_in, provider_calls.c.tokens_out,
                    provider_calls.c.cost.label("spent_cost"), provider_calls.c.outcome)
             .select_from(spend_reservations.join(provider_calls, provider_calls.c.id == sr.ref))
-            .where(sr.pipeline_id == pipeline_id, provider_calls.c.outcome != IN_FLIGHT,
-                   sr.epoch < select(p.epoch).where(p.id == pipeline_id).scalar_subquery())).all()
+            .where(sr.pipeline_id == pipeline_id, provider_calls.c.outcome != IN_FLIGHT, earlier)).all()
         for row in left:
             if not conn.execute(delete(spend_reservations).where(sr.id == row.id)).rowcount:
                 continue
@@ -146,8 +160,12 @@ class SpendCapAccounts(Component):
 
     def _settle_in(self, conn: Connection, rows: Iterable[Any], tokens: int, cost: float) -> None:
         for row in rows:
+            # a float sum taken apart again leaves rounding (1.6e-19 of money "reserved" by nothing): under the
+            # slack a fit allows, it is 0
+            left = sc.reserved_cost - row.cost
             conn.execute(update(spend_caps).where(sc.scope == row.scope).values(
-                reserved_tokens=sc.reserved_tokens - row.tokens, reserved_cost=sc.reserved_cost - row.cost,
+                reserved_tokens=sc.reserved_tokens - row.tokens,
+                reserved_cost=case((func.abs(left) < COST_SLACK, 0.0), else_=left),
                 spent_tokens=sc.spent_tokens + tokens, spent_cost=sc.spent_cost + cost))
 
     @retried

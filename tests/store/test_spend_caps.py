@@ -127,3 +127,48 @@ def test_a_dead_owners_reservation_is_settled_by_the_ledger_once_its_outcome_is_
     cap = store.providers.spend_cap(scope)
     # the answered call counts what the ledger recorded, the refused one nothing, the unknown one stays reserved
     assert (cap.spent_tokens, cap.spent_cost, cap.reserved_tokens, cap.reserved_cost) == (400, 0.5, 1000, 2.0)
+
+
+def test_a_dead_owners_reservation_for_a_request_that_never_left_is_released(store):
+    """A new user's trial: 18 tasks of an ``amap`` had reserved and were waiting to write their calls' ledger rows
+    when the process was killed; their reservations stayed "reserved" for good after the resume completed. A
+    journaled request's ledger row and a job's intent are written, fenced, before they are sent, so a dead
+    owner's reservation naming neither never left; one with no name (``ref``) may have, and stays."""
+    own = _pipeline(store)
+    store.pipelines.start_node(own, "a")
+    scope = store.providers.spend_configure(own, SpendCaps(pipeline_tokens=10_000, deployment_tokens=10_000))[0]
+    never_sent = ProviderCall(endpoint="https://llm.example", model="m")  # its row was never written
+    job_token = "job-token-1"
+    for ref in (never_sent.id, job_token, None):
+        assert store.providers.spend_reserve(own, [scope], tokens=1000, cost=0.1, ref=ref).granted
+    submission = replace(ProviderCall(endpoint="https://batch.example", model="m", outcome=IN_FLIGHT),
+                         pipeline_id=own.pipeline_id, node_name="a", run_id=own.owner, epoch=own.epoch)
+    store.pipelines.job_submitting(own, "a", token=job_token, provider="openai", items=["x"], attempt=1,
+                                   call=submission)
+    store.providers.spend_configure(own, SpendCaps(pipeline_tokens=10_000))  # its own owner: nothing released
+    assert store.providers.spend_cap(scope).reserved_tokens == 3000
+    with store.write() as conn:  # taken over: the reservations' owner is dead
+        conn.execute(update(pipelines).where(pipelines.c.id == own.pipeline_id).values(epoch=own.epoch + 1))
+    resumed = replace(own, epoch=own.epoch + 1)
+    live = ProviderCall(endpoint="https://llm.example", model="m")  # the new owner's, its row not written yet
+    assert store.providers.spend_reserve(resumed, [scope], tokens=500, ref=live.id).granted
+    store.providers.spend_configure(resumed, SpendCaps(pipeline_tokens=10_000))  # the resume's next node starts
+    cap = store.providers.spend_cap(scope)
+    # the job's reservation waits for its results, the unnamed one may have been sent, the live one is live
+    assert (cap.spent_tokens, cap.reserved_tokens, cap.spent_cost) == (0, 2500, 0.0)
+    assert cap.reserved_cost == pytest.approx(0.2)
+    assert store.providers.spend_settle_ref(job_token, tokens=0, cost=None) == 1
+    store.providers.spend_release(store.providers.spend_reserve(resumed, [scope], tokens=1, cost=0.1).reservations)
+    assert store.providers.spend_cap(scope).reserved_cost == pytest.approx(0.1)
+
+
+def test_money_reserved_and_settled_again_leaves_no_rounding_reserved(store):
+    """0.3 + 0.1 + 0.2 - 0.3 - 0.1 - 0.2 is 8.3e-17 in floats: the trial saw "reserved 1.6263e-19" on finished
+    pipelines."""
+    own = _pipeline(store)
+    scope = store.providers.spend_configure(own, SpendCaps(pipeline_cost=10.0))[0]
+    grants = [store.providers.spend_reserve(own, [scope], tokens=1, cost=cost) for cost in (0.3, 0.1, 0.2)]
+    for grant in grants:
+        store.providers.spend_settle(grant.reservations, tokens=1, cost=0.05)
+    cap = store.providers.spend_cap(scope)
+    assert (cap.reserved_tokens, cap.reserved_cost) == (0, 0.0)
