@@ -165,7 +165,9 @@ def command(fn: CommandBody | None = None, *, creates_database: bool = False,
         return functools.partial(command, creates_database=creates_database, checks_schema=checks_schema,
                                  serves=serves)
 
-    def wrapper(obj: dict[str, Any], /, as_json: bool, **kwargs: Any) -> Any:
+    def wrapper(obj: dict[str, Any], /, as_json: bool, database_url: str | None, **kwargs: Any) -> Any:
+        if database_url is not None:  # given after the command: it stands for this command alone
+            obj = {**obj, "url": database_url}
         if serves or kwargs.get("follow"):
             return run(obj, as_json, **kwargs)
         with _quiet_store_retries():
@@ -203,4 +205,7 @@ def command(fn: CommandBody | None = None, *, creates_database: bool = False,
 
     functools.update_wrapper(wrapper, fn)  # the command keeps the body's name and help
     json_option = click.option("--json", "as_json", is_flag=True, help="Machine-readable JSON output.")
-    return json_option(click.pass_obj(wrapper))
+    # as the group's own option, so either place works: `recovery-ext status --database-url URL` too
+    url_option = click.option("--database-url", "database_url", metavar="URL", default=None,
+                              help="Application tables (postgresql://... or sqlite:///...), as before the command.")
+    return url_option(json_option(click.pass_obj(wrapper)))

@@ -276,7 +276,8 @@ class Dialect:
     def for_url(url: str | URL, **timeouts: float | None) -> Dialect:
         try:
             parsed = make_url(url) if isinstance(url, str) else url
-            parsed.port  # noqa: B018 - a port that is not a number fails here, not at connect time
+            if parsed.port is not None and not 0 < parsed.port < 65536:  # not a number fails here too
+                raise ValueError(f"port {parsed.port} is not from 1 to 65535")
         except Exception as exc:  # noqa: BLE001 - ArgumentError, ValueError (bad port), TypeError
             # The URL may hold a password even when it does not parse: show only its redacted form.
             raise ConfigurationError(f"not a database URL: {redact_url(str(url))} ({redact(exc)})") from None

@@ -129,6 +129,8 @@ def test_retry_dead(cli, store):
 @pytest.mark.parametrize("args,code,text", [
     (["--database-url", "mysql://x@localhost/db", "status"], 2, "unsupported database"),
     (["--database-url", "not a url", "status"], 2, "not a database URL"),
+    (["status", "--database-url", "not a url"], 2, "not a database URL"),  # after the command: it stands
+    (["--database-url", "postgresql://postgres@127.0.0.1:99999/x", "status"], 2, "port 99999 is not from 1 to 65535"),
     (["--database-url", "postgresql://postgres@127.0.0.1:1/nope", "status"], 1, "cannot reach the database"),
     (["reset-stuck", "--threshold", "soon"], 2, "not a duration"),
     (["pipelines", "show", "0"], 2, "Invalid value"),
@@ -139,6 +141,15 @@ def test_bad_input_is_rejected_clearly(args, code, text, tmp_path):
     result = CliRunner().invoke(main, ["--database-url", f"sqlite:///{tmp_path}/x.sqlite3", *args])
     assert result.exit_code == code and text in result.output
     assert "Traceback" not in result.output
+
+
+def test_the_database_url_may_follow_the_command_as_the_docs_say(tmp_path):
+    """A new user's trial: ``recovery-ext status --database-url URL`` was "No such option" (exit 2)."""
+    url = f"sqlite:///{tmp_path}/after.sqlite3"
+    assert CliRunner().invoke(main, ["migrate", "--database-url", url]).exit_code == 0
+    result = CliRunner().invoke(main, ["status", "--json", "--database-url", url])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["pipelines"] == []
 
 
 @pytest.mark.parametrize("url,text", [
