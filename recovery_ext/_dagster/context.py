@@ -250,6 +250,12 @@ class NodeContext:
         if gone is not None and gone.is_set():
             raise StopRequested("the run worker is gone: this step process starts no new provider call")
 
+    def run_worker_died(self) -> bool:
+        """This step process's run worker died and no other run has taken the pipeline over (yet): the requests
+        already sent are still answered and kept (the epoch fence holds), nothing new is sent."""
+        gone, watchdog = self.run_worker_gone, self.watchdog
+        return gone is not None and gone.is_set() and (watchdog is None or watchdog.lost is None)
+
     def record_call(self, call: ProviderCall, *, item: Item | str | None = None) -> bool:
         """Record a provider call made for ``item`` (default: the item ``ctx.items()`` yielded last, else the
         node) in the ledger; its answer reached a checkpoint once that item's ``complete`` commits (or the

@@ -13,10 +13,11 @@ function returned queues that item's checkpoint and starts its next item while i
 it before queueing another); the item counts as done, or failed, once its checkpoint committed or was refused.
 
 A failed item never stops its siblings. The map stops starting items when this worker is superseded
-or its run worker died (nothing new is sent: tasks in flight are cancelled, threads stop before their
-next call), and when ``same_error_limit`` items in a row failed the same way (a bad key or an outage
-fails every item alike: the node's own error path then fails or pauses the pipeline). Items that
-failed are named in one :class:`ItemsFailed` at the end; a resume redoes only the unfinished ones.
+or its run worker died (nothing new is sent: threads stop before their next call; tasks in flight are
+cancelled when superseded, and waited for when the run worker died, so the answers already paid for are
+kept), and when ``same_error_limit`` items in a row failed the same way (a bad key or an outage fails every
+item alike: the node's own error path then fails or pauses the pipeline). Items that failed are named in one
+:class:`ItemsFailed` at the end; a resume redoes only the unfinished ones.
 """
 
 from __future__ import annotations
@@ -72,6 +73,8 @@ class NodeContext(Protocol):
     def log(self) -> Any: ...
 
     def check_calls(self) -> None: ...
+
+    def run_worker_died(self) -> bool: ...
 
     def count_items(self, outcome: str, number: int = 1) -> None: ...
 
@@ -362,6 +365,14 @@ def _stop_now(node: NodeContext, tally: _Tally) -> bool:
     return False
 
 
+def _answers_still_kept(node: NodeContext, fatal: BaseException) -> bool:
+    """The map stopped because this step's run worker died, and this worker still owns the pipeline: the
+    requests already sent are waited for, not cancelled. Their answers are kept and their items checkpointed
+    (the epoch fence holds until a take-over, and refuses them after one), so the resume does not pay for them
+    again; nothing new is sent (each task checks before each attempt, and a wait at a cap or a budget stops)."""
+    return isinstance(fatal, StopRequested) and node.run_worker_died()
+
+
 # -- asyncio tasks ------------------------------------------------------------------------------------------
 
 async def _run_item_async(node: NodeContext, item: Item, fn: Callable[[Any], Awaitable[Any]],
@@ -421,7 +432,7 @@ async def map_in_tasks(node: NodeContext, fn: Callable[[Any], Awaitable[Any]], k
             task = asyncio.create_task(_run_item_async(node, item, fn, policy))
             running[task] = key
             task.add_done_callback(ended.put_nowait)
-        if tally.fatal is not None:
+        if tally.fatal is not None and not _answers_still_kept(node, tally.fatal):
             for task in running:
                 task.cancel()  # nothing new leaves: a superseded op's answers would be refused anyway
         while running:

@@ -4,6 +4,7 @@ traceback of our own. The resume does the node."""
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import sys
 
@@ -77,15 +78,58 @@ def wrapping_job():
     wraps_the_stop()
 
 
-def test_a_stop_a_client_library_wrapped_says_the_run_worker_died_too(store, db_url, monkeypatch):
+def failure_in_a_step_process(job_def, db_url, monkeypatch, *, gone: bool):
+    """The step failure of ``job_def``'s one op, run as a step process runs it (not its run worker); ``gone``: its
+    run worker died before the op began (else the op says when)."""
     monkeypatch.setattr(recoverable, "is_run_worker", lambda run_id: False)
-    parent.RUN_WORKER_GONE.set()
+    if gone:
+        parent.RUN_WORKER_GONE.set()  # what the watch thread sets once the run worker died
     try:
-        result = execute_in_process(wrapping_job, raise_on_error=False, resources={
+        result = execute_in_process(job_def, raise_on_error=False, resources={
             "recovery": RecoveryResource(database_url=db_url, heartbeat_interval=0.5, heartbeat_timeout=3)})
     finally:
         parent.RUN_WORKER_GONE.clear()
     (failure,) = [e for e in result.all_events if e.event_type == DagsterEventType.STEP_FAILURE]
-    error = failure.event_specific_data.error
+    return failure.event_specific_data.error
+
+
+def test_a_stop_a_client_library_wrapped_says_the_run_worker_died_too(store, db_url, monkeypatch):
+    error = failure_in_a_step_process(wrapping_job, db_url, monkeypatch, gone=True)
     assert "the run worker died" in error.message and error.cause is None
     assert store.pipelines.completed_items(store.reports.list_pipelines()[0].id, "wraps_the_stop") == {}
+
+
+IN_FLIGHT = 4
+
+
+@recoverable_op
+async def answers_in_flight(ctx):
+    """Four requests in flight, the 4th sent as the run worker dies; each answered a little after the last."""
+    sent = []
+
+    async def ask(item):
+        sent.append(item.key)
+        if len(sent) == IN_FLIGHT:
+            parent.RUN_WORKER_GONE.set()  # what the watch thread sets once the run worker died
+        await asyncio.sleep(0.2 * len(sent))  # the request on its way: answered after the death, one by one
+        return f"answer {item.key}"
+
+    await ctx.amap(ask, [f"k{i}" for i in range(3 * IN_FLIGHT)], concurrency=IN_FLIGHT)
+
+
+@job(executor_def=with_recovery(in_process_executor))
+def in_flight_job():
+    answers_in_flight()
+
+
+def test_a_step_whose_run_worker_dies_keeps_the_answers_of_the_tasks_in_flight_and_sends_nothing_new(
+        store, db_url, monkeypatch):
+    """A new user's trial: a step process of an `amap` outlived its killed run worker by 2 s; its 31 requests in
+    flight were answered within 0.5 s, but the tasks had been cancelled, so the resume paid for all 31 again. The
+    pipeline is still this worker's (no take-over yet): the answers are kept, and nothing new is sent."""
+    error = failure_in_a_step_process(in_flight_job, db_url, monkeypatch, gone=False)
+    assert "the run worker died" in error.message
+    (pipeline,) = store.reports.list_pipelines()
+    # the four in flight answered and checkpointed; none of the other eight started
+    assert store.pipelines.completed_items(pipeline.id, "answers_in_flight") == {
+        f"k{i}": f"answer k{i}" for i in range(IN_FLIGHT)}
