@@ -15,6 +15,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -169,12 +170,17 @@ def kept_answer(status: int, headers: Any, body: bytes) -> dict[str, Any]:
             "body": encode_body(body)}
 
 
+_LINE_END = re.compile(r"\r\n|\r|\n")
+
+
 def _event_payloads(body: bytes) -> list[str]:
     """The data of each event of a server-sent event stream: its ``data:`` lines joined by newlines, as the SSE
     standard reads them; an event still open when the stream ended is the last one."""
     payloads: list[str] = []
     lines: list[str] = []
-    for line in body.decode("utf-8", errors="replace").splitlines():
+    # only CR, LF and CRLF end a line, as the SDKs read a stream: str.splitlines() also splits at U+2028, U+2029
+    # and U+0085, which JSON text may hold unescaped (a model echoing a PDF's text)
+    for line in _LINE_END.split(body.decode("utf-8", errors="replace")):
         if not line:
             if lines:
                 payloads.append("\n".join(lines))

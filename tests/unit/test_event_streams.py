@@ -48,3 +48,14 @@ def test_an_event_is_its_data_lines_joined_as_the_sse_standard_reads_them():
     assert answer_usage(body, streamed=True) == (usage, "m")
     with pytest.raises(UnreadableAnswer, match="event 1 of the stream"):
         check_event_stream(URL, 200, b'data: {"model": "m",\n\ndata: [DONE]\n\n')  # the event ended too soon
+
+
+@pytest.mark.parametrize("separator", ["\u2028", "\u2029", "\u0085"], ids=["LS", "PS", "NEL"])
+def test_a_line_ends_only_at_cr_or_lf_so_json_holding_unicode_separators_is_whole(separator):
+    """A review: str.splitlines() also split at these, which JSON may hold unescaped (a model echoing a PDF's
+    text), so a whole answer was called unreadable, asked again and paid again."""
+    text = f"one{separator}two"
+    body = ("data: " + json.dumps({"model": "m", "text": text}, ensure_ascii=False) + "\n\n").encode()
+    check_event_stream(URL, 200, body)
+    assert answer_usage(body + b'data: {"usage": {"prompt_tokens": 3}}\n\n', streamed=True) == (
+        {"prompt_tokens": 3}, "m")
