@@ -99,11 +99,11 @@ def _redact_url_text(text: str) -> str:
         parts = urlsplit(text)
     except ValueError:  # e.g. an unbalanced IPv6 bracket: not a URL, still redacted as text
         return redact(text)
+    if parts.scheme and not parts.netloc and "@" in text and not text[len(parts.scheme) + 1:].startswith("/"):
+        # a URL without its "//" ("postgres:password@host/db?sslmode=require"): what stands between its scheme and
+        # its last "@" may be a password, whatever it holds ("?" and "#" too)
+        return redact(f"{parts.scheme}:{MASK}@{text.rpartition('@')[2]}")
     if not parts.scheme or not (parts.netloc or parts.query):
-        if "@" in text and ":" in text.partition("@")[0]:
-            # a URL without its "//" ("postgres:password@host/db"): what stands before its "@" may be a password
-            scheme = text.partition(":")[0]
-            return redact(f"{scheme}:{MASK}@{text.rpartition('@')[2]}")
         return redact(text)
     netloc = parts.netloc
     if "@" in netloc:

@@ -154,6 +154,8 @@ def test_the_database_url_may_follow_the_command_as_the_docs_say(tmp_path):
 
 @pytest.mark.parametrize("url,text", [
     ("postgres:S3cretPW@127.0.0.1/trial_app", "not a database URL: postgres:***@127.0.0.1/trial_app"),
+    ("postgresql:S3cretPW@127.0.0.1/x?sslmode=require", "not a database URL: postgresql:***@127.0.0.1/x?sslmode"),
+    ("postgres:S3c?retPW@127.0.0.1/x", "not a database URL: postgres:***@127.0.0.1/x"),
     ("postgresql://postgres:S3c@ret@127.0.0.1:5432/x", "its password holds '@'; write it percent-encoded, as %40"),
 ])
 def test_a_malformed_database_url_shows_no_part_of_its_password(url, text):
@@ -161,7 +163,7 @@ def test_a_malformed_database_url_shows_no_part_of_its_password(url, text):
     driver's error named the rest of it as the host ("failed to resolve host 'ret@127.0.0.1'")."""
     result = CliRunner().invoke(main, ["--database-url", url, "status"])
     assert result.exit_code == 2 and text in result.output
-    assert "S3c" not in result.output and "ret@" not in result.output and "Traceback" not in result.output
+    assert "S3c" not in result.output and "ret" not in result.output and "Traceback" not in result.output
 
 
 def test_status_reset_stuck_and_the_sensor_never_call_a_heartbeating_item_stuck(cli, store):

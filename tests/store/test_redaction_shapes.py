@@ -57,6 +57,16 @@ def test_what_is_not_a_secret_stays_readable():
     assert redact("item_key=doc-1 failed, pass 2") == "item_key=doc-1 failed, pass 2"
     assert redact_url("https://h.example.com/app;jsessionid=x?page=2") .endswith("?page=2")
     assert redact_url("https://h.example.com/v1?model=m&code=1") == "https://h.example.com/v1?model=m&code=***"
+    assert redact_url("sqlite:///data/a@b.db") == "sqlite:///data/a@b.db"  # a path, not a password
+
+
+@pytest.mark.parametrize("url", [f"postgres:{SECRET}@db.example.com/app", f"postgresql:{SECRET}@db/x?sslmode=require",
+                                 f"postgres:{SECRET[:4]}?{SECRET[4:]}@db/x", f"postgres:{SECRET}#x@db/x"])
+def test_a_url_without_its_slashes_keeps_no_part_of_what_stands_before_its_host(url):
+    """A new user's trial and a review: ``postgres:password@host`` (no ``//``) has no userinfo to a URL parser,
+    so its password was shown whole, with or without a query string."""
+    shown = redact_url(url)
+    assert shown.startswith(f"{url.partition(':')[0]}:***@db") and SECRET[:4] not in shown and SECRET[4:] not in shown
 
 
 def test_a_recorded_endpoint_with_an_azure_functions_key_keeps_no_key(store):
