@@ -256,6 +256,11 @@ class NodeContext:
         gone, watchdog = self.run_worker_gone, self.watchdog
         return gone is not None and gone.is_set() and (watchdog is None or watchdog.lost is None)
 
+    def in_flight_grace(self) -> float:
+        """How long a map whose run worker died waits for its requests in flight: one heartbeat timeout, after
+        which another run may take the pipeline over and refuse their answers anyway."""
+        return self.settings.timeout
+
     def record_call(self, call: ProviderCall, *, item: Item | str | None = None) -> bool:
         """Record a provider call made for ``item`` (default: the item ``ctx.items()`` yielded last, else the
         node) in the ledger; its answer reached a checkpoint once that item's ``complete`` commits (or the

@@ -76,6 +76,8 @@ class NodeContext(Protocol):
 
     def run_worker_died(self) -> bool: ...
 
+    def in_flight_grace(self) -> float: ...
+
     def count_items(self, outcome: str, number: int = 1) -> None: ...
 
     def _enter_item(self, key: str | None) -> None: ...
@@ -373,6 +375,18 @@ def _answers_still_kept(node: NodeContext, fatal: BaseException) -> bool:
     return isinstance(fatal, StopRequested) and node.run_worker_died()
 
 
+async def _cancel_after_grace(node: NodeContext, running: dict[asyncio.Task[None], str]) -> None:
+    """While a map whose run worker died waits for its requests in flight: cancel what is left once a take-over
+    superseded this worker (its answers would be refused) or one heartbeat timeout passed (a take-over may come
+    any time after it, and a request with no timeout must not keep the orphaned step process alive for good)."""
+    loop = asyncio.get_running_loop()
+    until = loop.time() + node.in_flight_grace()
+    while running and node.run_worker_died() and loop.time() < until:
+        await asyncio.sleep(0.1)
+    for task in list(running):
+        task.cancel()
+
+
 # -- asyncio tasks ------------------------------------------------------------------------------------------
 
 async def _run_item_async(node: NodeContext, item: Item, fn: Callable[[Any], Awaitable[Any]],
@@ -432,11 +446,17 @@ async def map_in_tasks(node: NodeContext, fn: Callable[[Any], Awaitable[Any]], k
             task = asyncio.create_task(_run_item_async(node, item, fn, policy))
             running[task] = key
             task.add_done_callback(ended.put_nowait)
-        if tally.fatal is not None and not _answers_still_kept(node, tally.fatal):
-            for task in running:
-                task.cancel()  # nothing new leaves: a superseded op's answers would be refused anyway
+        grace = None
+        if tally.fatal is not None and running:
+            if _answers_still_kept(node, tally.fatal):
+                grace = asyncio.create_task(_cancel_after_grace(node, running))
+            else:
+                for task in running:
+                    task.cancel()  # nothing new leaves: a superseded op's answers would be refused anyway
         while running:
             await settle_next()
+        if grace is not None:
+            grace.cancel()
     except BaseException:
         for task in running:
             task.cancel()

@@ -174,8 +174,12 @@ class JournalingCore:
         streamed = is_event_stream(response.headers)
         encoding = response.headers.get("content-encoding") if streamed else None
         if encoding:  # a stream's chunks are teed as they came: decoded here, for its usage and its replay
-            body = self.http.Response(200, headers=[("content-encoding", encoding)],
-                                      stream=self.http.ByteStream(body)).read()
+            try:
+                body = self.http.Response(200, headers=[("content-encoding", encoding)],
+                                          stream=self.http.ByteStream(body)).read()
+            except self.http.DecodingError as exc:  # a corrupt gzip stream: no client could read it either
+                raise UnreadableAnswer(guard.endpoint, response.status_code, f"text/event-stream ({encoding})",
+                                       body, f"not {encoding}: {exc}"[:120]) from None
         if streamed:  # before anything is recorded: an event cut off makes it a failed attempt
             check_event_stream(guard.endpoint, response.status_code, body)
         record = answered_call(guard.endpoint, call.model, body, streamed=streamed,

@@ -8,6 +8,7 @@ import asyncio
 import subprocess
 import sys
 
+import pytest
 from dagster import DagsterEventType, in_process_executor, job
 from sqlalchemy import inspect
 
@@ -133,3 +134,37 @@ def test_a_step_whose_run_worker_dies_keeps_the_answers_of_the_tasks_in_flight_a
     # the four in flight answered and checkpointed; none of the other eight started
     assert store.pipelines.completed_items(pipeline.id, "answers_in_flight") == {
         f"k{i}": f"answer k{i}" for i in range(IN_FLIGHT)}
+
+
+@recoverable_op
+async def one_request_never_answered(ctx):
+    """As answers_in_flight, but the first request is never answered (a client with no timeout)."""
+    sent = []
+
+    async def ask(item):
+        sent.append(item.key)
+        if len(sent) == IN_FLIGHT:
+            parent.RUN_WORKER_GONE.set()
+        if len(sent) == 1:
+            await asyncio.Event().wait()  # never answered
+        await asyncio.sleep(0.1 * len(sent))
+        return f"answer {item.key}"
+
+    await ctx.amap(ask, [f"k{i}" for i in range(3 * IN_FLIGHT)], concurrency=IN_FLIGHT)
+
+
+@job(executor_def=with_recovery(in_process_executor))
+def never_answered_job():
+    one_request_never_answered()
+
+
+@pytest.mark.timeout(180)
+def test_a_request_never_answered_after_the_run_worker_died_is_given_up_after_one_heartbeat_timeout(
+        store, db_url, monkeypatch):
+    """A review: the wait for the requests in flight had no bound, so one request without a timeout kept the
+    orphaned step process alive for good. It is cancelled once a heartbeat timeout (3 s here) has passed."""
+    error = failure_in_a_step_process(never_answered_job, db_url, monkeypatch, gone=False)
+    assert "the run worker died" in error.message
+    (pipeline,) = store.reports.list_pipelines()
+    assert store.pipelines.completed_items(pipeline.id, "one_request_never_answered") == {
+        f"k{i}": f"answer k{i}" for i in range(1, IN_FLIGHT)}
