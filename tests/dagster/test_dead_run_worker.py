@@ -9,7 +9,7 @@ import subprocess
 import sys
 
 import pytest
-from dagster import DagsterEventType, in_process_executor, job
+from dagster import DagsterEventType, Field, in_process_executor, job
 from sqlalchemy import inspect
 
 from e2e_defs import calls, items_job_inprocess
@@ -79,14 +79,14 @@ def wrapping_job():
     wraps_the_stop()
 
 
-def failure_in_a_step_process(job_def, db_url, monkeypatch, *, gone: bool):
+def failure_in_a_step_process(job_def, db_url, monkeypatch, *, gone: bool, run_config=None):
     """The step failure of ``job_def``'s one op, run as a step process runs it (not its run worker); ``gone``: its
     run worker died before the op began (else the op says when)."""
     monkeypatch.setattr(recoverable, "is_run_worker", lambda run_id: False)
     if gone:
         parent.RUN_WORKER_GONE.set()  # what the watch thread sets once the run worker died
     try:
-        result = execute_in_process(job_def, raise_on_error=False, resources={
+        result = execute_in_process(job_def, raise_on_error=False, run_config=run_config, resources={
             "recovery": RecoveryResource(database_url=db_url, heartbeat_interval=0.5, heartbeat_timeout=3)})
     finally:
         parent.RUN_WORKER_GONE.clear()
@@ -103,15 +103,18 @@ def test_a_stop_a_client_library_wrapped_says_the_run_worker_died_too(store, db_
 IN_FLIGHT = 4
 
 
-@recoverable_op
+@recoverable_op(config_schema={"first_never_answered": Field(bool, default_value=False)})
 async def answers_in_flight(ctx):
-    """Four requests in flight, the 4th sent as the run worker dies; each answered a little after the last."""
+    """Four requests in flight, the 4th sent as the run worker dies; each answered a little after the last (the
+    first never, with ``first_never_answered``: a client with no timeout)."""
     sent = []
 
     async def ask(item):
         sent.append(item.key)
         if len(sent) == IN_FLIGHT:
             parent.RUN_WORKER_GONE.set()  # what the watch thread sets once the run worker died
+        if len(sent) == 1 and ctx.context.op_config["first_never_answered"]:
+            await asyncio.Event().wait()
         await asyncio.sleep(0.2 * len(sent))  # the request on its way: answered after the death, one by one
         return f"answer {item.key}"
 
@@ -136,35 +139,14 @@ def test_a_step_whose_run_worker_dies_keeps_the_answers_of_the_tasks_in_flight_a
         f"k{i}": f"answer k{i}" for i in range(IN_FLIGHT)}
 
 
-@recoverable_op
-async def one_request_never_answered(ctx):
-    """As answers_in_flight, but the first request is never answered (a client with no timeout)."""
-    sent = []
-
-    async def ask(item):
-        sent.append(item.key)
-        if len(sent) == IN_FLIGHT:
-            parent.RUN_WORKER_GONE.set()
-        if len(sent) == 1:
-            await asyncio.Event().wait()  # never answered
-        await asyncio.sleep(0.1 * len(sent))
-        return f"answer {item.key}"
-
-    await ctx.amap(ask, [f"k{i}" for i in range(3 * IN_FLIGHT)], concurrency=IN_FLIGHT)
-
-
-@job(executor_def=with_recovery(in_process_executor))
-def never_answered_job():
-    one_request_never_answered()
-
-
 @pytest.mark.timeout(180)
 def test_a_request_never_answered_after_the_run_worker_died_is_given_up_after_one_heartbeat_timeout(
         store, db_url, monkeypatch):
     """A review: the wait for the requests in flight had no bound, so one request without a timeout kept the
     orphaned step process alive for good. It is cancelled once a heartbeat timeout (3 s here) has passed."""
-    error = failure_in_a_step_process(never_answered_job, db_url, monkeypatch, gone=False)
+    error = failure_in_a_step_process(in_flight_job, db_url, monkeypatch, gone=False, run_config={
+        "ops": {"answers_in_flight": {"config": {"first_never_answered": True}}}})
     assert "the run worker died" in error.message
     (pipeline,) = store.reports.list_pipelines()
-    assert store.pipelines.completed_items(pipeline.id, "one_request_never_answered") == {
+    assert store.pipelines.completed_items(pipeline.id, "answers_in_flight") == {
         f"k{i}": f"answer k{i}" for i in range(1, IN_FLIGHT)}
