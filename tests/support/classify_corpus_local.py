@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import gc
 import json
 import mmap
 import os
@@ -465,19 +466,27 @@ def parser_cases() -> list[LibCase]:
 
 def _without_file_descriptors(calls: dict[str, Callable[[], object]]) -> dict[str, BaseException]:
     """Run each call with every file descriptor this process may have in use (the soft limit lowered to
-    just above the highest open one, the gaps below it filled), then give the descriptors back."""
+    just above the highest open one, the gaps below it filled), then give the descriptors back. The gaps are
+    filled again before each call: a call before it may have freed one (a failed client's socket closed by the
+    garbage collector, another thread's), and the next call then found it (a clean-clone CI run: sqlite3
+    opened its file on one)."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     held: list[int] = []
     found: dict[str, BaseException] = {}
-    resource.setrlimit(resource.RLIMIT_NOFILE, (max(int(n) for n in os.listdir("/proc/self/fd")) + 1, hard))
-    try:
+
+    def use_up() -> None:
+        gc.collect()  # what an earlier call left for the collector is closed now, not during the next call
         while True:
             try:
                 held.append(os.open(os.devnull, os.O_RDONLY))
             except OSError as exc:
                 assert exc.errno == errno.EMFILE, exc
-                break
+                return
+
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(int(n) for n in os.listdir("/proc/self/fd")) + 1, hard))
+    try:
         for name, call in calls.items():
+            use_up()
             try:
                 call()
             except BaseException as exc:  # noqa: BLE001 - collecting exceptions is the point
