@@ -436,6 +436,7 @@ async def map_in_tasks(node: NodeContext, fn: Callable[[Any], Awaitable[Any]], k
             except asyncio.QueueEmpty:
                 break
 
+    grace: asyncio.Task[None] | None = None
     try:
         for key in todo:
             while len(running) >= concurrency and not tally.stop:
@@ -446,7 +447,6 @@ async def map_in_tasks(node: NodeContext, fn: Callable[[Any], Awaitable[Any]], k
             task = asyncio.create_task(_run_item_async(node, item, fn, policy))
             running[task] = key
             task.add_done_callback(ended.put_nowait)
-        grace = None
         if tally.fatal is not None and running:
             if _answers_still_kept(node, tally.fatal):
                 grace = asyncio.create_task(_cancel_after_grace(node, running))
@@ -455,8 +455,6 @@ async def map_in_tasks(node: NodeContext, fn: Callable[[Any], Awaitable[Any]], k
                     task.cancel()  # nothing new leaves: a superseded op's answers would be refused anyway
         while running:
             await settle_next()
-        if grace is not None:
-            grace.cancel()
     except BaseException:
         for task in running:
             task.cancel()
@@ -464,6 +462,8 @@ async def map_in_tasks(node: NodeContext, fn: Callable[[Any], Awaitable[Any]], k
             await asyncio.wait(running)
         raise
     finally:
+        if grace is not None:  # also when the map itself is cancelled or fails while it waits
+            grace.cancel()
         node.journal.detach(journal_writer)
         await asyncio.to_thread(journal_writer.close)
         await asyncio.to_thread(committer.close)
