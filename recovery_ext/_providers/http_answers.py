@@ -15,12 +15,12 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
-import re
 from dataclasses import dataclass
 from typing import Any
 
 from recovery_ext._classify.classifier import ClassifiedError
 from recovery_ext._classify.redaction import redact
+from recovery_ext._providers.event_streams import DONE, event_payloads, event_values, unfinished_stream
 from recovery_ext._providers.jobs import UNREADABLE_RESULT
 from recovery_ext._providers.journal import fingerprint
 from recovery_ext._providers.prices import Prices
@@ -103,13 +103,16 @@ class UnreadableAnswer(ClassifiedError):
     charged = True
     ledger_outcome = UNREADABLE_RESULT
 
-    def __init__(self, endpoint: str, status: int, media: str, body: bytes, why: str) -> None:
+    def __init__(self, endpoint: str, status: int, media: str, body: bytes, why: str, *,
+                 what: str | None = None) -> None:
+        """``what`` the answer is (default: so many bytes that are not JSON), ``why`` in detail; ``body``: the
+        part of it the ledger's note quotes."""
         start = body[:80].decode("utf-8", errors="replace")
-        self.ledger_note = redact(f"HTTP {status} {media}, {len(body)} bytes that are not JSON ({why}): {start!r}; "
-                                  "not kept, asked again")[:500]
+        what = what or f"{len(body)} bytes that are not JSON"
+        self.ledger_note = redact(f"HTTP {status} {media}, {what} ({why}): {start!r}; not kept, asked again")[:500]
         super().__init__(category="server_error", retryable=True, status_code=status, endpoint=endpoint,
-                         message=f"an unreadable answer: HTTP {status} {media}, {len(body)} bytes that do not "
-                                 f"parse as JSON ({why}); not kept: a retry asks the provider again")
+                         message=f"an unreadable answer: HTTP {status} {media}, {what} ({why}); not kept: a retry "
+                                 "asks the provider again")
 
 
 def read_json_answer(endpoint: str, status: int, headers: Any, body: bytes) -> Any:
@@ -125,19 +128,31 @@ def read_json_answer(endpoint: str, status: int, headers: Any, body: bytes) -> A
 
 
 def check_event_stream(endpoint: str, status: int, body: bytes) -> None:
-    """Raises :class:`UnreadableAnswer` when an event of a streamed answer (its decoded body) holds JSON that does
-    not parse: an event cut off as the stream ended, as a proxy or a provider that failed mid-answer may end it.
-    An SDK drops such a last event, or fails on it: either way the answer it shows is not the provider's whole
-    answer, and keeping it would replay that to every re-execution. Events that are not JSON (``[DONE]``, any
-    plain text) are left alone."""
-    for number, payload in enumerate(_event_payloads(body), 1):
-        if payload[:1] not in ("{", "[") or payload == "[DONE]":  # OpenAI's last event
+    """Raises :class:`UnreadableAnswer` for a streamed answer (its decoded body) that is not the provider's whole
+    answer, as a proxy or a provider that failed mid-answer may end it:
+
+    - an event holds JSON that does not parse: it was cut off as the stream ended;
+    - the stream's API is known and its last event never came (see :mod:`event_streams`): it ended between two
+      events, or on an error event.
+
+    An SDK drops such a last event, or stops at the connection's end: either way the answer it shows is not the
+    provider's whole answer, and keeping it would replay that to every re-execution. Events that are not JSON
+    (``[DONE]``, any plain text) are left alone."""
+    payloads = event_payloads(body)
+    events = []
+    for number, payload in enumerate(payloads, 1):
+        if payload[:1] not in ("{", "[") or payload == DONE:  # OpenAI's last event
             continue
         try:
-            json.loads(payload)
+            events.append(json.loads(payload))
         except (ValueError, RecursionError) as exc:
             raise UnreadableAnswer(endpoint, status, "text/event-stream", payload.encode("utf-8", "replace"),
                                    f"event {number} of the stream: {exc}"[:120]) from None
+    cut_off = unfinished_stream(payloads, events)
+    if cut_off is not None:
+        tail = payloads[-1] if payloads else ""
+        raise UnreadableAnswer(endpoint, status, "text/event-stream", tail.encode("utf-8", "replace"), cut_off,
+                               what="a stream cut off before its end")
 
 
 def check_kept_answer(endpoint: str, kept: Any) -> None:
@@ -170,47 +185,11 @@ def kept_answer(status: int, headers: Any, body: bytes) -> dict[str, Any]:
             "body": encode_body(body)}
 
 
-_LINE_END = re.compile(r"\r\n|\r|\n")
-
-
-def _event_payloads(body: bytes) -> list[str]:
-    """The data of each event of a server-sent event stream: its ``data:`` lines joined by newlines, as the SSE
-    standard reads them; an event still open when the stream ended is the last one."""
-    payloads: list[str] = []
-    lines: list[str] = []
-    # only CR, LF and CRLF end a line, as the SDKs read a stream: str.splitlines() also splits at U+2028, U+2029
-    # and U+0085, which JSON text may hold unescaped (a model echoing a PDF's text)
-    for line in _LINE_END.split(body.decode("utf-8", errors="replace")):
-        if not line:
-            if lines:
-                payloads.append("\n".join(lines))
-                lines = []
-        elif line.startswith("data:"):
-            data = line[5:]
-            lines.append(data[1:] if data.startswith(" ") else data)
-    if lines:
-        payloads.append("\n".join(lines))
-    return [payload.strip() for payload in payloads]
-
-
-def _events(body: bytes) -> list[Any]:
-    """The JSON values of a server-sent event stream's events (``[DONE]`` and data that does not parse left out)."""
-    found = []
-    for payload in _event_payloads(body):
-        if not payload or payload == "[DONE]":
-            continue
-        try:
-            found.append(json.loads(payload))
-        except ValueError:
-            continue
-    return found
-
-
 def answer_usage(body: bytes, streamed: bool, parsed: Any = NOT_READ) -> tuple[dict[str, Any] | None, str | None]:
     """The usage figures of an answer (the last value of each, over a stream's events) and the model that
     answered; (None, None) when the answer says nothing. ``parsed``: the body, already read as JSON."""
     if streamed:
-        payloads = _events(body)
+        payloads = event_values(body)
     elif parsed is not NOT_READ:
         payloads = [parsed]
     else:

@@ -158,8 +158,14 @@ class JournalingCore:
         :class:`UnreadableAnswer` of a stream an event of which was cut off: a failed attempt, never kept (the
         stream raises it to the SDK reading it)."""
         if error is not None:
+            unreadable = None
+            if isinstance(error, self.http.DecodingError):  # a corrupt gzip stream: no client could read it either
+                encoding = response.headers.get("content-encoding", "")
+                error = unreadable = UnreadableAnswer(guard.endpoint, response.status_code,
+                                                      f"text/event-stream ({encoding})", body,
+                                                      f"not {encoding}: {error}"[:120])
             yield Blocking(self.failed, (guard, call, decision, hold, error))
-            return None
+            return unreadable
         try:
             yield Blocking(self.answered, (guard, call, decision, hold, response, started, body, parsed))
         except UnreadableAnswer as unreadable:
@@ -172,14 +178,6 @@ class JournalingCore:
         pending = call.pending
         assert pending is not None
         streamed = is_event_stream(response.headers)
-        encoding = response.headers.get("content-encoding") if streamed else None
-        if encoding:  # a stream's chunks are teed as they came: decoded here, for its usage and its replay
-            try:
-                body = self.http.Response(200, headers=[("content-encoding", encoding)],
-                                          stream=self.http.ByteStream(body)).read()
-            except self.http.DecodingError as exc:  # a corrupt gzip stream: no client could read it either
-                raise UnreadableAnswer(guard.endpoint, response.status_code, f"text/event-stream ({encoding})",
-                                       body, f"not {encoding}: {exc}"[:120]) from None
         if streamed:  # before anything is recorded: an event cut off makes it a failed attempt
             check_event_stream(guard.endpoint, response.status_code, body)
         record = answered_call(guard.endpoint, call.model, body, streamed=streamed,
@@ -208,6 +206,16 @@ class JournalingCore:
             guard.budget.back_off(call.model, retry_after_of(exc))
         guard.failed(exc, decision)
 
+    def stream_parts(self, response: Any) -> tuple[list[tuple[str, str]], str | None]:
+        """The headers a streamed answer goes on with, and its content encoding (None: none). An encoded stream
+        is decoded as it is teed, so that a corrupt one fails its attempt as an unreadable answer (the SDK would
+        raise a decoding error no policy retries) and what is kept is its text: it goes on without its encoding
+        and framing headers."""
+        encoding = response.headers.get("content-encoding", "").strip().lower()
+        if encoding in ("", "identity"):
+            return response.headers.multi_items(), None
+        return self.plain_headers(response.headers), encoding
+
     def replayed(self, kept: Any, request: Any) -> Any:
         """The journaled answer as a fresh response (a stream again, for a streamed one)."""
         return self.http.Response(kept["status"], headers=[tuple(pair) for pair in kept["headers"]],
@@ -233,13 +241,24 @@ class JournalingCore:
 
 
 def _sync_classes(http: ModuleType) -> type:
+    class RawChunks(http.SyncByteStream):  # type: ignore[name-defined,misc]  # httpx, passed in (imported only when used)
+        """A stream's raw chunks for httpx's decoder; the tee closes the stream itself."""
+
+        def __init__(self, inner: Any) -> None:
+            self.inner = inner
+
+        def __iter__(self) -> Iterator[bytes]:
+            yield from self.inner
+
     class TeeStream(http.SyncByteStream):  # type: ignore[name-defined,misc]  # httpx, passed in (imported only when used)
         """The answer's chunks to the caller as they arrive; kept once the stream ends."""
 
-        def __init__(self, inner: Any, finish: Finish) -> None:
+        def __init__(self, inner: Any, finish: Finish, encoding: str | None) -> None:
             self.inner, self.finish, self.done = inner, finish, False
             self.chunks: list[bytes] = []
-            self.chunks_left = iter(inner)
+            # an encoded stream is decoded by httpx's own decoders, chunk by chunk as it arrives
+            self.chunks_left = iter(inner) if encoding is None else http.Response(
+                200, headers=[("content-encoding", encoding)], stream=RawChunks(inner)).iter_bytes()
 
         def __iter__(self) -> Iterator[bytes]:
             try:
@@ -247,7 +266,9 @@ def _sync_classes(http: ModuleType) -> type:
                     self.chunks.append(chunk)
                     yield chunk
             except BaseException as exc:
-                self._end(exc)
+                unreadable = self._end(exc)
+                if unreadable is not None:  # a corrupt encoding: retryable, as a cut-off answer
+                    raise unreadable from None
                 raise
             unreadable = self._end(None)
             if unreadable is not None:  # to the SDK reading it: a retryable error, as a connection cut mid-answer
@@ -290,8 +311,10 @@ def _sync_classes(http: ModuleType) -> type:
             send = Io(lambda: self.inner.handle_request(request), None)
 
             def tee(response: Any, finish: Finish) -> Any:
-                return http.Response(response.status_code, headers=response.headers.multi_items(),
-                                     stream=TeeStream(response.stream, finish), extensions=response.extensions)
+                headers, encoding = self.core.stream_parts(response)
+                return http.Response(response.status_code, headers=headers,
+                                     stream=TeeStream(response.stream, finish, encoding),
+                                     extensions=response.extensions)
 
             def attempt() -> Any:
                 return drive(self.core.attempt(guard, call, facts, request, send,
@@ -317,11 +340,20 @@ def _sync_classes(http: ModuleType) -> type:
 
 
 def _async_classes(http: ModuleType) -> type:
+    class AsyncRawChunks(http.AsyncByteStream):  # type: ignore[name-defined,misc]  # httpx, passed in (imported only when used)
+        def __init__(self, inner: Any) -> None:
+            self.inner = inner
+
+        async def __aiter__(self) -> Any:
+            async for chunk in self.inner:
+                yield chunk
+
     class AsyncTeeStream(http.AsyncByteStream):  # type: ignore[name-defined,misc]  # httpx, passed in (imported only when used)
-        def __init__(self, inner: Any, finish: Finish, context: contextvars.Context) -> None:
+        def __init__(self, inner: Any, finish: Finish, context: contextvars.Context, encoding: str | None) -> None:
             self.inner, self.finish, self.context, self.done = inner, finish, context, False
             self.chunks: list[bytes] = []
-            self.chunks_left = inner.__aiter__()
+            self.chunks_left = inner.__aiter__() if encoding is None else http.Response(
+                200, headers=[("content-encoding", encoding)], stream=AsyncRawChunks(inner)).aiter_bytes()
 
         async def __aiter__(self) -> Any:
             try:
@@ -329,7 +361,9 @@ def _async_classes(http: ModuleType) -> type:
                     self.chunks.append(chunk)
                     yield chunk
             except BaseException as exc:
-                await self._end(exc)
+                unreadable = await self._end(exc)
+                if unreadable is not None:  # as the synchronous stream does
+                    raise unreadable from None
                 raise
             unreadable = await self._end(None)
             if unreadable is not None:  # to the SDK reading it, as the synchronous stream does
@@ -372,8 +406,9 @@ def _async_classes(http: ModuleType) -> type:
             send = Io(None, lambda: self.inner.handle_async_request(request))
 
             def tee(response: Any, finish: Finish) -> Any:
-                return http.Response(response.status_code, headers=response.headers.multi_items(),
-                                     stream=AsyncTeeStream(response.stream, finish, context),
+                headers, encoding = self.core.stream_parts(response)
+                return http.Response(response.status_code, headers=headers,
+                                     stream=AsyncTeeStream(response.stream, finish, context, encoding),
                                      extensions=response.extensions)
 
             async def attempt() -> Any:

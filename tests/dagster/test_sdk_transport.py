@@ -130,10 +130,13 @@ def resource(provider: str, url: str, **overrides) -> LLMResource:
                           "initial_delay": 0.05, "max_delay": 1.0, **overrides})
 
 
+@pytest.mark.parametrize("gzip_streams", [False, True], ids=["plain", "gzip_streams"])
 @pytest.mark.parametrize("provider", ["openai", "anthropic"])
 def test_sync_async_and_streamed_answers_are_recorded_and_a_re_execution_sends_nothing(
-        provider, stand_in, store, db_url, monkeypatch):
+        provider, gzip_streams, stand_in, store, db_url, monkeypatch):
+    """A gzip-encoded stream is decoded as it is teed: the SDK reads it as it arrives, and its text is kept."""
     server, url = stand_in
+    server.gzip_streams = gzip_streams
     ANSWERS.clear()
     result = run(every_mode, resource(provider, url), db_url, monkeypatch)
     assert result.success
@@ -201,16 +204,18 @@ def test_a_cut_off_json_answer_is_a_failed_attempt_retried_under_the_policy_and_
     assert (bad.tokens_in, bad.tokens_out) == (0, 0) and "not JSON" in bad.note and '{"id": "x"' in bad.note
 
 
+@pytest.mark.parametrize("cut", ["truncated", "cut_between_events", "error_event", "corrupt_gzip"])
 @pytest.mark.parametrize(("provider", "mode"), [("openai", "stream"), ("openai", "astream"), ("anthropic", "stream"),
                                              ("anthropic", "astream")])
-def test_a_stream_that_ends_inside_an_event_is_a_failed_attempt_never_kept_and_the_retry_asks_again(
-        provider, mode, stand_in, store, db_url, monkeypatch):
-    """Before: the stream ended cleanly inside its second text event, the SDK dropped that half event, and the item
-    completed with half of the answer, which the journal kept for every re-execution. Now the stream raises
-    UnreadableAnswer (retryable) to the SDK once it ends, the node's retry asks the provider again, and only the
-    whole answer is kept."""
+def test_a_stream_cut_off_before_its_end_is_a_failed_attempt_never_kept_and_the_retry_asks_again(
+        cut, provider, mode, stand_in, store, db_url, monkeypatch):
+    """Before: the stream ended cleanly inside its second text event (or after it, without the events that end an
+    answer), the SDK dropped that half event (or saw nothing amiss), and the item completed with half of the answer,
+    which the journal kept for every re-execution. Now the stream raises UnreadableAnswer (retryable) to the SDK
+    once it ends, the node's retry asks the provider again, and only the whole answer is kept. An error event (a
+    provider overloaded mid-answer) is never kept either, whichever error the SDK raises first."""
     server, url = stand_in
-    server.script = ["truncated"]
+    server.script = [cut]
     monkeypatch.setitem(SETTINGS, "mode", mode)
     result = run(once_in_mode, resource(provider, url), db_url, monkeypatch)
     assert result.success
@@ -220,7 +225,9 @@ def test_a_stream_that_ends_inside_an_event_is_a_failed_attempt_never_kept_and_t
     rows = ledger(store)
     assert sorted(r.outcome for r in rows) == ["ok", "unreadable_result"]
     [bad] = [r for r in rows if r.outcome == "unreadable_result"]
-    assert (bad.tokens_in, bad.tokens_out) == (0, 0) and "of the stream" in bad.note and "not kept" in bad.note
+    assert (bad.tokens_in, bad.tokens_out) == (0, 0) and "not kept" in bad.note
+    assert {"truncated": "of the stream", "corrupt_gzip": "not gzip"}.get(cut, "cut off before its end") in bad.note, \
+        bad.note
     [good] = [r for r in rows if r.outcome == "ok"]
     assert good.tokens_in > 0 and good.replays == 0  # the whole answer, with its usage; nothing replayed
 

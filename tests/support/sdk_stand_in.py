@@ -1,12 +1,15 @@
 """A stand-in for OpenAI's chat completions and Anthropic's messages on 127.0.0.1, for the real SDKs.
 
-It answers JSON or a server-sent event stream (``"stream": true``) in each API's own shapes, with usage:
-a token per 4 characters of the request's messages, and of the answer. It counts every request. ``script``
-is a list of statuses the next requests get instead of an answer (a 503 then a 200: ``[503]``), with
-``Retry-After: retry_after``, or ``"truncated"``: a 200 ``application/json`` whose body is cut off mid-answer
-(a whole, well-framed HTTP message: only its JSON is broken), or for a streamed request an event stream that ends
-inside its second text event (the stream's chunked framing ends cleanly); ``tokens``/``window`` is a token quota over a
-sliding window, refused with a 429 and Retry-After as providers do (a refused request charges nothing).
+It answers JSON or a server-sent event stream (``"stream": true``) in each API's own shapes, with usage: a token per
+4 characters of the request's messages, and of the answer. It counts every request. ``script`` is a list of statuses
+the next requests get instead of an answer (a 503 then a 200: ``[503]``), with ``Retry-After: retry_after``, or
+``"truncated"``: a 200 ``application/json`` whose body is cut off mid-answer (a whole, well-framed HTTP message:
+only its JSON is broken), or for a streamed request an event stream that ends inside its second text event (the
+stream's chunked framing ends cleanly); for a streamed request also ``"cut_between_events"`` (the stream ends
+cleanly after its second text event, without the events that end an answer), ``"error_event"`` (an error event after
+the first text event, as a provider overloaded mid-answer sends) or ``"corrupt_gzip"`` (said to be gzip: a gzip
+header, then plain events); ``gzip_streams``: every stream gzip-encoded; ``tokens``/``window`` is a token quota over
+a sliding window, refused with a 429 and Retry-After as providers do (a refused request charges nothing).
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+import zlib
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -49,6 +53,7 @@ class SdkStandIn:
                  retry_after: float = 0.1) -> None:
         self.latency, self.quota_tokens, self.window, self.retry_after = latency, tokens, window, retry_after
         self.script: list[int | str] = []
+        self.gzip_streams = False  # True: every event stream gzip-encoded, flushed event by event as a proxy does
         self.requests: list[Request] = []
         self.lock = threading.Lock()
         self.server: ThreadingHTTPServer | None = None
@@ -104,18 +109,18 @@ class SdkStandIn:
                 with stand_in.lock:
                     now = time.time()
                     fault = stand_in._admit(now, tokens_in + tokens_out)
-                    truncated = fault == "truncated"
+                    truncated = fault in CUT_OFF
                     status = 200 if truncated else int(fault)
                     stand_in.requests.append(Request(now, self.path, status, streamed,
                                                      tokens_in if status == 200 and not truncated else 0,
                                                      tokens_out if status == 200 and not truncated else 0, question,
                                                      truncated))
-                if truncated and streamed:  # the first text event whole, then half of the next one, no more
-                    events = _anthropic_events("m", answer, 0, 0) if self.path.endswith("/messages") \
-                        else _openai_events("m", answer, 0, 0)
-                    second_text = 3 if self.path.endswith("/messages") else 1
-                    cut = events[second_text][:len(events[second_text]) // 2]
-                    self._send_events(events[:second_text] + [cut])
+                if fault == "corrupt_gzip" and streamed:  # said to be gzip, and not gzip past its header
+                    self._send_events(_cut_off_events("truncated", self.path.endswith("/messages"), answer),
+                                      gzip_header=True)
+                    return
+                if truncated and streamed:
+                    self._send_events(_cut_off_events(fault, self.path.endswith("/messages"), answer))
                     return
                 if truncated:  # the user trial's body: cut off inside a string, a well-framed 200 all the same
                     data = b'{"id": "x", "choices": [ {"mess'
@@ -139,16 +144,29 @@ class SdkStandIn:
                 self._send_events(_anthropic_events(model, answer, tokens_in, tokens_out) if anthropic
                                   else _openai_events(model, answer, tokens_in, tokens_out))
 
-            def _send_events(self, events: list[str]) -> None:
+            def _send_events(self, events: list[str], *, gzip_header: bool = False) -> None:
                 self.send_response(200)
                 self.send_header("Content-Type", "text/event-stream")
                 self.send_header("Transfer-Encoding", "chunked")
+                compressed = stand_in.gzip_streams and not gzip_header
+                if gzip_header or compressed:
+                    self.send_header("Content-Encoding", "gzip")
                 self.end_headers()
-                for event in events:
+                gzip = zlib.compressobj(wbits=31)
+                for number, event in enumerate(events):
                     data = event.encode()
-                    self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
-                    self.wfile.flush()
+                    if compressed:
+                        data = gzip.compress(data) + gzip.flush(zlib.Z_SYNC_FLUSH)
+                    elif gzip_header and number == 0:  # a gzip header, then plain text
+                        data = b"\x1f\x8b\x08\x00\x00\x00\x00\x00" + data
+                    self._chunk(data)
+                if compressed:
+                    self._chunk(gzip.flush())
                 self.wfile.write(b"0\r\n\r\n")
+
+            def _chunk(self, data: bytes) -> None:
+                self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+                self.wfile.flush()
 
             def _send(self, status: int, payload: dict, headers: dict | None = None) -> None:
                 data = json.dumps(payload).encode()
@@ -195,6 +213,7 @@ def _openai_events(model: str, answer: str, tokens_in: int, tokens_out: int) -> 
     chunk = {"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 0, "model": model}
     return [_sse({**chunk, "choices": [{"index": 0, "delta": {"role": "assistant", "content": part},
                                         "finish_reason": None}]}) for part in (answer[:half], answer[half:])] + [
+        _sse({**chunk, "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}),
         _sse({**chunk, "choices": [], "usage": {"prompt_tokens": tokens_in, "completion_tokens": tokens_out,
                                                 "total_tokens": tokens_in + tokens_out}}),
         "data: [DONE]\n\n"]
@@ -214,3 +233,20 @@ def _anthropic_events(model: str, answer: str, tokens_in: int, tokens_out: int) 
             _sse({"type": "message_delta", "delta": {"stop_reason": "end_turn", "stop_sequence": None},
                   "usage": {"output_tokens": tokens_out}}, "message_delta"),
             _sse({"type": "message_stop"}, "message_stop")]
+
+
+# The ways a streamed answer is cut off: inside its second text event; cleanly after it, before the events that
+# end the answer; by an error event after the first text event (a provider overloaded mid-answer).
+CUT_OFF = ("truncated", "cut_between_events", "error_event", "corrupt_gzip")
+
+
+def _cut_off_events(fault: str, anthropic: bool, answer: str) -> list[str]:
+    events = _anthropic_events("m", answer, 0, 0) if anthropic else _openai_events("m", answer, 0, 0)
+    second_text = 3 if anthropic else 1
+    if fault == "truncated":
+        return events[:second_text] + [events[second_text][:len(events[second_text]) // 2]]
+    if fault == "cut_between_events":
+        return events[:second_text + 1]
+    error = {"type": "overloaded_error", "message": "Overloaded"}
+    return events[:second_text] + [_sse({"type": "error", "error": error}, "error") if anthropic
+                                   else _sse({"error": {**error, "type": "server_error"}})]

@@ -59,3 +59,55 @@ def test_a_line_ends_only_at_cr_or_lf_so_json_holding_unicode_separators_is_whol
     check_event_stream(URL, 200, body)
     assert answer_usage(body + b'data: {"usage": {"prompt_tokens": 3}}\n\n', streamed=True) == (
         {"prompt_tokens": 3}, "m")
+
+
+# -- a stream that ended between two events, before its API's last event -------------------------------------------
+
+def _events(*values: object) -> bytes:
+    return "".join(v if isinstance(v, str) else f"data: {json.dumps(v)}\n\n" for v in values).encode()
+
+
+CHUNK = {"object": "chat.completion.chunk", "model": "m"}
+OPENAI_TEXT = {**CHUNK, "choices": [{"index": 0, "delta": {"content": "a whole"}, "finish_reason": None}]}
+OPENAI_STOP = {**CHUNK, "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}
+RESPONSES_TEXT = {"type": "response.output_text.delta", "delta": "a whole"}
+GEMINI_TEXT = {"candidates": [{"content": {"parts": [{"text": "a whole"}]}}], "modelVersion": "g"}
+GEMINI_STOP = {"candidates": [{"content": {"parts": [{"text": " answer"}]}, "finishReason": "STOP"}]}
+WHOLE = {
+    "openai": _events(OPENAI_TEXT, OPENAI_STOP, "data: [DONE]\n\n"),
+    "openai, a compatible server without [DONE]": _events(OPENAI_TEXT, OPENAI_STOP),
+    "openai responses": _events({"type": "response.created"}, RESPONSES_TEXT, {"type": "response.completed"}),
+    "openai responses, incomplete": _events({"type": "response.created"}, RESPONSES_TEXT,
+                                            {"type": "response.incomplete"}),
+    "anthropic": "".join(STREAMS["anthropic"]).encode(),
+    "anthropic, cut after its message_delta": "".join(STREAMS["anthropic"][:-1]).encode(),
+    "gemini": _events(GEMINI_TEXT, GEMINI_STOP),
+    "a stream of an API not known": _events({"text": "a whole"}, {"text": " answer"}),
+}
+CUT_OFF = {
+    "openai": _events(OPENAI_TEXT, OPENAI_TEXT),
+    "openai, an error event": _events(OPENAI_TEXT, {"error": {"type": "server_error", "message": "Overloaded"}}),
+    "openai responses": _events({"type": "response.created"}, RESPONSES_TEXT),
+    "anthropic": "".join(STREAMS["anthropic"][:4]).encode(),
+    "anthropic, an error event": ("".join(STREAMS["anthropic"][:3])
+                                  + 'event: error\ndata: {"type": "error", "error": {"type": "overloaded_error"}}\n\n'
+                                  ).encode(),
+    "gemini": _events(GEMINI_TEXT, GEMINI_TEXT),
+}
+
+
+@pytest.mark.parametrize("name", sorted(WHOLE))
+def test_a_stream_that_reached_its_apis_last_event_or_of_an_api_not_known_passes(name):
+    check_event_stream(URL, 200, WHOLE[name])
+    check_kept_answer(URL, kept_answer(200, HEADERS, WHOLE[name]))
+
+
+@pytest.mark.parametrize("name", sorted(CUT_OFF))
+def test_a_stream_that_ended_before_its_apis_last_event_is_unreadable_and_a_kept_one_is_not_replayed(name):
+    """Every event parses, so an SDK sees nothing amiss and hands back part of the answer (or raises the error
+    event's error, which a journal that kept the stream replayed to every retry)."""
+    with pytest.raises(UnreadableAnswer, match="cut off before its end") as raised:
+        check_event_stream(URL, 200, CUT_OFF[name])
+    assert raised.value.retryable and "without" in raised.value.ledger_note
+    with pytest.raises(UnreadableAnswer):
+        check_kept_answer(URL, kept_answer(200, HEADERS, CUT_OFF[name]))

@@ -1,0 +1,174 @@
+"""A streamed answer (server-sent events) as its bytes say it: its events, and whether it reached its end.
+
+An SDK reads a stream event by event and stops when the connection ends. A stream a proxy or a failing provider
+ended between two events looks whole to it: every event parses, the last ones are just missing, and the SDK hands
+back part of the answer without an error. What marks the end is each API's own last event, so each API is one
+:class:`StreamProtocol` subclass, registered by being defined: it knows its events and its end. A stream no
+protocol recognizes is not judged (an SDK or server this module does not know); a recognized one that did not
+reach its end is cut off (:func:`unfinished_stream`), and the transport treats it as an unreadable answer.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any, ClassVar
+
+DONE = "[DONE]"
+
+# only CR, LF and CRLF end a line, as the SDKs read a stream: str.splitlines() also splits at U+2028, U+2029 and
+# U+0085, which JSON text may hold unescaped (a model echoing a PDF's text)
+_LINE_END = re.compile(r"\r\n|\r|\n")
+
+
+def event_payloads(body: bytes) -> list[str]:
+    """The data of each event of a server-sent event stream: its ``data:`` lines joined by newlines, as the SSE
+    standard reads them; an event still open when the stream ended is the last one."""
+    payloads: list[str] = []
+    lines: list[str] = []
+    for line in _LINE_END.split(body.decode("utf-8", errors="replace")):
+        if not line:
+            if lines:
+                payloads.append("\n".join(lines))
+                lines = []
+        elif line.startswith("data:"):
+            data = line[5:]
+            lines.append(data[1:] if data.startswith(" ") else data)
+    if lines:
+        payloads.append("\n".join(lines))
+    return [payload.strip() for payload in payloads]
+
+
+def event_values(body: bytes) -> list[Any]:
+    """The JSON values of a stream's events (``[DONE]`` and data that does not parse left out)."""
+    found = []
+    for payload in event_payloads(body):
+        if not payload or payload == DONE:
+            continue
+        try:
+            found.append(json.loads(payload))
+        except ValueError:
+            continue
+    return found
+
+
+class StreamProtocol:
+    """One API's event stream. A subclass is registered when it is defined; ``recognizes`` says an event is one
+    of its own, ``ends`` that an event (a JSON value, or ``[DONE]`` as text) marks the whole answer."""
+
+    registered: ClassVar[list[type[StreamProtocol]]] = []
+    name: ClassVar[str]
+    last_event: ClassVar[str]  # what the error message names as missing
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        StreamProtocol.registered.append(cls)
+
+    @classmethod
+    def recognizes(cls, event: dict[str, Any]) -> bool:
+        raise NotImplementedError
+
+    @classmethod
+    def ends(cls, event: dict[str, Any] | str) -> bool:
+        raise NotImplementedError
+
+
+class OpenAIChatChunks(StreamProtocol):
+    """OpenAI's chat completions, and the servers compatible with it (Groq, Mistral, Together, vLLM, Ollama...):
+    ``chat.completion.chunk`` events, then ``data: [DONE]``. A server that leaves ``[DONE]`` out still ends its
+    answer with a ``finish_reason``, so a chunk whose choices all carry one counts as the end too: only the usage
+    chunk may follow it."""
+
+    name = "OpenAI chat completions"
+    last_event = "data: [DONE] (or a chunk with a finish_reason)"
+
+    @classmethod
+    def recognizes(cls, event: dict[str, Any]) -> bool:
+        return event.get("object") == "chat.completion.chunk"
+
+    @classmethod
+    def ends(cls, event: dict[str, Any] | str) -> bool:
+        if isinstance(event, str):
+            return event == DONE
+        choices = event.get("choices")
+        return bool(choices) and isinstance(choices, list) and all(
+            isinstance(choice, dict) and choice.get("finish_reason") for choice in choices)
+
+
+class OpenAIResponses(StreamProtocol):
+    """OpenAI's responses API: ``response.*`` events, ending with the response completed, incomplete or failed
+    (the last two are whole answers too: the SDK reads their reason)."""
+
+    name = "OpenAI responses"
+    last_event = "response.completed"
+    ENDS: ClassVar[frozenset[str]] = frozenset({"response.completed", "response.incomplete", "response.failed"})
+
+    @classmethod
+    def recognizes(cls, event: dict[str, Any]) -> bool:
+        kind = event.get("type")
+        return isinstance(kind, str) and kind.startswith("response.")
+
+    @classmethod
+    def ends(cls, event: dict[str, Any] | str) -> bool:
+        return isinstance(event, dict) and event.get("type") in cls.ENDS
+
+
+class AnthropicMessages(StreamProtocol):
+    """Anthropic's messages: ``message_start`` to ``message_stop``. The ``message_delta`` with a ``stop_reason``
+    just before it already holds the whole answer and its usage, so it counts as the end too."""
+
+    name = "Anthropic messages"
+    last_event = "message_stop"
+    KINDS: ClassVar[frozenset[str]] = frozenset({"message_start", "content_block_start", "content_block_delta",
+                                                 "content_block_stop", "message_delta", "message_stop"})
+
+    @classmethod
+    def recognizes(cls, event: dict[str, Any]) -> bool:
+        return event.get("type") in cls.KINDS
+
+    @classmethod
+    def ends(cls, event: dict[str, Any] | str) -> bool:
+        if not isinstance(event, dict):
+            return False
+        delta = event.get("delta")
+        return event.get("type") == "message_stop" or (
+            event.get("type") == "message_delta" and isinstance(delta, dict) and bool(delta.get("stop_reason")))
+
+
+class GeminiCandidates(StreamProtocol):
+    """Google's Gemini (``streamGenerateContent?alt=sse``): chunks of ``candidates``, the last with a
+    ``finishReason``; there is no closing event."""
+
+    name = "Gemini"
+    last_event = "a candidate with a finishReason"
+
+    @classmethod
+    def recognizes(cls, event: dict[str, Any]) -> bool:
+        return isinstance(event.get("candidates"), list)
+
+    @classmethod
+    def ends(cls, event: dict[str, Any] | str) -> bool:
+        if not isinstance(event, dict) or not isinstance(event.get("candidates"), list):
+            return False
+        return any(isinstance(c, dict) and c.get("finishReason") for c in event["candidates"])
+
+
+def stream_protocol(events: list[Any]) -> type[StreamProtocol] | None:
+    """The protocol of the first event one recognizes; None: a stream this module does not know."""
+    for event in events:
+        if isinstance(event, dict):
+            for protocol in StreamProtocol.registered:
+                if protocol.recognizes(event):
+                    return protocol
+    return None
+
+
+def unfinished_stream(payloads: list[str], events: list[Any]) -> str | None:
+    """Why a stream is cut off (its protocol's last event never came), or None: it reached its end, or its
+    protocol is not known. ``payloads``: every event's data; ``events``: the JSON values among them."""
+    protocol = stream_protocol(events)
+    if protocol is None:
+        return None
+    if any(protocol.ends(event) for event in events) or any(protocol.ends(p) for p in payloads if p == DONE):
+        return None
+    return f"the {protocol.name} stream ended after {len(payloads)} events, without {protocol.last_event}"
