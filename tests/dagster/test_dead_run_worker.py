@@ -7,13 +7,14 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import sys
+import time
 
 import pytest
 from dagster import DagsterEventType, Field, in_process_executor, job
 from sqlalchemy import inspect
 
 from e2e_defs import calls, items_job_inprocess
-from recovery_ext import RecoveryResource, execute_in_process, recoverable_op, with_recovery
+from recovery_ext import ClassifiedError, RecoveryResource, execute_in_process, recoverable_op, with_recovery
 from recovery_ext._dagster import executor, recoverable
 from recovery_ext._liveness import watch as parent
 from recovery_ext._liveness.watch import RUN_WORKER_PID_ENV
@@ -79,15 +80,16 @@ def wrapping_job():
     wraps_the_stop()
 
 
-def failure_in_a_step_process(job_def, db_url, monkeypatch, *, gone: bool, run_config=None):
+def failure_in_a_step_process(job_def, db_url, monkeypatch, *, gone: bool, run_config=None, **settings):
     """The step failure of ``job_def``'s one op, run as a step process runs it (not its run worker); ``gone``: its
-    run worker died before the op began (else the op says when)."""
+    run worker died before the op began (else the op says when); ``settings``: the resource's, overridden."""
     monkeypatch.setattr(recoverable, "is_run_worker", lambda run_id: False)
     if gone:
         parent.RUN_WORKER_GONE.set()  # what the watch thread sets once the run worker died
     try:
         result = execute_in_process(job_def, raise_on_error=False, run_config=run_config, resources={
-            "recovery": RecoveryResource(database_url=db_url, heartbeat_interval=0.5, heartbeat_timeout=3)})
+            "recovery": RecoveryResource(**{"database_url": db_url, "heartbeat_interval": 0.5,
+                                            "heartbeat_timeout": 3, **settings})})
     finally:
         parent.RUN_WORKER_GONE.clear()
     (failure,) = [e for e in result.all_events if e.event_type == DagsterEventType.STEP_FAILURE]
@@ -150,3 +152,44 @@ def test_a_request_never_answered_after_the_run_worker_died_is_given_up_after_on
     (pipeline,) = store.reports.list_pipelines()
     assert store.pipelines.completed_items(pipeline.id, "answers_in_flight") == {
         f"k{i}": f"answer k{i}" for i in range(1, IN_FLIGHT)}
+
+
+PAUSE = 30.0  # each item's retry pause, by the resource's settings
+
+
+def fail_as_the_run_worker_dies(item):
+    parent.RUN_WORKER_GONE.set()  # what the watch thread sets once the run worker died
+    raise ClassifiedError(category="server_error", retryable=True, message="the provider answered 503")
+
+
+@recoverable_op
+def pauses_in_threads(ctx):
+    ctx.map(fail_as_the_run_worker_dies, ["a", "b", "c"], concurrency=3)
+
+
+@recoverable_op
+async def pauses_in_tasks(ctx):
+    async def fail(item):
+        fail_as_the_run_worker_dies(item)
+
+    await ctx.amap(fail, ["a", "b", "c"], concurrency=3)
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("op", [pauses_in_threads, pauses_in_tasks], ids=["threads", "tasks"])
+def test_an_items_retry_pause_ends_once_the_run_worker_died(op, store, db_url, monkeypatch):
+    """Every item in a retry pause as the run worker dies: the pauses end, and the step with them, instead of
+    waiting out the pause (an asyncio task woke only at its end, a thread when another item ended; a long
+    Retry-After kept the orphaned step process alive, and the heartbeat timeout is ten times the pause here)."""
+
+    @job(executor_def=with_recovery(in_process_executor))
+    def pausing_job():
+        op()
+
+    began = time.monotonic()
+    error = failure_in_a_step_process(pausing_job, db_url, monkeypatch, gone=False, heartbeat_timeout=10 * PAUSE,
+                                      retry_initial_delay=PAUSE, retry_jitter=0.0, max_retries=3)
+    assert time.monotonic() - began < PAUSE  # the pauses ended before their time
+    assert "the run worker died" in error.message
+    (pipeline,) = store.reports.list_pipelines()
+    assert store.pipelines.completed_items(pipeline.id, op.name) == {}
