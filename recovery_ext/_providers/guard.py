@@ -41,6 +41,7 @@ from recovery_ext._providers.budget import RateBudget, Reservation
 from recovery_ext._providers.spend import SpendCap, SpendReservation
 from recovery_ext._providers.journal import MISS, CallJournal, PendingCall, function_fingerprint
 from recovery_ext._providers.ledger import current_reservation
+from recovery_ext._providers.steps import checked_sleep
 from recovery_ext._classify.redaction import redact, redact_url
 from recovery_ext._classify.retry import (RetryPolicy, event_sleep, retry_if_retryable, stop_on_event,
                                           wait_jittered_exponential)
@@ -222,7 +223,9 @@ class ProviderGuard:
         self.store, self.pause = store, pause
         self.who = who or f"{uuid.uuid4().hex[:12]}"
         self.shutdown = shutdown
-        self.sleep = sleep or (event_sleep(shutdown) if shutdown is not None else time.sleep)
+        # a retry pause ends at once on a shutdown, and within a slice once ``check`` says no call may leave
+        self.sleep = sleep or (checked_sleep(shutdown, check) if check is not None
+                               else event_sleep(shutdown) if shutdown is not None else time.sleep)
         self.clock = clock or time.monotonic
         self.log = log or (lambda message: None)
         s = self.settings

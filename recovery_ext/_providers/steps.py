@@ -78,6 +78,13 @@ class SharedWait:
             return self._waiting == 0
 
 
+def checked_sleep(stop: threading.Event | None, check: Callable[[], None] | None,
+                  reason: str = "shutdown requested while waiting to retry") -> Callable[[float], None]:
+    """A blocking sleep that ``stop`` being set (or ``check`` raising) ends within a slice: a retry pause that
+    ends once no new call may leave."""
+    return lambda seconds: _sleep_sync(Sleep(seconds, stop, check, reason))
+
+
 def _sleep_sync(step: Sleep) -> None:
     deadline = time.monotonic() + step.seconds
     while (left := deadline - time.monotonic()) > 0:

@@ -447,7 +447,7 @@ def _async_classes(http: ModuleType) -> type:
 
 
 def _sleep_steps(seconds: float, guard: ProviderGuard) -> Steps[None]:
-    yield Sleep(seconds, guard.shutdown, None, "shutdown requested while waiting to retry")
+    yield Sleep(seconds, guard.shutdown, guard.check, "shutdown requested while waiting to retry")
 
 
 @functools.cache

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -14,7 +15,9 @@ from dagster import DagsterEventType, Field, in_process_executor, job
 from sqlalchemy import inspect
 
 from e2e_defs import calls, items_job_inprocess
-from recovery_ext import ClassifiedError, RecoveryResource, execute_in_process, recoverable_op, with_recovery
+from sdk_stand_in import SdkStandIn
+from recovery_ext import (ClassifiedError, LLMResource, RecoveryResource, execute_in_process, recoverable_op,
+                          with_recovery)
 from recovery_ext._dagster import executor, recoverable
 from recovery_ext._liveness import watch as parent
 from recovery_ext._liveness.watch import RUN_WORKER_PID_ENV
@@ -80,16 +83,18 @@ def wrapping_job():
     wraps_the_stop()
 
 
-def failure_in_a_step_process(job_def, db_url, monkeypatch, *, gone: bool, run_config=None, **settings):
+def failure_in_a_step_process(job_def, db_url, monkeypatch, *, gone: bool, run_config=None, resources=None,
+                              **settings):
     """The step failure of ``job_def``'s one op, run as a step process runs it (not its run worker); ``gone``: its
-    run worker died before the op began (else the op says when); ``settings``: the resource's, overridden."""
+    run worker died before the op began (else the op says when); ``settings``: the resource's, overridden;
+    ``resources``: the op's others."""
     monkeypatch.setattr(recoverable, "is_run_worker", lambda run_id: False)
     if gone:
         parent.RUN_WORKER_GONE.set()  # what the watch thread sets once the run worker died
     try:
         result = execute_in_process(job_def, raise_on_error=False, run_config=run_config, resources={
-            "recovery": RecoveryResource(**{"database_url": db_url, "heartbeat_interval": 0.5,
-                                            "heartbeat_timeout": 3, **settings})})
+            **(resources or {}), "recovery": RecoveryResource(**{"database_url": db_url, "heartbeat_interval": 0.5,
+                                                                "heartbeat_timeout": 3, **settings})})
     finally:
         parent.RUN_WORKER_GONE.clear()
     (failure,) = [e for e in result.all_events if e.event_type == DagsterEventType.STEP_FAILURE]
@@ -193,3 +198,52 @@ def test_an_items_retry_pause_ends_once_the_run_worker_died(op, store, db_url, m
     assert "the run worker died" in error.message
     (pipeline,) = store.reports.list_pipelines()
     assert store.pipelines.completed_items(pipeline.id, op.name) == {}
+
+
+@recoverable_op(required_resource_keys={"llm"}, config_schema={"in_tasks": Field(bool, default_value=False)})
+async def asks_a_provider_in_an_outage(ctx):
+    """Each request gets a 503 with a long Retry-After, and the client pauses to retry it; the run worker dies
+    half a second in, in that pause."""
+    threading.Timer(0.5, parent.RUN_WORKER_GONE.set).start()
+    llm = ctx.context.resources.llm
+
+    def ask(item):
+        return llm.get_client().chat.completions.create(
+            model="m", messages=[{"role": "user", "content": item.key}]).choices[0].message.content
+
+    async def ask_async(item):
+        answer = await llm.get_async_client().chat.completions.create(
+            model="m", messages=[{"role": "user", "content": item.key}])
+        return answer.choices[0].message.content
+
+    if ctx.context.op_config["in_tasks"]:
+        await ctx.amap(ask_async, ["a", "b"], concurrency=2)
+    else:
+        await asyncio.to_thread(ctx.map, ask, ["a", "b"], concurrency=2)
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("in_tasks", [False, True], ids=["threads", "tasks"])
+def test_a_provider_clients_retry_pause_ends_once_the_run_worker_died(in_tasks, store, db_url, monkeypatch):
+    """The pause of the SDK client's own retry (the journaling transport's, under the shared policy) ends too:
+    it woke only on a take-over, and a `Retry-After` of minutes kept the orphaned step process alive."""
+    server = SdkStandIn(retry_after=PAUSE)
+    url = server.start()
+    server.script = [503] * 100
+    llm = LLMResource(provider="openai", base_url=f"{url}/v1", model="m", api_key="sk-test", timeout=10,
+                      initial_delay=PAUSE, max_delay=2 * PAUSE)
+
+    @job(executor_def=with_recovery(in_process_executor))
+    def outage_job():
+        asks_a_provider_in_an_outage()
+
+    began = time.monotonic()
+    try:
+        error = failure_in_a_step_process(outage_job, db_url, monkeypatch, gone=False, heartbeat_timeout=10 * PAUSE,
+                                          resources={"llm": llm}, run_config={"ops": {"asks_a_provider_in_an_outage": {
+                                              "config": {"in_tasks": in_tasks}}}})
+    finally:
+        server.stop()
+    assert time.monotonic() - began < PAUSE  # the pauses ended before their time
+    assert "the run worker died" in error.message
+    assert server.statuses() == [503, 503]  # one request each, not retried
