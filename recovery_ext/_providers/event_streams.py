@@ -52,6 +52,55 @@ def event_values(body: bytes) -> list[Any]:
     return found
 
 
+# the end of an event: a blank line (a line ends at CRLF, LF or CR)
+_EVENT_END = re.compile(rb"(?:\r\n|\r|\n)(?:\r\n|\r|\n)")
+
+
+class BrokenEvent(Exception):  # noqa: N818 - a finding handed to the transport, which raises its own error
+    """A whole event of a stream (ended by its blank line) whose JSON does not parse: an event cut off, then
+    followed by a blank line, as a proxy that ends a stream may send."""
+
+    def __init__(self, number: int, payload: str, why: str) -> None:
+        super().__init__(f"event {number} of the stream: {why}")
+        self.payload = payload
+
+
+class EventGate:
+    """Lets a stream's bytes through one whole event at a time, each checked first: an SDK parses an event as soon
+    as its blank line arrives, and one that does not parse would reach it as a JSONDecodeError (permanent) before
+    the stream ended. :meth:`feed` raises :class:`BrokenEvent` instead, which the transport turns into an unreadable
+    answer (transient: the node's retry asks again). What is left at the end (an event never ended) is checked
+    with the whole stream."""
+
+    def __init__(self) -> None:
+        self.held = b""
+        self.events = 0
+
+    def feed(self, chunk: bytes) -> bytes:
+        """The bytes that may go on: the whole events ``chunk`` completes, checked."""
+        # only the new bytes are searched (and the 3 before them, where a blank line may have begun): a long
+        # event arriving in many chunks is not searched again from its start each time
+        start = max(0, len(self.held) - 3)
+        self.held += chunk
+        ends = [m.end() for m in _EVENT_END.finditer(self.held, start)]
+        if not ends:
+            return b""
+        whole, self.held = self.held[:ends[-1]], self.held[ends[-1]:]
+        for payload in event_payloads(whole):
+            self.events += 1
+            if payload[:1] in ("{", "[") and payload != DONE:
+                try:
+                    json.loads(payload)
+                except (ValueError, RecursionError) as exc:
+                    raise BrokenEvent(self.events, payload, str(exc)) from None
+        return whole
+
+    def rest(self) -> bytes:
+        """The bytes held back when the stream ended."""
+        rest, self.held = self.held, b""
+        return rest
+
+
 class StreamProtocol:
     """One API's event stream. A subclass is registered when it is defined; ``recognizes`` says an event is one
     of its own, ``ends`` that an event (a JSON value, or ``[DONE]`` as text) marks the whole answer."""

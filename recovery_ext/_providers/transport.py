@@ -38,6 +38,7 @@ import tenacity
 
 from recovery_ext._classify.classifier import retry_after_of
 from recovery_ext._providers.guard import AttemptHold, CircuitOpen, GuardedCall, ProviderGuard
+from recovery_ext._providers.event_streams import BrokenEvent, EventGate
 from recovery_ext._providers.http_answers import (NOT_READ, RequestFacts, UnreadableAnswer, answered_call,
                                                   check_event_stream, check_kept_answer, decode_body,
                                                   is_event_stream, kept_answer, read_json_answer, request_facts)
@@ -159,7 +160,10 @@ class JournalingCore:
         stream raises it to the SDK reading it)."""
         if error is not None:
             unreadable = None
-            if isinstance(error, self.http.DecodingError):  # a corrupt gzip stream: no client could read it either
+            if isinstance(error, BrokenEvent):  # held back: the SDK never saw it
+                error = unreadable = UnreadableAnswer(guard.endpoint, response.status_code, "text/event-stream",
+                                                      error.payload.encode("utf-8", "replace"), str(error)[:120])
+            elif isinstance(error, self.http.DecodingError):  # a corrupt gzip stream: no client could read it either
                 encoding = response.headers.get("content-encoding", "")
                 error = unreadable = UnreadableAnswer(guard.endpoint, response.status_code,
                                                       f"text/event-stream ({encoding})", body,
@@ -256,6 +260,7 @@ def _sync_classes(http: ModuleType) -> type:
         def __init__(self, inner: Any, finish: Finish, encoding: str | None) -> None:
             self.inner, self.finish, self.done = inner, finish, False
             self.chunks: list[bytes] = []
+            self.gate = EventGate()
             # an encoded stream is decoded by httpx's own decoders, chunk by chunk as it arrives
             self.chunks_left = iter(inner) if encoding is None else http.Response(
                 200, headers=[("content-encoding", encoding)], stream=RawChunks(inner)).iter_bytes()
@@ -264,15 +269,20 @@ def _sync_classes(http: ModuleType) -> type:
             try:
                 for chunk in self.chunks_left:
                     self.chunks.append(chunk)
-                    yield chunk
+                    whole = self.gate.feed(chunk)
+                    if whole:
+                        yield whole
             except BaseException as exc:
                 unreadable = self._end(exc)
-                if unreadable is not None:  # a corrupt encoding: retryable, as a cut-off answer
+                if unreadable is not None:  # a broken event, a corrupt encoding: retryable, as a cut-off answer
                     raise unreadable from None
                 raise
             unreadable = self._end(None)
             if unreadable is not None:  # to the SDK reading it: a retryable error, as a connection cut mid-answer
                 raise unreadable
+            rest = self.gate.rest()
+            if rest:
+                yield rest
 
         def _end(self, error: BaseException | None) -> UnreadableAnswer | None:
             if self.done:
@@ -352,6 +362,7 @@ def _async_classes(http: ModuleType) -> type:
         def __init__(self, inner: Any, finish: Finish, context: contextvars.Context, encoding: str | None) -> None:
             self.inner, self.finish, self.context, self.done = inner, finish, context, False
             self.chunks: list[bytes] = []
+            self.gate = EventGate()
             self.chunks_left = inner.__aiter__() if encoding is None else http.Response(
                 200, headers=[("content-encoding", encoding)], stream=AsyncRawChunks(inner)).aiter_bytes()
 
@@ -359,7 +370,9 @@ def _async_classes(http: ModuleType) -> type:
             try:
                 async for chunk in self.chunks_left:
                     self.chunks.append(chunk)
-                    yield chunk
+                    whole = self.gate.feed(chunk)
+                    if whole:
+                        yield whole
             except BaseException as exc:
                 unreadable = await self._end(exc)
                 if unreadable is not None:  # as the synchronous stream does
@@ -368,6 +381,9 @@ def _async_classes(http: ModuleType) -> type:
             unreadable = await self._end(None)
             if unreadable is not None:  # to the SDK reading it, as the synchronous stream does
                 raise unreadable
+            rest = self.gate.rest()
+            if rest:
+                yield rest
 
         async def _end(self, error: BaseException | None) -> UnreadableAnswer | None:
             if self.done:

@@ -204,7 +204,8 @@ def test_a_cut_off_json_answer_is_a_failed_attempt_retried_under_the_policy_and_
     assert (bad.tokens_in, bad.tokens_out) == (0, 0) and "not JSON" in bad.note and '{"id": "x"' in bad.note
 
 
-@pytest.mark.parametrize("cut", ["truncated", "cut_between_events", "error_event", "corrupt_gzip"])
+@pytest.mark.parametrize("cut", ["truncated", "cut_then_blank_line", "cut_between_events", "error_event",
+                                 "corrupt_gzip"])
 @pytest.mark.parametrize(("provider", "mode"), [("openai", "stream"), ("openai", "astream"), ("anthropic", "stream"),
                                              ("anthropic", "astream")])
 def test_a_stream_cut_off_before_its_end_is_a_failed_attempt_never_kept_and_the_retry_asks_again(
@@ -226,8 +227,8 @@ def test_a_stream_cut_off_before_its_end_is_a_failed_attempt_never_kept_and_the_
     assert sorted(r.outcome for r in rows) == ["ok", "unreadable_result"]
     [bad] = [r for r in rows if r.outcome == "unreadable_result"]
     assert (bad.tokens_in, bad.tokens_out) == (0, 0) and "not kept" in bad.note
-    assert {"truncated": "of the stream", "corrupt_gzip": "not gzip"}.get(cut, "cut off before its end") in bad.note, \
-        bad.note
+    assert {"truncated": "of the stream", "cut_then_blank_line": "of the stream", "corrupt_gzip": "not gzip"}.get(
+        cut, "cut off before its end") in bad.note, bad.note
     [good] = [r for r in rows if r.outcome == "ok"]
     assert good.tokens_in > 0 and good.replays == 0  # the whole answer, with its usage; nothing replayed
 

@@ -7,9 +7,10 @@ the next requests get instead of an answer (a 503 then a 200: ``[503]``), with `
 only its JSON is broken), or for a streamed request an event stream that ends inside its second text event (the
 stream's chunked framing ends cleanly); for a streamed request also ``"cut_between_events"`` (the stream ends
 cleanly after its second text event, without the events that end an answer), ``"error_event"`` (an error event after
-the first text event, as a provider overloaded mid-answer sends) or ``"corrupt_gzip"`` (said to be gzip: a gzip
-header, then plain events); ``gzip_streams``: every stream gzip-encoded; ``tokens``/``window`` is a token quota over
-a sliding window, refused with a 429 and Retry-After as providers do (a refused request charges nothing).
+the first text event, as a provider overloaded mid-answer sends), ``"cut_then_blank_line"`` (cut inside its second
+text event, then a blank line) or ``"corrupt_gzip"`` (said to be gzip: a gzip header, then plain events);
+``gzip_streams``: every stream gzip-encoded; ``tokens``/``window`` is a token quota over a sliding window, refused
+with a 429 and Retry-After as providers do (a refused request charges nothing).
 """
 
 from __future__ import annotations
@@ -237,14 +238,15 @@ def _anthropic_events(model: str, answer: str, tokens_in: int, tokens_out: int) 
 
 # The ways a streamed answer is cut off: inside its second text event; cleanly after it, before the events that
 # end the answer; by an error event after the first text event (a provider overloaded mid-answer).
-CUT_OFF = ("truncated", "cut_between_events", "error_event", "corrupt_gzip")
+CUT_OFF = ("truncated", "cut_then_blank_line", "cut_between_events", "error_event", "corrupt_gzip")
 
 
 def _cut_off_events(fault: str, anthropic: bool, answer: str) -> list[str]:
     events = _anthropic_events("m", answer, 0, 0) if anthropic else _openai_events("m", answer, 0, 0)
     second_text = 3 if anthropic else 1
-    if fault == "truncated":
-        return events[:second_text] + [events[second_text][:len(events[second_text]) // 2]]
+    if fault in ("truncated", "cut_then_blank_line"):  # the second: an SDK parses the half event (a blank line)
+        cut = events[second_text][:len(events[second_text]) // 2]
+        return events[:second_text] + [cut + ("\n\n" if fault == "cut_then_blank_line" else "")]
     if fault == "cut_between_events":
         return events[:second_text + 1]
     error = {"type": "overloaded_error", "message": "Overloaded"}

@@ -9,6 +9,7 @@ import pytest
 
 from sdk_stand_in import _anthropic_events, _openai_events
 
+from recovery_ext._providers.event_streams import BrokenEvent, EventGate
 from recovery_ext._providers.http_answers import (UnreadableAnswer, answer_usage, check_event_stream,
                                                   check_kept_answer, kept_answer)
 
@@ -111,3 +112,32 @@ def test_a_stream_that_ended_before_its_apis_last_event_is_unreadable_and_a_kept
     assert raised.value.retryable and "without" in raised.value.ledger_note
     with pytest.raises(UnreadableAnswer):
         check_kept_answer(URL, kept_answer(200, HEADERS, CUT_OFF[name]))
+
+
+# -- an event that does not parse is held back from the SDK ---------------------------------------------------------
+
+@pytest.mark.parametrize("newline", ["\n", "\r\n", "\r"], ids=["LF", "CRLF", "CR"])
+def test_the_gate_lets_whole_events_through_however_the_bytes_arrive(newline):
+    body = "".join(STREAMS["openai"]).replace("\n", newline).encode()
+    for size in (1, 7, len(body)):
+        gate = EventGate()
+        passed = b"".join(gate.feed(body[i:i + size]) for i in range(0, len(body), size)) + gate.rest()
+        assert passed == body
+        assert gate.events == len(STREAMS["openai"])
+
+
+def test_the_gate_holds_an_event_back_until_its_blank_line():
+    gate = EventGate()
+    first = STREAMS["anthropic"][0].encode()
+    assert gate.feed(first[:-1]) == b""  # its blank line has not arrived: nothing goes on
+    assert gate.feed(first[-1:]) == first
+
+
+def test_an_event_cut_off_then_ended_by_a_blank_line_is_stopped_before_the_sdk_parses_it():
+    """A new user's trial: the SDK parsed the half event as soon as its blank line came and raised a
+    JSONDecodeError, classified permanent, so the node never asked again."""
+    events = STREAMS["openai"]
+    gate = EventGate()
+    assert gate.feed(events[0].encode()) == events[0].encode()
+    with pytest.raises(BrokenEvent, match="event 2 of the stream"):
+        gate.feed((events[1][:len(events[1]) // 2] + "\n\n").encode())
