@@ -56,7 +56,7 @@ def event_values(body: bytes) -> list[Any]:
 _EVENT_END = re.compile(rb"(?:\r\n|\r|\n)(?:\r\n|\r|\n)")
 
 
-class BrokenEvent(Exception):  # noqa: N818 - a finding handed to the transport, which raises its own error
+class _BrokenEvent(Exception):  # noqa: N818 - control flow: the transport raises an UnreadableAnswer for it
     """A whole event of a stream (ended by its blank line) whose JSON does not parse: an event cut off, then
     followed by a blank line, as a proxy that ends a stream may send."""
 
@@ -68,7 +68,7 @@ class BrokenEvent(Exception):  # noqa: N818 - a finding handed to the transport,
 class EventGate:
     """Lets a stream's bytes through one whole event at a time, each checked first: an SDK parses an event as soon
     as its blank line arrives, and one that does not parse would reach it as a JSONDecodeError (permanent) before
-    the stream ended. :meth:`feed` raises :class:`BrokenEvent` instead, which the transport turns into an unreadable
+    the stream ended. :meth:`feed` raises :class:`_BrokenEvent` instead, which the transport turns into an unreadable
     answer (transient: the node's retry asks again). What is left at the end (an event never ended) is checked
     with the whole stream."""
 
@@ -92,7 +92,7 @@ class EventGate:
                 try:
                     json.loads(payload)
                 except (ValueError, RecursionError) as exc:
-                    raise BrokenEvent(self.events, payload, str(exc)) from None
+                    raise _BrokenEvent(self.events, payload, str(exc)) from None
         return whole
 
     def rest(self) -> bytes:

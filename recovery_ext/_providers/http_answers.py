@@ -20,6 +20,7 @@ from typing import Any
 
 from recovery_ext._classify.classifier import ClassifiedError
 from recovery_ext._classify.redaction import redact
+from recovery_ext._providers.answer_shapes import shape_problem
 from recovery_ext._providers.event_streams import DONE, event_payloads, event_values, unfinished_stream
 from recovery_ext._providers.jobs import UNREADABLE_RESULT
 from recovery_ext._providers.journal import fingerprint
@@ -155,7 +156,25 @@ def check_event_stream(endpoint: str, status: int, body: bytes) -> None:
                                what="a stream cut off before its end")
 
 
-def check_kept_answer(endpoint: str, kept: Any) -> None:
+def check_answer(endpoint: str, path: str, status: int, headers: Any, body: bytes) -> Any:
+    """:func:`read_json_answer`, and raises :class:`UnreadableAnswer` for a 2xx answer that is not its API's
+    answer: an HTML page (a proxy's, a captive portal's: no provider API answers HTML), or JSON that is not in its
+    API's shape (see :mod:`answer_shapes`: the provider's error with a 200, a chat completion without choices)."""
+    parsed = read_json_answer(endpoint, status, headers, body)
+    if not 200 <= status < 300:
+        return parsed
+    if _media_type(headers) == "text/html":
+        raise UnreadableAnswer(endpoint, status, "text/html", body, "an HTML page, not an API's answer",
+                               what=f"{len(body)} bytes of HTML")
+    if parsed is not NOT_READ:
+        problem = shape_problem(path, parsed)
+        if problem is not None:
+            raise UnreadableAnswer(endpoint, status, _media_type(headers), body, problem,
+                                   what="JSON that is not the API's answer")
+    return parsed
+
+
+def check_kept_answer(endpoint: str, path: str, kept: Any) -> None:
     """Raises :class:`UnreadableAnswer` for a journaled answer that no client can read (kept before this was
     checked): it is asked again instead of replayed."""
     if isinstance(kept, dict) and kept.get("http") == 1 and isinstance(kept.get("status"), int):
@@ -163,7 +182,7 @@ def check_kept_answer(endpoint: str, kept: Any) -> None:
         if is_event_stream(headers):
             check_event_stream(endpoint, kept["status"], decode_body(kept["body"]))
             return
-        read_json_answer(endpoint, kept["status"], headers, decode_body(kept["body"]))
+        check_answer(endpoint, path, kept["status"], headers, decode_body(kept["body"]))
 
 
 def encode_body(body: bytes) -> dict[str, str]:

@@ -38,10 +38,10 @@ import tenacity
 
 from recovery_ext._classify.classifier import retry_after_of
 from recovery_ext._providers.guard import AttemptHold, CircuitOpen, GuardedCall, ProviderGuard
-from recovery_ext._providers.event_streams import BrokenEvent, EventGate
+from recovery_ext._providers.event_streams import _BrokenEvent, EventGate
 from recovery_ext._providers.http_answers import (NOT_READ, RequestFacts, UnreadableAnswer, answered_call,
-                                                  check_event_stream, check_kept_answer, decode_body,
-                                                  is_event_stream, kept_answer, read_json_answer, request_facts)
+                                                  check_answer, check_event_stream, check_kept_answer,
+                                                  decode_body, is_event_stream, kept_answer, request_facts)
 from recovery_ext._providers.journal import MISS
 from recovery_ext._providers.budget import Reservation
 from recovery_ext._providers.ledger import current_scope
@@ -122,7 +122,8 @@ class JournalingCore:
             pending.journal.scope.check_calls()  # the budget wait may have been long
             # a kept answer no client can read (journaled before answers were checked) is asked again
             found = yield Blocking(functools.partial(pending.start, call_id=call_id,
-                                                     check=functools.partial(check_kept_answer, guard.endpoint)),
+                                                     check=functools.partial(check_kept_answer, guard.endpoint,
+                                                                             request.url.path)),
                                    (guard.endpoint, call.model))
         except BaseException:
             yield Blocking(hold.release)  # nothing was sent
@@ -140,10 +141,15 @@ class JournalingCore:
             if is_event_stream(response.headers):
                 finish = functools.partial(self.finish_steps, guard, call, decision, hold, response, started)
                 return tee(response, finish)
-            body = yield read(response)
-            # a JSON answer the SDK could not read is a failed attempt, never kept: kept, every re-execution
-            # would replay it and fail the same way
-            parsed = read_json_answer(guard.endpoint, response.status_code, response.headers, body)
+            try:
+                body = yield read(response)
+            except self.http.DecodingError as exc:  # a corrupt gzip body: no client could read it either
+                encoding = response.headers.get("content-encoding", "")
+                raise UnreadableAnswer(guard.endpoint, response.status_code, f"{_media(response)} ({encoding})",
+                                       b"", f"not {encoding}: {exc}"[:120], what="a body") from None
+            # an answer the SDK could not read, or not its API's answer, is a failed attempt, never kept: kept,
+            # every re-execution would replay it and fail the same way
+            parsed = check_answer(guard.endpoint, request.url.path, response.status_code, response.headers, body)
         except BaseException as exc:
             yield Blocking(self.failed, (guard, call, decision, hold, exc))
             raise
@@ -160,7 +166,7 @@ class JournalingCore:
         stream raises it to the SDK reading it)."""
         if error is not None:
             unreadable = None
-            if isinstance(error, BrokenEvent):  # held back: the SDK never saw it
+            if isinstance(error, _BrokenEvent):  # held back: the SDK never saw it
                 error = unreadable = UnreadableAnswer(guard.endpoint, response.status_code, "text/event-stream",
                                                       error.payload.encode("utf-8", "replace"), str(error)[:120])
             elif isinstance(error, self.http.DecodingError):  # a corrupt gzip stream: no client could read it either
@@ -470,3 +476,7 @@ def _sleep_steps(seconds: float, guard: ProviderGuard) -> Steps[None]:
 def transport_classes(http: ModuleType) -> tuple[type, type]:
     """The synchronous and asynchronous journaling transports for ``http`` (``httpx`` or ``httpx2``)."""
     return _sync_classes(http), _async_classes(http)
+
+
+def _media(response: Any) -> str:
+    return str(response.headers.get("content-type", "")).split(";")[0].strip().lower() or "no content type"

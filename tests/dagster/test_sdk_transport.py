@@ -187,13 +187,20 @@ def test_outside_a_node_the_clients_are_plain_sdk_clients(stand_in):
 
 # -- an answer no client can read: a 200 application/json whose body is cut off ----------------------------------
 
+NOTES = {"truncated": "not JSON", "error_200": "the provider's error", "no_answer_list": "without its",
+         "html_200": "an HTML page", "corrupt_gzip": "not gzip"}
+
+
+@pytest.mark.parametrize("fault", sorted(NOTES))
 @pytest.mark.parametrize(("provider", "mode"), [("openai", "sync"), ("openai", "async"), ("anthropic", "sync")])
-def test_a_cut_off_json_answer_is_a_failed_attempt_retried_under_the_policy_and_never_kept(
-        provider, mode, stand_in, store, db_url, monkeypatch):
+def test_a_200_that_is_no_answer_is_a_failed_attempt_retried_under_the_policy_and_never_kept(
+        fault, provider, mode, stand_in, store, db_url, monkeypatch):
     """Before: the cut-off body was kept and recorded as answered, the SDK failed parsing it (a JSONDecodeError,
-    permanent): the item failed, and every re-execution replayed the same body."""
+    permanent): the item failed, and every re-execution replayed the same body. A new user's trial found the same
+    for the provider's error with a 200, for JSON without `choices` (the caller failed on None, permanent) and for
+    a proxy's HTML page: all kept and replayed; and a corrupt gzip body left its ledger row `unknown`."""
     server, url = stand_in
-    server.script = ["truncated"]
+    server.script = [fault]
     monkeypatch.setitem(SETTINGS, "mode", mode)
     result = run(once_in_mode, resource(provider, url), db_url, monkeypatch)
     assert result.success
@@ -201,7 +208,7 @@ def test_a_cut_off_json_answer_is_a_failed_attempt_retried_under_the_policy_and_
     rows = ledger(store)
     assert sorted(r.outcome for r in rows) == ["ok", "unreadable_result"]
     [bad] = [r for r in rows if r.outcome == "unreadable_result"]
-    assert (bad.tokens_in, bad.tokens_out) == (0, 0) and "not JSON" in bad.note and '{"id": "x"' in bad.note
+    assert (bad.tokens_in, bad.tokens_out) == (0, 0) and NOTES[fault] in bad.note, bad.note
 
 
 @pytest.mark.parametrize("cut", ["truncated", "cut_then_blank_line", "cut_between_events", "error_event",
@@ -249,7 +256,7 @@ def test_after_cut_off_answers_fail_the_run_a_re_execution_asks_the_provider_aga
     monkeypatch.setenv("RECOVERY_DATABASE_URL", db_url)
     monkeypatch.setenv("CUT_OFF_LLM_URL", f"{url}/v1")
     if kept_before_the_fix:
-        monkeypatch.setattr(transport, "read_json_answer", lambda *args: http_answers.NOT_READ, raising=False)
+        monkeypatch.setattr(transport, "check_answer", lambda *args: http_answers.NOT_READ)
     server.script = ["truncated"] * 10_000
     job = ReconstructableRepository.for_module("cut_off_answer_defs", "defs", working_directory=str(HERE)) \
         .get_reconstructable_job("ask_job")

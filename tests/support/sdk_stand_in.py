@@ -123,10 +123,12 @@ class SdkStandIn:
                 if truncated and streamed:
                     self._send_events(_cut_off_events(fault, self.path.endswith("/messages"), answer))
                     return
-                if truncated:  # the user trial's body: cut off inside a string, a well-framed 200 all the same
-                    data = b'{"id": "x", "choices": [ {"mess'
+                if truncated:  # a well-framed 200 all the same
+                    media, data, encoding = BAD_ANSWERS.get(fault, BAD_ANSWERS["truncated"])
                     self.send_response(200)
-                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Type", media)
+                    if encoding:
+                        self.send_header("Content-Encoding", encoding)
                     self.send_header("Content-Length", str(len(data)))
                     self.end_headers()
                     self.wfile.write(data)
@@ -238,7 +240,18 @@ def _anthropic_events(model: str, answer: str, tokens_in: int, tokens_out: int) 
 
 # The ways a streamed answer is cut off: inside its second text event; cleanly after it, before the events that
 # end the answer; by an error event after the first text event (a provider overloaded mid-answer).
-CUT_OFF = ("truncated", "cut_then_blank_line", "cut_between_events", "error_event", "corrupt_gzip")
+CUT_OFF = ("truncated", "cut_then_blank_line", "cut_between_events", "error_event", "corrupt_gzip", "error_200",
+           "no_answer_list", "html_200")
+# A non-streamed request's 200 that is no answer: its content type, body and content encoding. "truncated": the
+# user trial's body, cut off inside a string; the provider's error with a 200; JSON without the answer's list (no
+# `choices`, no `content`); a proxy's HTML page; a gzip header, then plain text.
+BAD_ANSWERS = {
+    "truncated": ("application/json", b'{"id": "x", "choices": [ {"mess', None),
+    "error_200": ("application/json", b'{"error": {"type": "server_error", "message": "Overloaded"}}', None),
+    "no_answer_list": ("application/json", b'{"id": "x", "model": "m"}', None),
+    "html_200": ("text/html; charset=utf-8", b"<html><body>502 Bad Gateway</body></html>", None),
+    "corrupt_gzip": ("application/json", b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x00\x03\xff\xffnot gzip", "gzip"),
+}
 
 
 def _cut_off_events(fault: str, anthropic: bool, answer: str) -> list[str]:

@@ -9,11 +9,12 @@ import pytest
 
 from sdk_stand_in import _anthropic_events, _openai_events
 
-from recovery_ext._providers.event_streams import BrokenEvent, EventGate
+from recovery_ext._providers.event_streams import _BrokenEvent, EventGate
 from recovery_ext._providers.http_answers import (UnreadableAnswer, answer_usage, check_event_stream,
                                                   check_kept_answer, kept_answer)
 
 URL = "http://127.0.0.1:9/v1"
+PATH = "/v1/chat/completions"
 STREAMS = {"openai": _openai_events("m", "a whole answer", 12, 4),
            "anthropic": _anthropic_events("m", "a whole answer", 12, 4)}
 HEADERS = {"content-type": "text/event-stream; charset=utf-8"}
@@ -23,7 +24,7 @@ HEADERS = {"content-type": "text/event-stream; charset=utf-8"}
 def test_a_whole_stream_passes_and_its_usage_is_read(provider):
     body = "".join(STREAMS[provider]).encode()
     check_event_stream(URL, 200, body)
-    check_kept_answer(URL, kept_answer(200, HEADERS, body))
+    check_kept_answer(URL, PATH, kept_answer(200, HEADERS, body))
     usage, model = answer_usage(body, streamed=True)
     assert model == "m" and usage is not None and 12 in usage.values() and 4 in usage.values()
 
@@ -37,7 +38,7 @@ def test_a_stream_that_ends_inside_an_event_is_unreadable_and_a_kept_one_is_not_
     assert raised.value.retryable and raised.value.category == "server_error"
     assert "not kept" in raised.value.ledger_note
     with pytest.raises(UnreadableAnswer):
-        check_kept_answer(URL, kept_answer(200, HEADERS, cut.encode()))
+        check_kept_answer(URL, PATH, kept_answer(200, HEADERS, cut.encode()))
 
 
 def test_an_event_is_its_data_lines_joined_as_the_sse_standard_reads_them():
@@ -100,7 +101,7 @@ CUT_OFF = {
 @pytest.mark.parametrize("name", sorted(WHOLE))
 def test_a_stream_that_reached_its_apis_last_event_or_of_an_api_not_known_passes(name):
     check_event_stream(URL, 200, WHOLE[name])
-    check_kept_answer(URL, kept_answer(200, HEADERS, WHOLE[name]))
+    check_kept_answer(URL, PATH, kept_answer(200, HEADERS, WHOLE[name]))
 
 
 @pytest.mark.parametrize("name", sorted(CUT_OFF))
@@ -111,7 +112,7 @@ def test_a_stream_that_ended_before_its_apis_last_event_is_unreadable_and_a_kept
         check_event_stream(URL, 200, CUT_OFF[name])
     assert raised.value.retryable and "without" in raised.value.ledger_note
     with pytest.raises(UnreadableAnswer):
-        check_kept_answer(URL, kept_answer(200, HEADERS, CUT_OFF[name]))
+        check_kept_answer(URL, PATH, kept_answer(200, HEADERS, CUT_OFF[name]))
 
 
 # -- an event that does not parse is held back from the SDK ---------------------------------------------------------
@@ -139,5 +140,5 @@ def test_an_event_cut_off_then_ended_by_a_blank_line_is_stopped_before_the_sdk_p
     events = STREAMS["openai"]
     gate = EventGate()
     assert gate.feed(events[0].encode()) == events[0].encode()
-    with pytest.raises(BrokenEvent, match="event 2 of the stream"):
+    with pytest.raises(_BrokenEvent, match="event 2 of the stream"):
         gate.feed((events[1][:len(events[1]) // 2] + "\n\n").encode())

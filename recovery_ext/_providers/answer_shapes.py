@@ -1,0 +1,65 @@
+"""What a whole answer of each API holds, so that a 2xx answer that is not one is never kept.
+
+A proxy or a failing provider may answer 200 with the provider's error (``{"error": {...}}``) or with a body that
+lacks the answer's own part (no ``choices``). The SDK then hands the caller an object whose fields are ``None`` and
+the caller fails on it (a ``TypeError``, permanent), or the SDK shows no error at all; kept, that body would be
+replayed to every retry and re-execution. Each API is one :class:`AnswerShape` subclass, registered by being
+defined: the end of its request path and the list every whole answer of it holds. An API not listed is not judged.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+
+class AnswerShape:
+    """One API's answer: requests whose path ends with ``path_end`` are answered by an object holding the list
+    ``holds``."""
+
+    registered: ClassVar[list[type[AnswerShape]]] = []
+    name: ClassVar[str]
+    path_end: ClassVar[str]
+    holds: ClassVar[str]
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        AnswerShape.registered.append(cls)
+
+
+class ChatCompletion(AnswerShape):
+    """OpenAI's chat completions, and the servers compatible with it."""
+
+    name, path_end, holds = "chat completion", "/chat/completions", "choices"
+
+
+class AnthropicMessage(AnswerShape):
+    """Anthropic's messages (a refusal or an empty answer still holds an empty ``content`` list)."""
+
+    name, path_end, holds = "message", "/messages", "content"
+
+
+class OpenAIResponse(AnswerShape):
+    """OpenAI's responses (a failed or incomplete response still holds its ``output``)."""
+
+    name, path_end, holds = "response", "/responses", "output"
+
+
+class Embeddings(AnswerShape):
+    """OpenAI's embeddings, and the servers compatible with it."""
+
+    name, path_end, holds = "embeddings", "/embeddings", "data"
+
+
+def shape_problem(path: str, value: Any) -> str | None:
+    """Why ``value``, the JSON of a 2xx answer to a request to ``path``, is not a whole answer of its API; None: it
+    is, or the API is not known."""
+    path = path.rstrip("/")
+    for shape in AnswerShape.registered:
+        if path.endswith(shape.path_end):
+            if isinstance(value, dict) and isinstance(value.get(shape.holds), list):
+                return None
+            error = value.get("error") if isinstance(value, dict) else None
+            if error:
+                return f"the provider's error, not a {shape.name}: {str(error)[:80]}"
+            return f"a {shape.name} without its {shape.holds} list"
+    return None

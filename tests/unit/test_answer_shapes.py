@@ -1,0 +1,60 @@
+"""A 2xx answer that is not its API's answer (the provider's error with a 200, JSON without the answer's list, an
+HTML page) is an unreadable answer: never kept, asked again; a kept one (from before this was checked) is not
+replayed. An API not listed is not judged."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from recovery_ext._providers.answer_shapes import shape_problem
+from recovery_ext._providers.http_answers import UnreadableAnswer, check_answer, check_kept_answer, kept_answer
+
+URL = "http://127.0.0.1:9/v1"
+JSON = {"content-type": "application/json"}
+WHOLE = [
+    ("/v1/chat/completions", {"choices": [{"message": {"content": "a"}}]}),
+    ("/v1/chat/completions/", {"choices": []}),
+    ("/v1/messages", {"type": "message", "content": []}),  # a refusal or an empty answer
+    ("/v1/responses", {"status": "failed", "error": {"code": "server_error"}, "output": []}),  # a whole answer
+    ("/v1/embeddings", {"data": [{"embedding": [0.1]}]}),
+    ("/v1/messages/count_tokens", {"input_tokens": 3}),  # not a messages answer
+    ("/v1beta/models/g:generateContent", {"promptFeedback": {"blockReason": "SAFETY"}}),  # not listed
+]
+NOT_ANSWERS = [
+    ("/v1/chat/completions", {"error": {"message": "Overloaded"}}, "the provider's error, not a chat completion"),
+    ("/v1/chat/completions", {"id": "x"}, "a chat completion without its choices list"),
+    ("/v1/chat/completions", ["not", "an", "object"], "without its choices list"),
+    ("/v1/messages", {"type": "error", "error": {"type": "overloaded_error"}}, "the provider's error, not a message"),
+    ("/v1/responses", {"id": "r"}, "a response without its output list"),
+    ("/v1/embeddings", {"data": None}, "embeddings without its data list"),
+]
+
+
+@pytest.mark.parametrize(("path", "value"), WHOLE)
+def test_a_whole_answer_or_an_api_not_listed_passes(path, value):
+    assert shape_problem(path, value) is None
+    body = json.dumps(value).encode()
+    assert check_answer(URL, path, 200, JSON, body) == value
+    check_kept_answer(URL, path, kept_answer(200, JSON, body))
+
+
+@pytest.mark.parametrize(("path", "value", "why"), NOT_ANSWERS)
+def test_json_that_is_not_the_apis_answer_is_unreadable_and_a_kept_one_is_not_replayed(path, value, why):
+    assert why in shape_problem(path, value)
+    body = json.dumps(value).encode()
+    with pytest.raises(UnreadableAnswer, match="not the API's answer") as raised:
+        check_answer(URL, path, 200, JSON, body)
+    assert raised.value.retryable and why in raised.value.ledger_note
+    with pytest.raises(UnreadableAnswer):
+        check_kept_answer(URL, path, kept_answer(200, JSON, body))
+
+
+def test_an_html_page_with_a_200_is_unreadable_and_a_refusal_is_left_to_the_sdk():
+    page = b"<html><body>502 Bad Gateway</body></html>"
+    with pytest.raises(UnreadableAnswer, match="HTML"):
+        check_answer(URL, "/v1/anything", 200, {"content-type": "text/html; charset=utf-8"}, page)
+    # not an answer at all: the SDK raises its own error for a 4xx or 5xx, whatever the body
+    check_answer(URL, "/v1/chat/completions", 502, {"content-type": "text/html"}, page)
+    check_answer(URL, "/v1/chat/completions", 400, JSON, b'{"error": {"message": "bad"}}')
