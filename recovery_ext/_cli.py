@@ -32,8 +32,8 @@ from recovery_ext._store.models import WaitKind, wait_kind
 from recovery_ext._store.models import deployment_scope, pipeline_scope
 
 from recovery_ext._cli_spend import CAP_HEADERS, cap_rows, spend_cap
-from recovery_ext._cli_common import (MAX_KINDS, ROW_ID, Age, BadArgument, Duration, Output, PollInterval,
-                                      _when, command, open_store)
+from recovery_ext._cli_common import (MAX_KINDS, ROW_ID, Age, BadArgument, DeploymentName, Duration, IntRange,
+                                      Output, PollInterval, _when, command, open_store)
 
 if TYPE_CHECKING:  # the report's modules load only when a report is asked for
     from recovery_ext._observe.timeline import Timeline
@@ -131,7 +131,8 @@ def migrate(store: CliStore, out: Output, print_only: bool, packages: tuple[str,
 @click.option("--threshold", type=Duration(), default="10m", show_default=True,
               help="Processing items without a heartbeat deadline (legacy rows) started longer ago than this are "
                    "stuck; the others are stuck when their heartbeat deadline passed or their pipeline was reclaimed.")
-@click.option("--deployment", metavar="NAME", help="Only the pipelines of this deployment (one Dagster instance).")
+@click.option("--deployment", metavar="NAME", type=DeploymentName(),
+              help="Only the pipelines of this deployment (one Dagster instance).")
 @command
 def status(store: CliStore, out: Output, threshold: float, deployment: str | None) -> None:
     """Pipelines by deployment and status, orphans and stuck items now, auto-recovered in 24 h, dead items."""
@@ -252,8 +253,9 @@ def pipelines() -> None:
 @click.option("--status", "status_", type=click.Choice(
     [s.value for s in (PipelineStatus.PENDING, PipelineStatus.RUNNING, PipelineStatus.COMPLETED,
                        PipelineStatus.FAILED)]))
-@click.option("--limit", type=click.IntRange(1, 10_000), default=20, show_default=True)
-@click.option("--deployment", metavar="NAME", help="Only the pipelines of this deployment (one Dagster instance).")
+@click.option("--limit", type=IntRange(1, 10_000), default=20, show_default=True)
+@click.option("--deployment", metavar="NAME", type=DeploymentName(),
+              help="Only the pipelines of this deployment (one Dagster instance).")
 @command
 def list_pipelines(store: CliStore, out: Output, status_: str | None, limit: int, deployment: str | None) -> None:
     """The most recent pipelines."""
@@ -365,7 +367,7 @@ def costs(store: CliStore, out: Output, pipeline_id: int | None) -> None:
 
 
 @main.command()
-@click.option("--limit", type=click.IntRange(1, 100_000), default=1000, show_default=True,
+@click.option("--limit", type=IntRange(1, 100_000), default=1000, show_default=True,
               help="Reclaim at most this many orphans.")
 @command
 def recover(store: SensorStore, out: Output, limit: int) -> None:
@@ -401,9 +403,10 @@ def recover(store: SensorStore, out: Output, limit: int) -> None:
               help="Delete pipelines that completed or failed longer ago than this (canceled ones are kept): "
                    "12h, 90d, ...")
 @click.option("--dry-run", is_flag=True, help="Count the pipelines that would go, by status; delete nothing.")
-@click.option("--batch-size", type=click.IntRange(1, 10_000),
+@click.option("--batch-size", type=IntRange(1, 10_000),
               help="Pipelines deleted per transaction [default: 200 on PostgreSQL, 50 on SQLite].")
-@click.option("--deployment", metavar="NAME", help="Only the pipelines of this deployment (one Dagster instance).")
+@click.option("--deployment", metavar="NAME", type=DeploymentName(),
+              help="Only the pipelines of this deployment (one Dagster instance).")
 @command
 def prune(store: CliStore, out: Output, older_than: float, dry_run: bool, batch_size: int | None,
           deployment: str | None) -> None:
@@ -523,7 +526,7 @@ def redo_degraded(store: CliStore, out: Output, pipeline_id: int, node: str | No
 @main.command()
 @click.option("--follow", "-f", is_flag=True, help="Keep printing new events until interrupted.")
 @click.option("--kind", multiple=True, help="Only these kinds (repeatable).")
-@click.option("--limit", type=click.IntRange(1, 10_000), default=50, show_default=True)
+@click.option("--limit", type=IntRange(1, 10_000), default=50, show_default=True)
 @click.option("--interval", type=PollInterval(), default="1", show_default=True,
               help="Seconds between polls with --follow.")
 @command
@@ -565,7 +568,7 @@ def metrics() -> None:
 
 @metrics.command("serve")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
-@click.option("--port", type=click.IntRange(0, 65535), default=9464, show_default=True,
+@click.option("--port", type=IntRange(0, 65535), default=9464, show_default=True,
               help="Port to listen on (0: any free port, printed at start).")
 @command(checks_schema=False, serves=True)
 def metrics_serve(store: CliStore, out: Output, host: str, port: int) -> None:

@@ -16,15 +16,26 @@ import click
 
 from recovery_ext._conventions import jsonable
 from recovery_ext._errors import ConfigurationError, NotFound, RecoveryError, StoreUnavailable
-from recovery_ext._settings import LONGEST, parse_duration
+from recovery_ext._settings import LONGEST, check_deployment, parse_duration
 from recovery_ext._classify.redaction import redact
 from recovery_ext._store.database import retry_log
 from recovery_ext._store.dialects import Dialect
 from recovery_ext._store.store import RecoveryStore, default_database_url
 
 CLI_RETRY_BUDGET = 3.0
+
+
+class IntRange(click.IntRange):
+    """click's IntRange for digits an operator types: int() also reads other scripts' digits ("９０" is 90)."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if isinstance(value, str) and not value.isascii():
+            self.fail(f"{value!r} is not a valid integer", param, ctx)
+        return super().convert(value, param, ctx)
+
+
 # Row ids are BIGINT: a larger number is a usage error (exit 2), never a driver overflow.
-ROW_ID = click.IntRange(min=1, max=2**63 - 1)
+ROW_ID = IntRange(min=1, max=2**63 - 1)
 # More distinct --kind values than any query should bind (PostgreSQL takes at most 65535 parameters).
 MAX_KINDS = 1000
 
@@ -70,6 +81,25 @@ class Age(Duration):
     minimum, maximum = 3600.0, LONGEST
 
 
+if TYPE_CHECKING:
+    _TextParam = click.ParamType[str, Any]
+else:
+    _TextParam = click.ParamType
+
+
+class DeploymentName(_TextParam):
+    """A deployment's name as a filter, checked as a deployment is named (else exit 2): a name no deployment can
+    have (empty, a NUL, a space) matched nothing, and the command said so by showing nothing."""
+
+    name = "name"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> str:
+        try:
+            return check_deployment("--deployment", value)
+        except ConfigurationError as exc:
+            self.fail(str(exc), param, ctx)
+
+
 class Amount(_FloatParam):
     """A finite amount from 0 to ``maximum`` (else exit 2): click's FloatRange lets NaN through, since every
     comparison with NaN is false."""
@@ -81,6 +111,8 @@ class Amount(_FloatParam):
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> float:
         try:
+            if isinstance(value, str) and not value.isascii():  # float() reads other scripts' digits too
+                raise ValueError(value)
             amount = float(value)
         except (TypeError, ValueError):
             self.fail(f"{value!r} is not a number", param, ctx)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 from tabulate import tabulate
 
-from recovery_ext._cli_common import ROW_ID, Amount, BadArgument, Output, command
+from recovery_ext._cli_common import ROW_ID, Amount, BadArgument, IntRange, Output, command
 from recovery_ext._settings import check_deployment
 from recovery_ext._errors import ConfigurationError
 from recovery_ext._store.interfaces import CliStore
@@ -62,7 +62,7 @@ def list_caps(store: CliStore, out: Output, pipeline: int | None, deployment: st
 @spend_cap.command("set")
 @click.option("--pipeline", type=ROW_ID, help="The cap of this pipeline.")
 @click.option("--deployment", metavar="NAME", help="The cap of this deployment (all its pipelines together).")
-@click.option("--tokens", type=click.IntRange(0, CAP_MAX_TOKENS), help="The new cap in tokens.")
+@click.option("--tokens", type=IntRange(0, CAP_MAX_TOKENS), help="The new cap in tokens.")
 @click.option("--cost", type=Amount(CAP_MAX_COST),
               help="The new cap in money (the price table's currency).")
 @click.option("--no-token-cap", is_flag=True, help="Remove the cap in tokens.")

@@ -31,6 +31,8 @@ def parse_duration(text: str) -> float:
         factor = units[raw[-1]]
         raw = raw[:-1]
     try:
+        if not raw.isascii():  # float() also reads other scripts' digits ("９０"): an operator typed no such thing
+            raise ValueError(raw)
         value = float(raw) * factor
     except (ValueError, OverflowError):
         raise ValueError(f"not a duration: {text!r} (use e.g. 90, 90s, 10m, 1h)") from None

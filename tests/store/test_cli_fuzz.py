@@ -92,3 +92,26 @@ def test_a_nul_byte_in_a_folder_is_a_usage_error(command, tmp_path):
     result = CliRunner().invoke(main, ["--database-url", f"sqlite:///{tmp_path / 'r.sqlite3'}", *command, "a\x00b"])
     assert result.exit_code == 2 and "cannot contain a NUL byte" in result.output
     assert isinstance(result.exception, SystemExit) and list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("command", [["status"], ["pipelines", "list"], ["prune", "--older-than", "90d"]])
+@pytest.mark.parametrize("name", ["", "a b", "a\x00b", "-x", "x" * 65])
+def test_a_deployment_no_deployment_can_be_named_is_a_usage_error(fuzz_store, command, name):
+    """A new user's trial: `prune --deployment ""` (or a NUL, or a space) matched nothing and said it pruned 0,
+    while `spend-cap set --deployment ""` refused the same name."""
+    url, store = fuzz_store
+    result = CliRunner().invoke(main, ["--database-url", url, *command, "--deployment", name])
+    assert result.exit_code == 2 and "--deployment must be 1 to 64 letters" in result.output, result.output
+
+
+@pytest.mark.parametrize("args", [["prune", "--older-than", "\uff19\uff10d"], ["status", "--threshold", "\uff16\uff10"],
+                                  ["spend-cap", "set", "--deployment", "d", "--tokens", "\uff11\uff12"],
+                                  ["spend-cap", "set", "--deployment", "d", "--cost", "\uff11\uff12"],
+                                  ["pipelines", "show", "\uff11"], ["pipelines", "list", "--limit", "\uff15"]])
+def test_digits_of_other_scripts_are_not_a_number(fuzz_store, args):
+    """float() reads "９０" as 90: an operator typed no such thing, so it is refused as any other non-number."""
+    url, store = fuzz_store
+    before = snapshot(store)
+    result = CliRunner().invoke(main, ["--database-url", url, *args])
+    assert result.exit_code == 2, result.output
+    assert snapshot(store) == before
