@@ -134,7 +134,10 @@ class LLMResource(ConfigurableResource):  # type: ignore[type-arg]
     api_key: str | None = Field(
         default=None, description="API key; pass EnvVar('OPENAI_API_KEY') or EnvVar('ANTHROPIC_API_KEY'). "
                                   "Never logged. Empty: the SDK reads its own environment variable.")
-    timeout: float = Field(default=60.0, description="Seconds before one request times out.")
+    timeout: float = Field(default=60.0, description=(
+        "Seconds the client waits at each step of one request (as httpx and the SDKs count it): to connect, to "
+        "send, and for each read of the answer. It does not bound the whole request: a server that keeps sending "
+        "a few bytes at a time (a slow stream, keep-alive comments) holds it for longer."))
     initial_delay: float = Field(default=1.0, description="First backoff delay in seconds; doubles, with jitter.")
     max_delay: float = Field(
         default=30.0, description="Upper bound of one backoff delay in seconds, and of an honoured Retry-After.")
