@@ -16,9 +16,6 @@ from typing import Any, ClassVar
 
 DONE = "[DONE]"
 
-# only CR, LF and CRLF end a line, as the SDKs read a stream: str.splitlines() also splits at U+2028, U+2029 and
-# U+0085, which JSON text may hold unescaped (a model echoing a PDF's text)
-_LINE_END = re.compile(r"\r\n|\r|\n")
 
 
 def event_payloads(body: bytes) -> list[str]:
@@ -26,7 +23,10 @@ def event_payloads(body: bytes) -> list[str]:
     standard reads them; an event still open when the stream ended is the last one."""
     payloads: list[str] = []
     lines: list[str] = []
-    for line in _LINE_END.split(body.decode("utf-8", errors="replace")):
+    text = body.decode("utf-8", errors="replace")
+    # only CR, LF and CRLF end a line, as the SDKs read a stream: str.splitlines() also splits at U+2028, U+2029
+    # and U+0085, which JSON text may hold unescaped (a model echoing a PDF's text)
+    for line in text.replace("\r\n", "\n").replace("\r", "\n").split("\n"):
         if not line:
             if lines:
                 payloads.append("\n".join(lines))
@@ -73,7 +73,7 @@ class EventGate:
     with the whole stream."""
 
     def __init__(self) -> None:
-        self.held = b""
+        self.held = bytearray()  # appended in place: a long event in many chunks is not copied again each time
         self.events = 0
 
     def feed(self, chunk: bytes) -> bytes:
@@ -82,10 +82,13 @@ class EventGate:
         # event arriving in many chunks is not searched again from its start each time
         start = max(0, len(self.held) - 3)
         self.held += chunk
+        if b"\n" not in chunk and b"\r" not in chunk:  # no line ended (most chunks of a long event)
+            return b""
         ends = [m.end() for m in _EVENT_END.finditer(self.held, start)]
         if not ends:
             return b""
-        whole, self.held = self.held[:ends[-1]], self.held[ends[-1]:]
+        whole = bytes(self.held[:ends[-1]])
+        del self.held[:ends[-1]]
         for payload in event_payloads(whole):
             self.events += 1
             if payload[:1] in ("{", "[") and payload != DONE:
@@ -97,7 +100,8 @@ class EventGate:
 
     def rest(self) -> bytes:
         """The bytes held back when the stream ended."""
-        rest, self.held = self.held, b""
+        rest = bytes(self.held)
+        self.held.clear()
         return rest
 
 
