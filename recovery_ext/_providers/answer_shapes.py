@@ -45,18 +45,20 @@ class OpenAIResponse(AnswerShape):
 
 
 class Embeddings(AnswerShape):
-    """OpenAI's embeddings, and the servers compatible with it."""
+    """OpenAI's embeddings, and the servers compatible with it (``/v1/embeddings``; Ollama's own
+    ``/api/embeddings`` answers another shape)."""
 
-    name, path_end, holds = "embeddings", "/embeddings", "data"
+    name, path_end, holds = "embeddings", "/v1/embeddings", "data"
 
 
 def shape_problem(path: str, value: Any) -> str | None:
-    """Why ``value``, the JSON of a 2xx answer to a request to ``path``, is not a whole answer of its API; None: it
-    is, or the API is not known."""
+    """Why ``value``, the JSON of a 2xx answer to a POST to ``path``, is not a whole answer of its API; None: it
+    is, or the API is not known. (Only a POST calls an API: a GET to the same path lists what was stored, as
+    ``{"object": "list", "data": [...]}``.)"""
     path = path.rstrip("/")
     for shape in AnswerShape.registered:
         if path.endswith(shape.path_end):
-            if isinstance(value, dict) and isinstance(value.get(shape.holds), list):
+            if isinstance(value, dict) and (isinstance(value.get(shape.holds), list) or value.get("object") == "list"):
                 return None
             error = value.get("error") if isinstance(value, dict) else None
             if error:

@@ -53,7 +53,8 @@ def event_values(body: bytes) -> list[Any]:
 
 
 # the end of an event: a blank line (a line ends at CRLF, LF or CR)
-_EVENT_END = re.compile(rb"(?:\r\n|\r|\n)(?:\r\n|\r|\n)")
+# (a CR directly followed by an LF is one CRLF, never two line ends)
+_EVENT_END = re.compile(rb"(?:\r\n|\r(?!\n)|\n)(?:\r\n|\r|\n)")
 
 
 class _BrokenEvent(Exception):  # noqa: N818 - control flow: the transport raises an UnreadableAnswer for it
@@ -106,11 +107,13 @@ class EventGate:
 
 
 class StreamProtocol:
-    """One API's event stream. A subclass is registered when it is defined; ``recognizes`` says an event is one
-    of its own, ``ends`` that an event (a JSON value, or ``[DONE]`` as text) marks the whole answer."""
+    """One API's event stream. A subclass is registered when it is defined. A stream is its protocol's when the
+    request's path ends with ``path_end`` (a POST to the API), or else when ``recognizes`` one of its events (a
+    server reached by another path); ``finished`` says its events hold the whole answer."""
 
     registered: ClassVar[list[type[StreamProtocol]]] = []
     name: ClassVar[str]
+    path_end: ClassVar[str]
     last_event: ClassVar[str]  # what the error message names as missing
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
@@ -122,30 +125,45 @@ class StreamProtocol:
         raise NotImplementedError
 
     @classmethod
-    def ends(cls, event: dict[str, Any] | str) -> bool:
+    def finished(cls, events: list[dict[str, Any]], payloads: list[str]) -> bool:
+        """``events``: the stream's JSON objects; ``payloads``: every event's data, as text."""
         raise NotImplementedError
+
+
+def _all_finished(choices: list[Any], reason: str) -> bool:
+    """Every choice (or candidate) index seen carried ``reason`` in some event: with ``n > 1`` each event carries
+    one choice, and the first to finish is not the end."""
+    seen: set[Any] = set()
+    ended: set[Any] = set()
+    for choice in choices:
+        if isinstance(choice, dict):
+            index = choice.get("index", 0)
+            seen.add(index)
+            if choice.get(reason):
+                ended.add(index)
+    return bool(seen) and seen <= ended
 
 
 class OpenAIChatChunks(StreamProtocol):
     """OpenAI's chat completions, and the servers compatible with it (Groq, Mistral, Together, vLLM, Ollama...):
-    ``chat.completion.chunk`` events, then ``data: [DONE]``. A server that leaves ``[DONE]`` out still ends its
-    answer with a ``finish_reason``, so a chunk whose choices all carry one counts as the end too: only the usage
-    chunk may follow it."""
+    ``chat.completion.chunk`` events, then ``data: [DONE]``. A server that leaves ``[DONE]`` out still ends each
+    choice with a ``finish_reason``, so every choice finished counts as the end too (only the usage chunk may
+    follow)."""
 
     name = "OpenAI chat completions"
-    last_event = "data: [DONE] (or a chunk with a finish_reason)"
+    path_end = "/chat/completions"
+    last_event = "data: [DONE] (or a finish_reason for every choice)"
 
     @classmethod
     def recognizes(cls, event: dict[str, Any]) -> bool:
         return event.get("object") == "chat.completion.chunk"
 
     @classmethod
-    def ends(cls, event: dict[str, Any] | str) -> bool:
-        if isinstance(event, str):
-            return event == DONE
-        choices = event.get("choices")
-        return bool(choices) and isinstance(choices, list) and all(
-            isinstance(choice, dict) and choice.get("finish_reason") for choice in choices)
+    def finished(cls, events: list[dict[str, Any]], payloads: list[str]) -> bool:
+        if DONE in payloads:
+            return True
+        choices = [c for e in events if isinstance(e.get("choices"), list) for c in e["choices"]]
+        return _all_finished(choices, "finish_reason")
 
 
 class OpenAIResponses(StreamProtocol):
@@ -153,6 +171,7 @@ class OpenAIResponses(StreamProtocol):
     (the last two are whole answers too: the SDK reads their reason)."""
 
     name = "OpenAI responses"
+    path_end = "/responses"
     last_event = "response.completed"
     ENDS: ClassVar[frozenset[str]] = frozenset({"response.completed", "response.incomplete", "response.failed"})
 
@@ -162,8 +181,8 @@ class OpenAIResponses(StreamProtocol):
         return isinstance(kind, str) and kind.startswith("response.")
 
     @classmethod
-    def ends(cls, event: dict[str, Any] | str) -> bool:
-        return isinstance(event, dict) and event.get("type") in cls.ENDS
+    def finished(cls, events: list[dict[str, Any]], payloads: list[str]) -> bool:
+        return any(event.get("type") in cls.ENDS for event in events)
 
 
 class AnthropicMessages(StreamProtocol):
@@ -171,6 +190,7 @@ class AnthropicMessages(StreamProtocol):
     just before it already holds the whole answer and its usage, so it counts as the end too."""
 
     name = "Anthropic messages"
+    path_end = "/messages"
     last_event = "message_stop"
     KINDS: ClassVar[frozenset[str]] = frozenset({"message_start", "content_block_start", "content_block_delta",
                                                  "content_block_stop", "message_delta", "message_stop"})
@@ -180,34 +200,40 @@ class AnthropicMessages(StreamProtocol):
         return event.get("type") in cls.KINDS
 
     @classmethod
-    def ends(cls, event: dict[str, Any] | str) -> bool:
-        if not isinstance(event, dict):
-            return False
-        delta = event.get("delta")
-        return event.get("type") == "message_stop" or (
-            event.get("type") == "message_delta" and isinstance(delta, dict) and bool(delta.get("stop_reason")))
+    def finished(cls, events: list[dict[str, Any]], payloads: list[str]) -> bool:
+        for event in events:
+            delta = event.get("delta")
+            if event.get("type") == "message_stop" or (
+                    event.get("type") == "message_delta" and isinstance(delta, dict) and delta.get("stop_reason")):
+                return True
+        return False
 
 
 class GeminiCandidates(StreamProtocol):
-    """Google's Gemini (``streamGenerateContent?alt=sse``): chunks of ``candidates``, the last with a
+    """Google's Gemini (``:streamGenerateContent?alt=sse``): chunks of ``candidates``, each candidate's last with a
     ``finishReason``; there is no closing event."""
 
     name = "Gemini"
-    last_event = "a candidate with a finishReason"
+    path_end = ":streamGenerateContent"
+    last_event = "a finishReason for every candidate"
 
     @classmethod
     def recognizes(cls, event: dict[str, Any]) -> bool:
         return isinstance(event.get("candidates"), list)
 
     @classmethod
-    def ends(cls, event: dict[str, Any] | str) -> bool:
-        if not isinstance(event, dict) or not isinstance(event.get("candidates"), list):
-            return False
-        return any(isinstance(c, dict) and c.get("finishReason") for c in event["candidates"])
+    def finished(cls, events: list[dict[str, Any]], payloads: list[str]) -> bool:
+        candidates = [c for e in events if isinstance(e.get("candidates"), list) for c in e["candidates"]]
+        return _all_finished(candidates, "finishReason")
 
 
-def stream_protocol(events: list[Any]) -> type[StreamProtocol] | None:
-    """The protocol of the first event one recognizes; None: a stream this module does not know."""
+def stream_protocol(path: str, events: list[Any]) -> type[StreamProtocol] | None:
+    """The protocol of a stream answering a POST to ``path`` ("" when it was not a POST): by the path's end, else
+    by the first event one recognizes; None: a stream this module does not know."""
+    path = path.rstrip("/")
+    for protocol in StreamProtocol.registered:
+        if path and path.endswith(protocol.path_end):
+            return protocol
     for event in events:
         if isinstance(event, dict):
             for protocol in StreamProtocol.registered:
@@ -216,12 +242,13 @@ def stream_protocol(events: list[Any]) -> type[StreamProtocol] | None:
     return None
 
 
-def unfinished_stream(payloads: list[str], events: list[Any]) -> str | None:
-    """Why a stream is cut off (its protocol's last event never came), or None: it reached its end, or its
-    protocol is not known. ``payloads``: every event's data; ``events``: the JSON values among them."""
-    protocol = stream_protocol(events)
+def unfinished_stream(payloads: list[str], events: list[Any], path: str = "") -> str | None:
+    """Why a stream is cut off (its protocol's last event never came: it ended between two events, on an error
+    event, or before any), or None: it reached its end, or its protocol is not known. ``payloads``: every event's
+    data; ``events``: the JSON values among them; ``path``: the POST request's path ("": not known)."""
+    protocol = stream_protocol(path, events)
     if protocol is None:
         return None
-    if any(protocol.ends(event) for event in events) or any(protocol.ends(p) for p in payloads if p == DONE):
+    if protocol.finished([e for e in events if isinstance(e, dict)], payloads):
         return None
     return f"the {protocol.name} stream ended after {len(payloads)} events, without {protocol.last_event}"

@@ -16,6 +16,7 @@ import base64
 import hashlib
 import json
 from dataclasses import dataclass
+from urllib.parse import urlsplit
 from typing import Any
 
 from recovery_ext._classify.classifier import ClassifiedError
@@ -45,6 +46,7 @@ class RequestFacts:
     model: str | None
     estimated_tokens: int    # an upper bound: the body at 3 characters a token plus the most the answer may hold
     streamed: bool
+    api_path: str = ""       # a POST's path (an API call, its answer judged by its API's shape); "": not a POST
 
 
 def request_facts(method: str, url: str, headers: Any, body: bytes, *, answer_tokens: int) -> RequestFacts:
@@ -69,7 +71,8 @@ def request_facts(method: str, url: str, headers: Any, body: bytes, *, answer_to
     if key is not None and (key.startswith(RANDOM_KEY_PREFIX) or not 0 < len(key) <= 200):
         key = None
     estimate = len(body) // 3 + 8 + (most if most is not None else answer_tokens)
-    return RequestFacts(key, found, model, max(0, estimate), streamed)
+    api_path = urlsplit(url).path if method.upper() == "POST" else ""
+    return RequestFacts(key, found, model, max(0, estimate), streamed, api_path)
 
 
 def is_event_stream(headers: Any) -> bool:
@@ -128,7 +131,7 @@ def read_json_answer(endpoint: str, status: int, headers: Any, body: bytes) -> A
         raise UnreadableAnswer(endpoint, status, _media_type(headers), body, str(exc)[:120]) from None
 
 
-def check_event_stream(endpoint: str, status: int, body: bytes) -> None:
+def check_event_stream(endpoint: str, status: int, body: bytes, api_path: str = "") -> None:
     """Raises :class:`UnreadableAnswer` for a streamed answer (its decoded body) that is not the provider's whole
     answer, as a proxy or a provider that failed mid-answer may end it:
 
@@ -149,40 +152,41 @@ def check_event_stream(endpoint: str, status: int, body: bytes) -> None:
         except (ValueError, RecursionError) as exc:
             raise UnreadableAnswer(endpoint, status, "text/event-stream", payload.encode("utf-8", "replace"),
                                    f"event {number} of the stream: {exc}"[:120]) from None
-    cut_off = unfinished_stream(payloads, events)
+    cut_off = unfinished_stream(payloads, events, api_path)
     if cut_off is not None:
         tail = payloads[-1] if payloads else ""
         raise UnreadableAnswer(endpoint, status, "text/event-stream", tail.encode("utf-8", "replace"), cut_off,
                                what="a stream cut off before its end")
 
 
-def check_answer(endpoint: str, path: str, status: int, headers: Any, body: bytes) -> Any:
-    """:func:`read_json_answer`, and raises :class:`UnreadableAnswer` for a 2xx answer that is not its API's
-    answer: an HTML page (a proxy's, a captive portal's: no provider API answers HTML), or JSON that is not in its
-    API's shape (see :mod:`answer_shapes`: the provider's error with a 200, a chat completion without choices)."""
+def check_answer(endpoint: str, api_path: str, status: int, headers: Any, body: bytes) -> Any:
+    """:func:`read_json_answer`, and for a POST to ``api_path`` (an API call; "": another request, not judged)
+    raises :class:`UnreadableAnswer` for a 2xx answer that is not its API's answer: an HTML page (a proxy's, a
+    captive portal's: no provider API answers a call with HTML), or JSON that is not in its API's shape (see
+    :mod:`answer_shapes`: the provider's error with a 200, a chat completion without choices)."""
     parsed = read_json_answer(endpoint, status, headers, body)
-    if not 200 <= status < 300:
+    if not api_path or not 200 <= status < 300:
         return parsed
     if _media_type(headers) == "text/html":
         raise UnreadableAnswer(endpoint, status, "text/html", body, "an HTML page, not an API's answer",
                                what=f"{len(body)} bytes of HTML")
     if parsed is not NOT_READ:
-        problem = shape_problem(path, parsed)
+        problem = shape_problem(api_path, parsed)
         if problem is not None:
             raise UnreadableAnswer(endpoint, status, _media_type(headers), body, problem,
                                    what="JSON that is not the API's answer")
     return parsed
 
 
-def check_kept_answer(endpoint: str, path: str, kept: Any) -> None:
+def check_kept_answer(endpoint: str, api_path: str, kept: Any) -> None:
     """Raises :class:`UnreadableAnswer` for a journaled answer that no client can read (kept before this was
     checked): it is asked again instead of replayed."""
     if isinstance(kept, dict) and kept.get("http") == 1 and isinstance(kept.get("status"), int):
         headers = {str(name).lower(): value for name, value in kept.get("headers") or []}
         if is_event_stream(headers):
-            check_event_stream(endpoint, kept["status"], decode_body(kept["body"]))
+            check_event_stream(endpoint, kept["status"], decode_body(kept["body"]), api_path)
             return
-        check_answer(endpoint, path, kept["status"], headers, decode_body(kept["body"]))
+        check_answer(endpoint, api_path, kept["status"], headers, decode_body(kept["body"]))
 
 
 def encode_body(body: bytes) -> dict[str, str]:

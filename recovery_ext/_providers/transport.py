@@ -123,7 +123,7 @@ class JournalingCore:
             # a kept answer no client can read (journaled before answers were checked) is asked again
             found = yield Blocking(functools.partial(pending.start, call_id=call_id,
                                                      check=functools.partial(check_kept_answer, guard.endpoint,
-                                                                             request.url.path)),
+                                                                             facts.api_path)),
                                    (guard.endpoint, call.model))
         except BaseException:
             yield Blocking(hold.release)  # nothing was sent
@@ -139,7 +139,8 @@ class JournalingCore:
                 raise self.http.HTTPStatusError(f"{guard.endpoint} answered HTTP {response.status_code}",
                                                 request=request, response=response)
             if is_event_stream(response.headers):
-                finish = functools.partial(self.finish_steps, guard, call, decision, hold, response, started)
+                finish = functools.partial(self.finish_steps, guard, call, decision, hold, response, started,
+                                           api_path=facts.api_path)
                 return tee(response, finish)
             try:
                 body = yield read(response)
@@ -149,19 +150,22 @@ class JournalingCore:
                                        b"", f"not {encoding}: {exc}"[:120], what="a body") from None
             # an answer the SDK could not read, or not its API's answer, is a failed attempt, never kept: kept,
             # every re-execution would replay it and fail the same way
-            parsed = check_answer(guard.endpoint, request.url.path, response.status_code, response.headers, body)
+            parsed = check_answer(guard.endpoint, facts.api_path, response.status_code, response.headers, body)
         except BaseException as exc:
             yield Blocking(self.failed, (guard, call, decision, hold, exc))
             raise
-        yield from self.finish_steps(guard, call, decision, hold, response, started, body, None, parsed)
+        yield from self.finish_steps(guard, call, decision, hold, response, started, body, None, parsed,
+                                     api_path=facts.api_path)
         return self.http.Response(response.status_code, headers=self.plain_headers(response.headers), content=body,
                                   extensions=response.extensions)
 
     def finish_steps(self, guard: ProviderGuard, call: GuardedCall, decision: BreakerDecision | None,
                      hold: AttemptHold, response: Any, started: float, body: bytes,
-                     error: BaseException | None, parsed: Any = NOT_READ) -> Steps[UnreadableAnswer | None]:
+                     error: BaseException | None, parsed: Any = NOT_READ, *,
+                     api_path: str = "") -> Steps[UnreadableAnswer | None]:
         """The answer is complete (``error`` None): recorded with its usage and kept; else the attempt failed.
-        ``parsed``: the body, already read as JSON (it is not parsed twice). Returns the
+        ``parsed``: the body, already read as JSON (it is not parsed twice); ``api_path``: the POST's path (a
+        stream is judged by its API's protocol). Returns the
         :class:`UnreadableAnswer` of a stream an event of which was cut off: a failed attempt, never kept (the
         stream raises it to the SDK reading it)."""
         if error is not None:
@@ -177,19 +181,20 @@ class JournalingCore:
             yield Blocking(self.failed, (guard, call, decision, hold, error))
             return unreadable
         try:
-            yield Blocking(self.answered, (guard, call, decision, hold, response, started, body, parsed))
+            yield Blocking(self.answered, (guard, call, decision, hold, response, started, body, parsed, api_path))
         except UnreadableAnswer as unreadable:
             yield Blocking(self.failed, (guard, call, decision, hold, unreadable))
             return unreadable
         return None
 
     def answered(self, guard: ProviderGuard, call: GuardedCall, decision: BreakerDecision | None,
-                 hold: AttemptHold, response: Any, started: float, body: bytes, parsed: Any = NOT_READ) -> None:
+                 hold: AttemptHold, response: Any, started: float, body: bytes, parsed: Any = NOT_READ,
+                 api_path: str = "") -> None:
         pending = call.pending
         assert pending is not None
         streamed = is_event_stream(response.headers)
         if streamed:  # before anything is recorded: an event cut off makes it a failed attempt
-            check_event_stream(guard.endpoint, response.status_code, body)
+            check_event_stream(guard.endpoint, response.status_code, body, api_path)
         record = answered_call(guard.endpoint, call.model, body, streamed=streamed,
                                latency=time.monotonic() - started, prices=self.prices, provider=self.provider,
                                parsed=parsed)
@@ -304,7 +309,9 @@ def _sync_classes(http: ModuleType) -> type:
                     try:
                         self.chunks.extend(self.chunks_left)
                     except Exception as exc:
-                        self._end(exc)
+                        unreadable = self._end(exc)
+                        if unreadable is not None:  # a corrupt encoding in the unread tail: retryable
+                            raise unreadable from None
                         raise
                     self._end(None)
             finally:
@@ -403,7 +410,9 @@ def _async_classes(http: ModuleType) -> type:
                     try:
                         self.chunks.extend([chunk async for chunk in self.chunks_left])
                     except Exception as exc:
-                        await self._end(exc)
+                        unreadable = await self._end(exc)
+                        if unreadable is not None:  # as the synchronous stream does
+                            raise unreadable from None
                         raise
                     await self._end(None)
             finally:

@@ -58,3 +58,18 @@ def test_an_html_page_with_a_200_is_unreadable_and_a_refusal_is_left_to_the_sdk(
     # not an answer at all: the SDK raises its own error for a 4xx or 5xx, whatever the body
     check_answer(URL, "/v1/chat/completions", 502, {"content-type": "text/html"}, page)
     check_answer(URL, "/v1/chat/completions", 400, JSON, b'{"error": {"message": "bad"}}')
+
+
+@pytest.mark.parametrize(("path", "value"), [
+    ("/v1/chat/completions", {"object": "list", "data": []}),  # a list's page (its GET), by its own shape
+    ("/api/embeddings", {"embedding": [0.1]}),  # Ollama's own API, not OpenAI's
+])
+def test_a_list_or_another_apis_answer_is_not_judged(path, value):
+    """A review: the path alone refused `client.chat.completions.list()` and Ollama's embeddings."""
+    assert shape_problem(path, value) is None
+
+
+def test_a_request_that_is_not_a_post_is_not_judged():
+    """The transport passes an API path only for a POST: a GET's answer (a stored file's HTML too) is the SDK's."""
+    assert check_answer(URL, "", 200, JSON, b'{"error": {"message": "x"}}') == {"error": {"message": "x"}}
+    check_answer(URL, "", 200, {"content-type": "text/html"}, b"<html></html>")

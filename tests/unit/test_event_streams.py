@@ -24,7 +24,7 @@ HEADERS = {"content-type": "text/event-stream; charset=utf-8"}
 def test_a_whole_stream_passes_and_its_usage_is_read(provider):
     body = "".join(STREAMS[provider]).encode()
     check_event_stream(URL, 200, body)
-    check_kept_answer(URL, PATH, kept_answer(200, HEADERS, body))
+    check_kept_answer(URL, "", kept_answer(200, HEADERS, body))
     usage, model = answer_usage(body, streamed=True)
     assert model == "m" and usage is not None and 12 in usage.values() and 4 in usage.values()
 
@@ -38,7 +38,7 @@ def test_a_stream_that_ends_inside_an_event_is_unreadable_and_a_kept_one_is_not_
     assert raised.value.retryable and raised.value.category == "server_error"
     assert "not kept" in raised.value.ledger_note
     with pytest.raises(UnreadableAnswer):
-        check_kept_answer(URL, PATH, kept_answer(200, HEADERS, cut.encode()))
+        check_kept_answer(URL, "", kept_answer(200, HEADERS, cut.encode()))
 
 
 def test_an_event_is_its_data_lines_joined_as_the_sse_standard_reads_them():
@@ -101,7 +101,7 @@ CUT_OFF = {
 @pytest.mark.parametrize("name", sorted(WHOLE))
 def test_a_stream_that_reached_its_apis_last_event_or_of_an_api_not_known_passes(name):
     check_event_stream(URL, 200, WHOLE[name])
-    check_kept_answer(URL, PATH, kept_answer(200, HEADERS, WHOLE[name]))
+    check_kept_answer(URL, "", kept_answer(200, HEADERS, WHOLE[name]))
 
 
 @pytest.mark.parametrize("name", sorted(CUT_OFF))
@@ -112,7 +112,7 @@ def test_a_stream_that_ended_before_its_apis_last_event_is_unreadable_and_a_kept
         check_event_stream(URL, 200, CUT_OFF[name])
     assert raised.value.retryable and "without" in raised.value.ledger_note
     with pytest.raises(UnreadableAnswer):
-        check_kept_answer(URL, PATH, kept_answer(200, HEADERS, CUT_OFF[name]))
+        check_kept_answer(URL, "", kept_answer(200, HEADERS, CUT_OFF[name]))
 
 
 # -- an event that does not parse is held back from the SDK ---------------------------------------------------------
@@ -142,3 +142,43 @@ def test_an_event_cut_off_then_ended_by_a_blank_line_is_stopped_before_the_sdk_p
     assert gate.feed(events[0].encode()) == events[0].encode()
     with pytest.raises(_BrokenEvent, match="event 2 of the stream"):
         gate.feed((events[1][:len(events[1]) // 2] + "\n\n").encode())
+
+
+# -- a review: the stream's API by the request's path, every choice, one CRLF -------------------------------------
+
+@pytest.mark.parametrize(("path", "body"), [
+    ("/v1/chat/completions", b""),  # a proxy closing cleanly after the headers
+    ("/v1/chat/completions", _events({"error": {"type": "server_error", "message": "Overloaded"}})),
+    ("/v1/messages", b'event: error\ndata: {"type": "error", "error": {"type": "overloaded_error"}}\n\n'),
+    ("/v1/responses", _events({"type": "error", "code": "server_error"})),
+], ids=["empty", "openai_error_only", "anthropic_error_first", "responses_error_only"])
+def test_a_stream_of_a_known_api_path_with_none_of_its_events_is_cut_off(path, body):
+    """A review: the API was guessed from the events only, so a stream holding none of its API's events (an error
+    event first, or nothing) was kept and replayed. The request's path names the API; another path is not judged."""
+    with pytest.raises(UnreadableAnswer, match="cut off before its end"):
+        check_event_stream(URL, 200, body, path)
+    with pytest.raises(UnreadableAnswer):
+        check_kept_answer(URL, path, kept_answer(200, HEADERS, body))
+    check_event_stream(URL, 200, body, "")  # not a POST to an API: not judged
+
+
+def test_with_n_choices_each_must_finish():
+    """A review: with n > 1 each chunk carries one choice, and the first choice's finish_reason was taken for the
+    end of the stream."""
+    def choice(index, reason):
+        return {**CHUNK, "choices": [{"index": index, "delta": {"content": "x"}, "finish_reason": reason}]}
+
+    with pytest.raises(UnreadableAnswer, match="cut off before its end"):
+        check_event_stream(URL, 200, _events(choice(0, None), choice(1, None), choice(0, "stop")), PATH)
+    check_event_stream(URL, 200, _events(choice(0, None), choice(1, None), choice(0, "stop"), choice(1, "length")),
+                       PATH)
+
+
+def test_one_crlf_is_a_line_end_not_an_event_end():
+    """A review: the gate's pattern matched one CRLF as CR then LF, so an event whose JSON spans data lines,
+    arriving a line at a time, was checked half-way and refused."""
+    event = b'data: {"object": "chat.completion.chunk",\r\ndata: "choices": []}\r\n\r\n'
+    gate = EventGate()
+    lines = event.split(b"\r\n")
+    passed = b"".join(gate.feed(line + b"\r\n") for line in lines[:-1]) + gate.rest()
+    assert passed == event and gate.events == 1
