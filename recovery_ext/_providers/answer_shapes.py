@@ -20,6 +20,7 @@ class AnswerShape:
     name: ClassVar[str]
     path_end: ClassVar[str]
     holds: ClassVar[str]
+    never_empty: ClassVar[bool] = False  # a whole answer holds at least one
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -30,6 +31,7 @@ class ChatCompletion(AnswerShape):
     """OpenAI's chat completions, and the servers compatible with it."""
 
     name, path_end, holds = "chat completion", "/chat/completions", "choices"
+    never_empty = True  # n >= 1: one choice at least (a filtered one says so in its finish_reason)
 
 
 class AnthropicMessage(AnswerShape):
@@ -58,10 +60,14 @@ def shape_problem(path: str, value: Any) -> str | None:
     path = path.rstrip("/")
     for shape in AnswerShape.registered:
         if path.endswith(shape.path_end):
-            if isinstance(value, dict) and (isinstance(value.get(shape.holds), list) or value.get("object") == "list"):
+            held = value.get(shape.holds) if isinstance(value, dict) else None
+            if isinstance(value, dict) and value.get("object") == "list":
+                return None
+            if isinstance(held, list) and (held or not shape.never_empty):
                 return None
             error = value.get("error") if isinstance(value, dict) else None
             if error:
                 return f"the provider's error, not a {shape.name}: {str(error)[:80]}"
-            return f"a {shape.name} without its {shape.holds} list"
+            return f"a {shape.name} with an empty {shape.holds} list" if isinstance(held, list) else \
+                f"a {shape.name} without its {shape.holds} list"
     return None

@@ -15,7 +15,7 @@ URL = "http://127.0.0.1:9/v1"
 JSON = {"content-type": "application/json"}
 WHOLE = [
     ("/v1/chat/completions", {"choices": [{"message": {"content": "a"}}]}),
-    ("/v1/chat/completions/", {"choices": []}),
+    ("/v1/chat/completions/", {"choices": [{"finish_reason": "content_filter"}]}),
     ("/v1/messages", {"type": "message", "content": []}),  # a refusal or an empty answer
     ("/v1/responses", {"status": "failed", "error": {"code": "server_error"}, "output": []}),  # a whole answer
     ("/v1/embeddings", {"data": [{"embedding": [0.1]}]}),
@@ -25,6 +25,7 @@ WHOLE = [
 NOT_ANSWERS = [
     ("/v1/chat/completions", {"error": {"message": "Overloaded"}}, "the provider's error, not a chat completion"),
     ("/v1/chat/completions", {"id": "x"}, "a chat completion without its choices list"),
+    ("/v1/chat/completions", {"id": "x", "choices": []}, "a chat completion with an empty choices list"),
     ("/v1/chat/completions", ["not", "an", "object"], "without its choices list"),
     ("/v1/messages", {"type": "error", "error": {"type": "overloaded_error"}}, "the provider's error, not a message"),
     ("/v1/responses", {"id": "r"}, "a response without its output list"),
