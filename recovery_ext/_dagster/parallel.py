@@ -165,9 +165,12 @@ class _Tally:
             self.result.done += 1
             self.streak = (None, 0)
             return
-        if not isinstance(exc, Exception) or in_chain(exc, STOPPING) is not None:
+        stop = in_chain(exc, STOPPING)
+        if isinstance(stop, StopRequested) and self.stopped_early and self._node_goes_on():
+            return  # the map's own stop ended this item's retry pause: an item left undone, not a fatal stop
+        if not isinstance(exc, Exception) or stop is not None:
             if self.fatal is None:
-                self.fatal = in_chain(exc, STOPPING) or exc
+                self.fatal = stop or exc
             return
         err = exc if isinstance(exc, ClassifiedError) else _classified(exc)
         self.failed_count += 1
@@ -183,6 +186,14 @@ class _Tally:
         self.streak = (kind, count)
         if count >= self.limit:
             self.stopped_early = True
+
+    def _node_goes_on(self) -> bool:
+        """No stop of the node's own (a take-over, the run worker's death) is behind a stop."""
+        try:
+            self.node.check_calls()
+        except STOPPING:
+            return False
+        return True
 
     def outcome(self) -> MapResult:
         if self.fatal is not None:

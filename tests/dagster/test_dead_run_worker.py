@@ -247,3 +247,32 @@ def test_a_provider_clients_retry_pause_ends_once_the_run_worker_died(in_tasks, 
     assert time.monotonic() - began < PAUSE  # the pauses ended before their time
     assert "the run worker died" in error.message
     assert server.statuses() == [503, 503]  # one request each, not retried
+
+
+@recoverable_op
+def stops_early_while_others_pause(ctx):
+    """Two items fail for good at once (the same error twice: the map stops early) while a third pauses to retry."""
+    def item_fn(item):
+        if item.key == "pauses":
+            raise ClassifiedError(category="server_error", retryable=True, message="the provider answered 503")
+        raise ClassifiedError(category="validation", retryable=False, message=f"bad document {item.key}")
+
+    ctx.map(item_fn, ["pauses", "bad-1", "bad-2"], concurrency=3)
+
+
+@job(executor_def=with_recovery(in_process_executor))
+def stopping_early_job():
+    stops_early_while_others_pause()
+
+
+def test_a_map_that_stops_early_reports_its_failed_items_not_a_take_over(store, db_url, monkeypatch):
+    """A new user's trial: the map's own stop ended a thread's retry pause with a StopRequested, which the map took
+    for a stop of the node (a take-over): the step said "superseded by another run; stopped without writing",
+    hid the items' failures and left the pipeline running."""
+    result = execute_in_process(stopping_early_job, raise_on_error=False, resources={"recovery": RecoveryResource(
+        database_url=db_url, same_error_limit=2, max_retries=3, retry_initial_delay=PAUSE, retry_jitter=0.0)})
+    (failure,) = [e for e in result.all_events if e.event_type == DagsterEventType.STEP_FAILURE]
+    message = failure.event_specific_data.error.message
+    assert "superseded" not in message and "bad document bad-1" in message and "bad document bad-2" in message
+    (pipeline,) = store.reports.list_pipelines()
+    assert pipeline.status == "failed"
