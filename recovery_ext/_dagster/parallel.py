@@ -28,7 +28,6 @@ import functools
 import inspect
 import logging
 import threading
-import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable, Iterator
 from concurrent.futures import Future
@@ -42,6 +41,7 @@ from recovery_ext._classify.classifier import ClassifiedError, classify
 from recovery_ext._classify.redaction import redact
 from recovery_ext._classify.retry import RetryPolicy, retry_if_retryable
 from recovery_ext._dagster.group_commit import GroupCommitter
+from recovery_ext._providers.steps import checked_async_sleep, checked_sleep
 from recovery_ext._errors import ConfigurationError, OwnershipLost, StopRequested, StoreUnavailable, in_chain
 from recovery_ext._settings import check_count
 from recovery_ext._store.statuses import ItemOutcome
@@ -107,8 +107,6 @@ LOGGED_FAILURES = 20  # item failures logged one by one; past that only summed u
 # and would only add its wait to each item (3 commits per item).
 BATCH_AT = 32
 BATCH_WAIT = 0.001
-# An item's retry pause is cut in slices this long: after each, the node is asked whether a new call may leave
-PAUSE_SLICE = 0.2
 
 # Errors that end the whole map at once: this worker may not go on (or was told to stop).
 STOPPING = (OwnershipLost, StopRequested, StoreUnavailable)
@@ -236,32 +234,13 @@ def _is_async_callable(fn: Any) -> bool:
 
 def _policy(node: NodeContext, retries: int | None, stop: threading.Event | None) -> RetryPolicy:
     overrides: dict[str, Any] = {"shutdown": stop}
-    if stop is not None:
-        overrides["sleep"] = functools.partial(_pause_in_thread, node, stop)
+    if stop is not None:  # a retry pause ends when the map stops, or once no new call may leave (superseded, or
+        # the run worker died): the retry would be refused, and an orphaned step must not outlive a long Retry-After
+        overrides["sleep"] = checked_sleep(stop, node.check_calls)
     if retries is not None:
         overrides["max_attempts"] = retries + 1
     policy: RetryPolicy = node.resource.retry_policy(**overrides)
     return policy
-
-
-def _pause_in_thread(node: NodeContext, stop: threading.Event, seconds: float) -> None:
-    """An item's retry pause in a map's thread. It ends at once when the map stops, or when no new call may leave
-    (this worker was superseded, or its run worker died): the retry would only be refused, and an orphaned step
-    process must not outlive its run worker by a long ``Retry-After``."""
-    deadline = time.monotonic() + seconds
-    while (left := deadline - time.monotonic()) > 0:
-        if stop.wait(min(left, PAUSE_SLICE)):
-            raise StopRequested("shutdown requested while waiting to retry")
-        node.check_calls()
-
-
-async def _pause_in_task(node: NodeContext, seconds: float) -> None:
-    """:func:`_pause_in_thread` for an asyncio task (which the map cancels itself when it stops)."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + seconds
-    while (left := deadline - loop.time()) > 0:
-        await asyncio.sleep(min(left, PAUSE_SLICE))
-        node.check_calls()
 
 
 # -- threads ------------------------------------------------------------------------------------------------
@@ -431,7 +410,7 @@ async def _run_item_async(node: NodeContext, item: Item, fn: Callable[[Any], Awa
     node.check_calls()
     retrying = tenacity.AsyncRetrying(
         stop=tenacity.stop_after_attempt(policy.max_attempts) | policy.same_error, wait=policy.retry_after,
-        retry=retry_if_retryable(), sleep=functools.partial(_pause_in_task, node),
+        retry=retry_if_retryable(), sleep=checked_async_sleep(node.check_calls),
         retry_error_callback=policy._give_up,
     )
     result: Any = None

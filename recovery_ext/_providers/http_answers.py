@@ -119,6 +119,14 @@ class UnreadableAnswer(ClassifiedError):
                                  "asks the provider again")
 
 
+def undecodable_answer(endpoint: str, status: int, headers: Any, body: bytes, exc: BaseException) -> UnreadableAnswer:
+    """The :class:`UnreadableAnswer` of a body whose content encoding does not decode (a corrupt gzip answer or
+    stream): no client could read it either. ``body``: what decoded before the error."""
+    encoding = str(headers.get("content-encoding", ""))
+    return UnreadableAnswer(endpoint, status, f"{_media_type(headers) or 'no content type'} ({encoding})", body,
+                            f"not {encoding}: {exc}"[:120], what=f"{len(body)} bytes decoded")
+
+
 def read_json_answer(endpoint: str, status: int, headers: Any, body: bytes) -> Any:
     """The JSON value of a 2xx answer whose content type says JSON; NOT_READ for any other answer. Raises
     :class:`UnreadableAnswer` when the body does not parse: the SDK could not read it either, and keeping it

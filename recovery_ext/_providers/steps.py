@@ -78,11 +78,19 @@ class SharedWait:
             return self._waiting == 0
 
 
+RETRY_STOPPED = "shutdown requested while waiting to retry"
+
+
 def checked_sleep(stop: threading.Event | None, check: Callable[[], None] | None,
-                  reason: str = "shutdown requested while waiting to retry") -> Callable[[float], None]:
+                  reason: str = RETRY_STOPPED) -> Callable[[float], None]:
     """A blocking sleep that ``stop`` being set (or ``check`` raising) ends within a slice: a retry pause that
     ends once no new call may leave."""
     return lambda seconds: _sleep_sync(Sleep(seconds, stop, check, reason))
+
+
+def checked_async_sleep(check: Callable[[], None]) -> Callable[[float], Awaitable[None]]:
+    """:func:`checked_sleep` for a task (whose stop is its cancellation)."""
+    return lambda seconds: _sleep_async(Sleep(seconds, None, check, RETRY_STOPPED))
 
 
 def _sleep_sync(step: Sleep) -> None:

@@ -41,13 +41,14 @@ from recovery_ext._providers.guard import AttemptHold, CircuitOpen, GuardedCall,
 from recovery_ext._providers.event_streams import _BrokenEvent, EventGate
 from recovery_ext._providers.http_answers import (NOT_READ, RequestFacts, UnreadableAnswer, answered_call,
                                                   check_answer, check_event_stream, check_kept_answer,
-                                                  decode_body, is_event_stream, kept_answer, request_facts)
+                                                  decode_body, is_event_stream, kept_answer, request_facts,
+                                                  undecodable_answer)
 from recovery_ext._providers.journal import MISS
 from recovery_ext._providers.budget import Reservation
 from recovery_ext._providers.ledger import current_scope
 from recovery_ext._providers.prices import Prices
 from recovery_ext._providers.spend import SpendReservation
-from recovery_ext._providers.steps import Blocking, Io, Sleep, Steps, drive, drive_async, in_thread
+from recovery_ext._providers.steps import RETRY_STOPPED, Blocking, Io, Sleep, Steps, drive, drive_async, in_thread
 from recovery_ext._store.models import BreakerDecision
 
 # Hop-by-hop and body-framing headers: the answer handed on is the decoded body, framed anew.
@@ -145,9 +146,7 @@ class JournalingCore:
             try:
                 body = yield read(response)
             except self.http.DecodingError as exc:  # a corrupt gzip body: no client could read it either
-                encoding = response.headers.get("content-encoding", "")
-                raise UnreadableAnswer(guard.endpoint, response.status_code, f"{_media(response)} ({encoding})",
-                                       b"", f"not {encoding}: {exc}"[:120], what="a body") from None
+                raise undecodable_answer(guard.endpoint, response.status_code, response.headers, b"", exc) from None
             # an answer the SDK could not read, or not its API's answer, is a failed attempt, never kept: kept,
             # every re-execution would replay it and fail the same way
             parsed = check_answer(guard.endpoint, facts.api_path, response.status_code, response.headers, body)
@@ -174,10 +173,8 @@ class JournalingCore:
                 error = unreadable = UnreadableAnswer(guard.endpoint, response.status_code, "text/event-stream",
                                                       error.payload.encode("utf-8", "replace"), str(error)[:120])
             elif isinstance(error, self.http.DecodingError):  # a corrupt gzip stream: no client could read it either
-                encoding = response.headers.get("content-encoding", "")
-                error = unreadable = UnreadableAnswer(guard.endpoint, response.status_code,
-                                                      f"text/event-stream ({encoding})", body,
-                                                      f"not {encoding}: {error}"[:120])
+                error = unreadable = undecodable_answer(guard.endpoint, response.status_code, response.headers,
+                                                        body, error)
             yield Blocking(self.failed, (guard, call, decision, hold, error))
             return unreadable
         try:
@@ -478,14 +475,10 @@ def _async_classes(http: ModuleType) -> type:
 
 
 def _sleep_steps(seconds: float, guard: ProviderGuard) -> Steps[None]:
-    yield Sleep(seconds, guard.shutdown, guard.check, "shutdown requested while waiting to retry")
+    yield Sleep(seconds, guard.shutdown, guard.check, RETRY_STOPPED)
 
 
 @functools.cache
 def transport_classes(http: ModuleType) -> tuple[type, type]:
     """The synchronous and asynchronous journaling transports for ``http`` (``httpx`` or ``httpx2``)."""
     return _sync_classes(http), _async_classes(http)
-
-
-def _media(response: Any) -> str:
-    return str(response.headers.get("content-type", "")).split(";")[0].strip().lower() or "no content type"
