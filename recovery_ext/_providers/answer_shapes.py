@@ -26,6 +26,11 @@ class AnswerShape:
         super().__init_subclass__(**kwargs)
         AnswerShape.registered.append(cls)
 
+    @classmethod
+    def failure(cls, value: dict[str, Any]) -> str | None:
+        """Why an answer in this API's shape still is the provider's error, not its answer; None: it is not."""
+        return None
+
 
 class ChatCompletion(AnswerShape):
     """OpenAI's chat completions, and the servers compatible with it."""
@@ -41,9 +46,33 @@ class AnthropicMessage(AnswerShape):
 
 
 class OpenAIResponse(AnswerShape):
-    """OpenAI's responses (a failed or incomplete response still holds its ``output``)."""
+    """OpenAI's responses. An incomplete one is a whole answer (cut at ``max_output_tokens`` or by a filter: the
+    SDK reads its reason), and so is one that failed for its request (an image it cannot read: asked again, it
+    fails the same). One that failed for the provider's own trouble (:func:`failed_for_a_while`) is not: kept,
+    every re-execution would replay that failure."""
 
     name, path_end, holds = "response", "/responses", "output"
+
+    @classmethod
+    def failure(cls, value: dict[str, Any]) -> str | None:
+        if failed_for_a_while(value):
+            return f"a response failed for the provider's trouble: {str(value.get('error'))[:80]}"
+        return None
+
+
+# The error codes of a failed OpenAI response that say the provider failed, not the request: another try may
+# succeed. The others (invalid_prompt, the image errors...) fail the same each time.
+PROVIDER_TROUBLE = frozenset({"server_error", "rate_limit_exceeded", "vector_store_timeout"})
+
+
+def failed_for_a_while(response: Any) -> bool:
+    """An OpenAI response (a POST's answer, or a stream's ``response.failed`` event's ``response``) that failed
+    for the provider's own trouble, or with no code that says otherwise."""
+    if not isinstance(response, dict) or response.get("status") != "failed":
+        return False
+    error = response.get("error")
+    code = error.get("code") if isinstance(error, dict) else None
+    return code is None or code in PROVIDER_TROUBLE
 
 
 class Embeddings(AnswerShape):
@@ -64,7 +93,8 @@ def shape_problem(path: str, value: Any) -> str | None:
             if isinstance(value, dict) and value.get("object") == "list":
                 return None
             if isinstance(held, list) and (held or not shape.never_empty):
-                return None
+                assert isinstance(value, dict)
+                return shape.failure(value)
             error = value.get("error") if isinstance(value, dict) else None
             if error:
                 return f"the provider's error, not a {shape.name}: {str(error)[:80]}"

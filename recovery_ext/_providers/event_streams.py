@@ -14,6 +14,8 @@ import json
 import re
 from typing import Any, ClassVar
 
+from recovery_ext._providers.answer_shapes import failed_for_a_while
+
 DONE = "[DONE]"
 
 
@@ -109,7 +111,8 @@ class EventGate:
 class StreamProtocol:
     """One API's event stream. A subclass is registered when it is defined. A stream is its protocol's when the
     request's path ends with ``path_end`` (a POST to the API), or else when ``recognizes`` one of its events (a
-    server reached by another path); ``finished`` says its events hold the whole answer."""
+    server reached by another path); ``finished`` says its events hold the whole answer (``usage_asked``: the
+    request asked for its usage in the stream, OpenAI's ``stream_options.include_usage``)."""
 
     registered: ClassVar[list[type[StreamProtocol]]] = []
     name: ClassVar[str]
@@ -125,9 +128,14 @@ class StreamProtocol:
         raise NotImplementedError
 
     @classmethod
-    def finished(cls, events: list[dict[str, Any]], payloads: list[str]) -> bool:
+    def finished(cls, events: list[dict[str, Any]], payloads: list[str], usage_asked: bool) -> bool:
         """``events``: the stream's JSON objects; ``payloads``: every event's data, as text."""
         raise NotImplementedError
+
+    @classmethod
+    def end_named(cls, usage_asked: bool) -> str:
+        """The end a cut-off stream's error names as missing."""
+        return cls.last_event
 
 
 def _all_finished(choices: list[Any], reason: str) -> bool:
@@ -147,8 +155,9 @@ def _all_finished(choices: list[Any], reason: str) -> bool:
 class OpenAIChatChunks(StreamProtocol):
     """OpenAI's chat completions, and the servers compatible with it (Groq, Mistral, Together, vLLM, Ollama...):
     ``chat.completion.chunk`` events, then ``data: [DONE]``. A server that leaves ``[DONE]`` out still ends each
-    choice with a ``finish_reason``, so every choice finished counts as the end too (only the usage chunk may
-    follow)."""
+    choice with a ``finish_reason``, so every choice finished counts as the end too, unless the request asked for
+    the usage chunk that follows them: without it the ledger and the spend caps would count the answer as 0
+    tokens. (A server that ignores ``include_usage`` still ends with ``[DONE]``.)"""
 
     name = "OpenAI chat completions"
     path_end = "/chat/completions"
@@ -159,16 +168,24 @@ class OpenAIChatChunks(StreamProtocol):
         return event.get("object") == "chat.completion.chunk"
 
     @classmethod
-    def finished(cls, events: list[dict[str, Any]], payloads: list[str]) -> bool:
+    def finished(cls, events: list[dict[str, Any]], payloads: list[str], usage_asked: bool) -> bool:
         if DONE in payloads:
             return True
+        if usage_asked and not any(isinstance(event.get("usage"), dict) for event in events):
+            return False
         choices = [c for e in events if isinstance(e.get("choices"), list) for c in e["choices"]]
         return _all_finished(choices, "finish_reason")
 
+    @classmethod
+    def end_named(cls, usage_asked: bool) -> str:
+        return "data: [DONE] (or the usage chunk the request asked for)" if usage_asked else cls.last_event
+
 
 class OpenAIResponses(StreamProtocol):
-    """OpenAI's responses API: ``response.*`` events, ending with the response completed, incomplete or failed
-    (the last two are whole answers too: the SDK reads their reason)."""
+    """OpenAI's responses API: ``response.*`` events, ending with the response completed, incomplete (a whole
+    answer too, cut at ``max_output_tokens`` or by a content filter: the SDK reads its reason) or failed. A failure
+    for the provider's own trouble (``server_error``...) is the provider's error, as an error event is, not an end:
+    kept, every re-execution would replay it; one for the request (an image it cannot read) is its answer."""
 
     name = "OpenAI responses"
     path_end = "/responses"
@@ -181,8 +198,9 @@ class OpenAIResponses(StreamProtocol):
         return isinstance(kind, str) and kind.startswith("response.")
 
     @classmethod
-    def finished(cls, events: list[dict[str, Any]], payloads: list[str]) -> bool:
-        return any(event.get("type") in cls.ENDS for event in events)
+    def finished(cls, events: list[dict[str, Any]], payloads: list[str], usage_asked: bool) -> bool:
+        return any(event.get("type") in cls.ENDS and not failed_for_a_while(event.get("response"))
+                   for event in events)
 
 
 class AnthropicMessages(StreamProtocol):
@@ -200,7 +218,7 @@ class AnthropicMessages(StreamProtocol):
         return event.get("type") in cls.KINDS
 
     @classmethod
-    def finished(cls, events: list[dict[str, Any]], payloads: list[str]) -> bool:
+    def finished(cls, events: list[dict[str, Any]], payloads: list[str], usage_asked: bool) -> bool:
         for event in events:
             delta = event.get("delta")
             if event.get("type") == "message_stop" or (
@@ -222,7 +240,7 @@ class GeminiCandidates(StreamProtocol):
         return isinstance(event.get("candidates"), list)
 
     @classmethod
-    def finished(cls, events: list[dict[str, Any]], payloads: list[str]) -> bool:
+    def finished(cls, events: list[dict[str, Any]], payloads: list[str], usage_asked: bool) -> bool:
         candidates = [c for e in events if isinstance(e.get("candidates"), list) for c in e["candidates"]]
         return _all_finished(candidates, "finishReason")
 
@@ -242,13 +260,15 @@ def stream_protocol(path: str, events: list[Any]) -> type[StreamProtocol] | None
     return None
 
 
-def unfinished_stream(payloads: list[str], events: list[Any], path: str = "") -> str | None:
+def unfinished_stream(payloads: list[str], events: list[Any], path: str = "", *,
+                      usage_asked: bool = False) -> str | None:
     """Why a stream is cut off (its protocol's last event never came: it ended between two events, on an error
     event, or before any), or None: it reached its end, or its protocol is not known. ``payloads``: every event's
-    data; ``events``: the JSON values among them; ``path``: the POST request's path ("": not known)."""
+    data; ``events``: the JSON values among them; ``path``: the POST request's path ("": not known);
+    ``usage_asked``: the request asked for the stream's usage."""
     protocol = stream_protocol(path, events)
     if protocol is None:
         return None
-    if protocol.finished([e for e in events if isinstance(e, dict)], payloads):
+    if protocol.finished([e for e in events if isinstance(e, dict)], payloads, usage_asked):
         return None
-    return f"the {protocol.name} stream ended after {len(payloads)} events, without {protocol.last_event}"
+    return f"the {protocol.name} stream ended after {len(payloads)} events, without {protocol.end_named(usage_asked)}"

@@ -22,7 +22,8 @@ from typing import Any
 from recovery_ext._classify.classifier import ClassifiedError
 from recovery_ext._classify.redaction import redact
 from recovery_ext._providers.answer_shapes import shape_problem
-from recovery_ext._providers.event_streams import DONE, event_payloads, event_values, unfinished_stream
+from recovery_ext._providers.event_streams import (DONE, event_payloads, event_values, stream_protocol,
+                                                   unfinished_stream)
 from recovery_ext._providers.jobs import UNREADABLE_RESULT
 from recovery_ext._providers.journal import fingerprint
 from recovery_ext._providers.prices import Prices
@@ -47,6 +48,7 @@ class RequestFacts:
     estimated_tokens: int    # an upper bound: the body at 3 characters a token plus the most the answer may hold
     streamed: bool
     api_path: str = ""       # a POST's path (an API call, its answer judged by its API's shape); "": not a POST
+    usage_asked: bool = False  # a stream asked to end with its usage (OpenAI's stream_options.include_usage)
 
 
 def request_facts(method: str, url: str, headers: Any, body: bytes, *, answer_tokens: int) -> RequestFacts:
@@ -60,8 +62,10 @@ def request_facts(method: str, url: str, headers: Any, body: bytes, *, answer_to
         most = next((data[k] for k in ("max_tokens", "max_completion_tokens", "max_output_tokens")
                      if isinstance(data.get(k), int) and not isinstance(data.get(k), bool)), None)
         streamed = data.get("stream") is True
+        options = data.get("stream_options")
+        usage_asked = streamed and isinstance(options, dict) and options.get("include_usage") is True
     else:
-        model, most, streamed = None, None, False
+        model, most, streamed, usage_asked = None, None, False, False
     shown: Any = data if data is not None else {"sha256": hashlib.sha256(body).hexdigest()}
     found = fingerprint("http", method.upper(), url, shown)
     if found is None:  # a body with a NaN in it: hashed as bytes
@@ -72,7 +76,7 @@ def request_facts(method: str, url: str, headers: Any, body: bytes, *, answer_to
         key = None
     estimate = len(body) // 3 + 8 + (most if most is not None else answer_tokens)
     api_path = urlsplit(url).path if method.upper() == "POST" else ""
-    return RequestFacts(key, found, model, max(0, estimate), streamed, api_path)
+    return RequestFacts(key, found, model, max(0, estimate), streamed, api_path, usage_asked)
 
 
 def is_event_stream(headers: Any) -> bool:
@@ -139,13 +143,15 @@ def read_json_answer(endpoint: str, status: int, headers: Any, body: bytes) -> A
         raise UnreadableAnswer(endpoint, status, _media_type(headers), body, str(exc)[:120]) from None
 
 
-def check_event_stream(endpoint: str, status: int, body: bytes, api_path: str = "") -> None:
+def check_event_stream(endpoint: str, status: int, body: bytes, api_path: str = "", *,
+                       usage_asked: bool = False) -> None:
     """Raises :class:`UnreadableAnswer` for a streamed answer (its decoded body) that is not the provider's whole
     answer, as a proxy or a provider that failed mid-answer may end it:
 
     - an event holds JSON that does not parse: it was cut off as the stream ended;
     - the stream's API is known and its last event never came (see :mod:`event_streams`): it ended between two
-      events, or on an error event.
+      events, or on an error event (or, when the request asked for the stream's usage, before it: see
+      ``usage_asked``).
 
     An SDK drops such a last event, or stops at the connection's end: either way the answer it shows is not the
     provider's whole answer, and keeping it would replay that to every re-execution. Events that are not JSON
@@ -160,7 +166,7 @@ def check_event_stream(endpoint: str, status: int, body: bytes, api_path: str = 
         except (ValueError, RecursionError) as exc:
             raise UnreadableAnswer(endpoint, status, "text/event-stream", payload.encode("utf-8", "replace"),
                                    f"event {number} of the stream: {exc}"[:120]) from None
-    cut_off = unfinished_stream(payloads, events, api_path)
+    cut_off = unfinished_stream(payloads, events, api_path, usage_asked=usage_asked)
     if cut_off is not None:
         tail = payloads[-1] if payloads else ""
         raise UnreadableAnswer(endpoint, status, "text/event-stream", tail.encode("utf-8", "replace"), cut_off,
@@ -186,13 +192,26 @@ def check_answer(endpoint: str, api_path: str, status: int, headers: Any, body: 
     return parsed
 
 
-def check_kept_answer(endpoint: str, api_path: str, kept: Any) -> None:
+def stream_reached_end(body: bytes, api_path: str, *, usage_asked: bool = False) -> bool:
+    """A stream (its decoded bytes so far) is its API's whole answer: whatever stops its reader now (a tail read
+    cancelled, a connection reset before the chunked body's end), the provider finished and billed it. False for
+    a stream no protocol knows: nothing says it ended."""
+    if stream_protocol(api_path, event_values(body)) is None:
+        return False
+    try:
+        check_event_stream("", 200, body, api_path, usage_asked=usage_asked)
+    except UnreadableAnswer:
+        return False
+    return True
+
+
+def check_kept_answer(endpoint: str, api_path: str, kept: Any, *, usage_asked: bool = False) -> None:
     """Raises :class:`UnreadableAnswer` for a journaled answer that no client can read (kept before this was
     checked): it is asked again instead of replayed."""
     if isinstance(kept, dict) and kept.get("http") == 1 and isinstance(kept.get("status"), int):
         headers = {str(name).lower(): value for name, value in kept.get("headers") or []}
         if is_event_stream(headers):
-            check_event_stream(endpoint, kept["status"], decode_body(kept["body"]), api_path)
+            check_event_stream(endpoint, kept["status"], decode_body(kept["body"]), api_path, usage_asked=usage_asked)
             return
         check_answer(endpoint, api_path, kept["status"], headers, decode_body(kept["body"]))
 

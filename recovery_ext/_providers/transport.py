@@ -42,7 +42,7 @@ from recovery_ext._providers.event_streams import _BrokenEvent, EventGate
 from recovery_ext._providers.http_answers import (NOT_READ, RequestFacts, UnreadableAnswer, answered_call,
                                                   check_answer, check_event_stream, check_kept_answer,
                                                   decode_body, is_event_stream, kept_answer, request_facts,
-                                                  undecodable_answer)
+                                                  stream_reached_end, undecodable_answer)
 from recovery_ext._providers.journal import MISS
 from recovery_ext._providers.budget import Reservation
 from recovery_ext._providers.ledger import current_scope
@@ -59,7 +59,8 @@ GuardFor = Callable[[Any, Any], "ProviderGuard | None"]
 # What a streamed answer runs once it ends (the answer's bytes, the error that ended it): the finishing steps,
 # returning the UnreadableAnswer the stream then raises to its reader.
 Finish = Callable[..., Steps[UnreadableAnswer | None]]
-Tee = Callable[[Any, Finish], Any]
+# ``whole``: whether a stream's decoded bytes so far are its API's whole answer (see stream_reached_end)
+Tee = Callable[[Any, Finish, Callable[[bytes], bool]], Any]
 
 
 class JournalingCore:
@@ -124,7 +125,8 @@ class JournalingCore:
             # a kept answer no client can read (journaled before answers were checked) is asked again
             found = yield Blocking(functools.partial(pending.start, call_id=call_id,
                                                      check=functools.partial(check_kept_answer, guard.endpoint,
-                                                                             facts.api_path)),
+                                                                             facts.api_path,
+                                                                             usage_asked=facts.usage_asked)),
                                    (guard.endpoint, call.model))
         except BaseException:
             yield Blocking(hold.release)  # nothing was sent
@@ -141,8 +143,9 @@ class JournalingCore:
                                                 request=request, response=response)
             if is_event_stream(response.headers):
                 finish = functools.partial(self.finish_steps, guard, call, decision, hold, response, started,
-                                           api_path=facts.api_path)
-                return tee(response, finish)
+                                           facts=facts)
+                return tee(response, finish, functools.partial(stream_reached_end, api_path=facts.api_path,
+                                                               usage_asked=facts.usage_asked))
             try:
                 body = yield read(response)
             except self.http.DecodingError as exc:  # a corrupt gzip body: no client could read it either
@@ -154,17 +157,17 @@ class JournalingCore:
             yield Blocking(self.failed, (guard, call, decision, hold, exc))
             raise
         yield from self.finish_steps(guard, call, decision, hold, response, started, body, None, parsed,
-                                     api_path=facts.api_path)
+                                     facts=facts)
         return self.http.Response(response.status_code, headers=self.plain_headers(response.headers), content=body,
                                   extensions=response.extensions)
 
     def finish_steps(self, guard: ProviderGuard, call: GuardedCall, decision: BreakerDecision | None,
                      hold: AttemptHold, response: Any, started: float, body: bytes,
                      error: BaseException | None, parsed: Any = NOT_READ, *,
-                     api_path: str = "") -> Steps[UnreadableAnswer | None]:
+                     facts: RequestFacts) -> Steps[UnreadableAnswer | None]:
         """The answer is complete (``error`` None): recorded with its usage and kept; else the attempt failed.
-        ``parsed``: the body, already read as JSON (it is not parsed twice); ``api_path``: the POST's path (a
-        stream is judged by its API's protocol). Returns the
+        ``parsed``: the body, already read as JSON (it is not parsed twice); ``facts``: the request's (a stream is
+        judged by its API's protocol, and by whether it asked for its usage). Returns the
         :class:`UnreadableAnswer` of a stream an event of which was cut off: a failed attempt, never kept (the
         stream raises it to the SDK reading it)."""
         if error is not None:
@@ -178,20 +181,21 @@ class JournalingCore:
             yield Blocking(self.failed, (guard, call, decision, hold, error))
             return unreadable
         try:
-            yield Blocking(self.answered, (guard, call, decision, hold, response, started, body, parsed, api_path))
+            yield Blocking(self.answered, (guard, call, decision, hold, response, started, body, parsed, facts))
         except UnreadableAnswer as unreadable:
             yield Blocking(self.failed, (guard, call, decision, hold, unreadable))
             return unreadable
         return None
 
     def answered(self, guard: ProviderGuard, call: GuardedCall, decision: BreakerDecision | None,
-                 hold: AttemptHold, response: Any, started: float, body: bytes, parsed: Any = NOT_READ,
-                 api_path: str = "") -> None:
+                 hold: AttemptHold, response: Any, started: float, body: bytes, parsed: Any,
+                 facts: RequestFacts) -> None:
         pending = call.pending
         assert pending is not None
         streamed = is_event_stream(response.headers)
         if streamed:  # before anything is recorded: an event cut off makes it a failed attempt
-            check_event_stream(guard.endpoint, response.status_code, body, api_path)
+            check_event_stream(guard.endpoint, response.status_code, body, facts.api_path,
+                               usage_asked=facts.usage_asked)
         record = answered_call(guard.endpoint, call.model, body, streamed=streamed,
                                latency=time.monotonic() - started, prices=self.prices, provider=self.provider,
                                parsed=parsed)
@@ -265,8 +269,8 @@ def _sync_classes(http: ModuleType) -> type:
     class TeeStream(http.SyncByteStream):  # type: ignore[name-defined,misc]  # httpx, passed in (imported only when used)
         """The answer's chunks to the caller as they arrive; kept once the stream ends."""
 
-        def __init__(self, inner: Any, finish: Finish, encoding: str | None) -> None:
-            self.inner, self.finish, self.done = inner, finish, False
+        def __init__(self, inner: Any, finish: Finish, whole: Callable[[bytes], bool], encoding: str | None) -> None:
+            self.inner, self.finish, self.whole, self.done = inner, finish, whole, False
             self.chunks: list[bytes] = []
             self.gate = EventGate()
             # an encoded stream is decoded by httpx's own decoders, chunk by chunk as it arrives
@@ -277,10 +281,20 @@ def _sync_classes(http: ModuleType) -> type:
             try:
                 for chunk in self.chunks_left:
                     self.chunks.append(chunk)
-                    whole = self.gate.feed(chunk)
-                    if whole:
-                        yield whole
+                    events = self.gate.feed(chunk)
+                    if events:
+                        yield events
             except BaseException as exc:
+                # its last event came first: whatever stopped the read (a reset before the chunked body's end, a
+                # reader that gave up on the tail), the provider finished and billed the answer, and it is kept
+                if self.whole(b"".join(self.chunks)):
+                    self._end(None)
+                    if not isinstance(exc, Exception):  # a stop (GeneratorExit, KeyboardInterrupt) goes on
+                        raise
+                    rest = self.gate.rest()
+                    if rest:
+                        yield rest
+                    return
                 unreadable = self._end(exc)
                 if unreadable is not None:  # a broken event, a corrupt encoding: retryable, as a cut-off answer
                     raise unreadable from None
@@ -306,10 +320,11 @@ def _sync_classes(http: ModuleType) -> type:
                     try:
                         self.chunks.extend(self.chunks_left)
                     except Exception as exc:
-                        unreadable = self._end(exc)
-                        if unreadable is not None:  # a corrupt encoding in the unread tail: retryable
-                            raise unreadable from None
-                        raise
+                        if not self.whole(b"".join(self.chunks)):  # else: the tail failed after the last event
+                            unreadable = self._end(exc)
+                            if unreadable is not None:  # a corrupt encoding in the unread tail: retryable
+                                raise unreadable from None
+                            raise
                     self._end(None)
             finally:
                 self.inner.close()
@@ -330,10 +345,10 @@ def _sync_classes(http: ModuleType) -> type:
             guard, call, facts = planned
             send = Io(lambda: self.inner.handle_request(request), None)
 
-            def tee(response: Any, finish: Finish) -> Any:
+            def tee(response: Any, finish: Finish, whole: Callable[[bytes], bool]) -> Any:
                 headers, encoding = self.core.stream_parts(response)
                 return http.Response(response.status_code, headers=headers,
-                                     stream=TeeStream(response.stream, finish, encoding),
+                                     stream=TeeStream(response.stream, finish, whole, encoding),
                                      extensions=response.extensions)
 
             def attempt() -> Any:
@@ -360,6 +375,8 @@ def _sync_classes(http: ModuleType) -> type:
 
 
 def _async_classes(http: ModuleType) -> type:
+    import anyio  # httpx's own dependency: its asynchronous transports run on it
+
     class AsyncRawChunks(http.AsyncByteStream):  # type: ignore[name-defined,misc]  # httpx, passed in (imported only when used)
         def __init__(self, inner: Any) -> None:
             self.inner = inner
@@ -369,8 +386,9 @@ def _async_classes(http: ModuleType) -> type:
                 yield chunk
 
     class AsyncTeeStream(http.AsyncByteStream):  # type: ignore[name-defined,misc]  # httpx, passed in (imported only when used)
-        def __init__(self, inner: Any, finish: Finish, context: contextvars.Context, encoding: str | None) -> None:
-            self.inner, self.finish, self.context, self.done = inner, finish, context, False
+        def __init__(self, inner: Any, finish: Finish, whole: Callable[[bytes], bool], context: contextvars.Context,
+                     encoding: str | None) -> None:
+            self.inner, self.finish, self.whole, self.context, self.done = inner, finish, whole, context, False
             self.chunks: list[bytes] = []
             self.gate = EventGate()
             self.chunks_left = inner.__aiter__() if encoding is None else http.Response(
@@ -380,10 +398,20 @@ def _async_classes(http: ModuleType) -> type:
             try:
                 async for chunk in self.chunks_left:
                     self.chunks.append(chunk)
-                    whole = self.gate.feed(chunk)
-                    if whole:
-                        yield whole
+                    events = self.gate.feed(chunk)
+                    if events:
+                        yield events
             except BaseException as exc:
+                # as the synchronous stream does; a cancellation too: the OpenAI SDK reads the tail after
+                # [DONE] for 0.1 s only, then cancels the read
+                if self.whole(b"".join(self.chunks)):
+                    await self._end(None)
+                    if not isinstance(exc, Exception):
+                        raise
+                    rest = self.gate.rest()
+                    if rest:
+                        yield rest
+                    return
                 unreadable = await self._end(exc)
                 if unreadable is not None:  # as the synchronous stream does
                     raise unreadable from None
@@ -399,7 +427,11 @@ def _async_classes(http: ModuleType) -> type:
             if self.done:
                 return None
             self.done = True
-            return await drive_async(self.finish(b"".join(self.chunks), error), self.context)
+            # shielded: a reader cancelled (a timeout around the SDK's read) still has its attempt recorded, and
+            # a whole answer kept, before the cancellation goes on
+            with anyio.CancelScope(shield=True):
+                unreadable = await drive_async(self.finish(b"".join(self.chunks), error), self.context)
+            return unreadable
 
         async def aclose(self) -> None:
             try:
@@ -407,10 +439,11 @@ def _async_classes(http: ModuleType) -> type:
                     try:
                         self.chunks.extend([chunk async for chunk in self.chunks_left])
                     except Exception as exc:
-                        unreadable = await self._end(exc)
-                        if unreadable is not None:  # as the synchronous stream does
-                            raise unreadable from None
-                        raise
+                        if not self.whole(b"".join(self.chunks)):  # as the synchronous stream does
+                            unreadable = await self._end(exc)
+                            if unreadable is not None:
+                                raise unreadable from None
+                            raise
                     await self._end(None)
             finally:
                 await self.inner.aclose()
@@ -433,10 +466,10 @@ def _async_classes(http: ModuleType) -> type:
             context = contextvars.copy_context()
             send = Io(None, lambda: self.inner.handle_async_request(request))
 
-            def tee(response: Any, finish: Finish) -> Any:
+            def tee(response: Any, finish: Finish, whole: Callable[[bytes], bool]) -> Any:
                 headers, encoding = self.core.stream_parts(response)
                 return http.Response(response.status_code, headers=headers,
-                                     stream=AsyncTeeStream(response.stream, finish, context, encoding),
+                                     stream=AsyncTeeStream(response.stream, finish, whole, context, encoding),
                                      extensions=response.extensions)
 
             async def attempt() -> Any:

@@ -240,6 +240,65 @@ def test_a_stream_cut_off_before_its_end_is_a_failed_attempt_never_kept_and_the_
     assert good.tokens_in > 0 and good.replays == 0  # the whole answer, with its usage; nothing replayed
 
 
+@pytest.mark.parametrize("mode", ["stream", "astream"])
+def test_a_stream_cut_between_its_finish_reason_and_the_usage_it_asked_for_is_asked_again(
+        mode, stand_in, store, db_url, monkeypatch):
+    """The request asked for the usage chunk (``stream_options.include_usage``), and the stream ended after every
+    choice finished, before that chunk and ``[DONE]``. Before: it passed for whole, was kept without usage and
+    recorded as 0 tokens, so the ledger and the spend caps under-counted what the provider billed, and every
+    re-execution replayed it. Now it is cut off: asked again, and only the answer with its usage is kept."""
+    server, url = stand_in
+    server.script = ["cut_before_usage"]
+    monkeypatch.setitem(SETTINGS, "mode", mode)
+    result = run(once_in_mode, resource("openai", url), db_url, monkeypatch)
+    assert result.success
+    assert len(server.truncated()) == 1 and len(server.answered()) == 1
+    rows = ledger(store)
+    assert sorted(r.outcome for r in rows) == ["ok", "unreadable_result"]
+    [bad] = [r for r in rows if r.outcome == "unreadable_result"]
+    assert "cut off before its end" in bad.note and "usage" in bad.note, bad.note
+    [good] = [r for r in rows if r.outcome == "ok"]
+    charged = server.answered()[0]
+    assert (good.tokens_in, good.tokens_out) == (charged.tokens_in, charged.tokens_out)
+
+
+@recoverable_op(required_resource_keys={"llm"})
+def asked_twice(ctx: NodeContext) -> str:
+    """Asks once; the first attempt then fails, and its retry (a re-execution of the node) asks the same again."""
+    for item in ctx.items(["only"]):
+        ANSWERS.append({"answer": ask(ctx.context.resources.llm, SETTINGS["mode"], "question only")})
+        if ctx.context.retry_number == 0:
+            raise ClassifiedError(category="server_error", retryable=True, message="failed after the answer")
+        item.complete(ANSWERS[-1]["answer"])
+    return "done"
+
+
+@pytest.mark.parametrize("tail", ["slow", "reset"])
+@pytest.mark.parametrize(("provider", "mode"), [("openai", "stream"), ("openai", "astream"), ("anthropic", "stream"),
+                                             ("anthropic", "astream")])
+def test_a_whole_stream_whose_connection_ends_late_or_badly_is_kept_and_replayed_not_paid_again(
+        tail, provider, mode, stand_in, store, db_url, monkeypatch):
+    """The stream's last event came, then its connection stayed open 0.5 s more (a slow proxy), or was closed
+    before the chunked body's end (a proxy's reset). The OpenAI async SDK drains a slow tail under a 0.1 s
+    timeout, then cancels the read; a reset reaches an SDK that reads to the end (Anthropic's) as an error. Before:
+    the attempt was recorded as failed and its answer not kept, although the provider had finished (and billed) it:
+    the retry asked again and paid twice (and after a reset the caller failed). Now a stream that reached its end
+    is recorded and kept whatever stops its tail, and the retry replays it."""
+    server, url = stand_in
+    server.slow_tail = 0.5 if tail == "slow" else 0.0
+    server.reset_tail = tail == "reset"
+    ANSWERS.clear()
+    monkeypatch.setitem(SETTINGS, "mode", mode)
+    result = run(asked_twice, resource(provider, url), db_url, monkeypatch)
+    assert result.success
+    assert ANSWERS == [{"answer": "answer to question only"}] * 2
+    assert len(server.requests) == 1  # the retry replayed the kept answer
+    [row] = ledger(store)
+    charged = server.requests[0]
+    assert (row.outcome, row.tokens_in, row.tokens_out, row.replays) == (
+        "ok", charged.tokens_in, charged.tokens_out, 1)
+
+
 HERE = Path(__file__).resolve().parents[1] / "support"
 
 

@@ -8,7 +8,10 @@ only its JSON is broken), or for a streamed request an event stream that ends in
 stream's chunked framing ends cleanly); for a streamed request also ``"cut_between_events"`` (the stream ends
 cleanly after its second text event, without the events that end an answer), ``"error_event"`` (an error event after
 the first text event, as a provider overloaded mid-answer sends), ``"cut_then_blank_line"`` (cut inside its second
-text event, then a blank line) or ``"corrupt_gzip"`` (said to be gzip: a gzip header, then plain events);
+text event, then a blank line), ``"corrupt_gzip"`` (said to be gzip: a gzip header, then plain events) or
+``"cut_before_usage"`` (an OpenAI stream that ends after its ``finish_reason``, before the usage chunk and
+``[DONE]``); ``slow_tail``: seconds a stream stays open after its last event; ``reset_tail``: a stream's connection
+closed after its last event, before the chunked body's end;
 ``gzip_streams``: every stream gzip-encoded; ``tokens``/``window`` is a token quota over a sliding window, refused
 with a 429 and Retry-After as providers do (a refused request charges nothing).
 """
@@ -55,6 +58,12 @@ class SdkStandIn:
         self.latency, self.quota_tokens, self.window, self.retry_after = latency, tokens, window, retry_after
         self.script: list[int | str] = []
         self.gzip_streams = False  # True: every event stream gzip-encoded, flushed event by event as a proxy does
+        # seconds a stream's connection stays open after its last event, before the chunked body's end (a proxy or
+        # a busy server that is slow to close: the OpenAI async SDK drains that tail for 0.1 s only, then cancels)
+        self.slow_tail = 0.0
+        # True: a stream's connection is closed after its last event, without the chunked body's end (a proxy
+        # that resets it): the client reads "incomplete chunked read"
+        self.reset_tail = False
         self.requests: list[Request] = []
         self.lock = threading.Lock()
         self.server: ThreadingHTTPServer | None = None
@@ -165,6 +174,11 @@ class SdkStandIn:
                     self._chunk(data)
                 if compressed:
                     self._chunk(gzip.flush())
+                if stand_in.slow_tail:
+                    time.sleep(stand_in.slow_tail)
+                if stand_in.reset_tail:
+                    self.close_connection = True
+                    return
                 self.wfile.write(b"0\r\n\r\n")
 
             def _chunk(self, data: bytes) -> None:
@@ -241,7 +255,7 @@ def _anthropic_events(model: str, answer: str, tokens_in: int, tokens_out: int) 
 # The ways a streamed answer is cut off: inside its second text event; cleanly after it, before the events that
 # end the answer; by an error event after the first text event (a provider overloaded mid-answer).
 CUT_OFF = ("truncated", "cut_then_blank_line", "cut_between_events", "error_event", "corrupt_gzip", "error_200",
-           "no_answer_list", "html_200")
+           "no_answer_list", "html_200", "cut_before_usage")
 # A non-streamed request's 200 that is no answer: its content type, body and content encoding. "truncated": the
 # user trial's body, cut off inside a string; the provider's error with a 200; JSON without the answer's list (no
 # `choices`, no `content`); a proxy's HTML page; a gzip header, then plain text.
@@ -262,6 +276,9 @@ def _cut_off_events(fault: str, anthropic: bool, answer: str) -> list[str]:
         return events[:second_text] + [cut + ("\n\n" if fault == "cut_then_blank_line" else "")]
     if fault == "cut_between_events":
         return events[:second_text + 1]
+    if fault == "cut_before_usage":  # OpenAI's: every choice finished, then nothing (include_usage was asked)
+        assert not anthropic, "cut_before_usage is an OpenAI stream's fault"
+        return events[:second_text + 2]
     error = {"type": "overloaded_error", "message": "Overloaded"}
     return events[:second_text] + [_sse({"type": "error", "error": error}, "error") if anthropic
                                    else _sse({"error": {**error, "type": "server_error"}})]

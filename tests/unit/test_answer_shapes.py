@@ -17,7 +17,9 @@ WHOLE = [
     ("/v1/chat/completions", {"choices": [{"message": {"content": "a"}}]}),
     ("/v1/chat/completions/", {"choices": [{"finish_reason": "content_filter"}]}),
     ("/v1/messages", {"type": "message", "content": []}),  # a refusal or an empty answer
-    ("/v1/responses", {"status": "failed", "error": {"code": "server_error"}, "output": []}),  # a whole answer
+    ("/v1/responses", {"status": "incomplete", "incomplete_details": {"reason": "max_output_tokens"}, "output": []}),
+    # failed for its request: asked again, it fails the same
+    ("/v1/responses", {"status": "failed", "error": {"code": "invalid_image"}, "output": []}),
     ("/v1/embeddings", {"data": [{"embedding": [0.1]}]}),
     ("/v1/messages/count_tokens", {"input_tokens": 3}),  # not a messages answer
     ("/v1beta/models/g:generateContent", {"promptFeedback": {"blockReason": "SAFETY"}}),  # not listed
@@ -29,6 +31,10 @@ NOT_ANSWERS = [
     ("/v1/chat/completions", ["not", "an", "object"], "without its choices list"),
     ("/v1/messages", {"type": "error", "error": {"type": "overloaded_error"}}, "the provider's error, not a message"),
     ("/v1/responses", {"id": "r"}, "a response without its output list"),
+    ("/v1/responses", {"status": "failed", "error": {"code": "server_error"}, "output": []},
+     "a response failed for the provider's trouble"),
+    ("/v1/responses", {"status": "failed", "error": None, "output": []},
+     "a response failed for the provider's trouble"),
     ("/v1/embeddings", {"data": None}, "embeddings without its data list"),
 ]
 

@@ -11,7 +11,7 @@ from sdk_stand_in import _anthropic_events, _openai_events
 
 from recovery_ext._providers.event_streams import _BrokenEvent, EventGate
 from recovery_ext._providers.http_answers import (UnreadableAnswer, answer_usage, check_event_stream,
-                                                  check_kept_answer, kept_answer)
+                                                  check_kept_answer, kept_answer, request_facts, stream_reached_end)
 
 URL = "http://127.0.0.1:9/v1"
 PATH = "/v1/chat/completions"
@@ -81,6 +81,9 @@ WHOLE = {
     "openai responses": _events({"type": "response.created"}, RESPONSES_TEXT, {"type": "response.completed"}),
     "openai responses, incomplete": _events({"type": "response.created"}, RESPONSES_TEXT,
                                             {"type": "response.incomplete"}),
+    "openai responses, failed for its request": _events(
+        {"type": "response.created"},
+        {"type": "response.failed", "response": {"status": "failed", "error": {"code": "invalid_prompt"}}}),
     "anthropic": "".join(STREAMS["anthropic"]).encode(),
     "anthropic, cut after its message_delta": "".join(STREAMS["anthropic"][:-1]).encode(),
     "gemini": _events(GEMINI_TEXT, GEMINI_STOP),
@@ -90,6 +93,9 @@ CUT_OFF = {
     "openai": _events(OPENAI_TEXT, OPENAI_TEXT),
     "openai, an error event": _events(OPENAI_TEXT, {"error": {"type": "server_error", "message": "Overloaded"}}),
     "openai responses": _events({"type": "response.created"}, RESPONSES_TEXT),
+    "openai responses, failed for the provider's trouble": _events(
+        {"type": "response.created"}, RESPONSES_TEXT,
+        {"type": "response.failed", "response": {"status": "failed", "error": {"code": "server_error"}}}),
     "anthropic": "".join(STREAMS["anthropic"][:4]).encode(),
     "anthropic, an error event": ("".join(STREAMS["anthropic"][:3])
                                   + 'event: error\ndata: {"type": "error", "error": {"type": "overloaded_error"}}\n\n'
@@ -182,3 +188,53 @@ def test_one_crlf_is_a_line_end_not_an_event_end():
     lines = event.split(b"\r\n")
     passed = b"".join(gate.feed(line + b"\r\n") for line in lines[:-1]) + gate.rest()
     assert passed == event and gate.events == 1
+
+
+# -- the usage a request asked for; a stream's end whatever stopped its reader ---------------------------------------
+
+OPENAI_USAGE = {**CHUNK, "choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 2}}
+
+
+@pytest.mark.parametrize(("body", "whole"), [
+    (_events(OPENAI_TEXT, OPENAI_STOP), False),  # cut after the finish_reason: the usage chunk never came
+    (_events(OPENAI_TEXT, OPENAI_STOP, OPENAI_USAGE), True),  # a compatible server without [DONE]
+    (_events(OPENAI_TEXT, OPENAI_STOP, "data: [DONE]\n\n"), True),  # a server that ignores include_usage
+], ids=["cut_before_usage", "usage_without_done", "done_without_usage"])
+def test_a_stream_that_asked_for_its_usage_ends_with_it_or_with_done(body, whole):
+    """Kept without its usage chunk, an answer was recorded as 0 tokens: the ledger and the spend caps under-counted
+    what the provider billed."""
+    check_event_stream(URL, 200, body, PATH)  # not asked: every choice finished is the end
+    assert stream_reached_end(body, PATH) is True
+    if whole:
+        check_event_stream(URL, 200, body, PATH, usage_asked=True)
+        check_kept_answer(URL, PATH, kept_answer(200, HEADERS, body), usage_asked=True)
+    else:
+        with pytest.raises(UnreadableAnswer, match="the usage chunk the request asked for"):
+            check_event_stream(URL, 200, body, PATH, usage_asked=True)
+        with pytest.raises(UnreadableAnswer):
+            check_kept_answer(URL, PATH, kept_answer(200, HEADERS, body), usage_asked=True)
+    assert stream_reached_end(body, PATH, usage_asked=True) is whole
+
+
+def test_usage_is_asked_only_by_a_stream_that_says_so():
+    def asked(body: dict) -> bool:
+        return request_facts("POST", URL + PATH, {}, json.dumps(body).encode(), answer_tokens=10).usage_asked
+
+    assert asked({"stream": True, "stream_options": {"include_usage": True}})
+    assert not asked({"stream": True})
+    assert not asked({"stream": False, "stream_options": {"include_usage": True}})
+    assert not asked({"stream": True, "stream_options": {"include_usage": "yes"}})
+    assert not asked({"stream": True, "stream_options": ["include_usage"]})
+
+
+@pytest.mark.parametrize("name", sorted(WHOLE))
+def test_a_whole_stream_of_a_known_api_reached_its_end_and_one_not_known_never_does(name):
+    """What the tee asks when something stops a stream's reader: a whole answer of a known API is kept; of a
+    stream no protocol knows, nothing says it ended."""
+    assert stream_reached_end(WHOLE[name], "") is (name != "a stream of an API not known")
+
+
+@pytest.mark.parametrize("name", sorted(CUT_OFF))
+def test_a_cut_off_stream_never_reached_its_end(name):
+    assert stream_reached_end(CUT_OFF[name], "") is False
+    assert stream_reached_end(CUT_OFF[name][:len(CUT_OFF[name]) // 2], "") is False
