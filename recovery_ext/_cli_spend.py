@@ -70,7 +70,8 @@ def list_caps(store: CliStore, out: Output, pipeline: int | None, deployment: st
 @command
 def set_cap(store: CliStore, out: Output, pipeline: int | None, deployment: str | None, tokens: int | None,
             cost: float | None, no_token_cap: bool, no_cost_cap: bool) -> None:
-    """Raise (or lower, or remove) a cap. A pipeline paused at it goes on at its next look (the recovery
+    """Set a cap: raise, lower or remove one, or make one for a pipeline or deployment that has none yet (it
+    holds from the pipeline's next node start). A pipeline paused at it goes on at its next look (the recovery
     resource's spend_cap_poll_seconds). The change stands until the run configuration's cap itself changes."""
     scope = _scope(pipeline, deployment)
     if scope is None:

@@ -53,9 +53,11 @@ def node_spend_cap(ctx: NodeContext, prices: Any = None) -> SpendCap | None:
     """The spend caps of this node's pipeline (the ``recovery`` resource's ``spend_cap_*`` settings), or None
     when it has none. A pause at a cap is shown on the pipeline and on the Dagster run."""
     caps = ctx.resource.spend_caps()
-    if not caps.enabled:
-        return None
     store, own = store_of(ctx), ctx.ownership
+    # an operator may set a cap on a pipeline or a deployment whose configuration has none (`spend-cap set`):
+    # one read of two keys says so; without either, no call reserves anything
+    if not caps.enabled and not store.providers.spend_caps_over(own.pipeline_id):
+        return None
     reporter = RunStateReporter(ctx.context, ctx.node_name)
     watchdog = ctx.watchdog
 

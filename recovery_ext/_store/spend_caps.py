@@ -17,7 +17,9 @@ call cost, or that it never left (:meth:`SpendCapAccounts._settle_from_ledger`).
 the job's token (``ref``) and is settled by whoever collects the job's results (a resume, a take-over).
 
 The configuration (the ``recovery`` resource) sets a cap when its row is first made and whenever the
-configuration itself changes; in between, an operator's change (``recovery-ext spend-cap set``) stands.
+configuration itself changes; in between, an operator's change (``recovery-ext spend-cap set``) stands. An
+operator may also make a cap the configuration does not name: it holds the pipeline (or every pipeline of the
+deployment) from its next node start.
 """
 
 from __future__ import annotations
@@ -27,14 +29,15 @@ import math
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from sqlalchemy import Connection, and_, case, delete, func, or_, select, update
+from sqlalchemy import Connection, and_, case, delete, func, literal, or_, select, update
 from sqlalchemy.sql.elements import ColumnElement
 
 from recovery_ext._classify.redaction import redact
 from recovery_ext._errors import NotFound
 from recovery_ext._store.database import Component, Database, retried
 from recovery_ext._store.fenced import Fence
-from recovery_ext._store.models import CapState, Ownership, SpendCaps, SpendGrant, WaitKind, check_cap
+from recovery_ext._store.models import (CapState, Ownership, SpendCaps, SpendGrant, WaitKind, check_cap,
+                                       deployment_scope, pipeline_scope)
 from recovery_ext._store.ledger import IN_FLIGHT
 from recovery_ext._store.schema import pipelines, provider_calls, provider_jobs, spend_caps, spend_reservations
 from recovery_ext._store.statuses import WAITING, PipelineStatus
@@ -75,27 +78,48 @@ class SpendCapAccounts(Component):
     @retried
     def spend_configure(self, own: Ownership, caps: SpendCaps) -> list[str]:
         """Make (or bring up to date with a changed configuration) the caps of ``own``'s pipeline; returns their
-        scopes in the order reservations take them."""
+        scopes in the order reservations take them: the configured ones, and any cap an operator set on the
+        pipeline or its deployment (``recovery-ext spend-cap set``) that its configuration does not name."""
         p = pipelines.c
         with self.write() as conn:
             self.fence.check(conn, own)
-            deployment = conn.scalar(select(p.deployment).where(p.id == own.pipeline_id))
-            scopes = caps.scopes(own.pipeline_id, deployment or "")
+            deployment = conn.scalar(select(p.deployment).where(p.id == own.pipeline_id)) or ""
+            scopes = caps.scopes(own.pipeline_id, deployment)
             for scope, tokens, cost in scopes:
                 stmt = self.dialect.insert(spend_caps).values(
                     scope=scope, max_tokens=tokens, max_cost=cost, configured_tokens=tokens, configured_cost=cost,
                     changed_by="configuration", updated_at=self.dialect.now())
                 changed = or_(sc.configured_tokens.is_distinct_from(stmt.excluded.configured_tokens),
                               sc.configured_cost.is_distinct_from(stmt.excluded.configured_cost))
+                # A row no configuration ever made (a configured one names a limit of at least one kind) was made
+                # by an operator's `spend-cap set` before this first look: the operator's limits stand, and the
+                # configuration's only fill in a kind the operator left without one, so neither loosens the other.
+                operators = and_(sc.configured_tokens.is_(None), sc.configured_cost.is_(None))
                 conn.execute(stmt.on_conflict_do_update(index_elements=[sc.scope], set_={
-                    "max_tokens": case((changed, stmt.excluded.max_tokens), else_=sc.max_tokens),
-                    "max_cost": case((changed, stmt.excluded.max_cost), else_=sc.max_cost),
-                    "changed_by": case((changed, stmt.excluded.changed_by), else_=sc.changed_by),
+                    "max_tokens": case((operators, func.coalesce(sc.max_tokens, stmt.excluded.max_tokens)),
+                                       (changed, stmt.excluded.max_tokens), else_=sc.max_tokens),
+                    "max_cost": case((operators, func.coalesce(sc.max_cost, stmt.excluded.max_cost)),
+                                     (changed, stmt.excluded.max_cost), else_=sc.max_cost),
+                    "changed_by": case((and_(changed, ~operators), stmt.excluded.changed_by), else_=sc.changed_by),
                     "configured_tokens": stmt.excluded.configured_tokens,
                     "configured_cost": stmt.excluded.configured_cost,
-                    "updated_at": case((changed, stmt.excluded.updated_at), else_=sc.updated_at)}))
+                    "updated_at": case((and_(changed, ~operators), stmt.excluded.updated_at),
+                                       else_=sc.updated_at)}))
             self._settle_from_ledger(conn, own.pipeline_id)
-        return [scope for scope, _, _ in scopes]
+            # pipeline first, as caps.scopes orders them: every process takes the rows in one order
+            ours = [pipeline_scope(own.pipeline_id), deployment_scope(deployment)]
+            held = set(conn.scalars(select(sc.scope).where(sc.scope.in_(ours))))
+        return [scope for scope in ours if scope in held]
+
+    @retried
+    def spend_caps_over(self, pipeline_id: int) -> bool:
+        """Whether a cap holds ``pipeline_id`` or its deployment: an operator may set one on a pipeline whose
+        configuration has none (one read of two primary keys, at a node's start)."""
+        p = pipelines.c
+        deployment = select(literal("deployment:") + p.deployment).where(p.id == pipeline_id).scalar_subquery()
+        with self.read() as conn:
+            return conn.scalar(select(sc.scope).where(or_(sc.scope == pipeline_scope(pipeline_id),
+                                                          sc.scope == deployment)).limit(1)) is not None
 
     def _settle_from_ledger(self, conn: Connection, pipeline_id: int) -> None:
         """Reservations an earlier owner of the pipeline left (a kill, a take-over) whose call the ledger knows
@@ -225,7 +249,9 @@ class SpendCapAccounts(Component):
     @retried
     def spend_cap_set(self, scope: str, *, tokens: int | None | bool = False, cost: float | None | bool = False,
                       who: str = "operator") -> CapState:
-        """Change a cap: ``tokens``/``cost`` a new limit, None for no limit of that kind, False to leave it."""
+        """Set a cap, making it if it is not there yet: ``tokens``/``cost`` a new limit, None for no limit of that
+        kind, False to leave it (no limit on a new cap). The pipeline (or a pipeline of the deployment) must
+        exist: a mistyped id or name is a :class:`NotFound`, not a cap nothing will ever read."""
         values: dict[str, Any] = {"changed_by": redact(who)[:200], "updated_at": self.dialect.now()}
         if tokens is not False:
             check_cap("--tokens", tokens, money=False)
@@ -234,14 +260,30 @@ class SpendCapAccounts(Component):
             check_cap("--cost", cost, money=True)
             values["max_cost"] = cost
         with self.write() as conn:
-            row = conn.execute(update(spend_caps).where(sc.scope == scope).values(**values)
-                               .returning(*spend_caps.c)).first()
-            if row is None:
-                raise NotFound(f"no spend cap {scope!r}: a cap exists once a pipeline configured with one has made "
-                               f"its first request (see `recovery-ext spend-cap list`)")
+            self._check_scope(conn, scope)
+            # one statement whether the cap is new or not: a reservation's conditional UPDATE waits on its row
+            # lock, and two operators at once never both insert
+            stmt = self.dialect.insert(spend_caps).values(scope=scope, **values)
+            row = conn.execute(stmt.on_conflict_do_update(index_elements=[sc.scope], set_=values)
+                               .returning(*spend_caps.c)).one()
             self.record_events(conn, [{"kind": "spend_cap_changed", "pipeline_id": _pipeline_of(scope), "payload": {
                 "scope": scope, "max_tokens": row.max_tokens, "max_cost": row.max_cost, "by": values["changed_by"]}}])
         return CapState.from_row(row)
+
+    @staticmethod
+    def _check_scope(conn: Connection, scope: str) -> None:
+        """The pipeline (share-locked: a prune skips it until the cap is written, so no cap outlives its
+        pipeline) or the deployment a cap would hold, or :class:`NotFound`."""
+        p = pipelines.c
+        kind, _, name = scope.partition(":")
+        pipeline_id = _pipeline_of(scope)
+        if pipeline_id is not None:
+            if conn.scalar(select(p.id).where(p.id == pipeline_id).with_for_update(read=True, key_share=True)) is None:
+                raise NotFound(f"no pipeline {pipeline_id}")
+        elif kind != "deployment" or not name:
+            raise NotFound(f"no spend cap {scope!r}: a cap is pipeline:ID or deployment:NAME")
+        elif conn.scalar(select(p.id).where(p.deployment == name).limit(1)) is None:
+            raise NotFound(f"no deployment {name!r}: no pipeline of it is known (see `recovery-ext pipelines list`)")
 
     # -- a pipeline paused at its cap, or waiting on a provider job ------------------------------
 

@@ -310,6 +310,10 @@ class Providers(Component):
     def spend_configure(self, own: Ownership, caps: SpendCaps) -> list[str]:
         return self.caps.spend_configure(own, caps)
 
+    @_doc_of(SpendCapAccounts.spend_caps_over)
+    def spend_caps_over(self, pipeline_id: int) -> bool:
+        return self.caps.spend_caps_over(pipeline_id)
+
     @_doc_of(SpendCapAccounts.spend_reserve)
     def spend_reserve(self, own: Ownership, scopes: Sequence[str], *, tokens: int, cost: float | None = 0.0,
                       ref: str | None = None) -> SpendGrant:

@@ -235,8 +235,19 @@ def test_a_spend_cap_cost_that_is_not_a_finite_amount_exits_2(cli, store, cost):
     assert "Invalid value for '--cost'" in result.output and "Traceback" not in result.output
     assert [line for line in result.output.splitlines() if line.startswith("Error:")] == [
         result.output.strip().splitlines()[-1]]
-    # a finite amount gets past the arguments to the store (which has no cap for a pipeline that never asked)
-    assert "no spend cap" in cli("spend-cap", "set", "--pipeline", str(own.pipeline_id), "--cost", "2.5", code=1).output
+    # a finite amount gets past the arguments to the store, which makes the pipeline's first cap
+    made = as_json(cli("spend-cap", "set", "--pipeline", str(own.pipeline_id), "--cost", "2.5", "--json"))
+    assert (made["scope"], made["max_cost"], made["max_tokens"]) == (f"pipeline:{own.pipeline_id}", 2.5, None)
+
+
+@pytest.mark.parametrize("target, says", [(["--pipeline", "999999"], "no pipeline 999999"),
+                                          (["--deployment", "nowhere"], "no deployment 'nowhere'")])
+def test_spend_cap_set_on_what_does_not_exist_is_one_clear_line(cli, store, target, says):
+    store.pipelines.create_pipeline("job", ["a"], owner="run-1", origin_run_id="run-1")
+    result = cli("spend-cap", "set", *target, "--tokens", "5", code=1)  # a not-found, as `pipelines show 999999`
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"Error: {says}"), result.output
+    assert "Traceback" not in result.output and "no spend caps" in cli("spend-cap", "list").output
 
 
 def test_an_unreachable_database_is_one_error_line_not_a_warning_per_retry(caplog):

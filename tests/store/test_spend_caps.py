@@ -77,6 +77,46 @@ def test_an_operators_raise_stands_until_the_configuration_itself_changes(store)
         store.providers.spend_cap_set(scope, tokens=-1)
 
 
+def test_set_makes_a_cap_for_a_pipeline_with_none_and_it_holds_whatever_the_configuration(store):
+    own = _pipeline(store)
+    scope = pipeline_scope(own.pipeline_id)
+    assert store.providers.spend_cap(scope) is None and not store.providers.spend_caps_over(own.pipeline_id)
+    made = store.providers.spend_cap_set(scope, tokens=300, who="ops")
+    assert (made.max_tokens, made.max_cost, made.spent_tokens, made.changed_by) == (300, None, 0, "ops")
+    assert store.providers.spend_caps_over(own.pipeline_id)
+    # a configuration with no cap at all: the operator's cap is still taken
+    assert store.providers.spend_configure(own, SpendCaps()) == [scope]
+    assert store.providers.spend_reserve(own, [scope], tokens=200).granted
+    assert not store.providers.spend_reserve(own, [scope], tokens=200).granted
+    # a configured cap's first look keeps the operator's limit and only fills in the kind it left open
+    store.providers.spend_configure(own, SpendCaps(pipeline_tokens=1000, pipeline_cost=2.0))
+    cap = store.providers.spend_cap(scope)
+    assert (cap.max_tokens, cap.max_cost, cap.changed_by, cap.reserved_tokens) == (300, 2.0, "ops", 200)
+    # set again replaces, never duplicates
+    assert store.providers.spend_cap_set(scope, tokens=None).max_tokens is None
+    assert [c.scope for c in store.providers.spend_caps()] == [scope]
+
+
+def test_a_cap_an_operator_sets_on_a_deployment_holds_its_pipelines(store):
+    own = _pipeline(store)
+    deployment = store.pipelines.get_pipeline(own.pipeline_id).deployment
+    store.providers.spend_cap_set(deployment_scope(deployment), cost=1.0, who="ops")
+    assert store.providers.spend_caps_over(own.pipeline_id)
+    scopes = store.providers.spend_configure(own, SpendCaps(pipeline_tokens=100))
+    assert scopes == [pipeline_scope(own.pipeline_id), deployment_scope(deployment)]
+    assert store.providers.spend_reserve(own, scopes, tokens=10, cost=1.5).full.scope == deployment_scope(deployment)
+
+
+@pytest.mark.parametrize("scope, says", [("pipeline:999999", "no pipeline 999999"),
+                                         ("deployment:nowhere", "no deployment 'nowhere'"),
+                                         ("elsewhere:1", "pipeline:ID or deployment:NAME")])
+def test_set_on_what_does_not_exist_is_not_found_and_makes_nothing(store, scope, says):
+    _pipeline(store)
+    with pytest.raises(NotFound, match=says):
+        store.providers.spend_cap_set(scope, tokens=1)
+    assert store.providers.spend_caps() == []
+
+
 def test_a_jobs_reservation_is_settled_by_whoever_collects_it(store):
     own = _pipeline(store)
     scopes = store.providers.spend_configure(own, SpendCaps(pipeline_tokens=1000, pipeline_cost=10.0))
