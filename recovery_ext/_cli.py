@@ -400,8 +400,8 @@ def recover(store: SensorStore, out: Output, limit: int) -> None:
 
 @main.command()
 @click.option("--older-than", "older_than", type=Age(), required=True, metavar="DURATION",
-              help="Delete pipelines that completed or failed longer ago than this (canceled ones are kept): "
-                   "12h, 90d, ...")
+              help="Delete pipelines that completed or failed longer ago than this (canceled ones are kept; one "
+                   "with no end time, from an older version, by its last update): 12h, 90d, ...")
 @click.option("--dry-run", is_flag=True, help="Count the pipelines that would go, by status; delete nothing.")
 @click.option("--batch-size", type=IntRange(1, 10_000),
               help="Pipelines deleted per transaction [default: 200 on PostgreSQL, 50 on SQLite].")
@@ -423,16 +423,21 @@ def prune(store: CliStore, out: Output, older_than: float, dry_run: bool, batch_
     result = store.reports.prune_finished_pipelines(older_than, batch_size=batch_size, deployment=deployment,
                                             dry_run=dry_run, progress=progress)
 
+    # finished pipelines an older version left without an end time are aged by their last update: said apart,
+    # since that age is a stand-in an operator may want to check before deleting them
+    undated = (f"; {result.no_end_time} of them with no end time, aged by their last update"
+               if result.no_end_time else "")
+
     def human() -> None:
         if dry_run:
             by_status = ", ".join(f"{n} {status}" for status, n in sorted(result.by_status.items()))
-            click.echo(f"would delete {result.pipelines} pipeline(s){f' ({by_status})' if by_status else ''}; "
-                       "dry run: nothing was deleted")
+            click.echo(f"would delete {result.pipelines} pipeline(s){f' ({by_status})' if by_status else ''}"
+                       f"{undated}; dry run: nothing was deleted")
             return
         rows = ", ".join(f"{table} {n}" for table, n in sorted(result.rows.items()) if n and table != "rx_pipelines")
         longest = f" (longest {result.longest_batch_seconds * 1000:.0f} ms)" if result.batches else ""
         compact = ", ".join(f"{table} {n}" for table, n in sorted(result.compacted.items()))
-        click.echo(f"deleted {result.pipelines} pipeline(s) in {result.batches} batch(es){longest}"
+        click.echo(f"deleted {result.pipelines} pipeline(s) in {result.batches} batch(es){longest}{undated}"
                    + (f"; rows: {rows}" if rows else "")
                    + (f"; kept as dedupe records: {compact}" if compact else ""))
 

@@ -81,6 +81,9 @@ class PruneResult:
     by_status: dict[str, int] = field(default_factory=dict)
     last_batch_seconds: float = 0.0  # how long the last batch's transaction took (what a writer may wait on SQLite)
     longest_batch_seconds: float = 0.0
+    # of ``pipelines``, those that finished with no end time (``completed_at``, rows older versions wrote), aged by
+    # their last update instead: shown apart, since their age is a stand-in
+    no_end_time: int = 0
 
     def add(self, counts: dict[str, int], seconds: float, compacted: dict[str, int]) -> None:
         """One batch's rows per table and its time (the pipelines it deleted the caller counts from ``rows``)."""
@@ -97,4 +100,4 @@ class PruneResult:
         return {"pipelines": self.pipelines, "rows": dict(sorted(self.rows.items())),
                 "compacted": dict(sorted(self.compacted.items())), "batches": self.batches,
                 "done": self.done, "dry_run": self.dry_run, "by_status": dict(sorted(self.by_status.items())),
-                "longest_batch_seconds": round(self.longest_batch_seconds, 4)}
+                "longest_batch_seconds": round(self.longest_batch_seconds, 4), "no_end_time": self.no_end_time}

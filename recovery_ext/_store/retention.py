@@ -4,8 +4,9 @@ A pipeline is prunable once its status is completed or failed, the statuses whos
 finished work hold (a canceled pipeline is read live by the cost counters, so its detail stays), and it ended
 (``completed_at``) before the cut-off, ``now - older_than`` on the database clock. Pending and
 running pipelines (waiting, orphaned, awaiting their resume run) are never candidates, whatever
-their age; a finished pipeline without an end time is never one either, nor is the newest pipeline (its id
-stays taken: SQLite would hand it out again).
+their age, nor is the newest pipeline (its id stays taken: SQLite would hand it out again). A finished
+pipeline without an end time (rows older versions wrote) is aged by its ``updated_at`` instead, and counted
+apart (:attr:`PruneResult.no_end_time`) so an operator sees them.
 
 One batch is one short write transaction: it locks up to ``batch_size`` candidates
 ``FOR UPDATE SKIP LOCKED`` (SQLite: its single writer lock, ``BEGIN IMMEDIATE``), deletes
@@ -27,7 +28,7 @@ from dataclasses import dataclass, field
 
 from typing import Any
 
-from sqlalchemy import ColumnElement, Connection, Table, and_, delete, func, literal_column, not_, select, update
+from sqlalchemy import ColumnElement, Connection, Table, and_, delete, func, literal_column, not_, or_, select, update
 
 from recovery_ext._store.database import Component, retried
 from recovery_ext._store.observability import COUNTED_TRANSITION_EVENTS
@@ -131,16 +132,32 @@ _INDEXED_BY: dict[str, ColumnElement[Any]] = {"completed": p.status.in_(_ENDED),
                                          "canceled": p.status.not_in(_ENDED)}
 
 
-def _prunable(cutoff: ColumnElement[Any], status: str, deployment: str | None,
-              newest: int | None) -> list[ColumnElement[Any]]:
+def _aged(cutoff: ColumnElement[Any], ended: bool) -> list[ColumnElement[Any]]:
+    """Ended before ``cutoff``: by ``completed_at``, or (``ended`` False) for a finished pipeline without one, by
+    ``updated_at``. Every write to a pipeline row moves ``updated_at``, its finishing one too, so it is never
+    earlier than the end it stands in for: such a pipeline is never pruned sooner than its end time would have
+    had it. (``created_at`` and ``started_at`` are earlier than the end; ``heartbeat_at`` may be NULL too.)
+    ``completed_at IS NULL`` is an equality on the status index's second column in both databases: the range
+    holds only these rows, never the completed ones that ended after the cut-off."""
+    if ended:
+        return [p.completed_at.isnot(None), p.completed_at < cutoff]
+    return [p.completed_at.is_(None), p.updated_at < cutoff]
+
+
+def _prunable(cutoff: ColumnElement[Any], status: str, deployment: str | None, newest: int | None,
+              ended: bool = True) -> list[ColumnElement[Any]]:
     """The ``newest`` pipeline is never prunable: SQLite gives a new row the highest id plus one, so deleting the
     newest would hand its id to the next pipeline, and a kept transition or an old run's tag would name it. It is
     excluded by ``<>``, a condition no index range serves, so both planners keep to the status indexes."""
     # The status inline, not bound, so PostgreSQL matches the partial indexes (rx_pipelines_finished for completed
     # and failed, rx_pipelines_live for canceled) under a generic plan too.
-    where = [_INDEXED_BY[status], p.status == literal_column(f"'{status}'"), p.completed_at.isnot(None),
-             p.completed_at < cutoff, p.id != (newest or 0)]
+    where = [_INDEXED_BY[status], p.status == literal_column(f"'{status}'"), *_aged(cutoff, ended),
+             p.id != (newest or 0)]
     return [*where, p.deployment == deployment] if deployment is not None else where
+
+
+# Each indexed range a batch takes candidates from, in order: by status, those with an end time, then those without.
+_RANGES = [(status, ended) for status in PRUNABLE_STATUSES for ended in (True, False)]
 
 
 class Retention(Component):
@@ -162,17 +179,18 @@ class Retention(Component):
             raise ValueError("batch_size must be from 1 to 10000")
         result = PruneResult(dry_run=dry_run)
         if dry_run:
-            result.by_status = self._prunable_counts(older_than_seconds, deployment)
+            result.by_status, result.no_end_time = self._prunable_counts(older_than_seconds, deployment)
             result.pipelines, result.done = sum(result.by_status.values()), True
             return result
         started = time.monotonic()
         while True:
             batch_started = time.monotonic()
-            counts, compacted = self._prune_batch(older_than_seconds, batch_size, deployment)
+            counts, compacted, no_end_time = self._prune_batch(older_than_seconds, batch_size, deployment)
             if counts.get(pipelines.name, 0) == 0:
                 result.done = True
                 return result
             result.add(counts, time.monotonic() - batch_started, compacted)
+            result.no_end_time += no_end_time
             result.pipelines = result.rows.get(pipelines.name, 0)
             if progress is not None:
                 progress(result)
@@ -186,40 +204,52 @@ class Retention(Component):
             time.sleep(self.dialect.prune_pause(result.last_batch_seconds))
 
     @retried
-    def _prunable_counts(self, older_than_seconds: float, deployment: str | None) -> dict[str, int]:
+    def _prunable_counts(self, older_than_seconds: float, deployment: str | None) -> tuple[dict[str, int], int]:
+        """The prunable pipelines by status, and how many of them have no end time."""
         cutoff = self.dialect.now_plus(-float(older_than_seconds))
         with self.read() as conn:
             newest = conn.scalar(select(func.max(p.id)))
-            counts = {status: conn.scalar(select(func.count()).where(*_prunable(cutoff, status, deployment, newest)))
-                      or 0 for status in PRUNABLE_STATUSES}
-        return {str(status): n for status, n in counts.items() if n}
+            counts = {(status, ended): conn.scalar(select(func.count()).where(
+                *_prunable(cutoff, status, deployment, newest, ended))) or 0 for status, ended in _RANGES}
+        by_status: dict[str, int] = {}
+        for (status, _), n in counts.items():
+            if n:
+                by_status[str(status)] = by_status.get(str(status), 0) + n
+        return by_status, sum(n for (_, ended), n in counts.items() if not ended)
 
     @retried
     def _prune_batch(self, older_than_seconds: float, batch_size: int,
-                     deployment: str | None) -> tuple[dict[str, int], dict[str, int]]:
+                     deployment: str | None) -> tuple[dict[str, int], dict[str, int], int]:
         """One transaction: lock up to ``batch_size`` prunable pipelines, delete their rows, then them.
-        Returns the rows deleted and the rows compacted, per table."""
+        Returns the rows deleted and the rows compacted, per table, and how many pipelines had no end time."""
         cutoff = self.dialect.now_plus(-float(older_than_seconds))
         with self.write() as conn:
-            ids = self._lock_prunable(conn, cutoff, batch_size, deployment, conn.scalar(select(func.max(p.id))))
+            ids, no_end_time = self._lock_prunable(conn, cutoff, batch_size, deployment,
+                                                   conn.scalar(select(func.max(p.id))))
             if not ids:
-                return {}, {}
+                return {}, {}, 0
             counts, compacted = {}, {}
             for step in PRUNE_STEPS:
                 counts[step.table.name], compacted[step.table.name] = step.apply(conn, ids)
             finished = p.status.in_([literal_column(f"'{s}'") for s in PRUNABLE_STATUSES])
             counts[pipelines.name] = conn.execute(
-                delete(pipelines).where(p.id.in_(ids), finished, p.completed_at < cutoff)).rowcount or 0
-        return counts, compacted
+                delete(pipelines).where(p.id.in_(ids), finished, or_(and_(*_aged(cutoff, True)),
+                                                                     and_(*_aged(cutoff, False))))).rowcount or 0
+        return counts, compacted, no_end_time
 
     def _lock_prunable(self, conn: Connection, cutoff: ColumnElement[Any], batch_size: int, deployment: str | None,
-                       newest: int | None) -> list[int]:
-        """Up to ``batch_size`` prunable pipeline ids, locked; one indexed range per terminal status (a lock
-        clause cannot follow a UNION). Rows another transaction holds are skipped, never waited for."""
+                       newest: int | None) -> tuple[list[int], int]:
+        """Up to ``batch_size`` prunable pipeline ids, locked, and how many of them have no end time; one indexed
+        range per terminal status and end time or none (a lock clause cannot follow a UNION, and an OR of the two
+        would widen the range to every pipeline of the status). Rows another transaction holds are skipped, never
+        waited for."""
         ids: list[int] = []
-        for status in PRUNABLE_STATUSES:
+        no_end_time = 0
+        for status, ended in _RANGES:
             if len(ids) >= batch_size:
                 break
-            ids += conn.scalars(select(p.id).where(*_prunable(cutoff, status, deployment, newest))
-                                .limit(batch_size - len(ids)).with_for_update(skip_locked=True))
-        return ids
+            found = list(conn.scalars(select(p.id).where(*_prunable(cutoff, status, deployment, newest, ended))
+                                      .limit(batch_size - len(ids)).with_for_update(skip_locked=True)))
+            ids += found
+            no_end_time += 0 if ended else len(found)
+        return ids, no_end_time

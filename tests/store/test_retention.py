@@ -80,6 +80,13 @@ def ended_ago(store: RecoveryStore, pipeline_id: int, days: float) -> None:
                      .values(completed_at=store.dialect.now_plus(-days * DAY)))
 
 
+def without_end_time(store: RecoveryStore, pipeline_id: int, days: float) -> None:
+    """As an older version left a finished pipeline: no ``completed_at``, last updated ``days`` ago."""
+    with store.write() as conn:
+        conn.execute(update(pipelines).where(pipelines.c.id == pipeline_id)
+                     .values(completed_at=None, updated_at=store.dialect.now_plus(-days * DAY)))
+
+
 def rows_of(store: RecoveryStore, pipeline_ids) -> dict[str, int]:
     """Rows of every table that points at one of ``pipeline_ids`` (and the pipelines themselves), but the
     aggregates a prune keeps on purpose (a pipeline's cost totals outlive its detail)."""
@@ -323,6 +330,42 @@ def test_dry_run_counts_by_status_and_deployment_scopes(store):
     assert store.reports.prune_finished_pipelines(DAY, dry_run=True).by_status == {"completed": 1, "failed": 1}
 
 
+def test_a_finished_pipeline_without_an_end_time_is_aged_by_its_last_update_and_counted_apart(store):
+    dated = history(store, "dated", ending="complete")
+    undated = [history(store, run, ending=ending) for run, ending in (("undated-ok", "complete"),
+                                                                      ("undated-failed", "fail"))]
+    recent = history(store, "undated-recent", ending="complete")
+    canceled = history(store, "undated-canceled", ending="cancel")
+    running = history(store, "undated-running", ending=None)
+    for own in undated:
+        without_end_time(store, own.pipeline_id, 100)
+    without_end_time(store, recent.pipeline_id, 0.1)  # updated since the cut-off: not old enough yet
+    for own in (canceled, running):  # never prunable, whatever their age
+        without_end_time(store, own.pipeline_id, 100)
+    newest(store)
+
+    dry = store.reports.prune_finished_pipelines(DAY, dry_run=True)
+    assert (dry.pipelines, dry.by_status, dry.no_end_time) == (3, {"completed": 2, "failed": 1}, 2)
+    done = store.reports.prune_finished_pipelines(DAY, batch_size=1)
+    assert (done.pipelines, done.batches, done.no_end_time, done.done) == (3, 3, 2, True)
+    gone = [dated.pipeline_id, *(own.pipeline_id for own in undated)]
+    assert not any(rows_of(store, gone).values()), rows_of(store, gone)
+    kept = [recent.pipeline_id, canceled.pipeline_id, running.pipeline_id]
+    assert rows_of(store, kept)["rx_pipelines"] == 3
+    assert store.reports.prune_finished_pipelines(DAY, dry_run=True).as_dict()["no_end_time"] == 0
+
+
+def test_cli_prune_says_how_many_pipelines_had_no_end_time(cli, store):
+    history(store, "dated", ending="complete")
+    undated = history(store, "undated", ending="fail")
+    without_end_time(store, undated.pipeline_id, 100)
+    newest(store)
+    dry = cli("prune", "--older-than", "90d", "--dry-run").stdout
+    assert "would delete 2 pipeline(s) (1 completed, 1 failed); 1 of them with no end time" in dry
+    assert "deleted 2 pipeline(s) in 1 batch(es)" in cli("prune", "--older-than", "90d").stdout
+    assert rows_of(store, [undated.pipeline_id])["rx_pipelines"] == 0
+
+
 def test_every_table_that_points_at_a_pipeline_is_pruned_or_kept_on_purpose(store):
     """A new table with a pipeline column must be added to PRUNE_STEPS or be an aggregate kept on purpose; an
     aggregate must not disappear with its pipeline through an ON DELETE CASCADE."""
@@ -442,8 +485,8 @@ def test_every_prune_statement_reads_through_an_index(store):
     """Each batch's candidate query and each table's DELETE is an indexed range on both databases: no full scan
     (PostgreSQL with sequential scans priced out, so the plan shows what an index can serve on any table size)."""
     cutoff = store.dialect.now_plus(-DAY)
-    statements = [select(pipelines.c.id).where(*_prunable(cutoff, status, "d", 7)).limit(200)
-                  for status in PRUNABLE_STATUSES]
+    statements = [select(pipelines.c.id).where(*_prunable(cutoff, status, "d", 7, ended)).limit(200)
+                  for status in PRUNABLE_STATUSES for ended in (True, False)]
     statements += [delete(step.table).where(step.rows_of([1, 2, 3])) for step in PRUNE_STEPS]
     with store.write() as conn:
         if store.dialect.name == "postgresql":
@@ -453,3 +496,21 @@ def test_every_prune_statement_reads_through_an_index(store):
             explain = "EXPLAIN QUERY PLAN " if store.dialect.name == "sqlite" else "EXPLAIN "
             plan = "\n".join(" ".join(map(str, row)) for row in conn.exec_driver_sql(explain + sql))
             assert "Seq Scan" not in plan and " SCAN " not in f" {plan}", f"{sql}\n{plan}"
+
+
+def test_the_pipelines_without_an_end_time_are_their_own_index_range_not_the_whole_status(store):
+    """The fallback's candidates are found by ``completed_at IS NULL`` on the status index's second column, so a
+    batch never reads the completed pipelines that ended after the cut-off to find the few old undated ones."""
+    cutoff = store.dialect.now_plus(-DAY)
+    with store.write() as conn:
+        if store.dialect.name == "postgresql":
+            conn.exec_driver_sql("SET LOCAL enable_seqscan = off")
+        for status in PRUNABLE_STATUSES:
+            statement = select(pipelines.c.id).where(*_prunable(cutoff, status, None, 7, ended=False)).limit(200)
+            sql = str(statement.compile(store.engine, compile_kwargs={"literal_binds": True}))
+            if store.dialect.name == "sqlite":
+                plan = " ".join(" ".join(map(str, row)) for row in conn.exec_driver_sql("EXPLAIN QUERY PLAN " + sql))
+                assert "INDEX rx_pipelines_finished (status=? AND completed_at=?)" in plan, plan
+            else:
+                plan = "\n".join(row[0] for row in conn.exec_driver_sql("EXPLAIN " + sql))
+                assert "Index Cond: ((status = " in plan and "AND (completed_at IS NULL))" in plan, plan
