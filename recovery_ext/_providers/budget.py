@@ -102,11 +102,14 @@ class RateBudget:
         return self.store.providers.budget_reserve(self.endpoint, model, tokens=max(0, int(tokens)),
                                                    limits=self.limits, holder=self.who, own=self.own)
 
-    def back_off(self, model: str | None, retry_after: float | None) -> None:
+    def back_off(self, model: str | None, retry_after: float | None, *, max_delay: float | None = None) -> None:
         """The provider refused for its rate (a 429): nobody sharing this budget, in any process, sends for a
-        while (``retry_after`` when the provider said it). Never raises: the caller's own retry still waits."""
+        while (``retry_after`` when the provider said it), at most ``max_delay``: the caller's own cap on a
+        Retry-After (its retry policy's), so a hostile one never closes the endpoint for longer. Never raises:
+        the caller's own retry still waits."""
         try:
-            self.store.providers.budget_back_off(self.endpoint, model, limits=self.limits, retry_after=retry_after)
+            self.store.providers.budget_back_off(self.endpoint, model, limits=self.limits, retry_after=retry_after,
+                                                 max_delay=max_delay)
         except Exception as exc:  # noqa: BLE001 - the shared back-off is a courtesy to the others
             self.log(f"could not share a rate limit back-off: {redact(exc)}")
 

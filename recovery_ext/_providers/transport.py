@@ -219,7 +219,8 @@ class JournalingCore:
             return
         if guard.budget is not None and isinstance(exc, self.http.HTTPStatusError) \
                 and exc.response.status_code == 429:
-            guard.budget.back_off(call.model, retry_after_of(exc))
+            # capped as the caller's own retry caps it (LLMResource.max_delay), not only by the window
+            guard.budget.back_off(call.model, retry_after_of(exc), max_delay=guard.policy.max_delay)
         guard.failed(exc, decision)
 
     def stream_parts(self, response: Any) -> tuple[list[tuple[str, str]], str | None]:

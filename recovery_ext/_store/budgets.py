@@ -19,10 +19,11 @@ Reservations older than the window are deleted by the next reservation of the sa
 from __future__ import annotations
 
 import datetime as dt
+import math
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import Connection, delete, or_, select, type_coerce, update
+from sqlalchemy import Connection, bindparam, case, delete, or_, select, type_coerce, update
 from sqlalchemy.sql.elements import ColumnElement
 
 from recovery_ext._classify.redaction import redact
@@ -97,11 +98,20 @@ class RateBudgets(Component):
 
     @retried
     def budget_back_off(self, endpoint: str, model: str | None, *, limits: ProviderLimits,
-                        retry_after: float | None = None) -> float:
+                        retry_after: float | None = None, max_delay: float | None = None) -> float:
         """The provider answered 429: nobody reserves from this budget for a while, in any process. The
         while is ``retry_after`` when the provider said it, else half a second doubled per 429 in a row (a
-        429 more than one window after the last back-off ended starts again), at most one window. Returns
-        the seconds the budget now stays closed."""
+        429 more than one window after the last back-off ended starts again); at most ``max_delay`` (the
+        caller's configured cap on a Retry-After, ``LLMResource.max_delay``) and at most one window.
+        Returns the seconds the budget now stays closed.
+
+        Several callers with different caps: each 429 closes the budget for what the caller that got it
+        may honour (its own cap), and a back-off in force is never shortened by a later, shorter one. A
+        caller with a shorter cap may so wait up to the longest cap among the callers that got a 429, never
+        longer (and never past the window): the provider refused the endpoint's shared key, not one caller,
+        and sending into that refusal early only earns everybody another 429. An absurd Retry-After (hours,
+        negative, not a number, a date long past or far ahead) thus never closes the endpoint for longer
+        than a cap somebody configured."""
         key = (redact(endpoint)[:500], (model if limits.per_model else None) or "")
         b = rate_budgets.c
         mine = (b.endpoint == key[0]) & (b.model == key[1])
@@ -114,13 +124,16 @@ class RateBudgets(Component):
             now = self._clock(conn)
             recent = row.backoff_until is not None and (now - row.backoff_until).total_seconds() < limits.window_seconds
             streak = (row.backoff_streak if recent else 0) + 1
-            seconds = retry_after if retry_after is not None else 0.5 * 2 ** min(streak - 1, 16)
-            seconds = min(max(float(seconds), 0.0), float(limits.window_seconds))
-            until = now + dt.timedelta(seconds=seconds)
-            if row.backoff_until is not None and row.backoff_until > until:
-                until = row.backoff_until
-            conn.execute(update(rate_budgets).where(mine).values(backoff_until=until, backoff_streak=streak))
-        return (until - now).total_seconds()
+            seconds = _back_off_seconds(retry_after, streak, limits.window_seconds, max_delay)
+            # ``now`` is the database clock read under the row's lock, so no other back-off came in between;
+            # the later of the two deadlines is kept in the same statement that writes the new one
+            until = bindparam(None, now + dt.timedelta(seconds=seconds), type_=DbTime)
+            kept: dt.datetime = conn.execute(
+                update(rate_budgets).where(mine)
+                .values(backoff_until=case((b.backoff_until > until, b.backoff_until), else_=until),
+                        backoff_streak=streak)
+                .returning(b.backoff_until)).scalar_one()
+        return max((kept - now).total_seconds(), 0.0)
 
     @retried
     def budget_settle(self, reservation: int, tokens: int) -> None:
@@ -190,6 +203,20 @@ class RateBudgets(Component):
 # after this many windows: nothing else can tell that its holder is gone. A pipeline's reservation is let go
 # by the reclaim that supersedes its holder (migration 0021), and counts until then.
 IN_FLIGHT_WINDOWS = 5
+
+
+def _back_off_seconds(retry_after: float | None, streak: int, window_seconds: float,
+                      max_delay: float | None) -> float:
+    """How long a 429 closes the budget: what it asked for (else half a second doubled per 429 in a row), never
+    negative and never more than the caller's cap or one window. A value that is not a finite number (a header
+    read wrong) counts as asking nothing."""
+    seconds = 0.5 * 2.0 ** min(streak - 1, 16)
+    if retry_after is not None and math.isfinite(retry_after):
+        seconds = max(float(retry_after), 0.0)
+    cap = float(window_seconds)
+    if max_delay is not None and math.isfinite(max_delay):
+        cap = min(cap, max(float(max_delay), 0.0))
+    return min(seconds, cap)
 
 
 def _holding(now: dt.datetime, span: float) -> ColumnElement[bool]:

@@ -283,8 +283,9 @@ class Providers(Component):
 
     @_doc_of(RateBudgets.budget_back_off)
     def budget_back_off(self, endpoint: str, model: str | None, *, limits: ProviderLimits,
-                        retry_after: float | None = None) -> float:
-        return self.budgets.budget_back_off(endpoint, model, limits=limits, retry_after=retry_after)
+                        retry_after: float | None = None, max_delay: float | None = None) -> float:
+        return self.budgets.budget_back_off(endpoint, model, limits=limits, retry_after=retry_after,
+                                            max_delay=max_delay)
 
     @_doc_of(RateBudgets.budget_settle)
     def budget_settle(self, reservation: int, tokens: int) -> None:

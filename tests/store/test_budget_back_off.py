@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import time
 
+import pytest
+
 from recovery_ext import ProviderLimits
 
 LIMITS = ProviderLimits(requests_per_minute=100, window_seconds=5.0, margin_seconds=0.0)
@@ -46,3 +48,35 @@ def test_the_budget_recovers_once_the_back_off_is_over(store):
 def test_a_back_off_before_any_reservation_holds_nothing_back(store):
     assert store.providers.budget_back_off(ENDPOINT, None, limits=LIMITS, retry_after=3.0) == 0.0
     assert reserve(store).granted
+
+
+WIDE = ProviderLimits(requests_per_minute=100, window_seconds=3600.0, margin_seconds=0.0)
+
+
+def test_a_huge_retry_after_closes_the_budget_no_longer_than_the_callers_cap(store):
+    """A 429 saying Retry-After: 3600 with max_delay 2 s closes the budget for 2 s, not the hour-long window:
+    the deadline written is the database clock plus the cap."""
+    assert store.providers.budget_reserve(ENDPOINT, None, tokens=1, limits=WIDE).granted
+    assert store.providers.budget_back_off(ENDPOINT, None, limits=WIDE, retry_after=3600.0, max_delay=2.0) == 2.0
+    refused = store.providers.budget_reserve(ENDPOINT, None, tokens=1, limits=WIDE)
+    assert not refused.granted and 1.0 < refused.wait_seconds <= 2.0
+
+
+@pytest.mark.parametrize("asked", [float("inf"), float("nan"), -30.0, 1e300, None])
+def test_no_retry_after_closes_the_budget_past_the_cap(store, asked):
+    """Absurd values (a parsed far-future date, NaN, negative, none at all) stay within [0, max_delay]."""
+    assert store.providers.budget_reserve(ENDPOINT, None, tokens=1, limits=WIDE).granted
+    closed = store.providers.budget_back_off(ENDPOINT, None, limits=WIDE, retry_after=asked, max_delay=1.5)
+    assert 0.0 <= closed <= 1.5
+    grant = store.providers.budget_reserve(ENDPOINT, None, tokens=1, limits=WIDE)
+    assert grant.granted or grant.wait_seconds <= 1.5
+
+
+def test_a_shorter_cap_never_shortens_a_back_off_in_force(store):
+    """Two callers of one endpoint with caps of 3 s and 1 s: the longer back-off stands, and nobody's exceeds
+    the longest cap."""
+    assert store.providers.budget_reserve(ENDPOINT, None, tokens=1, limits=WIDE).granted
+    assert store.providers.budget_back_off(ENDPOINT, None, limits=WIDE, retry_after=3600.0, max_delay=3.0) == 3.0
+    assert 2.0 < store.providers.budget_back_off(ENDPOINT, None, limits=WIDE, retry_after=3600.0, max_delay=1.0) <= 3.0
+    refused = store.providers.budget_reserve(ENDPOINT, None, tokens=1, limits=WIDE)
+    assert not refused.granted and 2.0 < refused.wait_seconds <= 3.0

@@ -2,7 +2,8 @@
 
 It answers JSON or a server-sent event stream (``"stream": true``) in each API's own shapes, with usage: a token per
 4 characters of the request's messages, and of the answer. It counts every request. ``script`` is a list of statuses
-the next requests get instead of an answer (a 503 then a 200: ``[503]``), with ``Retry-After: retry_after``, or
+the next requests get instead of an answer (a 503 then a 200: ``[503]``), with ``Retry-After: retry_after`` (a
+number, or a string sent as it is: an HTTP date, garbage), or
 ``"truncated"``: a 200 ``application/json`` whose body is cut off mid-answer (a whole, well-framed HTTP message:
 only its JSON is broken), or for a streamed request an event stream that ends inside its second text event (the
 stream's chunked framing ends cleanly); for a streamed request also ``"cut_between_events"`` (the stream ends
@@ -54,7 +55,7 @@ class _Server(ThreadingHTTPServer):
 
 class SdkStandIn:
     def __init__(self, *, latency: float = 0.0, tokens: int | None = None, window: float = 60.0,
-                 retry_after: float = 0.1) -> None:
+                 retry_after: float | str = 0.1) -> None:
         self.latency, self.quota_tokens, self.window, self.retry_after = latency, tokens, window, retry_after
         self.script: list[int | str] = []
         self.gzip_streams = False  # True: every event stream gzip-encoded, flushed event by event as a proxy does
@@ -145,7 +146,8 @@ class SdkStandIn:
                 if status != 200:
                     self._send(status, {"error": {"type": "rate_limit_error" if status == 429 else "overloaded",
                                                   "message": f"stand-in says {status}"}},
-                               {"Retry-After": f"{stand_in.retry_after:g}"})
+                               {"Retry-After": stand_in.retry_after if isinstance(stand_in.retry_after, str)
+                                else f"{stand_in.retry_after:g}"})
                     return
                 anthropic = self.path.endswith("/messages")
                 model = body.get("model", "m")
