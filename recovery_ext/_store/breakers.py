@@ -224,7 +224,11 @@ class Outages(Component):
             rows = conn.execute(
                 select(pipelines.c.id, pipelines.c.job_name, pipelines.c.waiting_until, pipelines.c.waiting_since,
                        pipelines.c.waiting_reason)
-                .where(pipelines.c.status == PipelineStatus.RUNNING, pipelines.c.waiting_until.isnot(None))
+                # an orphan (its heartbeat expired: its run is gone) waits for its resume, not for the next try
+                # its pause showed, which nobody will make; `status` lists it among the orphans instead
+                .where(pipelines.c.status == PipelineStatus.RUNNING, pipelines.c.waiting_until.isnot(None),
+                       or_(pipelines.c.heartbeat_deadline.is_(None),
+                           pipelines.c.heartbeat_deadline >= self.dialect.now()))
                 .order_by(pipelines.c.waiting_until).limit(limit)
             ).all()
         return [dict(r._mapping) for r in rows]

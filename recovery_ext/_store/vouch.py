@@ -17,6 +17,7 @@ from sqlalchemy import exists, func, select, tuple_, update
 
 from recovery_ext._store.database import Component, chunks, retried
 from recovery_ext._store.models import Ownership, WatchedNode
+from recovery_ext._store.pipelines import NEW_OWNER_RESETS
 from recovery_ext._store.schema import nodes, pipelines
 from recovery_ext._store.statuses import NodeStatus, PipelineStatus
 
@@ -77,10 +78,14 @@ class Vouching(Component):
     @retried
     def leave_to_recovery(self, own: Ownership) -> bool:
         """The run worker ends a run whose step process died: its pipeline is an orphan now, not after the
-        heartbeat timeout (fenced: only while it is still ``own``'s). Returns whether it was."""
+        heartbeat timeout (fenced: only while it is still ``own``'s). Returns whether it was.
+
+        A pause shown on it (``waiting``, a next try) ends in the same statement: nobody is left to try again,
+        so it awaits its resume, not a next try that would pass and stay on show. The reclaim that follows
+        clears the same columns, so recovery is unchanged."""
         with self.write() as conn:
             return bool(conn.execute(
                 update(pipelines)
                 .where(pipelines.c.id == own.pipeline_id, pipelines.c.epoch == own.epoch,
                        pipelines.c.owner == own.owner, pipelines.c.status == PipelineStatus.RUNNING)
-                .values(heartbeat_deadline=self.dialect.now_plus(-0.001))).rowcount)
+                .values(heartbeat_deadline=self.dialect.now_plus(-0.001), **NEW_OWNER_RESETS)).rowcount)
