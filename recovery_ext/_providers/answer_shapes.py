@@ -63,12 +63,15 @@ class OpenAIResponse(AnswerShape):
 # The error codes of a failed OpenAI response that say the provider failed, not the request: another try may
 # succeed. The others (invalid_prompt, the image errors...) fail the same each time.
 PROVIDER_TROUBLE = frozenset({"server_error", "rate_limit_exceeded", "vector_store_timeout"})
+# OpenAI's statuses of a response: whether it failed (its vocabulary, not the store's statuses)
+_RESPONSE_FAILED = {"completed": False, "incomplete": False, "in_progress": False, "queued": False,
+                    "cancelled": False, "failed": True}
 
 
 def failed_for_a_while(response: Any) -> bool:
     """An OpenAI response (a POST's answer, or a stream's ``response.failed`` event's ``response``) that failed
     for the provider's own trouble, or with no code that says otherwise."""
-    if not isinstance(response, dict) or response.get("status") != "failed":
+    if not isinstance(response, dict) or not _RESPONSE_FAILED.get(str(response.get("status")), False):
         return False
     error = response.get("error")
     code = error.get("code") if isinstance(error, dict) else None
