@@ -49,15 +49,13 @@ class RunVisiblePause(StorePause):
             self.reporter.going_on("the provider answered" if outage_over else "the outage budget is spent")
 
 
-def node_spend_cap(ctx: NodeContext, prices: Any = None) -> SpendCap | None:
-    """The spend caps of this node's pipeline (the ``recovery`` resource's ``spend_cap_*`` settings), or None
-    when it has none. A pause at a cap is shown on the pipeline and on the Dagster run."""
+def node_spend_cap(ctx: NodeContext, prices: Any = None) -> SpendCap:
+    """The spend caps of this node's pipeline: the ``recovery`` resource's ``spend_cap_*`` settings, and any cap an
+    operator set on the pipeline or its deployment (``recovery-ext spend-cap set``), looked up at the node's first
+    call, not here: this runs where the call is planned, on an event loop for an async client. A pause at a cap is
+    shown on the pipeline and on the Dagster run."""
     caps = ctx.resource.spend_caps()
     store, own = store_of(ctx), ctx.ownership
-    # an operator may set a cap on a pipeline or a deployment whose configuration has none (`spend-cap set`):
-    # one read of two keys says so; without either, no call reserves anything
-    if not caps.enabled and not store.providers.spend_caps_over(own.pipeline_id):
-        return None
     reporter = RunStateReporter(ctx.context, ctx.node_name)
     watchdog = ctx.watchdog
 

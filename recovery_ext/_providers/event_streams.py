@@ -49,7 +49,7 @@ def event_values(body: bytes) -> list[Any]:
             continue
         try:
             found.append(json.loads(payload))
-        except ValueError:
+        except (ValueError, RecursionError):  # an event nested too deep reads as one that does not parse
             continue
     return found
 
@@ -111,8 +111,7 @@ class EventGate:
 class StreamProtocol:
     """One API's event stream. A subclass is registered when it is defined. A stream is its protocol's when the
     request's path ends with ``path_end`` (a POST to the API), or else when ``recognizes`` one of its events (a
-    server reached by another path); ``finished`` says its events hold the whole answer (``usage_asked``: the
-    request asked for its usage in the stream, OpenAI's ``stream_options.include_usage``)."""
+    server reached by another path); ``finished`` says its events hold the whole answer."""
 
     registered: ClassVar[list[type[StreamProtocol]]] = []
     name: ClassVar[str]
@@ -128,14 +127,9 @@ class StreamProtocol:
         raise NotImplementedError
 
     @classmethod
-    def finished(cls, events: list[dict[str, Any]], payloads: list[str], usage_asked: bool) -> bool:
+    def finished(cls, events: list[dict[str, Any]], payloads: list[str]) -> bool:
         """``events``: the stream's JSON objects; ``payloads``: every event's data, as text."""
         raise NotImplementedError
-
-    @classmethod
-    def end_named(cls, usage_asked: bool) -> str:
-        """The end a cut-off stream's error names as missing."""
-        return cls.last_event
 
 
 def _all_finished(choices: list[Any], reason: str) -> bool:
@@ -155,9 +149,9 @@ def _all_finished(choices: list[Any], reason: str) -> bool:
 class OpenAIChatChunks(StreamProtocol):
     """OpenAI's chat completions, and the servers compatible with it (Groq, Mistral, Together, vLLM, Ollama...):
     ``chat.completion.chunk`` events, then ``data: [DONE]``. A server that leaves ``[DONE]`` out still ends each
-    choice with a ``finish_reason``, so every choice finished counts as the end too, unless the request asked for
-    the usage chunk that follows them: without it the ledger and the spend caps would count the answer as 0
-    tokens. (A server that ignores ``include_usage`` still ends with ``[DONE]``.)"""
+    choice with a ``finish_reason``, so every choice finished counts as the end too: the answer is whole. (Only
+    the usage chunk may follow; a stream cut before the usage it asked for is counted at its estimate, see
+    :func:`~recovery_ext._providers.http_answers.answered_call`, not asked and paid again.)"""
 
     name = "OpenAI chat completions"
     path_end = "/chat/completions"
@@ -168,17 +162,11 @@ class OpenAIChatChunks(StreamProtocol):
         return event.get("object") == "chat.completion.chunk"
 
     @classmethod
-    def finished(cls, events: list[dict[str, Any]], payloads: list[str], usage_asked: bool) -> bool:
+    def finished(cls, events: list[dict[str, Any]], payloads: list[str]) -> bool:
         if DONE in payloads:
             return True
-        if usage_asked and not any(isinstance(event.get("usage"), dict) for event in events):
-            return False
         choices = [c for e in events if isinstance(e.get("choices"), list) for c in e["choices"]]
         return _all_finished(choices, "finish_reason")
-
-    @classmethod
-    def end_named(cls, usage_asked: bool) -> str:
-        return "data: [DONE] (or the usage chunk the request asked for)" if usage_asked else cls.last_event
 
 
 class OpenAIResponses(StreamProtocol):
@@ -198,7 +186,7 @@ class OpenAIResponses(StreamProtocol):
         return isinstance(kind, str) and kind.startswith("response.")
 
     @classmethod
-    def finished(cls, events: list[dict[str, Any]], payloads: list[str], usage_asked: bool) -> bool:
+    def finished(cls, events: list[dict[str, Any]], payloads: list[str]) -> bool:
         return any(event.get("type") in cls.ENDS and not failed_for_a_while(event.get("response"))
                    for event in events)
 
@@ -218,7 +206,7 @@ class AnthropicMessages(StreamProtocol):
         return event.get("type") in cls.KINDS
 
     @classmethod
-    def finished(cls, events: list[dict[str, Any]], payloads: list[str], usage_asked: bool) -> bool:
+    def finished(cls, events: list[dict[str, Any]], payloads: list[str]) -> bool:
         for event in events:
             delta = event.get("delta")
             if event.get("type") == "message_stop" or (
@@ -240,7 +228,7 @@ class GeminiCandidates(StreamProtocol):
         return isinstance(event.get("candidates"), list)
 
     @classmethod
-    def finished(cls, events: list[dict[str, Any]], payloads: list[str], usage_asked: bool) -> bool:
+    def finished(cls, events: list[dict[str, Any]], payloads: list[str]) -> bool:
         candidates = [c for e in events if isinstance(e.get("candidates"), list) for c in e["candidates"]]
         return _all_finished(candidates, "finishReason")
 
@@ -260,15 +248,13 @@ def stream_protocol(path: str, events: list[Any]) -> type[StreamProtocol] | None
     return None
 
 
-def unfinished_stream(payloads: list[str], events: list[Any], path: str = "", *,
-                      usage_asked: bool = False) -> str | None:
+def unfinished_stream(payloads: list[str], events: list[Any], path: str = "") -> str | None:
     """Why a stream is cut off (its protocol's last event never came: it ended between two events, on an error
     event, or before any), or None: it reached its end, or its protocol is not known. ``payloads``: every event's
-    data; ``events``: the JSON values among them; ``path``: the POST request's path ("": not known);
-    ``usage_asked``: the request asked for the stream's usage."""
+    data; ``events``: the JSON values among them; ``path``: the POST request's path ("": not known)."""
     protocol = stream_protocol(path, events)
     if protocol is None:
         return None
-    if protocol.finished([e for e in events if isinstance(e, dict)], payloads, usage_asked):
+    if protocol.finished([e for e in events if isinstance(e, dict)], payloads):
         return None
-    return f"the {protocol.name} stream ended after {len(payloads)} events, without {protocol.end_named(usage_asked)}"
+    return f"the {protocol.name} stream ended after {len(payloads)} events, without {protocol.last_event}"

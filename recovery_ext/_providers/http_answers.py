@@ -36,6 +36,7 @@ IDEMPOTENCY_HEADER = "idempotency-key"
 # Stainless-generated SDKs may send a random key per call (a new one in every process): not a stable key.
 RANDOM_KEY_PREFIX = "stainless-python-retry-"
 ANTHROPIC_CACHE_FIELDS = ("cache_read_input_tokens", "cache_creation_input_tokens")
+CUT_BEFORE_USAGE = "the stream ended without the usage it asked for: counted at its estimate"
 
 
 @dataclass(frozen=True)
@@ -49,6 +50,7 @@ class RequestFacts:
     streamed: bool
     api_path: str = ""       # a POST's path (an API call, its answer judged by its API's shape); "": not a POST
     usage_asked: bool = False  # a stream asked to end with its usage (OpenAI's stream_options.include_usage)
+    answer_bound: int = 0    # the most the answer may hold, in tokens (part of estimated_tokens)
 
 
 def request_facts(method: str, url: str, headers: Any, body: bytes, *, answer_tokens: int) -> RequestFacts:
@@ -74,9 +76,10 @@ def request_facts(method: str, url: str, headers: Any, body: bytes, *, answer_to
     key = headers.get(IDEMPOTENCY_HEADER)
     if key is not None and (key.startswith(RANDOM_KEY_PREFIX) or not 0 < len(key) <= 200):
         key = None
-    estimate = len(body) // 3 + 8 + (most if most is not None else answer_tokens)
+    bound = max(0, most if most is not None else answer_tokens)
+    estimate = len(body) // 3 + 8 + bound
     api_path = urlsplit(url).path if method.upper() == "POST" else ""
-    return RequestFacts(key, found, model, max(0, estimate), streamed, api_path, usage_asked)
+    return RequestFacts(key, found, model, max(0, estimate), streamed, api_path, usage_asked, bound)
 
 
 def is_event_stream(headers: Any) -> bool:
@@ -143,15 +146,13 @@ def read_json_answer(endpoint: str, status: int, headers: Any, body: bytes) -> A
         raise UnreadableAnswer(endpoint, status, _media_type(headers), body, str(exc)[:120]) from None
 
 
-def check_event_stream(endpoint: str, status: int, body: bytes, api_path: str = "", *,
-                       usage_asked: bool = False) -> None:
+def check_event_stream(endpoint: str, status: int, body: bytes, api_path: str = "") -> None:
     """Raises :class:`UnreadableAnswer` for a streamed answer (its decoded body) that is not the provider's whole
     answer, as a proxy or a provider that failed mid-answer may end it:
 
     - an event holds JSON that does not parse: it was cut off as the stream ended;
     - the stream's API is known and its last event never came (see :mod:`event_streams`): it ended between two
-      events, or on an error event (or, when the request asked for the stream's usage, before it: see
-      ``usage_asked``).
+      events, or on an error event.
 
     An SDK drops such a last event, or stops at the connection's end: either way the answer it shows is not the
     provider's whole answer, and keeping it would replay that to every re-execution. Events that are not JSON
@@ -166,7 +167,7 @@ def check_event_stream(endpoint: str, status: int, body: bytes, api_path: str = 
         except (ValueError, RecursionError) as exc:
             raise UnreadableAnswer(endpoint, status, "text/event-stream", payload.encode("utf-8", "replace"),
                                    f"event {number} of the stream: {exc}"[:120]) from None
-    cut_off = unfinished_stream(payloads, events, api_path, usage_asked=usage_asked)
+    cut_off = unfinished_stream(payloads, events, api_path)
     if cut_off is not None:
         tail = payloads[-1] if payloads else ""
         raise UnreadableAnswer(endpoint, status, "text/event-stream", tail.encode("utf-8", "replace"), cut_off,
@@ -192,26 +193,26 @@ def check_answer(endpoint: str, api_path: str, status: int, headers: Any, body: 
     return parsed
 
 
-def stream_reached_end(body: bytes, api_path: str, *, usage_asked: bool = False) -> bool:
+def stream_reached_end(body: bytes, api_path: str) -> bool:
     """A stream (its decoded bytes so far) is its API's whole answer: whatever stops its reader now (a tail read
     cancelled, a connection reset before the chunked body's end), the provider finished and billed it. False for
     a stream no protocol knows: nothing says it ended."""
     if stream_protocol(api_path, event_values(body)) is None:
         return False
     try:
-        check_event_stream("", 200, body, api_path, usage_asked=usage_asked)
+        check_event_stream("", 200, body, api_path)
     except UnreadableAnswer:
         return False
     return True
 
 
-def check_kept_answer(endpoint: str, api_path: str, kept: Any, *, usage_asked: bool = False) -> None:
+def check_kept_answer(endpoint: str, api_path: str, kept: Any) -> None:
     """Raises :class:`UnreadableAnswer` for a journaled answer that no client can read (kept before this was
     checked): it is asked again instead of replayed."""
     if isinstance(kept, dict) and kept.get("http") == 1 and isinstance(kept.get("status"), int):
         headers = {str(name).lower(): value for name, value in kept.get("headers") or []}
         if is_event_stream(headers):
-            check_event_stream(endpoint, kept["status"], decode_body(kept["body"]), api_path, usage_asked=usage_asked)
+            check_event_stream(endpoint, kept["status"], decode_body(kept["body"]), api_path)
             return
         check_answer(endpoint, api_path, kept["status"], headers, decode_body(kept["body"]))
 
@@ -263,12 +264,18 @@ def answer_usage(body: bytes, streamed: bool, parsed: Any = NOT_READ) -> tuple[d
 
 
 def answered_call(endpoint: str, model: str | None, body: bytes, *, streamed: bool, latency: float,
-                  prices: Prices, provider: str | None, parsed: Any = NOT_READ) -> ProviderCall:
+                  prices: Prices, provider: str | None, parsed: Any = NOT_READ,
+                  estimate: tuple[int, int] | None = None) -> ProviderCall:
     """The ledger's record of an answer: its usage in tokens, its cost when priced; an answer without usage
-    is recorded as 0 tokens with a note, and no cost. ``parsed``: the body, already read as JSON."""
+    is recorded as 0 tokens with a note, and no cost. ``parsed``: the body, already read as JSON; ``estimate``:
+    the request's (tokens in, most tokens out) when it asked for its usage: a stream cut before that usage came
+    counts at it, priced, with a note (the answer is whole, and asking again to learn its usage would pay twice;
+    counted as 0 it would slip past the spend caps)."""
     usage, answered_by = answer_usage(body, streamed, parsed)
     note = None
-    if usage is None:
+    if usage is None and estimate is not None:
+        (tokens_in, tokens_out), note = estimate, CUT_BEFORE_USAGE
+    elif usage is None:
         tokens_in, tokens_out, note = 0, 0, "the answer held no usage: recorded as 0 tokens"
     elif "prompt_tokens" in usage or "completion_tokens" in usage:
         tokens_in, tokens_out, note = read_usage(usage)
@@ -277,7 +284,9 @@ def answered_call(endpoint: str, model: str | None, body: bytes, *, streamed: bo
         for name in ANTHROPIC_CACHE_FIELDS:
             tokens_in += token_count(usage.get(name)) or 0
     shown_model = answered_by[:200] if answered_by else None
-    cost = None if note else prices.cost(model or answered_by, tokens_in, tokens_out)
+    # a note says the figures are not what the provider counted: no cost, unless they are the estimate (the most
+    # the call can cost, so a spend cap in money holds)
+    cost = None if note not in (None, CUT_BEFORE_USAGE) else prices.cost(model or answered_by, tokens_in, tokens_out)
     return ProviderCall(endpoint=endpoint, model=model or shown_model, tokens_in=tokens_in, tokens_out=tokens_out,
                         latency_seconds=latency, outcome="ok", cost=cost, operation="chat", provider=provider,
                         response_model=shown_model, note=note)

@@ -68,6 +68,14 @@ class SpendCap:
         # one's wait to the last one's, with one log line and one event, not one each.
         self._waiters = SharedWait()
 
+    def _configure(self) -> list[str]:
+        """The caps this node's calls reserve under, made or brought up to date at its first call. Without a cap
+        in the configuration, one read says whether an operator set one on the pipeline or its deployment
+        (``recovery-ext spend-cap set``). A step of the call, so on an event loop it runs in a worker thread."""
+        if not self.caps.enabled and not self.store.providers.spend_caps_over(self.own.pipeline_id):
+            return []
+        return list(self.store.providers.spend_configure(self.own, self.caps))
+
     def cost_of(self, tokens: int, model: str | None) -> float:
         """The most ``tokens`` of ``model`` can cost (every token at the dearer of its two prices); 0 unpriced."""
         if self.prices is None:
@@ -76,20 +84,22 @@ class SpendCap:
         return 0.0 if most is None else most
 
     def acquire(self, tokens: int, model: str | None = None, *, cost: float | None = None,
-                ref: str | None = None) -> SpendReservation:
+                ref: str | None = None) -> SpendReservation | None:
         """Reserve ``tokens`` (and ``cost``, default: their most under the price table), waiting at the cap until
-        it is raised. ``ref``: the job whose results settle this reservation."""
+        it is raised; None: no cap holds the pipeline. ``ref``: the job whose results settle this reservation."""
         return drive(self.acquire_steps(tokens, model, cost=cost, ref=ref))
 
     def acquire_steps(self, tokens: int, model: str | None = None, *, cost: float | None = None,
-                      ref: str | None = None) -> Steps[SpendReservation]:
+                      ref: str | None = None) -> Steps[SpendReservation | None]:
         """:meth:`acquire` as steps, for a thread (:func:`drive`) or an event loop (:func:`drive_async`). On an
         event loop a wait at the cap holds no worker thread: the tasks that hold room go on, and their answers
         settle it (32 tasks of an ``amap`` waiting in the loop's 6 worker threads left none to those, and the
         node waited for ever)."""
         if self._scopes is None:
-            self._scopes = yield Blocking(self.store.providers.spend_configure, (self.own, self.caps))
+            self._scopes = yield Blocking(self._configure)
         scopes = self._scopes
+        if not scopes:  # no cap holds the pipeline: nothing to reserve
+            return None
         tokens = max(0, int(tokens))
         cost = self.cost_of(tokens, model) if cost is None else cost
         reserve = functools.partial(self.store.providers.spend_reserve, self.own, scopes, tokens=tokens, cost=cost,

@@ -26,6 +26,7 @@ its fork ``httpx2`` that current OpenAI and Anthropic SDKs require).
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import functools
 import time
@@ -125,8 +126,7 @@ class JournalingCore:
             # a kept answer no client can read (journaled before answers were checked) is asked again
             found = yield Blocking(functools.partial(pending.start, call_id=call_id,
                                                      check=functools.partial(check_kept_answer, guard.endpoint,
-                                                                             facts.api_path,
-                                                                             usage_asked=facts.usage_asked)),
+                                                                             facts.api_path)),
                                    (guard.endpoint, call.model))
         except BaseException:
             yield Blocking(hold.release)  # nothing was sent
@@ -144,8 +144,7 @@ class JournalingCore:
             if is_event_stream(response.headers):
                 finish = functools.partial(self.finish_steps, guard, call, decision, hold, response, started,
                                            facts=facts)
-                return tee(response, finish, functools.partial(stream_reached_end, api_path=facts.api_path,
-                                                               usage_asked=facts.usage_asked))
+                return tee(response, finish, functools.partial(stream_reached_end, api_path=facts.api_path))
             try:
                 body = yield read(response)
             except self.http.DecodingError as exc:  # a corrupt gzip body: no client could read it either
@@ -194,11 +193,12 @@ class JournalingCore:
         assert pending is not None
         streamed = is_event_stream(response.headers)
         if streamed:  # before anything is recorded: an event cut off makes it a failed attempt
-            check_event_stream(guard.endpoint, response.status_code, body, facts.api_path,
-                               usage_asked=facts.usage_asked)
+            check_event_stream(guard.endpoint, response.status_code, body, facts.api_path)
+        asked = facts.usage_asked and streamed
         record = answered_call(guard.endpoint, call.model, body, streamed=streamed,
                                latency=time.monotonic() - started, prices=self.prices, provider=self.provider,
-                               parsed=parsed)
+                               parsed=parsed, estimate=(facts.estimated_tokens - facts.answer_bound,
+                                                        facts.answer_bound) if asked else None)
         try:
             pending.journal.scope.record_call(record)  # completes the attempt's ledger row with the usage
             hold.settle(record.tokens_in + record.tokens_out, record.cost)
@@ -286,20 +286,15 @@ def _sync_classes(http: ModuleType) -> type:
                     if events:
                         yield events
             except BaseException as exc:
-                # its last event came first: whatever stopped the read (a reset before the chunked body's end, a
-                # reader that gave up on the tail), the provider finished and billed the answer, and it is kept
-                if self.whole(b"".join(self.chunks)):
-                    self._end(None)
-                    if not isinstance(exc, Exception):  # a stop (GeneratorExit, KeyboardInterrupt) goes on
-                        raise
-                    rest = self.gate.rest()
-                    if rest:
-                        yield rest
-                    return
-                unreadable = self._end(exc)
-                if unreadable is not None:  # a broken event, a corrupt encoding: retryable, as a cut-off answer
-                    raise unreadable from None
-                raise
+                error = self._stopped(exc)
+                if error is exc:
+                    raise
+                if error is not None:  # a broken event, a corrupt encoding: retryable, as a cut-off answer
+                    raise error from None
+                rest = self.gate.rest()  # an error after the answer's end: the answer goes on whole
+                if rest:
+                    yield rest
+                return
             unreadable = self._end(None)
             if unreadable is not None:  # to the SDK reading it: a retryable error, as a connection cut mid-answer
                 raise unreadable
@@ -313,6 +308,22 @@ def _sync_classes(http: ModuleType) -> type:
             self.done = True
             return drive(self.finish(b"".join(self.chunks), error))
 
+        def _stopped(self, exc: BaseException) -> BaseException | None:
+            """``exc`` stopped the read. Its last event came first: whatever stopped it (a reset before the
+            chunked body's end, a reader that gave up on the tail), the provider finished and billed the answer,
+            and it is kept; an error then ends the stream cleanly (None), a stop goes on. Else the attempt failed:
+            the error to raise."""
+            if not _reached_end(self.whole, self.chunks):
+                return self._end(exc) or exc
+            if isinstance(exc, Exception):
+                self._end(None)
+                return None
+            # the stop goes on whatever the store says: the attempt stays unsettled, as after a kill, and the
+            # next owner settles it from the ledger
+            with contextlib.suppress(Exception):
+                self._end(None)
+            return exc
+
         def close(self) -> None:
             # An SDK closes the stream once it has read the last event it wants: the rest is read here, so the
             # answer the provider finished (and billed) is kept.
@@ -320,12 +331,12 @@ def _sync_classes(http: ModuleType) -> type:
                 if not self.done:
                     try:
                         self.chunks.extend(self.chunks_left)
-                    except Exception as exc:
-                        if not self.whole(b"".join(self.chunks)):  # else: the tail failed after the last event
-                            unreadable = self._end(exc)
-                            if unreadable is not None:  # a corrupt encoding in the unread tail: retryable
-                                raise unreadable from None
+                    except BaseException as exc:
+                        error = self._stopped(exc)
+                        if error is exc:
                             raise
+                        if error is not None:  # a corrupt encoding in the unread tail: retryable
+                            raise error from None
                     self._end(None)
             finally:
                 self.inner.close()
@@ -372,6 +383,7 @@ def _sync_classes(http: ModuleType) -> type:
         def close(self) -> None:
             self.inner.close()
 
+    JournalingTransport.tee_stream = TeeStream  # what a streamed answer is read through (tests drive it alone)
     return JournalingTransport
 
 
@@ -405,18 +417,15 @@ def _async_classes(http: ModuleType) -> type:
             except BaseException as exc:
                 # as the synchronous stream does; a cancellation too: the OpenAI SDK reads the tail after
                 # [DONE] for 0.1 s only, then cancels the read
-                if self.whole(b"".join(self.chunks)):
-                    await self._end(None)
-                    if not isinstance(exc, Exception):
-                        raise
-                    rest = self.gate.rest()
-                    if rest:
-                        yield rest
-                    return
-                unreadable = await self._end(exc)
-                if unreadable is not None:  # as the synchronous stream does
-                    raise unreadable from None
-                raise
+                error = await self._stopped(exc)
+                if error is exc:
+                    raise
+                if error is not None:
+                    raise error from None
+                rest = self.gate.rest()
+                if rest:
+                    yield rest
+                return
             unreadable = await self._end(None)
             if unreadable is not None:  # to the SDK reading it, as the synchronous stream does
                 raise unreadable
@@ -434,17 +443,28 @@ def _async_classes(http: ModuleType) -> type:
                 unreadable = await drive_async(self.finish(b"".join(self.chunks), error), self.context)
             return unreadable
 
+        async def _stopped(self, exc: BaseException) -> BaseException | None:
+            """As the synchronous stream's."""
+            if not _reached_end(self.whole, self.chunks):
+                return await self._end(exc) or exc
+            if isinstance(exc, Exception):
+                await self._end(None)
+                return None
+            with contextlib.suppress(Exception):  # as the synchronous stream's
+                await self._end(None)
+            return exc
+
         async def aclose(self) -> None:
             try:
                 if not self.done:
                     try:
                         self.chunks.extend([chunk async for chunk in self.chunks_left])
-                    except Exception as exc:
-                        if not self.whole(b"".join(self.chunks)):  # as the synchronous stream does
-                            unreadable = await self._end(exc)
-                            if unreadable is not None:
-                                raise unreadable from None
+                    except BaseException as exc:  # as the synchronous stream does
+                        error = await self._stopped(exc)
+                        if error is exc:
                             raise
+                        if error is not None:
+                            raise error from None
                     await self._end(None)
             finally:
                 await self.inner.aclose()
@@ -505,7 +525,17 @@ def _async_classes(http: ModuleType) -> type:
         async def aclose(self) -> None:
             await self.inner.aclose()
 
+    AsyncJournalingTransport.tee_stream = AsyncTeeStream  # as the synchronous transport's
     return AsyncJournalingTransport
+
+
+def _reached_end(whole: Callable[[bytes], bool], chunks: list[bytes]) -> bool:
+    """The stream's bytes so far are its API's whole answer; False when the check itself fails (an event nested
+    too deep to read): nothing then says the answer is whole, and the error in flight goes on unchanged."""
+    try:
+        return whole(b"".join(chunks))
+    except Exception:  # noqa: BLE001 - see above
+        return False
 
 
 def _sleep_steps(seconds: float, guard: ProviderGuard) -> Steps[None]:

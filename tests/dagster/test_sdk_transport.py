@@ -241,25 +241,23 @@ def test_a_stream_cut_off_before_its_end_is_a_failed_attempt_never_kept_and_the_
 
 
 @pytest.mark.parametrize("mode", ["stream", "astream"])
-def test_a_stream_cut_between_its_finish_reason_and_the_usage_it_asked_for_is_asked_again(
+def test_a_stream_cut_before_the_usage_it_asked_for_is_kept_and_counted_at_its_estimate(
         mode, stand_in, store, db_url, monkeypatch):
     """The request asked for the usage chunk (``stream_options.include_usage``), and the stream ended after every
-    choice finished, before that chunk and ``[DONE]``. Before: it passed for whole, was kept without usage and
-    recorded as 0 tokens, so the ledger and the spend caps under-counted what the provider billed, and every
-    re-execution replayed it. Now it is cut off: asked again, and only the answer with its usage is kept."""
+    choice finished, before that chunk and ``[DONE]``. Before: it was recorded as 0 tokens, so the ledger and the
+    spend caps under-counted what the provider billed. The answer is whole, so it is kept (asking again to learn
+    its usage would pay twice) and counted at its estimate: the request's tokens, and its max_tokens out."""
     server, url = stand_in
     server.script = ["cut_before_usage"]
     monkeypatch.setitem(SETTINGS, "mode", mode)
     result = run(once_in_mode, resource("openai", url), db_url, monkeypatch)
     assert result.success
-    assert len(server.truncated()) == 1 and len(server.answered()) == 1
-    rows = ledger(store)
-    assert sorted(r.outcome for r in rows) == ["ok", "unreadable_result"]
-    [bad] = [r for r in rows if r.outcome == "unreadable_result"]
-    assert "cut off before its end" in bad.note and "usage" in bad.note, bad.note
-    [good] = [r for r in rows if r.outcome == "ok"]
-    charged = server.answered()[0]
-    assert (good.tokens_in, good.tokens_out) == (charged.tokens_in, charged.tokens_out)
+    assert len(server.requests) == 1  # kept: not asked again
+    [pipeline] = store.reports.list_pipelines()
+    assert store.pipelines.completed_items(pipeline.id, "once_in_mode") == {"only": "answer to question only"}
+    [row] = ledger(store)
+    assert row.outcome == "ok" and "counted at its estimate" in row.note, row.note
+    assert row.tokens_out == 64 and row.tokens_in > 0  # max_tokens, and the request's own estimate
 
 
 @recoverable_op(required_resource_keys={"llm"})

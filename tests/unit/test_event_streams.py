@@ -10,8 +10,9 @@ import pytest
 from sdk_stand_in import _anthropic_events, _openai_events
 
 from recovery_ext._providers.event_streams import _BrokenEvent, EventGate
-from recovery_ext._providers.http_answers import (UnreadableAnswer, answer_usage, check_event_stream,
+from recovery_ext._providers.http_answers import (UnreadableAnswer, answer_usage, answered_call, check_event_stream,
                                                   check_kept_answer, kept_answer, request_facts, stream_reached_end)
+from recovery_ext._providers.prices import Prices
 
 URL = "http://127.0.0.1:9/v1"
 PATH = "/v1/chat/completions"
@@ -195,25 +196,31 @@ def test_one_crlf_is_a_line_end_not_an_event_end():
 OPENAI_USAGE = {**CHUNK, "choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 2}}
 
 
-@pytest.mark.parametrize(("body", "whole"), [
-    (_events(OPENAI_TEXT, OPENAI_STOP), False),  # cut after the finish_reason: the usage chunk never came
-    (_events(OPENAI_TEXT, OPENAI_STOP, OPENAI_USAGE), True),  # a compatible server without [DONE]
-    (_events(OPENAI_TEXT, OPENAI_STOP, "data: [DONE]\n\n"), True),  # a server that ignores include_usage
+@pytest.mark.parametrize("body", [
+    _events(OPENAI_TEXT, OPENAI_STOP),  # cut after the finish_reason: the usage chunk never came
+    _events(OPENAI_TEXT, OPENAI_STOP, OPENAI_USAGE),  # a compatible server without [DONE]
+    _events(OPENAI_TEXT, OPENAI_STOP, "data: [DONE]\n\n"),  # a server that ignores include_usage
 ], ids=["cut_before_usage", "usage_without_done", "done_without_usage"])
-def test_a_stream_that_asked_for_its_usage_ends_with_it_or_with_done(body, whole):
-    """Kept without its usage chunk, an answer was recorded as 0 tokens: the ledger and the spend caps under-counted
-    what the provider billed."""
-    check_event_stream(URL, 200, body, PATH)  # not asked: every choice finished is the end
+def test_a_stream_whose_choices_all_finished_is_whole_with_or_without_its_usage(body):
+    check_event_stream(URL, 200, body, PATH)
+    check_kept_answer(URL, PATH, kept_answer(200, HEADERS, body))
     assert stream_reached_end(body, PATH) is True
-    if whole:
-        check_event_stream(URL, 200, body, PATH, usage_asked=True)
-        check_kept_answer(URL, PATH, kept_answer(200, HEADERS, body), usage_asked=True)
-    else:
-        with pytest.raises(UnreadableAnswer, match="the usage chunk the request asked for"):
-            check_event_stream(URL, 200, body, PATH, usage_asked=True)
-        with pytest.raises(UnreadableAnswer):
-            check_kept_answer(URL, PATH, kept_answer(200, HEADERS, body), usage_asked=True)
-    assert stream_reached_end(body, PATH, usage_asked=True) is whole
+
+
+def test_a_stream_without_the_usage_it_asked_for_is_counted_at_its_estimate_and_priced():
+    """Counted as 0 tokens, it slipped past the spend caps; asked again to learn its usage, it was paid twice."""
+    prices = Prices.parse({"m": {"input": 1.0, "output": 2.0}})
+    body = _events(OPENAI_TEXT, OPENAI_STOP)
+    record = answered_call(URL, "m", body, streamed=True, latency=0.1, prices=prices, provider=None,
+                           estimate=(30, 64))
+    assert (record.tokens_in, record.tokens_out, record.outcome) == (30, 64, "ok")
+    assert record.cost == prices.cost("m", 30, 64) and record.cost > 0 and "estimate" in record.note
+    whole = _events(OPENAI_TEXT, OPENAI_STOP, OPENAI_USAGE)  # the usage came: it is what counts
+    record = answered_call(URL, "m", whole, streamed=True, latency=0.1, prices=prices, provider=None,
+                           estimate=(30, 64))
+    assert (record.tokens_in, record.tokens_out, record.note) == (3, 2, None)
+    unasked = answered_call(URL, "m", body, streamed=True, latency=0.1, prices=prices, provider=None)
+    assert (unasked.tokens_in, unasked.tokens_out, unasked.cost) == (0, 0, None)
 
 
 def test_usage_is_asked_only_by_a_stream_that_says_so():
