@@ -21,7 +21,7 @@ from recovery_ext._store.database import Component, Database, retried
 from recovery_ext._errors import IllegalTransition, NotFound
 from recovery_ext._store.models import BreakerDecision, Ownership, Reopened
 from recovery_ext._classify.redaction import redact
-from recovery_ext._store.schema import circuit_breakers, node_items, nodes, pipelines
+from recovery_ext._store.schema import circuit_breakers, node_items, nodes, pipelines, waiting_shown
 from recovery_ext._store.statuses import WAITING, BreakerState, ItemStatus, NodeStatus, PipelineStatus
 from recovery_ext._store.fenced import Fence
 from recovery_ext._store.node_transitions import NodeTransitions
@@ -226,9 +226,7 @@ class Outages(Component):
                        pipelines.c.waiting_reason)
                 # an orphan (its heartbeat expired: its run is gone) waits for its resume, not for the next try
                 # its pause showed, which nobody will make; `status` lists it among the orphans instead
-                .where(pipelines.c.status == PipelineStatus.RUNNING, pipelines.c.waiting_until.isnot(None),
-                       or_(pipelines.c.heartbeat_deadline.is_(None),
-                           pipelines.c.heartbeat_deadline >= self.dialect.now()))
+                .where(waiting_shown(self.dialect.now()))
                 .order_by(pipelines.c.waiting_until).limit(limit)
             ).all()
         return [dict(r._mapping) for r in rows]

@@ -170,6 +170,12 @@ class Pipeline:
     waiting_reason: str | None = None
     launcher: str | None = None
     deployment: str | None = None
+    # read with the database clock (schema.waiting_shown): paused and still live; None when the read did not ask
+    waiting_shown: bool | None = None
+
+    def __post_init__(self) -> None:
+        if self.waiting_shown is not None and not isinstance(self.waiting_shown, bool):  # SQLite's 0 or 1
+            object.__setattr__(self, "waiting_shown", bool(self.waiting_shown))
 
     @classmethod
     def from_row(cls, mapping: Any) -> Self:
@@ -177,7 +183,10 @@ class Pipeline:
 
     @property
     def shown_status(self) -> str:
-        """``waiting`` while a provider outage pauses the (still live) pipeline, else its status."""
+        """``waiting`` while a provider outage pauses the (still live) pipeline, else its status: an orphan whose
+        run ended or died mid-pause awaits its resume, not the next try its pause showed."""
+        if self.waiting_shown is not None:
+            return WAITING if self.waiting_shown else self.status
         return WAITING if self.status == PipelineStatus.RUNNING and self.waiting_until is not None else self.status
 
 

@@ -22,7 +22,8 @@ from recovery_ext._store.ledger import well_formed_call
 from recovery_ext._store.models import CostFigures, MetricsSnapshot, Node, Pipeline, PipelineHistory
 from recovery_ext._errors import NotFound
 from recovery_ext._store.schema import (calls_saved_by_resume, circuit_breakers, events, node_items, nodes,
-                                        pipelines, provider_calls, queue_items, spend_caps, transitions)
+                                        pipelines, provider_calls, queue_items, spend_caps, transitions,
+                                        waiting_shown)
 from recovery_ext._store.ledger import LedgerOps
 from recovery_ext._store.models import CapState, deployment_scope, pipeline_scope
 from recovery_ext._store.models import wait_kind
@@ -64,9 +65,7 @@ class Observability(Component):
         now = self.dialect.now()
         with self.read() as conn, (self.dialect.bounded(conn, timeout) if timeout else nullcontext()):
             by_labels = aggregates.pipeline_counts_by(conn, PIPELINE_LABELS)
-            waiting = conn.execute(
-                select(p.job_name, p.waiting_reason).where(p.status == PipelineStatus.RUNNING,
-                                                           p.waiting_until.isnot(None))).all()
+            waiting = conn.execute(select(p.job_name, p.waiting_reason).where(waiting_shown(now))).all()
             caps = [CapState.from_row(r) for r in conn.execute(
                 select(spend_caps).where(or_(spend_caps.c.scope.startswith("deployment:"), spend_caps.c.scope.in_(
                     select(literal("pipeline:") + cast(p.id, Text)).where(p.status == PipelineStatus.RUNNING))))
@@ -115,7 +114,8 @@ class Observability(Component):
         """The pipeline, its nodes, transitions, events and item checkpoints per run, in one snapshot."""
         ni = node_items.c
         with self.read() as conn:
-            row = conn.execute(select(pipelines).where(pipelines.c.id == pipeline_id)).first()
+            row = conn.execute(select(pipelines, waiting_shown(self.dialect.now()).label("waiting_shown"))
+                               .where(pipelines.c.id == pipeline_id)).first()
             if row is None:
                 raise NotFound(f"no pipeline {pipeline_id}")
             node_rows = [Node.from_row(r._mapping) for r in conn.execute(

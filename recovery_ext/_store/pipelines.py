@@ -37,7 +37,7 @@ from recovery_ext._store.fenced import Fence, FencedTransaction
 from recovery_ext._store.models import (ErrorInfo, ItemCheckpoint, Node, NodeSpec, Ownership, Pipeline,
                                         PipelineLimits)
 from recovery_ext._classify.redaction import redact, redact_config
-from recovery_ext._store.schema import nodes, pipelines
+from recovery_ext._store.schema import nodes, pipelines, waiting_shown
 from recovery_ext._store.schema import transitions as transition_rows
 from recovery_ext._store.statuses import FINISHED_NODE_STATUSES, NodeStatus, PipelineStatus
 
@@ -344,7 +344,8 @@ class PipelineNodes(Component):
     @retried
     def get_pipeline(self, pipeline_id: int) -> Pipeline:
         with self.read_statement() as conn:
-            row = conn.execute(select(pipelines).where(pipelines.c.id == pipeline_id)).first()
+            row = conn.execute(select(pipelines, waiting_shown(self.dialect.now()).label("waiting_shown"))
+                               .where(pipelines.c.id == pipeline_id)).first()
         if row is None:
             raise NotFound(f"no pipeline {pipeline_id}")
         return Pipeline.from_row(row._mapping)
@@ -352,7 +353,8 @@ class PipelineNodes(Component):
     @retried
     def find_pipeline(self, origin_run_id: str) -> Pipeline | None:
         with self.read_statement() as conn:
-            row = conn.execute(select(pipelines).where(pipelines.c.origin_run_id == origin_run_id)).first()
+            row = conn.execute(select(pipelines, waiting_shown(self.dialect.now()).label("waiting_shown"))
+                               .where(pipelines.c.origin_run_id == origin_run_id)).first()
         return None if row is None else Pipeline.from_row(row._mapping)
 
     @retried

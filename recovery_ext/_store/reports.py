@@ -13,7 +13,7 @@ from recovery_ext._store import aggregates
 from recovery_ext._store.database import Component, Database, retried
 from recovery_ext._store.models import GAP_WINDOW, EventCursor, Pipeline, QueueItem
 from recovery_ext._store.schema import (QUEUE_STATUSES, deleted_pipelines, events, node_items, nodes, pipeline_counts,
-                                        pipelines, queue_counts, queue_items, transitions)
+                                        pipelines, queue_counts, queue_items, transitions, waiting_shown)
 from recovery_ext._store.statuses import UNFINISHED_QUEUE_STATUSES, NodeStatus, PipelineStatus, QueueStatus
 from recovery_ext._store.ledger import LedgerOps
 from recovery_ext._store.models import CostReport, MetricsSnapshot, PipelineHistory
@@ -178,7 +178,8 @@ class Reports(Component):
     @retried
     def list_pipelines(self, *, status: str | None = None, job_name: str | None = None,
                        limit: int = 50, deployment: str | None = None) -> list[Pipeline]:
-        query = select(pipelines).order_by(pipelines.c.id.desc()).limit(limit)
+        query = (select(pipelines, waiting_shown(self.dialect.now()).label("waiting_shown"))
+                 .order_by(pipelines.c.id.desc()).limit(limit))
         if deployment is not None:
             query = query.where(pipelines.c.deployment == deployment)
         if status:

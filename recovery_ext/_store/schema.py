@@ -22,7 +22,9 @@ from sqlalchemy import (
     Table,
     Text,
     UniqueConstraint,
+    and_,
     column,
+    or_,
     table,
 )
 
@@ -86,6 +88,17 @@ pipelines = Table(
     Column("launcher", Text),
     Column("deployment", Text, nullable=False, server_default="default"),
 )
+
+
+def waiting_shown(now: Any) -> Any:
+    """A pipeline shown as ``waiting``: running, paused with a next try, and live. Once its heartbeat expired
+    (its run ended or died mid-pause) it is an orphan awaiting its resume, not a next try nobody will make. The
+    one definition ``status``, the metrics, the sensor tick and every pipeline read use; ``now``: the database
+    clock (``dialect.now()``)."""
+    p = pipelines.c
+    return and_(p.status == PipelineStatus.RUNNING, p.waiting_until.isnot(None),
+                or_(p.heartbeat_deadline.is_(None), p.heartbeat_deadline >= now))
+
 
 nodes = Table(
     "rx_nodes",

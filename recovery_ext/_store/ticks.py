@@ -34,7 +34,7 @@ from recovery_ext._store.models import (LEGACY_DEPLOYMENT, FirstRun, ForeignOrph
                                         Scope, TickSnapshot)
 from recovery_ext._store.orphans import LIVE, RUNNING, Orphans, _jobs, _placeholder
 from recovery_ext._store.pipelines import PipelineCore
-from recovery_ext._store.schema import pipelines
+from recovery_ext._store.schema import pipelines, waiting_shown
 from recovery_ext._store.statuses import PipelineStatus
 
 p = pipelines.c
@@ -87,7 +87,7 @@ class Recovery(Component):
             first_runs, foreign = self._first_runs_to_check(conn, scope, grace_seconds)
             waiting = [dict(r._mapping) for r in conn.execute(
                 select(p.id, p.job_name, p.waiting_until, p.waiting_since, p.waiting_reason)
-                .where(live, p.waiting_until.isnot(None)).order_by(p.waiting_until).limit(waiting_limit))]
+                .where(live, waiting_shown(self.dialect.now())).order_by(p.waiting_until).limit(waiting_limit))]
         placeholders = sorted({o[0] for o in owners if o[1]})
         return TickSnapshot(
             run_owners=sorted({o[0] for o in owners if not o[1]}),
