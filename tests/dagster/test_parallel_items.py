@@ -22,7 +22,7 @@ from sdk_stand_in import SdkStandIn
 from helpers import reclaim_until_taken
 from recovery_ext import RecoveryResource, execute_in_process
 from recovery_ext._store.models import PassPlan
-from recovery_ext._store.models import pipeline_scope
+from recovery_ext._store.models import deployment_scope, pipeline_scope
 from recovery_ext._store.statuses import WAITING
 from recovery_pipelines.devserver import wait_for
 
@@ -278,6 +278,45 @@ def test_sdk_requests_in_parallel_pause_at_the_spend_cap_and_go_on_when_it_is_ra
         assert outcome["result"].success
         assert len(store.pipelines.completed_items(pipeline.id, "sdk_tasks")) == 12
         capped = store.providers.spend_cap(pipeline_scope(pipeline.id))
+        assert capped.spent_tokens == sum(r.tokens_in + r.tokens_out for r in stand_in.answered())
+        assert capped.reserved_tokens == 0
+    finally:
+        stand_in.stop()
+
+
+def test_a_cap_an_operator_set_holds_a_pipeline_whose_configuration_has_none(store, db_url):
+    """`recovery-ext spend-cap set --deployment` on a deployment whose jobs configure no cap: a new user's trial found
+    `set` refused any scope without a cap. Now the cap is made, and a pipeline of that deployment whose
+    configuration names none finds it at its node's first call (a worker thread's read, not the event loop's):
+    its tasks pause at it, never fail, and go on once the operator raises it."""
+    cap = 200
+    deployment = "capped"
+    earlier = store.pipelines.create_pipeline("earlier", ["a"], owner="run-0", deployment=deployment)  # it exists
+    store.providers.spend_cap_set(deployment_scope(deployment), tokens=cap)
+    stand_in = SdkStandIn(latency=0.05)
+    url = stand_in.start() + "/v1"
+    try:
+        outcome: dict = {}
+        resource = recovery(db_url, spend_cap_poll_seconds=0.2, deployment=deployment)  # no spend_cap_* of its own
+        assert not resource.spend_caps().enabled
+        runner = threading.Thread(target=lambda: outcome.setdefault("result", execute_in_process(
+            parallel_defs.sdk_tasks_job, run_config={"ops": {"sdk_tasks": {"config": {
+                "url": url, "keys": 12, "concurrency": 4}}}},
+            resources={"recovery": resource}, raise_on_error=False)))
+        runner.start()
+
+        def paused():
+            found = [p for p in store.reports.list_pipelines() if p.id != earlier.pipeline_id]
+            return found and found[0].shown_status == WAITING and found[0].waiting_reason.startswith("spend cap")
+
+        wait_for(paused, timeout=120, interval=0.05)
+        assert 0 < sum(r.tokens_in + r.tokens_out for r in stand_in.answered()) <= cap
+        assert len(stand_in.answered()) < 12
+        store.providers.spend_cap_set(deployment_scope(deployment), tokens=100_000)
+        runner.join(120)
+        assert not runner.is_alive()
+        assert outcome["result"].success
+        capped = store.providers.spend_cap(deployment_scope(deployment))
         assert capped.spent_tokens == sum(r.tokens_in + r.tokens_out for r in stand_in.answered())
         assert capped.reserved_tokens == 0
     finally:
