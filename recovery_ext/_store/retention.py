@@ -134,9 +134,10 @@ _INDEXED_BY: dict[str, ColumnElement[Any]] = {"completed": p.status.in_(_ENDED),
 
 def _aged(cutoff: ColumnElement[Any], ended: bool) -> list[ColumnElement[Any]]:
     """Ended before ``cutoff``: by ``completed_at``, or (``ended`` False) for a finished pipeline without one, by
-    ``updated_at``. Every write to a pipeline row moves ``updated_at``, its finishing one too, so it is never
-    earlier than the end it stands in for: such a pipeline is never pruned sooner than its end time would have
-    had it. (``created_at`` and ``started_at`` are earlier than the end; ``heartbeat_at`` may be NULL too.)
+    ``updated_at``. The write that finishes a pipeline moves ``updated_at`` (not every write does), and nothing
+    moves it back, so it is never earlier than the end it stands in for: such a pipeline is never pruned sooner
+    than its end time would have had it. (``created_at`` and ``started_at`` are earlier than the end;
+    ``heartbeat_at`` may be NULL too.)
     ``completed_at IS NULL`` is an equality on the status index's second column in both databases: the range
     holds only these rows, never the completed ones that ended after the cut-off."""
     if ended:
