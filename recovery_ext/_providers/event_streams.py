@@ -131,6 +131,11 @@ class StreamProtocol:
         """``events``: the stream's JSON objects; ``payloads``: every event's data, as text."""
         raise NotImplementedError
 
+    @classmethod
+    def missing(cls, events: list[dict[str, Any]]) -> str:
+        """What a stream that did not finish lacks, for its ledger note."""
+        return f"without {cls.last_event}"
+
 
 def _all_finished(choices: list[Any], reason: str) -> bool:
     """Every choice (or candidate) index seen carried ``reason`` in some event: with ``n > 1`` each event carries
@@ -189,6 +194,15 @@ class OpenAIResponses(StreamProtocol):
     def finished(cls, events: list[dict[str, Any]], payloads: list[str]) -> bool:
         return any(event.get("type") in cls.ENDS and not failed_for_a_while(event.get("response"))
                    for event in events)
+
+    @classmethod
+    def missing(cls, events: list[dict[str, Any]]) -> str:
+        for event in events:
+            response = event.get("response")
+            if failed_for_a_while(response):
+                assert isinstance(response, dict)
+                return f"ending on the provider's trouble (response.failed: {str(response.get('error'))[:80]})"
+        return super().missing(events)
 
 
 class AnthropicMessages(StreamProtocol):
@@ -255,6 +269,7 @@ def unfinished_stream(payloads: list[str], events: list[Any], path: str = "") ->
     protocol = stream_protocol(path, events)
     if protocol is None:
         return None
-    if protocol.finished([e for e in events if isinstance(e, dict)], payloads):
+    objects = [e for e in events if isinstance(e, dict)]
+    if protocol.finished(objects, payloads):
         return None
-    return f"the {protocol.name} stream ended after {len(payloads)} events, without {protocol.last_event}"
+    return f"the {protocol.name} stream ended after {len(payloads)} events, {protocol.missing(objects)}"

@@ -37,6 +37,8 @@ IDEMPOTENCY_HEADER = "idempotency-key"
 RANDOM_KEY_PREFIX = "stainless-python-retry-"
 ANTHROPIC_CACHE_FIELDS = ("cache_read_input_tokens", "cache_creation_input_tokens")
 CUT_BEFORE_USAGE = "the stream ended without the usage it asked for: counted at its estimate"
+# the ledger says what the provider said (nothing); a spend cap counts the call at its estimate all the same
+NO_USAGE = "the answer held no usage: recorded as 0 tokens"
 
 
 @dataclass(frozen=True)
@@ -276,7 +278,7 @@ def answered_call(endpoint: str, model: str | None, body: bytes, *, streamed: bo
     if usage is None and estimate is not None:
         (tokens_in, tokens_out), note = estimate, CUT_BEFORE_USAGE
     elif usage is None:
-        tokens_in, tokens_out, note = 0, 0, "the answer held no usage: recorded as 0 tokens"
+        tokens_in, tokens_out, note = 0, 0, NO_USAGE
     elif "prompt_tokens" in usage or "completion_tokens" in usage:
         tokens_in, tokens_out, note = read_usage(usage)
     else:

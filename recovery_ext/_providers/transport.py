@@ -40,7 +40,7 @@ import tenacity
 from recovery_ext._classify.classifier import retry_after_of
 from recovery_ext._providers.guard import AttemptHold, CircuitOpen, GuardedCall, ProviderGuard
 from recovery_ext._providers.event_streams import _BrokenEvent, EventGate
-from recovery_ext._providers.http_answers import (NOT_READ, RequestFacts, UnreadableAnswer, answered_call,
+from recovery_ext._providers.http_answers import (NO_USAGE, NOT_READ, RequestFacts, UnreadableAnswer, answered_call,
                                                   check_answer, check_event_stream, check_kept_answer,
                                                   decode_body, is_event_stream, kept_answer, request_facts,
                                                   stream_reached_end, undecodable_answer)
@@ -201,7 +201,10 @@ class JournalingCore:
                                                         facts.answer_bound) if asked else None)
         try:
             pending.journal.scope.record_call(record)  # completes the attempt's ledger row with the usage
-            hold.settle(record.tokens_in + record.tokens_out, record.cost)
+            if record.note == NO_USAGE:  # nothing says what it cost: a spend cap counts it at its estimate
+                hold.answered_without_usage()
+            else:
+                hold.settle(record.tokens_in + record.tokens_out, record.cost)
             pending.answered(kept_answer(response.status_code, response.headers, body))
         finally:
             if hold.rate is not None:

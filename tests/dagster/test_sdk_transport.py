@@ -17,6 +17,7 @@ from sdk_stand_in import SdkStandIn
 from sqlalchemy import select
 
 from recovery_ext import ClassifiedError, LLMResource, NodeContext, execute_in_process, recoverable_job, recoverable_op
+from recovery_ext._store.models import pipeline_scope
 from recovery_ext._store.schema import call_journal, provider_calls
 
 MODES = ("sync", "async", "stream", "astream")
@@ -93,7 +94,7 @@ def once_in_mode(ctx: NodeContext) -> str:
     return "done"
 
 
-def run(op, llm: LLMResource, db_url: str, monkeypatch):
+def run(op, llm: LLMResource, db_url: str, monkeypatch, **recovery):
     monkeypatch.setenv("RECOVERY_DATABASE_URL", db_url)
 
     @recoverable_job(name=f"sdk_{op.name}", executor_def=in_process_executor)
@@ -101,7 +102,8 @@ def run(op, llm: LLMResource, db_url: str, monkeypatch):
         op()
 
     with DagsterInstance.ephemeral() as instance:
-        return execute_in_process(job, instance=instance, resources={"recovery": recovery_resource(), "llm": llm})
+        return execute_in_process(job, instance=instance,
+                                  resources={"recovery": recovery_resource(**recovery), "llm": llm})
 
 
 def ledger(store) -> list:
@@ -258,6 +260,25 @@ def test_a_stream_cut_before_the_usage_it_asked_for_is_kept_and_counted_at_its_e
     [row] = ledger(store)
     assert row.outcome == "ok" and "counted at its estimate" in row.note, row.note
     assert row.tokens_out == 64 and row.tokens_in > 0  # max_tokens, and the request's own estimate
+
+
+@pytest.mark.parametrize("mode", ["sync", "stream"])
+def test_an_answer_without_usage_counts_at_its_estimate_under_a_spend_cap(mode, stand_in, store, db_url, monkeypatch):
+    """A new user's trial: an answer that says nothing of its usage (a stream that never asked for it, a server
+    that leaves `usage` out) was settled as 0 tokens, so a spend cap let every such call through; the docs say it
+    counts at its estimate, as it does through provider_guard. Now it does through the SDK clients too."""
+    server, url = stand_in
+    server.no_usage = True
+    monkeypatch.setitem(SETTINGS, "mode", mode)
+    result = run(once_in_mode, resource("openai", url), db_url, monkeypatch, spend_cap_tokens=10_000)
+    assert result.success and len(server.requests) == 1
+    [row] = ledger(store)
+    [pipeline] = store.reports.list_pipelines()
+    capped = store.providers.spend_cap(pipeline_scope(pipeline.id))
+    # the stream asked for its usage (ask() sets include_usage): the ledger counts it at its estimate too; the
+    # plain answer's row says the provider said nothing
+    assert (row.tokens_in + row.tokens_out > 0) if mode == "stream" else (row.tokens_in, row.tokens_out) == (0, 0)
+    assert capped.spent_tokens > 64 and capped.reserved_tokens == 0  # at least its max_tokens: the estimate
 
 
 @recoverable_op(required_resource_keys={"llm"})

@@ -65,6 +65,7 @@ class SdkStandIn:
         # True: a stream's connection is closed after its last event, without the chunked body's end (a proxy
         # that resets it): the client reads "incomplete chunked read"
         self.reset_tail = False
+        self.no_usage = False  # True: OpenAI answers without usage (no `usage` field, no usage chunk in a stream)
         self.requests: list[Request] = []
         self.lock = threading.Lock()
         self.server: ThreadingHTTPServer | None = None
@@ -152,11 +153,17 @@ class SdkStandIn:
                 anthropic = self.path.endswith("/messages")
                 model = body.get("model", "m")
                 if not streamed:
-                    self._send(200, _anthropic(model, answer, tokens_in, tokens_out) if anthropic
-                               else _openai(model, answer, tokens_in, tokens_out))
+                    payload = _anthropic(model, answer, tokens_in, tokens_out) if anthropic \
+                        else _openai(model, answer, tokens_in, tokens_out)
+                    if stand_in.no_usage and not anthropic:
+                        del payload["usage"]
+                    self._send(200, payload)
                     return
-                self._send_events(_anthropic_events(model, answer, tokens_in, tokens_out) if anthropic
-                                  else _openai_events(model, answer, tokens_in, tokens_out))
+                events = _anthropic_events(model, answer, tokens_in, tokens_out) if anthropic \
+                    else _openai_events(model, answer, tokens_in, tokens_out)
+                if stand_in.no_usage and not anthropic:
+                    events = [event for event in events if '"usage"' not in event]
+                self._send_events(events)
 
             def _send_events(self, events: list[str], *, gzip_header: bool = False) -> None:
                 self.send_response(200)

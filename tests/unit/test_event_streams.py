@@ -117,7 +117,8 @@ def test_a_stream_that_ended_before_its_apis_last_event_is_unreadable_and_a_kept
     event's error, which a journal that kept the stream replayed to every retry)."""
     with pytest.raises(UnreadableAnswer, match="cut off before its end") as raised:
         check_event_stream(URL, 200, CUT_OFF[name])
-    assert raised.value.retryable and "without" in raised.value.ledger_note
+    note = raised.value.ledger_note
+    assert raised.value.retryable and ("without" in note or "the provider's trouble" in note), note
     with pytest.raises(UnreadableAnswer):
         check_kept_answer(URL, "", kept_answer(200, HEADERS, CUT_OFF[name]))
 
@@ -245,3 +246,11 @@ def test_a_whole_stream_of_a_known_api_reached_its_end_and_one_not_known_never_d
 def test_a_cut_off_stream_never_reached_its_end(name):
     assert stream_reached_end(CUT_OFF[name], "") is False
     assert stream_reached_end(CUT_OFF[name][:len(CUT_OFF[name]) // 2], "") is False
+
+
+def test_a_stream_failed_for_the_providers_trouble_says_so_in_its_note():
+    """A new user's trial: its ledger note said the stream lacked response.completed, not why."""
+    body = CUT_OFF["openai responses, failed for the provider's trouble"]
+    with pytest.raises(UnreadableAnswer, match="provider's trouble") as raised:
+        check_event_stream(URL, 200, body, "/v1/responses")
+    assert "server_error" in raised.value.ledger_note
