@@ -236,6 +236,7 @@ class ProviderGuard:
         # The clock() up to which a pause of this node's calls is shown (logged, and on the pipeline and the run):
         # tens of calls in flight that fail together pause together, shown once, not one line and event each.
         self._pause_shown_until = float("-inf")
+        self._pause_showing = False  # a call is logging and showing the pause now (its write not done yet)
         self._pause_lock = threading.Lock()
         # This guard counted a transient failure towards the breaker and no answer has reset the count since.
         # Failures are consecutive in the order calls end: an answer to a call decided before the failure (one of
@@ -409,13 +410,19 @@ class ProviderGuard:
                 return
             with self._pause_lock:
                 now = self.clock()
-                shown = self.pause is None or self.pause.paused  # a retry or an answer ends what is shown
+                # a retry or an answer ends what is shown; a call still writing it shows it already (tasks that
+                # fail together come here together, before the first one's write has marked the pause)
+                shown = self.pause is None or self.pause.paused or self._pause_showing
                 if now < self._pause_shown_until and shown:
                     return  # another call of this node shows this pause already
                 self._pause_shown_until = now + seconds
-            self.log(f"waiting {seconds:.1f} s: {call.pause_reason}")
-            if self.pause is not None:
-                self.pause.begin(seconds, call.pause_reason)
+                self._pause_showing = True
+            try:
+                self.log(f"waiting {seconds:.1f} s: {call.pause_reason}")
+                if self.pause is not None:
+                    self.pause.begin(seconds, call.pause_reason)
+            finally:
+                self._pause_showing = False
 
         return before_sleep
 

@@ -432,3 +432,23 @@ def test_a_pause_ended_by_a_retry_is_shown_again_by_the_next_call_that_pauses(st
     pause.retrying()  # one call asks again: the pause shown ends
     pauses(60.0)
     assert pause.shown == [60.0, 60.0] and len(lines) == 2
+    # a call pausing while the first one still writes the pause it shows (a new user's trial: tasks that failed
+    # together each logged it, up to 4 lines at once): shown once too
+    pause.retrying()
+    fake.now += 61
+    writing, release = threading.Event(), threading.Event()
+    real_begin = pause.begin
+
+    def slow_begin(seconds: float, reason: str) -> None:
+        writing.set()
+        assert release.wait(10)
+        real_begin(seconds, reason)
+
+    pause.begin = slow_begin
+    first = threading.Thread(target=pauses, args=(60.0,))
+    first.start()
+    assert writing.wait(10)
+    pauses(60.0)
+    release.set()
+    first.join(10)
+    assert pause.shown == [60.0, 60.0, 60.0] and len(lines) == 3, lines
