@@ -136,6 +136,7 @@ def migrate(store: CliStore, out: Output, print_only: bool, packages: tuple[str,
 @command
 def status(store: CliStore, out: Output, threshold: float, deployment: str | None) -> None:
     """Pipelines by deployment and status, orphans and stuck items now, auto-recovered in 24 h, dead items."""
+    out.note_unknown_deployment(store, deployment)
     data: dict[str, Any] = {
         "pipelines": store.reports.pipeline_summary(deployment=deployment),
         "orphans": [o.__dict__ for o in store.recovery.find_orphans(deployment=deployment)],
@@ -259,6 +260,7 @@ def pipelines() -> None:
 @command
 def list_pipelines(store: CliStore, out: Output, status_: str | None, limit: int, deployment: str | None) -> None:
     """The most recent pipelines."""
+    out.note_unknown_deployment(store, deployment)
     rows = store.reports.list_pipelines(status=status_, limit=limit, deployment=deployment)
     out.emit([r.__dict__ for r in rows], lambda: click.echo(tabulate(
         [(p.id, p.job_name, p.deployment, p.shown_status, p.owner, p.resume_count, _when(p.created_at),
@@ -414,6 +416,7 @@ def prune(store: CliStore, out: Output, older_than: float, dry_run: bool, batch_
     queue items, call journal, events, ledger rows and transitions, in small batches beside live work. Kept: canceled,
     running, waiting and orphaned pipelines, cost totals, the transitions the Prometheus counters count, and each
     completed queue item's dedupe key (so a rescan never does that work again)."""
+    out.note_unknown_deployment(store, deployment)
     out.progress(f"{'counting' if dry_run else 'deleting'} pipelines finished more than {_seconds(older_than)} ago ...")
 
     def progress(result: PruneResult) -> None:

@@ -139,6 +139,14 @@ class Output:
         if not self.json:
             click.echo(message, err=True)
 
+    def note_unknown_deployment(self, store: Any, deployment: str | None) -> None:
+        """A ``--deployment`` no pipeline has: said on stderr (even with ``--json``), so a mistyped name does not
+        read as "nothing there" (an empty status, a prune of 0). Not an error: a deployment whose pipelines
+        were all pruned has none either."""
+        if deployment is not None and not store.reports.list_pipelines(deployment=deployment, limit=1):
+            click.echo(f"note: no pipeline of deployment {deployment!r} is known "
+                       "(see `recovery-ext pipelines list`)", err=True)
+
 
 def open_store(obj: dict[str, Any], *, creates_database: bool = False) -> RecoveryStore:
     """The store of ``--database-url`` (or the default), opened only once the arguments were accepted.

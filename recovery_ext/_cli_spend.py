@@ -54,6 +54,7 @@ def list_caps(store: CliStore, out: Output, pipeline: int | None, deployment: st
     """Each cap: its limit, what was spent, what is reserved by requests under way (or by processes killed
     mid-call: counted until settled) and what is left."""
     scope = _scope(pipeline, deployment)
+    out.note_unknown_deployment(store, deployment)
     caps = store.providers.spend_caps(None if scope is None else [scope])
     out.emit([c.as_dict() for c in caps],
              lambda: click.echo(tabulate(cap_rows(caps), headers=CAP_HEADERS) if caps else "no spend caps"))

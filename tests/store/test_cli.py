@@ -196,6 +196,24 @@ def test_status_and_pipelines_list_show_and_filter_by_deployment(cli, store):
     summary = as_json(cli("status", "--deployment", "green", "--json"))["pipelines"]
     assert [(r["deployment"], r["status"], r["count"]) for r in summary] == [("green", "running", 1)]
     assert "deployment" in cli("pipelines", "list").stdout and "blue" in cli("status").stdout
+    for known in (["status", "--deployment", "green"], ["pipelines", "list", "--deployment", "blue"]):
+        assert "no pipeline of deployment" not in cli(*known).stderr
+
+
+@pytest.mark.parametrize("command", [["status"], ["pipelines", "list"], ["prune", "--dry-run", "--older-than", "30d"],
+                                     ["spend-cap", "list"]])
+@pytest.mark.parametrize("as_json_too", [False, True], ids=["text", "json"])
+def test_a_deployment_no_pipeline_has_is_noted_not_shown_as_nothing_there(command, as_json_too, cli, store):
+    """A new user's trial: a mistyped --deployment printed an empty status, or "would delete 0", exit 0, like a
+    deployment with nothing to show. It still exits 0 (a deployment whose pipelines were all pruned has none),
+    with a note on stderr; stdout stays the command's own (JSON with --json)."""
+    store.pipelines.create_pipeline("job", ["a"], owner="r-blue", origin_run_id="r-blue", deployment="blue")
+    result = cli(*command, "--deployment", "bleu", *(["--json"] if as_json_too else []))
+    assert result.exit_code == 0
+    assert "note: no pipeline of deployment 'bleu' is known" in result.stderr, result.stderr
+    assert "no pipeline of deployment" not in result.stdout
+    if as_json_too:
+        json.loads(result.stdout)
 
 
 # -- a rejected call writes nothing; every bad argument is one clear line ----------------------------------------
