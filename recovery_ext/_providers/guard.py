@@ -33,7 +33,7 @@ import tenacity
 from tenacity import RetryCallState
 from tenacity.stop import stop_base
 
-from recovery_ext._classify.classifier import ClassifiedError, classify
+from recovery_ext._classify.classifier import ClassifiedError, classify, retry_after_of
 from recovery_ext._errors import ConfigurationError, StopRequested
 from recovery_ext._store.models import Ownership
 from recovery_ext._store.models import BreakerDecision
@@ -287,7 +287,7 @@ class ProviderGuard:
             if pending is not None:
                 pending.failed(exc)
             if isinstance(exc, Exception):
-                self.failed(exc, decision)
+                self.failed(exc, decision, call.model)
             raise
         else:
             reservation.answered_without_usage()
@@ -300,11 +300,17 @@ class ProviderGuard:
         self.succeeded(decision)
         return result
 
-    def failed(self, exc: Exception, decision: BreakerDecision | None) -> None:
-        """An attempt failed: a transient failure counts towards the shared breaker; a refusal is an answer."""
+    def failed(self, exc: Exception, decision: BreakerDecision | None, model: str | None = None) -> None:
+        """An attempt failed: a transient failure counts towards the shared breaker; a refusal is an answer. So is
+        a rate limit (a 429) when a rate budget is shared: the provider is up, and everybody sharing the budget
+        backs off for its ``Retry-After`` (at most this caller's ``max_delay``), not for a breaker's cool-down."""
         store = self.store
         self._closed_until = None  # the next call reads the breaker again
         found = classify(exc)
+        if self.budget is not None and found.category == "rate_limit":
+            self.budget.back_off(model, retry_after_of(exc), max_delay=self.policy.max_delay)
+            self.succeeded(decision)
+            return
         if store is not None and found.retryable:
             error = str(exc) or type(exc).__name__  # httpx's ReadError('') on a reset connection says nothing
             opened = store.providers.breaker_record_failure(self.endpoint, self.who,

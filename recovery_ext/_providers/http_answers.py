@@ -20,6 +20,7 @@ from urllib.parse import urlsplit
 from typing import Any
 
 from recovery_ext._classify.classifier import ClassifiedError
+from recovery_ext._classify.families.llm_errors import PROVIDER_ERROR_TYPES
 from recovery_ext._classify.redaction import redact
 from recovery_ext._providers.answer_shapes import shape_problem
 from recovery_ext._providers.event_streams import (DONE, event_payloads, event_values, stream_protocol,
@@ -117,15 +118,31 @@ class UnreadableAnswer(ClassifiedError):
     ledger_outcome = UNREADABLE_RESULT
 
     def __init__(self, endpoint: str, status: int, media: str, body: bytes, why: str, *,
-                 what: str | None = None) -> None:
+                 what: str | None = None, category: str = "server_error") -> None:
         """``what`` the answer is (default: so many bytes that are not JSON), ``why`` in detail; ``body``: the
-        part of it the ledger's note quotes."""
+        part of it the ledger's note quotes; ``category``: a transient one the provider's own error in the answer
+        names (:func:`answer_error_category`: a rate limit is backed off from, not an outage)."""
         start = body[:80].decode("utf-8", errors="replace")
         what = what or f"{len(body)} bytes that are not JSON"
         self.ledger_note = redact(f"HTTP {status} {media}, {what} ({why}): {start!r}; not kept, asked again")[:500]
-        super().__init__(category="server_error", retryable=True, status_code=status, endpoint=endpoint,
+        super().__init__(category=category, retryable=True, status_code=status, endpoint=endpoint,
                          message=f"an unreadable answer: HTTP {status} {media}, {what} ({why}); not kept: a retry "
                                  "asks the provider again")
+
+
+def answer_error_category(values: list[Any]) -> str:
+    """The category of the provider's own error inside a 2xx answer that is not its answer: the ``code`` or
+    ``type`` of an ``error`` object (a stream's error event, a failed response's ``error``), read as the
+    classifier reads an SDK's error body. Only a transient one counts (a rate limit: ``rate_limit``; an overload:
+    ``server_error``); anything else is ``server_error``, as any unreadable answer: asked again."""
+    for value in values:
+        for holder in (value, value.get("response")) if isinstance(value, dict) else ():
+            error = holder.get("error") if isinstance(holder, dict) else None
+            for kind in (error.get("code"), error.get("type")) if isinstance(error, dict) else ():
+                verdict = PROVIDER_ERROR_TYPES.get(kind) if isinstance(kind, str) else None
+                if verdict is not None and verdict.retryable:
+                    return verdict.category
+    return "server_error"
 
 
 def undecodable_answer(endpoint: str, status: int, headers: Any, body: bytes, exc: BaseException) -> UnreadableAnswer:
@@ -173,7 +190,7 @@ def check_event_stream(endpoint: str, status: int, body: bytes, api_path: str = 
     if cut_off is not None:
         tail = payloads[-1] if payloads else ""
         raise UnreadableAnswer(endpoint, status, "text/event-stream", tail.encode("utf-8", "replace"), cut_off,
-                               what="a stream cut off before its end")
+                               what="a stream cut off before its end", category=answer_error_category(events))
 
 
 def check_answer(endpoint: str, api_path: str, status: int, headers: Any, body: bytes) -> Any:
@@ -191,7 +208,7 @@ def check_answer(endpoint: str, api_path: str, status: int, headers: Any, body: 
         problem = shape_problem(api_path, parsed)
         if problem is not None:
             raise UnreadableAnswer(endpoint, status, _media_type(headers), body, problem,
-                                   what="JSON that is not the API's answer")
+                                   what="JSON that is not the API's answer", category=answer_error_category([parsed]))
     return parsed
 
 

@@ -37,7 +37,6 @@ from typing import Any
 
 import tenacity
 
-from recovery_ext._classify.classifier import retry_after_of
 from recovery_ext._providers.guard import AttemptHold, CircuitOpen, GuardedCall, ProviderGuard
 from recovery_ext._providers.event_streams import _BrokenEvent, EventGate
 from recovery_ext._providers.http_answers import (NO_USAGE, NOT_READ, RequestFacts, UnreadableAnswer, answered_call,
@@ -220,11 +219,7 @@ class JournalingCore:
             guard._answered(hold.rate)
         if not isinstance(exc, Exception):
             return
-        if guard.budget is not None and isinstance(exc, self.http.HTTPStatusError) \
-                and exc.response.status_code == 429:
-            # capped as the caller's own retry caps it (LLMResource.max_delay), not only by the window
-            guard.budget.back_off(call.model, retry_after_of(exc), max_delay=guard.policy.max_delay)
-        guard.failed(exc, decision)
+        guard.failed(exc, decision, call.model)
 
     def stream_parts(self, response: Any) -> tuple[list[tuple[str, str]], str | None]:
         """The headers a streamed answer goes on with, and its content encoding (None: none). An encoded stream

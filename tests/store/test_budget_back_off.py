@@ -80,3 +80,39 @@ def test_a_shorter_cap_never_shortens_a_back_off_in_force(store):
     assert 2.0 < store.providers.budget_back_off(ENDPOINT, None, limits=WIDE, retry_after=3600.0, max_delay=1.0) <= 3.0
     refused = store.providers.budget_reserve(ENDPOINT, None, tokens=1, limits=WIDE)
     assert not refused.granted and 2.0 < refused.wait_seconds <= 3.0
+
+
+def test_a_guarded_call_refused_for_its_rate_backs_everybody_off_and_is_an_answer_to_the_breaker(store):
+    """Any guarded call (``provider_guard``'s too, not only LLMResource's transport): with a budget shared, a 429
+    closes the budget for its Retry-After, capped by the caller's max_delay, and the breaker hears an answer (a burst
+    of them opened it for a cool-down far longer than the cap). Without a budget the breaker counts it: it is then
+    the only back-off shared with the others."""
+    import httpx
+
+    from recovery_ext._classify.retry import RetryPolicy
+    from recovery_ext._errors import StopRequested
+    from recovery_ext._providers.budget import RateBudget
+    from recovery_ext._providers.guard import OutageSettings, ProviderGuard
+
+    request = httpx.Request("POST", ENDPOINT)
+    refusal = httpx.HTTPStatusError("429 Too Many Requests", request=request,
+                                    response=httpx.Response(429, headers={"Retry-After": "3600"}, request=request))
+    def refuse():
+        raise refusal
+
+    def one_attempt_only(_seconds: float) -> None:
+        """The guard's sleep before a retry: it stops the call instead (the guard would go on retrying for its
+        outage budget), so the test reads what the one attempt left."""
+        raise StopRequested("one attempt only")
+
+    once = OutageSettings(breaker_threshold=1)  # one failure counted would open it
+    shared = ProviderGuard(ENDPOINT, store=store, settings=once, policy=RetryPolicy(max_delay=2.0),
+                           budget=RateBudget(store, ENDPOINT, WIDE), sleep=one_attempt_only)
+    with pytest.raises(StopRequested):
+        shared.metered(1, "m", refuse)
+    refused = store.providers.budget_reserve(ENDPOINT, None, tokens=1, limits=WIDE, holder="someone-else")
+    assert not refused.granted and 1.0 < refused.wait_seconds <= 2.0
+    assert store.providers.breakers() == []  # nothing counted towards it
+    with pytest.raises(StopRequested):
+        ProviderGuard(ENDPOINT, store=store, settings=once, sleep=one_attempt_only).call(refuse)
+    assert [row["state"] for row in store.providers.breakers()] == ["open"]

@@ -8,6 +8,7 @@ import json
 
 import pytest
 
+from recovery_ext._classify.classifier import classify
 from recovery_ext._providers.answer_shapes import shape_problem
 from recovery_ext._providers.http_answers import UnreadableAnswer, check_answer, check_kept_answer, kept_answer
 
@@ -80,3 +81,18 @@ def test_a_request_that_is_not_a_post_is_not_judged():
     """The transport passes an API path only for a POST: a GET's answer (a stored file's HTML too) is the SDK's."""
     assert check_answer(URL, "", 200, JSON, b'{"error": {"message": "x"}}') == {"error": {"message": "x"}}
     check_answer(URL, "", 200, {"content-type": "text/html"}, b"<html></html>")
+
+
+@pytest.mark.parametrize(("path", "value", "category"), [
+    ("/v1/responses", {"status": "failed", "error": {"code": "rate_limit_exceeded"}, "output": []}, "rate_limit"),
+    ("/v1/messages", {"type": "error", "error": {"type": "rate_limit_error"}}, "rate_limit"),
+    ("/v1/messages", {"type": "error", "error": {"type": "overloaded_error"}}, "server_error"),
+    ("/v1/chat/completions", {"error": {"message": "Overloaded"}}, "server_error"),
+])
+def test_the_providers_rate_limit_with_a_200_is_a_rate_limit_to_the_classifier(path, value, category):
+    """A failed response for `rate_limit_exceeded` was retried as a server error (counted towards the breaker,
+    without the shared back-off a 429 gets); its own error now says it is a rate limit."""
+    with pytest.raises(UnreadableAnswer) as raised:
+        check_answer(URL, path, 200, JSON, json.dumps(value).encode())
+    found = classify(raised.value)
+    assert (found.category, found.retryable) == (category, True)

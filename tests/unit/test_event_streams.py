@@ -9,6 +9,7 @@ import pytest
 
 from sdk_stand_in import _anthropic_events, _openai_events
 
+from recovery_ext._classify.classifier import classify
 from recovery_ext._providers.event_streams import _BrokenEvent, EventGate
 from recovery_ext._providers.http_answers import (UnreadableAnswer, answer_usage, answered_call, check_event_stream,
                                                   check_kept_answer, kept_answer, request_facts, stream_reached_end)
@@ -254,3 +255,32 @@ def test_a_stream_failed_for_the_providers_trouble_says_so_in_its_note():
     with pytest.raises(UnreadableAnswer, match="provider's trouble") as raised:
         check_event_stream(URL, 200, body, "/v1/responses")
     assert "server_error" in raised.value.ledger_note
+
+
+RATE_LIMITED = {
+    "openai responses, failed for the provider's rate limit": (_events(
+        {"type": "response.created"}, RESPONSES_TEXT,
+        {"type": "response.failed", "response": {"status": "failed", "error": {"code": "rate_limit_exceeded"}}}),
+        "rate_limit"),
+    "anthropic, a rate limit error event": (("".join(STREAMS["anthropic"][:3])
+                                             + 'event: error\ndata: {"type": "error", "error": {"type": '
+                                               '"rate_limit_error"}}\n\n').encode(), "rate_limit"),
+    "openai, a rate limit error event": (_events(OPENAI_TEXT, {"error": {"code": "rate_limit_exceeded"}}),
+                                         "rate_limit"),
+    "anthropic, an overload error event": (CUT_OFF["anthropic, an error event"], "server_error"),
+    "openai, cut between two events": (CUT_OFF["openai"], "server_error"),
+    "openai, a permanent error's type mid-stream": (_events(OPENAI_TEXT, {"error": {"type": "invalid_request_error"}}),
+                                                    "server_error"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(RATE_LIMITED))
+def test_a_stream_ended_by_the_providers_rate_limit_is_a_rate_limit_to_the_classifier(name):
+    """A trial: a stream's `response.failed` for `rate_limit_exceeded` was retried as a server error, counted
+    towards the circuit breaker, without the shared rate budget's back-off a 429 gets. The error the stream ended
+    on now says which: a rate limit is a rate limit; any other end is a server error, asked again as before."""
+    body, category = RATE_LIMITED[name]
+    with pytest.raises(UnreadableAnswer) as raised:
+        check_event_stream(URL, 200, body)
+    found = classify(raised.value)
+    assert (found.category, found.retryable) == (category, True)
