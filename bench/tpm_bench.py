@@ -2,11 +2,14 @@
 the throughput comes to the limit, and how many 429s the provider sent.
 
     python -m bench.tpm_bench [--dialect sqlite|postgres] [--tokens 3000] [--window 5] [--tasks 64] [--requests 600]
+                              [--budget-tokens N]
 
 One process sends ``--requests`` chat completions from ``--tasks`` asyncio tasks through the async client, inside
 a recoverable op; the stand-in (tests/support/sdk_stand_in.py) refuses with a 429 what would exceed ``--tokens``
 per ``--window`` seconds. Prints the tokens the stand-in answered per window against the limit, from the first
-answer to the last, and the statuses it sent. Nothing is asserted."""
+answer to the last, and the statuses it sent. ``--budget-tokens``: the shared budget's limit when it is not the
+provider's (default: the same): set above it, as when others share the key or the limit was set too high, the
+provider refuses with 429s all along, and the budget's back-off is what paces the calls. Nothing is asserted."""
 
 from __future__ import annotations
 
@@ -36,6 +39,8 @@ def main() -> None:
     parser.add_argument("--window", type=float, default=5.0)
     parser.add_argument("--tasks", type=int, default=64)
     parser.add_argument("--requests", type=int, default=600)
+    parser.add_argument("--budget-tokens", type=int, default=None,
+                        help="the shared budget's tokens per window (default: the provider's --tokens)")
     args = parser.parse_args()
     with contextlib.ExitStack() as cleanup:
         home = cleanup.enter_context(tempfile.TemporaryDirectory(prefix="tpm-bench-"))
@@ -89,7 +94,8 @@ def run(args: argparse.Namespace, db_url: str) -> None:
         send_all()
 
     llm = LLMResource(base_url=f"{url}/v1", model="m", api_key="sk-bench", timeout=60, initial_delay=0.05,
-                      max_delay=5.0, tokens_per_minute=args.tokens, budget_window_seconds=args.window, max_tokens=12)
+                      max_delay=5.0, tokens_per_minute=args.budget_tokens or args.tokens,
+                      budget_window_seconds=args.window, max_tokens=12)
     try:
         with DagsterInstance.ephemeral() as instance:
             result = execute_in_process(tpm_bench, instance=instance, resources={
@@ -104,7 +110,7 @@ def run(args: argparse.Namespace, db_url: str) -> None:
     rate = (tokens - sum(r.tokens_in + r.tokens_out for r in answered if r.at < answered[0].at + args.window)) \
         / max(span - args.window, 1e-9) * args.window
     print(f"dialect={args.dialect} success={result.success} requests={len(answered)} tokens={tokens} "
-          f"span={span:.1f}s limit={args.tokens}/{args.window:g}s")
+          f"span={span:.1f}s limit={args.tokens}/{args.window:g}s budget={args.budget_tokens or args.tokens}")
     print(f"throughput after the first window: {rate:.0f} tokens per window = {rate / args.tokens:.2f}x the limit; "
           f"over the whole run {tokens / span * args.window:.0f} per window")
     print(f"most tokens in any window: {server.max_tokens_in_window()}; 429s: {statuses.count(429)}; "
