@@ -301,15 +301,22 @@ class ProviderGuard:
         return result
 
     def failed(self, exc: Exception, decision: BreakerDecision | None, model: str | None = None) -> None:
-        """An attempt failed: a transient failure counts towards the shared breaker; a refusal is an answer. So is
-        a rate limit (a 429) when a rate budget is shared: the provider is up, and everybody sharing the budget
-        backs off for its ``Retry-After`` (at most this caller's ``max_delay``), not for a breaker's cool-down."""
+        """An attempt failed: a transient failure counts towards the shared breaker; a refusal is an answer.
+
+        A rate limit the provider answered (a 429, or its rate-limit error in a 200) with a rate budget shared is
+        the budget's: everybody sharing it backs off for its ``Retry-After`` (at most this caller's ``max_delay``),
+        and the breaker's count is left as it was (neither a failure, or a burst of them would close the endpoint
+        for a cool-down far longer than that, nor an answer, or 429s among an overload's 503s would keep resetting
+        it). A half-open breaker's probe answered so closes it: the provider is up. A rate limit no provider
+        answered (a client's own limiter, a quota named only in words) is a failure as before."""
         store = self.store
         self._closed_until = None  # the next call reads the breaker again
         found = classify(exc)
-        if self.budget is not None and found.category == "rate_limit":
+        if self.budget is not None and found.retryable and found.category == "rate_limit" \
+                and found.status_code is not None:
             self.budget.back_off(model, retry_after_of(exc), max_delay=self.policy.max_delay)
-            self.succeeded(decision)
+            if decision is not None and decision.probe:
+                self.succeeded(decision)
             return
         if store is not None and found.retryable:
             error = str(exc) or type(exc).__name__  # httpx's ReadError('') on a reset connection says nothing

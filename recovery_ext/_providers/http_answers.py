@@ -20,7 +20,7 @@ from urllib.parse import urlsplit
 from typing import Any
 
 from recovery_ext._classify.classifier import ClassifiedError
-from recovery_ext._classify.families.llm_errors import PROVIDER_ERROR_TYPES
+from recovery_ext._classify.families.llm_errors import PROVIDER_ERROR_TYPES, error_object_type
 from recovery_ext._classify.redaction import redact
 from recovery_ext._providers.answer_shapes import shape_problem
 from recovery_ext._providers.event_streams import (DONE, event_payloads, event_values, stream_protocol,
@@ -131,17 +131,16 @@ class UnreadableAnswer(ClassifiedError):
 
 
 def answer_error_category(values: list[Any]) -> str:
-    """The category of the provider's own error inside a 2xx answer that is not its answer: the ``code`` or
-    ``type`` of an ``error`` object (a stream's error event, a failed response's ``error``), read as the
-    classifier reads an SDK's error body. Only a transient one counts (a rate limit: ``rate_limit``; an overload:
-    ``server_error``); anything else is ``server_error``, as any unreadable answer: asked again."""
+    """The category of the provider's own error inside a 2xx answer that is not its answer: the first ``error``
+    object's type (a stream's error event, a failed response's ``error``), read as the classifier reads an SDK's
+    error body. A transient type decides (a rate limit: ``rate_limit``; an overload: ``server_error``); any other
+    answer is ``server_error``, as any unreadable answer: asked again."""
     for value in values:
         for holder in (value, value.get("response")) if isinstance(value, dict) else ():
-            error = holder.get("error") if isinstance(holder, dict) else None
-            for kind in (error.get("code"), error.get("type")) if isinstance(error, dict) else ():
-                verdict = PROVIDER_ERROR_TYPES.get(kind) if isinstance(kind, str) else None
-                if verdict is not None and verdict.retryable:
-                    return verdict.category
+            kind = error_object_type(holder.get("error")) if isinstance(holder, dict) else None
+            if kind is not None:
+                verdict = PROVIDER_ERROR_TYPES[kind]
+                return verdict.category if verdict.retryable else "server_error"
     return "server_error"
 
 

@@ -11,6 +11,7 @@ import time
 
 import pytest
 from dagster import DagsterInstance, in_process_executor
+import store_rows
 from ledger_defs import recovery_resource
 from sdk_stand_in import SdkStandIn
 
@@ -102,5 +103,8 @@ def test_a_burst_of_429s_backs_the_shared_budget_off_without_opening_the_circuit
         kinds = [e["kind"] for e in store.reports.recent_events()]
         assert "breaker_opened" not in kinds
         assert all(row["state"] == "closed" and row["consecutive_failures"] == 0 for row in store.providers.breakers())
+        # the 429s closed the shared budget: that, not the breaker, held the retries back
+        (budget,) = store_rows.budgets(store)
+        assert budget["backoff_until"] is not None and budget["backoff_streak"] >= 1
     finally:
         server.stop()

@@ -116,3 +116,53 @@ def test_a_guarded_call_refused_for_its_rate_backs_everybody_off_and_is_an_answe
     with pytest.raises(StopRequested):
         ProviderGuard(ENDPOINT, store=store, settings=once, sleep=one_attempt_only).call(refuse)
     assert [row["state"] for row in store.providers.breakers()] == ["open"]
+
+
+def _refusal(status: int):
+    import httpx
+
+    request = httpx.Request("POST", ENDPOINT)
+    return httpx.HTTPStatusError(f"HTTP {status}", request=request, response=httpx.Response(status, request=request))
+
+
+def _shared_guard(store, who: str = "guard", **settings):
+    from recovery_ext._providers.budget import RateBudget
+    from recovery_ext._providers.guard import OutageSettings, ProviderGuard
+
+    assert store.providers.budget_reserve(ENDPOINT, None, tokens=1, limits=LIMITS).granted  # the budget's row
+    return ProviderGuard(ENDPOINT, store=store, settings=OutageSettings(jitter=0.0, **settings), who=who,
+                         budget=RateBudget(store, ENDPOINT, LIMITS))
+
+
+def test_429s_among_an_outages_503s_leave_the_breakers_count_as_it_was(store):
+    """A review: a 429 with a budget counted as an answer, so one among every four 503s reset the count and an
+    overload reported partly as 429 never opened the breaker. It is neither a failure nor an answer to the count."""
+    guard = _shared_guard(store, breaker_threshold=5)
+    for status in (503, 503, 429, 503, 429, 503):  # each decided as a call decides, before its request
+        guard.failed(_refusal(status), store.providers.breaker_before_call(ENDPOINT, "guard", probe_timeout=30))
+    assert [(row["state"], row["consecutive_failures"]) for row in store.providers.breakers()] == [("closed", 4)]
+    guard.failed(_refusal(503), None)
+    assert [row["state"] for row in store.providers.breakers()] == ["open"]
+
+
+def test_a_rate_limit_no_provider_answered_counts_towards_the_breaker(store):
+    """A review: a rate limit named only in words (a client's own limiter, "quota exceeded" in a message) has no
+    status: nothing says the provider answered, so it is a transient failure like any other, not the budget's."""
+    guard = _shared_guard(store, breaker_threshold=1)
+    guard.failed(RuntimeError("Quota exceeded for quota metric 'Requests per day'"), None)
+    assert [row["state"] for row in store.providers.breakers()] == ["open"]
+    assert reserve(store).granted  # and it backed nobody off
+
+
+def test_a_half_open_probe_answered_with_a_429_closes_the_breaker(store):
+    """The probe's 429 says the provider is up: the breaker closes, and the budget's back-off paces the callers."""
+    guard = _shared_guard(store, "prober", breaker_threshold=1, breaker_cooldown=0.2)
+    guard.failed(_refusal(503), None)
+    assert [row["state"] for row in store.providers.breakers()] == ["open"]
+    deadline = time.monotonic() + 20
+    while not (decision := store.providers.breaker_before_call(ENDPOINT, "prober", probe_timeout=30)).probe:
+        assert time.monotonic() < deadline, "the breaker never went half-open"
+        time.sleep(0.05)
+    guard.failed(_refusal(429), decision)
+    assert [row["state"] for row in store.providers.breakers()] == ["closed"]
+    assert not reserve(store).granted  # the back-off holds the others meanwhile

@@ -83,6 +83,38 @@ def test_http_status_from_httpx(status, retryable, category):
     assert (found.retryable, found.category, found.status_code) == (retryable, category, status)
 
 
+@pytest.mark.parametrize(("status", "body", "verdict"), [
+    (429, {"error": {"type": "insufficient_quota", "code": "insufficient_quota"}}, (False, "auth", 429)),
+    (429, {"error": {"type": "requests", "code": "rate_limit_exceeded"}}, (True, "rate_limit", 429)),
+    (429, {"type": "error", "error": {"type": "rate_limit_error"}}, (True, "rate_limit", 429)),
+    (429, {"error": {"code": 429, "message": "slow down"}}, (True, "rate_limit", 429)),  # not a named type
+    (503, {"error": {"type": "overloaded_error"}}, (True, "server_error", 503)),
+    (400, {"error": {"code": "context_length_exceeded"}}, (False, "validation", 400)),
+    (429, ["not", "an", "object"], (True, "rate_limit", 429)),
+])
+def test_a_status_error_whose_body_was_read_is_judged_by_the_providers_error_type_first(status, body, verdict):
+    """LLMResource's transport reads every answer before raising httpx's HTTPStatusError: a review found a 429
+    saying `insufficient_quota` (a billing wall) read as a rate limit by its status alone, while the SDK's own error
+    for the same answer is permanent. The body's error type now decides first, as for the SDK's error."""
+    import json
+
+    request = httpx.Request("POST", "https://api.example/v1/chat/completions")
+    response = httpx.Response(status, request=request, content=json.dumps(body).encode(),
+                              headers={"content-type": "application/json"})
+    found = classify(httpx.HTTPStatusError("refused", request=request, response=response))
+    assert (found.retryable, found.category, found.status_code) == verdict
+
+
+def test_a_status_error_whose_body_was_not_read_or_is_too_large_is_judged_by_its_status():
+    request = httpx.Request("POST", "https://api.example/v1/chat/completions")
+    unread = httpx.Response(429, request=request, stream=httpx.ByteStream(b'{"error": {"code": "insufficient_quota"}}'))
+    large = httpx.Response(429, request=request, content=b'{"error": {"code": "insufficient_quota"}, "pad": "'
+                           + b"x" * 70_000 + b'"}')
+    for response in (unread, large):
+        found = classify(httpx.HTTPStatusError("refused", request=request, response=response))
+        assert (found.retryable, found.category, found.status_code) == (True, "rate_limit", 429)
+
+
 def test_http_status_from_requests_and_plain_attributes():
     response = requests.Response()
     response.status_code = 503

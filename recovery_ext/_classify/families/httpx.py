@@ -1,8 +1,12 @@
-"""httpx and httpcore (and the ``httpx2``/``httpcore2`` forks some SDKs vendor: their errors mean the same)."""
+"""httpx and httpcore (and the ``httpx2``/``httpcore2`` forks some SDKs vendor: their errors mean the same).
+
+A status error whose body was read is judged by the provider's error type in it first (LLMResource's transport
+reads every answer before the SDK sees it), then by its status."""
 
 from __future__ import annotations
 
 from recovery_ext._classify.families import Family, by_type, loaded_types
+from recovery_ext._classify.families.llm_errors import judge_response_body
 from recovery_ext._classify.verdict import permanent, transient
 
 
@@ -17,6 +21,7 @@ def family() -> Family:
                      + _both("httpcore", "UnsupportedProtocol", "LocalProtocolError"))
     wrappers = _both("httpx", "TransportError") + _both("httpcore", "NetworkError", "RemoteProtocolError")
     return Family(
+        facts=judge_response_body(_both("httpx", "HTTPStatusError")),
         structure=by_type([
             (timeouts, transient("timeout", "httpx: timed out")),
             (misconfigured, permanent("configuration", "httpx: bad URL, scheme, header or redirect loop")),
