@@ -86,9 +86,12 @@ class RateBudget:
                 if not shown and wait >= SHOW_AFTER and self.show_wait is not None:
                     shown = True
                     if self._waiters.join():  # the first of this caller's calls to wait shows it
-                        reason = (f"{redact(self.endpoint)}{f' model {model}' if limits.per_model and model else ''}"
-                                  f": {grant.requests_in_window} requests and {grant.tokens_in_window} tokens in the "
-                                  f"last {limits.window_seconds:g} s")
+                        named = f"{redact(self.endpoint)}{f' model {model}' if limits.per_model and model else ''}"
+                        if grant.backing_off:
+                            reason = f"{named}: the provider answered 429, everybody sharing it backs off"
+                        else:
+                            reason = (f"{named}: {grant.requests_in_window} requests and {grant.tokens_in_window} "
+                                      f"tokens in the last {limits.window_seconds:g} s")
                         self.log(f"waiting {wait:.1f} s for the rate budget of {reason}")
                         yield Blocking(self.show_wait, (wait, reason))
                 yield Sleep(wait, self.stop, self.check, "stopped while waiting for the provider's rate budget")

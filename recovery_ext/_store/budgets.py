@@ -81,7 +81,8 @@ class RateBudgets(Component):
             backoff_until = conn.execute(select(rate_budgets.c.backoff_until).where(
                 rate_budgets.c.endpoint == key[0], rate_budgets.c.model == key[1])).scalar_one()
             if backoff_until is not None and backoff_until > now:  # a 429 made everybody back off
-                return BudgetGrant(False, wait_seconds=max((backoff_until - now).total_seconds(), 0.001))
+                return BudgetGrant(False, wait_seconds=max((backoff_until - now).total_seconds(), 0.001),
+                                   backing_off=True)
             mine = (rr.endpoint == key[0]) & (rr.model == key[1])
             conn.execute(delete(rate_reservations).where(mine, ~_holding(now, span)))
             window = conn.execute(select(rr.reserved_at, rr.answered_at, rr.tokens).where(mine, _holding(now, span))

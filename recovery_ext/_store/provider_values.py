@@ -151,6 +151,7 @@ class BudgetGrant:
     wait_seconds: float = 0.0
     requests_in_window: int = 0
     tokens_in_window: int = 0
+    backing_off: bool = False  # the wait is everybody's back-off after a 429, not a full window
 
 
 # What both databases store and sum: requests_per_minute is a PostgreSQL INTEGER column; token counts are

@@ -166,3 +166,27 @@ def test_a_half_open_probe_answered_with_a_429_closes_the_breaker(store):
     guard.failed(_refusal(429), decision)
     assert [row["state"] for row in store.providers.breakers()] == ["closed"]
     assert not reserve(store).granted  # the back-off holds the others meanwhile
+
+
+def test_a_wait_for_the_back_off_says_it_is_one(store):
+    """A trial: a pipeline held back by a 429's back-off showed `rate budget: ...: 0 requests and 0 tokens in the
+    last 60 s`, as if the window were full. The wait now says what it is."""
+    import threading
+
+    from recovery_ext._errors import StopRequested
+    from recovery_ext._providers.budget import RateBudget
+
+    shown: list[tuple[float, str]] = []
+    stop = threading.Event()
+
+    def show_wait(seconds: float, reason: str) -> None:
+        shown.append((seconds, reason))
+        stop.set()  # the test reads what was shown; the wait itself is not waited
+
+    assert reserve(store).granted
+    store.providers.budget_back_off(ENDPOINT, None, limits=LIMITS, retry_after=3.0)
+    with pytest.raises(StopRequested):
+        RateBudget(store, ENDPOINT, LIMITS, show_wait=show_wait, stop=stop).acquire(1)
+    ((seconds, reason),) = shown
+    assert 2.0 < seconds <= 3.0
+    assert reason == f"{ENDPOINT}: the provider answered 429, everybody sharing it backs off"
