@@ -23,7 +23,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import Connection, bindparam, case, delete, or_, select, type_coerce, update
+from sqlalchemy import Connection, bindparam, case, delete, func, or_, select, type_coerce, update
 from sqlalchemy.sql.elements import ColumnElement
 
 from recovery_ext._classify.redaction import redact
@@ -84,12 +84,18 @@ class RateBudgets(Component):
                 return BudgetGrant(False, wait_seconds=max((backoff_until - now).total_seconds(), 0.001),
                                    backing_off=True)
             mine = (rr.endpoint == key[0]) & (rr.model == key[1])
-            conn.execute(delete(rate_reservations).where(mine, ~_holding(now, span)))
-            window = conn.execute(select(rr.reserved_at, rr.answered_at, rr.tokens).where(mine, _holding(now, span))
-                                  .order_by(rr.reserved_at, rr.id)).all()
-            count, spent = len(window), sum(int(r.tokens) for r in window)
-            wait = _wait_for_room(window, now, span, requests_per_minute, tokens_per_minute, tokens)
-            if wait > 0:
+            holding = _holding(now, span)
+            conn.execute(delete(rate_reservations).where(mine, ~holding))
+            # what the window holds, summed by the database: a budget far from its limit grants on that alone. Its
+            # rows are read only when it is full, to say when room comes (a budget of 10,000 requests a minute
+            # read and sorted every reservation of its window for each request: 0.2x the throughput of no budget)
+            held, spent = conn.execute(select(func.count(), func.coalesce(func.sum(rr.tokens), 0))
+                                       .where(mine, holding)).one()
+            count, spent = int(held), int(spent)
+            if not _has_room(count, spent, requests_per_minute, tokens_per_minute, tokens):
+                window = conn.execute(select(rr.reserved_at, rr.answered_at, rr.tokens).where(mine, holding)
+                                      .order_by(rr.reserved_at, rr.id)).all()
+                wait = _wait_for_room(window, now, span, requests_per_minute, tokens_per_minute, tokens)
                 return BudgetGrant(False, wait_seconds=wait, requests_in_window=count, tokens_in_window=spent)
             reservation = conn.execute(rate_reservations.insert().values(
                 endpoint=key[0], model=key[1], holder=holder, tokens=int(tokens), reserved_at=now,
@@ -234,6 +240,14 @@ def _leaves(reservation: Any, span: float) -> tuple[dt.datetime, bool]:
     if reservation.answered_at is not None:
         return reservation.answered_at + dt.timedelta(seconds=span), False
     return reservation.reserved_at + dt.timedelta(seconds=IN_FLIGHT_WINDOWS * span), True
+
+
+def _has_room(count: int, spent: int, requests_per_minute: int | None, tokens_per_minute: int | None,
+              tokens: int) -> bool:
+    """Whether a window holding ``count`` requests and ``spent`` tokens has room for one more of ``tokens`` (what
+    :func:`_wait_for_room` says 0 to)."""
+    return (requests_per_minute is None or count < requests_per_minute) and \
+        (tokens_per_minute is None or spent + tokens <= tokens_per_minute)
 
 
 def _wait_for_room(window: Sequence[Any], now: dt.datetime, span: float, requests_per_minute: int | None,
