@@ -113,8 +113,6 @@ class UnreadableAnswer(ClassifiedError):
     client can read. Its ledger row's outcome is ``unreadable_result`` (as a provider job's unreadable result
     line), with a note quoting the body's start."""
 
-    # A 2xx answer was probably billed: a spend cap counts it at its estimate, as a timeout (see AttemptHold)
-    charged = True
     ledger_outcome = UNREADABLE_RESULT
 
     def __init__(self, endpoint: str, status: int, media: str, body: bytes, why: str, *,
@@ -125,6 +123,10 @@ class UnreadableAnswer(ClassifiedError):
         start = body[:80].decode("utf-8", errors="replace")
         what = what or f"{len(body)} bytes that are not JSON"
         self.ledger_note = redact(f"HTTP {status} {media}, {what} ({why}): {start!r}; not kept, asked again")[:500]
+        # A 2xx answer was probably billed: a spend cap counts it at its estimate, as a timeout (see AttemptHold);
+        # a rate limit's refusal inside it was not (a trial: 39 such refusals were charged 4,010 tokens to a cap
+        # whose ledger said 1,670 were spent), so its room goes back as a 429's does
+        self.charged = category != "rate_limit"
         super().__init__(category=category, retryable=True, status_code=status, endpoint=endpoint,
                          message=f"an unreadable answer: HTTP {status} {media}, {what} ({why}); not kept: a retry "
                                  "asks the provider again")

@@ -96,3 +96,35 @@ def test_the_providers_rate_limit_with_a_200_is_a_rate_limit_to_the_classifier(p
         check_answer(URL, path, 200, JSON, json.dumps(value).encode())
     found = classify(raised.value)
     assert (found.category, found.retryable) == (category, True)
+
+
+class _Spend:
+    """A spend cap reservation that says how it was settled."""
+
+    def __init__(self) -> None:
+        self.settled: list[str] = []
+
+    def settle_estimate(self) -> None:
+        self.settled.append("estimate")
+
+    def release(self) -> None:
+        self.settled.append("released")
+
+
+@pytest.mark.parametrize(("path", "value", "settled"), [
+    ("/v1/responses", {"status": "failed", "error": {"code": "rate_limit_exceeded"}, "output": []}, "released"),
+    ("/v1/messages", {"type": "error", "error": {"type": "rate_limit_error"}}, "released"),
+    ("/v1/messages", {"type": "error", "error": {"type": "overloaded_error"}}, "estimate"),
+    ("/v1/chat/completions", {"id": "x"}, "estimate"),
+])
+def test_a_rate_limits_refusal_with_a_200_gives_the_spend_cap_its_room_back(path, value, settled):
+    """A trial: 39 rate-limit refusals answered with a 200 were each charged their estimate to the spend cap (4,010
+    tokens against the ledger's 1,670). A refusal is not billed, as a 429 is not; another unreadable 2xx answer
+    probably was, and still counts at its estimate."""
+    from recovery_ext._providers.guard import AttemptHold
+
+    with pytest.raises(UnreadableAnswer) as raised:
+        check_answer(URL, path, 200, JSON, json.dumps(value).encode())
+    spend = _Spend()
+    AttemptHold(None, spend, print).spent_unknown(raised.value)
+    assert spend.settled == [settled]
