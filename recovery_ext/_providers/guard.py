@@ -34,6 +34,7 @@ from tenacity import RetryCallState
 from tenacity.stop import stop_base
 
 from recovery_ext._classify.classifier import ClassifiedError, classify, retry_after_of
+from recovery_ext._classify.verdict import Classification
 from recovery_ext._errors import ConfigurationError, StopRequested
 from recovery_ext._store.models import Ownership
 from recovery_ext._store.models import BreakerDecision
@@ -312,8 +313,8 @@ class ProviderGuard:
         store = self.store
         self._closed_until = None  # the next call reads the breaker again
         found = classify(exc)
-        if self.budget is not None and found.retryable and found.category == "rate_limit" \
-                and found.status_code is not None:
+        if self._budget_paces(found):
+            assert self.budget is not None
             self.budget.back_off(model, retry_after_of(exc), max_delay=self.policy.max_delay)
             if decision is not None and decision.probe:
                 self.succeeded(decision)
@@ -328,6 +329,12 @@ class ProviderGuard:
                 self.log(f"circuit breaker for {redact(self.endpoint)} opened: {redact(error)}")
         elif found.status_code is not None:
             self.succeeded(decision)  # it answered, if only to refuse: an answer like any other to the breaker
+
+    def _budget_paces(self, found: Classification) -> bool:
+        """A rate limit the provider answered (a status), with a rate budget shared: the budget's back-off paces
+        the retries, not the breaker and not an outage pause."""
+        return self.budget is not None and found.retryable and found.category == "rate_limit" \
+            and found.status_code is not None
 
     def succeeded(self, decision: BreakerDecision | None) -> None:
         """An attempt was answered (a refusal too): a half-open breaker closes; a count of failures goes back
@@ -383,11 +390,15 @@ class ProviderGuard:
             if isinstance(exc, CircuitOpen):
                 call.pause_reason = str(exc.detail)
                 return float(exc.retry_after or 0.0)
-            category = classify(exc).category
+            found = classify(exc)
+            category = found.category
             previous, count = call.streak
             count = count + 1 if category == previous else 1
             asked = self.policy.retry_after.asked(exc)
-            if count < self.settings.pause_after:
+            # 429s in a row with a budget shared are paced by its back-off (at most max_delay), never an outage
+            # pause of 30 s and more (a trial: 19 s silent after the provider took requests again); the outage
+            # budget still ends a call refused for hours
+            if count < self.settings.pause_after or self._budget_paces(found):
                 call.streak, call.pause_reason = (category, count), None
                 return asked if asked is not None else self.policy.wait.delay(count)
             call.streak, call.pauses = (category, 0), call.pauses + 1

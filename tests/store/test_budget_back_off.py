@@ -190,3 +190,52 @@ def test_a_wait_for_the_back_off_says_it_is_one(store):
     ((seconds, reason),) = shown
     assert 2.0 < seconds <= 3.0
     assert reason == f"{ENDPOINT}: the provider answered 429, everybody sharing it backs off"
+
+
+class _ShownPauses:
+    """A pause target that records the pauses a guard shows (the pipeline row's ``waiting``)."""
+
+    paused = False
+
+    def __init__(self) -> None:
+        self.begun: list[tuple[float, str]] = []
+
+    def begin(self, seconds: float, reason: str) -> None:
+        self.begun.append((seconds, reason))
+
+    def retrying(self) -> None:
+        pass
+
+    def end(self, *, outage_over: bool) -> None:
+        pass
+
+    def elapsed(self) -> float | None:
+        return None
+
+
+def test_429s_in_a_row_with_a_budget_are_paced_by_its_back_off_not_an_outage_pause(store):
+    """A trial: five 429s in a row on one call (Retry-After: 1, a budget set) paused it for 30 s, then 60 s, as an
+    outage, the endpoint silent long after the provider took requests again. With a budget they are the budget's:
+    each retry waits its back-off, capped by max_delay, and no pause is shown."""
+    from recovery_ext._classify.retry import RetryPolicy
+    from recovery_ext._providers.budget import RateBudget
+    from recovery_ext._providers.guard import OutageSettings, ProviderGuard
+
+    refusals = 7  # more than pause_after
+    sent: list[int] = []
+    waits: list[float] = []
+
+    def ask() -> str:
+        sent.append(1)
+        if len(sent) <= refusals:
+            raise _refusal(429)
+        return "answered"
+
+    shown = _ShownPauses()
+    guard = ProviderGuard(ENDPOINT, store=store, settings=OutageSettings(jitter=0.0, pause_after=5), pause=shown,
+                          policy=RetryPolicy(initial_delay=0.01, max_delay=0.05, jitter=0.0), sleep=waits.append,
+                          budget=RateBudget(store, ENDPOINT, LIMITS))
+    assert guard.metered(1, "m", ask) == "answered"
+    assert len(sent) == refusals + 1
+    assert shown.begun == []
+    assert len(waits) == refusals and max(waits) <= 0.05
