@@ -26,6 +26,8 @@ its fork ``httpx2`` that current OpenAI and Anthropic SDKs require).
 
 from __future__ import annotations
 
+import asyncio
+
 import contextlib
 import contextvars
 import functools
@@ -99,7 +101,7 @@ class JournalingCore:
         assert pending is not None
         pending.journal.scope.check_calls()
         if guard.pause is not None:
-            yield Blocking(guard.pause.retrying)
+            yield Blocking(guard.pause_retrying, (call,))
         # the request's ledger row is named now: its spend cap reservation names it, so that after a kill the
         # row's usage (if its answer was kept) settles the reservation
         call_id = uuid.uuid4().hex
@@ -368,14 +370,15 @@ def _sync_classes(http: ModuleType) -> type:
             try:
                 response = tenacity.Retrying(sleep=guard.sleep, **guard.strategies(call))(attempt)
             except Exception as exc:
-                if guard.pause is not None:
-                    guard.pause.end(outage_over=True)
+                guard.pause_ended(call)
                 refused = self.core.refused(exc)
                 if refused is None:
                     raise
                 return refused
-            if guard.pause is not None:
-                guard.pause.end(outage_over=True)
+            except BaseException:
+                guard.pause_stopped(call)
+                raise
+            guard.pause_ended(call)
             return response
 
         def close(self) -> None:
@@ -511,13 +514,17 @@ def _async_classes(http: ModuleType) -> type:
                 response: Any = await tenacity.AsyncRetrying(sleep=sleep, **strategies)(attempt)
             except Exception as exc:
                 if guard.pause is not None:
-                    await in_thread(context, functools.partial(guard.pause.end, outage_over=True))
+                    await in_thread(context, functools.partial(guard.pause_ended, call))
                 refused = self.core.refused(exc)
                 if refused is None:
                     raise
                 return refused
+            except BaseException:
+                if call.pausing:  # its count goes in a worker thread: the lock may be held through a write
+                    asyncio.get_running_loop().run_in_executor(None, guard.pause_stopped, call)
+                raise
             if guard.pause is not None:
-                await in_thread(context, functools.partial(guard.pause.end, outage_over=True))
+                await in_thread(context, functools.partial(guard.pause_ended, call))
             return response
 
         async def aclose(self) -> None:
