@@ -155,6 +155,7 @@ class GuardedCall:
     model: str | None = None
     pending: PendingCall | None = None  # the call's journal entry (None: not journaled)
     pausing: bool = False  # sleeping through a pause now (counted in its guard's ``_pausers``)
+    stopped: bool = False  # stopped or cancelled: never counted again (a cancelled task's thread may still pause)
 
 
 class AttemptHold:
@@ -338,7 +339,7 @@ class ProviderGuard:
     def pause_retrying(self, call: GuardedCall) -> None:
         """``call``'s next attempt begins: the pause it slept through is over once no other call of this node is
         sleeping through one (the outage clock goes on)."""
-        if self.pause is None:
+        if self.pause is None or not call.pausing:  # only the call's own flow sets it: read without the lock
             return
         with self._pause_lock:  # held through the write: a call pausing meanwhile shows its pause after it
             if not call.pausing:
@@ -467,7 +468,7 @@ class ProviderGuard:
             if call.pause_reason is None:
                 return
             with self._pause_lock:
-                if not call.pausing:
+                if not call.pausing and not call.stopped and self.pause is not None:
                     call.pausing = True
                     self._pausers += 1
                 now = self.clock()
@@ -561,4 +562,5 @@ class ProviderGuard:
         write of its own, but it may wait for the lock another call holds through one: an event loop calls it in a
         worker thread."""
         with self._pause_lock:
+            call.stopped = True
             self._forget(call)

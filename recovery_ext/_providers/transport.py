@@ -39,7 +39,8 @@ from typing import Any
 
 import tenacity
 
-from recovery_ext._providers.guard import AttemptHold, CircuitOpen, GuardedCall, ProviderGuard
+from recovery_ext._errors import StopRequested
+from recovery_ext._providers.guard import AttemptHold, CircuitOpen, GuardedCall, OutageBudgetExceeded, ProviderGuard
 from recovery_ext._providers.event_streams import _BrokenEvent, EventGate
 from recovery_ext._providers.http_answers import (NO_USAGE, NOT_READ, RequestFacts, UnreadableAnswer, answered_call,
                                                   check_answer, check_event_stream, check_kept_answer,
@@ -369,6 +370,9 @@ def _sync_classes(http: ModuleType) -> type:
 
             try:
                 response = tenacity.Retrying(sleep=guard.sleep, **guard.strategies(call))(attempt)
+            except (StopRequested, OutageBudgetExceeded):
+                guard.pause_stopped(call)  # not the provider's answer: the outage is not over
+                raise
             except Exception as exc:
                 guard.pause_ended(call)
                 refused = self.core.refused(exc)
@@ -512,6 +516,10 @@ def _async_classes(http: ModuleType) -> type:
 
             try:
                 response: Any = await tenacity.AsyncRetrying(sleep=sleep, **strategies)(attempt)
+            except (StopRequested, OutageBudgetExceeded):
+                # not the provider's answer: the outage is not over
+                asyncio.get_running_loop().run_in_executor(None, guard.pause_stopped, call)
+                raise
             except Exception as exc:
                 if guard.pause is not None:
                     await in_thread(context, functools.partial(guard.pause_ended, call))
@@ -520,8 +528,9 @@ def _async_classes(http: ModuleType) -> type:
                     raise
                 return refused
             except BaseException:
-                if call.pausing:  # its count goes in a worker thread: the lock may be held through a write
-                    asyncio.get_running_loop().run_in_executor(None, guard.pause_stopped, call)
+                # counted off in a worker thread (the lock may be held through a write), always: this task's
+                # before_sleep may still be running in one, and must not count it after this
+                asyncio.get_running_loop().run_in_executor(None, guard.pause_stopped, call)
                 raise
             if guard.pause is not None:
                 await in_thread(context, functools.partial(guard.pause_ended, call))

@@ -98,3 +98,25 @@ def test_calls_that_pause_together_show_one_pause_until_the_last_of_them_tries_a
     for call in calls:
         call.join(30)
     assert shown.shown == ["begin", "retrying", "over"]
+
+
+def test_a_call_stopped_before_its_pause_is_counted_never_holds_the_pause_open():
+    """A review: a cancelled task's before_sleep may still run in its worker thread after the task has gone; had it
+    counted the call then, nobody would count it off, and the pipeline would show `waiting` for ever. A call once
+    stopped is never counted."""
+    from tenacity import RetryCallState
+
+    from recovery_ext._providers.guard import GuardedCall
+
+    shown = ShownPause()
+    guard = ProviderGuard("http://127.0.0.1:9/v1", pause=shown, sleep=lambda _: None,
+                          settings=OutageSettings(jitter=0.0, pause_after=1))
+    sleeper, stopped = GuardedCall(pause_reason="the breaker is open"), GuardedCall(pause_reason="the breaker is open")
+    state = RetryCallState(None, None, (), {})
+    state.upcoming_sleep = 30.0
+    guard._before_sleep(sleeper)(state)
+    guard.pause_stopped(stopped)  # the task was cancelled ...
+    guard._before_sleep(stopped)(state)  # ... and its worker thread's before_sleep ran after
+    guard.pause_retrying(sleeper)
+    guard.pause_ended(sleeper)
+    assert shown.shown == ["begin", "retrying", "over"]
