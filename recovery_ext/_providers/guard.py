@@ -545,17 +545,25 @@ class ProviderGuard:
         retrying = tenacity.Retrying(sleep=self.sleep, **self.strategies(call))
         try:
             result: T = retrying(self._attempt, call, fn, args, kwargs)
-        except (OutageBudgetExceeded, StopRequested):
-            self.pause_stopped(call)
-            raise
         except BaseException as exc:
-            if isinstance(exc, Exception):
-                self.pause_ended(call)
-            else:
-                self.pause_stopped(call)
+            self.pause_after(call, exc)
             raise
-        self.pause_ended(call)
+        self.pause_after(call, None)
         return result
+
+    @staticmethod
+    def ends_outage(exc: BaseException | None) -> bool:
+        """Whether a call that ended so was answered or refused by the provider (None: answered), which ends its
+        node's outage; a stop, a cancellation or a spent outage budget does not."""
+        stopped = isinstance(exc, (StopRequested, OutageBudgetExceeded))
+        return exc is None or (isinstance(exc, Exception) and not stopped)
+
+    def pause_after(self, call: GuardedCall, exc: BaseException | None) -> None:
+        """``call`` ended (``exc``: how; None: answered): :meth:`pause_ended` or :meth:`pause_stopped` (a thread's)."""
+        if self.ends_outage(exc):
+            self.pause_ended(call)
+        else:
+            self.pause_stopped(call)
 
     def pause_stopped(self, call: GuardedCall) -> None:
         """``call`` was stopped or cancelled: it sleeps through no pause, and shows nothing about the outage. No

@@ -27,7 +27,6 @@ its fork ``httpx2`` that current OpenAI and Anthropic SDKs require).
 from __future__ import annotations
 
 import asyncio
-
 import contextlib
 import contextvars
 import functools
@@ -39,8 +38,7 @@ from typing import Any
 
 import tenacity
 
-from recovery_ext._errors import StopRequested
-from recovery_ext._providers.guard import AttemptHold, CircuitOpen, GuardedCall, OutageBudgetExceeded, ProviderGuard
+from recovery_ext._providers.guard import AttemptHold, CircuitOpen, GuardedCall, ProviderGuard
 from recovery_ext._providers.event_streams import _BrokenEvent, EventGate
 from recovery_ext._providers.http_answers import (NO_USAGE, NOT_READ, RequestFacts, UnreadableAnswer, answered_call,
                                                   check_answer, check_event_stream, check_kept_answer,
@@ -370,19 +368,13 @@ def _sync_classes(http: ModuleType) -> type:
 
             try:
                 response = tenacity.Retrying(sleep=guard.sleep, **guard.strategies(call))(attempt)
-            except (StopRequested, OutageBudgetExceeded):
-                guard.pause_stopped(call)  # not the provider's answer: the outage is not over
-                raise
-            except Exception as exc:
-                guard.pause_ended(call)
-                refused = self.core.refused(exc)
+            except BaseException as exc:
+                guard.pause_after(call, exc)
+                refused = self.core.refused(exc) if isinstance(exc, Exception) else None
                 if refused is None:
                     raise
                 return refused
-            except BaseException:
-                guard.pause_stopped(call)
-                raise
-            guard.pause_ended(call)
+            guard.pause_after(call, None)
             return response
 
         def close(self) -> None:
@@ -516,22 +508,18 @@ def _async_classes(http: ModuleType) -> type:
 
             try:
                 response: Any = await tenacity.AsyncRetrying(sleep=sleep, **strategies)(attempt)
-            except (StopRequested, OutageBudgetExceeded):
-                # not the provider's answer: the outage is not over
-                asyncio.get_running_loop().run_in_executor(None, guard.pause_stopped, call)
-                raise
-            except Exception as exc:
-                if guard.pause is not None:
+            except BaseException as exc:
+                if guard.pause is not None and guard.ends_outage(exc):
                     await in_thread(context, functools.partial(guard.pause_ended, call))
-                refused = self.core.refused(exc)
+                elif guard.pause is not None:
+                    # counted off in a worker thread, not awaited (the lock may be held through a write; a cancelled
+                    # task may not wait): this task's before_sleep may still be running in one, and must not count
+                    # it after this
+                    asyncio.get_running_loop().run_in_executor(None, guard.pause_stopped, call)
+                refused = self.core.refused(exc) if isinstance(exc, Exception) else None
                 if refused is None:
                     raise
                 return refused
-            except BaseException:
-                # counted off in a worker thread (the lock may be held through a write), always: this task's
-                # before_sleep may still be running in one, and must not count it after this
-                asyncio.get_running_loop().run_in_executor(None, guard.pause_stopped, call)
-                raise
             if guard.pause is not None:
                 await in_thread(context, functools.partial(guard.pause_ended, call))
             return response

@@ -8,6 +8,7 @@ import time
 import pytest
 
 from recovery_ext import ProviderLimits
+from recovery_pipelines.devserver import wait_for
 
 LIMITS = ProviderLimits(requests_per_minute=100, window_seconds=5.0, margin_seconds=0.0)
 ENDPOINT = "http://e/v1"
@@ -159,10 +160,8 @@ def test_a_half_open_probe_answered_with_a_429_closes_the_breaker(store):
     guard = _shared_guard(store, "prober", breaker_threshold=1, breaker_cooldown=0.2)
     guard.failed(_refusal(503), None)
     assert [row["state"] for row in store.providers.breakers()] == ["open"]
-    deadline = time.monotonic() + 20
-    while not (decision := store.providers.breaker_before_call(ENDPOINT, "prober", probe_timeout=30)).probe:
-        assert time.monotonic() < deadline, "the breaker never went half-open"
-        time.sleep(0.05)
+    decision = wait_for(lambda: (d := store.providers.breaker_before_call(ENDPOINT, "prober", probe_timeout=30)).probe
+                        and d, timeout=20, interval=0.05, what="the breaker's half-open probe")
     guard.failed(_refusal(429), decision)
     assert [row["state"] for row in store.providers.breakers()] == ["closed"]
     assert not reserve(store).granted  # the back-off holds the others meanwhile
