@@ -150,6 +150,9 @@ class RetryPolicy:
     max_delay: float = 60.0
     jitter: float = 0.1
     same_error_limit: int = 5
+    # False: a same-error streak stops the retries and the last error goes on unchanged, for a caller that
+    # escalates on its own (a map's items: their node pauses on a transient error, see the node's error path)
+    escalate: bool = True
     shutdown: threading.Event | None = None
     sleep: Callable[[float], None] | None = None
     rng: random.Random | None = None
@@ -181,7 +184,7 @@ class RetryPolicy:
         if self.shutdown is not None and self.shutdown.is_set():
             raise StopRequested("shutdown requested; retrying stopped") from exc
         category, count = getattr(retry_state, "_rx_same_error", (None, 0))
-        if exc is not None and count >= self.same_error_limit:
+        if exc is not None and count >= self.same_error_limit and self.escalate:
             found = classify(exc)
             raise EscalatedError(
                 exc, category=found.category, status_code=found.status_code, retryable=False,

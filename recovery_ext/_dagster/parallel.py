@@ -233,7 +233,11 @@ def _is_async_callable(fn: Any) -> bool:
 
 
 def _policy(node: NodeContext, retries: int | None, stop: threading.Event | None) -> RetryPolicy:
-    overrides: dict[str, Any] = {"shutdown": stop}
+    # An item's same-error streak ends its retries without making its error permanent: a transient one then
+    # fails the item as transient, and the node retries or pauses as for any transient error (only the outage
+    # budget gives up). A provider overloaded for a while, raised to the SDK after the guarded call (a stream
+    # ending on its error event), must not fail the pipeline for good.
+    overrides: dict[str, Any] = {"shutdown": stop, "escalate": False}
     if stop is not None:  # a retry pause ends when the map stops, or once no new call may leave (superseded, or
         # the run worker died): the retry would be refused, and an orphaned step must not outlive a long Retry-After
         overrides["sleep"] = checked_sleep(stop, node.check_calls)

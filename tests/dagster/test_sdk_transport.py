@@ -370,3 +370,46 @@ def test_after_cut_off_answers_fail_the_run_a_re_execution_asks_the_provider_aga
     assert sorted(r.item_key for r in answered) == ["a", "b"]  # the new answers, with their usage
     if kept_before_the_fix:  # the kept body's own row stays as it was written, its look-up counted as a replay
         assert [(r.item_key, r.tokens_in, r.replays) for r in ledger(store) if r.tokens_in == 0] == [("a", 0, 1)]
+
+
+def ask_each_key(item) -> str:
+    return ask(SETTINGS["llm"], SETTINGS["mode"], f"question {item.key}")
+
+
+async def ask_each_key_async(item) -> str:
+    messages = [{"role": "user", "content": f"question {item.key}"}]
+    async with SETTINGS["llm"].get_async_client().messages.stream(model="m", messages=messages,
+                                                                  max_tokens=64) as stream:
+        return "".join([text async for text in stream.text_stream])
+
+
+@recoverable_op(required_resource_keys={"llm"})
+def mapped(ctx: NodeContext) -> int:
+    SETTINGS["llm"] = ctx.context.resources.llm
+    keys = ["a", "b"]
+    if SETTINGS["mode"] == "astream":
+        asyncio.run(ctx.amap(ask_each_key_async, keys, concurrency=2))
+    else:
+        ctx.map(ask_each_key, keys, concurrency=2)
+    return len(ctx.completed_items())
+
+
+@pytest.mark.parametrize("mode", ["stream", "astream"])
+def test_mapped_items_whose_streams_keep_ending_on_the_providers_overload_pause_and_complete(
+        mode, stand_in, store, db_url, monkeypatch):
+    """A provider overloaded for a while ends each streamed answer on an error event, after its first text: the
+    SDK raises it after the transport's guarded call returned, so each item's own retry meets it. Before: an item's
+    ``same_error_limit``-th overload in a row was made permanent (EscalatedError), so one busy stretch failed the
+    node and the pipeline for good. Now the item stops retrying and stays transient: the node retries or pauses, as
+    for any transient error (only the outage budget gives up), and completes once the provider is back."""
+    server, url = stand_in
+    server.script = ["error_event"] * 6  # three in a row for each of the two items
+    monkeypatch.setitem(SETTINGS, "mode", mode)
+    result = run(mapped, resource("anthropic", url), db_url, monkeypatch, same_error_limit=3, max_retries=3,
+                 outage_pause_initial=0.05, outage_pause_max=0.1, breaker_failure_threshold=100)
+    assert result.success
+    assert len(server.truncated()) == 6 and len(server.answered()) == 2
+    [pipeline] = store.reports.list_pipelines()
+    assert store.pipelines.completed_items(pipeline.id, "mapped") == {
+        "a": "answer to question a", "b": "answer to question b"}
+    assert store.pipelines.get_pipeline(pipeline.id).status == "completed"

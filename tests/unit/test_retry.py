@@ -58,6 +58,15 @@ def test_six_503s_escalate_after_five(httpserver):
     assert len(httpserver.log) == 5 and len(slept) == 4
 
 
+def test_without_escalation_the_streak_stops_the_retries_and_the_error_stays_transient(httpserver):
+    serve_sequence(httpserver, [503] * 6)
+    slept: list[float] = []
+    with pytest.raises(httpx.HTTPStatusError) as info:  # the last error itself, not an EscalatedError
+        retrying(sleep=slept.append, max_attempts=20, escalate=False).call(call, httpserver)
+    assert info.value.response.status_code == 503 and classify(info.value).retryable is True
+    assert len(httpserver.log) == 5 and len(slept) == 4
+
+
 def test_a_different_category_resets_the_escalation_count(httpserver):
     serve_sequence(httpserver, [503, 503, 503, 429, 503, 503, 503, 200])
     assert retrying(sleep=lambda s: None, max_attempts=20).call(call, httpserver) == {"ok": True}
