@@ -123,7 +123,7 @@ class LLMResource(ConfigurableResource):  # type: ignore[type-arg]
     """
 
     # A refused setting's error would otherwise show every field given, the API key among them.
-    model_config = ConfigDict(hide_input_in_errors=True)
+    model_config = ConfigDict(hide_input_in_errors=True, extra="forbid")
 
     provider: Literal["openai", "anthropic"] = Field(
         default="openai", description="Which SDK the clients are: openai (also any OpenAI-compatible server: Groq, "

@@ -130,7 +130,7 @@ class RecoveryResource(ConfigurableResource):  # type: ignore[type-arg]
     """Application tables and recovery settings shared by recoverable ops and the sensors."""
 
     # A refused setting's error would otherwise show the fields given, the database URL's password among them.
-    model_config = ConfigDict(hide_input_in_errors=True)
+    model_config = ConfigDict(hide_input_in_errors=True, extra="forbid")
 
     database_url: str | None = Field(
         default=None,

@@ -44,3 +44,18 @@ def test_a_bad_configuration_is_refused_at_every_build(checks, bad):
             RecoveryResource(database_url="sqlite:///unused.db", **bad)
         assert len(checks) == attempt + 1
     assert resources._checked_configs == {}
+
+
+@pytest.mark.parametrize("build", [
+    lambda: RecoveryResource(database_url="postgresql://u:hunter2@db/x", same_eror_limit=3),
+    lambda: __import__("recovery_ext").LLMResource(api_key="sk-hunter2", tokens_per_minuet=1000),
+], ids=["RecoveryResource", "LLMResource"])
+def test_a_misspelled_setting_is_refused_by_name_not_silently_left_at_its_default(build):
+    """Before: pydantic's default for Dagster resources ignores an unknown keyword, so `same_eror_limit=3` built a
+    resource with the default of 5 and nothing said so. Now it is refused when the definitions load, naming the
+    field, without the values given (a URL's password, an API key)."""
+    with pytest.raises(pydantic.ValidationError) as info:
+        build()
+    shown = str(info.value)
+    assert ("same_eror_limit" in shown or "tokens_per_minuet" in shown) and "Extra inputs are not permitted" in shown
+    assert "hunter2" not in shown
