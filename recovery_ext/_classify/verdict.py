@@ -10,7 +10,12 @@ CATEGORIES = (
     "unknown",
 )
 
-RETRYABLE_HTTP = frozenset({408, 429, 500, 502, 503, 504, 529})
+# A server error is the server's trouble and passes, as both provider SDKs read it (they retry every 5xx): a
+# provider behind Cloudflare answers 520-524 while its origin is down or slow, 529 when overloaded. Only the
+# statuses that say the request itself cannot work are permanent: 501 Not Implemented, 505 HTTP Version Not
+# Supported, 506 Variant Also Negotiates, 508 Loop Detected, 510 Not Extended (and 511, a proxy's login: auth).
+PERMANENT_SERVER_ERRORS = frozenset({501, 505, 506, 508, 510, 511})
+RETRYABLE_HTTP = frozenset({408, 429} | {status for status in range(500, 600) if status not in PERMANENT_SERVER_ERRORS})
 
 
 @dataclass(frozen=True)
@@ -26,7 +31,7 @@ def http_classification(status: int, reason: str | None = None) -> Classificatio
     if status in RETRYABLE_HTTP:
         category = {408: "timeout", 429: "rate_limit"}.get(status, "server_error")
         return Classification(True, category, status, why)
-    if status in (401, 403, 407):
+    if status in (401, 403, 407, 511):
         return Classification(False, "auth", status, why)
     if status in (404, 410):
         return Classification(False, "not_found", status, why)

@@ -65,8 +65,12 @@ def test_outermost_explicit_flag_counts():
         (503, True, "server_error"),
         (504, True, "server_error"),
         (529, True, "server_error"),
-        (520, False, "server_error"),
-        (524, False, "server_error"),
+        (520, True, "server_error"),  # Cloudflare: the provider's origin answered nothing usable
+        (522, True, "server_error"),
+        (524, True, "server_error"),  # Cloudflare: the origin took too long
+        (599, True, "server_error"),
+        (505, False, "server_error"),
+        (511, False, "auth"),
         (400, False, "validation"),
         (401, False, "auth"),
         (403, False, "auth"),
