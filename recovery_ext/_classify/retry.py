@@ -140,6 +140,18 @@ class EscalatedError(ClassifiedError):
     """The same kind of error kept coming back; it is treated as permanent."""
 
 
+def without_escalation(exc: Exception) -> Exception:
+    """The transient error an :class:`EscalatedError` made permanent, else ``exc`` itself.
+
+    Inside a recoverable node the node escalates on its own: a streak of transient errors pauses its pipeline,
+    and only the outage budget gives up. A ``retrying()`` or ``resource.retry_policy()`` a body (or a mapped
+    item) calls itself must not turn a provider's busy stretch into a failure for good."""
+    cause = exc.__cause__
+    if isinstance(exc, EscalatedError) and isinstance(cause, Exception) and classify(cause).retryable:
+        return cause
+    return exc
+
+
 @dataclass
 class RetryPolicy:
     """Settings for one retrying call; build with :func:`retrying`."""
@@ -150,15 +162,16 @@ class RetryPolicy:
     max_delay: float = 60.0
     jitter: float = 0.1
     same_error_limit: int = 5
-    # False: a same-error streak stops the retries and the last error goes on unchanged, for a caller that
-    # escalates on its own (a map's items: their node pauses on a transient error, see the node's error path)
-    escalate: bool = True
     shutdown: threading.Event | None = None
     sleep: Callable[[float], None] | None = None
     rng: random.Random | None = None
     before_sleep: Callable[[RetryCallState], None] | None = None
     context: dict[str, Any] = field(default_factory=dict)
     clock: Callable[[], float] | None = None  # wall clock for Retry-After HTTP dates (tests inject one)
+    # False: a same-error streak stops the retries and the last error goes on unchanged, for a caller that
+    # escalates on its own (a map's items: their node pauses on a transient error, see the node's error path).
+    # Last, so that no positional argument moves.
+    escalate: bool = True
 
     def __post_init__(self) -> None:
         if self.max_attempts < 1:

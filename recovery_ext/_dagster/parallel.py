@@ -39,7 +39,7 @@ import tenacity
 
 from recovery_ext._classify.classifier import ClassifiedError, classify
 from recovery_ext._classify.redaction import redact
-from recovery_ext._classify.retry import RetryPolicy, retry_if_retryable
+from recovery_ext._classify.retry import RetryPolicy, retry_if_retryable, without_escalation
 from recovery_ext._dagster.group_commit import GroupCommitter
 from recovery_ext._providers.steps import checked_async_sleep, checked_sleep
 from recovery_ext._errors import ConfigurationError, OwnershipLost, StopRequested, StoreUnavailable, in_chain
@@ -170,6 +170,7 @@ class _Tally:
             if self.fatal is None:
                 self.fatal = stop or exc
             return
+        exc = without_escalation(exc)  # the node escalates a transient streak itself: it pauses
         err = exc if isinstance(exc, ClassifiedError) else _classified(exc)
         self.failed_count += 1
         self.node.count_items(ItemOutcome.FAILED)

@@ -16,6 +16,7 @@ from typing import Any, NoReturn
 from dagster import Failure, In, OpExecutionContext, Out, Output, RetryPolicy, RetryRequested, op
 
 from recovery_ext._classify.classifier import ClassifiedError, classify, with_context
+from recovery_ext._classify.retry import without_escalation
 from recovery_ext._errors import (IllegalTransition, OwnershipLost, StopRequested, StoreUnavailable, UnfinishedItems,
                                   in_chain)
 from recovery_ext._liveness.heartbeat import HeartbeatSettings, Lease, registry_for
@@ -242,7 +243,7 @@ def _run_body(run: NodeRun, own: Ownership, inputs: dict[str, Any], node: Node, 
         stopped = in_chain(exc, (OwnershipLost, StopRequested))
         if stopped is not None:  # a client library wrapped it (an SDK's connection error around the transport's)
             _stopped(ctx, watchdog, stopped, exc)
-        return _handle_error(run, own, exc, ctx, node.attempts)
+        return _handle_error(run, own, without_escalation(exc), ctx, node.attempts)
     finally:
         watchdog.release()
     node_calls = ctx._take_calls(None)

@@ -3,8 +3,9 @@
 
 from __future__ import annotations
 
+import httpx
 import pytest
-from dagster import DagsterInstance
+from dagster import DagsterInstance, in_process_executor
 from sqlalchemy import create_engine, delete, event, func, inspect, select, text, update
 from sqlalchemy.exc import OperationalError
 from werkzeug import Response
@@ -13,7 +14,8 @@ import e2e_defs
 from e2e_defs import calls, items_job_inprocess, optional_job
 from helpers import expire, reclaim
 from recovery_ext._errors import RecoveryError
-from recovery_ext import RecoveryResource, execute_in_process
+from recovery_ext import (NodeContext, RecoveryResource, execute_in_process, recoverable_job, recoverable_op,
+                          retrying)
 from recovery_ext._dagster.recoverable import TAG_PIPELINE, TAG_RESUME_NUMBER
 from recovery_ext._store.models import PassPlan
 from recovery_ext._store.schema import events, node_items, nodes, pipelines
@@ -251,3 +253,52 @@ def test_the_run_worker_resolves_the_recovery_resource_from_run_config_and_envir
     configured = resolve_resource(empty, {"resources": {"recovery": {"config": {"heartbeat_interval": 3.0}}}},
                                   instance, "recovery", complete)
     assert configured is not complete and configured.heartbeat_interval == 3.0
+
+
+FLAKY = {"url": ""}
+
+
+def _ask_flaky(key: str) -> str:
+    def get() -> str:
+        response = httpx.get(FLAKY["url"], params={"key": key}, timeout=5)
+        response.raise_for_status()
+        return response.text
+
+    return retrying(sleep=lambda seconds: None, max_attempts=10).call(get)
+
+
+@pytest.mark.parametrize("where", ["body", "mapped_item"])
+def test_a_body_s_own_retrying_that_escalates_a_busy_stretch_pauses_the_node_instead_of_failing_it(
+        where, store, db_url, httpserver):
+    """``retrying()`` makes a fifth 503 in a row a permanent EscalatedError, as seed 002 asks of code outside a node.
+    Inside a recoverable node (its body, or an item of ``ctx.map``) that failed the pipeline for good after one busy
+    stretch; the node escalates on its own (it retries, then pauses; only the outage budget gives up), so the
+    escalation is undone there: the node retries and completes once the provider answers."""
+    seen = []
+
+    def answer(request):
+        seen.append(request)
+        return Response("busy", status=503) if len(seen) <= 6 else Response(f"ok {request.args['key']}")
+
+    httpserver.expect_request("/flaky").respond_with_handler(answer)
+    FLAKY["url"] = httpserver.url_for("/flaky")
+
+    @recoverable_op
+    def asks(ctx: NodeContext) -> int:
+        if where == "body":
+            for item in ctx.items(["only"]):
+                item.complete(_ask_flaky(item.key))
+        else:
+            ctx.map(lambda item: _ask_flaky(item.key), ["only"], concurrency=1, retries=0)
+        return len(ctx.completed_items())
+
+    @recoverable_job(name=f"flaky_{where}", executor_def=in_process_executor)
+    def flaky_job():
+        asks()
+
+    result = run(flaky_job, db_url, {}, same_error_limit=5, outage_pause_initial=0.05, outage_pause_max=0.1)
+    assert result.success
+    assert len(seen) == 7  # five, escalated and undone, then a retry of the node: one more 503 and the answer
+    (p,) = store.reports.list_pipelines()
+    assert store.pipelines.get_pipeline(p.id).status == "completed"
+    assert store.pipelines.completed_items(p.id, "asks") == {"only": "ok only"}
