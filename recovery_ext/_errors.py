@@ -95,12 +95,22 @@ class StopRequested(RecoveryError):
 
 
 def in_chain(exc: BaseException, kinds: type[BaseException] | tuple[type[BaseException], ...]) -> BaseException | None:
-    """The first exception of ``kinds`` in ``exc``'s cause chain (``exc`` itself included), if any: a client
-    library may wrap ours (an SDK's connection error around the journaling transport's ``OwnershipLost``)."""
-    seen = 0
-    current: BaseException | None = exc
-    while current is not None and seen < 32:
+    """The first exception of ``kinds`` in ``exc``'s cause chain (``exc`` itself included), or in the members of
+    an exception group in it, if any: a client library may wrap ours (an SDK's connection error around the
+    journaling transport's ``OwnershipLost``), and an ``asyncio.TaskGroup`` raises its tasks' errors as one
+    ``ExceptionGroup`` (a stop refused to one task of a body's group is still a stop)."""
+    seen: set[int] = set()
+    todo: list[BaseException] = [exc]
+    while todo and len(seen) < 64:
+        current = todo.pop(0)
+        if id(current) in seen:
+            continue
+        seen.add(id(current))
         if isinstance(current, kinds):
             return current
-        current, seen = current.__cause__ or current.__context__, seen + 1
+        if isinstance(current, BaseExceptionGroup):
+            todo.extend(current.exceptions)
+        following = current.__cause__ or current.__context__
+        if following is not None:
+            todo.append(following)
     return None

@@ -107,6 +107,34 @@ def test_a_stop_a_client_library_wrapped_says_the_run_worker_died_too(store, db_
     assert store.pipelines.completed_items(store.reports.list_pipelines()[0].id, "wraps_the_stop") == {}
 
 
+@recoverable_op
+async def asks_in_a_task_group(ctx):
+    """Its requests in one asyncio.TaskGroup, which raises what its tasks raised as one ExceptionGroup."""
+    async def ask(key):
+        ctx.check_calls()  # what a provider client asks before each request
+        return key
+
+    async with asyncio.TaskGroup() as group:
+        for key in ("a", "b"):
+            group.create_task(ask(key))
+
+
+@job(executor_def=with_recovery(in_process_executor))
+def task_group_job():
+    asks_in_a_task_group()
+
+
+def test_a_stop_inside_a_task_group_s_exception_group_leaves_the_pipeline_to_recovery(store, db_url, monkeypatch):
+    """Before: the stop, one member of ``ExceptionGroup([StopRequested, StopRequested])``, was not seen as a stop;
+    the group was classified permanent and the node failed for good, the pipeline with it. Now it is a stop: the
+    step fails with one plain line and the node stays running, for the orphan sensor to resume."""
+    error = failure_in_a_step_process(task_group_job, db_url, monkeypatch, gone=True)
+    assert "the run worker died" in error.message and error.cause is None
+    (p,) = store.reports.list_pipelines()
+    assert store.pipelines.get_pipeline(p.id).status == "running"
+    assert store.pipelines.get_node(p.id, "asks_in_a_task_group").status == "running"
+
+
 IN_FLIGHT = 4
 
 
