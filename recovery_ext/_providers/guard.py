@@ -389,6 +389,7 @@ class ProviderGuard:
     def _reserve(self, call: GuardedCall, call_id: str | None) -> AttemptHold:
         """The attempt's room under the spend caps, then in the rate budget (a pause at the cap holds no rate
         budget room meanwhile)."""
+        waiting_since = self.clock()
         spend = self.spend.acquire(call.estimated_tokens, call.model, ref=call_id) if self.spend is not None else None
         try:
             rate = self.budget.acquire(call.estimated_tokens, call.model) if self.budget is not None else None
@@ -396,7 +397,15 @@ class ProviderGuard:
             if spend is not None:
                 spend.release()
             raise
+        finally:
+            self.not_an_outage(call, waiting_since)
         return AttemptHold(rate, spend, self.log)
+
+    def not_an_outage(self, call: GuardedCall, since: float) -> None:
+        """The call waited from ``since`` until now at a spend cap or for rate budget room: no outage, so the
+        wait is left out of the call's own outage time (its first failure moves forward by it)."""
+        if call.first_failure is not None:
+            call.first_failure += max(0.0, self.clock() - since)
 
     def _answered(self, reservation: Reservation) -> None:
         """The request's room in the budget is held until one window after now. A failed write leaves it

@@ -105,6 +105,7 @@ class JournalingCore:
         # row's usage (if its answer was kept) settles the reservation
         call_id = uuid.uuid4().hex
         spend: SpendReservation | None = None
+        waiting_since = guard.clock()
         if guard.spend is not None:  # the pipeline's spend caps first: at the cap the node pauses here
             spend = yield from guard.spend.acquire_steps(call.estimated_tokens, call.model, ref=call_id)
         reservation: Reservation | None = None
@@ -115,6 +116,8 @@ class JournalingCore:
             if spend is not None:
                 yield Blocking(spend.release)
             raise
+        finally:
+            guard.not_an_outage(call, waiting_since)
         hold = AttemptHold(reservation, spend, guard.log)
         try:
             decision = None

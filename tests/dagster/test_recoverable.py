@@ -3,8 +3,6 @@
 
 from __future__ import annotations
 
-import time
-
 import httpx
 import pytest
 from dagster import DagsterInstance, in_process_executor
@@ -16,8 +14,7 @@ import e2e_defs
 from e2e_defs import calls, items_job_inprocess, optional_job
 from helpers import expire, reclaim
 from recovery_ext._errors import RecoveryError
-from recovery_ext import (ClassifiedError, NodeContext, RecoveryResource, execute_in_process, recoverable_job,
-                          recoverable_op, retrying)
+from recovery_ext import NodeContext, RecoveryResource, execute_in_process, recoverable_job, recoverable_op, retrying
 from recovery_ext._dagster.recoverable import TAG_PIPELINE, TAG_RESUME_NUMBER
 from recovery_ext._store.models import PassPlan
 from recovery_ext._store.schema import events, node_items, nodes, pipelines
@@ -305,51 +302,3 @@ def test_a_body_s_own_retrying_that_escalates_a_busy_stretch_pauses_the_node_ins
     assert store.pipelines.get_pipeline(p.id).status == "completed"
     assert store.pipelines.completed_items(p.id, "asks") == {"only": "ok only"}
 
-
-HEALTHY_THEN_ONE_503: list[str] = []
-
-
-@recoverable_op
-def pauses_then_answers(ctx: NodeContext) -> int:
-    """The provider is down at first (the node pauses: the pipeline's outage clock starts); on the retry it answers
-    every call for longer than the outage budget, then one call meets a single 503, answered when asked again."""
-    from recovery_ext._dagster.providers import provider_guard
-
-    if ctx.context.retry_number == 0:
-        raise ClassifiedError(category="server_error", retryable=True, status_code=503, message="provider down")
-    guard = provider_guard(ctx, "https://llm.example/v1", ctx.resource.retry_policy(sleep=lambda s: None),
-                           journal=False)
-    budget = ctx.resource.outage_budget_seconds
-    started = time.monotonic()
-    while time.monotonic() - started < 1.5 * budget:  # a healthy stretch longer than the budget
-        guard.call(HEALTHY_THEN_ONE_503.append, "answered")
-
-    def blip() -> str:
-        if "503" not in HEALTHY_THEN_ONE_503:
-            HEALTHY_THEN_ONE_503.append("503")
-            request = httpx.Request("POST", "https://llm.example/v1/x")
-            raise httpx.HTTPStatusError("busy", request=request, response=httpx.Response(503, request=request))
-        return "answered after one 503"
-
-    return len(guard.call(blip))
-
-
-@recoverable_job(executor_def=in_process_executor)
-def healthy_stretch_job():
-    pauses_then_answers()
-
-
-def test_a_provider_answering_again_ends_the_outage_clock_a_node_s_pause_started(store, db_url):
-    """Before: the node's retry after its outage pause kept the pipeline's outage clock, and only the node's
-    completion ended it, so after a healthy stretch as long as the budget one 503 gave up at once ("stayed
-    unavailable ... longer than the outage budget"), failing the pipeline. Now the first answer ends the outage."""
-    HEALTHY_THEN_ONE_503.clear()
-    result = run(healthy_stretch_job, db_url, {}, max_retries=0, outage_budget_seconds=1.0, outage_pause_initial=0.05,
-                 outage_pause_max=0.1)
-    assert result.success, [str(e.event_specific_data.error) for e in result.all_events
-                            if e.event_type_value == "STEP_FAILURE"]
-    assert HEALTHY_THEN_ONE_503.count("503") == 1 and HEALTHY_THEN_ONE_503.count("answered") > 10
-    (p,) = store.reports.list_pipelines()
-    assert store.pipelines.get_pipeline(p.id).status == "completed"
-    outcomes = [t["event"] for t in store.reports.transitions_for(pipeline_id=p.id) if t["from_status"] == "waiting"]
-    assert outcomes[:2] == ["outage_retry", "outage_over"]  # the pause's retry, then the first answer
