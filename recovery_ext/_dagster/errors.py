@@ -11,6 +11,11 @@ from recovery_ext._store.models import ErrorInfo
 from recovery_ext._classify.retry import wait_jittered_exponential
 
 
+# The category of a step that found the recovery database unavailable past the store's retry budget: it left its
+# node as it was, so its run leaves the pipeline to recovery instead of failing it.
+DATABASE_OUTAGE = "database_transient"
+
+
 def failure_metadata(err: ClassifiedError) -> dict[str, Any]:
     meta = err.metadata()
     return {

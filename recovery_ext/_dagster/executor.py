@@ -40,6 +40,7 @@ from dagster import (
 
 from recovery_ext._dagster.compat import EngineEventData, ExecutionPlan, PlanOrchestrationContext, make_new_run_id
 from recovery_ext._conventions import in_process_origin, jsonable, resume_run_key, superseded_run_message
+from recovery_ext._dagster.errors import DATABASE_OUTAGE
 from recovery_ext._dagster.fences import execute_steps
 from recovery_ext._errors import (IllegalTransition, MissingRunLiveness, NotFound, OwnershipLost, RecoveryError,
                                   StoreError)
@@ -346,6 +347,10 @@ class RunScope:
             if crashed or running:
                 return self._leave_to_recovery(f"step process(es) {', '.join(crashed or running)} died; pipeline "
                                                f"{own.pipeline_id} is left to recovery")
+            unreachable = [f.step_key for f in failures if _database_outage(f)]
+            if unreachable:  # the step could not even mark its node (it may never have started it): no verdict
+                return self._leave_to_recovery(f"step(s) {', '.join(unreachable)} found the recovery database "
+                                               f"unavailable; pipeline {own.pipeline_id} is left to recovery")
             self.store.pipelines.fail_run(own, _failure_message(failures[0]))
             return f"pipeline {own.pipeline_id} failed: {_failure_message(failures[0])}"
         skipped = self.store.pipelines.complete_run(own)
@@ -387,6 +392,14 @@ def _is_crash(event: Any) -> bool:
             return True
         error = error.cause
     return False
+
+
+def _database_outage(event: Any) -> bool:
+    """A step failed because the recovery database stayed unavailable past the store's retry budget
+    (``recoverable._outage``): it left its node as it was, for the pipeline to resume once the database is back."""
+    user = getattr(getattr(event, "step_failure_data", None), "user_failure_data", None)
+    category = (getattr(user, "metadata", None) or {}).get("category")
+    return getattr(category, "value", category) == DATABASE_OUTAGE
 
 
 def _crashed_children(error: BaseException) -> int:

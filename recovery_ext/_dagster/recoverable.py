@@ -29,7 +29,7 @@ from recovery_ext._dagster.providers import node_outage_pause
 from recovery_ext._dagster.replay import skipped_metadata
 from recovery_ext._dagster.run_state import RunStateReporter
 from recovery_ext._dagster.context import Item, NodeContext, replayable_output  # noqa: F401 - Item is re-exported
-from recovery_ext._dagster.errors import error_info, failure_metadata, to_dagster
+from recovery_ext._dagster.errors import DATABASE_OUTAGE, error_info, failure_metadata, to_dagster
 from recovery_ext._dagster.body import (BodySignature, NodeDefinition, NodeRun, call_body, recordable,
                                        resource_for_policy)
 from recovery_ext._dagster.resources import RecoveryResource
@@ -300,10 +300,10 @@ def _outage(context: Any, resource: RecoveryResource, node: NodeDefinition, exc:
     op_name = node.name
     if node.optional:
         context.log.warning(f"optional node {op_name} degraded: {message}: {exc}")
-        context.add_output_metadata({"recovery": "degraded (database unavailable)", "category": "database_transient"})
+        context.add_output_metadata({"recovery": "degraded (database unavailable)", "category": DATABASE_OUTAGE})
         return None
     raise Failure(description=f"{op_name}: {message}: {exc}; the pipeline resumes once the database is back",
-                  metadata={"category": "database_transient", "retryable": True}, allow_retries=False) from None
+                  metadata={"category": DATABASE_OUTAGE, "retryable": True}, allow_retries=False) from None
 
 
 def _handle_error(run: NodeRun, own: Ownership, exc: Exception, ctx: NodeContext, attempts: int) -> Any:

@@ -302,3 +302,47 @@ def test_a_body_s_own_retrying_that_escalates_a_busy_stretch_pauses_the_node_ins
     assert store.pipelines.get_pipeline(p.id).status == "completed"
     assert store.pipelines.completed_items(p.id, "asks") == {"only": "ok only"}
 
+
+
+@recoverable_op
+def first_of_two(ctx: NodeContext) -> int:
+    return 1
+
+
+@recoverable_op
+def second_of_two(ctx: NodeContext, upstream: int) -> int:
+    return upstream + 1
+
+
+@recoverable_job(executor_def=in_process_executor)
+def two_nodes_job():
+    second_of_two(first_of_two())
+
+
+def test_a_database_outage_as_a_node_begins_leaves_the_pipeline_to_recovery_not_failed(store, db_url, monkeypatch):
+    """The store gave up on its database (past its retry budget) as the second node began, before its row moved to
+    running; the database was back by the end of the run. Before: the run saw a failed step and no running node
+    and failed the pipeline for good, although the step said it resumes once the database is back. Now the run
+    leaves it to recovery, and the reclaim resumes it."""
+    from recovery_ext._errors import StoreUnavailable
+    from recovery_ext._store.pipelines import PipelineNodes
+
+    begin_node = PipelineNodes.begin_node
+    refused: list[str] = []
+
+    def unavailable_once(self, run_id, name, **kwargs):
+        if name == "second_of_two" and not refused:
+            refused.append(name)
+            raise StoreUnavailable("the database is unavailable: connection refused (a restart)")
+        return begin_node(self, run_id, name, **kwargs)
+
+    monkeypatch.setattr(PipelineNodes, "begin_node", unavailable_once)
+    result = run(two_nodes_job, db_url, {})
+    assert refused and not result.success
+    failure = next(e for e in result.all_events if e.event_type_value == "STEP_FAILURE")
+    assert "resumes once the database is back" in str(failure.event_specific_data.error)
+    (p,) = store.reports.list_pipelines()
+    assert store.pipelines.get_pipeline(p.id).status == "running"
+    assert [n.status for n in store.pipelines.list_nodes(p.id)] == ["completed", "pending"]
+    (reclaimed,), _ = reclaim(store, PassPlan(limit=1, dead_owner_runs=[result.run_id], launching=True))
+    assert reclaimed.pipeline_id == p.id
