@@ -35,7 +35,7 @@ from tenacity.stop import stop_base
 
 from recovery_ext._classify.classifier import ClassifiedError, classify, retry_after_of
 from recovery_ext._classify.verdict import Classification
-from recovery_ext._errors import ConfigurationError, StopRequested
+from recovery_ext._errors import ConfigurationError, StopRequested, StoreError, in_chain
 from recovery_ext._store.models import Ownership
 from recovery_ext._store.models import BreakerDecision
 from recovery_ext._providers.budget import RateBudget, Reservation
@@ -144,6 +144,20 @@ class StorePause:
 
     def elapsed(self) -> float | None:
         return self.store.providers.waiting_seconds(self.own.pipeline_id)
+
+
+class retry_provider_failures(retry_if_retryable):  # noqa: N801 - named as tenacity's strategies are
+    """What the provider's trouble makes worth another attempt. A store error in the chain (the recovery database
+    gone past the store's own retries, say as an answer was being kept) is not: the store retried already, and
+    sending the request again would pay once more for an answer that could not be kept either. It goes to the
+    node, which leaves the pipeline to recovery."""
+
+    def __call__(self, retry_state: RetryCallState) -> bool:
+        outcome = retry_state.outcome
+        failed = outcome.exception() if outcome is not None and outcome.failed else None
+        if failed is not None and in_chain(failed, StoreError) is not None:
+            return False
+        return super().__call__(retry_state)
 
 
 @dataclass
@@ -550,7 +564,7 @@ class ProviderGuard:
 
     def strategies(self, call: GuardedCall) -> dict[str, Any]:
         """tenacity's strategies for ``call``: the same for a thread (``Retrying``) and an event loop."""
-        return dict(retry=retry_if_retryable(), wait=self._wait(call), stop=self._stop(call),
+        return dict(retry=retry_provider_failures(), wait=self._wait(call), stop=self._stop(call),
                     before_sleep=self._before_sleep(call), retry_error_callback=self._give_up(call), reraise=True)
 
     def _guarded(self, call: GuardedCall, fn: Callable[..., T], args: tuple[Any, ...], kwargs: dict[str, Any]) -> T:

@@ -413,3 +413,32 @@ def test_mapped_items_whose_streams_keep_ending_on_the_providers_overload_pause_
     assert store.pipelines.completed_items(pipeline.id, "mapped") == {
         "a": "answer to question a", "b": "answer to question b"}
     assert store.pipelines.get_pipeline(pipeline.id).status == "completed"
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_an_answer_the_store_cannot_keep_is_not_asked_again_and_the_pipeline_is_left_to_recovery(
+        mode, stand_in, store, db_url, monkeypatch):
+    """The provider answered, and keeping the answer failed: the recovery database stayed unavailable past the
+    store's retries. Before: the guard's policy called that transient and sent the request again, paying a second
+    time for an answer it had in hand (and again on every further failure). Now a store error is no provider
+    failure: nothing is sent again, the step fails as the database's outage, and the pipeline is left to
+    recovery, whose resume asks once the database is back."""
+    from recovery_ext._errors import StoreUnavailable
+    from recovery_ext._providers.journal import PendingCall
+
+    server, url = stand_in
+    keep, refused = PendingCall.answered, []
+
+    def unavailable_once(self, answer):
+        if not refused:
+            refused.append(answer)
+            raise StoreUnavailable("the database is unavailable: server closed the connection unexpectedly")
+        return keep(self, answer)
+
+    monkeypatch.setattr(PendingCall, "answered", unavailable_once)
+    monkeypatch.setitem(SETTINGS, "mode", mode)
+    with pytest.raises(Failure, match="recovery database is unavailable"):
+        run(once_in_mode, resource("openai", url), db_url, monkeypatch)
+    assert refused and len(server.requests) == 1  # paid once
+    [pipeline] = store.reports.list_pipelines()
+    assert store.pipelines.get_pipeline(pipeline.id).status == "running"
