@@ -319,3 +319,50 @@ def test_a_bad_port_number_is_permanent_and_a_refused_port_is_transient():
         errors[port] = classify(raised.value)
     assert (errors[99999].retryable, errors[99999].category) == (False, "configuration")
     assert errors[1].retryable
+
+
+class _ExtractionError(ValueError):
+    """A library with no family of its own (an output parser, a schema library) whose error is a ValueError."""
+
+
+def _raised(make):
+    try:
+        make()
+    except Exception as exc:  # noqa: BLE001 - the test keeps what was raised, with its chain
+        return exc
+    raise AssertionError("nothing was raised")
+
+
+def _cut_stream():
+    raise httpx.RemoteProtocolError("peer closed connection without sending complete message body")
+
+
+def _parser_around_a_cut_stream():
+    try:
+        _cut_stream()
+    except httpx.RemoteProtocolError as exc:
+        raise _ExtractionError("could not extract the answer") from exc
+
+
+def _handler_bug_while_a_stream_was_cut():
+    try:
+        _cut_stream()
+    except httpx.RemoteProtocolError:
+        {}["text"]  # the handler's own KeyError, raised while handling
+
+
+def _parser_error_with_its_cause_hidden():
+    try:
+        _cut_stream()
+    except httpx.RemoteProtocolError:
+        raise _ExtractionError("could not extract the answer") from None
+
+
+@pytest.mark.parametrize(("make", "retryable", "category"), [
+    (_parser_around_a_cut_stream, True, "connection"),  # before: a permanent "validation" error
+    (_handler_bug_while_a_stream_was_cut, False, "validation"),
+    (_parser_error_with_its_cause_hidden, False, "validation"),
+])
+def test_a_logic_error_raised_from_another_error_is_judged_by_its_cause(make, retryable, category):
+    found = classify(_raised(make))
+    assert (found.retryable, found.category) == (retryable, category)
