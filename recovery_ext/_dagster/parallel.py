@@ -119,10 +119,13 @@ class ItemsFailed(ClassifiedError):
     items'), so the node fails, retries or pauses as for one error; a resume redoes only these items.
     """
 
-    def __init__(self, node: str, failed: dict[str, ClassifiedError], total_failed: int, stopped_early: bool) -> None:
+    def __init__(self, node: str, failed: dict[str, ClassifiedError], total_failed: int, stopped_early: bool,
+                 permanent_unnamed: ClassifiedError | None = None) -> None:
         self.failed = failed
         self.total_failed = total_failed
-        permanent = [e for e in failed.values() if not e.retryable]
+        # ``permanent_unnamed``: a permanent failure of an item past the ones named, which decides as well
+        permanent = [e for e in failed.values() if not e.retryable] or \
+            ([permanent_unnamed] if permanent_unnamed is not None else [])
         pool = permanent or list(failed.values())
         category = Counter(e.category for e in pool).most_common(1)[0][0] if pool else "unknown"
         shown = "; ".join(f"{key}: {err}" for key, err in list(failed.items())[:5])
@@ -150,6 +153,7 @@ class _Tally:
         self.result = MapResult()
         self.failed: dict[str, ClassifiedError] = {}
         self.failed_count = 0
+        self.permanent_unnamed: ClassifiedError | None = None  # the first permanent failure past the named ones
         self.streak: tuple[str | None, int] = (None, 0)
         self.fatal: BaseException | None = None
         self.stopped_early = False
@@ -177,6 +181,8 @@ class _Tally:
         if len(self.failed) < NAMED_FAILURES:
             self.failed[key] = err
             self.result.failed[key] = str(err)
+        elif not err.retryable and self.permanent_unnamed is None:
+            self.permanent_unnamed = err
         if self.failed_count <= LOGGED_FAILURES:
             self.node.log.warning(f"{self.node.node_name}: item {key!r} failed "
                                   f"({'transient' if err.retryable else 'permanent'}): {err}")
@@ -198,7 +204,8 @@ class _Tally:
         if self.fatal is not None:
             raise self.fatal
         if self.failed_count:
-            raise ItemsFailed(self.node.node_name, self.failed, self.failed_count, self.stopped_early)
+            raise ItemsFailed(self.node.node_name, self.failed, self.failed_count, self.stopped_early,
+                              self.permanent_unnamed)
         return self.result
 
 

@@ -409,3 +409,23 @@ def test_a_thread_starts_its_next_item_while_its_checkpoint_commits_and_queues_t
     # be queued as the first commits go), and never a third
     assert 4 < most[0] <= 2 * 4 and not queued
     assert_each_item_got_its_own_answer(store, "threaded", [f"k{i:05d}" for i in range(40)], provider)
+
+
+def test_a_permanent_failure_past_the_named_ones_still_fails_the_node_for_good(store, db_url, monkeypatch):
+    """A map names its first NAMED_FAILURES failed items (1,000; 2 here). Before: only those decided whether
+    ItemsFailed was permanent, so a permanent failure after a thousand transient ones was retried and paused on
+    until the outage budget. Now any permanent failure makes it permanent: the node fails at once."""
+    from recovery_ext._dagster import parallel
+
+    monkeypatch.setattr(parallel, "NAMED_FAILURES", 2)
+    with EchoProvider(latency=0.0, fail={"k00000": [503] * 100, "k00001": [503] * 100, "k00002": [400]}) as provider:
+        result = execute_in_process(
+            parallel_defs.threaded_job, raise_on_error=False,
+            run_config={"ops": {"threaded": {"config": {"url": provider.url, "keys": 3, "concurrency": 1}}}},
+            resources={"recovery": recovery(db_url, outage_pause_initial=0.05, outage_pause_max=0.1,
+                                            outage_budget_seconds=2.0)})
+    assert not result.success
+    assert not [e for e in result.all_events if e.event_type_value == "STEP_UP_FOR_RETRY"]  # no retry, no pause
+    node = store.pipelines.get_node(only_pipeline(store).id, "threaded")
+    assert (node.status, node.error_category) == ("failed", "validation")
+    assert provider.refused["k00002"] == 1
