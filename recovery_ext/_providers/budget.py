@@ -88,7 +88,7 @@ class RateBudget:
                     if self._waiters.join():  # the first of this caller's calls to wait shows it
                         named = f"{redact(self.endpoint)}{f' model {model}' if limits.per_model and model else ''}"
                         if grant.backing_off:
-                            reason = f"{named}: the provider answered 429, everybody sharing it backs off"
+                            reason = f"{named}: the provider refused for its rate limit, everybody sharing it backs off"
                         else:
                             reason = (f"{named}: {grant.requests_in_window} requests and {grant.tokens_in_window} "
                                       f"tokens in the last {limits.window_seconds:g} s")

@@ -228,6 +228,17 @@ class AnthropicMessages(StreamProtocol):
                 return True
         return False
 
+    @classmethod
+    def missing(cls, events: list[dict[str, Any]]) -> str:
+        """A stream that ended on the provider's ``error`` event (overloaded, rate limited) says so by its type:
+        an operator reads the provider's trouble, not a connection cut."""
+        for event in reversed(events):
+            error = event.get("error")
+            if event.get("type") == "error" and isinstance(error, dict):
+                said = str(error.get("message") or "")[:80]
+                return f"ending on the provider's {str(error.get('type') or 'error')[:40]}{f': {said}' if said else ''}"
+        return super().missing(events)
+
 
 class GeminiCandidates(StreamProtocol):
     """Google's Gemini (``:streamGenerateContent?alt=sse``): chunks of ``candidates``, each candidate's last with a

@@ -190,8 +190,11 @@ def check_event_stream(endpoint: str, status: int, body: bytes, api_path: str = 
     cut_off = unfinished_stream(payloads, events, api_path)
     if cut_off is not None:
         tail = payloads[-1] if payloads else ""
+        ended_on_error = any(isinstance(e, dict) and (isinstance(e.get("error"), dict) or e.get("type") == "error")
+                             for e in events)
         raise UnreadableAnswer(endpoint, status, "text/event-stream", tail.encode("utf-8", "replace"), cut_off,
-                               what="a stream cut off before its end", category=answer_error_category(events))
+                               what="a stream the provider ended on its error" if ended_on_error
+                               else "a stream cut off before its end", category=answer_error_category(events))
 
 
 def check_answer(endpoint: str, api_path: str, status: int, headers: Any, body: bytes) -> Any:

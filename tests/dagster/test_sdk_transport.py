@@ -236,8 +236,10 @@ def test_a_stream_cut_off_before_its_end_is_a_failed_attempt_never_kept_and_the_
     assert sorted(r.outcome for r in rows) == ["ok", "unreadable_result"]
     [bad] = [r for r in rows if r.outcome == "unreadable_result"]
     assert (bad.tokens_in, bad.tokens_out) == (0, 0) and "not kept" in bad.note
-    assert {"truncated": "of the stream", "cut_then_blank_line": "of the stream", "corrupt_gzip": "not gzip"}.get(
-        cut, "cut off before its end") in bad.note, bad.note
+    assert {"truncated": "of the stream", "cut_then_blank_line": "of the stream", "corrupt_gzip": "not gzip",
+            "error_event": "the provider ended on its error"}.get(cut, "cut off before its end") in bad.note, bad.note
+    if cut == "error_event" and provider == "anthropic":  # the provider's own words, not a cut connection
+        assert "ending on the provider's overloaded_error: Overloaded" in bad.note, bad.note
     [good] = [r for r in rows if r.outcome == "ok"]
     assert good.tokens_in > 0 and good.replays == 0  # the whole answer, with its usage; nothing replayed
 

@@ -188,7 +188,7 @@ def test_a_wait_for_the_back_off_says_it_is_one(store):
         RateBudget(store, ENDPOINT, LIMITS, show_wait=show_wait, stop=stop).acquire(1)
     ((seconds, reason),) = shown
     assert 2.0 < seconds <= 3.0
-    assert reason == f"{ENDPOINT}: the provider answered 429, everybody sharing it backs off"
+    assert reason == f"{ENDPOINT}: the provider refused for its rate limit, everybody sharing it backs off"
 
 
 class _ShownPauses:
