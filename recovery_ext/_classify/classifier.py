@@ -313,9 +313,7 @@ def _structural(exc: BaseException) -> Classification | None:
         return Classification(True, "gpu", None, f"{name}: GPU out of memory")
     if isinstance(exc, OSError) and exc.errno in _PERMANENT_ERRNOS:
         return Classification(False, _PERMANENT_ERRNOS[exc.errno], None, errno.errorcode.get(exc.errno, "OSError"))
-    if isinstance(exc, _LOGIC_ERRORS) and exc.__cause__ is None:
-        # A logic error raised `from` another reports it (a parser's error around a stream cut off): its cause
-        # decides. Raised while handling one (`__context__`), it is the handler's own error, and permanent.
+    if isinstance(exc, _LOGIC_ERRORS):
         return Classification(False, "validation", None, f"{name}: a logic or validation error")
     return None
 
