@@ -402,7 +402,8 @@ def _from_message(exc: BaseException) -> Classification | None:
     for regex in (_STATUS_IN_TEXT, _STATUS_WITH_PHRASE):
         match = regex.search(text)
         if match:
-            return http_classification(int(match.group("code")), f"HTTP {match.group('code')} (from message)")
+            return http_classification(int(match.group("code")), f"HTTP {match.group('code')} (from message)",
+                                       from_words=True)
     for regex, result in _TRANSIENT_PATTERNS:
         if regex.search(text):
             return result

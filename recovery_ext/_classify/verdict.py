@@ -26,9 +26,15 @@ class Classification:
     reason: str = ""
 
 
-def http_classification(status: int, reason: str | None = None) -> Classification:
+# What a number in an error's words reads as transient: these only. A message's "error code 550" or "status 554"
+# is as likely an SMTP or FTP reply as an HTTP status; a status an exception carries is read by RETRYABLE_HTTP.
+RETRYABLE_IN_WORDS = frozenset({408, 429, 500, 502, 503, 504, 529})
+
+
+def http_classification(status: int, reason: str | None = None, *, from_words: bool = False) -> Classification:
+    """``from_words``: the status was read in a message, not carried by the exception (see RETRYABLE_IN_WORDS)."""
     why = reason or f"HTTP {status}"
-    if status in RETRYABLE_HTTP:
+    if status in (RETRYABLE_IN_WORDS if from_words else RETRYABLE_HTTP):
         category = {408: "timeout", 429: "rate_limit"}.get(status, "server_error")
         return Classification(True, category, status, why)
     if status in (401, 403, 407, 511):

@@ -319,3 +319,13 @@ def test_a_bad_port_number_is_permanent_and_a_refused_port_is_transient():
         errors[port] = classify(raised.value)
     assert (errors[99999].retryable, errors[99999].category) == (False, "configuration")
     assert errors[1].retryable
+
+
+@pytest.mark.parametrize(("message", "retryable"), [
+    ("smtp: error code 550 (mailbox unavailable)", False),  # an SMTP reply, not an HTTP status
+    ("upload refused: status 554", False),
+    ("upstream answered HTTP 503", True),
+    ("upstream answered HTTP 524", False),  # in words, only the statuses every HTTP server means alike
+])
+def test_a_status_read_in_words_is_transient_only_among_the_common_http_ones(message, retryable):
+    assert classify(RuntimeError(message)).retryable is retryable
