@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Any
 
 from dagster import Failure, MetadataValue, RetryRequested
@@ -11,9 +13,10 @@ from recovery_ext._store.models import ErrorInfo
 from recovery_ext._classify.retry import wait_jittered_exponential
 
 
-# The category of a step that found the recovery database unavailable past the store's retry budget: it left its
-# node as it was, so its run leaves the pipeline to recovery instead of failing it.
-DATABASE_OUTAGE = "database_transient"
+# The metadata a step that found the recovery database unavailable past the store's retry budget fails with: it
+# left its node as it was, so its run leaves the pipeline to recovery instead of failing it. A key of its own: the
+# category database_transient is also what a node's own database errors (a deadlock) are classified as.
+DATABASE_OUTAGE: Mapping[str, str] = MappingProxyType({"recovery_database": "unavailable"})
 
 
 def failure_metadata(err: ClassifiedError) -> dict[str, Any]:

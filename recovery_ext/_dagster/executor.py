@@ -398,8 +398,9 @@ def _database_outage(event: Any) -> bool:
     """A step failed because the recovery database stayed unavailable past the store's retry budget
     (``recoverable._outage``): it left its node as it was, for the pipeline to resume once the database is back."""
     user = getattr(getattr(event, "step_failure_data", None), "user_failure_data", None)
-    category = (getattr(user, "metadata", None) or {}).get("category")
-    return getattr(category, "value", category) == DATABASE_OUTAGE
+    metadata = getattr(user, "metadata", None) or {}
+    return all(getattr(metadata.get(key), "value", metadata.get(key)) == value
+               for key, value in DATABASE_OUTAGE.items())
 
 
 def _crashed_children(error: BaseException) -> int:

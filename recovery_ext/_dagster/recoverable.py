@@ -300,10 +300,11 @@ def _outage(context: Any, resource: RecoveryResource, node: NodeDefinition, exc:
     op_name = node.name
     if node.optional:
         context.log.warning(f"optional node {op_name} degraded: {message}: {exc}")
-        context.add_output_metadata({"recovery": "degraded (database unavailable)", "category": DATABASE_OUTAGE})
+        context.add_output_metadata({"recovery": "degraded (database unavailable)", "category": "database_transient"})
         return None
     raise Failure(description=f"{op_name}: {message}: {exc}; the pipeline resumes once the database is back",
-                  metadata={"category": DATABASE_OUTAGE, "retryable": True}, allow_retries=False) from None
+                  metadata={"category": "database_transient", "retryable": True, **DATABASE_OUTAGE},
+                  allow_retries=False) from None
 
 
 def _handle_error(run: NodeRun, own: Ownership, exc: Exception, ctx: NodeContext, attempts: int) -> Any:
