@@ -189,9 +189,6 @@ class NodeContext:
         self.calls_recorded = 0
         # Set in a step process once its run worker is gone: no new provider call or item may start.
         self.run_worker_gone = run_worker_gone
-        # A retry after an outage pause: the pipeline's outage clock (waiting_since) goes on until a provider
-        # answers one of this node's calls (its guard ends it then), so a healthy stretch does not count.
-        self.outage_clock_kept = False
         self._journal: CallJournal | None = None
         self._journal_lock = threading.Lock()
         self._maps_not_awaited = 0  # ctx.amap(...) calls whose coroutine has not started: never awaited, so far

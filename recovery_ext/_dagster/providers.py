@@ -28,9 +28,8 @@ from recovery_ext._store.interfaces import GuardStore, OpStore
 class RunVisiblePause(StorePause):
     """A pause shown on the pipeline row and on the Dagster run (tag ``recovery/state`` and engine events)."""
 
-    def __init__(self, store: GuardStore, own: Ownership, node: str, reporter: RunStateReporter, *,
-                 outage_going_on: bool = False) -> None:
-        super().__init__(store, own, node, outage_going_on=outage_going_on)
+    def __init__(self, store: GuardStore, own: Ownership, node: str, reporter: RunStateReporter) -> None:
+        super().__init__(store, own, node)
         self.reporter = reporter
 
     def begin(self, seconds: float, reason: str) -> None:
@@ -99,8 +98,7 @@ def provider_guard(ctx: NodeContext, endpoint: str, policy: RetryPolicy, *,
             end_wait=lambda: _end_budget_wait(store, own, ctx, reporter))
     return ProviderGuard(
         endpoint, policy=policy, settings=ctx.resource.outage_settings(), store=store,
-        pause=RunVisiblePause(store, own, ctx.node_name, RunStateReporter(ctx.context, ctx.node_name),
-                              outage_going_on=ctx.outage_clock_kept), who=who,
+        pause=RunVisiblePause(store, own, ctx.node_name, RunStateReporter(ctx.context, ctx.node_name)), who=who,
         shutdown=shutdown, sleep=sleep, log=ctx.log.warning, budget=budget, check=ctx.check_calls,
         journal=ctx.journal if journal else None, spend=node_spend_cap(ctx, prices),
     )

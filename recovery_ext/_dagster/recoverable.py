@@ -228,8 +228,7 @@ def _run_body(run: NodeRun, own: Ownership, inputs: dict[str, Any], node: Node, 
               watchdog: Lease) -> Any:
     context, store, settings, op_name = run.context, run.store, run.settings, run.name
     if context.retry_number:  # a retry after an outage pause: running again, the outage clock keeps going
-        ctx.outage_clock_kept = store.providers.clear_waiting(own, node=op_name, keep_outage_clock=True,
-                                                              event="outage_retry")
+        store.providers.clear_waiting(own, node=op_name, keep_outage_clock=True, event="outage_retry")
         RunStateReporter(context, op_name).going_on(f"retry {context.retry_number} of {op_name} started")
     try:
         output = replayable_output(run.node.body(ctx, **inputs))

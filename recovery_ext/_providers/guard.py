@@ -116,12 +116,9 @@ class PauseTarget(Protocol):
 class StorePause:
     """Shows the pause on the pipeline (``waiting``, reason, next try) through fenced writes."""
 
-    def __init__(self, store: GuardStore, own: Ownership, node: str | None = None, *,
-                 outage_going_on: bool = False) -> None:
+    def __init__(self, store: GuardStore, own: Ownership, node: str | None = None) -> None:
         self.store, self.own, self.node = store, own, node
-        # this node started an outage on the pipeline that is not over (``outage_going_on``: its retry after an
-        # outage pause of the node's own goes on with the pipeline's outage clock; the first answer ends it)
-        self.waiting = outage_going_on
+        self.waiting = False  # this node started an outage on the pipeline that is not over
         self.paused = False   # ... and is sleeping through a pause right now
         self.until: Any = None  # the next try of the current pause, on the database clock
 
