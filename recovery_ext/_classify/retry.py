@@ -145,10 +145,23 @@ def without_escalation(exc: Exception) -> Exception:
 
     Inside a recoverable node the node escalates on its own: a streak of transient errors pauses its pipeline,
     and only the outage budget gives up. A ``retrying()`` or ``resource.retry_policy()`` a body (or a mapped
-    item) calls itself must not turn a provider's busy stretch into a failure for good."""
-    cause = exc.__cause__
-    if isinstance(exc, EscalatedError) and isinstance(cause, Exception) and classify(cause).retryable:
-        return cause
+    item) calls itself must not turn a provider's busy stretch into a failure for good. Found the same way in an
+    ``ExceptionGroup`` (a body's ``asyncio.TaskGroup``: its members undone, the group kept) and under the body's
+    own exception around it (``raise MyError(...) from escalated``: the transient error it escalated)."""
+    if isinstance(exc, EscalatedError):
+        cause = exc.__cause__
+        return cause if isinstance(cause, Exception) and classify(cause).retryable else exc
+    if isinstance(exc, ExceptionGroup):
+        members = [without_escalation(member) for member in exc.exceptions]
+        if all(new is old for new, old in zip(members, exc.exceptions, strict=True)):
+            return exc
+        group = exc.derive(members)
+        group.__cause__, group.__context__ = exc.__cause__, exc.__context__
+        return group
+    escalated = exc.__cause__
+    if isinstance(escalated, EscalatedError) and not isinstance(exc, ClassifiedError):
+        undone = without_escalation(escalated)
+        return exc if undone is escalated else undone
     return exc
 
 

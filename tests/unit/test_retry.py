@@ -208,3 +208,40 @@ def test_real_postgres_deadlock_and_serialization_failure_are_retryable_unique_v
         conn.execute("INSERT INTO t VALUES (1, 0)")
     found = classify(unique.value)
     assert found.retryable is False and found.category == "validation"
+
+
+def _escalated() -> EscalatedError:
+    try:
+        raise httpx.ConnectError("connection refused")
+    except httpx.ConnectError as transient:
+        try:
+            raise EscalatedError(transient, category="connection", retryable=False, message="repeated") from transient
+        except EscalatedError as escalated:
+            return escalated
+
+
+class _BodysOwnError(Exception):
+    pass
+
+
+def _wrapped(escalated: EscalatedError) -> Exception:
+    try:
+        raise _BodysOwnError("the body gave up") from escalated
+    except _BodysOwnError as exc:
+        return exc
+
+
+def test_an_escalation_is_undone_alone_in_a_task_group_and_under_the_body_s_own_error():
+    from recovery_ext._classify.retry import without_escalation
+
+    alone = _escalated()
+    assert isinstance(without_escalation(alone), httpx.ConnectError)
+    group = ExceptionGroup("tasks", [_escalated(), _escalated()])
+    undone = without_escalation(group)
+    assert isinstance(undone, ExceptionGroup) and undone.message == "tasks"
+    assert all(isinstance(member, httpx.ConnectError) for member in undone.exceptions)
+    assert classify(group).retryable is False and classify(undone).retryable is True
+    assert isinstance(without_escalation(_wrapped(_escalated())), httpx.ConnectError)
+    permanent = ValueError("a bug")
+    assert without_escalation(permanent) is permanent
+    assert without_escalation(ExceptionGroup("tasks", [permanent])).exceptions == (permanent,)
