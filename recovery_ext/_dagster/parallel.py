@@ -131,8 +131,10 @@ class ItemsFailed(ClassifiedError):
         shown = "; ".join(f"{key}: {err}" for key, err in list(failed.items())[:5])
         more = f" (and {total_failed - 5} more)" if total_failed > 5 else ""
         why = " - stopped starting items after repeated failures" if stopped_early else ""
+        decided = permanent[0] if permanent and permanent[0] is permanent_unnamed else None
+        unnamed = f"; and one failed for good past those named: {decided}" if decided is not None else ""
         super().__init__(category=category, retryable=not permanent,
-                         message=f"{total_failed} item(s) of node {node} failed{why}: {shown}{more}")
+                         message=f"{total_failed} item(s) of node {node} failed{why}: {shown}{more}{unnamed}")
 
 
 @dataclass

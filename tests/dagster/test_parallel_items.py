@@ -428,4 +428,5 @@ def test_a_permanent_failure_past_the_named_ones_still_fails_the_node_for_good(s
     assert not [e for e in result.all_events if e.event_type_value == "STEP_UP_FOR_RETRY"]  # no retry, no pause
     node = store.pipelines.get_node(only_pipeline(store).id, "threaded")
     assert (node.status, node.error_category) == ("failed", "validation")
+    assert "failed for good past those named" in node.error and "400" in node.error, node.error
     assert provider.refused["k00002"] == 1
