@@ -191,6 +191,10 @@ class NodeContext:
         self.run_worker_gone = run_worker_gone
         self._journal: CallJournal | None = None
         self._journal_lock = threading.Lock()
+        # A retry of this node (after its own outage pause, say) goes on with the pipeline's outage clock
+        # (``waiting_since``) until this try keeps progress of its own: see end_outage_if_progressed.
+        self.outage_clock_kept = False
+        self._outage_lock = threading.Lock()
         self._maps_not_awaited = 0  # ctx.amap(...) calls whose coroutine has not started: never awaited, so far
 
     @property
@@ -204,6 +208,25 @@ class NodeContext:
                     self._journal = CallJournal(self, self._store)
                 journal = self._journal
         return journal
+
+    def made_progress(self) -> bool:
+        """Whether this try kept progress of its own: an item finished, or a provider answer journaled. An answer
+        handed back from the journal (a replay) is none: it was paid for by an earlier try."""
+        journal = self._journal
+        return self.items_done > 0 or (journal is not None and journal.answers_kept > 0)
+
+    def end_outage_if_progressed(self) -> None:
+        """A retried node's outage is over once its try kept progress: the pipeline's outage clock ends, so the
+        healthy stretch since is no outage time, and a later failure starts an outage of its own (before: a 503
+        after a healthy stretch as long as the budget gave up at once). Called where the clock is read, when a
+        call or the node fails, never on the hot path. A try that only gets replays, or answers the journal does
+        not keep, does not end it: an overload that persists still gives up at the budget."""
+        if not self.outage_clock_kept or not self.made_progress():
+            return
+        with self._outage_lock:
+            if self.outage_clock_kept:
+                self._store.providers.clear_waiting(self.ownership, node=self.node_name)
+                self.outage_clock_kept = False
 
     @property
     def log(self) -> Any:  # the op's DagsterLogManager

@@ -229,6 +229,7 @@ def _run_body(run: NodeRun, own: Ownership, inputs: dict[str, Any], node: Node, 
     context, store, settings, op_name = run.context, run.store, run.settings, run.name
     if context.retry_number:  # a retry after an outage pause: running again, the outage clock keeps going
         store.providers.clear_waiting(own, node=op_name, keep_outage_clock=True, event="outage_retry")
+        ctx.outage_clock_kept = True  # until this try keeps progress (see end_outage_if_progressed)
         RunStateReporter(context, op_name).going_on(f"retry {context.retry_number} of {op_name} started")
     try:
         output = replayable_output(run.node.body(ctx, **inputs))
@@ -319,7 +320,13 @@ def _handle_error(run: NodeRun, own: Ownership, exc: Exception, ctx: NodeContext
                           wait=resource.retry_wait())
     repeated = _consecutive_same(store, own.pipeline_id, op_name, category, resource.same_error_limit) + 1
     if transient and (repeated >= resource.same_error_limit or not isinstance(decision, RetryRequested)):
-        # Escalation: a transient outage pauses the pipeline; only the outage budget gives up.
+        # Escalation: a transient outage pauses the pipeline; only the outage budget gives up. An outage this
+        # retried try outlived (it kept progress since) is over: this failure starts an outage of its own.
+        try:
+            ctx.end_outage_if_progressed()
+        except OwnershipLost as lost:
+            raise Failure(description=f"superseded by run {lost.owner}; stopped without writing",
+                          allow_retries=False) from None
         decision, err = node_outage_pause(run, own, err, repeated)
     info = error_info(err)
     try:

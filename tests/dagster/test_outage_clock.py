@@ -1,6 +1,7 @@
-"""The outage clock: it runs from a node's first pause until the node completes, so the outage budget gives up on an
-overload that persists, answers in between or not; and a call's wait at a spend cap or for rate budget room is no
-outage time of its own."""
+"""The outage clock: it runs from a node's first pause until the node completes or a retry of it keeps progress of
+its own, so the outage budget gives up on an overload that persists, replayed answers in between or not, and a
+healthy stretch after a pause is no outage time; a call's wait at a spend cap or for rate budget room is no outage
+time of its own either."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from recovery_ext import (ClassifiedError, NodeContext, RecoveryResource, execut
 from recovery_ext._dagster.context import store_of
 from recovery_ext._dagster.providers import provider_guard
 from recovery_ext._store.models import pipeline_scope
+from recovery_pipelines.devserver import wait_for
 
 
 def run(job, url, **settings):
@@ -63,6 +65,115 @@ def test_an_overload_after_an_answer_on_every_try_still_gives_up_at_the_outage_b
     assert any("longer than the outage budget" in failure for failure in failures(result)), failures(result)
     (p,) = store.reports.list_pipelines()
     assert store.pipelines.get_pipeline(p.id).status == "failed"
+
+
+@recoverable_op
+def answers_unkept_then_stays_overloaded(ctx: NodeContext) -> int:
+    """Each try gets an answer the journal does not keep (asked again, and paid again, by every try), then the
+    overload: such an answer is no progress a retry keeps, so it does not end the outage clock."""
+    guard = provider_guard(ctx, "https://llm.example/v1", ctx.resource.retry_policy(sleep=lambda s: None),
+                           journal=False)
+    guard.call(lambda question: {"answer": question}, "first")
+    RETRIES_SEEN.append(ctx.context.retry_number)
+    if ctx.context.retry_number >= 40:
+        return -1
+    raise ClassifiedError(category="server_error", retryable=True, status_code=503, message="overloaded")
+
+
+@recoverable_job(executor_def=in_process_executor)
+def unkept_answers_job():
+    answers_unkept_then_stays_overloaded()
+
+
+def test_answers_the_journal_does_not_keep_do_not_end_the_outage_clock(store, db_url):
+    RETRIES_SEEN.clear()
+    result = run(unkept_answers_job, db_url, max_retries=0, outage_budget_seconds=0.6, outage_pause_initial=0.05,
+                 outage_pause_max=0.1)
+    assert not result.success and max(RETRIES_SEEN) < 40, RETRIES_SEEN
+    assert any("longer than the outage budget" in failure for failure in failures(result)), failures(result)
+
+
+def outlive_the_budget(ctx: NodeContext) -> None:
+    """A healthy stretch longer than the outage budget: waits until the pipeline's outage clock, read on the
+    database clock, is past it (the clock is ended where it is read for a decision, not by this read)."""
+    store, budget = store_of(ctx), ctx.resource.outage_budget_seconds
+    wait_for(lambda: (store.providers.waiting_seconds(ctx.pipeline_id) or 0.0) > 1.5 * budget, timeout=60,
+             interval=0.05, what="the outage clock past the budget")
+
+
+ASKED: list[str] = []
+
+
+@recoverable_op
+def item_then_healthy_stretch_then_one_503(ctx: NodeContext) -> str:
+    """Paused once at its start; its retry finishes an item, works longer than the outage budget, then meets one
+    503 on a guarded call, which answers on the next attempt."""
+    if ctx.context.retry_number == 0:
+        raise ClassifiedError(category="server_error", retryable=True, status_code=503, message="overloaded")
+    for item in ctx.items(["page-1"]):
+        item.complete({"text": "read"})
+    outlive_the_budget(ctx)
+    guard = provider_guard(ctx, "https://llm.example/v1", ctx.resource.retry_policy(sleep=lambda s: None),
+                           journal=False)
+
+    def ask() -> str:
+        ASKED.append("asked")
+        if len(ASKED) == 1:
+            raise busy("one 503 after a healthy stretch")
+        return "answer"
+
+    return guard.call(ask)
+
+
+@recoverable_job(executor_def=in_process_executor)
+def healthy_stretch_job():
+    item_then_healthy_stretch_then_one_503()
+
+
+def test_one_503_after_a_healthy_stretch_longer_than_the_budget_is_retried(store, db_url):
+    """Before: a node retried after its outage pause kept the pipeline's outage clock from that pause on, through
+    any healthy stretch, so its first 503 once the budget had passed gave up for good (OutageBudgetExceeded, the
+    pipeline failed). An item its retry finished ended that outage."""
+    ASKED.clear()
+    result = run(healthy_stretch_job, db_url, max_retries=0, outage_budget_seconds=0.5, outage_pause_initial=0.05,
+                 outage_pause_max=0.1)
+    assert result.success, failures(result)
+    assert ASKED == ["asked", "asked"]
+    (p,) = store.reports.list_pipelines()
+    assert store.pipelines.get_pipeline(p.id).status == "completed"
+
+
+TRIES: list[int] = []
+
+
+@recoverable_op
+def answer_then_healthy_stretch_then_a_failed_try(ctx: NodeContext) -> int:
+    """Paused once at its start; its first retry gets a new answer (kept by the journal), works longer than the
+    outage budget, then fails transiently as a whole (an error the guard did not see); its next retry succeeds."""
+    TRIES.append(ctx.context.retry_number)
+    if ctx.context.retry_number == 0:
+        raise ClassifiedError(category="server_error", retryable=True, status_code=503, message="overloaded")
+    guard = provider_guard(ctx, "https://llm.example/v1", ctx.resource.retry_policy(sleep=lambda s: None))
+    guard.call(lambda question: {"answer": question}, f"question of try {ctx.context.retry_number}")
+    if ctx.context.retry_number == 1:
+        outlive_the_budget(ctx)
+        raise ClassifiedError(category="server_error", retryable=True, status_code=503, message="overloaded again")
+    return ctx.context.retry_number
+
+
+@recoverable_job(executor_def=in_process_executor)
+def failed_try_job():
+    answer_then_healthy_stretch_then_a_failed_try()
+
+
+def test_a_node_failing_after_a_healthy_stretch_pauses_again_instead_of_giving_up(store, db_url):
+    """The node's own outage pause: before, its retry's failure after a healthy stretch read the outage clock from
+    the first pause and gave up at once. A new answer the journal kept ended that outage: it pauses again."""
+    TRIES.clear()
+    result = run(failed_try_job, db_url, max_retries=0, outage_budget_seconds=0.5, outage_pause_initial=0.05,
+                 outage_pause_max=0.1)
+    assert result.success, failures(result)
+    assert TRIES == [0, 1, 2]
 
 
 SPEND_CAP_CALLS: list[float] = []
