@@ -192,7 +192,7 @@ class NodeContext:
         self._journal: CallJournal | None = None
         self._journal_lock = threading.Lock()
         # A retry of this node (after its own outage pause, say) goes on with the pipeline's outage clock
-        # (``waiting_since``) until this try keeps progress of its own: see end_outage_if_progressed.
+        # (``waiting_since``) until this try finishes an item: see end_outage_if_progressed.
         self.outage_clock_kept = False
         self._outage_lock = threading.Lock()
         self._maps_not_awaited = 0  # ctx.amap(...) calls whose coroutine has not started: never awaited, so far
@@ -210,22 +210,27 @@ class NodeContext:
         return journal
 
     def made_progress(self) -> bool:
-        """Whether this try kept progress of its own: an item finished, or a provider answer journaled. An answer
-        handed back from the journal (a replay) is none: it was paid for by an earlier try."""
-        journal = self._journal
-        return self.items_done > 0 or (journal is not None and journal.answers_kept > 0)
+        """Whether this try kept progress of its own: an item finished. A provider answer is none: a retry may ask
+        it again (a call the journal does not key, or keys anew each try) or get it back from the journal, so a try
+        that only gets answers before failing again must not make its outage look over."""
+        return self.items_done > 0
+
+    def outage_goes_on(self) -> bool:
+        """In a retried try that kept no progress yet, an answer ending a pause does not end the outage clock."""
+        return self.outage_clock_kept and not self.made_progress()
 
     def end_outage_if_progressed(self) -> None:
-        """A retried node's outage is over once its try kept progress: the pipeline's outage clock ends, so the
+        """A retried node's outage is over once its try finished an item: the pipeline's outage clock ends, so the
         healthy stretch since is no outage time, and a later failure starts an outage of its own (before: a 503
         after a healthy stretch as long as the budget gave up at once). Called where the clock is read, when a
-        call or the node fails, never on the hot path. A try that only gets replays, or answers the journal does
-        not keep, does not end it: an overload that persists still gives up at the budget."""
+        call or the node fails, never on an item's checkpoint; it ends nothing while a pause is shown (a call or
+        node still sleeps through the outage). A try that finishes no item leaves it running, whatever answers it
+        got, so an overload that persists still gives up at the budget: each further try needs a new item."""
         if not self.outage_clock_kept or not self.made_progress():
             return
         with self._outage_lock:
-            if self.outage_clock_kept:
-                self._store.providers.clear_waiting(self.ownership, node=self.node_name)
+            if self.outage_clock_kept and self._store.providers.end_outage_clock(self.ownership,
+                                                                                 node=self.node_name):
                 self.outage_clock_kept = False
 
     @property

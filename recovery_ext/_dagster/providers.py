@@ -28,17 +28,22 @@ from recovery_ext._store.interfaces import GuardStore, OpStore
 class RunVisiblePause(StorePause):
     """A pause shown on the pipeline row and on the Dagster run (tag ``recovery/state`` and engine events)."""
 
-    def __init__(self, store: GuardStore, own: Ownership, node: str, reporter: RunStateReporter, *,
-                 end_outage_if_progressed: Callable[[], None] | None = None) -> None:
+    def __init__(self, store: GuardStore, own: Ownership, node: str, reporter: RunStateReporter,
+                 ctx: NodeContext | None = None) -> None:
         super().__init__(store, own, node)
         self.reporter = reporter
-        self.end_outage_if_progressed = end_outage_if_progressed
+        self.ctx = ctx  # the node's try: a retry's outage clock goes on until it finishes an item
 
     def elapsed(self) -> float | None:
-        """The pipeline's outage clock, once a retried node that kept progress since its pause has ended it."""
-        if self.end_outage_if_progressed is not None:
-            self.end_outage_if_progressed()
+        """The pipeline's outage clock, once a retried node that finished an item since its pause has ended it."""
+        if self.ctx is not None:
+            self.ctx.end_outage_if_progressed()
         return super().elapsed()
+
+    def answer_keeps_clock(self) -> bool:
+        """A retried node's answer after a pause is no end of its outage until the try finished an item: else a
+        try that pauses, gets an answer and fails again would start its outage over each time, for ever."""
+        return self.ctx is not None and self.ctx.outage_goes_on()
 
     def begin(self, seconds: float, reason: str) -> None:
         super().begin(seconds, reason)
@@ -106,8 +111,7 @@ def provider_guard(ctx: NodeContext, endpoint: str, policy: RetryPolicy, *,
             end_wait=lambda: _end_budget_wait(store, own, ctx, reporter))
     return ProviderGuard(
         endpoint, policy=policy, settings=ctx.resource.outage_settings(), store=store,
-        pause=RunVisiblePause(store, own, ctx.node_name, RunStateReporter(ctx.context, ctx.node_name),
-                              end_outage_if_progressed=ctx.end_outage_if_progressed), who=who,
+        pause=RunVisiblePause(store, own, ctx.node_name, RunStateReporter(ctx.context, ctx.node_name), ctx), who=who,
         shutdown=shutdown, sleep=sleep, log=ctx.log.warning, budget=budget, check=ctx.check_calls,
         journal=ctx.journal if journal else None, spend=node_spend_cap(ctx, prices),
     )

@@ -135,9 +135,15 @@ class StorePause:
 
     def end(self, *, outage_over: bool) -> None:
         if self.waiting:
-            self.store.providers.clear_waiting(self.own, node=self.node, keep_outage_clock=not outage_over,
-                                     event=None if outage_over else "outage_budget_spent")
+            keep = not outage_over or self.answer_keeps_clock()
+            self.store.providers.clear_waiting(self.own, node=self.node, keep_outage_clock=keep,
+                                               event=None if outage_over else "outage_budget_spent")
             self.waiting = self.paused = False
+
+    def answer_keeps_clock(self) -> bool:
+        """Whether an answer ending this pause leaves the outage clock running (a node's retry without progress
+        yet: see ``RunVisiblePause``); here it never does."""
+        return False
 
     def elapsed(self) -> float | None:
         return self.store.providers.waiting_seconds(self.own.pipeline_id)

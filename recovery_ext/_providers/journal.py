@@ -235,8 +235,6 @@ class PendingCall:
     def answer_write(self, result: Any) -> JournalWrite:
         """The write ``answered`` makes: the answer kept under the call key, the ledger row completed."""
         call = self._end("ok")
-        if self.call_key is not None and not self.fresh:  # a retry gets it back (a fresh call asks again)
-            self.journal.answer_kept()
         return JournalWrite(call, self.call_key, answered=True,
                             answer=None if self.call_key is None else encode_answer(result))
 
@@ -272,12 +270,6 @@ class CallJournal:
         # The group commits of the maps under way (the newest is used): while items run in parallel their begins
         # and answers commit together, a few fenced transactions for all of them (see group_commit).
         self._writers: list[BatchWriter] = []
-        # fresh answers this try kept (not replays): its progress, which ends a retried node's outage clock
-        self.answers_kept = 0
-
-    def answer_kept(self) -> None:
-        with self._lock:
-            self.answers_kept += 1
 
     def attach(self, writer: BatchWriter) -> None:
         """Commit this node's journal writes through ``writer`` until :meth:`detach`."""

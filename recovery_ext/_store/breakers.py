@@ -211,6 +211,28 @@ class Outages(Component):
         return True
 
     @retried
+    def end_outage_clock(self, own: Ownership, *, node: str | None = None) -> bool:
+        """The pipeline's outage is over although no pause of it ended: its clock (``waiting_since``) stops, unless
+        a pause is shown now (a call or a node sleeps through it: the outage goes on). The pause itself is left as
+        it is. Returns whether the clock stopped."""
+        with self.write() as conn:
+            self.fence.check(conn, own)
+            row = conn.execute(
+                update(pipelines)
+                .where(pipelines.c.id == own.pipeline_id, pipelines.c.epoch == own.epoch,
+                       pipelines.c.waiting_since.isnot(None), pipelines.c.waiting_until.is_(None))
+                .values(waiting_since=None, updated_at=self.dialect.now())
+                .returning(pipelines.c.id)
+            ).first()
+            if row is None:
+                return False
+            self.record_transitions(conn, [{"entity_type": "pipeline", "entity_id": own.pipeline_id,
+                                            "pipeline_id": own.pipeline_id, "from_status": PipelineStatus.RUNNING,
+                                            "to_status": PipelineStatus.RUNNING, "event": "outage_over",
+                                            "data": {"node": node}}])
+        return True
+
+    @retried
     def waiting_seconds(self, pipeline_id: int) -> float | None:
         """How long the pipeline has been waiting on an outage (database clock), or None."""
         with self.read() as conn:

@@ -409,6 +409,10 @@ class Providers(Component):
                       event: str | None = None) -> bool:
         return self.outages.clear_waiting(own, node=node, keep_outage_clock=keep_outage_clock, event=event)
 
+    @_doc_of(Outages.end_outage_clock)
+    def end_outage_clock(self, own: Ownership, *, node: str | None = None) -> bool:
+        return self.outages.end_outage_clock(own, node=node)
+
     @_doc_of(Outages.waiting_seconds)
     def waiting_seconds(self, pipeline_id: int) -> float | None:
         return self.outages.waiting_seconds(pipeline_id)

@@ -1,7 +1,7 @@
-"""The outage clock: it runs from a node's first pause until the node completes or a retry of it keeps progress of
-its own, so the outage budget gives up on an overload that persists, replayed answers in between or not, and a
-healthy stretch after a pause is no outage time; a call's wait at a spend cap or for rate budget room is no outage
-time of its own either."""
+"""The outage clock: it runs from a node's first pause until the node completes or a retry of it finishes an item,
+so the outage budget gives up on an overload that persists, answers in between or not, and a healthy stretch after
+a pause in which items finished is no outage time; a call's wait at a spend cap or for rate budget room is no
+outage time of its own either."""
 
 from __future__ import annotations
 
@@ -37,16 +37,22 @@ def failures(result) -> list[str]:
 RETRIES_SEEN: list[int] = []
 
 
+def overloaded_until_try_40(ctx: NodeContext) -> int:
+    """The overload every try meets after its answers, an error the guard does not see (an error event ending a
+    stream after the guarded call returned); the test's own stop at try 40: the node never gave up."""
+    RETRIES_SEEN.append(ctx.context.retry_number)
+    if ctx.context.retry_number >= 40:
+        return -1
+    raise ClassifiedError(category="server_error", retryable=True, status_code=503, message="overloaded")
+
+
 @recoverable_op
 def answers_then_stays_overloaded(ctx: NodeContext) -> int:
     """Each try first gets an answer (sent once, then from the journal), then meets an overload the guard does not
     see (an error event ending a stream after the guarded call returned), for ever."""
     guard = provider_guard(ctx, "https://llm.example/v1", ctx.resource.retry_policy(sleep=lambda s: None))
     guard.call(lambda question: {"answer": question}, "first")
-    RETRIES_SEEN.append(ctx.context.retry_number)
-    if ctx.context.retry_number >= 40:
-        return -1  # the test's own stop: the node never gave up
-    raise ClassifiedError(category="server_error", retryable=True, status_code=503, message="overloaded")
+    return overloaded_until_try_40(ctx)
 
 
 @recoverable_job(executor_def=in_process_executor)
@@ -74,10 +80,7 @@ def answers_unkept_then_stays_overloaded(ctx: NodeContext) -> int:
     guard = provider_guard(ctx, "https://llm.example/v1", ctx.resource.retry_policy(sleep=lambda s: None),
                            journal=False)
     guard.call(lambda question: {"answer": question}, "first")
-    RETRIES_SEEN.append(ctx.context.retry_number)
-    if ctx.context.retry_number >= 40:
-        return -1
-    raise ClassifiedError(category="server_error", retryable=True, status_code=503, message="overloaded")
+    return overloaded_until_try_40(ctx)
 
 
 @recoverable_job(executor_def=in_process_executor)
@@ -147,33 +150,88 @@ TRIES: list[int] = []
 
 
 @recoverable_op
-def answer_then_healthy_stretch_then_a_failed_try(ctx: NodeContext) -> int:
-    """Paused once at its start; its first retry gets a new answer (kept by the journal), works longer than the
-    outage budget, then fails transiently as a whole (an error the guard did not see); its next retry succeeds."""
+def item_then_healthy_stretch_then_a_failed_try(ctx: NodeContext) -> int:
+    """Paused once at its start; its first retry finishes an item, works longer than the outage budget, then fails
+    transiently as a whole (an error the guard did not see); its next retry succeeds."""
     TRIES.append(ctx.context.retry_number)
     if ctx.context.retry_number == 0:
         raise ClassifiedError(category="server_error", retryable=True, status_code=503, message="overloaded")
-    guard = provider_guard(ctx, "https://llm.example/v1", ctx.resource.retry_policy(sleep=lambda s: None))
-    guard.call(lambda question: {"answer": question}, f"question of try {ctx.context.retry_number}")
-    if ctx.context.retry_number == 1:
-        outlive_the_budget(ctx)
-        raise ClassifiedError(category="server_error", retryable=True, status_code=503, message="overloaded again")
+    for item in ctx.items([f"page-{n}" for n in range(1, 3)]):
+        item.complete({"try": ctx.context.retry_number})
+        if ctx.context.retry_number == 1:
+            outlive_the_budget(ctx)
+            raise ClassifiedError(category="server_error", retryable=True, status_code=503,
+                                  message="overloaded again")
     return ctx.context.retry_number
 
 
 @recoverable_job(executor_def=in_process_executor)
 def failed_try_job():
-    answer_then_healthy_stretch_then_a_failed_try()
+    item_then_healthy_stretch_then_a_failed_try()
 
 
 def test_a_node_failing_after_a_healthy_stretch_pauses_again_instead_of_giving_up(store, db_url):
     """The node's own outage pause: before, its retry's failure after a healthy stretch read the outage clock from
-    the first pause and gave up at once. A new answer the journal kept ended that outage: it pauses again."""
+    the first pause and gave up at once. The item the retry finished ended that outage: it pauses again."""
     TRIES.clear()
     result = run(failed_try_job, db_url, max_retries=0, outage_budget_seconds=0.5, outage_pause_initial=0.05,
                  outage_pause_max=0.1)
     assert result.success, failures(result)
     assert TRIES == [0, 1, 2]
+
+
+@recoverable_op
+def new_answer_each_try_then_stays_overloaded(ctx: NodeContext) -> int:
+    """Each try gets a new answer, kept by the journal under a key no later try asks (its prompt names the try),
+    then the overload: an answer is no progress, so the outage clock runs on."""
+    guard = provider_guard(ctx, "https://llm.example/v1", ctx.resource.retry_policy(sleep=lambda s: None))
+    guard.call(lambda question: {"answer": question}, f"asked at try {ctx.context.retry_number}")
+    return overloaded_until_try_40(ctx)
+
+
+@recoverable_job(executor_def=in_process_executor)
+def new_answer_job():
+    new_answer_each_try_then_stays_overloaded()
+
+
+class AnswersAfter:
+    """A provider that fails ``failures`` times, then answers."""
+
+    def __init__(self, failures: int) -> None:
+        self.left = failures
+
+    def __call__(self, question: str) -> dict[str, str]:
+        if self.left:
+            self.left -= 1
+            raise busy()
+        return {"answer": question}
+
+
+@recoverable_op
+def paused_call_answers_then_stays_overloaded(ctx: NodeContext) -> int:
+    """Each try pauses inside a call, which then answers (not kept), then the overload: in a retried try the answer
+    ending the call's pause does not end the outage clock either (a second review: it did, and each try started
+    the outage over, for ever)."""
+    guard = provider_guard(ctx, "https://llm.example/v1", ctx.resource.retry_policy(sleep=lambda s: None),
+                           journal=False)
+    guard.call(AnswersAfter(ctx.resource.outage_settings().pause_after), "first")
+    return overloaded_until_try_40(ctx)
+
+
+@recoverable_job(executor_def=in_process_executor)
+def paused_call_job():
+    paused_call_answers_then_stays_overloaded()
+
+
+def test_answers_each_try_gets_are_no_end_of_a_persistent_overload(store, db_url):
+    """Answers kept under a new key each try, and answers ending a pause inside a call: neither ends a retried
+    node's outage, so an overload that persists gives up at the budget instead of paying again each try."""
+    for job in (new_answer_job, paused_call_job):
+        RETRIES_SEEN.clear()
+        result = run(job, db_url, max_retries=0, outage_budget_seconds=0.6, outage_pause_initial=0.05,
+                     outage_pause_max=0.1, breaker_failure_threshold=1000)
+        assert not result.success and max(RETRIES_SEEN) < 40, (job.name, RETRIES_SEEN)
+        assert any("outage budget" in failure for failure in failures(result)), failures(result)
 
 
 SPEND_CAP_CALLS: list[float] = []

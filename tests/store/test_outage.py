@@ -452,3 +452,27 @@ def test_a_pause_ended_by_a_retry_is_shown_again_by_the_next_call_that_pauses(st
     release.set()
     first.join(10)
     assert pause.shown == [60.0, 60.0, 60.0] and len(lines) == 3, lines
+
+
+def test_the_outage_clock_ends_only_while_no_pause_is_shown_and_only_for_its_owner(store):
+    """``end_outage_clock``: a retried node that finished an item ends its pipeline's outage clock, but not while a
+    pause is shown (a call still sleeps through the outage) and never for a superseded owner; the pause is left
+    as it is."""
+    from dataclasses import replace
+
+    from recovery_ext._errors import OwnershipLost
+
+    own = store.pipelines.create_pipeline("j", [NodeSpec("n")], owner="run-a")
+    assert store.providers.end_outage_clock(own, node="n") is False  # no outage: nothing to end
+    store.providers.set_waiting(own, 60, "5 server_error errors in a row")
+    assert store.providers.end_outage_clock(own, node="n") is False  # the pause is shown: the outage goes on
+    shown = store.pipelines.get_pipeline(own.pipeline_id)
+    assert shown.waiting_until is not None and shown.waiting_since is not None
+    with pytest.raises(OwnershipLost):
+        store.providers.end_outage_clock(replace(own, epoch=own.epoch + 1), node="n")
+    assert store.providers.clear_waiting(own, node="n", keep_outage_clock=True, event="outage_retry")
+    assert store.providers.waiting_seconds(own.pipeline_id) is not None  # the retry runs on the outage clock
+    assert store.providers.end_outage_clock(own, node="n") is True
+    assert store.providers.waiting_seconds(own.pipeline_id) is None
+    events = [t["event"] for t in store.reports.transitions_for(pipeline_id=own.pipeline_id, entity_type="pipeline")]
+    assert events[-1] == "outage_over", events
