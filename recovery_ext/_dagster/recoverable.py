@@ -229,7 +229,9 @@ def _run_body(run: NodeRun, own: Ownership, inputs: dict[str, Any], node: Node, 
     context, store, settings, op_name = run.context, run.store, run.settings, run.name
     if context.retry_number:  # a retry after an outage pause: running again, the outage clock keeps going
         store.providers.clear_waiting(own, node=op_name, keep_outage_clock=True, event="outage_retry")
-        ctx.outage_clock_kept = True  # until this try keeps progress (see end_outage_if_progressed)
+        # the outage clock runs on until this try finishes an item (see end_outage_if_progressed); an ordinary
+        # retry, with no outage under way, keeps nothing
+        ctx.outage_clock_kept = store.providers.waiting_seconds(own.pipeline_id) is not None
         RunStateReporter(context, op_name).going_on(f"retry {context.retry_number} of {op_name} started")
     try:
         output = replayable_output(run.node.body(ctx, **inputs))
@@ -319,14 +321,16 @@ def _handle_error(run: NodeRun, own: Ownership, exc: Exception, ctx: NodeContext
     decision = to_dagster(err, retry_number=context.retry_number, max_retries=resource.max_retries,
                           wait=resource.retry_wait())
     repeated = _consecutive_same(store, own.pipeline_id, op_name, category, resource.same_error_limit) + 1
-    if transient and (repeated >= resource.same_error_limit or not isinstance(decision, RetryRequested)):
-        # Escalation: a transient outage pauses the pipeline; only the outage budget gives up. An outage this
-        # retried try outlived (it kept progress since) is over: this failure starts an outage of its own.
+    if transient:
+        # An outage this retried try outlived (it finished an item since) is over, whatever this failure leads to
+        # (a pause, or an ordinary retry whose next try starts with no progress of its own): it starts anew.
         try:
             ctx.end_outage_if_progressed()
         except OwnershipLost as lost:
             raise Failure(description=f"superseded by run {lost.owner}; stopped without writing",
                           allow_retries=False) from None
+    if transient and (repeated >= resource.same_error_limit or not isinstance(decision, RetryRequested)):
+        # Escalation: a transient outage pauses the pipeline; only the outage budget gives up.
         decision, err = node_outage_pause(run, own, err, repeated)
     info = error_info(err)
     try:

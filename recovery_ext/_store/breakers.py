@@ -19,7 +19,7 @@ from sqlalchemy import Float, func, or_, select, type_coerce, update
 
 from recovery_ext._store.database import Component, Database, retried
 from recovery_ext._errors import IllegalTransition, NotFound
-from recovery_ext._store.models import BreakerDecision, Ownership, Reopened
+from recovery_ext._store.models import BreakerDecision, Ownership, Reopened, WaitKind
 from recovery_ext._classify.redaction import redact
 from recovery_ext._store.schema import circuit_breakers, node_items, nodes, pipelines, waiting_shown
 from recovery_ext._store.statuses import WAITING, BreakerState, ItemStatus, NodeStatus, PipelineStatus
@@ -213,14 +213,17 @@ class Outages(Component):
     @retried
     def end_outage_clock(self, own: Ownership, *, node: str | None = None) -> bool:
         """The pipeline's outage is over although no pause of it ended: its clock (``waiting_since``) stops, unless
-        a pause is shown now (a call or a node sleeps through it: the outage goes on). The pause itself is left as
-        it is. Returns whether the clock stopped."""
+        an outage pause is shown now (a call or a node sleeps through it: the outage goes on). Another wait shown
+        (a rate budget's, a spend cap's, a provider job's) is no outage and does not hold it; nothing shown is
+        changed. Returns whether the clock stopped."""
+        p = pipelines.c
+        other_wait = or_(*(p.waiting_reason.startswith(kind.value) for kind in WaitKind if kind != WaitKind.OUTAGE))
         with self.write() as conn:
             self.fence.check(conn, own)
             row = conn.execute(
                 update(pipelines)
-                .where(pipelines.c.id == own.pipeline_id, pipelines.c.epoch == own.epoch,
-                       pipelines.c.waiting_since.isnot(None), pipelines.c.waiting_until.is_(None))
+                .where(p.id == own.pipeline_id, p.epoch == own.epoch, p.waiting_since.isnot(None),
+                       or_(p.waiting_until.is_(None), other_wait))
                 .values(waiting_since=None, updated_at=self.dialect.now())
                 .returning(pipelines.c.id)
             ).first()

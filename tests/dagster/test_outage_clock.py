@@ -19,6 +19,10 @@ from recovery_ext._store.models import pipeline_scope
 from recovery_pipelines.devserver import wait_for
 
 
+# an outage budget and pauses short enough for a test: the budget is spent after a few tries
+SHORT_OUTAGES = {"outage_budget_seconds": 0.6, "outage_pause_initial": 0.05, "outage_pause_max": 0.1}
+
+
 def run(job, url, **settings):
     resource = RecoveryResource(**{"database_url": url, "heartbeat_interval": 0.5, "heartbeat_timeout": 3,
                                    "retry_initial_delay": 0.01, "retry_max_delay": 0.02, **settings})
@@ -65,8 +69,7 @@ def test_an_overload_after_an_answer_on_every_try_still_gives_up_at_the_outage_b
     (a replay too) before its persistent overload paused and retried for ever, its clock always near 0. The clock
     runs from the node's first pause until the node completes: the outage budget gives up."""
     RETRIES_SEEN.clear()
-    result = run(stays_overloaded_job, db_url, max_retries=0, outage_budget_seconds=0.6, outage_pause_initial=0.05,
-                 outage_pause_max=0.1)
+    result = run(stays_overloaded_job, db_url, max_retries=0, **SHORT_OUTAGES)
     assert not result.success and max(RETRIES_SEEN) < 40, RETRIES_SEEN
     assert any("longer than the outage budget" in failure for failure in failures(result)), failures(result)
     (p,) = store.reports.list_pipelines()
@@ -90,8 +93,7 @@ def unkept_answers_job():
 
 def test_answers_the_journal_does_not_keep_do_not_end_the_outage_clock(store, db_url):
     RETRIES_SEEN.clear()
-    result = run(unkept_answers_job, db_url, max_retries=0, outage_budget_seconds=0.6, outage_pause_initial=0.05,
-                 outage_pause_max=0.1)
+    result = run(unkept_answers_job, db_url, max_retries=0, **SHORT_OUTAGES)
     assert not result.success and max(RETRIES_SEEN) < 40, RETRIES_SEEN
     assert any("longer than the outage budget" in failure for failure in failures(result)), failures(result)
 
@@ -228,10 +230,79 @@ def test_answers_each_try_gets_are_no_end_of_a_persistent_overload(store, db_url
     node's outage, so an overload that persists gives up at the budget instead of paying again each try."""
     for job in (new_answer_job, paused_call_job):
         RETRIES_SEEN.clear()
-        result = run(job, db_url, max_retries=0, outage_budget_seconds=0.6, outage_pause_initial=0.05,
-                     outage_pause_max=0.1, breaker_failure_threshold=1000)
+        result = run(job, db_url, max_retries=0, **SHORT_OUTAGES, breaker_failure_threshold=1000)
         assert not result.success and max(RETRIES_SEEN) < 40, (job.name, RETRIES_SEEN)
         assert any("outage budget" in failure for failure in failures(result)), failures(result)
+
+
+ORDINARY: list[int] = []
+
+
+@recoverable_op
+def ordinary_retry_then_a_blip_and_one_503_after_a_healthy_stretch(ctx: NodeContext) -> str:
+    """An ordinary retry (one unguarded timeout, no outage pause, no clock running): a short blip answered inside a
+    call ends its outage as in a first try, so a healthy stretch after it and then one 503 do not give up (a second
+    review: every retry was taken for one after an outage pause, and the blip's clock ran on)."""
+    if ctx.context.retry_number == 0:
+        raise ClassifiedError(category="timeout", retryable=True, message="read timeout")
+    guard = provider_guard(ctx, "https://llm.example/v1", ctx.resource.retry_policy(sleep=lambda s: None),
+                           journal=False)
+    guard.call(AnswersAfter(ctx.resource.outage_settings().pause_after), "first")
+    healthy_until = time.monotonic() + 1.5 * ctx.resource.outage_budget_seconds  # healthy work past the budget
+    wait_for(lambda: time.monotonic() > healthy_until, timeout=60, interval=0.05, what="the healthy stretch")
+    failing = AnswersAfter(1)
+
+    def one_503(question: str) -> dict[str, str]:
+        ORDINARY.append(ctx.context.retry_number)
+        return failing(question)
+
+    return guard.call(one_503, "second")["answer"]
+
+
+@recoverable_job(executor_def=in_process_executor)
+def ordinary_retry_job():
+    ordinary_retry_then_a_blip_and_one_503_after_a_healthy_stretch()
+
+
+def test_an_ordinary_retry_is_no_outage_retry(store, db_url):
+    ORDINARY.clear()
+    result = run(ordinary_retry_job, db_url, max_retries=2, **SHORT_OUTAGES, breaker_failure_threshold=1000)
+    assert result.success, failures(result)
+    assert ORDINARY == [1, 1]
+
+
+LOST: list[int] = []
+
+
+@recoverable_op
+def item_then_an_ordinary_failure(ctx: NodeContext) -> str:
+    """Two 503s pause the node; its retry finishes an item, works past the budget, then fails with a timeout (an
+    ordinary retry, no pause); the try after it meets one 503 (a second review: only a failure that paused ended
+    the outage the item had outlived, so the next try gave up at its first 503)."""
+    LOST.append(ctx.context.retry_number)
+    if ctx.context.retry_number <= 1:
+        raise ClassifiedError(category="server_error", retryable=True, status_code=503, message="overloaded")
+    if ctx.context.retry_number == 2:
+        for item in ctx.items(["page-1"]):
+            item.complete({"text": "read"})
+        outlive_the_budget(ctx)
+        raise ClassifiedError(category="timeout", retryable=True, message="read timeout")
+    guard = provider_guard(ctx, "https://llm.example/v1", ctx.resource.retry_policy(sleep=lambda s: None),
+                           journal=False)
+    return guard.call(AnswersAfter(1), "third")["answer"]
+
+
+@recoverable_job(executor_def=in_process_executor)
+def ordinary_after_progress_job():
+    item_then_an_ordinary_failure()
+
+
+def test_an_outage_an_item_outlived_is_over_whatever_the_next_failure_leads_to(store, db_url):
+    LOST.clear()
+    result = run(ordinary_after_progress_job, db_url, max_retries=5, same_error_limit=2, **SHORT_OUTAGES,
+                 breaker_failure_threshold=1000)
+    assert result.success, failures(result)
+    assert LOST == [0, 1, 2, 3]
 
 
 SPEND_CAP_CALLS: list[float] = []

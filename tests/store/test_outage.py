@@ -455,9 +455,9 @@ def test_a_pause_ended_by_a_retry_is_shown_again_by_the_next_call_that_pauses(st
 
 
 def test_the_outage_clock_ends_only_while_no_pause_is_shown_and_only_for_its_owner(store):
-    """``end_outage_clock``: a retried node that finished an item ends its pipeline's outage clock, but not while a
-    pause is shown (a call still sleeps through the outage) and never for a superseded owner; the pause is left
-    as it is."""
+    """``end_outage_clock``: a retried node that finished an item ends its pipeline's outage clock, but not while an
+    outage pause is shown (a call still sleeps through the outage; a rate budget's wait does not count) and never
+    for a superseded owner; what is shown is left as it is."""
     from dataclasses import replace
 
     from recovery_ext._errors import OwnershipLost
@@ -472,7 +472,10 @@ def test_the_outage_clock_ends_only_while_no_pause_is_shown_and_only_for_its_own
         store.providers.end_outage_clock(replace(own, epoch=own.epoch + 1), node="n")
     assert store.providers.clear_waiting(own, node="n", keep_outage_clock=True, event="outage_retry")
     assert store.providers.waiting_seconds(own.pipeline_id) is not None  # the retry runs on the outage clock
+    # another wait shown (a sibling waits for rate budget room) is no outage: it does not hold the clock
+    assert store.providers.show_budget_wait(own, 30, "2 requests in flight", node="sibling")
     assert store.providers.end_outage_clock(own, node="n") is True
     assert store.providers.waiting_seconds(own.pipeline_id) is None
+    assert store.pipelines.get_pipeline(own.pipeline_id).waiting_reason.startswith("rate budget")
     events = [t["event"] for t in store.reports.transitions_for(pipeline_id=own.pipeline_id, entity_type="pipeline")]
     assert events[-1] == "outage_over", events
