@@ -38,6 +38,7 @@ from typing import Any
 
 import tenacity
 
+from recovery_ext._classify.classifier import classify
 from recovery_ext._providers.guard import AttemptHold, CircuitOpen, GuardedCall, ProviderGuard
 from recovery_ext._providers.event_streams import _BrokenEvent, EventGate
 from recovery_ext._providers.http_answers import (NO_USAGE, NOT_READ, RequestFacts, UnreadableAnswer, answered_call,
@@ -146,7 +147,7 @@ class JournalingCore:
                                                 request=request, response=response)
             if is_event_stream(response.headers):
                 finish = functools.partial(self.finish_steps, guard, call, decision, hold, response, started,
-                                           facts=facts)
+                                           facts=facts, stream=True)
                 return tee(response, finish, functools.partial(stream_reached_end, api_path=facts.api_path))
             try:
                 body = yield read(response)
@@ -166,12 +167,30 @@ class JournalingCore:
     def finish_steps(self, guard: ProviderGuard, call: GuardedCall, decision: BreakerDecision | None,
                      hold: AttemptHold, response: Any, started: float, body: bytes,
                      error: BaseException | None, parsed: Any = NOT_READ, *,
-                     facts: RequestFacts) -> Steps[UnreadableAnswer | None]:
+                     facts: RequestFacts, stream: bool = False) -> Steps[UnreadableAnswer | None]:
         """The answer is complete (``error`` None): recorded with its usage and kept; else the attempt failed.
         ``parsed``: the body, already read as JSON (it is not parsed twice); ``facts``: the request's (a stream is
         judged by its API's protocol, and by whether it asked for its usage). Returns the
         :class:`UnreadableAnswer` of a stream an event of which was cut off: a failed attempt, never kept (the
-        stream raises it to the SDK reading it)."""
+        stream raises it to the SDK reading it).
+
+        A ``stream``'s end is also its call's end for the node's outage (the transport left it undecided when the
+        headers came): a whole answer ends the outage, a cut-off one does not (before: the headers ended it, so a
+        stream always cut off restarted the outage clock at each call and never gave up, paying each time)."""
+        unreadable = yield from self._finish_answer(guard, call, decision, hold, response, started, body, error,
+                                                   parsed, facts=facts)
+        if stream:
+            failure = unreadable if unreadable is not None else error
+            if failure is None or (isinstance(failure, Exception) and not classify(failure).retryable):
+                yield Blocking(guard.pause_after, (call, failure))  # answered, or refused for good
+            else:  # cut off, or stopped: the outage (if any) goes on
+                yield Blocking(guard.pause_stopped, (call,))
+        return unreadable
+
+    def _finish_answer(self, guard: ProviderGuard, call: GuardedCall, decision: BreakerDecision | None,
+                       hold: AttemptHold, response: Any, started: float, body: bytes,
+                       error: BaseException | None, parsed: Any, *,
+                       facts: RequestFacts) -> Steps[UnreadableAnswer | None]:
         if error is not None:
             unreadable = None
             if isinstance(error, _BrokenEvent):  # held back: the SDK never saw it
@@ -377,7 +396,8 @@ def _sync_classes(http: ModuleType) -> type:
                 if refused is None:
                     raise
                 return refused
-            guard.pause_after(call, None)
+            if not isinstance(response.stream, TeeStream):  # a stream's end decides (see finish_steps)
+                guard.pause_after(call, None)
             return response
 
         def close(self) -> None:
@@ -523,7 +543,7 @@ def _async_classes(http: ModuleType) -> type:
                 if refused is None:
                     raise
                 return refused
-            if guard.pause is not None:
+            if guard.pause is not None and not isinstance(response.stream, AsyncTeeStream):  # see finish_steps
                 await in_thread(context, functools.partial(guard.pause_ended, call))
             return response
 

@@ -444,3 +444,22 @@ def test_an_answer_the_store_cannot_keep_is_not_asked_again_and_the_pipeline_is_
     assert refused and len(server.requests) == 1  # paid once
     [pipeline] = store.reports.list_pipelines()
     assert store.pipelines.get_pipeline(pipeline.id).status == "running"
+
+
+@pytest.mark.parametrize("mode", ["stream", "astream"])
+def test_a_stream_always_cut_off_gives_up_at_the_outage_budget(mode, stand_in, store, db_url, monkeypatch):
+    """A hostile trial: every answer's stream was cut off mid-event. Its headers ended the node's outage (the
+    pause the breaker's cool-down had shown) as an answer would, restarting the outage clock at each call. A
+    stream's end decides now: a cut-off one leaves the outage going, and the budget gives up (here the stand-in
+    answers whole after 80 cut-off streams)."""
+    server, url = stand_in
+    server.script = ["truncated"] * 80
+    monkeypatch.setitem(SETTINGS, "mode", mode)
+    with pytest.raises(Failure, match="outage budget"):
+        run(once_in_mode, resource("openai", url), db_url, monkeypatch, outage_budget_seconds=1.0,
+            outage_pause_initial=0.05, outage_pause_max=0.1, breaker_failure_threshold=1, breaker_cooldown=0.2,
+            breaker_max_cooldown=0.2, max_retries=2)
+    assert not server.answered() and 0 < len(server.truncated()) < 80
+    [pipeline] = store.reports.list_pipelines()
+    events = [t["event"] for t in store.reports.transitions_for(pipeline_id=pipeline.id, entity_type="pipeline")]
+    assert "outage_pause" in events and "outage_over" not in events, events  # no cut-off stream ended it
