@@ -565,6 +565,23 @@ def retry_after_of(exc: BaseException, *, now: float | None = None) -> float | N
     return parse_retry_after(value, now=now)
 
 
+def _told(cause: BaseException | str) -> str:
+    """What an error says, with the words of a classified error it was raised from (``raise ... from``) when it
+    does not say them itself: an SDK wraps whatever its transport raised in its own "Connection error.", and the
+    reason the transport gave (an outage budget spent, an unreadable answer) is what a user needs to read."""
+    text = str(cause)
+    if isinstance(cause, ClassifiedError) or not isinstance(cause, BaseException):
+        return text
+    inner = cause.__cause__
+    for _ in range(8):
+        if inner is None:
+            return text
+        if isinstance(inner, ClassifiedError):
+            return text if inner.detail in text else f"{text}: {inner.detail}" if text else inner.detail
+        inner = inner.__cause__
+    return text
+
+
 class ClassifiedError(RecoveryError):
     """An operation failed; the error carries its category, status, model, endpoint and Retry-After."""
 
@@ -587,7 +604,7 @@ class ClassifiedError(RecoveryError):
         self.model = model
         self.endpoint = endpoint
         self.retry_after = retry_after
-        detail = message if message is not None else (str(cause) if cause is not None else self.category)
+        detail = message if message is not None else (_told(cause) if cause is not None else self.category)
         self.detail = redact(detail)
         super().__init__(self._render())
         if isinstance(cause, BaseException):

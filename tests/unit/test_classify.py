@@ -329,3 +329,27 @@ def test_a_bad_port_number_is_permanent_and_a_refused_port_is_transient():
 ])
 def test_a_status_read_in_words_is_transient_only_among_the_common_http_ones(message, retryable):
     assert classify(RuntimeError(message)).retryable is retryable
+
+
+def test_an_sdk_error_wrapping_a_classified_error_says_the_reason_it_was_raised_from():
+    """A hostile trial: the Anthropic SDK wraps whatever its transport raises (here the outage budget given up on)
+    in its own APIConnectionError("Connection error."), so the pipeline's error read "server_error HTTP 200:
+    Connection error." and lost the reason. The words of the classified error it was raised from are kept."""
+    import anthropic
+
+    reason = ClassifiedError(category="server_error", status_code=200, retryable=False,
+                             message="gave up: stayed unavailable for 32 s, longer than the outage budget of 15 s")
+    try:
+        try:
+            raise reason
+        except ClassifiedError as exc:
+            raise anthropic.APIConnectionError(request=httpx.Request("POST", "http://127.0.0.1/v1/messages")) from exc
+    except anthropic.APIConnectionError as wrapped:
+        err = with_context(wrapped)
+    assert "Connection error." in str(err) and "longer than the outage budget of 15 s" in str(err), str(err)
+    # an error that says it already is not repeated, and one raised without a cause is as it was
+    try:
+        raise RuntimeError(f"the body says: {reason.detail}") from reason
+    except RuntimeError as says_it:
+        assert str(ClassifiedError(says_it)).count("outage budget") == 1
+    assert ClassifiedError(RuntimeError("plain")).detail == "plain"
