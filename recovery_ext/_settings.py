@@ -44,9 +44,10 @@ def parse_duration(text: str) -> float:
 
 
 def check_seconds(name: str, value: object, *, minimum: float = MIN_INTERVAL, maximum: float = DAY,
-                  allow_none: bool = False, allow_long: bool = False) -> float | None:
-    """``value`` as seconds within ``[minimum, maximum]`` (no upper bound with ``allow_long``), or raise naming
-    ``name``."""
+                  allow_none: bool = False, allow_long: bool | None = None) -> float | None:
+    """``value`` as seconds within ``[minimum, maximum]`` (up to a century with ``allow_long``), or raise naming
+    ``name``. ``allow_long`` None: ``maximum`` is the setting's own limit, which nothing lifts; False: the
+    error says that ``allow_long_durations`` lifts it."""
     if value is None and allow_none:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -60,8 +61,8 @@ def check_seconds(name: str, value: object, *, minimum: float = MIN_INTERVAL, ma
     if value < minimum:
         raise ConfigurationError(f"{name} must be at least {minimum:g} s, got {value:g}")
     if value > maximum and not allow_long:
-        raise ConfigurationError(f"{name} must be at most {maximum:g} s (set allow_long_durations to go beyond), "
-                                 f"got {value:g}")
+        lifted = "" if allow_long is None else " (set allow_long_durations to go beyond)"
+        raise ConfigurationError(f"{name} must be at most {maximum:g} s{lifted}, got {value:g}")
     if value > max(maximum, LONGEST):
         raise ConfigurationError(f"{name} must be at most {LONGEST:g} s (a century), got {value:g}")
     return value
@@ -75,12 +76,12 @@ def check_count(name: str, value: object, *, minimum: int = 0, maximum: int = 1_
 
 @overload
 def env_seconds(name: str, default: float, *, minimum: float = ..., maximum: float = ...,
-                allow_long: bool = ...) -> float: ...
+                allow_long: bool | None = ...) -> float: ...
 @overload
 def env_seconds(name: str, default: None, *, minimum: float = ..., maximum: float = ...,
-                allow_long: bool = ...) -> float | None: ...
+                allow_long: bool | None = ...) -> float | None: ...
 def env_seconds(name: str, default: float | None, *, minimum: float = MIN_INTERVAL, maximum: float = DAY,
-                allow_long: bool = False) -> float | None:
+                allow_long: bool | None = None) -> float | None:
     """The duration in ``$name`` (see :func:`parse_duration`), checked; ``default`` when it is unset or empty."""
     raw = os.environ.get(name)
     if raw is None or raw == "":

@@ -275,9 +275,9 @@ class RecoveryResource(ConfigurableResource):  # type: ignore[type-arg]
         if not isinstance(self.retry_jitter, (int, float)) or not 0.0 <= self.retry_jitter <= 1.0:
             raise ConfigurationError(f"retry_jitter must be between 0 and 1, got {self.retry_jitter!r}")
         check_seconds("event_retention_seconds", self.event_retention_seconds, minimum=3600.0,
-                      maximum=10 * 366 * DAY)
+                      maximum=10 * 366 * DAY, allow_long=long)
         check_seconds("finished_pipeline_retention_seconds", self.finished_pipeline_retention_seconds, minimum=DAY,
-                      maximum=10 * 366 * DAY, allow_none=True)
+                      maximum=10 * 366 * DAY, allow_none=True, allow_long=long)
         check_count("max_resumes", self.max_resumes, maximum=1000)
         check_count("max_retries", self.max_retries, maximum=1000)
         limits = PipelineLimits(heartbeat_timeout=self.heartbeat_timeout, deadline_seconds=self.hard_deadline_seconds,

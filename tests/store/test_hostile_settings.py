@@ -47,6 +47,28 @@ def test_a_deadline_past_what_both_databases_store_is_refused_even_when_long_dur
         RecoveryResource(launch_grace_seconds=seconds, allow_long_durations=True)
 
 
+@pytest.mark.parametrize("name", ["event_retention_seconds", "finished_pipeline_retention_seconds"])
+def test_retention_past_ten_years_is_lifted_by_allow_long_durations_as_its_error_says(name):
+    """A hostile trial: the error said to set allow_long_durations, which these two settings then ignored."""
+    with pytest.raises(ValueError, match=rf"{name} must be at most .* \(set allow_long_durations to go beyond\)"):
+        RecoveryResource(**{name: 20 * 366 * 86400.0})
+    assert getattr(RecoveryResource(**{name: 20 * 366 * 86400.0}, allow_long_durations=True), name) > 6e8
+    with pytest.raises(ValueError, match=rf"{name} must be at most .* \(a century\)"):
+        RecoveryResource(**{name: 1e300}, allow_long_durations=True)
+
+
+def test_a_limit_nothing_lifts_gives_no_advice_to_lift_it():
+    from recovery_ext import LLMResource
+
+    with pytest.raises(ValueError) as refused:
+        RecoveryResource(retry_initial_delay=7200.0)
+    assert "retry_initial_delay must be at most 3600 s, got 7200" in str(refused.value)
+    assert "allow_long_durations" not in str(refused.value)
+    with pytest.raises(ValueError) as refused:
+        LLMResource(model="m", timeout=10 * 86400.0)
+    assert "must be at most 86400 s, got" in str(refused.value) and "allow_long" not in str(refused.value)
+
+
 def test_the_longest_accepted_deadline_keeps_a_live_pipeline_on_both_databases(store):
     assert RecoveryResource(hard_deadline_seconds=LONGEST, allow_long_durations=True).hard_deadline_seconds == LONGEST
     own = store.pipelines.create_pipeline("job", ["a"], owner="run-1", origin_run_id="run-1",
