@@ -13,7 +13,7 @@ from helpers import expire, reclaim
 from sqlalchemy import delete, func, inspect, select, update
 
 from recovery_ext._store.models import SpendCaps
-from recovery_ext import RecoveryResource
+from recovery_ext import ConfigurationError, RecoveryResource
 from recovery_ext._recovery import protocol as schedule
 from recovery_ext._recovery.protocol import LaunchNothing, RecoveryProtocol
 from recovery_ext._recovery.protocol import RecoverySettings
@@ -514,3 +514,13 @@ def test_the_pipelines_without_an_end_time_are_their_own_index_range_not_the_who
             else:
                 plan = "\n".join(row[0] for row in conn.exec_driver_sql("EXPLAIN " + sql))
                 assert "Index Cond: ((status = " in plan and "AND (completed_at IS NULL))" in plan, plan
+
+
+@pytest.mark.parametrize("older_than", [-5, float("nan"), float("inf"), "1d", True])
+def test_a_retention_that_is_no_age_is_refused_by_the_store_as_by_the_cli(store, older_than):
+    """A hostile trial: the CLI refused them, the library took them (-5 a cut-off in the future: every finished
+    pipeline, and event, went; NaN silently nothing). Refused now, nothing deleted."""
+    with pytest.raises(ConfigurationError, match="older_than_seconds must be"):
+        store.reports.prune_finished_pipelines(older_than, dry_run=True)
+    with pytest.raises(ConfigurationError, match="older_than_seconds must be"):
+        store.reports.prune_events(older_than)
