@@ -572,13 +572,19 @@ def _told(cause: BaseException | str) -> str:
     text = str(cause)
     if isinstance(cause, ClassifiedError) or not isinstance(cause, BaseException):
         return text
-    inner = cause.__cause__
-    for _ in range(8):
-        if inner is None:
-            return text
-        if isinstance(inner, ClassifiedError):
-            return text if inner.detail in text else f"{text}: {inner.detail}" if text else inner.detail
-        inner = inner.__cause__
+    try:
+        inner = cause.__cause__
+        for _ in range(8):
+            if inner is None:
+                return text
+            if isinstance(inner, ClassifiedError):
+                said = getattr(inner, "detail", None)  # a subclass may skip our __init__: its words are optional
+                if not isinstance(said, str) or not said or said in text:
+                    return text
+                return f"{text}: {said}" if text else said
+            inner = inner.__cause__
+    except Exception:  # noqa: BLE001 - a hostile error's attributes never break the error being made
+        pass
     return text
 
 

@@ -38,7 +38,6 @@ from typing import Any, Protocol
 import tenacity
 
 from recovery_ext._classify.classifier import ClassifiedError, classify
-from recovery_ext._classify.redaction import redact
 from recovery_ext._classify.retry import RetryPolicy, retry_if_retryable, without_escalation
 from recovery_ext._dagster.group_commit import GroupCommitter
 from recovery_ext._providers.steps import checked_async_sleep, checked_sleep
@@ -213,7 +212,8 @@ class _Tally:
 
 def _classified(exc: Exception) -> ClassifiedError:
     found = classify(exc)
-    return ClassifiedError(exc, category=found.category, retryable=found.retryable, message=redact(str(exc)))
+    # its words as a node's error says them (redacted; an SDK's wrapper keeps the classified reason it wraps)
+    return ClassifiedError(exc, category=found.category, retryable=found.retryable)
 
 
 def check_concurrency(name: str, concurrency: object) -> int:

@@ -353,3 +353,34 @@ def test_an_sdk_error_wrapping_a_classified_error_says_the_reason_it_was_raised_
     except RuntimeError as says_it:
         assert str(ClassifiedError(says_it)).count("outage budget") == 1
     assert ClassifiedError(RuntimeError("plain")).detail == "plain"
+
+
+def test_a_classified_error_without_words_of_its_own_never_breaks_the_error_wrapping_it():
+    """A review: a subclass that skips ClassifiedError's __init__ (no ``detail``), or sets it to None, made the
+    wrapper's own construction raise inside an error handler."""
+
+    class Wordless(ClassifiedError):
+        def __init__(self) -> None:  # noqa: D107 - deliberately skips super().__init__
+            Exception.__init__(self, "wordless")
+
+    class NoneSaid(ClassifiedError):
+        def __init__(self) -> None:
+            super().__init__(message="set below")
+            self.detail = None
+
+    for inner in (Wordless(), NoneSaid()):
+        try:
+            raise RuntimeError("outer words") from inner
+        except RuntimeError as outer:
+            assert with_context(outer).detail == "outer words"
+
+
+def test_a_mapped_items_error_keeps_the_classified_reason_its_wrapper_hides():
+    """A review: ``ctx.map``'s failed items named their error by the wrapper's words alone ("Connection error.")."""
+    from recovery_ext._dagster.parallel import _classified
+
+    reason = ClassifiedError(category="server_error", retryable=False, message="gave up: the outage budget is spent")
+    try:
+        raise ConnectionError("Connection error.") from reason
+    except ConnectionError as wrapped:
+        assert str(_classified(wrapped)).endswith("Connection error.: gave up: the outage budget is spent")
