@@ -28,8 +28,10 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 # scheduling gaps of 4-5 s were measured on a machine loaded far beyond its cores (load average 20+
 # on 2 cores), which is a setting problem, not a liveness one. RX_LIVENESS_TIMEOUT overrides it.
 TIMEOUT = float(os.environ.get("RX_LIVENESS_TIMEOUT", "8"))
-HEALTHY_RUNS = 8  # 4 of each executor; 16 pooled ops queue on one slot, so most wait several timeouts
-POOL_HOLD = 0.25  # of the timeout, for test_g's pooled ops: 16 of them hold the slot one after another
+HEALTHY_RUNS = 4  # 2 of each executor; 8 pooled ops queue on one slot, so most wait longer than the timeout
+# of the timeout, for test_g's pooled ops: 8 of them hold the slot one after another, so the 4th in the queue
+# already waits 1.5 timeouts (before: 16 ops held it a quarter each; twice the runs, the same chain, 3 min more)
+POOL_HOLD = 0.5
 # PostgreSQL storage, as production runs Dagster: on SQLite, Dagster claims a pool slot with a SELECT
 # then an UPDATE (FOR UPDATE SKIP LOCKED is a no-op there), so two steps of a limit-1 pool can
 # occasionally run at once, which test_g would see.
@@ -264,8 +266,8 @@ def test_f_a_dagster_run_retry_after_a_crash_takes_the_pipeline_over_and_the_sen
 @pytest.mark.timeout(3600)
 def test_g_healthy_runs_with_plain_ops_retry_delays_and_pool_waits_are_never_reclaimed(dev, store):
     jobs = ["healthy_job"] * (HEALTHY_RUNS // 2) + ["healthy_job_inprocess"] * (HEALTHY_RUNS // 2)
-    # each pooled op holds the slot a quarter of the timeout (it runs after its step process starts, which
-    # holds the slot too); with 8 runs queued on the slot, the waits still span the timeout, see below
+    # each pooled op holds the slot half the timeout (it runs after its step process starts, which
+    # holds the slot too); with 4 runs queued on the slot, the waits still span the timeout, see below
     pooled = {"ops": {name: {"config": {"hold_fraction": POOL_HOLD}} for name in ("pooled_a", "pooled_b")}}
     run_ids = [dev.launch(job, pooled) for job in jobs]
     done = (DagsterRunStatus.SUCCESS, DagsterRunStatus.FAILURE, DagsterRunStatus.CANCELED)
