@@ -341,9 +341,10 @@ def test_a_wait_at_the_spend_cap_between_two_503s_is_no_outage_time(store, db_ur
     """Before: a call's own outage time ran from its first failure through its wait at the spend cap, so its next
     single 503 after the operator raised the cap gave up for good (OutageBudgetExceeded, the pipeline failed)."""
     SPEND_CAP_CALLS.clear()
-    result = run(spend_cap_job, db_url, outage_budget_seconds=1.0, spend_cap_tokens=1000, spend_cap_poll_seconds=0.1,
-                 max_retries=0)
+    budget = ROOMY_OUTAGES["outage_budget_seconds"]
+    result = run(spend_cap_job, db_url, outage_budget_seconds=budget, spend_cap_tokens=1000,
+                 spend_cap_poll_seconds=0.1, max_retries=0)
     assert result.success, failures(result)
-    assert len(SPEND_CAP_CALLS) == 3 and SPEND_CAP_CALLS[1] - SPEND_CAP_CALLS[0] >= 1.5  # it did wait at the cap
+    assert len(SPEND_CAP_CALLS) == 3 and SPEND_CAP_CALLS[1] - SPEND_CAP_CALLS[0] >= 1.5 * budget  # waited at the cap
     (p,) = store.reports.list_pipelines()
     assert store.pipelines.get_pipeline(p.id).status == "completed"
