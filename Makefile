@@ -64,10 +64,10 @@ test-fast: install
 ## (tests/e2e, a module per worker: each module has its own `dagster dev` on free ports, its own databases,
 ## namespace hosts and PostgreSQL cluster, and the workers share one CPU hog per core between them, at least one each).
 ## `make test-fast` then `make test-slow` is `make test`, each test once (CI runs them so).
-## One session with three workers on two cores: most of these tests wait (sensor ticks, heartbeat timeouts, launch
-## graces, killed processes) on a machine the hogs keep busy anyway, so a third worker fills the waits. Measured on
-## 2 cores: 22 min 9 s for both folders at -n 3 against 12 min 50 s + 15 min 41 s one after the other at -n 2.
-SLOW_TEST_WORKERS ?= 3
+## One session with a worker more than the cores: most of these tests wait (sensor ticks, heartbeat timeouts, launch
+## graces, killed processes) on a machine the hogs keep busy anyway, so the extra worker fills the waits. Measured
+## on 2 cores: 22 min 9 s for both folders at -n 3 against 12 min 50 s + 15 min 41 s one after the other at -n 2.
+SLOW_TEST_WORKERS ?= $(shell echo $$(( $$(nproc 2>/dev/null || echo 2) + 1 )))
 test-slow: install
 	$(BIN)/pytest -q -p no:cacheprovider --durations=15 -n $(SLOW_TEST_WORKERS) --dist loadfile tests/process tests/e2e
 

@@ -28,9 +28,12 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 # scheduling gaps of 4-5 s were measured on a machine loaded far beyond its cores (load average 20+
 # on 2 cores), which is a setting problem, not a liveness one. RX_LIVENESS_TIMEOUT overrides it.
 TIMEOUT = float(os.environ.get("RX_LIVENESS_TIMEOUT", "8"))
-HEALTHY_RUNS = 4  # 2 of each executor; 8 pooled ops queue on one slot, so most wait longer than the timeout
-# of the timeout, for test_g's pooled ops: 8 of them hold the slot one after another, so the 4th in the queue
-# already waits 1.5 timeouts (before: 16 ops held it a quarter each; twice the runs, the same chain, 3 min more)
+HEALTHY_RUNS = 4  # 2 of each executor; their 8 pooled ops take one slot one after another
+# of the timeout, for test_g's pooled ops (before: 8 runs at a quarter each, the same chain of waits, 80 s more).
+# The waits test_g asserts are the two multiprocess runs': their 4 pooled ops queue together (the in-process runs'
+# come after the 3-timeout plain op), each holding the slot for its step process's start and half the timeout. The
+# last of the 4 waits for 3 such holds less the gap between the two runs' `prepare` ends: past the timeout unless
+# that gap nears a timeout (on 2 cores a run's second pooled op even asks only once its first is done).
 POOL_HOLD = 0.5
 # PostgreSQL storage, as production runs Dagster: on SQLite, Dagster claims a pool slot with a SELECT
 # then an UPDATE (FOR UPDATE SKIP LOCKED is a no-op there), so two steps of a limit-1 pool can
