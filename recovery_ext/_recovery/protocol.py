@@ -309,7 +309,8 @@ class RecoveryProtocol:
     def _first_runs(self, snap: TickSnapshot, control: RunControl, notes: list[str]) -> tuple[Scope, list[int]]:
         """Only the orchestrator that holds a pipeline's first run acts on it: this tick's scope is the pipelines
         of this deployment whose first run it holds (standing aside for the others), and the orphans of other
-        deployments it holds (a renamed deployment's), to adopt. The others are said out loud (see _store/ticks.py)."""
+        deployments it holds (a renamed deployment's), to adopt. The others are said out loud (see
+        _store/recovery.py)."""
         # A first run that is no Dagster run id was not made by any Dagster instance (a pipeline created
         # outside Dagster): every sensor in scope may act on it, as before deployments.
         if self.scope.deployment is None:  # no deployment, no snapshot of first runs: any pipeline in scope

@@ -398,7 +398,7 @@ class TickSnapshot:
     # orchestrator knows that run
     legacy_origins: dict[str, int] = field(default_factory=dict)
     # this deployment's live pipelines and their first runs, checked against the orchestrator, which must hold
-    # a pipeline's first run to act on it (see ticks.py)
+    # a pipeline's first run to act on it (see recovery.py)
     first_runs: list[FirstRun] = field(default_factory=list)
     foreign_orphans: list[ForeignOrphan] = field(default_factory=list)   # orphans of other deployments
 

@@ -23,10 +23,9 @@ from recovery_ext._store.fenced import FencedTransaction
 from recovery_ext._store.journal import CallJournal
 from recovery_ext._store.spend_caps import SpendCapAccounts
 from recovery_ext._store.database import DEFAULT_RETRY_BUDGET, Component, Database, shared_retry_budget
-from recovery_ext._store.orphans import Orphans
 from recovery_ext._store.pipelines import PipelineCore
 from recovery_ext._store.queue import Queue
-from recovery_ext._store.ticks import Recovery
+from recovery_ext._store.recovery import Orphans, Recovery
 from recovery_ext._store.vouch import Vouching
 from recovery_ext._store.checkpoints import Checkpoints
 from recovery_ext._store.jobs import ProviderJobs

@@ -361,7 +361,7 @@ def test_each_call_of_the_pipelines_component_is_its_parts_call_with_its_docstri
 
 def test_the_recovery_component_holds_its_collaborators(store):
     from recovery_ext._store.fenced import Fence
-    from recovery_ext._store.orphans import Orphans
+    from recovery_ext._store.recovery import Orphans
     from recovery_ext._store.pipelines import PipelineCore
 
     recovery = store.recovery

@@ -1,6 +1,6 @@
 """docs/explanation/architecture.md names modules and functions: each still exists.
 
-Inline references in backquotes are checked exactly: a path (``_store/ticks.py``, ``_dagster/``,
+Inline references in backquotes are checked exactly: a path (``_store/recovery.py``, ``_dagster/``,
 ``bench/files_crossed.py``), and ``path.py:Name.attribute`` resolved on the imported module. Every ``name.py``
 written anywhere on the page, code blocks included, names a file of the library, the pipelines or the benches.
 """
@@ -53,8 +53,8 @@ def test_every_file_name_on_the_page_is_a_file_of_the_project():
 
 
 def test_the_check_finds_a_name_that_is_gone():
-    assert _missing("_store/ticks.py:Recovery.recovery_pass") is None
-    assert _missing("_store/ticks.py:Recovery.no_such_method") == \
-        "_store/ticks.py:Recovery.no_such_method: no_such_method not found"
+    assert _missing("_store/recovery.py:Recovery.recovery_pass") is None
+    assert _missing("_store/recovery.py:Recovery.no_such_method") == \
+        "_store/recovery.py:Recovery.no_such_method: no_such_method not found"
     assert _missing("_recovery/gone.py") == "_recovery/gone.py: no such file or folder"
     assert _inline_references("`a/b.py:f` and `text`\n```\n`c/d.py`\n```\n") == ["a/b.py:f"]
