@@ -24,8 +24,13 @@ import time
 import uuid
 from pathlib import Path
 import contextlib
+import fcntl
+import tempfile
 
 PREFIX = "rxc"
+# Which 10.231.N.0/24 each live Network holds: a file per subnet naming its process, written under an exclusive
+# lock, so test workers that make networks at the same moment never pick the same subnet.
+RESERVATIONS = Path(tempfile.gettempdir()) / "rx-netns-subnets"
 
 
 def _ip(*args: str, check: bool = True, netns: str | None = None) -> subprocess.CompletedProcess:
@@ -52,6 +57,45 @@ def _used_subnets() -> set[int]:
             if part.startswith("10.231."):
                 used.add(int(part.split(".")[2]))
     return used
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _reserve_subnet() -> int:
+    """A subnet no link holds and no live process reserved, reserved for this process until released."""
+    RESERVATIONS.mkdir(exist_ok=True)
+    with open(RESERVATIONS / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        taken = _used_subnets()
+        for entry in RESERVATIONS.glob("[0-9]*"):
+            holder = entry.read_text().strip()
+            if holder.isdigit() and _alive(int(holder)):
+                taken.add(int(entry.name))
+            else:
+                entry.unlink(missing_ok=True)
+        free = [n for n in range(1, 250) if n not in taken]
+        if not free:
+            raise RuntimeError("no free 10.231.N.0/24 subnet for namespace hosts")
+        (RESERVATIONS / str(free[0])).write_text(str(os.getpid()))
+        return free[0]
+
+
+def _release_subnet(subnet: int) -> None:
+    """Drop this process's reservation of ``subnet`` (never another process's, if it reserved it since)."""
+    entry = RESERVATIONS / str(subnet)
+    with open(RESERVATIONS / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        with contextlib.suppress(FileNotFoundError):
+            if entry.read_text().strip() == str(os.getpid()):
+                entry.unlink()
 
 
 class Host:
@@ -139,11 +183,7 @@ class Network:
     def __init__(self, hosts: int) -> None:
         require_netns()
         self.tag = uuid.uuid4().hex[:4]
-        used = _used_subnets()
-        free = [n for n in range(1, 250) if n not in used]
-        if not free:
-            raise RuntimeError("no free 10.231.N.0/24 subnet for namespace hosts")
-        self.subnet = free[os.getpid() % min(len(free), 50)]
+        self.subnet = _reserve_subnet()
         self.base = f"10.231.{self.subnet}"
         self.gateway = f"{self.base}.1"                    # the bridge: where the servers listen
         self.bridge = f"{PREFIX}{self.tag}br"
@@ -175,6 +215,7 @@ class Network:
         if self._created:
             _ip("link", "del", self.bridge, check=False)
             self._created = False
+        _release_subnet(self.subnet)
 
     def __enter__(self) -> Network:
         return self.create()

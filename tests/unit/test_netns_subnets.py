@@ -1,0 +1,59 @@
+"""The namespace-host harness's subnets: test workers that make networks at the same moment never share one."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import netns
+
+WORKERS = 6
+
+
+def _reserve_after(barrier: multiprocessing.synchronize.Barrier, folder: str, out: multiprocessing.Queue) -> None:
+    netns.RESERVATIONS = Path(folder)
+    barrier.wait()
+    out.put(netns._reserve_subnet())
+
+
+@pytest.fixture
+def reservations(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    folder = tmp_path / "subnets"
+    monkeypatch.setattr(netns, "RESERVATIONS", folder)
+    return folder
+
+
+def test_processes_reserving_at_once_get_different_subnets(reservations: Path) -> None:
+    spawn = multiprocessing.get_context("fork")
+    barrier, out = spawn.Barrier(WORKERS), spawn.Queue()
+    workers = [spawn.Process(target=_reserve_after, args=(barrier, str(reservations), out)) for _ in range(WORKERS)]
+    for worker in workers:
+        worker.start()
+    subnets = [out.get(timeout=60) for _ in workers]
+    for worker in workers:
+        worker.join(60)
+    assert len(set(subnets)) == WORKERS, subnets
+    assert all(worker.exitcode == 0 for worker in workers)
+
+
+def test_a_dead_process_reservation_is_taken_over_and_a_live_one_is_not(reservations: Path) -> None:
+    first = netns._reserve_subnet()
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True,
+                          check=True).stdout.strip()
+    (reservations / str(first)).write_text(dead)  # as if a worker that reserved it was killed
+    assert netns._reserve_subnet() == first
+    assert netns._reserve_subnet() != first      # this process's own reservation holds
+
+
+def test_releasing_leaves_another_process_reservation(reservations: Path) -> None:
+    subnet = netns._reserve_subnet()
+    netns._release_subnet(subnet)
+    assert not (reservations / str(subnet)).exists()
+    (reservations / str(subnet)).write_text(str(os.getppid()))  # another live process reserved it since
+    netns._release_subnet(subnet)
+    assert (reservations / str(subnet)).read_text() == str(os.getppid())
