@@ -27,9 +27,11 @@ import contextlib
 import fcntl
 import tempfile
 
+from recovery_ext._processes import is_alive, this_process
+
 PREFIX = "rxc"
-# Which 10.231.N.0/24 each live Network holds: a file per subnet naming its process, written under an exclusive
-# lock, so test workers that make networks at the same moment never pick the same subnet.
+# Which 10.231.N.0/24 each live Network holds: a file per subnet naming its process (its process key), written
+# under an exclusive lock, so test workers that make networks at the same moment never pick the same subnet.
 RESERVATIONS = Path(tempfile.gettempdir()) / "rx-netns-subnets"
 
 
@@ -59,16 +61,6 @@ def _used_subnets() -> set[int]:
     return used
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def _reserve_subnet() -> int:
     """A subnet no link holds and no live process reserved, reserved for this process until released."""
     RESERVATIONS.mkdir(exist_ok=True)
@@ -76,15 +68,14 @@ def _reserve_subnet() -> int:
         fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
         taken = _used_subnets()
         for entry in RESERVATIONS.glob("[0-9]*"):
-            holder = entry.read_text().strip()
-            if holder.isdigit() and _alive(int(holder)):
+            if is_alive(entry.read_text().strip()):  # a process key: a reused pid never passes for its holder
                 taken.add(int(entry.name))
             else:
                 entry.unlink(missing_ok=True)
         free = [n for n in range(1, 250) if n not in taken]
         if not free:
             raise RuntimeError("no free 10.231.N.0/24 subnet for namespace hosts")
-        (RESERVATIONS / str(free[0])).write_text(str(os.getpid()))
+        (RESERVATIONS / str(free[0])).write_text(this_process())
         return free[0]
 
 
@@ -94,7 +85,7 @@ def _release_subnet(subnet: int) -> None:
     with open(RESERVATIONS / ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         with contextlib.suppress(FileNotFoundError):
-            if entry.read_text().strip() == str(os.getpid()):
+            if entry.read_text().strip() == this_process():
                 entry.unlink()
 
 

@@ -7,18 +7,21 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 import netns
+from recovery_ext._processes import process_key
 
 WORKERS = 6
 
 
-def _reserve_after(barrier: multiprocessing.synchronize.Barrier, folder: str, out: multiprocessing.Queue) -> None:
+def _reserve_after(barrier: Any, folder: str, out: Any) -> None:
     netns.RESERVATIONS = Path(folder)
     barrier.wait()
     out.put(netns._reserve_subnet())
+    barrier.wait()  # a holder that has exited frees its subnet: every one holds on until all have reserved
 
 
 @pytest.fixture
@@ -45,7 +48,7 @@ def test_a_dead_process_reservation_is_taken_over_and_a_live_one_is_not(reservat
     first = netns._reserve_subnet()
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True,
                           check=True).stdout.strip()
-    (reservations / str(first)).write_text(dead)  # as if a worker that reserved it was killed
+    (reservations / str(first)).write_text(process_key(int(dead)))  # as if a worker that reserved it was killed
     assert netns._reserve_subnet() == first
     assert netns._reserve_subnet() != first      # this process's own reservation holds
 
@@ -54,6 +57,6 @@ def test_releasing_leaves_another_process_reservation(reservations: Path) -> Non
     subnet = netns._reserve_subnet()
     netns._release_subnet(subnet)
     assert not (reservations / str(subnet)).exists()
-    (reservations / str(subnet)).write_text(str(os.getppid()))  # another live process reserved it since
+    (reservations / str(subnet)).write_text(process_key(os.getppid()))  # another live process reserved it since
     netns._release_subnet(subnet)
-    assert (reservations / str(subnet)).read_text() == str(os.getppid())
+    assert (reservations / str(subnet)).read_text() == process_key(os.getppid())
