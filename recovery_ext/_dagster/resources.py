@@ -264,10 +264,9 @@ class RecoveryResource(ConfigurableResource):  # type: ignore[type-arg]
                                       stall_timeout=self.stall_timeout, allow_long=long)
         recovery = RecoverySettings(enabled=self.enable_orphan_recovery,
                                     launch_grace_seconds=self.launch_grace_seconds,
-                                    max_age_seconds=self.max_age_seconds)
+                                    max_age_seconds=self.max_age_seconds, allow_long=long)
         check_seconds("hard_deadline_seconds", self.hard_deadline_seconds, minimum=1.0, allow_none=True,
                       allow_long=long)
-        check_seconds("launch_grace_seconds", self.launch_grace_seconds, minimum=1.0, allow_long=long)
         check_seconds("retry_initial_delay", self.retry_initial_delay, minimum=0.0, maximum=3600.0)
         check_seconds("retry_max_delay", self.retry_max_delay, minimum=0.0, maximum=DAY)
         check_seconds("database_retry_budget", self.database_retry_budget, minimum=0.0, allow_none=True,

@@ -39,17 +39,20 @@ EVENT_RETENTION_EVERY = 3600.0  # seconds between two prunes of old events by on
 
 @dataclass(frozen=True)
 class RecoverySettings:
-    """The orphan threshold, the on/off switch and the age limit. ``max_per_scan=None``: no cap."""
+    """The orphan threshold, the on/off switch and the age limit. ``max_per_scan=None``: no cap.
+    ``allow_long``: a launch grace past a day is accepted (the resource's ``allow_long_durations``); None: a day
+    is the limit, and the error does not offer a switch (the environment has none)."""
 
     enabled: bool = True
     max_per_scan: int | None = 1000
     launch_grace_seconds: float = DEFAULT_LAUNCH_GRACE
     max_age_seconds: float | None = 24 * 3600.0
+    allow_long: bool | None = None
 
     def __post_init__(self) -> None:
         if self.max_per_scan is not None:  # None: no cap
             check_count("max_per_scan", self.max_per_scan, minimum=1)
-        check_seconds("launch_grace_seconds", self.launch_grace_seconds, minimum=1.0)
+        check_seconds("launch_grace_seconds", self.launch_grace_seconds, minimum=1.0, allow_long=self.allow_long)
         check_seconds("max_age_seconds", self.max_age_seconds, minimum=1.0, maximum=366 * 86400.0, allow_none=True)
 
     def fill(self, plan: PassPlan) -> PassPlan:

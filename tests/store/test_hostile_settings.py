@@ -57,6 +57,15 @@ def test_retention_past_ten_years_is_lifted_by_allow_long_durations_as_its_error
         RecoveryResource(**{name: 1e300}, allow_long_durations=True)
 
 
+def test_a_launch_grace_past_a_day_is_lifted_by_allow_long_durations_as_its_error_says():
+    """A review found it: the recovery settings checked the grace first, against a day, with no way to lift it."""
+    with pytest.raises(ValueError, match=r"launch_grace_seconds must be at most 86400 s "
+                                         r"\(set allow_long_durations to go beyond\), got 172800"):
+        RecoveryResource(launch_grace_seconds=2 * 86400.0)
+    resource = RecoveryResource(launch_grace_seconds=2 * 86400.0, allow_long_durations=True)
+    assert resource.recovery_settings().launch_grace_seconds == 2 * 86400.0
+
+
 def test_a_limit_nothing_lifts_gives_no_advice_to_lift_it():
     from recovery_ext import LLMResource
 
