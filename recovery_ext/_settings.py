@@ -7,7 +7,9 @@ above a day hides crashes for a day, so it needs ``allow_long=True``).
 
 from __future__ import annotations
 
+import decimal
 import math
+import numbers
 import os
 import re
 from typing import overload
@@ -66,6 +68,20 @@ def check_seconds(name: str, value: object, *, minimum: float = MIN_INTERVAL, ma
     if value > max(maximum, LONGEST):
         raise ConfigurationError(f"{name} must be at most {LONGEST:g} s (a century), got {value:g}")
     return value
+
+
+def check_age(name: str, value: object) -> float:
+    """A retention age as seconds, from 0 (never a future cut-off) to a century. Any real number is one: a
+    ``Decimal``, a ``Fraction`` or a numpy value as well as an int or a float (the store's prune calls took them
+    before their ages were checked). Settings stay ints and floats: their values reach timers and SQL as given."""
+    if not isinstance(value, bool) and isinstance(value, (numbers.Real, decimal.Decimal)):
+        try:
+            value = float(value)
+        except (OverflowError, ValueError):  # an int beyond any float; a signaling NaN
+            raise ConfigurationError(f"{name} must be a finite number of seconds, got {value!r:.40}") from None
+    checked = check_seconds(name, value, minimum=0.0, maximum=LONGEST)
+    assert checked is not None  # allow_none is off: None was refused
+    return checked
 
 
 def check_count(name: str, value: object, *, minimum: int = 0, maximum: int = 1_000_000) -> int:

@@ -9,7 +9,7 @@ from typing import Any
 from sqlalchemy import CompoundSelect, case, delete, func, literal, or_, select, union_all
 from sqlalchemy.sql.elements import ColumnElement
 
-from recovery_ext._settings import LONGEST, check_seconds
+from recovery_ext._settings import check_age
 from recovery_ext._store import aggregates
 from recovery_ext._store.database import Component, Database, retried
 from recovery_ext._store.models import GAP_WINDOW, EventCursor, Pipeline, QueueItem
@@ -139,7 +139,7 @@ class Reports(Component):
     @retried
     def prune_events(self, older_than_seconds: float, *, limit: int = 10_000) -> int:
         """Delete up to ``limit`` events older than the retention, oldest first. Returns how many."""
-        check_seconds("older_than_seconds", older_than_seconds, minimum=0.0, maximum=LONGEST)  # never a future cut
+        older_than_seconds = check_age("older_than_seconds", older_than_seconds)
         cutoff = self.dialect.now_plus(-float(older_than_seconds))
         oldest = select(events.c.id).where(events.c.created_at < cutoff).order_by(events.c.id).limit(limit)
         with self.write() as conn:

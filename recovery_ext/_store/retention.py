@@ -30,7 +30,7 @@ from typing import Any
 
 from sqlalchemy import ColumnElement, Connection, Table, and_, delete, func, literal_column, not_, or_, select, update
 
-from recovery_ext._settings import LONGEST, check_seconds
+from recovery_ext._settings import check_age
 from recovery_ext._store.database import Component, retried
 from recovery_ext._store.observability import COUNTED_TRANSITION_EVENTS
 from recovery_ext._store.schema import (call_journal, events, node_items, nodes, pipelines, provider_calls,
@@ -176,7 +176,7 @@ class Retention(Component):
         or makes ``max_batches``.
         ``dry_run`` only counts the pipelines that would go, by status. ``progress`` is called after each batch.
         """
-        check_seconds("older_than_seconds", older_than_seconds, minimum=0.0, maximum=LONGEST)  # never a future cut
+        older_than_seconds = check_age("older_than_seconds", older_than_seconds)
         batch_size = self.dialect.prune_batch if batch_size is None else batch_size
         if not 1 <= batch_size <= 10_000:
             raise ValueError("batch_size must be from 1 to 10000")

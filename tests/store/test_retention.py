@@ -7,6 +7,8 @@ events) and their end moved back in time with one UPDATE, so a cut-off of days n
 from __future__ import annotations
 
 import json
+from decimal import Decimal
+from fractions import Fraction
 
 import pytest
 from helpers import expire, reclaim
@@ -514,6 +516,25 @@ def test_the_pipelines_without_an_end_time_are_their_own_index_range_not_the_who
             else:
                 plan = "\n".join(row[0] for row in conn.exec_driver_sql("EXPLAIN " + sql))
                 assert "Index Cond: ((status = " in plan and "AND (completed_at IS NULL))" in plan, plan
+
+
+@pytest.mark.parametrize("days", [Decimal("50"), Fraction(101, 2)], ids=repr)
+def test_a_retention_age_of_any_real_number_is_taken(store, days):
+    """A review found it: the age check refused a Decimal (and numpy's integers) the store used to take. Any real
+    number passes, as a float."""
+    own = store.pipelines.create_pipeline("job", ["a"], owner="run-1", origin_run_id="run-1")
+    store.pipelines.fail_run(own, "boom")
+    ended_ago(store, own.pipeline_id, 100)
+    newest(store)
+    assert store.reports.prune_finished_pipelines(days * 3 * int(DAY), dry_run=True).by_status == {}  # too young
+    assert store.reports.prune_finished_pipelines(days * int(DAY), dry_run=True).by_status == {"failed": 1}
+    assert store.reports.prune_events(days * int(DAY)) == 0
+
+
+@pytest.mark.parametrize("older_than", [Decimal("NaN"), Decimal("sNaN"), Decimal("-1"), Decimal("1e400")], ids=repr)
+def test_a_decimal_that_is_no_age_is_refused(store, older_than):
+    with pytest.raises(ConfigurationError, match="older_than_seconds must be"):
+        store.reports.prune_finished_pipelines(older_than, dry_run=True)
 
 
 @pytest.mark.parametrize("older_than", [-5, float("nan"), float("inf"), "1d", True])
