@@ -99,19 +99,23 @@ DATABASES = ("sqlite", "postgresql")
 DATABASES_ENV = "RX_TEST_DATABASES"
 
 
-def chosen_databases() -> list[str]:
+def chosen_databases() -> list[str] | None:
     """The dialects ``db_url`` runs each test on: both by default; ``RX_TEST_DATABASES=postgresql`` (a comma list)
     for a pass whose point is something else, such as CI's runs on the oldest and newest Dagster, whose tests
-    already ran on both databases under the main Dagster. A name that is no dialect stops the suite at once."""
+    already ran on both databases under the main Dagster. None when it names no dialect, or one that is not."""
     raw = os.environ.get(DATABASES_ENV, ",".join(DATABASES))
     chosen = [name.strip() for name in raw.split(",") if name.strip()]
-    unknown = [name for name in chosen if name not in DATABASES]
-    if unknown or not chosen:
-        raise pytest.UsageError(f"{DATABASES_ENV} must name some of {', '.join(DATABASES)}, not {raw!r}")
-    return chosen
+    return chosen if chosen and all(name in DATABASES for name in chosen) else None
 
 
-@pytest.fixture(params=chosen_databases())
+def pytest_configure(config: pytest.Config) -> None:
+    """A bad ``RX_TEST_DATABASES`` stops the suite before it collects, with a one-line usage error."""
+    if chosen_databases() is None:
+        raise pytest.UsageError(f"{DATABASES_ENV} must name some of {', '.join(DATABASES)}, not "
+                                f"{os.environ.get(DATABASES_ENV)!r}")
+
+
+@pytest.fixture(params=chosen_databases() or DATABASES)  # a bad value never gets here: pytest_configure stops
 def db_url(request, tmp_path) -> Iterator[str]:
     """The test's database on each dialect: empty, or already migrated when the test uses the ``store`` (a copy
     of a migrated SQLite file, an emptied migrated PostgreSQL database), since migrating costs more than the
