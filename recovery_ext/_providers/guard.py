@@ -447,6 +447,12 @@ class ProviderGuard:
     # -- tenacity strategies ---------------------------------------------------------------------
 
     def _wait(self, call: GuardedCall) -> Callable[[RetryCallState], float]:
+        def within_budget(retry_state: RetryCallState) -> float:
+            """No wait runs past the outage budget: a breaker's cool-down of 30 s under a budget of 5 s gave up at
+            30 s. The call tries once more when the budget is spent, and gives up if that fails too."""
+            delay = wait(retry_state)
+            return min(delay, max(0.0, self.settings.budget_seconds - self._outage_seconds(call)))
+
         def wait(retry_state: RetryCallState) -> float:
             exc = _failure(retry_state)
             if call.first_failure is None:
@@ -472,7 +478,7 @@ class ProviderGuard:
             call.pause_reason = f"{count} {category} errors in a row from {redact(self.endpoint)}: {redact(exc)}"[:400]
             return delay
 
-        return wait
+        return within_budget
 
     def _stop(self, call: GuardedCall) -> stop_base:
         guard = self

@@ -171,6 +171,27 @@ def test_a_failed_probe_reopens_with_a_longer_cooldown(store):
     assert store.providers.breakers()[0]["open_count"] == 2
 
 
+def test_a_breaker_cool_down_longer_than_the_outage_budget_gives_up_at_the_budget(store):
+    """A review found it: with a budget of 5 s and cool-downs of 30 s, a call slept through the 30 s cool-down and
+    gave up then. No wait runs past the budget now: the call tries once more when it is spent, then gives up."""
+    fake = FakeTime()
+    guard = ProviderGuard("http://llm.local/v1", policy=RetryPolicy(initial_delay=1.0, jitter=0.0), store=store,
+                          sleep=fake.sleep, clock=fake.clock,
+                          settings=OutageSettings(jitter=0.0, pause_after=100, breaker_threshold=1, budget_seconds=5.0,
+                                                  breaker_cooldown=30.0, breaker_max_cooldown=30.0))
+    attempts = []
+
+    def down():
+        attempts.append(fake.now)
+        raise ConnectionResetError("the provider dropped the connection")
+
+    with pytest.raises(OutageBudgetExceeded, match="outage budget of 5 s"):
+        guard.call(down)
+    # the failure opened the breaker (threshold 1); its cool-down (about 30 s, on the database clock) is waited
+    # only up to the budget: 1 s of back-off, then the 4 s left; the last try finds the breaker open and gives up
+    assert attempts == [0.0] and fake.slept == [1.0, 4.0] and fake.now == 5.0
+
+
 def test_a_closed_breaker_is_read_once_per_refresh_and_again_after_any_failure(store, monkeypatch):
     """One breaker read per LLM request was a round trip each; a node now trusts a read that found the
     breaker closed with no failures for ``breaker_refresh`` seconds of its clock, and no longer."""
