@@ -16,7 +16,7 @@ from helpers import expire
 from recovery_ext import ConfigurationError, RecoveryResource, make_orphan_sensor
 from recovery_ext._cli import main
 from recovery_ext._dagster.resources import DEPLOYMENT_ENV
-from recovery_ext._store import ticks
+from recovery_ext._store import recovery as store_recovery
 
 
 @pytest.mark.parametrize("name", ["a\x00b", "x" * (1 << 20), "", " blue", "blue/green", "-blue", "x" * 65,
@@ -121,7 +121,7 @@ def test_a_stranded_orphan_of_another_deployment_is_reported_in_the_tick_and_in_
 
 def test_a_pipeline_past_the_ticks_check_limit_waits_for_a_later_tick_and_is_never_acted_on_unchecked(
         store, db_url, monkeypatch):
-    monkeypatch.setattr(ticks, "FIRST_RUNS_LIMIT", 2)
+    monkeypatch.setattr(store_recovery, "FIRST_RUNS_LIMIT", 2)
     with instance_for_test() as mine, instance_for_test() as theirs:
         crashed = [_crashed(store, mine, "blue").pipeline_id for _ in range(3)]
         assert not tick(theirs, db_url, "blue").run_requests  # checks 2, the third is not acted on either
