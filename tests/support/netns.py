@@ -61,31 +61,32 @@ def _used_subnets() -> set[int]:
     return used
 
 
-def _reserve_subnet() -> int:
-    """A subnet no link holds and no live process reserved, reserved for this process until released."""
+def _reserve_subnet(holder: str) -> int:
+    """A subnet no link holds and no live process reserved, reserved for ``holder`` (this process's key, then a
+    name of its own) until released."""
     RESERVATIONS.mkdir(exist_ok=True)
     with open(RESERVATIONS / ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
         taken = _used_subnets()
         for entry in RESERVATIONS.glob("[0-9]*"):
-            if is_alive(entry.read_text().strip()):  # a process key: a reused pid never passes for its holder
+            if is_alive(entry.read_text().split(" ")[0]):  # a process key: a reused pid never passes for its holder
                 taken.add(int(entry.name))
             else:
                 entry.unlink(missing_ok=True)
         free = [n for n in range(1, 250) if n not in taken]
         if not free:
             raise RuntimeError("no free 10.231.N.0/24 subnet for namespace hosts")
-        (RESERVATIONS / str(free[0])).write_text(this_process())
+        (RESERVATIONS / str(free[0])).write_text(holder)
         return free[0]
 
 
-def _release_subnet(subnet: int) -> None:
-    """Drop this process's reservation of ``subnet`` (never another process's, if it reserved it since)."""
+def _release_subnet(subnet: int, holder: str) -> None:
+    """Drop ``holder``'s reservation of ``subnet`` (never another's, if another reserved it since)."""
     entry = RESERVATIONS / str(subnet)
     with open(RESERVATIONS / ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         with contextlib.suppress(FileNotFoundError):
-            if entry.read_text().strip() == this_process():
+            if entry.read_text() == holder:
                 entry.unlink()
 
 
@@ -174,7 +175,8 @@ class Network:
     def __init__(self, hosts: int) -> None:
         require_netns()
         self.tag = uuid.uuid4().hex[:4]
-        self.subnet = _reserve_subnet()
+        self.holder = f"{this_process()} {self.tag}"  # a network of its own, not only this process's
+        self.subnet = _reserve_subnet(self.holder)
         self.base = f"10.231.{self.subnet}"
         self.gateway = f"{self.base}.1"                    # the bridge: where the servers listen
         self.bridge = f"{PREFIX}{self.tag}br"
@@ -206,7 +208,7 @@ class Network:
         if self._created:
             _ip("link", "del", self.bridge, check=False)
             self._created = False
-        _release_subnet(self.subnet)
+        _release_subnet(self.subnet, self.holder)
 
     def __enter__(self) -> Network:
         return self.create()
