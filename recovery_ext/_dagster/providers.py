@@ -154,6 +154,8 @@ def node_outage_pause(run: NodeRun, own: Ownership, err: ClassifiedError,
     asked = retry_after_of(err)
     if asked is not None:
         delay = max(delay, min(asked, settings.pause_max))
+    # no pause runs past the budget: the node tries once more when it is spent, and gives up if that fails too
+    delay = min(delay, settings.budget_seconds - elapsed)
     reason = redact(f"{repeated} {err.category} errors in a row in {op_name}: {err.detail}")[:400]
     try:
         until = store.providers.set_waiting(own, delay, reason, node=op_name)

@@ -198,6 +198,21 @@ def test_the_same_transient_error_again_and_again_pauses_the_pipeline_until_the_
     assert kinds.count("pipeline_waiting") == retries - 2  # two plain retries, then one pause per retry
 
 
+def test_a_node_pause_longer_than_the_outage_budget_is_cut_to_it(store, db_url, httpserver):
+    """A pause of 30 s under a budget of 1 s waited the 30 s before it gave up. No pause runs past the budget now:
+    the node tries once more when it is spent, then gives up."""
+    httpserver.expect_request("/fault").respond_with_data("busy", status=503)
+    result = run(items_job_inprocess, db_url, config(1, n2={"fault_url": httpserver.url_for("/fault")}),
+                 max_retries=3, same_error_limit=1, outage_pause_initial=30.0, outage_pause_max=30.0,
+                 outage_budget_seconds=1.0)
+    assert not result.success
+    waits = [e.event_specific_data.seconds_to_wait for e in result.all_events
+             if e.event_type_value == "STEP_UP_FOR_RETRY"]
+    assert waits and all(0 < wait <= 1.0 for wait in waits), waits
+    failure = next(e for e in result.all_events if e.event_type_value == "STEP_FAILURE")
+    assert "longer than the outage budget of 1 s" in str(failure.event_specific_data.error)
+
+
 def test_a_node_outage_that_ends_completes_and_the_pipeline_was_visibly_waiting(store, db_url, httpserver):
     seen = []
 
