@@ -143,8 +143,8 @@ def node_outage_pause(run: NodeRun, own: Ownership, err: ClassifiedError,
     if elapsed >= settings.budget_seconds:
         err = ClassifiedError(err, category=err.category, status_code=err.status_code, retryable=False,
                               model=err.model, endpoint=err.endpoint,
-                              message=f"gave up: {op_name} kept failing ({err.category}) for {elapsed:.1f} s, longer "
-                                      f"than the outage budget of {settings.budget_seconds:g} s; last error: "
+                              message=f"gave up: {op_name} kept failing ({err.category}) for {elapsed:.1f} s and used "
+                                      f"up the outage budget of {settings.budget_seconds:g} s; last error: "
                                       f"{err.detail}")
         return to_failure(err), err
     # Pause k waits pause_initial * 2**(k-1): after pauses of 30, 60, 120 s the outage clock reads 210 s.
@@ -154,9 +154,11 @@ def node_outage_pause(run: NodeRun, own: Ownership, err: ClassifiedError,
     asked = retry_after_of(err)
     if asked is not None:
         delay = max(delay, min(asked, settings.pause_max))
-    # no pause runs past the budget: the node tries once more when it is spent, and gives up if that fails too
-    delay = min(delay, settings.budget_seconds - elapsed)
     reason = redact(f"{repeated} {err.category} errors in a row in {op_name}: {err.detail}")[:400]
+    # no pause runs past the budget: the node tries once more when it is spent, and gives up if that fails too
+    left = settings.budget_seconds - elapsed
+    if left < delay:
+        delay, reason = left, f"{reason} (waiting only the {left:.1f} s left of the outage budget)"
     try:
         until = store.providers.set_waiting(own, delay, reason, node=op_name)
     except OwnershipLost as lost:

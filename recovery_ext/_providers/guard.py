@@ -451,7 +451,10 @@ class ProviderGuard:
             """No wait runs past the outage budget: a breaker's cool-down of 30 s under a budget of 5 s gave up at
             30 s. The call tries once more when the budget is spent, and gives up if that fails too."""
             delay = wait(retry_state)
-            return min(delay, max(0.0, self.settings.budget_seconds - self._outage_seconds(call)))
+            left = max(0.0, self.settings.budget_seconds - self._outage_seconds(call))
+            if left < delay and call.pause_reason is not None:  # what is shown says why it is shorter
+                call.pause_reason = f"{call.pause_reason} (waiting only the {left:.1f} s left of the outage budget)"
+            return min(delay, left)
 
         def wait(retry_state: RetryCallState) -> float:
             exc = _failure(retry_state)
@@ -537,8 +540,8 @@ class ProviderGuard:
             raise OutageBudgetExceeded(
                 exc, category=found.category, status_code=found.status_code, retryable=False,
                 endpoint=self.endpoint, **{k: v for k, v in self.policy.context.items() if k != "endpoint"},
-                message=f"gave up: {redact(self.endpoint)} stayed unavailable for {self._outage_seconds(call):.0f} s, "
-                        f"longer than the outage budget of {budget:g} s; last error: {redact(exc)}",
+                message=f"gave up: {redact(self.endpoint)} stayed unavailable for {self._outage_seconds(call):.1f} s "
+                        f"and used up the outage budget of {budget:g} s; last error: {redact(exc)}",
             ) from exc
 
         return give_up

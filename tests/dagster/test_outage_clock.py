@@ -74,7 +74,7 @@ def test_an_overload_after_an_answer_on_every_try_still_gives_up_at_the_outage_b
     RETRIES_SEEN.clear()
     result = run(stays_overloaded_job, db_url, max_retries=0, **SHORT_OUTAGES)
     assert not result.success and max(RETRIES_SEEN) < 40, RETRIES_SEEN
-    assert any("longer than the outage budget" in failure for failure in failures(result)), failures(result)
+    assert any("used up the outage budget" in failure for failure in failures(result)), failures(result)
     (p,) = store.reports.list_pipelines()
     assert store.pipelines.get_pipeline(p.id).status == "failed"
 
@@ -98,7 +98,7 @@ def test_answers_the_journal_does_not_keep_do_not_end_the_outage_clock(store, db
     RETRIES_SEEN.clear()
     result = run(unkept_answers_job, db_url, max_retries=0, **SHORT_OUTAGES)
     assert not result.success and max(RETRIES_SEEN) < 40, RETRIES_SEEN
-    assert any("longer than the outage budget" in failure for failure in failures(result)), failures(result)
+    assert any("used up the outage budget" in failure for failure in failures(result)), failures(result)
 
 
 def outlive_the_budget(ctx: NodeContext) -> None:

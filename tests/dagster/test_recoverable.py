@@ -186,7 +186,7 @@ def test_the_same_transient_error_again_and_again_pauses_the_pipeline_until_the_
                  outage_budget_seconds=4.0)  # room for more than 3 retries on a busy machine (pauses of <= 0.2 s)
     assert not result.success
     failure = next(e for e in result.all_events if e.event_type_value == "STEP_FAILURE")
-    assert "longer than the outage budget of 4 s" in str(failure.event_specific_data.error)
+    assert "used up the outage budget of 4 s" in str(failure.event_specific_data.error)
     retries = len([e for e in result.all_events if e.event_type_value == "STEP_UP_FOR_RETRY"])
     assert retries > 3  # seed 002's escalation after 3 no longer fails: the node keeps pausing
     (p,) = store.reports.list_pipelines()
@@ -209,8 +209,11 @@ def test_a_node_pause_longer_than_the_outage_budget_is_cut_to_it(store, db_url, 
     waits = [e.event_specific_data.seconds_to_wait for e in result.all_events
              if e.event_type_value == "STEP_UP_FOR_RETRY"]
     assert waits and all(0 < wait <= 1.0 for wait in waits), waits
+    (p,) = store.reports.list_pipelines()
+    waiting = [t for t in store.reports.transitions_for(pipeline_id=p.id) if t["to_status"] == "waiting"]
+    assert waiting and all("left of the outage budget" in t["data"]["reason"] for t in waiting), waiting
     failure = next(e for e in result.all_events if e.event_type_value == "STEP_FAILURE")
-    assert "longer than the outage budget of 1 s" in str(failure.event_specific_data.error)
+    assert "used up the outage budget of 1 s" in str(failure.event_specific_data.error)
 
 
 def test_a_node_outage_that_ends_completes_and_the_pipeline_was_visibly_waiting(store, db_url, httpserver):

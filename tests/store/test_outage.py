@@ -94,7 +94,7 @@ def test_the_outage_budget_gives_up_with_a_clear_reason(store, httpserver):
                                                      budget_seconds=120))
     with pytest.raises(OutageBudgetExceeded) as info:
         llm.complete_json("glossary", {})
-    assert "longer than the outage budget of 120 s" in str(info.value) and info.value.retryable is False
+    assert "used up the outage budget of 120 s" in str(info.value) and info.value.retryable is False
     assert sum(fake.slept) >= 120 and classify(info.value).retryable is False
     p = store.pipelines.get_pipeline(own.pipeline_id)
     assert p.shown_status == "running" and p.waiting_since is not None  # the budget is spent for this pipeline
@@ -174,9 +174,9 @@ def test_a_failed_probe_reopens_with_a_longer_cooldown(store):
 def test_a_breaker_cool_down_longer_than_the_outage_budget_gives_up_at_the_budget(store):
     """A review found it: with a budget of 5 s and cool-downs of 30 s, a call slept through the 30 s cool-down and
     gave up then. No wait runs past the budget now: the call tries once more when it is spent, then gives up."""
-    fake = FakeTime()
+    fake, logged = FakeTime(), []
     guard = ProviderGuard("http://llm.local/v1", policy=RetryPolicy(initial_delay=1.0, jitter=0.0), store=store,
-                          sleep=fake.sleep, clock=fake.clock,
+                          sleep=fake.sleep, clock=fake.clock, log=logged.append,
                           settings=OutageSettings(jitter=0.0, pause_after=100, breaker_threshold=1, budget_seconds=5.0,
                                                   breaker_cooldown=30.0, breaker_max_cooldown=30.0))
     attempts = []
@@ -190,6 +190,8 @@ def test_a_breaker_cool_down_longer_than_the_outage_budget_gives_up_at_the_budge
     # the failure opened the breaker (threshold 1); its cool-down (about 30 s, on the database clock) is waited
     # only up to the budget: 1 s of back-off, then the 4 s left; the last try finds the breaker open and gives up
     assert attempts == [0.0] and fake.slept == [1.0, 4.0] and fake.now == 5.0
+    (shown,) = [line for line in logged if line.startswith("waiting 4.0 s: ")]
+    assert "circuit breaker is open" in shown and "waiting only the 4.0 s left of the outage budget" in shown, shown
 
 
 def test_a_closed_breaker_is_read_once_per_refresh_and_again_after_any_failure(store, monkeypatch):
