@@ -12,7 +12,7 @@ from recovery_ext._classify.classifier import ClassifiedError, retry_after_of
 from recovery_ext._errors import OwnershipLost
 from recovery_ext._providers.budget import RateBudget
 from recovery_ext._store.models import ProviderLimits
-from recovery_ext._providers.guard import ProviderGuard, StorePause
+from recovery_ext._providers.guard import ProviderGuard, StorePause, cut_to_budget
 from recovery_ext._providers.spend import SpendCap
 from recovery_ext._classify.redaction import redact
 from recovery_ext._classify.retry import RetryPolicy, wait_jittered_exponential
@@ -154,11 +154,8 @@ def node_outage_pause(run: NodeRun, own: Ownership, err: ClassifiedError,
     asked = retry_after_of(err)
     if asked is not None:
         delay = max(delay, min(asked, settings.pause_max))
-    reason = redact(f"{repeated} {err.category} errors in a row in {op_name}: {err.detail}")[:400]
-    # no pause runs past the budget: the node tries once more when it is spent, and gives up if that fails too
-    left = settings.budget_seconds - elapsed
-    if left < delay:
-        delay, reason = left, f"{reason} (waiting only the {left:.1f} s left of the outage budget)"
+    delay, reason = cut_to_budget(delay, elapsed, settings.budget_seconds,
+                                  redact(f"{repeated} {err.category} errors in a row in {op_name}: {err.detail}")[:400])
     try:
         until = store.providers.set_waiting(own, delay, reason, node=op_name)
     except OwnershipLost as lost:

@@ -27,7 +27,7 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Any, Protocol, TypeVar, cast
+from typing import Any, Protocol, TypeVar, cast, overload
 
 import tenacity
 from tenacity import RetryCallState
@@ -220,6 +220,22 @@ class AttemptHold:
             action(self.spend)
         except Exception as exc:  # noqa: BLE001
             self.log(f"could not settle a spend cap reservation (it stays counted): {redact(exc)}")
+
+
+@overload
+def cut_to_budget(delay: float, spent: float, budget: float, reason: str) -> tuple[float, str]: ...
+@overload
+def cut_to_budget(delay: float, spent: float, budget: float, reason: None) -> tuple[float, None]: ...
+@overload
+def cut_to_budget(delay: float, spent: float, budget: float, reason: str | None) -> tuple[float, str | None]: ...
+def cut_to_budget(delay: float, spent: float, budget: float, reason: str | None) -> tuple[float, str | None]:
+    """``delay`` cut to what is left of the outage budget once ``spent`` seconds of it are gone, and the reason
+    shown for it, which says so when it is cut. No wait runs past the budget (a breaker's cool-down of 30 s under
+    a budget of 5 s gave up at 30 s): the call, or the node, tries once more, and gives up if that fails too."""
+    left = max(0.0, budget - spent)
+    if left >= delay:
+        return delay, reason
+    return left, None if reason is None else f"{reason} (waiting only the {left:.1f} s left of the outage budget)"
 
 
 def _failure(retry_state: RetryCallState) -> BaseException:
@@ -448,13 +464,9 @@ class ProviderGuard:
 
     def _wait(self, call: GuardedCall) -> Callable[[RetryCallState], float]:
         def within_budget(retry_state: RetryCallState) -> float:
-            """No wait runs past the outage budget: a breaker's cool-down of 30 s under a budget of 5 s gave up at
-            30 s. The call tries once more when the budget is spent, and gives up if that fails too."""
-            delay = wait(retry_state)
-            left = max(0.0, self.settings.budget_seconds - self._outage_seconds(call))
-            if left < delay and call.pause_reason is not None:  # what is shown says why it is shorter
-                call.pause_reason = f"{call.pause_reason} (waiting only the {left:.1f} s left of the outage budget)"
-            return min(delay, left)
+            delay, call.pause_reason = cut_to_budget(wait(retry_state), self._outage_seconds(call),
+                                                     self.settings.budget_seconds, call.pause_reason)
+            return delay
 
         def wait(retry_state: RetryCallState) -> float:
             exc = _failure(retry_state)
