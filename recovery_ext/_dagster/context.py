@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Itera
 from concurrent.futures import Future
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
+from operator import attrgetter
 from typing import Any
 
 from dagster import Failure, OpExecutionContext
@@ -54,6 +55,7 @@ def replayable_output(value: Any) -> Any:
 
 # The item outcomes every node reports, as output metadata ``items_<outcome>``.
 ITEM_OUTCOMES = tuple(ItemOutcome)
+_STATUS = attrgetter("status")
 _COUNTERS: dict[str, str] = {outcome: f"items_{outcome}" for outcome in ITEM_OUTCOMES}  # attribute names, made once
 
 
@@ -71,16 +73,16 @@ def _json_text(result: Any) -> JsonText | None:
 def _refuse_unstorable_keys(name: str, keys: Sequence[str], dialect: Any, *,
                             outcome: str = "no item was started") -> None:
     """Refuse the keys whole (before any work is paid for) when one cannot be stored as text on this database
-    (``dialect.why_unstorable``: a lone surrogate; a NUL where the database's text refuses one, so SQLite's
+    (``dialect.first_unstorable``: a lone surrogate; a NUL where the database's text refuses one, so SQLite's
     pipelines that hold such keys still resume; a key longer than the database's index entries hold). Found only
     after its work, such a key's checkpoint would fail the op with the answer paid for. ``outcome`` says what was
     not done (``ctx.checkpoint(key)`` gets its key only after the work, so it refuses it there, before the
     store)."""
-    for key in keys:
-        why = dialect.why_unstorable(key)
-        if why is not None:
-            raise ConfigurationError(f"{name}: key {key[:80]!r} {why}; a checkpoint could not store it, so "
-                                     f"{outcome} (give each item a short key of plain text)")
+    unstorable = dialect.first_unstorable(keys)
+    if unstorable is not None:
+        key, why = unstorable
+        raise ConfigurationError(f"{name}: key {key[:80]!r} {why}; a checkpoint could not store it, so "
+                                 f"{outcome} (give each item a short key of plain text)")
 
 
 @dataclass(slots=True)
@@ -609,7 +611,7 @@ class NodeContext:
         if len(entries) == 1:  # a per-item loop's checkpoint
             degraded = 1 if entries[0].status == ItemStatus.DEGRADED else 0
         else:
-            degraded = sum(1 for e in entries if e.status == ItemStatus.DEGRADED)
+            degraded = list(map(_STATUS, entries)).count(ItemStatus.DEGRADED)  # at C speed: once per batch
         if degraded:  # a count of 0 takes no lock (a per-item loop counts once per item)
             self.count_items(ItemOutcome.DEGRADED, degraded)
         if len(entries) > degraded:

@@ -14,7 +14,7 @@ import sqlite3
 import threading
 import time
 import zlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
@@ -110,6 +110,22 @@ class Dialect:
                     "bytes that are not UTF-8, or a surrogate pair left as two code points)")
         if limit is not None and len(data) > limit:
             return self._why_too_long(data, limit)
+        return None
+
+    def first_unstorable(self, keys: Sequence[str]) -> tuple[str, str] | None:
+        """The first of ``keys`` :meth:`why_unstorable` refuses, with why, or None when every one can be stored. Keys
+        of plain ASCII text, without a NUL and short enough, the usual ones, are settled together by three string
+        tests on their joined text, not one by one (ctx.items checks every key of a run, and a batch's checkpoint
+        every key it writes): the slower test runs only when one of them fails."""
+        joined = "".join(keys)
+        limit = self.key_bytes_max
+        if (joined.isascii() and ("\x00" not in joined or self.text_keeps_nul)
+                and (limit is None or len(joined) <= limit or max(map(len, keys)) <= limit)):
+            return None
+        for key in keys:
+            why = self.why_unstorable(key)
+            if why is not None:
+                return key, why
         return None
 
     @staticmethod

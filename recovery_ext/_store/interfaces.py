@@ -252,7 +252,7 @@ class OpStore(LivenessStore, GuardStore, QueueHandleStore, Protocol):
     """What the op and asset layer is given (``_dagster``): the pipeline of a run and its nodes, what it hands to
     the heartbeat thread, the provider guard and the queue handle, the ledger's figures for its metadata, and
     the reclaim that superseded a run, and a read-only connection for the user's own reads; its dialect says
-    which item keys its checkpoints can store (``why_unstorable``)."""
+    which item keys its checkpoints can store (``first_unstorable``)."""
 
     dialect: Any
     @property

@@ -89,6 +89,21 @@ def test_a_key_longer_than_an_index_entry_holds_is_refused_where_it_would_fail_t
     assert set(store.pipelines.completed_items(own.pipeline_id, "a")) == set(keys)
 
 
+def test_a_batch_of_keys_is_judged_as_each_key_alone(store):
+    """``first_unstorable`` settles usual keys together, by tests on their joined text: it refuses exactly what
+    ``why_unstorable`` refuses key by key, and names the first such key, whatever the batch around it."""
+    dialect = store.dialect
+    usual = [f"page-{i:04d}" for i in range(1000)]  # joined, far longer than an index entry holds
+    assert dialect.first_unstorable(usual) is None
+    assert dialect.first_unstorable(["\u00e9t\u00e9", *usual]) is None  # text that is not ASCII, stored as it is
+    assert dialect.first_unstorable([]) is None
+    for odd in ("scan-\udcff.png", "smile-\ud83d\ude00", "page\x00two", incompressible_key(4000), "\u00e9" * 2000):
+        why = dialect.why_unstorable(odd)
+        assert dialect.first_unstorable([*usual[:10], odd, *usual[10:]]) == (None if why is None else (odd, why))
+    # two refused keys: the first one is named
+    assert dialect.first_unstorable(["fine", "a-\udcff", "b-\udcfe"])[0] == "a-\udcff"
+
+
 @pytest.mark.parametrize("batch", [1, 50])
 def test_a_key_with_a_nul_is_refused_where_text_refuses_it_and_resumes_where_text_keeps_it(store, batch):
     own = running_node(store)
