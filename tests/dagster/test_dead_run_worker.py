@@ -15,12 +15,13 @@ from dagster import DagsterEventType, Field, in_process_executor, job
 from sqlalchemy import inspect
 
 from e2e_defs import calls, items_job_inprocess
+from recovery_pipelines.devserver import wait_for
 from sdk_stand_in import SdkStandIn
 from recovery_ext import (ClassifiedError, LLMResource, RecoveryResource, execute_in_process, recoverable_op,
                           with_recovery)
 from recovery_ext._dagster import executor, recoverable
-from recovery_ext._liveness import watch as parent
-from recovery_ext._liveness.watch import RUN_WORKER_PID_ENV
+from recovery_ext._liveness import heartbeat as parent
+from recovery_ext._liveness.heartbeat import RUN_WORKER_PID_ENV
 
 
 def dead_pid() -> int:
@@ -230,9 +231,8 @@ def test_an_items_retry_pause_ends_once_the_run_worker_died(op, store, db_url, m
 
 @recoverable_op(required_resource_keys={"llm"}, config_schema={"in_tasks": Field(bool, default_value=False)})
 async def asks_a_provider_in_an_outage(ctx):
-    """Each request gets a 503 with a long Retry-After, and the client pauses to retry it; the run worker dies
-    half a second in, in that pause."""
-    threading.Timer(0.5, parent.RUN_WORKER_GONE.set).start()
+    """Each request gets a 503 with a long Retry-After, and the client pauses to retry it; the run worker dies in
+    that pause (the test sets it gone once both requests were answered)."""
     llm = ctx.context.resources.llm
 
     def ask(item):
@@ -265,6 +265,13 @@ def test_a_provider_clients_retry_pause_ends_once_the_run_worker_died(in_tasks, 
     def outage_job():
         asks_a_provider_in_an_outage()
 
+    def run_worker_dies_in_the_pause() -> None:
+        # once both requests were answered, not after a fixed time: on a busy machine the step may take longer than
+        # that to send them, and then the run worker was gone before the first request (none was sent)
+        wait_for(lambda: len(server.statuses()) >= 2, timeout=PAUSE / 2, interval=0.02, what="both requests")
+        parent.RUN_WORKER_GONE.set()
+
+    threading.Thread(target=run_worker_dies_in_the_pause, daemon=True).start()
     began = time.monotonic()
     try:
         error = failure_in_a_step_process(outage_job, db_url, monkeypatch, gone=False, heartbeat_timeout=10 * PAUSE,
