@@ -157,7 +157,7 @@ def watch_pool_processes() -> None:
     ``$RECOVERY_DATABASE_URL`` names (as the steps' resource defaults to)."""
     from celery import signals
 
-    from recovery_ext._liveness.watch import HostWatch
+    from recovery_ext._liveness.heartbeat import HostWatch
     from recovery_ext._settings import env_seconds
     from recovery_ext._store.store import RecoveryStore, default_database_url
 

@@ -23,7 +23,7 @@ from recovery_ext._liveness.heartbeat import HeartbeatSettings, Lease, registry_
 from recovery_ext._store.models import Node, Ownership
 from recovery_ext._classify.redaction import redact
 from recovery_ext._dagster.executor import has_run_liveness, is_run_worker
-from recovery_ext._liveness.watch import dead_run_worker, watch_run_worker
+from recovery_ext._liveness.heartbeat import dead_run_worker, watch_run_worker
 from recovery_ext._providers.ledger import current_scope
 from recovery_ext._dagster.providers import node_outage_pause
 from recovery_ext._dagster.replay import skipped_metadata

@@ -22,7 +22,7 @@ from sqlalchemy import update
 
 from recovery_ext._liveness.heartbeat import HeartbeatRegistry, HeartbeatSettings
 from recovery_ext._processes import WATCHER_ENV, is_alive, process_key, this_process
-from recovery_ext._liveness.watch import ProcessWatch
+from recovery_ext._liveness.heartbeat import ProcessWatch
 from recovery_ext._store.models import Ownership, PassPlan
 from recovery_ext._store.schema import nodes, pipelines
 

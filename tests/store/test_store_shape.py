@@ -103,7 +103,6 @@ CALLERS = {
     "_dagster/assets.py": OpStore,
     "_dagster/queue_handle.py": QueueHandleStore,
     "_liveness/heartbeat.py": LivenessStore,
-    "_liveness/watch.py": LivenessStore,
     "_providers/guard.py": GuardStore,
     "_providers/budget.py": GuardStore,
     "_providers/spend.py": GuardStore,
