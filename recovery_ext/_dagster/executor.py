@@ -44,8 +44,7 @@ from recovery_ext._dagster.errors import DATABASE_OUTAGE
 from recovery_ext._dagster.fences import execute_steps
 from recovery_ext._errors import (IllegalTransition, MissingRunLiveness, NotFound, OwnershipLost, RecoveryError,
                                   StoreError)
-from recovery_ext._liveness.heartbeat import HeartbeatSettings, Lease, registry_for
-from recovery_ext._liveness.heartbeat import ProcessWatch, mark_run_worker
+from recovery_ext._liveness.heartbeat import HeartbeatSettings, Lease, ProcessWatch, mark_run_worker, registry_for
 from recovery_ext._store.models import NodeSpec, Ownership
 from recovery_ext._classify.redaction import redact
 from recovery_ext._dagster.replay import carried_op_selection, replay_events, split_plan, subset_context
