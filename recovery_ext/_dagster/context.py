@@ -55,8 +55,8 @@ def replayable_output(value: Any) -> Any:
 
 # The item outcomes every node reports, as output metadata ``items_<outcome>``.
 ITEM_OUTCOMES = tuple(ItemOutcome)
-_STATUS = attrgetter("status")
 _COUNTERS: dict[str, str] = {outcome: f"items_{outcome}" for outcome in ITEM_OUTCOMES}  # attribute names, made once
+_STATUS = attrgetter("status")  # an item checkpoint's status, read for a whole batch at C speed
 
 
 def _json_text(result: Any) -> JsonText | None:

@@ -15,7 +15,8 @@ watchdog re-checks ownership before it claims liveness again, and a lost ownersh
 stops the node.
 
 The watch (:class:`ProcessWatch`, :class:`HostWatch`, :func:`watch_run_worker`) is the process that knows: a
-watcher vouches for the step processes it started, or reports them dead. It runs on the heartbeat's pulse.
+watcher vouches for the step processes it started, or reports them dead. :class:`ProcessWatch` runs on the
+heartbeat's pulse; :class:`HostWatch` and :func:`watch_run_worker` on threads of their own.
 
 A run worker is the parent of its multiprocess step processes; a Celery worker's main process is
 the parent of its pool processes. Each step records on its node which process it is and which
@@ -48,11 +49,10 @@ from dataclasses import dataclass, field
 from recovery_ext._classify.classifier import classify
 from recovery_ext._settings import check_seconds, env_seconds
 from recovery_ext._errors import ConfigurationError, OwnershipLost, StopRequested
-from recovery_ext._store.models import Ownership
+from recovery_ext._store.models import Ownership, WatchedNode
 from recovery_ext._classify.redaction import redact
 from recovery_ext._processes import become_watcher, is_alive, this_process
 from recovery_ext._store.interfaces import LivenessStore
-from recovery_ext._store.models import WatchedNode
 
 log = logging.getLogger("recovery_ext._liveness.heartbeat")
 # The log channels of the watch, named as they were when it was a module of its own (a deployment may filter on them).
@@ -457,8 +457,8 @@ RUN_WORKER_PID_ENV = "RECOVERY_RUN_WORKER_PID"
 DEFAULT_POLL = 0.1
 
 RUN_WORKER_GONE = threading.Event()
-_started: dict[str, threading.Thread] = {}
-_lock = threading.Lock()
+_run_worker_watch: dict[str, threading.Thread] = {}
+_run_worker_watch_lock = threading.Lock()
 
 
 def mark_run_worker() -> None:
@@ -488,8 +488,8 @@ def dead_run_worker() -> int | None:
 
 def watch_run_worker(poll: float = DEFAULT_POLL) -> threading.Event:
     """In a step process: start watching the run worker (once per process); returns :data:`RUN_WORKER_GONE`."""
-    with _lock:
-        if "thread" in _started and _started["thread"].is_alive():
+    with _run_worker_watch_lock:
+        if "thread" in _run_worker_watch and _run_worker_watch["thread"].is_alive():
             return RUN_WORKER_GONE
         parent = os.getppid()
         named = os.environ.get(RUN_WORKER_PID_ENV, "")
@@ -505,6 +505,6 @@ def watch_run_worker(poll: float = DEFAULT_POLL) -> threading.Event:
                 time.sleep(poll)
 
         thread = threading.Thread(target=run, name="rx-run-worker-watch", daemon=True)
-        _started["thread"] = thread
+        _run_worker_watch["thread"] = thread
         thread.start()
     return RUN_WORKER_GONE

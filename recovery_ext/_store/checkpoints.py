@@ -21,9 +21,9 @@ SQLite writes a batch with one multi-row INSERT in a ``BEGIN IMMEDIATE`` transac
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import replace
 from operator import attrgetter
-from collections.abc import Sequence
 from typing import Any, NoReturn
 
 from sqlalchemy import Connection, select

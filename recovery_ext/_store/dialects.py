@@ -14,7 +14,7 @@ import sqlite3
 import threading
 import time
 import zlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
@@ -112,11 +112,12 @@ class Dialect:
             return self._why_too_long(data, limit)
         return None
 
-    def first_unstorable(self, keys: Sequence[str]) -> tuple[str, str] | None:
+    def first_unstorable(self, keys: Iterable[str]) -> tuple[str, str] | None:
         """The first of ``keys`` :meth:`why_unstorable` refuses, with why, or None when every one can be stored. Keys
         of plain ASCII text, without a NUL and short enough, the usual ones, are settled together by three string
         tests on their joined text, not one by one (ctx.items checks every key of a run, and a batch's checkpoint
         every key it writes): the slower test runs only when one of them fails."""
+        keys = keys if isinstance(keys, list | tuple) else list(keys)  # read twice: a generator would be used up
         joined = "".join(keys)
         limit = self.key_bytes_max
         if (joined.isascii() and ("\x00" not in joined or self.text_keeps_nul)

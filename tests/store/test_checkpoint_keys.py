@@ -102,6 +102,10 @@ def test_a_batch_of_keys_is_judged_as_each_key_alone(store):
         assert dialect.first_unstorable([*usual[:10], odd, *usual[10:]]) == (None if why is None else (odd, why))
     # two refused keys: the first one is named
     assert dialect.first_unstorable(["fine", "a-\udcff", "b-\udcfe"])[0] == "a-\udcff"
+    # keys given once, as a generator, are judged as a list of them is (the joined text does not use them up)
+    assert dialect.first_unstorable(key for key in ["fine", "a-\udcff"]) == \
+        ("a-\udcff", dialect.why_unstorable("a-\udcff"))
+    assert dialect.first_unstorable(key for key in usual) is None
 
 
 @pytest.mark.parametrize("batch", [1, 50])
