@@ -265,20 +265,31 @@ def test_a_provider_clients_retry_pause_ends_once_the_run_worker_died(in_tasks, 
     def outage_job():
         asks_a_provider_in_an_outage()
 
+    failed: list[BaseException] = []
+
     def run_worker_dies_in_the_pause() -> None:
         # once both requests were answered, not after a fixed time: on a busy machine the step may take longer than
         # that to send them, and then the run worker was gone before the first request (none was sent)
-        wait_for(lambda: len(server.statuses()) >= 2, timeout=PAUSE / 2, interval=0.02, what="both requests")
-        parent.RUN_WORKER_GONE.set()
+        try:
+            wait_for(lambda: len(server.statuses()) >= 2, timeout=PAUSE / 2, interval=0.02, what="both requests")
+        except BaseException as exc:  # noqa: BLE001 - raised again by the test, after the run
+            failed.append(exc)
+        else:
+            parent.RUN_WORKER_GONE.set()
 
-    threading.Thread(target=run_worker_dies_in_the_pause, daemon=True).start()
+    dies = threading.Thread(target=run_worker_dies_in_the_pause, daemon=True)
+    dies.start()
     began = time.monotonic()
     try:
         error = failure_in_a_step_process(outage_job, db_url, monkeypatch, gone=False, heartbeat_timeout=10 * PAUSE,
                                           resources={"llm": llm}, run_config={"ops": {"asks_a_provider_in_an_outage": {
                                               "config": {"in_tasks": in_tasks}}}})
     finally:
+        dies.join()
+        parent.RUN_WORKER_GONE.clear()  # set after the run ended, it would stop the next test's step
         server.stop()
+    if failed:
+        raise failed[0]
     assert time.monotonic() - began < PAUSE  # the pauses ended before their time
     assert "the run worker died" in error.message
     assert server.statuses() == [503, 503]  # one request each, not retried

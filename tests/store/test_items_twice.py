@@ -32,6 +32,20 @@ def test_an_item_completed_twice_is_refused_and_its_first_result_kept(store, bat
     assert (ctx.items_done, ctx.items_degraded) == (2, 0)
 
 
+def test_a_buffered_item_checkpointed_again_by_its_key_is_refused_before_its_batch_commits(store):
+    """``ctx.checkpoint(key)`` of an item a batched loop completed and still holds: refused by the buffer, and the
+    batch then commits the item's first result."""
+    own = running_node(store)
+    with DagsterInstance.ephemeral() as instance:
+        ctx = NodeContext(build_op_context(instance=instance), store, own, "a", HeartbeatSettings(), None, None)
+        for item in ctx.items(["k1", "k2"], batch=50):
+            item.complete(f"first {item.key}")
+            if item.key == "k1":
+                with pytest.raises(Failure, match="item 'k1' of node a completed twice"):
+                    ctx.checkpoint("k1", "again")
+    assert store.pipelines.completed_items(own.pipeline_id, "a") == {"k1": "first k1", "k2": "first k2"}
+
+
 def test_an_item_completed_twice_in_async_code_is_refused(store):
     own = running_node(store)
 
