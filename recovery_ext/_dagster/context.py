@@ -28,7 +28,7 @@ from recovery_ext._store.models import ItemCheckpoint, JournalHit, JournalWrite,
 from recovery_ext._dagster.group_commit import GroupCommitter
 from recovery_ext._dagster.parallel import MapResult, map_in_tasks, map_in_threads, unique_keys
 from recovery_ext._dagster.queue_handle import QueueHandle
-from recovery_ext._json_values import agreed_json, storable_json
+from recovery_ext._conventions import agreed_json, storable_json
 from recovery_ext._dagster.resources import RecoveryResource
 from recovery_ext._dagster.run_state import ProgressReporter
 from recovery_ext._store.statuses import ItemOutcome, ItemStatus

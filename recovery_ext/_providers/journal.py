@@ -102,7 +102,7 @@ def encode_answer(value: Any) -> str | None:
 
     Exactly as it was paid for, NUL, lone surrogates and NaN included: ASCII text (the escapes and NaN's token
     are ASCII) that both databases' text columns keep as it is, so a replay returns what the first call did.
-    What the item then stores of it takes the agreed form (:func:`~recovery_ext._json_values.storable_json`)."""
+    What the item then stores of it takes the agreed form (:func:`~recovery_ext._conventions.storable_json`)."""
     try:
         return json.dumps({"json": value}, separators=(",", ":"))
     except (TypeError, ValueError):

@@ -17,13 +17,12 @@ from typing import Any
 
 from sqlalchemy import Float, func, or_, select, type_coerce, update
 
-from recovery_ext._store.database import Component, Database, retried
+from recovery_ext._store.database import Component, Database, Fence, retried
 from recovery_ext._errors import IllegalTransition, NotFound
 from recovery_ext._store.models import BreakerDecision, Ownership, Reopened, WaitKind
 from recovery_ext._classify.redaction import redact
 from recovery_ext._store.schema import circuit_breakers, node_items, nodes, pipelines, waiting_shown
 from recovery_ext._store.statuses import WAITING, BreakerState, ItemStatus, NodeStatus, PipelineStatus
-from recovery_ext._store.fenced import Fence
 from recovery_ext._store.node_transitions import NodeTransitions
 from recovery_ext._store.pipelines import PipelineCore
 

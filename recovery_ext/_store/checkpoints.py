@@ -28,15 +28,14 @@ from typing import Any, NoReturn
 
 from sqlalchemy import Connection, select
 
-from recovery_ext._store.database import Component, Database, is_retry, retried
+from recovery_ext._store.database import Component, Database, Fence, check_on_sqlite_driver, is_retry, retried
 from recovery_ext._store.dialects import SQLITE_NOW, Dialect, sqlstate
 from recovery_ext._errors import ConfigurationError, IllegalTransition, OwnershipLost, StoreError
-from recovery_ext._store.fenced import Fence, FencedTransaction, check_on_sqlite_driver
 from recovery_ext._store.hot_path import statement_cursor
 from recovery_ext._store.migrations import load_query
 from recovery_ext._store.ledger import LedgerWrites, call_row
-from recovery_ext._store.models import ItemCheckpoint, JsonText, Ownership, ProviderCall
-from recovery_ext._json_values import storable_json
+from recovery_ext._store.models import FencedTransaction, ItemCheckpoint, JsonText, Ownership, ProviderCall
+from recovery_ext._conventions import storable_json
 from recovery_ext._store.schema import node_items
 from recovery_ext._store.statuses import ItemStatus, NodeStatus
 from recovery_ext._store.pipelines import PipelineCore, stall_push

@@ -32,7 +32,7 @@ from sqlalchemy.types import TypeDecorator, TypeEngine
 from recovery_ext._classify.classifier import is_retryable
 from recovery_ext._errors import ConfigurationError
 from recovery_ext._classify.redaction import redact, redact_url
-from recovery_ext._json_values import load_json, storable_json
+from recovery_ext._conventions import load_json, storable_json
 from recovery_ext._store.models import UNSTORABLE_TEXT, JsonText
 
 # SQLSTATE classes/codes a retry can fix: connection (08), serialization (40001),

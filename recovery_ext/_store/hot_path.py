@@ -25,7 +25,7 @@ from typing import Any
 from psycopg.rows import namedtuple_row
 from psycopg.types.json import Jsonb
 
-from recovery_ext._json_values import storable_json
+from recovery_ext._conventions import storable_json
 from recovery_ext._store.migrations import load_query
 
 FOLDER = "postgres"

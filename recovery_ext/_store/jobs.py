@@ -16,8 +16,7 @@ from collections.abc import Sequence
 from sqlalchemy import insert, select, update
 from typing import Any
 
-from recovery_ext._store.database import Component, Database, retried
-from recovery_ext._store.fenced import Fence
+from recovery_ext._store.database import Component, Database, Fence, retried
 from recovery_ext._store.ledger import IN_FLIGHT, LedgerWrites
 from recovery_ext._store.models import Ownership, ProviderCall, ProviderJobRow
 from recovery_ext._store.schema import provider_calls, provider_jobs

@@ -32,11 +32,10 @@ from sqlalchemy import Connection, FromClause, and_, select, tuple_, update
 
 from recovery_ext._errors import NotFound, OwnershipLost
 from recovery_ext._store import hot_path
-from recovery_ext._store.database import chunks
+from recovery_ext._store.database import check_on_sqlite_driver, chunks, lost
 from recovery_ext._store.dialects import SQLITE_NOW, Dialect
 from recovery_ext._store.ledger import IN_FLIGHT, LedgerWrites, call_row
 from recovery_ext._store.models import JournalHit, JournalWrite, Ownership, ProviderCall
-from recovery_ext._store.fenced import check_on_sqlite_driver, lost
 from recovery_ext._store.schema import call_journal, pipelines, provider_calls
 from recovery_ext._store.statuses import PipelineStatus
 

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, Self, TypeVar, cast
 
 from recovery_ext._errors import ConfigurationError, StoreError
 from recovery_ext._settings import LONGEST
-from recovery_ext._json_values import storable_json
+from recovery_ext._conventions import storable_json
 from recovery_ext._store.statuses import FINISHED_NODE_STATUSES, WAITING, ItemStatus, PipelineStatus
 
 # The values of the provider calls and of the operator's calls live in their own modules, and come through here:

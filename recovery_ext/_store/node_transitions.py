@@ -21,9 +21,8 @@ from sqlalchemy.sql.elements import ColumnElement
 from recovery_ext._errors import IllegalTransition, NotFound, OwnershipLost, UnfinishedItems
 from recovery_ext._processes import this_process, watcher_of_this_process
 from recovery_ext._store import hot_path
-from recovery_ext._store.database import is_retry
+from recovery_ext._store.database import Fence, is_retry, lost
 from recovery_ext._store.dialects import Dialect
-from recovery_ext._store.fenced import Fence, lost
 from recovery_ext._store.ledger import LedgerWrites
 from recovery_ext._store.models import Node, Ownership, ProviderCall
 from recovery_ext._store.schema import ITEM_STATUSES, circuit_breakers, node_items, nodes, pipelines

@@ -1,6 +1,6 @@
 """Pipelines and nodes: creation, fenced writes and heartbeats (item checkpoints: checkpoints.py).
 
-Every write a worker makes goes through :meth:`~recovery_ext._store.fenced.Fence.check`
+Every write a worker makes goes through :meth:`~recovery_ext._store.database.Fence.check`
 (``PipelineCore.fence`` here), which locks the pipeline row (the single writer lock on SQLite) and checks
 the worker's epoch in the same transaction. A reclaim bumps the epoch under ``FOR UPDATE``, so the two are
 serialized: a superseded worker's write changes nothing and raises
@@ -28,14 +28,13 @@ from sqlalchemy.exc import IntegrityError
 
 from recovery_ext._conventions import placeholder_owner
 from recovery_ext._processes import this_process, watcher_of_this_process
-from recovery_ext._store.database import Component, Database, chunks, is_retry, retried
+from recovery_ext._store.database import Component, Database, Fence, chunks, is_retry, retried
 from recovery_ext._store.node_transitions import NODE_TRANSITIONS, NodeTransitions, illegal, transitions_for
 from recovery_ext._store.ledger import LedgerWrites
 from recovery_ext._settings import check_deployment
 from recovery_ext._errors import IllegalTransition, NotFound, OwnershipLost, StoreError, StoreUnavailable
-from recovery_ext._store.fenced import Fence, FencedTransaction
-from recovery_ext._store.models import (ErrorInfo, ItemCheckpoint, Node, NodeSpec, Ownership, Pipeline,
-                                        PipelineLimits)
+from recovery_ext._store.models import (ErrorInfo, FencedTransaction, ItemCheckpoint, Node, NodeSpec, Ownership,
+                                        Pipeline, PipelineLimits)
 from recovery_ext._classify.redaction import redact, redact_config
 from recovery_ext._store.schema import nodes, pipelines, waiting_shown
 from recovery_ext._store.schema import transitions as transition_rows

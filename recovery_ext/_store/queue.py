@@ -7,7 +7,7 @@ Two fences guard every write a worker makes, both checked in the write's own tra
 
 * the pipeline fence: a claim made for a pipeline records its id and epoch on the item
   (``holder_pipeline_id``/``holder_epoch``); heartbeats, completions and failures then
-  lock that pipeline row through :meth:`~recovery_ext._store.fenced.Fence.check` and are refused once a reclaim
+  lock that pipeline row through :meth:`~recovery_ext._store.database.Fence.check` and are refused once a reclaim
   bumped its epoch, so a superseded run can neither claim nor finish documents;
 * the item fence ``(worker, attempts)``: once an item was claimed again, the first
   worker's write raises :class:`~recovery_ext._errors.ItemTakenOver`. An item that was
@@ -35,15 +35,14 @@ from sqlalchemy import (Connection, Float, Text, and_, case, exists, func, liter
 from sqlalchemy import Select
 from sqlalchemy.sql.elements import ColumnElement
 
-from recovery_ext._store.database import Component, Database, chunks, is_retry, retried
+from recovery_ext._store.database import Component, Database, Fence, chunks, is_retry, retried
 from recovery_ext._errors import ConfigurationError, IllegalTransition, ItemTakenOver, NotFound
 from recovery_ext._store.models import Backoff, Ownership, QueueItem, ResetItem, StaleItem
 from recovery_ext._classify.redaction import redact
 from recovery_ext._classify.retry import wait_jittered_exponential
-from recovery_ext._json_values import CorruptJson
+from recovery_ext._conventions import CorruptJson
 from recovery_ext._store.schema import pipelines, queue_items
 from recovery_ext._store.statuses import UNFINISHED_QUEUE_STATUSES, QueueStatus
-from recovery_ext._store.fenced import Fence
 
 q = queue_items.c
 # Inline constants, not bound parameters, so PostgreSQL matches the partial indexes.

@@ -42,8 +42,7 @@ from sqlalchemy import (Connection, Row, Text, and_, case, cast, exists, func, l
                         type_coerce, update)
 from sqlalchemy.sql.elements import ColumnElement
 
-from recovery_ext._conventions import PLACEHOLDER_PREFIX
-from recovery_ext._json_values import CorruptJson
+from recovery_ext._conventions import PLACEHOLDER_PREFIX, CorruptJson
 from recovery_ext._store.database import Component, Database, chunks, retried
 from recovery_ext._store.dialects import DbTime
 from recovery_ext._store.models import (LEGACY_DEPLOYMENT, FirstRun, ForeignOrphan, GivenUp, Orphan, PassPlan,

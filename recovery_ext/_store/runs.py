@@ -21,10 +21,9 @@ from sqlalchemy import (BigInteger, Float, Integer, Text, and_, bindparam, exist
 from sqlalchemy import CompoundSelect, Select
 from sqlalchemy.dialects.postgresql import ARRAY
 
-from recovery_ext._store.database import Component, Database, chunks, retried
+from recovery_ext._store.database import Component, Database, Fence, chunks, retried
 from recovery_ext._errors import IllegalTransition, NotFound, OwnershipLost
 from recovery_ext._store.models import NodeBeat, Ownership, PipelineBeat
-from recovery_ext._store.fenced import Fence
 from recovery_ext._store.pipelines import NEW_OWNER_RESETS, PipelineCore
 from recovery_ext._classify.redaction import redact
 from recovery_ext._store.schema import nodes, pipelines

@@ -34,8 +34,7 @@ from sqlalchemy.sql.elements import ColumnElement
 
 from recovery_ext._classify.redaction import redact
 from recovery_ext._errors import NotFound
-from recovery_ext._store.database import Component, Database, retried
-from recovery_ext._store.fenced import Fence
+from recovery_ext._store.database import Component, Database, Fence, retried
 from recovery_ext._store.models import (CapState, Ownership, SpendCaps, SpendGrant, WaitKind, check_cap,
                                        deployment_scope, pipeline_scope)
 from recovery_ext._store.ledger import IN_FLIGHT

@@ -19,7 +19,6 @@ from recovery_ext._store.retention import Retention
 from recovery_ext._store import migrations
 from recovery_ext._store.breakers import Outages
 from recovery_ext._store.budgets import RateBudgets
-from recovery_ext._store.fenced import FencedTransaction
 from recovery_ext._store.journal import CallJournal
 from recovery_ext._store.spend_caps import SpendCapAccounts
 from recovery_ext._store.database import DEFAULT_RETRY_BUDGET, Component, Database, shared_retry_budget
@@ -30,8 +29,9 @@ from recovery_ext._store.vouch import Vouching
 from recovery_ext._store.checkpoints import Checkpoints
 from recovery_ext._store.jobs import ProviderJobs
 from recovery_ext._store.ledger import LedgerWrites
-from recovery_ext._store.models import (ErrorInfo, ItemCheckpoint, Node, NodeBeat, NodeSpec, Ownership, Pipeline,
-                                        PipelineBeat, PipelineLimits, ProviderCall, ProviderJobRow, WatchedNode)
+from recovery_ext._store.models import (ErrorInfo, FencedTransaction, ItemCheckpoint, Node, NodeBeat, NodeSpec,
+                                        Ownership, Pipeline, PipelineBeat, PipelineLimits, ProviderCall,
+                                        ProviderJobRow, WatchedNode)
 from recovery_ext._store.pipelines import PipelineNodes
 from recovery_ext._store.runs import Runs
 

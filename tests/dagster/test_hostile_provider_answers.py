@@ -309,7 +309,7 @@ def test_an_item_result_and_an_op_output_are_stored_in_the_agreed_form(kind, sto
 
 
 def test_the_agreed_form_changes_only_what_a_database_cannot_keep():
-    from recovery_ext._json_values import agreed_json
+    from recovery_ext._conventions import agreed_json
 
     kept = {"text": "a backslash then u0000: \\u0000, \\ud800 and \\\\u0000", "emoji": "\U0001f600", "n": [1.5, -0.0],
             "deep": [[{"k": "\u00e9\u4e2d"}]]}

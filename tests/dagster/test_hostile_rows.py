@@ -261,7 +261,7 @@ def set_json(store, table: str, column: str, row_id: int, raw: str) -> None:
 
 def test_json_nested_too_deep_marks_its_row_bad_and_the_scan_sensors_and_cli_serve_the_rest(store, db_url, instance):
     from e2e_defs import items_job
-    from recovery_ext._json_values import CorruptJson
+    from recovery_ext._conventions import CorruptJson
 
     healthy = [orphan(store, f"healthy-{i}") for i in range(2)]
     deep = orphan(store, "deep-params")
@@ -316,7 +316,7 @@ def test_json_nested_too_deep_marks_its_row_bad_and_the_scan_sensors_and_cli_ser
 
 
 def test_a_value_just_under_the_depth_limit_still_decodes(store):
-    from recovery_ext._json_values import MAX_JSON_DEPTH, CorruptJson
+    from recovery_ext._conventions import MAX_JSON_DEPTH, CorruptJson
 
     own = store.pipelines.create_pipeline("job", ["a"], owner="r", params={"ok": 1})
     nested = "[" * MAX_JSON_DEPTH + "]" * MAX_JSON_DEPTH

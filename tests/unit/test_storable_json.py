@@ -14,7 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from recovery_ext._json_values import _checked, _strict, storable_json
+from recovery_ext._conventions import _checked, _strict, storable_json
 
 
 class Colour(enum.StrEnum):
