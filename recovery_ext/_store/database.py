@@ -1,7 +1,9 @@
-"""The engine, transactions, driver-error wrapping and the write helpers every store part shares, the fence
-first: every write for an owner starts with :meth:`Fence.check`, in the writer's own transaction, so a superseded
-worker's write changes nothing and raises :class:`~recovery_ext._errors.OwnershipLost` (user code writes through
-:class:`~recovery_ext._store.models.FencedTransaction`, which the pipelines component opens the same way)."""
+"""The engine, transactions, driver-error wrapping and the write helpers every store part shares.
+
+Among them the fence (:class:`Fence`): every write for an owner starts with its check, in the writer's own
+transaction, so a superseded worker's write changes nothing and raises :class:`~recovery_ext._errors.OwnershipLost`.
+User code writes through :class:`~recovery_ext._store.models.FencedTransaction`, which the pipelines component
+opens with the same check."""
 
 from __future__ import annotations
 
