@@ -78,8 +78,9 @@ def retried(method: Callable[..., T]) -> Callable[..., T]:
             # A first attempt that outlived the whole budget and then found its session gone was frozen (SIGSTOP,
             # a paused VM) or hung on a dead connection: it gets one try on a new session, which tells a
             # superseded owner so, instead of reporting the database unavailable without having asked it.
-            lost = failed[0]
-            once_more = time.monotonic() >= deadline and isinstance(lost, StoreUnavailable) and lost.session_lost
+            first_error = failed[0]
+            once_more = (time.monotonic() >= deadline and isinstance(first_error, StoreUnavailable)
+                         and first_error.session_lost)
             for attempt in self._retrying(method.__name__, deadline=deadline, once_more=once_more):
                 with attempt:
                     if failed:

@@ -16,7 +16,7 @@ import recovery_ext
 import recovery_ext._store
 import recovery_ext.store
 from recovery_ext._store import interfaces, schema, statuses
-from recovery_ext._store.database import Component, Database, Transactions
+from recovery_ext._store.database import Component, Database, Fence, Transactions
 from recovery_ext._store.interfaces import (CliStore, GuardStore, LivenessStore, OpStore, PipelineStore, ProviderStore,
                                             QueueHandleStore, QueueStore, RecoveryPassStore, ReportStore, SensorStore)
 from recovery_ext._store.ledger import LedgerWrites
@@ -318,7 +318,6 @@ def test_the_sharing_check_counts_each_pipeline_core_built(store):
 
 def test_the_pipelines_component_holds_its_parts_and_they_share_their_collaborators(store):
     from recovery_ext._store.checkpoints import Checkpoints
-    from recovery_ext._store.database import Fence
     from recovery_ext._store.jobs import ProviderJobs
     from recovery_ext._store.node_transitions import NodeTransitions
     from recovery_ext._store.pipelines import PipelineNodes
@@ -359,7 +358,6 @@ def test_each_call_of_the_pipelines_component_is_its_parts_call_with_its_docstri
 
 
 def test_the_recovery_component_holds_its_collaborators(store):
-    from recovery_ext._store.database import Fence
     from recovery_ext._store.recovery import Orphans
     from recovery_ext._store.pipelines import PipelineCore
 
@@ -373,7 +371,6 @@ def test_the_recovery_component_holds_its_collaborators(store):
 def test_the_providers_component_holds_its_collaborators(store):
     from recovery_ext._store.breakers import Outages
     from recovery_ext._store.budgets import RateBudgets
-    from recovery_ext._store.database import Fence
     from recovery_ext._store.journal import CallJournal
     from recovery_ext._store.ledger import LedgerWrites
     from recovery_ext._store.node_transitions import NodeTransitions
