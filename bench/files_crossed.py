@@ -6,9 +6,11 @@ does), and this process traces, with :func:`sys.setprofile` on every thread, (1)
 that recovers it and (2) the resume run it requests, executed in process. A code server evaluates every tick in
 one long-lived process, so an earlier tick (before the deadline passes: it finds nothing) has built the store
 already; that first tick is traced and shown apart. It prints, for each, the number of ``recovery_ext``
-files whose code ran and their names. Nothing is asserted: the figures go in the closing notes.
+files whose code ran and their names. The store is the embedded default (SQLite); ``--postgres`` runs the same
+crash on a scratch PostgreSQL database (production's path: the server's hot-path functions instead of the portable
+Python), dropped afterwards. Nothing is asserted: the figures go in the closing notes.
 
-    .venv/bin/python -m bench.files_crossed [--list]
+    .venv/bin/python -m bench.files_crossed [--list] [--functions] [--postgres]
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from dagster import DagsterInstance, build_sensor_context, job
 import recovery_ext
 import recovery_ext.store
 import recovery_ext.testing
+from bench.recovery_bench import drop_db, scratch_db
 from recovery_ext import NodeContext, RecoveryResource, make_orphan_sensor, recoverable_op
 
 LIBRARY = Path(recovery_ext.__file__).resolve().parent
@@ -123,6 +126,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--list", action="store_true", help="print each file's name")
     parser.add_argument("--functions", action="store_true", help="print, under each file, the functions that ran")
+    parser.add_argument("--postgres", action="store_true", help="on a scratch PostgreSQL database (default: SQLite)")
     parser.add_argument("--crash", metavar="URL", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.crash:
@@ -139,9 +143,20 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as home:
         os.environ["DAGSTER_HOME"] = home
         Path(home, "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
-        url = f"sqlite:///{home}/recovery.sqlite3"
-        recovery_ext.store.RecoveryStore(url).migrate()
-        measure(url, show)
+        if not args.postgres:
+            url = f"sqlite:///{home}/recovery.sqlite3"
+            recovery_ext.store.RecoveryStore(url).migrate()
+            measure(url, show)
+            return
+        scratch = scratch_db()
+        try:
+            url = scratch.replace("postgresql://", "postgresql+psycopg://", 1)
+            migrated = recovery_ext.store.RecoveryStore(url)
+            migrated.migrate()
+            migrated.close()
+            measure(url, show)
+        finally:
+            drop_db(scratch)
 
 
 if __name__ == "__main__":
