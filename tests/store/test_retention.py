@@ -10,6 +10,7 @@ import json
 from decimal import Decimal
 from fractions import Fraction
 
+import numpy
 import pytest
 from helpers import expire, reclaim
 from sqlalchemy import delete, func, inspect, select, update
@@ -518,7 +519,7 @@ def test_the_pipelines_without_an_end_time_are_their_own_index_range_not_the_who
                 assert "Index Cond: ((status = " in plan and "AND (completed_at IS NULL))" in plan, plan
 
 
-@pytest.mark.parametrize("days", [Decimal("50"), Fraction(101, 2)], ids=repr)
+@pytest.mark.parametrize("days", [Decimal("50"), Fraction(101, 2), numpy.int64(50), numpy.float64(50.5)], ids=repr)
 def test_a_retention_age_of_any_real_number_is_taken(store, days):
     """A review found it: the age check refused a Decimal (and numpy's integers) the store used to take. Any real
     number passes, as a float."""
@@ -531,8 +532,9 @@ def test_a_retention_age_of_any_real_number_is_taken(store, days):
     assert store.reports.prune_events(days * int(DAY)) == 0
 
 
-@pytest.mark.parametrize("older_than", [Decimal("NaN"), Decimal("sNaN"), Decimal("-1"), Decimal("1e400")], ids=repr)
-def test_a_decimal_that_is_no_age_is_refused(store, older_than):
+@pytest.mark.parametrize("older_than", [Decimal("NaN"), Decimal("sNaN"), Decimal("-1"), Decimal("1e400"),
+                                        numpy.float64("nan"), numpy.int64(-1), numpy.True_], ids=repr)
+def test_a_number_type_that_is_no_age_is_refused(store, older_than):
     with pytest.raises(ConfigurationError, match="older_than_seconds must be"):
         store.reports.prune_finished_pipelines(older_than, dry_run=True)
 
