@@ -32,7 +32,7 @@ from dagster import DagsterInstance, build_sensor_context, job
 import recovery_ext
 import recovery_ext.store
 import recovery_ext.testing
-from bench.recovery_bench import drop_db, scratch_db
+from bench.recovery_bench import scratch_store
 from recovery_ext import NodeContext, RecoveryResource, make_orphan_sensor, recoverable_op
 
 LIBRARY = Path(recovery_ext.__file__).resolve().parent
@@ -148,15 +148,8 @@ def main() -> None:
             recovery_ext.store.RecoveryStore(url).migrate()
             measure(url, show)
             return
-        scratch = scratch_db()
-        try:
-            url = scratch.replace("postgresql://", "postgresql+psycopg://", 1)
-            migrated = recovery_ext.store.RecoveryStore(url)
-            migrated.migrate()
-            migrated.close()
-            measure(url, show)
-        finally:
-            drop_db(scratch)
+        with scratch_store() as (url, _migrated):
+            measure(url.replace("postgresql://", "postgresql+psycopg://", 1), show)
 
 
 if __name__ == "__main__":
